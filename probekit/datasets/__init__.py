@@ -1,0 +1,1 @@
+"""Event and item datasets: where to find them and how to read them."""

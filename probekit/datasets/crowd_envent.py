@@ -1,0 +1,116 @@
+"""crowd-enVent emotion events (Troiano et al. 2023), as prepared by Hou et al. (NAACL 2025).
+
+A data root holds `crowd-enVent/crowd-enVent_<emotion>.tsv`, one file per emotion, tab-separated
+with a header and no quoting (double quotes are part of the text).
+"""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probekit.datasets.locate import DataSource, combined_sha256, resolve_data_root
+from probekit.errors import ProbekitError
+from probekit.paths import project_data_dir
+
+EMOTIONS: tuple[str, ...] = (
+    "anger",
+    "disgust",
+    "fear",
+    "guilt",
+    "sadness",
+    "shame",
+    "boredom",
+    "joy",
+    "pride",
+    "trust",
+    "relief",
+    "surprise",
+)
+FILES: tuple[str, ...] = tuple(f"crowd-enVent/crowd-enVent_{e}.tsv" for e in EMOTIONS)
+COLUMNS: tuple[str, ...] = (
+    "emotion",
+    "text_id",
+    "generated_text",
+    "first_person_text",
+    "third_person_text",
+)
+TEXT_COLUMNS: tuple[str, ...] = ("generated_text", "first_person_text", "third_person_text")
+SAMPLE_ROOT = project_data_dir() / "samples"
+
+
+def resolve_crowd_envent(explicit: str | Path | None = None) -> DataSource:
+    """The crowd-enVent data root; the probekit-written sample when the real data is unavailable."""
+    return resolve_data_root(explicit, list(FILES), sample=SAMPLE_ROOT)
+
+
+def _read(path: Path, emotion: str) -> pd.DataFrame:
+    if not path.is_file():
+        raise ProbekitError(
+            f"{path} is missing; a crowd-enVent root needs crowd-enVent_<emotion>.tsv for all "
+            f"12 emotions: {', '.join(EMOTIONS)}"
+        )
+    try:
+        df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        detail = str(err).strip().splitlines()[0]
+        raise ProbekitError(f"{path} is not a readable crowd-enVent TSV file: {detail}") from err
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ProbekitError(
+            f"{path} lacks the column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}"
+        )
+    if (df["emotion"] != emotion).any():
+        raise ProbekitError(f"{path} has rows whose emotion is not {emotion!r}")
+    return df[list(COLUMNS)]
+
+
+def load_crowd_envent(root: str | Path) -> pd.DataFrame:
+    """All events under `root`, in emotion order then file order.
+
+    Columns: `event_id` (the crowd-enVent `text_id`, unique across the 12 files), `emotion` and
+    the three text columns.
+    """
+    root = Path(root)
+    events = pd.concat(
+        [_read(root / rel, emotion) for emotion, rel in zip(EMOTIONS, FILES, strict=True)],
+        ignore_index=True,
+    )
+    duplicated = events["text_id"].duplicated()
+    if duplicated.any():
+        raise ProbekitError(
+            f"text_id {events['text_id'][duplicated].iloc[0]} occurs twice under {root}; "
+            "crowd-enVent ids must be unique across the 12 files"
+        )
+    return events.rename(columns={"text_id": "event_id"})[["event_id", "emotion", *TEXT_COLUMNS]]
+
+
+def sample_events(df: pd.DataFrame, per_emotion: int | None, seed: int) -> pd.DataFrame:
+    """`per_emotion` events of every emotion, drawn with `seed`, in the order of `df`.
+
+    Each emotion draws from its own stream seeded by (seed, emotion), so a smaller sample is a
+    subset of a larger one and does not depend on the other emotions. None keeps every event.
+    """
+    if per_emotion is None:
+        return df.reset_index(drop=True)
+    if per_emotion < 1:
+        raise ProbekitError(f"events per emotion must be at least 1, got {per_emotion}")
+    counts = df.groupby("emotion", sort=False).size()
+    if per_emotion > counts.min():
+        raise ProbekitError(
+            f"{per_emotion} events per emotion is more than the {counts.min()} of "
+            f"{counts.idxmin()!r}; use at most {counts.min()}, or all events"
+        )
+    emotions = df["emotion"].to_numpy()
+    keep = []
+    for emotion in counts.index:
+        rng = np.random.default_rng([seed, *emotion.encode()])
+        rows = np.flatnonzero(emotions == emotion)
+        keep.append(rows[rng.permutation(len(rows))[:per_emotion]])
+    return df.iloc[np.sort(np.concatenate(keep))].reset_index(drop=True)
+
+
+def data_sha256(root: str | Path) -> str:
+    """One sha256 over the 12 files under `root` (as `sha256sum crowd-enVent/* | sha256sum`)."""
+    return combined_sha256(root, FILES)

