@@ -3,7 +3,9 @@
 Sites follow TransformerLens names: `resid_pre` (block input), `attn_out` (attention output),
 `mlp_out` (MLP output) and `resid_post` (block output). They are read either through the
 TransformerBridge hook points (`blocks.{l}.hook_{site}`) or through nnsight on the Hugging Face
-modules (block input, attention output, MLP output, block output), which give the same numbers.
+modules (block input, attention output, MLP output, block output). The two agree bit for bit
+when both run the same attention kernel, and to float rounding otherwise (building the bridge
+switches the model to eager attention; a model without a bridge uses SDPA).
 
 Only span positions are kept. Each shard of prompts is one safetensors file with a tensor
 `{site}.{layer}` of shape [rows, d_model] and one index parquet under `index/` with a row per
@@ -18,6 +20,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from probekit.errors import ProbekitError
+from probekit.models import LoadedModel
 from probekit.spans import LocatedPrompt
 
 SITES: tuple[str, ...] = ("resid_pre", "attn_out", "mlp_out", "resid_post")
@@ -56,12 +60,16 @@ class CaptureResult:
     shards: list[Path]
 
 
-def check_request(model: Any, layers: Sequence[int], sites: Sequence[str], backend: str) -> None:
+def check_request(
+    model: LoadedModel, layers: Sequence[int], sites: Sequence[str], backend: str
+) -> None:
     """Raise a ProbekitError for an empty or out-of-range layer list, unknown site or backend."""
     if not layers:
         raise ProbekitError("no layers to capture; give at least one layer index")
     for layer in layers:
-        if not isinstance(layer, int) or not 0 <= layer < model.n_layers:
+        if isinstance(layer, bool) or not isinstance(layer, Integral):
+            raise ProbekitError(f"layer {layer!r} is not a layer index (an integer)")
+        if not 0 <= layer < model.n_layers:
             raise ProbekitError(
                 f"layer {layer!r} is out of range: the model has {model.n_layers} layers "
                 f"(0 to {model.n_layers - 1})"
@@ -76,7 +84,7 @@ def check_request(model: Any, layers: Sequence[int], sites: Sequence[str], backe
 
 
 def gather(
-    model: Any,
+    model: LoadedModel,
     prompts: Sequence[LocatedPrompt],
     layers: Sequence[int],
     sites: Sequence[str] = SITES,
@@ -127,7 +135,7 @@ def gather(
 
 
 def capture(
-    model: Any,
+    model: LoadedModel,
     items: Iterable[CaptureItem],
     out_dir: str | Path,
     layers: Sequence[int],
@@ -145,6 +153,7 @@ def capture(
     repeated ids). `dtype` is the storage type (fp16 by default; use float32 for exact checks).
     """
     check_request(model, layers, sites, backend)
+    layers = [int(layer) for layer in layers]
     if batch_size < 1 or prompts_per_shard < 1:
         raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
     out = Path(out_dir)

@@ -176,6 +176,8 @@ def locate(
             )
         a, b = starts[span.message] + span.start, starts[span.message] + span.end
         positions[span.name] = [i for i, (s, e) in enumerate(offsets) if s < b and e > a]
+        if not positions[span.name]:
+            raise ProbekitError(f"span '{span.name}' ({span.text!r}) covers no token")
     positions[ANSWER] = [len(offsets) - 1]
     return LocatedPrompt(text, list(enc["input_ids"]), offsets, starts, positions)
 

@@ -18,9 +18,12 @@ from probekit.errors import ProbekitError
 
 REFERENCE = "a person"
 
-DEFAULT_MIN_VALID_MASS = 0.5
-"""probekit's choice, not the paper's: in ev mode an answer whose valid answer tokens carry less
-than this share of the probability mass counts as failed, like a refusal in generate mode."""
+DEFAULT_MIN_VALID_MASS = 0.01
+"""probekit's choice, not the paper's: in ev mode a prompt whose answers (the numbers of the
+scale) carry less than 1 % of the next-token probability mass counts as failed, like a refusal
+in generate mode. Small chat models put most mass on prose ("The person felt...") and 5-10 % on
+a number; the expected value is conditional on answering with a number, and 1 % keeps that
+conditional distribution away from pure noise."""
 
 VALUE_COLUMNS = {"ev": "expected", "generate": "parsed"}
 """The score column each mode reads."""

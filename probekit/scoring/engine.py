@@ -46,6 +46,19 @@ class ScoreResult:
     expected: float | None = None
     std: float | None = None
 
+    def row(self, answers: AnswerSet) -> dict[str, Any]:
+        """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
+        row: dict[str, Any] = {
+            "valid_mass": self.valid_mass,
+            "argmax": self.argmax,
+            "mode": self.mode,
+            "error_bound": self.error_bound,
+        }
+        if answers.numeric:
+            row["expected"], row["std"] = self.expected, self.std
+        row.update({f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)})
+        return row
+
 
 class Scorer:
     """Scores prompts (token id lists) against one answer set with one model."""

@@ -6,11 +6,17 @@ renders the chat messages byte for byte as the authors did.
 """
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
+from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.paths import project_data_dir
+from probekit.scoring.generate import parse_intensity
+from probekit.studies.probe import Probe
 
 STUDY_FILE = project_data_dir() / "intergroup" / "study.json"
 
@@ -132,3 +138,47 @@ def render_messages(
     system = setting.persona.format(persona=perceiver) + "\n" + setting.scale
     user = setting.template.format(experiencer=experiencer, emotion=emotion, sent=text)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+class IntergroupProbe(Probe):
+    """Every perceiver x experiencer x event prompt of one (category, setting), `a person`
+    included on both sides as in the paper's full matrix; perceiver-major order."""
+
+    key_columns = ("perceiver", "experiencer", "event_id", "emotion")
+
+    def __init__(self, category: Category, setting: Setting, events: pd.DataFrame) -> None:
+        self.category = category
+        self.setting = setting
+        self.events = events
+        self.name = f"intergroup/{category.name}/{setting.name}"
+        self.answers = AnswerSet.range(0, setting.scale_max)
+
+    def prompts(self) -> Iterator[tuple[dict[str, Any], list[dict[str, str]]]]:
+        rows = list(
+            self.events[["event_id", "emotion", self.setting.text_column]].itertuples(index=False)
+        )
+        for perceiver in self.category.identities:
+            for experiencer in self.category.identities:
+                for event_id, emotion, text in rows:
+                    key = {
+                        "perceiver": perceiver,
+                        "experiencer": experiencer,
+                        "event_id": str(event_id),
+                        "emotion": emotion,
+                    }
+                    yield key, render_messages(self.setting, perceiver, experiencer, emotion, text)
+
+    def parse(self, response: str) -> int:
+        """The authors' extraction rule; always on [0, 100], as in their code."""
+        return parse_intensity(response)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "study": "intergroup",
+            "category": self.category.name,
+            "setting": self.setting.name,
+            "events": [str(e) for e in self.events["event_id"]],
+        }
+
+    def __len__(self) -> int:
+        return len(self.category.identities) ** 2 * len(self.events)

@@ -1,0 +1,133 @@
+"""Capture activations at the identity spans of intergroup-study prompts.
+
+For a few crowd-enVent events and every perceiver x experiencer pair of one category, render the
+study's prompts, locate the spans `perceiver`, `experiencer`, `emotion`, `event` and `answer`,
+and store `resid_pre`, `attn_out`, `mlp_out` and `resid_post` at the chosen layers as fp16
+safetensors shards plus an index parquet (see probekit.capture). Re-running into the same --out
+skips prompts already captured.
+
+    python hooks/capture_identity.py --out captures/religion
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+
+import pandas as pd
+
+from probekit.capture import BACKENDS, SITES, CaptureItem, capture
+from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
+from probekit.errors import ProbekitError
+from probekit.models import LoadedModel, load_model
+from probekit.spans import intergroup_spans, locate
+from probekit.studies.intergroup import (
+    CATEGORIES,
+    Category,
+    Setting,
+    get_category,
+    get_setting,
+)
+
+
+def layer_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", required=True, help="folder for shards/, index/ and capture.json")
+    p.add_argument("--model", default="default", help="model spec for load_model (default SmolLM2)")
+    p.add_argument("--category", default="religion", choices=CATEGORIES, help="identity category")
+    p.add_argument("--setting", default="P0S0T0", help="prompt setting, e.g. P0S0T0 or origin")
+    p.add_argument("--events", type=int, default=3, help="number of events (one per emotion)")
+    p.add_argument("--seed", type=int, default=0, help="seed for drawing the events")
+    p.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache, or sample)")
+    p.add_argument(
+        "--layers",
+        type=layer_list,
+        help="comma-separated layer indices (default: first, middle and last layer)",
+    )
+    p.add_argument(
+        "--sites", default=",".join(SITES), help=f"comma-separated sites from {', '.join(SITES)}"
+    )
+    p.add_argument("--backend", default="bridge", choices=BACKENDS, help="how to read activations")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass")
+    return p.parse_args(argv)
+
+
+def load_events(args: argparse.Namespace) -> pd.DataFrame:
+    """`--events` events, one per emotion, from --data, $PROBEKIT_DATA, the cache or the sample."""
+    source = resolve_crowd_envent(args.data)
+    if source.message:
+        print(source.message, file=sys.stderr)
+    events = sample_events(load_crowd_envent(source.path), per_emotion=1, seed=args.seed)
+    if not 1 <= args.events <= len(events):
+        raise ProbekitError(f"--events must be between 1 and {len(events)}, got {args.events}")
+    return events.head(args.events)
+
+
+def prompts(
+    model: LoadedModel, events: pd.DataFrame, setting: Setting, category: Category
+) -> Iterator[CaptureItem]:
+    """One CaptureItem per (event, perceiver, experiencer), with the study labels as metadata."""
+    groups = list(zip(category.identities, category.labels, strict=True))
+    for event in events.itertuples(index=False):
+        text = getattr(event, setting.text_column)
+        for perceiver, p_label in groups:
+            for experiencer, e_label in groups:
+                messages, spans = intergroup_spans(
+                    setting, perceiver, experiencer, event.emotion, text
+                )
+                yield CaptureItem(
+                    prompt_id=f"{setting.name}|{event.event_id}|{perceiver}|{experiencer}",
+                    prompt=locate(model.tokenizer, messages, spans),
+                    meta={
+                        "setting": setting.name,
+                        "event_id": event.event_id,
+                        "emotion": event.emotion,
+                        "perceiver": perceiver,
+                        "experiencer": experiencer,
+                        "in_group": p_label == e_label,
+                    },
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        setting, category = get_setting(args.setting), get_category(args.category)
+        events = load_events(args)
+        model = load_model(args.model)
+        layers = args.layers or sorted({0, model.n_layers // 2, model.n_layers - 1})
+        result = capture(
+            model,
+            prompts(model, events, setting, category),
+            args.out,
+            layers=layers,
+            sites=args.sites.split(","),
+            backend=args.backend,
+            batch_size=args.batch_size,
+        )
+    except ProbekitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"captured {result.captured} prompts ({result.skipped} already there) at layers {layers}\n"
+        f"shards: {result.out_dir / 'shards'}\n"
+        f"index:  {result.out_dir / 'index'} "
+        "(probekit.capture.read_index / load_activations, or pandas.read_parquet)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

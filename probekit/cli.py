@@ -1,0 +1,120 @@
+"""The `probekit` command: score prompt files, prepare the default model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from probekit.errors import ProbekitError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    try:
+        args.func(args)
+    except ProbekitError as exc:
+        print(f"probekit: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("probekit: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="probekit",
+        description="Exact logit-based bias probes for language models.",
+        epilog="Studies run as scripts: python experiments/intergroup_gap.py --help",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    score = sub.add_parser(
+        "score",
+        help="score prompts against a finite answer set from the logits (no sampling)",
+        description="Write, for every prompt, the exact probability of each answer, the valid "
+        "mass, argmax, and for numbers the expected value and std.",
+    )
+    score.add_argument("--model", default="default", help="hub id, model dir, .gguf, or default")
+    score.add_argument("--prompts", required=True, help='JSONL: {"id", "messages"} or {"id", "text"}')
+    score.add_argument(
+        "--answers", required=True, help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line)"
+    )
+    score.add_argument("--out", required=True, help="output .parquet (written atomically)")
+    score.add_argument("--batch-size", type=int, default=None, help="default: 16 on CPU, 64 on GPU")
+    score.add_argument("--prefill", default="", help="text forced at the start of the response")
+    score.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="pruning threshold: total pruned mass <= epsilon x first-level mass "
+        "(default 1e-4; 0 = exact)",
+    )
+    score.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    score.add_argument("--dtype", default=None, help="float32, bfloat16 (default by device)")
+    score.set_defaults(func=_score)
+
+    setup = sub.add_parser(
+        "setup", help="convert the default model once and cache it (later loads take seconds)"
+    )
+    setup.add_argument("--model", default="default")
+    setup.set_defaults(func=_setup)
+    return parser
+
+
+def _score(args: argparse.Namespace) -> None:
+    from probekit.answers import AnswerSet
+    from probekit.io import ParquetStream
+    from probekit.models import load_model
+    from probekit.prompts import encode, read_prompts
+    from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
+
+    answers = AnswerSet.parse(args.answers)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ProbekitError("--batch-size must be at least 1")
+    epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
+    if epsilon < 0:
+        raise ProbekitError("--epsilon must be >= 0")
+    total = sum(1 for _ in read_prompts(args.prompts))  # validates every line before any work
+    if total == 0:
+        raise ProbekitError(f"prompt file '{args.prompts}' has no prompts")
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    scorer = Scorer(model, answers, epsilon=epsilon, batch_size=args.batch_size)
+    window = 4096
+
+    def chunks() -> Iterator[list]:
+        chunk = []
+        for prompt in read_prompts(args.prompts):
+            chunk.append(prompt)
+            if len(chunk) == window:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    with ParquetStream(args.out) as out, tqdm(total=total, unit="prompt", disable=None) as bar:
+        for chunk in chunks():
+            ids = [encode(model, p, args.prefill) for p in chunk]
+            results = scorer.score(ids, window=window, progress=bar)
+            rows = [{"id": p.id, **r.row(answers)} for p, r in zip(chunk, results, strict=True)]
+            out.write(pd.DataFrame(rows))
+    print(f"wrote {total} rows to {args.out}")
+
+
+def _setup(args: argparse.Namespace) -> None:
+    from probekit.models import load_model
+
+    model = load_model(args.model)
+    print(f"model '{args.model}' ready: {model.source}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""What a researcher reads after a run: summary rows, the heatmap, the nationality embedding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probekit import plots, stats
+from probekit.errors import ProbekitError
+from probekit.studies.intergroup import Category
+
+SUMMARY_COLUMNS = (
+    "model", "category", "setting", "mode", "delta", "ci_low", "ci_high", "p_value",
+    "significant", "exclusion_rate", "n_events", "n_kept", "mean", "std", "z_min", "z_max",
+)  # fmt: skip
+
+
+def report_gap(
+    scores: pd.DataFrame,
+    category: Category,
+    mode: str,
+    out: Path,
+    seed: int = 0,
+    min_valid_mass: float = stats.DEFAULT_MIN_VALID_MASS,
+) -> dict[str, Any]:
+    """Statistics of one run plus its figures in `out`; returns one summary row."""
+    row: dict[str, Any] = {"mode": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
+    if mode == "generate":
+        answered = scores[scores["parsed"] >= 0]
+        row["answered_rate"] = len(answered) / len(scores)
+        row["ev_generate_agreement"] = (
+            float((answered["argmax"] == answered["parsed"].astype(str)).mean())
+            if len(answered)
+            else float("nan")
+        )
+    try:
+        summary = stats.summarize(
+            scores, category.identities, category.labels, mode, seed,
+            min_valid_mass=min_valid_mass,
+        )  # fmt: skip
+    except ProbekitError as exc:  # e.g. every event excluded
+        n_events = scores["event_id"].nunique()
+        excluded = stats.exclude_events(scores, category.named, mode, min_valid_mass)
+        row.update(n_events=n_events, n_kept=len(excluded.kept), exclusion_rate=excluded.rate)
+        row["note"] = str(exc)
+        return row
+    row.update(summary.to_dict())
+    title = f"{category.name} — Z of mean intensity ({mode})"
+    plots.heatmap(
+        summary.Z, category.identities, summary.shown, category.blocks, title=title,
+        path=out / "heatmap.png",
+    )  # fmt: skip
+    if category.regions:
+        named_rows = summary.Z[1:]
+        names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
+        regions = [category.regions[i] for i in category.named]
+        plots.embedding_plot(named_rows, names, regions, out / "embedding.png", seed=seed)
+    np.save(out / "Z.npy", summary.Z)
+    return row
+
+
+def write_summary(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
+    """`summary.csv` and a readable `summary.md` with one row per (category, setting, mode)."""
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "summary.csv", index=False)
+    (out / "summary.md").write_text(summary_markdown(frame))
+    return frame
+
+
+def summary_markdown(frame: pd.DataFrame) -> str:
+    lines = [
+        "| category | setting | mode | Δ | 95% interval | p | excluded | events kept | "
+        "mean ± std | (min, max) of Z |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in frame.to_dict("records"):
+        if pd.isna(r.get("delta", np.nan)):
+            lines.append(
+                f"| {r['category']} | {r['setting']} | {r['mode']} | — | — | — | "
+                f"{r['exclusion_rate']:.1%} | {r['n_kept']}/{r['n_events']} | — | — |"
+            )
+            continue
+        lines.append(
+            f"| {r['category']} | {r['setting']} | {r['mode']} | {r['delta']:+.3f} | "
+            f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['p_value']:.4f} | "
+            f"{r['exclusion_rate']:.1%} | {r['n_kept']}/{r['n_events']} | "
+            f"{r['mean']:.2f} ± {r['std']:.2f} | ({r['z_min']:.2f}, {r['z_max']:.2f}) |"
+        )
+    notes = [f"- {r['category']}/{r['setting']}: {r['note']}" for r in frame.to_dict("records")
+             if isinstance(r.get("note"), str)]  # fmt: skip
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

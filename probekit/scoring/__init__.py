@@ -1,0 +1,1 @@
+"""Answer scoring: the exact logit engine, its slow references, and the generation baseline."""

@@ -1,0 +1,52 @@
+"""The paper-faithful baseline: greedy generation, then the authors' answer-extraction rules."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+
+from probekit.models import LoadedModel
+
+REFUSAL_PREFIXES = ("I cannot", "I can't", "I'm not rating")
+_INTEGER = re.compile(r"\b\d+\b")
+
+
+def parse_intensity(response: str, lo: int = 0, hi: int = 100) -> int:
+    """Hou et al.'s rule: refusal prefixes give -1; else the first integer, or the second when the
+    first lies outside [lo, hi]; a result outside [lo, hi] is -1."""
+    if response.strip().startswith(REFUSAL_PREFIXES):
+        return -1
+    numbers = [int(n) for n in _INTEGER.findall(response)]
+    if not numbers:
+        return -1
+    value = numbers[0]
+    if len(numbers) > 1 and not lo <= value <= hi:
+        value = numbers[1]
+    return value if lo <= value <= hi else -1
+
+
+@torch.inference_mode()
+def generate_greedy(
+    model: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 16
+) -> list[str]:
+    """Greedy continuations of left-padded token-id prompts, decoded without special tokens."""
+    tok = model.tokenizer
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
+        mask[row, width - len(prompt) :] = 1
+    out = model.hf.generate(
+        input_ids=ids.to(model.device),
+        attention_mask=mask.to(model.device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=tok.pad_token_id,
+    )
+    return tok.batch_decode(out[:, width:], skip_special_tokens=True)
