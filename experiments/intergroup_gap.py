@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from probekit.errors import ProbekitError
 from probekit.scoring.engine import DEFAULT_EPSILON
 from probekit.stats import DEFAULT_MIN_VALID_MASS
 
-DEFAULT_EVENTS = 4  # per emotion: the default run (religion, 6x6 pairs) then fits in 10 min on 2 cores
+DEFAULT_EVENTS = (
+    4  # per emotion: the default run (religion, 6x6 pairs) then fits in 10 min on 2 cores
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,7 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default="default", help="hub id, model dir, .gguf or default")
-    parser.add_argument("--category", default="religion", help="ethnicity, nationality, religion or all")
+    parser.add_argument(
+        "--category", default="religion", help="ethnicity, nationality, religion or all"
+    )
     parser.add_argument("--setting", default="P0S0T0", help="P0S0T0 (origin), ... or all")
     parser.add_argument("--events", default=str(DEFAULT_EVENTS), help="events per emotion, or all")
     parser.add_argument("--mode", default="ev", help="ev (exact, default) or generate (paper)")

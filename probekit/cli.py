@@ -44,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
         "mass, argmax, and for numbers the expected value and std.",
     )
     score.add_argument("--model", default="default", help="hub id, model dir, .gguf, or default")
-    score.add_argument("--prompts", required=True, help='JSONL: {"id", "messages"} or {"id", "text"}')
+    score.add_argument(
+        "--prompts", required=True, help='JSONL: {"id", "messages"} or {"id", "text"}'
+    )
     score.add_argument(
         "--answers", required=True, help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line)"
     )

@@ -1,4 +1,5 @@
-"""Figures of the empathy gap study: the masked heatmap of Z and the 2-D map of perceivers.
+"""Figures of the empathy gap study: the masked heatmap of Z, the 2-D map of perceivers, and
+the layer x site heatmaps of activation patching.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never touches
 the global backend or needs a display.
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -158,4 +160,52 @@ def embedding_plot(
     ax.set_yticks([])
     ax.set_title("perceivers by their row of Z (t-SNE)")
     ax.legend(title="cultural region", fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return _save(fig, path)
+
+
+def patching_heatmap(
+    summary: pd.DataFrame,
+    path: str | Path,
+    sites: Sequence[str] | None = None,
+    spans: Sequence[str] | None = None,
+    title: str = "",
+) -> Path:
+    """Save mean recovery as layer x site heatmaps, one panel per span, as a PNG.
+
+    `summary` has columns layer, site (a hook name `blocks.{l}.{site}` or a bare site), span and
+    recovery (as from `patching.mean_recovery`). The colour scale is fixed at [-1, 1] (red = the
+    clean behaviour restored, blue = pushed the other way) and each cell prints its value, so
+    values beyond the scale stay readable; cells without data are grey.
+    """
+    if summary.empty:
+        raise ProbekitError("no patching results to plot")
+    data = summary.assign(site=summary["site"].str.rsplit(".", n=1).str[-1])
+    sites = list(sites or dict.fromkeys(data["site"]))
+    spans = list(spans or dict.fromkeys(data["span"]))
+    layers = sorted(data["layer"].unique())
+    fig = _new_figure(1.2 + 2.4 * len(spans) + 1.2, 1.6 + 0.32 * len(layers))
+    axes = fig.subplots(1, len(spans), sharey=True, squeeze=False)[0]
+    cmap = colormaps["RdBu_r"].with_extremes(bad="lightgrey")
+    image = None
+    for ax, span in zip(axes, spans, strict=True):
+        grid = (
+            data[data["span"] == span]
+            .pivot_table(index="layer", columns="site", values="recovery", aggfunc="mean")
+            .reindex(index=layers, columns=sites)
+            .to_numpy(dtype=float)
+        )
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                colour = "white" if abs(value) > 0.6 else "black"
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+        short = [s.removeprefix("hook_") for s in sites]
+        ax.set_xticks(range(len(sites)), short, rotation=45, ha="right", rotation_mode="anchor")
+        ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+        ax.set_title(span)
+        ax.set_xlabel("site")
+    axes[0].set_ylabel("layer")
+    fig.colorbar(image, ax=list(axes), label="mean recovery", shrink=0.8)
+    if title:
+        fig.suptitle(title)
     return _save(fig, path)

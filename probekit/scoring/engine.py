@@ -10,7 +10,9 @@ For each batch of prompts:
    distribution gives its children's probabilities and, for terminal nodes, the stop probability.
 3. Pruning: before each depth, the least likely candidate nodes are dropped while the total dropped
    prefix mass stays within `epsilon` x (the mass of the first trie level, an upper bound of the
-   valid mass). The dropped mass, relative to the valid mass, is reported as `error_bound`.
+   valid mass). The dropped mass, relative to the valid mass, is reported as `error_bound`; a
+   prompt whose bound still exceeds `epsilon` (its valid mass far below that upper bound) is
+   re-expanded exactly, so every reported bound is at most `epsilon`.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class Scorer:
         self.trie = AnswerTrie.build(answers, model.tokenizer)
         head = model.hf.get_output_embeddings()
         self._ext = extension_masks(model.tokenizer, head.weight.shape[0]).to(model.device)
+        # [vocab, rule]: 1 where a token does NOT extend an answer under that rule.
+        self._stop_columns = (~self._ext).T.float().contiguous()
         self._tables = _TrieTables.build(self.trie, model.device)
         self._prefix_cache: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
@@ -109,11 +113,24 @@ class Scorer:
         with torch.inference_mode():
             with prompt_context() if prompt_context else contextlib.nullcontext():
                 state = self._prompt_pass(batch, reuse_prefix)
-            return self._trie_pass(state)
+            prompt_columns = state.mask.shape[1]
+            results = self._trie_pass(state, self.epsilon)
+            # The budget is set against an upper bound of the valid mass; where the valid mass
+            # turned out much smaller and the bound exceeds epsilon, redo those rows exactly.
+            redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
+            if redo:
+                index = torch.tensor(redo, device=self.model.device)
+                state.cache.crop(prompt_columns - state.cache.get_seq_length())
+                state.cache.batch_select_indices(index)
+                sub = _State(state.cache, state.mask[index], state.lengths[index],
+                             state.root_logp[index])  # fmt: skip
+                for i, result in zip(redo, self._trie_pass(sub, 0.0), strict=True):
+                    results[i] = result
+            return results
 
     # ------------------------------------------------------------------ batching
     def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> Iterator[ScoreResult]:
-        order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+        order = _batch_order(prompts, self.batch_size)
         results: list[ScoreResult | None] = [None] * len(prompts)
         start = 0
         while start < len(order):
@@ -181,7 +198,7 @@ class Scorer:
         return kv
 
     # ------------------------------------------------------------------ trie pass
-    def _trie_pass(self, state: _State) -> list[ScoreResult]:
+    def _trie_pass(self, state: _State, epsilon: float) -> list[ScoreResult]:
         t = self._tables
         n = state.mask.shape[0]
         dev = self.model.device
@@ -192,7 +209,7 @@ class Scorer:
         top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
         logp_node[:, level1] = state.root_logp[:, t.token[level1]].double()
-        budget = self.epsilon * logp_node[:, level1].exp().sum(-1)
+        budget = epsilon * logp_node[:, level1].exp().sum(-1)
         dropped = torch.zeros(n, dtype=torch.float64, device=dev)
         visible = state.mask
         cache = state.cache
@@ -251,24 +268,27 @@ class Scorer:
         return torch.cat([attend, own], dim=-1)[:, None]
 
     def _expand(self, hidden, rows, nodes, logp_node, stop_logp, top_token) -> None:
-        """From each fed node's next-token distribution: children, stop mass, greedy token."""
+        """From each fed node's next-token distribution: children, stop mass, greedy token.
+
+        One pass over the vocabulary per row: exp(logits - max) gives the normaliser, and a
+        matmul with the "does not extend" masks gives the stop mass of both rules at once."""
         t = self._tables
         for start in range(0, hidden.shape[0], HEAD_CHUNK):
             sl = slice(start, start + HEAD_CHUNK)
             logits = self._logits(hidden[sl])
-            log_z = logits.logsumexp(-1)
+            top, top_token[rows[sl], nodes[sl]] = logits.max(-1)
+            child_tok = t.child_token[nodes[sl]]  # [k, max_children]
+            child_logit = torch.gather(logits, 1, child_tok.clamp(min=0))
+            weights = logits.sub_(top[:, None]).exp_()  # in place: logits are not needed again
+            log_z = weights.sum(-1).log()
+            stops = (weights @ self._stop_columns).clamp(min=1e-300).log()  # [k, 2]
             r, i = rows[sl], nodes[sl]
-            top_token[r, i] = logits.argmax(-1)
-            for rule in (DIGIT, ALNUM):
-                stops = logits.masked_fill(self._ext[rule], -torch.inf).logsumexp(-1)
-                stop_logp[r, i, rule] = (stops - log_z).double()
-            child_tok = t.child_token[i]  # [k, max_children]
+            stop_logp[r, i] = (stops - log_z[:, None]).double()
             child_idx = t.child_index[i]
             has = child_idx >= 0
-            child_lp = torch.gather(logits, 1, child_tok.clamp(min=0)) - log_z[:, None]
-            base = logp_node[r, i]
+            child_lp = (child_logit - top[:, None] - log_z[:, None]).double()
             rr = r[:, None].expand_as(child_idx)
-            logp_node[rr[has], child_idx[has]] = (base[:, None] + child_lp.double())[has]
+            logp_node[rr[has], child_idx[has]] = (logp_node[r, i][:, None] + child_lp)[has]
 
     def _results(self, logp_node, stop_logp, top_token, dropped) -> list[ScoreResult]:
         t = self._tables
@@ -319,15 +339,19 @@ class Scorer:
 
     # ------------------------------------------------------------------ LM head
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head (and any final soft-capping) on the given positions only, in fp32."""
-        logits = self.model.hf.get_output_embeddings()(hidden).float()
-        cap = getattr(self.model.hf.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return lm_head(self.model, hidden)
 
     def _log_softmax(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._logits(hidden).log_softmax(-1)
+
+
+def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head (and any final soft-capping) on the given positions only, in fp32."""
+    logits = model.hf.get_output_embeddings()(hidden).float()
+    cap = getattr(model.hf.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 @dataclass
@@ -380,6 +404,18 @@ class _TrieTables:
             child_index=child_index.to(device),
             terminal=[m.to(device) for m in terminal],
         )
+
+
+def _batch_order(prompts: Sequence[Sequence[int]], batch_size: int) -> list[int]:
+    """Lexicographic order puts prompts with shared prefixes together; within each block of a few
+    batches, sorting by length then keeps left padding small."""
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    block = 4 * batch_size
+    return [
+        i
+        for start in range(0, len(order), block)
+        for i in sorted(order[start : start + block], key=lambda i: len(prompts[i]))
+    ]
 
 
 def _prune(p: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 from probekit.answers import AnswerSet
 from probekit.models import LoadedModel
+from probekit.scoring.engine import lm_head
 from probekit.scoring.trie import AnswerTrie, extension_masks
 
 
@@ -23,20 +24,37 @@ def _variants(answer: str, tokenizer) -> set[tuple[int, ...]]:
 
 
 @torch.inference_mode()
-def brute_force(model: LoadedModel, prompt: Sequence[int], answers: AnswerSet) -> np.ndarray:
-    """Unnormalised P(answer) for every answer of the set (float64)."""
+def brute_force(
+    model: LoadedModel, prompt: Sequence[int], answers: AnswerSet, batch_size: int = 32
+) -> np.ndarray:
+    """Unnormalised P(answer) for every answer of the set (float64).
+
+    Each (answer, tokenization) is its own right-padded sequence, read with no cache and no trie.
+    """
     tok = model.tokenizer
     rules = AnswerTrie.build(answers, tok).rules
     ext = extension_masks(tok, model.hf.get_output_embeddings().weight.shape[0])
+    seqs = [(a, list(v)) for a, ans in enumerate(answers.answers) for v in _variants(ans, tok)]
     out = np.zeros(len(answers))
-    for a, answer in enumerate(answers.answers):
-        for tokens in _variants(answer, tok):
-            ids = torch.tensor([list(prompt) + list(tokens)], device=model.device)
-            logp = model.hf(ids).logits[0].double().log_softmax(-1).cpu()
-            start = len(prompt) - 1
-            steps = logp[start : start + len(tokens)]
-            total = steps[torch.arange(len(tokens)), torch.tensor(tokens)].sum()
-            stop = logp[-1].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
+    start = len(prompt) - 1  # position whose logits predict the first answer token
+    for first in range(0, len(seqs), batch_size):
+        chunk = seqs[first : first + batch_size]
+        width = len(prompt) + max(len(v) for _, v in chunk)
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (_, tokens) in enumerate(chunk):
+            ids[row, : len(prompt) + len(tokens)] = torch.tensor(list(prompt) + tokens)
+            mask[row, : len(prompt) + len(tokens)] = 1
+        hidden = model.hf.model(
+            input_ids=ids.to(model.device), attention_mask=mask.to(model.device)
+        ).last_hidden_state
+        for row, (a, tokens) in enumerate(chunk):
+            k = len(tokens)
+            needed = hidden[row, start : start + k + 1]  # the LM head only where it is read
+            logp = lm_head(model, needed).double().log_softmax(-1).cpu()
+            steps = logp[:k]
+            total = steps[torch.arange(k), torch.tensor(tokens)].sum()
+            stop = logp[k].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
             out[a] += float((total + stop).exp())
     return out
 

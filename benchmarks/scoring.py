@@ -1,0 +1,510 @@
+"""Benchmark: exact answer scoring vs generate-and-parse vs per-candidate log-likelihood.
+
+On the same N intergroup prompts (religion, P0S0T0, crowd-enVent events), the same model and the
+same thread count, one run prints the prompts/s of
+
+  (a) probekit exact scoring of the answers 0-100 (`Scorer.score`, default epsilon),
+  (b) greedy generation of at most 4 new tokens + `parse_intensity`, same batch size,
+  (c) per-candidate log-likelihood (each of the 101 answers scored as its own continuation, as
+      lm-eval-harness does), timed on a few of the prompts,
+
+and (d) the largest |p - brute force| over a few prompts, at the default epsilon and at 0, where
+p is the engine's unnormalised answer probability (`probs * valid_mass`).
+
+This is a benchmark, not a test: it exits 0 whatever the numbers are, and says PASS/FAIL for each
+target. Timings on a shared machine are distorted by other processes; the load average is printed
+at start and end for that reason.
+
+    python benchmarks/scoring.py                       # the full run (default model, N=96)
+    python benchmarks/scoring.py --prompts 32 --check-prompts 1 --loglik-prompts 2
+    python benchmarks/scoring.py --random-llama8b      # GPU: (a) vs (b) on an 8B-shaped model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+import transformers
+
+from probekit.answers import AnswerSet
+from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
+from probekit.models import LoadedModel, load_model
+from probekit.scoring.engine import DEFAULT_EPSILON, Scorer, ScoreResult
+from probekit.scoring.generate import generate_greedy, parse_intensity
+from probekit.scoring.reference import brute_force, candidate_loglik
+from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+CATEGORY, SETTING = "religion", "P0S0T0"
+ANSWERS = AnswerSet.range(0, 100)
+
+# Targets from the issue, all at the default epsilon except the last.
+MIN_SPEEDUP_VS_GENERATE = 1.5
+AIM_SPEEDUP_VS_GENERATE = 2.0
+MIN_SPEEDUP_VS_LOGLIK = 30.0
+MAX_ERROR_BOUND = 1e-3
+MAX_BRUTE_FORCE_DIFF_EXACT = 1e-5  # at epsilon = 0
+
+T = TypeVar("T")
+
+
+@dataclass
+class Timing:
+    """One timed method: `cpu_seconds` is this process's CPU time (all threads) over the run."""
+
+    method: str
+    prompts: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.prompts / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class Target:
+    name: str
+    value: float | None
+    limit: float
+    higher_is_better: bool
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None or not np.isfinite(self.value):
+            return "SKIP"
+        ok = self.value >= self.limit if self.higher_is_better else self.value <= self.limit
+        return "PASS" if ok else "FAIL"
+
+
+# ---------------------------------------------------------------------------------- arguments
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/scoring.py",
+        description=(
+            "Prompts/s of (a) probekit exact scoring of 0-100, (b) greedy generate + parse and "
+            "(c) per-candidate log-likelihood scoring on the same intergroup prompts "
+            f"({CATEGORY}, {SETTING}), plus (d) the largest |p - brute force| at the default "
+            f"epsilon ({DEFAULT_EPSILON:g}) and at epsilon = 0. Prints PASS/FAIL against the "
+            f"targets: (a) >= {MIN_SPEEDUP_VS_GENERATE:g} x (b) (aim "
+            f"{AIM_SPEEDUP_VS_GENERATE:g} x), (a) >= {MIN_SPEEDUP_VS_LOGLIK:g} x (c), every "
+            f"error_bound <= {MAX_ERROR_BOUND:g}, (d) at epsilon = 0 <= "
+            f"{MAX_BRUTE_FORCE_DIFF_EXACT:g}."
+        ),
+        epilog=(
+            "Prompts: events are drawn with --events-per-emotion and --seed as a study run does, "
+            "and the first --prompts prompts in probe order (perceiver-major, then experiencer, "
+            "then event) are used: a contiguous slice of a real run. (c) and (d) use the first "
+            "--loglik-prompts / --check-prompts of those. Run it on a quiet machine: other "
+            "processes distort the timings (a warning is printed when the load average is high)."
+        ),
+    )
+    parser.add_argument(
+        "--model",
+        default="default",
+        help="load_model spec (default: default, SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 (default: by device)")
+    parser.add_argument(
+        "--random-llama8b",
+        action="store_true",
+        help="instead of --model: a randomly initialised Llama-3.1-8B-shaped model in bf16 on "
+        "cuda (SmolLM2 tokenizer); times (a) and (b) only, since the weights are meaningless",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="ROOT",
+        help="crowd-enVent data root (default: $PROBEKIT_DATA, else ../shared/data next to the "
+        "repo if present, else the user cache or the project sample, with a warning)",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=96,
+        metavar="N",
+        help="prompts timed in (a) and (b) (default: 96)",
+    )
+    parser.add_argument(
+        "--events-per-emotion",
+        type=int,
+        default=2,
+        metavar="K",
+        help="events drawn per emotion, 12 emotions (default: 2)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the event draw (default: 0)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="batch size of (a), (b) and (c) (default: the Scorer's, 16 on CPU, 64 on GPU)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=4,
+        metavar="T",
+        help="new tokens generated per prompt in (b) (default: 4)",
+    )
+    parser.add_argument(
+        "--loglik-prompts",
+        type=int,
+        default=4,
+        metavar="N",
+        help="prompts timed in (c), 0 skips it (default: 4)",
+    )
+    parser.add_argument(
+        "--check-prompts",
+        type=int,
+        default=2,
+        metavar="N",
+        help="prompts compared with brute force in (d), 0 skips it; ~1 min each on a 2-core CPU "
+        "(default: 2)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="T",
+        help="torch threads (default: torch's default)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="R",
+        help="time (a) and (b) R times, alternating, and report the fastest of each (default: 1)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write the numbers here"
+    )
+    args = parser.parse_args(argv)
+    for name in ("prompts", "events_per_emotion", "repeat", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
+    if args.loglik_prompts < 0 or args.check_prompts < 0:
+        parser.error("--loglik-prompts and --check-prompts must be >= 0")
+    return args
+
+
+# ---------------------------------------------------------------------------------- setup
+def load_events(data: str | None) -> tuple[Any, str]:
+    """The crowd-enVent events and a line saying where they came from."""
+    explicit = data
+    if explicit is None and not os.environ.get("PROBEKIT_DATA") and SHARED_DATA.is_dir():
+        explicit = str(SHARED_DATA)
+    source = resolve_crowd_envent(explicit)
+    if source.origin == "sample":
+        print(f"WARNING: {source.message}", file=sys.stderr)
+        where = f"probekit SAMPLE events in {source.path} (NOT crowd-enVent)"
+    else:
+        where = f"crowd-enVent from {source.path} ({source.origin})"
+    return load_crowd_envent(source.path), where
+
+
+def build_prompts(model: LoadedModel, events: Any, n: int) -> list[list[int]]:
+    """Token ids of the first `n` prompts of the probe, in probe order."""
+    probe = IntergroupProbe(get_category(CATEGORY), get_setting(SETTING), events)
+    if n > len(probe):
+        raise SystemExit(
+            f"--prompts {n} is more than the {len(probe)} prompts of {len(events)} events; "
+            "raise --events-per-emotion"
+        )
+    ids = []
+    for _, messages in probe.prompts():
+        ids.append(model.tokenizer.encode(model.render(messages), add_special_tokens=False))
+        if len(ids) == n:
+            break
+    return ids
+
+
+def random_llama8b() -> LoadedModel:
+    """A randomly initialised Llama-3.1-8B-shaped model, bf16 on cuda, with SmolLM2's tokenizer
+    (its ids are < 128256, and random weights make the tokenizer irrelevant to speed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_model("default", device="cpu").tokenizer
+    config = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.device("cuda"):
+        hf = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+    hf.to("cuda").eval()
+    hf.generation_config.pad_token_id = tokenizer.pad_token_id
+    hf.generation_config.eos_token_id = None  # random weights: always generate all new tokens
+    return LoadedModel(
+        hf=hf,
+        tokenizer=tokenizer,
+        name="random-llama-3.1-8b",
+        source="random",
+        device=torch.device("cuda"),
+        dtype=torch.bfloat16,
+    )
+
+
+def synchronize(model: LoadedModel) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(model: LoadedModel, fn: Callable[[], T]) -> tuple[T, float, float]:
+    """fn's result, wall seconds and process CPU seconds."""
+    synchronize(model)
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    synchronize(model)
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def load_line(label: str) -> tuple[float, float, float]:
+    load = os.getloadavg()
+    print(f"load average {label}: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)")
+    return load
+
+
+def warn_load(load1: float, own: float, threshold: float) -> None:
+    others = load1 - own
+    if others > threshold:
+        print(
+            f"WARNING: load from other processes ~{others:.1f} (> {threshold:.1f}) on "
+            f"{os.cpu_count()} CPUs: the timings are distorted; rerun on a quiet machine",
+            file=sys.stderr,
+        )
+
+
+# ---------------------------------------------------------------------------------- methods
+def run_exact(scorer: Scorer, ids: list[list[int]]) -> list[ScoreResult]:
+    return list(scorer.score(ids))
+
+
+def run_generate(
+    model: LoadedModel, ids: list[list[int]], batch_size: int, max_new_tokens: int
+) -> list[int]:
+    parsed: list[int] = []
+    for start in range(0, len(ids), batch_size):
+        texts = generate_greedy(model, ids[start : start + batch_size], max_new_tokens)
+        parsed += [parse_intensity(text) for text in texts]
+    return parsed
+
+
+def run_loglik(model: LoadedModel, ids: list[list[int]], batch_size: int) -> list[np.ndarray]:
+    return [candidate_loglik(model, prompt, ANSWERS, batch_size=batch_size) for prompt in ids]
+
+
+# ---------------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    load_warn = 0.75 * (os.cpu_count() or 1)  # 1.5 on the 2-core machine
+    start_load = load_line("at start")
+    warn_load(start_load[0], 0.0, load_warn)
+
+    events, where = load_events(args.data)
+    events = sample_events(events, args.events_per_emotion, args.seed)
+    if args.random_llama8b:
+        if not torch.cuda.is_available():
+            raise SystemExit("--random-llama8b needs a CUDA GPU")
+        model = random_llama8b()
+        args.loglik_prompts = args.check_prompts = 0  # meaningless and slow with random weights
+    else:
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
+    ids = build_prompts(model, events, args.prompts)
+    lengths = [len(p) for p in ids]
+
+    scorer = Scorer(model, ANSWERS, epsilon=DEFAULT_EPSILON, batch_size=args.batch_size)
+    batch = scorer.batch_size
+    with torch.inference_mode():  # warm-up: one tiny forward
+        model.hf(input_ids=torch.tensor([ids[0][:8]], device=model.device))
+    synchronize(model)
+
+    print(
+        f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; torch "
+        f"{torch.__version__}, transformers {transformers.__version__}, threads {threads}, "
+        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})"
+    )
+    print(f"events: {where}; {args.events_per_emotion}/emotion, seed {args.seed}")
+    print(
+        f"prompts: {CATEGORY} x {SETTING}, the first {len(ids)} in probe order "
+        f"(perceiver-major); tokens min/mean/max {min(lengths)}/{np.mean(lengths):.0f}/"
+        f"{max(lengths)}; batch size {batch}; answers 0-100; epsilon {DEFAULT_EPSILON:g}; "
+        f"(b) max_new_tokens {args.max_new_tokens}"
+    )
+
+    # (a) and (b), alternating when repeated; a fresh Scorer each time (built outside the timing)
+    # so that no run profits from the previous run's shared-prefix cache.
+    best: dict[str, Timing] = {}
+    results: list[ScoreResult] = []
+    parsed: list[int] = []
+    for r in range(args.repeat):
+        if r:
+            scorer = Scorer(model, ANSWERS, epsilon=DEFAULT_EPSILON, batch_size=batch)
+        results, sec, cpu = timed(model, lambda s=scorer: run_exact(s, ids))
+        runs = [Timing("(a) exact 0-100", len(ids), sec, cpu)]
+        parsed, sec, cpu = timed(
+            model, lambda: run_generate(model, ids, batch, args.max_new_tokens)
+        )
+        runs.append(Timing(f"(b) generate {args.max_new_tokens} + parse", len(ids), sec, cpu))
+        for t in runs:
+            if t.method not in best or t.seconds < best[t.method].seconds:
+                best[t.method] = t
+    timings = list(best.values())
+    exact, generate = timings
+
+    loglik = None
+    if args.loglik_prompts:
+        subset = ids[: args.loglik_prompts]
+        _, sec, cpu = timed(model, lambda: run_loglik(model, subset, batch))
+        loglik = Timing("(c) per-candidate loglik", len(subset), sec, cpu)
+        timings.append(loglik)
+
+    max_bound = max(r.error_bound for r in results)
+    # Sanity check: where (b) parsed a number, (a)'s greedy-equivalent answer should match it.
+    parsed_pairs = [(r, p) for r, p in zip(results, parsed, strict=True) if p >= 0]
+    agree = sum(r.argmax is not None and int(r.argmax) == p for r, p in parsed_pairs)
+    unparsed = len(parsed) - len(parsed_pairs)
+
+    diff_default = diff_exact = None
+    brute_seconds = 0.0
+    if args.check_prompts:
+        check = ids[: args.check_prompts]
+        brute, brute_seconds, _ = timed(
+            model, lambda: [brute_force(model, prompt, ANSWERS) for prompt in check]
+        )
+        exact_scorer = Scorer(model, ANSWERS, epsilon=0.0, batch_size=batch)
+        at_zero = list(exact_scorer.score(check))
+        diff_default = max(
+            float(np.max(np.abs(r.probs * r.valid_mass - b)))
+            for r, b in zip(results[: len(check)], brute, strict=True)
+        )
+        diff_exact = max(
+            float(np.max(np.abs(r.probs * r.valid_mass - b)))
+            for r, b in zip(at_zero, brute, strict=True)
+        )
+
+    # ------------------------------------------------------------------ report
+    print()
+    print(
+        f"{'method':<26} {'prompts':>7} {'seconds':>9} {'prompts/s':>10} {'vs (b)':>8} "
+        f"{'(a) x':>8} {'cores busy':>10}"
+    )
+    for t in timings:
+        print(
+            f"{t.method:<26} {t.prompts:>7} {t.seconds:>9.2f} {t.rate:>10.2f} "
+            f"{t.rate / generate.rate:>7.2f}x {exact.rate / t.rate:>7.1f}x "
+            f"{t.cpu_seconds / t.seconds:>10.2f}"
+        )
+    if args.repeat > 1:
+        print(f"(fastest of {args.repeat} runs of (a) and (b))")
+    print(f"'cores busy' = process CPU seconds / wall seconds (ideal: about {threads}).")
+    print()
+    print(f"max error_bound over the {len(results)} prompts of (a): {max_bound:.3g}")
+    print(
+        f"(b) parsed a number in {len(parsed_pairs)}/{len(parsed)} generations; (a)'s "
+        f"greedy-equivalent answer matches it in {agree}/{len(parsed_pairs)}"
+    )
+    if args.check_prompts:
+        print(
+            f"(d) max |p - brute force| over the first {args.check_prompts} prompt(s): "
+            f"{diff_default:.3g} at epsilon {DEFAULT_EPSILON:g}, {diff_exact:.3g} at epsilon 0 "
+            f"(brute force took {brute_seconds:.1f} s)"
+        )
+
+    ratio_b = exact.rate / generate.rate
+    targets = [
+        Target(
+            f"(a) >= {MIN_SPEEDUP_VS_GENERATE:g} x (b)",
+            ratio_b,
+            MIN_SPEEDUP_VS_GENERATE,
+            True,
+            f"aim {AIM_SPEEDUP_VS_GENERATE:g}x: "
+            + ("met" if ratio_b >= AIM_SPEEDUP_VS_GENERATE else "not met"),
+        ),
+        Target(
+            f"(a) >= {MIN_SPEEDUP_VS_LOGLIK:g} x (c)",
+            exact.rate / loglik.rate if loglik else None,
+            MIN_SPEEDUP_VS_LOGLIK,
+            True,
+        ),
+        Target(f"max error_bound <= {MAX_ERROR_BOUND:g}", max_bound, MAX_ERROR_BOUND, False),
+        Target(
+            f"(d) at epsilon 0 <= {MAX_BRUTE_FORCE_DIFF_EXACT:g}",
+            diff_exact,
+            MAX_BRUTE_FORCE_DIFF_EXACT,
+            False,
+        ),
+    ]
+    print()
+    print(f"targets (at the default epsilon {DEFAULT_EPSILON:g} unless stated):")
+    for t in targets:
+        value = "-" if t.value is None else f"{t.value:.3g}"
+        print(f"  {t.name:<26} {value:>10}  {t.verdict}  {t.note}".rstrip())
+    if args.random_llama8b:
+        print("  (random weights: only the speed of (a) vs (b) means anything)")
+
+    end_load = load_line("at end (includes this run's own threads)")
+    warn_load(end_load[0], float(threads) if model.device.type == "cpu" else 0.0, load_warn)
+
+    if args.json:
+        report = {
+            "model": model.name,
+            "source": model.source,
+            "device": str(model.device),
+            "dtype": str(model.dtype),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": threads,
+            "cpus": os.cpu_count(),
+            "events": where,
+            "events_per_emotion": args.events_per_emotion,
+            "seed": args.seed,
+            "prompt_tokens": [min(lengths), float(np.mean(lengths)), max(lengths)],  # min/mean/max
+            "batch_size": batch,
+            "max_new_tokens": args.max_new_tokens,
+            "epsilon": DEFAULT_EPSILON,
+            "repeat": args.repeat,
+            "timings": [asdict(t) | {"prompts_per_s": t.rate} for t in timings],
+            "max_error_bound": max_bound,
+            "greedy_agreement": agree,
+            "unparsed": unparsed,
+            "check_prompts": args.check_prompts,
+            "brute_force_diff": {"default_epsilon": diff_default, "epsilon_0": diff_exact},
+            "targets": [asdict(t) | {"verdict": t.verdict} for t in targets],
+            "load_start": start_load,
+            "load_end": end_load,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

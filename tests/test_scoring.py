@@ -1,0 +1,136 @@
+"""The exact scoring engine against brute force, across batch sizes, and against generation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from probekit.answers import AnswerSet
+from probekit.errors import ProbekitError
+from probekit.scoring.engine import Scorer
+from probekit.scoring.generate import generate_greedy, parse_intensity
+from probekit.scoring.reference import brute_force
+from probekit.studies.intergroup import get_setting, render_messages
+
+ISEAR = (
+    "anger,disgust,fear,guilt,joy,sadness,shame,anxiety,disappointment,embarrassment,"
+    "frustration,regret"
+)
+EVENTS = [
+    "My dog ran away and we never found him.",
+    "I was told in front of everyone that my project was the worst one in the class.",
+    "I passed my driving test.",
+]
+
+
+def chat_ids(model, perceiver, experiencer, event, emotion="sadness"):
+    messages = render_messages(get_setting("P0S0T0"), perceiver, experiencer, emotion, event)
+    return model.tokenizer.encode(model.render(messages), add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def prompts(smol):
+    """Study prompts of different lengths plus two short raw-text prompts."""
+    out = [chat_ids(smol, p, e, ev) for p in ("a Christian", "a Muslim")
+           for e in ("a Jew", "a Hindu") for ev in EVENTS]  # fmt: skip
+    out += [smol.tokenizer.encode(t) for t in ("Q: How old is the oldest cat?\nA:", "Score: ")]
+    return out
+
+
+def unnormalised(result):
+    return result.probs * result.valid_mass
+
+
+@pytest.mark.parametrize(
+    ("spec", "which"),
+    [("0-10", [0, 7]), ("0-100", [12]), (ISEAR, [0, 12])],
+    ids=["0-10", "0-100", "isear-words"],
+)
+def test_exact_against_brute_force(smol, prompts, spec, which):
+    answers = AnswerSet.parse(spec)
+    results = Scorer(smol, answers, epsilon=0.0, batch_size=4).score_batch(
+        [prompts[i] for i in which]
+    )
+    for i, result in zip(which, results, strict=True):
+        reference = brute_force(smol, prompts[i], answers)
+        assert np.abs(unnormalised(result) - reference).max() <= 1e-5
+        assert result.valid_mass == pytest.approx(reference.sum(), abs=1e-5)
+        assert result.error_bound == 0.0
+
+
+def test_multi_token_words_are_in_the_trie(smol):
+    answers = AnswerSet.parse(ISEAR)
+    scorer = Scorer(smol, answers, epsilon=0.0)
+    assert scorer.trie.max_depth >= 2  # "disappointment" = dis/app/ointment without a space
+
+
+def test_batch_invariance(smol, prompts):
+    answers = AnswerSet.range(0, 100)
+    one = [r for p in prompts for r in Scorer(smol, answers, 0.0, 1).score_batch([p])]
+    many = list(Scorer(smol, answers, 0.0, 16).score(prompts))
+    for a, b in zip(one, many, strict=True):
+        assert np.abs(a.probs - b.probs).max() <= 1e-5
+        assert a.valid_mass == pytest.approx(b.valid_mass, abs=1e-6)
+
+
+def test_probabilities_sum_to_one_and_summaries(smol, prompts):
+    answers = AnswerSet.range(0, 100)
+    for result in Scorer(smol, answers).score(prompts[:4]):
+        assert result.probs.sum() == pytest.approx(1.0, abs=1e-9)
+        assert result.expected == pytest.approx(float(result.probs @ answers.values))
+        assert result.mode == answers.answers[int(np.argmax(result.probs))]
+        assert 0 < result.valid_mass <= 1
+
+
+def test_argmax_matches_greedy_generation(smol, prompts):
+    answers = AnswerSet.range(0, 100)
+    results = list(Scorer(smol, answers, epsilon=0.0).score(prompts))
+    responses = generate_greedy(smol, prompts, max_new_tokens=5)
+    checked = 0
+    for result, response in zip(results, responses, strict=True):
+        head = response.lstrip(" ")
+        digits = head[: len(head) - len(head.lstrip("0123456789"))]
+        if digits and int(digits) <= 100 and not (len(digits) > 1 and digits[0] == "0"):
+            assert result.argmax == digits
+            checked += 1
+    assert checked >= 1, "no prompt started its greedy answer with a number"
+
+
+def test_pruning_bound_holds(smol, prompts):
+    answers = AnswerSet.range(0, 100)
+    exact = list(Scorer(smol, answers, epsilon=0.0).score(prompts))
+    for epsilon in (1e-3, 1e-2):
+        pruned = list(Scorer(smol, answers, epsilon=epsilon).score(prompts))
+        assert any(p.error_bound > 0 for p in pruned)
+        for e, p in zip(exact, pruned, strict=True):
+            true_error = np.abs(unnormalised(e) - unnormalised(p)).sum() / e.valid_mass
+            assert true_error <= p.error_bound + 1e-9
+            assert p.error_bound <= epsilon
+
+
+def test_prefix_reuse_is_transparent(smol, prompts):
+    answers = AnswerSet.range(0, 10)
+    scorer = Scorer(smol, answers, epsilon=0.0, batch_size=8)
+    shared = scorer.score_batch(prompts[:6])
+    plain = scorer.score_batch(prompts[:6], reuse_prefix=False)
+    for a, b in zip(shared, plain, strict=True):
+        assert np.abs(a.probs - b.probs).max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("response", "value"),
+    [("85", 85), (" 70 out of 100", 70), ("I cannot rate this.", -1), ("I can't", -1),
+     ("I'm not rating that", -1), ("The person felt sad.", -1), ("150, I mean 90", 90),
+     ("150", -1), ("3 or 4", 3), ("It is 40.", 40)],
+)  # fmt: skip
+def test_paper_parse_rule(response, value):
+    assert parse_intensity(response) == value
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("", "empty item"), ("A,A", "duplicate"), ("5-1", "lo > hi"), ("A,,B", "empty item")],
+)
+def test_bad_answer_specs(spec, message):
+    with pytest.raises(ProbekitError, match=message):
+        AnswerSet.parse(spec)
