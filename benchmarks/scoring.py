@@ -413,17 +413,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(
         f"{'method':<26} {'prompts':>7} {'seconds':>9} {'prompts/s':>10} {'vs (b)':>8} "
-        f"{'(a) x':>8} {'cores busy':>10}"
+        f"{'(a) x':>8} {'CPU s':>8} {'cores busy':>10}"
     )
     for t in timings:
         print(
             f"{t.method:<26} {t.prompts:>7} {t.seconds:>9.2f} {t.rate:>10.2f} "
             f"{t.rate / generate.rate:>7.2f}x {exact.rate / t.rate:>7.1f}x "
-            f"{t.cpu_seconds / t.seconds:>10.2f}"
+            f"{t.cpu_seconds:>8.2f} {t.cpu_seconds / t.seconds:>10.2f}"
         )
     if args.repeat > 1:
         print(f"(fastest of {args.repeat} runs of (a) and (b))")
-    print(f"'cores busy' = process CPU seconds / wall seconds (ideal: about {threads}).")
+    print(
+        f"'CPU s' = this process's CPU seconds, all threads; 'cores busy' = CPU s / seconds "
+        f"(about {threads} when nothing else competes for the CPUs)."
+    )
     print()
     print(f"max error_bound over the {len(results)} prompts of (a): {max_bound:.3g}")
     print(

@@ -36,7 +36,7 @@ from probekit.plots import patching_heatmap
 from probekit.scoring.engine import Scorer
 from probekit.studies.intergroup import CATEGORIES, get_category, get_setting
 
-DEFAULT_LAYERS = 8  # with 2 events x 2 pairs, the default run fits in 10 min on 2 CPU cores
+DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min on 2 CPU cores
 
 
 def int_list(text: str) -> list[int]:
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=2, help="number of events (one per emotion)")
     p.add_argument("--seed", type=int, default=0, help="seed for the events and the control")
     p.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache, or sample)")
-    p.add_argument("--pairs", type=int, default=2, help="pairs per event, largest gap first")
+    p.add_argument("--pairs", type=int, default=1, help="pairs per event, largest gap first")
     p.add_argument(
         "--layers",
         type=int_list,
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sites", default=",".join(patching.SITES), help="comma-separated sites")
     p.add_argument("--spans", default=",".join(patching.SPANS), help="comma-separated spans")
     p.add_argument("--backend", default="transformer_lens", choices=patching.BACKENDS)
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per forward pass")
+    p.add_argument("--batch-size", type=int, help="prompts per forward pass (engine default)")
     p.add_argument(
         "--min-gap", type=float, default=0.0, help="mean recovery over pairs with |gap| >= this"
     )
@@ -125,8 +125,9 @@ def run(args: argparse.Namespace) -> None:
     prompts = patching.study_prompts(model, setting, category, events)
     pairs = patching.in_out_pairs(prompts, category)
     patching.check(model, pairs, patches)  # fail on bad input before any scoring
-    scorer = Scorer(model, AnswerSet.range(0, setting.scale_max), epsilon=0.0)
-    scorer.batch_size = args.batch_size
+    scorer = Scorer(
+        model, AnswerSet.range(0, setting.scale_max), epsilon=0.0, batch_size=args.batch_size
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -15,6 +15,8 @@ Causal check. At the layer with the largest r, the direction fitted on all event
 out of the residual stream (x <- x - (x.u) u) at every experiencer token during the prompt pass,
 every prompt is scored again, and the empathy gap Δ of the intergroup study (z-scored matrix of
 the named groups) is recomputed. A random unit direction at the same place is the control.
+Δ here uses every prompt's expected intensity, without the study's valid-mass exclusion of
+events: the check compares the same prompts before and after, whatever mass the answers carry.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ class LoadedModel:
 
     @cached_property
     def bridge(self) -> Any:
-        """A TransformerLens `TransformerBridge` over `hf` (hook names like `blocks.3.hook_resid_pre`)."""
+        """A TransformerLens `TransformerBridge` over `hf` (hooks: `blocks.3.hook_resid_pre`)."""
         from transformer_lens.model_bridge import TransformerBridge
 
         arch_name = self.meta.get("hf_id") or self.name

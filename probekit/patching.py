@@ -6,7 +6,9 @@ TransformerLens hook `blocks.{layer}.{site}` into the corrupt run at the span's 
 during the engine's prompt pass only; the engine then expands the answer trie from the patched
 KV cache, so the patch reaches every answer token. The effect is read on the exact expected
 intensity: `recovery = (ev_patched - ev_corrupt) / (ev_clean - ev_corrupt)` (NaN when the
-denominator is 0).
+denominator is 0). A patch at layer l changes the keys and values of layers >= l only, so at
+late layers the answer's later tokens read a mix of patched and corrupt cache, and recovery can
+leave [0, 1] even when every position from the experiencer on is patched.
 
 Spans: `experiencer` and `perceiver` as located by `probekit.spans`, and `from_experiencer`,
 every token from the experiencer's first to the prompt's last (the answer position included).
@@ -215,13 +217,16 @@ def score_with(
         cols = torch.tensor([offsets[r] + p for r, p in locs], dtype=torch.long, device=device)
         return rows, cols
 
-    ops = []  # (layer, site order, hook, read index or None, (index, fn) or None)
+    ops = []  # (hook, read index or None, (index, fn) or None), in the order the model runs
     for hook in sorted(set(reads or {}) | set(edits or {}), key=_hook_order):
         read = index(reads[hook]) if reads and hook in reads else None
         edit = (index(edits[hook][0]), edits[hook][1]) if edits and hook in edits else None
         ops.append((hook, read, edit))
-    run = _run_lens if backend == "transformer_lens" else _run_nnsight
-    return run(scorer, batch, ops, remote)
+    if backend == "nnsight":
+        return _run_nnsight(scorer, batch, ops, remote)
+    if remote:
+        raise ProbekitError("remote execution goes through nnsight; use backend='nnsight'")
+    return _run_lens(scorer, batch, ops)
 
 
 def _hook_order(hook: str) -> tuple[int, int]:
@@ -238,7 +243,7 @@ def _apply(tensor: torch.Tensor, read: Any, edit: Any, out: dict, hook: str) -> 
         tensor[rows, cols] = fn(tensor[rows, cols]).to(tensor.device, tensor.dtype)
 
 
-def _run_lens(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[list, dict]:
+def _run_lens(scorer: Scorer, batch: Any, ops: list) -> tuple[list, dict]:
     out: dict[str, torch.Tensor] = {}
 
     def hook_fn(name: str, read: Any, edit: Any) -> Callable:

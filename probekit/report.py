@@ -25,10 +25,12 @@ def report_gap(
     out: Path,
     seed: int = 0,
     min_valid_mass: float = stats.DEFAULT_MIN_VALID_MASS,
+    suffix: str = "",
 ) -> dict[str, Any]:
-    """Statistics of one run plus its figures in `out`; returns one summary row."""
+    """Statistics of one run (read in `mode`: the exact `expected` or the generated `parsed`)
+    plus its figures in `out` (`heatmap{suffix}.png`, ...); returns one summary row."""
     row: dict[str, Any] = {"mode": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
-    if mode == "generate":
+    if "parsed" in scores:
         answered = scores[scores["parsed"] >= 0]
         row["answered_rate"] = len(answered) / len(scores)
         row["ev_generate_agreement"] = (
@@ -51,14 +53,14 @@ def report_gap(
     title = f"{category.name} — Z of mean intensity ({mode})"
     plots.heatmap(
         summary.Z, category.identities, summary.shown, category.blocks, title=title,
-        path=out / "heatmap.png",
+        path=out / f"heatmap{suffix}.png",
     )  # fmt: skip
     if category.regions:
         named_rows = summary.Z[1:]
         names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
         regions = [category.regions[i] for i in category.named]
-        plots.embedding_plot(named_rows, names, regions, out / "embedding.png", seed=seed)
-    np.save(out / "Z.npy", summary.Z)
+        plots.embedding_plot(named_rows, names, regions, out / f"embedding{suffix}.png", seed=seed)
+    np.save(out / f"Z{suffix}.npy", summary.Z)
     return row
 
 

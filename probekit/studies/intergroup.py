@@ -145,6 +145,7 @@ class IntergroupProbe(Probe):
     included on both sides as in the paper's full matrix; perceiver-major order."""
 
     key_columns = ("perceiver", "experiencer", "event_id", "emotion")
+    max_new_tokens = 8  # enough for "85", "Emotion intensity: 85" or a refusal's first words
 
     def __init__(self, category: Category, setting: Setting, events: pd.DataFrame) -> None:
         self.category = category

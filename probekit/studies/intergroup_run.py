@@ -100,10 +100,15 @@ def run(args: argparse.Namespace) -> pd.DataFrame | None:
                 say(f"{probe.name}: this shard is done; other shards still missing, no summary yet")
                 continue
             scores = pd.read_parquet(scores_path)
-            row = {"model": args.model, "category": category.name, "setting": setting.name}
-            row.update(report.report_gap(scores, category, args.mode, run_dir, args.seed,
-                                         args.min_valid_mass))  # fmt: skip
-            rows.append(row)
+            # A generate run records the exact scores too, so it reports both views.
+            views = ["generate", "ev"] if args.mode == "generate" else ["ev"]
+            for view in views:
+                row = {"model": args.model, "category": category.name, "setting": setting.name}
+                row.update(report.report_gap(
+                    scores, category, view, run_dir, args.seed, args.min_valid_mass,
+                    suffix="" if view == args.mode else f"_{view}",
+                ))  # fmt: skip
+                rows.append(row)
     if not rows:
         return None
     frame = report.write_summary(rows, out)

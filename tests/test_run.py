@@ -1,0 +1,153 @@
+"""The run loop: resume after SIGKILL, shards that merge into the single run, torchrun, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
+from probekit.run import INDEX, Shard, completed_indices, run_probe
+from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "experiments" / "intergroup_gap.py"
+# The 10-point scale keeps the answer trie small, so these runs take seconds per chunk.
+SETTING = "P0S1T0"
+
+
+def small_probe(n_events: int = 2) -> IntergroupProbe:
+    events = load_crowd_envent(SAMPLE_ROOT).head(n_events)
+    return IntergroupProbe(get_category("religion"), get_setting(SETTING), events)
+
+
+def manifest(probe):
+    return {"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}
+
+
+def test_shards_merge_into_the_single_run(smol, tmp_path):
+    probe = small_probe()
+    single = run_probe(probe, smol, tmp_path / "single", manifest(probe), chunk_size=32)
+    assert single is not None
+    split = tmp_path / "split"
+    assert run_probe(probe, smol, split, manifest(probe), shard=Shard(0, 2), chunk_size=16) is None
+    merged = run_probe(probe, smol, split, manifest(probe), shard=Shard(1, 2), chunk_size=16)
+    a, b = pd.read_parquet(single), pd.read_parquet(merged)
+    assert len(a) == len(probe) == 72
+    assert list(a[INDEX]) == list(range(72))
+    keys = ["perceiver", "experiencer", "event_id", "emotion", "argmax"]
+    assert a[keys].equals(b[keys])
+    assert np.allclose(a["expected"], b["expected"], atol=1e-5)
+
+
+def test_resume_after_sigkill(tmp_path):
+    out = tmp_path / "run"
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from test_run import small_probe, manifest\n"
+        "from probekit.models import load_model\n"
+        "from probekit.run import run_probe\n"
+        "from pathlib import Path\n"
+        "p = small_probe(3)\n"
+        "run_probe(p, load_model('default'), Path(%r), manifest(p), chunk_size=12)\n"
+    ) % (str(Path(__file__).parent), str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    parts = out / "parts"
+    deadline = time.time() + 600
+    while len(list(parts.glob("part-*.parquet"))) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p.name: p.stat().st_mtime_ns for p in parts.glob("part-*.parquet")}
+    done_before = completed_indices(parts)
+    assert 0 < len(done_before) < 108, "the run must be killed half-way"
+    assert not (out / "scores.parquet").exists()
+    resumed = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=900)
+    assert resumed.returncode == 0
+    after = {p.name: p.stat().st_mtime_ns for p in parts.glob("part-*.parquet")}
+    assert all(after[name] == mtime for name, mtime in before.items()), "finished parts redone"
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert list(scores[INDEX]) == list(range(108))  # none lost, none duplicated
+
+
+def run_script(*args, env=None, timeout=900):
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+        cwd=REPO, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_torchrun_two_processes_equal_one(tmp_path):
+    pytest.importorskip("accelerate")
+    common = ["--setting", SETTING, "--events", "1", "--data", str(SAMPLE_ROOT)]
+    one = run_script(*common, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         str(SCRIPT), *common, "--out", str(tmp_path / "two")],
+        capture_output=True, text=True, timeout=900, cwd=REPO,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = pd.read_parquet(tmp_path / "one" / "scores.parquet")
+    b = pd.read_parquet(tmp_path / "two" / "scores.parquet")
+    assert len(a) == len(b) == 6 * 6 * 12
+    assert a[["perceiver", "experiencer", "event_id"]].equals(b[["perceiver", "experiencer", "event_id"]])
+    assert np.allclose(a["expected"], b["expected"], atol=1e-5)
+    for name in ("summary.csv", "summary.md", "heatmap.png", "manifest.json"):
+        assert (tmp_path / "two" / name).is_file()
+    assert "Δ" in one.stdout or "delta" in one.stdout.lower()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--category", "caste"], "unknown category 'caste'"),
+        (["--setting", "P9S0T0"], "unknown setting 'P9S0T0'"),
+        (["--mode", "sample"], "unknown mode 'sample'"),
+        (["--events", "0"], "--events must be at least 1"),
+        (["--shard", "2/2"], "--shard '2/2'"),
+    ],
+)
+def test_bad_arguments(args, message, tmp_path):
+    result = run_script(*args, "--out", str(tmp_path / "x"), timeout=300)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+
+
+def test_data_dir_missing_an_emotion_file(tmp_path):
+    root = tmp_path / "data" / "crowd-enVent"
+    root.mkdir(parents=True)
+    for f in (SAMPLE_ROOT / "crowd-enVent").glob("*.tsv"):
+        if "joy" not in f.name:
+            (root / f.name).write_bytes(f.read_bytes())
+    result = run_script("--data", str(tmp_path / "data"), "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "crowd-enVent_joy.tsv" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_events_file_with_missing_columns(tmp_path):
+    root = tmp_path / "data" / "crowd-enVent"
+    root.mkdir(parents=True)
+    for f in (SAMPLE_ROOT / "crowd-enVent").glob("*.tsv"):
+        text = f.read_text()
+        if "anger" in f.name:  # drop the third_person_text column
+            text = "\n".join("\t".join(line.split("\t")[:4]) for line in text.splitlines())
+        (root / f.name).write_text(text)
+    result = run_script("--data", str(tmp_path / "data"), "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "third_person_text" in result.stderr
+
+
+def test_resuming_with_other_settings_is_refused(smol, tmp_path):
+    probe = small_probe(1)
+    run_probe(probe, smol, tmp_path, manifest(probe), chunk_size=64)
+    other = {**manifest(probe), "epsilon": 0.0}
+    with pytest.raises(Exception, match="different epsilon"):
+        run_probe(probe, smol, tmp_path, other)
