@@ -134,3 +134,13 @@ def test_paper_parse_rule(response, value):
 def test_bad_answer_specs(spec, message):
     with pytest.raises(ProbekitError, match=message):
         AnswerSet.parse(spec)
+
+
+def test_decode_from_the_scoring_cache_matches_generate(smol, prompts):
+    scorer = Scorer(smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=6)
+    results = list(scorer.score(prompts))
+    ours = smol.tokenizer.batch_decode([r.generated for r in results], skip_special_tokens=True)
+    assert ours == generate_greedy(smol, prompts, max_new_tokens=6)
+    plain = list(Scorer(smol, AnswerSet.range(0, 100), batch_size=4).score(prompts))
+    for a, b in zip(results, plain, strict=True):  # decoding leaves the scores untouched
+        assert np.abs(a.probs - b.probs).max() <= 1e-6
