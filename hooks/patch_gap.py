@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--min-gap", type=float, default=0.0, help="mean recovery over pairs with |gap| >= this"
     )
     p.add_argument(
-        "--no-control", action="store_true", help="skip the random-direction control (faster)"
+        "--control", action="store_true", help="also project out a random direction (slower)"
     )
     return p.parse_args(argv)
 
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> None:
     fit = directions.projection_fit(states)
     fit.to_parquet(out / "directions.parquet", index=False)
     check = directions.causal_check(
-        scorer, prompts, category, states, fit, control=not args.no_control, seed=args.seed
+        scorer, prompts, category, states, fit, control=args.control, seed=args.seed
     )
     best = fit.loc[fit["layer"] == check.layer].iloc[0]
     result = {
