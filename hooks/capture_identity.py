@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--out", required=True, help="folder for shards/, index/ and capture.json")
+    p.add_argument("--out", default="runs/capture_identity", help="shards/, index/, capture.json")
     p.add_argument("--model", default="default", help="model spec for load_model (default SmolLM2)")
     p.add_argument("--category", default="religion", choices=CATEGORIES, help="identity category")
     p.add_argument("--setting", default="P0S0T0", help="prompt setting, e.g. P0S0T0 or origin")

@@ -257,8 +257,8 @@ def _run_nnsight(
     import nnsight
 
     lm = model.nnsight
-    blocks_path, attn, mlp = _module_names(model.hf)
-    blocks = _walk(lm, blocks_path)
+    blocks_path, attn, mlp = block_module_names(model.hf)
+    blocks = walk_path(lm, blocks_path)
     acts: dict[Key, Any] = {}
     # nnsight wants modules in the order they run: keys are sorted by layer, then site order.
     with lm.trace(inputs) as tracer:
@@ -278,11 +278,11 @@ def _run_nnsight(
     return acts
 
 
-def _module_names(hf: Any) -> tuple[str, str, str]:
+def block_module_names(hf: Any) -> tuple[str, str, str]:
     """Dotted path of the block list and the attention and MLP attribute names in a block."""
     for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
         try:
-            blocks = _walk(hf, path)
+            blocks = walk_path(hf, path)
         except AttributeError:
             continue
         names = {name for name, _ in blocks[0].named_children()} | set(dir(blocks[0]))
@@ -295,7 +295,8 @@ def _module_names(hf: Any) -> tuple[str, str, str]:
     )
 
 
-def _walk(root: Any, path: str) -> Any:
+def walk_path(root: Any, path: str) -> Any:
+    """Follow a dotted attribute path such as `model.layers` from `root`."""
     for name in path.split("."):
         root = getattr(root, name)
     return root

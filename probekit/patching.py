@@ -269,13 +269,13 @@ def _run_lens(scorer: Scorer, batch: Any, ops: list) -> tuple[list, dict]:
 def _run_nnsight(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[list, dict]:
     import nnsight
 
-    from probekit.capture import _module_names, _walk
+    from probekit.capture import block_module_names, walk_path
 
     model = scorer.model
     _ = model.bridge  # swap in the bridge blocks first: nnsight must wrap the modules that run
     lm = model.nnsight
-    blocks_path, attn, mlp = _module_names(model.hf)
-    blocks = _walk(lm, blocks_path)
+    blocks_path, attn, mlp = block_module_names(model.hf)
+    blocks = walk_path(lm, blocks_path)
     width = max(len(p) for p in batch)
     ids = torch.full((len(batch), width), model.tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -115,7 +115,7 @@ class Scorer:
     ) -> list[ScoreResult]:
         """Score one batch. `prompt_context` wraps the prompt pass only (e.g. patching hooks);
         use it with `reuse_prefix=False`, so that every prompt is one left-padded row whose
-        position p sits at padded column `pad_offset(batch)[row] + p`."""
+        position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`."""
         with torch.inference_mode():
             with prompt_context() if prompt_context else contextlib.nullcontext():
                 state = self._prompt_pass(batch, reuse_prefix)
