@@ -1,4 +1,4 @@
-"""The run loop: resume after SIGKILL, shards that merge into the single run, torchrun, bad input."""
+"""The run loop: resume after SIGKILL, shards merging into the single run, torchrun, bad input."""
 
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ def test_shards_merge_into_the_single_run(smol, tmp_path):
 def test_resume_after_sigkill(tmp_path):
     out = tmp_path / "run"
     code = (
-        "import sys; sys.path.insert(0, %r)\n"
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_run import small_probe, manifest\n"
         "from probekit.models import load_model\n"
         "from probekit.run import run_probe\n"
         "from pathlib import Path\n"
         "p = small_probe(3)\n"
-        "run_probe(p, load_model('default'), Path(%r), manifest(p), chunk_size=12)\n"
-    ) % (str(Path(__file__).parent), str(out))
+        f"run_probe(p, load_model('default'), Path({str(out)!r}), manifest(p), chunk_size=12)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     parts = out / "parts"
     deadline = time.time() + 600
@@ -98,7 +98,8 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     a = pd.read_parquet(tmp_path / "one" / "scores.parquet")
     b = pd.read_parquet(tmp_path / "two" / "scores.parquet")
     assert len(a) == len(b) == 6 * 6 * 12
-    assert a[["perceiver", "experiencer", "event_id"]].equals(b[["perceiver", "experiencer", "event_id"]])
+    keys = ["perceiver", "experiencer", "event_id"]
+    assert a[keys].equals(b[keys])
     assert np.allclose(a["expected"], b["expected"], atol=1e-5)
     for name in ("summary.csv", "summary.md", "heatmap.png", "manifest.json"):
         assert (tmp_path / "two" / name).is_file()

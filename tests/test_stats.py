@@ -198,11 +198,14 @@ def test_generate_exclusion_drops_event_everywhere():
 def test_ev_exclusion_uses_valid_mass_threshold():
     cube = np.ones((3, 3, 3))
     scores = scores_frame(cube, GROUPS, column="expected").assign(valid_mass=0.9)
-    scores.loc[(scores.event_id == "e0") & (scores.perceiver == "a Muslim"), "valid_mass"] = 0.49
-    scores.loc[scores.event_id == "e1", "valid_mass"] = stats.DEFAULT_MIN_VALID_MASS
+    threshold = stats.DEFAULT_MIN_VALID_MASS
+    below = (scores.event_id == "e0") & (scores.perceiver == "a Muslim")
+    scores.loc[below, "valid_mass"] = 0.98 * threshold
+    scores.loc[scores.event_id == "e1", "valid_mass"] = threshold  # exactly at it: kept
     result = stats.exclude_events(scores, GROUPS, "ev")
     assert result.kept == ("e1", "e2")
-    assert stats.exclude_events(scores, GROUPS, "ev", min_valid_mass=0.4).kept == ("e0", "e1", "e2")
+    lenient = stats.exclude_events(scores, GROUPS, "ev", min_valid_mass=0.5 * threshold)
+    assert lenient.kept == ("e0", "e1", "e2")
 
 
 def test_exclusion_rejects_unknown_mode_and_missing_columns():
@@ -300,7 +303,8 @@ def religion_scores(mode: str) -> tuple[pd.DataFrame, list[str]]:
         cube[0, 4, 1] = -1  # `a person` pair: dropped from the heatmap set only
         return scores_frame(cube, groups), groups
     scores = scores_frame(cube, groups, column="expected").assign(valid_mass=1.0)
-    scores.loc[(scores.event_id == "e5") & (scores.perceiver == "a Jew"), "valid_mass"] = 0.2
+    failed = (scores.event_id == "e5") & (scores.perceiver == "a Jew")
+    scores.loc[failed, "valid_mass"] = 0.2 * stats.DEFAULT_MIN_VALID_MASS
     return scores, groups
 
 
