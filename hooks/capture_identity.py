@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pandas as pd
 
 from probekit.capture import BACKENDS, SITES, CaptureItem, capture
+from probekit.cli import int_list
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
 from probekit.errors import ProbekitError
 from probekit.models import LoadedModel, load_model
@@ -29,15 +30,6 @@ from probekit.studies.intergroup import (
     get_category,
     get_setting,
 )
-
-
-def layer_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache, or sample)")
     p.add_argument(
         "--layers",
-        type=layer_list,
+        type=int_list,
         help="comma-separated layer indices (default: first, middle and last layer)",
     )
     p.add_argument(

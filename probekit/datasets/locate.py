@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from probekit.errors import ProbekitError
-from probekit.paths import project_data_dir, user_cache_dir
+from probekit.paths import file_sha256, project_data_dir, user_cache_dir
 
 ENV_VAR = "PROBEKIT_DATA"
 CHECKSUMS_FILE = project_data_dir() / "SHA256SUMS"
@@ -49,15 +49,6 @@ def fetch_url(url: str, timeout: float = TIMEOUT_S) -> bytes:
     """The bytes at `url` (http(s) or file://), giving up after `timeout` seconds."""
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read()
-
-
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of one file."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def combined_sha256(root: str | Path, files: Iterable[str]) -> str:
