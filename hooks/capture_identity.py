@@ -19,7 +19,7 @@ import pandas as pd
 
 from probekit.capture import BACKENDS, SITES, CaptureItem, capture
 from probekit.cli import int_list
-from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
+from probekit.datasets.crowd_envent import first_events
 from probekit.errors import ProbekitError
 from probekit.models import LoadedModel, load_model
 from probekit.spans import intergroup_spans, locate
@@ -58,13 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_events(args: argparse.Namespace) -> pd.DataFrame:
     """`--events` events, one per emotion, from --data, $PROBEKIT_DATA, the cache or the sample."""
-    source = resolve_crowd_envent(args.data)
-    if source.message:
-        print(source.message, file=sys.stderr)
-    events = sample_events(load_crowd_envent(source.path), per_emotion=1, seed=args.seed)
-    if not 1 <= args.events <= len(events):
-        raise ProbekitError(f"--events must be between 1 and {len(events)}, got {args.events}")
-    return events.head(args.events)
+    return first_events(args.data, args.events, args.seed)
 
 
 def prompts(

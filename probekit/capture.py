@@ -263,16 +263,7 @@ def _run_nnsight(
     # nnsight wants modules in the order they run: keys are sorted by layer, then site order.
     with lm.trace(inputs) as tracer:
         for layer, site in keys:
-            block = blocks[layer]
-            if site == "resid_pre":
-                value = block.input
-            elif site == "attn_out":
-                value = getattr(block, attn).output
-            elif site == "mlp_out":
-                value = getattr(block, mlp).output
-            else:
-                value = block.output
-            tensor = value[0] if isinstance(value, tuple) else value
+            tensor = site_value(blocks[layer], site, attn, mlp)
             acts[(layer, site)] = nnsight.save(tensor[index].detach().float().cpu())
         tracer.stop()
     return acts
@@ -293,6 +284,19 @@ def block_module_names(hf: Any) -> tuple[str, str, str]:
         f"the nnsight backend does not know the block layout of {type(hf).__name__}; "
         "use backend='bridge'"
     )
+
+
+def site_value(block: Any, site: str, attn: str, mlp: str) -> Any:
+    """The nnsight value of `site` (`resid_pre`, `attn_out`, `mlp_out`, `resid_post`) in a block."""
+    if site == "resid_pre":
+        value = block.input
+    elif site == "attn_out":
+        value = getattr(block, attn).output
+    elif site == "mlp_out":
+        value = getattr(block, mlp).output
+    else:
+        value = block.output
+    return value[0] if isinstance(value, tuple) else value
 
 
 def walk_path(root: Any, path: str) -> Any:

@@ -269,7 +269,7 @@ def _run_lens(scorer: Scorer, batch: Any, ops: list) -> tuple[list, dict]:
 def _run_nnsight(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[list, dict]:
     import nnsight
 
-    from probekit.capture import block_module_names, walk_path
+    from probekit.capture import block_module_names, site_value, walk_path
 
     model = scorer.model
     _ = model.bridge  # swap in the bridge blocks first: nnsight must wrap the modules that run
@@ -291,16 +291,8 @@ def _run_nnsight(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[l
     with lm.trace({"input_ids": ids, "attention_mask": mask}, fn=score, remote=remote):
         for hook, read, edit in ops:
             _, layer, site = hook.split(".")
-            block = blocks[int(layer)]
-            if site == "hook_resid_pre":
-                value = block.input
-            elif site == "hook_attn_out":
-                value = getattr(block, attn).output
-            elif site == "hook_mlp_out":
-                value = getattr(block, mlp).output
-            else:
-                value = block.output
-            _apply(value[0] if isinstance(value, tuple) else value, read, edit, out, hook)
+            value = site_value(blocks[int(layer)], site.removeprefix("hook_"), attn, mlp)
+            _apply(value, read, edit, out, hook)
         out = nnsight.save(out)
     return scored["results"], out
 

@@ -5,6 +5,7 @@ with a header and no quoting (double quotes are part of the text).
 """
 
 import csv
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,14 @@ def sample_events(df: pd.DataFrame, per_emotion: int | None, seed: int) -> pd.Da
 def data_sha256(root: str | Path) -> str:
     """One sha256 over the 12 files under `root` (as `sha256sum crowd-enVent/* | sha256sum`)."""
     return combined_sha256(root, FILES)
+
+
+def first_events(explicit: str | Path | None, count: int, seed: int) -> pd.DataFrame:
+    """`count` events, one per emotion, from the resolved data root (analysis scripts' default)."""
+    source = resolve_crowd_envent(explicit)
+    if source.message:
+        print(source.message, file=sys.stderr)
+    events = sample_events(load_crowd_envent(source.path), per_emotion=1, seed=seed)
+    if not 1 <= count <= len(events):
+        raise ProbekitError(f"--events must be between 1 and {len(events)}, got {count}")
+    return events.head(count)
