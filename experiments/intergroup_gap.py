@@ -13,9 +13,8 @@ and summary.md. Re-running the same command resumes an interrupted run.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from probekit.errors import ProbekitError
+from probekit.cli import run_script
 from probekit.scoring.engine import DEFAULT_EPSILON
 from probekit.stats import DEFAULT_MIN_VALID_MASS
 
@@ -54,12 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        run(args)
-    except ProbekitError as exc:
-        print(f"intergroup_gap: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_script("intergroup_gap", lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:

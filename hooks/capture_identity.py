@@ -18,13 +18,11 @@ from collections.abc import Iterator
 import pandas as pd
 
 from probekit.capture import BACKENDS, SITES, CaptureItem, capture
-from probekit.cli import int_list
+from probekit.cli import add_study_arguments, int_list, run_script
 from probekit.datasets.crowd_envent import first_events
-from probekit.errors import ProbekitError
 from probekit.models import LoadedModel, load_model
 from probekit.spans import intergroup_spans, locate
 from probekit.studies.intergroup import (
-    CATEGORIES,
     Category,
     Setting,
     get_category,
@@ -36,13 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--out", default="runs/capture_identity", help="shards/, index/, capture.json")
-    p.add_argument("--model", default="default", help="model spec for load_model (default SmolLM2)")
-    p.add_argument("--category", default="religion", choices=CATEGORIES, help="identity category")
-    p.add_argument("--setting", default="P0S0T0", help="prompt setting, e.g. P0S0T0 or origin")
-    p.add_argument("--events", type=int, default=3, help="number of events (one per emotion)")
-    p.add_argument("--seed", type=int, default=0, help="seed for drawing the events")
-    p.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache, or sample)")
+    add_study_arguments(p, "runs/capture_identity", 3, "number of events (one per emotion)")
     p.add_argument(
         "--layers",
         type=int_list,
@@ -54,11 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default="bridge", choices=BACKENDS, help="how to read activations")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass")
     return p.parse_args(argv)
-
-
-def load_events(args: argparse.Namespace) -> pd.DataFrame:
-    """`--events` events, one per emotion, from --data, $PROBEKIT_DATA, the cache or the sample."""
-    return first_events(args.data, args.events, args.seed)
 
 
 def prompts(
@@ -87,32 +74,31 @@ def prompts(
                 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        setting, category = get_setting(args.setting), get_category(args.category)
-        events = load_events(args)
-        model = load_model(args.model)
-        layers = args.layers or sorted({0, model.n_layers // 2, model.n_layers - 1})
-        result = capture(
-            model,
-            prompts(model, events, setting, category),
-            args.out,
-            layers=layers,
-            sites=args.sites.split(","),
-            backend=args.backend,
-            batch_size=args.batch_size,
-        )
-    except ProbekitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> None:
+    setting, category = get_setting(args.setting), get_category(args.category)
+    events = first_events(args.data, args.events, args.seed)
+    model = load_model(args.model)
+    layers = args.layers or sorted({0, model.n_layers // 2, model.n_layers - 1})
+    result = capture(
+        model,
+        prompts(model, events, setting, category),
+        args.out,
+        layers=layers,
+        sites=args.sites.split(","),
+        backend=args.backend,
+        batch_size=args.batch_size,
+    )
     print(
         f"captured {result.captured} prompts ({result.skipped} already there) at layers {layers}\n"
         f"shards: {result.out_dir / 'shards'}\n"
         f"index:  {result.out_dir / 'index'} "
         "(probekit.capture.read_index / load_activations, or pandas.read_parquet)"
     )
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_script("capture_identity", lambda: run(args))
 
 
 if __name__ == "__main__":

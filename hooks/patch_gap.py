@@ -29,13 +29,13 @@ import pandas as pd
 
 from probekit import directions, patching
 from probekit.answers import AnswerSet
-from probekit.cli import int_list
+from probekit.cli import add_study_arguments, int_list, run_script
 from probekit.datasets.crowd_envent import first_events
 from probekit.errors import ProbekitError
 from probekit.models import load_model
 from probekit.plots import patching_heatmap
 from probekit.scoring.engine import Scorer
-from probekit.studies.intergroup import CATEGORIES, get_category, get_setting
+from probekit.studies.intergroup import get_category, get_setting
 
 DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min on 2 CPU cores
 
@@ -44,13 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--out", default="runs/patch_gap", help="output folder")
-    p.add_argument("--model", default="default", help="model spec for load_model (default SmolLM2)")
-    p.add_argument("--category", default="religion", choices=CATEGORIES, help="identity category")
-    p.add_argument("--setting", default="P0S0T0", help="prompt setting, e.g. P0S0T0 or origin")
-    p.add_argument("--events", type=int, default=2, help="number of events (one per emotion)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the events and the control")
-    p.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache, or sample)")
+    add_study_arguments(p, "runs/patch_gap", 2, "number of events (one per emotion)")
     p.add_argument("--pairs", type=int, default=1, help="pairs per event, largest gap first")
     p.add_argument(
         "--layers",
@@ -68,11 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--control", action="store_true", help="also project out a random direction (slower)"
     )
     return p.parse_args(argv)
-
-
-def load_events(args: argparse.Namespace) -> pd.DataFrame:
-    """`--events` events, one per emotion, from --data, $PROBEKIT_DATA, the cache or the sample."""
-    return first_events(args.data, args.events, args.seed)
 
 
 def pick_pairs(
@@ -102,7 +91,7 @@ def pick_pairs(
 def run(args: argparse.Namespace) -> None:
     start = time.monotonic()
     setting, category = get_setting(args.setting), get_category(args.category)
-    events = load_events(args)
+    events = first_events(args.data, args.events, args.seed)
     model = load_model(args.model)
     n = model.n_layers
     layers = args.layers or sorted({int(x) for x in np.linspace(0, n - 1, DEFAULT_LAYERS).round()})
@@ -161,12 +150,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        run(args)
-    except ProbekitError as err:
-        print(f"patch_gap: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_script("patch_gap", lambda: run(args))
 
 
 if __name__ == "__main__":

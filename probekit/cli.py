@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -22,21 +22,44 @@ def int_list(text: str) -> list[int]:
         ) from None
 
 
+def add_study_arguments(
+    parser: argparse.ArgumentParser, out: str, events: int, events_help: str
+) -> None:
+    """The options the intergroup hooks scripts share: output, model, prompts and their events."""
+    from probekit.studies.intergroup import CATEGORIES
+
+    parser.add_argument("--out", default=out, help=f"output folder (default {out})")
+    parser.add_argument("--model", default="default", help="load_model spec (default SmolLM2)")
+    parser.add_argument("--category", default="religion", choices=CATEGORIES, help="identities")
+    parser.add_argument("--setting", default="P0S0T0", help="prompt setting, e.g. P0S0T0, origin")
+    parser.add_argument("--events", type=int, default=events, help=events_help)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for the events (and any random control)"
+    )
+    parser.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache, sample)")
+
+
+def run_script(name: str, body: Callable[[], None]) -> int:
+    """Run a command's body: a ProbekitError becomes one line on stderr and exit status 2, an
+    interrupt exit status 130; no traceback for either."""
+    try:
+        body()
+    except ProbekitError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
-    try:
-        args.func(args)
-    except ProbekitError as exc:
-        print(f"probekit: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("probekit: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return run_script("probekit", lambda: args.func(args))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
         "--epsilon",
         type=float,
         default=None,
-        help="pruning threshold: total pruned mass <= epsilon x first-level mass "
-        "(default 1e-4; 0 = exact)",
+        help="pruning bound: every row's error_bound (pruned mass / valid mass) is at most "
+        "epsilon (default 1e-4; 0 = exact)",
     )
     score.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     score.add_argument("--dtype", default=None, help="float32, bfloat16 (default by device)")

@@ -86,7 +86,9 @@ def run_probe(
         model, probe.answers, epsilon=epsilon, batch_size=batch_size,
         max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
     )  # fmt: skip
-    with tqdm(total=todo, unit="prompt", desc=probe.name, disable=None, file=sys.stderr) as bar:
+    # In a terminal a live bar; redirected to a log (a background run), an update every 30 s.
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    with tqdm(total=todo, unit="prompt", desc=probe.name, mininterval=interval) as bar:
         chunk: list[tuple[int, dict[str, Any], list[dict[str, str]]]] = []
         for i, (key, messages) in enumerate(probe.prompts()):
             if shard.owns(i) and i not in done:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -115,6 +117,20 @@ def test_prefix_reuse_is_transparent(smol, prompts):
     plain = scorer.score_batch(prompts[:6], reuse_prefix=False)
     for a, b in zip(shared, plain, strict=True):
         assert np.abs(a.probs - b.probs).max() <= 1e-5
+
+
+def test_stats_count_the_work(smol, prompts):
+    """At epsilon 0 every trie node is fed once per prompt; a shared prefix is computed once."""
+    scorer = Scorer(smol, AnswerSet.range(0, 10), epsilon=0.0, batch_size=8)
+    batch = prompts[:6]
+    scorer.score_batch(batch)
+    shared = len(os.path.commonprefix(batch))
+    assert shared >= 8
+    stats = scorer.stats
+    assert stats.prompts == 6
+    assert stats.trie_positions == 6 * (len(scorer.trie.nodes) - 1)
+    assert stats.prompt_tokens == shared + sum(len(p) - shared for p in batch)
+    assert stats.prompt_seconds > 0 and stats.trie_seconds > 0 and stats.decode_seconds >= 0
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,22 @@ from probekit.scoring.trie import ALNUM, DIGIT, AnswerTrie, extension_masks
 DEFAULT_EPSILON = 1e-4
 MIN_SHARED_PREFIX = 8  # tokens; shorter shared prefixes are not worth a separate forward
 HEAD_CHUNK = 256  # rows of the LM head computed at once (bounds the logits' memory)
+
+
+@dataclass
+class ScorerStats:
+    """Where a Scorer's work went: tokens run through the model and wall seconds, per phase.
+
+    `trie_positions / prompts` is the trie's cost per prompt in token positions, the number to
+    compare with the prompt length; `padding` counts the pad tokens of both phases."""
+
+    prompts: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed (a shared prefix once per cache miss)
+    trie_positions: int = 0  # trie nodes fed to the model (each also gets an LM head)
+    padding: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    trie_seconds: float = 0.0
 
 
 @dataclass
@@ -91,6 +108,7 @@ class Scorer:
         self._stop_columns = (~self._ext).T.float().contiguous()
         self._tables = _TrieTables.build(self.trie, model.device)
         self._prefix_cache: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self.stats = ScorerStats()
 
     # ------------------------------------------------------------------ public API
     def score(
@@ -117,10 +135,13 @@ class Scorer:
         use it with `reuse_prefix=False`, so that every prompt is one left-padded row whose
         position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`."""
         with torch.inference_mode():
+            start = self._clock()
             with prompt_context() if prompt_context else contextlib.nullcontext():
                 state = self._prompt_pass(batch, reuse_prefix)
             prompt_columns = state.mask.shape[1]
+            prompt_done = self._clock()
             generated = self._greedy_decode(state) if self.max_new_tokens else None
+            decode_done = self._clock()
             results = self._trie_pass(state, self.epsilon)
             # The budget is set against an upper bound of the valid mass; where the valid mass
             # turned out much smaller and the bound exceeds epsilon, redo those rows exactly.
@@ -135,7 +156,16 @@ class Scorer:
                     results[i] = result
             for i, tokens in enumerate(generated or []):
                 results[i].generated = tokens
+            self.stats.prompts += len(batch)
+            self.stats.prompt_seconds += prompt_done - start
+            self.stats.decode_seconds += decode_done - prompt_done
+            self.stats.trie_seconds += self._clock() - decode_done
             return results
+
+    def _clock(self) -> float:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()  # so that each phase's seconds are its own
+        return time.perf_counter()
 
     def _greedy_decode(self, state: _State) -> list[list[int]]:
         """Greedy decoding from the prompt's cache, as `generate(do_sample=False)` does; the
@@ -211,6 +241,9 @@ class Scorer:
         for row, suffix in enumerate(suffixes):
             ids[row, width - len(suffix) :] = torch.tensor(suffix)
             mask[row, shared + width - len(suffix) :] = True
+        real = sum(len(s) for s in suffixes)
+        self.stats.prompt_tokens += real
+        self.stats.padding += n * width - real
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, shared:]
         out = self.model.hf.model(
@@ -230,6 +263,7 @@ class Scorer:
             self._prefix_cache.move_to_end(prefix)
             return self._prefix_cache[prefix]
         ids = torch.tensor([prefix], device=self.model.device)
+        self.stats.prompt_tokens += len(prefix)
         kv = self.model.hf.model(input_ids=ids, use_cache=True).past_key_values
         self._prefix_cache[prefix] = kv
         while len(self._prefix_cache) > 4:
@@ -262,6 +296,9 @@ class Scorer:
             width = int(count.max())
             if width == 0:
                 break
+            fed = int(count.sum())
+            self.stats.trie_positions += fed
+            self.stats.padding += n * width - fed
             # Compact kept candidates to the left: sel[b, k] = k-th kept node of row b.
             order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[:, :width]
             sel = cand[order]
