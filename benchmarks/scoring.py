@@ -18,6 +18,10 @@ at start and end for that reason.
     python benchmarks/scoring.py                       # the full run (default model, N=96)
     python benchmarks/scoring.py --prompts 32 --check-prompts 1 --loglik-prompts 2
     python benchmarks/scoring.py --random-llama8b      # GPU: (a) vs (b) on an 8B-shaped model
+    python benchmarks/scoring.py --setting P0S1T0      # the 10-point scale: answers 0-10
+
+It also prints where (a)'s time went (`Scorer.stats`: prompt pass vs trie pass, tokens and trie
+positions per prompt) and the rate (a) would reach if its trie pass cost nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ from probekit.studies.intergroup import IntergroupProbe, get_category, get_setti
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 CATEGORY, SETTING = "religion", "P0S0T0"
-ANSWERS = AnswerSet.range(0, 100)
 
 # Targets from the issue, all at the default epsilon except the last.
 MIN_SPEEDUP_VS_GENERATE = 1.5
@@ -97,9 +100,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=(
             "Prompts/s of (a) probekit exact scoring of 0-100, (b) greedy generate + parse and "
             "(c) per-candidate log-likelihood scoring on the same intergroup prompts "
-            f"({CATEGORY}, {SETTING}), plus (d) the largest |p - brute force| at the default "
-            f"epsilon ({DEFAULT_EPSILON:g}) and at epsilon = 0. Prints PASS/FAIL against the "
-            f"targets: (a) >= {MIN_SPEEDUP_VS_GENERATE:g} x (b) (aim "
+            f"({CATEGORY}, {SETTING} by default), plus (d) the largest |p - brute force| at "
+            f"the default epsilon ({DEFAULT_EPSILON:g}) and at epsilon = 0. Prints PASS/FAIL "
+            f"against the targets: (a) >= {MIN_SPEEDUP_VS_GENERATE:g} x (b) (aim "
             f"{AIM_SPEEDUP_VS_GENERATE:g} x), (a) >= {MIN_SPEEDUP_VS_LOGLIK:g} x (c), every "
             f"error_bound <= {MAX_ERROR_BOUND:g}, (d) at epsilon = 0 <= "
             f"{MAX_BRUTE_FORCE_DIFF_EXACT:g}."
@@ -147,6 +150,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="events drawn per emotion, 12 emotions (default: 2)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the event draw (default: 0)")
+    parser.add_argument(
+        "--setting",
+        default=SETTING,
+        help=f"intergroup prompt setting (default: {SETTING}); the answers follow its scale, "
+        "e.g. P0S1T0 (10-scale) scores 0-10; the targets are set for 0-100",
+    )
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -227,9 +236,9 @@ def load_events(data: str | None) -> tuple[Any, str]:
     return load_crowd_envent(source.path), where
 
 
-def build_prompts(model: LoadedModel, events: Any, n: int) -> list[list[int]]:
+def build_prompts(model: LoadedModel, events: Any, n: int, setting: str) -> list[list[int]]:
     """Token ids of the first `n` prompts of the probe, in probe order."""
-    probe = IntergroupProbe(get_category(CATEGORY), get_setting(SETTING), events)
+    probe = IntergroupProbe(get_category(CATEGORY), get_setting(setting), events)
     if n > len(probe):
         raise SystemExit(
             f"--prompts {n} is more than the {len(probe)} prompts of {len(events)} events; "
@@ -321,8 +330,10 @@ def run_generate(
     return parsed
 
 
-def run_loglik(model: LoadedModel, ids: list[list[int]], batch_size: int) -> list[np.ndarray]:
-    return [candidate_loglik(model, prompt, ANSWERS, batch_size=batch_size) for prompt in ids]
+def run_loglik(
+    model: LoadedModel, ids: list[list[int]], answers: AnswerSet, batch_size: int
+) -> list[np.ndarray]:
+    return [candidate_loglik(model, prompt, answers, batch_size=batch_size) for prompt in ids]
 
 
 def print_breakdown(
@@ -366,10 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.loglik_prompts = args.check_prompts = 0  # meaningless and slow with random weights
     else:
         model = load_model(args.model, device=args.device, dtype=args.dtype)
-    ids = build_prompts(model, events, args.prompts)
+    ids = build_prompts(model, events, args.prompts, args.setting)
+    answers = AnswerSet.range(0, get_setting(args.setting).scale_max)
+    scale = f"0-{answers.answers[-1]}"
     lengths = [len(p) for p in ids]
 
-    scorer = Scorer(model, ANSWERS, epsilon=args.epsilon, batch_size=args.batch_size)
+    scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=args.batch_size)
     batch = scorer.batch_size
     with torch.inference_mode():  # warm-up: one tiny forward
         model.hf(input_ids=torch.tensor([ids[0][:8]], device=model.device))
@@ -382,9 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"events: {where}; {args.events_per_emotion}/emotion, seed {args.seed}")
     print(
-        f"prompts: {CATEGORY} x {SETTING}, the first {len(ids)} in probe order "
+        f"prompts: {CATEGORY} x {args.setting}, the first {len(ids)} in probe order "
         f"(perceiver-major); tokens min/mean/max {min(lengths)}/{np.mean(lengths):.0f}/"
-        f"{max(lengths)}; batch size {batch}; answers 0-100; epsilon {args.epsilon:g}; "
+        f"{max(lengths)}; batch size {batch}; answers {scale}; epsilon {args.epsilon:g}; "
         f"(b) max_new_tokens {args.max_new_tokens}"
     )
 
@@ -396,9 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsed: list[int] = []
     for r in range(args.repeat):
         if r:
-            scorer = Scorer(model, ANSWERS, epsilon=args.epsilon, batch_size=batch)
+            scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=batch)
         results, sec, cpu = timed(model, lambda s=scorer: run_exact(s, ids))
-        runs = [Timing("(a) exact 0-100", len(ids), sec, cpu)]
+        runs = [Timing(f"(a) exact {scale}", len(ids), sec, cpu)]
         parsed, sec, cpu = timed(
             model, lambda: run_generate(model, ids, batch, args.max_new_tokens)
         )
@@ -414,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loglik = None
     if args.loglik_prompts:
         subset = ids[: args.loglik_prompts]
-        _, sec, cpu = timed(model, lambda: run_loglik(model, subset, batch))
+        _, sec, cpu = timed(model, lambda: run_loglik(model, subset, answers, batch))
         loglik = Timing("(c) per-candidate loglik", len(subset), sec, cpu)
         timings.append(loglik)
 
@@ -429,9 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_prompts:
         check = ids[: args.check_prompts]
         brute, brute_seconds, _ = timed(
-            model, lambda: [brute_force(model, prompt, ANSWERS) for prompt in check]
+            model, lambda: [brute_force(model, prompt, answers) for prompt in check]
         )
-        exact_scorer = Scorer(model, ANSWERS, epsilon=0.0, batch_size=batch)
+        exact_scorer = Scorer(model, answers, epsilon=0.0, batch_size=batch)
         at_zero = list(exact_scorer.score(check))
         diff_default = max(
             float(np.max(np.abs(r.probs * r.valid_mass - b)))

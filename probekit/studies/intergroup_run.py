@@ -114,8 +114,9 @@ def run(args: argparse.Namespace) -> pd.DataFrame | None:
     frame = report.write_summary(rows, out)
     say("")
     say(report.summary_markdown(frame))
-    say(f"files: {out.resolve()}/ (summary.csv, summary.md, scores.parquet, manifest.json, "
-        f"heatmap.png) — {time.time() - started:.0f} s")  # fmt: skip
+    figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
+    say(f"files: {out.resolve()}/ (summary.csv, summary.md, scores.parquet, manifest.json"
+        f"{', ' + figures if figures else ''}) — {time.time() - started:.0f} s")  # fmt: skip
     return frame
 
 

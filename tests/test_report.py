@@ -1,0 +1,37 @@
+"""The summary a researcher reads: one table row per view, notes for what the table cannot say."""
+
+import math
+
+import pandas as pd
+
+from probekit.report import summary_markdown
+
+
+def test_summary_markdown_reports_both_views_and_generation_agreement():
+    common = {"category": "religion", "setting": "P0S0T0", "mean_valid_mass": 0.0878,
+              "answered_rate": 68 / 10800, "ev_generate_agreement": 0.25,
+              "n_events": 300}  # fmt: skip
+    generate = common | {"mode": "generate", "n_kept": 0, "exclusion_rate": 1.0,
+                         "note": "no events left to average"}  # fmt: skip
+    ev = common | {"mode": "ev", "n_kept": 300, "exclusion_rate": 0.0, "delta": 1.4293,
+                   "ci_low": -0.52, "ci_high": 0.788, "p_value": 0.0089, "mean": 29.29,
+                   "std": 0.85, "z_min": -1.61, "z_max": 2.28}  # fmt: skip
+    text = summary_markdown(pd.DataFrame([generate, ev]))
+    lines = text.splitlines()
+    assert "| religion | P0S0T0 | generate | — | — | — | 100.0% | 0/300 | — | — |" in lines
+    assert (
+        "| religion | P0S0T0 | ev | +1.429 | [-0.520, +0.788] | 0.0089 | 0.0% | 300/300 | "
+        "29.29 ± 0.85 | (-1.61, 2.28) |" in lines
+    )
+    assert "- religion/P0S0T0 (generate): no events left to average" in lines
+    note = next(line for line in lines if "parseable number" in line)
+    assert "0.6% of the responses" in note and "equals it in 25.0%" in note
+    assert "mean valid mass 0.088" in note
+
+
+def test_summary_markdown_without_parsed_answers():
+    row = {"category": "religion", "setting": "P0S0T0", "mode": "generate",
+           "mean_valid_mass": 0.1, "answered_rate": 0.0, "ev_generate_agreement": math.nan,
+           "n_events": 2, "n_kept": 0, "exclusion_rate": 1.0}  # fmt: skip
+    note = summary_markdown(pd.DataFrame([row])).splitlines()[-1]
+    assert "0.0% of the responses" in note and "— (none parsed)" in note
