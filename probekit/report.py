@@ -78,7 +78,19 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         "mean ± std | (min, max) of Z |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []
     for r in frame.to_dict("records"):
+        where = f"- {r['category']}/{r['setting']} ({r['mode']}):"
+        if isinstance(r.get("note"), str):
+            notes.append(f"{where} {r['note']}")
+        if r["mode"] == "generate" and pd.notna(r.get("answered_rate", np.nan)):
+            agreement = r["ev_generate_agreement"]
+            notes.append(
+                f"{where} a parseable number in "
+                f"{r['answered_rate']:.1%} of the responses; the ev argmax equals it in "
+                + ("— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}")
+                + f" of those; mean valid mass {r['mean_valid_mass']:.3f}"
+            )
         if pd.isna(r.get("delta", np.nan)):
             lines.append(
                 f"| {r['category']} | {r['setting']} | {r['mode']} | — | — | — | "
@@ -91,16 +103,4 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"{r['exclusion_rate']:.1%} | {r['n_kept']}/{r['n_events']} | "
             f"{r['mean']:.2f} ± {r['std']:.2f} | ({r['z_min']:.2f}, {r['z_max']:.2f}) |"
         )
-    notes = [f"- {r['category']}/{r['setting']} ({r['mode']}): {r['note']}"
-             for r in frame.to_dict("records")
-             if isinstance(r.get("note"), str)]  # fmt: skip
-    for r in frame.to_dict("records"):
-        if r["mode"] == "generate" and pd.notna(r.get("answered_rate", np.nan)):
-            agreement = r["ev_generate_agreement"]
-            notes.append(
-                f"- {r['category']}/{r['setting']} (generate): a parseable number in "
-                f"{r['answered_rate']:.1%} of the responses; the ev argmax equals it in "
-                + ("— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}")
-                + f" of those; mean valid mass {r['mean_valid_mass']:.3f}"
-            )
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

@@ -193,8 +193,8 @@ class Scorer:
             done |= torch.isin(token, eos)
         if len(steps) > 1:
             state.cache.crop(1 - len(steps))
-        rows = torch.stack(steps, dim=1).tolist()
-        return [row[: next((k + 1 for k, t in enumerate(row) if t in eos.tolist()), len(row))]
+        rows, stops = torch.stack(steps, dim=1).tolist(), set(eos.tolist())
+        return [row[: next((k + 1 for k, t in enumerate(row) if t in stops), len(row))]
                 for row in rows]  # fmt: skip
 
     # ------------------------------------------------------------------ batching
