@@ -1,9 +1,16 @@
-"""Finite answer sets: integer ranges (`0-100`), explicit lists (`A,B,C,D`) and files (`@path`)."""
+"""Finite answer sets: integer ranges (`0-100`), explicit lists (`A,B,C,D`) and files (`@path`).
+
+An answer may have aliases, other surface forms that count as the same answer (`Joy` for `joy`):
+`AnswerSet(("joy", "fear"), aliases={"joy": ("Joy",), "fear": ("Fear",)})`, or
+`AnswerSet.parse("joy,fear").with_capitalised()`. Every surface form is also matched with one
+leading space, and an answer's probability is the sum over all of its forms.
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +26,7 @@ class AnswerSet:
     """The answers a response may start with, in report order."""
 
     answers: tuple[str, ...]
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not self.answers:
@@ -32,6 +40,30 @@ class AnswerSet:
             if answer in seen:
                 raise ProbekitError(f"duplicate answer '{answer}' in the answer set")
             seen.add(answer)
+        for answer, forms in self.aliases.items():
+            if answer not in seen:
+                raise ProbekitError(f"alias given for '{answer}', which is not an answer")
+            for form in forms:
+                if not form or form != form.strip():
+                    raise ProbekitError(f"alias {form!r} of '{answer}' is empty or padded")
+                if form in seen:
+                    raise ProbekitError(f"surface form '{form}' belongs to two answers")
+                seen.add(form)
+
+    def surface_forms(self, index: int) -> tuple[str, ...]:
+        """Every text that counts as answer `index`: the answer and its aliases, each as written
+        and with one leading space."""
+        answer = self.answers[index]
+        forms = (answer, *self.aliases.get(answer, ()))
+        return tuple(text for form in forms for text in (form, " " + form))
+
+    def with_capitalised(self) -> AnswerSet:
+        """The same answers, each also accepted with its first letter in upper case."""
+        aliases = {a: tuple(self.aliases.get(a, ())) for a in self.answers}
+        for a in self.answers:
+            if a[:1].upper() != a[:1] and a[:1].upper() + a[1:] not in aliases[a]:
+                aliases[a] += (a[:1].upper() + a[1:],)
+        return AnswerSet(self.answers, {a: f for a, f in aliases.items() if f})
 
     @classmethod
     def parse(cls, spec: str) -> AnswerSet:

@@ -1,7 +1,7 @@
 """Slow reference scorers: every answer scored as its own full continuation.
 
-`brute_force` applies the same definition as the engine (canonical and space-prefixed
-tokenizations, times the stop probability) with one uncached forward per answer variant: it is the
+`brute_force` applies the same definition as the engine (every surface form, as written and
+space-prefixed, times the stop probability) with one uncached forward per answer variant: it is the
 ground truth the tests compare against. `candidate_loglik` is the lm-eval-harness style baseline
 (the log-likelihood of each answer as a continuation, no stop probability).
 """
@@ -17,11 +17,7 @@ from probekit.answers import AnswerSet
 from probekit.batching import left_pad, positions
 from probekit.models import LoadedModel
 from probekit.scoring.engine import lm_head
-from probekit.scoring.trie import AnswerTrie, extension_masks
-
-
-def _variants(answer: str, tokenizer) -> set[tuple[int, ...]]:
-    return {tuple(tokenizer.encode(t, add_special_tokens=False)) for t in (answer, " " + answer)}
+from probekit.scoring.trie import AnswerTrie, answer_variants, extension_masks
 
 
 @torch.inference_mode()
@@ -35,7 +31,7 @@ def brute_force(
     tok = model.tokenizer
     rules = AnswerTrie.build(answers, tok).rules
     ext = extension_masks(tok, model.hf.get_output_embeddings().weight.shape[0])
-    seqs = [(a, list(v)) for a, ans in enumerate(answers.answers) for v in _variants(ans, tok)]
+    seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
     out = np.zeros(len(answers))
     start = len(prompt) - 1  # position whose logits predict the first answer token
     for first in range(0, len(seqs), batch_size):

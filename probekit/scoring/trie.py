@@ -1,7 +1,8 @@
 """The answer trie: every answer's token sequences merged into one prefix tree.
 
-An answer is reached by its canonical tokenization or by the tokenization of the answer with one
-leading space. A node is *terminal* for the answers whose token sequence ends there; its stop
+An answer is reached by the canonical tokenization of any of its surface forms (the answer and its
+aliases, each as written and with one leading space: `AnswerSet.surface_forms`).
+A node is *terminal* for the answers whose token sequence ends there; its stop
 probability is the mass of next tokens that do not extend the answer (no digit after a number, no
 letter or digit after a word or letter).
 """
@@ -41,12 +42,8 @@ class AnswerTrie:
     def build(cls, answers: AnswerSet, tokenizer) -> AnswerTrie:
         nodes = [TrieNode(token=-1, parent=-1, depth=0)]
         rules = [DIGIT if answers.numeric else ALNUM for _ in answers.answers]
-        for index, answer in enumerate(answers.answers):
-            variants = {
-                tuple(tokenizer.encode(text, add_special_tokens=False))
-                for text in (answer, " " + answer)
-            }
-            for tokens in variants:
+        for index in range(len(answers)):
+            for tokens in answer_variants(answers, index, tokenizer):
                 node = 0
                 for token in tokens:
                     child = nodes[node].children.get(token)
@@ -64,6 +61,14 @@ class AnswerTrie:
 
     def level(self, depth: int) -> list[int]:
         return [i for i, node in enumerate(self.nodes) if node.depth == depth]
+
+
+def answer_variants(answers: AnswerSet, index: int, tokenizer) -> set[tuple[int, ...]]:
+    """The distinct token sequences of answer `index`'s surface forms."""
+    return {
+        tuple(tokenizer.encode(text, add_special_tokens=False))
+        for text in answers.surface_forms(index)
+    }
 
 
 def _breadth_first(nodes: list[TrieNode]) -> list[TrieNode]:

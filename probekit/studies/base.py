@@ -52,6 +52,11 @@ class Probe(ABC):
     def parse(self, response: str) -> Any:
         """The answer extracted from a generated response (generate mode)."""
 
+    def settled(self, response: str) -> bool:
+        """True once no further generated text can change `parse(response)`, so that generate
+        mode may stop this row before its budget (end of sequence always stops it)."""
+        return False
+
     @abstractmethod
     def config(self) -> dict[str, Any]:
         """What defines this probe's prompts, recorded in the run manifest."""

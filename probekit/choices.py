@@ -1,0 +1,55 @@
+"""Multiple-choice answers shown in several orders: which option sits behind which letter.
+
+A question with n options is shown in order k (k = 0 … n-1, the cyclic shifts) with option
+`(j + k) % n` behind the j-th letter, so over all n orders every option takes every letter once.
+Averaging an option's probability over the orders removes the model's preference for letters
+(position bias); that preference itself is the mean P(letter) over all prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from probekit.errors import ProbekitError
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def letters(n: int) -> tuple[str, ...]:
+    """The first `n` capital letters."""
+    if not 1 <= n <= len(LETTERS):
+        raise ProbekitError(f"a choice needs 1 to {len(LETTERS)} options, not {n}")
+    return tuple(LETTERS[:n])
+
+
+def cyclic_order(n: int, shift: int) -> tuple[int, ...]:
+    """Option index shown behind each letter in order `shift`."""
+    return tuple((j + shift) % n for j in range(n))
+
+
+def cyclic_orders(n: int, count: int) -> list[tuple[int, ...]]:
+    """The first `count` cyclic orders of `n` options (order 0 is the original)."""
+    if not 1 <= count <= n:
+        raise ProbekitError(f"--orders must lie between 1 and {n} (the number of options)")
+    return [cyclic_order(n, k) for k in range(count)]
+
+
+def letter_of(order: Sequence[int], option: int) -> str:
+    """The letter behind which `option` is shown in `order`."""
+    return LETTERS[list(order).index(option)]
+
+
+def option_probs(letter_probs: np.ndarray, order: Sequence[int]) -> np.ndarray:
+    """Per-option probabilities from per-letter ones (the last axis) shown in `order`."""
+    out = np.empty_like(letter_probs)
+    out[..., list(order)] = letter_probs
+    return out
+
+
+def position_bias(frame: pd.DataFrame, n: int) -> pd.Series:
+    """Mean P(letter) over the prompts of `frame` (its `p::<letter>` columns): 1/n each for a
+    model without a preference for positions, whatever the options."""
+    return frame[[f"p::{x}" for x in letters(n)]].mean().rename(lambda c: c[3:])
