@@ -9,7 +9,9 @@ same thread count, one run prints the prompts/s of
       lm-eval-harness does), timed on a few of the prompts,
 
 and (d) the largest |p - brute force| over a few prompts, at the default epsilon and at 0, where
-p is the engine's unnormalised answer probability (`probs * valid_mass`).
+p is the engine's unnormalised answer probability (`probs * valid_mass`), and (f) the cost of the
+study's generate mode (exact scores + decoding from the same cache) with the authors' 128-token
+budget and early stop once the parse is fixed, against an 8-token budget without it.
 
 This is a benchmark, not a test: it exits 0 whatever the numbers are, and says PASS/FAIL for each
 target. Timings on a shared machine are distorted by other processes; the load average is printed
@@ -45,7 +47,7 @@ from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
 from probekit.models import LoadedModel, load_model
 from probekit.scoring.engine import DEFAULT_EPSILON, Scorer, ScoreResult, ScorerStats
-from probekit.scoring.generate import generate_greedy, parse_intensity
+from probekit.scoring.generate import generate_greedy, intensity_settled, parse_intensity
 from probekit.scoring.reference import brute_force, candidate_loglik
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
@@ -59,6 +61,8 @@ AIM_SPEEDUP_VS_GENERATE = 2.0
 MIN_SPEEDUP_VS_LOGLIK = 30.0
 MAX_ERROR_BOUND = 1e-3
 MAX_BRUTE_FORCE_DIFF_EXACT = 1e-5  # at epsilon = 0
+MAX_BUDGET_COST = 1.3  # (f): 128 tokens with early stop vs 8 tokens, same prompts
+FULL_BUDGET, SHORT_BUDGET = 128, 8
 
 T = TypeVar("T")
 
@@ -208,6 +212,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="time (a) and (b) R times, alternating, and report the fastest of each (default: 1)",
     )
     parser.add_argument(
+        "--no-budget", action="store_true",
+        help=f"skip (f), generate mode with {FULL_BUDGET} vs {SHORT_BUDGET} new tokens",
+    )  # fmt: skip
+    parser.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="also write the numbers here"
     )
     args = parser.parse_args(argv)
@@ -336,6 +344,22 @@ def run_loglik(
     return [candidate_loglik(model, prompt, answers, batch_size=batch_size) for prompt in ids]
 
 
+def run_generate_mode(
+    model: LoadedModel,
+    answers: AnswerSet,
+    ids: list[list[int]],
+    batch_size: int,
+    budget: int,
+    settled: Callable[[str], bool] | None,
+) -> list[int]:
+    """The study's generate mode: exact scores plus decoding from the same cache, parsed."""
+    scorer = Scorer(model, answers, batch_size=batch_size, max_new_tokens=budget, settled=settled)
+    texts = model.tokenizer.batch_decode(
+        [r.generated for r in scorer.score(ids)], skip_special_tokens=True
+    )
+    return [parse_intensity(text) for text in texts]
+
+
 def print_breakdown(
     stats: ScorerStats, exact: Timing, generate: Timing, lengths: list[int]
 ) -> None:
@@ -431,6 +455,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         loglik = Timing("(c) per-candidate loglik", len(subset), sec, cpu)
         timings.append(loglik)
 
+    budget_cost = None
+    if not args.no_budget:
+        short, short_sec, short_cpu = timed(
+            model, lambda: run_generate_mode(model, answers, ids, batch, SHORT_BUDGET, None)
+        )
+        full, full_sec, full_cpu = timed(
+            model,
+            lambda: run_generate_mode(model, answers, ids, batch, FULL_BUDGET, intensity_settled),
+        )
+        budget_cost = full_sec / short_sec
+        changed = sum(a != b for a, b in zip(short, full, strict=True))
+        timings += [
+            Timing(f"(f) gen. mode {SHORT_BUDGET}", len(ids), short_sec, short_cpu),
+            Timing(f"(f) gen. mode {FULL_BUDGET}+stop", len(ids), full_sec, full_cpu),
+        ]
+
     max_bound = max(r.error_bound for r in results)
     # Sanity check: where (b) parsed a number, (a)'s greedy-equivalent answer should match it.
     parsed_pairs = [(r, p) for r, p in zip(results, parsed, strict=True) if p >= 0]
@@ -487,6 +527,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(brute force took {brute_seconds:.1f} s)"
         )
 
+    if budget_cost is not None:
+        print(
+            f"(f) generate mode with {FULL_BUDGET} new tokens and early stop costs "
+            f"{budget_cost:.2f}x the {SHORT_BUDGET}-token budget; the parsed answer differs "
+            f"on {changed}/{len(ids)} prompts (answers the short budget cut off)"
+        )
+
     ratio_b = exact.rate / generate.rate
     targets = [
         Target(
@@ -508,6 +555,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(d) at epsilon 0 <= {MAX_BRUTE_FORCE_DIFF_EXACT:g}",
             diff_exact,
             MAX_BRUTE_FORCE_DIFF_EXACT,
+            False,
+        ),
+        Target(
+            f"(f) {FULL_BUDGET}+stop <= {MAX_BUDGET_COST:g} x {SHORT_BUDGET}",
+            budget_cost,
+            MAX_BUDGET_COST,
             False,
         ),
     ]

@@ -33,6 +33,19 @@ def comma_list(text: str) -> list[str]:
     return items
 
 
+def count_or_all(text: str, option: str = "--events") -> int | None:
+    """An option that takes a positive count or `all` (None)."""
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ProbekitError(f"{option} '{text}' must be a positive number or 'all'") from None
+    if value < 1:
+        raise ProbekitError(f"{option} must be at least 1 (got {value}), or 'all'")
+    return value
+
+
 def run_script(name: str, body: Callable[[], None]) -> int:
     """Run a command's body: a ProbekitError becomes one line on stderr and exit status 2, an
     interrupt exit status 130; no traceback for either."""
@@ -74,8 +87,15 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("study", nargs="?", help="a study name (probekit studies)")
         command.add_argument("rest", nargs=argparse.REMAINDER, help="the study's options")
         command.set_defaults(func=_study_command)
-    report = sub.add_parser("report", help="re-write a run's summary and figures from its results")
-    report.add_argument("dir", help="the --out folder of a finished run")
+    report = sub.add_parser(
+        "report",
+        help="re-write a run's summary and figures from its results; several folders (e.g. one "
+        "per model) are summarised together",
+    )
+    report.add_argument("dir", nargs="+", help="the --out folder of a finished run (or several)")
+    report.add_argument(
+        "--out", default=None, help="where the combined summary goes (default: the first folder)"
+    )
     report.set_defaults(func=_report)
 
     score = sub.add_parser(
@@ -167,7 +187,7 @@ def _command_module(command: str) -> Any:
 def _report(args: argparse.Namespace) -> None:
     from probekit.commands.report import report_runs
 
-    print(report_runs(args.dir))
+    print(report_runs(args.dir, args.out))
 
 
 def _score(args: argparse.Namespace) -> None:

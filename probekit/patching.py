@@ -32,12 +32,17 @@ carry different patches (any layer, site, span), so a sweep runs `batch_size` pa
 Prompts are left-padded to the batch width W, so position p of a prompt of length n sits at
 column W - n + p.
 
+Heads. The site `attn.hook_z` is the attention's per-head output before the output projection
+([positions, heads, d_head], TransformerLens naming); a patch there with `head = h` copies head h
+alone, with `head = None` every head (which is the same as patching `hook_attn_out`).
+
 Backends. `transformer_lens`: hooks of the model's TransformerBridge (`model.enable_bridge()`),
 which fire inside `model.hf`'s forward (the bridge swaps its blocks in place). `nnsight`: a trace
 of `model.nnsight` whose traced function is the engine's `score_batch`; its interventions ask for
 the first call of each module, which is the prompt pass (the trie pass calls the modules again,
-untouched). `remote` is handed to `trace` unchanged (`remote=True` ships the block and the
-pickled scoring call to NDIF, which needs a hub model NDIF serves; untested offline).
+untouched); it reads `attn.hook_z` as the input of the attention's output projection, viewed
+per head. `remote` is handed to `trace` unchanged (`remote=True` ships the block and the pickled
+scoring call to NDIF, which needs a hub model NDIF serves; untested offline).
 """
 
 from __future__ import annotations
@@ -56,9 +61,13 @@ from probekit.items import EncodedItem, Pair
 from probekit.models import LoadedModel
 from probekit.scoring.engine import Scorer, ScoreResult
 from probekit.scoring.metrics import Metric
+from probekit.stats import bootstrap_units
 
 SITES: tuple[str, ...] = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+HEAD_SITE = "attn.hook_z"  # per-head attention output before the output projection
+RUN_ORDER: tuple[str, ...] = ("hook_resid_pre", HEAD_SITE, *SITES[1:])  # as a block runs them
 BACKENDS: tuple[str, ...] = ("transformer_lens", "nnsight")
+COMPONENT = ["layer", "site", "head", "span"]  # the columns naming one patched component
 FROM = "from_"  # `from_<span>`: the span's first token to the prompt's end
 
 Loc = tuple[int, int]  # (row in the batch, position in that row's unpadded prompt)
@@ -67,20 +76,45 @@ Edit = tuple[list[Loc], Callable[[torch.Tensor], torch.Tensor]]  # new values fr
 
 @dataclass(frozen=True)
 class Patch:
-    """Copy the clean activation at hook `blocks.{layer}.{site}` over `span`."""
+    """Copy the clean activation at hook `blocks.{layer}.{site}` over `span` (at `attn.hook_z`,
+    of one `head`, or of every head when it is None)."""
 
     layer: int
     site: str
     span: str
+    head: int | None = None
 
     @property
     def hook(self) -> str:
         return f"blocks.{self.layer}.{self.site}"
 
+    @property
+    def name(self) -> str:
+        """`L3 hook_attn_out experiencer`, `L3 H5 experiencer`: for reports."""
+        where = self.site if self.head is None else f"H{self.head}"
+        return f"L{self.layer} {where} {self.span}"
 
-def grid(layers: Iterable[int], sites: Iterable[str], spans: Iterable[str]) -> list[Patch]:
-    """All (layer, site, span) patches, layer-major."""
-    return [Patch(layer, site, span) for layer in layers for site in sites for span in spans]
+
+def grid(
+    layers: Iterable[int],
+    sites: Iterable[str],
+    spans: Iterable[str],
+    heads: Sequence[int] = (),
+) -> list[Patch]:
+    """All (layer, site, span) patches, layer-major; the site `attn.hook_z` gives one patch per
+    head in `heads` (one patch of all heads when `heads` is empty)."""
+    spans, sites = list(spans), list(sites)
+    out = []
+    for layer in layers:
+        for site in sites:
+            for head in (heads or [None]) if site == HEAD_SITE else [None]:
+                out += [Patch(layer, site, span, head) for span in spans]
+    return out
+
+
+def n_heads(model: LoadedModel) -> int:
+    """Attention heads per layer (query heads: `attn.hook_z` has one slot per query head)."""
+    return int(model.hf.config.num_attention_heads)
 
 
 def span_positions(prompt: EncodedItem, span: str) -> list[int]:
@@ -109,9 +143,19 @@ def check(model: LoadedModel, pairs: Sequence[Pair], patches: Sequence[Patch]) -
     if not pairs or not patches:
         raise ProbekitError("nothing to patch: give at least one pair and one patch")
     model.check_layers([patch.layer for patch in patches])
+    heads = n_heads(model)
     for patch in patches:
-        if patch.site not in SITES:
-            raise ProbekitError(f"unknown site {patch.site!r}; choose from {', '.join(SITES)}")
+        if patch.site not in RUN_ORDER:
+            raise ProbekitError(
+                f"unknown site {patch.site!r}; choose from {', '.join(SITES)}, {HEAD_SITE}"
+            )
+        if patch.head is not None and patch.site != HEAD_SITE:
+            raise ProbekitError(f"a head index needs the site {HEAD_SITE}, not {patch.site}")
+        if patch.head is not None and not 0 <= patch.head < heads:
+            raise ProbekitError(
+                f"head {patch.head} is out of range: the model has {heads} heads per layer "
+                f"(0 to {heads - 1})"
+            )
     for i, (clean, corrupt) in enumerate(pairs):
         if clean.item.unit != corrupt.item.unit:
             raise ProbekitError(
@@ -136,7 +180,8 @@ def score_with(
 
     `reads[hook]` lists (row, position) locations whose values come back as one [locs, d] CPU
     tensor per hook, read before any edit at that hook; `edits[hook] = (locs, fn)` replaces the
-    values at `locs` by `fn(old values)`. Hooks are TransformerLens names `blocks.{l}.{site}`.
+    values at `locs` by `fn(old values)`. Hooks are TransformerLens names `blocks.{l}.{site}`;
+    values at `attn.hook_z` are [locs, heads, d_head].
     """
     if backend not in BACKENDS:
         raise ProbekitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -162,8 +207,8 @@ def score_with(
 
 
 def _hook_order(hook: str) -> tuple[int, int]:
-    _, layer, site = hook.split(".")
-    return int(layer), SITES.index(site)
+    _, layer, site = hook.split(".", 2)
+    return int(layer), RUN_ORDER.index(site)
 
 
 def _apply(tensor: torch.Tensor, read: Any, edit: Any, out: dict, hook: str) -> None:
@@ -208,6 +253,8 @@ def _run_nnsight(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[l
     lm = model.nnsight
     blocks_path, attn, mlp = block_module_names(model.hf)
     blocks = walk_path(lm, blocks_path)
+    out_proj = _output_projection(getattr(walk_path(model.hf, blocks_path)[0], attn))
+    heads = n_heads(model)
     ids, mask = left_pad(batch, model.tokenizer.pad_token_id)
     scored: dict[str, list[ScoreResult]] = {}
 
@@ -217,11 +264,28 @@ def _run_nnsight(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[l
     out: dict[str, torch.Tensor] = {}
     with lm.trace({"input_ids": ids, "attention_mask": mask}, fn=score, remote=remote):
         for hook, read, edit in ops:
-            _, layer, site = hook.split(".")
-            value = site_value(blocks[int(layer)], site.removeprefix("hook_"), attn, mlp)
+            _, layer, site = hook.split(".", 2)
+            block = blocks[int(layer)]
+            if site == HEAD_SITE:  # the output projection's input, viewed per head
+                flat = getattr(getattr(block, attn), out_proj).input
+                value = flat.view(*flat.shape[:2], heads, -1)
+            else:
+                value = site_value(block, site.removeprefix("hook_"), attn, mlp)
             _apply(value, read, edit, out, hook)
         out = nnsight.save(out)
     return scored["results"], out
+
+
+def _output_projection(attn: Any) -> str:
+    """The name of an attention module's output projection (a child module)."""
+    children = {name for name, _ in attn.named_children()}
+    for name in ("o", "o_proj", "out_proj", "dense", "c_proj"):
+        if name in children:
+            return name
+    raise ProbekitError(
+        f"the nnsight backend does not know the output projection of {type(attn).__name__}; "
+        "use backend='transformer_lens' for head patching"
+    )
 
 
 # ---------------------------------------------------------------------- sweeps
@@ -248,9 +312,11 @@ def sweep(
 
     Columns: the items' key columns (a column on which clean and corrupt differ in some pair
     comes twice, as `clean_<col>` and `corrupt_<col>`), clean_prompt_id, corrupt_prompt_id,
-    clean_prompt, corrupt_prompt (rendered text), layer, site (hook name), span, clean_positions,
-    corrupt_positions (aligned, unpadded), `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m =
-    `metric.column`, e.g. ev), gap (clean - corrupt), recovery, ran, metric (its spec).
+    clean_prompt, corrupt_prompt (rendered text), layer, site (hook name), head (at
+    `attn.hook_z`; else null), span, clean_positions, corrupt_positions (aligned, unpadded),
+    `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `metric.column`, e.g. ev), gap (clean -
+    corrupt), recovery, ran, metric (its spec), method (`exact` here) and estimate (the
+    attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.attribution`).
     """
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size
@@ -264,14 +330,15 @@ def sweep(
         chunk = todo[start : start + size]
         edits: dict[str, Edit] = {}
         for hook in {jobs[k].patch.hook for k in chunk}:
-            locs, values = [], []
+            locs, values, heads = [], [], []
             for row, k in enumerate(chunk):
                 job = jobs[k]
                 if job.patch.hook == hook:
                     locs += [(row, p) for p in job.corrupt_positions]
                     acts, where = clean_acts[pairs[job.pair][0].id]
                     values.append(acts[hook][[where[p] for p in job.clean_positions]])
-            edits[hook] = (locs, _constant(torch.cat(values)))
+                    heads += [job.patch.head] * len(job.corrupt_positions)
+            edits[hook] = (locs, _copy(torch.cat(values), heads))
         corrupt = [pairs[jobs[k].pair][1] for k in chunk]
         results, _ = score_with(
             scorer, [c.input_ids for c in corrupt], edits=edits, backend=backend, remote=remote
@@ -279,56 +346,113 @@ def sweep(
         for k, prompt, result in zip(chunk, corrupt, results, strict=True):
             patched[k] = metric(result, prompt.item)
     keys = _key_columns(pairs)
-    m = metric.column
     rows = []
     for k, job in enumerate(jobs):
         clean, corrupt = pairs[job.pair]
-        m_clean, m_corrupt = value[clean.id], value[corrupt.id]
+        m_corrupt = value[corrupt.id]
         m_patched = patched.get(k, m_corrupt)
-        gap = m_clean - m_corrupt
-        row = {}
-        for column, differs in keys.items():
-            if differs:
-                row[f"clean_{column}"] = clean.item.key[column]
-                row[f"corrupt_{column}"] = corrupt.item.key[column]
-            else:
-                row[column] = clean.item.key[column]
-        rows.append(
-            {
-                **row,
-                "clean_prompt_id": clean.id,
-                "corrupt_prompt_id": corrupt.id,
-                "clean_prompt": clean.text,
-                "corrupt_prompt": corrupt.text,
-                "layer": job.patch.layer,
-                "site": job.patch.hook,
-                "span": job.patch.span,
-                "clean_positions": job.clean_positions,
-                "corrupt_positions": job.corrupt_positions,
-                f"{m}_clean": m_clean,
-                f"{m}_corrupt": m_corrupt,
-                f"{m}_patched": m_patched,
-                "gap": gap,
-                "recovery": (m_patched - m_corrupt) / gap if gap != 0 else np.nan,
-                "ran": k in patched,
-                "metric": metric.spec,
-            }
-        )
-    return pd.DataFrame(rows)
+        rows.append(_row(pairs[job.pair], keys, job, metric, value[clean.id], m_corrupt, m_patched))
+        rows[-1]["ran"] = k in patched
+    return table(rows)
+
+
+def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The patching table from its rows (`head` as a nullable integer column)."""
+    df = pd.DataFrame(rows)
+    df["head"] = df["head"].astype("Int64")
+    return df
+
+
+def _row(
+    pair: Pair,
+    keys: dict[str, bool],
+    job: _Job,
+    metric: Metric,
+    m_clean: float,
+    m_corrupt: float,
+    m_patched: float,
+    method: str = "exact",
+    estimate: float = np.nan,
+) -> dict[str, Any]:
+    """One row of the patching table (see `sweep`); `ran` is False until the caller sets it."""
+    clean, corrupt = pair
+    row: dict[str, Any] = {}
+    for column, differs in keys.items():
+        if differs:
+            row[f"clean_{column}"] = clean.item.key[column]
+            row[f"corrupt_{column}"] = corrupt.item.key[column]
+        else:
+            row[column] = clean.item.key[column]
+    gap = m_clean - m_corrupt
+    m = metric.column
+    return {
+        **row,
+        "clean_prompt_id": clean.id,
+        "corrupt_prompt_id": corrupt.id,
+        "clean_prompt": clean.text,
+        "corrupt_prompt": corrupt.text,
+        "layer": job.patch.layer,
+        "site": job.patch.hook,
+        "head": job.patch.head,
+        "span": job.patch.span,
+        "clean_positions": job.clean_positions,
+        "corrupt_positions": job.corrupt_positions,
+        f"{m}_clean": m_clean,
+        f"{m}_corrupt": m_corrupt,
+        f"{m}_patched": m_patched,
+        "gap": gap,
+        "recovery": (m_patched - m_corrupt) / gap if gap != 0 else np.nan,
+        "ran": False,
+        "metric": metric.spec,
+        "method": method,
+        "estimate": estimate,
+    }
 
 
 def mean_recovery(df: pd.DataFrame, min_gap: float = 0.0) -> pd.DataFrame:
-    """Mean recovery per (layer, site, span) over pairs whose |clean - corrupt| metric gap is at
-    least `min_gap`, largest first; `pairs` counts the pairs averaged."""
+    """Mean recovery per (layer, site, head, span) over pairs whose |clean - corrupt| metric gap
+    is at least `min_gap`, largest first; `pairs` counts the pairs averaged."""
     kept = df[df["gap"].abs() >= min_gap].dropna(subset=["recovery"])
     if kept.empty:
         raise ProbekitError(f"no pair has a gap of at least {min_gap}; lower the minimum gap")
     summary = (
-        kept.groupby(["layer", "site", "span"], sort=False)["recovery"]
+        kept.groupby(COMPONENT, sort=False, dropna=False)["recovery"]
         .agg(recovery="mean", pairs="size")
         .reset_index()
     )
     return summary.sort_values("recovery", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """Per component (layer, site, head, span): the mean over pairs of the exact effect
+    (m_patched - m_corrupt, where measured) and of the attribution estimate, each with its
+    bootstrap interval over pairs (`<x>_low`, `<x>_high`), the mean recovery and the mean
+    estimate as a share of the gap (`estimated_recovery`); largest |effect| (else |estimate|)
+    first."""
+    patched = next(c for c in df.columns if c.endswith("_patched"))
+    corrupt = patched.removesuffix("_patched") + "_corrupt"
+    frame = df.assign(
+        effect=(df[patched] - df[corrupt]).where(df["ran"] | (df["method"] == "exact")),
+        estimated_recovery=df["estimate"] / df["gap"].where(df["gap"] != 0),
+    )
+    rows = []
+    for key, group in frame.groupby(COMPONENT, sort=False, dropna=False):
+        row: dict[str, Any] = dict(zip(COMPONENT, key, strict=True))
+        for column in ("effect", "estimate"):
+            values = group[column].dropna().to_numpy()
+            if len(values) == 0:
+                row |= {column: np.nan, f"{column}_low": np.nan, f"{column}_high": np.nan}
+                continue
+            ci = bootstrap_units(len(values), lambda d, v=values: v[d].mean(), n, seed, level)
+            row |= {column: ci.estimate, f"{column}_low": ci.low, f"{column}_high": ci.high}
+        row["recovery"] = group["recovery"].mean()
+        row["estimated_recovery"] = group["estimated_recovery"].mean()
+        row["pairs"] = len(group)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["head"] = out["head"].astype("Int64")
+    size = out["effect"].abs().fillna(out["estimate"].abs())
+    return out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
 
 
 def _key_columns(pairs: Sequence[Pair]) -> dict[str, bool]:
@@ -391,5 +515,17 @@ def _baselines(
     return value, acts
 
 
-def _constant(values: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda old: values
+def _copy(values: torch.Tensor, heads: list[int | None]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The edit writing `values` (one row per location); where a location's head is set, only
+    that head's slice ([locs, heads, d_head] values) is written, the others keep their value."""
+    if all(head is None for head in heads):
+        return lambda old: values
+    own = torch.zeros(values.shape[:2], dtype=torch.bool)
+    for i, head in enumerate(heads):
+        own[i, slice(None) if head is None else head] = True
+
+    def fn(old: torch.Tensor) -> torch.Tensor:
+        keep = own.to(old.device)[..., None]
+        return torch.where(keep, values.to(old.device, old.dtype), old)
+
+    return fn

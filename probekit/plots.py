@@ -1,6 +1,6 @@
 """Generic figures: a masked matrix heatmap with separators and outlined blocks, a 2-D t-SNE map
-of labelled rows, and the layer x site heatmaps of activation patching. Studies pass their own
-labels, titles and separators.
+of labelled rows, and the layer x site and layer x head heatmaps of activation patching. Studies
+pass their own labels, titles and separators.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never touches
 the global backend or needs a display.
@@ -25,13 +25,15 @@ DPI = 100
 Blocks = Sequence[tuple[int, int]] | Sequence[str]
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
+    """A figure of `width` x `height` inches with its own canvas (no pyplot state)."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write `fig` as a PNG atomically (parent folders created); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
@@ -88,7 +90,7 @@ def heatmap_figure(
     if hidden.shape != (n, n):
         raise ProbekitError(f"mask has shape {hidden.shape} but Z has shape {Z.shape}")
     side = 3 + 0.35 * n
-    fig = _new_figure(side + 1.5, side)
+    fig = new_figure(side + 1.5, side)
     ax = fig.add_subplot()
     cmap = colormaps["YlGnBu"].with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_array(Z, hidden), cmap=cmap)
@@ -120,7 +122,7 @@ def heatmap(
     **options: object,
 ) -> Path:
     """Save the heatmap of `heatmap_figure` (same options) as a PNG at `path`."""
-    return _save(heatmap_figure(Z, labels, mask, blocks, **options), path)  # type: ignore[arg-type]
+    return save_figure(heatmap_figure(Z, labels, mask, blocks, **options), path)  # type: ignore[arg-type]
 
 
 def embed_rows(Z_rows: np.ndarray, seed: int = 0, perplexity: float | None = None) -> np.ndarray:
@@ -157,7 +159,7 @@ def embedding_plot(
     if not len(Z_rows) == len(names) == len(groups):
         raise ProbekitError(f"got {len(Z_rows)} rows, {len(names)} names and {len(groups)} groups")
     points = embed_rows(Z_rows, seed, perplexity)
-    fig = _new_figure(10, 6.5)
+    fig = new_figure(10, 6.5)
     ax = fig.add_subplot()
     colours = colormaps["tab10"]
     for k, group in enumerate(dict.fromkeys(groups)):
@@ -170,7 +172,7 @@ def embedding_plot(
     ax.set_yticks([])
     ax.set_title(title)
     ax.legend(title=legend, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def patching_heatmap(
@@ -193,7 +195,7 @@ def patching_heatmap(
     sites = list(sites or dict.fromkeys(data["site"]))
     spans = list(spans or dict.fromkeys(data["span"]))
     layers = sorted(data["layer"].unique())
-    fig = _new_figure(1.2 + 2.4 * len(spans) + 1.2, 1.6 + 0.32 * len(layers))
+    fig = new_figure(1.2 + 2.4 * len(spans) + 1.2, 1.6 + 0.32 * len(layers))
     axes = fig.subplots(1, len(spans), sharey=True, squeeze=False)[0]
     cmap = colormaps["RdBu_r"].with_extremes(bad="lightgrey")
     image = None
@@ -218,4 +220,47 @@ def patching_heatmap(
     fig.colorbar(image, ax=list(axes), label="mean recovery", shrink=0.8)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
+
+
+def head_heatmap(
+    summary: pd.DataFrame,
+    path: str | Path,
+    value: str = "recovery",
+    spans: Sequence[str] | None = None,
+    title: str = "",
+) -> Path:
+    """Save a per-head value as layer x head heatmaps, one panel per span, as a PNG.
+
+    `summary` has columns layer, head, span and `value` (mean recovery, or the attribution
+    estimate as a share of the gap); rows without a head are ignored. Same scale as
+    `patching_heatmap`: [-1, 1], red = the clean behaviour restored; missing cells are grey.
+    """
+    data = summary.dropna(subset=["head"])
+    if data.empty:
+        raise ProbekitError("no per-head results to plot")
+    spans = list(spans or dict.fromkeys(data["span"]))
+    layers = sorted(data["layer"].unique())
+    heads = list(range(int(data["head"].max()) + 1))
+    fig = new_figure(1.2 + (0.9 + 0.3 * len(heads)) * len(spans), 1.6 + 0.25 * len(layers))
+    axes = fig.subplots(1, len(spans), sharey=True, squeeze=False)[0]
+    cmap = colormaps["RdBu_r"].with_extremes(bad="lightgrey")
+    image = None
+    for ax, span in zip(axes, spans, strict=True):
+        grid = (
+            data[data["span"] == span]
+            .astype({"head": int})
+            .pivot_table(index="layer", columns="head", values=value, aggfunc="mean")
+            .reindex(index=layers, columns=heads)
+            .to_numpy(dtype=float)
+        )
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+        ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+        ax.set_title(span)
+        ax.set_xlabel("head")
+    axes[0].set_ylabel("layer")
+    fig.colorbar(image, ax=list(axes), label=value.replace("_", " "), shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path)

@@ -10,7 +10,8 @@ A row holds `prompt_index`, `prompt_id` (the item id, shared with capture and pa
 the probe's key columns, the summary columns of the exact scores (`valid_mass`, `argmax`, `mode`,
 `error_bound`, and `expected`, `std` for numeric answers), one `p::<answer>` column per answer
 (normalised over the answer set; times `valid_mass` it is the unnormalised probability), and in
-generate mode `response` and `parsed`.
+generate mode `response` (the generated text up to where its parsed answer was fixed: end of
+sequence, `Probe.settled`, or the budget) and `parsed`.
 
 A run killed at any moment (even SIGKILL) and started again skips the prompts that already have
 a row, so nothing is lost, duplicated or redone. Shards (`--shard i/n`, or the processes of a
@@ -20,9 +21,10 @@ and whoever finds the last part in place merges them.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,11 @@ from probekit.io import write_parquet, write_text
 from probekit.items import Item
 from probekit.models import LoadedModel
 from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
-from probekit.studies.base import Probe, check_mode
+from probekit.studies.base import MODES, Probe, check_mode
 
+EXPLAIN = "explain"
+"""Generate until the probe's `answer_cue`, then read the answer distribution there exactly."""
+RUN_MODES = (*MODES, EXPLAIN)
 INDEX = "prompt_index"
 PROMPT_ID = "prompt_id"
 RESULTS_FORMAT = 2
@@ -44,7 +49,7 @@ RESULTS_FORMAT = 2
 # Manifest fields that must match for a run directory to be resumed.
 RESUME_KEYS = (
     "results_format", "model", "weights", "probe", "mode", "data_sha256", "epsilon",
-    "max_new_tokens",
+    "max_new_tokens", "temperature",
 )  # fmt: skip
 
 
@@ -85,7 +90,7 @@ def run_probe(
     chunk_size: int = 256,
 ) -> Path | None:
     """Run this shard of `probe` into `out`; return the merged scores path once complete."""
-    check_mode(mode)
+    check_mode(mode, RUN_MODES)
     out.mkdir(parents=True, exist_ok=True)
     check_manifest(out, {**manifest, "results_format": RESULTS_FORMAT})
     parts = out / "parts"
@@ -96,6 +101,7 @@ def run_probe(
     scorer = Scorer(
         model, probe.answers, epsilon=epsilon, batch_size=batch_size,
         max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
+        settled=probe.settled, temperature=probe.temperature, seed=manifest.get("seed", 0),
     )  # fmt: skip
     # In a terminal a live bar; redirected to a log (a background run), an update every 30 s.
     interval = 0.1 if sys.stderr.isatty() else 30.0
@@ -113,6 +119,9 @@ def run_probe(
 
 
 def _run_chunk(chunk, probe: Probe, model: LoadedModel, scorer: Scorer, mode: str, bar):
+    explained = {}
+    if mode == EXPLAIN:
+        chunk, explained = _explain_until_cue(chunk, probe, model, scorer)
     ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
     results = list(scorer.score(ids, window=len(ids)))
     frame = pd.DataFrame(
@@ -127,8 +136,32 @@ def _run_chunk(chunk, probe: Probe, model: LoadedModel, scorer: Scorer, mode: st
         )
         frame["response"] = responses
         frame["parsed"] = [probe.parse(r) for r in responses]
+    for column, values in explained.items():
+        frame[column] = values
     bar.update(len(chunk))
     return frame
+
+
+def _explain_until_cue(chunk, probe: Probe, model: LoadedModel, scorer: Scorer):
+    """Explain mode: generate each response greedily (up to `probe.max_new_tokens`), cut it
+    after the first `probe.answer_cue`, and return the items with that text as their prefill,
+    so that the exact scores are read where the model gives its answer. A response without the
+    cue gets it appended and is flagged `cue_missing`; `explanation` is the text before it."""
+    cue = getattr(probe, "answer_cue", None)
+    if not cue:
+        raise ProbekitError(f"mode {EXPLAIN} needs a probe with an answer cue ({probe.name})")
+    writer = copy.copy(scorer)  # same model, answers and settings, with a generation budget
+    writer.max_new_tokens = probe.max_new_tokens
+    ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
+    generated = [r.generated for r in writer.score(ids, window=len(ids))]
+    responses = model.tokenizer.batch_decode(generated, skip_special_tokens=True)
+    cut = [r.find(cue) for r in responses]
+    explanations = [r if at < 0 else r[:at] for r, at in zip(responses, cut, strict=True)]
+    items = [
+        (i, replace(item, prefill=item.prefill + text + cue))
+        for (i, item), text in zip(chunk, explanations, strict=True)
+    ]
+    return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
 
 
 def _write_part(parts: Path, frame: pd.DataFrame) -> None:

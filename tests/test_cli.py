@@ -101,6 +101,7 @@ def test_studies_lists_each_study_on_one_line(capsys):
     assert cli.main(["studies"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert any(line.startswith("intergroup ") and "NAACL 2025" in line for line in lines)
+    assert [line.split()[0] for line in lines] == ["giebench", "intergroup", "isear", "jaem-st"]
 
 
 SAMPLES = str(SAMPLE_ROOT)
@@ -109,7 +110,7 @@ SAMPLES = str(SAMPLE_ROOT)
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "nonesuch"], "unknown study 'nonesuch'; known studies: intergroup"),
+        (["run", "nonesuch"], "unknown study 'nonesuch'; known studies: giebench, intergroup"),
         (["run"], "name a study"),
         (["patch", "intergroup", "--metric", "p:A", "--data", SAMPLES], "'A' is not an answer"),
         (

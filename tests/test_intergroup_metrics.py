@@ -188,3 +188,43 @@ def test_bootstrap_units_hands_the_statistic_unit_indices():
     assert result.low < 4.5 < result.high and result.resampled.shape == (200,)
     with pytest.raises(ProbekitError, match="without units"):
         stats.bootstrap_units(0, lambda units: 0.0)
+
+
+def test_power_counts_the_events_a_significant_gap_needs():
+    """A strong planted gap needs few events, a weaker one more; no gap never reaches 80 %."""
+    groups = ["a person", *RELIGION]
+    noise = np.random.default_rng(3).normal(0, 5, (6, 6, 40))
+
+    def needed(effect):
+        cube = 50 + effect * np.eye(6)[:, :, None] + noise
+        summary = metrics.summarize(
+            scores_frame(cube, groups), groups, mode="generate", n_bootstrap=50, n_power=60
+        )
+        return summary.power
+
+    strong, weak, none = needed(8.0), needed(2.0), needed(0.0)
+    assert strong.needed is not None and weak.needed is not None
+    assert strong.needed < weak.needed <= 40
+    assert none.needed is None and none.describe("event").startswith("> 40 events")
+    assert needed(8.0).power == strong.power  # seeded
+    row = metrics.summarize(
+        scores_frame(50 + noise, groups), groups, mode="generate", n_bootstrap=50, n_power=0
+    ).to_dict()
+    assert row["power"] == "—" and np.isnan(row["events_for_power"])  # n_power=0 skips it
+
+
+def test_power_curve_stops_at_the_target_and_validates():
+    values = np.random.default_rng(0).normal(0.5, 1, 200)
+
+    def significant(units):
+        sample = values[units]
+        return sample.mean() / (sample.std(ddof=1) / np.sqrt(len(sample))) > 1.96
+
+    curve = stats.units_for_power(200, significant, n_resamples=100, seed=1)
+    assert curve.needed == curve.sizes[-1] and curve.power[-1] >= 0.8
+    assert all(p < 0.8 for p in curve.power[:-1])
+    assert curve.sizes == tuple(sorted(curve.sizes)) and curve.needed < 200
+    with pytest.raises(ProbekitError, match="at least 2 units"):
+        stats.units_for_power(1, significant)
+    with pytest.raises(ProbekitError, match="target power"):
+        stats.units_for_power(10, significant, target=1.0)

@@ -1,5 +1,6 @@
 """Activation patching scored by the exact engine: alignment, identities of the method, the two
-backends, batching, reproducibility from the stored columns, bad input, and the gap direction."""
+backends, batching, reproducibility from the stored columns, attention heads, bad input, and the
+gap direction."""
 
 import contextlib
 import subprocess
@@ -15,7 +16,7 @@ from probekit import directions, patching
 from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.items import Item
-from probekit.patching import Patch
+from probekit.patching import HEAD_SITE, Patch
 from probekit.scoring.metrics import answer_probability, expected_value, parse_metric
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import make_item
@@ -186,12 +187,50 @@ def test_rows_are_reproducible_from_their_columns(model, scorer, lens):
     assert abs(result.expected - row["ev_patched"]) <= TOL
 
 
+# ---------------------------------------------------------------------- attention heads
+HEADS = [Patch(2, HEAD_SITE, "experiencer", 3), Patch(4, HEAD_SITE, "from_experiencer", 0)]
+
+
+def test_head_patching_transformer_lens_and_nnsight_agree(scorer, pairs):
+    lens = patching.sweep(scorer, pairs[:1], HEADS, EV)
+    other = patching.sweep(scorer, pairs[:1], HEADS, EV, backend="nnsight")
+    assert lens["ran"].all() and lens["head"].tolist() == [3, 0]
+    assert (lens["ev_patched"] - other["ev_patched"]).abs().max() <= TOL
+    assert (lens["ev_patched"] - lens["ev_corrupt"]).abs().max() > 1e-4  # the heads do act
+    assert (lens["method"] == "exact").all() and lens["estimate"].isna().all()
+
+
+def test_all_heads_of_a_layer_equal_its_attention_output(scorer, pairs, model):
+    """hook_z of every head at once (head None), every head one by one in a batch, and
+    hook_attn_out: all heads patched together is the attention output patched."""
+    both = [Patch(3, HEAD_SITE, "from_experiencer"), Patch(3, "hook_attn_out", "from_experiencer")]
+    df = patching.sweep(scorer, pairs[:1], both, EV)
+    assert abs(df["ev_patched"][0] - df["ev_patched"][1]) <= TOL
+    assert abs(df["ev_patched"][0] - df["ev_corrupt"][0]) > 1e-4
+    grid = patching.grid([3], [HEAD_SITE], ["from_experiencer"], range(patching.n_heads(model)))
+    assert len(grid) == patching.n_heads(model) and grid[-1].name == "L3 H8 from_experiencer"
+
+
+def test_head_heatmap_writes_a_png(tmp_path):
+    from probekit.plots import head_heatmap
+
+    summary = pd.DataFrame(
+        [{"layer": layer, "head": head, "span": span, "recovery": 0.1 * head - 0.2}
+         for layer in (0, 3, 7) for head in range(9) for span in ("experiencer", "from_x")]
+    )  # fmt: skip
+    assert head_heatmap(summary, tmp_path / "h.png", title="t").stat().st_size > 1000
+    with pytest.raises(ProbekitError, match="no per-head"):
+        head_heatmap(summary.assign(head=None), tmp_path / "q.png")
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_inputs_raise_one_clear_error(model, pairs):
     cases = {
         "out of range": [Patch(model.n_layers, "hook_resid_pre", "experiencer")],
         "unknown site": [Patch(0, "hook_resid_mid_x", "experiencer")],
         "unknown span": [Patch(0, "hook_resid_pre", "event_and_more")],
+        "head 9 is out of range": [Patch(0, HEAD_SITE, "experiencer", 9)],
+        "a head index needs the site": [Patch(0, "hook_attn_out", "experiencer", 1)],
     }
     for message, patches in cases.items():
         with pytest.raises(ProbekitError, match=message):

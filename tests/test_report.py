@@ -18,16 +18,17 @@ def test_summary_markdown_reports_both_views_and_generation_agreement():
                    "delta_ci_low": 1.1, "delta_ci_high": 1.7, "null_low": -0.52,
                    "null_high": 0.788, "p_value": 1 / 120, "p_exact": True, "mean": 29.29,
                    "heatmap_exclusion_rate": 0.02,
-                   "std": 0.85, "z_min": -1.61, "z_max": 2.28}  # fmt: skip
+                   "std": 0.85, "z_min": -1.61, "z_max": 2.28,
+                   "power": "12 events"}  # fmt: skip
     text = summary_markdown(pd.DataFrame([generate, ev]))
     lines = text.splitlines()
     assert (
-        "| religion | P0S0T0 | generate | — | — | — | — | 100.0% | 100.0% | 0/300 | — | — |"
+        "| religion | P0S0T0 | generate | — | — | — | — | — | 100.0% | 100.0% | 0/300 | — | — |"
         in lines
     )
     assert (
         "| religion | P0S0T0 | ev | +1.429 | [+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | "
-        "2.0% | 0.0% | 300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
+        "12 events | 2.0% | 0.0% | 300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
     )
     assert "refusal rate (all groups) | excluded for Δ (named)" in lines[0]
     assert any(line.startswith("Refusal rate: the paper's definition") for line in lines)
@@ -45,3 +46,24 @@ def test_summary_markdown_without_parsed_answers():
     note = next(line for line in summary_markdown(pd.DataFrame([row])).splitlines()
                 if "parseable number" in line)  # fmt: skip
     assert "0.0% of the responses" in note and "— (none parsed)" in note
+
+
+def test_paper_tables_put_models_side_by_side(tmp_path):
+    from probekit.studies.intergroup.report import paper_tables, write_summary
+
+    base = {"category": "religion", "setting": "P0S0T0", "mode": "ev", "delta": 0.5,
+            "null_low": -0.4, "null_high": 0.4, "p_value": 1 / 120, "p_exact": True,
+            "heatmap_exclusion_rate": 0.25, "mean": 40.0, "std": 5.0, "z_min": -2.0,
+            "z_max": 1.5, "delta_ci_low": 0.2, "delta_ci_high": 0.8, "exclusion_rate": 0.1,
+            "n_kept": 9, "n_events": 10}  # fmt: skip
+    rows = [{**base, "model": "small"}, {**base, "model": "large", "delta": -0.1}]
+    tables = paper_tables(pd.DataFrame(rows))
+    assert set(tables["table"]) == {"gap", "refusal", "intensity", "z_range"}
+    gap = tables[(tables["table"] == "gap")].set_index("model")["value"]
+    assert gap["small"] == "+0.500 [-0.400, +0.400] =0.0083"
+    assert gap["large"].startswith("-0.100")
+    write_summary(rows, tmp_path)
+    text = (tmp_path / "paper_tables.md").read_text()
+    assert "| category | setting | mode | small | large |" in text
+    assert "| religion | P0S0T0 | ev | 25.0% | 25.0% |" in text
+    assert pd.read_csv(tmp_path / "paper_tables.csv").shape == (8, 6)

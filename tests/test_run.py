@@ -117,6 +117,15 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     assert report.returncode == 0, report.stderr
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "summary.csv"), before)
     assert (tmp_path / "one" / "heatmap.png").is_file() and "| religion |" in report.stdout
+    # Several run folders (e.g. one per model) are summarised together, the paper's tables too.
+    combined = subprocess.run(
+        [sys.executable, "-m", "probekit.cli", "report", str(tmp_path / "one"),
+         str(tmp_path / "two"), "--out", str(tmp_path / "both")],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert combined.returncode == 0, combined.stderr
+    assert len(pd.read_csv(tmp_path / "both" / "summary.csv")) == 2
+    assert "### Δ [null 2.5–97.5%]" in (tmp_path / "both" / "paper_tables.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,8 @@ SOURCES: dict[str, str] = {
     "c6f37288cd93288eb476a36c6a88dfa98fa3b7c9/dataset_generation/",
     "giebench/edge_cases.json": "https://raw.githubusercontent.com/GIEBench/GIEBench/"
     "09199c926233e09b080b441599780a9387c3bce5/Edge%20Cases/Edge_case.json",
+    "giebench/data/": "https://raw.githubusercontent.com/GIEBench/GIEBench/"
+    "09199c926233e09b080b441599780a9387c3bce5/data/",
 }
 
 Origin = Literal["explicit", "env", "cache", "download", "sample"]

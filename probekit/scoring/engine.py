@@ -92,13 +92,24 @@ class Scorer:
         epsilon: float = DEFAULT_EPSILON,
         batch_size: int | None = None,
         max_new_tokens: int = 0,
+        settled: Callable[[str], bool] | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> None:
-        """`max_new_tokens` > 0 also decodes a greedy continuation of every prompt from the same
-        prompt pass (the paper's generate mode at almost no extra cost)."""
+        """`max_new_tokens` > 0 also decodes a continuation of every prompt from the same prompt
+        pass (the paper's generate mode): greedy, or sampled at `temperature` > 0 (seeded by
+        `seed`). A row stops at end of sequence or as soon as `settled(text so far)` says that
+        more text cannot change its parsed answer, so a large budget costs little on rows that
+        answer early."""
         if epsilon < 0:
             raise ValueError("epsilon must be >= 0")
+        if temperature < 0:
+            raise ValueError("temperature must be >= 0")
         self.model = model
         self.max_new_tokens = max_new_tokens
+        self.settled = settled
+        self.temperature = temperature
+        self._generator = torch.Generator(device=model.device).manual_seed(seed)
         self.answers = answers
         self.epsilon = epsilon
         self.batch_size = batch_size or (64 if model.device.type == "cuda" else 16)
@@ -143,26 +154,29 @@ class Scorer:
                 state = self._prompt_pass(batch, reuse_prefix)
             prompt_columns = state.mask.shape[1]
             prompt_done = self._clock()
-            generated = self._greedy_decode(state) if self.max_new_tokens else None
-            decode_done = self._clock()
             results = self._trie_pass(state, self.epsilon)
             # The budget is set against an upper bound of the valid mass; where the valid mass
-            # turned out much smaller and the bound exceeds epsilon, redo those rows exactly.
+            # turned out much smaller and the bound exceeds epsilon, redo those rows exactly
+            # (on a copy of their prompt cache: decoding below needs every row's).
+            state.cache.crop(prompt_columns - state.cache.get_seq_length())  # back to the prompt
             redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
             if redo:
                 index = torch.tensor(redo, device=self.model.device)
-                state.cache.crop(prompt_columns - state.cache.get_seq_length())
-                state.cache.batch_select_indices(index)
-                sub = _State(state.cache, state.mask[index], state.lengths[index],
+                cache = copy.deepcopy(state.cache)
+                cache.batch_select_indices(index)
+                sub = _State(cache, state.mask[index], state.lengths[index],
                              state.root_logp[index])  # fmt: skip
                 for i, result in zip(redo, self._trie_pass(sub, 0.0), strict=True):
                     results[i] = result
-            for i, tokens in enumerate(generated or []):
-                results[i].generated = tokens
+                del cache, sub
+            trie_done = self._clock()
+            if self.max_new_tokens:
+                for result, tokens in zip(results, self._decode(state), strict=True):
+                    result.generated = tokens
             self.stats.prompts += len(batch)
             self.stats.prompt_seconds += prompt_done - start
-            self.stats.decode_seconds += decode_done - prompt_done
-            self.stats.trie_seconds += self._clock() - decode_done
+            self.stats.trie_seconds += trie_done - prompt_done
+            self.stats.decode_seconds += self._clock() - trie_done
             return results
 
     def _clock(self) -> float:
@@ -170,35 +184,53 @@ class Scorer:
             torch.cuda.synchronize()  # so that each phase's seconds are its own
         return time.perf_counter()
 
-    def _greedy_decode(self, state: _State) -> list[list[int]]:
-        """Greedy decoding from the prompt's cache, as `generate(do_sample=False)` does; the
-        cache is cropped back to the prompt afterwards, ready for the trie pass."""
+    def _decode(self, state: _State) -> list[list[int]]:
+        """Continue every prompt from its cache, as `generate()` does (greedy, or sampled at
+        `temperature`), one token per step for the rows still running. A row leaves the batch
+        (and its cache rows are dropped) at end of sequence, once `settled` holds for its text,
+        or at `max_new_tokens`; its tokens end with the end-of-sequence token if it wrote one.
+        The cache is consumed."""
         eos = self.model.hf.generation_config.eos_token_id
-        eos = torch.tensor(
-            [eos] if isinstance(eos, int) else list(eos or []), device=state.mask.device
-        )
-        token = state.root_logp.argmax(-1)
-        steps, mask = [token], state.mask
-        done = torch.isin(token, eos)
-        for step in range(1, self.max_new_tokens):
-            if bool(done.all()):
+        stops = {eos} if isinstance(eos, int) else set(eos or [])
+        decode = self.model.tokenizer.decode
+        out: list[list[int]] = [[] for _ in range(state.mask.shape[0])]
+        rows = list(range(len(out)))  # result row of each batch row still running
+        mask, lengths, cache = state.mask.long(), state.lengths, state.cache
+        token = self._next_token(state.root_logp)
+        for step in range(1, self.max_new_tokens + 1):
+            keep = []
+            for k, (row, t) in enumerate(zip(rows, token.tolist(), strict=True)):
+                out[row].append(t)
+                finished = t in stops or step == self.max_new_tokens or (
+                    self.settled is not None
+                    and self.settled(decode(out[row], skip_special_tokens=True))
+                )  # fmt: skip
+                if not finished:
+                    keep.append(k)
+            if not keep:
                 break
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, device=mask.device)
+                cache.batch_select_indices(index)
+                rows = [rows[k] for k in keep]
+                mask, lengths, token = mask[index], lengths[index], token[index]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model.hf.model(
+            hidden = self.model.hf.model(
                 input_ids=token[:, None],
-                attention_mask=mask.long(),
-                position_ids=(state.lengths + step - 1)[:, None],
-                past_key_values=state.cache,
+                attention_mask=mask,
+                position_ids=(lengths + step - 1)[:, None],
+                past_key_values=cache,
                 use_cache=True,
-            )
-            token = self._logits(out.last_hidden_state[:, -1]).argmax(-1)
-            steps.append(torch.where(done, eos[0] if len(eos) else token, token))
-            done |= torch.isin(token, eos)
-        if len(steps) > 1:
-            state.cache.crop(1 - len(steps))
-        rows, stops = torch.stack(steps, dim=1).tolist(), set(eos.tolist())
-        return [row[: next((k + 1 for k, t in enumerate(row) if t in stops), len(row))]
-                for row in rows]  # fmt: skip
+            ).last_hidden_state[:, -1]
+            token = self._next_token(self._logits(hidden).double().log_softmax(-1))
+        return out
+
+    def _next_token(self, logp: torch.Tensor) -> torch.Tensor:
+        """The greedy token of each row, or one sampled at the scorer's temperature."""
+        if self.temperature == 0:
+            return logp.argmax(-1)
+        probs = (logp / self.temperature).softmax(-1)
+        return torch.multinomial(probs, 1, generator=self._generator)[:, 0]
 
     # ------------------------------------------------------------------ batching
     def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> Iterator[ScoreResult]:

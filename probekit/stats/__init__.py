@@ -2,7 +2,8 @@
 
 Building blocks: unit-level exclusion, grouped means of any score column, a bootstrap interval
 over units, the structured permutation test of an in-group gap, and matrix z-scores with
-cell-wise paired t-tests. Study metrics (e.g. `probekit.studies.intergroup.metrics`) compose them.
+cell-wise paired t-tests, and the number of units a significant result needs (power).
+Study metrics (e.g. `probekit.studies.intergroup.metrics`) compose them.
 """
 
 from probekit.stats.bootstrap import BootstrapResult, bootstrap_ci, bootstrap_units
@@ -10,12 +11,14 @@ from probekit.stats.exclusion import Exclusion, exclude_units, low_valid_mass, u
 from probekit.stats.grouped import grouped_means, score_cube
 from probekit.stats.matrix import cell_pvalues, shown_mask, zscore
 from probekit.stats.permutation import PermutationResult, empathy_gap, permutation_test
+from probekit.stats.power import PowerCurve, units_for_power
 from probekit.stats.table import require_columns, select_rows
 
 __all__ = [
     "BootstrapResult",
     "Exclusion",
     "PermutationResult",
+    "PowerCurve",
     "bootstrap_ci",
     "bootstrap_units",
     "cell_pvalues",
@@ -29,5 +32,6 @@ __all__ = [
     "select_rows",
     "shown_mask",
     "unparsed",
+    "units_for_power",
     "zscore",
 ]

@@ -41,6 +41,7 @@ class Probe(ABC):
     answers: AnswerSet
     key_columns: tuple[str, ...]  # the columns identifying a prompt in the results table
     max_new_tokens: int = 16  # generation budget in generate mode
+    temperature: float = 0.0  # generate mode: 0 decodes greedily, > 0 samples (seeded by --seed)
     subdir: str = ""  # where its run goes when a study runs several probes at once
     as_string: bool = False  # tokenize rendered chat prompts as strings (`encode_item`)
 
@@ -85,6 +86,14 @@ class Study(ABC):
     @abstractmethod
     def probes(self, args: argparse.Namespace, say: Say) -> list[Probe]:
         """The probes one `run` covers (several write to `OUT/<probe.subdir>`)."""
+
+    def after_run(
+        self, probe: Probe, model: Any, scores: pd.DataFrame, run_dir: Path,
+        manifest: dict[str, Any],
+    ) -> None:  # fmt: skip
+        """Extra work on a finished run that needs the loaded model (e.g. free responses), done
+        by `probekit run` before `report`; nothing by default."""
+        return None
 
     @abstractmethod
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:

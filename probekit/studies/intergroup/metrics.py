@@ -16,6 +16,7 @@ import pandas as pd
 from probekit.errors import ProbekitError
 from probekit.stats import (
     Exclusion,
+    PowerCurve,
     bootstrap_units,
     empathy_gap,
     exclude_units,
@@ -25,6 +26,7 @@ from probekit.stats import (
     score_cube,
     select_rows,
     shown_mask,
+    units_for_power,
     unparsed,
     zscore,
 )
@@ -122,6 +124,7 @@ class GapSummary:
     Z: np.ndarray
     shown: np.ndarray
     gap_Z: np.ndarray  # the named-only z-scored matrix Δ is computed on
+    power: PowerCurve | None = None  # events needed for Δ to be significant (None: not run)
 
     @property
     def significant(self) -> bool:
@@ -149,6 +152,10 @@ class GapSummary:
             "std": self.std,
             "z_min": self.z_min,
             "z_max": self.z_max,
+            "events_for_power": np.nan
+            if self.power is None or self.power.needed is None
+            else self.power.needed,
+            "power": "—" if self.power is None else self.power.describe("event"),
         }
 
 
@@ -173,11 +180,16 @@ def summarize(
     n_permutations: int = 10000,
     min_valid_mass: float = DEFAULT_MIN_VALID_MASS,
     n_bootstrap: int = 1000,
+    n_power: int = 100,
+    n_power_permutations: int = 1000,
 ) -> GapSummary:
     """Compute the gap statistics and heatmap data of one scores table.
 
     `groups` lists the identities with `a person` first; `labels` gives the in-group label of
     each identity (default: the identity itself; for ethnicity the four blocks).
+    Power: `n_power` resamples of the kept events at each size of a growing grid, each tested
+    with `n_power_permutations` permutations (exact where the matchings are fewer) by the
+    paper's criterion; `n_power=0` skips it.
     """
     if not groups or groups[0] != REFERENCE:
         raise ProbekitError(f"the group list must start with {REFERENCE!r}")
@@ -194,6 +206,17 @@ def summarize(
         n=n_bootstrap,
         seed=seed,
     )
+    power = None
+    if n_power and gap_X.shape[2] >= 2:
+        power = units_for_power(
+            gap_X.shape[2],
+            lambda events: permutation_test(
+                zscore(gap_X[:, :, events].mean(axis=2)), named_labels,
+                n_power_permutations, seed,
+            ).significant,
+            n_resamples=n_power,
+            seed=seed,
+        )  # fmt: skip
     heatmap_events = exclude_events(df, groups, mode, min_valid_mass)
     X = event_cube(df, groups, value, heatmap_events.kept)
     M = X.mean(axis=2)
@@ -219,4 +242,5 @@ def summarize(
         Z=Z,
         shown=shown_mask(X, reference=0),
         gap_Z=gap_Z,
+        power=power,
     )

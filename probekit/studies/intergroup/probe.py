@@ -16,7 +16,7 @@ from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.items import CharSpan, Item, fill_template
 from probekit.paths import package_path
-from probekit.scoring.generate import parse_intensity
+from probekit.scoring.generate import intensity_settled, parse_intensity
 from probekit.studies.base import Probe
 
 STUDY_FILE = package_path("probekit.studies.intergroup", "study.json")
@@ -178,7 +178,7 @@ class IntergroupProbe(Probe):
     `named_only`); perceiver-major order."""
 
     key_columns = ("perceiver", "experiencer", "event_id", "emotion")
-    max_new_tokens = 8  # enough for "85", "Emotion intensity: 85" or a refusal's first words
+    max_new_tokens = 128  # the authors' budget; rows stop once their parse is fixed (`settled`)
 
     def __init__(
         self,
@@ -214,6 +214,9 @@ class IntergroupProbe(Probe):
     def parse(self, response: str) -> int:
         """The authors' extraction rule; always on [0, 100], as in their code."""
         return parse_intensity(response)
+
+    def settled(self, response: str) -> bool:
+        return intensity_settled(response)
 
     def config(self) -> dict[str, Any]:
         return {

@@ -70,11 +70,68 @@ def report_gap(
 
 
 def write_summary(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
-    """`summary.csv` and a readable `summary.md` with one row per (category, setting, mode)."""
+    """`summary.csv` and a readable `summary.md` with one row per (model, category, setting,
+    mode), and the paper's tables with the models side by side (`paper_tables.csv`/`.md`)."""
     frame = pd.DataFrame(rows)
     atomic_write(out / "summary.csv", lambda tmp: frame.to_csv(tmp, index=False))
     write_text(out / "summary.md", summary_markdown(frame))
+    tables = paper_tables(frame)
+    atomic_write(out / "paper_tables.csv", lambda tmp: tables.to_csv(tmp, index=False))
+    write_text(out / "paper_tables.md", paper_tables_markdown(tables))
     return frame
+
+
+PAPER_TABLES = {
+    "gap": "Δ [null 2.5–97.5%] p (one-sided)",
+    "refusal": "refusal rate (all groups, the paper's Table 6)",
+    "intensity": "mean ± std of M",
+    "z_range": "(min, max) of Z",
+}
+
+
+def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
+    """The paper's tables in long form: one row per (table, category, setting, mode, model) with
+    the cell text as the paper prints it; `paper_tables_markdown` puts the models side by side."""
+    cells = []
+    for r in frame.to_dict("records"):
+        key = {k: r.get(k) for k in ("category", "setting", "mode", "model")}
+        has_gap = pd.notna(r.get("delta", np.nan))
+        values = {
+            "gap": f"{r['delta']:+.3f} [{r['null_low']:+.3f}, {r['null_high']:+.3f}] "
+            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f}"
+            if has_gap
+            else "—",
+            "refusal": _rate(r.get("heatmap_exclusion_rate")),
+            "intensity": f"{r['mean']:.2f} ± {r['std']:.2f}" if has_gap else "—",
+            "z_range": f"({r['z_min']:.2f}, {r['z_max']:.2f})" if has_gap else "—",
+        }
+        cells += [{"table": name, **key, "value": values[name]} for name in PAPER_TABLES]
+    return pd.DataFrame(cells, columns=["table", "category", "setting", "mode", "model", "value"])
+
+
+def paper_tables_markdown(tables: pd.DataFrame) -> str:
+    """One Markdown table per paper table: rows (category, setting, mode), a column per model."""
+    parts = []
+    for name, title in PAPER_TABLES.items():
+        part = tables[tables["table"] == name]
+        if part.empty:
+            continue
+        wide = part.pivot_table(
+            index=["category", "setting", "mode"], columns="model", values="value",
+            aggfunc="first", sort=False,
+        )  # fmt: skip
+        models = list(wide.columns)
+        lines = [
+            f"### {title}",
+            "",
+            "| category | setting | mode | " + " | ".join(models) + " |",
+            "|---|---|---|" + "---|" * len(models),
+        ]
+        for (category, setting, mode), row in wide.iterrows():
+            values = " | ".join("—" if pd.isna(v) else str(v) for v in row)
+            lines.append(f"| {category} | {setting} | {mode} | {values} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
@@ -83,9 +140,9 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     marked =, else sampled with the +1 correction), exclusion, mean ± std of M, (min, max) of Z."""
     lines = [
         "| category | setting | mode | Δ | 95% CI of Δ (bootstrap) | null 2.5–97.5% | "
-        "p (one-sided) | refusal rate (all groups) | excluded for Δ (named) | events kept | "
-        "mean ± std | (min, max) of Z |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "p (one-sided) | events for 80% power | refusal rate (all groups) | "
+        "excluded for Δ (named) | events kept | mean ± std | (min, max) of Z |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for r in frame.to_dict("records"):
@@ -102,7 +159,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             )
         if pd.isna(r.get("delta", np.nan)):
             lines.append(
-                f"| {r['category']} | {r['setting']} | {r['mode']} | — | — | — | — | "
+                f"| {r['category']} | {r['setting']} | {r['mode']} | — | — | — | — | — | "
                 f"{_rate(r.get('heatmap_exclusion_rate'))} | {r['exclusion_rate']:.1%} | "
                 f"{r['n_kept']}/{r['n_events']} | — | — |"
             )
@@ -111,7 +168,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"| {r['category']} | {r['setting']} | {r['mode']} | {r['delta']:+.3f} | "
             f"[{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}] | "
             f"[{r['null_low']:+.3f}, {r['null_high']:+.3f}] | "
-            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | "
+            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | {r.get('power', '—')} | "
             f"{_rate(r.get('heatmap_exclusion_rate'))} | {r['exclusion_rate']:.1%} | "
             f"{r['n_kept']}/{r['n_events']} | "
             f"{r['mean']:.2f} ± {r['std']:.2f} | ({r['z_min']:.2f}, {r['z_max']:.2f}) |"
@@ -120,7 +177,9 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         "Refusal rate: the paper's definition (its Table 6), the share of events with a failed "
         "answer for any pair of all groups, `a person` included; in ev mode a failed answer is "
         "a valid mass below the threshold. Excluded for Δ: the same over the named groups only, "
-        "the events Δ is computed without. p: exact when marked =."
+        "the events Δ is computed without. p: exact when marked =. Events for 80% power: the "
+        "smallest number of events at which 80% of bootstrap resamples of this run's kept "
+        "events give a significant Δ (outside the null interval)."
     )
     return "\n".join(lines + [""] + notes + ([""] if notes else []) + [legend]) + "\n"
 

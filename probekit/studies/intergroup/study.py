@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from probekit.cli import count_or_all
 from probekit.datasets.crowd_envent import (
     data_sha256,
     first_events,
@@ -18,7 +19,6 @@ from probekit.datasets.crowd_envent import (
     resolve_crowd_envent,
     sample_events,
 )
-from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import Say, Study, register
@@ -67,7 +67,7 @@ class IntergroupStudy(Study):
         settings = list(SETTINGS) if args.setting == "all" else [args.setting]
         categories = [get_category(c) for c in categories]
         settings = [get_setting(s) for s in settings]
-        per_emotion = _events_arg(args.events)
+        per_emotion = count_or_all(args.events)
         source = resolve_crowd_envent(args.data)
         if source.origin == "sample":
             say("crowd-enVent not found: using probekit's own sample events (NOT crowd-enVent). "
@@ -165,18 +165,6 @@ def _gap_statistic(probe: IntergroupProbe) -> Callable[[pd.DataFrame, str], floa
     return lambda frame, value: empathy_gap(
         zscore(intensity_matrix(frame, named, value=value)), labels
     )
-
-
-def _events_arg(text: str) -> int | None:
-    if text == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ProbekitError(f"--events '{text}' must be a positive number or 'all'") from None
-    if value < 1:
-        raise ProbekitError(f"--events must be at least 1 (got {value}), or 'all'")
-    return value
 
 
 STUDY = register(IntergroupStudy())

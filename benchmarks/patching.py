@@ -1,0 +1,120 @@
+"""Benchmark: full exact patching sweeps vs attribution patching + exact verification of the top k.
+
+On the default model and N intergroup pairs (religion, crowd-enVent events, the largest-gap pair
+of each (event, perceiver) first), one run times
+
+  (a) the full exact sweep over layers x heads (`attn.hook_z`) x spans,
+  (b) the full exact sweep over layers x {resid_pre, attn_out, mlp_out} x spans,
+  (c) attribution patching of every component of (a) and of (b) (one clean forward, one corrupt
+      forward and one backward per prompt batch) plus exact patching of the top k of each,
+
+and prints, per grid, the speed-up (exact sweep time / attribution + verification time) and how
+well the estimate ranked the components against the full exact sweep: Spearman rho of |mean
+effect| and the recall of the exact top 10 among the estimated top 10.
+
+This is a benchmark, not a test: it exits 0 whatever the numbers are and says PASS/FAIL against
+the targets (head sweep >= 10x faster, top-10 recall >= 0.8). Timings on a shared machine are
+distorted by other processes; the load average is printed at start and end.
+
+    python benchmarks/patching.py                      # 8 pairs, every layer, the study's spans
+    python benchmarks/patching.py --layers 0,10,20,29 --spans from_experiencer   # a quick run
+    python benchmarks/patching.py --data ../shared/data                          # real events
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from probekit import attribution, patching
+from probekit.cli import comma_list, int_list, study_parser
+from probekit.commands.patch import pick_pairs
+from probekit.models import load_model
+from probekit.scoring.engine import Scorer
+from probekit.scoring.metrics import parse_metric
+
+SITES = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]
+MIN_HEAD_SPEEDUP = 10.0
+MIN_RECALL = 0.8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=8, help="pairs (2 per event)")
+    parser.add_argument("--layers", type=int_list, help="layers (default: every layer)")
+    parser.add_argument("--spans", type=comma_list, help="spans (default: the study's)")
+    parser.add_argument("--top-k", type=int, default=20, help="components verified exactly")
+    parser.add_argument("--batch-size", type=int, help="prompts per forward")
+    parser.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, else the cache)")
+    options = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
+    study_args, study = _study_args(options.pairs, options.data)
+    probe, items = study.mechanism_items(study_args, lambda *a, **k: None, "patch")
+    metric = parse_metric("ev", probe.answers)
+    model = load_model("default")
+    model.enable_bridge()
+    spans = options.spans or study.mechanism_defaults()["spans"]
+    layers = options.layers or list(range(model.n_layers))
+    encoded = [model.encode(item) for item in items]
+    scorer = Scorer(model, probe.answers, epsilon=0.0, batch_size=options.batch_size)
+    results = scorer.score([e.input_ids for e in encoded])
+    value = {e.id: metric(r, e.item) for e, r in zip(encoded, results, strict=True)}
+    pairs = pick_pairs(study.pairs(probe, encoded), value, 2)[: options.pairs]
+    print(f"{len(pairs)} pairs, layers {layers[0]}..{layers[-1]} ({len(layers)}), spans {spans}")
+    heads = range(patching.n_heads(model))
+    grids = {  # the head grid first: it is the one with a target
+        "layer x head x span": patching.grid(layers, [patching.HEAD_SITE], spans, heads),
+        "layer x site x span": patching.grid(layers, SITES, spans),
+    }
+    size = options.batch_size
+    for name, patches in grids.items():
+        exact, t_exact = _timed(lambda p=patches: patching.sweep(scorer, pairs, p, metric,
+                                                                   batch_size=size))  # fmt: skip
+        estimated, t_attr = _timed(
+            lambda p=patches: attribution.attribute(scorer, pairs, p, metric, batch_size=size)
+        )
+        top = min(options.top_k, len(patches))
+        verified, t_verify = _timed(
+            lambda e=estimated, k=top: attribution.verify(
+                scorer, pairs, e, k, metric, batch_size=size
+            )
+        )
+        per = attribution.effects(estimated.assign(
+            ev_patched=exact["ev_patched"], ran=exact["ran"], method="exact"))  # fmt: skip
+        fit = attribution.agreement(per, k=10)
+        speedup = t_exact / (t_attr + t_verify)
+        print(f"\n{name}: {len(patches)} components x {len(pairs)} pairs")
+        print(f"  full exact sweep             {t_exact:9.1f} s")
+        print(f"  attribution (all components) {t_attr:9.1f} s")
+        print(f"  exact verification of top {top:<3}{t_verify:9.1f} s")
+        print(f"  speed-up                     {speedup:9.1f}x")
+        print(f"  Spearman rho of |effect|     {fit['spearman']:+9.3f}")
+        print(f"  top-10 recall                {fit['recall@10']:9.2f}")
+        if name.startswith("layer x head"):
+            verdict = speedup >= MIN_HEAD_SPEEDUP and fit["recall@10"] >= MIN_RECALL
+            print(f"  target >= {MIN_HEAD_SPEEDUP:.0f}x and recall >= {MIN_RECALL}: "
+                  f"{'PASS' if verdict else 'FAIL'}")  # fmt: skip
+        del verified
+    print(f"\nload average at end: {os.getloadavg()}")
+
+
+def _study_args(pairs: int, data: str | None) -> tuple[argparse.Namespace, Any]:
+    """The intergroup study's patch options for enough events to give `pairs` pairs."""
+    parser, study = study_parser("patch", "intergroup")
+    argv = ["--events", str(max(1, (pairs + 1) // 2)), *(["--data", data] if data else [])]
+    return parser.parse_args(argv), study
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    main()

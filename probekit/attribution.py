@@ -1,0 +1,286 @@
+"""Attribution patching on the exact behavioural metric, and its check against exact patching.
+
+The first-order estimate of a patch's effect (Nanda 2023; AtP, Kramár et al. 2024): for a
+component with corrupt activations a* and clean activations a at the patched positions,
+`m(patched) - m(corrupt) ~ (a - a*) . dm/da*`, the gradient taken in the corrupt run. Every
+component of a sweep (layer x site x span, and every head at `attn.hook_z`) is scored from one
+clean forward, one corrupt forward and one backward pass per prompt batch.
+
+The metric is the one exact patching reads, differentiated end to end: the normalised exact
+answer distribution of `probekit.scoring.differentiable` (every surface form, stop probability,
+no pruning, no first-token proxy), dotted with the metric's weight per answer. Every metric of
+`probekit.scoring.metrics` (ev, p:<answer>, p_correct and their differences) is linear in the
+normalised distribution; `linear_weights` reads the weights and refuses a metric that is not.
+
+Gradients flow through the TransformerLens bridge hooks: each hooked activation gets a zero
+tensor added, and the gradient with respect to that zero is the gradient at the activation.
+`verify` re-measures the top-k components by exact patching (`probekit.patching.sweep`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from probekit.errors import ProbekitError
+from probekit.items import EncodedItem, Item, Pair
+from probekit.patching import (
+    COMPONENT,
+    HEAD_SITE,
+    Patch,
+    _hook_order,
+    _Job,
+    _job,
+    _key_columns,
+    _row,
+    check,
+    sweep,
+    table,
+)
+from probekit.scoring.differentiable import answer_mass
+from probekit.scoring.engine import Scorer, ScoreResult
+from probekit.scoring.metrics import Metric
+
+METHODS = ("exact", "attribution", "attribution+verify")
+
+
+def linear_weights(metric: Metric, scorer: Scorer, item: Item) -> np.ndarray:
+    """w with metric(result) = w . probs for every normalised answer distribution `probs`.
+
+    Read by evaluating the metric on each answer's point mass, then checked on a random mixture;
+    a metric that is not linear in the distribution cannot be differentiated this way."""
+    answers = scorer.answers
+    values = answers.values if answers.numeric else None
+
+    def at(probs: np.ndarray) -> float:
+        expected = float(probs @ values) if values is not None else None
+        result = ScoreResult(probs, 1.0, 0.0, None, None, expected=expected)
+        return metric(result, item)
+
+    weights = np.array([at(np.eye(len(answers))[a]) for a in range(len(answers))])
+    mix = np.random.default_rng(0).dirichlet(np.ones(len(answers)))
+    if not np.isclose(at(mix), mix @ weights, rtol=1e-9, atol=1e-9):
+        raise ProbekitError(
+            f"attribution needs a metric linear in the answer distribution; {metric.spec} is not"
+        )
+    return weights
+
+
+def attribute(
+    scorer: Scorer,
+    pairs: Sequence[Pair],
+    patches: Sequence[Patch],
+    metric: Metric,
+    batch_size: int | None = None,
+) -> pd.DataFrame:
+    """The attribution estimate of every patch on every pair: the columns of `patching.sweep`
+    with method `attribution`, `estimate` (of m_patched - m_corrupt) filled, `<m>_clean` and
+    `<m>_corrupt` from the differentiable pass, `<m>_patched` and recovery NaN, ran False."""
+    check(scorer.model, pairs, patches)
+    check_gradients(scorer)
+    size = batch_size or max(1, scorer.batch_size // 4)  # the pass keeps every node's graph
+    jobs = [_job(i, pair, patch) for i, pair in enumerate(pairs) for patch in patches]
+    hooks = sorted({patch.hook for patch in patches}, key=_hook_order)
+    want: dict[str, tuple[EncodedItem, set[int]]] = {}
+    for job in jobs:
+        clean, corrupt = pairs[job.pair]
+        want.setdefault(clean.id, (clean, set()))[1].update(job.clean_positions)
+        want.setdefault(corrupt.id, (corrupt, set()))[1].update(job.corrupt_positions)
+    corrupt_ids = {corrupt.id for _, corrupt in pairs}
+    clean_only = [key for key in want if key not in corrupt_ids]
+    value, acts, grads = {}, {}, {}
+    for keys, grad in ((clean_only, False), (list(corrupt_ids & want.keys()), True)):
+        for start in range(0, len(keys), size):
+            chunk = [want[key] for key in keys[start : start + size]]
+            v, a, g = _pass(scorer, chunk, hooks, metric, grad)
+            value.update(v)
+            acts.update(a)
+            grads.update(g)
+    keys = _key_columns(pairs)
+    rows = []
+    for job in jobs:
+        clean, corrupt = pairs[job.pair]
+        estimate = 0.0 if job.noop else _estimate(job, acts, grads, clean.id, corrupt.id)
+        m_clean, m_corrupt = value[clean.id], value[corrupt.id]
+        rows.append(
+            _row(
+                pairs[job.pair],
+                keys,
+                job,
+                metric,
+                m_clean,
+                m_corrupt,
+                np.nan,
+                method="attribution",
+                estimate=estimate,
+            )  # fmt: skip
+        )
+    df = table(rows)
+    df["recovery"] = np.nan
+    return df
+
+
+def check_gradients(scorer: Scorer) -> None:
+    """One line when the model cannot give activation gradients (integer or quantised weights)."""
+    head = scorer.model.hf.get_output_embeddings().weight
+    if not head.dtype.is_floating_point:
+        raise ProbekitError(
+            f"attribution needs gradients, and {scorer.model.name} has {head.dtype} weights; "
+            "load it in float32 or bfloat16, or use --method exact"
+        )
+
+
+def _pass(
+    scorer: Scorer,
+    prompts: list[tuple[EncodedItem, set[int]]],
+    hooks: list[str],
+    metric: Metric,
+    grad: bool,
+) -> tuple[dict[str, float], dict[str, dict], dict[str, dict]]:
+    """Metric of each prompt; its activations at `hooks` on the wanted positions; with `grad`,
+    the metric's gradient there. Per prompt id: {hook: (values [k, ...], position -> row)}."""
+    batch = [p.input_ids for p, _ in prompts]
+    width = max(len(ids) for ids in batch)
+    locs = [(row, p) for row, (_, ps) in enumerate(prompts) for p in sorted(ps)]
+    rows = torch.tensor([r for r, _ in locs], dtype=torch.long)
+    cols = torch.tensor([width - len(batch[r]) + p for r, p in locs], dtype=torch.long)
+    seen: dict[str, torch.Tensor] = {}
+    zeros: dict[str, torch.Tensor] = {}
+
+    def hook_fn(name: str) -> Callable:
+        def fn(value: Any, hook: Any) -> Any:
+            tensor = value[0] if isinstance(value, tuple) else value
+            seen[name] = tensor[rows.to(tensor.device), cols.to(tensor.device)].detach().cpu()
+            if not grad:
+                return None
+            zeros[name] = torch.zeros_like(tensor, requires_grad=True)
+            tensor = tensor + zeros[name]
+            return (tensor, *value[1:]) if isinstance(value, tuple) else tensor
+
+        return fn
+
+    bridge = scorer.model.enable_bridge()
+    weights = torch.tensor(
+        np.stack([linear_weights(metric, scorer, p.item) for p, _ in prompts]),
+        device=scorer.model.device,
+    )
+    with torch.set_grad_enabled(grad), bridge.hooks(fwd_hooks=[(h, hook_fn(h)) for h in hooks]):
+        mass = answer_mass(scorer, batch)
+        values = (mass / mass.sum(-1, keepdim=True) * weights).sum(-1)
+    missing = [h for h in hooks if h not in seen]
+    if missing:
+        raise ProbekitError(f"the bridge did not reach {', '.join(missing)}; no gradient there")
+    found: dict[str, torch.Tensor] = {}
+    if grad:
+        got = torch.autograd.grad(values.sum(), [zeros[h] for h in hooks], allow_unused=True)
+        for hook, g in zip(hooks, got, strict=True):
+            if g is None:
+                raise ProbekitError(f"the metric has no gradient at {hook}; use --method exact")
+            found[hook] = g[rows.to(g.device), cols.to(g.device)].cpu()
+    acts, grads, at = {}, {}, 0
+    for prompt, ps in prompts:
+        index = {p: at + i for i, p in enumerate(sorted(ps))}
+        acts[prompt.id] = ({h: seen[h] for h in hooks}, index)
+        if grad:
+            grads[prompt.id] = ({h: found[h] for h in hooks}, index)
+        at += len(ps)
+    value = {p.id: float(v) for (p, _), v in zip(prompts, values.detach().cpu(), strict=True)}
+    return value, acts, grads
+
+
+def _estimate(job: _Job, acts: dict, grads: dict, clean_id: str, corrupt_id: str) -> float:
+    """(a_clean - a_corrupt) . grad at the job's aligned positions (its head only, if any)."""
+    hook = job.patch.hook
+    (clean, c_at), (corrupt, k_at) = acts[clean_id], acts[corrupt_id]
+    grad, _ = grads[corrupt_id]
+    c_rows = [c_at[p] for p in job.clean_positions]
+    k_rows = [k_at[p] for p in job.corrupt_positions]
+    term = (clean[hook][c_rows].double() - corrupt[hook][k_rows].double()) * grad[hook][k_rows]
+    if job.patch.head is not None:
+        term = term[:, job.patch.head]
+    return float(term.sum())
+
+
+# ---------------------------------------------------------------------- ranking and checking
+def effects(df: pd.DataFrame) -> pd.DataFrame:
+    """Per component (layer, site, head, span): the mean over pairs of the estimate and of the
+    exact effect (m_patched - m_corrupt, where measured), and the pairs counted."""
+    m = df["metric"].iloc[0]
+    column = next(c for c in df.columns if c.endswith("_patched"))
+    base = column.removesuffix("_patched")
+    exact = (df[column] - df[f"{base}_corrupt"]).where(df["ran"] | (df["method"] == "exact"))
+    frame = df[COMPONENT].assign(estimate=df["estimate"], exact=exact)
+    out = frame.groupby(COMPONENT, sort=False, dropna=False).agg(
+        estimate=("estimate", "mean"), exact=("exact", "mean"), pairs=("estimate", "size")
+    )
+    out.attrs["metric"] = m
+    return out.reset_index()
+
+
+def top_components(df: pd.DataFrame, k: int) -> list[Patch]:
+    """The k components with the largest |mean estimate| over pairs, largest first."""
+    per = effects(df)
+    if not 1 <= k <= len(per):
+        raise ProbekitError(
+            f"top-k must lie between 1 and the number of components ({len(per)}), got {k}"
+        )
+    order = per["estimate"].abs().sort_values(ascending=False, kind="stable").index[:k]
+    return [_patch(per.loc[i]) for i in order]
+
+
+def verify(
+    scorer: Scorer,
+    pairs: Sequence[Pair],
+    estimated: pd.DataFrame,
+    k: int,
+    metric: Metric,
+    backend: str = "transformer_lens",
+    batch_size: int | None = None,
+) -> pd.DataFrame:
+    """The attribution table with its top-k components re-measured by exact patching: their
+    rows get `<m>_patched`, recovery and ran from `patching.sweep`; method `attribution+verify`."""
+    top = top_components(estimated, k)
+    exact = sweep(scorer, pairs, top, metric, backend=backend, batch_size=batch_size)
+    m = metric.column
+    join = ["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]
+    merged = estimated.drop(columns=[f"{m}_patched", "recovery", "ran"]).merge(
+        exact[[*join, f"{m}_clean", f"{m}_corrupt", f"{m}_patched", "recovery", "ran"]],
+        on=join, how="left", suffixes=("", "_exact"),
+    )  # fmt: skip
+    hit = merged["ran"].notna()  # the verified components' rows
+    # exact baselines replace the differentiable pass's (equal to ~1e-5) where verified
+    for side in ("clean", "corrupt"):
+        merged[f"{m}_{side}"] = merged[f"{m}_{side}_exact"].where(hit, merged[f"{m}_{side}"])
+        merged = merged.drop(columns=f"{m}_{side}_exact")
+    merged["ran"] = merged["ran"].fillna(False).astype(bool)
+    merged["method"] = "attribution+verify"
+    return merged[estimated.columns]
+
+
+def agreement(per: pd.DataFrame, k: int = 10) -> dict[str, float]:
+    """How well the estimate ranks components by |mean effect|, over those with an exact mean:
+    Spearman rho of |estimate| vs |exact|, and recall of the exact top k in the estimated top k
+    (NaN unless every component was measured exactly: the top k of a partial set is not it)."""
+    measured = per.dropna(subset=["exact"])
+    out = {"spearman": float("nan"), f"recall@{k}": float("nan"), "components": len(measured)}
+    if len(measured) >= 2:
+        rho = stats.spearmanr(measured["estimate"].abs(), measured["exact"].abs()).statistic
+        out["spearman"] = float(rho)
+    if len(measured) == len(per) and len(per) >= k:
+        est = set(per["estimate"].abs().nlargest(k).index)
+        true = set(per["exact"].abs().nlargest(k).index)
+        out[f"recall@{k}"] = len(est & true) / k
+    return out
+
+
+def _patch(row: pd.Series) -> Patch:
+    head = None if pd.isna(row["head"]) else int(row["head"])
+    site = row["site"].split(".", 2)[2]
+    if head is not None and site != HEAD_SITE:
+        raise ProbekitError(f"a head index on the site {site}")
+    return Patch(int(row["layer"]), site, row["span"], head)

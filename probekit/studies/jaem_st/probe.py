@@ -1,0 +1,146 @@
+"""The CE probe: each sampled row as the authors' multiple-choice prompt, in one or more orders.
+
+The prompt is the CE instruction, the context and the conversation joined directly, then the
+answers as `"\\n" + letter + ": " + text` joined with `"\\n"` (the authors'
+`create_cognitive_st`), the whole filled with plain `str.format`. Each sample's answers get a
+seeded random order (the authors draw one unseeded); `orders` > 1 shows it also in its cyclic
+shifts (`probekit.choices`), so every answer takes every letter once with 5 orders. Spans are
+where each mask's value landed (`fill_template`), one range per occurrence, never a text search.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probekit.answers import AnswerSet
+from probekit.choices import cyclic_order, letter_of, letters
+from probekit.errors import ProbekitError
+from probekit.items import CharSpan, Item, fill_template
+from probekit.studies.base import Probe
+from probekit.studies.jaem_st.data import EMPATHETIC, JaemData, Template
+from probekit.studies.jaem_st.sampler import TEMPLATE
+
+N_OPTIONS = 5
+LETTERS = letters(N_OPTIONS)
+# The first capital A-E that stands alone (no letter on either side): "B", "B.", "(B)", "B: ...".
+_LETTER = re.compile(r"(?<![A-Za-z])[A-E](?![A-Za-z])")
+_SETTLED = re.compile(r"(?<![A-Za-z])[A-E](?=[^A-Za-z])")
+GENERATE_TOKENS = 32  # room for a preamble such as "The answer is:\n\n" before the letter
+
+
+def parse_letter(response: str) -> str | None:
+    """probekit's rule (the paper gives none): the first standalone capital A-E, else None."""
+    match = _LETTER.search(response)
+    return match.group(0) if match else None
+
+
+def ce_template(template: Template, instruction: str, shown: Sequence[int]) -> str:
+    """The unfilled CE prompt with the answers `shown` (file-order indices) behind A, B, ..."""
+    pairs = zip(LETTERS, shown, strict=True)
+    options = ["\n" + letter + ": " + template.answers[i][1] for letter, i in pairs]
+    return instruction + template.context + template.conversation + "\n".join(options)
+
+
+def answer_order(seed: int, sample: int) -> tuple[int, ...]:
+    """The seeded random order of one sample's answers (file-order indices behind A..E)."""
+    return tuple(int(i) for i in np.random.default_rng([seed, sample]).permutation(N_OPTIONS))
+
+
+def shown_order(base: Sequence[int], shift: int) -> tuple[int, ...]:
+    """The answers behind A..E in cyclic order `shift` of the base order."""
+    return tuple(base[j] for j in cyclic_order(N_OPTIONS, shift))
+
+
+class JaemProbe(Probe):
+    """Every sampled row x order as one user message; the answers are the letters A-E."""
+
+    max_new_tokens = GENERATE_TOKENS
+    contrast: tuple[str, str] | None = None  # (dimension column, clean value) when patching
+
+    def __init__(
+        self,
+        data: JaemData,
+        rows: pd.DataFrame,
+        prompt: int = 0,
+        orders: int = 1,
+        seed: int = 0,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        ce = data.prompts.get("CE", [])
+        if not 0 <= prompt < len(ce):
+            raise ProbekitError(f"--prompt must be between 0 and {len(ce) - 1}, got {prompt}")
+        if not 1 <= orders <= N_OPTIONS:
+            raise ProbekitError(f"--orders must lie between 1 and {N_OPTIONS}, got {orders}")
+        self.data, self.rows, self.prompt, self.orders, self.seed = data, rows, prompt, orders, seed
+        self.instruction = ce[prompt]
+        self.columns = tuple(d.column for d in data.dimensions)
+        self.key_columns = ("template", "sample", *self.columns, "order", "empathetic_letter")
+        self.answers = AnswerSet(LETTERS)
+        self.name = f"jaem-st/CE{prompt}"
+        self.extra = extra or {}
+
+    def items(self) -> Iterator[Item]:
+        for sample, row in enumerate(self.rows.itertuples(index=False)):
+            values = dict(zip(self.rows.columns, row, strict=True))
+            base = answer_order(self.seed, sample)
+            for shift in range(self.orders):
+                yield self.make_item(sample, values, shown_order(base, shift), shift)
+
+    def make_item(
+        self, sample: int, values: dict[str, Any], shown: tuple[int, ...], shift: int, tag: str = ""
+    ) -> Item:
+        """One prompt: a sample's values (`template_index` and a column per dimension) with the
+        answers `shown`; `tag` distinguishes mechanism variants in the id."""
+        template = self.data.templates[int(values[TEMPLATE])]
+        by_mask = {d.mask: str(values[d.column]) for d in self.data.dimensions}
+        text, where = fill_template(ce_template(template, self.instruction, shown), **by_mask)
+        letter = letter_of(shown, template.answer_index(EMPATHETIC))
+        spans = {
+            d.column: tuple(CharSpan(0, start, end) for start, end in where[d.mask])
+            for d in self.data.shown_dimensions(template)
+        }
+        return Item(
+            id=f"{template.name}|{sample}|{shift}{tag}",
+            key={
+                "template": template.name,
+                "sample": sample,
+                **{c: str(values[c]) for c in self.columns},
+                "order": shift,
+                "empathetic_letter": letter,
+                "correct": letter,  # read by the metric p_correct
+                "answer_types": ",".join(template.answers[i][0] for i in shown),
+                "prompt": text,
+            },
+            unit=str(sample),
+            messages=({"role": "user", "content": text},),
+            spans=spans,
+        )
+
+    def parse(self, response: str) -> str | None:
+        return parse_letter(response)
+
+    def settled(self, response: str) -> bool:
+        """A standalone letter followed by a non-letter cannot change any more."""
+        return _SETTLED.search(response) is not None
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "study": "jaem-st",
+            "templates": [t.name for t in self.data.templates],
+            "prompt": self.prompt,
+            "orders": self.orders,
+            "seed": self.seed,
+            "samples": len(self.rows),
+            **{k: v for k, v in self.extra.items() if k in ("dataset_size", "uniform")},
+        }
+
+    def manifest(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "orders": self.orders, **self.extra}
+
+    def __len__(self) -> int:
+        return len(self.rows) * self.orders

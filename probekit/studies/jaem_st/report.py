@@ -1,0 +1,243 @@
+"""What a researcher reads after a JaEm-ST run: tables, two figures and the summary.
+
+Per view (a generate run is also reported from its exact scores, as `*_ev`): accuracy per
+template, per dimension value (`dimensions*.csv`) and per intersectional group with z and the
+outlier flag (`groups*.csv`); `accuracy_by_group*.png` (one panel per dimension that reaches a
+prompt, 95 % intervals) and `groups_heatmap*.png` (gender x pronoun, outliers outlined). With
+`--responses`: AE and ERA per template (`responses_templates.csv`) and per group with outliers
+(`responses_groups.csv`), added to the summary rows of the run's own view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.patches import Rectangle
+
+from probekit.io import atomic_write, write_text
+from probekit.plots import new_figure, save_figure
+from probekit.studies.jaem_st import metrics
+
+SUMMARY_COLUMNS = (
+    "model", "prompt", "orders", "view", "template", "n_samples", "accuracy", "low", "high",
+    "argmax_accuracy", "parse_rate", "mean_valid_mass", "letter_bias", "answer_types", "outliers",
+    "n_responses", "empty_responses", *metrics.RESPONSE_METRICS, "response_outliers",
+)  # fmt: skip
+METRIC_NAMES = {
+    "vad_valence": "AE valence", "vad_arousal": "AE arousal", "vad_dominance": "AE dominance",
+    "era_IP": "ERA IP", "era_EX": "ERA EX", "era_ER": "ERA ER",
+}  # fmt: skip
+
+
+def report_run(
+    scores: pd.DataFrame,
+    out: Path,
+    manifest: dict[str, Any],
+    view: str,
+    suffix: str = "",
+) -> list[dict[str, Any]]:
+    """Tables and figures of one view of a run; returns one summary row per template and `all`."""
+    shown: dict[str, list[str]] = manifest["shown_dimensions"]
+    groups = list(manifest.get("groups") or metrics.DEFAULT_GROUPS)
+    z = float(manifest.get("outlier_z", metrics.DEFAULT_Z))
+    seed = int(manifest.get("seed", 0))
+    columns = list(dict.fromkeys([*groups, *(c for cols in shown.values() for c in cols)]))
+    samples = metrics.sample_scores(scores, view, columns)
+    overall = metrics.interval_table(samples, [], seed).iloc[0]
+    per_template = metrics.interval_table(samples, ["template"], seed)
+    dims = metrics.dimension_table(samples, shown, seed)
+    group_table = metrics.outliers(
+        metrics.interval_table(samples, groups, seed), float(overall["mean"]), z
+    )
+    _csv(out / f"templates{suffix}.csv", per_template)
+    _csv(out / f"dimensions{suffix}.csv", dims)
+    _csv(out / f"groups{suffix}.csv", group_table)
+    title = f"{manifest.get('model')} — CE{manifest.get('prompt', 0)}, {view}"
+    accuracy_figure(dims, out / f"accuracy_by_group{suffix}.png", title, float(overall["mean"]))
+    if len(groups) == 2:
+        group_heatmap(group_table, groups, out / f"groups_heatmap{suffix}.png", title, z)
+
+    flagged = group_table[group_table["outlier"]]
+    base = {
+        "model": manifest.get("model"),
+        "prompt": manifest.get("prompt", 0),
+        "orders": manifest.get("orders", 1),
+        "view": view,
+        "outliers": "; ".join(
+            f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
+            for _, r in flagged.iterrows()
+        )
+        or "none",
+    }
+    rows = []
+    parts = [("all", scores, overall)] + [
+        (r["template"], scores[scores["template"] == r["template"]], r)
+        for _, r in per_template.iterrows()
+    ]
+    for name, frame, stats in parts:
+        row = {**base, "template": name, "n_samples": int(stats["n"]),
+               "accuracy": stats["mean"], "low": stats["low"], "high": stats["high"],
+               "mean_valid_mass": float(frame["valid_mass"].mean())}  # fmt: skip
+        if view == "generate":
+            row["parse_rate"] = float(frame["parsed"].notna().mean())
+        else:
+            row["argmax_accuracy"] = float((frame["argmax"] == frame["empathetic_letter"]).mean())
+        row["letter_bias"] = _shares(metrics.letter_bias(frame, view))
+        labels = manifest.get("answer_labels") or sorted({
+            t for types in frame["answer_types"] for t in types.split(",")
+        })  # fmt: skip
+        row["answer_types"] = _shares(metrics.answer_type_shares(frame, view, labels))
+        rows.append(row)
+    return rows
+
+
+def report_responses(
+    frame: pd.DataFrame, out: Path, manifest: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """AE and ERA tables of `responses.parquet`; returns the summary fields per template (and
+    `all`): response counts, the mean of each metric, and the outlier groups of every metric."""
+    groups = list(manifest.get("groups") or metrics.DEFAULT_GROUPS)
+    z = float(manifest.get("outlier_z", metrics.DEFAULT_Z))
+    templates, group_table = metrics.response_tables(frame, groups, z, int(manifest.get("seed", 0)))
+    _csv(out / "responses_templates.csv", templates)
+    _csv(out / "responses_groups.csv", group_table)
+    flagged = group_table[group_table["outlier"]] if len(group_table) else group_table
+    outliers = "; ".join(
+        f"{METRIC_NAMES[r['metric']]} {'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} "
+        f"(z {r['z']:+.2f})"
+        for _, r in flagged.iterrows()
+    )
+    fields = {}
+    parts = [("all", frame)] + list(frame.groupby("template", sort=True))
+    for name, part in parts:
+        row: dict[str, Any] = {
+            "n_responses": len(part),
+            "empty_responses": int((part["response"].str.strip() == "").sum()),
+            "response_outliers": outliers or "none",
+        }
+        if len(templates):
+            means = templates[templates["template"] == name].set_index("metric")["mean"]
+            row.update(means.to_dict())
+        fields[name] = row
+    return fields
+
+
+def _shares(series: pd.Series) -> str:
+    return " ".join(f"{k} {v:.2f}" for k, v in series.items())
+
+
+def _csv(path: Path, frame: pd.DataFrame) -> None:
+    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) -> None:
+    """One panel per dimension: the mean score of each value with its 95 % interval."""
+    names = list(dict.fromkeys(dims["dimension"]))
+    fig = new_figure(3.2 * len(names), 3.8)
+    axes = fig.subplots(1, len(names), sharey=True, squeeze=False)[0]
+    for ax, name in zip(axes, names, strict=True):
+        part = dims[dims["dimension"] == name]
+        x = np.arange(len(part))
+        mean = part["mean"].to_numpy()
+        err = np.vstack([mean - part["low"].to_numpy(), part["high"].to_numpy() - mean])
+        ax.errorbar(x, mean, yerr=err, fmt="o", capsize=3)
+        ax.axhline(overall, color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks(x, part["value"].astype(str), rotation=60, ha="right",
+                      rotation_mode="anchor", fontsize=8)  # fmt: skip
+        ax.set_title(name)
+    axes[0].set_ylabel("CE score (95 % CI over samples)")
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def group_heatmap(
+    table: pd.DataFrame, groups: Sequence[str], path: Path, title: str, z: float
+) -> None:
+    """Mean score per (row group, column group); cells with |z| > threshold outlined."""
+    rows = list(dict.fromkeys(table[groups[0]]))
+    cols = list(dict.fromkeys(table[groups[1]]))
+    grid = table.pivot(index=groups[0], columns=groups[1], values="mean").reindex(
+        rows, columns=cols
+    )
+    flags = table.pivot(index=groups[0], columns=groups[1], values="outlier").reindex(
+        rows, columns=cols
+    )
+    fig = new_figure(2.5 + 0.9 * len(cols), 1.5 + 0.4 * len(rows))
+    ax = fig.add_subplot()
+    image = ax.imshow(grid.to_numpy(dtype=float), cmap=colormaps["YlGnBu"], aspect="auto")
+    for (i, j), value in np.ndenumerate(grid.to_numpy(dtype=float)):
+        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        if bool(flags.iloc[i, j]):
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="crimson",
+                                   linewidth=2.5))  # fmt: skip
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(groups[1])
+    ax.set_ylabel(groups[0])
+    ax.set_title(f"{title}\noutlined: |z| > {z:g}", fontsize=9)
+    fig.colorbar(image, ax=ax, label="CE score")
+    save_figure(fig, path)
+
+
+def write_summary(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
+    """`summary.csv` and `summary.md`, one row per (view, template)."""
+    frame = pd.DataFrame(rows).reindex(columns=list(SUMMARY_COLUMNS))
+    _csv(out / "summary.csv", frame)
+    write_text(out / "summary.md", summary_markdown(frame))
+    return frame
+
+
+def summary_markdown(frame: pd.DataFrame) -> str:
+    """The summary as a Markdown table with a legend."""
+    lines = [
+        "| model | CE prompt | orders | view | template | samples | CE score [95% CI] | "
+        "argmax acc. | letter found | valid mass | letter bias | answer types chosen | "
+        "outliers (gender/pronoun) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in frame.to_dict("records"):
+        lines.append(
+            f"| {r['model']} | {r['prompt']} | {r['orders']} | {r['view']} | {r['template']} | "
+            f"{r['n_samples']} | {r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | "
+            f"{_num(r['argmax_accuracy'])} | {_num(r['parse_rate'])} | "
+            f"{r['mean_valid_mass']:.3f} | {r['letter_bias']} | {r['answer_types']} | "
+            f"{r['outliers']} |"
+        )
+    legend = (
+        "CE score: ev = mean P(Empathetic) (normalised over A–E), generate = accuracy of the "
+        "first standalone letter; per sample averaged over its orders, 95 % bootstrap over "
+        "samples. Letter bias: mean P(letter) (ev) or share of parsed letters (generate). "
+        "Outliers: groups more than z group-standard-deviations from the overall mean."
+    )
+    responses = [r for r in frame.to_dict("records") if not pd.isna(r.get("n_responses"))]
+    if responses:
+        lines += [
+            "",
+            "",
+            "| model | template | responses | empty | AE valence | AE arousal | AE dominance | "
+            "ERA IP | ERA EX | ERA ER | outliers (AE, ERA) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in responses:
+            values = " | ".join(_num(r.get(m)) for m in metrics.RESPONSE_METRICS)
+            lines.append(
+                f"| {r['model']} | {r['template']} | {int(r['n_responses'])} | "
+                f"{int(r['empty_responses'])} | {values} | {r['response_outliers']} |"
+            )
+        legend += (
+            " Free responses (--responses): Carl's greedy continuation; AE = mean "
+            "|VAD(conversation) − VAD(response)| per dimension (lower is closer; — without "
+            "--vad-lexicon); ERA = "
+            "mean EPITOME level 0–2 of (Jane's last line, response) (— without --era-model); "
+            "intervals and group outliers in responses_templates.csv, responses_groups.csv."
+        )
+    return "\n".join([*lines, "", legend]) + "\n"
+
+
+def _num(value: Any) -> str:
+    return "—" if value is None or pd.isna(value) else f"{value:.3f}"

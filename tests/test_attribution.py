@@ -1,0 +1,191 @@
+"""Attribution patching on the exact metric: the differentiable distribution equals the engine's
+and the brute force; its gradient equals a finite difference of the engine on the real model;
+the estimate of a tiny interpolation equals its exact effect; verification, ranking, bad input."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probekit import attribution, patching
+from probekit.answers import AnswerSet
+from probekit.errors import ProbekitError
+from probekit.patching import HEAD_SITE, Patch
+from probekit.scoring.differentiable import answer_mass
+from probekit.scoring.metrics import Metric, expected_value, parse_metric
+from probekit.scoring.reference import brute_force
+from probekit.studies.intergroup import get_setting
+from probekit.studies.intergroup.probe import make_item
+
+ANSWERS = AnswerSet.range(0, 12)
+EV = expected_value(ANSWERS)
+EVENT = "I felt angry when a driver took the parking space I had been waiting for."
+PATCHES = [
+    Patch(3, "hook_resid_pre", "experiencer"),
+    Patch(2, HEAD_SITE, "from_experiencer", 4),
+    Patch(5, "hook_mlp_out", "perceiver"),  # in the shared prefix: a no-op, estimate 0
+]
+
+
+@pytest.fixture(scope="module")
+def model(smol):
+    smol.enable_bridge()
+    return smol
+
+
+@pytest.fixture(scope="module")
+def scorer(model):
+    from probekit.scoring.engine import Scorer
+
+    return Scorer(model, ANSWERS, epsilon=0.0)
+
+
+@pytest.fixture(scope="module")
+def pair(model):
+    def encode(experiencer):
+        item = make_item(get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1",
+                         "anger", EVENT)  # fmt: skip
+        return model.encode(item)
+
+    return encode("a Christian"), encode("a Muslim")
+
+
+@pytest.fixture(scope="module")
+def estimated(scorer, pair):
+    return attribution.attribute(scorer, [pair], PATCHES, EV)
+
+
+def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
+    """Row 0 against the brute force; row 1 (shorter, so left-padded) against the engine."""
+    ids = pair[1].input_ids
+    with torch.no_grad():
+        mass = answer_mass(scorer, [ids, ids[4:]]).numpy()
+    np.testing.assert_allclose(mass[0], brute_force(model, ids, ANSWERS), atol=1e-5, rtol=0)
+    for row, result in enumerate(scorer.score_batch([ids, ids[4:]], reuse_prefix=False)):
+        np.testing.assert_allclose(mass[row] / mass[row].sum(), result.probs, atol=1e-5)
+        assert mass[row].sum() == pytest.approx(result.valid_mass, rel=1e-5)
+
+
+def test_linear_weights_of_the_metrics(scorer, pair):
+    item = pair[0].item
+    assert attribution.linear_weights(EV, scorer, item).tolist() == list(range(13))
+    diff = attribution.linear_weights(parse_metric("p:7 - p:5", ANSWERS), scorer, item)
+    assert diff[7] == 1 and diff[5] == -1 and np.count_nonzero(diff) == 2
+    square = Metric("sq", "sq", lambda r, i: float(r.probs[0]) ** 2)
+    with pytest.raises(ProbekitError, match="linear in the answer distribution"):
+        attribution.linear_weights(square, scorer, item)
+
+
+def _engine_metric(scorer, ids, hook, locs, fn):
+    (result,), _ = patching.score_with(scorer, [ids], edits={hook: (locs, fn)})
+    return EV(result, None)
+
+
+def _read(scorer, ids, hook, positions):
+    _, values = patching.score_with(scorer, [ids], reads={hook: [(0, p) for p in positions]})
+    return values[hook]
+
+
+def test_the_gradient_equals_a_finite_difference_of_the_engine(scorer, pair, estimated):
+    """resid_pre of layer 3 at the experiencer: the estimate is the directional derivative along
+    (clean - corrupt); a central difference of the engine's exact metric along it agrees."""
+    clean, corrupt = pair
+    job = patching._job(0, pair, PATCHES[0])
+    hook = PATCHES[0].hook
+    delta = _read(scorer, clean.input_ids, hook, job.clean_positions) - _read(
+        scorer, corrupt.input_ids, hook, job.corrupt_positions
+    )
+    locs = [(0, p) for p in job.corrupt_positions]
+    step = 0.02
+    up, down = (
+        _engine_metric(scorer, corrupt.input_ids, hook, locs, lambda old, s=s: old + s * delta)
+        for s in (step, -step)
+    )
+    derivative = (up - down) / (2 * step)
+    estimate = estimated["estimate"][0]
+    assert abs(estimate) > 1e-3
+    assert estimate == pytest.approx(derivative, rel=2e-2)
+
+
+def test_a_tiny_interpolation_is_estimated_exactly(scorer, pair, estimated):
+    """Moving head 4 of layer 2 a fraction alpha of the way to its clean value: where the metric
+    is linear in the component (alpha small), the exact effect is alpha x the estimate."""
+    clean, corrupt = pair
+    patch = PATCHES[1]
+    job = patching._job(0, pair, patch)
+    target = _read(scorer, clean.input_ids, patch.hook, job.clean_positions)
+    locs = [(0, p) for p in job.corrupt_positions]
+    alpha = 0.01
+
+    def towards_clean(old):
+        new = old.clone()
+        new[:, patch.head] += alpha * (target[:, patch.head] - old[:, patch.head])
+        return new
+
+    base = _engine_metric(scorer, corrupt.input_ids, patch.hook, locs, lambda old: old)
+    effect = _engine_metric(scorer, corrupt.input_ids, patch.hook, locs, towards_clean) - base
+    assert abs(estimated["estimate"][1]) > 1e-3
+    assert effect == pytest.approx(alpha * estimated["estimate"][1], rel=5e-2, abs=2e-6)
+
+
+def test_attribution_table_and_verification(scorer, pair, estimated):
+    assert (estimated["method"] == "attribution").all()
+    assert estimated["head"].tolist()[1] == 4 and estimated["head"].isna().tolist() == [1, 0, 1]
+    assert estimated["estimate"][2] == 0.0 and estimated["ev_patched"].isna().all()
+    verified = attribution.verify(scorer, [pair], estimated, 2, EV)
+    assert (verified["method"] == "attribution+verify").all()
+    assert verified["ran"].tolist() == [True, True, False]  # the two largest |estimates|
+    for side in ("clean", "corrupt"):  # exact baselines vs the differentiable pass's
+        np.testing.assert_allclose(verified[f"ev_{side}"], estimated[f"ev_{side}"], atol=1e-4)
+    exact = patching.sweep(scorer, [pair], PATCHES[:1], EV)
+    assert verified["ev_patched"][0] == pytest.approx(exact["ev_patched"][0], abs=1e-6)
+    fit = attribution.agreement(attribution.effects(verified), k=2)
+    assert fit["components"] == 2 and np.isnan(fit["recall@2"])  # not every component measured
+    with pytest.raises(ProbekitError, match="top-k must lie between 1 and"):
+        attribution.top_components(estimated, 4)
+
+
+def test_agreement_of_known_rankings():
+    per = pd.DataFrame({"estimate": [3.0, -2.0, 1.0, 0.5], "exact": [2.5, -3.0, 0.1, 0.4]})
+    fit = attribution.agreement(per, k=2)
+    assert fit["recall@2"] == 1.0 and fit["spearman"] == pytest.approx(0.6)
+    assert attribution.agreement(per.assign(exact=[0.1, 0.2, 3.0, 4.0]), k=2)["recall@2"] == 0
+
+
+def test_no_gradient_is_one_clear_error():
+    weight = torch.zeros(4, 2, dtype=torch.int8)
+    hf = SimpleNamespace(get_output_embeddings=lambda: SimpleNamespace(weight=weight))
+    fake = SimpleNamespace(model=SimpleNamespace(hf=hf, name="int8-model"))
+    with pytest.raises(ProbekitError, match="attribution needs gradients"):
+        attribution.check_gradients(fake)
+
+
+@pytest.mark.slow
+def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, monkeypatch, capsys):
+    """`probekit patch intergroup --method attribution+verify` on heads of one layer; a head out
+    of range and a top-k above the number of components exit with status 2."""
+    from probekit import cli
+
+    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
+    base = ["patch", "intergroup", "--events", "1", "--layers", "2", "--spans", "experiencer",
+            "--sites", f"hook_attn_out,{HEAD_SITE}", "--heads", "0,4", "--setting", "P0S1T0",
+            "--bootstrap", "50", "--skip-direction"]  # fmt: skip
+    out = tmp_path / "ok"
+    argv = [*base, "--method", "attribution+verify", "--top-k", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    df = pd.read_parquet(out / "patching.parquet")
+    assert len(df) == 3 and df["ran"].sum() == 2
+    assert {"head", "method", "estimate"} <= set(df.columns)
+    for name in ("patching_summary.csv", "patching.png", "heads.png"):
+        assert (out / name).is_file()
+    printed = capsys.readouterr().out
+    assert "Spearman rho" in printed and "top 5 (layer, site, span)" in printed
+    for flag, message in ((["--heads", "9"], "head 9 is out of range"),
+                          (["--top-k", "4"], "--top-k must lie between 1")):  # fmt: skip
+        bad = tmp_path / "bad"
+        argv = [*base, "--method", "attribution+verify", *flag, "--out", str(bad)]
+        assert cli.main(argv) == 2
+        assert message in capsys.readouterr().err
+        assert not (bad / "patching.parquet").exists()

@@ -1,0 +1,102 @@
+"""Generate mode with the authors' 128-token budget: rows stop once their parsed answer is fixed,
+and the parsed answers equal those of `transformers` greedy generation with the full budget."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import reference_data_root
+
+from probekit.answers import AnswerSet
+from probekit.datasets.crowd_envent import first_events
+from probekit.scoring.engine import Scorer
+from probekit.scoring.generate import generate_greedy, intensity_settled, parse_intensity
+from probekit.studies.intergroup import get_category, get_setting
+from probekit.studies.intergroup.probe import IntergroupProbe
+
+BUDGET = 128
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """Religion prompts for 6 events (real crowd-enVent when present, else the sample)."""
+    events = first_events(reference_data_root(), 6, seed=0)
+    return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), events)
+
+
+@pytest.fixture(scope="module")
+def prompts(smol, probe):
+    """12 study prompts, alternately as they are (the default model answers them in words, so
+    those rows run to end of sequence) and with the response started by a phrase after which it
+    writes a number (those rows settle early)."""
+    items = list(probe.items())[:: max(1, len(probe) // 12)][:12]
+    lead = smol.tokenizer.encode(
+        "On a scale of 0 to 100, I rate the intensity as", add_special_tokens=False
+    )
+    return [smol.encode(item).input_ids + (lead if k % 2 else []) for k, item in enumerate(items)]
+
+
+@pytest.fixture(scope="module")
+def full(smol, prompts):
+    """What `generate(max_new_tokens=128)` writes for each prompt (no early stop)."""
+    return [
+        text
+        for start in range(0, len(prompts), 8)
+        for text in generate_greedy(smol, prompts[start : start + 8], max_new_tokens=BUDGET)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "settled"),
+    [
+        ("", False),
+        ("I can", False),  # may still become "I cannot"
+        ("I cannot", True),
+        ("85", False),  # may become 850
+        ("85.", True),
+        ("Emotion intensity: 85/100", True),
+        ("150 and", False),  # out of range: the rule needs a second integer
+        ("150 and 30 ", True),
+        ("I think 7 ", True),
+        ("a85 ", False),  # not an integer by the rule's word boundaries
+    ],
+)
+def test_settled_rule(text, settled):
+    assert intensity_settled(text) == settled
+
+
+def test_settled_never_changes_the_parse(full):
+    """On real 128-token answers: wherever the rule says settled, the parse of the text so far
+    is the parse of the whole answer."""
+    checked = 0
+    for text in full:
+        for end in range(len(text) + 1):
+            if intensity_settled(text[:end]):
+                assert parse_intensity(text[:end]) == parse_intensity(text)
+                checked += 1
+                break
+    assert checked > 0
+
+
+def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
+    scorer = Scorer(smol, probe.answers, batch_size=8, max_new_tokens=BUDGET, settled=probe.settled)
+    results = list(scorer.score(prompts))
+    ours = smol.tokenizer.batch_decode([r.generated for r in results], skip_special_tokens=True)
+    assert [probe.parse(t) for t in ours] == [probe.parse(t) for t in full]
+    for short, long in zip(ours, full, strict=True):
+        assert long.startswith(short)  # the same greedy text, cut where the answer was fixed
+    generated = sum(len(r.generated) for r in results)
+    full_tokens = sum(len(smol.tokenizer.encode(t, add_special_tokens=False)) for t in full)
+    assert generated < full_tokens  # the budget cost nothing on the rows that answered early
+
+
+def test_sampling_is_seeded(smol, prompts):
+    def sample(seed):
+        scorer = Scorer(
+            smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=12,
+            temperature=1.0, seed=seed,
+        )  # fmt: skip
+        return [r.generated for r in scorer.score(prompts[:4])]
+
+    first = sample(7)
+    assert sample(7) == first
+    assert sample(8) != first
