@@ -6,8 +6,9 @@ Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting n
 the global backend or needs a display.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -196,31 +197,14 @@ def patching_heatmap(
     spans = list(spans or dict.fromkeys(data["span"]))
     layers = sorted(data["layer"].unique())
     fig = new_figure(1.2 + 2.4 * len(spans) + 1.2, 1.6 + 0.32 * len(layers))
-    axes = fig.subplots(1, len(spans), sharey=True, squeeze=False)[0]
-    cmap = colormaps["RdBu_r"].with_extremes(bad="lightgrey")
-    image = None
-    for ax, span in zip(axes, spans, strict=True):
-        grid = (
-            data[data["span"] == span]
-            .pivot_table(index="layer", columns="site", values="recovery", aggfunc="mean")
-            .reindex(index=layers, columns=sites)
-            .to_numpy(dtype=float)
-        )
-        image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
+    for ax, grid in _layer_panels(fig, data, spans, layers, "site", sites, "recovery"):
         for (i, j), value in np.ndenumerate(grid):
             if np.isfinite(value):
                 colour = "white" if abs(value) > 0.6 else "black"
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
         short = [s.removeprefix("hook_") for s in sites]
         ax.set_xticks(range(len(sites)), short, rotation=45, ha="right", rotation_mode="anchor")
-        ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
-        ax.set_title(span)
-        ax.set_xlabel("site")
-    axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=list(axes), label="mean recovery", shrink=0.8)
-    if title:
-        fig.suptitle(title)
-    return save_figure(fig, path)
+    return _finish_panels(fig, "mean recovery", title, path)
 
 
 def head_heatmap(
@@ -243,24 +227,44 @@ def head_heatmap(
     layers = sorted(data["layer"].unique())
     heads = list(range(int(data["head"].max()) + 1))
     fig = new_figure(1.2 + (0.9 + 0.3 * len(heads)) * len(spans), 1.6 + 0.25 * len(layers))
+    data = data.astype({"head": int})
+    for ax, _ in _layer_panels(fig, data, spans, layers, "head", heads, value):
+        ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+    return _finish_panels(fig, value.replace("_", " "), title, path)
+
+
+def _layer_panels(
+    fig: Figure,
+    data: pd.DataFrame,
+    spans: Sequence[str],
+    layers: Sequence[int],
+    column: str,
+    columns: Sequence[Any],
+    value: str,
+) -> Iterator[tuple[Any, np.ndarray]]:
+    """One layer x `column` panel per span of the mean `value` on [-1, 1] (red = the clean
+    behaviour restored, missing cells grey); yields each axis and its grid for labelling."""
     axes = fig.subplots(1, len(spans), sharey=True, squeeze=False)[0]
     cmap = colormaps["RdBu_r"].with_extremes(bad="lightgrey")
-    image = None
     for ax, span in zip(axes, spans, strict=True):
         grid = (
             data[data["span"] == span]
-            .astype({"head": int})
-            .pivot_table(index="layer", columns="head", values=value, aggfunc="mean")
-            .reindex(index=layers, columns=heads)
+            .pivot_table(index="layer", columns=column, values=value, aggfunc="mean")
+            .reindex(index=layers, columns=columns)
             .to_numpy(dtype=float)
         )
-        image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+        ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
         ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
         ax.set_title(span)
-        ax.set_xlabel("head")
+        ax.set_xlabel(column)
+        yield ax, grid
     axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=list(axes), label=value.replace("_", " "), shrink=0.8)
+
+
+def _finish_panels(fig: Figure, label: str, title: str, path: str | Path) -> Path:
+    """The shared colour bar and title of `_layer_panels`' figure, saved as a PNG."""
+    panels = list(fig.axes)
+    fig.colorbar(panels[0].images[0], ax=panels, label=label, shrink=0.8)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path)
