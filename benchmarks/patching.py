@@ -64,7 +64,9 @@ def main() -> None:
     scorer = Scorer(model, probe.answers, epsilon=0.0, batch_size=options.batch_size)
     results = scorer.score([e.input_ids for e in encoded])
     value = {e.id: metric(r, e.item) for e, r in zip(encoded, results, strict=True)}
-    pairs = pick_pairs(study.pairs(probe, encoded), value, 2)[: options.pairs]
+    candidates = study.pairs(probe, encoded)
+    gaps = [value[clean.id] - value[corrupt.id] for clean, corrupt in candidates]
+    pairs = pick_pairs(candidates, gaps, 2)[: options.pairs]
     print(f"{len(pairs)} pairs, layers {layers[0]}..{layers[-1]} ({len(layers)}), spans {spans}")
     heads = range(patching.n_heads(model))
     grids = {  # the head grid first: it is the one with a target

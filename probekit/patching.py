@@ -324,7 +324,7 @@ def sweep(
     todo = [k for k, job in enumerate(jobs) if run_noops or not job.noop]
     runs = [jobs[k] for k in todo]
     hooks = sorted({job.patch.hook for job in runs}, key=_hook_order)
-    value, clean_acts = _baselines(scorer, pairs, runs, hooks, size, metric, backend, remote)
+    baseline, clean_acts = _baselines(scorer, pairs, runs, hooks, size, backend, remote)
     patched: dict[int, float] = {}  # job index -> metric of the patched run
     for start in range(0, len(todo), size):
         chunk = todo[start : start + size]
@@ -344,14 +344,15 @@ def sweep(
             scorer, [c.input_ids for c in corrupt], edits=edits, backend=backend, remote=remote
         )
         for k, prompt, result in zip(chunk, corrupt, results, strict=True):
-            patched[k] = metric(result, prompt.item)
+            patched[k] = metric(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
     keys = _key_columns(pairs)
     rows = []
     for k, job in enumerate(jobs):
         clean, corrupt = pairs[job.pair]
-        m_corrupt = value[corrupt.id]
+        m_clean = metric(baseline[clean.id], clean.item, baseline[clean.id])
+        m_corrupt = metric(baseline[corrupt.id], corrupt.item, baseline[clean.id])
         m_patched = patched.get(k, m_corrupt)
-        rows.append(_row(pairs[job.pair], keys, job, metric, value[clean.id], m_corrupt, m_patched))
+        rows.append(_row(pairs[job.pair], keys, job, metric, m_clean, m_corrupt, m_patched))
         rows[-1]["ran"] = k in patched
     return table(rows)
 
@@ -481,11 +482,10 @@ def _baselines(
     todo: list[_Job],
     hooks: list[str],
     size: int,
-    metric: Metric,
     backend: str,
     remote: bool,
 ) -> tuple[dict, dict]:
-    """The metric of every clean and corrupt prompt (by prompt id); for clean prompts with
+    """The exact result of every clean and corrupt prompt (by prompt id); for clean prompts with
     patches to run, their activations at `hooks` on the positions those patches copy
     ({hook: [n, d]}, position index)."""
     needed: dict[str, set[int]] = {}
@@ -493,7 +493,7 @@ def _baselines(
         needed.setdefault(pairs[job.pair][0].id, set()).update(job.clean_positions)
     prompts = {p.id: p for pair in pairs for p in pair}
     keys = list(prompts)
-    value: dict[str, float] = {}
+    baseline: dict[str, ScoreResult] = {}
     acts: dict[str, tuple[dict[str, torch.Tensor], dict[int, int]]] = {}
     for start in range(0, len(keys), size):
         chunk = keys[start : start + size]
@@ -506,13 +506,13 @@ def _baselines(
         )  # fmt: skip
         at = 0
         for row, (key, result) in enumerate(zip(chunk, results, strict=True)):
-            value[key] = metric(result, prompts[key].item)
+            baseline[key] = result
             n = len(positions[row])
             if n:
                 block = {hook: values[hook][at : at + n] for hook in hooks}
                 acts[key] = (block, {p: i for i, p in enumerate(positions[row])})
             at += n
-    return value, acts
+    return baseline, acts
 
 
 def _copy(values: torch.Tensor, heads: list[int | None]) -> Callable[[torch.Tensor], torch.Tensor]:

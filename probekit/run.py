@@ -153,7 +153,7 @@ def _explain_until_cue(chunk, probe: Probe, model: LoadedModel, scorer: Scorer):
     writer = copy.copy(scorer)  # same model, answers and settings, with a generation budget
     writer.max_new_tokens = probe.max_new_tokens
     ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
-    generated = [r.generated for r in writer.score(ids, window=len(ids))]
+    generated = writer.generate(ids)
     responses = model.tokenizer.batch_decode(generated, skip_special_tokens=True)
     cut = [r.find(cue) for r in responses]
     explanations = [r if at < 0 else r[:at] for r, at in zip(responses, cut, strict=True)]

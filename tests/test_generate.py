@@ -87,6 +87,8 @@ def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
     generated = sum(len(r.generated) for r in results)
     full_tokens = sum(len(smol.tokenizer.encode(t, add_special_tokens=False)) for t in full)
     assert generated < full_tokens  # the budget cost nothing on the rows that answered early
+    # The decode-only path (explain mode) writes the same tokens without the exact answer pass.
+    assert scorer.generate(prompts) == [r.generated for r in results]
 
 
 def test_sampling_is_seeded(smol, prompts):

@@ -224,6 +224,9 @@ def test_power_curve_stops_at_the_target_and_validates():
     assert curve.needed == curve.sizes[-1] and curve.power[-1] >= 0.8
     assert all(p < 0.8 for p in curve.power[:-1])
     assert curve.sizes == tuple(sorted(curve.sizes)) and curve.needed < 200
+    assert curve.describe("event") == f"{curve.needed} events"
+    always = stats.units_for_power(200, lambda units: True, seed=1)
+    assert always.needed == 3 and always.describe("event") == "≤ 3 events"  # the smallest tried
     with pytest.raises(ProbekitError, match="at least 2 units"):
         stats.units_for_power(1, significant)
     with pytest.raises(ProbekitError, match="target power"):

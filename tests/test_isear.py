@@ -16,6 +16,7 @@ from conftest import REPO
 from probekit import cli
 from probekit.scoring.engine import Scorer
 from probekit.scoring.reference import brute_force
+from probekit.studies import get_study
 from probekit.studies.isear import EMOTIONS, GENDERS, evaluate, load_events, locate_punkt
 from probekit.studies.isear import metrics as isear_metrics
 from probekit.studies.isear.events import SAMPLE_ROOT, sample_events
@@ -161,6 +162,20 @@ def test_exact_probabilities_equal_brute_force(smol):
         assert result.valid_mass == pytest.approx(reference.sum(), abs=1e-5)
 
 
+def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
+    """The default of `probekit patch isear`: P(the emotion whose gender gap max_diff is largest
+    on the exact scores of the patched events), checked against a direct computation."""
+    probe = IsearProbe(sample_events(load_events(SAMPLE_ROOT), 3, seed=123), GENDERS)
+    encoded = [smol.encode(item) for item in probe.items()]
+    results = Scorer(smol, ANSWERS, epsilon=0.0).score_batch([e.input_ids for e in encoded])
+    gender = [e.item.key["gender"] for e in encoded]
+    probs = np.array([r.probs for r in results])
+    mean = np.array([probs[[x == g for x in gender]].mean(0) for g in GENDERS])
+    widest = EMOTIONS[int(np.argmax(mean.max(0) - mean.min(0)))]
+    chosen = get_study("isear").mechanism_defaults()["metric"](probe, encoded, results)
+    assert chosen == f"p:{widest}"
+
+
 @needs_isear
 @needs_punkt
 def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, capsys):
@@ -236,12 +251,35 @@ def test_missing_nltk_data_says_where_to_put_it(tmp_path, monkeypatch, capsys):
     assert not out.exists()
 
 
-def test_patch_refuses_an_unknown_emotion_and_gender(tmp_path, capsys):
+def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, capsys):
     root = _write(tmp_path / "root", b"I lost my keys.\nI found my keys.")
     for extra, message in (
         (["--metric", "p:rage"], "'rage' is not an answer"),
         (["--genders", "a man,a robot"], "unknown gender"),
+        (["--metric", "tv", "--method", "attribution"], "compares a pair's two distributions"),
     ):
         code = cli.main(["patch", "isear", "--data", root, "--out", str(tmp_path / "p"), *extra])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("metric", [[], ["--metric", "tv"]])
+def test_patch_isear_end_to_end(smol, tmp_path, monkeypatch, capsys, metric):
+    """`probekit patch isear` on one sample event: its default metric (the widest max_diff
+    emotion, printed) or tv; the table has every (pair, layer, span) and the figure."""
+    smol.enable_bridge()
+    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: smol)
+    argv = ["patch", "isear", "--data", str(SAMPLE_ROOT), "--events", "1", "--layers", "0,29",
+            "--sites", "hook_resid_pre", "--spans", "gender", "--pairs", "3",
+            "--out", str(tmp_path), *metric]  # fmt: skip
+    assert cli.main(argv) == 0
+    df = pd.read_parquet(tmp_path / "patching.parquet")
+    assert len(df) == 3 * 2  # the event's three gender pairs x two layers
+    out = capsys.readouterr().out
+    if metric:
+        assert (df["metric"] == "tv").all() and (df["overlap_clean"] == 1).all()
+        assert (df["gap"] > 0).all()  # a TV distance between two different prompts
+    else:
+        assert df["metric"].iloc[0].startswith("p:") and "the study's default" in out
+    assert (tmp_path / "patching.png").is_file() and "top 5" in out

@@ -256,6 +256,27 @@ def test_metrics_as_a_parameter(scorer, pairs):
     np.testing.assert_allclose(diff["gap"], diff["diff_clean"] - diff["diff_corrupt"])
 
 
+def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
+    """`tv`: 1 on the clean prompt, gap = TV(clean, corrupt) from plain scores; patching the
+    whole sequence at layer 0 restores the clean distribution (recovery 1)."""
+    tv = parse_metric("tv", ANSWERS)
+    patches = [Patch(0, "hook_resid_pre", "from_experiencer"), *PATCHES[:2]]
+    df = patching.sweep(scorer, pairs, patches, tv)
+    assert (df["overlap_clean"] == 1).all() and (df["metric"] == "tv").all()
+    for clean, corrupt in pairs:
+        a, b = scorer.score([clean.input_ids, corrupt.input_ids])
+        want = 0.5 * np.abs(a.probs - b.probs).sum()
+        gaps = df.loc[df["corrupt_prompt_id"] == corrupt.id, "gap"].to_numpy()
+        assert want > 1e-4 and len(gaps) == len(patches)
+        np.testing.assert_allclose(gaps, want, atol=1e-9)
+    first = df[df["layer"] == 0]
+    assert ((first["recovery"] - 1).abs() <= 1e-2).all()
+    with pytest.raises(ProbekitError, match="compares a pair"):
+        tv(next(scorer.score([pairs[0][0].input_ids])), pairs[0][0].item)
+    with pytest.raises(ProbekitError, match="no part in a difference"):
+        parse_metric("tv - p:3", ANSWERS)
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [("p:13", "not an answer"), ("median", "unknown metric"), ("ev - p:99", "not an answer")],

@@ -77,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         help="span names, or from_<span> (everything from the span to the end)",
     )  # fmt: skip
     parser.add_argument(
-        "--metric", default=defaults.get("metric", "ev"),
-        help="ev, p:<answer>, p_correct, or a difference 'X - Y'",
+        "--metric",
+        help="ev, p:<answer>, p_correct, a difference 'X - Y', or tv (overlap 1 - TV with the "
+        f"pair's clean distribution; --method exact only); default: {_metric_default(defaults)}",
     )  # fmt: skip
     parser.add_argument("--backend", default="transformer_lens", choices=patching.BACKENDS)
     parser.add_argument("--batch-size", type=int, help="prompts per forward pass")
@@ -94,11 +95,18 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
     study.add_mechanism_arguments(parser, default_events=2)
 
 
+def _metric_default(defaults: dict) -> str:
+    chosen = defaults.get("metric", "ev")
+    return chosen.__doc__.split(".")[0].strip() if callable(chosen) else chosen
+
+
 def execute(study: Study, args: argparse.Namespace) -> None:
     start = time.monotonic()
     defaults = study.mechanism_defaults()
     probe, items = study.mechanism_items(args, print, "patch")
-    metric = parse_metric(args.metric, probe.answers)
+    spec = args.metric or defaults.get("metric", "ev")
+    # A study may choose its default metric from the exact scores of the prompts (set below).
+    metric = None if callable(spec) else parse_metric(spec, probe.answers)
     spans = args.spans or [name for item in items[:1] for name in item.span_names]
     check_span_names(items, [s.removeprefix(patching.FROM) for s in spans])
     if args.pairs < 1:
@@ -107,6 +115,12 @@ def execute(study: Study, args: argparse.Namespace) -> None:
         raise ProbekitError(
             "--mediation needs exactly measured components: use --method exact or "
             "attribution+verify"
+        )
+    if metric is not None and metric.paired and (args.method != "exact" or args.mediation):
+        raise ProbekitError(
+            f"the metric {metric.spec} compares a pair's two distributions: use it with "
+            "--method exact and without --mediation (attribution needs a metric linear in one "
+            "distribution, mediation a metric defined per prompt)"
         )
     model = load_model(args.model)
     n = model.n_layers
@@ -126,16 +140,28 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     span = None if args.skip_direction else defaults.get("direction_span")
+    if span and metric is not None and metric.paired:
+        print(f"no direction analysis: it needs a metric of one prompt, and {metric.spec} is not")
+        span = None
     if span:  # one scoring pass gives the metric of every prompt and the span's states
         states = directions.span_states(
             scorer, encoded, span, metric, defaults["direction_contrast"](probe),
             defaults["direction_centre"],
         )  # fmt: skip
         value = dict(zip(states.frame["prompt_id"], states.frame[directions.VALUE], strict=True))
+        gaps = [value[clean.id] - value[corrupt.id] for clean, corrupt in pairs]
     else:
-        results = scorer.score([e.input_ids for e in encoded])  # batched and windowed
-        value = {e.id: metric(r, e.item) for e, r in zip(encoded, results, strict=True)}
-    chosen = pick_pairs(pairs, value, args.pairs)
+        results = list(scorer.score([e.input_ids for e in encoded]))  # batched and windowed
+        if metric is None:
+            metric = parse_metric(spec(probe, encoded, results), probe.answers)
+            print(f"metric {metric.spec}: the study's default, read from the exact scores")
+        result = {e.id: r for e, r in zip(encoded, results, strict=True)}
+        gaps = [
+            metric(result[clean.id], clean.item, result[clean.id])
+            - metric(result[corrupt.id], corrupt.item, result[clean.id])
+            for clean, corrupt in pairs
+        ]
+    chosen = pick_pairs(pairs, gaps, args.pairs)
     df = measure(scorer, chosen, patches, metric, args)
     write_parquet(out / "patching.parquet", df)
     written = ["patching.parquet", *report(df, out, args, spans, f"{model.name}, {probe.name}")]
@@ -264,15 +290,13 @@ def mediate(
     return ["mediation.parquet", "mediation_summary.csv"]
 
 
-def pick_pairs(pairs: list[Pair], value: dict[str, float], per_unit: int) -> list[Pair]:
-    """The `per_unit` pairs of each unit with the largest |metric(clean) - metric(corrupt)|."""
-
-    def gap(pair: Pair) -> float:
-        gap = abs(value[pair[0].id] - value[pair[1].id])
-        return gap if np.isfinite(gap) else -1.0
-
+def pick_pairs(pairs: list[Pair], gaps: list[float], per_unit: int) -> list[Pair]:
+    """The `per_unit` pairs of each unit with the largest |gap| (metric(clean) -
+    metric(corrupt), one per pair)."""
+    size = [abs(g) if np.isfinite(g) else -1.0 for g in gaps]
     chosen: dict[str, list[Pair]] = {}
-    for pair in sorted(pairs, key=gap, reverse=True):
+    for i in sorted(range(len(pairs)), key=size.__getitem__, reverse=True):
+        pair = pairs[i]
         group = chosen.setdefault(pair[0].item.unit, [])
         if len(group) < per_unit:
             group.append(pair)

@@ -134,10 +134,22 @@ class Scorer:
         for prompt in prompts:
             chunk.append(prompt)
             if len(chunk) == window:
-                yield from self._score_window(chunk, progress)
+                yield from self._batched(chunk, self.score_batch, progress)
                 chunk = []
         if chunk:
-            yield from self._score_window(chunk, progress)
+            yield from self._batched(chunk, self.score_batch, progress)
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """The continuation `score` would decode for each prompt (the same prompt pass and
+        decoding; `max_new_tokens` > 0), without the exact answer pass: for text after which
+        the answer is scored (explain mode)."""
+        if not self.max_new_tokens:
+            raise ValueError("generate needs max_new_tokens > 0")
+        return list(self._batched(list(prompts), self._generate_batch, None))
+
+    def _generate_batch(self, batch: Sequence[Sequence[int]]) -> list[list[int]]:
+        with torch.inference_mode():
+            return self._decode(self._prompt_pass(batch, reuse_prefix=True))
 
     def score_batch(
         self,
@@ -233,14 +245,18 @@ class Scorer:
         return torch.multinomial(probs, 1, generator=self._generator)[:, 0]
 
     # ------------------------------------------------------------------ batching
-    def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> Iterator[ScoreResult]:
+    def _batched(
+        self, prompts: list[Sequence[int]], run: Callable[[list], list], progress: Any
+    ) -> Iterator[Any]:
+        """`run` on length-sorted batches of the prompts, its outputs in input order; on CUDA
+        out-of-memory the batch size halves and the same prompts are tried again."""
         order = _batch_order(prompts, self.batch_size)
-        results: list[ScoreResult | None] = [None] * len(prompts)
+        results: list[Any] = [None] * len(prompts)
         start = 0
         while start < len(order):
             idx = order[start : start + self.batch_size]
             try:
-                batch_results = self.score_batch([prompts[i] for i in idx])
+                batch_results = run([prompts[i] for i in idx])
             except torch.cuda.OutOfMemoryError:
                 if self.batch_size == 1:
                     raise

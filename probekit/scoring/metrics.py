@@ -4,6 +4,12 @@ The mechanism commands (patching, directions) take a metric as a parameter, so t
 the study's own behaviour: the expected value of a numeric answer, the probability of one answer,
 the probability of the item's correct answer, or a difference of two such. Specs on the command
 line: `ev`, `p:<answer>`, `p_correct`, and `X - Y` for a difference (`p:joy - p:fear`).
+
+One metric compares a pair's two distributions instead: `tv`, the overlap 1 - TV(P, P_clean)
+with the pair's clean distribution. It is 1 on the clean prompt, so the pair's gap is the total
+variation distance between the clean and corrupt distributions, and a patch's recovery is
+1 - TV(P_patched, P_clean) / TV(P_corrupt, P_clean). Such a `paired` metric needs the clean
+result (`metric(result, item, clean)`), so it serves exact patching only.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
@@ -22,14 +30,23 @@ from probekit.scoring.engine import ScoreResult
 class Metric:
     """A number from a prompt's exact distribution (NaN when the answer set has no mass).
 
-    `column` names table columns (`ev` -> ev_clean, ev_corrupt, ev_patched)."""
+    `column` names table columns (`ev` -> ev_clean, ev_corrupt, ev_patched). A `paired` metric
+    also reads the pair's clean result: `read(result, item, clean)`."""
 
     spec: str
     column: str
-    read: Callable[[ScoreResult, Item], float]
+    read: Callable[..., float]
+    paired: bool = False
 
-    def __call__(self, result: ScoreResult, item: Item) -> float:
-        return self.read(result, item)
+    def __call__(self, result: ScoreResult, item: Item, clean: ScoreResult | None = None) -> float:
+        if not self.paired:
+            return self.read(result, item)
+        if clean is None:
+            raise ProbekitError(
+                f"the metric {self.spec} compares a pair's two distributions and has no value "
+                "for a prompt alone; use it with exact patching (probekit patch --method exact)"
+            )
+        return self.read(result, item, clean)
 
 
 def expected_value(answers: AnswerSet) -> Metric:
@@ -68,13 +85,28 @@ def correct_probability(answers: AnswerSet, key: str = "correct") -> Metric:
     return Metric("p_correct", "p_correct", read)
 
 
+def clean_overlap() -> Metric:
+    """1 - TV(P, P_clean): the overlap of a prompt's normalised distribution with its pair's
+    clean one (1 on the clean prompt; the pair's gap is the total variation distance)."""
+
+    def read(result: ScoreResult, _: Item, clean: ScoreResult) -> float:
+        if result.valid_mass <= 0 or clean.valid_mass <= 0:
+            return math.nan
+        return 1.0 - 0.5 * float(np.abs(np.asarray(result.probs) - np.asarray(clean.probs)).sum())
+
+    return Metric("tv", "overlap", read, paired=True)
+
+
 def difference(first: Metric, second: Metric) -> Metric:
     """`first - second`, e.g. P(joy) - P(fear)."""
+    if first.paired or second.paired:
+        raise ProbekitError("tv compares a pair's distributions and takes no part in a difference")
     return Metric(f"{first.spec} - {second.spec}", "diff", lambda r, i: first(r, i) - second(r, i))
 
 
 def parse_metric(spec: str, answers: AnswerSet) -> Metric:
-    """The metric a spec names (`ev`, `p:<answer>`, `p_correct`, `X - Y`) for these answers."""
+    """The metric a spec names (`ev`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for these
+    answers."""
     if " - " in spec:
         first, second = spec.split(" - ", 1)
         return difference(parse_metric(first, answers), parse_metric(second, answers))
@@ -83,10 +115,12 @@ def parse_metric(spec: str, answers: AnswerSet) -> Metric:
         return expected_value(answers)
     if text == "p_correct":
         return correct_probability(answers)
+    if text == "tv":
+        return clean_overlap()
     if text.startswith("p:") and len(text) > 2:
         return answer_probability(answers, text[2:])
     raise ProbekitError(
-        f"unknown metric {text!r}; use ev, p:<answer>, p_correct, or a difference 'X - Y'"
+        f"unknown metric {text!r}; use ev, p:<answer>, p_correct, tv, or a difference 'X - Y'"
     )
 
 

@@ -26,9 +26,11 @@ class PowerCurve:
     needed: int | None
 
     def describe(self, unit: str = "unit") -> str:
-        """One line: `24 events` or `> 48 events` when even the largest size falls short."""
+        """One line: `24 events`; `≤ 3 events` when the smallest size tried already reaches the
+        target; `> 48 events` when even the largest size falls short."""
         if self.needed is not None:
-            return f"{self.needed} {unit}s"
+            at_most = "≤ " if self.needed == self.sizes[0] else ""
+            return f"{at_most}{self.needed} {unit}s"
         return f"> {self.sizes[-1]} {unit}s ({self.power[-1]:.0%} power at {self.sizes[-1]})"
 
 

@@ -118,7 +118,9 @@ class Study(ABC):
         raise ProbekitError(f"the study '{self.name}' builds no patching pairs")
 
     def mechanism_defaults(self) -> dict[str, Any]:
-        """Defaults of the mechanism commands: `spans` to patch and the `metric` spec; for the
+        """Defaults of the mechanism commands: `spans` to patch and the `metric` spec (or a
+        function (probe, encoded prompts, their exact results) -> spec, whose docstring's first
+        sentence names it in --help, for a study without a direction); for the
         difference-of-means direction, if the study has one: `direction_span`,
         `direction_contrast(probe)` (a prompt -> bool function), `direction_centre` (the key
         columns a prompt's gap is centred within) and `direction_statistic(probe)` (a

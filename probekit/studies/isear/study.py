@@ -14,6 +14,7 @@ import pandas as pd
 from probekit.cli import comma_list, count_or_all
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
+from probekit.scoring.engine import ScoreResult
 from probekit.studies.base import Say, Study, register
 from probekit.studies.isear import report
 from probekit.studies.isear.evaluator import locate_punkt
@@ -23,11 +24,27 @@ from probekit.studies.isear.events import (
     resolve_isear,
     sample_events,
 )
-from probekit.studies.isear.probe import DEFAULT_SEED, GENDERS, IsearProbe, check_genders
+from probekit.studies.isear.metrics import view_metrics, view_tables
+from probekit.studies.isear.probe import (
+    DEFAULT_SEED,
+    EMOTIONS,
+    GENDERS,
+    IsearProbe,
+    check_genders,
+)
 
-# `probekit patch isear` reads P(this emotion) unless --metric says otherwise: the emotion with
-# the largest exact max_diff of the default model on a 4-event trial run (to revisit with >= 300).
-PATCH_EMOTION = "anger"
+
+def widest_emotion(
+    probe: IsearProbe, encoded: Sequence[EncodedItem], results: Sequence[ScoreResult]
+) -> str:
+    """p:<the emotion with the largest exact max_diff over the patched events>. GenderBench's
+    headline is max_diff, so `probekit patch isear` explains the emotion that sets it."""
+    rows = [
+        {**r.row(probe.answers), "event_id": e.item.key["event_id"], "gender": e.item.key["gender"]}
+        for e, r in zip(encoded, results, strict=True)
+    ]
+    metrics = view_metrics(view_tables(pd.DataFrame(rows), "ev", probe.genders))
+    return f"p:{max(EMOTIONS, key=lambda emotion: metrics[f'max_diff_{emotion}'])}"
 
 
 class IsearStudy(Study):
@@ -94,7 +111,7 @@ class IsearStudy(Study):
         parser.add_argument("--genders", type=comma_list, default=list(GENDERS))
 
     def mechanism_defaults(self) -> dict[str, Any]:
-        return {"spans": ["gender", "from_gender"], "metric": f"p:{PATCH_EMOTION}"}
+        return {"spans": ["gender", "from_gender"], "metric": widest_emotion}
 
     def mechanism_items(
         self, args: argparse.Namespace, say: Say, purpose: str

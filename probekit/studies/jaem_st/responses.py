@@ -138,15 +138,15 @@ def score_responses(
     return out
 
 
-def responses_table(
+def generate_missing(
     scores: pd.DataFrame,
     run_dir: Path,
     manifest: dict[str, Any],
     say: Callable[..., None],
     model: LoadedModel | None = None,
-) -> pd.DataFrame:
-    """Generate what `responses.parquet` lacks (with `model`, else the run's model loaded
-    again), score every response, write it; return it."""
+) -> tuple[ResponseOptions, Any, pd.DataFrame, pd.DataFrame]:
+    """Generate the responses `responses.parquet` lacks (with `model`, else the run's model
+    loaded again) and save them; return the options, the data, the samples and the table."""
     options = ResponseOptions.from_manifest(manifest["responses"])
     data = load_jaem(options.data, options.templates)
     if manifest.get("data_sha256") not in (None, data.sha256):
@@ -154,8 +154,7 @@ def responses_table(
             f"the JaEm-ST data found now differ from the run's ({run_dir}); give the same "
             "--data/--templates to write its responses"
         )
-    columns = [d.column for d in data.dimensions]
-    samples = sample_table(scores, columns)
+    samples = sample_table(scores, [d.column for d in data.dimensions])
     path = run_dir / RESPONSES_FILE
     frame = _resume(path, samples, options.max_new_tokens)
     todo = frame["response"].isna().to_numpy()
@@ -170,6 +169,14 @@ def responses_table(
             write_parquet(path, frame)
 
         generate_responses(model, items, options.max_new_tokens, save)
+    return options, data, samples, frame
+
+
+def responses_table(
+    scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], say: Callable[..., None]
+) -> pd.DataFrame:
+    """Every response (generated first where missing), scored; written and returned."""
+    options, data, samples, frame = generate_missing(scores, run_dir, manifest, say)
     by_name = {t.name: t for t in data.templates}
     records = samples.to_dict("records")
     conversations = [conversation_text(data, by_name[r["template"]], r) for r in records]
@@ -182,7 +189,7 @@ def responses_table(
     if classifier is None:
         say(era.SKIP_MESSAGE)
     frame = score_responses(frame, conversations, lexicon, classifier)
-    write_parquet(path, frame)
+    write_parquet(run_dir / RESPONSES_FILE, frame)
     return frame
 
 

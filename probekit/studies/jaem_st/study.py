@@ -101,9 +101,9 @@ class JaemStudy(Study):
         self, probe: Probe, model: Any, scores: pd.DataFrame, run_dir: Path,
         manifest: dict[str, Any],
     ) -> None:  # fmt: skip
-        """Write the free responses with the run's model (the report then finds them)."""
+        """Generate the free responses with the run's model (the report scores them)."""
         if manifest.get("responses"):
-            responses.responses_table(scores, run_dir, manifest, print, model)
+            responses.generate_missing(scores, run_dir, manifest, print, model)
 
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
         mode = manifest["mode"]
