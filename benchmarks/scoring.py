@@ -7,8 +7,13 @@ same thread count, one run prints the prompts/s of
   (b) greedy generation of at most 4 new tokens + `parse_intensity`, same batch size,
   (c) per-candidate log-likelihood (each of the 101 answers scored as its own continuation, as
       lm-eval-harness does), timed on a few of the prompts,
+  (e) the shared-prefix peer: the same exact distribution as (a) the way serving engines score
+      a choice (SGLang's `select`): each prompt computed once, its KV cache shared by every
+      candidate (each answer's surface forms, with the position giving its stop probability),
+      the candidates batched (`probekit.scoring.reference.shared_prefix`),
 
-and (d) the largest |p - brute force| over a few prompts, at the default epsilon and at 0, where
+and (d) the largest |p - brute force| over a few prompts, at the default epsilon and at 0 (and
+for (e)), where
 p is the engine's unnormalised answer probability (`probs * valid_mass`), and (f) the cost of the
 study's generate mode (exact scores + decoding from the same cache) with the authors' 128-token
 budget and early stop once the parse is fixed, against an 8-token budget without it.
@@ -48,7 +53,7 @@ from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_enve
 from probekit.models import LoadedModel, load_model
 from probekit.scoring.engine import DEFAULT_EPSILON, Scorer, ScoreResult, ScorerStats
 from probekit.scoring.generate import generate_greedy, intensity_settled, parse_intensity
-from probekit.scoring.reference import brute_force, candidate_loglik
+from probekit.scoring.reference import brute_force, candidate_loglik, shared_prefix
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +67,7 @@ MIN_SPEEDUP_VS_LOGLIK = 30.0
 MAX_ERROR_BOUND = 1e-3
 MAX_BRUTE_FORCE_DIFF_EXACT = 1e-5  # at epsilon = 0
 MAX_BUDGET_COST = 1.3  # (f): 128 tokens with early stop vs 8 tokens, same prompts
+MIN_SPEEDUP_VS_SHARED = 2.0  # (a) vs (e), the shared-prefix peer
 FULL_BUDGET, SHORT_BUDGET = 128, 8
 
 T = TypeVar("T")
@@ -182,6 +188,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="prompts timed in (c), 0 skips it (default: 4)",
     )
     parser.add_argument(
+        "--shared-prompts",
+        type=int,
+        default=8,
+        metavar="N",
+        help="prompts timed in (e), the shared-prefix peer; 0 skips it (default: 8)",
+    )
+    parser.add_argument(
         "--check-prompts",
         type=int,
         default=2,
@@ -224,8 +237,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
-    if args.loglik_prompts < 0 or args.check_prompts < 0:
-        parser.error("--loglik-prompts and --check-prompts must be >= 0")
+    if min(args.loglik_prompts, args.check_prompts, args.shared_prompts) < 0:
+        parser.error("--loglik-prompts, --shared-prompts and --check-prompts must be >= 0")
     return args
 
 
@@ -399,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("--random-llama8b needs a CUDA GPU")
         model = random_llama8b()
         args.loglik_prompts = args.check_prompts = 0  # meaningless and slow with random weights
+        args.shared_prompts = min(args.shared_prompts, args.prompts)
     else:
         model = load_model(args.model, device=args.device, dtype=args.dtype)
     ids = build_prompts(model, events, args.prompts, args.setting)
@@ -455,6 +469,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         loglik = Timing("(c) per-candidate loglik", len(subset), sec, cpu)
         timings.append(loglik)
 
+    shared, peer = None, []
+    if args.shared_prompts:
+        subset = ids[: args.shared_prompts]
+        peer, sec, cpu = timed(model, lambda: [shared_prefix(model, p, answers) for p in subset])
+        shared = Timing("(e) shared-prefix peer", len(subset), sec, cpu)
+        timings.append(shared)
+
     budget_cost = None
     if not args.no_budget:
         short, short_sec, short_cpu = timed(
@@ -477,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agree = sum(r.argmax is not None and int(r.argmax) == p for r, p in parsed_pairs)
     unparsed = len(parsed) - len(parsed_pairs)
 
-    diff_default = diff_exact = None
+    diff_default = diff_exact = diff_peer = None
     brute_seconds = 0.0
     if args.check_prompts:
         check = ids[: args.check_prompts]
@@ -494,6 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             float(np.max(np.abs(r.probs * r.valid_mass - b)))
             for r, b in zip(at_zero, brute, strict=True)
         )
+        if peer:
+            diff_peer = max(float(np.max(np.abs(e - b))) for e, b in zip(peer, brute, strict=False))
 
     # ------------------------------------------------------------------ report
     print()
@@ -525,6 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(d) max |p - brute force| over the first {args.check_prompts} prompt(s): "
             f"{diff_default:.3g} at epsilon {args.epsilon:g}, {diff_exact:.3g} at epsilon 0 "
             f"(brute force took {brute_seconds:.1f} s)"
+            + ("" if diff_peer is None else f"; (e): {diff_peer:.3g}")
         )
 
     if budget_cost is not None:
@@ -548,6 +572,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(a) >= {MIN_SPEEDUP_VS_LOGLIK:g} x (c)",
             exact.rate / loglik.rate if loglik else None,
             MIN_SPEEDUP_VS_LOGLIK,
+            True,
+        ),
+        Target(
+            f"(a) >= {MIN_SPEEDUP_VS_SHARED:g} x (e)",
+            exact.rate / shared.rate if shared else None,
+            MIN_SPEEDUP_VS_SHARED,
             True,
         ),
         Target(f"max error_bound <= {MAX_ERROR_BOUND:g}", max_bound, MAX_ERROR_BOUND, False),
@@ -599,7 +629,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "greedy_agreement": agree,
             "unparsed": unparsed,
             "check_prompts": args.check_prompts,
-            "brute_force_diff": {"default_epsilon": diff_default, "epsilon_0": diff_exact},
+            "brute_force_diff": {
+                "default_epsilon": diff_default,
+                "epsilon_0": diff_exact,
+                "shared_prefix": diff_peer,
+            },
             "targets": [asdict(t) | {"verdict": t.verdict} for t in targets],
             "load_start": start_load,
             "load_end": end_load,

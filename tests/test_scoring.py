@@ -12,7 +12,7 @@ from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.scoring.engine import Scorer
 from probekit.scoring.generate import generate_greedy, parse_intensity
-from probekit.scoring.reference import brute_force
+from probekit.scoring.reference import brute_force, shared_prefix
 from probekit.studies.intergroup import get_setting, render_messages
 
 ISEAR = (
@@ -68,6 +68,16 @@ def test_exact_against_brute_force(smol, prompts, spec, which):
         assert abs(result.valid_mass - mass) <= 1e-5 * mass
         assert np.abs(unnormalised(result) - reference).max() <= 1e-5 * mass
         assert np.abs(result.probs - reference / mass).max() <= 1e-5
+
+
+@pytest.mark.parametrize("spec", ["0-100", ISEAR], ids=["0-100", "isear-words"])
+def test_shared_prefix_peer_equals_brute_force(smol, prompts, spec):
+    """The benchmark's peer (e): one prompt pass, its cache shared by batched candidates, gives
+    the brute force's numbers (candidates split across several batches here)."""
+    answers = AnswerSet.parse(spec)
+    reference = brute_force(smol, prompts[3], answers)
+    peer = shared_prefix(smol, prompts[3], answers, batch_size=48)
+    assert np.abs(peer - reference).max() <= 1e-5 * reference.sum()
 
 
 def test_independent_of_thread_count(smol, prompts):

@@ -2,12 +2,16 @@
 
 `brute_force` applies the same definition as the engine (every surface form, as written and
 space-prefixed, times the stop probability) with one uncached forward per answer variant: it is the
-ground truth the tests compare against. `candidate_loglik` is the lm-eval-harness style baseline
-(the log-likelihood of each answer as a continuation, no stop probability).
+ground truth the tests compare against. `shared_prefix` gives the same numbers the way serving
+engines score a choice (SGLang's `select` on a RadixAttention prefix cache): the prompt once, every
+candidate continuation batched against its KV cache — the strongest peer of the exact engine.
+`candidate_loglik` is the lm-eval-harness style baseline (the log-likelihood of each answer as a
+continuation, no stop probability).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,6 +55,49 @@ def brute_force(
             logp = lm_head(model, needed).double().log_softmax(-1).cpu()
             steps = logp[:k]
             total = steps[torch.arange(k), torch.tensor(tokens)].sum()
+            stop = logp[k].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
+            out[a] += float((total + stop).exp())
+    return out
+
+
+@torch.inference_mode()
+def shared_prefix(
+    model: LoadedModel, prompt: Sequence[int], answers: AnswerSet, batch_size: int = 64
+) -> np.ndarray:
+    """Unnormalised P(answer) as `brute_force` defines it (float64), with the prompt computed
+    once: its KV cache is shared by every candidate (each surface form's tokens, right-padded),
+    `batch_size` candidates per forward, and the LM head read only where a probability is."""
+    tok = model.tokenizer
+    rules = AnswerTrie.build(answers, tok).rules
+    ext = extension_masks(tok, model.hf.get_output_embeddings().weight.shape[0])
+    seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
+    device, n = model.device, len(prompt)
+    first = model.hf.model(input_ids=torch.tensor([list(prompt)], device=device), use_cache=True)
+    root = lm_head(model, first.last_hidden_state[0, -1:]).double().log_softmax(-1).cpu()
+    out = np.zeros(len(answers))
+    for start in range(0, len(seqs), batch_size):
+        chunk = seqs[start : start + batch_size]
+        width = max(len(tokens) for _, tokens in chunk)
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        for row, (_, tokens) in enumerate(chunk):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+        cache = copy.deepcopy(first.past_key_values)
+        cache.batch_repeat_interleave(len(chunk))
+        hidden = model.hf.model(  # right padding: a candidate never attends to its padding
+            input_ids=ids.to(device),
+            attention_mask=torch.ones((len(chunk), n + width), dtype=torch.long, device=device),
+            position_ids=torch.arange(n, n + width, device=device).expand(len(chunk), -1),
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        read = torch.cat([hidden[row, : len(tokens)] for row, (_, tokens) in enumerate(chunk)])
+        logps = lm_head(model, read).double().log_softmax(-1).cpu()
+        at = 0
+        for a, tokens in chunk:
+            k = len(tokens)
+            logp = torch.cat([root, logps[at : at + k]])  # predicts tokens 1..k, then the stop
+            at += k
+            total = logp[torch.arange(k), torch.tensor(tokens)].sum()
             stop = logp[k].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
             out[a] += float((total + stop).exp())
     return out
