@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
+from common import timed
 
 from probekit import attribution, patching
 from probekit.cli import comma_list, int_list, study_parser
@@ -75,16 +74,20 @@ def main() -> None:
     }
     size = options.batch_size
     for name, patches in grids.items():
-        exact, t_exact = _timed(lambda p=patches: patching.sweep(scorer, pairs, p, metric,
-                                                                   batch_size=size))  # fmt: skip
-        estimated, t_attr = _timed(
-            lambda p=patches: attribution.attribute(scorer, pairs, p, metric, batch_size=size)
+        exact, t_exact, _ = timed(
+            model.device,
+            lambda p=patches: patching.sweep(scorer, pairs, p, metric, batch_size=size),
+        )
+        estimated, t_attr, _ = timed(
+            model.device,
+            lambda p=patches: attribution.attribute(scorer, pairs, p, metric, batch_size=size),
         )
         top = min(options.top_k, len(patches))
-        verified, t_verify = _timed(
+        verified, t_verify, _ = timed(
+            model.device,
             lambda e=estimated, k=top: attribution.verify(
                 scorer, pairs, e, k, metric, batch_size=size
-            )
+            ),
         )
         per = attribution.effects(estimated.assign(
             ev_patched=exact["ev_patched"], ran=exact["ran"], method="exact"))  # fmt: skip
@@ -110,12 +113,6 @@ def _study_args(pairs: int, data: str | None) -> tuple[argparse.Namespace, Any]:
     parser, study = study_parser("patch", "intergroup")
     argv = ["--events", str(max(1, (pairs + 1) // 2)), *(["--data", data] if data else [])]
     return parser.parse_args(argv), study
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -38,15 +38,25 @@ import json
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 import transformers
+from common import (
+    Target,
+    Timing,
+    load_line,
+    print_targets,
+    synchronize,
+    timed,
+    trie_rates,
+    trie_rates_line,
+    warn_load,
+)
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
@@ -69,38 +79,6 @@ MAX_BRUTE_FORCE_DIFF_EXACT = 1e-5  # at epsilon = 0
 MAX_BUDGET_COST = 1.3  # (f): 128 tokens with early stop vs 8 tokens, same prompts
 MIN_SPEEDUP_VS_SHARED = 2.0  # (a) vs (e), the shared-prefix peer
 FULL_BUDGET, SHORT_BUDGET = 128, 8
-
-T = TypeVar("T")
-
-
-@dataclass
-class Timing:
-    """One timed method: `cpu_seconds` is this process's CPU time (all threads) over the run."""
-
-    method: str
-    prompts: int
-    seconds: float
-    cpu_seconds: float
-
-    @property
-    def rate(self) -> float:
-        return self.prompts / self.seconds if self.seconds > 0 else float("inf")
-
-
-@dataclass
-class Target:
-    name: str
-    value: float | None
-    limit: float
-    higher_is_better: bool
-    note: str = ""
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None or not np.isfinite(self.value):
-            return "SKIP"
-        ok = self.value >= self.limit if self.higher_is_better else self.value <= self.limit
-        return "PASS" if ok else "FAIL"
 
 
 # ---------------------------------------------------------------------------------- arguments
@@ -306,36 +284,6 @@ def random_llama8b() -> LoadedModel:
     )
 
 
-def synchronize(model: LoadedModel) -> None:
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(model: LoadedModel, fn: Callable[[], T]) -> tuple[T, float, float]:
-    """fn's result, wall seconds and process CPU seconds."""
-    synchronize(model)
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    synchronize(model)
-    return out, time.perf_counter() - wall, time.process_time() - cpu
-
-
-def load_line(label: str) -> tuple[float, float, float]:
-    load = os.getloadavg()
-    print(f"load average {label}: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)")
-    return load
-
-
-def warn_load(load1: float, own: float, threshold: float) -> None:
-    others = load1 - own
-    if others > threshold:
-        print(
-            f"WARNING: load from other processes ~{others:.1f} (> {threshold:.1f}) on "
-            f"{os.cpu_count()} CPUs: the timings are distorted; rerun on a quiet machine",
-            file=sys.stderr,
-        )
-
-
 # ---------------------------------------------------------------------------------- methods
 def run_exact(scorer: Scorer, ids: list[list[int]]) -> list[ScoreResult]:
     return list(scorer.score(ids))
@@ -374,7 +322,7 @@ def run_generate_mode(
 
 
 def print_breakdown(
-    stats: ScorerStats, exact: Timing, generate: Timing, lengths: list[int]
+    stats: ScorerStats, exact: Timing, generate: Timing, lengths: list[int], rates: dict
 ) -> None:
     """Where (a)'s time went, and the rate (a) would have if its trie pass cost nothing: the
     ceiling of any exact method that reads each prompt once with the same prompt pass."""
@@ -393,6 +341,7 @@ def print_breakdown(
         f"(a) with a free trie pass (prompt pass only): {ceiling:.2f} prompts/s = "
         f"{ceiling / generate.rate:.2f}x (b)"
     )
+    print(f"(a) {trie_rates_line(rates)}")
 
 
 # ---------------------------------------------------------------------------------- main
@@ -424,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     batch = scorer.batch_size
     with torch.inference_mode():  # warm-up: one tiny forward
         model.hf(input_ids=torch.tensor([ids[0][:8]], device=model.device))
-    synchronize(model)
+    synchronize(model.device)
 
     print(
         f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; torch "
@@ -448,10 +397,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in range(args.repeat):
         if r:
             scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=batch)
-        results, sec, cpu = timed(model, lambda s=scorer: run_exact(s, ids))
+        results, sec, cpu = timed(model.device, lambda s=scorer: run_exact(s, ids))
         runs = [Timing(f"(a) exact {scale}", len(ids), sec, cpu)]
         parsed, sec, cpu = timed(
-            model, lambda: run_generate(model, ids, batch, args.max_new_tokens)
+            model.device, lambda: run_generate(model, ids, batch, args.max_new_tokens)
         )
         runs.append(Timing(f"(b) generate {args.max_new_tokens} + parse", len(ids), sec, cpu))
         for t in runs:
@@ -465,24 +414,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     loglik = None
     if args.loglik_prompts:
         subset = ids[: args.loglik_prompts]
-        _, sec, cpu = timed(model, lambda: run_loglik(model, subset, answers, batch))
+        _, sec, cpu = timed(model.device, lambda: run_loglik(model, subset, answers, batch))
         loglik = Timing("(c) per-candidate loglik", len(subset), sec, cpu)
         timings.append(loglik)
 
     shared, peer = None, []
     if args.shared_prompts:
         subset = ids[: args.shared_prompts]
-        peer, sec, cpu = timed(model, lambda: [shared_prefix(model, p, answers) for p in subset])
+        peer, sec, cpu = timed(
+            model.device, lambda: [shared_prefix(model, p, answers) for p in subset]
+        )
         shared = Timing("(e) shared-prefix peer", len(subset), sec, cpu)
         timings.append(shared)
 
     budget_cost = None
     if not args.no_budget:
         short, short_sec, short_cpu = timed(
-            model, lambda: run_generate_mode(model, answers, ids, batch, SHORT_BUDGET, None)
+            model.device, lambda: run_generate_mode(model, answers, ids, batch, SHORT_BUDGET, None)
         )
         full, full_sec, full_cpu = timed(
-            model,
+            model.device,
             lambda: run_generate_mode(model, answers, ids, batch, FULL_BUDGET, intensity_settled),
         )
         budget_cost = full_sec / short_sec
@@ -503,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_prompts:
         check = ids[: args.check_prompts]
         brute, brute_seconds, _ = timed(
-            model, lambda: [brute_force(model, prompt, answers) for prompt in check]
+            model.device, lambda: [brute_force(model, prompt, answers) for prompt in check]
         )
         exact_scorer = Scorer(model, answers, epsilon=0.0, batch_size=batch)
         at_zero = list(exact_scorer.score(check))
@@ -536,7 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"'CPU s' = this process's CPU seconds, all threads; 'cores busy' = CPU s / seconds "
         f"(about {threads} when nothing else competes for the CPUs)."
     )
-    print_breakdown(stats, exact, generate, lengths)
+    rates = trie_rates(stats, model)
+    print_breakdown(stats, exact, generate, lengths, rates)
     print()
     print(f"max error_bound over the {len(results)} prompts of (a): {max_bound:.3g}")
     print(
@@ -594,11 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             False,
         ),
     ]
-    print()
-    print(f"targets (at epsilon {args.epsilon:g} unless stated; they are set for the default):")
-    for t in targets:
-        value = "-" if t.value is None else f"{t.value:.3g}"
-        print(f"  {t.name:<26} {value:>10}  {t.verdict}  {t.note}".rstrip())
+    print_targets(
+        targets, f"targets (at epsilon {args.epsilon:g} unless stated; set for the default):"
+    )
     if args.random_llama8b:
         print("  (random weights: only the speed of (a) vs (b) means anything)")
 
@@ -623,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens,
             "epsilon": args.epsilon,
             "exact_breakdown": asdict(stats),
+            "trie_rates": rates,
             "repeat": args.repeat,
             "timings": [asdict(t) | {"prompts_per_s": t.rate} for t in timings],
             "max_error_bound": max_bound,

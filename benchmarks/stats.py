@@ -16,12 +16,12 @@ machine are distorted by other processes; the load average is printed at start a
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from common import load_line
 
 from probekit.stats import bootstrap_ci, grouped_means, permutation_test
 
@@ -72,11 +72,6 @@ def in_group_gap(df: pd.DataFrame) -> float:
     """Mean score of in-group rows minus that of out-group rows."""
     means = grouped_means(df, ["in_group"], "expected").set_index("in_group")["expected"]
     return float(means[True] - means[False])
-
-
-def load_line(label: str) -> None:
-    load = os.getloadavg()
-    print(f"load average {label}: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -169,6 +169,7 @@ def test_stats_count_the_work(smol, prompts):
     assert stats.trie_positions == 6 * (len(scorer.trie.nodes) - 1)
     assert stats.prompt_tokens == shared + sum(len(p) - shared for p in batch)
     assert stats.prompt_seconds > 0 and stats.trie_seconds > 0 and stats.decode_seconds >= 0
+    assert 0 < stats.head_seconds < stats.trie_seconds
 
 
 @pytest.mark.parametrize(

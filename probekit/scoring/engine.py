@@ -44,7 +44,9 @@ class ScorerStats:
     """Where a Scorer's work went: tokens run through the model and wall seconds, per phase.
 
     `trie_positions / prompts` is the trie's cost per prompt in token positions, the number to
-    compare with the prompt length; `padding` counts the pad tokens of both phases."""
+    compare with the prompt length; `padding` counts the pad tokens of both phases. Every trie
+    position also runs the LM head over the whole vocabulary (its normaliser and stop mass),
+    which a prompt token does not: `head_seconds` says what that costs."""
 
     prompts: int = 0
     prompt_tokens: int = 0  # prompt tokens computed (a shared prefix once per cache miss)
@@ -53,6 +55,7 @@ class ScorerStats:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     trie_seconds: float = 0.0
+    head_seconds: float = 0.0  # of trie_seconds: the LM head and vocabulary sums of trie nodes
 
 
 @dataclass
@@ -366,6 +369,7 @@ class Scorer:
             )
             cache = out.past_key_values
             visible = torch.cat([visible, torch.zeros_like(valid)], dim=1)
+            head_start = self._clock()
             self._expand(
                 out.last_hidden_state[valid],
                 rows[valid],
@@ -374,6 +378,7 @@ class Scorer:
                 stop_logp,
                 top_token,
             )
+            self.stats.head_seconds += self._clock() - head_start
         return self._results(logp_node, stop_logp, top_token, dropped)
 
     def _tree_mask(self, visible, column, sel, valid, past) -> torch.Tensor:

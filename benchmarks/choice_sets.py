@@ -1,0 +1,268 @@
+"""Benchmark: exact scoring of each study's answer set vs generate + parse and the shared-prefix
+peer.
+
+For every answer set below, on the first N prompts of the study that asks it, one run prints
+
+  (a)  probekit exact scoring (`Scorer.score`, default epsilon) of the study's exact-view prompts:
+       prompts/s, trie positions per prompt, the largest error bound, and the trie pass's
+       positions/s against the prompt pass's tokens/s (`Scorer.stats`);
+  (b)  generate + parse as the authors ran it: `transformers` greedy `generate()` of the study's
+       generate-mode prompts up to the study's decoding budget (end of sequence stops a row), then
+       the study's parse rule;
+  (b') the same greedy decoding by probekit's decoder, each row stopped as soon as the study's
+       `settled` rule says its parse can no longer change (the strongest generate peer);
+  (e)  the shared-prefix peer on the first few prompts (`probekit.scoring.reference.shared_prefix`:
+       the prompt once, every candidate batched on its KV cache) and the largest |p(a) - p(e)|.
+
+The answer sets: 0-10 (intergroup, P0S1T0), the 12 ISEAR emotion words with their surface forms,
+A-D after the `[[` prefill (GIEBench; on probekit's own two sample records, NOT GIEBench's items,
+in four answer orders) and A-E (JaEm-ST). The 0-100 scale has its own, fuller benchmark
+(`benchmarks/scoring.py`). Target: (a) >= 1.3x the faster of (b) and (b') for every answer set.
+
+This is a benchmark, not a test: it exits 0 whatever the numbers are and prints PASS/FAIL.
+
+    python benchmarks/choice_sets.py                      # all four sets, 32 prompts each
+    python benchmarks/choice_sets.py --sets isear,a-e --prompts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from common import (
+    Target,
+    Timing,
+    json_ready,
+    load_line,
+    print_targets,
+    timed,
+    trie_rates,
+    trie_rates_line,
+    warn_load,
+)
+
+from probekit.cli import comma_list, study_parser
+from probekit.models import LoadedModel, load_model
+from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
+from probekit.scoring.generate import generate_greedy
+from probekit.scoring.reference import shared_prefix
+from probekit.studies.base import Probe
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+MIN_SPEEDUP_VS_GENERATE = 1.3
+
+
+@dataclass(frozen=True)
+class ChoiceSet:
+    """An answer set and the study run (`probekit run STUDY ARGS`) whose prompts ask it."""
+
+    name: str
+    study: str
+    args: tuple[str, ...]
+    data: bool  # the study reads --data
+
+
+CHOICE_SETS = {
+    "0-10": ChoiceSet(
+        "0-10 (intergroup P0S1T0)", "intergroup",
+        ("--category", "religion", "--setting", "P0S1T0", "--events", "2"), True,
+    ),
+    "isear": ChoiceSet("ISEAR emotions", "isear", ("--events", "{n}"), True),
+    "a-d": ChoiceSet(
+        "A-D after [[ (GIEBench sample)", "giebench", ("--items", "sample", "--orders", "4"), False
+    ),
+    "a-e": ChoiceSet("A-E (JaEm-ST)", "jaem-st", ("--samples", "{n}"), True),
+}  # fmt: skip
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/choice_sets.py",
+        description=(
+            "Prompts/s of (a) exact scoring, (b) transformers generate + parse with the study's "
+            "budget, (b') probekit's decoder with early stop and (e) the shared-prefix peer, for "
+            f"the answer sets {', '.join(CHOICE_SETS)}. Target: (a) >= "
+            f"{MIN_SPEEDUP_VS_GENERATE:g}x the faster of (b) and (b')."
+        ),
+    )
+    parser.add_argument("--model", default="default", help="load_model spec (default: default)")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
+    parser.add_argument(
+        "--sets", type=comma_list, default=list(CHOICE_SETS),
+        help=f"comma-separated subset of {','.join(CHOICE_SETS)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prompts", type=int, default=32, metavar="N", help="prompts per set (default: 32)"
+    )
+    parser.add_argument(
+        "--shared-prompts", type=int, default=4, metavar="N",
+        help="prompts timed in (e) and compared with (a) (default: 4; 0 skips it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data", default=None, metavar="ROOT",
+        help="data root (default: $PROBEKIT_DATA, else ../shared/data next to the repo)",
+    )  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=None, metavar="B")
+    parser.add_argument("--threads", type=int, default=None, metavar="T")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.sets if name not in CHOICE_SETS]
+    if unknown:
+        parser.error(f"unknown set(s) {', '.join(unknown)}; choose from {', '.join(CHOICE_SETS)}")
+    if args.prompts < 1 or args.shared_prompts < 0:
+        parser.error("--prompts must be >= 1 and --shared-prompts >= 0")
+    if args.data is None and not os.environ.get("PROBEKIT_DATA") and SHARED_DATA.is_dir():
+        args.data = str(SHARED_DATA)
+    return args
+
+
+def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe:
+    """The study's probe for `mode`, built from its own command-line options."""
+    parser, study = study_parser("run", choice.study)
+    argv = [a.format(n=n) for a in choice.args] + ["--mode", mode]
+    if choice.data and data:
+        argv += ["--data", data]
+    return study.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
+
+
+def first_prompts(model: LoadedModel, probe: Probe, n: int) -> list[list[int]]:
+    ids = []
+    for item in probe.items():
+        ids.append(model.encode(item, probe.as_string).input_ids)
+        if len(ids) == n:
+            break
+    return ids
+
+
+def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -> dict[str, Any]:
+    """Time (a), (b), (b') and (e) on one answer set; return its row of figures."""
+    exact_probe = study_probe(choice, "ev", args.prompts, args.data)
+    gen_probe = study_probe(choice, "generate", args.prompts, args.data)
+    answers, device = exact_probe.answers, model.device
+    exact_ids = first_prompts(model, exact_probe, args.prompts)
+    gen_ids = first_prompts(model, gen_probe, args.prompts)
+    n, budget = len(exact_ids), gen_probe.max_new_tokens
+
+    scorer = Scorer(model, answers, batch_size=args.batch_size)
+    results, sec, cpu = timed(device, lambda: list(scorer.score(exact_ids)))
+    timings = [Timing("(a) exact", n, sec, cpu)]
+    stats, batch = scorer.stats, scorer.batch_size
+
+    def hf_generate() -> list[str]:
+        texts: list[str] = []
+        for start in range(0, len(gen_ids), batch):
+            texts += generate_greedy(model, gen_ids[start : start + batch], budget)
+        return texts
+
+    texts, sec, cpu = timed(device, hf_generate)
+    timings.append(Timing(f"(b) generate {budget} + parse", len(gen_ids), sec, cpu))
+    decoder = Scorer(
+        model, answers, batch_size=batch, max_new_tokens=budget, settled=gen_probe.settled
+    )
+    tokens, sec, cpu = timed(device, lambda: decoder.generate(gen_ids))
+    timings.append(Timing("(b') decode + early stop", len(gen_ids), sec, cpu))
+    early = model.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    parsed = [gen_probe.parse(text) for text in texts]
+    parse_differs = sum(gen_probe.parse(t) != p for t, p in zip(early, parsed, strict=True))
+
+    peer_diff = None
+    if args.shared_prompts:
+        subset = exact_ids[: args.shared_prompts]
+        peer, sec, cpu = timed(device, lambda: [shared_prefix(model, p, answers) for p in subset])
+        timings.append(Timing("(e) shared-prefix peer", len(subset), sec, cpu))
+        peer_diff = max(
+            float(np.max(np.abs(r.probs * r.valid_mass - p)))
+            for r, p in zip(results, peer, strict=False)
+        )
+
+    named = [(r, p) for r, p in zip(results, parsed, strict=False) if str(p) in answers.answers]
+    fastest_generate = max(timings[1].rate, timings[2].rate)
+    return {
+        "set": choice.name,
+        "prompts": n,
+        "prompt_tokens_mean": float(np.mean([len(p) for p in exact_ids])),
+        "budget": budget,
+        "timings": timings,
+        "speedup": timings[0].rate / fastest_generate,
+        "trie_positions_per_prompt": stats.trie_positions / max(stats.prompts, 1),
+        "trie_rates": trie_rates(stats, model),
+        "max_error_bound": max(r.error_bound for r in results),
+        "mean_valid_mass": float(np.mean([r.valid_mass for r in results])),
+        "max_diff_vs_peer": peer_diff,
+        "parsed": len(named),
+        "agree": sum(r.argmax == str(p) for r, p in named),
+        "early_stop_parse_differs": parse_differs,
+    }
+
+
+def report(row: dict[str, Any]) -> None:
+    print(
+        f"\n{row['set']}: {row['prompts']} prompts of {row['prompt_tokens_mean']:.0f} tokens on "
+        f"average; generate budget {row['budget']} new tokens"
+    )
+    exact = row["timings"][0]
+    for t in row["timings"]:
+        print(
+            f"  {t.method:<28} {t.prompts:>4} prompts {t.seconds:>8.2f} s {t.rate:>8.2f} prompts/s"
+            f"  (a) is {exact.rate / t.rate:.2f}x"
+        )
+    peer = row["max_diff_vs_peer"]
+    print(
+        f"  trie positions/prompt {row['trie_positions_per_prompt']:.1f}; max error bound "
+        f"{row['max_error_bound']:.3g}; mean valid mass {row['mean_valid_mass']:.3f}"
+        + ("" if peer is None else f"; max |p(a) - p(e)| {peer:.3g}")
+    )
+    print(f"  {trie_rates_line(row['trie_rates'])}")
+    print(
+        f"  (b) parsed an answer of the set in {row['parsed']}/{row['prompts']}; (a)'s greedy-"
+        f"equivalent answer matches it in {row['agree']}; (b') parses differently from (b) on "
+        f"{row['early_stop_parse_differs']}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    start_load = load_line("at start")
+    warn_load(start_load[0], 0.0)
+    model = load_model(args.model, device=args.device)
+    with torch.inference_mode():  # warm-up: the first forward pays one-off set-up costs
+        model.hf(input_ids=torch.tensor([[model.tokenizer.eos_token_id] * 8], device=model.device))
+    print(f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; "
+          f"torch {torch.__version__}, threads {torch.get_num_threads()}; epsilon "
+          f"{DEFAULT_EPSILON:g}; data {args.data or 'the studies defaults'}")  # fmt: skip
+    rows = []
+    for name in args.sets:
+        rows.append(bench_set(model, CHOICE_SETS[name], args))
+        report(rows[-1])
+    targets = [
+        Target(f"{row['set']}: (a) >= {MIN_SPEEDUP_VS_GENERATE:g}x (b)/(b')", row["speedup"],
+               MIN_SPEEDUP_VS_GENERATE, True)
+        for row in rows
+    ]  # fmt: skip
+    print_targets(targets, "targets (against the faster of (b) and (b')):")
+    end_load = load_line("at end (includes this run's own threads)")
+    warn_load(end_load[0], float(torch.get_num_threads()) if model.device.type == "cpu" else 0.0)
+    if args.json:
+        for row in rows:
+            row["timings"] = [asdict(t) | {"prompts_per_s": t.rate} for t in row["timings"]]
+        payload = {"rows": rows, "targets": [asdict(t) | {"verdict": t.verdict} for t in targets],
+                   "load_start": start_load, "load_end": end_load}  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=1, default=json_ready) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
