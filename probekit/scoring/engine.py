@@ -173,9 +173,7 @@ class Scorer:
             # The budget is set against an upper bound of the valid mass; where the valid mass
             # turned out much smaller and the bound exceeds epsilon, redo those rows exactly
             # (on a copy of their prompt cache: decoding below needs every row's).
-            added = state.cache.get_seq_length() - prompt_columns  # the trie's columns
-            if added > 0:
-                state.cache.crop(-added)  # back to the prompt (transformers >= 5.24: negative only)
+            state.cache.crop(prompt_columns - state.cache.get_seq_length())  # back to the prompt
             redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
             if redo:
                 index = torch.tensor(redo, device=self.model.device)
