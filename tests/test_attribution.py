@@ -42,8 +42,7 @@ def scorer(model):
     return Scorer(model, ANSWERS, epsilon=0.0)
 
 
-@pytest.fixture(scope="module")
-def pair(model):
+def _pair(model):
     def encode(experiencer):
         item = make_item(get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1",
                          "anger", EVENT)  # fmt: skip
@@ -53,8 +52,32 @@ def pair(model):
 
 
 @pytest.fixture(scope="module")
+def pair(model):
+    return _pair(model)
+
+
+@pytest.fixture(scope="module")
 def estimated(scorer, pair):
     return attribution.attribute(scorer, [pair], PATCHES, EV)
+
+
+@pytest.fixture(scope="module")
+def exact64(smol):
+    """The default model in float64, its scorer, the pair and their estimates. The derivative
+    tests take differences of the metric of order 1e-4, where fp32 rounding (about 1e-5 of the
+    expected value, dependent on the BLAS kernel and thread count) would decide the outcome
+    instead of the method; a one-sided step in fp32 failed on another machine this way. `smol`
+    is requested so that the module skips without the model."""
+    from probekit.models import load_model
+    from probekit.scoring.engine import Scorer
+
+    model = load_model("default", dtype=torch.float64)
+    model.enable_bridge()
+    scorer = Scorer(model, ANSWERS, epsilon=0.0)
+    pair = _pair(model)
+    return SimpleNamespace(
+        scorer=scorer, pair=pair, estimated=attribution.attribute(scorer, [pair], PATCHES, EV)
+    )
 
 
 def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
@@ -88,9 +111,10 @@ def _read(scorer, ids, hook, positions):
     return values[hook]
 
 
-def test_the_gradient_equals_a_finite_difference_of_the_engine(scorer, pair, estimated):
+def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     """resid_pre of layer 3 at the experiencer: the estimate is the directional derivative along
     (clean - corrupt); a central difference of the engine's exact metric along it agrees."""
+    scorer, pair, estimated = exact64.scorer, exact64.pair, exact64.estimated
     clean, corrupt = pair
     job = patching._job(0, pair, PATCHES[0])
     hook = PATCHES[0].hook
@@ -109,25 +133,32 @@ def test_the_gradient_equals_a_finite_difference_of_the_engine(scorer, pair, est
     assert estimate == pytest.approx(derivative, rel=2e-2)
 
 
-def test_a_tiny_interpolation_is_estimated_exactly(scorer, pair, estimated):
-    """Moving head 4 of layer 2 a fraction alpha of the way to its clean value: where the metric
-    is linear in the component (alpha small), the exact effect is alpha x the estimate."""
+def test_a_tiny_interpolation_is_estimated_exactly(exact64):
+    """Moving head 4 of layer 2 a fraction alpha of the way towards its clean value and the same
+    fraction away from it: where the metric is linear in the component, the exact effect is
+    alpha x the estimate. The odd part of the two effects removes the second-order term, which
+    is what a one-sided step at alpha = 0.01 measured (1 % of the effect)."""
+    scorer, pair, estimated = exact64.scorer, exact64.pair, exact64.estimated
     clean, corrupt = pair
     patch = PATCHES[1]
     job = patching._job(0, pair, patch)
     target = _read(scorer, clean.input_ids, patch.hook, job.clean_positions)
     locs = [(0, p) for p in job.corrupt_positions]
-    alpha = 0.01
+    alpha = 0.05
 
-    def towards_clean(old):
+    def towards_clean(old, fraction):
         new = old.clone()
-        new[:, patch.head] += alpha * (target[:, patch.head] - old[:, patch.head])
+        new[:, patch.head] += fraction * (target[:, patch.head] - old[:, patch.head])
         return new
 
-    base = _engine_metric(scorer, corrupt.input_ids, patch.hook, locs, lambda old: old)
-    effect = _engine_metric(scorer, corrupt.input_ids, patch.hook, locs, towards_clean) - base
+    towards, away = (
+        _engine_metric(
+            scorer, corrupt.input_ids, patch.hook, locs, lambda old, f=f: towards_clean(old, f)
+        )
+        for f in (alpha, -alpha)
+    )
     assert abs(estimated["estimate"][1]) > 1e-3
-    assert effect == pytest.approx(alpha * estimated["estimate"][1], rel=5e-2, abs=2e-6)
+    assert (towards - away) / 2 == pytest.approx(alpha * estimated["estimate"][1], rel=1e-2)
 
 
 def test_attribution_table_and_verification(scorer, pair, estimated):
