@@ -123,7 +123,7 @@ def _run_chunk(chunk, probe: Probe, model: LoadedModel, scorer: Scorer, mode: st
     if mode == EXPLAIN:
         chunk, explained = _explain_until_cue(chunk, probe, model, scorer)
     ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
-    results = list(scorer.score(ids, window=len(ids)))
+    results = list(scorer.score(ids, window=len(ids), progress=bar))  # the bar moves per batch
     frame = pd.DataFrame(
         [
             {INDEX: i, PROMPT_ID: item.id, **item.key, **result.row(probe.answers)}
@@ -138,7 +138,6 @@ def _run_chunk(chunk, probe: Probe, model: LoadedModel, scorer: Scorer, mode: st
         frame["parsed"] = [probe.parse(r) for r in responses]
     for column, values in explained.items():
         frame[column] = values
-    bar.update(len(chunk))
     return frame
 
 
