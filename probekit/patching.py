@@ -69,6 +69,7 @@ RUN_ORDER: tuple[str, ...] = ("hook_resid_pre", HEAD_SITE, *SITES[1:])  # as a b
 BACKENDS: tuple[str, ...] = ("transformer_lens", "nnsight")
 COMPONENT = ["layer", "site", "head", "span"]  # the columns naming one patched component
 FROM = "from_"  # `from_<span>`: the span's first token to the prompt's end
+AT = "@"  # `<span>@<i>`: the i-th of the span's aligned positions (negative: from its end)
 
 Loc = tuple[int, int]  # (row in the batch, position in that row's unpadded prompt)
 Edit = tuple[list[Loc], Callable[[torch.Tensor], torch.Tensor]]  # new values from the old ones
@@ -117,9 +118,23 @@ def n_heads(model: LoadedModel) -> int:
     return int(model.hf.config.num_attention_heads)
 
 
+def split_position(span: str) -> tuple[str, int | None]:
+    """`experiencer@-1` -> ("experiencer", -1); a span without `@` -> (span, None)."""
+    name, at, index = span.partition(AT)
+    if not at:
+        return span, None
+    try:
+        return name, int(index)
+    except ValueError:
+        raise ProbekitError(
+            f"bad span {span!r}: after {AT} comes a position index (0, 1, ... or -1 for the last)"
+        ) from None
+
+
 def span_positions(prompt: EncodedItem, span: str) -> list[int]:
-    """Token positions of `span` in the unpadded prompt (`from_<span>` runs to the end)."""
-    name = span.removeprefix(FROM)
+    """Token positions of `span` in the unpadded prompt (`from_<span>` runs to the end; a
+    position index `@i` is applied after the clean and corrupt spans are aligned)."""
+    name = split_position(span)[0].removeprefix(FROM)
     positions = prompt.positions.get(name)
     if not positions:
         raise ProbekitError(
@@ -135,6 +150,35 @@ def align(clean: Sequence[int], corrupt: Sequence[int]) -> tuple[list[int], list
     """Right-to-left alignment: the last min(len) positions of each, last to last."""
     k = min(len(clean), len(corrupt))
     return list(clean[len(clean) - k :]), list(corrupt[len(corrupt) - k :])
+
+
+def aligned_positions(pair: Pair, span: str) -> tuple[list[int], list[int]]:
+    """The clean and corrupt positions a patch of `span` copies between, aligned (one of each
+    with `@i`; an index beyond the aligned span is refused)."""
+    clean, corrupt = pair
+    clean_pos, corrupt_pos = align(span_positions(clean, span), span_positions(corrupt, span))
+    index = split_position(span)[1]
+    if index is None:
+        return clean_pos, corrupt_pos
+    if not -len(clean_pos) <= index < len(clean_pos):
+        raise ProbekitError(
+            f"{span}: the span has {len(clean_pos)} aligned positions in pair "
+            f"{clean.id} / {corrupt.id}, so {AT}{index} is out of range"
+        )
+    return [clean_pos[index]], [corrupt_pos[index]]
+
+
+def single_positions(spans: Iterable[str], pairs: Sequence[Pair]) -> list[str]:
+    """Each span as its single positions `span@-k` ... `span@-1`, k the fewest aligned positions
+    of any pair: the same index is the same place relative to the span's end in every pair."""
+    out = []
+    for span in spans:
+        if split_position(span)[1] is not None:
+            out.append(span)
+            continue
+        k = min(len(aligned_positions(pair, span)[0]) for pair in pairs)
+        out += [f"{span}{AT}{i}" for i in range(-k, 0)]
+    return out
 
 
 def check(model: LoadedModel, pairs: Sequence[Pair], patches: Sequence[Patch]) -> None:
@@ -163,8 +207,7 @@ def check(model: LoadedModel, pairs: Sequence[Pair], patches: Sequence[Patch]) -
                 f"about {corrupt.item.unit!r}; a pair must share its unit"
             )
         for span in dict.fromkeys(patch.span for patch in patches):
-            for prompt in (clean, corrupt):
-                span_positions(prompt, span)
+            aligned_positions((clean, corrupt), span)
 
 
 # ---------------------------------------------------------------------- scoring with hooks
@@ -468,9 +511,7 @@ def _key_columns(pairs: Sequence[Pair]) -> dict[str, bool]:
 
 def _job(i: int, pair: Pair, patch: Patch) -> _Job:
     clean, corrupt = pair
-    clean_pos, corrupt_pos = align(
-        span_positions(clean, patch.span), span_positions(corrupt, patch.span)
-    )
+    clean_pos, corrupt_pos = aligned_positions(pair, patch.span)
     last = max(corrupt_pos) + 1
     noop = clean_pos == corrupt_pos and clean.input_ids[:last] == corrupt.input_ids[:last]
     return _Job(i, patch, clean_pos, corrupt_pos, noop)

@@ -197,14 +197,14 @@ def patching_heatmap(
     spans = list(spans or dict.fromkeys(data["span"]))
     layers = sorted(data["layer"].unique())
     fig = new_figure(1.2 + 2.4 * len(spans) + 1.2, 1.6 + 0.32 * len(layers))
-    for ax, grid in _layer_panels(fig, data, spans, layers, "site", sites, "recovery"):
+    for ax, grid in _layer_panels(fig, data, "span", spans, layers, "site", sites, "recovery"):
         for (i, j), value in np.ndenumerate(grid):
             if np.isfinite(value):
                 colour = "white" if abs(value) > 0.6 else "black"
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
         short = [s.removeprefix("hook_") for s in sites]
         ax.set_xticks(range(len(sites)), short, rotation=45, ha="right", rotation_mode="anchor")
-    return _finish_panels(fig, "mean recovery", title, path)
+    return save_figure(_finish_panels(fig, "mean recovery", title), path)
 
 
 def head_heatmap(
@@ -228,43 +228,97 @@ def head_heatmap(
     heads = list(range(int(data["head"].max()) + 1))
     fig = new_figure(1.2 + (0.9 + 0.3 * len(heads)) * len(spans), 1.6 + 0.25 * len(layers))
     data = data.astype({"head": int})
-    for ax, _ in _layer_panels(fig, data, spans, layers, "head", heads, value):
+    for ax, _ in _layer_panels(fig, data, "span", spans, layers, "head", heads, value):
         ax.set_xticks(range(len(heads)), [str(h) for h in heads])
-    return _finish_panels(fig, value.replace("_", " "), title, path)
+    return save_figure(_finish_panels(fig, value.replace("_", " "), title), path)
+
+
+def position_heatmap(
+    summary: pd.DataFrame,
+    path: str | Path,
+    value: str = "recovery",
+    sites: Sequence[str] = (),
+    title: str = "",
+) -> Path:
+    """Save `position_heatmap_figure` as a PNG."""
+    return save_figure(position_heatmap_figure(summary, value, sites, title), path)
+
+
+def position_heatmap_figure(
+    summary: pd.DataFrame, value: str = "recovery", sites: Sequence[str] = (), title: str = ""
+) -> Figure:
+    """A per-position value as layer x position heatmaps, one panel per (site, span), stacked,
+    in the order of `sites` (hook or bare names; others after them).
+
+    `summary` has columns layer, site, span (`<span>@<i>`, a single aligned position, i < 0
+    counted from the span's end) and `value`; rows of other spans are ignored. Same scale as
+    `patching_heatmap`: [-1, 1], red = the clean behaviour restored; missing cells are grey.
+    """
+    parts = summary["span"].str.extract(r"^(?P<base>.+)@(?P<position>-?\d+)$")
+    data = summary.assign(**parts).dropna(subset=["position"]).astype({"position": int})
+    if data.empty:
+        raise ProbekitError("no per-position results to plot")
+    short = data["site"].str.rsplit(".", n=1).str[-1]
+    rank = {site.rsplit(".", 1)[-1]: i for i, site in enumerate(sites)}
+    data = data.assign(
+        panel=short.str.removeprefix("hook_") + " " + data["base"],
+        order=short.str.split(" ").str[0].map(rank).fillna(len(rank)),
+    ).sort_values(["order", "site", "base"], kind="stable")
+    panels = list(dict.fromkeys(data["panel"]))
+    layers = sorted(data["layer"].unique())
+    positions = sorted(data["position"].unique())
+    width = min(16.0, 2.0 + 0.16 * len(positions))
+    fig = new_figure(width, len(panels) * (0.9 + 0.18 * len(layers)))
+    cells = _layer_panels(fig, data, "panel", panels, layers, "position", positions, value, True)
+    for ax, _ in cells:
+        ticks = range(0, len(positions), max(1, len(positions) // 12))
+        ax.set_xticks(list(ticks), [str(positions[i]) for i in ticks])
+    return _finish_panels(fig, value.replace("_", " "), title)
 
 
 def _layer_panels(
     fig: Figure,
     data: pd.DataFrame,
-    spans: Sequence[str],
+    panel: str,
+    panels: Sequence[str],
     layers: Sequence[int],
     column: str,
     columns: Sequence[Any],
     value: str,
+    stacked: bool = False,
 ) -> Iterator[tuple[Any, np.ndarray]]:
-    """One layer x `column` panel per span of the mean `value` on [-1, 1] (red = the clean
-    behaviour restored, missing cells grey); yields each axis and its grid for labelling."""
-    axes = fig.subplots(1, len(spans), sharey=True, squeeze=False)[0]
+    """One layer x `column` panel per value of `panel` (a span, ...) of the mean `value` on
+    [-1, 1] (red = the clean behaviour restored, missing cells grey), side by side or stacked;
+    yields each axis and its grid for labelling."""
+    if stacked:
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    else:
+        axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     cmap = colormaps["RdBu_r"].with_extremes(bad="lightgrey")
-    for ax, span in zip(axes, spans, strict=True):
+    for ax, name in zip(axes, panels, strict=True):
         grid = (
-            data[data["span"] == span]
+            data[data[panel] == name]
             .pivot_table(index="layer", columns=column, values=value, aggfunc="mean")
             .reindex(index=layers, columns=columns)
             .to_numpy(dtype=float)
         )
         ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
         ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
-        ax.set_title(span)
-        ax.set_xlabel(column)
+        ax.set_title(name)
+        ax.set_ylabel("layer")
         yield ax, grid
-    axes[0].set_ylabel("layer")
+    axes[-1].set_xlabel(column)
+    if not stacked:
+        for ax in axes:
+            ax.set_xlabel(column)
+        for ax in axes[1:]:
+            ax.set_ylabel("")
 
 
-def _finish_panels(fig: Figure, label: str, title: str, path: str | Path) -> Path:
-    """The shared colour bar and title of `_layer_panels`' figure, saved as a PNG."""
+def _finish_panels(fig: Figure, label: str, title: str) -> Figure:
+    """The shared colour bar and title of `_layer_panels`' figure."""
     panels = list(fig.axes)
     fig.colorbar(panels[0].images[0], ax=panels, label=label, shrink=0.8)
     if title:
         fig.suptitle(title)
-    return save_figure(fig, path)
+    return fig

@@ -220,3 +220,43 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, monkeyp
         assert cli.main(argv) == 2
         assert message in capsys.readouterr().err
         assert not (bad / "patching.parquet").exists()
+
+
+def test_per_position_estimates_add_up_to_the_span(scorer, pair):
+    """The first-order estimate is linear in the patched positions: a span's estimate is the sum
+    of its single positions' (`span@i`), and `@i` picks the i-th aligned position."""
+    span = "from_experiencer"
+    singles = patching.single_positions([span], [pair])
+    clean_pos, corrupt_pos = patching.aligned_positions(pair, span)
+    assert singles == [f"{span}@{i}" for i in range(-len(clean_pos), 0)]
+    assert patching.aligned_positions(pair, f"{span}@-1") == ([clean_pos[-1]], [corrupt_pos[-1]])
+    assert patching.aligned_positions(pair, f"{span}@0") == ([clean_pos[0]], [corrupt_pos[0]])
+    patches = [Patch(3, "hook_resid_pre", s) for s in [span, *singles]]
+    df = attribution.attribute(scorer, [pair], patches, EV)
+    assert df["estimate"][1:].sum() == pytest.approx(df["estimate"][0], rel=1e-6, abs=1e-9)
+    assert abs(df["estimate"][0]) > 1e-3
+    for bad, message in ((f"{span}@{len(clean_pos)}", "out of range"), ("experiencer@x", "index")):
+        with pytest.raises(ProbekitError, match=message):
+            patching.check(scorer.model, [pair], [Patch(3, "hook_resid_pre", bad)])
+
+
+@pytest.mark.slow
+def test_patch_command_per_position(model, tmp_path, monkeypatch, capsys):
+    """`--positions`: one component per aligned position of each span, a layer x position map."""
+    from probekit import cli
+
+    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
+    base = ["patch", "intergroup", "--events", "1", "--layers", "2,3", "--setting", "P0S1T0",
+            "--sites", "hook_resid_pre", "--bootstrap", "50", "--skip-direction"]  # fmt: skip
+    out = tmp_path / "ok"
+    argv = [*base, "--spans", "experiencer", "--positions", "--method", "attribution"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    df = pd.read_parquet(out / "patching.parquet")
+    spans = list(dict.fromkeys(df["span"]))
+    assert spans[-1] == "experiencer@-1" and all(s.startswith("experiencer@-") for s in spans)
+    assert (df["clean_positions"].map(len) == 1).all()
+    assert (out / "positions.png").is_file() and not (out / "patching.png").exists()
+    bad = tmp_path / "bad"
+    assert cli.main([*base, "--spans", "experiencer@9", "--out", str(bad)]) == 2
+    assert "out of range" in capsys.readouterr().err
+    assert not (bad / "patching.parquet").exists()

@@ -223,6 +223,26 @@ def test_head_heatmap_writes_a_png(tmp_path):
         head_heatmap(summary.assign(head=None), tmp_path / "q.png")
 
 
+def test_position_heatmap_puts_each_position_in_its_cell(tmp_path):
+    """One stacked panel per (site, span) in the order of `sites`; cell (layer, position)."""
+    from probekit.plots import position_heatmap, position_heatmap_figure
+
+    summary = pd.DataFrame(
+        [{"layer": layer, "site": f"blocks.{layer}.{site}", "span": f"experiencer@{i}",
+          "recovery": 0.1 * layer + 0.01 * i}
+         for layer in (0, 3) for site in ("hook_mlp_out", "hook_resid_pre") for i in (-3, -2, -1)]
+    )  # fmt: skip
+    sites = ["hook_resid_pre", "hook_mlp_out"]
+    assert position_heatmap(summary, tmp_path / "p.png", sites=sites).stat().st_size > 1000
+    fig = position_heatmap_figure(summary, sites=sites)
+    panels = [ax for ax in fig.axes if ax.images and ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["resid_pre experiencer", "mlp_out experiencer"]
+    grid = panels[0].images[0].get_array()
+    assert grid.shape == (2, 3) and grid[1, 0] == pytest.approx(0.3 - 0.03)
+    with pytest.raises(ProbekitError, match="no per-position"):
+        position_heatmap(summary.assign(span="experiencer"), tmp_path / "q.png")
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_inputs_raise_one_clear_error(model, pairs):
     cases = {

@@ -33,7 +33,7 @@ from probekit.errors import ProbekitError
 from probekit.io import write_parquet, write_text
 from probekit.items import Pair, check_span_names
 from probekit.models import load_model
-from probekit.plots import head_heatmap, patching_heatmap
+from probekit.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.scoring.engine import Scorer
 from probekit.scoring.metrics import Metric, parse_metric
 from probekit.studies.base import Study
@@ -74,7 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
     )
     parser.add_argument(
         "--spans", type=comma_list, default=defaults.get("spans"),
-        help="span names, or from_<span> (everything from the span to the end)",
+        help="span names, from_<span> (everything from the span to the end), <span>@<i> (the "
+        "i-th of its positions; -1 the last)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--positions", action="store_true",
+        help="patch each position of each span on its own (span@-k ... span@-1, aligned at the "
+        "span's end; a layer x position heatmap per site)",
     )  # fmt: skip
     parser.add_argument(
         "--metric",
@@ -108,7 +114,9 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     # A study may choose its default metric from the exact scores of the prompts (set below).
     metric = None if callable(spec) else parse_metric(spec, probe.answers)
     spans = args.spans or [name for item in items[:1] for name in item.span_names]
-    check_span_names(items, [s.removeprefix(patching.FROM) for s in spans])
+    check_span_names(
+        items, [patching.split_position(s)[0].removeprefix(patching.FROM) for s in spans]
+    )
     if args.pairs < 1:
         raise ProbekitError(f"--pairs must be at least 1, got {args.pairs}")
     if args.mediation and args.method == "attribution":
@@ -126,9 +134,11 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     n = model.n_layers
     layers = args.layers or sorted({int(x) for x in np.linspace(0, n - 1, DEFAULT_LAYERS).round()})
     heads = args.heads or list(range(patching.n_heads(model)))
-    patches = patching.grid(layers, args.sites, spans, heads)
     encoded = [model.encode(item) for item in items]
     pairs = study.pairs(probe, encoded)
+    if args.positions:
+        spans = patching.single_positions(spans, pairs)
+    patches = patching.grid(layers, args.sites, spans, heads)
     patching.check(model, pairs, patches)  # fail on bad input before any scoring
     if args.method == "attribution+verify" and not 1 <= args.top_k <= len(patches):
         raise ProbekitError(
@@ -246,12 +256,19 @@ def report(
     title = f"{name}, {df['metric'].iloc[0]}: {pairs} pairs, {args.method}"
     sites = [s for s in args.sites if s != patching.HEAD_SITE]
     plain = summary[summary["head"].isna() & summary[value].notna()]
-    if sites and not plain.empty:
+    if args.positions:  # one column per position: a layer x position map per site and span
+        shown = summary[summary[value].notna()]
+        head = " H" + shown["head"].astype(str)
+        site = shown["site"].where(shown["head"].isna(), shown["site"] + head)
+        shown = shown.assign(site=site, recovery=shown[value])
+        position_heatmap(shown, out / "positions.png", "recovery", args.sites, title)
+        written.append("positions.png")
+    elif sites and not plain.empty:
         shown = plain[["layer", "site", "span"]].assign(recovery=plain[value])
         patching_heatmap(shown, out / "patching.png", sites, spans, title)
         written.append("patching.png")
     heads = summary[summary["head"].notna() & summary[value].notna()]
-    if not heads.empty:
+    if not heads.empty and not args.positions:
         head_heatmap(heads, out / "heads.png", value, spans, title)
         written.append("heads.png")
     what = "exact effect" if args.method != "attribution" else "attribution estimate"
