@@ -62,25 +62,35 @@ def report_run(
     if len(groups) == 2:
         group_heatmap(group_table, groups, out / f"groups_heatmap{suffix}.png", title, z)
 
-    flagged = group_table[group_table["outlier"]]
+    def flagged(table: pd.DataFrame) -> str:
+        hits = table[table["outlier"]]
+        return "; ".join(
+            f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
+            for _, r in hits.iterrows()
+        ) or "none"  # fmt: skip
+
     base = {
         "model": manifest.get("model"),
         "prompt": manifest.get("prompt", 0),
         "orders": manifest.get("orders", 1),
         "view": view,
-        "outliers": "; ".join(
-            f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
-            for _, r in flagged.iterrows()
-        )
-        or "none",
     }
     rows = []
-    parts = [("all", scores, overall)] + [
-        (r["template"], scores[scores["template"] == r["template"]], r)
+    parts = [("all", scores, overall, group_table)] + [
+        (
+            r["template"],
+            scores[scores["template"] == r["template"]],
+            r,  # a template's groups against that template's mean
+            metrics.outliers(
+                metrics.interval_table(samples[samples["template"] == r["template"]], groups, seed),
+                float(r["mean"]),
+                z,
+            ),
+        )
         for _, r in per_template.iterrows()
     ]
-    for name, frame, stats in parts:
-        row = {**base, "template": name, "n_samples": int(stats["n"]),
+    for name, frame, stats, table in parts:
+        row = {**base, "template": name, "outliers": flagged(table), "n_samples": int(stats["n"]),
                "accuracy": stats["mean"], "low": stats["low"], "high": stats["high"],
                "mean_valid_mass": float(frame["valid_mass"].mean())}  # fmt: skip
         if view == "generate":
