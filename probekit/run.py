@@ -103,9 +103,7 @@ def run_probe(
         max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
         settled=probe.settled, temperature=probe.temperature, seed=manifest.get("seed", 0),
     )  # fmt: skip
-    # In a terminal a live bar; redirected to a log (a background run), an update every 30 s.
-    interval = 0.1 if sys.stderr.isatty() else 30.0
-    with tqdm(total=todo, unit="prompt", desc=probe.name, mininterval=interval) as bar:
+    with tqdm(total=todo, unit="prompt", desc=probe.name, mininterval=_bar_interval()) as bar:
         chunk: list[tuple[int, Item]] = []
         for i, item in enumerate(probe.items()):
             if shard.owns(i) and i not in done:
@@ -152,7 +150,10 @@ def _explain_until_cue(chunk, probe: Probe, model: LoadedModel, scorer: Scorer):
     writer = copy.copy(scorer)  # same model, answers and settings, with a generation budget
     writer.max_new_tokens = probe.max_new_tokens
     ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
-    generated = writer.generate(ids)
+    with tqdm(
+        total=len(ids), unit="prompt", desc="explanations", mininterval=_bar_interval()
+    ) as bar:
+        generated = writer.generate(ids, progress=bar)
     responses = model.tokenizer.batch_decode(generated, skip_special_tokens=True)
     cut = [r.find(cue) for r in responses]
     explanations = [r if at < 0 else r[:at] for r, at in zip(responses, cut, strict=True)]
@@ -161,6 +162,12 @@ def _explain_until_cue(chunk, probe: Probe, model: LoadedModel, scorer: Scorer):
         for (i, item), text in zip(chunk, explanations, strict=True)
     ]
     return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
+
+
+def _bar_interval() -> float:
+    """Seconds between progress updates: live in a terminal; in a log (a background run), every
+    30 s."""
+    return 0.1 if sys.stderr.isatty() else 30.0
 
 
 def _write_part(parts: Path, frame: pd.DataFrame) -> None:

@@ -142,13 +142,13 @@ class Scorer:
         if chunk:
             yield from self._batched(chunk, self.score_batch, progress)
 
-    def generate(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    def generate(self, prompts: Sequence[Sequence[int]], progress: Any = None) -> list[list[int]]:
         """The continuation `score` would decode for each prompt (the same prompt pass and
         decoding; `max_new_tokens` > 0), without the exact answer pass: for text after which
         the answer is scored (explain mode)."""
         if not self.max_new_tokens:
             raise ValueError("generate needs max_new_tokens > 0")
-        return list(self._batched(list(prompts), self._generate_batch, None))
+        return list(self._batched(list(prompts), self._generate_batch, progress))
 
     def _generate_batch(self, batch: Sequence[Sequence[int]]) -> list[list[int]]:
         with torch.inference_mode():
