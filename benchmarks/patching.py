@@ -76,11 +76,12 @@ def main() -> None:
     unknown = sorted(set(options.grids) - set(GRIDS))
     if unknown:
         parser.error(f"unknown grid {unknown[0]}; choose from {', '.join(GRIDS)}")
+    sites = {"head": ([patching.HEAD_SITE], heads), "site": (SITES, ())}
     grids = {
-        GRIDS["head"]: patching.grid(layers, [patching.HEAD_SITE], spans, heads),
-        GRIDS["site"]: patching.grid(layers, SITES, spans),
+        GRIDS[g]: patching.grid(layers, sites[g][0], spans, sites[g][1])
+        for g in GRIDS
+        if g in options.grids
     }
-    grids = {GRIDS[g]: grids[GRIDS[g]] for g in GRIDS if g in options.grids}
     size = options.batch_size
     for name, patches in grids.items():
         exact, t_exact, _ = timed(

@@ -251,19 +251,21 @@ def position_heatmap_figure(
     in the order of `sites` (hook or bare names; others after them).
 
     `summary` has columns layer, site, span (`<span>@<i>`, a single aligned position, i < 0
-    counted from the span's end) and `value`; rows of other spans are ignored. Same scale as
-    `patching_heatmap`: [-1, 1], red = the clean behaviour restored; missing cells are grey.
+    counted from the span's end), `value` and optionally head (a panel per head where set); rows
+    of other spans are ignored. Same scale as `patching_heatmap`: [-1, 1], red = the clean
+    behaviour restored; missing cells are grey.
     """
     parts = summary["span"].str.extract(r"^(?P<base>.+)@(?P<position>-?\d+)$")
     data = summary.assign(**parts).dropna(subset=["position"]).astype({"position": int})
     if data.empty:
         raise ProbekitError("no per-position results to plot")
     short = data["site"].str.rsplit(".", n=1).str[-1]
+    head = data["head"] if "head" in data else pd.Series(pd.NA, index=data.index)
+    label = short.str.removeprefix("hook_").where(head.isna(), "H" + head.astype(str))
     rank = {site.rsplit(".", 1)[-1]: i for i, site in enumerate(sites)}
     data = data.assign(
-        panel=short.str.removeprefix("hook_") + " " + data["base"],
-        order=short.str.split(" ").str[0].map(rank).fillna(len(rank)),
-    ).sort_values(["order", "site", "base"], kind="stable")
+        panel=label + " " + data["base"], order=short.map(rank).fillna(len(rank)), head=head
+    ).sort_values(["order", "site", "head", "base"], kind="stable")
     panels = list(dict.fromkeys(data["panel"]))
     layers = sorted(data["layer"].unique())
     positions = sorted(data["position"].unique())
@@ -305,14 +307,11 @@ def _layer_panels(
         ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
         ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
         ax.set_title(name)
-        ax.set_ylabel("layer")
-        yield ax, grid
-    axes[-1].set_xlabel(column)
-    if not stacked:
-        for ax in axes:
+        if stacked or ax is axes[0]:
+            ax.set_ylabel("layer")
+        if not stacked or ax is axes[-1]:
             ax.set_xlabel(column)
-        for ax in axes[1:]:
-            ax.set_ylabel("")
+        yield ax, grid
 
 
 def _finish_panels(fig: Figure, label: str, title: str) -> Figure:

@@ -258,10 +258,7 @@ def report(
     plain = summary[summary["head"].isna() & summary[value].notna()]
     if args.positions:  # one column per position: a layer x position map per site and span
         shown = summary[summary[value].notna()]
-        head = " H" + shown["head"].astype(str)
-        site = shown["site"].where(shown["head"].isna(), shown["site"] + head)
-        shown = shown.assign(site=site, recovery=shown[value])
-        position_heatmap(shown, out / "positions.png", "recovery", args.sites, title)
+        position_heatmap(shown, out / "positions.png", value, args.sites, title)
         written.append("positions.png")
     elif sites and not plain.empty:
         shown = plain[["layer", "site", "span"]].assign(recovery=plain[value])

@@ -51,9 +51,11 @@ def report_run(
     overall = metrics.interval_table(samples, [], seed).iloc[0]
     per_template = metrics.interval_table(samples, ["template"], seed)
     dims = metrics.dimension_table(samples, shown, seed)
-    group_table = metrics.outliers(
-        metrics.interval_table(samples, groups, seed), float(overall["mean"]), z
-    )
+
+    def group_outliers(subset: pd.DataFrame, mean: float) -> pd.DataFrame:
+        return metrics.outliers(metrics.interval_table(subset, groups, seed), mean, z)
+
+    group_table = group_outliers(samples, float(overall["mean"]))
     _csv(out / f"templates{suffix}.csv", per_template)
     _csv(out / f"dimensions{suffix}.csv", dims)
     _csv(out / f"groups{suffix}.csv", group_table)
@@ -81,11 +83,7 @@ def report_run(
             r["template"],
             scores[scores["template"] == r["template"]],
             r,  # a template's groups against that template's mean
-            metrics.outliers(
-                metrics.interval_table(samples[samples["template"] == r["template"]], groups, seed),
-                float(r["mean"]),
-                z,
-            ),
+            group_outliers(samples[samples["template"] == r["template"]], float(r["mean"])),
         )
         for _, r in per_template.iterrows()
     ]
