@@ -22,7 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from probekit.batching import left_pad, positions
-from probekit.scoring.engine import HEAD_CHUNK, Scorer, _additive, lm_head
+from probekit.scoring.engine import HEAD_CHUNK, Scorer, _additive, lm_head, vocabulary_sums
 from probekit.scoring.trie import ALNUM, DIGIT
 
 
@@ -96,11 +96,11 @@ def _node_terms(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor)
 
 
 def _head_chunk(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
-    """The engine's sums for a chunk of rows: exp(logits - max) in float64 times the ones and
-    "does not extend" columns; the max is a constant shift, so it carries no gradient."""
+    """The engine's sums for a chunk of rows: exp(logits - max) times the ones and "does not
+    extend" columns; the max is a constant shift, so it carries no gradient."""
     logits = lm_head(scorer.model, hidden)
-    top = logits.max(-1).values.detach().double()[:, None]
-    sums = ((logits.double() - top).exp() @ scorer._sum_columns).log() + top
+    top = logits.max(-1).values.detach()[:, None]
+    sums = vocabulary_sums((logits - top).exp(), scorer._sum_blocks).log() + top.double()
     children = torch.gather(logits, 1, child_token.clamp(min=0)).double()
     return torch.cat([sums, children], dim=1)
 
