@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from probekit.attention import use_grouped_sdpa
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.paths import file_sha256, user_cache_dir
@@ -195,6 +196,8 @@ def load_model(
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
     hf.to(dev).eval()
+    if dev.type == "cpu":
+        use_grouped_sdpa(hf)
     _prepare_tokenizer(tok)
     hf.generation_config.pad_token_id = tok.pad_token_id
     return LoadedModel(

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from probekit.attention import GROUPED_SDPA
 from probekit.errors import ProbekitError
 from probekit.models import converted_cache_dir, default_gguf_path, load_model
 
@@ -36,6 +37,32 @@ def test_default_loads_from_the_converted_cache(smol):
     assert smol.weights_fingerprint() == smol.meta["gguf_sha256"]
     assert smol.device.type == "cpu" and smol.dtype == torch.float32
     assert smol.tokenizer.padding_side == "left" and smol.tokenizer.pad_token is not None
+
+
+def test_grouped_sdpa_matches_the_stock_kernel():
+    """On the CPU, the default model (3 key/value heads for 9 query heads) runs masked attention
+    on its grouped heads as they are; its logits equal those of the stock SDPA, which repeats the
+    heads, on a left-padded batch and on a tree-masked continuation from the cache."""
+    model = load_model("default")
+    assert model.hf.config._attn_implementation == GROUPED_SDPA
+    enc = padded_batch(model)
+    positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    # Two continuation tokens per row, each seeing the prompt and itself only (a trie level).
+    prompt = enc.attention_mask.bool()[:, None].expand(-1, 2, -1)
+    own = torch.eye(2, dtype=torch.bool).expand(len(CHATS), 2, 2)
+    tree = torch.cat([prompt, own], dim=-1)[:, None]
+    extra = torch.tensor([[28, 29]] * len(CHATS))
+    extra_positions = positions[:, -1:] + 1 + torch.zeros_like(extra)
+    logits = {}
+    for impl in (GROUPED_SDPA, "sdpa"):
+        model.hf.set_attn_implementation(impl)
+        with torch.no_grad():
+            out = model.hf(**enc, position_ids=positions, use_cache=True)
+            cache = out.past_key_values
+            more = model.hf(input_ids=extra, attention_mask=tree, past_key_values=cache,
+                            position_ids=extra_positions)  # fmt: skip
+        logits[impl] = torch.cat([out.logits, more.logits], dim=1)
+    assert (logits[GROUPED_SDPA] - logits["sdpa"]).abs().max() <= 1e-5
 
 
 def test_three_views_share_weights_and_agree(smol):
