@@ -111,6 +111,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--data", default=None, metavar="ROOT",
         help="data root (default: $PROBEKIT_DATA, else ../shared/data next to the repo)",
     )  # fmt: skip
+    parser.add_argument(
+        "--epsilon", type=float, default=DEFAULT_EPSILON,
+        help=f"(a)'s pruning budget (default: {DEFAULT_EPSILON:g})",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=None, metavar="B")
     parser.add_argument("--threads", type=int, default=None, metavar="T")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH")
@@ -152,7 +156,7 @@ def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -
     gen_ids = first_prompts(model, gen_probe, args.prompts)
     n, budget = len(exact_ids), gen_probe.max_new_tokens
 
-    scorer = Scorer(model, answers, batch_size=args.batch_size)
+    scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=args.batch_size)
     results, sec, cpu = timed(device, lambda: list(scorer.score(exact_ids)))
     timings = [Timing("(a) exact", n, sec, cpu)]
     stats, batch = scorer.stats, scorer.batch_size
@@ -247,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model.hf(input_ids=torch.tensor([[model.tokenizer.eos_token_id] * 8], device=model.device))
     print(f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}; epsilon "
-          f"{DEFAULT_EPSILON:g}; data {args.data or 'the studies defaults'}")  # fmt: skip
+          f"{args.epsilon:g}; data {args.data or 'the studies defaults'}")  # fmt: skip
     rows = []
     for name in args.sets:
         rows.append(bench_set(model, CHOICE_SETS[name], args))

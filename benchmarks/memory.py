@@ -61,7 +61,9 @@ def child(n: int, setting: str, data: str | None, batch_size: int) -> None:
     loaded = status_mib("VmRSS")
     reset_peak()
     results = list(scorer.score(ids))
-    print(json.dumps({"prompts": len(results), "loaded": loaded, "peak": status_mib("VmHWM")}))
+    longest = max(len(p) for p in ids)
+    print(json.dumps({"prompts": len(results), "longest": longest, "loaded": loaded,
+                      "peak": status_mib("VmHWM")}))  # fmt: skip
 
 
 def measure(n: int, args: argparse.Namespace) -> dict[str, float]:
@@ -101,8 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [measure(n, args) for n in (args.prompts, 10 * args.prompts)]
     for row in rows:
         print(
-            f"{row['prompts']:>5} prompts: RSS after loading {row['loaded']:8.1f} MiB, peak "
-            f"{row['peak']:8.1f} MiB, above the loaded model {row['peak'] - row['loaded']:7.1f} MiB"
+            f"{row['prompts']:>5} prompts (longest {row['longest']} tokens): RSS after loading "
+            f"{row['loaded']:8.1f} MiB, peak {row['peak']:8.1f} MiB, above the loaded model "
+            f"{row['peak'] - row['loaded']:7.1f} MiB"
         )
     small, large = rows
     growth = large["peak"] / small["peak"] - 1
