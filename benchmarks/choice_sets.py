@@ -201,6 +201,7 @@ def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -
         # generation needs as well.
         "free_trie_speedup": n / stats.prompt_seconds / fastest_generate,
         "trie_positions_per_prompt": stats.trie_positions / max(stats.prompts, 1),
+        "trie_nodes": len(scorer.trie.nodes) - 1,  # below the root: what the trie could feed
         "trie_rates": trie_rates(stats, model),
         "max_error_bound": max(r.error_bound for r in results),
         "mean_valid_mass": float(np.mean([r.valid_mass for r in results])),
@@ -224,7 +225,8 @@ def report(row: dict[str, Any]) -> None:
         )
     peer = row["max_diff_vs_peer"]
     print(
-        f"  trie positions/prompt {row['trie_positions_per_prompt']:.1f}; max error bound "
+        f"  trie positions/prompt {row['trie_positions_per_prompt']:.1f} (of "
+        f"{row['trie_nodes']} trie nodes); max error bound "
         f"{row['max_error_bound']:.3g}; mean valid mass {row['mean_valid_mass']:.3f}"
         + ("" if peer is None else f"; max |p(a) - p(e)| {peer:.3g}")
     )

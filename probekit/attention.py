@@ -52,14 +52,14 @@ def grouped_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
-def use_grouped_sdpa(hf: Any) -> bool:
-    """Switch a CPU model that uses SDPA to `grouped_sdpa`; True when it switched."""
+def use_grouped_sdpa(hf: Any, device: torch.device) -> None:
+    """Switch a grouped-query model on the CPU that uses SDPA to `grouped_sdpa` (other models and
+    devices keep their attention)."""
     config = hf.config
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if config._attn_implementation != "sdpa" or not heads or kv_heads == heads:
-        return False
+    if device.type != "cpu" or config._attn_implementation != "sdpa" or kv_heads == heads:
+        return
     AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
     AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
     hf.set_attn_implementation(GROUPED_SDPA)
-    return True

@@ -196,8 +196,7 @@ def load_model(
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
     hf.to(dev).eval()
-    if dev.type == "cpu":
-        use_grouped_sdpa(hf)
+    use_grouped_sdpa(hf, dev)
     _prepare_tokenizer(tok)
     hf.generation_config.pad_token_id = tok.pad_token_id
     return LoadedModel(
