@@ -11,7 +11,7 @@ For every answer set below, on the first N prompts of the study that asks it, on
        the study's parse rule;
   (b') the same greedy decoding by probekit's decoder, each row stopped as soon as the study's
        `settled` rule says its parse can no longer change (the strongest generate peer);
-  (e)  the shared-prefix peer on the first few prompts (`probekit.scoring.reference.shared_prefix`:
+  (e)  the shared-prefix peer on the first few prompts (`engines.hf.reference.shared_prefix`:
        the prompt once, every candidate batched on its KV cache) and the largest |p(a) - p(e)|.
 
 The answer sets: 0-10 (intergroup, P0S1T0), the 12 ISEAR emotion words with their surface forms,
@@ -50,10 +50,10 @@ from common import (
 )
 
 from probekit.cli import comma_list, study_parser
-from probekit.models import LoadedModel, load_model
-from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
+from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.hf.reference import shared_prefix
+from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer
 from probekit.scoring.generate import generate_greedy
-from probekit.scoring.reference import shared_prefix
 from probekit.studies.base import Probe
 
 REPO = Path(__file__).resolve().parents[1]

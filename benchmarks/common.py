@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from probekit.models import LoadedModel
-    from probekit.scoring.engine import ScorerStats
+    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.scorer import ScorerStats
 
 T = TypeVar("T")
 

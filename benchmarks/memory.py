@@ -27,8 +27,8 @@ from scoring import SETTING, build_prompts, load_events
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import sample_events
-from probekit.models import load_model
-from probekit.scoring.engine import Scorer
+from probekit.engines.hf.model import load_model
+from probekit.engines.hf.scorer import Scorer
 from probekit.studies.intergroup import get_setting
 
 MAX_GROWTH = 0.10

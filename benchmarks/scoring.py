@@ -10,7 +10,7 @@ same thread count, one run prints the prompts/s of
   (e) the shared-prefix peer: the same exact distribution as (a) the way serving engines score
       a choice (SGLang's `select`): each prompt computed once, its KV cache shared by every
       candidate (each answer's surface forms, with the position giving its stop probability),
-      the candidates batched (`probekit.scoring.reference.shared_prefix`),
+      the candidates batched (`probekit.engines.hf.reference.shared_prefix`),
 
 and (d) the largest |p - brute force| over a few prompts, at the default epsilon and at 0 (and
 for (e)), where
@@ -60,10 +60,10 @@ from common import (
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
-from probekit.models import LoadedModel, load_model
-from probekit.scoring.engine import DEFAULT_EPSILON, Scorer, ScoreResult, ScorerStats
+from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.hf.reference import brute_force, candidate_loglik, shared_prefix
+from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer, ScoreResult, ScorerStats
 from probekit.scoring.generate import generate_greedy, intensity_settled, parse_intensity
-from probekit.scoring.reference import brute_force, candidate_loglik, shared_prefix
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 For a few crowd-enVent events and every perceiver x experiencer pair of one category, render the
 study's prompts, locate the spans `perceiver`, `experiencer`, `emotion`, `event` and `answer`,
 and store `resid_pre`, `attn_out`, `mlp_out` and `resid_post` at the chosen layers as fp16
-safetensors shards plus an index parquet (see probekit.capture). Re-running into the same --out
+safetensors shards plus an index parquet (see mechanism.capture). Re-running into the same --out
 skips prompts already captured. The same as `probekit capture intergroup [options]`.
 
     python hooks/capture_identity.py --out captures/religion

@@ -192,10 +192,10 @@ def _report(args: argparse.Namespace) -> None:
 
 def _score(args: argparse.Namespace) -> None:
     from probekit.answers import AnswerSet
+    from probekit.engines.hf.model import load_model
+    from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer
     from probekit.io import ParquetStream
-    from probekit.models import load_model
     from probekit.prompts import read_prompts
-    from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
 
     answers = AnswerSet.parse(args.answers)
     if args.batch_size is not None and args.batch_size < 1:
@@ -230,7 +230,7 @@ def _score(args: argparse.Namespace) -> None:
 
 
 def _setup(args: argparse.Namespace) -> None:
-    from probekit.models import load_model
+    from probekit.engines.hf.model import load_model
 
     model = load_model(args.model)
     print(f"model '{args.model}' ready: {model.source}")

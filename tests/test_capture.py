@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from probekit.capture import (
+from probekit.errors import ProbekitError
+from probekit.mechanism.capture import (
     SITES,
     capture,
     check_request,
@@ -12,7 +13,6 @@ from probekit.capture import (
     load_activations,
     read_index,
 )
-from probekit.errors import ProbekitError
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -37,7 +37,7 @@ def items(smol):
 
 
 def test_bridge_is_built_only_on_request():
-    from probekit.models import load_model
+    from probekit.engines.hf.model import load_model
 
     fresh = load_model("default")
     assert not fresh.bridge_enabled
@@ -49,7 +49,7 @@ def test_bridge_is_built_only_on_request():
 
 
 def test_bridge_and_nnsight_agree(smol, items, tmp_path):
-    from probekit.models import load_model
+    from probekit.engines.hf.model import load_model
 
     # A second copy that never gets a bridge, read through nnsight on plain HF modules. The
     # bridge runs HF attention eagerly; give the copy the same kernel so the sums match.

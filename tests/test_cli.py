@@ -81,7 +81,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, answers, lin
 
 def test_chat_prompt_for_model_without_template(tmp_path, capsys, monkeypatch, smol):
     monkeypatch.setattr(smol.tokenizer, "chat_template", None)
-    monkeypatch.setattr("probekit.models.load_model", lambda *a, **k: smol)
+    monkeypatch.setattr("probekit.engines.hf.model.load_model", lambda *a, **k: smol)
     lines = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
     code, out = run(tmp_path, lines)
     assert code == 2

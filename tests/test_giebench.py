@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from probekit import cli
+from probekit.engines.hf.reference import brute_force
 from probekit.errors import ProbekitError
 from probekit.run import run_probe
-from probekit.scoring.reference import brute_force
 from probekit.studies.giebench import metrics
 from probekit.studies.giebench.judge import (
     OPTIONS,

@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO
 
 from probekit import cli
-from probekit.scoring.engine import Scorer
-from probekit.scoring.reference import brute_force
+from probekit.engines.hf.reference import brute_force
+from probekit.engines.hf.scorer import Scorer
 from probekit.studies import get_study
 from probekit.studies.isear import EMOTIONS, GENDERS, evaluate, load_events, locate_punkt
 from probekit.studies.isear import metrics as isear_metrics

@@ -189,8 +189,8 @@ def test_first_standalone_letter_and_settled(data, rows):
 
 # ----------------------------------------------------------------- exact scores
 def test_exact_letter_probabilities_equal_brute_force(data, rows, smol):
-    from probekit.scoring.engine import Scorer
-    from probekit.scoring.reference import brute_force
+    from probekit.engines.hf.reference import brute_force
+    from probekit.engines.hf.scorer import Scorer
 
     probe = JaemProbe(data, rows.iloc[[81]], orders=1)  # one real prompt: ~900 tokens
     ids = smol.encode(next(iter(probe.items()))).input_ids

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probekit import mediation
 from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
-from probekit.patching import Patch
+from probekit.mechanism import mediation
+from probekit.mechanism.patching import Patch
 from probekit.scoring.metrics import expected_value
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
@@ -22,7 +22,7 @@ NONE = Patch(4, "hook_resid_post", "perceiver")  # before the identity: carries 
 
 @pytest.fixture(scope="module")
 def effects(smol):
-    from probekit.scoring.engine import Scorer
+    from probekit.engines.hf.scorer import Scorer
 
     smol.enable_bridge()
 

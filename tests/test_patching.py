@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from probekit import directions, patching
 from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.items import Item
-from probekit.patching import HEAD_SITE, Patch
+from probekit.mechanism import directions, patching
+from probekit.mechanism.patching import HEAD_SITE, Patch
 from probekit.scoring.metrics import answer_probability, expected_value, parse_metric
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import make_item
@@ -42,7 +42,7 @@ def model(smol):
 @pytest.fixture(scope="module")
 def scorer(model):
     """A small answer set with one- and two-token answers keeps the trie pass cheap."""
-    from probekit.scoring.engine import Scorer
+    from probekit.engines.hf.scorer import Scorer
 
     return Scorer(model, ANSWERS, epsilon=0.0)
 

@@ -54,7 +54,7 @@ def test_resume_after_sigkill(tmp_path):
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_run import small_probe, manifest\n"
-        "from probekit.models import load_model\n"
+        "from probekit.engines.hf.model import load_model\n"
         "from probekit.run import run_probe\n"
         "from pathlib import Path\n"
         "p = small_probe(3)\n"

@@ -1,14 +1,14 @@
 """`probekit capture STUDY`: activations at the spans of a study's items, as fp16 safetensors
-shards plus an index parquet whose `prompt_id` joins the run's scores (see probekit.capture)."""
+shards plus an index parquet whose `prompt_id` joins the run's scores (see mechanism.capture)."""
 
 from __future__ import annotations
 
 import argparse
 
-from probekit.capture import BACKENDS, SITES, capture
 from probekit.cli import comma_list, int_list
+from probekit.engines.hf.model import load_model
 from probekit.items import check_span_names
-from probekit.models import load_model
+from probekit.mechanism.capture import BACKENDS, SITES, capture
 from probekit.studies.base import Study
 
 
@@ -44,5 +44,5 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     print(
         f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "
         f"layers {layers}\nshards: {result.out_dir / 'shards'}\nindex:  {result.out_dir / 'index'} "
-        "(probekit.capture.read_index / load_activations, or pandas.read_parquet)"
+        "(probekit.mechanism.capture.read_index / load_activations, or pandas.read_parquet)"
     )

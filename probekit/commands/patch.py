@@ -3,14 +3,14 @@
 1. Patching: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
    the same event), the `--pairs` per unit with the largest metric gap; the clean activation is
    patched into the corrupt run at each (layer, site, span), and each head with the site
-   `attn.hook_z`, and scored again (`--method exact`, see probekit.patching); or every component
+   `attn.hook_z`, and scored again (`--method exact`, see mechanism.patching); or every component
    is estimated by attribution patching on the exact metric (`attribution`) and the `--top-k`
-   re-measured exactly (`attribution+verify`, see probekit.attribution). Writes patching.parquet,
+   re-measured exactly (`attribution+verify`, see mechanism.attribution). Writes patching.parquet,
    patching_summary.csv (each component's mean effect and estimate with bootstrap intervals over
    pairs), patching.png (layer x site, a panel per span), heads.png (layer x head) and prints the
    five components with the largest effect. `--mediation` adds the total, direct and indirect
    effects of the exactly measured components (mediation.parquet, mediation_summary.csv; see
-   probekit.mediation).
+   probekit.mechanism.mediation).
 2. Direction (studies that define a contrast; not with `--skip-direction`): per layer, the
    difference of means across the contrast at one span and how well a prompt's projection
    predicts its gap (directions.parquet); at the best layer the direction is projected out and
@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probekit import attribution, directions, mediation, patching
 from probekit.cli import comma_list, int_list
+from probekit.engines.hf.model import load_model
+from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.io import write_parquet, write_text
 from probekit.items import Pair, check_span_names
-from probekit.models import load_model
+from probekit.mechanism import attribution, directions, mediation, patching
 from probekit.plots import head_heatmap, patching_heatmap, position_heatmap
-from probekit.scoring.engine import Scorer
 from probekit.scoring.metrics import Metric, parse_metric
 from probekit.studies.base import Study
 

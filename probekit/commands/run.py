@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 
 from probekit.distributed import detect_launch
-from probekit.models import load_model
+from probekit.engines.hf.model import load_model
+from probekit.engines.hf.scorer import DEFAULT_EPSILON
 from probekit.run import Shard, merge_if_complete, run_probe
-from probekit.scoring.engine import DEFAULT_EPSILON
 from probekit.studies.base import Study, check_mode
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from probekit.batching import left_pad
-from probekit.models import LoadedModel
+from probekit.engines.hf.model import LoadedModel
 
 REFUSAL_PREFIXES = ("I cannot", "I can't", "I'm not rating")
 _INTEGER = re.compile(r"\b\d+\b")

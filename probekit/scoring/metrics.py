@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from probekit.answers import AnswerSet
+from probekit.engines.hf.scorer import ScoreResult
 from probekit.errors import ProbekitError
 from probekit.items import Item
-from probekit.scoring.engine import ScoreResult
 
 
 @dataclass(frozen=True)

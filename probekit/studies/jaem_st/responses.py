@@ -23,11 +23,11 @@ from typing import Any
 import pandas as pd
 
 from probekit.answers import AnswerSet
+from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.io import write_parquet
 from probekit.items import Item, fill_template
-from probekit.models import LoadedModel, load_model
-from probekit.scoring.engine import Scorer
 from probekit.studies.jaem_st import era, vad
 from probekit.studies.jaem_st.data import JaemData, Template, load_jaem
 from probekit.studies.jaem_st.probe import LETTERS

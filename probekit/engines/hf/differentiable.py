@@ -1,6 +1,6 @@
 """The exact answer distribution with autograd: the engine's definition in one differentiable pass.
 
-The quantity is the scoring engine's (`probekit.scoring.engine`): every surface form of every
+The quantity is the scoring engine's (`probekit.engines.hf.scorer`): every surface form of every
 answer, times its stop probability, with float64 normalisers and stop sums. Only the route
 differs, so that gradients reach any activation of the prompt: the prompt and every node of the
 answer trie go through the model in ONE forward, the nodes appended after the prompt with a
@@ -22,7 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from probekit.batching import left_pad, positions
-from probekit.scoring.engine import HEAD_CHUNK, Scorer, _additive, lm_head, vocabulary_sums
+from probekit.engines.hf.scorer import HEAD_CHUNK, Scorer, _additive, lm_head, vocabulary_sums
 from probekit.scoring.trie import ALNUM, DIGIT
 
 

@@ -7,7 +7,7 @@ span, or one attention head), on the behavioural metric m:
 - indirect effect IE_c = m(corrupt run, c set to its clean value) - m(corrupt)
 - direct effect   DE_c = m(clean run, c set to its corrupt value) - m(corrupt)
 
-IE is exact activation patching (`probekit.patching.sweep`); DE is the same sweep with the two
+IE is exact activation patching (`mechanism.patching.sweep`); DE is the same sweep with the two
 prompts swapped. A component that carries the whole effect has IE = TE and DE = 0, one that
 carries none IE = 0 and DE = TE; TE - IE - DE is what the two paths do together (interaction).
 Intervals are bootstrap intervals over pairs (`probekit.stats.bootstrap_units`).
@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.items import Pair
-from probekit.patching import COMPONENT, Patch, sweep
-from probekit.scoring.engine import Scorer
+from probekit.mechanism.patching import COMPONENT, Patch, sweep
 from probekit.scoring.metrics import Metric
 from probekit.stats import bootstrap_units
 

@@ -30,11 +30,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem
-from probekit.patching import score_with
+from probekit.mechanism.patching import score_with
 from probekit.run import PROMPT_ID
-from probekit.scoring.engine import Scorer
 from probekit.scoring.metrics import Metric
 
 SITE = "hook_resid_post"

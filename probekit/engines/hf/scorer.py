@@ -31,7 +31,7 @@ import torch
 
 from probekit.answers import AnswerSet
 from probekit.batching import left_pad
-from probekit.models import LoadedModel
+from probekit.engines.hf.model import LoadedModel
 from probekit.scoring.trie import ALNUM, DIGIT, AnswerTrie, extension_masks
 
 DEFAULT_EPSILON = 1e-4

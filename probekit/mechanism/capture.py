@@ -13,7 +13,7 @@ Only span positions are kept. Each shard of prompts is one safetensors file with
 `positions` (token positions in the unpadded prompt), `n_tokens`, `prompt_id` (the item id, as
 in the run's scores table) and the item's key columns. A re-run into the same folder skips
 prompt ids already indexed. Reading the TransformerLens hooks builds the model's bridge
-(`model.enable_bridge()`, which changes the Hugging Face model; see `probekit.models`).
+(`model.enable_bridge()`, which changes the Hugging Face model; see `probekit.engines.hf.model`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from probekit.batching import left_pad, positions
+from probekit.engines.hf.model import LoadedModel
 from probekit.errors import ProbekitError
 from probekit.io import atomic_write, write_parquet
 from probekit.items import EncodedItem
-from probekit.models import LoadedModel
 
 SITES: tuple[str, ...] = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 BACKENDS: tuple[str, ...] = ("bridge", "nnsight")

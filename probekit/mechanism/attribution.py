@@ -7,14 +7,14 @@ component of a sweep (layer x site x span, and every head at `attn.hook_z`) is s
 clean forward, one corrupt forward and one backward pass per prompt batch.
 
 The metric is the one exact patching reads, differentiated end to end: the normalised exact
-answer distribution of `probekit.scoring.differentiable` (every surface form, stop probability,
+answer distribution of `probekit.engines.hf.differentiable` (every surface form, stop probability,
 no pruning, no first-token proxy), dotted with the metric's weight per answer. Every metric of
 `probekit.scoring.metrics` (ev, p:<answer>, p_correct and their differences) is linear in the
 normalised distribution; `linear_weights` reads the weights and refuses a metric that is not.
 
 Gradients flow through the TransformerLens bridge hooks: each hooked activation gets a zero
 tensor added, and the gradient with respect to that zero is the gradient at the activation.
-`verify` re-measures the top-k components by exact patching (`probekit.patching.sweep`).
+`verify` re-measures the top-k components by exact patching (`probekit.mechanism.patching.sweep`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import pandas as pd
 import torch
 from scipy import stats
 
+from probekit.engines.hf.differentiable import answer_mass
+from probekit.engines.hf.scorer import Scorer, ScoreResult
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
-from probekit.patching import (
+from probekit.mechanism.patching import (
     COMPONENT,
     HEAD_SITE,
     Patch,
@@ -42,8 +44,6 @@ from probekit.patching import (
     sweep,
     table,
 )
-from probekit.scoring.differentiable import answer_mass
-from probekit.scoring.engine import Scorer, ScoreResult
 from probekit.scoring.metrics import Metric
 
 METHODS = ("exact", "attribution", "attribution+verify")

@@ -56,10 +56,10 @@ import pandas as pd
 import torch
 
 from probekit.batching import left_pad
+from probekit.engines.hf.model import LoadedModel
+from probekit.engines.hf.scorer import Scorer, ScoreResult
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Pair
-from probekit.models import LoadedModel
-from probekit.scoring.engine import Scorer, ScoreResult
 from probekit.scoring.metrics import Metric
 from probekit.stats import bootstrap_units
 
@@ -289,7 +289,7 @@ def _run_lens(scorer: Scorer, batch: Any, ops: list) -> tuple[list, dict]:
 def _run_nnsight(scorer: Scorer, batch: Any, ops: list, remote: bool) -> tuple[list, dict]:
     import nnsight
 
-    from probekit.capture import block_module_names, site_value, walk_path
+    from probekit.mechanism.capture import block_module_names, site_value, walk_path
 
     model = scorer.model
     model.enable_bridge()  # swap in the bridge blocks first: nnsight must wrap the modules that run
@@ -359,7 +359,7 @@ def sweep(
     `attn.hook_z`; else null), span, clean_positions, corrupt_positions (aligned, unpadded),
     `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `metric.column`, e.g. ev), gap (clean -
     corrupt), recovery, ran, metric (its spec), method (`exact` here) and estimate (the
-    attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.attribution`).
+    attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`).
     """
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from probekit.attention import use_grouped_sdpa
+from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.paths import file_sha256, user_cache_dir

@@ -19,8 +19,8 @@ import torch
 
 from probekit.answers import AnswerSet
 from probekit.batching import left_pad, positions
-from probekit.models import LoadedModel
-from probekit.scoring.engine import lm_head
+from probekit.engines.hf.model import LoadedModel
+from probekit.engines.hf.scorer import lm_head
 from probekit.scoring.trie import AnswerTrie, answer_variants, extension_masks
 
 

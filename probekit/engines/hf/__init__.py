@@ -1,0 +1,1 @@
+"""The transformers engine: model loading, the exact scorer and decoding on a Hugging Face model."""

@@ -1,0 +1,1 @@
+"""The mechanism: activation capture, patching, attribution, mediation and directions."""
