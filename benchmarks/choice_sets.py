@@ -49,10 +49,11 @@ from common import (
     warn_load,
 )
 
-from probekit.cli import comma_list, study_parser
+from probekit.cli import study_parser
 from probekit.engines.hf.model import LoadedModel, load_model
 from probekit.engines.hf.reference import shared_prefix
 from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer
+from probekit.options import comma_list
 from probekit.scoring.generate import generate_greedy
 from probekit.studies.base import Probe
 

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 from common import timed
 
-from probekit.cli import comma_list, int_list, study_parser
+from probekit.cli import study_parser
 from probekit.commands.patch import pick_pairs
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import Scorer
 from probekit.mechanism import attribution, patching
+from probekit.options import comma_list, int_list
 from probekit.scoring.metrics import parse_metric
 
 SITES = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from probekit.cli import comma_list, int_list
 from probekit.engines.hf.model import load_model
 from probekit.items import check_span_names
 from probekit.mechanism.capture import BACKENDS, SITES, capture
+from probekit.options import comma_list, int_list
 from probekit.studies.base import Study
 
 

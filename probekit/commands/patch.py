@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probekit.cli import comma_list, int_list
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.io import write_parquet, write_text
 from probekit.items import Pair, check_span_names
 from probekit.mechanism import attribution, directions, mediation, patching
+from probekit.options import comma_list, int_list
 from probekit.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.scoring.metrics import Metric, parse_metric
 from probekit.studies.base import Study

@@ -11,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.cli import comma_list
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
+from probekit.options import comma_list
 from probekit.studies.base import Say, Study, register
 from probekit.studies.giebench import report
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type

@@ -11,7 +11,6 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.cli import count_or_all
 from probekit.datasets.crowd_envent import (
     data_sha256,
     first_events,
@@ -20,6 +19,7 @@ from probekit.datasets.crowd_envent import (
     sample_events,
 )
 from probekit.items import EncodedItem, Item, Pair
+from probekit.options import count_or_all
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import Say, Study, register
 from probekit.studies.intergroup import report

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.cli import comma_list, count_or_all
 from probekit.engines.hf.scorer import ScoreResult
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
+from probekit.options import comma_list, count_or_all
 from probekit.studies.base import Say, Study, register
 from probekit.studies.isear import report
 from probekit.studies.isear.evaluator import locate_punkt
