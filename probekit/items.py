@@ -44,9 +44,9 @@ class CharSpan:
 class Item:
     """One prompt of a study, before tokenization."""
 
-    id: str  # unique within a study run; the `prompt_id` column of every result table
-    key: Mapping[str, Any]  # key columns of the results table
-    unit: str  # the event or question this prompt is about
+    id: str = ""  # unique within a study run; the `prompt_id` column of every result table
+    key: Mapping[str, Any] = field(default_factory=dict)  # key columns of the results table
+    unit: str = ""  # the event or question this prompt is about (default: the id)
     messages: tuple[Message, ...] | None = None
     text: str | None = None
     prefill: str = ""
@@ -55,6 +55,10 @@ class Item:
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
             raise ProbekitError(f"item {self.id!r} needs chat messages or raw text (one of them)")
+        if not self.unit:  # an ad-hoc prompt is its own unit
+            object.__setattr__(self, "unit", self.id)
+        if isinstance(self.messages, list):
+            object.__setattr__(self, "messages", tuple(self.messages))
         for name, ranges in self.spans.items():
             if name == ANSWER:
                 raise ProbekitError(f"item {self.id!r}: the span name '{ANSWER}' is reserved")

@@ -42,7 +42,7 @@ def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
         raise ProbekitError(f"{where}: missing 'id'")
     pid = str(record["id"])
     if "messages" in record:
-        messages = _check_messages(record["messages"], where)
+        messages = parse_messages(record["messages"], where)
         return Item(pid, key={}, unit=pid, messages=messages, prefill=prefill)
     if "text" in record:
         if not isinstance(record["text"], str):
@@ -51,7 +51,8 @@ def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
     raise ProbekitError(f"{where}: id '{pid}' has neither 'messages' nor 'text'")
 
 
-def _check_messages(messages: object, where: str) -> tuple[dict[str, str], ...]:
+def parse_messages(messages: object, where: str) -> tuple[dict[str, str], ...]:
+    """Checked chat messages (a non-empty list of {role, content}); `where` prefixes errors."""
     if not isinstance(messages, list) or not messages:
         raise ProbekitError(f"{where}: 'messages' must be a non-empty list")
     for message in messages:
