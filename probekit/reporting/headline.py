@@ -1,0 +1,124 @@
+"""What a study tells the HTML report about one run: its headline numbers and its views.
+
+Each study's `report.py` may define `headlines(rows) -> list[Headline]` and
+`view_facts(rows, run_dir) -> list[ViewFacts]` over the summary rows of one run (as in its
+`summary.csv`); the page shows them, and the page across runs takes each study's primary
+headline as the model's bias profile. The formatting helpers are the page's own, so a test can
+format a `summary.csv` number exactly as the page prints it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+def missing(value: Any) -> bool:
+    """True for None, NaN and empty strings: a cell the page shows as a dash."""
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return math.isnan(value)
+    try:
+        return bool(value != value) or value == ""
+    except (TypeError, ValueError):
+        return False
+
+
+def format_number(value: Any, digits: int = 3, signed: bool = False) -> str:
+    """A number as the page prints it (fixed `digits`, a sign when `signed`); a dash if missing."""
+    if missing(value):
+        return "—"
+    return f"{float(value):+.{digits}f}" if signed else f"{float(value):.{digits}f}"
+
+
+def format_rate(value: Any) -> str:
+    """A share as a percentage with one decimal; a dash if missing."""
+    return "—" if missing(value) else f"{float(value):.1%}"
+
+
+def format_p(value: Any, exact: bool = False) -> str:
+    """A p-value to four decimals, `=` before it when it is exact (by enumeration)."""
+    return "—" if missing(value) else f"{'=' if exact else ''}{float(value):.4f}"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One headline number of a run: what it is, its view, its interval, p-value and mark.
+
+    `primary` marks the one number that stands for the study in a model's bias profile;
+    `key` identifies the same quantity across runs (models side by side)."""
+
+    label: str
+    view: str
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    interval: str = ""  # how the interval was made, e.g. "95% bootstrap CI over events"
+    p_value: float | None = None
+    p_exact: bool = False
+    mark: str = ""
+    note: str = ""
+    digits: int = 3
+    signed: bool = False
+    primary: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.label} ({self.view})"
+
+    @property
+    def value_text(self) -> str:
+        return format_number(self.value, self.digits, self.signed)
+
+    @property
+    def interval_text(self) -> str:
+        if missing(self.low) or missing(self.high):
+            return "—"
+        low = format_number(self.low, self.digits, self.signed)
+        return f"[{low}, {format_number(self.high, self.digits, self.signed)}]"
+
+    @property
+    def p_text(self) -> str:
+        return format_p(self.p_value, self.p_exact)
+
+    @property
+    def cell(self) -> str:
+        """Value, interval, p and mark in one table cell (the models-side-by-side tables)."""
+        if missing(self.value):
+            return "—"
+        parts = [self.value_text]
+        if self.interval_text != "—":
+            parts.append(self.interval_text)
+        if not missing(self.p_value):
+            parts.append(f"p {self.p_text}")
+        if self.mark:
+            parts.append(f"mark {self.mark}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class ViewFacts:
+    """One view of a run (exact `ev`, `generate`, `explain`): how much of the probability fell
+    on the answer set, how often an answer could be read, and how often the views agree."""
+
+    view: str
+    description: str
+    valid_mass: float | None = None
+    answered: float | None = None  # share of responses with a readable answer (generate)
+    answered_label: str = "answer read"
+    agreement: float | None = None  # exact argmax equals the read answer, among those read
+    note: str = ""
+
+    @property
+    def valid_mass_text(self) -> str:
+        return format_number(self.valid_mass)
+
+    @property
+    def answered_text(self) -> str:
+        return format_rate(self.answered)
+
+    @property
+    def agreement_text(self) -> str:
+        return format_rate(self.agreement)

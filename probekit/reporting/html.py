@@ -1,0 +1,399 @@
+"""`report.html`: one self-contained page per finished run, and one page across runs.
+
+A run's page shows, from its folder alone (`manifest.json`, `summary.csv` or the summary rows
+given, `scores.parquet`'s row count, every `*.png`): the study card, a warning at the top when
+the run used probekit's sample data, the headline numbers with intervals and p-values, both
+views with their valid mass and agreement, every figure (inline, base64 PNG) and the manifest.
+The page across runs puts one model's studies together (its bias profile, one headline per
+study) and several models of one study side by side; runs whose settings differ are shown
+apart, with the fields that differ. Pages are rendered with jinja2 from the templates shipped
+in `probekit/reporting/templates/`, read through importlib.resources; they load nothing from
+the network, so they open from disk or as an attachment.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jinja2
+import pandas as pd
+import pyarrow.parquet as pq
+from markdown_it import MarkdownIt
+
+from probekit.errors import ProbekitError
+from probekit.io import write_text
+from probekit.reporting.headline import (
+    Headline,
+    ViewFacts,
+    format_number,
+    format_rate,
+    missing,
+)
+
+PAGE = "report.html"
+# Manifest fields that say which model ran, where and how, not what was measured: runs that
+# differ only in these are comparable (models side by side).
+MODEL_FIELDS = frozenset({
+    "model", "model_source", "weights", "versions", "command", "data_path", "items_path",
+    "results_format", "dtype", "device", "numerics", "engine", "started", "finished",
+})  # fmt: skip
+# Manifest fields shown first, in this order, with their names on the page.
+MANIFEST_FIELDS = {
+    "study": "study", "model": "model", "model_source": "model source",
+    "weights": "weight hash (sha256)", "data_origin": "data origin", "items_origin": "data origin",
+    "data_path": "data path", "items_path": "data path", "data_sha256": "data hash (sha256)",
+    "mode": "mode", "dtype": "dtype", "device": "device", "epsilon": "epsilon (pruning bound)",
+    "seed": "seed", "max_new_tokens": "max new tokens", "temperature": "temperature",
+    "command": "command",
+}  # fmt: skip
+ROW_KEYS = ("model", "category", "setting", "prompt", "orders")  # a summary row's run, in order
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One PNG of a run folder, inlined as a data URI."""
+
+    name: str
+    caption: str
+    uri: str
+
+
+@dataclass
+class Run:
+    """Everything a page shows about one finished run."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    rows: pd.DataFrame
+    headlines: list[Headline] = field(default_factory=list)
+    views: list[ViewFacts] = field(default_factory=list)
+
+    @property
+    def study(self) -> str:
+        return str(self.manifest.get("study") or self.manifest.get("probe", {}).get("study"))
+
+    @property
+    def model(self) -> str:
+        return str(self.manifest.get("model", "?"))
+
+    @property
+    def sample(self) -> bool:
+        """True when the run used probekit's own sample data, not the study's data set."""
+        return "sample" in (self.manifest.get("data_origin"), self.manifest.get("items_origin"))
+
+    @property
+    def prompts(self) -> int | None:
+        path = self.folder / "scores.parquet"
+        return pq.ParquetFile(path).metadata.num_rows if path.is_file() else None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What the run measured, less the model: equal settings make runs comparable."""
+        probe = {f"probe.{k}": v for k, v in self.manifest.get("probe", {}).items()}
+        top = {k: v for k, v in self.manifest.items() if k not in MODEL_FIELDS | {"probe"}}
+        return {**top, **probe}
+
+    @property
+    def label(self) -> str:
+        """The run's settings in a few words: category, setting, mode (what a reader compares)."""
+        words = [str(self.manifest[k]) for k in ("category", "setting") if k in self.manifest]
+        if "prompt" in self.manifest:
+            words.append(f"prompt {self.manifest['prompt']}")
+        return ", ".join([*words, f"mode {self.manifest.get('mode', '?')}"])
+
+
+def load_run(folder: str | Path, rows: pd.DataFrame | None = None) -> Run:
+    """The run in `folder` with its summary rows (`rows`, else the folder's `summary.csv`, else
+    none), its headlines and views as its study defines them."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if rows is None:
+        summary = folder / "summary.csv"
+        rows = pd.read_csv(summary) if summary.is_file() else pd.DataFrame()
+    run = Run(folder, manifest, rows)
+    module = study_report_module(run.study)
+    if module is not None and len(rows):
+        if hasattr(module, "headlines"):
+            run.headlines = module.headlines(rows)
+        if hasattr(module, "view_facts"):
+            run.views = module.view_facts(rows, folder)
+    return run
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The run's `manifest.json`; a folder without one is refused in one line."""
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise ProbekitError(f"{folder} holds no manifest.json: not a finished run")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def study_report_module(name: str) -> ModuleType | None:
+    """The `report` module beside a registered study's `study.py` (None if it has none)."""
+    from probekit.studies.base import get_study
+
+    try:
+        study = get_study(name)
+    except ProbekitError:
+        return None
+    package = type(study).__module__.rpartition(".")[0]
+    try:
+        return importlib.import_module(f"{package}.report")
+    except ModuleNotFoundError:
+        return None
+
+
+def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
+    """The summary rows that belong to the run in `folder` among the rows of several runs (a
+    `run` column naming its folder, else the model, category, setting, CE prompt and orders of
+    its manifest)."""
+    if "run" in rows:
+        here = folder.resolve()
+        return rows[[Path(str(r)).resolve() == here for r in rows["run"]]]
+    manifest = read_manifest(folder)
+    chosen = pd.Series(True, index=rows.index)
+    for key in ROW_KEYS:
+        if key in rows and key in manifest:
+            chosen &= rows[key].astype(str) == str(manifest[key])
+    return rows[chosen]
+
+
+def find_runs(folder: str | Path) -> list[Path]:
+    """Every finished run under `folder` (a manifest.json beside scores.parquet), sorted."""
+    found = sorted(p.parent for p in Path(folder).rglob("manifest.json"))
+    return [run for run in found if (run / "scores.parquet").is_file()]
+
+
+def write_pages(out: str | Path, rows: Sequence[dict[str, Any]] | pd.DataFrame) -> Path:
+    """The pages of a finished `probekit run` in `out` with its summary `rows`: `report.html`
+    in every run folder, and, where `out` holds several runs, the page across them in `out`.
+    Returns the page in `out`."""
+    out = Path(out)
+    frame = pd.DataFrame(rows)
+    runs = [load_run(folder, rows_of_run(frame, folder)) for folder in find_runs(out)]
+    for run in runs:
+        write_run_page(run)
+    if len(runs) == 1 and runs[0].folder.resolve() == out.resolve():
+        return out / PAGE
+    return write_runs_page(runs, out)
+
+
+def write_run_page(run: Run, out: str | Path | None = None) -> Path:
+    """Write `run`'s page as `report.html` in `out` (default: the run's folder)."""
+    return write_text(Path(out or run.folder) / PAGE, run_page_html(run))
+
+
+def write_runs_page(runs: Sequence[Run], out: str | Path) -> Path:
+    """Write the page across `runs` as `report.html` in `out`."""
+    return write_text(Path(out) / PAGE, runs_page_html(runs, Path(out)))
+
+
+def run_page_html(run: Run) -> str:
+    """The HTML of one run's page."""
+    module = study_report_module(run.study)
+    captions = getattr(module, "CAPTIONS", {}) if module else {}
+    return (
+        _environment()
+        .get_template("run.html")
+        .render(
+            run=run,
+            card=study_card(run.study),
+            figures=figures(run.folder, captions),
+            summary=summary_table(run.rows),
+            manifest=manifest_table(run.manifest),
+            extra=manifest_extra(run.manifest),
+            views=_views(run),
+        )
+    )
+
+
+def runs_page_html(runs: Sequence[Run], out: Path) -> str:
+    """The HTML of the page across `runs` (links relative to `out`)."""
+    if not runs:
+        raise ProbekitError("no finished runs to put on one page")
+    groups = comparable_groups(runs)
+    links = {str(r.folder): Path(os.path.relpath(r.folder / PAGE, out)).as_posix() for r in runs}
+    profiles = {}
+    for run in runs:
+        primary = [h for h in run.headlines if h.primary] or run.headlines[:1]
+        profiles.setdefault(run.model, []).extend((run, h) for h in primary)
+    return (
+        _environment()
+        .get_template("runs.html")
+        .render(
+            runs=runs,
+            sample_runs=[r for r in runs if r.sample],
+            profiles=profiles,
+            groups=[_side_by_side(group) for group in groups],
+            links=links,
+            cards={name: study_card(name) for name in dict.fromkeys(r.study for r in runs)},
+        )
+    )
+
+
+def comparable_groups(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Runs grouped by study and settings (every manifest field but the model's); each group
+    but a study's first says which fields set it apart from that first group."""
+    groups: list[dict[str, Any]] = []
+    for run in runs:
+        key = json.dumps(run.settings, sort_keys=True, default=str)
+        for group in groups:
+            if group["key"] == key:
+                group["runs"].append(run)
+                break
+        else:
+            groups.append({"key": key, "study": run.study, "runs": [run], "reason": ""})
+    first: dict[str, dict[str, Any]] = {}
+    for group in groups:
+        lead = first.setdefault(group["study"], group)
+        if lead is not group:
+            a, b = lead["runs"][0].settings, group["runs"][0].settings
+            differ = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+            group["reason"] = "; ".join(
+                f"{k}: {_short(b.get(k))} here, {_short(a.get(k))} there" for k in differ
+            )
+    return groups
+
+
+def study_card(name: str) -> dict[str, str]:
+    """The study's one-line title, its source paragraph and its whole card (README.md) as HTML."""
+    from probekit.studies.base import get_study
+
+    try:
+        study = get_study(name)
+    except ProbekitError:
+        return {"name": name, "title": name, "what": "", "source": "", "html": ""}
+    package = type(study).__module__.rpartition(".")[0]
+    resource = files(package).joinpath("README.md")
+    text = resource.read_text(encoding="utf-8") if resource.is_file() else ""
+    paragraphs = [p.strip() for p in text.split("\n\n")]
+
+    def paragraph(start: str) -> str:
+        found = next((p for p in paragraphs if p.startswith(start)), "")
+        return _markdown().render(found) if found else ""
+
+    return {
+        "name": name,
+        "title": study.title,
+        "what": paragraph("**What it measures.**"),
+        "source": paragraph("**Source.**"),
+        "html": _markdown().render(text),
+    }
+
+
+def figures(folder: Path, captions: dict[str, str] | None = None) -> list[Figure]:
+    """Every PNG in `folder` (not its sub-runs), inlined, in name order."""
+    captions = captions or {}
+    found = []
+    for path in sorted(folder.glob("*.png")):
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        stem = path.stem.removesuffix("_ev")
+        caption = captions.get(path.name) or captions.get(f"{stem}.png", "")
+        if path.stem.endswith("_ev"):
+            caption = (caption + " " if caption else "") + "(exact view of a generate run)"
+        found.append(Figure(path.name, caption, f"data:image/png;base64,{data}"))
+    return found
+
+
+def summary_table(rows: pd.DataFrame) -> dict[str, list]:
+    """`summary.csv` as the page prints it: numbers to three decimals, missing cells as dashes,
+    long cells kept whole (the page wraps them)."""
+    columns = [c for c in rows.columns if c != "run"]
+    body = [[_cell(row[c]) for c in columns] for _, row in rows.iterrows()]
+    return {"columns": columns, "rows": body}
+
+
+def manifest_table(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The manifest's main fields (those present) as (name, text) pairs, in a fixed order."""
+    shown = []
+    for key, name in MANIFEST_FIELDS.items():
+        if key in manifest and not missing(manifest[key]):
+            value = manifest[key]
+            shown.append((name, value if isinstance(value, str) else json.dumps(value)))
+    return shown
+
+
+def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
+    """The nested parts of the manifest: numerics (noise figure), versions, the probe, the rest."""
+    rest = {k: v for k, v in manifest.items() if k not in MANIFEST_FIELDS}
+    parts = {}
+    for key in ("numerics", "versions", "probe"):
+        if key in rest:
+            parts[key] = json.dumps(rest.pop(key), indent=1, default=str)
+    if rest:
+        parts["other fields"] = json.dumps(rest, indent=1, default=str)
+    return parts
+
+
+def _views(run: Run) -> list[ViewFacts]:
+    """The study's views of the run, or the run's own mode with the mean valid mass."""
+    if run.views:
+        return run.views
+    path = run.folder / "scores.parquet"
+    mass = None
+    if path.is_file() and "valid_mass" in pq.ParquetFile(path).schema_arrow.names:
+        mass = float(pd.read_parquet(path, columns=["valid_mass"])["valid_mass"].mean())
+    return [ViewFacts(str(run.manifest.get("mode", "?")), "the run's mode", valid_mass=mass)]
+
+
+def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
+    """One group of comparable runs as a table: a row per headline, a column per run."""
+    runs: list[Run] = group["runs"]
+    names = [r.model for r in runs]
+    if len(set(names)) < len(names):  # the same model twice: tell the runs apart by folder
+        names = [f"{r.model} ({r.folder.name})" for r in runs]
+    keys = list(dict.fromkeys(h.key for r in runs for h in r.headlines))
+    cells = [{h.key: h.cell for h in r.headlines} for r in runs]
+    table = [[key, *(c.get(key, "—") for c in cells)] for key in keys]
+    return {**group, "columns": names, "table": table, "label": runs[0].label}
+
+
+def _cell(value: Any) -> str:
+    if missing(value):
+        return "—"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return format_number(value)
+    return str(value)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list | tuple) and len(value) > 4:
+        return f"{len(value)} entries ({', '.join(map(str, value[:3]))}, …)"
+    return "—" if value is None else json.dumps(value, default=str)
+
+
+def _markdown() -> MarkdownIt:
+    return MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+def _environment() -> jinja2.Environment:
+    """Templates from the package (importlib.resources), HTML autoescaped."""
+    root = files("probekit.reporting").joinpath("templates")
+
+    def load(name: str) -> str | None:
+        resource = root.joinpath(name)
+        return resource.read_text(encoding="utf-8") if resource.is_file() else None
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["rate"] = format_rate
+    env.filters["number"] = format_number
+    return env
