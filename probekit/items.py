@@ -25,6 +25,8 @@ from probekit.errors import ProbekitError
 
 ANSWER = "answer"
 """The span every encoded item has: the last token, where the answer is read."""
+PROMPT_ID = "prompt_id"
+"""The column holding an item's id in every result table (scores, capture index, directions)."""
 
 Message = dict[str, str]
 Renderer = Callable[[Sequence[Message]], str]
