@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 from sklearn.manifold import TSNE
 
 from probekit.errors import ProbekitError
@@ -86,14 +86,20 @@ def heatmap_figure(
     separators: Sequence[int] = (),
     axis_labels: tuple[str, str] = ("perceiver", "experiencer"),
     value_label: str = "z-score",
+    mask_label: str = "hidden: not significant (Bonferroni)",
+    values: bool | None = None,
 ) -> Figure:
-    """Draw the square matrix Z (rows and columns both named by `labels`) in YlGnBu.
+    """Draw the square matrix Z (rows and columns both named by `labels`) in YlGnBu, the
+    paper's colour map (sequential, colour-blind safe).
 
-    `mask` is True where a cell is shown (as from `stats.shown_mask`); other cells are white.
-    A black line is drawn before each index in `separators` (e.g. 1 sets off a reference group
-    in the first row and column). `blocks` outlines blocks: (start, stop) index ranges, or one
-    label per row (or per row after the first), consecutive equal labels forming a block;
-    single cells are not outlined. `axis_labels` name the rows and the columns.
+    `mask` is True where a cell is shown (as from `stats.shown_mask`); other cells are white,
+    and a legend under the figure says what white means (`mask_label`), so that a hidden cell
+    does not read as missing data. `values` writes each shown cell's value in it (default: for
+    grids of at most 10 x 10). A black line is drawn before each index in `separators` (e.g. 1
+    sets off a reference group in the first row and column). `blocks` outlines blocks: (start,
+    stop) index ranges, or one label per row (or per row after the first), consecutive equal
+    labels forming a block; single cells are not outlined. `axis_labels` name the rows and the
+    columns.
     """
     Z = np.asarray(Z, dtype=float)
     n = len(labels)
@@ -103,10 +109,18 @@ def heatmap_figure(
     if hidden.shape != (n, n):
         raise ProbekitError(f"mask has shape {hidden.shape} but Z has shape {Z.shape}")
     side = 3 + 0.35 * n
-    fig = new_figure(side + 1.5, side)
+    fig = new_figure(side + 1.5, side + (0.4 if hidden.any() else 0))
     ax = fig.add_subplot()
     cmap = colormaps["YlGnBu"].with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_array(Z, hidden), cmap=cmap)
+    if n <= 10 if values is None else values:
+        for (i, j), value in np.ndenumerate(Z):
+            if not hidden[i, j] and np.isfinite(value):
+                colour = "white" if image.norm(value) > 0.6 else "black"
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+    if hidden.any():
+        swatch = Patch(facecolor="white", edgecolor="grey", label=f"white: {mask_label}")
+        fig.legend(handles=[swatch], loc="outside lower center", fontsize=8, frameon=False)
     for at in separators:
         ax.axhline(at - 0.5, color="black", linewidth=2)
         ax.axvline(at - 0.5, color="black", linewidth=2)

@@ -1,22 +1,29 @@
-"""`probekit report DIR [DIR ...]`: re-write finished runs' metrics, figures and summary from
-their `scores.parquet` and `manifest.json` (one run, a folder of runs as `probekit run` writes
-them for several probes or models, or several such folders summarised side by side)."""
+"""`probekit report DIR [DIR ...]`: re-write finished runs' metrics, figures, summary and pages
+from their `scores.parquet` and `manifest.json` (one run, a folder of runs as `probekit run`
+writes them for several probes or models, or several such folders, of one study or several).
+
+Every run folder gets its `report.html`; the runs' summary goes to `--out` (default: the first
+folder), one per study (`OUT/<study>/`) when the runs mix studies, and `OUT/report.html` is the
+page across the runs: each model's bias profile and the models side by side per study.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from probekit.errors import ProbekitError
+from probekit.reporting import load_run, write_run_page, write_runs_page
 from probekit.studies.base import get_study
 
 
 def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | None = None) -> str:
-    """Report every finished run under `folders` (one or several, e.g. one per model) and write
-    one summary of them all in `out` (default: the first folder); return its Markdown."""
+    """Report every finished run under `folders` (one or several, e.g. one per model or one per
+    study), write each study's summary and the pages; return the summaries' Markdown."""
     folders = [Path(folders)] if isinstance(folders, str | Path) else [Path(f) for f in folders]
     runs: list[Path] = []
     for folder in folders:
@@ -28,15 +35,32 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
             raise ProbekitError(
                 f"{folder} holds no finished run (no manifest.json beside scores.parquet)"
             )
-        runs += found
-    manifests = [json.loads((run / "manifest.json").read_text()) for run in runs]
-    names = {m.get("study", m.get("probe", {}).get("study")) for m in manifests}
-    if len(names) != 1 or None in names:
-        raise ProbekitError(f"the runs mix several studies ({names}); report them apart")
-    study = get_study(names.pop())
-    rows = []
-    for run, manifest in zip(runs, manifests, strict=True):
-        rows += study.report(pd.read_parquet(run / "scores.parquet"), run, manifest)
+        runs += [run for run in found if run not in runs]
+    by_study: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for run in runs:
+        manifest = json.loads((run / "manifest.json").read_text())
+        name = manifest.get("study", manifest.get("probe", {}).get("study"))
+        if name is None:
+            raise ProbekitError(f"{run}/manifest.json names no study; report it from its own run")
+        by_study.setdefault(name, []).append((run, manifest))
     target = Path(out) if out is not None else folders[0]
-    target.mkdir(parents=True, exist_ok=True)
-    return study.write_summary(rows, target)
+    pages, markdown = [], []
+    for name, members in by_study.items():
+        study = get_study(name)
+        rows: list[dict[str, Any]] = []
+        for run, manifest in members:
+            run_rows = study.report(pd.read_parquet(run / "scores.parquet"), run, manifest)
+            rows += run_rows
+            pages.append(load_run(run, pd.DataFrame(run_rows)))
+        where = target if len(by_study) == 1 else target / name
+        where.mkdir(parents=True, exist_ok=True)
+        written = study.write_summary(rows, where)
+        markdown.append(getattr(written, "markdown", written))  # a Summary, or its Markdown
+    for page in pages:
+        write_run_page(page)
+    if len(pages) == 1:
+        if pages[0].folder.resolve() != target.resolve():
+            write_run_page(pages[0], target)
+    else:
+        write_runs_page(pages, target)
+    return "\n".join(markdown)

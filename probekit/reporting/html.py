@@ -137,6 +137,16 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def model_name(folder: Path) -> str:
+    """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
+    path = Path(folder) / "manifest.json"
+    return (
+        str(json.loads(path.read_text(encoding="utf-8")).get("model", "?"))
+        if path.is_file()
+        else "?"
+    )
+
+
 def study_report_module(name: str) -> ModuleType | None:
     """The `report` module beside a registered study's `study.py` (None if it has none)."""
     from probekit.studies.base import get_study

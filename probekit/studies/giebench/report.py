@@ -10,13 +10,27 @@ import numpy as np
 import pandas as pd
 
 from probekit.io import atomic_write, write_text
-from probekit.plots import new_figure, save_figure
+from probekit.plots import CATEGORICAL, new_figure, save_figure
+from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.html import model_name
 from probekit.studies.giebench import metrics
 from probekit.studies.giebench.judge import OPTIONS
 
 VIEW_NAMES = {"ev": "direct", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
 SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
+VIEW_TEXT = {
+    "direct": "exact P(A-D) after the prefilled `[[`",
+    "explain": "exact P(A-D) read after the model's greedy explanation",
+    "generate": "greedy text, GIEBench's regular expression",
+}
+CAPTIONS = {
+    "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in generate) per "
+    "category and prompt type with 95 % bootstrap intervals over items, in the items' own answer "
+    "order and averaged over the cyclic orders; dotted line: chance (0.25).",
+    "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same items, "
+    "own order; labels: items that flipped wrong->right / right->wrong.",
+}
 
 
 def report_run(scores: pd.DataFrame, out: Path, mode: str, seed: int = 0) -> list[dict[str, Any]]:
@@ -31,9 +45,10 @@ def report_run(scores: pd.DataFrame, out: Path, mode: str, seed: int = 0) -> lis
     }
     for name, table in tables.items():
         atomic_write(out / f"{name}.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
-    accuracy_figure(tables["accuracy"], out / "accuracy.png", view)
+    model = model_name(out)
+    accuracy_figure(tables["accuracy"], out / "accuracy.png", f"{model}, view {view}")
     if not tables["shifts"].empty:
-        shift_figure(tables["shifts"], out / "shifts.png", view)
+        shift_figure(tables["shifts"], out / "shifts.png", f"{model}, view {view}")
     overall = tables["accuracy"][tables["accuracy"]["category"] == metrics.OVERALL]
     records = overall.drop(columns="category").to_dict("records")
     rows = [{"view": view, **r, "run": str(out)} for r in records]
@@ -129,8 +144,8 @@ def write_summary(rows: list[dict[str, Any]], out: Path) -> str:
 
 
 def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
-    """Bars of accuracy per category (and overall), one per prompt type, with the 95 % CI; one
-    panel per order view."""
+    """Bars of accuracy per category (and overall), one per prompt type, with the 95 % CI and
+    the number of items in the title; one panel per order view (own order, averaged)."""
     views = list(dict.fromkeys(acc["orders"]))
     fig = new_figure(10, 3.2 * len(views))
     axes = fig.subplots(len(views), 1, squeeze=False)[:, 0]
@@ -145,12 +160,14 @@ def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
             )
             x = np.arange(len(categories)) + (k - (len(types) - 1) / 2) * width
             err = [rows["accuracy"] - rows["ci_low"], rows["ci_high"] - rows["accuracy"]]
-            ax.bar(x, rows["accuracy"], width, yerr=err, capsize=2, label=prompt_type)
+            colour = CATEGORICAL[k % len(CATEGORICAL)]
+            ax.bar(x, rows["accuracy"], width, yerr=err, capsize=2, label=prompt_type, color=colour)
         ax.axhline(0.25, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
         ax.set_ylim(0, 1)
         ax.set_ylabel("accuracy")
-        ax.set_title(f"{view}, {orders} (dotted: chance)")
+        n_items = int(part.loc[part["category"] == metrics.OVERALL, "n_items"].max())
+        ax.set_title(f"GIEBench: {view}, {orders}, N = {n_items} items (dotted: chance)")
         ax.legend(fontsize=8)
     return save_figure(fig, path)
 
@@ -166,7 +183,7 @@ def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
     for k, name in enumerate(names):
         rows = shifts[shifts["shift"] == name].set_index("category").reindex(categories)
         x = np.arange(len(categories)) + (k - (len(names) - 1) / 2) * width
-        ax.bar(x, rows["delta"], width, label=name)
+        ax.bar(x, rows["delta"], width, label=name, color=CATEGORICAL[(k + 1) % len(CATEGORICAL)])
         for xi, (d, p, m) in zip(
             x, rows[["delta", "flips_plus", "flips_minus"]].to_numpy(), strict=True
         ):
@@ -182,7 +199,10 @@ def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
     ax.set_ylabel("change of accuracy")
-    ax.set_title(f"{view}: shifts on the same items (labels: +wrong->right / -right->wrong)")
+    ax.set_title(
+        f"GIEBench: {view}, shifts on the same items, own order "
+        "(labels: +wrong->right / -right->wrong)"
+    )
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
@@ -201,3 +221,39 @@ def _markdown(frame: pd.DataFrame, header: list[str]) -> str:
     for row in frame.itertuples(index=False):
         lines.append("| " + " | ".join("" if pd.isna(v) else str(v) for v in row) + " |")
     return "\n".join(lines)
+
+
+def headlines(rows: pd.DataFrame) -> list[Headline]:
+    """Overall accuracy per order view and prompt type with its interval; the identity prompt's
+    (`id`), averaged over orders where the run has several, stands for the study."""
+    has_orders = metrics.AVERAGED in set(rows["orders"])
+    found = []
+    for r in rows.to_dict("records"):
+        found.append(
+            Headline(
+                label=f"accuracy, {r['prompt_type']} prompt ({r['orders']})",
+                view=str(r["view"]),
+                value=r["accuracy"],
+                low=r["ci_low"],
+                high=r["ci_high"],
+                interval="95% bootstrap CI over items",
+                note=f"{int(r['n_items'])} items; chance 0.25",
+                primary=r["prompt_type"] == "id"
+                and r["orders"] == (metrics.AVERAGED if has_orders else metrics.OWN),
+            )
+        )
+    return found
+
+
+def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
+    """The run's view with the mean valid mass on A-D (from `scores.parquet`), the share of
+    explanations that reached `[[` (explain) or of responses with a verdict (generate)."""
+    view = str(rows["view"].iloc[0])
+    scores = pd.read_parquet(run_dir / "scores.parquet")
+    answered, label = None, "answer read"
+    if view == "explain" and "cue_missing" in scores:
+        answered, label = 1 - float(scores["cue_missing"].mean()), "explanations reaching `[[`"
+    if view == "generate" and "parsed" in scores:
+        answered, label = float((scores["parsed"] != "").mean()), "with a [[X]] verdict"
+    mass = float(scores["valid_mass"].mean()) if "valid_mass" in scores else None
+    return [ViewFacts(view, VIEW_TEXT.get(view, view), mass, answered, label)]

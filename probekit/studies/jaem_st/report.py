@@ -20,7 +20,8 @@ from matplotlib import colormaps
 from matplotlib.patches import Rectangle
 
 from probekit.io import atomic_write, write_text
-from probekit.plots import new_figure, save_figure
+from probekit.plots import CATEGORICAL, new_figure, save_figure
+from probekit.reporting import Headline, ViewFacts
 from probekit.studies.jaem_st import metrics
 
 SUMMARY_COLUMNS = (
@@ -28,6 +29,18 @@ SUMMARY_COLUMNS = (
     "argmax_accuracy", "parse_rate", "mean_valid_mass", "letter_bias", "answer_types", "outliers",
     "n_responses", "empty_responses", *metrics.RESPONSE_METRICS, "response_outliers",
 )  # fmt: skip
+VIEW_TEXT = {
+    "ev": "exact P(Empathetic) over A-E from the logits",
+    "generate": "greedy answer, its first standalone letter",
+}
+CAPTIONS = {
+    "groups.png": "CE score per gender x pronoun group with 95 % bootstrap intervals over "
+    "samples; dashed: the overall mean; vermillion and named: outliers (|z| above the "
+    "threshold, z over the spread of the group means).",
+    "groups_heatmap.png": "Mean CE score per gender (row) x pronoun (column); outlined: outliers.",
+    "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, with "
+    "95 % bootstrap intervals over samples; dashed: the overall mean.",
+}
 METRIC_NAMES = {
     "vad_valence": "AE valence", "vad_arousal": "AE arousal", "vad_dominance": "AE dominance",
     "era_IP": "ERA IP", "era_EX": "ERA EX", "era_ER": "ERA ER",
@@ -59,8 +72,12 @@ def report_run(
     _csv(out / f"templates{suffix}.csv", per_template)
     _csv(out / f"dimensions{suffix}.csv", dims)
     _csv(out / f"groups{suffix}.csv", group_table)
-    title = f"{manifest.get('model')} — CE{manifest.get('prompt', 0)}, {view}"
+    title = (
+        f"JaEm-ST: {manifest.get('model')}, CE prompt {manifest.get('prompt', 0)}, view {view}, "
+        f"N = {int(overall['n'])} samples"
+    )
     accuracy_figure(dims, out / f"accuracy_by_group{suffix}.png", title, float(overall["mean"]))
+    group_figure(group_table, groups, out / f"groups{suffix}.png", title, float(overall["mean"]), z)
     if len(groups) == 2:
         group_heatmap(group_table, groups, out / f"groups_heatmap{suffix}.png", title, z)
 
@@ -153,7 +170,7 @@ def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) 
         x = np.arange(len(part))
         mean = part["mean"].to_numpy()
         err = np.vstack([mean - part["low"].to_numpy(), part["high"].to_numpy() - mean])
-        ax.errorbar(x, mean, yerr=err, fmt="o", capsize=3)
+        ax.errorbar(x, mean, yerr=err, fmt="o", capsize=3, color=CATEGORICAL[0])
         ax.axhline(overall, color="grey", linestyle="--", linewidth=1)
         ax.set_xticks(x, part["value"].astype(str), rotation=60, ha="right",
                       rotation_mode="anchor", fontsize=8)  # fmt: skip
@@ -187,8 +204,41 @@ def group_heatmap(
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(groups[1])
     ax.set_ylabel(groups[0])
-    ax.set_title(f"{title}\noutlined: |z| > {z:g}", fontsize=9)
+    ax.set_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}", fontsize=9)
     fig.colorbar(image, ax=ax, label="CE score")
+    save_figure(fig, path)
+
+
+def group_figure(
+    table: pd.DataFrame, groups: Sequence[str], path: Path, title: str, overall: float, z: float
+) -> None:
+    """The mean score of every group with its 95 % interval, sorted, the overall mean dashed;
+    outliers (|z| > the threshold) in vermillion with their z written beside them."""
+    table = table.sort_values("mean").reset_index(drop=True)
+    names = ["/".join(str(r[g]) for g in groups) for _, r in table.iterrows()]
+    fig = new_figure(7.5, 1.4 + 0.22 * len(table))
+    ax = fig.add_subplot()
+    for i, r in table.iterrows():
+        colour = CATEGORICAL[3] if r["outlier"] else CATEGORICAL[0]
+        err = [[r["mean"] - r["low"]], [r["high"] - r["mean"]]]
+        ax.errorbar(r["mean"], i, xerr=err, fmt="o", color=colour, capsize=2, markersize=4)
+        if r["outlier"]:
+            label = f"z {r['z']:+.2f}"
+            ax.annotate(
+                label,
+                (r["high"], i),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+                color=colour,
+            )
+    ax.axvline(overall, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(table)), names, fontsize=8)
+    ax.set_ylim(-0.7, len(table) - 0.3)
+    ax.set_xlabel("CE score (95 % CI over samples)")
+    ax.set_ylabel(" / ".join(groups))
+    ax.set_title(f"{title}\nvermillion: outliers, |z| > {z:g}; dashed: overall mean", fontsize=9)
     save_figure(fig, path)
 
 
@@ -249,3 +299,47 @@ def summary_markdown(frame: pd.DataFrame) -> str:
 
 def _num(value: Any) -> str:
     return "—" if value is None or pd.isna(value) else f"{value:.3f}"
+
+
+def headlines(rows: pd.DataFrame) -> list[Headline]:
+    """The CE score per view and template with its interval and the outlier groups; the exact
+    view over both templates stands for the study."""
+    found = []
+    for r in rows.to_dict("records"):
+        found.append(
+            Headline(
+                label=f"CE score ({r['template']})",
+                view=str(r["view"]),
+                value=r["accuracy"],
+                low=r["low"],
+                high=r["high"],
+                interval="95% bootstrap CI over samples",
+                note=f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
+                primary=r["view"] == "ev" and r["template"] == "all",
+            )
+        )
+    return found
+
+
+def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
+    """Per view (both templates): the mean valid mass on A-E; generate: the share of answers
+    with a letter, and how often that letter is the exact argmax (from `scores.parquet`)."""
+    facts = []
+    for r in rows[rows["template"] == "all"].to_dict("records"):
+        agreement = None
+        if r["view"] == "generate":
+            scores = pd.read_parquet(run_dir / "scores.parquet", columns=["argmax", "parsed"])
+            read = scores[scores["parsed"].notna()]
+            agreement = float((read["argmax"] == read["parsed"]).mean()) if len(read) else None
+        facts.append(
+            ViewFacts(
+                str(r["view"]),
+                VIEW_TEXT.get(str(r["view"]), str(r["view"])),
+                valid_mass=r["mean_valid_mass"],
+                answered=r["parse_rate"] if r["view"] == "generate" else None,
+                answered_label="with a letter",
+                agreement=agreement,
+                note=f"letter bias {r['letter_bias']}",
+            )
+        )
+    return facts
