@@ -212,7 +212,7 @@ def patching_heatmap(
     """Save mean recovery as layer x site heatmaps, one panel per span, as a PNG.
 
     `summary` has columns layer, site (a hook name `blocks.{l}.{site}` or a bare site), span and
-    recovery (as from `patching.mean_recovery`). The colour scale is fixed at [-1, 1] (red = the
+    recovery (as from `patching.summarise`). The colour scale is fixed at [-1, 1] (red = the
     clean behaviour restored, blue = pushed the other way) and each cell prints its value, so
     values beyond the scale stay readable; cells without data are grey.
     """
