@@ -16,6 +16,7 @@ import pandas as pd
 from probekit.distributed import detect_launch
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import DEFAULT_EPSILON
+from probekit.reporting import write_pages
 from probekit.run import Shard, merge_if_complete, run_probe
 from probekit.studies.base import Study, check_mode
 
@@ -94,6 +95,7 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
         return None
     out = Path(args.out)
     markdown = study.write_summary(rows, out)
+    write_pages(out, rows)  # report.html in each run folder, and across several runs in out
     say("")
     say(markdown)
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
