@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 
 _API = {
     "ProbekitError": "probekit.errors",
+    "score": "probekit.api",
+    "load_engine": "probekit.engines",
     "load_model": "probekit.engines.hf.model",
     "LoadedModel": "probekit.engines.hf.model",
     "AnswerSet": "probekit.answers",
@@ -20,6 +22,7 @@ _API = {
     "CharSpan": "probekit.items",
     "EncodedItem": "probekit.items",
     "encode_item": "probekit.items",
+    "fill_template": "probekit.items",
     "Scorer": "probekit.engines.hf.scorer",
     "ScoreResult": "probekit.engines.hf.scorer",
     "parse_metric": "probekit.scoring.metrics",
