@@ -50,11 +50,12 @@ from common import (
 )
 
 from probekit.cli import study_parser
-from probekit.engines.hf.model import LoadedModel, load_model
-from probekit.engines.hf.reference import shared_prefix
-from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer
+from probekit.engines import load_engine
+from probekit.engines.base import DEFAULT_EPSILON, Engine
+from probekit.engines.hf.forward import body
+from probekit.engines.hf.model import LoadedModel
+from probekit.engines.hf.reference import generate_greedy, shared_prefix
 from probekit.options import comma_list
-from probekit.scoring.generate import generate_greedy
 from probekit.studies.base import Probe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe
     return study.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
 
 
-def first_prompts(model: LoadedModel, probe: Probe, n: int) -> list[list[int]]:
+def first_prompts(model: Engine, probe: Probe, n: int) -> list[list[int]]:
     ids = []
     for item in probe.items():
         ids.append(model.encode(item, probe.as_string).input_ids)
@@ -157,7 +158,7 @@ def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -
     gen_ids = first_prompts(model, gen_probe, args.prompts)
     n, budget = len(exact_ids), gen_probe.max_new_tokens
 
-    scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=args.batch_size)
+    scorer = model.scorer(answers, epsilon=args.epsilon, batch_size=args.batch_size)
     results, sec, cpu = timed(device, lambda: list(scorer.score(exact_ids)))
     timings = [Timing("(a) exact", n, sec, cpu)]
     stats, batch = scorer.stats, scorer.batch_size
@@ -170,12 +171,12 @@ def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -
 
     texts, sec, cpu = timed(device, hf_generate)
     timings.append(Timing(f"(b) generate {budget} + parse", len(gen_ids), sec, cpu))
-    decoder = Scorer(
-        model, answers, batch_size=batch, max_new_tokens=budget, settled=gen_probe.settled
+    decoder = model.scorer(
+        answers, batch_size=batch, max_new_tokens=budget, settled=gen_probe.settled
     )
     tokens, sec, cpu = timed(device, lambda: decoder.generate(gen_ids))
     timings.append(Timing("(b') decode + early stop", len(gen_ids), sec, cpu))
-    early = model.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    early = model.decode(tokens)
     parsed = [gen_probe.parse(text) for text in texts]
     parse_differs = sum(gen_probe.parse(t) != p for t, p in zip(early, parsed, strict=True))
 
@@ -249,9 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     start_load = load_line("at start")
     warn_load(start_load[0], 0.0)
-    model = load_model(args.model, device=args.device)
+    model = load_engine(args.model, device=args.device)
     with torch.inference_mode():  # warm-up: the first forward pays one-off set-up costs
-        model.hf(input_ids=torch.tensor([[model.tokenizer.eos_token_id] * 8], device=model.device))
+        body(model, torch.tensor([[model.tokenizer.eos_token_id] * 8], device=model.device))
     print(f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}; epsilon "
           f"{args.epsilon:g}; data {args.data or 'the studies defaults'}")  # fmt: skip

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from probekit.engines.base import ScorerStats
     from probekit.engines.hf.model import LoadedModel
-    from probekit.engines.hf.scorer import ScorerStats
 
 T = TypeVar("T")
 
@@ -106,16 +106,16 @@ def trie_rates(stats: ScorerStats, model: LoadedModel) -> dict[str, float]:
     prompt_rate = stats.prompt_tokens / stats.prompt_seconds
     trie_rate = stats.trie_positions / stats.trie_seconds
     body_rate = stats.trie_positions / (stats.trie_seconds - stats.head_seconds)
-    embedding = model.hf.get_input_embeddings().weight
-    head = model.hf.get_output_embeddings().weight
-    body = sum(p.numel() for p in model.hf.parameters() if p is not embedding and p is not head)
+    from probekit.engines.hf.head import parameter_split
+
+    body, head = parameter_split(model)
     return {
         "prompt_tokens_per_s": prompt_rate,
         "trie_positions_per_s": trie_rate,
         "trie_vs_prompt": trie_rate / prompt_rate,
         "trie_without_head_vs_prompt": body_rate / prompt_rate,
         "head_share_of_trie": stats.head_seconds / stats.trie_seconds,
-        "bound_from_flops": body / (body + head.numel()),
+        "bound_from_flops": body / (body + head),
     }
 
 

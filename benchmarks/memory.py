@@ -27,8 +27,7 @@ from scoring import SETTING, build_prompts, load_events
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import sample_events
-from probekit.engines.hf.model import load_model
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines import load_engine
 from probekit.studies.intergroup import get_setting
 
 MAX_GROWTH = 0.10
@@ -52,11 +51,9 @@ def child(n: int, setting: str, data: str | None, batch_size: int) -> None:
     """Score `n` prompts and print one JSON line of memory figures."""
     events, _ = load_events(data)
     events = sample_events(events, EVENTS_PER_EMOTION, 0)
-    model = load_model("default")
+    model = load_engine("default")
     ids = build_prompts(model, events, n, setting)
-    scorer = Scorer(
-        model, AnswerSet.range(0, get_setting(setting).scale_max), batch_size=batch_size
-    )
+    scorer = model.scorer(AnswerSet.range(0, get_setting(setting).scale_max), batch_size=batch_size)
     list(scorer.score(ids[:2]))  # warm-up, so that one-off allocations count as loading
     loaded = status_mib("VmRSS")
     reset_peak()

@@ -60,10 +60,18 @@ from common import (
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
+from probekit.engines import load_engine
+from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer, ScoreResult, ScorerStats
+from probekit.engines.hf.forward import body
 from probekit.engines.hf.model import LoadedModel, load_model
-from probekit.engines.hf.reference import brute_force, candidate_loglik, shared_prefix
-from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer, ScoreResult, ScorerStats
-from probekit.scoring.generate import generate_greedy, intensity_settled, parse_intensity
+from probekit.engines.hf.reference import (
+    brute_force,
+    candidate_loglik,
+    generate_greedy,
+    shared_prefix,
+)
+from probekit.engines.hf.synthetic import random_weights
+from probekit.scoring.generate import intensity_settled, parse_intensity
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,7 +243,7 @@ def load_events(data: str | None) -> tuple[Any, str]:
     return load_crowd_envent(source.path), where
 
 
-def build_prompts(model: LoadedModel, events: Any, n: int, setting: str) -> list[list[int]]:
+def build_prompts(model: Engine, events: Any, n: int, setting: str) -> list[list[int]]:
     """Token ids of the first `n` prompts of the probe, in probe order."""
     probe = IntergroupProbe(get_category(CATEGORY), get_setting(setting), events)
     if n > len(probe):
@@ -254,7 +262,7 @@ def build_prompts(model: LoadedModel, events: Any, n: int, setting: str) -> list
 def random_llama8b() -> LoadedModel:
     """A randomly initialised Llama-3.1-8B-shaped model, bf16 on cuda, with SmolLM2's tokenizer
     (its ids are < 128256, and random weights make the tokenizer irrelevant to speed)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     tokenizer = load_model("default", device="cpu").tokenizer
     config = LlamaConfig(
@@ -269,19 +277,7 @@ def random_llama8b() -> LoadedModel:
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.device("cuda"):
-        hf = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
-    hf.to("cuda").eval()
-    hf.generation_config.pad_token_id = tokenizer.pad_token_id
-    hf.generation_config.eos_token_id = None  # random weights: always generate all new tokens
-    return LoadedModel(
-        hf=hf,
-        tokenizer=tokenizer,
-        name="random-llama-3.1-8b",
-        source="random",
-        device=torch.device("cuda"),
-        dtype=torch.bfloat16,
-    )
+    return random_weights(config, tokenizer, "random-llama-3.1-8b", "cuda", torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------- methods
@@ -306,7 +302,7 @@ def run_loglik(
 
 
 def run_generate_mode(
-    model: LoadedModel,
+    model: Engine,
     answers: AnswerSet,
     ids: list[list[int]],
     batch_size: int,
@@ -314,10 +310,8 @@ def run_generate_mode(
     settled: Callable[[str], bool] | None,
 ) -> list[int]:
     """The study's generate mode: exact scores plus decoding from the same cache, parsed."""
-    scorer = Scorer(model, answers, batch_size=batch_size, max_new_tokens=budget, settled=settled)
-    texts = model.tokenizer.batch_decode(
-        [r.generated for r in scorer.score(ids)], skip_special_tokens=True
-    )
+    scorer = model.scorer(answers, batch_size=batch_size, max_new_tokens=budget, settled=settled)
+    texts = model.decode([r.generated for r in scorer.score(ids)])
     return [parse_intensity(text) for text in texts]
 
 
@@ -363,16 +357,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.loglik_prompts = args.check_prompts = 0  # meaningless and slow with random weights
         args.shared_prompts = min(args.shared_prompts, args.prompts)
     else:
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
+        model = load_engine(args.model, device=args.device, dtype=args.dtype)
     ids = build_prompts(model, events, args.prompts, args.setting)
     answers = AnswerSet.range(0, get_setting(args.setting).scale_max)
     scale = f"0-{answers.answers[-1]}"
     lengths = [len(p) for p in ids]
 
-    scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=args.batch_size)
+    scorer = model.scorer(answers, epsilon=args.epsilon, batch_size=args.batch_size)
     batch = scorer.batch_size
     with torch.inference_mode():  # warm-up: one tiny forward
-        model.hf(input_ids=torch.tensor([ids[0][:8]], device=model.device))
+        body(model, torch.tensor([ids[0][:8]], device=model.device))
     synchronize(model.device)
 
     print(
@@ -396,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsed: list[int] = []
     for r in range(args.repeat):
         if r:
-            scorer = Scorer(model, answers, epsilon=args.epsilon, batch_size=batch)
+            scorer = model.scorer(answers, epsilon=args.epsilon, batch_size=batch)
         results, sec, cpu = timed(model.device, lambda s=scorer: run_exact(s, ids))
         runs = [Timing(f"(a) exact {scale}", len(ids), sec, cpu)]
         parsed, sec, cpu = timed(
@@ -456,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         brute, brute_seconds, _ = timed(
             model.device, lambda: [brute_force(model, prompt, answers) for prompt in check]
         )
-        exact_scorer = Scorer(model, answers, epsilon=0.0, batch_size=batch)
+        exact_scorer = model.scorer(answers, epsilon=0.0, batch_size=batch)
         at_zero = list(exact_scorer.score(check))
         diff_default = max(
             float(np.max(np.abs(r.probs * r.valid_mass - b)))

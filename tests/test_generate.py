@@ -8,8 +8,9 @@ from conftest import reference_data_root
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import first_events
+from probekit.engines.hf.reference import generate_greedy
 from probekit.engines.hf.scorer import Scorer
-from probekit.scoring.generate import generate_greedy, intensity_settled, parse_intensity
+from probekit.scoring.generate import intensity_settled, parse_intensity
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import IntergroupProbe
 

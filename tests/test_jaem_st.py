@@ -324,7 +324,7 @@ def word_count_classifier() -> WordCountClassifier:
 def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch, data):
     """The CE run end to end, plus free responses scored by a hand-made lexicon and a fake ERA
     classifier (8 new tokens keep it quick); then the resume of responses.parquet."""
-    monkeypatch.setattr(responses, "load_model", lambda *a, **k: smol)
+    monkeypatch.setattr(responses, "load_engine", lambda *a, **k: smol)
     lexicon = _handmade_lexicon(tmp_path / "handmade_vad.txt")
     out = tmp_path / "run"
     code = main(

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from probekit.answers import AnswerSet
-from probekit.engines.hf.reference import brute_force, shared_prefix
+from probekit.engines.hf.reference import brute_force, generate_greedy, shared_prefix
 from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
-from probekit.scoring.generate import generate_greedy, parse_intensity
+from probekit.scoring.generate import parse_intensity
 from probekit.studies.intergroup import get_setting, render_messages
 
 ISEAR = (

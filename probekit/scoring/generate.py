@@ -1,14 +1,9 @@
-"""The paper-faithful baseline: greedy generation, then the authors' answer-extraction rules."""
+"""The paper-faithful baseline's answer extraction: the authors' rules for a generated response,
+and when a partial response can no longer change its parsed answer (the decoding stop rule)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-
-import torch
-
-from probekit.batching import left_pad
-from probekit.engines.hf.model import LoadedModel
 
 REFUSAL_PREFIXES = ("I cannot", "I can't", "I'm not rating")
 _INTEGER = re.compile(r"\b\d+\b")
@@ -45,24 +40,3 @@ def intensity_settled(response: str, lo: int = 0, hi: int = 100) -> bool:
         return False  # still on the way to a refusal (or nothing written yet)
     numbers = [int(n) for n in _COMPLETE_INTEGER.findall(response)]
     return len(numbers) >= 2 or (len(numbers) == 1 and lo <= numbers[0] <= hi)
-
-
-@torch.inference_mode()
-def generate_greedy(
-    model: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 16
-) -> list[str]:
-    """Greedy continuations of left-padded token-id prompts, decoded without special tokens."""
-    tok = model.tokenizer
-    ids, mask = left_pad(prompts, tok.pad_token_id, model.device)
-    width = ids.shape[1]
-    out = model.hf.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        pad_token_id=tok.pad_token_id,
-    )
-    return tok.batch_decode(out[:, width:], skip_special_tokens=True)

@@ -1,4 +1,5 @@
-"""SDPA that reads grouped key/value heads in place, for models run on the CPU.
+"""Attention for scoring: boolean masks as additive masks, and SDPA that reads grouped key/value
+heads in place for models run on the CPU.
 
 Scoring always passes an attention mask (left padding, the answer trie's tree mask). Given a
 mask, the Hugging Face SDPA integration copies every key/value head once per query head of its
@@ -63,3 +64,11 @@ def use_grouped_sdpa(hf: Any, device: torch.device) -> None:
     AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
     AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
     hf.set_attn_implementation(GROUPED_SDPA)
+
+
+def additive_mask(attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask (True: may attend) as the additive mask a model takes: 0 where
+    allowed, the dtype's most negative value elsewhere. The trie's tree-shaped masks pass this
+    form, which the model uses as given."""
+    out = torch.zeros(attend.shape, dtype=dtype, device=attend.device)
+    return out.masked_fill_(~attend, torch.finfo(dtype).min)

@@ -1,6 +1,6 @@
 """The exact answer distribution with autograd: the engine's definition in one differentiable pass.
 
-The quantity is the scoring engine's (`probekit.engines.hf.scorer`): every surface form of every
+The quantity is the trie pass's (`probekit.engines.hf.trie_pass`): every surface form of every
 answer, times its stop probability, with float64 normalisers and stop sums. Only the route
 differs, so that gradients reach any activation of the prompt: the prompt and every node of the
 answer trie go through the model in ONE forward, the nodes appended after the prompt with a
@@ -22,8 +22,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from probekit.batching import left_pad, positions
-from probekit.engines.hf.scorer import HEAD_CHUNK, Scorer, _additive, lm_head, vocabulary_sums
-from probekit.scoring.trie import ALNUM, DIGIT
+from probekit.engines.hf.attention import additive_mask
+from probekit.engines.hf.forward import body
+from probekit.engines.hf.head import HEAD_CHUNK, lm_head, vocabulary_sums
+from probekit.engines.hf.scorer import Scorer
 
 
 def answer_mass(scorer: Scorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -32,7 +34,7 @@ def answer_mass(scorer: Scorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
     Prompts are left-padded to the batch width W: position p of a prompt of length n sits at
     column W - n + p of every activation in the forward (the trie nodes follow from column W).
     """
-    model, t = scorer.model, scorer._tables
+    model, t = scorer.model, scorer.trie_pass.tables
     dev = model.device
     n, nodes = len(batch), t.n_nodes
     ids, mask = left_pad(batch, model.tokenizer.pad_token_id, dev)
@@ -41,11 +43,8 @@ def answer_mass(scorer: Scorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
     lengths = mask.sum(-1)
     tokens = torch.cat([ids, t.token[1:].expand(n, -1)], dim=1)
     position_ids = torch.cat([positions(mask), lengths[:, None] - 1 + depth[None, 1:]], dim=1)
-    hidden = model.hf.model(
-        input_ids=tokens,
-        attention_mask=_additive(_tree_mask(mask.bool(), t.ancestors), model.dtype),
-        position_ids=position_ids,
-    ).last_hidden_state
+    attend = additive_mask(_tree_mask(mask.bool(), t.ancestors), model.dtype)
+    hidden, _ = body(model, tokens, attend, position_ids)
     node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
     terms = _node_terms(scorer, node_hidden.reshape(n * nodes, -1), t.child_token.repeat(n, 1))
     terms = terms.view(n, nodes, -1)
@@ -57,8 +56,7 @@ def answer_mass(scorer: Scorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
     edge = torch.cat([root, child_logp[:, parent[1:], slot[1:]]], dim=1)  # log P(node | parent)
     # log P(node) = its own edge + its ancestors' edges (ancestors below the root; -1 -> edge 0 = 0)
     logp_node = edge + edge[:, t.ancestors.clamp(min=0)].sum(-1)
-    node_p = (logp_node[..., None] + stop_logp).exp()
-    return node_p[..., DIGIT] @ t.terminal[DIGIT] + node_p[..., ALNUM] @ t.terminal[ALNUM]
+    return t.answer_probs(logp_node, stop_logp)
 
 
 def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
@@ -100,14 +98,15 @@ def _head_chunk(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor)
     extend" columns; the max is a constant shift, so it carries no gradient."""
     logits = lm_head(scorer.model, hidden)
     top = logits.max(-1).values.detach()[:, None]
-    sums = vocabulary_sums((logits - top).exp(), scorer._sum_blocks).log() + top.double()
+    blocks = scorer.trie_pass.columns.blocks
+    sums = vocabulary_sums((logits - top).exp(), blocks).log() + top.double()
     children = torch.gather(logits, 1, child_token.clamp(min=0)).double()
     return torch.cat([sums, children], dim=1)
 
 
 def _parent_slots(scorer: Scorer) -> tuple[torch.Tensor, torch.Tensor]:
     """Per node, its parent and its slot among the parent's children (root: 0, 0)."""
-    t = scorer._tables
+    t = scorer.trie_pass.tables
     parent = torch.zeros(t.n_nodes, dtype=torch.long, device=t.child_index.device)
     slot = torch.zeros_like(parent)
     rows, cols = torch.nonzero(t.child_index >= 0, as_tuple=True)

@@ -6,12 +6,12 @@ ground truth the tests compare against. `shared_prefix` gives the same numbers t
 engines score a choice (SGLang's `select` on a RadixAttention prefix cache): the prompt once, every
 candidate continuation batched against its KV cache — the strongest peer of the exact engine.
 `candidate_loglik` is the lm-eval-harness style baseline (the log-likelihood of each answer as a
-continuation, no stop probability).
+continuation, no stop probability). `generate_greedy` is transformers' own `generate`, the
+reference for the scorer's decoding.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,8 +19,10 @@ import torch
 
 from probekit.answers import AnswerSet
 from probekit.batching import left_pad, positions
+from probekit.engines.hf import cache as kv
+from probekit.engines.hf.forward import body
+from probekit.engines.hf.head import lm_head, vocabulary_size
 from probekit.engines.hf.model import LoadedModel
-from probekit.engines.hf.scorer import lm_head
 from probekit.scoring.trie import AnswerTrie, answer_variants, extension_masks
 
 
@@ -34,7 +36,7 @@ def brute_force(
     """
     tok = model.tokenizer
     rules = AnswerTrie.build(answers, tok).rules
-    ext = extension_masks(tok, model.hf.get_output_embeddings().weight.shape[0])
+    ext = extension_masks(tok, vocabulary_size(model))
     seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
     out = np.zeros(len(answers))
     start = len(prompt) - 1  # position whose logits predict the first answer token
@@ -46,9 +48,7 @@ def brute_force(
         for row, (_, tokens) in enumerate(chunk):
             ids[row, : len(prompt) + len(tokens)] = torch.tensor(list(prompt) + tokens)
             mask[row, : len(prompt) + len(tokens)] = 1
-        hidden = model.hf.model(
-            input_ids=ids.to(model.device), attention_mask=mask.to(model.device)
-        ).last_hidden_state
+        hidden, _ = body(model, ids.to(model.device), mask.to(model.device))
         for row, (a, tokens) in enumerate(chunk):
             k = len(tokens)
             needed = hidden[row, start : start + k + 1]  # the LM head only where it is read
@@ -69,11 +69,11 @@ def shared_prefix(
     `batch_size` candidates per forward, and the LM head read only where a probability is."""
     tok = model.tokenizer
     rules = AnswerTrie.build(answers, tok).rules
-    ext = extension_masks(tok, model.hf.get_output_embeddings().weight.shape[0])
+    ext = extension_masks(tok, vocabulary_size(model))
     seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
     device, n = model.device, len(prompt)
-    first = model.hf.model(input_ids=torch.tensor([list(prompt)], device=device), use_cache=True)
-    root = lm_head(model, first.last_hidden_state[0, -1:]).double().log_softmax(-1).cpu()
+    hidden, prompt_kv = body(model, torch.tensor([list(prompt)], device=device))
+    root = lm_head(model, hidden[0, -1:]).double().log_softmax(-1).cpu()
     out = np.zeros(len(answers))
     for start in range(0, len(seqs), batch_size):
         chunk = seqs[start : start + batch_size]
@@ -81,15 +81,15 @@ def shared_prefix(
         ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
         for row, (_, tokens) in enumerate(chunk):
             ids[row, : len(tokens)] = torch.tensor(tokens)
-        cache = copy.deepcopy(first.past_key_values)
-        cache.batch_repeat_interleave(len(chunk))
-        hidden = model.hf.model(  # right padding: a candidate never attends to its padding
-            input_ids=ids.to(device),
-            attention_mask=torch.ones((len(chunk), n + width), dtype=torch.long, device=device),
-            position_ids=torch.arange(n, n + width, device=device).expand(len(chunk), -1),
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state
+        cache = kv.copy_of(prompt_kv)
+        kv.repeat_rows(cache, len(chunk))
+        hidden, _ = body(  # right padding: a candidate never attends to its padding
+            model,
+            ids.to(device),
+            torch.ones((len(chunk), n + width), dtype=torch.long, device=device),
+            torch.arange(n, n + width, device=device).expand(len(chunk), -1),
+            cache,
+        )
         read = torch.cat([hidden[row, : len(tokens)] for row, (_, tokens) in enumerate(chunk)])
         logps = lm_head(model, read).double().log_softmax(-1).cpu()
         at = 0
@@ -125,3 +125,24 @@ def candidate_loglik(
             cols = torch.arange(width - len(cont) - 1, width - 1)
             out[start + row] = float(logp[row, cols, torch.tensor(cont)].sum())
     return out
+
+
+@torch.inference_mode()
+def generate_greedy(
+    model: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 16
+) -> list[str]:
+    """Greedy continuations of left-padded token-id prompts, decoded without special tokens."""
+    tok = model.tokenizer
+    ids, mask = left_pad(prompts, tok.pad_token_id, model.device)
+    width = ids.shape[1]
+    out = model.hf.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=tok.pad_token_id,
+    )
+    return tok.batch_decode(out[:, width:], skip_special_tokens=True)

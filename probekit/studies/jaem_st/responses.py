@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 
 from probekit.answers import AnswerSet
-from probekit.engines.hf.model import LoadedModel, load_model
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines import load_engine
+from probekit.engines.base import Engine
 from probekit.errors import ProbekitError
 from probekit.io import write_parquet
 from probekit.items import Item, fill_template
@@ -99,7 +99,7 @@ def response_items(data: JaemData, samples: pd.DataFrame) -> list[Item]:
 
 
 def generate_responses(
-    model: LoadedModel,
+    model: Engine,
     items: Sequence[Item],
     max_new_tokens: int,
     save: Callable[[list[str]], None] | None = None,
@@ -108,12 +108,12 @@ def generate_responses(
     `save(responses so far)` after every `CHUNK` items."""
     # The Scorer reads an answer distribution too (here over A-E, unused): only its greedy
     # continuation, decoded from the same prompt pass, is kept.
-    scorer = Scorer(model, AnswerSet(LETTERS), max_new_tokens=max_new_tokens)
+    scorer = model.scorer(AnswerSet(LETTERS), max_new_tokens=max_new_tokens)
     responses: list[str] = []
     for start in range(0, len(items), CHUNK):
         ids = [model.encode(item).input_ids for item in items[start : start + CHUNK]]
         generated = [r.generated for r in scorer.score(ids, window=len(ids))]
-        responses += model.tokenizer.batch_decode(generated, skip_special_tokens=True)
+        responses += model.decode(generated)
         if save is not None:
             save(responses)
     return responses
@@ -143,7 +143,7 @@ def generate_missing(
     run_dir: Path,
     manifest: dict[str, Any],
     say: Callable[..., None],
-    model: LoadedModel | None = None,
+    model: Engine | None = None,
 ) -> tuple[ResponseOptions, Any, pd.DataFrame, pd.DataFrame]:
     """Generate the responses `responses.parquet` lacks (with `model`, else the run's model
     loaded again) and save them; return the options, the data, the samples and the table."""
@@ -161,7 +161,7 @@ def generate_missing(
     if todo.any():
         items = [i for i, t in zip(response_items(data, samples), todo, strict=True) if t]
         say(f"responses: {len(items)} free continuations ({options.max_new_tokens} new tokens)")
-        model = model or load_model(manifest["model"], device=options.device)
+        model = model or load_engine(manifest["model"], device=options.device)
         where = frame.index[todo]
 
         def save(done: list[str]) -> None:

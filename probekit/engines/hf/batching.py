@@ -1,0 +1,54 @@
+"""Batches for the scorer: prompts that share prefixes and lengths go together, and a batch that
+runs out of CUDA memory is retried at half the size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+
+def batch_order(prompts: Sequence[Sequence[int]], batch_size: int) -> list[int]:
+    """Lexicographic order puts prompts with shared prefixes together; within each block of a few
+    batches, sorting by length then keeps left padding small."""
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    block = 4 * batch_size
+    return [
+        i
+        for start in range(0, len(order), block)
+        for i in sorted(order[start : start + block], key=lambda i: len(prompts[i]))
+    ]
+
+
+def run_batched(
+    prompts: list[Sequence[int]],
+    run: Callable[[list[Sequence[int]]], list[Any]],
+    batch_size: int,
+    progress: Any = None,
+    shrink: Callable[[int], None] | None = None,
+) -> Iterator[Any]:
+    """`run` on `batch_order` batches of the prompts, its outputs in input order. On CUDA
+    out-of-memory the batch size halves (`shrink(new_size)` is told, to keep it and free what it
+    holds) and the same prompts are tried again; at batch size 1 the error is raised."""
+    order = batch_order(prompts, batch_size)
+    results: list[Any] = [None] * len(prompts)
+    start = 0
+    while start < len(order):
+        idx = order[start : start + batch_size]
+        try:
+            batch_results = run([prompts[i] for i in idx])
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+            batch_size //= 2
+            if shrink is not None:
+                shrink(batch_size)
+            torch.cuda.empty_cache()
+            continue
+        for i, result in zip(idx, batch_results, strict=True):
+            results[i] = result
+        if progress is not None:
+            progress.update(len(idx))
+        start += len(idx)
+    yield from results

@@ -1,0 +1,43 @@
+"""The transformer body's forward (without the LM head) and the clock that times it.
+
+Every pass of the scorer (prompt, shared prefix, trie depth, decoding step) is one call of
+`body`: the hidden states of all positions and the KV cache, which the caller extends. The LM
+head runs separately (`head.py`), only on the positions whose distribution is read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from probekit.engines.hf.model import LoadedModel
+
+
+def body(
+    model: LoadedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+) -> tuple[torch.Tensor, Any]:
+    """Last-layer hidden states [rows, positions, d_model] and the cache, with `cache` (if
+    given) extended by these positions. `attention_mask` is either a 0/1 mask over the cached
+    and new columns, or an additive 4-D mask (`attention.additive_mask`)."""
+    out = model.hf.model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.last_hidden_state, out.past_key_values
+
+
+def clock(device: torch.device) -> float:
+    """Wall seconds, after the device's queued work is done (so each phase times its own)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()

@@ -1,0 +1,89 @@
+"""The LM head on the positions that are read, and float64-accurate sums over the vocabulary.
+
+Every trie node's distribution needs two numbers from the whole vocabulary: its normaliser and,
+per answer rule, the stop mass (the probability of a token that does not extend the answer).
+`VocabularyColumns` holds both as columns of one matrix, and `vocabulary_sums` computes them in
+fp32 blocks added in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from probekit.scoring.trie import extension_masks
+
+if TYPE_CHECKING:
+    from probekit.engines.hf.model import LoadedModel
+
+HEAD_CHUNK = 256  # rows of the LM head computed at once (bounds the logits' memory)
+SUM_BLOCK = 128  # vocabulary entries per partial sum of `vocabulary_sums`
+
+
+def vocabulary_size(model: LoadedModel) -> int:
+    """Rows of the LM head (can exceed the tokenizer's vocabulary: padded embeddings)."""
+    return int(model.hf.get_output_embeddings().weight.shape[0])
+
+
+def parameter_split(model: LoadedModel) -> tuple[int, int]:
+    """Weights of the transformer body (embeddings excluded) and of the LM head: the
+    multiply-adds per position of a prompt token (body) and of a trie node (body + head)."""
+    embedding = model.hf.get_input_embeddings().weight
+    head = model.hf.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.hf.parameters() if p is not embedding and p is not head)
+    return int(body), int(head.numel())
+
+
+def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head (and any final soft-capping) on the given positions only, in fp32 or wider
+    (a float64 model keeps float64 logits, which the float64 references rely on)."""
+    logits = model.hf.get_output_embeddings()(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    cap = getattr(model.hf.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def log_probs(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """Float64 next-token log-probs of the fp32 logits (normalised as the trie's nodes are)."""
+    return lm_head(model, hidden).double().log_softmax(-1)
+
+
+@dataclass
+class VocabularyColumns:
+    """Which tokens extend an answer, and the columns `vocabulary_sums` multiplies by."""
+
+    extends: torch.Tensor  # bool [rules, vocab]: the token extends an answer under that rule
+    blocks: torch.Tensor  # `sum_blocks` of [vocab, 1 + rules]: ones, then "does not extend"
+
+    @classmethod
+    def build(cls, model: LoadedModel) -> VocabularyColumns:
+        extends = extension_masks(model.tokenizer, vocabulary_size(model)).to(model.device)
+        stop = (~extends).T.float()
+        return cls(extends, sum_blocks(torch.cat([torch.ones_like(stop[:, :1]), stop], dim=1)))
+
+
+def sum_blocks(columns: torch.Tensor) -> torch.Tensor:
+    """Sum columns [vocab, c] as `vocabulary_sums` takes them: [blocks, SUM_BLOCK, c]."""
+    vocab, c = columns.shape
+    padded = columns.new_zeros(-(-vocab // SUM_BLOCK) * SUM_BLOCK, c)
+    padded[:vocab] = columns
+    return padded.view(-1, SUM_BLOCK, c)
+
+
+def vocabulary_sums(weights: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Float64 [k, c]: `weights` [k, vocab] times the sum columns of `sum_blocks`.
+
+    One fp32 matmul over the whole vocabulary loses its many tiny terms (the stop mass came out
+    ~1e-4 relative too low, by an amount that depends on the BLAS kernel and the thread count);
+    here the matmul sums only SUM_BLOCK terms at a time and the block sums are added in float64:
+    within ~1e-6 of a float64 sum at about half the cost of computing one."""
+    k, vocab = weights.shape
+    n, size, _ = blocks.shape
+    if n * size != vocab:
+        weights = torch.nn.functional.pad(weights, (0, n * size - vocab))
+    partial = torch.einsum("knb,nbc->knc", weights.view(k, n, size), blocks.to(weights.dtype))
+    return partial.double().sum(1)

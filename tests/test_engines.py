@@ -1,0 +1,86 @@
+"""The engine seam: the transformers engine satisfies the protocol, engines are picked by name,
+and bad engine names or an engine without hooks give one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from probekit.answers import AnswerSet
+from probekit.engines import ENGINES, load_engine
+from probekit.engines.base import Engine, Scorer, ScoreResult, hooks_unavailable
+from probekit.engines.hf.batching import run_batched
+from probekit.errors import ProbekitError
+from probekit.items import Item
+
+
+def test_hf_engine_satisfies_the_protocol(smol):
+    assert isinstance(smol, Engine)
+    assert smol.engine == "hf"
+    scorer = smol.scorer(AnswerSet.parse("A-E"), epsilon=0.0, batch_size=2)
+    assert isinstance(scorer, Scorer)
+    encoded = smol.encode(Item(id="q", text="Pick a letter from A to E. Answer:"))
+    (result,) = scorer.score([encoded.input_ids])
+    assert isinstance(result, ScoreResult)
+    assert result.probs.sum() == pytest.approx(1.0)
+    assert smol.hookable() is smol
+    description = smol.describe()
+    assert description["engine"] == "hf"
+    assert description["model"] == "default"
+    assert description["weights"] == smol.weights_fingerprint()
+    assert description["dtype"] == "float32"
+
+
+def test_scorer_generates_and_engine_decodes(smol):
+    ids = smol.encode(Item(id="q", text="Count: one, two,")).input_ids
+    scorer = smol.scorer(AnswerSet.parse("A-E"), max_new_tokens=4)
+    (tokens,) = scorer.generate([ids])
+    assert 0 < len(tokens) <= 4
+    assert smol.decode([tokens]) == smol.tokenizer.batch_decode([tokens], skip_special_tokens=True)
+
+
+def test_unknown_engine_is_one_line():
+    with pytest.raises(ProbekitError) as err:
+        load_engine("default", engine="no-such-engine")
+    message = str(err.value)
+    assert "no-such-engine" in message and "hf" in message and "\n" not in message
+
+
+class HooklessEngine:
+    """What an engine without hooks (vLLM) answers."""
+
+    engine = "fake"
+
+    def hookable(self) -> None:
+        raise hooks_unavailable(self.engine)
+
+
+def fake_loader(spec: str, device: str | None = None, dtype: object = None) -> HooklessEngine:
+    return HooklessEngine()
+
+
+def test_registered_engine_is_loaded_by_name_and_refuses_hooks(monkeypatch):
+    monkeypatch.setitem(ENGINES, "fake", f"{__name__}:fake_loader")
+    engine = load_engine("anything", engine="fake")
+    assert isinstance(engine, HooklessEngine)
+    with pytest.raises(ProbekitError) as err:
+        engine.hookable()
+    assert "fake" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_batches_back_off_on_out_of_memory():
+    """A batch that runs out of CUDA memory is retried at half the size; outputs keep the input
+    order, and the new size is reported."""
+    prompts = [[i] * (1 + i % 3) for i in range(10)]
+    sizes, shrunk = [], []
+
+    def run(batch):
+        sizes.append(len(batch))
+        if len(batch) > 2:
+            raise torch.cuda.OutOfMemoryError("fake")
+        return [p[0] for p in batch]
+
+    out = list(run_batched(prompts, run, batch_size=8, shrink=shrunk.append))
+    assert out == list(range(10))
+    assert shrunk == [4, 2]
+    assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) == 2
