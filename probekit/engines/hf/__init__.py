@@ -1,1 +1,19 @@
-"""The transformers engine: model loading, the exact scorer and decoding on a Hugging Face model."""
+"""The transformers engine: a Hugging Face model behind the `Engine` protocol.
+
+- `model`: loading (`load_model`: default, hub id, directory, GGUF) and `LoadedModel`, the engine
+  (encode, scorer, decode, hookable, describe; TransformerLens and nnsight views)
+- `scorer`: `Scorer`, the exact scorer's facade (score, score_batch, generate, stats)
+- `batching`: length-sorted batches that share prefixes; half the batch on CUDA out-of-memory
+- `prefix_cache`: KV caches of recent shared prompt prefixes, computed once at batch size 1
+- `prompt_pass`: the prompts' forward, left-padded after a cached shared prefix
+- `trie_pass`: the answer trie read from the prompt cache, one forward per depth, pruned
+- `decoding`: greedy or sampled continuations with the study's stop rule
+- `head`: the LM head on the positions read, float64-accurate vocabulary sums
+- `forward`: the transformer body's forward and the device-synchronised clock
+- `cache`: the KV-cache operations (truncate, select rows, repeat rows, copy)
+- `attention`: boolean masks as additive masks; grouped-query SDPA on the CPU
+- `precision`: the float32 answer head under reduced-precision weights; the noise figure
+- `differentiable`: the same answer distribution in one pass with autograd (attribution)
+- `reference`: slow references (brute force, shared-prefix peer, loglik, transformers generate)
+- `synthetic`: random-weight models for speed measurements
+"""
