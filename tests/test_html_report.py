@@ -1,0 +1,264 @@
+"""report.html: the page's content from a run folder (jinja render, no browser), and the pages of
+a real ISEAR run and of `probekit report` across runs rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+
+from probekit import cli
+from probekit.plots import new_figure, save_figure
+from probekit.reporting import load_run, run_page_html, runs_page_html
+from probekit.reporting.headline import format_number
+from probekit.studies.isear.events import SAMPLE_ROOT
+from probekit.studies.isear.probe import EMOTIONS
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.is_file(),
+    reason="headless Chromium is not installed (apt-get install chromium): the pages are not "
+    "checked in a browser",
+)
+
+
+def isear_rows(model: str, shift: float = 0.0) -> list[dict]:
+    """Summary rows as the ISEAR study writes them (exact view only)."""
+    rows = [
+        {
+            "metric": f"max_diff_{e}",
+            "value": 0.01 * (i + 1) + shift,
+            "low": 0.005 * (i + 1),
+            "high": 0.02 * (i + 1) + shift,
+            "mark": "A",
+            "mark_of_value": "A",
+        }
+        for i, e in enumerate(EMOTIONS)
+    ]
+    rows.append(
+        {
+            "metric": "max_diff",
+            "value": 0.12 + shift,
+            "low": 0.06,
+            "high": 0.24 + shift,
+            "mark": "C",
+            "mark_of_value": "B",
+        }
+    )
+    rows.append({"metric": "mean_valid_mass", "value": 0.1337, "low": 0.12, "high": 0.15})
+    return [{"model": model, "events": 4, "view": "ev", **r} for r in rows]
+
+
+def intergroup_rows(model: str) -> list[dict]:
+    return [
+        {
+            "model": model,
+            "category": "religion",
+            "setting": "P0S0T0",
+            "mode": "ev",
+            "mean_valid_mass": 0.0878,
+            "delta": 1.4651,
+            "delta_ci_low": 1.378,
+            "delta_ci_high": 1.527,
+            "null_low": -0.514,
+            "null_high": 0.769,
+            "p_value": 1 / 120,
+            "p_exact": True,
+            "significant": True,
+            "n_kept": 24,
+            "n_events": 24,
+        }
+    ]
+
+
+def finished_run(folder: Path, study: str, rows: list[dict], **manifest: object) -> Path:
+    """A run folder as `probekit run` leaves it: manifest, scores, summary and one figure."""
+    folder.mkdir(parents=True)
+    fields = {
+        "study": study,
+        "model": rows[0]["model"],
+        "model_source": "/models/x",
+        "weights": "b179c9523d0e6a0f98a3",
+        "mode": "ev",
+        "epsilon": 1e-4,
+        "seed": 123,
+        "data_origin": "sample",
+        "data_sha256": "30d65877c84e9993e3b2",
+        "dtype": "float32",
+        "numerics": {"max_abs_error_vs_float64": 2.8e-6},
+        "versions": {"probekit": "0.1.0", "torch": "2.13.0+cpu"},
+        "command": f"probekit run {study} --out {folder}",
+        "probe": {"study": study},
+    }
+    fields.update(manifest)
+    (folder / "manifest.json").write_text(json.dumps(fields))
+    pd.DataFrame({"valid_mass": [0.1, 0.2]}).to_parquet(folder / "scores.parquet")
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    fig = new_figure(2, 1.5)
+    fig.add_subplot().plot([0, 1], [1, 0])
+    save_figure(fig, folder / "figure.png")
+    return folder
+
+
+def page_text(markup: str) -> str:
+    """The visible text of a page, tags removed and entities decoded, whitespace collapsed."""
+    text = re.sub(r"<(script|style)\b.*?</\1>", " ", markup, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def test_run_page_shows_card_warning_headlines_figures_and_manifest(tmp_path):
+    folder = finished_run(tmp_path / "run", "isear", isear_rows("default"))
+    markup = run_page_html(load_run(folder))
+    text = page_text(markup)
+    assert "Sample data, not the study's data set" in text
+    assert text.index("Sample data") < text.index("What is measured")  # at the top
+    assert "GenderBench's ISEAR probe" in text and "Pikuliak" in text  # the card, its source
+    assert "max_diff of P(emotion | gender)" in text
+    assert "0.120 [0.060, 0.240]" in text and "C (interval) / B (value)" in text
+    assert "0.134" in text  # the exact view's mean valid mass
+    png = (folder / "figure.png").read_bytes()
+    assert f"data:image/png;base64,{base64.b64encode(png).decode()}" in markup
+    for value in (
+        "b179c9523d0e6a0f98a3",
+        "30d65877c84e9993e3b2",
+        "float32",
+        "2.13.0+cpu",
+        "probekit run isear --out",
+        "max_abs_error_vs_float64",
+    ):
+        assert value in text
+    assert not re.search(r"(src|href)=\"https?:", markup)  # nothing to fetch: self-contained
+
+
+def test_run_page_without_sample_data_has_no_warning(tmp_path):
+    folder = finished_run(tmp_path / "run", "isear", isear_rows("default"), data_origin="local")
+    assert "Sample data" not in page_text(run_page_html(load_run(folder)))
+
+
+def test_page_across_studies_and_models(tmp_path):
+    runs = [
+        load_run(finished_run(tmp_path / "a", "isear", isear_rows("small"))),
+        load_run(finished_run(tmp_path / "b", "isear", isear_rows("large", 0.1))),
+        load_run(
+            finished_run(
+                tmp_path / "c",
+                "intergroup",
+                intergroup_rows("small"),
+                category="religion",
+                setting="P0S0T0",
+            )
+        ),
+        load_run(finished_run(tmp_path / "d", "isear", isear_rows("small"), seed=7)),
+    ]
+    text = page_text(runs_page_html(runs, tmp_path))
+    profile = text[text.index("Bias profile") : text.index("Models side by side")]
+    assert "small" in profile and "large" in profile
+    assert "+1.465" in profile and "[+1.378, +1.527]" in profile and "=0.0083" in profile
+    assert "0.120" in profile and "0.220" in profile  # each model's ISEAR headline
+    side = text[text.index("Models side by side") :]
+    assert "isear — mode ev (2 runs)" in side  # two models of the same settings together
+    assert "Shown apart" in side and "seed: 7 here, 123 there" in side
+    assert "a/report.html" in text and "Sample data, not the studies' data sets" in text
+
+
+def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    profile = tmp / "chromium-profile"
+    return subprocess.run(
+        [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def browser_text(page: Path, tmp: Path) -> str:
+    """The page's DOM after Chromium loaded it from disk, as visible text."""
+    done = chromium("--dump-dom", page.resolve().as_uri(), tmp=tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return page_text(done.stdout)
+
+
+def assert_not_blank(page: Path, tmp: Path) -> None:
+    shot = tmp / f"{page.parent.name}.png"
+    done = chromium(
+        "--window-size=1200,1600", f"--screenshot={shot}", page.resolve().as_uri(), tmp=tmp
+    )
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    image = imread(shot)[..., :3]
+    ink = (image.mean(axis=2) < 0.9).mean()
+    assert ink > 0.03 and image.std() > 0.05, f"the page looks blank ({ink:.1%} ink)"
+
+
+@pytest.fixture(scope="module")
+def isear_run(tmp_path_factory, smol):
+    """A real ISEAR run: 2 events x 3 genders on the default model, exact view."""
+    out = tmp_path_factory.mktemp("isear") / "run"
+    code = cli.main(
+        ["run", "isear", "--events", "2", "--data", str(SAMPLE_ROOT), "--out", str(out)]
+    )
+    assert code == 0
+    return out
+
+
+@pytest.mark.slow
+def test_isear_run_writes_its_page(isear_run):
+    page = isear_run / "report.html"
+    text = page_text(page.read_text(encoding="utf-8"))
+    assert "emotions.png" in text and "max_diff of P(emotion | gender)" in text
+    assert page.stat().st_size < 2_000_000
+
+
+def summary_numbers(folder: Path) -> list[str]:
+    """The ISEAR headline numbers of `summary.csv` as the page formats them."""
+    summary = pd.read_csv(folder / "summary.csv").set_index("metric")
+    row = summary.loc["max_diff"]
+    return [format_number(row[k]) for k in ("value", "low", "high")]
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_isear_page_in_chromium(isear_run, tmp_path):
+    text = browser_text(isear_run / "report.html", tmp_path)
+    assert "What is measured" in text and "Manifest" in text
+    for number in summary_numbers(isear_run):
+        assert number in text
+    assert_not_blank(isear_run / "report.html", tmp_path)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_report_of_two_runs_in_chromium(isear_run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(isear_run, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "model": "second-model"}))
+    both = tmp_path / "both"
+    assert cli.main(["report", str(isear_run), str(other), "--out", str(both)]) == 0
+    text = browser_text(both / "report.html", tmp_path)
+    assert "Bias profile per model" in text and "second-model" in text
+    assert "isear — mode ev (2 runs)" in text
+    for number in summary_numbers(isear_run):
+        assert number in text
+    summary = pd.read_csv(both / "summary.csv")
+    assert set(summary["model"]) == {"default", "second-model"}
+    assert (other / "report.html").is_file()
+    assert_not_blank(both / "report.html", tmp_path)
