@@ -1,4 +1,9 @@
-"""Finite answer sets: integer ranges (`0-100`), explicit lists (`A,B,C,D`) and files (`@path`).
+"""Finite answer sets: integer ranges (`0-100`), letter ranges (`A-E`), explicit lists
+(`A,B,C,D`) and files (`@path`, one answer a line), of 2 to `MAX_ANSWERS` (1,000) answers.
+
+A spec that yields one answer is refused rather than read as that one answer (`Yes-No` is not a
+range, and a one-answer set has probability 1 whatever the model says); so is a larger set,
+which the exact scorer would spend minutes building a trie for.
 
 An answer may have aliases, other surface forms that count as the same answer (`Joy` for `joy`):
 `AnswerSet(("joy", "fear"), aliases={"joy": ("Joy",), "fear": ("Fear",)})`, or
@@ -18,6 +23,9 @@ import numpy as np
 from probekit.errors import ProbekitError
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*-\s*(-?\d+)\s*$")
+_LETTERS = re.compile(r"^\s*([A-Za-z])\s*-\s*([A-Za-z])\s*$")
+MAX_ANSWERS = 1000
+"""The most answers a set may hold."""
 _INTEGER = re.compile(r"^-?\d+$")
 
 
@@ -32,6 +40,10 @@ class AnswerSet:
         if not self.answers:
             raise ProbekitError(
                 "the answer set is empty; give a range like 0-100 or a list A,B,C,D"
+            )
+        if len(self.answers) > MAX_ANSWERS:
+            raise ProbekitError(
+                f"the answer set has {len(self.answers)} answers; at most {MAX_ANSWERS} are allowed"
             )
         if any(not a or a != a.strip() for a in self.answers):
             raise ProbekitError("answers must be non-empty and carry no leading/trailing spaces")
@@ -67,23 +79,45 @@ class AnswerSet:
 
     @classmethod
     def parse(cls, spec: str) -> AnswerSet:
-        """`lo-hi` (integers), `a,b,c` (a list) or `@file` (one answer a line)."""
+        """`lo-hi` (integers), `A-E` (letters of one case), `a,b,c` (a list) or `@file` (one
+        answer a line, UTF-8); one line refusing a spec that yields a single answer or more
+        than `MAX_ANSWERS`."""
         if spec.startswith("@"):
-            path = Path(spec[1:])
-            if not path.is_file():
-                raise ProbekitError(f"answer file '{path}' does not exist")
-            lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-            return cls(tuple(line for line in lines if line))
-        match = _RANGE.match(spec)
-        if match:
+            answers = cls(tuple(_read_answer_file(Path(spec[1:]))))
+        elif match := _RANGE.match(spec):
             lo, hi = int(match.group(1)), int(match.group(2))
             if lo > hi:
                 raise ProbekitError(f"answer range '{spec}' has lo > hi; write it as {hi}-{lo}")
-            return cls.range(lo, hi)
-        items = [item.strip() for item in spec.split(",")]
-        if any(not item for item in items):
-            raise ProbekitError(f"answer list '{spec}' has an empty item")
-        return cls(tuple(items))
+            if hi - lo + 1 > MAX_ANSWERS:
+                raise ProbekitError(
+                    f"answer range '{spec}' has {hi - lo + 1} answers; at most {MAX_ANSWERS} are "
+                    "allowed"
+                )
+            answers = cls.range(lo, hi)
+        elif match := _LETTERS.match(spec):
+            lo, hi = match.group(1), match.group(2)
+            if lo.isupper() != hi.isupper():
+                raise ProbekitError(f"letter range '{spec}' mixes cases; write A-E or a-e")
+            if lo > hi:
+                raise ProbekitError(f"letter range '{spec}' has lo > hi; write it as {hi}-{lo}")
+            answers = cls(tuple(chr(c) for c in range(ord(lo), ord(hi) + 1)))
+        else:
+            items = [item.strip() for item in spec.split(",")]
+            if any(not item for item in items):
+                raise ProbekitError(f"answer list '{spec}' has an empty item")
+            ranged = [item for item in items if _RANGE.match(item) or _LETTERS.match(item)]
+            if len(items) > 1 and ranged:
+                raise ProbekitError(
+                    f"answer list '{spec}' holds '{ranged[0]}', which reads as a range: a spec is "
+                    "one range or a list; write every answer of the list out"
+                )
+            answers = cls(tuple(items))
+        if len(answers) == 1:
+            raise ProbekitError(
+                f"answer spec '{spec}' gives one answer ({answers.answers[0]!r}), whose "
+                "probability is always 1; give a range (0-100, A-E), a list (A,B,C) or @file"
+            )
+        return answers
 
     @classmethod
     def range(cls, lo: int, hi: int) -> AnswerSet:
@@ -101,3 +135,26 @@ class AnswerSet:
 
     def __len__(self) -> int:
         return len(self.answers)
+
+
+def _read_answer_file(path: Path) -> list[str]:
+    """The non-empty lines of an answer file, stripped; one line naming the file and line for
+    a missing file or bytes that are not UTF-8."""
+    if not path.is_file():
+        raise ProbekitError(f"answer file '{path}' does not exist")
+    answers = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise ProbekitError(
+                f"{path}:{number}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
+                f"{exc.start + 1}); save the file as UTF-8"
+            ) from None
+        if line:
+            answers.append(line)
+    if len(answers) > MAX_ANSWERS:
+        raise ProbekitError(
+            f"answer file '{path}' has {len(answers)} answers; at most {MAX_ANSWERS} are allowed"
+        )
+    return answers

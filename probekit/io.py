@@ -1,10 +1,18 @@
-"""Writing result files so that a reader never sees half of one: a hidden temporary name in the
-same folder, renamed into place once complete (`atomic_write`, `ParquetStream`)."""
+"""Writing result files so that a reader never sees half of one, and every write failure as one
+line: a hidden temporary name in the same folder, renamed into place once complete
+(`atomic_write`, `ParquetStream`); a full disk or a read-only folder is a `ProbekitError` naming
+the file, and leaves nothing behind. `check_writable` tries a folder before any long work, and
+`FileLock` keeps two processes out of the same work (a run's shard, a model conversion)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import re
+import socket
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 
@@ -12,21 +20,47 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from probekit.errors import ProbekitError
+
 
 def temporary_name(path: Path) -> Path:
     """A hidden name beside `path`, unique to this process (parquet readers skip dot files)."""
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+def write_error(path: Path, exc: OSError) -> ProbekitError:
+    """One line for a failed write: what failed, why, and what to do. (Arrow's IO errors carry
+    the errno only in their text, `[Errno 28] ...`.)"""
+    found = re.search(r"\[Errno (\d+)\]", str(exc))
+    code = exc.errno or (int(found.group(1)) if found else None)
+    reason = exc.strerror or (os.strerror(code) if code else str(exc).splitlines()[0])
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        hint = "the disk is full; free some space (or give another --out) and run it again"
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "the folder is not writable; give a writable --out"
+    else:
+        hint = "check the path and the disk"
+    return ProbekitError(f"cannot write {path}: {reason}; {hint}")
+
+
+def _discard(path: Path) -> None:
+    """Remove a temporary file if possible: a read-only folder must not raise a second error."""
+    with suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Call `write(tmp)` to write the file, then rename it to `path`; on failure remove it."""
+    """Call `write(tmp)` to write the file, then rename it to `path`; on failure remove it. An
+    OSError (full disk, read-only folder) becomes a ProbekitError naming `path`."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise write_error(path, exc) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
     return path
 
 
@@ -35,15 +69,48 @@ def write_parquet(path: str | Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
+def write_table(path: str | Path, table: pa.Table) -> Path:
+    """Write an Arrow table to `path` atomically, with a CRC checksum on every page (a reader
+    that asks for verification, `read_verified`, detects a damaged page)."""
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, write_page_checksum=True))
+
+
+def read_verified(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """Read a Parquet file checking its page checksums; a truncated or damaged file raises
+    (`pyarrow.ArrowInvalid` or `OSError`)."""
+    return pq.read_table(path, columns=columns, page_checksum_verification=True)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` atomically."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def check_writable(folder: str | Path) -> Path:
+    """Prove that files can be written in `folder` (or, if it does not exist yet, created under
+    its nearest existing parent) without leaving anything behind; a ProbekitError (one line)
+    otherwise. Run before a model loads, so that a bad --out fails in seconds."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ProbekitError(f"cannot write {folder}: {existing} is a file, not a folder")
+    probe = temporary_name(existing / ".write-check")
+    try:
+        probe.write_bytes(b"probekit")
+    except OSError as exc:
+        raise write_error(folder, exc) from None
+    finally:
+        _discard(probe)
+    return folder
+
+
 class ParquetStream:
     """Append DataFrames as row groups; the file appears under its name only once closed cleanly.
 
-    Memory stays flat however many rows pass through, and a failure leaves no half-written file.
+    Memory stays flat however many rows pass through, and a failure (a full disk included)
+    leaves no half-written file.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -53,10 +120,13 @@ class ParquetStream:
 
     def write(self, frame: pd.DataFrame) -> None:
         table = pa.Table.from_pandas(frame, preserve_index=False)
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp, table.schema)
-        self._writer.write_table(table.cast(self._writer.schema))
+        try:
+            if self._writer is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(self.tmp, table.schema)
+            self._writer.write_table(table.cast(self._writer.schema))
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
 
     def __enter__(self) -> ParquetStream:
         return self
@@ -67,9 +137,77 @@ class ParquetStream:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if exc_type is None and self._writer is not None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
+        try:
+            if self._writer is not None:
+                self._writer.close()
+            if exc_type is None and self._writer is not None:
+                os.replace(self.tmp, self.path)
+        except OSError as err:
+            if exc_type is None:
+                raise write_error(self.path, err) from None
+        finally:
+            _discard(self.tmp)
+
+
+class LockHeld(ProbekitError):
+    """Another live process holds the lock; `holder` says which (`PID 123 on host h`)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class FileLock:
+    """An exclusive lock on `path` that names its holder (PID and host) inside the file.
+
+    The kernel's `flock` does the locking, so a killed holder (SIGKILL included) releases it at
+    once: a lock file left behind by a dead process on this host is stale and taken over. A
+    lock file naming a process on another host (a shared filesystem, where `flock` may not
+    reach across machines) is honoured until that file is deleted. `blocking=False` raises
+    `LockHeld` instead of waiting.
+    """
+
+    def __init__(self, path: str | Path, blocking: bool = False) -> None:
+        self.path = Path(path)
+        self.blocking = blocking
+        self._fd: int | None = None
+
+    def __enter__(self) -> FileLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
+        try:
+            flags = fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd, flags)
+            except BlockingIOError:
+                raise self._held(_holder(fd)) from None
+            holder = _holder(fd)
+            if holder and holder[1] != socket.gethostname() and not self.blocking:
+                raise self._held(holder)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def _held(self, holder: tuple[str, str] | None) -> LockHeld:
+        who = f"PID {holder[0]} on host {holder[1]}" if holder else "another process"
+        return LockHeld(f"{who} holds {self.path}", who)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            with suppress(OSError):
+                os.ftruncate(self._fd, 0)  # released cleanly: nobody holds it now
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def _holder(fd: int) -> tuple[str, str] | None:
+    """(pid, host) written in a lock file, or None when it is empty or unreadable."""
+    text = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+    return (text[0], text[1]) if len(text) >= 2 else None

@@ -14,14 +14,21 @@ ROLES = ("system", "user", "assistant")
 
 
 def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
-    """Yield items from a JSONL file, checking each line and rejecting duplicate ids; `prefill`
-    is forced at the start of every response."""
+    """Yield items from a JSONL file (UTF-8), checking each line and rejecting duplicate ids;
+    `prefill` is forced at the start of every response."""
     path = Path(path)
     if not path.is_file():
         raise ProbekitError(f"prompt file '{path}' does not exist")
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ProbekitError(
+                    f"{path}:{number}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
+                    f"{exc.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             prompt = parse_prompt_line(line, f"{path}:{number}", prefill)

@@ -78,6 +78,12 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def venv_site(venv: Path) -> Path:
+    """The site-packages folder of a venv made by this interpreter."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return venv / "lib" / version / "site-packages"
+
+
 def _module_name(path: str) -> str:
     parts = path.removesuffix(".py").split("/")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -101,14 +107,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     subprocess.run([*pip, "wheel", "--no-deps", "-q", "-w", dist, src], env=env, check=True)
     (wheel,) = dist.glob("probekit-*.whl")
 
-    # --system-site-packages: torch and the other dependencies come from this machine. The
-    # editable install of the checkout is visible there too, but its finder is appended to
-    # sys.meta_path, after the venv's own site-packages, so the installed copy wins (checked
-    # below). No pip inside the venv (saves ~10 s): this pip installs into it (pip >= 22.3).
+    # torch and the other dependencies come from the environment running this test: a .pth
+    # file puts its site-packages after the venv's own. (`--system-site-packages` would give the
+    # base interpreter's instead, which lack them when this runs inside a venv.) The .pth files
+    # of those folders are not processed, so the editable install of the checkout stays
+    # invisible and the installed copy is what imports (checked below). No pip inside the venv
+    # (saves ~10 s): this pip installs into it (pip >= 22.3).
     venv = tmp_path_factory.mktemp("venv")
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    outer = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    (venv_site(venv) / "outer-environment.pth").write_text("".join(f"{p}\n" for p in outer))
     python = venv / "bin" / "python"
     subprocess.run(
         [*pip, "--python", python, "install", "--no-deps", "-q", wheel], env=env, check=True

@@ -2,14 +2,19 @@
 
 `word_tokenize` splits sentences with NLTK's punkt tables (`punkt_tab`, English) before the word
 tokens, so the tables must be found: NLTK's own search path (`$NLTK_DATA`, `~/nltk_data`, ...),
-else the `nltk/` folder of the probekit data root (`--data` or `$PROBEKIT_DATA`), else NLTK's
-downloader (`punkt_tab`, needs internet). Their sha256 is recorded, and compared with the pinned
-English tables in `probekit/datasets/SHA256SUMS`.
+else the `nltk/` folder of the probekit data root (`--data` or `$PROBEKIT_DATA`), else the
+probekit user cache (`~/.cache/probekit/nltk`), else NLTK's downloader (`punkt_tab`, needs
+internet). A download goes to a temporary folder and is used only if the four English tables
+equal the ones pinned in `probekit/datasets/SHA256SUMS` (then it is moved into the user cache);
+otherwise nothing is kept and the run stops with one line. Tables the user provides are used as
+given; their sha256 is recorded, and whether they equal the pinned ones.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +23,7 @@ import nltk
 
 from probekit.datasets.locate import ENV_VAR, combined_sha256, read_checksums
 from probekit.errors import ProbekitError
-from probekit.paths import file_sha256
+from probekit.paths import file_sha256, user_cache_dir
 
 PUNKT = "tokenizers/punkt_tab/english"
 PUNKT_FILES = tuple(
@@ -44,20 +49,29 @@ def evaluate(answer: str, emotions: Sequence[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+def _nltk_download(target: Path) -> object:
+    return nltk.download("punkt_tab", download_dir=str(target), quiet=True)
+
+
 def locate_punkt(
     data_root: str | Path | None = None,
-    download: Callable[[], object] = lambda: nltk.download("punkt_tab", quiet=True),
+    download: Callable[[Path], object] = _nltk_download,
 ) -> PunktTables:
-    """Find the English punkt tables and make `word_tokenize` read them (see the module doc)."""
+    """Find the English punkt tables and make `word_tokenize` read them (see the module doc);
+    `download(folder)` fetches NLTK's punkt_tab into `folder`."""
     root = _nltk_root()
+    cache = user_cache_dir() / "nltk"
     if root is None:
-        for base in (data_root, os.environ.get(ENV_VAR)):
-            if base and all((Path(base) / "nltk" / rel).is_file() for rel in PUNKT_FILES):
-                nltk.data.path.insert(0, str(Path(base) / "nltk"))
+        for base in (
+            *(Path(b) / "nltk" for b in (data_root, os.environ.get(ENV_VAR)) if b),
+            cache,
+        ):
+            if all((base / rel).is_file() for rel in PUNKT_FILES):
+                nltk.data.path.insert(0, str(base))
                 root = _nltk_root()
                 break
-    if root is None:
-        download()
+    if root is None and _download_pinned(download, cache):
+        nltk.data.path.insert(0, str(cache))
         root = _nltk_root()
     if root is None:
         raise ProbekitError(
@@ -66,9 +80,38 @@ def locate_punkt(
             f"them under DATA_ROOT/nltk/ with --data or ${ENV_VAR}, or run "
             "`python -m nltk.downloader punkt_tab` with internet"
         )
+    return PunktTables(root, combined_sha256(root, PUNKT_FILES), _is_pinned(root))
+
+
+def _is_pinned(root: Path) -> bool:
+    """Whether the English tables under `root` equal the pinned ones."""
     checksums = read_checksums()
-    pinned = all(file_sha256(root / rel) == checksums.get(f"nltk/{rel}") for rel in PUNKT_FILES)
-    return PunktTables(root, combined_sha256(root, PUNKT_FILES), pinned)
+    return all(file_sha256(root / rel) == checksums.get(f"nltk/{rel}") for rel in PUNKT_FILES)
+
+
+def _download_pinned(download: Callable[[Path], object], cache: Path) -> bool:
+    """Download punkt_tab into a temporary folder beside `cache` and, if its English tables
+    are the pinned ones, move them into `cache`; False if nothing was downloaded (offline)."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".nltk-", dir=cache.parent))
+    except OSError:
+        return False
+    try:
+        download(staging)
+        if not all((staging / rel).is_file() for rel in PUNKT_FILES):
+            return False
+        if not _is_pinned(staging):
+            raise ProbekitError(
+                "the downloaded NLTK punkt_tab tables differ from the pinned ones in "
+                "probekit/datasets/SHA256SUMS (a changed or corrupted download); nothing was "
+                "kept: set NLTK_DATA to a folder holding the pinned tables"
+            )
+        shutil.rmtree(cache, ignore_errors=True)  # a cache without all four tables is not used
+        os.replace(staging, cache)
+        return True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _nltk_root() -> Path | None:
