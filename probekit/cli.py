@@ -7,12 +7,23 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
-
-import pandas as pd
-from tqdm.auto import tqdm
+from pathlib import Path
+from typing import Any, NoReturn
 
 from probekit.errors import ProbekitError
+from probekit.options import (
+    CommandParser,
+    add_model_options,
+    check_out_dir,
+    non_negative_float,
+    positive_int,
+)
+
+STUDY_COMMANDS = {
+    "run": "run a study: exact scores (ev) or generation, resumable, then its report",
+    "patch": "activation patching of a study's counterfactual pairs, and its direction",
+    "capture": "activations at the spans of a study's prompts, to safetensors + parquet",
+}
 
 
 def run_script(name: str, body: Callable[[], None]) -> int:
@@ -31,15 +42,33 @@ def run_script(name: str, body: Callable[[], None]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 0
-    return run_script("probekit", lambda: args.func(args))
+
+    def body() -> None:
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help()
+        else:
+            args.func(args)
+
+    return run_script("probekit", body)
+
+
+class _StudyCommandHelp(argparse.Action):
+    """`probekit run --help` (no study named yet): the command's usage and the studies."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show this help and the studies")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        command = parser.prog.split()[-1]
+        print(f"usage: {parser.prog} STUDY [options]\n\n{STUDY_COMMANDS[command]}.\n")
+        print(f"Each study's options: {parser.prog} STUDY --help. Studies:")
+        _studies(argparse.Namespace())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="probekit",
         description="Exact logit-based bias probes for language models.",
         epilog="Each study's options: probekit run STUDY --help (likewise patch, capture).",
@@ -47,12 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     studies = sub.add_parser("studies", help="list the registered studies, one line each")
     studies.set_defaults(func=_studies)
-    for name, help_text in (
-        ("run", "run a study: exact scores (ev) or generation, resumable, then its report"),
-        ("patch", "activation patching of a study's counterfactual pairs, and its direction"),
-        ("capture", "activations at the spans of a study's prompts, to safetensors + parquet"),
-    ):
+    for name, help_text in STUDY_COMMANDS.items():
         command = sub.add_parser(name, help=help_text, add_help=False)
+        command.add_argument("-h", "--help", action=_StudyCommandHelp)
         command.add_argument("study", nargs="?", help="a study name (probekit studies)")
         command.add_argument("rest", nargs=argparse.REMAINDER, help="the study's options")
         command.set_defaults(func=_study_command)
@@ -73,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Write, for every prompt, the exact probability of each answer, the valid "
         "mass, argmax, and for numbers the expected value and std.",
     )
-    score.add_argument("--model", default="default", help="hub id, model dir, .gguf, or default")
+    add_model_options(score)
     score.add_argument(
         "--prompts", required=True, help='JSONL: {"id", "messages"} or {"id", "text"}'
     )
@@ -81,23 +107,23 @@ def _parser() -> argparse.ArgumentParser:
         "--answers", required=True, help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line)"
     )
     score.add_argument("--out", required=True, help="output .parquet (written atomically)")
-    score.add_argument("--batch-size", type=int, default=None, help="default: 16 on CPU, 64 on GPU")
+    score.add_argument(
+        "--batch-size", type=positive_int, default=None, help="default: 16 on CPU, 64 on GPU"
+    )
     score.add_argument("--prefill", default="", help="text forced at the start of the response")
     score.add_argument(
         "--epsilon",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="pruning bound: every row's error_bound (pruned mass / valid mass) is at most "
         "epsilon (default 1e-4; 0 = exact)",
     )
-    score.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
-    score.add_argument("--dtype", default=None, help="float32, bfloat16 (default by device)")
     score.set_defaults(func=_score)
 
     setup = sub.add_parser(
         "setup", help="convert the default model once and cache it (later loads take seconds)"
     )
-    setup.add_argument("--model", default="default")
+    add_model_options(setup)
     setup.set_defaults(func=_setup)
     return parser
 
@@ -116,9 +142,7 @@ def study_parser(command: str, study_name: str) -> tuple[argparse.ArgumentParser
     from probekit.studies import get_study
 
     study = get_study(study_name)
-    parser = argparse.ArgumentParser(
-        prog=f"probekit {command} {study.name}", description=study.title
-    )
+    parser = CommandParser(prog=f"probekit {command} {study.name}", description=study.title)
     _command_module(command).add_arguments(parser, study)
     return parser, study
 
@@ -160,23 +184,23 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
+    import pandas as pd
+    from tqdm.auto import tqdm
+
     from probekit.answers import AnswerSet
-    from probekit.engines.hf.model import load_model
-    from probekit.engines.hf.scorer import DEFAULT_EPSILON, Scorer
+    from probekit.engines import load_engine
+    from probekit.engines.base import DEFAULT_EPSILON
     from probekit.io import ParquetStream
     from probekit.prompts import read_prompts
 
     answers = AnswerSet.parse(args.answers)
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ProbekitError("--batch-size must be at least 1")
     epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
-    if epsilon < 0:
-        raise ProbekitError("--epsilon must be >= 0")
+    check_out_dir(Path(args.out).parent, "--out")
     total = sum(1 for _ in read_prompts(args.prompts))  # validates every line before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{args.prompts}' has no prompts")
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    scorer = Scorer(model, answers, epsilon=epsilon, batch_size=args.batch_size)
+    model = load_engine(args.model, device=args.device, dtype=args.dtype)
+    scorer = model.scorer(answers, epsilon=epsilon, batch_size=args.batch_size)
     window = 4096
 
     def chunks() -> Iterator[list]:
@@ -199,10 +223,10 @@ def _score(args: argparse.Namespace) -> None:
 
 
 def _setup(args: argparse.Namespace) -> None:
-    from probekit.engines.hf.model import load_model
+    from probekit.engines import load_engine
 
-    model = load_model(args.model)
-    print(f"model '{args.model}' ready: {model.source}")
+    model = load_engine(args.model, device=args.device, dtype=args.dtype)
+    print(f"model '{args.model}' ready: {model.describe()['model_source']}")
 
 
 if __name__ == "__main__":

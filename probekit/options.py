@@ -1,15 +1,223 @@
-"""Option types shared by every command and study: each turns one command-line string into a
-checked value, or one line saying what is wrong (argparse prints it and exits with status 2)."""
+"""Option types and the command-line parser shared by every command and study.
+
+Each type turns one command-line string into a checked value, or raises
+`argparse.ArgumentTypeError` with a phrase that reads after the option's name ("must be at
+least 1 (got 0)"); `CommandParser` prints it as one line and exits with status 2. Checks that
+involve several options run in the same parse (`CommandParser.add_check`), so that every option
+is validated before anything touches disk or loads a model. This module imports no model
+library: the command line's `--help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
 
 from probekit.errors import ProbekitError
 
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
+EVERY_COMMAND = ("run", "patch", "capture")  # the commands that take a study's options
+MECHANISM = ("patch", "capture")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a study, declared once for every command that takes it.
+
+    `type` is one of this module's types (None: the text as given), `default` its value when
+    the option is not given (`defaults` overrides it per command, e.g. fewer events for
+    patching), `commands` the study commands that take it, `switch` a flag without a value.
+    """
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    commands: tuple[str, ...] = ("run",)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    switch: bool = False
+
+    def add_to(self, parser: argparse.ArgumentParser, command: str) -> None:
+        """Add this option to `parser` as `command` takes it (nothing if it does not)."""
+        if command not in self.commands:
+            return
+        if self.switch:
+            parser.add_argument(self.flag, action="store_true", help=self.help)
+            return
+        default = self.defaults.get(command, self.default)
+        parser.add_argument(self.flag, type=self.type, default=default, help=self.help)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (a ProbekitError: the command line prints
+    it, exit status 2) and whose `add_check` functions (raising ProbekitError) validate the
+    parsed options together, before any work."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.checks: list[Callable[[argparse.Namespace], None]] = []
+
+    def add_check(self, check: Callable[[argparse.Namespace], None]) -> None:
+        """Run `check(args)` after parsing (it raises a ProbekitError to refuse them)."""
+        self.checks.append(check)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed = super().parse_args(args, namespace)
+        for check in self.checks:
+            check(parsed)
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """Raise one line (a ProbekitError, which the command line prints with exit status 2)
+        instead of printing the usage and exiting, as argparse would."""
+        match = re.match(r"argument ([^:]+): (.*)", message, re.DOTALL)
+        if match:  # "argument --epsilon: must be ..." -> "--epsilon must be ..."
+            flag, rest = match.group(1).split("/")[-1], match.group(2)
+            message = f"{flag} {rest}" if rest.startswith("must") else f"{flag}: {rest}"
+        raise ProbekitError(" ".join(message.split()))
+
+
+def _number(text: str, kind: Callable[[str], Any], name: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number (got {text!r})")
+    return value
+
+
+def integer(text: str) -> int:
+    """Any integer."""
+    return _number(text, int, "an integer")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (batch sizes, counts)."""
+    return int_range(1)(text)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (seeds)."""
+    return int_range(0)(text)
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """The type of an integer in [low, high] (no upper bound when `high` is None)."""
+
+    def parse(text: str) -> int:
+        value = integer(text)
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be {bound} (got {value})")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def finite_float(text: str) -> float:
+    """A finite number (no nan, no inf)."""
+    return _number(text, float, "a number")
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (epsilon, temperature)."""
+    return float_range(0.0)(text)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 (got {value:g})")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in [0, 1]."""
+    return float_range(0.0, 1.0)(text)
+
+
+def float_range(low: float, high: float | None = None) -> Callable[[str], float]:
+    """The type of a finite number in [low, high] (no upper bound when `high` is None)."""
+
+    def parse(text: str) -> float:
+        value = finite_float(text)
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound} (got {value:g})")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def count_or_all(text: str) -> int | None:
+    """A positive count, or `all` (None)."""
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a positive number or 'all'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}), or 'all'")
+    return value
+
+
+def shard(text: str) -> tuple[int, int]:
+    """`i/n`: this process runs every n-th prompt from the i-th (0 <= i < n)."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' must look like i/n, e.g. 0/4") from None
+    if count < 1 or not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"'{text}': need 0 <= i < n")
+    return index, count
+
+
+def dtype_name(text: str) -> str:
+    """A floating-point dtype name (aliases fp32, bf16, fp16, half accepted)."""
+    name = DTYPE_ALIASES.get(text, text)
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a dtype; choose {', '.join(DTYPES)}")
+    return name
+
+
+def device_name(text: str) -> str:
+    """cpu, cuda, cuda:N or mps."""
+    if not DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a device; use cpu, cuda, cuda:N or mps")
+    return text
+
+
+def choice(kind: str, names: Sequence[str]) -> Callable[[str], str]:
+    """The type of one of `names` ("unknown mode 'x'; choose one of ev, generate")."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {kind} '{text}'; choose one of {', '.join(names)}"
+            )
+        return text
+
+    parse.__name__ = kind
+    return parse
+
 
 def int_list(text: str) -> list[int]:
-    """argparse type for comma-separated integers such as `--layers 0,6,12`."""
+    """Comma-separated integers such as `--layers 0,6,12`."""
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
@@ -19,21 +227,54 @@ def int_list(text: str) -> list[int]:
 
 
 def comma_list(text: str) -> list[str]:
-    """argparse type for comma-separated names such as `--sites hook_resid_pre,hook_mlp_out`."""
+    """Comma-separated names such as `--sites hook_resid_pre,hook_mlp_out`."""
     items = [x.strip() for x in text.split(",")]
     if not all(items):
         raise argparse.ArgumentTypeError(f"{text!r} has an empty item")
     return items
 
 
-def count_or_all(text: str, option: str = "--events") -> int | None:
-    """An option that takes a positive count or `all` (None)."""
-    if text == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ProbekitError(f"{option} '{text}' must be a positive number or 'all'") from None
-    if value < 1:
-        raise ProbekitError(f"{option} must be at least 1 (got {value}), or 'all'")
-    return value
+def add_model_options(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """`--model`, `--device` and `--dtype`, the options of every command that loads a model;
+    `several`: `--model` may be repeated (a list, None when not given)."""
+    if several:
+        parser.add_argument(
+            "--model",
+            action="append",
+            default=None,
+            help="hub id, model dir, .gguf or default (the default); repeat it to run several "
+            "models, each into OUT/<model name>, summarised side by side",
+        )
+    else:
+        parser.add_argument(
+            "--model", default="default", help="hub id, model dir, .gguf or default"
+        )
+    parser.add_argument(
+        "--device", type=device_name, default=None, help="cuda, mps or cpu (default: the best)"
+    )
+    parser.add_argument(
+        "--dtype",
+        type=dtype_name,
+        default=None,
+        help=f"{', '.join(DTYPES)} (default: bfloat16 on accelerators, float32 on CPU)",
+    )
+
+
+def check_out_dir(path: str | Path, option: str = "--out") -> None:
+    """Refuse an output folder that cannot be created or written; leaves nothing behind (a
+    temporary file in the nearest existing folder is created and removed)."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ProbekitError(f"{option} {path} is a file, not a folder")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ProbekitError(f"{option} {path}: {existing} is a file, not a folder")
+    try:  # a real write: permissions alone miss read-only file systems and /proc
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".probekit-write-check-"):
+            pass
+    except OSError as err:
+        raise ProbekitError(
+            f"{option} {path}: cannot write in {existing} ({err.strerror})"
+        ) from None

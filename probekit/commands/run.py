@@ -1,6 +1,11 @@
 """`probekit run STUDY`: load each model once, run every probe of the study through the run loop
 (shards, resumable parts, merge), then write each run's metrics and figures and one summary of
-them all (several models: one folder per model, the summary side by side)."""
+them all (several models: one folder per model, the summary side by side).
+
+Every option is checked while parsing (`add_arguments`), before any data is read, anything is
+written or a model is loaded. The model library is imported by `execute` only, so that
+`probekit run STUDY --help` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -13,95 +18,144 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.distributed import detect_launch
-from probekit.engines.hf.model import load_model
-from probekit.engines.hf.scorer import DEFAULT_EPSILON
-from probekit.reporting import write_pages
-from probekit.run import Shard, merge_if_complete, run_probe
-from probekit.studies.base import Study, check_mode
+from probekit.engines.base import DEFAULT_EPSILON
+from probekit.options import (
+    CommandParser,
+    add_model_options,
+    check_out_dir,
+    choice,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    shard,
+)
+from probekit.studies.base import Probe, Say, Study
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
 
 
 def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
-    """The options every study's run shares, then the study's own."""
+    """The options every study's run shares, then the study's own, and `--out`'s check."""
+    add_model_options(parser, several=True)
     parser.add_argument(
-        "--model", action="append", default=None,
-        help="hub id, model dir, .gguf or default (the default); repeat it to run several models, "
-        "each into OUT/<model name>, summarised side by side (the paper's tables)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--mode", default="ev", help=f"{' or '.join(study.modes)} (ev: exact, the default)"
+        "--mode",
+        type=choice("mode", study.modes),
+        default="ev",
+        help=f"{' or '.join(study.modes)} (ev: exact, the default)",
     )
     parser.add_argument("--out", default=study.default_out, help="output directory")
-    parser.add_argument("--seed", type=int, default=0, help="sampling of items and statistics")
-    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th prompt from the i-th")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="pruning bound")
-    parser.add_argument("--device", default=None)
-    study.add_arguments(parser)
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="sampling of items and statistics"
+    )
+    parser.add_argument(
+        "--shard", type=shard, default="0/1", help="i/n: run every n-th prompt from the i-th"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=None)
+    parser.add_argument(
+        "--epsilon",
+        type=non_negative_float,
+        default=DEFAULT_EPSILON,
+        help="pruning bound: every row's error_bound is at most this (0: exact)",
+    )
+    study.add_options(parser, "run")
+    if isinstance(parser, CommandParser):
+        parser.add_check(lambda args: check_out_dir(args.out))
 
 
 def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     """Run `study` as `args` say; return the summary rows (None on a shard that is not last)."""
-    check_mode(args.mode, study.modes)
-    shard = Shard.parse(args.shard)
-    launch = detect_launch()
-    shard = shard.split(launch.rank, launch.world)
-    say = print if launch.is_main else (lambda *a, **k: None)
-    probes = study.probes(args, say)
+    from probekit.distributed import detect_launch
+    from probekit.engines import load_engine
+    from probekit.reporting import write_pages
 
     started = time.time()
+    launch = detect_launch()
+    say: Say = print if launch.is_main else (lambda *a, **k: None)
+    probes = study.probes(args, say)
     models = args.model or ["default"]
     rows: list[dict[str, Any]] = []
     for name in models:
-        model = load_model(name, device=launch.device(args.device))
+        model = load_engine(name, device=launch.device(args.device), dtype=args.dtype)
         out = Path(args.out) if len(models) == 1 else Path(args.out) / model_folder(name)
         for probe in probes:
             run_dir = out if len(probes) == 1 else out / probe.subdir
-            say(f"{probe.name}: {len(probe)} prompts, model {name} -> {run_dir}")
-            manifest = {
-                "study": study.name,
-                "model": name,
-                "model_source": model.source,
-                "weights": model.weights_fingerprint(),
-                "probe": probe.config(),
-                "mode": args.mode,
-                "epsilon": args.epsilon,
-                "max_new_tokens": probe.max_new_tokens if args.mode != "ev" else None,
-                "temperature": probe.temperature if args.mode != "ev" else None,
-                "seed": args.seed,
-                **probe.manifest(),
-                "versions": _versions(),
-                "command": " ".join(sys.argv),
-            }
-            scores_path = run_probe(
-                probe, model, run_dir, manifest, mode=args.mode, shard=shard,
-                batch_size=args.batch_size, epsilon=args.epsilon,
-            )  # fmt: skip
-            launch.barrier()
-            if launch.is_main and scores_path is None and launch.world > 1:
-                scores_path = merge_if_complete(run_dir, len(probe))
-            if not launch.is_main:
-                continue
-            if scores_path is None:
-                say(f"{probe.name}: this shard is done; other shards still missing, no summary yet")
-                continue
-            scores = pd.read_parquet(scores_path)
-            study.after_run(probe, model, scores, run_dir, manifest)
-            rows += study.report(scores, run_dir, manifest)
+            rows += _run(study, probe, model, name, run_dir, args, launch, say)
         del model
     if not rows:
         return None
     out = Path(args.out)
-    markdown = study.write_summary(rows, out)
+    summary = study.write_summary(rows, out)
     write_pages(out, rows)  # report.html in each run folder, and across several runs in out
-    say("")
-    say(markdown)
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
-    say(f"files: {out.resolve()}/ (summary.csv, summary.md, scores.parquet, manifest.json"
-        f"{', ' + figures if figures else ''}) — {time.time() - started:.0f} s")  # fmt: skip
-    return pd.DataFrame(rows)
+    say(f"\n{summary.markdown}")
+    say(
+        f"files: {out.resolve()}/ (summary.csv, summary.md, scores.parquet, manifest.json"
+        f"{', ' + figures if figures else ''}) — {time.time() - started:.0f} s"
+    )
+    return summary.table
+
+
+def _run(
+    study: Study,
+    probe: Probe,
+    model: Any,
+    name: str,
+    run_dir: Path,
+    args: argparse.Namespace,
+    launch: Any,
+    say: Say,
+) -> list[dict]:
+    """One probe on one model: score (this process's shard), merge, and report when complete."""
+    from probekit.run import Shard, merge_if_complete, run_probe
+
+    say(f"{probe.name}: {len(probe)} prompts, model {name} -> {run_dir}")
+    manifest = run_manifest(study, probe, model, name, args)
+    shard_ = Shard(*args.shard).split(launch.rank, launch.world)
+    scores_path = run_probe(
+        probe,
+        model,
+        run_dir,
+        manifest,
+        mode=args.mode,
+        shard=shard_,
+        batch_size=args.batch_size,
+        epsilon=args.epsilon,
+    )
+    launch.barrier()
+    if launch.is_main and scores_path is None and launch.world > 1:
+        scores_path = merge_if_complete(run_dir, len(probe))
+    if not launch.is_main:
+        return []
+    if scores_path is None:
+        say(f"{probe.name}: this shard is done; other shards still missing, no summary yet")
+        return []
+    scores = pd.read_parquet(scores_path)
+    study.after_run(probe, model, scores, run_dir, manifest)
+    return study.report(scores, run_dir, manifest)
+
+
+def run_manifest(
+    study: Study, probe: Probe, model: Any, name: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """What defines a run (recorded in manifest.json; some fields are resume keys)."""
+    described = model.describe()
+    generating = args.mode != "ev"
+    return {
+        "study": study.name,
+        "model": name,
+        "model_source": described["model_source"],
+        "weights": described["weights"],
+        "dtype": described["dtype"],
+        "probe": probe.config(),
+        "mode": args.mode,
+        "epsilon": args.epsilon,
+        "max_new_tokens": probe.max_new_tokens if generating else None,
+        "temperature": probe.temperature if generating else None,
+        "seed": args.seed,
+        **probe.manifest(),
+        "versions": _versions(),
+        "command": " ".join(sys.argv),
+    }
 
 
 def model_folder(name: str) -> str:

@@ -6,13 +6,12 @@ that starts with a double quote is a quoted field, `""` inside it one quote (eve
 `My partner accused me of "not pulling my weight"`, not the file's escaped form).
 """
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from probekit.datasets.locate import DataSource, combined_sha256, resolve_data_root
+from probekit.datasets.locate import Dataset, DataSource
 from probekit.errors import ProbekitError
 from probekit.paths import package_path
 
@@ -40,11 +39,12 @@ COLUMNS: tuple[str, ...] = (
 )
 TEXT_COLUMNS: tuple[str, ...] = ("generated_text", "first_person_text", "third_person_text")
 SAMPLE_ROOT = package_path("probekit.datasets", "samples")
+CROWD_ENVENT = Dataset("crowd-enVent", FILES, SAMPLE_ROOT)
 
 
 def resolve_crowd_envent(explicit: str | Path | None = None) -> DataSource:
     """The crowd-enVent data root; the probekit-written sample when the real data is unavailable."""
-    return resolve_data_root(explicit, list(FILES), sample=SAMPLE_ROOT)
+    return CROWD_ENVENT.resolve(explicit)
 
 
 def _read(path: Path, emotion: str) -> pd.DataFrame:
@@ -115,15 +115,13 @@ def sample_events(df: pd.DataFrame, per_emotion: int | None, seed: int) -> pd.Da
 
 def data_sha256(root: str | Path) -> str:
     """One sha256 over the 12 files under `root` (as `sha256sum crowd-enVent/* | sha256sum`)."""
-    return combined_sha256(root, FILES)
+    return CROWD_ENVENT.sha256(root)
 
 
-def first_events(explicit: str | Path | None, count: int, seed: int) -> pd.DataFrame:
-    """`count` events, one per emotion, from the resolved data root (analysis scripts' default)."""
-    source = resolve_crowd_envent(explicit)
-    if source.message:
-        print(source.message, file=sys.stderr)
-    events = sample_events(load_crowd_envent(source.path), per_emotion=1, seed=seed)
-    if not 1 <= count <= len(events):
+def first_events(root: str | Path, count: int | None, seed: int) -> pd.DataFrame:
+    """`count` events (None: all 12), one per emotion, from the data root `root` (what the
+    mechanism commands patch and capture)."""
+    events = sample_events(load_crowd_envent(root), per_emotion=1, seed=seed)
+    if count is not None and not 1 <= count <= len(events):
         raise ProbekitError(f"--events must be between 1 and {len(events)}, got {count}")
-    return events.head(count)
+    return events if count is None else events.head(count)

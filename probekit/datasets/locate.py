@@ -48,6 +48,42 @@ class DataSource:
     message: str = ""
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset a study reads: its required files (relative to a data root) and, optionally, a
+    probekit-written sample folder that stands in when the real data cannot be had."""
+
+    name: str
+    files: tuple[str, ...]
+    sample: Path | None = None
+
+    def resolve(self, explicit: str | Path | None = None) -> DataSource:
+        """The data root holding every file (see `resolve_data_root`)."""
+        return resolve_data_root(explicit, list(self.files), sample=self.sample)
+
+    def sha256(self, root: str | Path) -> str:
+        """One sha256 over the files under `root` (see `combined_sha256`)."""
+        return combined_sha256(root, self.files)
+
+    def find(self, explicit: str | Path | None, say: Callable[..., None]) -> DataSource:
+        """`resolve`, saying where the data came from, and loudly when a sample stands in."""
+        source = self.resolve(explicit)
+        if source.origin == "sample":
+            sample = f"using probekit's own sample (NOT {self.name})"
+            say(f"{self.name} not found: {sample}. {source.message}")
+        else:
+            say(f"data: {self.name} from {source.path} ({source.origin})")
+        return source
+
+    def manifest(self, source: DataSource) -> dict[str, str]:
+        """The run manifest's data fields: origin, path and checksum."""
+        return {
+            "data_origin": source.origin,
+            "data_path": str(source.path),
+            "data_sha256": self.sha256(source.path),
+        }
+
+
 def fetch_url(url: str, timeout: float = TIMEOUT_S) -> bytes:
     """The bytes at `url` (http(s) or file://), giving up after `timeout` seconds."""
     with urllib.request.urlopen(url, timeout=timeout) as response:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from probekit.errors import ProbekitError
 from probekit.stats.table import require_columns
@@ -56,6 +55,8 @@ def bootstrap_units(
         tail = 50 * (1 - level)
         low, high = np.percentile(resampled, [tail, 100 - tail])
     else:
+        from scipy import stats  # on use: scipy is slow to import
+
         half_width = stats.norm.ppf((1 + level) / 2) * resampled.std()
         low, high = resampled.mean() - half_width, resampled.mean() + half_width
     estimate = float(statistic(np.arange(n_units)))

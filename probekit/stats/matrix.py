@@ -7,7 +7,6 @@ over units; an optional reference row/column (e.g. a neutral identity) is left u
 import warnings
 
 import numpy as np
-from scipy import stats
 
 from probekit.errors import ProbekitError
 
@@ -45,6 +44,8 @@ def cell_pvalues(X: np.ndarray, reference: int | None = None) -> tuple[np.ndarra
     i, j = _tested_cells(k, reference)
     p_row = np.full((k, k), np.nan)
     p_column = np.full((k, k), np.nan)
+    from scipy import stats  # on use: scipy is slow to import
+
     # Zero-variance differences yield NaN p-values (masked below); scipy's warning adds nothing.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -1,11 +1,18 @@
-"""What every study provides, and the registry that the command line reads.
+"""The study contract, and the registry that the command line reads.
 
 A `Probe` is one study configuration whose items can be enumerated in a fixed order: which
 answers count, how a generated response is parsed, and what defines it (for the run manifest).
-A `Study` is a folder under `probekit/studies/` that builds probes from its command-line options,
-summarises a finished run (metrics, figures, summary), and, for the mechanism commands, builds
-items and counterfactual (clean, corrupt) pairs. Scoring, batching, sharding, resuming and
-writing results are the run loop's job (`probekit.run`), shared by all studies.
+A `Study` is a folder under `probekit/studies/` that declares its options once (`options`, used
+by `probekit run`, `patch` and `capture`), its data (`dataset`), builds probes from the parsed
+options, reports one view of a finished run (metrics, figures, summary rows), and, for the
+mechanism commands, builds items and counterfactual (clean, corrupt) pairs. The core does the
+rest: parsing and validating options before any work (`add_options`, `check`), finding the data
+and filling the manifest's data fields (`data_source`), the loop over a run's views (`report`),
+the summary files (`write_summary`, one `Summary`); scoring, batching, sharding, resuming and
+writing results are the run loop's job (`probekit.run`).
+
+Study modules import no model library at module level: listing the studies and `--help` load
+only their light metadata (name, title, options).
 """
 
 from __future__ import annotations
@@ -14,17 +21,36 @@ import argparse
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from probekit.answers import AnswerSet
+from probekit.datasets.locate import Dataset, DataSource
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
+from probekit.mechanism.defaults import MechanismDefaults
+from probekit.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
 
 MODES = ("ev", "generate")  # exact scores from the logits; greedy generation + parse (+ exact)
 Say = Callable[..., None]
+
+__all__ = [
+    "EVERY_COMMAND",
+    "MECHANISM",
+    "MODES",
+    "Option",
+    "Probe",
+    "Say",
+    "Study",
+    "Summary",
+    "check_mode",
+    "get_study",
+    "list_studies",
+    "register",
+]
 
 
 def check_mode(mode: str, modes: Sequence[str] = MODES) -> str:
@@ -32,6 +58,14 @@ def check_mode(mode: str, modes: Sequence[str] = MODES) -> str:
     if mode not in modes:
         raise ProbekitError(f"unknown mode '{mode}'; choose one of {', '.join(modes)}")
     return mode
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `write_summary` wrote: `summary.csv` as a table and `summary.md` as text."""
+
+    table: pd.DataFrame
+    markdown: str
 
 
 class Probe(ABC):
@@ -66,6 +100,11 @@ class Probe(ABC):
         """Extra manifest fields (data origin and checksum, study options)."""
         return {}
 
+    def add_columns(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Columns derived from finished rows of the results table (e.g. GIEBench's
+        `p_correct`), added by the run loop before the rows are written; none by default."""
+        return frame
+
     def __len__(self) -> int:
         return sum(1 for _ in self.items())
 
@@ -77,35 +116,81 @@ class Study(ABC):
     title: str  # one line for `probekit studies`
     modes: tuple[str, ...] = MODES
     default_out: str = "runs/study"
+    default_seed: int = 0  # the default of --seed (items and statistics)
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
+    options: tuple[Option, ...] = ()  # the study's own options of run, patch and capture
+    dataset: Dataset | None = None  # the data found by `data_source` from --data
 
-    @abstractmethod
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The study's own options of `probekit run/patch/capture STUDY`."""
+    def add_options(self, parser: argparse.ArgumentParser, command: str) -> None:
+        """Add the study's options that `command` (run, patch or capture) takes, after the
+        command's own, and the study's `check` to the parser's checks."""
+        parser.set_defaults(seed=self.default_seed)
+        for option in self.options:
+            option.add_to(parser, command)
+        if isinstance(parser, CommandParser):
+            parser.add_check(lambda args: self.check(args, command))
+
+    def check(self, args: argparse.Namespace, command: str) -> None:
+        """Refuse options that are valid one by one but not together (a ProbekitError), before
+        any data is read; nothing by default."""
+        return None
+
+    def data_source(self, args: argparse.Namespace, say: Say) -> DataSource:
+        """The study's `dataset` found from `--data`, saying where it came from (and loudly when
+        the probekit-written sample stands in); `dataset.manifest(source)` gives its fields."""
+        if self.dataset is None:
+            raise ProbekitError(f"the study '{self.name}' declares no dataset")
+        return self.dataset.find(getattr(args, "data", None), say)
 
     @abstractmethod
     def probes(self, args: argparse.Namespace, say: Say) -> list[Probe]:
         """The probes one `run` covers (several write to `OUT/<probe.subdir>`)."""
 
     def after_run(
-        self, probe: Probe, model: Any, scores: pd.DataFrame, run_dir: Path,
-        manifest: dict[str, Any],
-    ) -> None:  # fmt: skip
+        self, probe: Probe, model: Any, scores: pd.DataFrame, run_dir: Path, manifest: dict
+    ) -> None:
         """Extra work on a finished run that needs the loaded model (e.g. free responses), done
         by `probekit run` before `report`; nothing by default."""
         return None
 
-    @abstractmethod
+    def views(self, mode: str) -> list[str]:
+        """The views a run in `mode` reports: a generate run records the exact scores too, so
+        it reports both (its own first)."""
+        return [mode, "ev"] if mode == "generate" else [mode]
+
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
-        """Metrics and figures of one finished run in `run_dir`: one summary row per view."""
+        """Metrics and figures of one finished run in `run_dir`: `report_view` of every view,
+        the run's own view unsuffixed, the others' files suffixed `_<view>`."""
+        mode = manifest["mode"]
+        rows = []
+        for view in self.views(mode):
+            suffix = "" if view == mode else f"_{view}"
+            rows += self.report_view(scores, run_dir, manifest, view, suffix)
+        return rows
 
-    @abstractmethod
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> str:
-        """Write `summary.csv` and `summary.md` in `out`; return the Markdown."""
+    def report_view(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
+    ) -> list[dict]:
+        """Metrics and figures of one view of a run (files named with `suffix`): its summary
+        rows."""
+        raise NotImplementedError(f"the study '{self.name}' reports no view")
 
-    def add_mechanism_arguments(self, parser: argparse.ArgumentParser, default_events: int) -> None:
-        """The study's own options of `probekit capture/patch STUDY` (which items to use)."""
-        return None
+    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
+        """Write `summary.csv` (the rows) and `summary.md` (`summary_markdown`) in `out`."""
+        from probekit.io import atomic_write, write_text
+
+        table = pd.DataFrame(rows)
+        atomic_write(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
+        markdown = self.summary_markdown(table)
+        write_text(out / "summary.md", markdown)
+        return Summary(table, markdown)
+
+    def summary_markdown(self, table: pd.DataFrame) -> str:
+        """`summary.md`: the title and the summary table."""
+        header = "| " + " | ".join(map(str, table.columns)) + " |"
+        rule = "|" + "---|" * len(table.columns)
+        body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.to_numpy()]
+        return "\n".join([f"# {self.title}", "", header, rule, *body]) + "\n"
 
     def mechanism_items(
         self, args: argparse.Namespace, say: Say, purpose: str
@@ -117,15 +202,14 @@ class Study(ABC):
         """Counterfactual (clean, corrupt) pairs on the same unit, built by the study."""
         raise ProbekitError(f"the study '{self.name}' builds no patching pairs")
 
-    def mechanism_defaults(self) -> dict[str, Any]:
-        """Defaults of the mechanism commands: `spans` to patch and the `metric` spec (or a
-        function (probe, encoded prompts, their exact results) -> spec, whose docstring's first
-        sentence names it in --help, for a study without a direction); for the
-        difference-of-means direction, if the study has one: `direction_span`,
-        `direction_contrast(probe)` (a prompt -> bool function), `direction_centre` (the key
-        columns a prompt's gap is centred within) and `direction_statistic(probe)` (a
-        (frame, value column) -> number function, e.g. the empathy gap)."""
-        return {}
+    def mechanism_defaults(self) -> MechanismDefaults:
+        """Defaults of the mechanism commands (spans, readout, direction; see
+        `probekit.mechanism.defaults`)."""
+        return MechanismDefaults()
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 _REGISTRY: dict[str, Study] = {}

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from probekit.answers import AnswerSet
 from probekit.choices import cyclic_orders, letter_of
 from probekit.items import CharSpan, Item
@@ -148,3 +151,9 @@ class GIEBenchProbe(Probe):
 
     def manifest(self) -> dict[str, Any]:
         return {"prompt_types": list(self.prompt_types), "orders": len(self.orders), **self.extra}
+
+    def add_columns(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """`p_correct`: the normalised probability of the correct verdict (`p::<correct>`)."""
+        probs = frame[[f"p::{letter}" for letter in OPTIONS]].to_numpy()
+        where = frame["correct"].map(OPTIONS.index).to_numpy()
+        return frame.assign(p_correct=probs[np.arange(len(frame)), where])

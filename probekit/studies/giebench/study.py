@@ -13,12 +13,67 @@ import pandas as pd
 
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
-from probekit.options import comma_list
-from probekit.studies.base import Say, Study, register
-from probekit.studies.giebench import report
+from probekit.mechanism.defaults import MechanismDefaults
+from probekit.options import (
+    EVERY_COMMAND,
+    MECHANISM,
+    Option,
+    comma_list,
+    count_or_all,
+    int_range,
+    positive_int,
+)
+from probekit.studies.base import Say, Study, Summary, register
+from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
 from probekit.studies.giebench.sources import Record, resolve_items
+
+OPTIONS = (
+    Option(
+        "--items",
+        "a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample' "
+        "(run default: the official files, found or downloaded, else the sample; patch and "
+        "capture need records: 'sample' by default)",
+        commands=EVERY_COMMAND,
+        defaults={"patch": "sample", "capture": "sample"},
+    ),
+    Option(
+        "--prompt",
+        "raw,id,cot or a subset (patch, capture: id and/or cot; default %(default)s)",
+        comma_list,
+        list(PROMPT_TYPES),
+        EVERY_COMMAND,
+        defaults={"patch": ["cot"], "capture": ["cot"]},
+    ),
+    Option(
+        "--orders",
+        f"cyclic answer orders, 1-{len(VERDICTS)}",
+        int_range(1, len(VERDICTS)),
+        1,
+    ),
+    Option(
+        "--no-chat-template",
+        "send the prompt as raw text, as GIEBench's local-model inference does",
+        commands=EVERY_COMMAND,
+        switch=True,
+    ),
+    Option("--no-mismatch", "skip the identity-mismatch prompts", switch=True),
+    Option(
+        "--max-new-tokens",
+        "explain/generate: generation budget per prompt (default %(default)s)",
+        positive_int,
+        MAX_NEW_TOKENS,
+    ),
+    Option(
+        "--events",
+        "the first N records with a mismatch identity, or all (default %(default)s)",
+        count_or_all,
+        2,
+        MECHANISM,
+        defaults={"capture": 3},
+    ),
+)
 
 
 class GIEBenchStudy(Study):
@@ -28,89 +83,82 @@ class GIEBenchStudy(Study):
     default_out = "runs/giebench"
     unit_name = "item"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--items", default=None,
-            help="a folder with the official Raw/ID/COT-Prompt.json, a records file, or "
-            "'sample' (default: the official files, found or downloaded, else the sample)",
-        )  # fmt: skip
-        parser.add_argument(
-            "--prompt", type=comma_list, default=list(PROMPT_TYPES), help="raw,id,cot or a subset"
-        )
-        parser.add_argument("--orders", type=int, default=1, help="cyclic answer orders, 1-4")
-        parser.add_argument(
-            "--no-chat-template", action="store_true",
-            help="send the prompt as raw text, as GIEBench's local-model inference does",
-        )  # fmt: skip
-        parser.add_argument(
-            "--no-mismatch", action="store_true", help="skip the identity-mismatch prompts"
-        )
-        parser.add_argument(
-            "--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
-            help="explain/generate: generation budget per prompt",
-        )  # fmt: skip
+    options = OPTIONS
+
+    def check(self, args: argparse.Namespace, command: str) -> None:
+        for prompt_type in args.prompt:
+            check_prompt_type(prompt_type)
+        if command in MECHANISM and "raw" in args.prompt:
+            raise ProbekitError(f"{command} swaps identities: --prompt takes id and/or cot")
 
     def probes(self, args: argparse.Namespace, say: Say) -> list[GIEBenchProbe]:
-        prompt_types = [check_prompt_type(t) for t in args.prompt]
-        if args.max_new_tokens < 1:
-            raise ProbekitError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-        source = resolve_items(args.items, prompt_types)
+        source = resolve_items(args.items, args.prompt)
         if source.origin == "sample":
             say("items: probekit's own sample records (NOT GIEBench). " + source.message)
         else:
             say(f"items: {source.origin} from {source.path}")
         probe = GIEBenchProbe(
-            source.units, prompt_types, mode=args.mode, orders=args.orders,
-            chat=not args.no_chat_template, mismatch=not args.no_mismatch,
+            source.units,
+            args.prompt,
+            mode=args.mode,
+            orders=args.orders,
+            chat=not args.no_chat_template,
+            mismatch=not args.no_mismatch,
             max_new_tokens=args.max_new_tokens,
             extra={"items_origin": source.origin, "items_path": str(source.path)},
-        )  # fmt: skip
+        )
         for _ in probe.items():  # refuse an unparsable official prompt before the model loads
             pass
         return [probe]
 
-    def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
-        rows = report.report_run(scores, run_dir, manifest["mode"], manifest.get("seed", 0))
+    def views(self, mode: str) -> list[str]:
+        """The run's own view only (its summary rows name it)."""
+        return [mode]
+
+    def report_view(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
+    ) -> list[dict]:
+        from probekit.studies.giebench import report
+
+        rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0))
         return [{"model": manifest["model"], **row} for row in rows]
 
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> str:
-        return report.write_summary(rows, out)
+    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
+        """The summary, followed by each run's details."""
+        from probekit.studies.giebench import report
 
-    def add_mechanism_arguments(self, parser: argparse.ArgumentParser, default_events: int) -> None:
-        parser.add_argument("--items", default="sample", help="a records file, or 'sample'")
-        parser.add_argument("--prompt", default="cot", choices=("id", "cot"))
-        parser.add_argument(
-            "--events", type=int, default=default_events,
-            help=f"number of records with a mismatch identity (default {default_events})",
-        )  # fmt: skip
-        parser.add_argument("--no-chat-template", action="store_true")
+        return Summary(pd.DataFrame(rows), report.write_summary(rows, out))
 
-    def mechanism_defaults(self) -> dict[str, Any]:
-        return {"spans": ["identity"], "metric": "p_correct"}
+    def mechanism_defaults(self) -> MechanismDefaults:
+        return MechanismDefaults(spans=("identity",), readout="p_correct")
 
     def mechanism_items(
         self, args: argparse.Namespace, say: Say, purpose: str
     ) -> tuple[GIEBenchProbe, list[Item]]:
         """The first `--events` records that have a mismatch identity, each with its own
-        identity and the swapped one, in the direct (prefilled) view of one prompt type."""
-        source = resolve_items(args.items, [args.prompt])
+        identity and the swapped one, in the direct (prefilled) view of the prompt types."""
+        source = resolve_items(args.items, args.prompt)
         if not all(isinstance(u, Record) for u in source.units):
             raise ProbekitError("patching swaps identities, so it needs item records (--items)")
-        probe = GIEBenchProbe(source.units, [args.prompt], chat=not args.no_chat_template)
-        units = [u for u in source.units if u.id in probe.swap][: max(args.events, 1)]
+        probe = GIEBenchProbe(source.units, args.prompt, chat=not args.no_chat_template)
+        units = [u for u in source.units if u.id in probe.swap][: args.events]
         if not units:
             raise ProbekitError("no record has another identity of its category to swap in")
         probe.units = units
-        items = [replace(item, key={k: v for k, v in item.key.items() if k != "prompt"})
-                 for item in probe.items()]  # fmt: skip
+        items = [
+            replace(item, key={k: v for k, v in item.key.items() if k != "prompt"})
+            for item in probe.items()
+        ]
         return probe, items
 
     def pairs(self, probe: GIEBenchProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
         """Each item with its own identity (clean) and with the swapped one (corrupt)."""
-        own = {(e.item.unit, e.item.key["prompt_type"]): e for e in encoded
-               if not e.item.key["mismatch"]}  # fmt: skip
-        return [(own[(e.item.unit, e.item.key["prompt_type"])], e)
-                for e in encoded if e.item.key["mismatch"]]  # fmt: skip
+
+        def key(e: EncodedItem) -> tuple[str, str]:
+            return e.item.unit, e.item.key["prompt_type"]
+
+        own = {key(e): e for e in encoded if not e.item.key["mismatch"]}
+        return [(own[key(e)], e) for e in encoded if e.item.key["mismatch"]]
 
 
 STUDY = register(GIEBenchStudy())

@@ -12,17 +12,17 @@ from typing import Any
 import pandas as pd
 
 from probekit.datasets.crowd_envent import (
-    data_sha256,
+    CROWD_ENVENT,
     first_events,
     load_crowd_envent,
-    resolve_crowd_envent,
     sample_events,
 )
+from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
-from probekit.options import count_or_all
+from probekit.mechanism.defaults import Direction, MechanismDefaults
+from probekit.options import EVERY_COMMAND, MECHANISM, Option, choice, count_or_all, probability
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import Say, Study, register
-from probekit.studies.intergroup import report
+from probekit.studies.base import Say, Study, Summary, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -37,95 +37,109 @@ from probekit.studies.intergroup.probe import (
 DEFAULT_EVENTS = 2
 
 
+def setting_name(text: str) -> str:
+    """A prompt setting (P0S0T0 ... or the authors' names), or all."""
+    return text if text == "all" else get_setting(text).name
+
+
+OPTIONS = (
+    Option(
+        "--category",
+        "ethnicity, nationality, religion, or all (run only) (default %(default)s)",
+        choice("category", (*CATEGORIES, "all")),
+        "religion",
+        EVERY_COMMAND,
+    ),
+    Option(
+        "--setting",
+        "P0S0T0 (origin), ..., or all (run only) (default %(default)s)",
+        setting_name,
+        "P0S0T0",
+        EVERY_COMMAND,
+    ),
+    Option(
+        "--events",
+        "run: events per emotion; patch, capture: the first N of one event per emotion; or all "
+        "(default %(default)s)",
+        count_or_all,
+        DEFAULT_EVENTS,
+        EVERY_COMMAND,
+        defaults={"capture": 3},
+    ),
+    Option(
+        "--data",
+        "data root holding crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)",
+        commands=EVERY_COMMAND,
+    ),
+    Option(
+        "--authors-input",
+        "tokenize the rendered chat prompt as a string with the tokenizer's special tokens, as "
+        "the authors' vLLM did (a second BOS for Llama-3.1 and Mistral)",
+        switch=True,
+    ),
+    Option(
+        "--min-valid-mass",
+        "ev mode: an event is excluded when any pair's valid mass is below this "
+        "(default %(default)s)",
+        probability,
+        DEFAULT_MIN_VALID_MASS,
+    ),
+)
+
+
 class IntergroupStudy(Study):
     name = "intergroup"
     title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): 0–100 intensity"
     default_out = "runs/intergroup"
     unit_name = "event"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--category", default="religion", help="ethnicity, nationality, religion or all"
-        )
-        parser.add_argument("--setting", default="P0S0T0", help="P0S0T0 (origin), ... or all")
-        parser.add_argument(
-            "--events", default=str(DEFAULT_EVENTS), help="events per emotion, or all"
-        )
-        parser.add_argument("--data", default=None, help="data root holding crowd-enVent/")
-        parser.add_argument(
-            "--authors-input", action="store_true",
-            help="tokenize the rendered chat prompt as a string with the tokenizer's special "
-            "tokens, as the authors' vLLM did (a second BOS for Llama-3.1 and Mistral)",
-        )  # fmt: skip
-        parser.add_argument(
-            "--min-valid-mass", type=float, default=DEFAULT_MIN_VALID_MASS,
-            help="ev mode: an event is excluded when any pair's valid mass is below this",
-        )  # fmt: skip
+    options = OPTIONS
+    dataset = CROWD_ENVENT
+
+    def check(self, args: argparse.Namespace, command: str) -> None:
+        if command in MECHANISM and "all" in (args.category, args.setting):
+            raise ProbekitError(f"{command} takes one --category and one --setting, not all")
 
     def probes(self, args: argparse.Namespace, say: Say) -> list[IntergroupProbe]:
         categories = list(CATEGORIES) if args.category == "all" else [args.category]
         settings = list(SETTINGS) if args.setting == "all" else [args.setting]
-        categories = [get_category(c) for c in categories]
-        settings = [get_setting(s) for s in settings]
-        per_emotion = count_or_all(args.events)
-        source = resolve_crowd_envent(args.data)
-        if source.origin == "sample":
-            say("crowd-enVent not found: using probekit's own sample events (NOT crowd-enVent). "
-                + source.message)  # fmt: skip
-        else:
-            say(f"events: crowd-enVent from {source.path} ({source.origin})")
-        events = sample_events(load_crowd_envent(source.path), per_emotion, args.seed)
-        extra = {
-            "data_origin": source.origin,
-            "data_path": str(source.path),
-            "data_sha256": data_sha256(source.path),
-            "min_valid_mass": args.min_valid_mass,
-        }
+        source = self.data_source(args, say)
+        events = sample_events(load_crowd_envent(source.path), args.events, args.seed)
+        extra = {**CROWD_ENVENT.manifest(source), "min_valid_mass": args.min_valid_mass}
+        options = {"extra": extra, "authors_input": args.authors_input}
         return [
-            IntergroupProbe(
-                category, setting, events, extra=extra, authors_input=args.authors_input
-            )  # fmt: skip
-            for category in categories
-            for setting in settings
+            IntergroupProbe(get_category(c), get_setting(s), events, **options)
+            for c in categories
+            for s in settings
         ]
 
-    def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
-        """One row per view: a generate run records the exact scores too, so it reports both."""
-        mode = manifest["mode"]
+    def report_view(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
+    ) -> list[dict]:
+        from probekit.studies.intergroup import report
+
         category = get_category(manifest["category"])
-        rows = []
-        for view in ["generate", "ev"] if mode == "generate" else ["ev"]:
-            row = {"model": manifest["model"], "category": category.name,
-                   "setting": manifest["setting"]}  # fmt: skip
-            row.update(report.report_gap(
-                scores, category, view, run_dir, manifest.get("seed", 0),
-                manifest.get("min_valid_mass", DEFAULT_MIN_VALID_MASS),
-                suffix="" if view == mode else f"_{view}",
-            ))  # fmt: skip
-            rows.append(row)
-        return rows
+        row = {"model": manifest["model"], "category": category.name}
+        row["setting"] = manifest["setting"]
+        seed = manifest.get("seed", 0)
+        min_mass = manifest.get("min_valid_mass", DEFAULT_MIN_VALID_MASS)
+        row |= report.report_gap(scores, category, view, run_dir, seed, min_mass, suffix=suffix)
+        return [row]
 
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> str:
-        return report.summary_markdown(report.write_summary(rows, out))
+    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
+        """The summary, and the paper's tables with the models side by side."""
+        from probekit.studies.intergroup import report
 
-    def add_mechanism_arguments(self, parser: argparse.ArgumentParser, default_events: int) -> None:
-        parser.add_argument("--category", default="religion", choices=CATEGORIES)
-        parser.add_argument("--setting", default="P0S0T0", help="prompt setting, e.g. P0S0T0")
-        parser.add_argument(
-            "--events", type=int, default=default_events,
-            help=f"number of events, one per emotion (default {default_events})",
-        )  # fmt: skip
-        parser.add_argument("--data", help="crowd-enVent root (default $PROBEKIT_DATA, cache)")
+        table = report.write_summary(rows, out)
+        return Summary(table, report.summary_markdown(table))
 
-    def mechanism_defaults(self) -> dict[str, Any]:
-        return {
-            "spans": ["experiencer", "perceiver", "from_experiencer"],
-            "metric": "ev",
-            "direction_span": "experiencer",
-            "direction_contrast": _in_group,
-            "direction_centre": ["event_id", "perceiver"],
-            "direction_statistic": _gap_statistic,
-        }
+    def mechanism_defaults(self) -> MechanismDefaults:
+        direction = Direction("experiencer", _in_group, ("event_id", "perceiver"), _gap_statistic)
+        return MechanismDefaults(
+            spans=("experiencer", "perceiver", "from_experiencer"),
+            readout="ev",
+            direction=direction,
+        )
 
     def mechanism_items(
         self, args: argparse.Namespace, say: Say, purpose: str
@@ -133,14 +147,17 @@ class IntergroupStudy(Study):
         """Every perceiver x experiencer prompt of the first `--events` events (one per emotion),
         event-major; `a person` is left out of patching (its pairs are not in-group/out-group)."""
         category, setting = get_category(args.category), get_setting(args.setting)
-        events = first_events(args.data, int(args.events), args.seed)
+        events = first_events(self.data_source(args, say).path, args.events, args.seed)
         probe = IntergroupProbe(category, setting, events, named_only=purpose == "patch")
         order = {event: k for k, event in enumerate(events["event_id"].astype(str))}
         items = sorted(probe.items(), key=lambda item: order[item.unit])
         if purpose == "capture":  # the capture index also says which setting and side it is
-            items = [replace(item, key={**item.key, "setting": setting.name, "in_group":
-                     probe.in_group(item.key["perceiver"], item.key["experiencer"])})
-                     for item in items]  # fmt: skip
+
+            def key(item: Item) -> dict[str, Any]:
+                inside = probe.in_group(item.key["perceiver"], item.key["experiencer"])
+                return {**item.key, "setting": setting.name, "in_group": inside}
+
+            items = [replace(item, key=key(item)) for item in items]
         return probe, items
 
     def pairs(self, probe: IntergroupProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:

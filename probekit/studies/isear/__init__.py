@@ -1,13 +1,18 @@
 """GenderBench's ISEAR probe (Pikuliak et al., genderbench==1.1.0), exact and generated: see
 README.md."""
 
-from probekit.studies.isear.evaluator import evaluate, locate_punkt
+from __future__ import annotations
+
+from typing import Any
+
 from probekit.studies.isear.events import Event, load_events, sample_events
 from probekit.studies.isear.probe import EMOTIONS, GENDERS, IsearProbe, make_item
+from probekit.studies.isear.study import STUDY  # registers the study
 
 __all__ = [
     "EMOTIONS",
     "GENDERS",
+    "STUDY",
     "Event",
     "IsearProbe",
     "evaluate",
@@ -17,6 +22,11 @@ __all__ = [
     "sample_events",
 ]
 
-from probekit.studies.isear.study import STUDY  # noqa: E402  (registers the study)
 
-__all__ += ["STUDY"]
+def __getattr__(name: str) -> Any:
+    """`evaluate` and `locate_punkt` on first use: NLTK is slow to import."""
+    if name in ("evaluate", "locate_punkt"):
+        from probekit.studies.isear import evaluator
+
+        return getattr(evaluator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

