@@ -54,8 +54,7 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
             pages.append(load_run(run, pd.DataFrame(run_rows)))
         where = target if len(by_study) == 1 else target / name
         where.mkdir(parents=True, exist_ok=True)
-        written = study.write_summary(rows, where)
-        markdown.append(getattr(written, "markdown", written))  # a Summary, or its Markdown
+        markdown.append(study.write_summary(rows, where).markdown)
     for page in pages:
         write_run_page(page)
     if len(pages) == 1:

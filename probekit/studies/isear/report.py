@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.io import atomic_write, write_text
 from probekit.plots import CATEGORICAL, new_figure, save_figure
 from probekit.reporting import Headline, ViewFacts
 from probekit.reporting.headline import missing
@@ -73,13 +72,6 @@ def emotions_figure(frame: pd.DataFrame, genders: list[str], path: Path, title: 
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
     return save_figure(fig, path)
-
-
-def write_summary(rows: list[dict[str, Any]], out: Path) -> str:
-    """`summary.csv` (every row) and `summary.md` (the headline numbers); returns the Markdown."""
-    frame = pd.DataFrame(rows)
-    atomic_write(out / "summary.csv", lambda tmp: frame.to_csv(tmp, index=False))
-    return write_text(out / "summary.md", summary_markdown(frame)).read_text(encoding="utf-8")
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
