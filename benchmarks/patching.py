@@ -32,12 +32,14 @@ import torch
 from common import timed
 
 from probekit.cli import study_parser
-from probekit.commands.patch import pick_pairs
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import Scorer
-from probekit.mechanism import attribution, patching
+from probekit.mechanism import attribution
+from probekit.mechanism.components import grid
+from probekit.mechanism.pipeline import measure, select_pairs
+from probekit.mechanism.sites import HEAD_SITE, n_heads
 from probekit.options import comma_list, int_list
-from probekit.scoring.metrics import parse_metric
+from probekit.scoring.readouts import parse_readout
 
 SITES = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]
 GRIDS = {"head": "layer x head x span", "site": "layer x site x span"}  # the head grid has a target
@@ -60,44 +62,38 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
     study_args, study = _study_args(options.pairs, options.data)
     probe, items = study.mechanism_items(study_args, lambda *a, **k: None, "patch")
-    metric = parse_metric("ev", probe.answers)
+    readout = parse_readout("ev", probe.answers)
     model = load_model("default")
     model.enable_bridge()
-    spans = options.spans or study.mechanism_defaults()["spans"]
+    spans = options.spans or list(study.mechanism_defaults().spans)
     layers = options.layers or list(range(model.n_layers))
     encoded = [model.encode(item) for item in items]
     scorer = Scorer(model, probe.answers, epsilon=0.0, batch_size=options.batch_size)
-    results = scorer.score([e.input_ids for e in encoded])
-    value = {e.id: metric(r, e.item) for e, r in zip(encoded, results, strict=True)}
-    candidates = study.pairs(probe, encoded)
-    gaps = [value[clean.id] - value[corrupt.id] for clean, corrupt in candidates]
-    pairs = pick_pairs(candidates, gaps, 2)[: options.pairs]
+    pairs = select_pairs(scorer, study, probe, encoded, readout, 2)[: options.pairs]
     print(f"{len(pairs)} pairs, layers {layers[0]}..{layers[-1]} ({len(layers)}), spans {spans}")
-    heads = range(patching.n_heads(model))
+    heads = range(n_heads(model))
     unknown = sorted(set(options.grids) - set(GRIDS))
     if unknown:
         parser.error(f"unknown grid {unknown[0]}; choose from {', '.join(GRIDS)}")
-    sites = {"head": ([patching.HEAD_SITE], heads), "site": (SITES, ())}
+    sites = {"head": ([HEAD_SITE], heads), "site": (SITES, ())}
     grids = {
-        GRIDS[g]: patching.grid(layers, sites[g][0], spans, sites[g][1])
-        for g in GRIDS
-        if g in options.grids
+        GRIDS[g]: grid(layers, sites[g][0], spans, sites[g][1]) for g in GRIDS if g in options.grids
     }
     size = options.batch_size
     for name, patches in grids.items():
         exact, t_exact, _ = timed(
             model.device,
-            lambda p=patches: patching.sweep(scorer, pairs, p, metric, batch_size=size),
+            lambda p=patches: measure(scorer, pairs, p, readout, batch_size=size),
         )
         estimated, t_attr, _ = timed(
             model.device,
-            lambda p=patches: attribution.attribute(scorer, pairs, p, metric, batch_size=size),
+            lambda p=patches: measure(scorer, pairs, p, readout, "attribution", batch_size=size),
         )
         top = min(options.top_k, len(patches))
         verified, t_verify, _ = timed(
             model.device,
             lambda e=estimated, k=top: attribution.verify(
-                scorer, pairs, e, k, metric, batch_size=size
+                scorer, pairs, e, k, readout, batch_size=size
             ),
         )
         per = attribution.effects(estimated.assign(

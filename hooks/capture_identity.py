@@ -2,7 +2,8 @@
 
 For a few crowd-enVent events and every perceiver x experiencer pair of one category, render the
 study's prompts, locate the spans `perceiver`, `experiencer`, `emotion`, `event` and `answer`,
-and store `resid_pre`, `attn_out`, `mlp_out` and `resid_post` at the chosen layers as fp16
+and store `hook_resid_pre`, `hook_attn_out`, `hook_mlp_out` and `hook_resid_post` (TransformerLens
+names; `--hooks nnsight` reads the same sites through nnsight) at the chosen layers as fp16
 safetensors shards plus an index parquet (see mechanism.capture). Re-running into the same --out
 skips prompts already captured. The same as `probekit capture intergroup [options]`.
 

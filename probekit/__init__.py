@@ -25,7 +25,7 @@ _API = {
     "fill_template": "probekit.items",
     "Scorer": "probekit.engines.hf.scorer",
     "ScoreResult": "probekit.engines.hf.scorer",
-    "parse_metric": "probekit.scoring.metrics",
+    "parse_readout": "probekit.scoring.readouts",
     "run_probe": "probekit.run",
     "Probe": "probekit.studies.base",
     "Study": "probekit.studies.base",

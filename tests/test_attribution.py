@@ -14,8 +14,11 @@ from probekit.engines.hf.differentiable import answer_mass
 from probekit.engines.hf.reference import brute_force
 from probekit.errors import ProbekitError
 from probekit.mechanism import attribution, patching
-from probekit.mechanism.patching import HEAD_SITE, Patch
-from probekit.scoring.metrics import Metric, expected_value, parse_metric
+from probekit.mechanism import pairs as pairing
+from probekit.mechanism.components import Patch, check, plan
+from probekit.mechanism.interventions import score_with
+from probekit.mechanism.sites import HEAD_SITE
+from probekit.scoring.readouts import Readout, expected_value, parse_readout
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -94,20 +97,20 @@ def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
 def test_linear_weights_of_the_metrics(scorer, pair):
     item = pair[0].item
     assert attribution.linear_weights(EV, scorer, item).tolist() == list(range(13))
-    diff = attribution.linear_weights(parse_metric("p:7 - p:5", ANSWERS), scorer, item)
+    diff = attribution.linear_weights(parse_readout("p:7 - p:5", ANSWERS), scorer, item)
     assert diff[7] == 1 and diff[5] == -1 and np.count_nonzero(diff) == 2
-    square = Metric("sq", "sq", lambda r, i: float(r.probs[0]) ** 2)
+    square = Readout("sq", "sq", lambda r, i: float(r.probs[0]) ** 2)
     with pytest.raises(ProbekitError, match="linear in the answer distribution"):
         attribution.linear_weights(square, scorer, item)
 
 
 def _engine_metric(scorer, ids, hook, locs, fn):
-    (result,), _ = patching.score_with(scorer, [ids], edits={hook: (locs, fn)})
+    (result,), _ = score_with(scorer, [ids], edits={hook: (locs, fn)})
     return EV(result, None)
 
 
 def _read(scorer, ids, hook, positions):
-    _, values = patching.score_with(scorer, [ids], reads={hook: [(0, p) for p in positions]})
+    _, values = score_with(scorer, [ids], reads={hook: [(0, p) for p in positions]})
     return values[hook]
 
 
@@ -116,7 +119,7 @@ def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     (clean - corrupt); a central difference of the engine's exact metric along it agrees."""
     scorer, pair, estimated = exact64.scorer, exact64.pair, exact64.estimated
     clean, corrupt = pair
-    job = patching._job(0, pair, PATCHES[0])
+    job = plan(0, pair, PATCHES[0])
     hook = PATCHES[0].hook
     delta = _read(scorer, clean.input_ids, hook, job.clean_positions) - _read(
         scorer, corrupt.input_ids, hook, job.corrupt_positions
@@ -141,7 +144,7 @@ def test_a_tiny_interpolation_is_estimated_exactly(exact64):
     scorer, pair, estimated = exact64.scorer, exact64.pair, exact64.estimated
     clean, corrupt = pair
     patch = PATCHES[1]
-    job = patching._job(0, pair, patch)
+    job = plan(0, pair, patch)
     target = _read(scorer, clean.input_ids, patch.hook, job.clean_positions)
     locs = [(0, p) for p in job.corrupt_positions]
     alpha = 0.05
@@ -226,18 +229,18 @@ def test_per_position_estimates_add_up_to_the_span(scorer, pair):
     """The first-order estimate is linear in the patched positions: a span's estimate is the sum
     of its single positions' (`span@i`), and `@i` picks the i-th aligned position."""
     span = "from_experiencer"
-    singles = patching.single_positions([span], [pair])
-    clean_pos, corrupt_pos = patching.aligned_positions(pair, span)
+    singles = pairing.single_positions([span], [pair])
+    clean_pos, corrupt_pos = pairing.aligned_positions(pair, span)
     assert singles == [f"{span}@{i}" for i in range(-len(clean_pos), 0)]
-    assert patching.aligned_positions(pair, f"{span}@-1") == ([clean_pos[-1]], [corrupt_pos[-1]])
-    assert patching.aligned_positions(pair, f"{span}@0") == ([clean_pos[0]], [corrupt_pos[0]])
+    assert pairing.aligned_positions(pair, f"{span}@-1") == ([clean_pos[-1]], [corrupt_pos[-1]])
+    assert pairing.aligned_positions(pair, f"{span}@0") == ([clean_pos[0]], [corrupt_pos[0]])
     patches = [Patch(3, "hook_resid_pre", s) for s in [span, *singles]]
     df = attribution.attribute(scorer, [pair], patches, EV)
     assert df["estimate"][1:].sum() == pytest.approx(df["estimate"][0], rel=1e-6, abs=1e-9)
     assert abs(df["estimate"][0]) > 1e-3
     for bad, message in ((f"{span}@{len(clean_pos)}", "out of range"), ("experiencer@x", "index")):
         with pytest.raises(ProbekitError, match=message):
-            patching.check(scorer.model, [pair], [Patch(3, "hook_resid_pre", bad)])
+            check(scorer.model, [pair], [Patch(3, "hook_resid_pre", bad)])
 
 
 @pytest.mark.slow

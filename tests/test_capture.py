@@ -6,13 +6,13 @@ from safetensors import safe_open
 
 from probekit.errors import ProbekitError
 from probekit.mechanism.capture import (
-    SITES,
     capture,
     check_request,
     gather,
     load_activations,
     read_index,
 )
+from probekit.mechanism.sites import DEFAULT_SITES as SITES
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -56,9 +56,9 @@ def test_bridge_and_nnsight_agree(smol, items, tmp_path):
     plain = load_model("default")
     plain.hf.set_attn_implementation("eager")
     kw = dict(layers=LAYERS, batch_size=2, dtype=torch.float32)
-    capture(smol, items, tmp_path / "bridge", backend="bridge", **kw)
+    capture(smol, items, tmp_path / "bridge", hooks="transformer_lens", **kw)
     assert smol.bridge_enabled  # the bridge backend builds it itself
-    capture(plain, items, tmp_path / "nnsight", backend="nnsight", **kw)
+    capture(plain, items, tmp_path / "nnsight", hooks="nnsight", **kw)
     assert not plain.bridge_enabled
     assert type(plain.hf.model.layers[0]).__name__ == "LlamaDecoderLayer"  # no bridge inside
     ids = [item.id for item in items]
@@ -124,20 +124,20 @@ def test_resume_with_other_settings_fails(smol, items, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "layers, sites, backend, message",
+    "layers, sites, hooks, message",
     [
         ([30], SITES, "bridge", "layer 30 is out of range"),
-        ([-1], SITES, "bridge", "out of range"),
+        ([-31], SITES, "bridge", "out of range"),
         ([], SITES, "bridge", "no layers"),
         ([1], ["resid_mid"], "bridge", "unknown site 'resid_mid'"),
-        ([1], SITES, "lens", "unknown backend"),
+        ([1], SITES, "lens", "unknown hook library"),
     ],
 )
-def test_bad_requests_raise(smol, items, tmp_path, layers, sites, backend, message):
+def test_bad_requests_raise(smol, items, tmp_path, layers, sites, hooks, message):
     with pytest.raises(ProbekitError, match=message):
-        check_request(smol, layers, sites, backend)
+        check_request(smol, layers, sites, hooks)
     with pytest.raises(ProbekitError, match=message):
-        capture(smol, items, tmp_path, layers=layers, sites=sites, backend=backend)
+        capture(smol, items, tmp_path, layers=layers, sites=sites, hooks=hooks)
     assert not (tmp_path / "index").exists()
 
 

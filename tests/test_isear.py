@@ -172,7 +172,7 @@ def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
     probs = np.array([r.probs for r in results])
     mean = np.array([probs[[x == g for x in gender]].mean(0) for g in GENDERS])
     widest = EMOTIONS[int(np.argmax(mean.max(0) - mean.min(0)))]
-    chosen = get_study("isear").mechanism_defaults()["metric"](probe, encoded, results)
+    chosen = get_study("isear").mechanism_defaults().readout(probe, encoded, results)
     assert chosen == f"p:{widest}"
 
 

@@ -8,8 +8,8 @@ import pytest
 from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.mechanism import mediation
-from probekit.mechanism.patching import Patch
-from probekit.scoring.metrics import expected_value
+from probekit.mechanism.components import Patch
+from probekit.scoring.readouts import expected_value
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 

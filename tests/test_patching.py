@@ -16,8 +16,11 @@ from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.items import Item
 from probekit.mechanism import directions, patching
-from probekit.mechanism.patching import HEAD_SITE, Patch
-from probekit.scoring.metrics import answer_probability, expected_value, parse_metric
+from probekit.mechanism import pairs as pairing
+from probekit.mechanism.components import Patch, check, grid
+from probekit.mechanism.interventions import score_with
+from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, n_heads
+from probekit.scoring.readouts import answer_probability, expected_value, parse_readout
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -76,22 +79,22 @@ def lens(scorer, pairs):
 
 # ---------------------------------------------------------------------- alignment (no model run)
 def test_align_is_right_to_left():
-    assert patching.align([5, 6, 7], [9, 10]) == ([6, 7], [9, 10])
-    assert patching.align([4], [8, 9, 10]) == ([4], [10])
-    assert patching.align([1, 2], [3, 4]) == ([1, 2], [3, 4])
+    assert pairing.align([5, 6, 7], [9, 10]) == ([6, 7], [9, 10])
+    assert pairing.align([4], [8, 9, 10]) == ([4], [10])
+    assert pairing.align([1, 2], [3, 4]) == ([1, 2], [3, 4])
 
 
 def test_spans_of_different_lengths_align_last_token_to_last(model):
     clean = prompt(model, "a Latino", "a Hispanic American")  # 3 experiencer tokens
     corrupt = prompt(model, "a Latino", "a Latino")  # 2
-    c_exp = patching.span_positions(clean, "experiencer")
-    k_exp = patching.span_positions(corrupt, "experiencer")
+    c_exp = pairing.span_positions(clean, "experiencer")
+    k_exp = pairing.span_positions(corrupt, "experiencer")
     assert (len(c_exp), len(k_exp)) == (3, 2)
-    c, k = patching.align(c_exp, k_exp)
+    c, k = pairing.align(c_exp, k_exp)
     assert c == c_exp[1:] and k == k_exp  # " Hispanic American" onto " a Latino"
-    c, k = patching.align(
-        patching.span_positions(clean, "from_experiencer"),
-        patching.span_positions(corrupt, "from_experiencer"),
+    c, k = pairing.align(
+        pairing.span_positions(clean, "from_experiencer"),
+        pairing.span_positions(corrupt, "from_experiencer"),
     )
     assert c[-1] == len(clean.input_ids) - 1 and k[-1] == len(corrupt.input_ids) - 1
     assert c[0] == c_exp[1] and k[0] == k_exp[0]
@@ -116,11 +119,11 @@ def test_patching_every_position_at_layer0_resid_pre_gives_the_clean_run(scorer,
     assert len(clean.input_ids) == len(corrupt.input_ids)
     hook = "blocks.0.hook_resid_pre"
     everything = list(range(len(clean.input_ids)))
-    (want,), acts = patching.score_with(
+    (want,), acts = score_with(
         scorer, [clean.input_ids], reads={hook: [(0, p) for p in everything]}
     )
     new = acts[hook]
-    (got,), _ = patching.score_with(
+    (got,), _ = score_with(
         scorer, [corrupt.input_ids], edits={hook: ([(0, p) for p in everything], lambda old: new)}
     )
     assert abs(got.expected - want.expected) <= 1e-6
@@ -138,7 +141,7 @@ def test_a_perceiver_patch_is_a_noop_and_not_run(scorer, pairs):
 
 # ---------------------------------------------------------------------- backends and batching
 def test_transformer_lens_and_nnsight_agree(scorer, pairs, lens):
-    other = patching.sweep(scorer, pairs, PATCHES, EV, backend="nnsight", batch_size=8)
+    other = patching.sweep(scorer, pairs, PATCHES, EV, hooks="nnsight", batch_size=8)
     assert lens["ran"].all() and other["ran"].all()
     assert (lens["ev_patched"] - other["ev_patched"]).abs().max() <= TOL
     assert (lens["ev_patched"] - lens["ev_corrupt"]).abs().max() > 1e-3  # the patches do act
@@ -193,7 +196,7 @@ HEADS = [Patch(2, HEAD_SITE, "experiencer", 3), Patch(4, HEAD_SITE, "from_experi
 
 def test_head_patching_transformer_lens_and_nnsight_agree(scorer, pairs):
     lens = patching.sweep(scorer, pairs[:1], HEADS, EV)
-    other = patching.sweep(scorer, pairs[:1], HEADS, EV, backend="nnsight")
+    other = patching.sweep(scorer, pairs[:1], HEADS, EV, hooks="nnsight")
     assert lens["ran"].all() and lens["head"].tolist() == [3, 0]
     assert (lens["ev_patched"] - other["ev_patched"]).abs().max() <= TOL
     assert (lens["ev_patched"] - lens["ev_corrupt"]).abs().max() > 1e-4  # the heads do act
@@ -207,8 +210,8 @@ def test_all_heads_of_a_layer_equal_its_attention_output(scorer, pairs, model):
     df = patching.sweep(scorer, pairs[:1], both, EV)
     assert abs(df["ev_patched"][0] - df["ev_patched"][1]) <= TOL
     assert abs(df["ev_patched"][0] - df["ev_corrupt"][0]) > 1e-4
-    grid = patching.grid([3], [HEAD_SITE], ["from_experiencer"], range(patching.n_heads(model)))
-    assert len(grid) == patching.n_heads(model) and grid[-1].name == "L3 H8 from_experiencer"
+    heads = grid([3], [HEAD_SITE], ["from_experiencer"], range(n_heads(model)))
+    assert len(heads) == n_heads(model) and heads[-1].name == "L3 H8 from_experiencer"
 
 
 def test_head_heatmap_writes_a_png(tmp_path):
@@ -254,13 +257,13 @@ def test_bad_inputs_raise_one_clear_error(model, pairs):
     }
     for message, patches in cases.items():
         with pytest.raises(ProbekitError, match=message):
-            patching.check(model, pairs, patches)
+            check(model, pairs, patches)
     missing = prompt(model, "a Christian", "a Jew", spans={"perceiver"})
     with pytest.raises(ProbekitError, match="unknown span 'from_experiencer'"):
-        patching.check(model, [(pairs[0][0], missing)], PATCHES[:1])
+        check(model, [(pairs[0][0], missing)], PATCHES[:1])
     elsewhere = prompt(model, "a Christian", "a Jew", text=OTHER, event_id="e2")
     with pytest.raises(ProbekitError, match="must share its unit"):
-        patching.check(model, [(pairs[0][0], elsewhere)], PATCHES[:1])
+        check(model, [(pairs[0][0], elsewhere)], PATCHES[:1])
 
 
 def test_metrics_as_a_parameter(scorer, pairs):
@@ -270,7 +273,7 @@ def test_metrics_as_a_parameter(scorer, pairs):
     assert {"p_clean", "p_corrupt", "p_patched"} <= set(df.columns)
     assert (df["metric"] == "p:7").all()
     assert ((df["p_clean"] >= 0) & (df["p_clean"] <= 1)).all()
-    diff = patching.sweep(scorer, pairs[:1], PATCHES[:2], parse_metric("p:7 - p:5", ANSWERS))
+    diff = patching.sweep(scorer, pairs[:1], PATCHES[:2], parse_readout("p:7 - p:5", ANSWERS))
     p5 = patching.sweep(scorer, pairs[:1], PATCHES[:2], answer_probability(ANSWERS, "5"))
     np.testing.assert_allclose(diff["diff_patched"], df["p_patched"] - p5["p_patched"], atol=1e-9)
     np.testing.assert_allclose(diff["gap"], diff["diff_clean"] - diff["diff_corrupt"])
@@ -279,7 +282,7 @@ def test_metrics_as_a_parameter(scorer, pairs):
 def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
     """`tv`: 1 on the clean prompt, gap = TV(clean, corrupt) from plain scores; patching the
     whole sequence at layer 0 restores the clean distribution (recovery 1)."""
-    tv = parse_metric("tv", ANSWERS)
+    tv = parse_readout("tv", ANSWERS)
     patches = [Patch(0, "hook_resid_pre", "from_experiencer"), *PATCHES[:2]]
     df = patching.sweep(scorer, pairs, patches, tv)
     assert (df["overlap_clean"] == 1).all() and (df["metric"] == "tv").all()
@@ -294,7 +297,7 @@ def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
     with pytest.raises(ProbekitError, match="compares a pair"):
         tv(next(scorer.score([pairs[0][0].input_ids])), pairs[0][0].item)
     with pytest.raises(ProbekitError, match="no part in a difference"):
-        parse_metric("tv - p:3", ANSWERS)
+        parse_readout("tv - p:3", ANSWERS)
 
 
 @pytest.mark.parametrize(
@@ -303,9 +306,9 @@ def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
 )
 def test_bad_metrics(spec, message):
     with pytest.raises(ProbekitError, match=message):
-        parse_metric(spec, ANSWERS)
+        parse_readout(spec, ANSWERS)
     with pytest.raises(ProbekitError, match="needs numeric answers"):
-        parse_metric("ev", AnswerSet.parse("A,B,C,D"))
+        parse_readout("ev", AnswerSet.parse("A,B,C,D"))
 
 
 def test_sweep_columns_name_what_differs(lens):
@@ -368,7 +371,7 @@ def test_patching_heatmap_writes_a_png(tmp_path):
         [
             {"layer": layer, "site": f"blocks.{layer}.{site}", "span": span, "recovery": r}
             for layer in (0, 5)
-            for site in patching.SITES
+            for site in DEFAULT_SITES
             for span, r in zip(
                 ("experiencer", "perceiver", "from_experiencer"), (0.5, 0.0, 1.2), strict=True
             )  # fmt: skip
@@ -384,8 +387,8 @@ def test_score_with_reads_before_editing(scorer, pairs):
     ids = pairs[0][1].input_ids
     hook = "blocks.2.hook_mlp_out"
     locs = [(0, 3), (0, 4)]
-    _, before = patching.score_with(scorer, [ids], reads={hook: locs})
-    _, during = patching.score_with(
+    _, before = score_with(scorer, [ids], reads={hook: locs})
+    _, during = score_with(
         scorer, [ids], reads={hook: locs}, edits={hook: (locs, torch.zeros_like)}
     )
     torch.testing.assert_close(before[hook], during[hook])

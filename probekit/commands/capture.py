@@ -5,44 +5,40 @@ from __future__ import annotations
 
 import argparse
 
+from probekit.commands.patch import add_hooks_option
 from probekit.engines.hf.model import load_model
-from probekit.items import check_span_names
-from probekit.mechanism.capture import BACKENDS, SITES, capture
-from probekit.options import comma_list, int_list
+from probekit.mechanism.pipeline import CaptureRequest, check_capture, run_capture
+from probekit.mechanism.sites import DEFAULT_SITES
+from probekit.options import add_model_options, comma_list, int_list
 from probekit.studies.base import Study
 
 
 def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
     parser.add_argument("--out", default="runs/capture", help="output folder (resumable)")
-    parser.add_argument("--model", default="default", help="hub id, model dir, .gguf or default")
+    add_model_options(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed for the items")
     parser.add_argument(
-        "--layers", type=int_list, help="comma-separated layers (default: first, middle, last)"
+        "--layers",
+        type=int_list,
+        help="comma-separated layers, -1 the last (default: first, middle, last)",
     )
     parser.add_argument(
-        "--sites", type=comma_list, default=list(SITES), help=f"from {', '.join(SITES)}"
+        "--sites",
+        type=comma_list,
+        default=list(DEFAULT_SITES),
+        help="comma-separated TransformerLens sites (short forms such as resid_pre accepted)",
     )
     parser.add_argument(
         "--spans", type=comma_list, default=None, help="span names (default: every span)"
     )
-    parser.add_argument("--backend", default="bridge", choices=BACKENDS, help="how to read")
+    add_hooks_option(parser)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass")
-    study.add_mechanism_arguments(parser, default_events=3)
+    study.add_options(parser, "capture")  # the study's options
 
 
 def execute(study: Study, args: argparse.Namespace) -> None:
     probe, items = study.mechanism_items(args, print, "capture")
-    if args.spans:  # before any model work
-        check_span_names(items, args.spans)
-    model = load_model(args.model)
-    layers = args.layers or sorted({0, model.n_layers // 2, model.n_layers - 1})
-    encoded = [model.encode(item) for item in items]
-    result = capture(
-        model, encoded, args.out, layers=layers, sites=args.sites, spans=args.spans,
-        backend=args.backend, batch_size=args.batch_size,
-    )  # fmt: skip
-    print(
-        f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "
-        f"layers {layers}\nshards: {result.out_dir / 'shards'}\nindex:  {result.out_dir / 'index'} "
-        "(probekit.mechanism.capture.read_index / load_activations, or pandas.read_parquet)"
-    )
+    request = CaptureRequest(args.layers, args.sites, args.spans, args.hooks, args.batch_size)
+    check_capture(request, items)  # before any model work
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    run_capture(model, probe, items, request, args.out)

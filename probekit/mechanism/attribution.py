@@ -1,4 +1,4 @@
-"""Attribution patching on the exact behavioural metric, and its check against exact patching.
+"""Attribution patching on the exact behavioural readout, and its check against exact patching.
 
 The first-order estimate of a patch's effect (Nanda 2023; AtP, Kramár et al. 2024): for a
 component with corrupt activations a* and clean activations a at the patched positions,
@@ -6,11 +6,11 @@ component with corrupt activations a* and clean activations a at the patched pos
 component of a sweep (layer x site x span, and every head at `attn.hook_z`) is scored from one
 clean forward, one corrupt forward and one backward pass per prompt batch.
 
-The metric is the one exact patching reads, differentiated end to end: the normalised exact
+The readout is the one exact patching reads, differentiated end to end: the normalised exact
 answer distribution of `probekit.engines.hf.differentiable` (every surface form, stop probability,
-no pruning, no first-token proxy), dotted with the metric's weight per answer. Every metric of
-`probekit.scoring.metrics` (ev, p:<answer>, p_correct and their differences) is linear in the
-normalised distribution; `linear_weights` reads the weights and refuses a metric that is not.
+no pruning, no first-token proxy), dotted with the readout's weight per answer. Every readout of
+`probekit.scoring.readouts` (ev, p:<answer>, p_correct and their differences) is linear in the
+normalised distribution; `linear_weights` reads the weights and refuses a readout that is not.
 
 Gradients flow through the TransformerLens bridge hooks: each hooked activation gets a zero
 tensor added, and the gradient with respect to that zero is the gradient at the activation.
@@ -27,46 +27,47 @@ import pandas as pd
 import torch
 from scipy import stats
 
+from probekit.engines.base import ScoreResult
 from probekit.engines.hf.differentiable import answer_mass
-from probekit.engines.hf.scorer import Scorer, ScoreResult
+from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Pair
-from probekit.mechanism.patching import (
+from probekit.mechanism.components import (
     COMPONENT,
-    HEAD_SITE,
+    Job,
     Patch,
-    _hook_order,
-    _Job,
-    _job,
-    _key_columns,
-    _row,
     check,
-    sweep,
+    from_row,
+    key_columns,
+    plan,
+    row,
     table,
 )
-from probekit.scoring.metrics import Metric
+from probekit.mechanism.patching import sweep
+from probekit.mechanism.sites import enable_bridge, hook_order
+from probekit.scoring.readouts import Readout
 
 METHODS = ("exact", "attribution", "attribution+verify")
 
 
-def linear_weights(metric: Metric, scorer: Scorer, item: Item) -> np.ndarray:
-    """w with metric(result) = w . probs for every normalised answer distribution `probs`.
+def linear_weights(readout: Readout, scorer: Scorer, item: Item) -> np.ndarray:
+    """w with readout(result) = w . probs for every normalised answer distribution `probs`.
 
-    Read by evaluating the metric on each answer's point mass, then checked on a random mixture;
-    a metric that is not linear in the distribution cannot be differentiated this way."""
+    Read by evaluating the readout on each answer's point mass, then checked on a random mixture;
+    a readout that is not linear in the distribution cannot be differentiated this way."""
     answers = scorer.answers
     values = answers.values if answers.numeric else None
 
     def at(probs: np.ndarray) -> float:
         expected = float(probs @ values) if values is not None else None
         result = ScoreResult(probs, 1.0, 0.0, None, None, expected=expected)
-        return metric(result, item)
+        return readout(result, item)
 
     weights = np.array([at(np.eye(len(answers))[a]) for a in range(len(answers))])
     mix = np.random.default_rng(0).dirichlet(np.ones(len(answers)))
     if not np.isclose(at(mix), mix @ weights, rtol=1e-9, atol=1e-9):
         raise ProbekitError(
-            f"attribution needs a metric linear in the answer distribution; {metric.spec} is not"
+            f"attribution needs a readout linear in the answer distribution; {readout.spec} is not"
         )
     return weights
 
@@ -75,7 +76,7 @@ def attribute(
     scorer: Scorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
-    metric: Metric,
+    readout: Readout,
     batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The attribution estimate of every patch on every pair: the columns of `patching.sweep`
@@ -84,8 +85,8 @@ def attribute(
     check(scorer.model, pairs, patches)
     check_gradients(scorer)
     size = batch_size or max(1, scorer.batch_size // 4)  # the pass keeps every node's graph
-    jobs = [_job(i, pair, patch) for i, pair in enumerate(pairs) for patch in patches]
-    hooks = sorted({patch.hook for patch in patches}, key=_hook_order)
+    jobs = [plan(i, pair, patch) for i, pair in enumerate(pairs) for patch in patches]
+    hooks = sorted({patch.hook for patch in patches}, key=hook_order)
     want: dict[str, tuple[EncodedItem, set[int]]] = {}
     for job in jobs:
         clean, corrupt = pairs[job.pair]
@@ -97,28 +98,28 @@ def attribute(
     for keys, grad in ((clean_only, False), (list(corrupt_ids & want.keys()), True)):
         for start in range(0, len(keys), size):
             chunk = [want[key] for key in keys[start : start + size]]
-            v, a, g = _pass(scorer, chunk, hooks, metric, grad)
+            v, a, g = _pass(scorer, chunk, hooks, readout, grad)
             value.update(v)
             acts.update(a)
             grads.update(g)
-    keys = _key_columns(pairs)
+    keys = key_columns(pairs)
     rows = []
     for job in jobs:
         clean, corrupt = pairs[job.pair]
         estimate = 0.0 if job.noop else _estimate(job, acts, grads, clean.id, corrupt.id)
         m_clean, m_corrupt = value[clean.id], value[corrupt.id]
         rows.append(
-            _row(
+            row(
                 pairs[job.pair],
                 keys,
                 job,
-                metric,
+                readout,
                 m_clean,
                 m_corrupt,
                 np.nan,
                 method="attribution",
                 estimate=estimate,
-            )  # fmt: skip
+            )
         )
     df = table(rows)
     df["recovery"] = np.nan
@@ -139,14 +140,14 @@ def _pass(
     scorer: Scorer,
     prompts: list[tuple[EncodedItem, set[int]]],
     hooks: list[str],
-    metric: Metric,
+    readout: Readout,
     grad: bool,
 ) -> tuple[dict[str, float], dict[str, dict], dict[str, dict]]:
-    """Metric of each prompt; its activations at `hooks` on the wanted positions; with `grad`,
-    the metric's gradient there. Per prompt id: {hook: (values [k, ...], position -> row)}."""
+    """Readout of each prompt; its activations at `hooks` on the wanted positions; with `grad`,
+    the readout's gradient there. Per prompt id: {hook: (values [k, ...], position -> row)}."""
     batch = [p.input_ids for p, _ in prompts]
     width = max(len(ids) for ids in batch)
-    locs = [(row, p) for row, (_, ps) in enumerate(prompts) for p in sorted(ps)]
+    locs = [(at, p) for at, (_, ps) in enumerate(prompts) for p in sorted(ps)]
     rows = torch.tensor([r for r, _ in locs], dtype=torch.long)
     cols = torch.tensor([width - len(batch[r]) + p for r, p in locs], dtype=torch.long)
     seen: dict[str, torch.Tensor] = {}
@@ -164,9 +165,9 @@ def _pass(
 
         return fn
 
-    bridge = scorer.model.enable_bridge()
+    bridge = enable_bridge(scorer.model)
     weights = torch.tensor(
-        np.stack([linear_weights(metric, scorer, p.item) for p, _ in prompts]),
+        np.stack([linear_weights(readout, scorer, p.item) for p, _ in prompts]),
         device=scorer.model.device,
     )
     with torch.set_grad_enabled(grad), bridge.hooks(fwd_hooks=[(h, hook_fn(h)) for h in hooks]):
@@ -180,7 +181,7 @@ def _pass(
         got = torch.autograd.grad(values.sum(), [zeros[h] for h in hooks], allow_unused=True)
         for hook, g in zip(hooks, got, strict=True):
             if g is None:
-                raise ProbekitError(f"the metric has no gradient at {hook}; use --method exact")
+                raise ProbekitError(f"the readout has no gradient at {hook}; use --method exact")
             found[hook] = g[rows.to(g.device), cols.to(g.device)].cpu()
     acts, grads, at = {}, {}, 0
     for prompt, ps in prompts:
@@ -193,7 +194,7 @@ def _pass(
     return value, acts, grads
 
 
-def _estimate(job: _Job, acts: dict, grads: dict, clean_id: str, corrupt_id: str) -> float:
+def _estimate(job: Job, acts: dict, grads: dict, clean_id: str, corrupt_id: str) -> float:
     """(a_clean - a_corrupt) . grad at the job's aligned positions (its head only, if any)."""
     hook = job.patch.hook
     (clean, c_at), (corrupt, k_at) = acts[clean_id], acts[corrupt_id]
@@ -230,7 +231,7 @@ def top_components(df: pd.DataFrame, k: int) -> list[Patch]:
             f"top-k must lie between 1 and the number of components ({len(per)}), got {k}"
         )
     order = per["estimate"].abs().sort_values(ascending=False, kind="stable").index[:k]
-    return [_patch(per.loc[i]) for i in order]
+    return [from_row(per.loc[i]) for i in order]
 
 
 def verify(
@@ -238,20 +239,22 @@ def verify(
     pairs: Sequence[Pair],
     estimated: pd.DataFrame,
     k: int,
-    metric: Metric,
-    backend: str = "transformer_lens",
+    readout: Readout,
+    hooks: str = "transformer_lens",
     batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The attribution table with its top-k components re-measured by exact patching: their
     rows get `<m>_patched`, recovery and ran from `patching.sweep`; method `attribution+verify`."""
     top = top_components(estimated, k)
-    exact = sweep(scorer, pairs, top, metric, backend=backend, batch_size=batch_size)
-    m = metric.column
+    exact = sweep(scorer, pairs, top, readout, hooks=hooks, batch_size=batch_size)
+    m = readout.column
     join = ["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]
     merged = estimated.drop(columns=[f"{m}_patched", "recovery", "ran"]).merge(
         exact[[*join, f"{m}_clean", f"{m}_corrupt", f"{m}_patched", "recovery", "ran"]],
-        on=join, how="left", suffixes=("", "_exact"),
-    )  # fmt: skip
+        on=join,
+        how="left",
+        suffixes=("", "_exact"),
+    )
     hit = merged["ran"].notna()  # the verified components' rows
     # exact baselines replace the differentiable pass's (equal to ~1e-5) where verified
     for side in ("clean", "corrupt"):
@@ -276,11 +279,3 @@ def agreement(per: pd.DataFrame, k: int = 10) -> dict[str, float]:
         true = set(per["exact"].abs().nlargest(k).index)
         out[f"recall@{k}"] = len(est & true) / k
     return out
-
-
-def _patch(row: pd.Series) -> Patch:
-    head = None if pd.isna(row["head"]) else int(row["head"])
-    site = row["site"].split(".", 2)[2]
-    if head is not None and site != HEAD_SITE:
-        raise ProbekitError(f"a head index on the site {site}")
-    return Patch(int(row["layer"]), site, row["span"], head)

@@ -1,15 +1,16 @@
 """Capture residual-stream activations at named prompt spans, streamed to disk and resumable.
 
-Sites follow TransformerLens names: `resid_pre` (block input), `attn_out` (attention output),
-`mlp_out` (MLP output) and `resid_post` (block output). They are read either through the
-TransformerBridge hook points (`blocks.{l}.hook_{site}`) or through nnsight on the Hugging Face
-modules (block input, attention output, MLP output, block output). The two agree bit for bit
-when both run the same attention kernel, and to float rounding otherwise (building the bridge
-switches the model to eager attention; a model without a bridge uses SDPA).
+Sites are those of `probekit.mechanism.sites` (TransformerLens names, short forms accepted;
+by default the four residual-width sites). They are read either through the TransformerBridge
+hook points (`hooks="transformer_lens"`) or through nnsight on the Hugging Face modules
+(`hooks="nnsight"`). The two agree bit for bit when both run the same attention kernel, and to
+float rounding otherwise (building the bridge switches the model to eager attention; a model
+without a bridge uses SDPA).
 
 Only span positions are kept. Each shard of prompts is one safetensors file with a tensor
-`{site}.{layer}` of shape [rows, d_model] and one index parquet under `index/` with a row per
-(prompt, span, layer, site): `shard`, `row_start`, `row_stop` (rows of that tensor),
+`{short site}.{layer}` (`resid_pre.3`) of shape [rows, ...] and one index parquet under `index/`
+with a row per
+(prompt, span, layer, site (short form)): `shard`, `row_start`, `row_stop` (rows of that tensor),
 `positions` (token positions in the unpadded prompt), `n_tokens`, `prompt_id` (the item id, as
 in the run's scores table) and the item's key columns. A re-run into the same folder skips
 prompt ids already indexed. Reading the TransformerLens hooks builds the model's bridge
@@ -19,7 +20,7 @@ prompt ids already indexed. Reading the TransformerLens hooks builds the model's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,17 +30,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from probekit.batching import left_pad, positions
-from probekit.engines.hf.model import LoadedModel
 from probekit.errors import ProbekitError
 from probekit.io import atomic_write, write_parquet
-from probekit.items import EncodedItem
+from probekit.items import PROMPT_ID, EncodedItem
+from probekit.mechanism.interventions import read_forward
+from probekit.mechanism.sites import DEFAULT_SITES, SITES, layer_indices, library, site
 
-SITES: tuple[str, ...] = ("resid_pre", "attn_out", "mlp_out", "resid_post")
-BACKENDS: tuple[str, ...] = ("bridge", "nnsight")
 _FORMAT = 1
 
-Key = tuple[int, str]
+Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
 
 
@@ -54,39 +53,35 @@ class CaptureResult:
 
 
 def check_request(
-    model: LoadedModel, layers: Sequence[int], sites: Sequence[str], backend: str
-) -> None:
-    """Raise a ProbekitError for an empty or out-of-range layer list, unknown site or backend."""
-    model.check_layers(layers)
-    if not sites:
-        raise ProbekitError(f"no sites to capture; choose from {', '.join(SITES)}")
-    for site in sites:
-        if site not in SITES:
-            raise ProbekitError(f"unknown site {site!r}; choose from {', '.join(SITES)}")
-    if backend not in BACKENDS:
-        raise ProbekitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    model: Any, layers: Sequence[int], sites: Sequence[str], hooks: str
+) -> tuple[list[int], list[str]]:
+    """The layers (from 0) and the sites' short names in the order a block runs them; a
+    ProbekitError for an empty or out-of-range layer list or an unknown site or hook library."""
+    layers = layer_indices(model, layers)
+    if isinstance(sites, str) or not sites:
+        raise ProbekitError(f"give a list of sites to capture; choose from {', '.join(SITES)}")
+    wanted = {site(name).name for name in sites}
+    library(hooks)
+    return sorted(set(layers)), [s.short for s in SITES.values() if s.name in wanted]
 
 
 def gather(
-    model: LoadedModel,
+    model: Any,
     prompts: Sequence[EncodedItem],
     layers: Sequence[int],
-    sites: Sequence[str] = SITES,
+    sites: Sequence[str] = DEFAULT_SITES,
     spans: Sequence[str] | None = None,
-    backend: str = "bridge",
+    hooks: str = "transformer_lens",
 ) -> tuple[list[Row], dict[Key, torch.Tensor]]:
-    """Run one left-padded batch and return its span rows and, per (layer, site), [rows, d].
+    """Run one left-padded batch and return its span rows and, per (layer, short site), the
+    float32 values [rows, ...].
 
     Rows list every (prompt, span) in order; tensor rows follow them, one per position.
     """
-    check_request(model, layers, sites, backend)
-    ids, mask = left_pad([p.input_ids for p in prompts], model.tokenizer.pad_token_id)
-    width = ids.shape[1]
+    layers, shorts = check_request(model, layers, sites, hooks)
     rows: list[Row] = []
-    batch_idx: list[int] = []
-    token_idx: list[int] = []
+    locs = []
     for b, prompt in enumerate(prompts):
-        shift = width - len(prompt.input_ids)
         names = prompt.positions if spans is None else spans
         for name in names:
             if name not in prompt.positions:
@@ -95,35 +90,39 @@ def gather(
                 )
             at = prompt.positions[name]
             rows.append((b, name, at))
-            batch_idx += [b] * len(at)
-            token_idx += [p + shift for p in at]
-    inputs = {
-        "input_ids": ids.to(model.device),
-        "attention_mask": mask.to(model.device),
-        "position_ids": positions(mask).to(model.device),
-    }
-    index = (
-        torch.tensor(batch_idx, device=model.device),
-        torch.tensor(token_idx, device=model.device),
+            locs += [(b, p) for p in at]
+    keys = [(layer, short) for layer in layers for short in shorts]
+    hook = {key: site(key[1]).hook(key[0]) for key in keys}
+    values = read_forward(
+        model, [p.input_ids for p in prompts], {hook[key]: locs for key in keys}, hooks
     )
-    run = _run_bridge if backend == "bridge" else _run_nnsight
-    keys = [(layer, site) for layer in sorted(set(layers)) for site in SITES if site in sites]
-    with torch.no_grad():
-        acts = run(model, inputs, index, keys)
-    missing = [f"blocks.{layer}.hook_{site}" for layer, site in keys if (layer, site) not in acts]
-    if missing:
-        raise ProbekitError(f"the {backend} backend did not reach {', '.join(missing)}")
-    return rows, {key: acts[key] for key in keys}
+    return rows, {key: values[hook[key]].float() for key in keys}
+
+
+def batches(
+    model: Any,
+    items: Sequence[EncodedItem],
+    layers: Sequence[int],
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    hooks: str,
+    batch_size: int,
+) -> Iterator[tuple[list[EncodedItem], list[Row], dict[Key, torch.Tensor]]]:
+    """`gather` over `items` a batch at a time: (the batch, its rows, its values)."""
+    for i in range(0, len(items), batch_size):
+        batch = list(items[i : i + batch_size])
+        rows, acts = gather(model, batch, layers, sites, spans, hooks)
+        yield batch, rows, acts
 
 
 def capture(
-    model: LoadedModel,
+    model: Any,
     items: Iterable[EncodedItem],
     out_dir: str | Path,
     layers: Sequence[int],
-    sites: Sequence[str] = SITES,
+    sites: Sequence[str] = DEFAULT_SITES,
     spans: Sequence[str] | None = None,
-    backend: str = "bridge",
+    hooks: str = "transformer_lens",
     batch_size: int = 8,
     prompts_per_shard: int = 256,
     dtype: torch.dtype = torch.float16,
@@ -134,8 +133,7 @@ def capture(
     finished shard; running again with the same settings skips prompt ids already captured (and
     repeated ids). `dtype` is the storage type (fp16 by default; use float32 for exact checks).
     """
-    check_request(model, layers, sites, backend)
-    layers = model.check_layers(layers)
+    layers, shorts = check_request(model, layers, sites, hooks)
     if batch_size < 1 or prompts_per_shard < 1:
         raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
     out = Path(out_dir)
@@ -144,8 +142,8 @@ def capture(
         "model": model.name,
         "weights": model.weights_fingerprint(),
         "d_model": int(model.hf.config.hidden_size),
-        "layers": sorted(set(layers)),
-        "sites": [s for s in SITES if s in sites],
+        "layers": layers,
+        "sites": shorts,
         "spans": None if spans is None else list(spans),
         "dtype": str(dtype).removeprefix("torch."),
     }
@@ -160,7 +158,7 @@ def capture(
     def flush() -> None:
         nonlocal shard_no, captured
         written.append(
-            _write_shard(model, pending, out, shard_no, config, spans, backend, batch_size, dtype)
+            _write_shard(model, pending, out, shard_no, config, spans, hooks, batch_size, dtype)
         )
         captured += len(pending)
         shard_no += 1
@@ -179,6 +177,92 @@ def capture(
     return CaptureResult(out, captured, skipped, written)
 
 
+@dataclass(frozen=True)
+class Activations:
+    """Captured activations in memory: `index` has a row per (prompt, span) with `prompt_id`,
+    `span`, `positions` (unpadded), `n_tokens`, `row_start`, `row_stop` and the item's key
+    columns; `tensors[hook]` (by full TransformerLens hook name, `blocks.3.hook_resid_pre`) is
+    [rows, ...], rows `row_start:row_stop` being that prompt's span positions."""
+
+    index: pd.DataFrame
+    tensors: dict[str, torch.Tensor]
+
+    def __getitem__(self, hook: str) -> torch.Tensor:
+        if hook not in self.tensors:
+            raise ProbekitError(f"nothing captured at {hook!r}; have {', '.join(self.tensors)}")
+        return self.tensors[hook]
+
+    def at(self, hook: str, prompt_id: str, span: str) -> torch.Tensor:
+        """The [positions, ...] values of one prompt's span at `hook`."""
+        hit = self.index[(self.index[PROMPT_ID] == prompt_id) & (self.index["span"] == span)]
+        if hit.empty:
+            raise ProbekitError(f"nothing captured for prompt {prompt_id!r}, span {span!r}")
+        return self[hook][int(hit["row_start"].iloc[0]) : int(hit["row_stop"].iloc[0])]
+
+
+def collect(
+    model: Any,
+    items: Sequence[EncodedItem],
+    layers: Sequence[int],
+    sites: Sequence[str] = DEFAULT_SITES,
+    spans: Sequence[str] | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
+) -> Activations:
+    """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
+    layers, shorts = check_request(model, layers, sites, hooks)
+    records: list[dict[str, Any]] = []
+    parts: dict[Key, list[torch.Tensor]] = {}
+    start = 0
+    for batch, rows, acts in batches(model, items, layers, shorts, spans, hooks, batch_size):
+        for key, tensor in acts.items():
+            parts.setdefault(key, []).append(tensor)
+        for b, span, at in rows:
+            item = batch[b]
+            records.append(_record(item, span, at, start))
+            start += len(at)
+    tensors = {site(short).hook(layer): torch.cat(v) for (layer, short), v in parts.items()}
+    return Activations(pd.DataFrame(records), tensors)
+
+
+def read_activations(out_dir: str | Path) -> Activations:
+    """Everything captured in `out_dir` as `Activations` (in the stored dtype), shard by shard
+    in the order written."""
+    out = Path(out_dir)
+    index = read_index(out)
+    if index.empty:
+        raise ProbekitError(f"nothing captured in {out}")
+    records: list[dict[str, Any]] = []
+    parts: dict[str, list[torch.Tensor]] = {}
+    start = 0
+    for shard, rows in index.groupby("shard", sort=True):
+        with safe_open(out / shard, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
+                short, layer = name.rsplit(".", 1)
+                parts.setdefault(site(short).hook(int(layer)), []).append(f.get_tensor(name))
+        first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
+        for record in first.to_dict("records"):
+            keep = {k: v for k, v in record.items() if k not in ("layer", "site", "shard")}
+            records.append(
+                keep
+                | {"row_start": start + record["row_start"], "row_stop": start + record["row_stop"]}
+            )
+        start += int(first["row_stop"].max())
+    return Activations(pd.DataFrame(records), {k: torch.cat(v) for k, v in parts.items()})
+
+
+def _record(item: EncodedItem, span: str, at: list[int], start: int) -> dict[str, Any]:
+    return {
+        **item.item.key,
+        PROMPT_ID: item.id,
+        "span": span,
+        "positions": at,
+        "n_tokens": len(item.input_ids),
+        "row_start": start,
+        "row_stop": start + len(at),
+    }
+
+
 def read_index(out_dir: str | Path) -> pd.DataFrame:
     """The index of everything captured in `out_dir` (empty if nothing is)."""
     parts = sorted((Path(out_dir) / "index").glob("shard-*.parquet"))
@@ -188,15 +272,17 @@ def read_index(out_dir: str | Path) -> pd.DataFrame:
 
 
 def load_activations(
-    out_dir: str | Path, layer: int, site: str, span: str
+    out_dir: str | Path, layer: int, name: str, span: str
 ) -> tuple[pd.DataFrame, list[torch.Tensor]]:
-    """The index rows of one (layer, site, span) and, for each, its [positions, d_model] tensor."""
+    """The index rows of one (layer, site, span) and, for each, its [positions, ...] tensor (the
+    site by its TransformerLens name or short form)."""
     out = Path(out_dir)
     index = read_index(out)
-    rows = index[(index["layer"] == layer) & (index["site"] == site) & (index["span"] == span)]
+    short = site(name).short
+    rows = index[(index["layer"] == layer) & (index["site"] == short) & (index["span"] == span)]
     if rows.empty:
         raise ProbekitError(
-            f"nothing captured in {out} for layer {layer}, site {site}, span {span}"
+            f"nothing captured in {out} for layer {layer}, site {name}, span {span}"
         )
     rows = rows.reset_index(drop=True)
     blocks: dict[str, torch.Tensor] = {}
@@ -204,88 +290,9 @@ def load_activations(
     for shard, a, b in zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True):
         if shard not in blocks:
             with safe_open(out / shard, framework="pt") as f:
-                blocks[shard] = f.get_tensor(f"{site}.{layer}")
+                blocks[shard] = f.get_tensor(f"{short}.{layer}")
         tensors.append(blocks[shard][a:b])
     return rows, tensors
-
-
-def _run_bridge(
-    model: Any, inputs: dict[str, torch.Tensor], index: Any, keys: list[Key]
-) -> dict[Key, torch.Tensor]:
-    acts: dict[Key, torch.Tensor] = {}
-
-    def keep(key: Key) -> Any:
-        def hook(value: Any, hook: Any) -> None:
-            tensor = value[0] if isinstance(value, tuple) else value
-            acts[key] = tensor[index].detach().float().cpu()
-
-        return hook
-
-    last = keys[-1][0]
-    model.enable_bridge().run_with_hooks(
-        inputs["input_ids"],
-        fwd_hooks=[(f"blocks.{layer}.hook_{site}", keep((layer, site))) for layer, site in keys],
-        stop_at_layer=last + 1 if last + 1 < model.n_layers else None,
-        return_type=None,
-        attention_mask=inputs["attention_mask"],
-        position_ids=inputs["position_ids"],
-    )
-    return acts
-
-
-def _run_nnsight(
-    model: Any, inputs: dict[str, torch.Tensor], index: Any, keys: list[Key]
-) -> dict[Key, torch.Tensor]:
-    import nnsight
-
-    lm = model.nnsight
-    blocks_path, attn, mlp = block_module_names(model.hf)
-    blocks = walk_path(lm, blocks_path)
-    acts: dict[Key, Any] = {}
-    # nnsight wants modules in the order they run: keys are sorted by layer, then site order.
-    with lm.trace(inputs) as tracer:
-        for layer, site in keys:
-            tensor = site_value(blocks[layer], site, attn, mlp)
-            acts[(layer, site)] = nnsight.save(tensor[index].detach().float().cpu())
-        tracer.stop()
-    return acts
-
-
-def block_module_names(hf: Any) -> tuple[str, str, str]:
-    """Dotted path of the block list and the attention and MLP attribute names in a block."""
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
-        try:
-            blocks = walk_path(hf, path)
-        except AttributeError:
-            continue
-        names = {name for name, _ in blocks[0].named_children()} | set(dir(blocks[0]))
-        attn = next((n for n in ("self_attn", "attn", "attention") if n in names), None)
-        if attn and "mlp" in names:
-            return path, attn, "mlp"
-    raise ProbekitError(
-        f"the nnsight backend does not know the block layout of {type(hf).__name__}; "
-        "use backend='bridge'"
-    )
-
-
-def site_value(block: Any, site: str, attn: str, mlp: str) -> Any:
-    """The nnsight value of `site` (`resid_pre`, `attn_out`, `mlp_out`, `resid_post`) in a block."""
-    if site == "resid_pre":
-        value = block.input
-    elif site == "attn_out":
-        value = getattr(block, attn).output
-    elif site == "mlp_out":
-        value = getattr(block, mlp).output
-    else:
-        value = block.output
-    return value[0] if isinstance(value, tuple) else value
-
-
-def walk_path(root: Any, path: str) -> Any:
-    """Follow a dotted attribute path such as `model.layers` from `root`."""
-    for name in path.split("."):
-        root = getattr(root, name)
-    return root
 
 
 def _open_folder(out: Path, config: dict[str, Any]) -> None:
@@ -317,7 +324,7 @@ def _write_shard(
     number: int,
     config: dict[str, Any],
     spans: Sequence[str] | None,
-    backend: str,
+    hooks: str,
     batch_size: int,
     dtype: torch.dtype,
 ) -> Path:
@@ -327,21 +334,20 @@ def _write_shard(
     blocks: dict[Key, list[torch.Tensor]] = {}
     records: list[dict[str, Any]] = []
     start = 0
-    for i in range(0, len(items), batch_size):
-        batch = items[i : i + batch_size]
-        rows, acts = gather(model, batch, config["layers"], config["sites"], spans, backend)
+    layers, sites = config["layers"], config["sites"]
+    for batch, rows, acts in batches(model, items, layers, sites, spans, hooks, batch_size):
         for key, tensor in acts.items():
             blocks.setdefault(key, []).append(tensor)
         for b, span, at in rows:
             item = batch[b]
-            for layer, site in acts:
+            for layer, short in acts:
                 records.append(
                     {
                         **item.item.key,
-                        "prompt_id": item.id,
+                        PROMPT_ID: item.id,
                         "span": span,
                         "layer": layer,
-                        "site": site,
+                        "site": short,
                         "shard": shard.as_posix(),
                         "row_start": start,
                         "row_stop": start + len(at),
@@ -351,7 +357,7 @@ def _write_shard(
                 )
             start += len(at)
     tensors = {
-        f"{site}.{layer}": torch.cat(parts).to(dtype) for (layer, site), parts in blocks.items()
+        f"{short}.{layer}": torch.cat(parts).to(dtype) for (layer, short), parts in blocks.items()
     }
     for key, tensor in tensors.items():
         if not torch.isfinite(tensor).all():

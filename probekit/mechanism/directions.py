@@ -5,7 +5,7 @@ tokens of a span the study names (intergroup: the experiencer). The direction of
 difference of means between the prompts on each side of a boolean contrast the study defines
 (intergroup: in-group vs out-group), as a unit vector.
 
-Prediction. A prompt's gap is its metric (e.g. the expected intensity) minus the mean over the
+Prediction. A prompt's gap is its readout (e.g. the expected intensity) minus the mean over the
 prompts that share its `centre` columns (intergroup: the same event and perceiver), so it measures
 how much more this prompt's identity moves the answer than the others. Its projection on the
 direction is centred the same way, and the Pearson r between the two is taken over all prompts.
@@ -17,7 +17,7 @@ Causal check. At the layer with the largest r, the direction fitted on all units
 of the residual stream (x <- x - (x.u) u) at every token of the span during the prompt pass, every
 prompt is scored again, and the study's statistic (intergroup: the empathy gap Δ) is recomputed.
 A random unit direction at the same place is the control. The statistic is computed on every
-prompt's metric, without the study's exclusion rules: the check compares the same prompts before
+prompt's readout, without the study's exclusion rules: the check compares the same prompts before
 and after.
 """
 
@@ -32,13 +32,13 @@ import torch
 
 from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
-from probekit.items import EncodedItem
-from probekit.mechanism.patching import score_with
-from probekit.run import PROMPT_ID
-from probekit.scoring.metrics import Metric
+from probekit.items import PROMPT_ID, EncodedItem
+from probekit.mechanism.interventions import score_with
+from probekit.mechanism.sites import site
+from probekit.scoring.readouts import Readout
 
-SITE = "hook_resid_post"
-VALUE = "value"  # the metric's column in `States.frame`
+SITE = site("resid_post")  # the states are read and edited at blocks.{layer}.hook_resid_post
+VALUE = "value"  # the readout's column in `States.frame`
 Statistic = Callable[[pd.DataFrame, str], float]  # (frame, value column) -> e.g. Δ
 
 
@@ -73,7 +73,7 @@ def span_states(
     scorer: Scorer,
     prompts: Sequence[EncodedItem],
     span: str,
-    metric: Metric,
+    readout: Readout,
     contrast: Callable[[EncodedItem], bool],
     centre: Sequence[str],
     layers: Sequence[int] | None = None,
@@ -87,7 +87,7 @@ def span_states(
         chunk = prompts[start : start + size]
         spans = [_span(p, span) for p in chunk]
         locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
-        reads = {f"blocks.{layer}.{SITE}": locs for layer in layers}
+        reads = {SITE.hook(layer): locs for layer in layers}
         results, values = score_with(scorer, [p.input_ids for p in chunk], reads=reads)
         stacked = torch.stack([values[hook] for hook in reads], dim=1).double()  # [locs, L, d]
         at = 0
@@ -99,7 +99,7 @@ def span_states(
                     PROMPT_ID: prompt.id,
                     **prompt.item.key,
                     "contrast": contrast(prompt),
-                    VALUE: metric(result, prompt.item),
+                    VALUE: readout(result, prompt.item),
                 }
             )
     frame = pd.DataFrame(rows)
@@ -144,10 +144,10 @@ def project_out(
     span: str,
     layer: int,
     direction: np.ndarray,
-    metric: Metric,
+    readout: Readout,
     batch_size: int | None = None,
 ) -> list[float]:
-    """The metric of every prompt with `direction` projected out of
+    """The readout of every prompt with `direction` projected out of
     `blocks.{layer}.hook_resid_post` at every token of `span`."""
     model = scorer.model
     unit = torch.as_tensor(direction / np.linalg.norm(direction), dtype=model.dtype)
@@ -162,9 +162,9 @@ def project_out(
         chunk = prompts[start : start + size]
         locs = [(row, pos) for row, p in enumerate(chunk) for pos in _span(p, span)]
         results, _ = score_with(
-            scorer, [p.input_ids for p in chunk], edits={f"blocks.{layer}.{SITE}": (locs, remove)}
+            scorer, [p.input_ids for p in chunk], edits={SITE.hook(layer): (locs, remove)}
         )
-        out += [metric(r, p.item) for r, p in zip(results, chunk, strict=True)]
+        out += [readout(r, p.item) for r, p in zip(results, chunk, strict=True)]
     return out
 
 
@@ -173,7 +173,7 @@ def causal_check(
     prompts: Sequence[EncodedItem],
     states: States,
     fit: pd.DataFrame,
-    metric: Metric,
+    readout: Readout,
     statistic: Statistic,
     control: bool = True,
     seed: int = 0,
@@ -191,13 +191,13 @@ def causal_check(
     frame = states.frame.copy()
     base = statistic(frame, VALUE)
     frame["ablated"] = project_out(
-        scorer, prompts, states.span, layer, direction, metric, batch_size
+        scorer, prompts, states.span, layer, direction, readout, batch_size
     )
     random = None
     if control:
         vector = np.random.default_rng(seed).standard_normal(direction.shape)
         frame["random"] = project_out(
-            scorer, prompts, states.span, layer, vector, metric, batch_size
+            scorer, prompts, states.span, layer, vector, readout, batch_size
         )
         random = statistic(frame, "random")
     return CausalCheck(layer, base, statistic(frame, "ablated"), random)

@@ -1,7 +1,7 @@
 """Causal mediation of a study's behavioural gap per component (Vig et al., NeurIPS 2020).
 
 For a pair (clean = the treatment, corrupt = the base) and a component c (a layer's site at a
-span, or one attention head), on the behavioural metric m:
+span, or one attention head), on the per-prompt readout m:
 
 - total effect    TE   = m(clean) - m(corrupt)                      (the pair's gap)
 - indirect effect IE_c = m(corrupt run, c set to its clean value) - m(corrupt)
@@ -23,8 +23,9 @@ import pandas as pd
 from probekit.engines.hf.scorer import Scorer
 from probekit.errors import ProbekitError
 from probekit.items import Pair
-from probekit.mechanism.patching import COMPONENT, Patch, sweep
-from probekit.scoring.metrics import Metric
+from probekit.mechanism.components import COMPONENT, Patch
+from probekit.mechanism.patching import sweep
+from probekit.scoring.readouts import Readout
 from probekit.stats import bootstrap_units
 
 EFFECTS = ("total", "indirect", "direct")
@@ -34,23 +35,23 @@ def mediate(
     scorer: Scorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
-    metric: Metric,
-    backend: str = "transformer_lens",
+    readout: Readout,
+    hooks: str = "transformer_lens",
     batch_size: int | None = None,
 ) -> pd.DataFrame:
     """One row per (pair, component): pair (its index), clean_prompt_id, corrupt_prompt_id,
     layer, site, head, span, total, indirect, direct, metric."""
-    forward = sweep(scorer, pairs, patches, metric, backend=backend, batch_size=batch_size)
+    forward = sweep(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size)
     swapped = [(corrupt, clean) for clean, corrupt in pairs]
-    reverse = sweep(scorer, swapped, patches, metric, backend=backend, batch_size=batch_size)
-    m = metric.column
+    reverse = sweep(scorer, swapped, patches, readout, hooks=hooks, batch_size=batch_size)
+    m = readout.column
     corrupt = forward[f"{m}_corrupt"]
     out = forward[["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]].copy()
     out.insert(0, "pair", np.repeat(np.arange(len(pairs)), len(patches)))
     out["total"] = forward[f"{m}_clean"] - corrupt
     out["indirect"] = forward[f"{m}_patched"] - corrupt
     out["direct"] = reverse[f"{m}_patched"].to_numpy() - corrupt
-    out["metric"] = metric.spec
+    out["metric"] = readout.spec
     return out
 
 

@@ -1,15 +1,18 @@
-"""Behavioural metrics read from one prompt's exact answer distribution.
+"""Per-prompt readouts: one number read from one prompt's exact answer distribution.
 
-The mechanism commands (patching, directions) take a metric as a parameter, so that they explain
-the study's own behaviour: the expected value of a numeric answer, the probability of one answer,
-the probability of the item's correct answer, or a difference of two such. Specs on the command
-line: `ev`, `p:<answer>`, `p_correct`, and `X - Y` for a difference (`p:joy - p:fear`).
+A readout is what TransformerLens calls the patching metric: the mechanism (patching,
+attribution, mediation, directions) takes one as a parameter, so that it explains the study's own
+behaviour: the expected value of a numeric answer, the probability of one answer, the
+probability of the item's correct answer, or a difference of two such. Specs (the `--metric`
+option of `probekit patch`): `ev`, `p:<answer>`, `p_correct`, and `X - Y` for a difference
+(`p:joy - p:fear`). The studies' aggregate metrics over many prompts (`studies/*/metrics.py`)
+are another thing.
 
-One metric compares a pair's two distributions instead: `tv`, the overlap 1 - TV(P, P_clean)
+One readout compares a pair's two distributions instead: `tv`, the overlap 1 - TV(P, P_clean)
 with the pair's clean distribution. It is 1 on the clean prompt, so the pair's gap is the total
 variation distance between the clean and corrupt distributions, and a patch's recovery is
-1 - TV(P_patched, P_clean) / TV(P_corrupt, P_clean). Such a `paired` metric needs the clean
-result (`metric(result, item, clean)`), so it serves exact patching only.
+1 - TV(P_patched, P_clean) / TV(P_corrupt, P_clean). Such a `paired` readout needs the clean
+result (`readout(result, item, clean)`), so it serves exact patching only.
 """
 
 from __future__ import annotations
@@ -21,17 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from probekit.answers import AnswerSet
-from probekit.engines.hf.scorer import ScoreResult
+from probekit.engines.base import ScoreResult
 from probekit.errors import ProbekitError
 from probekit.items import Item
 
 
 @dataclass(frozen=True)
-class Metric:
+class Readout:
     """A number from a prompt's exact distribution (NaN when the answer set has no mass).
 
-    `column` names table columns (`ev` -> ev_clean, ev_corrupt, ev_patched). A `paired` metric
-    also reads the pair's clean result: `read(result, item, clean)`."""
+    `spec` is what `parse_readout` reads (and the `metric` column of the tables); `column` names
+    table columns (`ev` -> ev_clean, ev_corrupt, ev_patched). A `paired` readout also reads the
+    pair's clean result: `read(result, item, clean)`."""
 
     spec: str
     column: str
@@ -49,17 +53,17 @@ class Metric:
         return self.read(result, item, clean)
 
 
-def expected_value(answers: AnswerSet) -> Metric:
+def expected_value(answers: AnswerSet) -> Readout:
     """The expected value of a numeric answer (e.g. the 0–100 intensity)."""
     if not answers.numeric:
         raise ProbekitError(
             "the metric 'ev' (expected value) needs numeric answers, and this study's answers "
             f"are {', '.join(answers.answers[:5])}, ...; use p:<answer> or p_correct"
         )
-    return Metric("ev", "ev", lambda r, _: math.nan if r.expected is None else float(r.expected))
+    return Readout("ev", "ev", lambda r, _: math.nan if r.expected is None else float(r.expected))
 
 
-def answer_probability(answers: AnswerSet, answer: str) -> Metric:
+def answer_probability(answers: AnswerSet, answer: str) -> Readout:
     """P(answer), normalised over the answer set."""
     if answer not in answers.answers:
         raise ProbekitError(
@@ -67,10 +71,10 @@ def answer_probability(answers: AnswerSet, answer: str) -> Metric:
             f"({', '.join(answers.answers[:12])})"
         )
     index = answers.answers.index(answer)
-    return Metric(f"p:{answer}", "p", lambda r, _: _normalised(r, index))
+    return Readout(f"p:{answer}", "p", lambda r, _: _normalised(r, index))
 
 
-def correct_probability(answers: AnswerSet, key: str = "correct") -> Metric:
+def correct_probability(answers: AnswerSet, key: str = "correct") -> Readout:
     """P(the item's correct answer), read from the item's key column `key`."""
 
     def read(result: ScoreResult, item: Item) -> float:
@@ -82,10 +86,10 @@ def correct_probability(answers: AnswerSet, key: str = "correct") -> Metric:
             )
         return _normalised(result, answers.answers.index(correct))
 
-    return Metric("p_correct", "p_correct", read)
+    return Readout("p_correct", "p_correct", read)
 
 
-def clean_overlap() -> Metric:
+def clean_overlap() -> Readout:
     """1 - TV(P, P_clean): the overlap of a prompt's normalised distribution with its pair's
     clean one (1 on the clean prompt; the pair's gap is the total variation distance)."""
 
@@ -94,22 +98,22 @@ def clean_overlap() -> Metric:
             return math.nan
         return 1.0 - 0.5 * float(np.abs(np.asarray(result.probs) - np.asarray(clean.probs)).sum())
 
-    return Metric("tv", "overlap", read, paired=True)
+    return Readout("tv", "overlap", read, paired=True)
 
 
-def difference(first: Metric, second: Metric) -> Metric:
+def difference(first: Readout, second: Readout) -> Readout:
     """`first - second`, e.g. P(joy) - P(fear)."""
     if first.paired or second.paired:
         raise ProbekitError("tv compares a pair's distributions and takes no part in a difference")
-    return Metric(f"{first.spec} - {second.spec}", "diff", lambda r, i: first(r, i) - second(r, i))
+    return Readout(f"{first.spec} - {second.spec}", "diff", lambda r, i: first(r, i) - second(r, i))
 
 
-def parse_metric(spec: str, answers: AnswerSet) -> Metric:
-    """The metric a spec names (`ev`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for these
+def parse_readout(spec: str, answers: AnswerSet) -> Readout:
+    """The readout a spec names (`ev`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for these
     answers."""
     if " - " in spec:
         first, second = spec.split(" - ", 1)
-        return difference(parse_metric(first, answers), parse_metric(second, answers))
+        return difference(parse_readout(first, answers), parse_readout(second, answers))
     text = spec.strip()
     if text == "ev":
         return expected_value(answers)

@@ -1,0 +1,226 @@
+"""Patching and capture from a script: the same rows as `probekit patch`, activations in memory.
+
+    >>> import probekit.mechanism.api as mech
+    >>> model = mech.hookable("default")
+    >>> pair = mech.make_pair(model, "I am a Muslim. How sad am I, 0-10?",
+    ...                       "I am a Jew. How sad am I, 0-10?", span="Muslim")
+    >>> df = mech.patch(model, [pair], spans=["from_identity"], sites=["resid_pre"],
+    ...                 layers=range(model.n_layers), metric="ev", answers="0-10")
+    >>> ax = df.plot(x="layer", y="recovery", marker="o")  # the recovered share of the gap
+
+Every wrong type (a list of prompts where pairs are expected, a string where a list is, an
+unknown site) is one line of `ProbekitError`, before any forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from probekit.answers import AnswerSet
+from probekit.errors import ProbekitError
+from probekit.items import EncodedItem, Item, Pair
+from probekit.mechanism import capture as disk
+from probekit.mechanism.components import check, grid
+from probekit.mechanism.pairs import check_pairs, make_pair
+from probekit.mechanism.pipeline import measure
+from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
+from probekit.scoring.readouts import Readout, parse_readout
+
+__all__ = ["capture", "hookable", "make_pair", "patch"]
+
+
+def hookable(model: Any) -> Any:
+    """The hookable model of a loaded engine, or of anything `load_engine` takes (`"default"`,
+    a Hugging Face id, a model directory, a `.gguf` file)."""
+    if isinstance(model, str | Path):
+        from probekit.engines import load_engine
+
+        return load_engine(str(model)).hookable()
+    if hasattr(model, "hookable"):
+        return model.hookable()
+    raise ProbekitError(f"model must be a loaded model or a model spec, got a {type(model)}")
+
+
+def patch(
+    model: Any,
+    pairs: Sequence[Pair] | Pair,
+    *,
+    spans: Sequence[str],
+    sites: Sequence[str] = DEFAULT_SITES,
+    layers: Sequence[int] | range | None = None,
+    metric: str | Readout = "ev",
+    answers: AnswerSet | str,
+    method: str = "exact",
+    heads: Sequence[int] | None = None,
+    top_k: int = 20,
+    hooks: str = "transformer_lens",
+    batch_size: int | None = None,
+) -> pd.DataFrame:
+    """The patching table of `probekit patch` for these pairs: one row per (pair, component).
+
+    Parameters:
+        model: a loaded model or a model spec (see `hookable`).
+        pairs: (clean, corrupt) pairs of encoded prompts (`make_pair`, a study's `pairs`), or
+            one such pair.
+        spans: span names of the prompts (`identity`), `from_<span>` (the span to the end),
+            `<span>@<i>` (one aligned position; -1 the last).
+        sites: TransformerLens sites (`hook_resid_pre` or `resid_pre`, ..., `attn.hook_z` per
+            head).
+        layers: layer indices, negative from the end (default: every layer).
+        metric: the per-prompt readout (`ev`, `p:<answer>`, `p_correct`, `X - Y`, `tv`) or a
+            `Readout`.
+        answers: an `AnswerSet` or a spec (`0-10`, `A-E`, `A,B,C`).
+        method: `exact`, `attribution` or `attribution+verify` (the `top_k` re-measured).
+        heads: heads patched one by one at `attn.hook_z` (default: every head).
+        hooks: the hook library, `transformer_lens` or `nnsight` (exact patching).
+        batch_size: prompts per forward pass.
+
+    Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`):
+    `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`, `<m>_patched`, `gap`,
+    `recovery`, ...
+    """
+    model = hookable(model)
+    pairs = check_pairs(_as_pairs(model, pairs))
+    answer_set = _answers(answers)
+    readout = metric if isinstance(metric, Readout) else parse_readout(_text(metric), answer_set)
+    library(hooks)
+    chosen = layer_indices(
+        model, _list(layers, "layers") if layers is not None else range(model.n_layers)
+    )
+    patches = grid(
+        chosen,
+        _names(sites, "sites"),
+        _names(spans, "spans"),
+        _list(heads, "heads") if heads else range(n_heads(model)),
+    )
+    check(model, pairs, patches)
+    scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
+    return measure(scorer, pairs, patches, readout, method, top_k, hooks, batch_size, say=_quiet)
+
+
+def capture(
+    model: Any,
+    prompts: Any,
+    *,
+    sites: Sequence[str] = DEFAULT_SITES,
+    layers: Sequence[int] | range | None = None,
+    spans: Sequence[str] | None = None,
+    out: str | Path | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
+    dtype: torch.dtype = torch.float16,
+) -> disk.Activations:
+    """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
+
+    Parameters:
+        model: a loaded model or a model spec (see `hookable`).
+        prompts: one string, a list of strings, chat-message lists, `Item`s or encoded prompts,
+            or a prompts JSONL path (as `probekit.score` takes them).
+        sites: TransformerLens sites (`hook_resid_pre` or `resid_pre`, ..., `attn.hook_z`).
+        layers: layer indices, negative from the end (default: every layer).
+        spans: the spans kept (default: every span; a plain string has only `answer`, its last
+            token).
+        out: also write resumable safetensors shards there (`probekit capture`'s format in
+            `dtype`); the activations returned are then read back from it.
+        hooks: the hook library, `transformer_lens` or `nnsight`.
+
+    Returns `Activations`: `acts["blocks.3.hook_resid_pre"]` is [rows, d_model] (float32 in
+    memory), `acts.at(hook, prompt_id, span)` one prompt's span, `acts.index` the rows.
+    """
+    model = hookable(model)
+    encoded = _encoded(model, prompts)
+    chosen = layer_indices(
+        model, _list(layers, "layers") if layers is not None else range(model.n_layers)
+    )
+    names = _names(sites, "sites")
+    kept = _names(spans, "spans") if spans is not None else None
+    if out is None:
+        return disk.collect(model, encoded, chosen, names, kept, hooks, batch_size)
+    disk.capture(model, encoded, out, chosen, names, kept, hooks, batch_size, dtype=dtype)
+    wanted = {item.id for item in encoded}
+    stored = disk.read_activations(out)
+    return _subset(stored, wanted)
+
+
+def _subset(acts: disk.Activations, ids: set[str]) -> disk.Activations:
+    """The rows of the prompts `ids` (a resumed folder may hold others)."""
+    index = acts.index
+    if set(index["prompt_id"]) <= ids:
+        return acts
+    keep = index[index["prompt_id"].isin(ids)]
+    rows = torch.cat(
+        [torch.arange(a, b) for a, b in zip(keep["row_start"], keep["row_stop"], strict=True)]
+    )
+    sizes = (keep["row_stop"] - keep["row_start"]).to_numpy()
+    starts = sizes.cumsum() - sizes
+    index = keep.assign(row_start=starts, row_stop=starts + sizes).reset_index(drop=True)
+    return disk.Activations(index, {k: v[rows] for k, v in acts.tensors.items()})
+
+
+def _as_pairs(model: Any, pairs: Any) -> Any:
+    """Pairs of Items are encoded; one pair alone becomes a list of one."""
+    if (
+        isinstance(pairs, tuple)
+        and len(pairs) == 2
+        and all(isinstance(p, EncodedItem | Item) for p in pairs)
+    ):
+        pairs = [pairs]
+    if isinstance(pairs, Sequence) and not isinstance(pairs, str):
+        return [
+            tuple(model.encode(p) if isinstance(p, Item) else p for p in pair)
+            if isinstance(pair, tuple | list)
+            else pair
+            for pair in pairs
+        ]
+    return pairs
+
+
+def _encoded(model: Any, prompts: Any) -> list[EncodedItem]:
+    if (
+        isinstance(prompts, Sequence)
+        and prompts
+        and all(isinstance(p, EncodedItem) for p in prompts)
+    ):
+        return list(prompts)
+    from probekit.api import as_items
+
+    items = list(as_items(prompts))
+    if not items:
+        raise ProbekitError("no prompts to capture")
+    return [model.encode(item) for item in items]
+
+
+def _answers(answers: Any) -> AnswerSet:
+    if isinstance(answers, AnswerSet):
+        return answers
+    return AnswerSet.parse(_text(answers))
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ProbekitError(f"expected a text spec, got a {type(value).__name__}: {value!r}")
+    return value
+
+
+def _names(value: Any, what: str) -> list[str]:
+    names = _list(value, what)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ProbekitError(f"{what} must be a non-empty list of names, got {value!r}")
+    if what == "sites":
+        return [site(n).name for n in names]
+    return names
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | range):
+        raise ProbekitError(f"{what} must be a list, got {value!r}")
+    return list(value)
+
+
+def _quiet(line: str) -> None:
+    return None

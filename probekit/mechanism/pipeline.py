@@ -1,0 +1,415 @@
+"""The patch and capture analyses of a study, as `probekit patch` and `probekit capture` run them.
+
+`check_patch` validates a request before any model is loaded; `run_patch` then does the rest:
+1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
+   the same event), the `pairs_per_unit` per unit with the largest readout gap (`select_pairs`).
+2. Patching (`measure`): the clean activation is patched into the corrupt run at each (layer,
+   site, span), and each head at `attn.hook_z` (`method="exact"`, mechanism.patching); or every
+   component is estimated by attribution patching (`attribution`) and the `top_k` re-measured
+   exactly (`attribution+verify`, mechanism.attribution). Writes patching.parquet,
+   patching_summary.csv (each component's mean effect and estimate with bootstrap intervals over
+   pairs), patching.png (layer x site, a panel per span), heads.png (layer x head) or
+   positions.png (with `positions`), and prints the five components with the largest effect.
+   `mediation` adds the total, direct and indirect effects of the exactly measured components
+   (mediation.parquet, mediation_summary.csv; mechanism.mediation).
+3. Direction (studies that define one; not with `direction=False`): per layer, the difference of
+   means across the contrast at one span and how well a prompt's projection predicts its gap
+   (directions.parquet); at the best layer the direction is projected out and the study's
+   statistic recomputed (causal_check.json).
+`run_capture` writes a study's activations (mechanism.capture).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probekit.engines.hf.scorer import Scorer
+from probekit.errors import ProbekitError
+from probekit.io import write_parquet, write_text
+from probekit.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
+from probekit.mechanism import attribution, capture, directions, mediation, patching
+from probekit.mechanism.components import Patch, check, grid
+from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
+from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, layer_indices, library, n_heads
+from probekit.mechanism.sites import site as find_site
+from probekit.plots import head_heatmap, patching_heatmap, position_heatmap
+from probekit.scoring.readouts import Readout, parse_readout
+
+METHODS = attribution.METHODS
+DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min on 2 CPU cores
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PatchRequest:
+    """Every choice of one patch analysis (the options of `probekit patch`); None: the default
+    (layers: `DEFAULT_LAYERS` evenly spaced; spans and readout: the study's; heads: all)."""
+
+    layers: Sequence[int] | None = None
+    sites: Sequence[str] = DEFAULT_SITES
+    spans: Sequence[str] | None = None
+    heads: Sequence[int] | None = None
+    readout: str | None = None
+    method: str = "exact"
+    top_k: int = 20
+    pairs_per_unit: int = 1
+    positions: bool = False
+    mediation: bool = False
+    direction: bool = True
+    control: bool = False
+    bootstrap: int = 1000
+    hooks: str = "transformer_lens"
+    batch_size: int | None = None
+    seed: int = 0
+
+
+def check_patch(
+    request: PatchRequest, items: Sequence[Item], answers: Any, defaults: MechanismDefaults
+) -> Readout | None:
+    """One line for any bad choice that needs no model; the readout when its spec is fixed
+    (None when the study chooses it from the exact scores)."""
+    library(request.hooks)
+    for name in request.sites:
+        find_site(name)
+    if request.method not in METHODS:
+        raise ProbekitError(f"unknown method {request.method!r}; choose from {', '.join(METHODS)}")
+    if request.pairs_per_unit < 1:
+        raise ProbekitError(f"--pairs must be at least 1, got {request.pairs_per_unit}")
+    if request.bootstrap < 1:
+        raise ProbekitError(f"--bootstrap must be at least 1, got {request.bootstrap}")
+    if request.batch_size is not None and request.batch_size < 1:
+        raise ProbekitError(f"--batch-size must be at least 1, got {request.batch_size}")
+    if request.spans:
+        check_span_names(items, [base_span(s) for s in request.spans])
+    if request.mediation and request.method == "attribution":
+        raise ProbekitError(
+            "--mediation needs exactly measured components: use --method exact or "
+            "attribution+verify"
+        )
+    spec = request.readout or defaults.readout
+    if not isinstance(spec, str):
+        return None
+    readout = parse_readout(spec, answers)
+    if readout.paired and (request.method != "exact" or request.mediation):
+        raise ProbekitError(
+            f"the metric {readout.spec} compares a pair's two distributions: use it with "
+            "--method exact and without --mediation (attribution needs a metric linear in one "
+            "distribution, mediation a metric defined per prompt)"
+        )
+    return readout
+
+
+def run_patch(
+    model: Any,
+    study: Any,
+    probe: Any,
+    items: Sequence[Item],
+    request: PatchRequest,
+    out: str | Path,
+    say: Say = print,
+) -> list[str]:
+    """The whole patch analysis of a study's items into `out`; the files written."""
+    defaults: MechanismDefaults = study.mechanism_defaults()
+    readout = check_patch(request, items, probe.answers, defaults)
+    spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
+    layers = layer_indices(model, request.layers) if request.layers else default_layers(model)
+    heads = list(request.heads) if request.heads else list(range(n_heads(model)))
+    encoded = [model.encode(item) for item in items]
+    pairs = study.pairs(probe, encoded)
+    if request.positions:
+        spans = single_positions(spans, pairs)
+    patches = grid(layers, request.sites, spans, heads)
+    check(model, pairs, patches)  # fail on bad input before any scoring
+    if request.method == "attribution+verify" and not 1 <= request.top_k <= len(patches):
+        raise ProbekitError(
+            f"--top-k must lie between 1 and the number of components ({len(patches)}), "
+            f"got {request.top_k}"
+        )
+    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=request.batch_size)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    direction = defaults.direction if request.direction else None
+    if direction and readout is not None and readout.paired:
+        say(f"no direction analysis: it needs a metric of one prompt, and {readout.spec} is not")
+        direction = None
+    if direction:  # one scoring pass gives the readout of every prompt and the span's states
+        states = directions.span_states(
+            scorer, encoded, direction.span, readout, direction.contrast(probe), direction.centre
+        )
+        value = dict(zip(states.frame[PROMPT_ID], states.frame[directions.VALUE], strict=True))
+        gaps = [value[clean.id] - value[corrupt.id] for clean, corrupt in pairs]
+    else:
+        results = list(scorer.score([e.input_ids for e in encoded]))  # batched and windowed
+        if readout is None:
+            readout = parse_readout(defaults.readout(probe, encoded, results), probe.answers)
+            say(f"metric {readout.spec}: the study's default, read from the exact scores")
+        gaps = readout_gaps(
+            readout, pairs, dict(zip([e.id for e in encoded], results, strict=True))
+        )
+    chosen = pick_pairs(pairs, gaps, request.pairs_per_unit)
+    df = measure(
+        scorer,
+        chosen,
+        patches,
+        readout,
+        request.method,
+        request.top_k,
+        request.hooks,
+        request.batch_size,
+        say,
+    )
+    write_parquet(folder / "patching.parquet", df)
+    title = f"{model.name}, {probe.name}"
+    written = ["patching.parquet", *report(df, folder, request, spans, title, say)]
+    if request.mediation:
+        exact = request.method == "exact"
+        measured = patches if exact else attribution.top_components(df, request.top_k)
+        written += mediate(scorer, chosen, measured, readout, folder, request, say)
+    if direction:
+        written += direction_check(
+            scorer, study, probe, encoded, states, direction, readout, folder, request, say
+        )
+    return written
+
+
+def default_layers(model: Any) -> list[int]:
+    """`DEFAULT_LAYERS` layers evenly spaced from the first to the last."""
+    n = model.n_layers
+    return sorted({int(x) for x in np.linspace(0, n - 1, DEFAULT_LAYERS).round()})
+
+
+def readout_gaps(readout: Readout, pairs: Sequence[Pair], results: dict[str, Any]) -> list[float]:
+    """readout(clean) - readout(corrupt) of each pair, from the exact results by prompt id."""
+    return [
+        readout(results[clean.id], clean.item, results[clean.id])
+        - readout(results[corrupt.id], corrupt.item, results[clean.id])
+        for clean, corrupt in pairs
+    ]
+
+
+def select_pairs(
+    scorer: Scorer,
+    study: Any,
+    probe: Any,
+    encoded: Sequence[EncodedItem],
+    readout: Readout,
+    per_unit: int,
+) -> list[Pair]:
+    """The study's pairs of `encoded`, the `per_unit` of each unit with the largest |gap|."""
+    pairs = study.pairs(probe, encoded)
+    results = dict(
+        zip([e.id for e in encoded], scorer.score([e.input_ids for e in encoded]), strict=True)
+    )
+    return pick_pairs(pairs, readout_gaps(readout, pairs, results), per_unit)
+
+
+def measure(
+    scorer: Scorer,
+    pairs: Sequence[Pair],
+    patches: Sequence[Patch],
+    readout: Readout,
+    method: str = "exact",
+    top_k: int = 20,
+    hooks: str = "transformer_lens",
+    batch_size: int | None = None,
+    say: Say = print,
+) -> pd.DataFrame:
+    """The patching table of `method`; attribution+verify says how well the estimate ranked
+    the verified components."""
+    if method == "exact":
+        return patching.sweep(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size)
+    if method not in METHODS:
+        raise ProbekitError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    df = attribution.attribute(scorer, pairs, patches, readout, batch_size=batch_size)
+    if method == "attribution+verify":
+        df = attribution.verify(scorer, pairs, df, top_k, readout, hooks, batch_size)
+        fit = attribution.agreement(attribution.effects(df))
+        recall = fit["recall@10"]
+        say(
+            f"attribution vs exact over the {fit['components']} verified components: Spearman "
+            f"rho of |effect| {fit['spearman']:+.3f}"
+            + ("" if np.isnan(recall) else f", top-10 recall {recall:.2f}")
+        )
+    return df
+
+
+def report(
+    df: pd.DataFrame,
+    out: Path,
+    request: PatchRequest,
+    spans: list[str],
+    name: str,
+    say: Say = print,
+) -> list[str]:
+    """patching_summary.csv, the heatmaps and the top five components; the files written."""
+    summary = patching.summarise(df, n=request.bootstrap, seed=request.seed)
+    write_text(out / "patching_summary.csv", summary.to_csv(index=False))
+    written = ["patching_summary.csv"]
+    attributed = request.method == "attribution"
+    value = "estimated_recovery" if attributed else "recovery"
+    pairs = df["clean_prompt_id"].str.cat(df["corrupt_prompt_id"]).nunique()
+    title = f"{name}, {df['metric'].iloc[0]}: {pairs} pairs, {request.method}"
+    names = [find_site(s).name for s in request.sites]
+    sites = [s for s in names if s != HEAD_SITE]
+    plain = summary[summary["head"].isna() & summary[value].notna()]
+    if request.positions:  # one column per position: a layer x position map per site and span
+        shown = summary[summary[value].notna()]
+        position_heatmap(shown, out / "positions.png", value, names, title)
+        written.append("positions.png")
+    elif sites and not plain.empty:
+        shown = plain[["layer", "site", "span"]].assign(recovery=plain[value])
+        patching_heatmap(shown, out / "patching.png", sites, spans, title)
+        written.append("patching.png")
+    heads = summary[summary["head"].notna() & summary[value].notna()]
+    if not heads.empty and not request.positions:
+        head_heatmap(heads, out / "heads.png", value, spans, title)
+        written.append("heads.png")
+    what = "attribution estimate" if attributed else "exact effect"
+    say(f"top 5 (layer, site, span) by mean {what} on {df['metric'].iloc[0]} over {pairs} pairs:")
+    column = "estimate" if attributed else "effect"
+    for row in summary.dropna(subset=[column]).head(5).itertuples():
+        where = row.site if pd.isna(row.head) else f"{row.site} head {row.head}"
+        low, high = getattr(row, f"{column}_low"), getattr(row, f"{column}_high")
+        say(
+            f"  {row.layer:>3}  {where:<34} {row.span:<17} {getattr(row, column):+.4f} "
+            f"[{low:+.4f}, {high:+.4f}]"
+        )
+    return written
+
+
+def mediate(
+    scorer: Scorer,
+    pairs: list[Pair],
+    patches: list[Patch],
+    readout: Readout,
+    out: Path,
+    request: PatchRequest,
+    say: Say = print,
+) -> list[str]:
+    """mediation.parquet and mediation_summary.csv for `patches`; says the top components'
+    share of the total effect."""
+    effects = mediation.mediate(scorer, pairs, patches, readout, request.hooks, request.batch_size)
+    write_parquet(out / "mediation.parquet", effects)
+    summary = mediation.summarise(effects, n=request.bootstrap, seed=request.seed)
+    write_text(out / "mediation_summary.csv", summary.to_csv(index=False))
+    top = min(5, len(summary))
+    share = mediation.top_share(effects, top, n=request.bootstrap, seed=request.seed)
+    say(
+        f"mediation: the top {top} components' indirect effects carry {share['share']:.1%} "
+        f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect"
+    )
+    return ["mediation.parquet", "mediation_summary.csv"]
+
+
+def direction_check(
+    scorer: Scorer,
+    study: Any,
+    probe: Any,
+    encoded: Sequence[EncodedItem],
+    states: directions.States,
+    direction: Any,
+    readout: Readout,
+    out: Path,
+    request: PatchRequest,
+    say: Say = print,
+) -> list[str]:
+    """directions.parquet (the fit per layer) and causal_check.json (the statistic before and
+    after projecting the best layer's direction out)."""
+    fit = directions.projection_fit(states, [e.item.unit for e in encoded], direction.centre)
+    write_parquet(out / "directions.parquet", fit)
+    found = directions.causal_check(
+        scorer,
+        encoded,
+        states,
+        fit,
+        readout,
+        direction.statistic(probe),
+        control=request.control,
+        seed=request.seed,
+    )
+    best = fit.loc[fit["layer"] == found.layer].iloc[0]
+    result = {
+        "layer": found.layer,
+        "site": directions.SITE.hook(found.layer),
+        "span": direction.span,
+        "metric": readout.spec,
+        "r": float(best["r"]),
+        "cross_validated": bool(best["cross_validated"]),
+        "delta": found.delta,
+        "delta_ablated": found.delta_ablated,
+        "delta_random": found.delta_random,
+        "shrink": found.shrink,
+        f"{study.unit_name}s": len({e.item.unit for e in encoded}),
+    }
+    write_text(out / "causal_check.json", json.dumps(result, indent=1))
+    how = f"leave one {study.unit_name} out" if result["cross_validated"] else "in-sample"
+    say(
+        f"direction at '{direction.span}': best layer {found.layer} (r = {result['r']:.3f}, "
+        f"{how}); projecting it out: Δ {found.delta:+.3f} -> {found.delta_ablated:+.3f} "
+        f"(shrinks by {100 * found.shrink:.1f}%)"
+    )
+    if found.delta_random is not None:
+        say(f"  control, a random direction there: Δ -> {found.delta_random:+.3f}")
+    return ["directions.parquet", "causal_check.json"]
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """Every choice of one capture (the options of `probekit capture`); layers None: the first,
+    middle and last; spans None: every span."""
+
+    layers: Sequence[int] | None = None
+    sites: Sequence[str] = DEFAULT_SITES
+    spans: Sequence[str] | None = None
+    hooks: str = "transformer_lens"
+    batch_size: int = 8
+
+
+def check_capture(request: CaptureRequest, items: Sequence[Item]) -> None:
+    """One line for any bad choice that needs no model."""
+    library(request.hooks)
+    for name in request.sites:
+        find_site(name)
+    if request.batch_size < 1:
+        raise ProbekitError(f"--batch-size must be at least 1, got {request.batch_size}")
+    if request.spans:
+        check_span_names(items, request.spans)
+
+
+def run_capture(
+    model: Any,
+    probe: Any,
+    items: Sequence[Item],
+    request: CaptureRequest,
+    out: str | Path,
+    say: Say = print,
+) -> capture.CaptureResult:
+    """Capture a study's items into `out` (resumable) and say where the files are."""
+    check_capture(request, items)
+    n = model.n_layers
+    layers = layer_indices(model, request.layers) if request.layers else sorted({0, n // 2, n - 1})
+    result = capture.capture(
+        model,
+        (model.encode(item) for item in items),
+        out,
+        layers=layers,
+        sites=request.sites,
+        spans=request.spans,
+        hooks=request.hooks,
+        batch_size=request.batch_size,
+    )
+    say(
+        f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "
+        f"layers {layers}\nshards: {result.out_dir / 'shards'}\nindex:  {result.out_dir / 'index'}"
+        " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
+    )
+    return result

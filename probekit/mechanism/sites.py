@@ -1,0 +1,206 @@
+"""The sites the mechanism reads and writes: one table, in TransformerLens's vocabulary.
+
+A site is one place in every transformer block. Its name is the TransformerLens hook name inside
+the block (`hook_resid_pre`; the full hook is `blocks.{layer}.hook_resid_pre`), and its short
+form is accepted wherever a site is named (`resid_pre`, as `transformer_lens.utils.get_act_name`
+spells it). Each row also says where nnsight finds the same values on the Hugging Face modules
+and what shape they have; capture, patching, attribution and directions all read and write
+through this table, so a new site is one row here.
+
+| site              | short      | nnsight (block: the model's decoder block) | per position    |
+|-------------------|------------|--------------------------------------------|-----------------|
+| `hook_resid_pre`  | resid_pre  | `block.input`                              | [d_model]       |
+| `attn.hook_z`     | z          | input of the attention's output projection | [heads, d_head] |
+| `hook_attn_out`   | attn_out   | `block.<attn>.output`                      | [d_model]       |
+| `hook_mlp_out`    | mlp_out    | `block.mlp.output`                         | [d_model]       |
+| `hook_resid_post` | resid_post | `block.output`                             | [d_model]       |
+
+Rows are in the order a block runs them. The hook library that reads and writes them is
+`transformer_lens` (hooks of the model's `TransformerBridge`) or `nnsight` (a trace of the
+Hugging Face modules); `bridge` is accepted for `transformer_lens`. Layers are counted from 0;
+a negative layer counts from the end (-1 is the last), as in Python and TransformerLens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any
+
+import torch
+
+from probekit.errors import ProbekitError
+
+HOOK_LIBRARIES: tuple[str, ...] = ("transformer_lens", "nnsight")
+_LIBRARY_ALIASES = {"bridge": "transformer_lens", "tl": "transformer_lens"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a Hugging Face model keeps its blocks (dotted path) and, in a block, the attention,
+    the MLP and the attention's output projection (None when unknown)."""
+
+    blocks: str
+    attn: str
+    mlp: str
+    out_proj: str | None
+
+
+@dataclass(frozen=True)
+class Site:
+    """One row of the table: the TransformerLens name in a block, its short form, whether its
+    values are per attention head, and how nnsight reaches them (`nnsight(block, layout,
+    heads)` -> the [batch, positions, ...] value inside a trace, editable in place)."""
+
+    name: str
+    short: str
+    per_head: bool
+    nnsight: Callable[[Any, Layout, int], Any]
+
+    def hook(self, layer: int) -> str:
+        """The full TransformerLens hook name, `blocks.{layer}.{name}`."""
+        return f"blocks.{layer}.{self.name}"
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _z(block: Any, layout: Layout, heads: int) -> Any:
+    if layout.out_proj is None:
+        raise ProbekitError(
+            "the nnsight hook library does not know this model's attention output projection; "
+            "use hooks='transformer_lens' for attn.hook_z"
+        )
+    flat = getattr(getattr(block, layout.attn), layout.out_proj).input
+    return flat.view(*flat.shape[:2], heads, -1)
+
+
+_TABLE: tuple[Site, ...] = (
+    Site("hook_resid_pre", "resid_pre", False, lambda b, lay, h: _first(b.input)),
+    Site("attn.hook_z", "z", True, _z),
+    Site("hook_attn_out", "attn_out", False, lambda b, lay, h: _first(getattr(b, lay.attn).output)),
+    Site("hook_mlp_out", "mlp_out", False, lambda b, lay, h: _first(getattr(b, lay.mlp).output)),
+    Site("hook_resid_post", "resid_post", False, lambda b, lay, h: _first(b.output)),
+)
+SITES: dict[str, Site] = {site.name: site for site in _TABLE}
+"""Every site by its TransformerLens name, in the order a block runs them."""
+HEAD_SITE = "attn.hook_z"
+"""The per-head site: the attention's output per head, before the output projection."""
+DEFAULT_SITES: tuple[str, ...] = tuple(s.name for s in _TABLE if not s.per_head)
+"""The residual-width sites: what `probekit patch` and `probekit capture` use by default."""
+_BY_ANY_NAME = {n: s for s in _TABLE for n in (s.name, s.short, f"hook_{s.short}")}
+
+
+def site(name: str) -> Site:
+    """The site a name gives: its TransformerLens name or short form (`hook_resid_pre`,
+    `resid_pre`; `attn.hook_z`, `hook_z`, `z`)."""
+    if not isinstance(name, str) or name not in _BY_ANY_NAME:
+        raise ProbekitError(
+            f"unknown site {name!r}; choose from {', '.join(SITES)} (or their short forms "
+            f"{', '.join(s.short for s in _TABLE)})"
+        )
+    return _BY_ANY_NAME[name]
+
+
+def parse_hook(hook: str) -> tuple[int, Site]:
+    """`blocks.3.hook_resid_pre` -> (3, the resid_pre site)."""
+    parts = hook.split(".", 2)
+    if len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit():
+        raise ProbekitError(f"{hook!r} is not a block hook name such as blocks.3.hook_resid_pre")
+    return int(parts[1]), site(parts[2])
+
+
+def hook_order(hook: str) -> tuple[int, int]:
+    """Sort key of full hook names in the order a forward pass reaches them."""
+    layer, found = parse_hook(hook)
+    return layer, _TABLE.index(found)
+
+
+def library(name: str) -> str:
+    """The hook library a name gives (`transformer_lens`, `nnsight`; `bridge` is an old name of
+    `transformer_lens`)."""
+    chosen = _LIBRARY_ALIASES.get(name, name)
+    if chosen not in HOOK_LIBRARIES:
+        raise ProbekitError(
+            f"unknown hook library {name!r}; choose from {', '.join(HOOK_LIBRARIES)}"
+        )
+    return chosen
+
+
+def layer_indices(model: Any, layers: Sequence[Any]) -> list[int]:
+    """The layers as indices from 0 (a negative layer counts from the end); one line for an
+    empty list, a non-integer or a layer outside the model."""
+    n = model.n_layers
+    if isinstance(layers, str | bytes) or not isinstance(layers, Sequence | range):
+        raise ProbekitError(f"layers must be a list of integers, got {layers!r}")
+    if not layers:
+        raise ProbekitError("no layers given; give at least one layer index")
+    out = []
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, Integral):
+            raise ProbekitError(f"layer {layer!r} is not a layer index (an integer)")
+        if not -n <= layer < n:
+            raise ProbekitError(
+                f"layer {layer} is out of range: the model has {n} layers (0 to {n - 1}, or "
+                f"{-n} to -1 counted from the end)"
+            )
+        out.append(int(layer) % n)
+    return out
+
+
+def n_heads(model: Any) -> int:
+    """Attention heads per layer (query heads: `attn.hook_z` has one slot per query head)."""
+    return int(model.hf.config.num_attention_heads)
+
+
+def layout(hf: Any) -> Layout:
+    """Where the blocks, their attention, MLP and output projection are in a Hugging Face model."""
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        try:
+            blocks = walk(hf, path)
+        except AttributeError:
+            continue
+        names = {name for name, _ in blocks[0].named_children()} | set(dir(blocks[0]))
+        attn = next((n for n in ("self_attn", "attn", "attention") if n in names), None)
+        if attn and "mlp" in names:
+            children = {name for name, _ in getattr(blocks[0], attn).named_children()}
+            out = next(
+                (n for n in ("o", "o_proj", "out_proj", "dense", "c_proj") if n in children), None
+            )
+            return Layout(path, attn, "mlp", out)
+    raise ProbekitError(
+        f"the nnsight hook library does not know the block layout of {type(hf).__name__}; "
+        "use hooks='transformer_lens'"
+    )
+
+
+def walk(root: Any, path: str) -> Any:
+    """Follow a dotted attribute path such as `model.layers` from `root`."""
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def enable_bridge(model: Any) -> Any:
+    """The model's TransformerBridge (built on first use, see `LoadedModel.enable_bridge`), made
+    safe for float64 left-padded batches.
+
+    The bridge's attention adds the additive mask (whose minimum is float64's) and takes the
+    softmax in float32, where that minimum becomes -inf: the leading pad rows of a left-padded
+    prompt then have no finite key and turn NaN, and 0 x NaN carries it into the real rows. In
+    float64 a hook at every `attn.hook_attn_scores` clamps the scores to float32's range first;
+    other dtypes are left as they are."""
+    bridge = model.enable_bridge()
+    if model.dtype != torch.float64 or getattr(bridge, "_probekit_clamped", False):
+        return bridge
+    low = torch.finfo(torch.float32).min
+
+    def clamp(scores: torch.Tensor, hook: Any) -> torch.Tensor:
+        return scores.clamp(min=low)
+
+    for layer in range(model.n_layers):
+        bridge.hook_dict[f"blocks.{layer}.attn.hook_attn_scores"].add_perma_hook(clamp)
+    bridge._probekit_clamped = True
+    return bridge

@@ -1,0 +1,240 @@
+"""The mechanism from a script: `patch` gives the command's rows, `capture` in memory equals the
+disk writer, pairs from two strings, layers from the end, one vocabulary of sites and hook
+libraries, wrong types in one line, and float64 with left padding on the bridge."""
+
+import doctest
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probekit.answers import AnswerSet
+from probekit.errors import ProbekitError
+from probekit.mechanism import api, sites
+from probekit.mechanism.capture import read_index
+from probekit.studies.intergroup import get_setting
+from probekit.studies.intergroup.probe import make_item
+
+ANSWERS = AnswerSet.range(0, 12)
+EVENT = "I felt angry when a driver took the parking space I had been waiting for."
+
+
+@pytest.fixture(scope="module")
+def model(smol):
+    sites.enable_bridge(smol)
+    return smol
+
+
+def encode(model, perceiver, experiencer, event_id="e1"):
+    setting = get_setting("P0S0T0")
+    return model.encode(
+        make_item(setting, "religion", perceiver, experiencer, event_id, "anger", EVENT)
+    )
+
+
+# ---------------------------------------------------------------------- no model
+def test_sites_one_table_with_short_forms():
+    assert sites.site("resid_pre") is sites.site("hook_resid_pre")
+    assert sites.site("z") is sites.site("attn.hook_z") is sites.site("hook_z")
+    assert sites.site("mlp_out").hook(3) == "blocks.3.hook_mlp_out"
+    assert sites.parse_hook("blocks.2.attn.hook_z") == (2, sites.site("z"))
+    assert sites.DEFAULT_SITES == (
+        "hook_resid_pre",
+        "hook_attn_out",
+        "hook_mlp_out",
+        "hook_resid_post",
+    )
+    assert sites.library("bridge") == "transformer_lens" == sites.library("transformer_lens")
+    with pytest.raises(ProbekitError, match="unknown site 'resid_mid'"):
+        sites.site("resid_mid")
+    with pytest.raises(ProbekitError, match="unknown hook library 'lens'"):
+        sites.library("lens")
+
+
+def test_layers_count_from_the_end():
+    fake = SimpleNamespace(n_layers=30)
+    assert sites.layer_indices(fake, [0, -1, -30, 29]) == [0, 29, 0, 29]
+    for bad, message in (
+        ([30], "out of range"),
+        ([-31], "-30 to -1"),
+        ([], "no layers"),
+        (["1"], "not a layer index"),
+        ("0,1", "must be a list"),
+    ):
+        with pytest.raises(ProbekitError, match=message):
+            sites.layer_indices(fake, bad)
+
+
+# ---------------------------------------------------------------------- with the default model
+def test_make_pair_declares_the_swapped_word(model):
+    clean, corrupt = api.make_pair(
+        model, "I am a Muslim. Am I sad?", "I am a Jew. Am I sad?", span="Muslim"
+    )
+    assert clean.span_text("identity").strip() == "Muslim"
+    assert corrupt.span_text("identity").strip() == "Jew"
+    assert clean.item.unit == corrupt.item.unit == "I am a {identity}. Am I sad?"
+    assert clean.item.key == {"identity": "Muslim"} and corrupt.item.key == {"identity": "Jew"}
+    auto = api.make_pair(model, "I am a Muslim. Am I sad?", "I am a Jew. Am I sad?")
+    assert auto[0].positions == clean.positions and auto[1].positions == corrupt.positions
+    both = api.make_pair(model, "A Muslim asks.", "A Jew asks.", span=("Muslim", "Jew"))
+    assert both[1].span_text("identity").strip() == "Jew"
+    with pytest.raises(ProbekitError, match="not in the clean text"):
+        api.make_pair(model, "I am a Jew.", "I am a Muslim.", span="Hindu")
+    with pytest.raises(ProbekitError, match="differ outside"):
+        api.make_pair(model, "I am a Muslim. Sad?", "You are a Jew. Sad?", span="Muslim")
+
+
+def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
+    """The docstring of `probekit.mechanism.api`: swap one identity word, patch the residual
+    stream layer by layer, plot the recovered share (on the model of this module)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.setattr(api, "hookable", lambda spec: model)
+    (test,) = doctest.DocTestFinder().find(api, "api")
+    globs = {**test.globs}
+    test.globs = globs
+    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+    assert result.failed == 0 and result.attempted >= 4
+    df = globs["df"]
+    assert len(df) == model.n_layers and df["site"].iloc[-1] == "blocks.29.hook_resid_pre"
+    assert abs(df["gap"].iloc[0]) > 1e-3
+    assert df["recovery"].iloc[0] == pytest.approx(1, abs=1e-2)  # layer 0: everything patched
+
+
+def test_patch_equals_the_commands_rows(model, tmp_path, monkeypatch):
+    """`probekit patch intergroup` and `api.patch` on the pairs the command chose: equal rows;
+    `--layers 0,-1` is layers 0 and 29."""
+    from probekit import cli
+    from probekit.studies.intergroup import STUDY
+
+    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
+    argv = [
+        "patch",
+        "intergroup",
+        "--events",
+        "1",
+        "--layers",
+        "0,-1",
+        "--setting",
+        "P0S1T0",
+        "--sites",
+        "resid_pre,hook_mlp_out",
+        "--spans",
+        "experiencer,from_experiencer",
+        "--skip-direction",
+        "--bootstrap",
+        "20",
+        "--out",
+        str(tmp_path),
+    ]
+    assert cli.main(argv) == 0
+    command = pd.read_parquet(tmp_path / "patching.parquet")
+    assert sorted(set(command["layer"])) == [0, 29]
+    parser, _ = cli.study_parser("patch", "intergroup")
+    probe, items = STUDY.mechanism_items(
+        parser.parse_args(["--events", "1", "--setting", "P0S1T0"]), print, "patch"
+    )
+    by_id = {item.id: model.encode(item) for item in items}
+    chosen = command.drop_duplicates(["clean_prompt_id", "corrupt_prompt_id"])
+    pairs = [
+        (by_id[a], by_id[b])
+        for a, b in zip(chosen["clean_prompt_id"], chosen["corrupt_prompt_id"], strict=True)
+    ]
+    script = api.patch(
+        model,
+        pairs,
+        spans=["experiencer", "from_experiencer"],
+        sites=["hook_resid_pre", "mlp_out"],
+        layers=[0, -1],
+        metric="ev",
+        answers=probe.answers,
+    )
+    assert list(script.columns) == list(command.columns) and len(script) == len(command)
+    for column in script.columns:
+        if column.endswith("_positions"):
+            assert [list(x) for x in command[column]] == [list(x) for x in script[column]]
+        elif script[column].dtype.kind == "f":
+            np.testing.assert_allclose(script[column], command[column], atol=1e-12)
+        else:
+            assert script[column].tolist() == command[column].tolist(), column
+
+
+def test_capture_in_memory_equals_the_disk_writer(model, tmp_path):
+    prompts = [encode(model, "a Christian", "a Jew"), encode(model, "a Jew", "a Muslim", "e2")]
+    kw = dict(sites=["resid_pre", "attn.hook_z"], layers=[1, -1], spans=["experiencer"])
+    memory = api.capture(model, prompts, **kw)
+    stored = api.capture(model, prompts, out=tmp_path, **kw)
+    hooks = [
+        "blocks.1.hook_resid_pre",
+        "blocks.1.attn.hook_z",
+        "blocks.29.hook_resid_pre",
+        "blocks.29.attn.hook_z",
+    ]
+    assert sorted(memory.tensors) == sorted(stored.tensors) == sorted(hooks)
+    assert memory["blocks.1.attn.hook_z"].shape[1:] == (9, 64)
+    for hook in hooks:
+        assert memory[hook].dtype == torch.float32 and stored[hook].dtype == torch.float16
+        assert torch.equal(memory[hook].half(), stored[hook])
+    pd.testing.assert_frame_equal(memory.index[stored.index.columns], stored.index)
+    one = memory.at("blocks.29.hook_resid_pre", prompts[1].id, "experiencer")
+    assert one.shape == (len(prompts[1].positions["experiencer"]), model.hf.config.hidden_size)
+    assert sorted(set(read_index(tmp_path)["layer"])) == [1, 29]
+    # a plain string has the `answer` span; nnsight reads the same hook names
+    text = api.capture(model, "How sad am I?", layers=[-1], sites=["resid_post"])
+    other = api.capture(model, "How sad am I?", layers=[-1], sites=["resid_post"], hooks="nnsight")
+    assert list(text.index["span"]) == ["answer"]
+    torch.testing.assert_close(
+        text["blocks.29.hook_resid_post"], other["blocks.29.hook_resid_post"], atol=1e-4, rtol=0
+    )
+
+
+def test_wrong_types_are_one_line(model):
+    pair = api.make_pair(model, "I am a Muslim.", "I am a Jew.", span="Muslim")
+    common = dict(spans=["identity"], layers=[0], answers=ANSWERS)
+    cases = [
+        (dict(pairs=list(pair)), "pair 0 is a EncodedItem"),  # prompts, not pairs
+        (dict(pairs=[pair[0].item, pair[1].item, pair[0].item]), "pair 0 is a Item"),
+        (dict(pairs="text"), "pairs must be a non-empty list"),
+        (dict(pairs=[pair], sites="hook_resid_pre"), "sites must be a list"),
+        (dict(pairs=[pair], sites=["resid_mid"]), "unknown site 'resid_mid'"),
+        (dict(pairs=[pair], layers=[40]), "layer 40 is out of range"),
+        (dict(pairs=[pair], spans="identity"), "spans must be a list"),
+        (dict(pairs=[pair], spans=["perceiver"]), "unknown span 'perceiver'"),
+        (dict(pairs=[pair], metric=3), "expected a text spec"),
+    ]
+    for change, message in cases:
+        kwargs = {**common, **change}
+        with pytest.raises(ProbekitError, match=message):
+            api.patch(model, kwargs.pop("pairs"), **kwargs)
+    with pytest.raises(ProbekitError, match="sites must be a list"):
+        api.capture(model, "text", sites="resid_pre", layers=[0])
+    with pytest.raises(ProbekitError, match="unknown hook library"):
+        api.capture(model, "text", layers=[0], hooks="pyvene")
+    with pytest.raises(ProbekitError, match="prompt 0 is a int"):
+        api.capture(model, [1, 2], layers=[0])
+
+
+def test_float64_left_padding_on_the_bridge_is_finite():
+    """The bridge's float32 softmax turned float64's mask minimum into -inf, so the pad rows of a
+    left-padded batch were NaN and leaked into the real rows; `sites.enable_bridge` clamps."""
+    from probekit.engines.hf.model import load_model
+    from probekit.engines.hf.scorer import Scorer
+    from probekit.mechanism.interventions import score_with
+
+    wide = load_model("default", dtype=torch.float64)
+    scorer = Scorer(wide, ANSWERS, epsilon=0.0)
+    long, short = encode(wide, "a Christian", "a Jew"), encode(wide, "a Jew", "a Jew")
+    assert len(long.input_ids) != len(short.input_ids)
+    hook = "blocks.3.hook_resid_post"
+    (alone,), _ = score_with(scorer, [short.input_ids])
+    both, read = score_with(
+        scorer,
+        [long.input_ids, short.input_ids],
+        reads={hook: [(1, short.positions["experiencer"][0])]},
+    )
+    assert torch.isfinite(read[hook]).all()
+    assert both[1].expected == pytest.approx(alone.expected, abs=1e-9)
+    np.testing.assert_allclose(both[1].probs, alone.probs, atol=1e-12)
