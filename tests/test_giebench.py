@@ -333,6 +333,7 @@ def test_direct_verdict_is_exact(tmp_path, smol):
     scores = pd.read_parquet(path)
     assert list(scores["correct"]) == ["B"]
     check_exact(smol, scores, probe, ["[["])
+    assert scores["p_correct"].iloc[0] == scores["p::B"].iloc[0]  # the correct verdict's P
 
 
 def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
@@ -356,7 +357,7 @@ def test_patch_pairs_swap_the_identity(smol):
     from probekit.studies.giebench.study import STUDY
 
     class Args:
-        items, prompt, events, no_chat_template = "sample", "cot", 2, False
+        items, prompt, events, no_chat_template = "sample", ["cot"], 2, False
 
     probe, items = STUDY.mechanism_items(Args, print, "patch")
     pairs = STUDY.pairs(probe, [smol.encode(i) for i in items])

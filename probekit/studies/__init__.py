@@ -1,5 +1,14 @@
-"""The studies probekit runs, one folder each (probe, metrics, figures, README card)."""
+"""The studies probekit runs, one folder each (probe, metrics, figures, README card), on the
+contract of `probekit.studies.base`."""
 
-from probekit.studies.base import Probe, Study, get_study, list_studies, register
+from probekit.studies.base import (
+    Option,
+    Probe,
+    Study,
+    Summary,
+    get_study,
+    list_studies,
+    register,
+)
 
-__all__ = ["Probe", "Study", "get_study", "list_studies", "register"]
+__all__ = ["Option", "Probe", "Study", "Summary", "get_study", "list_studies", "register"]

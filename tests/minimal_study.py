@@ -1,0 +1,69 @@
+"""A minimal study, to show what a new study is: its probe, metrics, report and card (this
+docstring), nothing else. Options, data, the run loop, both views of a generate run, the
+summary files and `--help` come from the core (`probekit.studies.base`).
+
+The question: how good, 0 to 10, is a day that a named person describes? The gap is the mean
+expected rating for Alice minus that for Bob, over the same days.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probekit.answers import AnswerSet
+from probekit.items import Item
+from probekit.options import Option, positive_int
+from probekit.studies.base import Probe, Say, Study, register
+
+NAMES = ("Alice", "Bob")
+DAYS = ("I missed the bus.", "I got a letter from a friend.", "It rained all day.")
+
+
+class MinimalProbe(Probe):
+    """Every name x day prompt; the answer is a rating from 0 to 10."""
+
+    name = "minimal"
+    answers = AnswerSet.parse("0-10")
+    key_columns = ("day", "name")
+
+    def __init__(self, days: int) -> None:
+        self.days = DAYS[:days]
+
+    def items(self) -> Iterator[Item]:
+        for day, text in enumerate(self.days):
+            for person in NAMES:
+                question = f'{person} says: "{text}" How good was the day, 0 to 10? Answer:'
+                key = {"day": day, "name": person}
+                yield Item(f"{day}|{person}", key, str(day), text=question)
+
+    def parse(self, response: str) -> int | None:
+        found = re.search(r"\d+", response)
+        return int(found.group()) if found else None
+
+    def config(self) -> dict[str, Any]:
+        return {"study": "minimal", "days": list(self.days)}
+
+
+class MinimalStudy(Study):
+    name = "minimal"
+    title = "A minimal study: Alice's and Bob's days, rated 0-10"
+    default_out = "runs/minimal"
+    options = (Option("--days", "days per name (default %(default)s)", positive_int, 2),)
+
+    def probes(self, args: Any, say: Say) -> list[MinimalProbe]:
+        return [MinimalProbe(args.days)]
+
+    def report_view(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
+    ) -> list[dict]:
+        value = scores["expected"] if view == "ev" else pd.to_numeric(scores["parsed"])
+        means = value.groupby(scores["name"]).mean()
+        return [{"view": view, **means.to_dict(), "gap": means["Alice"] - means["Bob"]}]
+
+
+STUDY = register(MinimalStudy())

@@ -1,0 +1,134 @@
+"""The study contract: a minimal study registers and runs end to end in a few dozen lines; every
+option is checked before any work (one line, exit 2, nothing written); the command line lists
+and explains the studies without importing a model library."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import minimal_study
+import pandas as pd
+import pytest
+
+from probekit import cli
+from probekit.datasets.crowd_envent import SAMPLE_ROOT
+from probekit.options import CommandParser
+from probekit.studies import base
+
+
+@pytest.fixture
+def minimal(monkeypatch):
+    """The minimal study, registered for this test only (the command line lists four)."""
+    base._REGISTRY.pop(minimal_study.STUDY.name, None)
+    monkeypatch.setitem(base._REGISTRY, minimal_study.STUDY.name, minimal_study.STUDY)
+    return minimal_study.STUDY
+
+
+def test_minimal_study_runs_end_to_end(minimal, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["run", "minimal", "--days", "2", "--epsilon", "0", "--out", str(out)]) == 0
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert len(scores) == 4 and list(scores["name"]) == ["Alice", "Bob", "Alice", "Bob"]
+    assert scores["expected"].between(0, 10).all() and (scores["error_bound"] == 0).all()
+    summary = pd.read_csv(out / "summary.csv")
+    means = scores.groupby("name")["expected"].mean()
+    assert summary.loc[0, "view"] == "ev"
+    assert summary.loc[0, "gap"] == pytest.approx(means["Alice"] - means["Bob"])
+    assert (out / "summary.md").read_text().startswith(f"# {minimal.title}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["study"] == "minimal" and manifest["dtype"] == "float32"
+    assert manifest["probe"]["days"] == list(minimal_study.DAYS[:2])
+    assert "A minimal study" in capsys.readouterr().out
+
+
+def test_options_are_declared_once_for_every_command():
+    """intergroup's --events: one declaration, a count or all, its default per command."""
+    for command, default in (("run", 2), ("patch", 2), ("capture", 3)):
+        parser, _ = cli.study_parser(command, "intergroup")
+        assert parser.parse_args(["--data", str(SAMPLE_ROOT)]).events == default
+        assert parser.parse_args(["--events", "all"]).events is None
+    parser, _ = cli.study_parser("patch", "giebench")
+    assert parser.parse_args([]).prompt == ["cot"] and parser.parse_args([]).items == "sample"
+
+
+BAD = [
+    (["--epsilon", "-1"], "--epsilon must be at least 0"),
+    (["--epsilon", "nan"], "--epsilon must be a finite number"),
+    (["--min-valid-mass", "2"], "--min-valid-mass must be between 0 and 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--seed", "x"], "--seed: 'x' is not an integer"),
+    (["--shard", "3/2"], "need 0 <= i < n"),
+    (["--shard", "1"], "must look like i/n"),
+    (["--events", "0"], "--events must be at least 1"),
+    (["--setting", "P9"], "unknown setting 'P9'"),
+    (["--category", "x"], "unknown category 'x'"),
+    (["--dtype", "int8"], "'int8' is not a dtype"),
+    (["--device", "gpu"], "'gpu' is not a device"),
+    (["--mode", "sample"], "unknown mode 'sample'"),
+    (["--nonesuch"], "unrecognized arguments: --nonesuch"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD)
+def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, extra, message):
+    out = tmp_path / "out"
+    assert cli.main(["run", "intergroup", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("probekit: error:") and message in err[0], err
+    assert not out.exists()
+
+
+def test_unwritable_out_is_refused_before_the_data_or_the_model(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert cli.main(["run", "intergroup", "--out", str(tmp_path / "file" / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file, not a folder" in err[0]
+
+
+def test_mechanism_commands_take_the_same_checks(capsys):
+    assert cli.main(["patch", "intergroup", "--category", "all", "--events", "0"]) == 2
+    assert "--events must be at least 1" in capsys.readouterr().err
+    assert cli.main(["capture", "intergroup", "--setting", "all"]) == 2
+    assert "not all" in capsys.readouterr().err
+
+
+def test_parser_checks_run_after_parsing():
+    parser = CommandParser(prog="p")
+    parser.add_argument("--n", type=int, default=1)
+    seen = []
+    parser.add_check(lambda args: seen.append(args.n))
+    parser.parse_args(["--n", "4"])
+    assert seen == [4]
+
+
+def test_run_help_lists_the_studies(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: probekit run STUDY") and "unrecognized" not in text
+    for name in ("giebench", "intergroup", "isear", "jaem-st"):
+        assert f"\n{name} " in text
+
+
+HEAVY = ("torch", "transformers", "matplotlib", "scipy")
+LIGHT_COMMANDS = [
+    ["--help"],
+    ["run", "--help"],
+    ["studies"],
+    *(["run", name, "--help"] for name in ("giebench", "intergroup", "isear", "jaem-st")),
+]
+
+
+@pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
+def test_listing_and_help_import_no_model_library(argv):
+    code = (
+        "import sys\nfrom probekit import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    assert "usage" in done.stdout or "intergroup" in done.stdout
