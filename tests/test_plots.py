@@ -154,3 +154,20 @@ def test_embedding_with_the_authors_parameters_is_reproducible():
     first = plots.embed_rows(rows, seed=42, perplexity=5)
     np.testing.assert_array_equal(first, plots.embed_rows(rows, seed=42, perplexity=5))
     assert not np.allclose(first, plots.embed_rows(rows, seed=42, perplexity=3))
+
+
+def test_heatmap_legend_says_what_white_cells_are_and_small_grids_carry_values():
+    Z, shown = ethnicity_heatmap_inputs()
+    small_shown = shown[:6, :6].copy()
+    small_shown[2, 3] = False
+    small = plots.heatmap_figure(Z[:6, :6], ETHNICITY[:6], mask=small_shown, mask_label="x")
+    assert [t.get_text() for t in small.legends[0].get_texts()] == ["white: x"]
+    written = {
+        (round(t.get_position()[1]), round(t.get_position()[0])): t.get_text()
+        for t in small.axes[0].texts
+    }
+    assert len(written) == 35 and (2, 3) not in written  # a hidden cell carries no value
+    assert written[(0, 0)] == f"{Z[0, 0]:.2f}"
+    big = plots.heatmap_figure(Z, ETHNICITY, mask=shown)
+    assert not big.axes[0].texts and big.legends  # 19 x 19: no values, still the legend
+    assert not plots.heatmap_figure(Z[:6, :6], ETHNICITY[:6]).legends  # nothing hidden
