@@ -196,7 +196,8 @@ def group_heatmap(
     ax = fig.add_subplot()
     image = ax.imshow(grid.to_numpy(dtype=float), cmap=colormaps["YlGnBu"], aspect="auto")
     for (i, j), value in np.ndenumerate(grid.to_numpy(dtype=float)):
-        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        colour = "white" if image.norm(value) > 0.6 else "black"
+        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
         if bool(flags.iloc[i, j]):
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="crimson",
                                    linewidth=2.5))  # fmt: skip
@@ -234,6 +235,7 @@ def group_figure(
                 color=colour,
             )
     ax.axvline(overall, color="grey", linestyle="--", linewidth=1)
+    ax.margins(x=0.12)  # room for the z labels
     ax.set_yticks(range(len(table)), names, fontsize=8)
     ax.set_ylim(-0.7, len(table) - 0.3)
     ax.set_xlabel("CE score (95 % CI over samples)")
