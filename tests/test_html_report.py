@@ -262,3 +262,52 @@ def test_report_of_two_runs_in_chromium(isear_run, tmp_path):
     assert set(summary["model"]) == {"default", "second-model"}
     assert (other / "report.html").is_file()
     assert_not_blank(both / "report.html", tmp_path)
+
+
+def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
+    gie = [
+        {
+            "model": "default",
+            "view": "direct",
+            "orders": orders,
+            "prompt_type": kind,
+            "n_items": 24,
+            "accuracy": 0.25 + k / 100,
+            "ci_low": 0.2,
+            "ci_high": 0.3 + k / 100,
+        }
+        for k, (orders, kind) in enumerate(
+            [(o, t) for o in ("own order", "averaged over orders") for t in ("raw", "id", "cot")]
+        )
+    ]
+    folder = tmp_path / "gie"
+    for row in gie:
+        row["run"] = str(folder)
+    run = load_run(finished_run(folder, "giebench", gie, items_origin="sample"))
+    assert [h.label for h in run.headlines if h.primary] == [
+        "accuracy, id prompt (averaged over orders)"
+    ]
+    text = page_text(run_page_html(run))
+    assert "0.290 [0.200, 0.340]" in text and "Sample data" in text and "0.150" in text
+    jaem = [
+        {
+            "model": "default",
+            "prompt": 0,
+            "orders": 1,
+            "view": "ev",
+            "template": name,
+            "n_samples": 243,
+            "accuracy": acc,
+            "low": acc - 0.02,
+            "high": acc + 0.02,
+            "argmax_accuracy": 0.165,
+            "mean_valid_mass": 0.2,
+            "letter_bias": "A 0.57 B 0.24",
+            "outliers": "Lesbian/they 0.313 (z +3.01)",
+        }
+        for name, acc in (("all", 0.188), ("sample1", 0.175))
+    ]
+    run = load_run(finished_run(tmp_path / "jaem", "jaem-st", jaem, prompt=0, orders=1))
+    assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (ev)"]
+    text = page_text(run_page_html(run))
+    assert "0.188 [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
