@@ -311,3 +311,24 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
     assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (ev)"]
     text = page_text(run_page_html(run))
     assert "0.188 [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
+
+
+def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):
+    from probekit.reporting import write_pages
+
+    rows = []
+    for setting, delta in (("P0S0T0", 1.4651), ("P1S0T0", -0.25)):
+        row = {**intergroup_rows("default")[0], "setting": setting, "delta": delta}
+        rows.append(row)
+        folder = tmp_path / "religion" / setting
+        finished_run(folder, "intergroup", [row], category="religion", setting=setting)
+    finished_run(tmp_path / "stale", "isear", isear_rows("old"))  # not in these rows
+    assert write_pages(tmp_path, rows) == tmp_path / "report.html"
+    first = page_text((tmp_path / "religion" / "P0S0T0" / "report.html").read_text())
+    second = page_text((tmp_path / "religion" / "P1S0T0" / "report.html").read_text())
+    assert "+1.465" in first and "-0.250" not in first
+    assert "-0.250" in second and "+1.465" not in second
+    across = page_text((tmp_path / "report.html").read_text())
+    assert "+1.465" in across and "-0.250" in across and "old" not in across
+    assert "setting: P1S0T0 here, P0S0T0 there" in across
+    assert not (tmp_path / "stale" / "report.html").exists()

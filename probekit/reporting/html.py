@@ -139,12 +139,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 def model_name(folder: Path) -> str:
     """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
-    path = Path(folder) / "manifest.json"
-    return (
-        str(json.loads(path.read_text(encoding="utf-8")).get("model", "?"))
-        if path.is_file()
-        else "?"
-    )
+    if not (Path(folder) / "manifest.json").is_file():
+        return "?"
+    return str(read_manifest(Path(folder)).get("model", "?"))
 
 
 def study_report_module(name: str) -> ModuleType | None:
@@ -186,10 +183,12 @@ def find_runs(folder: str | Path) -> list[Path]:
 def write_pages(out: str | Path, rows: Sequence[dict[str, Any]] | pd.DataFrame) -> Path:
     """The pages of a finished `probekit run` in `out` with its summary `rows`: `report.html`
     in every run folder, and, where `out` holds several runs, the page across them in `out`.
-    Returns the page in `out`."""
+    Runs under `out` that `rows` do not cover (left there by an earlier command) are left
+    out. Returns the page in `out`."""
     out = Path(out)
     frame = pd.DataFrame(rows)
     runs = [load_run(folder, rows_of_run(frame, folder)) for folder in find_runs(out)]
+    runs = [run for run in runs if len(run.rows)]
     for run in runs:
         write_run_page(run)
     if len(runs) == 1 and runs[0].folder.resolve() == out.resolve():
@@ -382,6 +381,8 @@ def _cell(value: Any) -> str:
 def _short(value: Any) -> str:
     if isinstance(value, list | tuple) and len(value) > 4:
         return f"{len(value)} entries ({', '.join(map(str, value[:3]))}, …)"
+    if isinstance(value, str):
+        return value
     return "—" if value is None else json.dumps(value, default=str)
 
 
