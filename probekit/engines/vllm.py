@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from probekit.answers import AnswerSet
@@ -36,6 +38,7 @@ from probekit.engines.base import DEFAULT_EPSILON, ScoreResult, ScorerStats, hoo
 from probekit.engines.hf.model import LoadedModel, load_model
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item
+from probekit.paths import user_cache_dir
 
 SETUP = "./setup.sh --vllm"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set: SmolLM2 needs 46 KB per cached token
@@ -49,13 +52,34 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def vllm_env() -> Path:
+    """The second environment `./setup.sh --vllm` makes: `$PROBEKIT_VLLM_ENV`, else
+    `vllm-env` in probekit's user cache. vLLM lives apart because it pins torch and an older
+    transformers (`vllm-cpu` 0.32: transformers<5.20) and its CPU build pulls CUDA builds of
+    torchvision, torchaudio and torchcodec that break `import vllm` until removed."""
+    return Path(os.environ.get("PROBEKIT_VLLM_ENV") or user_cache_dir() / "vllm-env")
+
+
+def run_in_vllm_env(argv: Sequence[str]) -> None:
+    """Where vLLM is missing here but `vllm_env()` has it, run this same command there (the
+    process is replaced, so this returns only when there is nothing to do); `argv` is
+    `sys.argv`: a script path or the `probekit` command, then its arguments."""
+    python = vllm_env() / "bin" / "python"
+    if vllm_available() or not python.is_file():
+        return
+    head = [argv[0]] if argv[0].endswith(".py") else ["-m", "probekit.cli"]
+    print(f"probekit: vLLM is not in this Python; running in {vllm_env()}", file=sys.stderr)
+    sys.stderr.flush()
+    os.execv(python, [str(python), *head, *argv[1:]])
+
+
 def load_vllm(spec: str = "default", device: str | None = None, dtype: Any = None) -> VllmEngine:
     """Load `spec` for the vllm engine: the transformers engine now, vLLM at the first generation
     (an ev run never starts it); one line naming the set-up command when vLLM is missing."""
     if not vllm_available():
         raise ProbekitError(
-            f"the vllm engine needs vLLM, which is not installed in this Python; run {SETUP} "
-            "(on a machine without a GPU it makes a second environment: see the README)"
+            f"the vllm engine needs vLLM, which is neither in this Python nor in {vllm_env()}; "
+            f"run {SETUP} (it makes that second environment)"
         )
     return VllmEngine(load_model(spec, device=device, dtype=dtype))
 
@@ -213,7 +237,7 @@ class VllmScorer:
                     seed=seed,
                     stop_token_ids=sorted(_stop_ids(self.engine.exact)),
                     detokenize=False,
-                )  # fmt: skip
+                )
             )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = llm.generate(requests, params, use_tqdm=False)

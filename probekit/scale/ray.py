@@ -1,0 +1,279 @@
+"""`probekit run STUDY --ray [ADDRESS]`: a run's prompts scored by a pool of Ray actors, each
+holding one loaded engine, on one machine or a cluster.
+
+The driver (the `probekit run` process) enumerates the prompts that have no row yet (exactly as
+a run in one process resumes), cuts them into fixed chunks of prompt indices and streams them to
+the actors with back-pressure (at most `IN_FLIGHT` chunks queued per actor, so no actor waits
+and the driver never holds more than that many chunks). An actor scores a chunk with the run
+loop's own chunk function and returns its rows; the driver writes them as a finished part
+(`probekit.run.write_part`: the part's name comes from its prompt indices, so a chunk scored
+twice writes the same file once), compacts parts as the run loop does, and merges
+`scores.parquet` at the end. Only the driver touches the run directory: workers need probekit,
+the model and nothing of the run's files.
+
+A worker that dies mid-chunk (its process killed, its node lost) loses only that chunk: Ray
+restarts the actor (the model loads again, on another node if its node is gone) and runs the
+same chunk on it again, up to `RETRIES` times; rows arrive only from chunks that finished, so
+none is lost or duplicated. A
+Python error inside a worker (bad input) is raised in the driver as it is: one line for a
+`ProbekitError`.
+
+Why an actor pool and not Ray Data's `map_batches`: the chunks must be fixed sets of prompt
+indices for a retried chunk to write the same part (Ray Data re-blocks rows as it goes), the
+items are Python objects made lazily by the probe (Ray Data would hold them in its object store
+as Arrow rows and run its own read and batching tasks, which on a 2-CPU machine compete with the
+two actors for the CPUs), and the back-pressure needed is one bounded queue. The benchmark
+`benchmarks/engines.py` measures the pool's overhead against one process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from probekit.engines.base import DEFAULT_EPSILON, Engine
+from probekit.errors import ProbekitError
+from probekit.run import (
+    INDEX,
+    RESULTS_FORMAT,
+    RUN_MODES,
+    Compactor,
+    Shard,
+    _bar_interval,
+    _run_chunk,
+    check_manifest,
+    done_mask,
+    hold_shard,
+    merge_if_complete,
+    prepare_run_dir,
+    release_shard,
+    say,
+    scan_parts,
+    write_part,
+)
+from probekit.studies.base import Probe, check_mode
+
+SETUP = "./setup.sh --ray"
+CHUNK = 64  # prompts per chunk: 4 CPU batches; the most work a dead worker loses
+IN_FLIGHT = 2  # chunks queued per actor
+RETRIES = 3  # restarts of a dead actor, and runs again of the chunk it was scoring
+CONNECT_SECONDS = 10.0  # to reach a given cluster address before saying it is unreachable
+Loader = Callable[[], Engine]
+"""Loads the engine inside a worker (e.g. `functools.partial(load_engine, spec, engine=...)`)."""
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join the Ray cluster at `address` (`host:port`, `ray://host:port`, `auto`), else at
+    `RAY_ADDRESS`, else start a local instance (with `num_cpus` if given). One line if Ray is
+    not installed or the address cannot be reached within `CONNECT_SECONDS`."""
+    try:
+        import ray
+    except ImportError:
+        raise ProbekitError(f"--ray needs Ray, which is not installed here; run {SETUP}") from None
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address not in (None, "auto", "local"):
+        _check_reachable(address)
+    try:
+        ray.init(
+            address=address,
+            num_cpus=num_cpus if address is None else None,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="WARNING",
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = address or "a local instance"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ProbekitError(f"cannot start or join Ray at {where}: {reason}") from None
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast, with one line, on an address whose port does not answer (Ray itself would
+    retry for a minute or more)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ProbekitError(
+            f"--ray '{address}' is not a cluster address; give HOST:PORT (the head's GCS port, "
+            "6379 by default), ray://HOST:PORT, auto, or nothing for a local instance"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise ProbekitError(
+            f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); start its head "
+            "with `ray start --head` there, or leave out the address to run a local instance"
+        ) from None
+
+
+class Worker:
+    """One Ray actor: a loaded engine, scoring chunks of a probe with one scorer.
+
+    The probe comes with every chunk as a reference to the driver's one copy in the object store
+    (fetched once per node), not as a constructor argument: Ray cannot restart an actor whose
+    constructor arguments it has lost."""
+
+    def __init__(self, load: Loader, mode: str, options: dict[str, Any], threads: int | None):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.mode = mode
+        self.options = options
+        self.engine = load()
+        self.scorer: Any = None
+
+    def run(self, probe: Probe, chunk: list[tuple[int, Any]]) -> pd.DataFrame:
+        """The rows of one chunk of (prompt index, item), as the run loop makes them."""
+        if self.scorer is None:
+            self.scorer = self.engine.scorer(
+                probe.answers,
+                settled=probe.settled,
+                temperature=probe.temperature,
+                max_new_tokens=probe.max_new_tokens if self.mode == "generate" else 0,
+                **self.options,
+            )
+        return _run_chunk(chunk, probe, self.engine, self.scorer, self.mode, None)
+
+
+def run_probe_ray(
+    probe: Probe,
+    load: Loader,
+    out: Path,
+    manifest: dict[str, Any],
+    mode: str = "ev",
+    shard: Shard | None = None,
+    batch_size: int | None = None,
+    epsilon: float = DEFAULT_EPSILON,
+    actors: int | None = None,
+    chunk_size: int = CHUNK,
+) -> Path | None:
+    """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
+    return the merged scores path once every prompt has a row, as `probekit.run.run_probe`.
+
+    `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
+    on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
+    import ray
+
+    check_mode(mode, RUN_MODES)
+    shard = shard or Shard()
+    if chunk_size < 1:
+        raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
+    out = Path(out)
+    try:
+        prepare_run_dir(out, shard)
+        out.mkdir(parents=True, exist_ok=True)
+        hold_shard(out, shard)
+        check_manifest(out, {**manifest, "results_format": RESULTS_FORMAT})
+        total = len(probe)
+        found = scan_parts(out)
+        mine = np.arange(total) % shard.count == shard.index
+        wanted = mine & ~done_mask(found, total)
+        todo = int(wanted.sum())
+        if todo < mine.sum():
+            say(
+                f"{probe.name}: resuming {out}: {int(mine.sum()) - todo} of {int(mine.sum())} "
+                f"prompts of this shard already done, {todo} to go"
+            )
+        if todo:
+            compactor = Compactor(out, [p for p in found if shard.owns_all(p.indices)])
+            seed = manifest.get("seed", 0)
+            options = {"epsilon": epsilon, "batch_size": batch_size, "seed": seed}
+            pool = _start_pool(ray, load, mode, options, actors)
+            shared = ray.put(probe)
+            try:
+                with tqdm(
+                    total=todo,
+                    unit="prompt",
+                    desc=f"{probe.name} (ray, {len(pool)} actors)",
+                    mininterval=_bar_interval(),
+                ) as bar:
+                    for frame in _stream(ray, pool, shared, _chunks(probe, wanted, chunk_size)):
+                        compactor.add(write_part(out, frame), frame[INDEX].to_numpy())
+                        bar.update(len(frame))
+            finally:
+                for actor in pool:
+                    ray.kill(actor)
+        return merge_if_complete(out, total)
+    finally:
+        release_shard(out, shard)
+
+
+def _start_pool(ray: Any, load: Loader, mode: str, options: dict, actors: int | None) -> list:
+    """The actors, each loading its engine (in parallel; the first chunk waits for it)."""
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    count = actors or gpus or max(1, len(nodes))
+    if count < 1:
+        raise ProbekitError(f"--ray-actors must be at least 1, not {count}")
+    if gpus:
+        spec, threads = {"num_gpus": 1}, None
+    else:
+        per_node = min(int(n["Resources"].get("CPU", 1)) for n in nodes) if nodes else 1
+        threads = max(1, min(per_node, int(resources.get("CPU", 1)) // count))
+        spec = {"num_cpus": threads}
+    remote = ray.remote(max_restarts=RETRIES, max_task_retries=RETRIES, **spec)(Worker)
+    return [remote.remote(load, mode, options, threads) for _ in range(count)]
+
+
+def _chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[list[tuple[int, Any]]]:
+    """The wanted (prompt index, item) pairs in prompt order, in fixed chunks of `size`."""
+    chunk = []
+    for i, item in enumerate(probe.items()):
+        if wanted[i]:
+            chunk.append((i, item))
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[list]) -> Iterator[pd.DataFrame]:
+    """Each chunk's rows as its actor finishes it, at most `IN_FLIGHT` chunks queued per actor.
+    A chunk whose actor died is run again by Ray on the restarted actor (`max_task_retries`);
+    the run stops with one line only when that has failed `RETRIES` times."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    pending: dict[Any, tuple[list, int]] = {}  # ref -> (chunk, actor)
+    queued = [0] * len(pool)
+
+    def collect() -> pd.DataFrame:
+        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        chunk, actor = pending.pop(ref)
+        queued[actor] -= 1
+        try:
+            return ray.get(ref)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, ProbekitError):
+                raise exc.cause from None
+            raise
+        except RayActorError as exc:
+            raise ProbekitError(
+                f"a Ray worker died {RETRIES + 1} times on prompts {chunk[0][0]}..{chunk[-1][0]} "
+                f"({_first_line(exc)}); the finished parts are kept: run the same command again "
+                "to resume"
+            ) from None
+
+    for chunk in chunks:
+        actor = min(range(len(pool)), key=queued.__getitem__)
+        pending[pool[actor].run.remote(probe, chunk)] = (chunk, actor)
+        queued[actor] += 1
+        while len(pending) >= IN_FLIGHT * len(pool):
+            yield collect()
+    while pending:
+        yield collect()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

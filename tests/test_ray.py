@@ -1,0 +1,126 @@
+"""Runs on Ray: two actors on a local instance (2 CPUs) write the rows one process writes, for two
+studies; a worker killed mid-run costs its chunk, which runs again, and every prompt gets
+exactly one row; an address where no cluster answers is one line."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="Ray is not installed here (./setup.sh --ray installs it)")
+
+from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent  # noqa: E402
+from probekit.engines import load_engine  # noqa: E402
+from probekit.errors import ProbekitError  # noqa: E402
+from probekit.run import INDEX, run_probe  # noqa: E402
+from probekit.scale.ray import connect, run_probe_ray  # noqa: E402
+from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting  # noqa: E402
+from probekit.studies.isear.events import SAMPLE_ROOT as ISEAR_SAMPLES  # noqa: E402
+from probekit.studies.isear.events import load_events, sample_events  # noqa: E402
+from probekit.studies.isear.probe import IsearProbe  # noqa: E402
+
+CHUNK = 6
+LOAD = functools.partial(load_engine, "default")
+
+
+def intergroup_probe() -> IntergroupProbe:
+    """36 prompts: religion, one sample event, the 10-point scale (a small answer trie)."""
+    events = load_crowd_envent(SAMPLE_ROOT).head(1)
+    return IntergroupProbe(get_category("religion"), get_setting("P0S1T0"), events)
+
+
+def isear_probe() -> IsearProbe:
+    """12 prompts: four sample events x three genders, 12 emotion words."""
+    return IsearProbe(sample_events(load_events(ISEAR_SAMPLES), 4, seed=123))
+
+
+def manifest(probe) -> dict:
+    return {"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance of 2 CPUs for this module."""
+    connect(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single(smol, tmp_path_factory):
+    """Each probe's rows from one process, in the same chunks and, as each of the two actors,
+    on one thread (the thread count alone moves fp32 sums in the last digits)."""
+    out = tmp_path_factory.mktemp("single")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {
+            make.__name__: pd.read_parquet(
+                run_probe(probe, smol, out / make.__name__, manifest(probe), chunk_size=CHUNK)
+            )
+            for make in (intergroup_probe, isear_probe)
+            for probe in [make()]
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
+def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert list(a.columns) == list(b.columns)
+    assert list(a[INDEX]) == list(range(len(a))) == list(b[INDEX])
+    numbers = a.select_dtypes("number").columns
+    assert np.abs(a[numbers].to_numpy() - b[numbers].to_numpy()).max() <= 1e-6
+    others = [c for c in a.columns if c not in numbers]
+    assert a[others].equals(b[others])
+
+
+@pytest.mark.parametrize("make", [intergroup_probe, isear_probe])
+def test_two_actors_write_the_rows_of_one_process(cluster, single, make, tmp_path):
+    probe = make()
+    path = run_probe_ray(probe, LOAD, tmp_path / "ray", manifest(probe), actors=2, chunk_size=CHUNK)
+    assert path is not None
+    same_rows(single[make.__name__], pd.read_parquet(path))
+
+
+class DiesOnce:
+    """The default engine, except that the worker process exits (as if killed) when it first
+    encodes the prompt `victim`; `marker` makes the restarted worker live."""
+
+    def __init__(self, victim: str, marker: str) -> None:
+        self.engine = load_engine("default")
+        self.victim, self.marker = victim, Path(marker)
+
+    def encode(self, item, as_string=False):
+        if item.id == self.victim and not self.marker.exists():
+            self.marker.touch()
+            os._exit(1)
+        return self.engine.encode(item, as_string)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_killed_worker_loses_no_row(cluster, single, tmp_path):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+    probe = intergroup_probe()
+    victim = list(probe.items())[20].id  # in the fourth chunk, after others finished
+    marker = tmp_path / "died"
+    load = functools.partial(DiesOnce, victim, str(marker))
+    path = run_probe_ray(probe, load, tmp_path / "ray", manifest(probe), actors=2, chunk_size=CHUNK)
+    assert marker.exists(), "the worker was not killed"
+    scores = pd.read_parquet(path)
+    assert scores[INDEX].is_unique and len(scores) == len(probe)
+    same_rows(single["intergroup_probe"], scores)
+
+
+def test_unreachable_address_is_one_line(monkeypatch):
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh `probekit run`
+    with pytest.raises(ProbekitError, match="cannot reach the Ray cluster at 127.0.0.1:9"):
+        connect("127.0.0.1:9")
