@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
 from probekit.errors import ProbekitError
@@ -40,13 +39,6 @@ def cyclic_orders(n: int, count: int) -> list[tuple[int, ...]]:
 def letter_of(order: Sequence[int], option: int) -> str:
     """The letter behind which `option` is shown in `order`."""
     return LETTERS[list(order).index(option)]
-
-
-def option_probs(letter_probs: np.ndarray, order: Sequence[int]) -> np.ndarray:
-    """Per-option probabilities from per-letter ones (the last axis) shown in `order`."""
-    out = np.empty_like(letter_probs)
-    out[..., list(order)] = letter_probs
-    return out
 
 
 def position_bias(frame: pd.DataFrame, n: int) -> pd.Series:

@@ -24,20 +24,27 @@ def run(tmp_path, lines, answers="0-10", extra=()):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(lines)
     out = tmp_path / "o.parquet"
-    code = cli.main(["score", "--prompts", str(prompts), "--answers", answers,
-                     "--out", str(out), *extra])  # fmt: skip
+    code = cli.main(
+        ["score", "--prompts", str(prompts), "--answers", answers, "--out", str(out), *extra]
+    )
     return code, out
 
 
 def test_score_writes_rows_in_input_order(tmp_path, capsys):
     records = [
-        {"id": "chat", "messages": [{"role": "system", "content": SYSTEM},
-                                    {"role": "user", "content": USER}]},
+        {
+            "id": "chat",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
+        },
         {"id": "raw", "text": "Q: Pick a number from 0 to 10.\nA:"},
         {"id": "z-last", "text": "On a scale from 0 to 10, I would say"},
-    ]  # fmt: skip
-    code, out = run(tmp_path, "".join(json.dumps(r) + "\n" for r in records), "0-10",
-                    ["--batch-size", "2", "--epsilon", "0"])  # fmt: skip
+    ]
+    code, out = run(
+        tmp_path,
+        "".join(json.dumps(r) + "\n" for r in records),
+        "0-10",
+        ["--batch-size", "2", "--epsilon", "0"],
+    )
     assert code == 0, capsys.readouterr().err
     frame = pd.read_parquet(out)
     assert list(frame["id"]) == ["chat", "raw", "z-last"]

@@ -79,8 +79,10 @@ def appendix_prompt(task: str) -> str:
     """The appendix's paragraphs, blank-line separated; a header's text on its next line."""
     blocks = [task, RULES, "[User Question]\n" + QUESTION]
     for letter, answer in zip("ABCD", ANSWERS, strict=True):
-        blocks += [f"[The Start of Assistant {letter}'s Answer]\n{answer}",
-                   f"[The End of Assistant {letter}'s Answer]"]  # fmt: skip
+        blocks += [
+            f"[The Start of Assistant {letter}'s Answer]\n{answer}",
+            f"[The End of Assistant {letter}'s Answer]",
+        ]
     return "\n\n".join(blocks)
 
 
@@ -161,8 +163,11 @@ def official_folder(tmp_path: Path, n: int = 2, **change) -> Path:
     folder = tmp_path / "official"
     folder.mkdir(parents=True, exist_ok=True)
     records = read_records(SAMPLE_FILE)[:n]
-    for prompt_type, name in [("raw", "Raw-Prompt.json"), ("id", "ID-Prompt.json"),
-                              ("cot", "COT-Prompt.json")]:  # fmt: skip
+    for prompt_type, name in [
+        ("raw", "Raw-Prompt.json"),
+        ("id", "ID-Prompt.json"),
+        ("cot", "COT-Prompt.json"),
+    ]:
         table = {}
         for r in records:
             prompt, _ = build_prompt(prompt_type, r.question, r.answers, r.identity)
@@ -203,8 +208,14 @@ def test_download_refuses_a_blob_hash_mismatch(tmp_path):
     ],
 )
 def test_bad_records_are_refused_in_one_line(tmp_path, record, message):
-    row = {"id": "r1", "category": "Age", "identity": "teenager", "question": "Q?",
-           "answers": ["a", "b", "c", "d"], "correct": 0}  # fmt: skip
+    row = {
+        "id": "r1",
+        "category": "Age",
+        "identity": "teenager",
+        "question": "Q?",
+        "answers": ["a", "b", "c", "d"],
+        "correct": 0,
+    }
     row.update(record)
     row = {k: v for k, v in row.items() if v is not None}
     path = tmp_path / "records.json"
@@ -255,12 +266,14 @@ def test_orders_map_letters_back_for_records_and_official_prompts(tmp_path):
         assert [i.key["correct"] for i in items] == ["B", "A", "D", "C"]
     # an official prompt reordered equals the prompt built from the reordered answers
     order = (2, 3, 0, 1)
-    built, _ = build_prompt("id", record.question, [record.answers[k] for k in order],
-                            record.identity)  # fmt: skip
+    built, _ = build_prompt(
+        "id", record.question, [record.answers[k] for k in order], record.identity
+    )
     assert reorder_prompt(official.prompts["id"], order, official.id) == built
     with pytest.raises(ProbekitError, match="item 'x': the prompt does not hold the four"):
-        reorder_prompt("[The Start of Assistant A's Answer] a [The End of Assistant A's Answer]",
-                       order, "x")  # fmt: skip
+        reorder_prompt(
+            "[The Start of Assistant A's Answer] a [The End of Assistant A's Answer]", order, "x"
+        )
 
 
 def hand_table() -> pd.DataFrame:
@@ -268,10 +281,19 @@ def hand_table() -> pd.DataFrame:
     rows = []
 
     def add(item, category, prompt_type, probs, mismatch=False, identity="g1", shown="g1"):
-        rows.append({"item_id": item, "category": category, "prompt_type": prompt_type,
-                     "order": 0, "correct": "A", "mismatch": mismatch, "identity": identity,
-                     "shown_identity": shown if prompt_type != "raw" else "",
-                     **{f"p::{x}": p for x, p in zip(OPTIONS, probs, strict=True)}})  # fmt: skip
+        rows.append(
+            {
+                "item_id": item,
+                "category": category,
+                "prompt_type": prompt_type,
+                "order": 0,
+                "correct": "A",
+                "mismatch": mismatch,
+                "identity": identity,
+                "shown_identity": shown if prompt_type != "raw" else "",
+                **{f"p::{x}": p for x, p in zip(OPTIONS, probs, strict=True)},
+            }
+        )
 
     wrong, right = (0.1, 0.7, 0.1, 0.1), (0.6, 0.2, 0.1, 0.1)
     add("i1", "Age", "raw", wrong)
@@ -311,8 +333,14 @@ def test_shifts_and_mismatch_on_a_hand_made_table():
 
 def small_probe(mode: str, **kw) -> GIEBenchProbe:
     """One short record (the exactness checks need no long prompt), correct answer at B."""
-    record = Record("short", "Age", "teenager", "Should the voting age be 16?",
-                    ("No.", "Yes, at 16.", "Only at 21.", "Never."), 1)  # fmt: skip
+    record = Record(
+        "short",
+        "Age",
+        "teenager",
+        "Should the voting age be 16?",
+        ("No.", "Yes, at 16.", "Only at 21.", "Never."),
+        1,
+    )
     return GIEBenchProbe([record], ["cot"], mode=mode, mismatch=False, **kw)
 
 
@@ -328,8 +356,9 @@ def check_exact(smol, scores: pd.DataFrame, probe: GIEBenchProbe, prefills: list
 
 def test_direct_verdict_is_exact(tmp_path, smol):
     probe = small_probe("ev")
-    path = run_probe(probe, smol, tmp_path / "direct", {"study": "giebench"}, mode="ev",
-                     epsilon=0.0)  # fmt: skip
+    path = run_probe(
+        probe, smol, tmp_path / "direct", {"study": "giebench"}, mode="ev", epsilon=0.0
+    )
     scores = pd.read_parquet(path)
     assert list(scores["correct"]) == ["B"]
     check_exact(smol, scores, probe, ["[["])
@@ -339,16 +368,18 @@ def test_direct_verdict_is_exact(tmp_path, smol):
 def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
     probe = small_probe("explain", max_new_tokens=6)
     probe.answer_cue = " "  # a cue this model writes within the budget, to test the cut
-    path = run_probe(probe, smol, tmp_path / "explain", {"study": "giebench"}, mode="explain",
-                     epsilon=0.0)  # fmt: skip
+    path = run_probe(
+        probe, smol, tmp_path / "explain", {"study": "giebench"}, mode="explain", epsilon=0.0
+    )
     scores = pd.read_parquet(path)
     assert not scores["cue_missing"].any()
     assert all(" " not in text for text in scores["explanation"])
     check_exact(smol, scores, probe, [e + " " for e in scores["explanation"]])
     missing = small_probe("explain", max_new_tokens=2)
     missing.answer_cue = "[[NEVER"
-    path = run_probe(missing, smol, tmp_path / "missing", {"study": "giebench"}, mode="explain",
-                     epsilon=0.0)  # fmt: skip
+    path = run_probe(
+        missing, smol, tmp_path / "missing", {"study": "giebench"}, mode="explain", epsilon=0.0
+    )
     scores = pd.read_parquet(path)
     assert scores["cue_missing"].all() and len(scores["explanation"].iloc[0]) > 0
 

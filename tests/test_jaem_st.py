@@ -88,8 +88,13 @@ def test_authors_layout_byte_for_byte(data, rows):
         template = data.templates[int(rows.loc[sample, TEMPLATE])]
         shown = [template.answer_index(t) for t in item.key["answer_types"].split(",")]
         values = {d.mask: rows.loc[sample, d.column] for d in data.dimensions}
-        expected = authors_ce(_template_path(data, template.index), data.prompts["CE"][0],
-                              list(data.answer_labels), values, shown)  # fmt: skip
+        expected = authors_ce(
+            _template_path(data, template.index),
+            data.prompts["CE"][0],
+            list(data.answer_labels),
+            values,
+            shown,
+        )
         assert item.messages[0]["content"] == expected
         assert item.key["prompt"] == expected
 
@@ -117,11 +122,13 @@ def test_true_labels_differ_from_authors_split_answers(data):
         assert dict(theirs)["Empathetic"] == dict(ours)["Empathetic"]
     swapped = {
         o[0]: t[0]
-        for o, t in zip(data.templates[1].answers,
-                        authors_split_answers(authors_pieces(_template_path(data, 1))[3], labels),
-                        strict=True)
+        for o, t in zip(
+            data.templates[1].answers,
+            authors_split_answers(authors_pieces(_template_path(data, 1))[3], labels),
+            strict=True,
+        )
         if o[0] != t[0]
-    }  # fmt: skip
+    }
     assert swapped == {"Affective": "Distressed", "Distressed": "Affective"}
 
 
@@ -211,11 +218,20 @@ def _fake_scores() -> pd.DataFrame:
         for letter in "AB":
             probs = np.full(5, 0.1)
             probs[LETTERS.index(letter)] = 0.6
-            rows.append({"sample": sample, "template": "t", "gender": "g" + str(sample % 2),
-                         "pronoun": "she", "empathetic_letter": letter, "parsed": letter
-                         if sample < 3 else None, "valid_mass": 1.0, "argmax": letter,
-                         "answer_types": types if letter == "A" else swapped,
-                         **dict(zip(COLUMNS, probs, strict=True))})  # fmt: skip
+            rows.append(
+                {
+                    "sample": sample,
+                    "template": "t",
+                    "gender": "g" + str(sample % 2),
+                    "pronoun": "she",
+                    "empathetic_letter": letter,
+                    "parsed": letter if sample < 3 else None,
+                    "valid_mass": 1.0,
+                    "argmax": letter,
+                    "answer_types": types if letter == "A" else swapped,
+                    **dict(zip(COLUMNS, probs, strict=True)),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -226,8 +242,9 @@ def test_metrics_scores_shares_and_outliers():
     samples = metrics.sample_scores(scores, "generate", ["gender", "pronoun"])
     table = metrics.interval_table(samples, ["gender"])
     assert table["n"].tolist() == [3, 3] and table["low"].le(table["mean"]).all()
-    shares = metrics.answer_type_shares(scores, "ev", ["Empathetic", "Affective", "Distressed",
-                                                        "Sympathetic", "Indifferent"])  # fmt: skip
+    shares = metrics.answer_type_shares(
+        scores, "ev", ["Empathetic", "Affective", "Distressed", "Sympathetic", "Indifferent"]
+    )
     assert shares["Empathetic"] == pytest.approx(0.6) and shares.sum() == pytest.approx(1.0)
     flagged = metrics.outliers(pd.DataFrame({"mean": [0.5] * 9 + [0.9]}), 0.54, z=2.0)
     assert flagged["outlier"].tolist() == [False] * 9 + [True]
@@ -237,8 +254,10 @@ def test_metrics_scores_shares_and_outliers():
 def test_vad_distance_on_a_hand_made_lexicon(tmp_path):
     # A tiny lexicon written for this test, in the NRC VAD format (not NRC's values).
     path = tmp_path / "handmade_vad.txt"
-    path.write_text("Word\tValence\tArousal\tDominance\nhappy\t0.9\t0.6\t0.7\n"
-                    "sad\t0.1\t0.3\t0.2\nday\t0.5\t0.2\t0.5\n")  # fmt: skip
+    path.write_text(
+        "Word\tValence\tArousal\tDominance\nhappy\t0.9\t0.6\t0.7\n"
+        "sad\t0.1\t0.3\t0.2\nday\t0.5\t0.2\t0.5\n"
+    )
     lexicon = read_vad_lexicon(path)
     distance = lexicon.distance("A happy day!", "So sad.")
     assert distance["vad_valence"] == pytest.approx(abs((0.9 + 0.5) / 2 - 0.1))
@@ -293,8 +312,9 @@ HANDMADE_WORDS = (
 
 
 def _handmade_lexicon(path: Path) -> dict[str, tuple[float, float, float]]:
-    values = {w: ((3 * k % 10) / 10, (7 * k % 10) / 10, (k % 5) / 5)
-              for k, w in enumerate(HANDMADE_WORDS)}  # fmt: skip
+    values = {
+        w: ((3 * k % 10) / 10, (7 * k % 10) / 10, (k % 5) / 5) for k, w in enumerate(HANDMADE_WORDS)
+    }
     lines = ["Word\tValence\tArousal\tDominance"]
     lines += [f"{w}\t{v}\t{a}\t{d}" for w, (v, a, d) in values.items()]
     path.write_text("\n".join(lines) + "\n")
@@ -313,8 +333,10 @@ class WordCountClassifier:
 
     def levels(self, pairs):
         WordCountClassifier.seen += list(pairs)
-        return [{"IP": min(len(r.split()), 2), "EX": int("?" in r), "ER": len(u.split()) % 3}
-                for u, r in pairs]  # fmt: skip
+        return [
+            {"IP": min(len(r.split()), 2), "EX": int("?" in r), "ER": len(u.split()) % 3}
+            for u, r in pairs
+        ]
 
 
 def word_count_classifier() -> WordCountClassifier:
@@ -350,8 +372,14 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
     scores = pd.read_parquet(out / "scores.parquet")
     assert len(scores) == 2 and {"template", "sample", "gender", "prompt", "p::E"} <= set(scores)
     assert (scores["valid_mass"] > 0).all()
-    for name in ("summary.md", "summary.csv", "groups.csv", "dimensions.csv",
-                 "accuracy_by_group.png", "groups_heatmap.png"):  # fmt: skip
+    for name in (
+        "summary.md",
+        "summary.csv",
+        "groups.csv",
+        "dimensions.csv",
+        "accuracy_by_group.png",
+        "groups_heatmap.png",
+    ):
         assert (out / name).is_file(), name
     frame = pd.read_parquet(out / "responses.parquet")
     assert frame["sample"].tolist() == [0, 1] and (frame["response_tokens"] == 8).all()
@@ -369,8 +397,9 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
         assert (utterance, reply) in WordCountClassifier.seen
         assert row["era_IP"] == min(len(reply.split()), 2)
         assert row["era_ER"] == len(utterance.split()) % 3
-        prompt = responses.response_text(data, template, {d.column: row[d.column]
-                                                          for d in data.dimensions})  # fmt: skip
+        prompt = responses.response_text(
+            data, template, {d.column: row[d.column] for d in data.dimensions}
+        )
         assert prompt == data.prompts["AE"][0] + template.context.format(**values) + conversation
         assert prompt.rstrip().endswith("Carl:") and "Answers:" not in prompt
     groups = pd.read_csv(out / "responses_groups.csv")
@@ -409,15 +438,40 @@ def test_responses_skip_lines_and_bad_lexicon(tmp_path, capsys):
     bad = tmp_path / "bad_vad.txt"
     bad.write_text("Word\tValence\tArousal\tDominance\nhappy\t0.9\t0.6\t0.7\nsad\t0.1\n")
     out = tmp_path / "out"
-    code = main(["run", "jaem-st", "--data", str(ROOT), "--samples", "1", "--responses",
-                 "--vad-lexicon", str(bad), "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "jaem-st",
+            "--data",
+            str(ROOT),
+            "--samples",
+            "1",
+            "--responses",
+            "--vad-lexicon",
+            str(bad),
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "line 3" in err and len(err.splitlines()) == 1 and not out.exists()
-    code = main(["run", "jaem-st", "--data", str(ROOT), "--vad-lexicon", str(bad),
-                 "--out", str(out)])  # fmt: skip
+    code = main(
+        ["run", "jaem-st", "--data", str(ROOT), "--vad-lexicon", str(bad), "--out", str(out)]
+    )
     assert code == 2 and "add --responses" in capsys.readouterr().err
-    code = main(["run", "jaem-st", "--data", str(ROOT), "--responses", "--era-model",
-                 str(tmp_path), "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "jaem-st",
+            "--data",
+            str(ROOT),
+            "--responses",
+            "--era-model",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 2 and "finetuned_IP.pth" in capsys.readouterr().err and not out.exists()
     frame = pd.DataFrame({"response": ["Fine.", ""]})
     scored = responses.score_responses(frame, ["Jane: hi", "Jane: hi"], None, None)
@@ -466,8 +520,17 @@ def test_epitome_folder_loads_strictly_and_scores(tmp_path, smol):
 
 # ----------------------------------------------------------------- mechanism
 def test_patch_pairs_and_spans_from_mask_locations(data):
-    args = Namespace(data=str(ROOT), templates=None, dataset_size=None, uniform=False, prompt=0,
-                     seed=0, samples=2, dimension="pronoun", clean=None)  # fmt: skip
+    args = Namespace(
+        data=str(ROOT),
+        templates=None,
+        dataset_size=None,
+        uniform=False,
+        prompt=0,
+        seed=0,
+        samples=2,
+        dimension="pronoun",
+        clean=None,
+    )
     probe, items = STUDY.mechanism_items(args, print, "patch")
     assert len(items) == 6 and {i.unit for i in items} == {"0", "1"}
     count = data.templates[0].context.count("{PRONOUN}")
@@ -484,8 +547,7 @@ def test_patch_pairs_and_spans_from_mask_locations(data):
         assert clean.item.key["pronoun"] == "she" and corrupt.item.key["pronoun"] != "she"
         assert clean.item.unit == corrupt.item.unit
         same = {k: v for k, v in clean.item.key.items() if k not in ("pronoun", "prompt")}
-        assert same == {k: v for k, v in corrupt.item.key.items()
-                        if k not in ("pronoun", "prompt")}  # fmt: skip
+        assert same == {k: v for k, v in corrupt.item.key.items() if k not in ("pronoun", "prompt")}
 
 
 # ----------------------------------------------------------------- bad input

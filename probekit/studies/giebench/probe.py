@@ -53,8 +53,17 @@ class GIEBenchProbe(Probe):
     name = "giebench"
     answers = AnswerSet(OPTIONS)
     answer_cue = VERDICT_CUE  # explain mode reads the verdict right after it
-    key_columns = ("item_id", "category", "prompt_type", "order", "correct", "identity",
-                   "shown_identity", "mismatch", "prompt")  # fmt: skip
+    key_columns = (
+        "item_id",
+        "category",
+        "prompt_type",
+        "order",
+        "correct",
+        "identity",
+        "shown_identity",
+        "mismatch",
+        "prompt",
+    )
 
     def __init__(
         self,
