@@ -219,3 +219,17 @@ def test_pinned_sources_and_checksums():
     assert set(FILES) <= set(read_checksums())
     with pytest.raises(ProbekitError, match="no public source"):
         source_url("unknown/file.txt")
+
+
+def test_a_dataset_says_where_it_came_from_and_fills_the_manifest():
+    from probekit.datasets.crowd_envent import CROWD_ENVENT
+
+    said: list[str] = []
+    source = CROWD_ENVENT.find(SAMPLE_ROOT, said.append)
+    assert source.origin == "explicit"
+    assert said == [f"data: crowd-enVent from {SAMPLE_ROOT} (explicit)"]
+    assert CROWD_ENVENT.manifest(source) == {
+        "data_origin": "explicit",
+        "data_path": str(SAMPLE_ROOT),
+        "data_sha256": data_sha256(SAMPLE_ROOT),
+    }
