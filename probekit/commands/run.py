@@ -14,7 +14,7 @@ import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -30,6 +30,10 @@ from probekit.options import (
     shard,
 )
 from probekit.studies.base import Probe, Say, Study
+
+if TYPE_CHECKING:
+    from probekit.distributed import Launch
+    from probekit.engines.base import Engine
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
 
@@ -66,13 +70,20 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     """Run `study` as `args` say; return the summary rows (None on a shard that is not last)."""
     from probekit.distributed import detect_launch
     from probekit.engines import load_engine
+    from probekit.numerics import note_numerics
     from probekit.reporting import write_pages
+    from probekit.run import Shard, prepare_run_dir
 
     started = time.time()
     launch = detect_launch()
     say: Say = print if launch.is_main else (lambda *a, **k: None)
     probes = study.probes(args, say)
     models = args.model or ["default"]
+    shard_ = Shard(*args.shard).split(launch.rank, launch.world)
+    for name in models:  # before any model loads: manifests, shard locks, truncated parts
+        out = Path(args.out) if len(models) == 1 else Path(args.out) / model_folder(name)
+        for probe in probes:
+            prepare_run_dir(out if len(probes) == 1 else out / probe.subdir, shard_)
     rows: list[dict[str, Any]] = []
     for name in models:
         model = load_engine(name, device=launch.device(args.device), dtype=args.dtype)
@@ -85,6 +96,7 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
         return None
     out = Path(args.out)
     summary = study.write_summary(rows, out)
+    note_numerics(out)  # each run's noise figure, one line each at the end of summary.md
     write_pages(out, rows)  # report.html in each run folder, and across several runs in out
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
     say(f"\n{summary.markdown}")
@@ -98,14 +110,15 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
 def _run(
     study: Study,
     probe: Probe,
-    model: Any,
+    model: Engine,
     name: str,
     run_dir: Path,
     args: argparse.Namespace,
-    launch: Any,
+    launch: Launch,
     say: Say,
 ) -> list[dict]:
     """One probe on one model: score (this process's shard), merge, and report when complete."""
+    from probekit.numerics import record_numerics
     from probekit.run import Shard, merge_if_complete, run_probe
 
     say(f"{probe.name}: {len(probe)} prompts, model {name} -> {run_dir}")
@@ -130,12 +143,13 @@ def _run(
         say(f"{probe.name}: this shard is done; other shards still missing, no summary yet")
         return []
     scores = pd.read_parquet(scores_path)
+    record_numerics(model, probe, scores, run_dir, manifest)  # manifest["numerics"], rewritten
     study.after_run(probe, model, scores, run_dir, manifest)
     return study.report(scores, run_dir, manifest)
 
 
 def run_manifest(
-    study: Study, probe: Probe, model: Any, name: str, args: argparse.Namespace
+    study: Study, probe: Probe, model: Engine, name: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """What defines a run (recorded in manifest.json; some fields are resume keys)."""
     described = model.describe()
