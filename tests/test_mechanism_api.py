@@ -93,10 +93,10 @@ def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
 
     matplotlib.use("Agg")
     monkeypatch.setattr(api, "hookable", lambda spec: model)
-    (test,) = doctest.DocTestFinder().find(api, "api")
+    (test,) = [t for t in doctest.DocTestFinder().find(api, "api") if t.name == "api"]
     globs = {**test.globs}
     test.globs = globs
-    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test, clear_globs=False)
     assert result.failed == 0 and result.attempted >= 4
     df = globs["df"]
     assert len(df) == model.n_layers and df["site"].iloc[-1] == "blocks.29.hook_resid_pre"

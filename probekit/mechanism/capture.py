@@ -243,6 +243,7 @@ def read_activations(out_dir: str | Path) -> Activations:
         first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
         for record in first.to_dict("records"):
             keep = {k: v for k, v in record.items() if k not in ("layer", "site", "shard")}
+            keep["positions"] = [int(p) for p in keep["positions"]]
             records.append(
                 keep
                 | {"row_start": start + record["row_start"], "row_stop": start + record["row_stop"]}
