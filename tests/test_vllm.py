@@ -69,8 +69,10 @@ def test_vllm_generate_matches_transformers(engine, probe, prompts):
     parsed = [[probe.parse(text) for text in texts] for texts in responses]
     same_text = sum(a == b for a, b in zip(*responses, strict=True)) / len(prompts)
     same_parse = sum(a == b for a, b in zip(*parsed, strict=True)) / len(prompts)
-    print(f"vLLM vs transformers on {len(prompts)} prompts: identical responses {same_text:.0%}, "
-          f"identical parsed answers {same_parse:.0%}")  # fmt: skip
+    print(
+        f"vLLM vs transformers on {len(prompts)} prompts: identical responses {same_text:.0%}, "
+        f"identical parsed answers {same_parse:.0%}"
+    )
     assert same_parse >= 0.9  # fp32 near-ties may flip a token on a few rows
     assert any(p is not None for p in parsed[0])  # the lead phrase made some rows answer
     for a, b in zip(ours, theirs, strict=True):  # the exact view is the transformers engine's

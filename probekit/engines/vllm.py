@@ -65,9 +65,15 @@ def run_in_vllm_env(argv: Sequence[str]) -> None:
     process is replaced, so this returns only when there is nothing to do); `argv` is
     `sys.argv`: a script path or the `probekit` command, then its arguments."""
     python = vllm_env() / "bin" / "python"
+    script = Path(argv[0])
+    if script.name in ("probekit", "cli.py"):
+        head = ["-m", "probekit.cli"]
+    elif script.parent.name == "experiments":
+        head = [argv[0]]
+    else:
+        return  # not a probekit command line (a test, a user's script): nothing to re-run
     if vllm_available() or not python.is_file():
         return
-    head = [argv[0]] if argv[0].endswith(".py") else ["-m", "probekit.cli"]
     print(f"probekit: vLLM is not in this Python; running in {vllm_env()}", file=sys.stderr)
     sys.stderr.flush()
     os.execv(python, [str(python), *head, *argv[1:]])

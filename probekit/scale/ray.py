@@ -28,6 +28,7 @@ two actors for the CPUs), and the back-pressure needed is one bounded queue. The
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
 from probekit.errors import ProbekitError
 from probekit.run import (
@@ -205,6 +207,31 @@ def run_probe_ray(
         return merge_if_complete(out, total)
     finally:
         release_shard(out, shard)
+
+
+def runner(
+    spec: str, engine: str, actors: int | None = None, device: str | None = None, dtype: Any = None
+) -> Callable[..., Path | None]:
+    """`run_probe_ray` in the shape of `probekit.run.run_probe`, for `probekit run --ray`: its
+    `model` argument (the driver's engine) is not used for scoring, since every actor loads
+    `spec` on `engine` itself."""
+    load = functools.partial(load_engine, spec, engine=engine, device=device, dtype=dtype)
+
+    def run(
+        probe: Probe,
+        model: Engine,
+        out: Path,
+        manifest: dict[str, Any],
+        mode: str = "ev",
+        shard: Shard | None = None,
+        batch_size: int | None = None,
+        epsilon: float = DEFAULT_EPSILON,
+    ) -> Path | None:
+        return run_probe_ray(
+            probe, load, out, manifest, mode, shard, batch_size, epsilon, actors=actors
+        )
+
+    return run
 
 
 def _start_pool(ray: Any, load: Loader, mode: str, options: dict, actors: int | None) -> list:
