@@ -14,7 +14,7 @@ import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -30,6 +30,10 @@ from probekit.options import (
     shard,
 )
 from probekit.studies.base import Probe, Say, Study
+
+if TYPE_CHECKING:
+    from probekit.distributed import Launch
+    from probekit.engines.base import Engine
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
 
@@ -68,12 +72,18 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     from probekit.engines import load_engine
     from probekit.numerics import note_numerics
     from probekit.reporting import write_pages
+    from probekit.run import Shard, prepare_run_dir
 
     started = time.time()
     launch = detect_launch()
     say: Say = print if launch.is_main else (lambda *a, **k: None)
     probes = study.probes(args, say)
     models = args.model or ["default"]
+    shard_ = Shard(*args.shard).split(launch.rank, launch.world)
+    for name in models:  # before any model loads: manifests, shard locks, truncated parts
+        out = Path(args.out) if len(models) == 1 else Path(args.out) / model_folder(name)
+        for probe in probes:
+            prepare_run_dir(out if len(probes) == 1 else out / probe.subdir, shard_)
     rows: list[dict[str, Any]] = []
     for name in models:
         model = load_engine(name, device=launch.device(args.device), dtype=args.dtype)
@@ -100,11 +110,11 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
 def _run(
     study: Study,
     probe: Probe,
-    model: Any,
+    model: Engine,
     name: str,
     run_dir: Path,
     args: argparse.Namespace,
-    launch: Any,
+    launch: Launch,
     say: Say,
 ) -> list[dict]:
     """One probe on one model: score (this process's shard), merge, and report when complete."""
@@ -139,7 +149,7 @@ def _run(
 
 
 def run_manifest(
-    study: Study, probe: Probe, model: Any, name: str, args: argparse.Namespace
+    study: Study, probe: Probe, model: Engine, name: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """What defines a run (recorded in manifest.json; some fields are resume keys)."""
     described = model.describe()
