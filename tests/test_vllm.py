@@ -10,6 +10,9 @@ vLLM gets."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 from conftest import reference_data_root
@@ -31,6 +34,25 @@ PROMPTS = 16
 def test_missing_vllm_names_the_setup_command():
     with pytest.raises(ProbekitError, match=r"\./setup\.sh --vllm"):
         load_engine("default", engine="vllm")
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed, so nothing is re-run elsewhere")
+def test_without_vllm_the_command_runs_in_the_vllm_environment(tmp_path):
+    """`probekit run ... --engine vllm` from an environment without vLLM re-runs the same command
+    with the vLLM environment's Python (a stand-in here that prints what it was given)."""
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "ran: $*"\n')
+    fake.chmod(0o755)
+    code = (
+        "import sys; from probekit.engines.vllm import run_in_vllm_env; "
+        "run_in_vllm_env(['/usr/bin/probekit', 'run', 'intergroup', '--engine', 'vllm']); "
+        "print('not replaced')"
+    )
+    env = {**os.environ, "PROBEKIT_VLLM_ENV": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "ran: -m probekit.cli run intergroup --engine vllm"
+    assert str(tmp_path) in done.stderr
 
 
 @pytest.fixture(scope="module")
