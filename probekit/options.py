@@ -53,7 +53,8 @@ class Option:
             parser.add_argument(self.flag, action="store_true", help=self.help)
             return
         default = self.defaults.get(command, self.default)
-        parser.add_argument(self.flag, type=self.type, default=default, help=self.help)
+        shown = self.help if default is not None else self.help.replace("%(default)s", "all")
+        parser.add_argument(self.flag, type=self.type, default=default, help=shown)
 
 
 class CommandParser(argparse.ArgumentParser):
