@@ -12,6 +12,9 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
+import threading
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -32,6 +35,7 @@ from probekit.engines.hf.precision import (
     parameter_count,
 )
 from probekit.errors import ProbekitError
+from probekit.io import FileLock, write_error
 from probekit.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.paths import file_sha256, user_cache_dir
 
@@ -272,7 +276,7 @@ def load_model(
         hf, tok = _load_pretrained(str(path), dt, spec)
         source = str(path)
     else:
-        hf, tok = _load_pretrained(spec, dt, spec)
+        hf, tok = _load_hub(spec, dt)
         source = "hub"
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
@@ -327,47 +331,130 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, meta: dict[str, Any]) -> tuple[An
 
 
 def _convert_gguf(gguf: Path, cache: Path) -> None:
+    """Dequantise `gguf` into `cache` (safetensors + tokenizer + `probekit.json`).
+
+    Under a lock beside the cache, so that two first loads of the same file (two shards, two
+    users of one cache) cannot delete what the other writes or reads: the second waits, then
+    finds the marker and converts nothing. A cache folder has its marker written last, inside
+    the temporary folder, and appears by one rename, so a reader never sees half of it."""
     if importlib.util.find_spec("gguf") is None:
         raise ProbekitError(
             f"loading '{gguf.name}' needs the gguf package; install it with `pip install gguf`"
         )
+    with FileLock(cache.with_name(f".{cache.name}.lock"), blocking=True):
+        if (cache / "probekit.json").is_file():
+            return  # converted by another process while this one waited
+        for left in cache.parent.glob(f"{cache.name}.tmp*"):  # of a killed conversion
+            shutil.rmtree(left, ignore_errors=True)
+        model, tok = _read_gguf(gguf)
+        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": file_sha256(gguf)}
+            (tmp / "probekit.json").write_text(json.dumps(info, indent=1))
+            shutil.rmtree(cache, ignore_errors=True)  # a folder without marker: nobody reads it
+            tmp.rename(cache)
+        except OSError as exc:
+            raise write_error(cache, exc) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_gguf(gguf: Path) -> tuple[Any, Any]:
+    """The float32 model and tokenizer of a GGUF file; one line if it cannot be read (a
+    truncated download fails deep in the dequantiser with a reshape error)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+    except (ValueError, OSError, KeyError, IndexError, EOFError) as exc:
+        raise ProbekitError(
+            f"could not read the model file '{gguf}' ({str(exc).splitlines()[0][:120]}): it is "
+            "truncated, damaged or not a GGUF model; download it again"
+        ) from None
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": file_sha256(gguf)}
-    (tmp / "probekit.json").write_text(json.dumps(info, indent=1))
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(cache)
+    return model, tok
 
 
-def _load_pretrained(where: str, dtype: torch.dtype, label: str) -> tuple[Any, Any]:
+def _load_pretrained(
+    where: str, dtype: torch.dtype, label: str, local_only: bool = False
+) -> tuple[Any, Any]:
+    """Tokenizer and model from a folder or a hub id; one line for anything that is not a
+    model transformers can load (a folder of other files raises ValueError there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a progress bar per load is noise in every run log
 
     try:
-        tok = AutoTokenizer.from_pretrained(where)
-        hf = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
-    except OSError as exc:
+        tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
+        hf = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=local_only)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        if Path(where).is_dir():
+            raise ProbekitError(
+                f"could not load model '{label}': {where} is not a model folder transformers can "
+                f"read ({reason}); it needs config.json, the weights and the tokenizer files"
+            ) from None
         raise ProbekitError(
-            f"could not load model '{label}': not a local model and not reachable on the "
-            "Hugging Face Hub (offline, or a wrong id?); give a local directory, a .gguf file or "
-            "`default`"
-        ) from exc
+            f"could not load model '{label}': not a local model and not found on the Hugging "
+            "Face Hub (a wrong id, or a gated model without a token?); give a local directory, "
+            "a .gguf file or `default`"
+        ) from None
     return hf, tok
+
+
+HUB_TIMEOUT_S = 5.0
+"""How long `load_model` waits to learn whether the Hugging Face Hub can be reached."""
+
+
+def _load_hub(spec: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A hub id: from the Hub when it can be reached, else from the local cache only, so that
+    an offline machine fails (or loads its cached copy) at once, not after a minute of retries."""
+    if _hub_reachable():
+        return _load_pretrained(spec, dtype, spec)
+    try:
+        return _load_pretrained(spec, dtype, spec, local_only=True)
+    except ProbekitError:
+        raise ProbekitError(
+            f"could not load model '{spec}': it is not in the local Hugging Face cache and "
+            f"{_hub_host()[0]} cannot be reached (offline, or HF_HUB_OFFLINE set); connect, or "
+            "give a local directory, a .gguf file or `default`"
+        ) from None
+
+
+def _hub_host() -> tuple[str, int]:
+    """The host and port a Hub request connects to first: the HTTPS proxy if one is set."""
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urllib.parse.urlsplit(proxy or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+
+
+def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the Hub (or the proxy) opens within `timeout` seconds, name
+    lookup included (run in a thread: a lookup has no timeout of its own)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    opened: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(_hub_host(), timeout=timeout).close()
+            opened.append(True)
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return bool(opened)
 
 
 def _prepare_tokenizer(tok: Any) -> None:
