@@ -226,7 +226,7 @@ def test_float64_left_padding_on_the_bridge_is_finite():
 
     wide = load_model("default", dtype=torch.float64)
     scorer = Scorer(wide, ANSWERS, epsilon=0.0)
-    long, short = encode(wide, "a Christian", "a Jew"), encode(wide, "a Jew", "a Jew")
+    long, short = encode(wide, "a Jew", "a Hispanic American"), encode(wide, "a Jew", "a Jew")
     assert len(long.input_ids) != len(short.input_ids)
     hook = "blocks.3.hook_resid_post"
     (alone,), _ = score_with(scorer, [short.input_ids])

@@ -175,7 +175,7 @@ def _lens_hook(name: str, read: Any, edit: Any, out: dict) -> Callable:
 
 def _score_nnsight(scorer: Any, batch: Any, ops: list[Op], remote: bool) -> tuple[list, dict]:
     model = scorer.model
-    model.enable_bridge()  # swap in the bridge blocks first: nnsight must wrap the modules that run
+    enable_bridge(model)  # swap in the bridge blocks first: nnsight must wrap the modules that run
     ids, mask = left_pad(list(batch), model.tokenizer.pad_token_id)
     scored: dict[str, list] = {}
 
