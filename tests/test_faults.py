@@ -90,8 +90,11 @@ def indices_of(out: Path) -> set[int]:
 def assert_same_scores(a: pd.DataFrame, b: pd.DataFrame) -> None:
     keys = [INDEX, "prompt_id", "perceiver", "experiencer", "event_id", "argmax", "mode"]
     assert a[keys].equals(b[keys])
-    probs = [c for c in a.columns if c.startswith("p::")] + ["expected", "valid_mass"]
+    # Prompts batched differently (a resumed chunk, timed chunks) share KV prefixes differently:
+    # fp32 computation-path noise of ~1e-5 per probability, times the 0-10 scale in `expected`.
+    probs = [c for c in a.columns if c.startswith("p::")] + ["valid_mass"]
     np.testing.assert_allclose(a[probs], b[probs], atol=1e-5)
+    np.testing.assert_allclose(a["expected"], b["expected"], atol=1e-4)
 
 
 # ---------------------------------------------------------------------- kills and resumes
