@@ -235,9 +235,12 @@ def comma_list(text: str) -> list[str]:
     return items
 
 
-def add_model_options(parser: argparse.ArgumentParser, several: bool = False) -> None:
-    """`--model`, `--device` and `--dtype`, the options of every command that loads a model;
-    `several`: `--model` may be repeated (a list, None when not given)."""
+def add_model_options(
+    parser: argparse.ArgumentParser, several: bool = False, hooks: bool = True
+) -> None:
+    """`--model`, `--device`, `--dtype` and `--engine`, the options of every command that loads a
+    model; `several`: `--model` may be repeated (a list, None when not given); `hooks`: the
+    command needs a hookable model, so `--engine` takes only engines that have one."""
     if several:
         parser.add_argument(
             "--model",
@@ -259,6 +262,32 @@ def add_model_options(parser: argparse.ArgumentParser, several: bool = False) ->
         default=None,
         help=f"{', '.join(DTYPES)} (default: bfloat16 on accelerators, float32 on CPU)",
     )
+    parser.add_argument(
+        "--engine",
+        type=engine_name(hooks),
+        default="hf",
+        help="hf (transformers, the default)"
+        + ("" if hooks else " or vllm (generation through vLLM; the exact view stays hf's)"),
+    )
+
+
+def engine_name(hooks: bool) -> Callable[[str], str]:
+    """argparse type for `--engine`: a registered engine; with `hooks`, one with a hookable model
+    (today only hf), else one line saying why not."""
+    from probekit.engines import ENGINES
+
+    def check(text: str) -> str:
+        if text not in ENGINES:
+            raise argparse.ArgumentTypeError(
+                f"unknown engine '{text}'; choose one of: {', '.join(ENGINES)}"
+            )
+        if hooks and text != "hf":
+            from probekit.engines.base import hooks_unavailable
+
+            raise argparse.ArgumentTypeError(str(hooks_unavailable(text)))
+        return text
+
+    return check
 
 
 def check_out_dir(path: str | Path, option: str = "--out") -> None:

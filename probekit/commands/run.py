@@ -40,7 +40,22 @@ PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", 
 
 def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
     """The options every study's run shares, then the study's own, and `--out`'s check."""
-    add_model_options(parser, several=True)
+    add_model_options(parser, several=True, hooks=False)
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT), else "
+        "$RAY_ADDRESS, else a local instance (./setup.sh --ray)",
+    )
+    parser.add_argument(
+        "--ray-actors",
+        type=positive_int,
+        default=None,
+        help="engines on Ray (default: one per GPU of the cluster, else one per node)",
+    )
     parser.add_argument(
         "--mode",
         type=choice("mode", study.modes),
@@ -74,6 +89,10 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     from probekit.reporting import write_pages
     from probekit.run import Shard, prepare_run_dir
 
+    if args.engine == "vllm":
+        from probekit.engines.vllm import run_in_vllm_env
+
+        run_in_vllm_env(sys.argv)  # vLLM lives in its own environment (./setup.sh --vllm)
     started = time.time()
     launch = detect_launch()
     say: Say = print if launch.is_main else (lambda *a, **k: None)
@@ -84,9 +103,15 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
         out = Path(args.out) if len(models) == 1 else Path(args.out) / model_folder(name)
         for probe in probes:
             prepare_run_dir(out if len(probes) == 1 else out / probe.subdir, shard_)
+    if args.ray is not None:
+        from probekit.scale.ray import connect
+
+        connect(args.ray or None)  # before any model loads: an unreachable address is one line
     rows: list[dict[str, Any]] = []
     for name in models:
-        model = load_engine(name, device=launch.device(args.device), dtype=args.dtype)
+        model = load_engine(
+            name, engine=args.engine, device=launch.device(args.device), dtype=args.dtype
+        )
         out = Path(args.out) if len(models) == 1 else Path(args.out) / model_folder(name)
         for probe in probes:
             run_dir = out if len(probes) == 1 else out / probe.subdir
@@ -124,7 +149,12 @@ def _run(
     say(f"{probe.name}: {len(probe)} prompts, model {name} -> {run_dir}")
     manifest = run_manifest(study, probe, model, name, args)
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
-    scores_path = run_probe(
+    run = run_probe
+    if args.ray is not None:  # the same run loop's parts, scored by Ray actors
+        from probekit.scale.ray import runner
+
+        run = runner(name, args.engine, args.ray_actors, args.device, args.dtype)
+    scores_path = run(
         probe,
         model,
         run_dir,
@@ -160,6 +190,8 @@ def run_manifest(
         "model_source": described["model_source"],
         "weights": described["weights"],
         "dtype": described["dtype"],
+        "engine": described["engine"],
+        **({"columns": described["columns"]} if "columns" in described else {}),
         "probe": probe.config(),
         "mode": args.mode,
         "epsilon": args.epsilon,
