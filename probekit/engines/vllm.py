@@ -133,14 +133,14 @@ class VllmEngine:
 
     def describe(self) -> dict[str, Any]:
         """The transformers engine's fields, the engine named `vllm`, and which columns each
-        engine produced."""
+        engine produced (with vLLM's version, which the run manifest records from here)."""
         return {
             **self.exact.describe(),
             "engine": self.engine,
-            "vllm": _vllm_version(),
             "columns": {
                 "vllm": list(VLLM_COLUMNS),
                 "hf": "every other column (the exact answer distribution of the same token ids)",
+                "vllm_version": _vllm_version(),
             },
         }
 
