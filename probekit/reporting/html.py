@@ -153,6 +153,8 @@ def study_report_module(name: str) -> ModuleType | None:
     except ProbekitError:
         return None
     package = type(study).__module__.rpartition(".")[0]
+    if not package:  # a study in a top-level module (e.g. tests/minimal_study.py) has none
+        return None
     try:
         return importlib.import_module(f"{package}.report")
     except ModuleNotFoundError:
@@ -282,8 +284,8 @@ def study_card(name: str) -> dict[str, str]:
     except ProbekitError:
         return {"name": name, "title": name, "what": "", "source": "", "html": ""}
     package = type(study).__module__.rpartition(".")[0]
-    resource = files(package).joinpath("README.md")
-    text = resource.read_text(encoding="utf-8") if resource.is_file() else ""
+    card = files(package).joinpath("README.md") if package else None  # a top-level module: none
+    text = card.read_text(encoding="utf-8") if card is not None and card.is_file() else ""
     paragraphs = [p.strip() for p in text.split("\n\n")]
 
     def paragraph(start: str) -> str:
