@@ -18,7 +18,7 @@ import pandas as pd
 from probekit.answers import AnswerSet
 from probekit.items import Item
 from probekit.options import Option, positive_int
-from probekit.studies.base import Probe, Say, Study, register
+from probekit.studies.base import Probe, Say, Study
 
 NAMES = ("Alice", "Bob")
 DAYS = ("I missed the bus.", "I got a letter from a friend.", "It rained all day.")
@@ -66,4 +66,4 @@ class MinimalStudy(Study):
         return [{"view": view, **means.to_dict(), "gap": means["Alice"] - means["Bob"]}]
 
 
-STUDY = register(MinimalStudy())
+STUDY = MinimalStudy()  # a study folder registers on import: `STUDY = register(MyStudy())`

@@ -15,15 +15,14 @@ import pytest
 from probekit import cli
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
 from probekit.options import CommandParser
-from probekit.studies import base
+from probekit.studies import base, register
 
 
 @pytest.fixture
-def minimal(monkeypatch):
+def minimal():
     """The minimal study, registered for this test only (the command line lists four)."""
-    base._REGISTRY.pop(minimal_study.STUDY.name, None)
-    monkeypatch.setitem(base._REGISTRY, minimal_study.STUDY.name, minimal_study.STUDY)
-    return minimal_study.STUDY
+    yield register(minimal_study.STUDY)
+    base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
 def test_minimal_study_runs_end_to_end(minimal, tmp_path, capsys):
