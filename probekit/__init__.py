@@ -24,7 +24,7 @@ _API = {
     "encode_item": "probekit.items",
     "fill_template": "probekit.items",
     "Scorer": "probekit.engines.hf.scorer",
-    "ScoreResult": "probekit.engines.hf.scorer",
+    "ScoreResult": "probekit.engines.base",
     "parse_readout": "probekit.scoring.readouts",
     "run_probe": "probekit.run",
     "Probe": "probekit.studies.base",
