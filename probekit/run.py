@@ -15,17 +15,21 @@ the probe's key columns, the summary columns of the exact scores (`valid_mass`, 
 generate mode `response` (the generated text up to where its parsed answer was fixed: end of
 sequence, `Probe.settled`, or the budget) and `parsed`.
 
-Checkpoints. The loop scores the prompts in chunks sized to take about `FLUSH_SECONDS` (30 s;
-the first chunk is one batch) and writes each chunk as a part as soon as it is scored, so a run
-killed at any moment (SIGKILL included) loses at most the chunk in flight. Started again, it
+Checkpoints. The loop scores the prompts in chunks of `CHUNK_BATCHES` (4) of the scorer's batches
+(64 prompts on a CPU, 256 on a GPU; `chunk_size` overrides it) and writes each chunk as a part as
+soon as it is scored, so a run killed at any moment (SIGKILL included) loses at most the chunk in
+flight (with the default model on 2 CPU cores, 20-60 s of intergroup scoring). Started again, it
 reads the parts, says how many prompts it found done, and scores only the others: nothing
-written is redone, and every prompt gets exactly one row.
+written is redone, and every prompt gets exactly one row. Chunks are counted in prompts, never
+in seconds: which prompts share a batch decides the last digits of every number (padding and
+batch shape change the float32 sums by ~1e-6), so a fixed chunk makes a resumed run, a run on
+a busy machine and an uninterrupted one write the same bits.
 
 Why small parts compacted as the run goes, rather than one append-only file: a Parquet file is
 readable only once its footer is written, so an append-only store would need its own log format
 and recovery; a part renamed into place is complete or absent, needs no recovery, and lets
 shards and workers on other machines add rows to one folder without sharing a file. Left alone,
-one part per 30 s per process would grow to hundreds of thousands of files at the paper's scale
+one part per chunk per process would grow to hundreds of thousands of files at the paper's scale
 (tens of millions of prompts), so a process that holds `FANOUT` (16) parts of one level merges
 them, streaming row groups, into one part a level up (a log-structured merge): a row is
 rewritten at most log16 of (rows / rows per chunk) times (3 for 10 million prompts at 3,000 a
@@ -54,7 +58,6 @@ import hashlib
 import json
 import re
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -79,14 +82,13 @@ from probekit.io import (
     write_table,
     write_text,
 )
-from probekit.items import Item
+from probekit.items import PROMPT_ID, Item
 from probekit.studies.base import MODES, Probe, check_mode
 
 EXPLAIN = "explain"
 """Generate until the probe's `answer_cue`, then read the answer distribution there exactly."""
 RUN_MODES = (*MODES, EXPLAIN)
 INDEX = "prompt_index"
-PROMPT_ID = "prompt_id"
 RESULTS_FORMAT = 2
 """Version of the scores table: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`."""
 # Manifest fields that must match for a run directory to be resumed.
@@ -94,9 +96,8 @@ RESUME_KEYS = (
     "results_format", "model", "weights", "probe", "mode", "data_sha256", "epsilon",
     "max_new_tokens", "temperature",
 )  # fmt: skip
-FLUSH_SECONDS = 30.0
-"""About how long a chunk takes: the most finished work a kill can lose."""
-MAX_CHUNK = 8192  # prompts in one chunk at most, whatever the speed (bounds memory)
+CHUNK_BATCHES = 4
+"""Scorer batches per chunk (a part): the most finished work a kill can lose."""
 FANOUT = 16  # parts of one level that a process merges into one part a level up
 PARTS = "parts"
 DAMAGED = ".damaged"
@@ -156,12 +157,12 @@ def run_probe(
     batch_size: int | None = None,
     epsilon: float = DEFAULT_EPSILON,
     chunk_size: int | None = None,
-    flush_seconds: float = FLUSH_SECONDS,
 ) -> Path | None:
     """Run this shard of `probe` into `out`; return the merged scores path once complete.
 
-    Each chunk of prompts (`chunk_size`, else sized to take about `flush_seconds`) is written as
-    a part once scored; a part found damaged at the merge is set aside and its prompts redone.
+    Each chunk of prompts (`chunk_size`, else `CHUNK_BATCHES` of the scorer's batches) is
+    written as a part once scored; a part found damaged at the merge is set aside and its
+    prompts redone.
     """
     check_mode(mode, RUN_MODES)
     out = Path(out)
@@ -175,7 +176,9 @@ def run_probe(
             max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
             settled=probe.settled, temperature=probe.temperature, seed=manifest.get("seed", 0),
         )  # fmt: skip
-        sizer = ChunkSizer(chunk_size, flush_seconds, getattr(scorer, "batch_size", None))
+        if chunk_size is not None and chunk_size < 1:
+            raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
+        size = chunk_size or CHUNK_BATCHES * max(1, getattr(scorer, "batch_size", 16))
         total = len(probe)
         for attempt in range(3):  # again if the merge set a damaged part of this shard aside
             found = scan_parts(out)
@@ -190,15 +193,13 @@ def run_probe(
                     f"{int(mine.sum())} prompts of this shard already done, {todo} to go"
                 )
             compactor = Compactor(out, [p for p in found if shard.owns_all(p.indices)])
-            chunks = _chunks(probe, mine & ~done, sizer)
+            chunks = _chunks(probe, mine & ~done, size)
             with tqdm(
-                total=todo, unit="prompt", desc=probe.name, mininterval=_bar_interval()
+                total=todo, unit="prompt", desc=probe.name, mininterval=bar_interval()
             ) as bar:
                 for chunk in chunks:
-                    started = time.monotonic()
-                    frame = _run_chunk(chunk, probe, model, scorer, mode, bar)
+                    frame = run_chunk(chunk, probe, model, scorer, mode, bar)
                     compactor.add(write_part(out, frame), frame[INDEX].to_numpy())
-                    sizer.record(len(chunk), time.monotonic() - started)
             aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
             merged = merge_if_complete(out, total)
             if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
@@ -208,20 +209,20 @@ def run_probe(
         release_shard(out, shard)
 
 
-def _chunks(probe: Probe, wanted: np.ndarray, sizer: ChunkSizer) -> Iterator[Chunk]:
-    """The items whose index is `wanted`, in prompt order, in chunks of `sizer.size`."""
+def _chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[Chunk]:
+    """The items whose index is `wanted`, in prompt order, in chunks of `size`."""
     chunk: Chunk = []
     for i, item in enumerate(probe.items()):
         if wanted[i]:
             chunk.append((i, item))
-        if len(chunk) >= sizer.size:
+        if len(chunk) >= size:
             yield chunk
             chunk = []
     if chunk:
         yield chunk
 
 
-def _run_chunk(chunk, probe: Probe, model: Engine, scorer: Scorer, mode: str, bar):
+def run_chunk(chunk, probe: Probe, model: Engine, scorer: Scorer, mode: str, bar):
     explained = {}
     if mode == EXPLAIN:
         chunk, explained = _explain_until_cue(chunk, probe, model, scorer)
@@ -254,7 +255,7 @@ def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
     writer.max_new_tokens = probe.max_new_tokens
     ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
     with tqdm(
-        total=len(ids), unit="prompt", desc="explanations", mininterval=_bar_interval()
+        total=len(ids), unit="prompt", desc="explanations", mininterval=bar_interval()
     ) as bar:
         generated = writer.generate(ids, progress=bar)
     responses = model.decode(generated)
@@ -267,29 +268,10 @@ def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
     return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
 
 
-def _bar_interval() -> float:
+def bar_interval() -> float:
     """Seconds between progress updates: live in a terminal; in a log (a background run), every
     30 s."""
     return 0.1 if sys.stderr.isatty() else 30.0
-
-
-class ChunkSizer:
-    """How many prompts the next chunk takes: `fixed` if given, else as many as the measured
-    rate scores in about `seconds` (the first chunk is one batch), in whole batches."""
-
-    def __init__(self, fixed: int | None, seconds: float, batch: int | None) -> None:
-        if fixed is not None and fixed < 1:
-            raise ProbekitError(f"chunk size must be at least 1, not {fixed}")
-        self.fixed = fixed
-        self.seconds = seconds
-        self.batch = max(1, batch or 1)
-        self.size = fixed or self.batch
-
-    def record(self, prompts: int, seconds: float) -> None:
-        if self.fixed is None:
-            rate = prompts / max(seconds, 1e-3)
-            batches = max(1, int(rate * self.seconds) // self.batch)
-            self.size = min(MAX_CHUNK, batches * self.batch)
 
 
 # ---------------------------------------------------------------------- parts

@@ -60,7 +60,7 @@ probe = IntergroupProbe(
 )
 manifest = {{"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}}
 size = None if chunk == "auto" else int(chunk)
-run_probe(probe, load_model("default"), out, manifest, chunk_size=size, flush_seconds=0.5)
+run_probe(probe, load_model("default"), out, manifest, chunk_size=size)
 """
 
 

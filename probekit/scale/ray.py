@@ -48,14 +48,14 @@ from probekit.run import (
     RUN_MODES,
     Compactor,
     Shard,
-    _bar_interval,
-    _run_chunk,
+    bar_interval,
     check_manifest,
     done_mask,
     hold_shard,
     merge_if_complete,
     prepare_run_dir,
     release_shard,
+    run_chunk,
     say,
     scan_parts,
     write_part,
@@ -146,7 +146,7 @@ class Worker:
                 max_new_tokens=probe.max_new_tokens if self.mode == "generate" else 0,
                 **self.options,
             )
-        return _run_chunk(chunk, probe, self.engine, self.scorer, self.mode, None)
+        return run_chunk(chunk, probe, self.engine, self.scorer, self.mode, None)
 
 
 def run_probe_ray(
@@ -199,7 +199,7 @@ def run_probe_ray(
                     total=todo,
                     unit="prompt",
                     desc=f"{probe.name} (ray, {len(pool)} actors)",
-                    mininterval=_bar_interval(),
+                    mininterval=bar_interval(),
                 ) as bar:
                     for frame in _stream(ray, pool, shared, _chunks(probe, wanted, chunk_size)):
                         if "parsed" in frame:
