@@ -57,9 +57,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    rates = engine_rates(args)
-    if not args.skip_ray:
+    if not args.skip_ray:  # first: vLLM's engine core, once started, stays alive
         ray_overhead(args)
+    rates = engine_rates(args)
     projection(rates, args)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
@@ -95,20 +95,6 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
 
     timed("(a) exact scores, hf engine", lambda: list(hf.scorer(probe.answers).score(ids)))
     parsed: dict[str, list] = {}
-    if use_vllm:
-        start = time.perf_counter()
-        engine.llm()
-        load = time.perf_counter() - start
-        writer = engine.scorer(probe.answers, max_new_tokens=budget, settled=probe.settled)
-        writer.generate(ids[:1])  # the first request's one-off costs
-        texts = timed(
-            "(b) vLLM generate + parse",
-            lambda: [probe.parse(t) for t in engine.decode(writer.generate(ids))],
-            f"vLLM load {load:.0f} s apart",
-        )
-        parsed["vllm"] = texts
-    else:
-        print("(b) skipped: vLLM is not installed in this Python (./setup.sh --vllm)")
     parsed["transformers"] = timed(
         "(c) transformers generate + parse",
         lambda: [
@@ -126,6 +112,21 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
         "exact + decode, early stop",
     )
     parsed["probekit"] = [probe.parse(t) for t in hf.decode([r.generated for r in results])]
+    # last: vLLM's engine core stays alive once started (it would share the cores)
+    if use_vllm:
+        start = time.perf_counter()
+        engine.llm()
+        load = time.perf_counter() - start
+        writer = engine.scorer(probe.answers, max_new_tokens=budget, settled=probe.settled)
+        writer.generate(ids[:1])  # the first request's one-off costs
+        texts = timed(
+            "(b) vLLM generate + parse",
+            lambda: [probe.parse(t) for t in engine.decode(writer.generate(ids))],
+            f"vLLM load {load:.0f} s apart",
+        )
+        parsed["vllm"] = texts
+    else:
+        print("(b) skipped: vLLM is not installed in this Python (./setup.sh --vllm)")
 
     base = len(ids) / rows[0][1]
     print(
