@@ -174,7 +174,9 @@ def test_attribution_table_and_verification(scorer, pair, estimated):
     for side in ("clean", "corrupt"):  # exact baselines vs the differentiable pass's
         np.testing.assert_allclose(verified[f"ev_{side}"], estimated[f"ev_{side}"], atol=1e-4)
     exact = patching.sweep(scorer, [pair], PATCHES[:1], EV)
-    assert verified["ev_patched"][0] == pytest.approx(exact["ev_patched"][0], abs=1e-6)
+    # verify scores two patches in one batch, the sweep one: the batch's shape moves fp32 sums,
+    # here by 7.6e-6 on the 0-12 expected value (the same before the mechanism package)
+    assert verified["ev_patched"][0] == pytest.approx(exact["ev_patched"][0], abs=1e-4)
     fit = attribution.agreement(attribution.effects(verified), k=2)
     assert fit["components"] == 2 and np.isnan(fit["recall@2"])  # not every component measured
     with pytest.raises(ProbekitError, match="top-k must lie between 1 and"):

@@ -291,7 +291,9 @@ def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
         want = 0.5 * np.abs(a.probs - b.probs).sum()
         gaps = df.loc[df["corrupt_prompt_id"] == corrupt.id, "gap"].to_numpy()
         assert want > 1e-4 and len(gaps) == len(patches)
-        np.testing.assert_allclose(gaps, want, atol=1e-9)
+        # the sweep scores every pair's baselines in one batch, the reference two prompts: the
+        # batch's shape moves fp32 probabilities by ~1e-7
+        np.testing.assert_allclose(gaps, want, atol=1e-6)
     first = df[df["layer"] == 0]
     assert ((first["recovery"] - 1).abs() <= 1e-2).all()
     with pytest.raises(ProbekitError, match="compares a pair"):
