@@ -15,15 +15,17 @@ the probe's key columns, the summary columns of the exact scores (`valid_mass`, 
 generate mode `response` (the generated text up to where its parsed answer was fixed: end of
 sequence, `Probe.settled`, or the budget) and `parsed`.
 
-Checkpoints. The loop scores the prompts in chunks of `CHUNK_BATCHES` (4) of the scorer's batches
-(64 prompts on a CPU, 256 on a GPU; `chunk_size` overrides it) and writes each chunk as a part as
-soon as it is scored, so a run killed at any moment (SIGKILL included) loses at most the chunk in
-flight (with the default model on 2 CPU cores, 20-60 s of intergroup scoring). Started again, it
-reads the parts, says how many prompts it found done, and scores only the others: nothing
-written is redone, and every prompt gets exactly one row. Chunks are counted in prompts, never
-in seconds: which prompts share a batch decides the last digits of every number (padding and
-batch shape change the float32 sums by ~1e-6), so a fixed chunk makes a resumed run, a run on
-a busy machine and an uninterrupted one write the same bits.
+Checkpoints. The loop scores the prompts in chunks of `CHUNK_BATCHES` (2) of the scorer's batches
+(32 prompts on a CPU, 128 on a GPU; `chunk_size` overrides it) and writes each chunk as a part as
+soon as it is scored, so a run killed at any moment (SIGKILL included) loses at most the batch in
+flight and the one finished before it in its chunk (with the default model on 2 CPU cores, a batch
+is 5-30 s of scoring, the longest for JaEm-ST's long A-E prompts). Started again, it reads the
+parts, says how many prompts it found done, and scores only the others: nothing written is
+redone, and every prompt gets exactly one row. Chunks are counted in prompts, never in seconds:
+which prompts share a batch decides the last digits of every number (padding and batch shape
+change the float32 sums by ~1e-6), so a resumed run, a run on a busy machine and an
+uninterrupted one write the same bits; two batches per chunk leave the scorer room to group
+prompts of similar length.
 
 Why small parts compacted as the run goes, rather than one append-only file: a Parquet file is
 readable only once its footer is written, so an append-only store would need its own log format
@@ -96,8 +98,9 @@ RESUME_KEYS = (
     "results_format", "model", "weights", "probe", "mode", "data_sha256", "epsilon",
     "max_new_tokens", "temperature",
 )  # fmt: skip
-CHUNK_BATCHES = 4
-"""Scorer batches per chunk (a part): the most finished work a kill can lose."""
+CHUNK_BATCHES = 2
+"""Scorer batches per chunk (a part): a kill loses at most one finished batch besides the one in
+flight."""
 FANOUT = 16  # parts of one level that a process merges into one part a level up
 PARTS = "parts"
 DAMAGED = ".damaged"
