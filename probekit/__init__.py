@@ -26,6 +26,7 @@ _API = {
     "EncodedItem": "probekit.items",
     "encode_item": "probekit.items",
     "fill_template": "probekit.items",
+    "Pair": "probekit.items",
     # mechanism
     "patch": "probekit.mechanism.api",
     "capture": "probekit.mechanism.api",

@@ -90,3 +90,10 @@ def test_public_names_are_what_they_say_on_every_access():
         if name != "__version__":
             assert not isinstance(value, type(probekit)), f"probekit.{name} is a module"
             assert (value.__doc__ or "").strip(), f"probekit.{name} has no docstring"
+
+
+def test_the_scorer_refuses_text_where_token_ids_go(smol):
+    scorer = smol.scorer(probekit.AnswerSet.parse("0-10"))
+    for bad in (["text"], [[]], [["a", "b"]]):
+        with pytest.raises(ProbekitError, match="token-id lists"):
+            list(scorer.score(bad))

@@ -18,7 +18,6 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,21 +141,6 @@ class LoadedModel:
         there), refusing a prompt that leaves no room for the answer in the model's context."""
         room = self.context_length - ANSWER_ROOM
         return encode_item(self.tokenizer, item, self.render, room, as_string)
-
-    def check_layers(self, layers: Sequence[Any]) -> list[int]:
-        """The layer indices as ints; one line naming the range for an empty list, a non-integer
-        or an index outside the model."""
-        if not layers:
-            raise ProbekitError("no layers given; give at least one layer index")
-        for layer in layers:
-            if isinstance(layer, bool) or not isinstance(layer, Integral):
-                raise ProbekitError(f"layer {layer!r} is not a layer index (an integer)")
-            if not 0 <= layer < self.n_layers:
-                raise ProbekitError(
-                    f"layer {layer!r} is out of range: the model has {self.n_layers} layers "
-                    f"(0 to {self.n_layers - 1})"
-                )
-        return [int(layer) for layer in layers]
 
     def enable_bridge(self) -> Any:
         """Build the TransformerLens `TransformerBridge` over `hf` and return it.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,7 @@ from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
 from probekit.engines.hf.trie_pass import TriePass
+from probekit.errors import ProbekitError
 from probekit.scoring.trie import AnswerTrie
 
 if TYPE_CHECKING:
@@ -84,7 +86,7 @@ class Scorer:
         prefixes and lengths; memory stays bounded by the window, whatever the number of prompts."""
         chunk: list[Sequence[int]] = []
         for prompt in prompts:
-            chunk.append(prompt)
+            chunk.append(token_ids(prompt))
             if len(chunk) == window:
                 yield from self._batched(chunk, self.score_batch, progress)
                 chunk = []
@@ -97,7 +99,8 @@ class Scorer:
         the answer is scored (explain mode)."""
         if not self.max_new_tokens:
             raise ValueError("generate needs max_new_tokens > 0")
-        return list(self._batched(list(prompts), self._generate_batch, progress))
+        ids = [token_ids(prompt) for prompt in prompts]
+        return list(self._batched(ids, self._generate_batch, progress))
 
     def score_batch(
         self,
@@ -154,3 +157,21 @@ class Scorer:
         prefixes."""
         self.batch_size = batch_size
         self._prefixes.clear()
+
+
+def token_ids(prompt: Any) -> Sequence[int]:
+    """`prompt` if it is a non-empty sequence of token ids; else one line saying what to pass
+    (text goes through `engine.encode(item).input_ids`, or `probekit.score`)."""
+    if hasattr(prompt, "tolist"):  # a numpy array or a tensor of ids
+        prompt = prompt.tolist()
+    if (
+        isinstance(prompt, str | bytes)
+        or not isinstance(prompt, Sequence)
+        or not prompt
+        or not all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt)
+    ):
+        raise ProbekitError(
+            f"the scorer takes token-id lists (engine.encode(item).input_ids), not a "
+            f"{type(prompt).__name__}; probekit.score takes text"
+        )
+    return prompt
