@@ -19,7 +19,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from probekit.errors import ProbekitError
 
@@ -112,8 +112,12 @@ class EncodedItem:
         return self.text[self.offsets[pos[0]][0] : self.offsets[pos[-1]][1]]
 
 
-Pair = tuple[EncodedItem, EncodedItem]
-"""A counterfactual (clean, corrupt) pair of prompts on the same unit, built by a study."""
+class Pair(NamedTuple):
+    """A counterfactual (clean, corrupt) pair of prompts on the same unit, built by a study or
+    by `make_pair`; any 2-tuple of encoded items works where a pair is expected."""
+
+    clean: EncodedItem
+    corrupt: EncodedItem
 
 
 def chat_renderer(tokenizer: Any) -> Renderer:
