@@ -31,7 +31,9 @@ def test_score_equals_the_command(smol, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "o.parquet"
-    assert cli.main(["score", "--prompts", str(prompts), "--answers", "0-10", "--out", str(out)]) == 0
+    assert (
+        cli.main(["score", "--prompts", str(prompts), "--answers", "0-10", "--out", str(out)]) == 0
+    )
     command = pd.read_parquet(out)
     script = probekit.score(smol, prompts, "0-10")
     assert list(script.columns) == list(command.columns)
@@ -57,7 +59,9 @@ def test_every_prompt_form_gives_the_same_row(smol):
 
 
 def test_letter_range_and_prefill(smol):
-    frame = probekit.score(smol, ["Which letter comes first? Answer as [[X]]."], "A-E", prefill="[[")
+    frame = probekit.score(
+        smol, ["Which letter comes first? Answer as [[X]]."], "A-E", prefill="[["
+    )
     assert [c for c in frame if c.startswith("p::")] == [f"p::{x}" for x in "ABCDE"]
     assert np.isclose(frame.filter(like="p::").to_numpy().sum(), 1.0)
     assert "expected" not in frame and frame["argmax"].iloc[0] in "ABCDE"

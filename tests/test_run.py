@@ -135,7 +135,7 @@ def test_torchrun_two_processes_equal_one(tmp_path):
         (["--setting", "P9S0T0"], "unknown setting 'P9S0T0'"),
         (["--mode", "sample"], "unknown mode 'sample'"),
         (["--events", "0"], "--events must be at least 1"),
-        (["--shard", "2/2"], "--shard '2/2'"),
+        (["--shard", "2/2"], "'2/2': need 0 <= i < n"),
     ],
 )
 def test_bad_arguments(args, message, tmp_path):
