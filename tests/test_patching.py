@@ -292,8 +292,9 @@ def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
         gaps = df.loc[df["corrupt_prompt_id"] == corrupt.id, "gap"].to_numpy()
         assert want > 1e-4 and len(gaps) == len(patches)
         # the sweep scores every pair's baselines in one batch, the reference two prompts: the
-        # batch's shape moves fp32 probabilities by ~1e-7
-        np.testing.assert_allclose(gaps, want, atol=1e-6)
+        # batch's shape moves each fp32 probability by up to ~1e-6, and TV sums 11 of them
+        # (1.8e-6 seen on a gap of 0.039)
+        np.testing.assert_allclose(gaps, want, atol=1e-5)
     first = df[df["layer"] == 0]
     assert ((first["recovery"] - 1).abs() <= 1e-2).all()
     with pytest.raises(ProbekitError, match="compares a pair"):
