@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -184,10 +184,10 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
-    import pandas as pd
     from tqdm.auto import tqdm
 
     from probekit.answers import AnswerSet
+    from probekit.api import score_frames
     from probekit.engines import load_engine
     from probekit.engines.base import DEFAULT_EPSILON
     from probekit.io import ParquetStream
@@ -200,25 +200,12 @@ def _score(args: argparse.Namespace) -> None:
     if total == 0:
         raise ProbekitError(f"prompt file '{args.prompts}' has no prompts")
     model = load_engine(args.model, device=args.device, dtype=args.dtype)
-    scorer = model.scorer(answers, epsilon=epsilon, batch_size=args.batch_size)
-    window = 4096
-
-    def chunks() -> Iterator[list]:
-        chunk = []
-        for prompt in read_prompts(args.prompts, args.prefill):
-            chunk.append(prompt)
-            if len(chunk) == window:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-
+    items = read_prompts(args.prompts, args.prefill)
     with ParquetStream(args.out) as out, tqdm(total=total, unit="prompt", disable=None) as bar:
-        for chunk in chunks():
-            ids = [model.encode(p).input_ids for p in chunk]
-            results = scorer.score(ids, window=window, progress=bar)
-            rows = [{"id": p.id, **r.row(answers)} for p, r in zip(chunk, results, strict=True)]
-            out.write(pd.DataFrame(rows))
+        for frame in score_frames(
+            model, items, answers, epsilon=epsilon, batch_size=args.batch_size, progress=bar
+        ):
+            out.write(frame)
     print(f"wrote {total} rows to {args.out}")
 
 
