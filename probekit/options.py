@@ -113,18 +113,29 @@ def non_negative_int(text: str) -> int:
     return int_range(0)(text)
 
 
-def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
-    """The type of an integer in [low, high] (no upper bound when `high` is None)."""
+def _ranged(parse_value: Callable[[str], Any], spec: str, name: str, low: Any, high: Any) -> Any:
+    """The type of a value read by `parse_value` that lies in [low, high] (no upper bound when
+    `high` is None); bounds and value are shown with the format `spec` in the refusal, and
+    argparse names the type `name` in its own errors."""
 
-    def parse(text: str) -> int:
-        value = integer(text)
+    def parse(text: str) -> Any:
+        value = parse_value(text)
         if value < low or (high is not None and value > high):
-            bound = f"at least {low}" if high is None else f"between {low} and {high}"
-            raise argparse.ArgumentTypeError(f"must be {bound} (got {value})")
+            bound = (
+                f"at least {low:{spec}}"
+                if high is None
+                else f"between {low:{spec}} and {high:{spec}}"
+            )
+            raise argparse.ArgumentTypeError(f"must be {bound} (got {value:{spec}})")
         return value
 
-    parse.__name__ = "integer"
+    parse.__name__ = name
     return parse
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """The type of an integer in [low, high] (no upper bound when `high` is None)."""
+    return _ranged(integer, "", "integer", low, high)
 
 
 def finite_float(text: str) -> float:
@@ -152,16 +163,7 @@ def probability(text: str) -> float:
 
 def float_range(low: float, high: float | None = None) -> Callable[[str], float]:
     """The type of a finite number in [low, high] (no upper bound when `high` is None)."""
-
-    def parse(text: str) -> float:
-        value = finite_float(text)
-        if value < low or (high is not None and value > high):
-            bound = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}"
-            raise argparse.ArgumentTypeError(f"must be {bound} (got {value:g})")
-        return value
-
-    parse.__name__ = "number"
-    return parse
+    return _ranged(finite_float, "g", "number", low, high)
 
 
 def count_or_all(text: str) -> int | None:
