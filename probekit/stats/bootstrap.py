@@ -6,6 +6,7 @@ they move together and the interval reflects the variation between units.
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -64,15 +65,11 @@ def bootstrap_units(
 
 
 def bootstrap_ci(
-    df: pd.DataFrame,
-    unit: str,
-    statistic: Callable[[pd.DataFrame], float],
-    n: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-    method: str = "percentile",
+    df: pd.DataFrame, unit: str, statistic: Callable[[pd.DataFrame], float], **options: Any
 ) -> BootstrapResult:
-    """Interval of `statistic` from `n` resamples of the units of column `unit`, with replacement.
+    """Interval of `statistic` from resamples of the units of column `unit`, with replacement:
+    `bootstrap_units` over the table's units, with its `options` (`n`, `seed`, `level`, `method`)
+    and their defaults.
 
     Each resample draws as many units as the table holds and stacks their rows; in it the `unit`
     column holds the draw number (0, 1, ...), so a unit drawn twice counts as two units.
@@ -93,7 +90,7 @@ def bootstrap_ci(
             return float(statistic(df))
         return float(statistic(_resample(df, unit, by_unit, starts[drawn], sizes[drawn])))
 
-    return bootstrap_units(len(uniques), on_rows, n, seed, level, method)
+    return bootstrap_units(len(uniques), on_rows, **options)
 
 
 def _resample(

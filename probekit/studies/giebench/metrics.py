@@ -53,7 +53,9 @@ def accuracy(frame: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.DataF
                 (c, typed[typed["category"] == c]) for c in sorted(typed["category"].unique())
             ]
             for category, rows_of in [*groups, (OVERALL, typed)]:
-                ci = bootstrap_ci(rows_of, "item_id", lambda d: d["score"].mean(), n_boot, seed)
+                ci = bootstrap_ci(
+                    rows_of, "item_id", lambda d: d["score"].mean(), n=n_boot, seed=seed
+                )
                 rows.append(
                     {
                         "orders": orders,
