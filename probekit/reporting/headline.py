@@ -10,8 +10,12 @@ format a `summary.csv` number exactly as the page prints it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def missing(value: Any) -> bool:
@@ -96,6 +100,35 @@ class Headline:
         if self.mark:
             parts.append(f"mark {self.mark}")
         return " ".join(parts)
+
+
+def row_headlines(
+    rows: pd.DataFrame,
+    *,
+    label: Callable[[dict[str, Any]], str],
+    note: Callable[[dict[str, Any]], str],
+    primary: Callable[[dict[str, Any]], bool],
+    interval: str,
+    value: str,
+    low: str,
+    high: str,
+    view: str = "view",
+) -> list[Headline]:
+    """One headline per summary row: `value`, `low`, `high` and `view` name the row's columns,
+    `label`, `note` and `primary` are read from the row (a dict), `interval` is shared."""
+    return [
+        Headline(
+            label=label(r),
+            view=str(r[view]),
+            value=r[value],
+            low=r[low],
+            high=r[high],
+            interval=interval,
+            note=note(r),
+            primary=primary(r),
+        )
+        for r in rows.to_dict("records")
+    ]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pandas as pd
 from probekit.io import atomic_write, write_text
 from probekit.plots import CATEGORICAL, new_figure, save_figure
 from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.headline import row_headlines
 from probekit.reporting.html import model_name
 from probekit.studies.giebench import metrics
 from probekit.studies.giebench.judge import OPTIONS
@@ -226,23 +227,17 @@ def _markdown(frame: pd.DataFrame, header: list[str]) -> str:
 def headlines(rows: pd.DataFrame) -> list[Headline]:
     """Overall accuracy per order view and prompt type with its interval; the identity prompt's
     (`id`), averaged over orders where the run has several, stands for the study."""
-    has_orders = metrics.AVERAGED in set(rows["orders"])
-    found = []
-    for r in rows.to_dict("records"):
-        found.append(
-            Headline(
-                label=f"accuracy, {r['prompt_type']} prompt ({r['orders']})",
-                view=str(r["view"]),
-                value=r["accuracy"],
-                low=r["ci_low"],
-                high=r["ci_high"],
-                interval="95% bootstrap CI over items",
-                note=f"{int(r['n_items'])} items; chance 0.25",
-                primary=r["prompt_type"] == "id"
-                and r["orders"] == (metrics.AVERAGED if has_orders else metrics.OWN),
-            )
-        )
-    return found
+    orders = metrics.AVERAGED if metrics.AVERAGED in set(rows["orders"]) else metrics.OWN
+    return row_headlines(
+        rows,
+        label=lambda r: f"accuracy, {r['prompt_type']} prompt ({r['orders']})",
+        note=lambda r: f"{int(r['n_items'])} items; chance 0.25",
+        primary=lambda r: r["prompt_type"] == "id" and r["orders"] == orders,
+        interval="95% bootstrap CI over items",
+        value="accuracy",
+        low="ci_low",
+        high="ci_high",
+    )
 
 
 def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:

@@ -22,6 +22,7 @@ from matplotlib.patches import Rectangle
 from probekit.io import atomic_write, write_text
 from probekit.plots import CATEGORICAL, new_figure, save_figure
 from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.headline import row_headlines
 from probekit.studies.jaem_st import metrics
 
 SUMMARY_COLUMNS = (
@@ -306,21 +307,16 @@ def _num(value: Any) -> str:
 def headlines(rows: pd.DataFrame) -> list[Headline]:
     """The CE score per view and template with its interval and the outlier groups; the exact
     view over both templates stands for the study."""
-    found = []
-    for r in rows.to_dict("records"):
-        found.append(
-            Headline(
-                label=f"CE score ({r['template']})",
-                view=str(r["view"]),
-                value=r["accuracy"],
-                low=r["low"],
-                high=r["high"],
-                interval="95% bootstrap CI over samples",
-                note=f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
-                primary=r["view"] == "ev" and r["template"] == "all",
-            )
-        )
-    return found
+    return row_headlines(
+        rows,
+        label=lambda r: f"CE score ({r['template']})",
+        note=lambda r: f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
+        primary=lambda r: r["view"] == "ev" and r["template"] == "all",
+        interval="95% bootstrap CI over samples",
+        value="accuracy",
+        low="low",
+        high="high",
+    )
 
 
 def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
