@@ -29,37 +29,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
 import torch
-from common import (
-    Target,
-    Timing,
-    json_ready,
-    load_line,
-    print_targets,
-    timed,
-    trie_rates,
-    trie_rates_line,
-    warn_load,
-)
+from common import Target, Timing, json_ready, print_targets, timed, trie_rates, trie_rates_line
 
 from probekit.cli import study_parser
 from probekit.engines import load_engine
-from probekit.engines.base import DEFAULT_EPSILON, Engine
-from probekit.engines.hf.forward import body
+from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import LoadedModel
 from probekit.engines.hf.reference import generate_greedy, shared_prefix
 from probekit.options import comma_list
 from probekit.studies.base import Probe
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 MIN_SPEEDUP_VS_GENERATE = 1.3
 
 
@@ -86,18 +72,16 @@ CHOICE_SETS = {
 }  # fmt: skip
 
 
+DESCRIPTION = (
+    "Prompts/s of (a) exact scoring, (b) transformers generate + parse with the study's budget, "
+    "(b') probekit's decoder with early stop and (e) the shared-prefix peer, for the answer sets "
+    f"{', '.join(CHOICE_SETS)}. Target: (a) >= {MIN_SPEEDUP_VS_GENERATE:g}x the faster of (b) "
+    "and (b')."
+)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="benchmarks/choice_sets.py",
-        description=(
-            "Prompts/s of (a) exact scoring, (b) transformers generate + parse with the study's "
-            "budget, (b') probekit's decoder with early stop and (e) the shared-prefix peer, for "
-            f"the answer sets {', '.join(CHOICE_SETS)}. Target: (a) >= "
-            f"{MIN_SPEEDUP_VS_GENERATE:g}x the faster of (b) and (b')."
-        ),
-    )
-    parser.add_argument("--model", default="default", help="load_model spec (default: default)")
-    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
+    parser = common.argument_parser("benchmarks/choice_sets.py", DESCRIPTION)
     parser.add_argument(
         "--sets", type=comma_list, default=list(CHOICE_SETS),
         help=f"comma-separated subset of {','.join(CHOICE_SETS)} (default: all)",
@@ -110,24 +94,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="prompts timed in (e) and compared with (a) (default: 4; 0 skips it)",
     )  # fmt: skip
     parser.add_argument(
-        "--data", default=None, metavar="ROOT",
-        help="data root (default: $PROBEKIT_DATA, else ../shared/data next to the repo)",
-    )  # fmt: skip
-    parser.add_argument(
         "--epsilon", type=float, default=DEFAULT_EPSILON,
         help=f"(a)'s pruning budget (default: {DEFAULT_EPSILON:g})",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=None, metavar="B")
-    parser.add_argument("--threads", type=int, default=None, metavar="T")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = parser.parse_args(argv)
     unknown = [name for name in args.sets if name not in CHOICE_SETS]
     if unknown:
         parser.error(f"unknown set(s) {', '.join(unknown)}; choose from {', '.join(CHOICE_SETS)}")
     if args.prompts < 1 or args.shared_prompts < 0:
         parser.error("--prompts must be >= 1 and --shared-prompts >= 0")
-    if args.data is None and not os.environ.get("PROBEKIT_DATA") and SHARED_DATA.is_dir():
-        args.data = str(SHARED_DATA)
+    args.data = common.data_root(args.data)
     return args
 
 
@@ -140,22 +117,13 @@ def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe
     return study.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
 
 
-def first_prompts(model: Engine, probe: Probe, n: int) -> list[list[int]]:
-    ids = []
-    for item in probe.items():
-        ids.append(model.encode(item, probe.as_string).input_ids)
-        if len(ids) == n:
-            break
-    return ids
-
-
 def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -> dict[str, Any]:
     """Time (a), (b), (b') and (e) on one answer set; return its row of figures."""
     exact_probe = study_probe(choice, "ev", args.prompts, args.data)
     gen_probe = study_probe(choice, "generate", args.prompts, args.data)
     answers, device = exact_probe.answers, model.device
-    exact_ids = first_prompts(model, exact_probe, args.prompts)
-    gen_ids = first_prompts(model, gen_probe, args.prompts)
+    exact_ids = common.first_prompts(model, exact_probe, args.prompts)
+    gen_ids = common.first_prompts(model, gen_probe, args.prompts)
     n, budget = len(exact_ids), gen_probe.max_new_tokens
 
     scorer = model.scorer(answers, epsilon=args.epsilon, batch_size=args.batch_size)
@@ -246,13 +214,9 @@ def report(row: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    start_load = load_line("at start")
-    warn_load(start_load[0], 0.0)
+    start_load = common.set_up(args.threads)
     model = load_engine(args.model, device=args.device)
-    with torch.inference_mode():  # warm-up: the first forward pays one-off set-up costs
-        body(model, torch.tensor([[model.tokenizer.eos_token_id] * 8], device=model.device))
+    common.warm_up(model, [model.tokenizer.eos_token_id] * 8)
     print(f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}; epsilon "
           f"{args.epsilon:g}; data {args.data or 'the studies defaults'}")  # fmt: skip
@@ -266,8 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows
     ]  # fmt: skip
     print_targets(targets, "targets (against the faster of (b) and (b')):")
-    end_load = load_line("at end (includes this run's own threads)")
-    warn_load(end_load[0], float(torch.get_num_threads()) if model.device.type == "cpu" else 0.0)
+    end_load = common.tear_down(model.device)
     if args.json:
         for row in rows:
             row["timings"] = [asdict(t) | {"prompts_per_s": t.rate} for t in row["timings"]]

@@ -1,25 +1,69 @@
-"""What every benchmark script shares: timing a call, the load-average lines, a target's verdict.
+"""What every benchmark script shares: the common options and the data root, the set-up (threads,
+load averages, a warm-up forward) and its end, the first prompts of a probe, timing a call, a
+target's verdict.
 
 The scripts run as `python benchmarks/NAME.py`, so this folder is on `sys.path` and they import
 this module as `common`."""
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from probekit.engines.base import ScorerStats
+    from probekit.engines.base import Engine, ScorerStats
     from probekit.engines.hf.model import LoadedModel
+    from probekit.studies.base import Probe
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+DATA_HELP = (
+    "data root (default: $PROBEKIT_DATA, else ../shared/data next to the repo if present, else "
+    "the studies' own default)"
+)
+
+
+def argument_parser(
+    prog: str, description: str, epilog: str | None = None, data_help: str = DATA_HELP
+) -> argparse.ArgumentParser:
+    """A parser with the options every model benchmark takes (--model, --device, --data,
+    --threads, --json); the script adds its own."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    parser.add_argument(
+        "--model", default="default",
+        help="load_model spec (default: default, SmolLM2-135M-Instruct)",
+    )  # fmt: skip
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
+    parser.add_argument("--data", default=None, metavar="ROOT", help=data_help)
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="T",
+        help="torch threads (default: torch's default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write the numbers here"
+    )
+    return parser
+
+
+def data_root(data: str | None) -> str | None:
+    """`data`, else `../shared/data` beside the repository when it exists and $PROBEKIT_DATA is
+    unset, else None (probekit's own default)."""
+    if data is None and not os.environ.get("PROBEKIT_DATA") and SHARED_DATA.is_dir():
+        return str(SHARED_DATA)
+    return data
 
 
 @dataclass
@@ -91,6 +135,38 @@ def warn_load(load1: float, own: float, threshold: float | None = None) -> None:
             f"{os.cpu_count()} CPUs: the timings are distorted; rerun on a quiet machine",
             file=sys.stderr,
         )
+
+
+def set_up(threads: int | None) -> tuple[float, float, float]:
+    """Set torch's thread count (None: torch's default), then print the load averages and warn
+    when other processes load the CPUs; return the load averages."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    load = load_line("at start")
+    warn_load(load[0], 0.0)
+    return load
+
+
+def tear_down(device: torch.device) -> tuple[float, float, float]:
+    """The load averages at the end (this run's own threads discounted on a CPU), printed."""
+    load = load_line("at end (includes this run's own threads)")
+    warn_load(load[0], float(torch.get_num_threads()) if device.type == "cpu" else 0.0)
+    return load
+
+
+def warm_up(model: LoadedModel, ids: list[int]) -> None:
+    """One forward of `ids` before anything is timed: the first pays one-off set-up costs."""
+    from probekit.engines.hf.forward import body
+
+    with torch.inference_mode():
+        body(model, torch.tensor([ids], device=model.device))
+    synchronize(model.device)
+
+
+def first_prompts(model: Engine, probe: Probe, n: int) -> list[list[int]]:
+    """Token ids of the probe's first `n` prompts in probe order, encoded as the probe asks."""
+    items = itertools.islice(probe.items(), n)
+    return [model.encode(item, probe.as_string).input_ids for item in items]
 
 
 def json_ready(value: Any) -> Any:

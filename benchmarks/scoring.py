@@ -40,29 +40,18 @@ import platform
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
 import torch
 import transformers
-from common import (
-    Target,
-    Timing,
-    load_line,
-    print_targets,
-    synchronize,
-    timed,
-    trie_rates,
-    trie_rates_line,
-    warn_load,
-)
+from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
 from probekit.answers import AnswerSet
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer, ScoreResult, ScorerStats
-from probekit.engines.hf.forward import body
 from probekit.engines.hf.model import LoadedModel, load_model
 from probekit.engines.hf.reference import (
     brute_force,
@@ -74,8 +63,6 @@ from probekit.engines.hf.synthetic import random_weights
 from probekit.scoring.generate import intensity_settled, parse_intensity
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 CATEGORY, SETTING = "religion", "P0S0T0"
 
 # Targets from the issue, all at the default epsilon except the last.
@@ -91,9 +78,9 @@ FULL_BUDGET, SHORT_BUDGET = 128, 8
 
 # ---------------------------------------------------------------------------------- arguments
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="benchmarks/scoring.py",
-        description=(
+    parser = common.argument_parser(
+        "benchmarks/scoring.py",
+        (
             "Prompts/s of (a) probekit exact scoring of 0-100, (b) greedy generate + parse and "
             "(c) per-candidate log-likelihood scoring on the same intergroup prompts "
             f"({CATEGORY}, {SETTING} by default), plus (d) the largest |p - brute force| at "
@@ -103,33 +90,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"error_bound <= {MAX_ERROR_BOUND:g}, (d) at epsilon = 0 <= "
             f"{MAX_BRUTE_FORCE_DIFF_EXACT:g}."
         ),
-        epilog=(
+        (
             "Prompts: events are drawn with --events-per-emotion and --seed as a study run does, "
             "and the first --prompts prompts in probe order (perceiver-major, then experiencer, "
             "then event) are used: a contiguous slice of a real run. (c) and (d) use the first "
             "--loglik-prompts / --check-prompts of those. Run it on a quiet machine: other "
             "processes distort the timings (a warning is printed when the load average is high)."
         ),
+        "crowd-enVent data root (default: $PROBEKIT_DATA, else ../shared/data next to the "
+        "repo if present, else the user cache or the project sample, with a warning)",
     )
-    parser.add_argument(
-        "--model",
-        default="default",
-        help="load_model spec (default: default, SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 (default: by device)")
     parser.add_argument(
         "--random-llama8b",
         action="store_true",
         help="instead of --model: a randomly initialised Llama-3.1-8B-shaped model in bf16 on "
         "cuda (SmolLM2 tokenizer); times (a) and (b) only, since the weights are meaningless",
-    )
-    parser.add_argument(
-        "--data",
-        default=None,
-        metavar="ROOT",
-        help="crowd-enVent data root (default: $PROBEKIT_DATA, else ../shared/data next to the "
-        "repo if present, else the user cache or the project sample, with a warning)",
     )
     parser.add_argument(
         "--prompts",
@@ -189,13 +165,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(default: 2)",
     )
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="T",
-        help="torch threads (default: torch's default)",
-    )
-    parser.add_argument(
         "--epsilon",
         type=float,
         default=DEFAULT_EPSILON,
@@ -214,9 +183,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-budget", action="store_true",
         help=f"skip (f), generate mode with {FULL_BUDGET} vs {SHORT_BUDGET} new tokens",
     )  # fmt: skip
-    parser.add_argument(
-        "--json", type=Path, default=None, metavar="PATH", help="also write the numbers here"
-    )
     args = parser.parse_args(argv)
     for name in ("prompts", "events_per_emotion", "repeat", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -231,10 +197,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------- setup
 def load_events(data: str | None) -> tuple[Any, str]:
     """The crowd-enVent events and a line saying where they came from."""
-    explicit = data
-    if explicit is None and not os.environ.get("PROBEKIT_DATA") and SHARED_DATA.is_dir():
-        explicit = str(SHARED_DATA)
-    source = resolve_crowd_envent(explicit)
+    source = resolve_crowd_envent(common.data_root(data))
     if source.origin == "sample":
         print(f"WARNING: {source.message}", file=sys.stderr)
         where = f"probekit SAMPLE events in {source.path} (NOT crowd-enVent)"
@@ -251,12 +214,7 @@ def build_prompts(model: Engine, events: Any, n: int, setting: str) -> list[list
             f"--prompts {n} is more than the {len(probe)} prompts of {len(events)} events; "
             "raise --events-per-emotion"
         )
-    ids = []
-    for item in probe.items():
-        ids.append(model.encode(item).input_ids)
-        if len(ids) == n:
-            break
-    return ids
+    return common.first_prompts(model, probe, n)
 
 
 def random_llama8b() -> LoadedModel:
@@ -341,12 +299,8 @@ def print_breakdown(
 # ---------------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    start_load = common.set_up(args.threads)
     threads = torch.get_num_threads()
-    load_warn = 0.75 * (os.cpu_count() or 1)  # 1.5 on the 2-core machine
-    start_load = load_line("at start")
-    warn_load(start_load[0], 0.0, load_warn)
 
     events, where = load_events(args.data)
     events = sample_events(events, args.events_per_emotion, args.seed)
@@ -365,9 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     scorer = model.scorer(answers, epsilon=args.epsilon, batch_size=args.batch_size)
     batch = scorer.batch_size
-    with torch.inference_mode():  # warm-up: one tiny forward
-        body(model, torch.tensor([ids[0][:8]], device=model.device))
-    synchronize(model.device)
+    common.warm_up(model, ids[0][:8])
 
     print(
         f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; torch "
@@ -546,8 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.random_llama8b:
         print("  (random weights: only the speed of (a) vs (b) means anything)")
 
-    end_load = load_line("at end (includes this run's own threads)")
-    warn_load(end_load[0], float(threads) if model.device.type == "cpu" else 0.0, load_warn)
+    end_load = common.tear_down(model.device)
 
     if args.json:
         report = {
