@@ -109,19 +109,19 @@ def test_missing_columns_are_named(tmp_path):
         load_crowd_envent(root)
 
 
-def test_malformed_row_is_an_error(tmp_path):
+@pytest.mark.parametrize(
+    ("emotion", "row", "error"),
+    [
+        ("pride", "pride\t99\ta\tb\tc\textra\n", "crowd-enVent_pride.tsv is not a readable"),
+        ("trust", "trust\t1\ta\tb\tc\n", "text_id 1 occurs twice"),
+    ],
+    ids=["malformed-row", "duplicate-ids"],
+)
+def test_bad_appended_row_is_an_error(tmp_path, emotion, row, error):
     root = copy_sample(tmp_path)
-    path = root / "crowd-enVent" / "crowd-enVent_pride.tsv"
-    path.write_text(path.read_text(encoding="utf-8") + "pride\t99\ta\tb\tc\textra\n")
-    with pytest.raises(ProbekitError, match="crowd-enVent_pride.tsv is not a readable"):
-        load_crowd_envent(root)
-
-
-def test_duplicate_ids_are_an_error(tmp_path):
-    root = copy_sample(tmp_path)
-    path = root / "crowd-enVent" / "crowd-enVent_trust.tsv"
-    path.write_text(path.read_text(encoding="utf-8") + "trust\t1\ta\tb\tc\n")
-    with pytest.raises(ProbekitError, match="text_id 1 occurs twice"):
+    path = root / "crowd-enVent" / f"crowd-enVent_{emotion}.tsv"
+    path.write_text(path.read_text(encoding="utf-8") + row, encoding="utf-8")
+    with pytest.raises(ProbekitError, match=error):
         load_crowd_envent(root)
 
 
