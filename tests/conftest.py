@@ -1,4 +1,5 @@
-"""Shared test helpers: the real default model and the reference data when it is present."""
+"""Shared test helpers: the real default model (with its bridge and an exact 0-12 scorer for the
+mechanism tests) and the reference data when it is present."""
 
 from __future__ import annotations
 
@@ -8,7 +9,40 @@ from pathlib import Path
 
 import pytest
 
+from probekit.answers import AnswerSet
+from probekit.scoring.readouts import expected_value
+
 REPO = Path(__file__).resolve().parents[1]
+
+# The mechanism tests' answer set and event: a small set with one- and two-token answers keeps the
+# trie pass cheap.
+ANSWERS = AnswerSet.range(0, 12)
+EV = expected_value(ANSWERS)
+EVENT = "I felt angry when a driver took the parking space I had been waiting for."
+
+# The intergroup study's named ethnicity identities by block, in the study's order: the tests' own
+# copy, so that a change in probekit.studies.intergroup shows.
+ETHNICITY = {
+    "White": [
+        "a white person",
+        "a White person",
+        "a Caucasian",
+        "a White American",
+        "a European American",
+    ],
+    "Black": ["a black person", "a Black person", "an African American", "a Black American"],
+    "Asian": ["an Asian person", "an Asian American", "an Asian"],
+    "Hispanic": [
+        "a Hispanic person",
+        "a Hispanic American",
+        "a Latino American",
+        "a Latino",
+        "a Latina",
+        "a Latinx",
+    ],
+}
+ETHNICITY_NAMES = [name for names in ETHNICITY.values() for name in names]
+ETHNICITY_LABELS = [block for block, names in ETHNICITY.items() for _ in names]
 
 
 def reference_data_root() -> Path | None:
@@ -28,3 +62,32 @@ def smol():
     from probekit.engines.hf.model import load_model
 
     return load_model("default")
+
+
+@pytest.fixture(scope="module")
+def model(smol):
+    """The module's default model with its TransformerLens bridge built (a module may define its
+    own `model` instead)."""
+    smol.enable_bridge()
+    return smol
+
+
+@pytest.fixture(scope="module")
+def scorer(model):
+    """The exact (epsilon 0) scorer of `ANSWERS` on `model`."""
+    from probekit.engines.hf.scorer import Scorer
+
+    return Scorer(model, ANSWERS, epsilon=0.0)
+
+
+@pytest.fixture
+def patch_cli(monkeypatch):
+    """`patch_cli(model, STUDY, *ARGS)`: the exit status of `probekit patch STUDY ARGS`, run on
+    `model` in place of the one the command would load."""
+    from probekit import cli
+
+    def run(model, *argv: str) -> int:
+        monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
+        return cli.main(["patch", *argv])
+
+    return run

@@ -1,6 +1,7 @@
 """The intergroup study definition: groups, settings and byte-exact prompts (PROTOCOLS.md §1)."""
 
 import pytest
+from conftest import ETHNICITY, ETHNICITY_LABELS, ETHNICITY_NAMES
 
 from probekit.datasets import crowd_envent
 from probekit.errors import ProbekitError
@@ -119,19 +120,11 @@ def test_unknown_category_lists_valid_names():
 
 def test_ethnicity_labels_and_blocks():
     ethnicity = get_category("ethnicity")
-    assert ethnicity.named[:6] == (
-        "a white person",
-        "a White person",
-        "a Caucasian",
-        "a White American",
-        "a European American",
-        "a black person",
-    )
+    assert ethnicity.named == tuple(ETHNICITY_NAMES)
+    assert ethnicity.named[:6] == (*ETHNICITY["White"], "a black person")
     assert ethnicity.named[-1] == "a Latinx"
-    assert (
-        ethnicity.named_labels
-        == ("White",) * 5 + ("Black",) * 4 + ("Asian",) * 3 + ("Hispanic",) * 6
-    )
+    assert ethnicity.named_labels == tuple(ETHNICITY_LABELS)
+    assert ETHNICITY_LABELS == ["White"] * 5 + ["Black"] * 4 + ["Asian"] * 3 + ["Hispanic"] * 6
     assert ethnicity.blocks == [(0, 1), (1, 6), (6, 10), (10, 13), (13, 19)]
     assert ethnicity.regions == {}
 

@@ -2,33 +2,14 @@
 
 import numpy as np
 import pytest
+from conftest import ETHNICITY_LABELS, ETHNICITY_NAMES
 from matplotlib.image import imread
 
 from probekit import plots
 from probekit.errors import ProbekitError
 
-ETHNICITY = [
-    "a person",
-    "a white person",
-    "a White person",
-    "a Caucasian",
-    "a White American",
-    "a European American",
-    "a black person",
-    "a Black person",
-    "an African American",
-    "a Black American",
-    "an Asian person",
-    "an Asian American",
-    "an Asian",
-    "a Hispanic person",
-    "a Hispanic American",
-    "a Latino American",
-    "a Latino",
-    "a Latina",
-    "a Latinx",
-]
-LABELS = ["White"] * 5 + ["Black"] * 4 + ["Asian"] * 3 + ["Hispanic"] * 6
+ETHNICITY = ["a person", *ETHNICITY_NAMES]
+LABELS = ETHNICITY_LABELS
 
 
 def ethnicity_heatmap_inputs() -> tuple[np.ndarray, np.ndarray]:

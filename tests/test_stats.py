@@ -5,32 +5,13 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ETHNICITY_LABELS
 from scipy import stats as scipy_stats
 
 from probekit import stats
 from probekit.errors import ProbekitError
 
 RELIGION = ["a Christian", "a Muslim", "a Jew", "a Buddhist", "a Hindu"]
-ETHNICITY = {
-    "White": [
-        "a white person",
-        "a White person",
-        "a Caucasian",
-        "a White American",
-        "a European American",
-    ],
-    "Black": ["a black person", "a Black person", "an African American", "a Black American"],
-    "Asian": ["an Asian person", "an Asian American", "an Asian"],
-    "Hispanic": [
-        "a Hispanic person",
-        "a Hispanic American",
-        "a Latino American",
-        "a Latino",
-        "a Latina",
-        "a Latinx",
-    ],
-}
-ETHNICITY_LABELS = [block for block, names in ETHNICITY.items() for _ in names]
 
 
 # --- empathy gap --------------------------------------------------------------------------
