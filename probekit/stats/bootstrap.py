@@ -6,7 +6,7 @@ they move together and the interval reflects the variation between units.
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -15,6 +15,16 @@ from probekit.errors import ProbekitError
 from probekit.stats.table import require_columns
 
 METHODS = ("percentile", "normal")
+
+
+class Resampling(TypedDict, total=False):
+    """The keywords of `bootstrap_units` after its units and statistic, for
+    `**options: Unpack[Resampling]` (`bootstrap_ci`)."""
+
+    n: int
+    seed: int
+    level: float
+    method: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +75,10 @@ def bootstrap_units(
 
 
 def bootstrap_ci(
-    df: pd.DataFrame, unit: str, statistic: Callable[[pd.DataFrame], float], **options: Any
+    df: pd.DataFrame,
+    unit: str,
+    statistic: Callable[[pd.DataFrame], float],
+    **options: Unpack[Resampling],
 ) -> BootstrapResult:
     """Interval of `statistic` from resamples of the units of column `unit`, with replacement:
     `bootstrap_units` over the table's units, with its `options` (`n`, `seed`, `level`, `method`)
