@@ -16,6 +16,7 @@ Intervals are bootstrap intervals over pairs (`probekit.stats.bootstrap_units`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -31,19 +32,26 @@ from probekit.stats import bootstrap_units
 EFFECTS = ("total", "indirect", "direct")
 
 
+class SweepKwargs(TypedDict, total=False):
+    """The keywords of `patching.sweep` that `mediate` passes to both its sweeps."""
+
+    hooks: str
+    batch_size: int | None
+
+
 def mediate(
     scorer: Scorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
-    hooks: str = "transformer_lens",
-    batch_size: int | None = None,
+    **options: Unpack[SweepKwargs],
 ) -> pd.DataFrame:
     """One row per (pair, component): pair (its index), clean_prompt_id, corrupt_prompt_id,
-    layer, site, head, span, total, indirect, direct, metric."""
-    forward = sweep(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size)
+    layer, site, head, span, total, indirect, direct, metric. `options` go to both sweeps
+    (`patching.sweep`: `hooks`, `batch_size`)."""
+    forward = sweep(scorer, pairs, patches, readout, **options)
     swapped = [(corrupt, clean) for clean, corrupt in pairs]
-    reverse = sweep(scorer, swapped, patches, readout, hooks=hooks, batch_size=batch_size)
+    reverse = sweep(scorer, swapped, patches, readout, **options)
     m = readout.column
     corrupt = forward[f"{m}_corrupt"]
     out = forward[["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]].copy()

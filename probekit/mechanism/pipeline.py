@@ -297,7 +297,9 @@ def mediate(
 ) -> list[str]:
     """mediation.parquet and mediation_summary.csv for `patches`; says the top components'
     share of the total effect."""
-    effects = mediation.mediate(scorer, pairs, patches, readout, request.hooks, request.batch_size)
+    effects = mediation.mediate(
+        scorer, pairs, patches, readout, hooks=request.hooks, batch_size=request.batch_size
+    )
     write_parquet(out / "mediation.parquet", effects)
     summary = mediation.summarise(effects, n=request.bootstrap, seed=request.seed)
     write_text(out / "mediation_summary.csv", summary.to_csv(index=False))
