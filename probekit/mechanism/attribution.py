@@ -44,7 +44,7 @@ from probekit.mechanism.components import (
     table,
 )
 from probekit.mechanism.patching import sweep
-from probekit.mechanism.sites import enable_bridge, hook_order
+from probekit.mechanism.sites import enable_bridge, hf_module, hook_order
 from probekit.scoring.readouts import Readout
 
 METHODS = ("exact", "attribution", "attribution+verify")
@@ -128,7 +128,9 @@ def attribute(
 
 def check_gradients(scorer: Scorer) -> None:
     """One line when the model cannot give activation gradients (integer or quantised weights)."""
-    head = scorer.model.hf.get_output_embeddings().weight
+    # The stored weights' own type: a quantised model computes in `model.dtype` but cannot
+    # give gradients of its integer weights.
+    head = hf_module(scorer.model).get_output_embeddings().weight
     if not head.dtype.is_floating_point:
         raise ProbekitError(
             f"attribution needs gradients, and {scorer.model.name} has {head.dtype} weights; "

@@ -34,7 +34,7 @@ from probekit.errors import ProbekitError
 from probekit.io import atomic_write, write_parquet
 from probekit.items import PROMPT_ID, EncodedItem
 from probekit.mechanism.interventions import read_forward
-from probekit.mechanism.sites import DEFAULT_SITES, SITES, layer_indices, library, site
+from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
 
 _FORMAT = 1
 
@@ -141,7 +141,7 @@ def capture(
         "format": _FORMAT,
         "model": model.name,
         "weights": model.weights_fingerprint(),
-        "d_model": int(model.hf.config.hidden_size),
+        "d_model": d_model(model),
         "layers": layers,
         "sites": shorts,
         "spans": None if spans is None else list(spans),

@@ -29,6 +29,7 @@ from probekit.batching import left_pad, positions
 from probekit.errors import ProbekitError
 from probekit.mechanism.sites import (
     enable_bridge,
+    hf_module,
     hook_order,
     layout,
     library,
@@ -200,7 +201,7 @@ def _trace(
     forward after the last op)."""
     import nnsight
 
-    where = layout(model.hf)
+    where = layout(hf_module(model))
     blocks = walk(lm, where.blocks)
     heads = n_heads(model)
     with lm.trace(inputs, **trace) as tracer:

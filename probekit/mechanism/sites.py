@@ -150,9 +150,22 @@ def layer_indices(model: Any, layers: Sequence[Any]) -> list[int]:
     return out
 
 
+def hf_module(model: Any) -> Any:
+    """The Hugging Face module of a hookable model (`Engine.hookable()`, the transformers engine's
+    `LoadedModel`): the mechanism's one way to it. The engine seam gives layers, dtype, hooks and
+    nnsight, not the head count, the width, the block layout nnsight needs or the output head's
+    weights; those are read from the module here."""
+    return model.hf
+
+
 def n_heads(model: Any) -> int:
     """Attention heads per layer (query heads: `attn.hook_z` has one slot per query head)."""
-    return int(model.hf.config.num_attention_heads)
+    return int(hf_module(model).config.num_attention_heads)
+
+
+def d_model(model: Any) -> int:
+    """The width of the residual stream (a `[d_model]` site's values per position)."""
+    return int(hf_module(model).config.hidden_size)
 
 
 def layout(hf: Any) -> Layout:
