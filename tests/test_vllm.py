@@ -3,31 +3,71 @@ and parsed answers of the transformers engine on a small intergroup slice, while
 column stays the transformers engine's.
 
 vLLM is not installed in the environment the rest of the suite uses (its CPU build pins
-transformers<5.20 and pulls CUDA builds of torchvision); these tests run in the environment that
-`./setup.sh --vllm` makes, and skip elsewhere, except the one that checks the line a user without
-vLLM gets."""
+transformers<5.20 and pulls CUDA builds of torchvision): the tests that need it run in the
+environment that `./setup.sh --vllm` makes. From the main environment,
+`test_vllm_tests_pass_in_the_vllm_environment` runs this file there (the README's test command
+makes that environment, so CI runs them); the tests that check what a user without vLLM sees run
+here."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
+import pandas as pd
 import pytest
-from conftest import reference_data_root
+from conftest import REPO, reference_data_root
 
 from probekit.datasets.crowd_envent import first_events
 from probekit.engines import load_engine
+from probekit.engines.vllm import vllm_env
 from probekit.errors import ProbekitError
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import IntergroupProbe
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(
-    not HAS_VLLM, reason="vLLM is not installed here (it is in the ./setup.sh --vllm environment)"
-)
+VLLM_REASON = "vLLM is not installed here (it is in the ./setup.sh --vllm environment)"
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason=VLLM_REASON)
 PROMPTS = 16
+VLLM_PYTHON = vllm_env() / "bin" / "python"
+
+
+def vllm_env_ready() -> bool:
+    """Whether `./setup.sh --vllm` made the second environment (vLLM importable there)."""
+    if not VLLM_PYTHON.is_file():
+        return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([VLLM_PYTHON, "-c", probe]).returncode == 0
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="this is the vLLM environment: its tests run directly")
+def test_vllm_tests_pass_in_the_vllm_environment(tmp_path):
+    """This file's vLLM tests, run by the vLLM environment's Python: every one passes (none
+    skipped), and the agreement figure they print is shown here."""
+    if not vllm_env_ready():
+        pytest.skip(f"no vLLM environment at {vllm_env()} (./setup.sh --vllm makes it)")
+    report = tmp_path / "junit.xml"
+    done = subprocess.run(
+        [VLLM_PYTHON, "-m", "pytest", __file__, "-q", "-s", "-p", "no:cacheprovider",
+         f"--junitxml={report}"],
+        cwd=REPO, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    outcomes = {
+        case.get("name"): {child.tag for child in case} & {"skipped", "failure", "error"}
+        for case in ET.parse(report).getroot().iter("testcase")
+    }
+    needing = [
+        name
+        for name, fn in globals().items()
+        if any(mark.kwargs.get("reason") == VLLM_REASON for mark in getattr(fn, "pytestmark", []))
+    ]
+    assert len(needing) >= 3 and all(outcomes.get(name) == set() for name in needing), outcomes
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed, so its absence cannot be shown here")
@@ -116,3 +156,26 @@ def test_vllm_engine_describes_its_columns_and_has_no_hooks(engine):
     assert described["engine"] == "vllm" and "response" in described["columns"]["vllm"]
     with pytest.raises(ProbekitError, match="no hookable model"):
         engine.hookable()
+
+
+@needs_vllm
+def test_generate_run_on_vllm_says_which_engine_wrote_which_column(tmp_path):
+    """`probekit run isear --mode generate --engine vllm` end to end on 4 prompts (ISEAR: the
+    smallest real slice of a study): every row has vLLM's response and its parse beside the
+    exact columns, and the manifest names the engine of each column and vLLM's version."""
+    data = REPO.parent / "shared" / "data"
+    if not (data / "nltk" / "tokenizers" / "punkt_tab" / "english").is_dir():
+        pytest.skip("../shared/data/nltk is not here (ISEAR's parse needs NLTK's punkt tables)")
+    out = tmp_path / "run"
+    options = ["--mode", "generate", "--engine", "vllm", "--events", "2"]
+    options += ["--genders", "a man,a woman", "--data", str(data), "--out", str(out)]
+    command = [sys.executable, "-m", "probekit.cli", "run", "isear", *options]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["engine"] == "vllm" and "response" in manifest["columns"]["vllm"]
+    assert manifest["columns"]["vllm_version"].startswith("vllm")
+    rows = pd.read_parquet(out / "scores.parquet")
+    assert len(rows) == 4 and rows["response"].str.len().gt(0).all()
+    assert {"parsed", "valid_mass", "p::joy"} <= set(rows.columns)
+    assert (out / "report.html").is_file()
