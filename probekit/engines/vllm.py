@@ -27,14 +27,21 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from probekit.answers import AnswerSet
-from probekit.engines.base import DEFAULT_EPSILON, ScoreResult, ScorerStats, hooks_unavailable
+from probekit.engines.base import (
+    ScoreResult,
+    ScorerKwargs,
+    ScorerOptions,
+    ScorerStats,
+    hooks_unavailable,
+    windows,
+)
 from probekit.engines.hf.model import LoadedModel, load_model
 from probekit.errors import ProbekitError
 from probekit.items import EncodedItem, Item
@@ -116,20 +123,12 @@ class VllmEngine:
     def hookable(self) -> Any:
         raise hooks_unavailable(self.engine)
 
-    def scorer(
-        self,
-        answers: AnswerSet,
-        *,
-        epsilon: float = DEFAULT_EPSILON,
-        batch_size: int | None = None,
-        max_new_tokens: int = 0,
-        settled: Callable[[str], bool] | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
-    ) -> VllmScorer:
-        """Exact scores from the transformers engine; continuations from vLLM."""
-        exact = self.exact.scorer(answers, epsilon=epsilon, batch_size=batch_size)
-        return VllmScorer(self, exact, max_new_tokens, settled, temperature, seed)
+    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> VllmScorer:
+        """Exact scores from the transformers engine; continuations from vLLM (`options` are
+        `ScorerOptions`' keywords)."""
+        settings = ScorerOptions(**options)
+        exact = self.exact.scorer(answers, epsilon=settings.epsilon, batch_size=settings.batch_size)
+        return VllmScorer(self, exact, settings)
 
     def describe(self) -> dict[str, Any]:
         """The transformers engine's fields, the engine named `vllm`, and which columns each
@@ -171,21 +170,11 @@ class VllmScorer:
     """The `Scorer` of the vllm engine: `score` gives the transformers engine's exact results
     with vLLM's continuation as `generated`; `generate` gives vLLM's continuations alone."""
 
-    def __init__(
-        self,
-        engine: VllmEngine,
-        exact: Any,
-        max_new_tokens: int,
-        settled: Callable[[str], bool] | None,
-        temperature: float,
-        seed: int,
-    ) -> None:
+    def __init__(self, engine: VllmEngine, exact: Any, options: ScorerOptions) -> None:
         self.engine = engine
         self.exact = exact
-        self.max_new_tokens = max_new_tokens
-        self.settled = settled
-        self.temperature = temperature
-        self.seed = seed
+        self.options = options
+        self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
         self._requests = 0  # sampled requests so far: request k is seeded `seed + k`
 
     @property
@@ -205,13 +194,7 @@ class VllmScorer:
     ) -> Iterator[ScoreResult]:
         """The exact results in input order, each with vLLM's continuation when
         `max_new_tokens` > 0 (one vLLM call per window of prompts)."""
-        chunk: list[Sequence[int]] = []
-        for prompt in prompts:
-            chunk.append(prompt)
-            if len(chunk) == window:
-                yield from self._score_window(chunk, progress)
-                chunk = []
-        if chunk:
+        for chunk in windows(prompts, window):
             yield from self._score_window(chunk, progress)
 
     def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> list[ScoreResult]:
@@ -234,11 +217,11 @@ class VllmScorer:
         params = []
         for _ in prompts:
             seed = None
-            if self.temperature > 0:
-                seed, self._requests = self.seed + self._requests, self._requests + 1
+            if self.options.temperature > 0:
+                seed, self._requests = self.options.seed + self._requests, self._requests + 1
             params.append(
                 SamplingParams(
-                    temperature=self.temperature,
+                    temperature=self.options.temperature,
                     max_tokens=self.max_new_tokens,
                     seed=seed,
                     stop_token_ids=sorted(_stop_ids(self.engine.exact)),
@@ -254,11 +237,12 @@ class VllmScorer:
     def _cut(self, tokens: list[int]) -> list[int]:
         """`tokens` up to the first one after which `settled` holds for the decoded text (the
         row the transformers engine's early stop would have produced)."""
-        if self.settled is None:
+        settled = self.options.settled
+        if settled is None:
             return tokens
         decode = self.engine.exact.tokenizer.decode
         for end in range(1, len(tokens)):
-            if self.settled(decode(tokens[:end], skip_special_tokens=True)):
+            if settled(decode(tokens[:end], skip_special_tokens=True)):
                 return tokens[:end]
         return tokens
 

@@ -15,16 +15,16 @@ import shutil
 import socket
 import threading
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 
 from probekit.answers import AnswerSet
-from probekit.engines.base import DEFAULT_EPSILON
+from probekit.engines.base import ScorerKwargs
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.precision import (
     FP32_MEMORY_SHARE,
@@ -71,30 +71,12 @@ class LoadedModel:
     _bridge: Any = field(default=None, init=False, repr=False)
     engine = "hf"
 
-    def scorer(
-        self,
-        answers: AnswerSet,
-        *,
-        epsilon: float = DEFAULT_EPSILON,
-        batch_size: int | None = None,
-        max_new_tokens: int = 0,
-        settled: Callable[[str], bool] | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
-    ) -> Scorer:
-        """The exact scorer of `answers` on this model (`probekit.engines.hf.scorer.Scorer`)."""
+    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> Scorer:
+        """The exact scorer of `answers` on this model (`probekit.engines.hf.scorer.Scorer`);
+        `options` are `probekit.engines.base.ScorerOptions`' keywords."""
         from probekit.engines.hf.scorer import Scorer
 
-        return Scorer(
-            self,
-            answers,
-            epsilon=epsilon,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            settled=settled,
-            temperature=temperature,
-            seed=seed,
-        )
+        return Scorer(self, answers, **options)
 
     def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
         """Token ids back to text, special tokens skipped."""

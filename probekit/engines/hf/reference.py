@@ -25,6 +25,10 @@ from probekit.engines.hf.head import lm_head, vocabulary_size
 from probekit.engines.hf.model import LoadedModel
 from probekit.scoring.trie import AnswerTrie, answer_variants, extension_masks
 
+GREEDY = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+"""transformers' `generate` settings for plain greedy decoding, whatever sampling defaults the
+model's generation config carries."""
+
 
 @torch.inference_mode()
 def brute_force(
@@ -135,14 +139,6 @@ def generate_greedy(
     tok = model.tokenizer
     ids, mask = left_pad(prompts, tok.pad_token_id, model.device)
     width = ids.shape[1]
-    out = model.hf.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        pad_token_id=tok.pad_token_id,
-    )
+    settings = {**GREEDY, "max_new_tokens": max_new_tokens, "pad_token_id": tok.pad_token_id}
+    out = model.hf.generate(input_ids=ids, attention_mask=mask, **settings)
     return tok.batch_decode(out[:, width:], skip_special_tokens=True)

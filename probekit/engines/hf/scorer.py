@@ -19,12 +19,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 
 from probekit.answers import AnswerSet
-from probekit.engines.base import DEFAULT_EPSILON, ScoreResult, ScorerStats
+from probekit.engines.base import (
+    DEFAULT_EPSILON,
+    GenerationKwargs,
+    ScoreResult,
+    ScorerOptions,
+    ScorerStats,
+    windows,
+)
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.batching import run_batched
 from probekit.engines.hf.decoding import decode
@@ -48,28 +55,19 @@ class Scorer:
         answers: AnswerSet,
         epsilon: float = DEFAULT_EPSILON,
         batch_size: int | None = None,
-        max_new_tokens: int = 0,
-        settled: Callable[[str], bool] | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
+        **generation: Unpack[GenerationKwargs],
     ) -> None:
-        """`max_new_tokens` > 0 also decodes a continuation of every prompt from the same prompt
-        pass (the paper's generate mode): greedy, or sampled at `temperature` > 0 (seeded by
-        `seed`). A row stops at end of sequence or as soon as `settled(text so far)` says that
-        more text cannot change its parsed answer, so a large budget costs little on rows that
-        answer early."""
-        if epsilon < 0:
-            raise ValueError("epsilon must be >= 0")
-        if temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        """The options are `ScorerOptions`' (`epsilon` and `batch_size` may be positional).
+        `max_new_tokens` > 0 also decodes a continuation of every prompt from the same prompt
+        pass (the paper's generate mode)."""
+        options = ScorerOptions(epsilon=epsilon, batch_size=batch_size, **generation)
         self.model = model
         self.answers = answers
+        self.options = options
         self.epsilon = epsilon
         self.batch_size = batch_size or (64 if model.device.type == "cuda" else 16)
-        self.max_new_tokens = max_new_tokens
-        self.settled = settled
-        self.temperature = temperature
-        self._generator = torch.Generator(device=model.device).manual_seed(seed)
+        self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
+        self._generator = torch.Generator(device=model.device).manual_seed(options.seed)
         self.trie_pass = TriePass(model, answers)
         self._prefixes = PrefixCache(model)
         self.stats = ScorerStats()
@@ -84,13 +82,7 @@ class Scorer:
     ) -> Iterator[ScoreResult]:
         """Results in input order. Prompts are sorted within windows so that neighbours share
         prefixes and lengths; memory stays bounded by the window, whatever the number of prompts."""
-        chunk: list[Sequence[int]] = []
-        for prompt in prompts:
-            chunk.append(token_ids(prompt))
-            if len(chunk) == window:
-                yield from self._batched(chunk, self.score_batch, progress)
-                chunk = []
-        if chunk:
+        for chunk in windows(map(token_ids, prompts), window):
             yield from self._batched(chunk, self.score_batch, progress)
 
     def generate(self, prompts: Sequence[Sequence[int]], progress: Any = None) -> list[list[int]]:
@@ -143,9 +135,8 @@ class Scorer:
             return self._decode(prompt_pass(self.model, batch, self._prefixes, self.stats))
 
     def _decode(self, state: PromptState) -> list[list[int]]:
-        return decode(
-            self.model, state, self.max_new_tokens, self.settled, self.temperature, self._generator
-        )
+        settled, temperature = self.options.settled, self.options.temperature
+        return decode(self.model, state, self.max_new_tokens, settled, temperature, self._generator)
 
     def _batched(
         self, prompts: list[Sequence[int]], run: Callable[[list], list], progress: Any
