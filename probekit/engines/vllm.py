@@ -146,9 +146,10 @@ class VllmEngine:
     def llm(self) -> Any:
         """vLLM's offline `LLM` on the same weights, started on first use (~50 s on a CPU)."""
         if self._llm is None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
             from vllm import LLM
 
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
             options: dict[str, Any] = {
                 "dtype": str(self.exact.dtype).removeprefix("torch."),
                 "seed": 0,
