@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import ANSWERS, EV, EVENT
 
-from probekit.answers import AnswerSet
 from probekit.engines.hf.differentiable import answer_mass
 from probekit.engines.hf.reference import brute_force
 from probekit.errors import ProbekitError
@@ -18,31 +18,15 @@ from probekit.mechanism import pairs as pairing
 from probekit.mechanism.components import Patch, check, plan
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.sites import HEAD_SITE
-from probekit.scoring.readouts import Readout, expected_value, parse_readout
+from probekit.scoring.readouts import Readout, parse_readout
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
-ANSWERS = AnswerSet.range(0, 12)
-EV = expected_value(ANSWERS)
-EVENT = "I felt angry when a driver took the parking space I had been waiting for."
 PATCHES = [
     Patch(3, "hook_resid_pre", "experiencer"),
     Patch(2, HEAD_SITE, "from_experiencer", 4),
     Patch(5, "hook_mlp_out", "perceiver"),  # in the shared prefix: a no-op, estimate 0
 ]
-
-
-@pytest.fixture(scope="module")
-def model(smol):
-    smol.enable_bridge()
-    return smol
-
-
-@pytest.fixture(scope="module")
-def scorer(model):
-    from probekit.engines.hf.scorer import Scorer
-
-    return Scorer(model, ANSWERS, epsilon=0.0)
 
 
 def _pair(model):
@@ -199,18 +183,15 @@ def test_no_gradient_is_one_clear_error():
 
 
 @pytest.mark.slow
-def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, monkeypatch, capsys):
+def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup --method attribution+verify` on heads of one layer; a head out
     of range and a top-k above the number of components exit with status 2."""
-    from probekit import cli
-
-    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
-    base = ["patch", "intergroup", "--events", "1", "--layers", "2", "--spans", "experiencer",
+    base = ["intergroup", "--events", "1", "--layers", "2", "--spans", "experiencer",
             "--sites", f"hook_attn_out,{HEAD_SITE}", "--heads", "0,4", "--setting", "P0S1T0",
             "--bootstrap", "50", "--skip-direction"]  # fmt: skip
     out = tmp_path / "ok"
     argv = [*base, "--method", "attribution+verify", "--top-k", "2", "--out", str(out)]
-    assert cli.main(argv) == 0
+    assert patch_cli(model, *argv) == 0
     df = pd.read_parquet(out / "patching.parquet")
     assert len(df) == 3 and df["ran"].sum() == 2
     assert {"head", "method", "estimate"} <= set(df.columns)
@@ -222,7 +203,7 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, monkeyp
                           (["--top-k", "4"], "--top-k must lie between 1")):  # fmt: skip
         bad = tmp_path / "bad"
         argv = [*base, "--method", "attribution+verify", *flag, "--out", str(bad)]
-        assert cli.main(argv) == 2
+        assert patch_cli(model, *argv) == 2
         assert message in capsys.readouterr().err
         assert not (bad / "patching.parquet").exists()
 
@@ -246,22 +227,19 @@ def test_per_position_estimates_add_up_to_the_span(scorer, pair):
 
 
 @pytest.mark.slow
-def test_patch_command_per_position(model, tmp_path, monkeypatch, capsys):
+def test_patch_command_per_position(model, tmp_path, patch_cli, capsys):
     """`--positions`: one component per aligned position of each span, a layer x position map."""
-    from probekit import cli
-
-    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
-    base = ["patch", "intergroup", "--events", "1", "--layers", "2,3", "--setting", "P0S1T0",
+    base = ["intergroup", "--events", "1", "--layers", "2,3", "--setting", "P0S1T0",
             "--sites", "hook_resid_pre", "--bootstrap", "50", "--skip-direction"]  # fmt: skip
     out = tmp_path / "ok"
     argv = [*base, "--spans", "experiencer", "--positions", "--method", "attribution"]
-    assert cli.main([*argv, "--out", str(out)]) == 0
+    assert patch_cli(model, *argv, "--out", str(out)) == 0
     df = pd.read_parquet(out / "patching.parquet")
     spans = list(dict.fromkeys(df["span"]))
     assert spans[-1] == "experiencer@-1" and all(s.startswith("experiencer@-") for s in spans)
     assert (df["clean_positions"].map(len) == 1).all()
     assert (out / "positions.png").is_file() and not (out / "patching.png").exists()
     bad = tmp_path / "bad"
-    assert cli.main([*base, "--spans", "experiencer@9", "--out", str(bad)]) == 2
+    assert patch_cli(model, *base, "--spans", "experiencer@9", "--out", str(bad)) == 2
     assert "out of range" in capsys.readouterr().err
     assert not (bad / "patching.parquet").exists()

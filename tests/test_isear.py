@@ -249,7 +249,10 @@ def test_bad_events_file_is_one_line(tmp_path, capsys, data, message):
 
 
 def test_missing_nltk_data_says_where_to_put_it(tmp_path, monkeypatch, capsys):
+    """No punkt_tab anywhere (an empty cache under tmp_path, never the user's) and no download:
+    one line naming where to put the tables, and nothing written."""
     monkeypatch.delenv("PROBEKIT_DATA", raising=False)
+    monkeypatch.setenv("PROBEKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "nowhere")])
     monkeypatch.setattr(nltk, "download", lambda *a, **k: False)
     root = _write(tmp_path / "root", b"I lost my keys.\nI found my keys.")
@@ -257,7 +260,7 @@ def test_missing_nltk_data_says_where_to_put_it(tmp_path, monkeypatch, capsys):
     code = cli.main(["run", "isear", "--data", root, "--mode", "generate", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "NLTK_DATA" in err[0] and "punkt_tab" in err[0]
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "cache" / "nltk").exists()
 
 
 def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, capsys):
@@ -274,31 +277,12 @@ def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("metric", [[], ["--metric", "tv"]])
-def test_patch_isear_end_to_end(smol, tmp_path, monkeypatch, capsys, metric):
+def test_patch_isear_end_to_end(model, tmp_path, patch_cli, capsys, metric):
     """`probekit patch isear` on one sample event: its default metric (the widest max_diff
     emotion, printed) or tv; the table has every (pair, layer, span) and the figure."""
-    smol.enable_bridge()
-    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: smol)
-    argv = [
-        "patch",
-        "isear",
-        "--data",
-        str(SAMPLE_ROOT),
-        "--events",
-        "1",
-        "--layers",
-        "0,29",
-        "--sites",
-        "hook_resid_pre",
-        "--spans",
-        "gender",
-        "--pairs",
-        "3",
-        "--out",
-        str(tmp_path),
-        *metric,
-    ]
-    assert cli.main(argv) == 0
+    argv = ["--data", str(SAMPLE_ROOT), "--events", "1", "--layers", "0,29",
+            "--sites", "hook_resid_pre", "--spans", "gender", "--pairs", "3"]  # fmt: skip
+    assert patch_cli(model, "isear", *argv, "--out", str(tmp_path), *metric) == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")
     assert len(df) == 3 * 2  # the event's three gender pairs x two layers
     out = capsys.readouterr().out

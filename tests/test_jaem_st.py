@@ -38,6 +38,11 @@ needs_data = pytest.mark.skipif(
 )
 
 
+def run_jaem(out: Path, *options: str, root: Path | None = None) -> int:
+    """`probekit run jaem-st --data ROOT OPTIONS --out OUT` (`root` in place of ROOT)."""
+    return main(["run", "jaem-st", "--data", str(root or ROOT), *options, "--out", str(out)])
+
+
 @pytest.fixture(scope="module")
 def data():
     if ROOT is None:
@@ -349,24 +354,11 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
     monkeypatch.setattr(responses, "load_engine", lambda *a, **k: smol)
     lexicon = _handmade_lexicon(tmp_path / "handmade_vad.txt")
     out = tmp_path / "run"
-    code = main(
-        [
-            "run",
-            "jaem-st",
-            "--data",
-            str(ROOT),
-            "--samples",
-            "2",
-            "--responses",
-            "--response-tokens",
-            "8",
-            "--vad-lexicon",
-            str(tmp_path / "handmade_vad.txt"),
-            "--era-model",
-            "test_jaem_st:word_count_classifier",
-            "--out",
-            str(out),
-        ]
+    code = run_jaem(
+        out,
+        *("--samples", "2", "--responses", "--response-tokens", "8"),
+        *("--vad-lexicon", str(tmp_path / "handmade_vad.txt")),
+        *("--era-model", "test_jaem_st:word_count_classifier"),
     )
     assert code == 0
     scores = pd.read_parquet(out / "scores.parquet")
@@ -438,40 +430,12 @@ def test_responses_skip_lines_and_bad_lexicon(tmp_path, capsys):
     bad = tmp_path / "bad_vad.txt"
     bad.write_text("Word\tValence\tArousal\tDominance\nhappy\t0.9\t0.6\t0.7\nsad\t0.1\n")
     out = tmp_path / "out"
-    code = main(
-        [
-            "run",
-            "jaem-st",
-            "--data",
-            str(ROOT),
-            "--samples",
-            "1",
-            "--responses",
-            "--vad-lexicon",
-            str(bad),
-            "--out",
-            str(out),
-        ]
-    )
+    code = run_jaem(out, "--samples", "1", "--responses", "--vad-lexicon", str(bad))
     err = capsys.readouterr().err.strip()
     assert code == 2 and "line 3" in err and len(err.splitlines()) == 1 and not out.exists()
-    code = main(
-        ["run", "jaem-st", "--data", str(ROOT), "--vad-lexicon", str(bad), "--out", str(out)]
-    )
+    code = run_jaem(out, "--vad-lexicon", str(bad))
     assert code == 2 and "add --responses" in capsys.readouterr().err
-    code = main(
-        [
-            "run",
-            "jaem-st",
-            "--data",
-            str(ROOT),
-            "--responses",
-            "--era-model",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ]
-    )
+    code = run_jaem(out, "--responses", "--era-model", str(tmp_path))
     assert code == 2 and "finetuned_IP.pth" in capsys.readouterr().err and not out.exists()
     frame = pd.DataFrame({"response": ["Fine.", ""]})
     scored = responses.score_responses(frame, ["Jane: hi", "Jane: hi"], None, None)
@@ -486,15 +450,10 @@ def test_epitome_folder_loads_strictly_and_scores(tmp_path, smol):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     config = RobertaConfig(
-        vocab_size=len(smol.tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        intermediate_size=48,
-        max_position_embeddings=80,
-        type_vocab_size=1,
-        pad_token_id=1,
-    )
+        vocab_size=len(smol.tokenizer), hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=1, intermediate_size=48, max_position_embeddings=80,
+        type_vocab_size=1, pad_token_id=1,
+    )  # fmt: skip
     built = {}
     for dim, name in epitome.FILES.items():
         model = epitome.EpitomeBiEncoder(config).eval()
@@ -570,7 +529,7 @@ def test_bad_templates_and_dimensions_are_one_line_errors(tmp_path, capsys):
     template = root / "jaem_st" / "templates" / "sample1_worker_exploitation.txt"
     template.write_text(template.read_text().replace("{AGE}", "{HEIGHT}"))
     out = tmp_path / "out"
-    code = main(["run", "jaem-st", "--data", str(root), "--out", str(out)])
+    code = run_jaem(out, root=root)
     err = capsys.readouterr().err.strip()
     assert code == 2 and "{HEIGHT} has no values" in err and len(err.splitlines()) == 1
     assert not out.exists()

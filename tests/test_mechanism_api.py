@@ -9,20 +9,18 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import ANSWERS, EVENT
 
-from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.mechanism import api, sites
 from probekit.mechanism.capture import read_index
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
-ANSWERS = AnswerSet.range(0, 12)
-EVENT = "I felt angry when a driver took the parking space I had been waiting for."
-
 
 @pytest.fixture(scope="module")
 def model(smol):
+    """conftest's `model`, through `sites.enable_bridge` (which makes float64 safe)."""
     sites.enable_bridge(smol)
     return smol
 
@@ -104,33 +102,16 @@ def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
     assert df["recovery"].iloc[0] == pytest.approx(1, abs=1e-2)  # layer 0: everything patched
 
 
-def test_patch_equals_the_commands_rows(model, tmp_path, monkeypatch):
+def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     """`probekit patch intergroup` and `api.patch` on the pairs the command chose: equal rows;
     `--layers 0,-1` is layers 0 and 29."""
     from probekit import cli
     from probekit.studies.intergroup import STUDY
 
-    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
-    argv = [
-        "patch",
-        "intergroup",
-        "--events",
-        "1",
-        "--layers",
-        "0,-1",
-        "--setting",
-        "P0S1T0",
-        "--sites",
-        "resid_pre,hook_mlp_out",
-        "--spans",
-        "experiencer,from_experiencer",
-        "--skip-direction",
-        "--bootstrap",
-        "20",
-        "--out",
-        str(tmp_path),
-    ]
-    assert cli.main(argv) == 0
+    argv = ["--events", "1", "--layers", "0,-1", "--setting", "P0S1T0",
+            "--sites", "resid_pre,hook_mlp_out", "--spans", "experiencer,from_experiencer",
+            "--skip-direction", "--bootstrap", "20"]  # fmt: skip
+    assert patch_cli(model, "intergroup", *argv, "--out", str(tmp_path)) == 0
     command = pd.read_parquet(tmp_path / "patching.parquet")
     assert sorted(set(command["layer"])) == [0, 29]
     parser, _ = cli.study_parser("patch", "intergroup")

@@ -4,36 +4,28 @@ direct + indirect add up to the total; bootstrap intervals over pairs and the to
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import EV, EVENT
 
-from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
 from probekit.mechanism import mediation
 from probekit.mechanism.components import Patch
-from probekit.scoring.readouts import expected_value
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
-ANSWERS = AnswerSet.range(0, 12)
-EV = expected_value(ANSWERS)
-EVENT = "I felt angry when a driver took the parking space I had been waiting for."
 CUT = Patch(0, "hook_resid_pre", "from_experiencer")  # every path of the identity passes here
 NONE = Patch(4, "hook_resid_post", "perceiver")  # before the identity: carries nothing
 
 
 @pytest.fixture(scope="module")
-def effects(smol):
-    from probekit.engines.hf.scorer import Scorer
-
-    smol.enable_bridge()
-
+def effects(model, scorer):
     def encode(experiencer):
         item = make_item(get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1",
                          "anger", EVENT)  # fmt: skip
-        return smol.encode(item)
+        return model.encode(item)
 
     clean = encode("a Christian")
     pairs = [(clean, encode(h)) for h in ("a Muslim", "a Jew")]
-    return mediation.mediate(Scorer(smol, ANSWERS, epsilon=0.0), pairs, [CUT, NONE], EV)
+    return mediation.mediate(scorer, pairs, [CUT, NONE], EV)
 
 
 def test_direct_and_indirect_add_up_to_the_total_on_one_component(effects):

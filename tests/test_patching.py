@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import ANSWERS, EV, EVENT
 
 from probekit.answers import AnswerSet
 from probekit.errors import ProbekitError
@@ -20,34 +21,15 @@ from probekit.mechanism import pairs as pairing
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, n_heads
-from probekit.scoring.readouts import answer_probability, expected_value, parse_readout
+from probekit.scoring.readouts import answer_probability, parse_readout
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import make_item
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTING = get_setting("P0S0T0")
 RELIGION = get_category("religion")
-EVENT = "I felt angry when a driver took the parking space I had been waiting for."
 OTHER = "I felt proud when I finished my first marathon."
 TOL = 1e-4  # on the 0-12 scale of the test answer set
-
-
-ANSWERS = AnswerSet.range(0, 12)
-EV = expected_value(ANSWERS)
-
-
-@pytest.fixture(scope="module")
-def model(smol):
-    smol.enable_bridge()
-    return smol
-
-
-@pytest.fixture(scope="module")
-def scorer(model):
-    """A small answer set with one- and two-token answers keeps the trie pass cheap."""
-    from probekit.engines.hf.scorer import Scorer
-
-    return Scorer(model, ANSWERS, epsilon=0.0)
 
 
 def prompt(model, perceiver, experiencer, text=EVENT, event_id="e1", spans=None):
@@ -398,14 +380,11 @@ def test_score_with_reads_before_editing(scorer, pairs):
 
 
 @pytest.mark.slow
-def test_patch_command_end_to_end(model, tmp_path, monkeypatch, capsys):
+def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup` on one event: the patching table, its figure, the direction
     and the causal check; prompt ids are the study's item ids."""
-    from probekit import cli
-
-    monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
-    argv = ["patch", "intergroup", "--events", "1", "--layers", "0,29", "--out", str(tmp_path)]
-    assert cli.main([*argv, "--sites", "hook_resid_pre", "--setting", "P0S1T0"]) == 0
+    argv = ["intergroup", "--events", "1", "--layers", "0,29", "--out", str(tmp_path)]
+    assert patch_cli(model, *argv, "--sites", "hook_resid_pre", "--setting", "P0S1T0") == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")
     assert len(df) == 1 * 2 * 3  # one pair (the largest gap of the event) x layers x spans
     assert set(df["span"]) == {"experiencer", "perceiver", "from_experiencer"}
