@@ -91,3 +91,29 @@ def patch_cli(monkeypatch):
         return cli.main(["patch", *argv])
 
     return run
+
+
+LEAD = "On a scale of 0 to 100, I rate the intensity as"
+"""A response start after which the default model writes a number (it answers the bare study
+prompt in words)."""
+
+
+def religion_probe(events: int):
+    """Intergroup prompts (religion, P0S0T0) for the first `events` events of crowd-enVent (the
+    real data when present, else the sample)."""
+    from probekit.datasets.crowd_envent import first_events
+    from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
+
+    chosen = first_events(reference_data_root(), events, seed=0)
+    return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), chosen)
+
+
+def answering_prompts(engine, probe, count: int) -> list[list[int]]:
+    """`count` of the probe's prompts, evenly spread, as token ids; every other one ends with
+    `LEAD` (those rows answer with a number and settle early, the others run on in words)."""
+    items = list(probe.items())[:: max(1, len(probe) // count)][:count]
+    lead = engine.tokenizer.encode(LEAD, add_special_tokens=False)
+    return [
+        engine.encode(item, probe.as_string).input_ids + (lead if k % 2 else [])
+        for k, item in enumerate(items)
+    ]

@@ -4,36 +4,27 @@ and the parsed answers equal those of `transformers` greedy generation with the 
 from __future__ import annotations
 
 import pytest
-from conftest import reference_data_root
+from conftest import answering_prompts, religion_probe
 
 from probekit.answers import AnswerSet
-from probekit.datasets.crowd_envent import first_events
 from probekit.engines.hf.reference import generate_greedy
 from probekit.engines.hf.scorer import Scorer
 from probekit.scoring.generate import intensity_settled, parse_intensity
-from probekit.studies.intergroup import get_category, get_setting
-from probekit.studies.intergroup.probe import IntergroupProbe
 
 BUDGET = 128
 
 
 @pytest.fixture(scope="module")
 def probe():
-    """Religion prompts for 6 events (real crowd-enVent when present, else the sample)."""
-    events = first_events(reference_data_root(), 6, seed=0)
-    return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), events)
+    return religion_probe(6)
 
 
 @pytest.fixture(scope="module")
 def prompts(smol, probe):
     """12 study prompts, alternately as they are (the default model answers them in words, so
-    those rows run to end of sequence) and with the response started by a phrase after which it
-    writes a number (those rows settle early)."""
-    items = list(probe.items())[:: max(1, len(probe) // 12)][:12]
-    lead = smol.tokenizer.encode(
-        "On a scale of 0 to 100, I rate the intensity as", add_special_tokens=False
-    )
-    return [smol.encode(item).input_ids + (lead if k % 2 else []) for k, item in enumerate(items)]
+    those rows run to end of sequence) and ending with a phrase after which it writes a number
+    (those rows settle early)."""
+    return answering_prompts(smol, probe, 12)
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,11 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 import pytest
-from conftest import REPO, reference_data_root
+from conftest import REPO, answering_prompts, religion_probe
 
-from probekit.datasets.crowd_envent import first_events
 from probekit.engines import load_engine
 from probekit.engines.vllm import vllm_env
 from probekit.errors import ProbekitError
-from probekit.studies.intergroup import get_category, get_setting
-from probekit.studies.intergroup.probe import IntergroupProbe
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 VLLM_REASON = "vLLM is not installed here (it is in the ./setup.sh --vllm environment)"
@@ -113,22 +110,14 @@ def engine():
 
 @pytest.fixture(scope="module")
 def probe():
-    events = first_events(reference_data_root(), 2, seed=0)
-    return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), events)
+    return religion_probe(2)
 
 
 @pytest.fixture(scope="module")
 def prompts(engine, probe):
-    """16 study prompts, every other one with the response started by a phrase after which the
-    model writes a number (so that the stop rule cuts those rows early)."""
-    items = list(probe.items())[:: len(probe) // PROMPTS][:PROMPTS]
-    lead = engine.tokenizer.encode(
-        "On a scale of 0 to 100, I rate the intensity as", add_special_tokens=False
-    )
-    return [
-        engine.encode(item, probe.as_string).input_ids + (lead if k % 2 else [])
-        for k, item in enumerate(items)
-    ]
+    """16 study prompts, every other one ending with a phrase after which the model writes a
+    number (so that the stop rule cuts those rows early)."""
+    return answering_prompts(engine, probe, PROMPTS)
 
 
 @needs_vllm
