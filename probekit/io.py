@@ -165,6 +165,10 @@ class FileLock:
     lock file naming a process on another host (a shared filesystem, where `flock` may not
     reach across machines) is honoured until that file is deleted. `blocking=False` raises
     `LockHeld` instead of waiting.
+
+    Released by its holder, the lock file is deleted (while still locked). A process that opened
+    the file before then and gets its `flock` after finds it no longer at `path`, and opens the
+    new one: whoever holds the lock holds the file that is at `path`.
     """
 
     def __init__(self, path: str | Path, blocking: bool = False) -> None:
@@ -173,17 +177,10 @@ class FileLock:
         self._fd: int | None = None
 
     def __enter__(self) -> FileLock:
+        fd = None
+        while fd is None:
+            fd = self._lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise write_error(self.path, exc) from None
-        try:
-            flags = fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB)
-            try:
-                fcntl.flock(fd, flags)
-            except BlockingIOError:
-                raise self._held(_holder(fd)) from None
             holder = _holder(fd)
             if holder and holder[1] != socket.gethostname() and not self.blocking:
                 raise self._held(holder)
@@ -195,6 +192,35 @@ class FileLock:
         self._fd = fd
         return self
 
+    def _lock(self) -> int | None:
+        """The file at `path`, opened (created if absent) and `flock`ed; None when it was deleted
+        or replaced while this process waited for its lock (its holder released it)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
+        try:
+            flags = fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd, flags)
+            except BlockingIOError:
+                raise self._held(_holder(fd)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._at_path(fd):
+            return fd
+        os.close(fd)
+        return None
+
+    def _at_path(self, fd: int) -> bool:
+        """Whether `fd` is the file that `path` names now."""
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except OSError:
+            return False
+
     def _held(self, holder: tuple[str, str] | None) -> LockHeld:
         who = f"PID {holder[0]} on host {holder[1]}" if holder else "another process"
         return LockHeld(f"{who} holds {self.path}", who)
@@ -202,7 +228,11 @@ class FileLock:
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             with suppress(OSError):
-                os.ftruncate(self._fd, 0)  # released cleanly: nobody holds it now
+                if self._at_path(self._fd):  # not deleted by hand and replaced meanwhile
+                    try:
+                        self.path.unlink()  # under the lock: no other process holds this file
+                    except OSError:
+                        os.ftruncate(self._fd, 0)  # cannot delete: empty means nobody holds it
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 
