@@ -5,7 +5,8 @@ Layout of a run directory:
                           results_format)
     parts/part-L<level>-<first index>-<digest>.parquet
                           finished rows, each part written atomically with a CRC on every page
-    .lock-shard-<i>-of-<n>  the process running that shard now (PID and host)
+    .lock-shard-<i>-of-<n>  the process running that shard now (PID and host; deleted when it
+                          ends)
     scores.parquet        all rows in prompt order, written once every prompt has a row
 
 A row holds `prompt_index`, `prompt_id` (the item id, shared with capture and patching tables),
@@ -62,9 +63,10 @@ import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -137,8 +139,23 @@ class Shard:
     def owns(self, prompt_index: int) -> bool:
         return prompt_index % self.count == self.index
 
+    def mask(self, total: int) -> np.ndarray:
+        """A boolean per prompt index of a probe of `total` prompts: True for this shard's."""
+        return np.arange(total) % self.count == self.index
+
     def owns_all(self, indices: np.ndarray) -> bool:
         return bool(np.all(indices % self.count == self.index))
+
+
+class RunOptions(TypedDict, total=False):
+    """`run_probe`'s keywords after its probe, model, folder and manifest, for the runners made
+    in its shape (`probekit.scale.ray`): `**options: Unpack[RunOptions]`."""
+
+    mode: str
+    shard: Shard
+    batch_size: int | None
+    epsilon: float
+    chunk_size: int | None
 
 
 @dataclass(frozen=True)
@@ -169,11 +186,7 @@ def run_probe(
     """
     check_mode(mode, RUN_MODES)
     out = Path(out)
-    try:
-        prepare_run_dir(out, shard)
-        _make_dir(out)
-        hold_shard(out, shard)
-        check_manifest(out, {**manifest, "results_format": RESULTS_FORMAT})
+    with open_run(out, shard, manifest):
         scorer = model.scorer(
             probe.answers, epsilon=epsilon, batch_size=batch_size,
             max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
@@ -184,43 +197,63 @@ def run_probe(
         size = chunk_size or CHUNK_BATCHES * max(1, getattr(scorer, "batch_size", 16))
         total = len(probe)
         for attempt in range(3):  # again if the merge set a damaged part of this shard aside
-            found = scan_parts(out)
-            done = done_mask(found, total)
-            mine = np.arange(total) % shard.count == shard.index
-            todo = int((mine & ~done).sum())
+            compactor, wanted = pending(out, shard, total, probe.name)
+            todo = int(wanted.sum())
             if attempt and not todo:
                 return None  # the part set aside held other shards' rows
-            if todo < mine.sum():
-                say(
-                    f"{probe.name}: resuming {out}: {int(mine.sum()) - todo} of "
-                    f"{int(mine.sum())} prompts of this shard already done, {todo} to go"
-                )
-            compactor = Compactor(out, [p for p in found if shard.owns_all(p.indices)])
-            chunks = _chunks(probe, mine & ~done, size)
             with tqdm(
                 total=todo, unit="prompt", desc=probe.name, mininterval=bar_interval()
             ) as bar:
-                for chunk in chunks:
-                    frame = run_chunk(chunk, probe, model, scorer, mode, bar)
-                    compactor.add(write_part(out, frame), frame[INDEX].to_numpy())
+                for chunk in chunks(probe, wanted, size):
+                    compactor.write(run_chunk(chunk, probe, model, scorer, mode, bar))
             aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
             merged = merge_if_complete(out, total)
             if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
                 return merged  # None: other shards' prompts are still missing
         return None
+
+
+@contextmanager
+def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[None]:
+    """This shard of the run in `out`, held for the `with` block: `prepare_run_dir`, the parts
+    folder, the shard's lock (released at the end) and the manifest (written, or checked against
+    the run the folder holds, with `results_format` added)."""
+    try:
+        prepare_run_dir(out, shard)
+        _make_dir(out)
+        hold_shard(out, shard)
+        check_manifest(out, {**manifest, "results_format": RESULTS_FORMAT})
+        yield
     finally:
         release_shard(out, shard)
 
 
-def _chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[Chunk]:
-    """The items whose index is `wanted`, in prompt order, in chunks of `size`."""
+def pending(out: Path, shard: Shard, total: int, name: str) -> tuple[Compactor, np.ndarray]:
+    """What this shard of the run in `out` (`total` prompts, of the probe `name`) has left: a
+    `Compactor` holding the shard's finished parts, and a boolean per prompt index, True where
+    this shard's prompt has no row yet. Says how many prompts were found done when resuming."""
+    found = scan_parts(out)
+    mine = shard.mask(total)
+    wanted = mine & ~done_mask(found, total)
+    todo = int(wanted.sum())
+    if todo < mine.sum():
+        say(
+            f"{name}: resuming {out}: {int(mine.sum()) - todo} of "
+            f"{int(mine.sum())} prompts of this shard already done, {todo} to go"
+        )
+    return Compactor(out, [p for p in found if shard.owns_all(p.indices)]), wanted
+
+
+def chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[Chunk]:
+    """The items whose index is `wanted`, in prompt order, in chunks of `size` (the last may be
+    shorter)."""
     chunk: Chunk = []
     for i, item in enumerate(probe.items()):
         if wanted[i]:
             chunk.append((i, item))
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
     if chunk:
         yield chunk
 
@@ -427,6 +460,12 @@ class Compactor:
         self.levels: dict[int, list[Part]] = defaultdict(list)
         for part in parts:
             self.levels[part.level].append(part)
+
+    def write(self, frame: pd.DataFrame) -> Path:
+        """Write the rows of `frame` as a part (`write_part`) and take it; compact when due."""
+        path = write_part(self.out, frame)
+        self.add(path, frame[INDEX].to_numpy())
+        return path
 
     def add(self, path: Path, indices: np.ndarray) -> None:
         """Take a part this process has just written (`write_part`); compact when due."""

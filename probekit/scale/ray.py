@@ -33,9 +33,8 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -43,22 +42,16 @@ from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
 from probekit.errors import ProbekitError
 from probekit.run import (
-    INDEX,
-    RESULTS_FORMAT,
     RUN_MODES,
-    Compactor,
+    Chunk,
+    RunOptions,
     Shard,
     bar_interval,
-    check_manifest,
-    done_mask,
-    hold_shard,
+    chunks,
     merge_if_complete,
-    prepare_run_dir,
-    release_shard,
+    open_run,
+    pending,
     run_chunk,
-    say,
-    scan_parts,
-    write_part,
 )
 from probekit.studies.base import Probe, check_mode
 
@@ -133,7 +126,7 @@ class Worker:
         self.engine = load()
         self.scorer: Any = None
 
-    def run(self, probe: Probe, chunk: list[tuple[int, Any]]) -> pd.DataFrame:
+    def run(self, probe: Probe, chunk: Chunk) -> pd.DataFrame:
         """The rows of one chunk of (prompt index, item), as the run loop makes them, except
         `parsed`: the driver parses, since a study may set its parser up in the driver's process
         only (ISEAR's NLTK tables)."""
@@ -154,45 +147,37 @@ def run_probe_ray(
     load: Loader,
     out: Path,
     manifest: dict[str, Any],
-    mode: str = "ev",
-    shard: Shard | None = None,
-    batch_size: int | None = None,
-    epsilon: float = DEFAULT_EPSILON,
+    *,
     actors: int | None = None,
-    chunk_size: int = CHUNK,
+    **options: Unpack[RunOptions],
 ) -> Path | None:
     """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
-    return the merged scores path once every prompt has a row, as `probekit.run.run_probe`.
+    return the merged scores path once every prompt has a row, as `probekit.run.run_probe`,
+    whose keywords `options` are (`chunk_size` is `CHUNK` here unless given).
 
     `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
     import ray
 
+    mode = options.get("mode", "ev")
     check_mode(mode, RUN_MODES)
-    shard = shard or Shard()
+    shard = options.get("shard") or Shard()
+    chunk_size = options.get("chunk_size")
+    chunk_size = CHUNK if chunk_size is None else chunk_size
     if chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     out = Path(out)
-    try:
-        prepare_run_dir(out, shard)
-        out.mkdir(parents=True, exist_ok=True)
-        hold_shard(out, shard)
-        check_manifest(out, {**manifest, "results_format": RESULTS_FORMAT})
+    with open_run(out, shard, manifest):
         total = len(probe)
-        found = scan_parts(out)
-        mine = np.arange(total) % shard.count == shard.index
-        wanted = mine & ~done_mask(found, total)
+        compactor, wanted = pending(out, shard, total, probe.name)
         todo = int(wanted.sum())
-        if todo < mine.sum():
-            say(
-                f"{probe.name}: resuming {out}: {int(mine.sum()) - todo} of {int(mine.sum())} "
-                f"prompts of this shard already done, {todo} to go"
-            )
         if todo:
-            compactor = Compactor(out, [p for p in found if shard.owns_all(p.indices)])
-            seed = manifest.get("seed", 0)
-            options = {"epsilon": epsilon, "batch_size": batch_size, "seed": seed}
-            pool = _start_pool(ray, load, mode, options, actors)
+            scoring = {
+                "epsilon": options.get("epsilon", DEFAULT_EPSILON),
+                "batch_size": options.get("batch_size"),
+                "seed": manifest.get("seed", 0),
+            }
+            pool = _start_pool(ray, load, mode, scoring, actors)
             shared = ray.put(probe)
             try:
                 with tqdm(
@@ -201,17 +186,15 @@ def run_probe_ray(
                     desc=f"{probe.name} (ray, {len(pool)} actors)",
                     mininterval=bar_interval(),
                 ) as bar:
-                    for frame in _stream(ray, pool, shared, _chunks(probe, wanted, chunk_size)):
+                    for frame in _stream(ray, pool, shared, chunks(probe, wanted, chunk_size)):
                         if "parsed" in frame:
                             frame["parsed"] = [probe.parse(text) for text in frame["response"]]
-                        compactor.add(write_part(out, frame), frame[INDEX].to_numpy())
+                        compactor.write(frame)
                         bar.update(len(frame))
             finally:
                 for actor in pool:
                     ray.kill(actor)
         return merge_if_complete(out, total)
-    finally:
-        release_shard(out, shard)
 
 
 def runner(
@@ -227,14 +210,9 @@ def runner(
         model: Engine,
         out: Path,
         manifest: dict[str, Any],
-        mode: str = "ev",
-        shard: Shard | None = None,
-        batch_size: int | None = None,
-        epsilon: float = DEFAULT_EPSILON,
+        **options: Unpack[RunOptions],
     ) -> Path | None:
-        return run_probe_ray(
-            probe, load, out, manifest, mode, shard, batch_size, epsilon, actors=actors
-        )
+        return run_probe_ray(probe, load, out, manifest, actors=actors, **options)
 
     return run
 
@@ -257,20 +235,7 @@ def _start_pool(ray: Any, load: Loader, mode: str, options: dict, actors: int | 
     return [remote.remote(load, mode, options, threads) for _ in range(count)]
 
 
-def _chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[list[tuple[int, Any]]]:
-    """The wanted (prompt index, item) pairs in prompt order, in fixed chunks of `size`."""
-    chunk = []
-    for i, item in enumerate(probe.items()):
-        if wanted[i]:
-            chunk.append((i, item))
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
-
-
-def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[list]) -> Iterator[pd.DataFrame]:
+def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterator[pd.DataFrame]:
     """Each chunk's rows as its actor finishes it, at most `IN_FLIGHT` chunks queued per actor.
     A chunk whose actor died is run again by Ray on the restarted actor (`max_task_retries`);
     the run stops with one line only when that has failed `RETRIES` times."""
