@@ -75,12 +75,13 @@ class Dataset:
             say(f"data: {self.name} from {source.path} ({source.origin})")
         return source
 
-    def manifest(self, source: DataSource) -> dict[str, str]:
-        """The run manifest's data fields: origin, path and checksum."""
+    def manifest(self, source: DataSource, sha256: str | None = None) -> dict[str, str]:
+        """The run manifest's data fields: origin, path and checksum (`sha256` where a study
+        reads more than the files, e.g. JaEm-ST's templates from another folder)."""
         return {
             "data_origin": source.origin,
             "data_path": str(source.path),
-            "data_sha256": self.sha256(source.path),
+            "data_sha256": sha256 or self.sha256(source.path),
         }
 
 

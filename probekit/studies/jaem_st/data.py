@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probekit.datasets.locate import DataSource, combined_sha256, resolve_data_root
+from probekit.datasets.locate import Dataset, DataSource, combined_sha256
 from probekit.errors import ProbekitError
 from probekit.paths import file_sha256
 
@@ -34,6 +34,7 @@ REQUIRED = (
     f"{FOLDER}/prompts.json",
     *(f"{FOLDER}/templates/{name}" for name in TEMPLATE_FILES),
 )
+JAEM_ST = Dataset("JaEm-ST", REQUIRED)  # no probekit-written sample stands in for it
 HEADERS = ("Context:", "Conversation:", "Answers:")
 EMPATHETIC = "Empathetic"
 _LABEL = re.compile(r"^([^\s:]+): ")
@@ -85,8 +86,9 @@ class JaemData:
     answer_labels: tuple[str, ...]
     evaluated: tuple[str, ...]  # names of the dimensions in the Cartesian product
     dataset_size: int
-    origin: str
-    sha256: str
+    source: DataSource  # where the data root was found
+    folder: Path  # the templates' folder
+    sha256: str  # the data files and the templates read, for the manifest's `data_sha256`
 
     def dimension(self, name_or_column: str) -> Dimension:
         for dim in self.dimensions:
@@ -166,10 +168,13 @@ def _dimensions(metadata: dict[str, Any], values: dict[str, Any]) -> tuple[Dimen
     return tuple(dims)
 
 
-def load_jaem(data: str | Path | None = None, templates: str | Path | None = None) -> JaemData:
-    """Read JaEm-ST from the data root (`--data`, `$PROBEKIT_DATA`, cache or pinned download);
+def load_jaem(
+    data: str | Path | DataSource | None = None, templates: str | Path | None = None
+) -> JaemData:
+    """Read JaEm-ST from `data`: where `JAEM_ST` was found (the study's `data_source`), or the
+    data root to find it from (`--data`, else `$PROBEKIT_DATA`, cache or pinned download);
     `templates` replaces its templates folder (every `*.txt`, sorted by name)."""
-    source: DataSource = resolve_data_root(data, list(REQUIRED))
+    source = data if isinstance(data, DataSource) else JAEM_ST.resolve(data)
     root = source.path / FOLDER
     metadata = _json(root / "dataset_metadata.json")
     dims = _dimensions(metadata, _json(root / "dimensions.json"))
@@ -204,6 +209,7 @@ def load_jaem(data: str | Path | None = None, templates: str | Path | None = Non
         answer_labels=labels,
         evaluated=evaluated,
         dataset_size=int(metadata.get("dataset_size", 400)),
-        origin=f"{source.origin}: {folder}",
+        source=source,
+        folder=folder,
         sha256=digest,
     )

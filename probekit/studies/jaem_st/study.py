@@ -26,7 +26,7 @@ from probekit.options import (
 )
 from probekit.studies.base import Probe, Say, Study, Summary, register
 from probekit.studies.jaem_st import metrics
-from probekit.studies.jaem_st.data import JaemData, load_jaem
+from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
 
@@ -111,6 +111,7 @@ class JaemStudy(Study):
     unit_name = "sample"
 
     options = OPTIONS
+    dataset = JAEM_ST
 
     def check(self, args: argparse.Namespace, command: str) -> None:
         if command != "run":
@@ -121,8 +122,8 @@ class JaemStudy(Study):
             raise ProbekitError("--vad-lexicon and --era-model score responses; add --responses")
 
     def probes(self, args: argparse.Namespace, say: Say) -> list[JaemProbe]:
-        data = load_jaem(args.data, args.templates)
-        say(f"JaEm-ST: {len(data.templates)} templates from {data.origin}")
+        data = load_jaem(self.data_source(args, say), args.templates)
+        say(f"JaEm-ST: {len(data.templates)} templates from {data.folder}")
         rows = _rows(data, args)
         if args.samples is not None:
             if not 1 <= args.samples <= len(rows):
@@ -132,8 +133,8 @@ class JaemStudy(Study):
         extra = {
             "dataset_size": _size(data, args),
             "uniform": args.uniform,
-            "data_origin": data.origin,
-            "data_sha256": data.sha256,
+            **JAEM_ST.manifest(data.source, data.sha256),
+            "templates_path": str(data.folder),
             "shown_dimensions": {
                 t.name: [d.column for d in data.shown_dimensions(t)] for t in data.templates
             },
@@ -189,7 +190,7 @@ class JaemStudy(Study):
         """For each of the first `--samples` rows whose template shows `--dimension`: one prompt
         (order 0) per value of that dimension, the rest of the row unchanged; each declares one
         span, the dimension's filled mask positions."""
-        data = load_jaem(args.data, args.templates)
+        data = load_jaem(self.data_source(args, say), args.templates)
         dim = data.dimension(args.dimension)
         clean = args.clean if args.clean is not None else dim.values[0]
         if clean not in dim.values:
