@@ -369,6 +369,7 @@ def test_the_same_shard_twice_is_refused_naming_the_holder(tmp_path):
         holder.wait()
     prepare_run_dir(out, Shard(0, 2))  # the holder died: its lock is stale and taken over
     release_shard(out, Shard(0, 2))
+    assert not list(out.glob(".lock-shard-*"))  # released by its holder: the file is gone
 
 
 def test_a_lock_from_another_host_is_honoured(tmp_path):
