@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -147,24 +148,50 @@ def test_vllm_engine_describes_its_columns_and_has_no_hooks(engine):
         engine.hookable()
 
 
-@needs_vllm
-def test_generate_run_on_vllm_says_which_engine_wrote_which_column(tmp_path):
-    """`probekit run isear --mode generate --engine vllm` end to end on 4 prompts (ISEAR: the
-    smallest real slice of a study): every row has vLLM's response and its parse beside the
-    exact columns, and the manifest names the engine of each column and vLLM's version."""
+def run_isear(out: Path, *extra: str) -> pd.DataFrame:
+    """`probekit run isear --mode generate --engine vllm` on 4 prompts (ISEAR: the smallest real
+    slice of a study) into `out`; its rows."""
     data = REPO.parent / "shared" / "data"
     if not (data / "nltk" / "tokenizers" / "punkt_tab" / "english").is_dir():
         pytest.skip("../shared/data/nltk is not here (ISEAR's parse needs NLTK's punkt tables)")
-    out = tmp_path / "run"
-    options = ["--mode", "generate", "--engine", "vllm", "--events", "2"]
+    options = ["--mode", "generate", "--engine", "vllm", "--events", "2", *extra]
     options += ["--genders", "a man,a woman", "--data", str(data), "--out", str(out)]
     command = [sys.executable, "-m", "probekit.cli", "run", "isear", *options]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
+    return pd.read_parquet(out / "scores.parquet")
+
+
+@pytest.fixture(scope="module")
+def isear_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("isear") / "run"
+    run_isear(out)
+    return out
+
+
+@needs_vllm
+def test_generate_run_on_vllm_says_which_engine_wrote_which_column(isear_run):
+    """End to end on `--engine vllm`: every row has vLLM's response and its parse beside the
+    exact columns, and the manifest names the engine of each column and vLLM's version."""
+    manifest = json.loads((isear_run / "manifest.json").read_text())
     assert manifest["engine"] == "vllm" and "response" in manifest["columns"]["vllm"]
     assert manifest["columns"]["vllm_version"].startswith("vllm")
-    rows = pd.read_parquet(out / "scores.parquet")
+    rows = pd.read_parquet(isear_run / "scores.parquet")
     assert len(rows) == 4 and rows["response"].str.len().gt(0).all()
     assert {"parsed", "valid_mass", "p::joy"} <= set(rows.columns)
-    assert (out / "report.html").is_file()
+    assert (isear_run / "report.html").is_file()
+
+
+@pytest.mark.skipif(
+    not HAS_VLLM or importlib.util.find_spec("ray") is None,
+    reason="needs vLLM and Ray in one environment (./setup.sh --vllm --ray)",
+)
+def test_vllm_engines_in_ray_actors_write_the_same_rows(isear_run, tmp_path):
+    """`--ray --engine vllm`: a vLLM engine in a Ray actor gives the same responses, parses and
+    exact probabilities as the run in one process."""
+    ours = run_isear(tmp_path / "ray", "--ray", "--ray-actors", "1")
+    theirs = pd.read_parquet(isear_run / "scores.parquet")
+    assert ours["response"].tolist() == theirs["response"].tolist()
+    assert ours["parsed"].fillna("").tolist() == theirs["parsed"].fillna("").tolist()
+    columns = [c for c in theirs.columns if c.startswith("p::")]
+    assert (ours[columns] - theirs[columns]).abs().to_numpy().max() <= 1e-6
