@@ -61,15 +61,17 @@ class ChoiceSet:
 
 CHOICE_SETS = {
     "0-10": ChoiceSet(
-        "0-10 (intergroup P0S1T0)", "intergroup",
-        ("--category", "religion", "--setting", "P0S1T0", "--events", "2"), True,
+        "0-10 (intergroup P0S1T0)",
+        "intergroup",
+        ("--category", "religion", "--setting", "P0S1T0", "--events", "2"),
+        True,
     ),
     "isear": ChoiceSet("ISEAR emotions", "isear", ("--events", "{n}"), True),
     "a-d": ChoiceSet(
         "A-D after [[ (GIEBench sample)", "giebench", ("--items", "sample", "--orders", "4"), False
     ),
     "a-e": ChoiceSet("A-E (JaEm-ST)", "jaem-st", ("--samples", "{n}"), True),
-}  # fmt: skip
+}
 
 
 DESCRIPTION = (
@@ -83,20 +85,27 @@ DESCRIPTION = (
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = common.argument_parser("benchmarks/choice_sets.py", DESCRIPTION)
     parser.add_argument(
-        "--sets", type=comma_list, default=list(CHOICE_SETS),
+        "--sets",
+        type=comma_list,
+        default=list(CHOICE_SETS),
         help=f"comma-separated subset of {','.join(CHOICE_SETS)} (default: all)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--prompts", type=int, default=32, metavar="N", help="prompts per set (default: 32)"
     )
     parser.add_argument(
-        "--shared-prompts", type=int, default=4, metavar="N",
+        "--shared-prompts",
+        type=int,
+        default=4,
+        metavar="N",
         help="prompts timed in (e) and compared with (a) (default: 4; 0 skips it)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--epsilon", type=float, default=DEFAULT_EPSILON,
+        "--epsilon",
+        type=float,
+        default=DEFAULT_EPSILON,
         help=f"(a)'s pruning budget (default: {DEFAULT_EPSILON:g})",
-    )  # fmt: skip
+    )
     parser.add_argument("--batch-size", type=int, default=None, metavar="B")
     args = parser.parse_args(argv)
     unknown = [name for name in args.sets if name not in CHOICE_SETS]
@@ -217,25 +226,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_load = common.set_up(args.threads)
     model = load_engine(args.model, device=args.device)
     common.warm_up(model, [model.tokenizer.eos_token_id] * 8)
-    print(f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; "
-          f"torch {torch.__version__}, threads {torch.get_num_threads()}; epsilon "
-          f"{args.epsilon:g}; data {args.data or 'the studies defaults'}")  # fmt: skip
+    print(
+        f"model: {model.name} ({model.source}), {model.device}, {model.dtype}; "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; epsilon "
+        f"{args.epsilon:g}; data {args.data or 'the studies defaults'}"
+    )
     rows = []
     for name in args.sets:
         rows.append(bench_set(model, CHOICE_SETS[name], args))
         report(rows[-1])
     targets = [
-        Target(f"{row['set']}: (a) >= {MIN_SPEEDUP_VS_GENERATE:g}x (b)/(b')", row["speedup"],
-               MIN_SPEEDUP_VS_GENERATE, True)
+        Target(
+            f"{row['set']}: (a) >= {MIN_SPEEDUP_VS_GENERATE:g}x (b)/(b')",
+            row["speedup"],
+            MIN_SPEEDUP_VS_GENERATE,
+            True,
+        )
         for row in rows
-    ]  # fmt: skip
+    ]
     print_targets(targets, "targets (against the faster of (b) and (b')):")
     end_load = common.tear_down(model.device)
     if args.json:
         for row in rows:
             row["timings"] = [asdict(t) | {"prompts_per_s": t.rate} for t in row["timings"]]
-        payload = {"rows": rows, "targets": [asdict(t) | {"verdict": t.verdict} for t in targets],
-                   "load_start": start_load, "load_end": end_load}  # fmt: skip
+        payload = {
+            "rows": rows,
+            "targets": [asdict(t) | {"verdict": t.verdict} for t in targets],
+            "load_start": start_load,
+            "load_end": end_load,
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1, default=json_ready) + "\n")
         print(f"wrote {args.json}")

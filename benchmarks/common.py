@@ -43,15 +43,19 @@ def argument_parser(
     --threads, --json); the script adds its own."""
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
     parser.add_argument(
-        "--model", default="default",
+        "--model",
+        default="default",
         help="load_model spec (default: default, SmolLM2-135M-Instruct)",
-    )  # fmt: skip
+    )
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
     parser.add_argument("--data", default=None, metavar="ROOT", help=data_help)
     parser.add_argument(
-        "--threads", type=int, default=None, metavar="T",
+        "--threads",
+        type=int,
+        default=None,
+        metavar="T",
         help="torch threads (default: torch's default)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="also write the numbers here"
     )

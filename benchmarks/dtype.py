@@ -81,22 +81,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--studies", default=",".join(STUDIES), help="comma-separated studies")
     parser.add_argument("--data", default=None, help="data root (crowd-enVent/, isear/, jaem_st/)")
     parser.add_argument(
-        "--intergroup-events", type=int, default=3,
+        "--intergroup-events",
+        type=int,
+        default=3,
         help="intergroup: the first N events of the seeded one-per-emotion sample, 36 prompts "
         "each (religion, with `a person`) (default 3)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--isear-events", type=int, default=10, help="ISEAR: events, 3 prompts each (default 10)"
     )
     parser.add_argument(
-        "--giebench-items", type=int, default=4,
+        "--giebench-items",
+        type=int,
+        default=4,
         help="GIEBench: sample records, 3 prompt types (+ mismatch prompts) each (default 4)",
-    )  # fmt: skip
+    )
     parser.add_argument("--jaem-samples", type=int, default=8, help="JaEm-ST: samples (8)")
     parser.add_argument(
-        "--epsilon", type=float, default=DEFAULT_EPSILON,
+        "--epsilon",
+        type=float,
+        default=DEFAULT_EPSILON,
         help=f"pruning bound, as a run's (default {DEFAULT_EPSILON}; 0 = every answer exactly)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=0, help="event sampling and bootstraps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--log", default="/tmp/probekit-dtype.log", help="copy of the table")
@@ -140,10 +146,21 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
             category = get_category("religion")
 
             def gap(frame: pd.DataFrame, category=category) -> dict[str, float]:
-                s = gap_summary(frame, category.identities, category.labels, "ev", args.seed,
-                              n_permutations=2000, n_power=0)  # fmt: skip
-                return {"Δ": s.delta, "Δ CI low": s.delta_low, "Δ CI high": s.delta_high,
-                        "p": s.p_value}  # fmt: skip
+                s = gap_summary(
+                    frame,
+                    category.identities,
+                    category.labels,
+                    "ev",
+                    args.seed,
+                    n_permutations=2000,
+                    n_power=0,
+                )
+                return {
+                    "Δ": s.delta,
+                    "Δ CI low": s.delta_low,
+                    "Δ CI high": s.delta_high,
+                    "p": s.p_value,
+                }
 
             items = [i for i in probe.items() if i.unit in keep]
             origin = probe.manifest().get("data_origin")
@@ -241,8 +258,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with redirect_stdout(io.StringIO()):
         slices = build_slices(args)
     encoder = load_model(args.model, device=args.device, dtype="float32")
-    prompts = {s.study: [encoder.encode(i, s.probe.as_string).input_ids for i in s.items]
-               for s in slices}  # fmt: skip
+    prompts = {
+        s.study: [encoder.encode(i, s.probe.as_string).input_ids for i in s.items] for s in slices
+    }
     del encoder
     frames: dict[tuple[str, str], pd.DataFrame] = {}
     results: dict[tuple[str, str], list] = {}
@@ -255,16 +273,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         for s in slices:
             start = time.perf_counter()
             try:
-                scored = list(model.scorer(s.probe.answers, epsilon=args.epsilon).score(
-                    prompts[s.study]))  # fmt: skip
+                scored = list(
+                    model.scorer(s.probe.answers, epsilon=args.epsilon).score(prompts[s.study])
+                )
             except RuntimeError as exc:  # e.g. an op without a float16 kernel on this device
                 say(f"{s.study} {label} on {args.device}: FAILED: {str(exc).splitlines()[0]}")
                 continue
             timing[(s.study, label)] = time.perf_counter() - start
             results[(s.study, label)] = scored
             frames[(s.study, label)] = frame_of(s.probe, s.items, scored)
-            print(f"  {s.study} {label}: {len(scored)} prompts in "
-                  f"{timing[(s.study, label)]:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {s.study} {label}: {len(scored)} prompts in {timing[(s.study, label)]:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         del model
     device = args.device
     for s in slices:
@@ -278,9 +300,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         ref_head = s.headline(ref_frame)
         ref_scores = headline_scores(s.probe, ref_frame)
         stat_cols = list(ref_head)
-        header = (f"  {'dtype':<18} {'device':<6} {'max|Δp|':>9} {'max|ΔE|':>9} "
-                  f"{'maxΔmass':>9} {'argmax':>6} {'corr':>9} {'s/prompt':>8} "
-                  + " ".join(f"{c:>11}" for c in stat_cols))  # fmt: skip
+        header = (
+            f"  {'dtype':<18} {'device':<6} {'max|Δp|':>9} {'max|ΔE|':>9} "
+            f"{'maxΔmass':>9} {'argmax':>6} {'corr':>9} {'s/prompt':>8} "
+            + " ".join(f"{c:>11}" for c in stat_cols)
+        )
         say(header)
         for label in args.dtypes:
             if (s.study, label) not in results:
@@ -291,9 +315,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             corr = np.corrcoef(headline_scores(s.probe, frame), ref_scores)[0, 1]
             stats = s.headline(frame)
             cells = " ".join(f"{stats[c]:11.5f}" for c in stat_cols)
-            say(f"  {label:<18} {device:<6} {d['max_prob_diff']:9.2e} {de} "
+            say(
+                f"  {label:<18} {device:<6} {d['max_prob_diff']:9.2e} {de} "
                 f"{d['max_valid_mass_rel_diff']:9.2e} {d['argmax_changes']:>6} "
-                f"{1 - corr:9.1e} {timing[(s.study, label)] / len(res):8.2f} {cells}")  # fmt: skip
+                f"{1 - corr:9.1e} {timing[(s.study, label)] / len(res):8.2f} {cells}"
+            )
         say(f"  {'error vs float64':<25} " + " ".join(f"{c:>11}" for c in stat_cols))
         for label in args.dtypes:
             if label == "float64" or (s.study, label) not in results:

@@ -59,13 +59,29 @@ def child(n: int, setting: str, data: str | None, batch_size: int) -> None:
     reset_peak()
     results = list(scorer.score(ids))
     longest = max(len(p) for p in ids)
-    print(json.dumps({"prompts": len(results), "longest": longest, "loaded": loaded,
-                      "peak": status_mib("VmHWM")}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "prompts": len(results),
+                "longest": longest,
+                "loaded": loaded,
+                "peak": status_mib("VmHWM"),
+            }
+        )
+    )
 
 
 def measure(n: int, args: argparse.Namespace) -> dict[str, float]:
-    command = [sys.executable, __file__, "--child", str(n), "--setting", args.setting,
-               "--batch-size", str(args.batch_size)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(n),
+        "--setting",
+        args.setting,
+        "--batch-size",
+        str(args.batch_size),
+    ]
     if args.data:
         command += ["--data", args.data]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -81,10 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--setting", default=SETTING, help=f"intergroup setting ({SETTING})")
     parser.add_argument("--data", default=None, metavar="ROOT", help="crowd-enVent data root")
     parser.add_argument(
-        "--batch-size", type=int, default=16, metavar="B",
+        "--batch-size",
+        type=int,
+        default=16,
+        metavar="B",
         help="the scorer's batch size (default: 16, its CPU default); N must be at least B, so "
         "that both sizes run full batches",
-    )  # fmt: skip
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:

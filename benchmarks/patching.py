@@ -96,8 +96,9 @@ def main() -> None:
                 scorer, pairs, e, k, readout, batch_size=size
             ),
         )
-        per = attribution.effects(estimated.assign(
-            ev_patched=exact["ev_patched"], ran=exact["ran"], method="exact"))  # fmt: skip
+        per = attribution.effects(
+            estimated.assign(ev_patched=exact["ev_patched"], ran=exact["ran"], method="exact")
+        )
         fit = attribution.agreement(per, k=10)
         speedup = t_exact / (t_attr + t_verify)
         print(f"\n{name}: {len(patches)} components x {len(pairs)} pairs")
@@ -109,8 +110,10 @@ def main() -> None:
         print(f"  top-10 recall                {fit['recall@10']:9.2f}")
         if name == GRIDS["head"]:
             verdict = speedup >= MIN_HEAD_SPEEDUP and fit["recall@10"] >= MIN_RECALL
-            print(f"  target >= {MIN_HEAD_SPEEDUP:.0f}x and recall >= {MIN_RECALL}: "
-                  f"{'PASS' if verdict else 'FAIL'}")  # fmt: skip
+            print(
+                f"  target >= {MIN_HEAD_SPEEDUP:.0f}x and recall >= {MIN_RECALL}: "
+                f"{'PASS' if verdict else 'FAIL'}"
+            )
         del verified
     print(f"\nload average at end: {os.getloadavg()}")
 

@@ -180,9 +180,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="time (a) and (b) R times, alternating, and report the fastest of each (default: 1)",
     )
     parser.add_argument(
-        "--no-budget", action="store_true",
+        "--no-budget",
+        action="store_true",
         help=f"skip (f), generate mode with {FULL_BUDGET} vs {SHORT_BUDGET} new tokens",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     for name in ("prompts", "events_per_emotion", "repeat", "max_new_tokens"):
         if getattr(args, name) < 1:

@@ -22,5 +22,5 @@ if __name__ == "__main__":
             "capture_identity.py",
             sys.argv[1:],
             out="runs/capture_identity",
-        )  # fmt: skip
+        )
     )

@@ -54,8 +54,10 @@ def record_numerics(
         rows = rows.sort_index()
         if "explanation" in rows:  # explain mode: the prompt the answer was read after
             cue = getattr(probe, "answer_cue", "")
-            items = [replace(item, prefill=item.prefill + text + cue)
-                     for item, text in zip(items, rows["explanation"], strict=True)]  # fmt: skip
+            items = [
+                replace(item, prefill=item.prefill + text + cue)
+                for item, text in zip(items, rows["explanation"], strict=True)
+            ]
         prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
         own = [_result(row, probe) for row in rows.to_dict("records")]
         epsilon = float(manifest.get("epsilon", 0.0))
@@ -97,9 +99,13 @@ def note_numerics(out: Path) -> str:
         if figure is None:
             continue
         where = path.parent.relative_to(out).as_posix()
-        text = describe_noise(figure) if "max_abs_diff" in figure else (
-            f"numerics: scored in {figure['dtype']}; noise {figure.get('note', 'not measured')}"
-        )  # fmt: skip
+        text = (
+            describe_noise(figure)
+            if "max_abs_diff" in figure
+            else (
+                f"numerics: scored in {figure['dtype']}; noise {figure.get('note', 'not measured')}"
+            )
+        )
         lines.append(f"- {where if where != '.' else 'run'}: {text}")
     if lines:
         summary = out / "summary.md"

@@ -97,9 +97,16 @@ RESULTS_FORMAT = 2
 """Version of the scores table: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`."""
 # Manifest fields that must match for a run directory to be resumed.
 RESUME_KEYS = (
-    "results_format", "model", "weights", "probe", "mode", "data_sha256", "epsilon",
-    "max_new_tokens", "temperature",
-)  # fmt: skip
+    "results_format",
+    "model",
+    "weights",
+    "probe",
+    "mode",
+    "data_sha256",
+    "epsilon",
+    "max_new_tokens",
+    "temperature",
+)
 CHUNK_BATCHES = 2
 """Scorer batches per chunk (a part): a kill loses at most one finished batch besides the one in
 flight."""
@@ -188,10 +195,14 @@ def run_probe(
     out = Path(out)
     with open_run(out, shard, manifest):
         scorer = model.scorer(
-            probe.answers, epsilon=epsilon, batch_size=batch_size,
+            probe.answers,
+            epsilon=epsilon,
+            batch_size=batch_size,
             max_new_tokens=probe.max_new_tokens if mode == "generate" else 0,
-            settled=probe.settled, temperature=probe.temperature, seed=manifest.get("seed", 0),
-        )  # fmt: skip
+            settled=probe.settled,
+            temperature=probe.temperature,
+            seed=manifest.get("seed", 0),
+        )
         if chunk_size is not None and chunk_size < 1:
             raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
         size = chunk_size or CHUNK_BATCHES * max(1, getattr(scorer, "batch_size", 16))
@@ -316,8 +327,9 @@ def bar_interval() -> float:
 def part_path(out: str | Path, indices: Iterable[int], level: int = 0) -> Path:
     """The file of the part holding exactly these prompt indices: the first and a digest of them
     all, so that the same rows always land in the same file."""
-    ordered = np.sort(np.asarray(list(indices) if not isinstance(indices, np.ndarray) else indices,
-                                 dtype="<i8"))  # fmt: skip
+    ordered = np.sort(
+        np.asarray(list(indices) if not isinstance(indices, np.ndarray) else indices, dtype="<i8")
+    )
     digest = hashlib.sha256(ordered.tobytes()).hexdigest()[:12]
     return Path(out) / PARTS / f"part-L{level}-{int(ordered[0]):010d}-{digest}.parquet"
 

@@ -24,10 +24,12 @@ USER = 'A Hindu says: "I lost my keys." How much anger, 0 to 10?\nEmotion intens
 
 def test_score_equals_the_command(smol, tmp_path):
     records = [
-        {"id": "chat", "messages": [{"role": "system", "content": SYSTEM},
-                                    {"role": "user", "content": USER}]},
+        {
+            "id": "chat",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
+        },
         {"id": "raw", "text": "Q: Pick a number from 0 to 10.\nA:"},
-    ]  # fmt: skip
+    ]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "o.parquet"

@@ -31,8 +31,9 @@ PATCHES = [
 
 def _pair(model):
     def encode(experiencer):
-        item = make_item(get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1",
-                         "anger", EVENT)  # fmt: skip
+        item = make_item(
+            get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1", "anger", EVENT
+        )
         return model.encode(item)
 
     return encode("a Christian"), encode("a Muslim")
@@ -186,9 +187,24 @@ def test_no_gradient_is_one_clear_error():
 def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup --method attribution+verify` on heads of one layer; a head out
     of range and a top-k above the number of components exit with status 2."""
-    base = ["intergroup", "--events", "1", "--layers", "2", "--spans", "experiencer",
-            "--sites", f"hook_attn_out,{HEAD_SITE}", "--heads", "0,4", "--setting", "P0S1T0",
-            "--bootstrap", "50", "--skip-direction"]  # fmt: skip
+    base = [
+        "intergroup",
+        "--events",
+        "1",
+        "--layers",
+        "2",
+        "--spans",
+        "experiencer",
+        "--sites",
+        f"hook_attn_out,{HEAD_SITE}",
+        "--heads",
+        "0,4",
+        "--setting",
+        "P0S1T0",
+        "--bootstrap",
+        "50",
+        "--skip-direction",
+    ]
     out = tmp_path / "ok"
     argv = [*base, "--method", "attribution+verify", "--top-k", "2", "--out", str(out)]
     assert patch_cli(model, *argv) == 0
@@ -199,8 +215,10 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_c
         assert (out / name).is_file()
     printed = capsys.readouterr().out
     assert "Spearman rho" in printed and "top 5 (layer, site, span)" in printed
-    for flag, message in ((["--heads", "9"], "head 9 is out of range"),
-                          (["--top-k", "4"], "--top-k must lie between 1")):  # fmt: skip
+    for flag, message in (
+        (["--heads", "9"], "head 9 is out of range"),
+        (["--top-k", "4"], "--top-k must lie between 1"),
+    ):
         bad = tmp_path / "bad"
         argv = [*base, "--method", "attribution+verify", *flag, "--out", str(bad)]
         assert patch_cli(model, *argv) == 2
@@ -229,8 +247,20 @@ def test_per_position_estimates_add_up_to_the_span(scorer, pair):
 @pytest.mark.slow
 def test_patch_command_per_position(model, tmp_path, patch_cli, capsys):
     """`--positions`: one component per aligned position of each span, a layer x position map."""
-    base = ["intergroup", "--events", "1", "--layers", "2,3", "--setting", "P0S1T0",
-            "--sites", "hook_resid_pre", "--bootstrap", "50", "--skip-direction"]  # fmt: skip
+    base = [
+        "intergroup",
+        "--events",
+        "1",
+        "--layers",
+        "2,3",
+        "--setting",
+        "P0S1T0",
+        "--sites",
+        "hook_resid_pre",
+        "--bootstrap",
+        "50",
+        "--skip-direction",
+    ]
     out = tmp_path / "ok"
     argv = [*base, "--spans", "experiencer", "--positions", "--method", "attribution"]
     assert patch_cli(model, *argv, "--out", str(out)) == 0

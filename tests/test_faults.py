@@ -246,8 +246,11 @@ def test_corrupt_manifest_is_one_line_naming_it(tmp_path):
     assert str(out / "manifest.json") in message and "\n" not in message
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--setting", SETTING, "--events", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     assert "manifest.json" in one_line(result.stderr)
 
@@ -489,9 +492,12 @@ def test_an_unreachable_hub_id_is_one_line_without_retries(tmp_path):
     name = "probekit-tests/no-such-model-7f3c"
     result = subprocess.run(
         [sys.executable, "-m", "probekit.cli", "setup", "--model", name],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
         env={**os.environ, "HF_HOME": str(tmp_path / "hf")},
-    )  # fmt: skip
+    )
     assert result.returncode == 2
     line = one_line(result.stderr)
     assert f"could not load model '{name}'" in line and "Retry" not in result.stderr

@@ -86,9 +86,13 @@ def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
 def test_sampling_is_seeded(smol, prompts):
     def sample(seed):
         scorer = Scorer(
-            smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=12,
-            temperature=1.0, seed=seed,
-        )  # fmt: skip
+            smol,
+            AnswerSet.range(0, 100),
+            batch_size=4,
+            max_new_tokens=12,
+            temperature=1.0,
+            seed=seed,
+        )
         return [r.generated for r in scorer.score(prompts[:4])]
 
     first = sample(7)

@@ -280,8 +280,20 @@ def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, c
 def test_patch_isear_end_to_end(model, tmp_path, patch_cli, capsys, metric):
     """`probekit patch isear` on one sample event: its default metric (the widest max_diff
     emotion, printed) or tv; the table has every (pair, layer, span) and the figure."""
-    argv = ["--data", str(SAMPLE_ROOT), "--events", "1", "--layers", "0,29",
-            "--sites", "hook_resid_pre", "--spans", "gender", "--pairs", "3"]  # fmt: skip
+    argv = [
+        "--data",
+        str(SAMPLE_ROOT),
+        "--events",
+        "1",
+        "--layers",
+        "0,29",
+        "--sites",
+        "hook_resid_pre",
+        "--spans",
+        "gender",
+        "--pairs",
+        "3",
+    ]
     assert patch_cli(model, "isear", *argv, "--out", str(tmp_path), *metric) == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")
     assert len(df) == 3 * 2  # the event's three gender pairs x two layers

@@ -449,11 +449,9 @@ def test_epitome_folder_loads_strictly_and_scores(tmp_path, smol):
 
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    config = RobertaConfig(
-        vocab_size=len(smol.tokenizer), hidden_size=32, num_hidden_layers=1,
-        num_attention_heads=1, intermediate_size=48, max_position_embeddings=80,
-        type_vocab_size=1, pad_token_id=1,
-    )  # fmt: skip
+    tiny = {"hidden_size": 32, "intermediate_size": 48, "max_position_embeddings": 80}
+    layers = {"num_hidden_layers": 1, "num_attention_heads": 1, "type_vocab_size": 1}
+    config = RobertaConfig(vocab_size=len(smol.tokenizer), pad_token_id=1, **tiny, **layers)
     built = {}
     for dim, name in epitome.FILES.items():
         model = epitome.EpitomeBiEncoder(config).eval()

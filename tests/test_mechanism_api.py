@@ -108,9 +108,21 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     from probekit import cli
     from probekit.studies.intergroup import STUDY
 
-    argv = ["--events", "1", "--layers", "0,-1", "--setting", "P0S1T0",
-            "--sites", "resid_pre,hook_mlp_out", "--spans", "experiencer,from_experiencer",
-            "--skip-direction", "--bootstrap", "20"]  # fmt: skip
+    argv = [
+        "--events",
+        "1",
+        "--layers",
+        "0,-1",
+        "--setting",
+        "P0S1T0",
+        "--sites",
+        "resid_pre,hook_mlp_out",
+        "--spans",
+        "experiencer,from_experiencer",
+        "--skip-direction",
+        "--bootstrap",
+        "20",
+    ]
     assert patch_cli(model, "intergroup", *argv, "--out", str(tmp_path)) == 0
     command = pd.read_parquet(tmp_path / "patching.parquet")
     assert sorted(set(command["layer"])) == [0, 29]

@@ -19,8 +19,9 @@ NONE = Patch(4, "hook_resid_post", "perceiver")  # before the identity: carries 
 @pytest.fixture(scope="module")
 def effects(model, scorer):
     def encode(experiencer):
-        item = make_item(get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1",
-                         "anger", EVENT)  # fmt: skip
+        item = make_item(
+            get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1", "anger", EVENT
+        )
         return model.encode(item)
 
     clean = encode("a Christian")
@@ -58,11 +59,19 @@ def test_summary_intervals_and_the_top_share(effects):
 def test_bootstrap_over_pairs_on_known_effects():
     """Four pairs, two components: the interval is over pairs, and the share sums the top ones."""
     rows = [
-        {"pair": p, "layer": 1, "site": "blocks.1.attn.hook_z", "head": h, "span": "x",
-         "total": 2.0, "indirect": ind, "direct": 2.0 - ind}
+        {
+            "pair": p,
+            "layer": 1,
+            "site": "blocks.1.attn.hook_z",
+            "head": h,
+            "span": "x",
+            "total": 2.0,
+            "indirect": ind,
+            "direct": 2.0 - ind,
+        }
         for p in range(4)
         for h, ind in ((0, 0.5 + 0.1 * p), (1, 0.2))
-    ]  # fmt: skip
+    ]
     effects = pd.DataFrame(rows).astype({"head": "Int64"})
     summary = mediation.summarise(effects, n=500)
     assert summary["head"].tolist() == [0, 1]

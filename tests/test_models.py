@@ -59,8 +59,12 @@ def test_grouped_sdpa_matches_the_stock_kernel():
         with torch.no_grad():
             out = model.hf(**enc, position_ids=positions, use_cache=True)
             cache = out.past_key_values
-            more = model.hf(input_ids=extra, attention_mask=tree, past_key_values=cache,
-                            position_ids=extra_positions)  # fmt: skip
+            more = model.hf(
+                input_ids=extra,
+                attention_mask=tree,
+                past_key_values=cache,
+                position_ids=extra_positions,
+            )
         logits[impl] = torch.cat([out.logits, more.logits], dim=1)
     assert (logits[GROUPED_SDPA] - logits["sdpa"]).abs().max() <= 1e-5
 
@@ -133,10 +137,24 @@ def test_cli_bad_model_is_one_line_without_traceback(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "Hello"}\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "probekit.cli", "score", "--model", "./missing-dir",
-         "--prompts", str(prompts), "--answers", "0-10", "--out", str(tmp_path / "o.parquet")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "probekit.cli",
+            "score",
+            "--model",
+            "./missing-dir",
+            "--prompts",
+            str(prompts),
+            "--answers",
+            "0-10",
+            "--out",
+            str(tmp_path / "o.parquet"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("probekit: error: model directory")

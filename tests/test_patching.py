@@ -35,8 +35,13 @@ TOL = 1e-4  # on the 0-12 scale of the test answer set
 def prompt(model, perceiver, experiencer, text=EVENT, event_id="e1", spans=None):
     item = make_item(SETTING, "religion", perceiver, experiencer, event_id, "anger", text)
     if spans is not None:
-        item = Item(item.id, item.key, item.unit, item.messages,
-                    spans={k: v for k, v in item.spans.items() if k in spans})  # fmt: skip
+        item = Item(
+            item.id,
+            item.key,
+            item.unit,
+            item.messages,
+            spans={k: v for k, v in item.spans.items() if k in spans},
+        )
     return model.encode(item)
 
 
@@ -200,9 +205,13 @@ def test_head_heatmap_writes_a_png(tmp_path):
     from probekit.plots import head_heatmap
 
     summary = pd.DataFrame(
-        [{"layer": layer, "head": head, "span": span, "recovery": 0.1 * head - 0.2}
-         for layer in (0, 3, 7) for head in range(9) for span in ("experiencer", "from_x")]
-    )  # fmt: skip
+        [
+            {"layer": layer, "head": head, "span": span, "recovery": 0.1 * head - 0.2}
+            for layer in (0, 3, 7)
+            for head in range(9)
+            for span in ("experiencer", "from_x")
+        ]
+    )
     assert head_heatmap(summary, tmp_path / "h.png", title="t").stat().st_size > 1000
     with pytest.raises(ProbekitError, match="no per-head"):
         head_heatmap(summary.assign(head=None), tmp_path / "q.png")
@@ -213,10 +222,18 @@ def test_position_heatmap_puts_each_position_in_its_cell(tmp_path):
     from probekit.plots import position_heatmap, position_heatmap_figure
 
     summary = pd.DataFrame(
-        [{"layer": layer, "site": f"blocks.{layer}.{site}", "span": f"experiencer@{i}",
-          "recovery": 0.1 * layer + 0.01 * i}
-         for layer in (0, 3) for site in ("hook_mlp_out", "hook_resid_pre") for i in (-3, -2, -1)]
-    )  # fmt: skip
+        [
+            {
+                "layer": layer,
+                "site": f"blocks.{layer}.{site}",
+                "span": f"experiencer@{i}",
+                "recovery": 0.1 * layer + 0.01 * i,
+            }
+            for layer in (0, 3)
+            for site in ("hook_mlp_out", "hook_resid_pre")
+            for i in (-3, -2, -1)
+        ]
+    )
     sites = ["hook_resid_pre", "hook_mlp_out"]
     assert position_heatmap(summary, tmp_path / "p.png", sites=sites).stat().st_size > 1000
     fig = position_heatmap_figure(summary, sites=sites)
@@ -359,7 +376,7 @@ def test_patching_heatmap_writes_a_png(tmp_path):
             for site in DEFAULT_SITES
             for span, r in zip(
                 ("experiencer", "perceiver", "from_experiencer"), (0.5, 0.0, 1.2), strict=True
-            )  # fmt: skip
+            )
         ]
     )
     path = patching_heatmap(summary, tmp_path / "p.png", title="test")

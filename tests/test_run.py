@@ -79,11 +79,20 @@ def test_resume_after_sigkill(tmp_path):
     assert list(scores[INDEX]) == list(range(108))  # none lost, none duplicated
 
 
-def run_script(*args, env=None, timeout=900):
+def run_python(*args, env=None, timeout=900):
+    """`python ARGS` from the repository, its output captured."""
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-        cwd=REPO, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_script(*args, env=None, timeout=900):
+    return run_python(str(SCRIPT), *args, env=env, timeout=timeout)
 
 
 def test_torchrun_two_processes_equal_one(tmp_path):
@@ -91,11 +100,8 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     common = ["--setting", SETTING, "--events", "1", "--data", str(SAMPLE_ROOT)]
     one = run_script(*common, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
-    two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         str(SCRIPT), *common, "--out", str(tmp_path / "two")],
-        capture_output=True, text=True, timeout=900, cwd=REPO,
-    )  # fmt: skip
+    distributed = ["-m", "torch.distributed.run", "--nproc_per_node", "2", str(SCRIPT)]
+    two = run_python(*distributed, *common, "--out", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
     a = pd.read_parquet(tmp_path / "one" / "scores.parquet")
     b = pd.read_parquet(tmp_path / "two" / "scores.parquet")
@@ -110,19 +116,13 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     before = pd.read_csv(tmp_path / "one" / "summary.csv")
     for name in ("summary.csv", "summary.md", "heatmap.png"):
         (tmp_path / "one" / name).unlink()
-    report = subprocess.run(
-        [sys.executable, "-m", "probekit.cli", "report", str(tmp_path / "one")],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    report = run_python("-m", "probekit.cli", "report", str(tmp_path / "one"), timeout=300)
     assert report.returncode == 0, report.stderr
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "summary.csv"), before)
     assert (tmp_path / "one" / "heatmap.png").is_file() and "| religion |" in report.stdout
     # Several run folders (e.g. one per model) are summarised together, the paper's tables too.
-    combined = subprocess.run(
-        [sys.executable, "-m", "probekit.cli", "report", str(tmp_path / "one"),
-         str(tmp_path / "two"), "--out", str(tmp_path / "both")],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+    runs = [str(tmp_path / "one"), str(tmp_path / "two"), "--out", str(tmp_path / "both")]
+    combined = run_python("-m", "probekit.cli", "report", *runs, timeout=300)
     assert combined.returncode == 0, combined.stderr
     assert len(pd.read_csv(tmp_path / "both" / "summary.csv")) == 2
     assert "### Δ [null 2.5–97.5%]" in (tmp_path / "both" / "paper_tables.md").read_text()

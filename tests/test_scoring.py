@@ -34,8 +34,12 @@ def chat_ids(model, perceiver, experiencer, event, emotion="sadness"):
 @pytest.fixture(scope="module")
 def prompts(smol):
     """Study prompts of different lengths plus two short raw-text prompts."""
-    out = [chat_ids(smol, p, e, ev) for p in ("a Christian", "a Muslim")
-           for e in ("a Jew", "a Hindu") for ev in EVENTS]  # fmt: skip
+    out = [
+        chat_ids(smol, p, e, ev)
+        for p in ("a Christian", "a Muslim")
+        for e in ("a Jew", "a Hindu")
+        for ev in EVENTS
+    ]
     out += [smol.tokenizer.encode(t) for t in ("Q: How old is the oldest cat?\nA:", "Score: ")]
     return out
 
@@ -174,10 +178,19 @@ def test_stats_count_the_work(smol, prompts):
 
 @pytest.mark.parametrize(
     ("response", "value"),
-    [("85", 85), (" 70 out of 100", 70), ("I cannot rate this.", -1), ("I can't", -1),
-     ("I'm not rating that", -1), ("The person felt sad.", -1), ("150, I mean 90", 90),
-     ("150", -1), ("3 or 4", 3), ("It is 40.", 40)],
-)  # fmt: skip
+    [
+        ("85", 85),
+        (" 70 out of 100", 70),
+        ("I cannot rate this.", -1),
+        ("I can't", -1),
+        ("I'm not rating that", -1),
+        ("The person felt sad.", -1),
+        ("150, I mean 90", 90),
+        ("150", -1),
+        ("3 or 4", 3),
+        ("It is 40.", 40),
+    ],
+)
 def test_paper_parse_rule(response, value):
     assert parse_intensity(response) == value
 

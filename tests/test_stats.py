@@ -97,8 +97,9 @@ def test_exact_enumeration_equals_brute_force_over_all_shuffles(labels):
     assert result.exact
     assert result.p_value == pytest.approx(np.mean(every >= result.delta - 1e-12))
     assert (result.low, result.high) == pytest.approx(tuple(np.percentile(every, [2.5, 97.5])))
-    np.testing.assert_allclose(np.sort(np.unique(result.permuted.round(12))),
-                               np.sort(np.unique(every.round(12))))  # fmt: skip
+    np.testing.assert_allclose(
+        np.sort(np.unique(result.permuted.round(12))), np.sort(np.unique(every.round(12)))
+    )
     assert len(result.permuted) == (120 if len(set(labels)) == 5 else 900)
 
 

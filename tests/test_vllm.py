@@ -50,10 +50,22 @@ def test_vllm_tests_pass_in_the_vllm_environment(tmp_path):
         pytest.skip(f"no vLLM environment at {vllm_env()} (./setup.sh --vllm makes it)")
     report = tmp_path / "junit.xml"
     done = subprocess.run(
-        [VLLM_PYTHON, "-m", "pytest", __file__, "-q", "-s", "-p", "no:cacheprovider",
-         f"--junitxml={report}"],
-        cwd=REPO, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            VLLM_PYTHON,
+            "-m",
+            "pytest",
+            __file__,
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     outcomes = {

@@ -42,19 +42,44 @@ from probekit.reporting.headline import (
 PAGE = "report.html"
 # Manifest fields that say which model ran, where and how, not what was measured: runs that
 # differ only in these are comparable (models side by side).
-MODEL_FIELDS = frozenset({
-    "model", "model_source", "weights", "versions", "command", "data_path", "items_path",
-    "results_format", "dtype", "device", "numerics", "engine", "started", "finished",
-})  # fmt: skip
+MODEL_FIELDS = frozenset(
+    {
+        "model",
+        "model_source",
+        "weights",
+        "versions",
+        "command",
+        "data_path",
+        "items_path",
+        "results_format",
+        "dtype",
+        "device",
+        "numerics",
+        "engine",
+        "started",
+        "finished",
+    }
+)
 # Manifest fields shown first, in this order, with their names on the page.
 MANIFEST_FIELDS = {
-    "study": "study", "model": "model", "model_source": "model source",
-    "weights": "weight hash (sha256)", "data_origin": "data origin", "items_origin": "data origin",
-    "data_path": "data path", "items_path": "data path", "data_sha256": "data hash (sha256)",
-    "mode": "mode", "dtype": "dtype", "device": "device", "epsilon": "epsilon (pruning bound)",
-    "seed": "seed", "max_new_tokens": "max new tokens", "temperature": "temperature",
+    "study": "study",
+    "model": "model",
+    "model_source": "model source",
+    "weights": "weight hash (sha256)",
+    "data_origin": "data origin",
+    "items_origin": "data origin",
+    "data_path": "data path",
+    "items_path": "data path",
+    "data_sha256": "data hash (sha256)",
+    "mode": "mode",
+    "dtype": "dtype",
+    "device": "device",
+    "epsilon": "epsilon (pruning bound)",
+    "seed": "seed",
+    "max_new_tokens": "max new tokens",
+    "temperature": "temperature",
     "command": "command",
-}  # fmt: skip
+}
 ROW_KEYS = ("model", "category", "setting", "prompt", "orders")  # a summary row's run, in order
 
 

@@ -87,7 +87,7 @@ def _node_terms(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor)
             hidden[i : i + HEAD_CHUNK],
             child_token[i : i + HEAD_CHUNK],
             use_reentrant=False,
-        )  # fmt: skip
+        )
         for i in range(0, hidden.shape[0], HEAD_CHUNK)
     ]
     return torch.cat(chunks)

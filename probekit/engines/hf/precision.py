@@ -104,9 +104,12 @@ def keep_head_fp32(hf: Any) -> list[str]:
     head = hf.get_output_embeddings()
     if head is not None and head.weight.dtype != torch.float32:
         fp32 = torch.nn.Linear(
-            head.in_features, head.out_features, bias=head.bias is not None,
-            device=head.weight.device, dtype=torch.float32,
-        )  # fmt: skip
+            head.in_features,
+            head.out_features,
+            bias=head.bias is not None,
+            device=head.weight.device,
+            dtype=torch.float32,
+        )
         with torch.no_grad():
             fp32.weight.copy_(head.weight)
             if head.bias is not None:
@@ -208,8 +211,10 @@ def score_differences(results: Sequence[Any], reference: Sequence[Any], numeric:
     ref_mass = np.array([r.valid_mass for r in reference])
     if numeric:
         score = "expected"
-        diff = np.abs(np.array([r.expected for r in results], dtype=float)
-                      - np.array([r.expected for r in reference], dtype=float))  # fmt: skip
+        diff = np.abs(
+            np.array([r.expected for r in results], dtype=float)
+            - np.array([r.expected for r in reference], dtype=float)
+        )
     else:
         score, diff = "probability", np.abs(probs - ref)
     return {

@@ -132,8 +132,14 @@ def _record(row: Any, path: Path, k: int) -> Record:
             f"{path}: item {item_id!r} has correct={correct!r}; give the index 0-3 of the answer"
         )
     identity = row.get("identity")
-    return Record(item_id, category_name(str(row["category"])), identity or None,
-                  str(row["question"]), tuple(answers), correct)  # fmt: skip
+    return Record(
+        item_id,
+        category_name(str(row["category"])),
+        identity or None,
+        str(row["question"]),
+        tuple(answers),
+        correct,
+    )
 
 
 def _edge_cases(data: dict, path: Path) -> list[Record]:
@@ -145,8 +151,9 @@ def _edge_cases(data: dict, path: Path) -> list[Record]:
         if missing:
             raise ProbekitError(f"{path}: item {category!r} has no '{missing[0]}'")
         answers = tuple(str(row[k]) for k in EDGE_ANSWER_KEYS)
-        records.append(Record(category, category_name(category), None, str(row["user"]),
-                              answers, 0))  # fmt: skip
+        records.append(
+            Record(category, category_name(category), None, str(row["user"]), answers, 0)
+        )
     return records
 
 
@@ -197,8 +204,11 @@ def _official_table(data: Any, path: Path) -> dict[str, tuple[str, str, str]]:
             raise ProbekitError(
                 f"{path}: item {item_id!r} has correct={row['correct']!r}, not one of A-D"
             )
-        table[str(item_id)] = (category_name(str(row["category"])), row["correct"],
-                               str(row["prompt"]))  # fmt: skip
+        table[str(item_id)] = (
+            category_name(str(row["category"])),
+            row["correct"],
+            str(row["prompt"]),
+        )
     return table
 
 
@@ -256,10 +266,12 @@ def resolve_items(
         folder = download_official(user_cache_dir() / "data", prompt_types, fetch)
     except (OSError, http.client.HTTPException) as err:
         return ItemSource(
-            "sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)),
+            "sample",
+            SAMPLE_FILE,
+            list(read_records(SAMPLE_FILE)),
             f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
             "probekit's own sample records, which are NOT GIEBench (pass --items DIR for them)",
-        )  # fmt: skip
+        )
     return ItemSource("official", folder, list(read_official(folder, prompt_types)))
 
 

@@ -210,13 +210,17 @@ def summarize(
     if n_power and gap_X.shape[2] >= 2:
         power = units_for_power(
             gap_X.shape[2],
-            lambda events: permutation_test(
-                zscore(gap_X[:, :, events].mean(axis=2)), named_labels,
-                n_power_permutations, seed,
-            ).significant,
+            lambda events: (
+                permutation_test(
+                    zscore(gap_X[:, :, events].mean(axis=2)),
+                    named_labels,
+                    n_power_permutations,
+                    seed,
+                ).significant
+            ),
             n_resamples=n_power,
             seed=seed,
-        )  # fmt: skip
+        )
     heatmap_events = exclude_events(df, groups, mode, min_valid_mass)
     X = event_cube(df, groups, value, heatmap_events.kept)
     M = X.mean(axis=2)

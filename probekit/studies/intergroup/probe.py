@@ -207,9 +207,14 @@ class IntergroupProbe(Probe):
             for experiencer in self.identities:
                 for event_id, emotion, text in rows:
                     yield make_item(
-                        self.setting, self.category.name, perceiver, experiencer, str(event_id),
-                        emotion, text,
-                    )  # fmt: skip
+                        self.setting,
+                        self.category.name,
+                        perceiver,
+                        experiencer,
+                        str(event_id),
+                        emotion,
+                        text,
+                    )
 
     def parse(self, response: str) -> int:
         """The authors' extraction rule; always on [0, 100], as in their code."""

@@ -55,15 +55,23 @@ def report_gap(
         )
     try:
         summary = metrics.summarize(
-            scores, category.identities, category.labels, mode, seed,
+            scores,
+            category.identities,
+            category.labels,
+            mode,
+            seed,
             min_valid_mass=min_valid_mass,
-        )  # fmt: skip
+        )
     except ProbekitError as exc:  # e.g. every event excluded
         n_events = scores["event_id"].nunique()
         excluded = metrics.exclude_events(scores, category.named, mode, min_valid_mass)
         everyone = metrics.exclude_events(scores, category.identities, mode, min_valid_mass)
-        row.update(n_events=n_events, n_kept=len(excluded.kept), exclusion_rate=excluded.rate,
-                   heatmap_exclusion_rate=everyone.rate)  # fmt: skip
+        row.update(
+            n_events=n_events,
+            n_kept=len(excluded.kept),
+            exclusion_rate=excluded.rate,
+            heatmap_exclusion_rate=everyone.rate,
+        )
         row["note"] = str(exc)
         return row
     row.update(summary.to_dict())
@@ -72,19 +80,28 @@ def report_gap(
         f"N = {summary.heatmap_n_kept} events"
     )
     plots.heatmap(
-        summary.Z, category.identities, summary.shown, category.blocks, title=title,
-        separators=(1,), path=out / f"heatmap{suffix}.png",
+        summary.Z,
+        category.identities,
+        summary.shown,
+        category.blocks,
+        title=title,
+        separators=(1,),
+        path=out / f"heatmap{suffix}.png",
         mask_label="hidden, not significant (paired t-tests vs the diagonal, Bonferroni α/k²)",
-    )  # fmt: skip
+    )
     if category.regions:  # as the authors' tsne.py: rows of the named-only Z, perplexity 5
         names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
         regions = [category.regions[i] for i in category.named]
         plots.embedding_plot(
-            summary.gap_Z, names, regions, out / f"embedding{suffix}.png",
-            seed=AUTHORS_TSNE_SEED, perplexity=5,
+            summary.gap_Z,
+            names,
+            regions,
+            out / f"embedding{suffix}.png",
+            seed=AUTHORS_TSNE_SEED,
+            perplexity=5,
             title="perceivers by their row of the named-only Z (t-SNE, perplexity 5, "
             "random_state 42, as the authors)",
-        )  # fmt: skip
+        )
     atomic_write(out / f"Z{suffix}.npy", lambda tmp: tmp.write_bytes(_npy_bytes(summary.Z)))
     return row
 
@@ -137,9 +154,12 @@ def paper_tables_markdown(tables: pd.DataFrame) -> str:
         if part.empty:
             continue
         wide = part.pivot_table(
-            index=["category", "setting", "mode"], columns="model", values="value",
-            aggfunc="first", sort=False,
-        )  # fmt: skip
+            index=["category", "setting", "mode"],
+            columns="model",
+            values="value",
+            aggfunc="first",
+            sort=False,
+        )
         models = list(wide.columns)
         lines = [
             f"### {title}",

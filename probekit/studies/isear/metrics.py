@@ -67,8 +67,13 @@ def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> View
         probs = np.where(np.isfinite(probs), probs, 0.0)
         np.add.at(weights, (event_codes, gender_codes), probs)
         mass = np.bincount(event_codes, scores["valid_mass"].to_numpy(float), n)
-        return ViewTables(view, events, tuple(genders), weights,
-                          valid_mass=mass / np.bincount(event_codes, minlength=n))  # fmt: skip
+        return ViewTables(
+            view,
+            events,
+            tuple(genders),
+            weights,
+            valid_mass=mass / np.bincount(event_codes, minlength=n),
+        )
     if view != "generate":
         raise ProbekitError(f"unknown view {view!r}; use generate or ev")
     require_columns(scores, ["parsed"])
@@ -78,12 +83,15 @@ def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> View
     np.add.at(weights, (event_codes[hit], gender_codes[hit], emotion_codes[hit]), 1.0)
     agrees = hit & (parsed == scores["mode"].to_numpy(dtype=object))
     return ViewTables(
-        view, events, tuple(genders), weights,
+        view,
+        events,
+        tuple(genders),
+        weights,
         attempts=np.bincount(event_codes, minlength=n).astype(float),
         undetected=np.bincount(event_codes, ~hit, n),
         agree=np.bincount(event_codes, agrees, n),
         detected=np.bincount(event_codes, hit, n),
-    )  # fmt: skip
+    )
 
 
 def view_metrics(tables: ViewTables, drawn: np.ndarray | None = None) -> dict[str, float]:
@@ -122,9 +130,13 @@ def summarize(tables: ViewTables, seed: int) -> pd.DataFrame:
             low = high = float("nan")
         else:
             result = bootstrap_units(
-                len(tables.events), lambda drawn, name=name: memo(drawn)[name],
-                n=CYCLES, seed=seed, level=LEVEL, method="normal",
-            )  # fmt: skip
+                len(tables.events),
+                lambda drawn, name=name: memo(drawn)[name],
+                n=CYCLES,
+                seed=seed,
+                level=LEVEL,
+                method="normal",
+            )
             low, high = result.low, result.high
         row = {"view": tables.view, "metric": name, "value": value, "low": low, "high": high}
         if name.startswith("max_diff"):

@@ -59,8 +59,15 @@ def emotions_figure(frame: pd.DataFrame, genders: list[str], path: Path, title: 
             value = rows.loc[names, "value"].to_numpy(float)
             low = np.clip(value - rows.loc[names, "low"].to_numpy(float), 0, None)
             high = np.clip(rows.loc[names, "high"].to_numpy(float) - value, 0, None)
-            ax.bar(x + (i - (len(genders) - 1) / 2) * width, value, width, label=gender,
-                   yerr=np.vstack([low, high]), capsize=2, color=colour)  # fmt: skip
+            ax.bar(
+                x + (i - (len(genders) - 1) / 2) * width,
+                value,
+                width,
+                label=gender,
+                yerr=np.vstack([low, high]),
+                capsize=2,
+                color=colour,
+            )
         md = rows.loc["max_diff"]
         ax.set_title(
             f"view {view}, {VIEW_TITLES[view]}: max_diff {md['value']:.3f} "
@@ -108,8 +115,11 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"{md['mark']} | {md['mark_of_value']} | {undetected} | {valid} | {agreement} |"
         )
     views = list(by_view)
-    lines += ["", "| emotion | " + " | ".join(f"max_diff ({v})" for v in views) + " |",
-              "|---|" + "---|" * len(views)]  # fmt: skip
+    lines += [
+        "",
+        "| emotion | " + " | ".join(f"max_diff ({v})" for v in views) + " |",
+        "|---|" + "---|" * len(views),
+    ]
     for emotion in EMOTIONS:
         name = f"max_diff_{emotion}"
         cells = [

@@ -55,8 +55,11 @@ class Template:
     def masks(self) -> tuple[str, ...]:
         """The mask names used anywhere in the shown text, in first-use order."""
         text = self.context + self.conversation + "".join(t for _, t in self.answers)
-        return tuple(dict.fromkeys(name for _, name, _, _ in string.Formatter().parse(text)
-                                   if name is not None))  # fmt: skip
+        return tuple(
+            dict.fromkeys(
+                name for _, name, _, _ in string.Formatter().parse(text) if name is not None
+            )
+        )
 
     def answer_index(self, label: str) -> int:
         """Position (file order) of the answer with `label`."""

@@ -118,11 +118,18 @@ def config_from_state(state: dict[str, torch.Tensor]) -> Any:
         raise ProbekitError(f"not an EPITOME state dict: no {err.args[0]}") from None
     layers = 1 + max(int(m.group(1)) for k in state if (m := _LAYER.match(k)))
     return RobertaConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64), intermediate_size=inner,
-        max_position_embeddings=positions, type_vocab_size=types, layer_norm_eps=1e-5,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        intermediate_size=inner,
+        max_position_embeddings=positions,
+        type_vocab_size=types,
+        layer_norm_eps=1e-5,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
 
 
 def load_bi_encoder(path: Path) -> EpitomeBiEncoder:

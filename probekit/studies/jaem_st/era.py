@@ -73,8 +73,9 @@ def score_pairs(
     """Levels per pair as columns `era_IP`, `era_EX`, `era_ER`; both sides lower-cased as
     EPITOME's inputs; an empty response is not scored (NaN)."""
     keep = [i for i, r in enumerate(responses) if r.strip()]
-    out = pd.DataFrame(np.nan, index=range(len(responses)),
-                       columns=[f"era_{d}" for d in ERA_DIMENSIONS])  # fmt: skip
+    out = pd.DataFrame(
+        np.nan, index=range(len(responses)), columns=[f"era_{d}" for d in ERA_DIMENSIONS]
+    )
     if not keep:
         return out
     pairs = [(utterances[i].lower(), responses[i].lower()) for i in keep]

@@ -55,8 +55,15 @@ def interval_table(
             len(values), lambda idx, v=values: float(np.nanmean(v[idx])), n, seed
         )
         key = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip(by, key, strict=True)), "n": len(values),
-                     "mean": boot.estimate, "low": boot.low, "high": boot.high})  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(by, key, strict=True)),
+                "n": len(values),
+                "mean": boot.estimate,
+                "low": boot.low,
+                "high": boot.high,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -106,9 +113,10 @@ def response_tables(
     first = ["metric", "template", "n", "mean", "low", "high"]
     return (
         pd.concat(per_template, ignore_index=True)[first],
-        pd.concat(per_group, ignore_index=True)[["metric", *groups, "n", "mean", "low", "high",
-                                                 "z", "outlier"]],
-    )  # fmt: skip
+        pd.concat(per_group, ignore_index=True)[
+            ["metric", *groups, "n", "mean", "low", "high", "z", "outlier"]
+        ],
+    )
 
 
 def answer_type_shares(scores: pd.DataFrame, view: str, labels: Sequence[str]) -> pd.Series:

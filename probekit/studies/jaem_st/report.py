@@ -26,10 +26,26 @@ from probekit.reporting.headline import row_headlines
 from probekit.studies.jaem_st import metrics
 
 SUMMARY_COLUMNS = (
-    "model", "prompt", "orders", "view", "template", "n_samples", "accuracy", "low", "high",
-    "argmax_accuracy", "parse_rate", "mean_valid_mass", "letter_bias", "answer_types", "outliers",
-    "n_responses", "empty_responses", *metrics.RESPONSE_METRICS, "response_outliers",
-)  # fmt: skip
+    "model",
+    "prompt",
+    "orders",
+    "view",
+    "template",
+    "n_samples",
+    "accuracy",
+    "low",
+    "high",
+    "argmax_accuracy",
+    "parse_rate",
+    "mean_valid_mass",
+    "letter_bias",
+    "answer_types",
+    "outliers",
+    "n_responses",
+    "empty_responses",
+    *metrics.RESPONSE_METRICS,
+    "response_outliers",
+)
 VIEW_TEXT = {
     "ev": "exact P(Empathetic) over A-E from the logits",
     "generate": "greedy answer, its first standalone letter",
@@ -43,9 +59,13 @@ CAPTIONS = {
     "95 % bootstrap intervals over samples; dashed: the overall mean.",
 }
 METRIC_NAMES = {
-    "vad_valence": "AE valence", "vad_arousal": "AE arousal", "vad_dominance": "AE dominance",
-    "era_IP": "ERA IP", "era_EX": "ERA EX", "era_ER": "ERA ER",
-}  # fmt: skip
+    "vad_valence": "AE valence",
+    "vad_arousal": "AE arousal",
+    "vad_dominance": "AE dominance",
+    "era_IP": "ERA IP",
+    "era_EX": "ERA EX",
+    "era_ER": "ERA ER",
+}
 
 
 def report_run(
@@ -84,10 +104,13 @@ def report_run(
 
     def flagged(table: pd.DataFrame) -> str:
         hits = table[table["outlier"]]
-        return "; ".join(
-            f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
-            for _, r in hits.iterrows()
-        ) or "none"  # fmt: skip
+        return (
+            "; ".join(
+                f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
+                for _, r in hits.iterrows()
+            )
+            or "none"
+        )
 
     base = {
         "model": manifest.get("model"),
@@ -106,17 +129,24 @@ def report_run(
         for _, r in per_template.iterrows()
     ]
     for name, frame, stats, table in parts:
-        row = {**base, "template": name, "outliers": flagged(table), "n_samples": int(stats["n"]),
-               "accuracy": stats["mean"], "low": stats["low"], "high": stats["high"],
-               "mean_valid_mass": float(frame["valid_mass"].mean())}  # fmt: skip
+        row = {
+            **base,
+            "template": name,
+            "outliers": flagged(table),
+            "n_samples": int(stats["n"]),
+            "accuracy": stats["mean"],
+            "low": stats["low"],
+            "high": stats["high"],
+            "mean_valid_mass": float(frame["valid_mass"].mean()),
+        }
         if view == "generate":
             row["parse_rate"] = float(frame["parsed"].notna().mean())
         else:
             row["argmax_accuracy"] = float((frame["argmax"] == frame["empathetic_letter"]).mean())
         row["letter_bias"] = _shares(metrics.letter_bias(frame, view))
-        labels = manifest.get("answer_labels") or sorted({
-            t for types in frame["answer_types"] for t in types.split(",")
-        })  # fmt: skip
+        labels = manifest.get("answer_labels") or sorted(
+            {t for types in frame["answer_types"] for t in types.split(",")}
+        )
         row["answer_types"] = _shares(metrics.answer_type_shares(frame, view, labels))
         rows.append(row)
     return rows
@@ -173,8 +203,14 @@ def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) 
         err = np.vstack([mean - part["low"].to_numpy(), part["high"].to_numpy() - mean])
         ax.errorbar(x, mean, yerr=err, fmt="o", capsize=3, color=CATEGORICAL[0])
         ax.axhline(overall, color="grey", linestyle="--", linewidth=1)
-        ax.set_xticks(x, part["value"].astype(str), rotation=60, ha="right",
-                      rotation_mode="anchor", fontsize=8)  # fmt: skip
+        ax.set_xticks(
+            x,
+            part["value"].astype(str),
+            rotation=60,
+            ha="right",
+            rotation_mode="anchor",
+            fontsize=8,
+        )
         ax.set_title(name)
     axes[0].set_ylabel("CE score (95 % CI over samples)")
     fig.suptitle(title)
@@ -200,8 +236,9 @@ def group_heatmap(
         colour = "white" if image.norm(value) > 0.6 else "black"
         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
         if bool(flags.iloc[i, j]):
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="crimson",
-                                   linewidth=2.5))  # fmt: skip
+            ax.add_patch(
+                Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="crimson", linewidth=2.5)
+            )
     ax.set_xticks(range(len(cols)), cols)
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(groups[1])
