@@ -10,12 +10,14 @@ One run prints the prompts/s of
   (d) probekit's generate mode on the hf engine (exact scores + decoding from the same cache,
       each row stopped once its parse is fixed),
 
-with their ratios to (a); then the Ray overhead: the same study run (ev mode) in one process,
-on Ray with one actor holding all the threads, and with two actors of half the threads each
-(Ray's start and the actors' model loads included, and apart); and the projected time of the
-paper's grid, 37.3 M prompts per model ((19² + 22² + 6²) pairs x 6,050 events x 7 settings), at
-the measured rates and, given `--gpu-rate` (prompts/s of one GPU, measured by this script on a
-GPU machine), on N GPUs.
+with their ratios to (a); the optional cross-check of the exact scores through vLLM (0-10 and
+0-100 read node by node from vLLM's log-probabilities, `probekit.engines.vllm_check`): its
+agreement with (a) at epsilon 0 and its cost; then the Ray overhead: the same study run (ev
+mode) in one process, on Ray with one actor holding all the threads, and with two actors of half
+the threads each (Ray's start and the actors' model loads included, and apart); and the projected
+time of the paper's grid, 37.3 M prompts per model ((19² + 22² + 6²) pairs x 6,050 events x 7
+settings), at the measured rates and, given `--gpu-rate` (prompts/s of one GPU, measured by this
+script on a GPU machine), on N GPUs.
 
 vLLM and Ray come from the environment `./setup.sh --ray --vllm` makes; run it there:
 
@@ -48,6 +50,9 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="data root with crowd-enVent (else sample)")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument(
+        "--vllm-check", type=int, default=2, help="prompts for vLLM's exact cross-check (0: skip)"
+    )
     parser.add_argument("--gpus", default="1,8,64", help="GPU counts for the projection")
     parser.add_argument("--gpu-rate", type=float, default=None, help="measured prompts/s per GPU")
     args = parser.parse_args()
@@ -125,6 +130,8 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
             f"vLLM load {load:.0f} s apart",
         )
         parsed["vllm"] = texts
+        if args.vllm_check:
+            vllm_cross_check(engine, ids[: args.vllm_check])
     else:
         print("(b) skipped: vLLM is not installed in this Python (./setup.sh --vllm)")
 
@@ -145,6 +152,25 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
             same = sum(a == b for a, b in zip(answers, parsed["transformers"], strict=True))
             print(f"parsed answers equal to transformers': {name} {same}/{len(ids)}")
     return rates
+
+
+def vllm_cross_check(engine, ids: list) -> None:
+    """Table 1b: number answers scored exactly through vLLM against the hf engine (epsilon 0)."""
+    from probekit.answers import AnswerSet
+    from probekit.engines.vllm_check import cross_check
+
+    print(f"\nTable 1b: exact scores through vLLM's log-probabilities, {len(ids)} prompts")
+    print("| answers | requests | vLLM s/prompt | hf s/prompt | max |dp| | max |dE| | valid mass |")
+    print("|---|---|---|---|---|---|---|")
+    for spec in ("0-10", "0-100"):
+        table = cross_check(engine, AnswerSet.parse(spec), ids)
+        relative = (table["valid_mass_vllm"] / table["valid_mass_hf"] - 1).abs().max()
+        print(
+            f"| {spec} | {table.attrs['vllm_requests']} | "
+            f"{table.attrs['vllm_seconds'] / len(ids):.1f} | "
+            f"{table.attrs['hf_seconds'] / len(ids):.1f} | {table['max_abs_dp'].max():.1e} | "
+            f"{table['abs_d_expected'].max():.1e} | relative {relative:.1e} |"
+        )
 
 
 def ray_overhead(args: argparse.Namespace) -> None:

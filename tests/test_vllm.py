@@ -23,8 +23,10 @@ import pandas as pd
 import pytest
 from conftest import REPO, answering_prompts, religion_probe
 
+from probekit.answers import AnswerSet
 from probekit.engines import load_engine
-from probekit.engines.vllm import vllm_env
+from probekit.engines.vllm import VllmEngine, vllm_env
+from probekit.engines.vllm_check import cross_check, vllm_answer_mass
 from probekit.errors import ProbekitError
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -89,10 +91,11 @@ def test_missing_vllm_names_the_setup_command():
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed, so nothing is re-run elsewhere")
 def test_without_vllm_the_command_runs_in_the_vllm_environment(tmp_path):
     """`probekit run ... --engine vllm` from an environment without vLLM re-runs the same command
-    with the vLLM environment's Python (a stand-in here that prints what it was given)."""
+    with the vLLM environment's Python (a stand-in here that prints what it was given), on this
+    checkout's probekit."""
     fake = tmp_path / "bin" / "python"
     fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\necho "ran: $*"\n')
+    fake.write_text('#!/bin/sh\necho "ran: $*"\necho "path: $PYTHONPATH"\n')
     fake.chmod(0o755)
     code = (
         "import sys; from probekit.engines.vllm import run_in_vllm_env; "
@@ -101,7 +104,9 @@ def test_without_vllm_the_command_runs_in_the_vllm_environment(tmp_path):
     )
     env = {**os.environ, "PROBEKIT_VLLM_ENV": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert done.stdout.strip() == "ran: -m probekit.cli run intergroup --engine vllm"
+    ran, path = done.stdout.strip().splitlines()
+    assert ran == "ran: -m probekit.cli run intergroup --engine vllm"
+    assert path.removeprefix("path: ").split(os.pathsep)[0] == str(REPO)  # this checkout's code
     assert str(tmp_path) in done.stderr
 
 
@@ -158,6 +163,24 @@ def test_vllm_engine_describes_its_columns_and_has_no_hooks(engine):
     assert described["engine"] == "vllm" and "response" in described["columns"]["vllm"]
     with pytest.raises(ProbekitError, match="no hookable model"):
         engine.hookable()
+
+
+@needs_vllm
+def test_vllm_log_probabilities_give_the_exact_number_scores(engine, prompts):
+    """The optional cross-check: 0-10 read node by node from vLLM's log-probabilities equals the
+    transformers engine's exact scores of the same token ids."""
+    table = cross_check(engine, AnswerSet.parse("0-10"), prompts[:2])
+    print(f"vLLM's exact 0-10 against the hf engine's: {table.to_dict('list')} {table.attrs}")
+    relative = (table["valid_mass_vllm"] / table["valid_mass_hf"] - 1).abs()
+    assert relative.max() <= 1e-4 and table["max_abs_dp"].max() <= 1e-4
+    assert table["abs_d_expected"].max() <= 1e-3 and table.attrs["vllm_requests"] == 2 * 24
+
+
+def test_vllm_cross_check_refuses_words_in_one_line(smol):
+    """Letters and words cannot be read through vLLM's 128 log-probabilities (checked before vLLM
+    is needed, so this runs where vLLM is not installed)."""
+    with pytest.raises(ProbekitError, match="number answers only"):
+        vllm_answer_mass(VllmEngine(smol), AnswerSet.parse("A-E"), [[1, 2, 3]])
 
 
 def run_isear(out: Path, *extra: str) -> pd.DataFrame:

@@ -70,7 +70,9 @@ def vllm_env() -> Path:
 def run_in_vllm_env(argv: Sequence[str]) -> None:
     """Where vLLM is missing here but `vllm_env()` has it, run this same command there (the
     process is replaced, so this returns only when there is nothing to do); `argv` is
-    `sys.argv`: a script path or the `probekit` command, then its arguments."""
+    `sys.argv`: a script path or the `probekit` command, then its arguments. Run from a source
+    checkout, the command there imports this checkout's probekit (the environment's editable
+    install points at whichever checkout ran `./setup.sh --vllm` last)."""
     python = vllm_env() / "bin" / "python"
     script = Path(argv[0])
     if script.name in ("probekit", "cli.py"):
@@ -83,7 +85,11 @@ def run_in_vllm_env(argv: Sequence[str]) -> None:
         return
     print(f"probekit: vLLM is not in this Python; running in {vllm_env()}", file=sys.stderr)
     sys.stderr.flush()
-    os.execv(python, [str(python), *head, *argv[1:]])
+    env = dict(os.environ)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():  # this very probekit, not the one set up last
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
+    os.execve(python, [str(python), *head, *argv[1:]], env)
 
 
 def load_vllm(spec: str = "default", device: str | None = None, dtype: Any = None) -> VllmEngine:
