@@ -239,7 +239,8 @@ def load_text() -> str:
 
 
 def weight_mib(model: Any) -> float:
-    """MiB of the model's parameters as loaded (a float32 head copy included)."""
+    """MiB of the model's parameters as loaded (a float32 head copy included): read from the
+    transformers module itself, since this benchmark measures the hf engine's dtypes."""
     return sum(p.numel() * p.element_size() for p in model.hf.parameters()) / 2**20
 
 
