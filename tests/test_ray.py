@@ -139,6 +139,8 @@ def test_joining_by_address_gives_the_token_only_when_told(cluster, tmp_path):
     """The multi-node recipe's driver, joining the module's instance (token authentication is
     on by default for a Ray instance) by its address: without `RAY_AUTH_MODE=token` one line that
     says what to set; with it, the cluster."""
+    if os.environ.get("RAY_AUTH_MODE") != "token":  # set by ray.init when it turns tokens on
+        pytest.skip("this Ray's local instance runs without token authentication (Ray < 2.59)")
     code = JOIN.format(address=ray.get_runtime_context().gcs_address)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     outputs = {}
