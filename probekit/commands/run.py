@@ -47,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         const="",
         default=None,
         metavar="ADDRESS",
-        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT), else "
-        "$RAY_ADDRESS, else a local instance (./setup.sh --ray)",
+        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT; with "
+        "token authentication also RAY_AUTH_MODE=token), else $RAY_ADDRESS, else the cluster "
+        "`ray start` runs here, else a local instance (./setup.sh --ray)",
     )
     parser.add_argument(
         "--ray-actors",

@@ -5,8 +5,9 @@ intergroup authors generated with), the exact view through probekit's transforme
 tokenizer (with `as_string=True` that is the authors' input: the rendered template tokenized with
 the tokenizer's special tokens, as vLLM tokenizes a string prompt), the token ids go to vLLM as
 they are, and the exact answer distribution of the same ids comes from the transformers engine,
-which vLLM cannot give (its log-probabilities cover at most 128 given tokens per position, and a
-trie of answers needs one pass per node). So in a run's table `response`, `parsed` (and an
+which vLLM gives only at great cost (its log-probabilities cover at most 128 given tokens per
+position, so a trie of answers needs one request per node: `vllm_check` does that for number
+answers, as a cross-check of the two engines). So in a run's table `response`, `parsed` (and an
 explain run's `explanation`) are vLLM's, every other column the transformers engine's; the
 manifest says so under `columns`.
 
