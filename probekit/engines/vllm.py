@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import site
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -87,9 +88,10 @@ def run_in_vllm_env(argv: Sequence[str]) -> None:
     print(f"probekit: vLLM is not in this Python; running in {vllm_env()}", file=sys.stderr)
     sys.stderr.flush()
     env = dict(os.environ)
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").is_file():  # this very probekit, not the one set up last
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
+    source = Path(__file__).resolve().parents[2]  # the folder this probekit is imported from
+    installed = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())}
+    if source not in installed:  # a checkout: this very probekit, not the one set up last
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     os.execve(python, [str(python), *head, *argv[1:]], env)
 
 
