@@ -11,7 +11,7 @@ For every answer set below, on the first N prompts of the study that asks it, on
        the study's parse rule;
   (b') the same greedy decoding by probekit's decoder, each row stopped as soon as the study's
        `settled` rule says its parse can no longer change (the strongest generate peer);
-  (e)  the shared-prefix peer on the first few prompts (`engines.hf.reference.shared_prefix`:
+  (e)  the shared-prefix peer on the first few prompts (`testing.reference.shared_prefix`:
        the prompt once, every candidate batched on its KV cache) and the largest |p(a) - p(e)|.
 
 The answer sets: 0-10 (intergroup, P0S1T0), the 12 ISEAR emotion words with their surface forms,
@@ -38,13 +38,13 @@ import numpy as np
 import torch
 from common import Target, Timing, json_ready, print_targets, timed, trie_rates, trie_rates_line
 
-from probekit.cli import study_parser
+from probekit.cli.main import study_parser
+from probekit.core.options import comma_list
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import LoadedModel
-from probekit.engines.hf.reference import generate_greedy, shared_prefix
-from probekit.options import comma_list
 from probekit.studies.base import Probe
+from probekit.testing.reference import generate_greedy, shared_prefix
 
 MIN_SPEEDUP_VS_GENERATE = 1.3
 

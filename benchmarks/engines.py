@@ -80,7 +80,7 @@ def intergroup_probe(data: str | None, events: int):
 def engine_rates(args: argparse.Namespace) -> dict[str, float]:
     """Table 1: (a)-(d) on the same prompts; returns prompts/s by method."""
     from probekit.engines import load_engine
-    from probekit.engines.hf.reference import generate_greedy
+    from probekit.testing.reference import generate_greedy
 
     use_vllm = not args.skip_vllm and importlib.util.find_spec("vllm") is not None
     probe = intergroup_probe(args.data, 12)
@@ -156,7 +156,7 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
 
 def vllm_cross_check(engine, ids: list) -> None:
     """Table 1b: number answers scored exactly through vLLM against the hf engine (epsilon 0)."""
-    from probekit.answers import AnswerSet
+    from probekit.core.answers import AnswerSet
     from probekit.engines.vllm_check import cross_check
 
     print(f"\nTable 1b: exact scores through vLLM's log-probabilities, {len(ids)} prompts")
@@ -182,8 +182,8 @@ def ray_overhead(args: argparse.Namespace) -> None:
     import ray
 
     from probekit.engines import load_engine
-    from probekit.run import run_probe
-    from probekit.scale.ray import connect, run_probe_ray
+    from probekit.run.loop import run_probe
+    from probekit.run.ray import connect, run_probe_ray
 
     probe = intergroup_probe(args.data, args.ray_events)
     manifest = {"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}

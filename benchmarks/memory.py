@@ -25,7 +25,7 @@ import torch
 from common import Target, load_line, print_targets
 from scoring import SETTING, build_prompts, load_events
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
 from probekit.datasets.crowd_envent import sample_events
 from probekit.engines import load_engine
 from probekit.studies.intergroup import get_setting

@@ -31,15 +31,15 @@ from typing import Any
 import torch
 from common import timed
 
-from probekit.cli import study_parser
+from probekit.cli.main import study_parser
+from probekit.core.options import comma_list, int_list
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import Scorer
 from probekit.mechanism import attribution
 from probekit.mechanism.components import grid
 from probekit.mechanism.pipeline import measure, select_pairs
+from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import HEAD_SITE, n_heads
-from probekit.options import comma_list, int_list
-from probekit.scoring.readouts import parse_readout
 
 SITES = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]
 GRIDS = {"head": "layer x head x span", "site": "layer x site x span"}  # the head grid has a target

@@ -10,7 +10,7 @@ same thread count, one run prints the prompts/s of
   (e) the shared-prefix peer: the same exact distribution as (a) the way serving engines score
       a choice (SGLang's `select`): each prompt computed once, its KV cache shared by every
       candidate (each answer's surface forms, with the position giving its stop probability),
-      the candidates batched (`probekit.engines.hf.reference.shared_prefix`),
+      the candidates batched (`probekit.testing.reference.shared_prefix`),
 
 and (d) the largest |p - brute force| over a few prompts, at the default epsilon and at 0 (and
 for (e)), where
@@ -48,20 +48,20 @@ import torch
 import transformers
 from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
 from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer, ScoreResult, ScorerStats
 from probekit.engines.hf.model import LoadedModel, load_model
-from probekit.engines.hf.reference import (
+from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
+from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
+from probekit.testing.reference import (
     brute_force,
     candidate_loglik,
     generate_greedy,
     shared_prefix,
 )
-from probekit.engines.hf.synthetic import random_weights
-from probekit.scoring.generate import intensity_settled, parse_intensity
-from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
+from probekit.testing.synthetic import random_weights
 
 CATEGORY, SETTING = "religion", "P0S0T0"
 

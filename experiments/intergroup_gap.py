@@ -14,7 +14,7 @@ else a download of crowd-enVent from its pinned source (sha256-checked), else pr
 
 import sys
 
-from probekit.cli import study_script
+from probekit.cli.main import study_script
 
 if __name__ == "__main__":
     sys.exit(study_script("run", "intergroup", "intergroup_gap.py", sys.argv[1:]))

@@ -12,7 +12,7 @@ skips prompts already captured. The same as `probekit capture intergroup [option
 
 import sys
 
-from probekit.cli import study_script
+from probekit.cli.main import study_script
 
 if __name__ == "__main__":
     sys.exit(

@@ -12,7 +12,7 @@ recompute Δ (directions.parquet, causal_check.json). The same as `probekit patc
 
 import sys
 
-from probekit.cli import study_script
+from probekit.cli.main import study_script
 
 if __name__ == "__main__":
     sys.exit(

@@ -9,24 +9,28 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from probekit.core import moved as _moved
+
 __version__ = "0.1.0"
+
+_moved.install()  # old module paths (probekit.items, probekit.api, ...) still import
 
 _API = {
     # scoring
-    "score": "probekit.api",
+    "score": "probekit.engines.score",
     "load_engine": "probekit.engines",
     "load_model": "probekit.engines.hf.model",
     "LoadedModel": "probekit.engines.hf.model",
-    "AnswerSet": "probekit.answers",
+    "AnswerSet": "probekit.core.answers",
     "Scorer": "probekit.engines.hf.scorer",
     "ScoreResult": "probekit.engines.base",
     # prompts
-    "Item": "probekit.items",
-    "CharSpan": "probekit.items",
-    "EncodedItem": "probekit.items",
-    "encode_item": "probekit.items",
-    "fill_template": "probekit.items",
-    "Pair": "probekit.items",
+    "Item": "probekit.core.items",
+    "CharSpan": "probekit.core.items",
+    "EncodedItem": "probekit.core.items",
+    "encode_item": "probekit.core.items",
+    "fill_template": "probekit.core.items",
+    "Pair": "probekit.core.items",
     # mechanism
     "patch": "probekit.mechanism.api",
     "capture": "probekit.mechanism.api",
@@ -34,12 +38,12 @@ _API = {
     "hookable": "probekit.mechanism.api",
     "read_activations": "probekit.mechanism.capture",
     "Activations": "probekit.mechanism.capture",
-    "Readout": "probekit.scoring.readouts",
-    "parse_readout": "probekit.scoring.readouts",
+    "Readout": "probekit.mechanism.readouts",
+    "parse_readout": "probekit.mechanism.readouts",
     "sweep": "probekit.mechanism.patching",
     "Patch": "probekit.mechanism.components",
     # studies and runs
-    "run_probe": "probekit.run",
+    "run_probe": "probekit.run.loop",
     "Probe": "probekit.studies.base",
     "Study": "probekit.studies.base",
     "get_study": "probekit.studies.base",
@@ -48,7 +52,7 @@ _API = {
     "empathy_gap": "probekit.stats",
     "permutation_test": "probekit.stats",
     "bootstrap_ci": "probekit.stats",
-    "ProbekitError": "probekit.errors",
+    "ProbekitError": "probekit.core.errors",
 }
 
 __all__ = ["__version__", *_API]

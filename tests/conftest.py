@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from probekit.answers import AnswerSet
-from probekit.scoring.readouts import expected_value
+from probekit.core.answers import AnswerSet
+from probekit.mechanism.readouts import expected_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ def patch_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.commands.patch.load_model", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.cli.patch.load_model", lambda *a, **k: model)
         return cli.main(["patch", *argv])
 
     return run

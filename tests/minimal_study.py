@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.answers import AnswerSet
-from probekit.items import Item
-from probekit.options import Option, positive_int
+from probekit.core.answers import AnswerSet
+from probekit.core.items import Item
+from probekit.core.options import Option, positive_int
 from probekit.studies.base import Probe, Say, Study
 
 NAMES = ("Alice", "Bob")

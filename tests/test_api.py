@@ -13,8 +13,8 @@ import pytest
 
 import probekit
 from probekit import cli
-from probekit.errors import ProbekitError
-from probekit.items import Item
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Item
 
 pytestmark = pytest.mark.slow
 

@@ -10,17 +10,17 @@ import pytest
 import torch
 from conftest import ANSWERS, EV, EVENT
 
+from probekit.core.errors import ProbekitError
 from probekit.engines.hf.differentiable import answer_mass
-from probekit.engines.hf.reference import brute_force
-from probekit.errors import ProbekitError
 from probekit.mechanism import attribution, patching
 from probekit.mechanism import pairs as pairing
 from probekit.mechanism.components import Patch, check, plan
 from probekit.mechanism.interventions import score_with
+from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import HEAD_SITE
-from probekit.scoring.readouts import Readout, parse_readout
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
+from probekit.testing.reference import brute_force
 
 PATCHES = [
     Patch(3, "hook_resid_pre", "experiencer"),

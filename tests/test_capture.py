@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.mechanism.capture import (
     capture,
     check_request,

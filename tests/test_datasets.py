@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from probekit.core.errors import ProbekitError
 from probekit.datasets.crowd_envent import (
     EMOTIONS,
     FILES,
@@ -18,7 +19,6 @@ from probekit.datasets.crowd_envent import (
     sample_events,
 )
 from probekit.datasets.locate import read_checksums, resolve_data_root, source_url
-from probekit.errors import ProbekitError
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_ROOT = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from probekit import cli
+from probekit.core.errors import ProbekitError
 from probekit.engines.hf import precision
 from probekit.engines.hf.model import load_model, pick_dtype
-from probekit.errors import ProbekitError
 
 # The tolerances the README states for bfloat16 (float32 final norm and LM head) against
 # float32, from benchmarks/dtype.py: the largest per-prompt |Δp| over the ISEAR, GIEBench and

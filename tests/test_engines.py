@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Item
 from probekit.engines import ENGINES, load_engine
 from probekit.engines.base import Engine, Scorer, ScoreResult, hooks_unavailable
 from probekit.engines.hf.batching import run_batched
-from probekit.errors import ProbekitError
-from probekit.items import Item
 
 
 def test_hf_engine_satisfies_the_protocol(smol):

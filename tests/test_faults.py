@@ -22,11 +22,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from probekit import cli
-from probekit.answers import MAX_ANSWERS, AnswerSet
+from probekit.core.answers import MAX_ANSWERS, AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.io import write_parquet, write_text
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
-from probekit.errors import ProbekitError
-from probekit.io import write_parquet, write_text
-from probekit.run import (
+from probekit.run.loop import (
     DAMAGED,
     FANOUT,
     INDEX,
@@ -52,7 +52,7 @@ import sys
 from pathlib import Path
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
 from probekit.engines.hf.model import load_model
-from probekit.run import run_probe
+from probekit.run.loop import run_probe
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 out, events, chunk = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 probe = IntergroupProbe(
@@ -325,12 +325,12 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path):
 
 def test_full_disk_during_a_run(smol, tmp_path, monkeypatch):
     """ENOSPC while a part is written (as a full disk raises it): one line, no temporary file."""
-    import probekit.io
+    import probekit.core.io
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(probekit.io.pq, "write_table", full)
+    monkeypatch.setattr(probekit.core.io.pq, "write_table", full)
     probe = small_probe(1)
     out = tmp_path / "run"
     with pytest.raises(ProbekitError, match="disk is full") as info:
@@ -345,7 +345,7 @@ def test_full_disk_during_a_run(smol, tmp_path, monkeypatch):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from probekit.run import Shard, hold_shard
+from probekit.run.loop import Shard, hold_shard
 hold_shard(Path(sys.argv[1]), Shard(0, 2))
 print("held", flush=True)
 time.sleep(600)
@@ -472,7 +472,7 @@ def test_a_folder_that_is_not_a_model(tmp_path, capsys):
 
 
 def test_a_truncated_gguf(tmp_path, capsys, monkeypatch):
-    from probekit.engines.hf.model import default_gguf_path
+    from probekit.engines.hf.gguf import default_gguf_path
 
     monkeypatch.setenv("PROBEKIT_CACHE", str(tmp_path / "cache"))
     data = default_gguf_path().read_bytes()

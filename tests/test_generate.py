@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import answering_prompts, religion_probe
 
-from probekit.answers import AnswerSet
-from probekit.engines.hf.reference import generate_greedy
+from probekit.core.answers import AnswerSet
 from probekit.engines.hf.scorer import Scorer
-from probekit.scoring.generate import intensity_settled, parse_intensity
+from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
+from probekit.testing.reference import generate_greedy
 
 BUDGET = 128
 

@@ -13,9 +13,8 @@ import pandas as pd
 import pytest
 
 from probekit import cli
-from probekit.engines.hf.reference import brute_force
-from probekit.errors import ProbekitError
-from probekit.run import run_probe
+from probekit.core.errors import ProbekitError
+from probekit.run.loop import run_probe
 from probekit.studies.giebench import metrics
 from probekit.studies.giebench.judge import (
     OPTIONS,
@@ -32,6 +31,7 @@ from probekit.studies.giebench.sources import (
     read_official,
     read_records,
 )
+from probekit.testing.reference import brute_force
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 EDGE_CASES = SHARED / "giebench" / "edge_cases.json"

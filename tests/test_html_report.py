@@ -16,8 +16,8 @@ import pytest
 from matplotlib.image import imread
 
 from probekit import cli
-from probekit.plots import new_figure, save_figure
 from probekit.reporting import load_run, run_page_html, runs_page_html
+from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number
 from probekit.studies.isear.events import SAMPLE_ROOT
 from probekit.studies.isear.probe import EMOTIONS

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from probekit import stats
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.studies.intergroup import metrics
 
 RELIGION = ["a Christian", "a Muslim", "a Jew", "a Buddhist", "a Hindu"]

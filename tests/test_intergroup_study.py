@@ -3,8 +3,8 @@
 import pytest
 from conftest import ETHNICITY, ETHNICITY_LABELS, ETHNICITY_NAMES
 
+from probekit.core.errors import ProbekitError
 from probekit.datasets import crowd_envent
-from probekit.errors import ProbekitError
 from probekit.studies.intergroup import (
     CATEGORIES,
     EMOTIONS,

@@ -14,13 +14,13 @@ import pytest
 from conftest import REPO
 
 from probekit import cli
-from probekit.engines.hf.reference import brute_force
 from probekit.engines.hf.scorer import Scorer
 from probekit.studies import get_study
 from probekit.studies.isear import EMOTIONS, GENDERS, evaluate, load_events, locate_punkt
 from probekit.studies.isear import metrics as isear_metrics
 from probekit.studies.isear.events import SAMPLE_ROOT, sample_events
 from probekit.studies.isear.probe import ANSWERS, IsearProbe
+from probekit.testing.reference import brute_force
 
 SHARED = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")
 HAS_ISEAR = (SHARED / "isear" / "isear_samples.txt").is_file()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from probekit.errors import ProbekitError
-from probekit.items import (
+from probekit.core.errors import ProbekitError
+from probekit.core.items import (
     ANSWER,
     CharSpan,
     Item,
@@ -18,7 +18,7 @@ from probekit.items import (
     fill_template,
     message_starts,
 )
-from probekit.paths import user_cache_dir
+from probekit.core.paths import user_cache_dir
 from probekit.studies.intergroup import SETTINGS, get_setting
 from probekit.studies.intergroup.probe import make_item
 

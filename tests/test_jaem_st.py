@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from probekit.cli import main
-from probekit.errors import ProbekitError
+from probekit.cli.main import main
+from probekit.core.errors import ProbekitError
 from probekit.studies.jaem_st import epitome, era, metrics, responses
 from probekit.studies.jaem_st.data import REQUIRED, load_jaem, parse_template
 from probekit.studies.jaem_st.probe import LETTERS, JaemProbe, parse_letter
@@ -201,8 +201,8 @@ def test_first_standalone_letter_and_settled(data, rows):
 
 # ----------------------------------------------------------------- exact scores
 def test_exact_letter_probabilities_equal_brute_force(data, rows, smol):
-    from probekit.engines.hf.reference import brute_force
     from probekit.engines.hf.scorer import Scorer
+    from probekit.testing.reference import brute_force
 
     probe = JaemProbe(data, rows.iloc[[81]], orders=1)  # one real prompt: ~900 tokens
     ids = smol.encode(next(iter(probe.items()))).input_ids
@@ -495,7 +495,7 @@ def test_patch_pairs_and_spans_from_mask_locations(data):
         assert list(item.spans) == ["pronoun"]
         assert len(item.spans["pronoun"]) == count  # every {PRONOUN}, never "he" in "the"
         assert set(item.span_text("pronoun").split()) == {item.key["pronoun"]}
-    from probekit.items import EncodedItem
+    from probekit.core.items import EncodedItem
 
     encoded = [EncodedItem(i, "", [], [], {}) for i in items]
     pairs = STUDY.pairs(probe, encoded)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ANSWERS, EVENT
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.mechanism import api, sites
 from probekit.mechanism.capture import read_index
 from probekit.studies.intergroup import get_setting

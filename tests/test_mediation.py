@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from conftest import EV, EVENT
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.mechanism import mediation
 from probekit.mechanism.components import Patch
 from probekit.studies.intergroup import get_setting

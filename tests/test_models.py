@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 
+from probekit.core.errors import ProbekitError
 from probekit.engines.hf.attention import GROUPED_SDPA
-from probekit.engines.hf.model import converted_cache_dir, default_gguf_path, load_model
-from probekit.errors import ProbekitError
+from probekit.engines.hf.gguf import converted_cache_dir, default_gguf_path
+from probekit.engines.hf.model import load_model
 
 CHATS = [
     [{"role": "user", "content": "How intense is joy, 0 to 100?"}],

@@ -32,7 +32,7 @@ REQUIRED_DATA = (
 # Run by the installed interpreter: import every module, report where things were found.
 PROBE = """
 import importlib, json, pkgutil, probekit
-from probekit.paths import package_path
+from probekit.core.paths import package_path
 
 def fail(name):
     raise  # walk_packages calls this inside its `except`; it would otherwise skip the package

@@ -13,15 +13,15 @@ import pytest
 import torch
 from conftest import ANSWERS, EV, EVENT
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.items import Item
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Item
 from probekit.mechanism import directions, patching
 from probekit.mechanism import pairs as pairing
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.interventions import score_with
+from probekit.mechanism.readouts import answer_probability, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, n_heads
-from probekit.scoring.readouts import answer_probability, parse_readout
 from probekit.studies.intergroup import get_category, get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -202,7 +202,7 @@ def test_all_heads_of_a_layer_equal_its_attention_output(scorer, pairs, model):
 
 
 def test_head_heatmap_writes_a_png(tmp_path):
-    from probekit.plots import head_heatmap
+    from probekit.mechanism.plots import head_heatmap
 
     summary = pd.DataFrame(
         [
@@ -219,7 +219,7 @@ def test_head_heatmap_writes_a_png(tmp_path):
 
 def test_position_heatmap_puts_each_position_in_its_cell(tmp_path):
     """One stacked panel per (site, span) in the order of `sites`; cell (layer, position)."""
-    from probekit.plots import position_heatmap, position_heatmap_figure
+    from probekit.mechanism.plots import position_heatmap, position_heatmap_figure
 
     summary = pd.DataFrame(
         [
@@ -367,7 +367,7 @@ def test_projection_on_the_direction_predicts_a_planted_gap():
 
 
 def test_patching_heatmap_writes_a_png(tmp_path):
-    from probekit.plots import patching_heatmap
+    from probekit.mechanism.plots import patching_heatmap
 
     summary = pd.DataFrame(
         [

@@ -5,8 +5,8 @@ import pytest
 from conftest import ETHNICITY_LABELS, ETHNICITY_NAMES
 from matplotlib.image import imread
 
-from probekit import plots
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
+from probekit.reporting import figures as plots
 
 ETHNICITY = ["a person", *ETHNICITY_NAMES]
 LABELS = ETHNICITY_LABELS

@@ -18,11 +18,11 @@ import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed here (./setup.sh --ray installs it)")
 
+from probekit.core.errors import ProbekitError  # noqa: E402
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent  # noqa: E402
 from probekit.engines import load_engine  # noqa: E402
-from probekit.errors import ProbekitError  # noqa: E402
-from probekit.run import INDEX, run_probe  # noqa: E402
-from probekit.scale.ray import connect, run_probe_ray  # noqa: E402
+from probekit.run.loop import INDEX, run_probe  # noqa: E402
+from probekit.run.ray import connect, run_probe_ray  # noqa: E402
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting  # noqa: E402
 from probekit.studies.isear.events import SAMPLE_ROOT as ISEAR_SAMPLES  # noqa: E402
 from probekit.studies.isear.events import load_events, sample_events  # noqa: E402
@@ -123,8 +123,8 @@ def test_a_killed_worker_loses_no_row(cluster, single, tmp_path):
 
 
 JOIN = """
-from probekit.errors import ProbekitError
-from probekit.scale.ray import connect
+from probekit.core.errors import ProbekitError
+from probekit.run.ray import connect
 try:
     connect({address!r})
 except ProbekitError as error:

@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from probekit.core.errors import ProbekitError
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
-from probekit.errors import ProbekitError
-from probekit.run import INDEX, Shard, completed_indices, run_probe
+from probekit.run.loop import INDEX, Shard, completed_indices, run_probe
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_resume_after_sigkill(tmp_path):
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_run import small_probe, manifest\n"
         "from probekit.engines.hf.model import load_model\n"
-        "from probekit.run import run_probe\n"
+        "from probekit.run.loop import run_probe\n"
         "from pathlib import Path\n"
         "p = small_probe(3)\n"
         f"run_probe(p, load_model('default'), Path({str(out)!r}), manifest(p), chunk_size=12)\n"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from probekit.answers import AnswerSet
-from probekit.engines.hf.reference import brute_force, generate_greedy, shared_prefix
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
 from probekit.engines.hf.scorer import Scorer
-from probekit.errors import ProbekitError
-from probekit.scoring.generate import parse_intensity
 from probekit.studies.intergroup import get_setting, render_messages
+from probekit.studies.intergroup.parse import parse_intensity
+from probekit.testing.reference import brute_force, generate_greedy, shared_prefix
 
 ISEAR = (
     "anger,disgust,fear,guilt,joy,sadness,shame,anxiety,disappointment,embarrassment,"

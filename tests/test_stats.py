@@ -9,7 +9,7 @@ from conftest import ETHNICITY_LABELS
 from scipy import stats as scipy_stats
 
 from probekit import stats
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 RELIGION = ["a Christian", "a Muslim", "a Jew", "a Buddhist", "a Hindu"]
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from probekit import cli
+from probekit.core.options import CommandParser
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
-from probekit.options import CommandParser
 from probekit.studies import base, register
 
 

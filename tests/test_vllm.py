@@ -23,11 +23,11 @@ import pandas as pd
 import pytest
 from conftest import REPO, answering_prompts, religion_probe
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
 from probekit.engines import load_engine
 from probekit.engines.vllm import VllmEngine, vllm_env
 from probekit.engines.vllm_check import cross_check, vllm_answer_mass
-from probekit.errors import ProbekitError
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 VLLM_REASON = "vLLM is not installed here (it is in the ./setup.sh --vllm environment)"

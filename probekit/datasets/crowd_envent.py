@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from probekit.core.errors import ProbekitError
+from probekit.core.paths import package_path
 from probekit.datasets.locate import Dataset, DataSource
-from probekit.errors import ProbekitError
-from probekit.paths import package_path
 
 EMOTIONS: tuple[str, ...] = (
     "anger",

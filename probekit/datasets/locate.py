@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from probekit.errors import ProbekitError
-from probekit.io import atomic_write
-from probekit.paths import file_sha256, package_path, user_cache_dir
+from probekit.core.errors import ProbekitError
+from probekit.core.io import atomic_write
+from probekit.core.paths import file_sha256, package_path, user_cache_dir
 
 ENV_VAR = "PROBEKIT_DATA"
 CHECKSUMS_FILE = package_path("probekit.datasets", "SHA256SUMS")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 if TYPE_CHECKING:
     from probekit.engines.base import Engine

@@ -17,9 +17,9 @@ from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item
 
 DEFAULT_EPSILON = 1e-4
 """The pruning bound every scorer and command starts from: the answer distribution's error

@@ -35,7 +35,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Unpack
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item
+from probekit.core.paths import user_cache_dir
 from probekit.engines.base import (
     ScoreResult,
     ScorerKwargs,
@@ -45,9 +48,6 @@ from probekit.engines.base import (
     windows,
 )
 from probekit.engines.hf.model import LoadedModel, load_model
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item
-from probekit.paths import user_cache_dir
 
 SETUP = "./setup.sh --vllm"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set: SmolLM2 needs 46 KB per cached token

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.scoring.trie import DIGIT, AnswerTrie, extension_masks
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.engines.trie import DIGIT, AnswerTrie, extension_masks
 
 if TYPE_CHECKING:
     from probekit.engines.vllm import VllmEngine

@@ -21,15 +21,15 @@ from typing import Any
 import pandas as pd
 import torch
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
 from probekit.mechanism.pipeline import measure
+from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
-from probekit.scoring.readouts import Readout, parse_readout
 
 __all__ = ["capture", "hookable", "make_pair", "patch"]
 
@@ -187,7 +187,7 @@ def _encoded(model: Any, prompts: Any) -> list[EncodedItem]:
         and all(isinstance(p, EncodedItem) for p in prompts)
     ):
         return list(prompts)
-    from probekit.api import as_items
+    from probekit.engines.score import as_items
 
     items = list(as_items(prompts))
     if not items:

@@ -9,7 +9,7 @@ clean forward, one corrupt forward and one backward pass per prompt batch.
 The readout is the one exact patching reads, differentiated end to end: the normalised exact
 answer distribution of `probekit.engines.hf.differentiable` (every surface form, stop probability,
 no pruning, no first-token proxy), dotted with the readout's weight per answer. Every readout of
-`probekit.scoring.readouts` (ev, p:<answer>, p_correct and their differences) is linear in the
+`probekit.mechanism.readouts` (ev, p:<answer>, p_correct and their differences) is linear in the
 normalised distribution; `linear_weights` reads the weights and refuses a readout that is not.
 
 Gradients flow through the TransformerLens bridge hooks: each hooked activation gets a zero
@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 from scipy import stats
 
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
 from probekit.engines.base import ScoreResult
 from probekit.engines.hf.differentiable import answer_mass
 from probekit.engines.hf.scorer import Scorer
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -44,8 +44,8 @@ from probekit.mechanism.components import (
     table,
 )
 from probekit.mechanism.patching import sweep
+from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import enable_bridge, hf_module, hook_order
-from probekit.scoring.readouts import Readout
 
 METHODS = ("exact", "attribution", "attribution+verify")
 

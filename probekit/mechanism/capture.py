@@ -30,9 +30,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from probekit.errors import ProbekitError
-from probekit.io import atomic_write, write_parquet
-from probekit.items import PROMPT_ID, EncodedItem
+from probekit.core.errors import ProbekitError
+from probekit.core.io import atomic_write, write_parquet
+from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
 

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
-from probekit.items import Pair
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Pair
 from probekit.mechanism.pairs import aligned_positions, check_pairs
+from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, site
-from probekit.scoring.readouts import Readout
 
 COMPONENT = ["layer", "site", "head", "span"]
 """The columns naming one patched component."""

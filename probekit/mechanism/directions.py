@@ -30,12 +30,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probekit.core.errors import ProbekitError
+from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.engines.hf.scorer import Scorer
-from probekit.errors import ProbekitError
-from probekit.items import PROMPT_ID, EncodedItem
 from probekit.mechanism.interventions import score_with
+from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import site
-from probekit.scoring.readouts import Readout
 
 SITE = site("resid_post")  # the states are read and edited at blocks.{layer}.hook_resid_post
 VALUE = "value"  # the readout's column in `States.frame`

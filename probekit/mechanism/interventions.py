@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from probekit.batching import left_pad, positions
-from probekit.errors import ProbekitError
+from probekit.core.batching import left_pad, positions
+from probekit.core.errors import ProbekitError
 from probekit.mechanism.sites import (
     enable_bridge,
     hf_module,

@@ -21,12 +21,12 @@ from typing import TypedDict, Unpack
 import numpy as np
 import pandas as pd
 
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Pair
 from probekit.engines.hf.scorer import Scorer
-from probekit.errors import ProbekitError
-from probekit.items import Pair
 from probekit.mechanism.components import COMPONENT, Patch
 from probekit.mechanism.patching import sweep
-from probekit.scoring.readouts import Readout
+from probekit.mechanism.readouts import Readout
 from probekit.stats import bootstrap_units
 
 EFFECTS = ("total", "indirect", "direct")

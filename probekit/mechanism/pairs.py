@@ -22,8 +22,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from probekit.errors import ProbekitError
-from probekit.items import CharSpan, EncodedItem, Item, Pair
+from probekit.core.errors import ProbekitError
+from probekit.core.items import CharSpan, EncodedItem, Item, Pair
 
 FROM = "from_"  # `from_<span>`: the span's first token to the prompt's end
 AT = "@"  # `<span>@<i>`: the i-th of the span's aligned positions (negative: from its end)

@@ -5,7 +5,7 @@ the TransformerLens hook `blocks.{layer}.{site}` into the corrupt run at the spa
 positions (`mechanism.pairs`). It acts during the engine's prompt pass only; the engine then
 expands the answer trie from the patched KV cache, so the patch reaches every answer token
 (`mechanism.interventions.score_with`). The effect is read on a per-prompt readout
-(`probekit.scoring.readouts`: expected value, P(answer), P(correct), a difference; TransformerLens
+(`probekit.mechanism.readouts`: expected value, P(answer), P(correct), a difference; TransformerLens
 calls it the patching metric): `recovery = (m_patched - m_corrupt) / (m_clean - m_corrupt)` (NaN
 when the denominator is 0). A patch at layer l changes the keys and values of layers >= l only,
 so at late layers the answer's later tokens read a mix of patched and corrupt cache, and
@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probekit.core.items import Pair
 from probekit.engines.base import ScoreResult
 from probekit.engines.hf.scorer import Scorer
-from probekit.items import Pair
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -44,8 +44,8 @@ from probekit.mechanism.components import (
     table,
 )
 from probekit.mechanism.interventions import Edit, copy_values, score_with
+from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import hook_order
-from probekit.scoring.readouts import Readout
 from probekit.stats import bootstrap_units
 
 

@@ -30,18 +30,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probekit.core.errors import ProbekitError
+from probekit.core.io import write_parquet, write_text
+from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
 from probekit.engines.hf.scorer import Scorer
-from probekit.errors import ProbekitError
-from probekit.io import write_parquet, write_text
-from probekit.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
+from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
+from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, layer_indices, library, n_heads
 from probekit.mechanism.sites import site as find_site
-from probekit.plots import head_heatmap, patching_heatmap, position_heatmap
-from probekit.scoring.readouts import Readout, parse_readout
 
 METHODS = attribution.METHODS
 DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min on 2 CPU cores

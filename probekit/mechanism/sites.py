@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 HOOK_LIBRARIES: tuple[str, ...] = ("transformer_lens", "nnsight")
 _LIBRARY_ALIASES = {"bridge": "transformer_lens", "tl": "transformer_lens"}

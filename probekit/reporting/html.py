@@ -29,8 +29,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 from markdown_it import MarkdownIt
 
-from probekit.errors import ProbekitError
-from probekit.io import write_text
+from probekit.core.errors import ProbekitError
+from probekit.core.io import write_text
 from probekit.reporting.headline import (
     Headline,
     ViewFacts,

@@ -11,7 +11,7 @@ from typing import TypedDict, Unpack
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.stats.table import require_columns
 
 METHODS = ("percentile", "normal")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.stats.table import require_columns
 
 

@@ -10,7 +10,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.stats.table import require_columns, require_distinct, select_rows
 
 

@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 
 def zscore(M: np.ndarray) -> np.ndarray:

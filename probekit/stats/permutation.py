@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 # Permuted Δs equal to the observed one up to float rounding count as at least as extreme.
 _TIE_TOLERANCE = 1e-12

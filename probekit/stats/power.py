@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 DEFAULT_POWER = 0.8
 

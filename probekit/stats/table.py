@@ -4,7 +4,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:

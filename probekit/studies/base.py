@@ -9,7 +9,7 @@ mechanism commands, builds items and counterfactual (clean, corrupt) pairs. The 
 rest: parsing and validating options before any work (`add_options`, `check`), finding the data
 and filling the manifest's data fields (`data_source`), the loop over a run's views (`report`),
 the summary files (`write_summary`, one `Summary`); scoring, batching, sharding, resuming and
-writing results are the run loop's job (`probekit.run`).
+writing results are the run loop's job (`probekit.run.loop`).
 
 Study modules import no model library at module level: listing the studies and `--help` load
 only their light metadata (name, title, options).
@@ -27,12 +27,12 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
 from probekit.datasets.locate import Dataset, DataSource
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
 
 MODES = ("ev", "generate")  # exact scores from the logits; greedy generation + parse (+ exact)
 Say = Callable[..., None]
@@ -177,7 +177,7 @@ class Study(ABC):
 
     def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
         """Write `summary.csv` (the rows) and `summary.md` (`summary_markdown`) in `out`."""
-        from probekit.io import atomic_write, write_text
+        from probekit.core.io import atomic_write, write_text
 
         table = pd.DataFrame(rows)
         atomic_write(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
@@ -242,8 +242,6 @@ def _load_studies() -> None:
     import importlib
     import pkgutil
 
-    import probekit.studies as package
-
-    for info in pkgutil.iter_modules(package.__path__):
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if info.ispkg:
-            importlib.import_module(f"{package.__name__}.{info.name}")
+            importlib.import_module(f"probekit.studies.{info.name}")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from probekit.batching import left_pad, positions
+from probekit.core.batching import left_pad, positions
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import HEAD_CHUNK, lm_head, vocabulary_sums

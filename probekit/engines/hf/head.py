@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probekit.scoring.trie import extension_masks
+from probekit.engines.trie import extension_masks
 
 if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
 from probekit.engines.base import ScoreResult
-from probekit.errors import ProbekitError
 
 if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel
@@ -56,7 +56,7 @@ def parameter_count(spec: str) -> int | None:
     shapes, else the config's model built on the meta device; None when neither can be read."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from probekit.engines.hf.model import converted_cache_dir, default_gguf_path
+    from probekit.engines.hf.gguf import converted_cache_dir, default_gguf_path
 
     try:
         path = default_gguf_path() if spec == "default" else Path(spec).expanduser()

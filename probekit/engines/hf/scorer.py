@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
 from probekit.engines.base import (
     DEFAULT_EPSILON,
     GenerationKwargs,
@@ -39,8 +40,7 @@ from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
 from probekit.engines.hf.trie_pass import TriePass
-from probekit.errors import ProbekitError
-from probekit.scoring.trie import AnswerTrie
+from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel

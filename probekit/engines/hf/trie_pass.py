@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
 from probekit.engines.base import ScoreResult, ScorerStats
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import body, clock
 from probekit.engines.hf.head import HEAD_CHUNK, VocabularyColumns, lm_head, vocabulary_sums
 from probekit.engines.hf.prompt_pass import PromptState
-from probekit.scoring.trie import ALNUM, DIGIT, AnswerTrie
+from probekit.engines.trie import ALNUM, DIGIT, AnswerTrie
 
 if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel

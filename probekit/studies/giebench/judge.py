@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from probekit.choices import letters
-from probekit.errors import ProbekitError
-from probekit.items import fill_template
+from probekit.core.choices import letters
+from probekit.core.errors import ProbekitError
+from probekit.core.items import fill_template
 
 OPTIONS = letters(4)
 PROMPT_TYPES = ("raw", "id", "cot")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from probekit.choices import position_bias
+from probekit.core.choices import position_bias
 from probekit.stats import bootstrap_ci, require_columns
 from probekit.studies.giebench.judge import OPTIONS, PROMPT_TYPES
 

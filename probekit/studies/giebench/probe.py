@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.answers import AnswerSet
-from probekit.choices import cyclic_orders, letter_of
-from probekit.items import CharSpan, Item
+from probekit.core.answers import AnswerSet
+from probekit.core.choices import cyclic_orders, letter_of
+from probekit.core.items import CharSpan, Item
 from probekit.studies.base import Probe
 from probekit.studies.giebench.judge import (
     OPTIONS,

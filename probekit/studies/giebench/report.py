@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.io import atomic_write, write_text
-from probekit.plots import CATEGORICAL, new_figure, save_figure
+from probekit.core.io import atomic_write, write_text
 from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
 from probekit.reporting.html import model_name
 from probekit.studies.giebench import metrics

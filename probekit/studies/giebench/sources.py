@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probekit.core.errors import ProbekitError
+from probekit.core.io import atomic_write
+from probekit.core.paths import package_path, user_cache_dir
 from probekit.datasets.locate import ENV_VAR, fetch_url, source_url
-from probekit.errors import ProbekitError
-from probekit.io import atomic_write
-from probekit.paths import package_path, user_cache_dir
 from probekit.studies.giebench.judge import OPTIONS
 
 FILES = {"raw": "Raw-Prompt.json", "id": "ID-Prompt.json", "cot": "COT-Prompt.json"}

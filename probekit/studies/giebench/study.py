@@ -11,10 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
-from probekit.mechanism.defaults import MechanismDefaults
-from probekit.options import (
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import (
     EVERY_COMMAND,
     MECHANISM,
     Option,
@@ -23,6 +22,7 @@ from probekit.options import (
     int_range,
     positive_int,
 )
+from probekit.mechanism.defaults import MechanismDefaults
 from probekit.studies.base import Say, Study, Summary, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.stats import (
     Exclusion,
     PowerCurve,

@@ -12,12 +12,12 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.items import CharSpan, Item, fill_template
-from probekit.paths import package_path
-from probekit.scoring.generate import intensity_settled, parse_intensity
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import CharSpan, Item, fill_template
+from probekit.core.paths import package_path
 from probekit.studies.base import Probe
+from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
 
 STUDY_FILE = package_path("probekit.studies.intergroup", "study.json")
 

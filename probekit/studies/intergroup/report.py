@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit import plots
-from probekit.errors import ProbekitError
-from probekit.io import atomic_write, write_text
+from probekit.core.errors import ProbekitError
+from probekit.core.io import atomic_write, write_text
 from probekit.reporting import Headline, ViewFacts
+from probekit.reporting import figures as plots
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
-from probekit.studies.intergroup import Category, metrics
+from probekit.studies.intergroup import metrics
+from probekit.studies.intergroup.probe import Category
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
 VIEWS = {

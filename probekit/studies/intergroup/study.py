@@ -11,16 +11,23 @@ from typing import Any
 
 import pandas as pd
 
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import (
+    EVERY_COMMAND,
+    MECHANISM,
+    Option,
+    choice,
+    count_or_all,
+    probability,
+)
 from probekit.datasets.crowd_envent import (
     CROWD_ENVENT,
     first_events,
     load_crowd_envent,
     sample_events,
 )
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
 from probekit.mechanism.defaults import Direction, MechanismDefaults
-from probekit.options import EVERY_COMMAND, MECHANISM, Option, choice, count_or_all, probability
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import Say, Study, Summary, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix

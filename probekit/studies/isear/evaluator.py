@@ -21,9 +21,9 @@ from pathlib import Path
 
 import nltk
 
+from probekit.core.errors import ProbekitError
+from probekit.core.paths import file_sha256, user_cache_dir
 from probekit.datasets.locate import ENV_VAR, combined_sha256, read_checksums
-from probekit.errors import ProbekitError
-from probekit.paths import file_sha256, user_cache_dir
 
 PUNKT = "tokenizers/punkt_tab/english"
 PUNKT_FILES = tuple(

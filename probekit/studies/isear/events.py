@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from probekit.core.errors import ProbekitError
+from probekit.core.paths import package_path
 from probekit.datasets.locate import DataSource, combined_sha256, resolve_data_root
-from probekit.errors import ProbekitError
-from probekit.paths import package_path
 
 FILE = "isear/isear_samples.txt"
 SAMPLE_ROOT = package_path("probekit.studies.isear", "sample")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.stats import bootstrap_units, require_columns
 from probekit.studies.isear.probe import EMOTIONS, STUDY
 

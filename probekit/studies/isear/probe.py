@@ -12,10 +12,10 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.items import CharSpan, Item, fill_template
-from probekit.paths import package_path
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import CharSpan, Item, fill_template
+from probekit.core.paths import package_path
 from probekit.studies.base import Probe
 from probekit.studies.isear.events import Event
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.plots import CATEGORICAL, new_figure, save_figure
 from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.studies.isear import metrics
 from probekit.studies.isear.probe import EMOTIONS

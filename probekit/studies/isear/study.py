@@ -11,12 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.datasets.locate import Dataset
-from probekit.engines.base import ScoreResult
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
-from probekit.mechanism.defaults import MechanismDefaults
-from probekit.options import (
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import (
     EVERY_COMMAND,
     Option,
     comma_list,
@@ -24,6 +21,9 @@ from probekit.options import (
     non_negative_float,
     positive_int,
 )
+from probekit.datasets.locate import Dataset
+from probekit.engines.base import ScoreResult
+from probekit.mechanism.defaults import MechanismDefaults
 from probekit.studies.base import Say, Study, register
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probekit.core.errors import ProbekitError
+from probekit.core.paths import file_sha256
 from probekit.datasets.locate import Dataset, DataSource, combined_sha256
-from probekit.errors import ProbekitError
-from probekit.paths import file_sha256
 
 FOLDER = "jaem_st"
 TEMPLATE_FILES = ("sample1_worker_exploitation.txt", "sample2_gift_hapiness.txt")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 DIMENSIONS = ("IP", "EX", "ER")
 FILES = {dim: f"finetuned_{dim}.pth" for dim in DIMENSIONS}

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.studies.jaem_st import epitome
 
 ERA_DIMENSIONS = epitome.DIMENSIONS

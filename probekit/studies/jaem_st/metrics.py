@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from probekit.choices import position_bias
+from probekit.core.choices import position_bias
 from probekit.stats import bootstrap_units, require_columns
 from probekit.studies.jaem_st.probe import LETTERS, N_OPTIONS
 

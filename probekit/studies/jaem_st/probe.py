@@ -4,7 +4,7 @@ The prompt is the CE instruction, the context and the conversation joined direct
 answers as `"\\n" + letter + ": " + text` joined with `"\\n"` (the authors'
 `create_cognitive_st`), the whole filled with plain `str.format`. Each sample's answers get a
 seeded random order (the authors draw one unseeded); `orders` > 1 shows it also in its cyclic
-shifts (`probekit.choices`), so every answer takes every letter once with 5 orders. Spans are
+shifts (`probekit.core.choices`), so every answer takes every letter once with 5 orders. Spans are
 where each mask's value landed (`fill_template`), one range per occurrence, never a text search.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.answers import AnswerSet
-from probekit.choices import cyclic_order, letter_of, letters
-from probekit.errors import ProbekitError
-from probekit.items import CharSpan, Item, fill_template
+from probekit.core.answers import AnswerSet
+from probekit.core.choices import cyclic_order, letter_of, letters
+from probekit.core.errors import ProbekitError
+from probekit.core.items import CharSpan, Item, fill_template
 from probekit.studies.base import Probe
 from probekit.studies.jaem_st.data import EMPATHETIC, JaemData, Template
 from probekit.studies.jaem_st.sampler import TEMPLATE

@@ -19,9 +19,9 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.patches import Rectangle
 
-from probekit.io import atomic_write, write_text
-from probekit.plots import CATEGORICAL, new_figure, save_figure
+from probekit.core.io import atomic_write, write_text
 from probekit.reporting import Headline, ViewFacts
+from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
 from probekit.studies.jaem_st import metrics
 

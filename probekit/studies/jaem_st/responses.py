@@ -22,12 +22,12 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.io import write_parquet
+from probekit.core.items import Item, fill_template
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.errors import ProbekitError
-from probekit.io import write_parquet
-from probekit.items import Item, fill_template
 from probekit.studies.jaem_st import era, vad
 from probekit.studies.jaem_st.data import JaemData, Template, load_jaem
 from probekit.studies.jaem_st.probe import LETTERS

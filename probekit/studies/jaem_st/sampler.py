@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.studies.jaem_st.data import Dimension
 
 TEMPLATE = "template_index"

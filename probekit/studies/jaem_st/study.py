@@ -11,10 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.errors import ProbekitError
-from probekit.items import EncodedItem, Item, Pair
-from probekit.mechanism.defaults import MechanismDefaults
-from probekit.options import (
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import (
     EVERY_COMMAND,
     MECHANISM,
     Option,
@@ -24,6 +23,7 @@ from probekit.options import (
     positive_float,
     positive_int,
 )
+from probekit.mechanism.defaults import MechanismDefaults
 from probekit.studies.base import Probe, Say, Study, Summary, register
 from probekit.studies.jaem_st import metrics
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem

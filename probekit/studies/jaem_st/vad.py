@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 DIMENSIONS = ("valence", "arousal", "dominance")
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")

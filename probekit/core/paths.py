@@ -5,7 +5,7 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 
 def package_path(package: str, *parts: str) -> Path:

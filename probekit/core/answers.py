@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*-\s*(-?\d+)\s*$")
 _LETTERS = re.compile(r"^\s*([A-Za-z])\s*-\s*([A-Za-z])\s*$")

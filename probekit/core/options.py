@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
@@ -235,61 +235,6 @@ def comma_list(text: str) -> list[str]:
     if not all(items):
         raise argparse.ArgumentTypeError(f"{text!r} has an empty item")
     return items
-
-
-def add_model_options(
-    parser: argparse.ArgumentParser, several: bool = False, hooks: bool = True
-) -> None:
-    """`--model`, `--device`, `--dtype` and `--engine`, the options of every command that loads a
-    model; `several`: `--model` may be repeated (a list, None when not given); `hooks`: the
-    command needs a hookable model, so `--engine` takes only engines that have one."""
-    if several:
-        parser.add_argument(
-            "--model",
-            action="append",
-            default=None,
-            help="hub id, model dir, .gguf or default (the default); repeat it to run several "
-            "models, each into OUT/<model name>, summarised side by side",
-        )
-    else:
-        parser.add_argument(
-            "--model", default="default", help="hub id, model dir, .gguf or default"
-        )
-    parser.add_argument(
-        "--device", type=device_name, default=None, help="cuda, mps or cpu (default: the best)"
-    )
-    parser.add_argument(
-        "--dtype",
-        type=dtype_name,
-        default=None,
-        help=f"{', '.join(DTYPES)} (default: bfloat16 on accelerators, float32 on CPU)",
-    )
-    parser.add_argument(
-        "--engine",
-        type=engine_name(hooks),
-        default="hf",
-        help="hf (transformers, the default)"
-        + ("" if hooks else " or vllm (generation through vLLM; the exact view stays hf's)"),
-    )
-
-
-def engine_name(hooks: bool) -> Callable[[str], str]:
-    """argparse type for `--engine`: a registered engine; with `hooks`, one with a hookable model
-    (today only hf), else one line saying why not."""
-    from probekit.engines import ENGINES
-
-    def check(text: str) -> str:
-        if text not in ENGINES:
-            raise argparse.ArgumentTypeError(
-                f"unknown engine '{text}'; choose one of: {', '.join(ENGINES)}"
-            )
-        if hooks and text != "hf":
-            from probekit.engines.base import hooks_unavailable
-
-            raise argparse.ArgumentTypeError(str(hooks_unavailable(text)))
-        return text
-
-    return check
 
 
 def check_out_dir(path: str | Path, option: str = "--out") -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from probekit.commands.patch import add_hooks_option
+from probekit.cli.patch import add_hooks_option
+from probekit.core.options import comma_list, int_list
 from probekit.engines.hf.model import load_model
+from probekit.engines.options import add_model_options
 from probekit.mechanism.pipeline import CaptureRequest, check_capture, run_capture
 from probekit.mechanism.sites import DEFAULT_SITES
-from probekit.options import add_model_options, comma_list, int_list
 from probekit.studies.base import Study
 
 

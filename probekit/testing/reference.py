@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from probekit.answers import AnswerSet
-from probekit.batching import left_pad, positions
+from probekit.core.answers import AnswerSet
+from probekit.core.batching import left_pad, positions
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import lm_head, vocabulary_size
 from probekit.engines.hf.model import LoadedModel
-from probekit.scoring.trie import AnswerTrie, answer_variants, extension_masks
+from probekit.engines.trie import AnswerTrie, answer_variants, extension_masks
 
 GREEDY = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
 """transformers' `generate` settings for plain greedy decoding, whatever sampling defaults the

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 
 def temporary_name(path: Path) -> Path:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 ANSWER = "answer"
 """The span every encoded item has: the last token, where the answer is read."""

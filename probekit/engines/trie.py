@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
 
 DIGIT, ALNUM = 0, 1  # extension rules: what a following token may not start with
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 from probekit.reporting import load_run, write_run_page, write_runs_page
 from probekit.studies.base import get_study
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.answers import AnswerSet
-from probekit.errors import ProbekitError
-from probekit.items import Item
-from probekit.prompts import parse_messages, read_prompts
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Item
+from probekit.core.prompts import parse_messages, read_prompts
 
 Prompts = str | Path | Sequence[str] | Sequence[Sequence[Mapping[str, str]]] | Sequence[Item]
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from probekit.core.errors import ProbekitError
+from probekit.core.options import comma_list, int_list
 from probekit.engines.hf.model import load_model
-from probekit.errors import ProbekitError
+from probekit.engines.options import add_model_options
 from probekit.mechanism.pipeline import (
     DEFAULT_LAYERS,
     METHODS,
@@ -16,7 +18,6 @@ from probekit.mechanism.pipeline import (
     run_patch,
 )
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, HOOK_LIBRARIES, library
-from probekit.options import add_model_options, comma_list, int_list
 from probekit.studies.base import Study
 
 

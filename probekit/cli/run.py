@@ -18,10 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from probekit.engines.base import DEFAULT_EPSILON
-from probekit.options import (
+from probekit.core.options import (
     CommandParser,
-    add_model_options,
     check_out_dir,
     choice,
     non_negative_float,
@@ -29,11 +27,13 @@ from probekit.options import (
     positive_int,
     shard,
 )
+from probekit.engines.base import DEFAULT_EPSILON
+from probekit.engines.options import add_model_options
 from probekit.studies.base import Probe, Say, Study
 
 if TYPE_CHECKING:
-    from probekit.distributed import Launch
     from probekit.engines.base import Engine
+    from probekit.run.distributed import Launch
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
 
@@ -84,11 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
 
 def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     """Run `study` as `args` say; return the summary rows (None on a shard that is not last)."""
-    from probekit.distributed import detect_launch
     from probekit.engines import load_engine
-    from probekit.numerics import note_numerics
     from probekit.reporting import write_pages
-    from probekit.run import Shard, prepare_run_dir
+    from probekit.run.distributed import detect_launch
+    from probekit.run.loop import Shard, prepare_run_dir
+    from probekit.run.numerics import note_numerics
 
     if args.engine == "vllm":
         from probekit.engines.vllm import run_in_vllm_env
@@ -105,7 +105,7 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
         for probe in probes:
             prepare_run_dir(out if len(probes) == 1 else out / probe.subdir, shard_)
     if args.ray is not None:
-        from probekit.scale.ray import connect
+        from probekit.run.ray import connect
 
         connect(args.ray or None)  # before any model loads: an unreachable address is one line
     rows: list[dict[str, Any]] = []
@@ -144,15 +144,15 @@ def _run(
     say: Say,
 ) -> list[dict]:
     """One probe on one model: score (this process's shard), merge, and report when complete."""
-    from probekit.numerics import record_numerics
-    from probekit.run import Shard, merge_if_complete, run_probe
+    from probekit.run.loop import Shard, merge_if_complete, run_probe
+    from probekit.run.numerics import record_numerics
 
     say(f"{probe.name}: {len(probe)} prompts, model {name} -> {run_dir}")
     manifest = run_manifest(study, probe, model, name, args)
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     run = run_probe
     if args.ray is not None:  # the same run loop's parts, scored by Ray actors
-        from probekit.scale.ray import runner
+        from probekit.run.ray import runner
 
         run = runner(name, args.engine, args.ray_actors, args.device, args.dtype)
     scores_path = run(

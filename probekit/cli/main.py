@@ -10,14 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from probekit.errors import ProbekitError
-from probekit.options import (
-    CommandParser,
-    add_model_options,
-    check_out_dir,
-    non_negative_float,
-    positive_int,
-)
+from probekit.core.errors import ProbekitError
+from probekit.core.options import CommandParser, check_out_dir, non_negative_float, positive_int
+from probekit.engines.options import add_model_options
 
 STUDY_COMMANDS = {
     "run": "run a study: exact scores (ev) or generation, resumable, then its report",
@@ -173,12 +168,12 @@ def _study_command(args: argparse.Namespace) -> None:
 
 
 def _command_module(command: str) -> Any:
-    """`probekit.commands.<command>`, imported on use: its `add_arguments` and `execute`."""
-    return importlib.import_module(f"probekit.commands.{command}")
+    """`probekit.cli.<command>`, imported on use: its `add_arguments` and `execute`."""
+    return importlib.import_module(f"probekit.cli.{command}")
 
 
 def _report(args: argparse.Namespace) -> None:
-    from probekit.commands.report import report_runs
+    from probekit.cli.report import report_runs
 
     print(report_runs(args.dir, args.out))
 
@@ -186,12 +181,12 @@ def _report(args: argparse.Namespace) -> None:
 def _score(args: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
-    from probekit.answers import AnswerSet
-    from probekit.api import score_frames
+    from probekit.core.answers import AnswerSet
+    from probekit.core.io import ParquetStream
+    from probekit.core.prompts import read_prompts
     from probekit.engines import load_engine
     from probekit.engines.base import DEFAULT_EPSILON
-    from probekit.io import ParquetStream
-    from probekit.prompts import read_prompts
+    from probekit.engines.score import score_frames
 
     answers = AnswerSet.parse(args.answers)
     epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from probekit.errors import ProbekitError
+from probekit.core.errors import ProbekitError
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

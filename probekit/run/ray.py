@@ -6,7 +6,7 @@ a run in one process resumes), cuts them into fixed chunks of prompt indices and
 the actors with back-pressure (at most `IN_FLIGHT` chunks queued per actor, so no actor waits
 and the driver never holds more than that many chunks). An actor scores a chunk with the run
 loop's own chunk function and returns its rows; the driver writes them as a finished part
-(`probekit.run.write_part`: the part's name comes from its prompt indices, so a chunk scored
+(`probekit.run.loop.write_part`: the part's name comes from its prompt indices, so a chunk scored
 twice writes the same file once), compacts parts as the run loop does, and merges
 `scores.parquet` at the end. Only the driver touches the run directory: workers need probekit,
 the model and nothing of the run's files.
@@ -41,10 +41,10 @@ from typing import IO, Any, Unpack
 import pandas as pd
 from tqdm.auto import tqdm
 
+from probekit.core.errors import ProbekitError
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
-from probekit.errors import ProbekitError
-from probekit.run import (
+from probekit.run.loop import (
     RUN_MODES,
     Chunk,
     RunOptions,
@@ -192,7 +192,7 @@ def run_probe_ray(
     **options: Unpack[RunOptions],
 ) -> Path | None:
     """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
-    return the merged scores path once every prompt has a row, as `probekit.run.run_probe`,
+    return the merged scores path once every prompt has a row, as `probekit.run.loop.run_probe`,
     whose keywords `options` are (`chunk_size` is `CHUNK` here unless given).
 
     `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
@@ -240,7 +240,7 @@ def run_probe_ray(
 def runner(
     spec: str, engine: str, actors: int | None = None, device: str | None = None, dtype: Any = None
 ) -> Callable[..., Path | None]:
-    """`run_probe_ray` in the shape of `probekit.run.run_probe`, for `probekit run --ray`: its
+    """`run_probe_ray` in the shape of `probekit.run.loop.run_probe`, for `probekit run --ray`: its
     `model` argument (the driver's engine) is not used for scoring, since every actor loads
     `spec` on `engine` itself."""
     load = functools.partial(load_engine, spec, engine=engine, device=device, dtype=dtype)

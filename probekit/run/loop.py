@@ -74,9 +74,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer
-from probekit.errors import ProbekitError
-from probekit.io import (
+from probekit.core.errors import ProbekitError
+from probekit.core.io import (
     FileLock,
     LockHeld,
     atomic_write,
@@ -86,7 +85,8 @@ from probekit.io import (
     write_table,
     write_text,
 )
-from probekit.items import PROMPT_ID, Item
+from probekit.core.items import PROMPT_ID, Item
+from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer
 from probekit.studies.base import MODES, Probe, check_mode
 
 EXPLAIN = "explain"
@@ -156,7 +156,7 @@ class Shard:
 
 class RunOptions(TypedDict, total=False):
     """`run_probe`'s keywords after its probe, model, folder and manifest, for the runners made
-    in its shape (`probekit.scale.ray`): `**options: Unpack[RunOptions]`."""
+    in its shape (`probekit.run.ray`): `**options: Unpack[RunOptions]`."""
 
     mode: str
     shard: Shard

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.answers import AnswerSet
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Item
 from probekit.engines.base import ScoreResult
-from probekit.errors import ProbekitError
-from probekit.items import Item
 
 
 @dataclass(frozen=True)

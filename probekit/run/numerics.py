@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probekit.core.io import write_text
 from probekit.engines.base import ScoreResult
 from probekit.engines.hf.model import LoadedModel
 from probekit.engines.hf.precision import (
@@ -23,7 +24,6 @@ from probekit.engines.hf.precision import (
     noise_figure,
     reference_dtype,
 )
-from probekit.io import write_text
 from probekit.studies.base import Probe
 
 FIELD = "numerics"

@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from probekit.errors import ProbekitError
-from probekit.items import Item
+from probekit.core.errors import ProbekitError
+from probekit.core.items import Item
 
 ROLES = ("system", "user", "assistant")
 

@@ -1,1 +1,0 @@
-"""Answer scoring: the exact logit engine, its slow references, and the generation baseline."""
