@@ -34,7 +34,7 @@ from common import timed
 from probekit.cli.main import study_parser
 from probekit.core.options import comma_list, int_list
 from probekit.engines.hf.model import load_model
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism import attribution
 from probekit.mechanism.components import grid
 from probekit.mechanism.pipeline import measure, select_pairs
@@ -68,7 +68,7 @@ def main() -> None:
     spans = options.spans or list(study.mechanism_defaults().spans)
     layers = options.layers or list(range(model.n_layers))
     encoded = [model.encode(item) for item in items]
-    scorer = Scorer(model, probe.answers, epsilon=0.0, batch_size=options.batch_size)
+    scorer = HFScorer(model, probe.answers, epsilon=0.0, batch_size=options.batch_size)
     pairs = select_pairs(scorer, study, probe, encoded, readout, 2)[: options.pairs]
     print(f"{len(pairs)} pairs, layers {layers[0]}..{layers[-1]} ({len(layers)}), spans {spans}")
     heads = range(n_heads(model))

@@ -22,7 +22,7 @@ _API = {
     "load_model": "probekit.engines.hf.model",
     "LoadedModel": "probekit.engines.hf.model",
     "AnswerSet": "probekit.core.answers",
-    "Scorer": "probekit.engines.hf.scorer",
+    "HFScorer": "probekit.engines.hf.scorer",
     "ScoreResult": "probekit.engines.base",
     # prompts
     "Item": "probekit.core.items",
@@ -58,7 +58,17 @@ _API = {
 __all__ = ["__version__", *_API]
 
 
+_RENAMED = {"Scorer": "HFScorer"}
+"""Old public names -> new ones (a FutureWarning on use)."""
+
+
 def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(f"probekit.{name} is now probekit.{new}", FutureWarning, stacklevel=2)
+        return getattr(importlib.import_module(_API[new]), new)
     if name not in _API:
         raise AttributeError(f"module 'probekit' has no attribute {name!r}")
     return getattr(importlib.import_module(_API[name]), name)

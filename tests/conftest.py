@@ -75,9 +75,9 @@ def model(smol):
 @pytest.fixture(scope="module")
 def scorer(model):
     """The exact (epsilon 0) scorer of `ANSWERS` on `model`."""
-    from probekit.engines.hf.scorer import Scorer
+    from probekit.engines.hf.scorer import HFScorer
 
-    return Scorer(model, ANSWERS, epsilon=0.0)
+    return HFScorer(model, ANSWERS, epsilon=0.0)
 
 
 @pytest.fixture

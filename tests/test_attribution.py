@@ -57,11 +57,11 @@ def exact64(smol):
     instead of the method; a one-sided step in fp32 failed on another machine this way. `smol`
     is requested so that the module skips without the model."""
     from probekit.engines.hf.model import load_model
-    from probekit.engines.hf.scorer import Scorer
+    from probekit.engines.hf.scorer import HFScorer
 
     model = load_model("default", dtype=torch.float64)
     model.enable_bridge()
-    scorer = Scorer(model, ANSWERS, epsilon=0.0)
+    scorer = HFScorer(model, ANSWERS, epsilon=0.0)
     pair = _pair(model)
     return SimpleNamespace(
         scorer=scorer, pair=pair, estimated=attribution.attribute(scorer, [pair], PATCHES, EV)

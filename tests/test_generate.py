@@ -7,7 +7,7 @@ import pytest
 from conftest import answering_prompts, religion_probe
 
 from probekit.core.answers import AnswerSet
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
 from probekit.testing.reference import generate_greedy
 
@@ -70,7 +70,9 @@ def test_settled_never_changes_the_parse(full):
 
 
 def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
-    scorer = Scorer(smol, probe.answers, batch_size=8, max_new_tokens=BUDGET, settled=probe.settled)
+    scorer = HFScorer(
+        smol, probe.answers, batch_size=8, max_new_tokens=BUDGET, settled=probe.settled
+    )
     results = list(scorer.score(prompts))
     ours = smol.tokenizer.batch_decode([r.generated for r in results], skip_special_tokens=True)
     assert [probe.parse(t) for t in ours] == [probe.parse(t) for t in full]
@@ -85,7 +87,7 @@ def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
 
 def test_sampling_is_seeded(smol, prompts):
     def sample(seed):
-        scorer = Scorer(
+        scorer = HFScorer(
             smol,
             AnswerSet.range(0, 100),
             batch_size=4,

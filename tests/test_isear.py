@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 
 from probekit import cli
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.studies import get_study
 from probekit.studies.isear import EMOTIONS, GENDERS, evaluate, load_events, locate_punkt
 from probekit.studies.isear import metrics as isear_metrics
@@ -158,7 +158,7 @@ def test_exact_probabilities_equal_brute_force(smol):
     chosen = sample_events(load_events(SHARED), 2, seed=123)
     items = list(IsearProbe(chosen, GENDERS[:2]).items())[:2]
     ids = [smol.encode(item).input_ids for item in items]
-    results = Scorer(smol, ANSWERS, epsilon=0.0).score_batch(ids)
+    results = HFScorer(smol, ANSWERS, epsilon=0.0).score_batch(ids)
     for prompt, result in zip(ids, results, strict=True):
         reference = brute_force(smol, prompt, ANSWERS)
         assert np.allclose(result.probs * result.valid_mass, reference, atol=1e-5, rtol=0)
@@ -170,7 +170,7 @@ def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
     on the exact scores of the patched events), checked against a direct computation."""
     probe = IsearProbe(sample_events(load_events(SAMPLE_ROOT), 3, seed=123), GENDERS)
     encoded = [smol.encode(item) for item in probe.items()]
-    results = Scorer(smol, ANSWERS, epsilon=0.0).score_batch([e.input_ids for e in encoded])
+    results = HFScorer(smol, ANSWERS, epsilon=0.0).score_batch([e.input_ids for e in encoded])
     gender = [e.item.key["gender"] for e in encoded]
     probs = np.array([r.probs for r in results])
     mean = np.array([probs[[x == g for x in gender]].mean(0) for g in GENDERS])

@@ -201,12 +201,12 @@ def test_first_standalone_letter_and_settled(data, rows):
 
 # ----------------------------------------------------------------- exact scores
 def test_exact_letter_probabilities_equal_brute_force(data, rows, smol):
-    from probekit.engines.hf.scorer import Scorer
+    from probekit.engines.hf.scorer import HFScorer
     from probekit.testing.reference import brute_force
 
     probe = JaemProbe(data, rows.iloc[[81]], orders=1)  # one real prompt: ~900 tokens
     ids = smol.encode(next(iter(probe.items()))).input_ids
-    result = next(iter(Scorer(smol, probe.answers, epsilon=0.0).score([ids])))
+    result = next(iter(HFScorer(smol, probe.answers, epsilon=0.0).score([ids])))
     reference = brute_force(smol, ids, probe.answers)
     np.testing.assert_allclose(result.probs * result.valid_mass, reference, atol=1e-5)
 

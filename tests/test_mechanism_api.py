@@ -214,11 +214,11 @@ def test_float64_left_padding_on_the_bridge_is_finite():
     """The bridge's float32 softmax turned float64's mask minimum into -inf, so the pad rows of a
     left-padded batch were NaN and leaked into the real rows; `sites.enable_bridge` clamps."""
     from probekit.engines.hf.model import load_model
-    from probekit.engines.hf.scorer import Scorer
+    from probekit.engines.hf.scorer import HFScorer
     from probekit.mechanism.interventions import score_with
 
     wide = load_model("default", dtype=torch.float64)
-    scorer = Scorer(wide, ANSWERS, epsilon=0.0)
+    scorer = HFScorer(wide, ANSWERS, epsilon=0.0)
     long, short = encode(wide, "a Jew", "a Hispanic American"), encode(wide, "a Jew", "a Jew")
     assert len(long.input_ids) != len(short.input_ids)
     hook = "blocks.3.hook_resid_post"

@@ -10,7 +10,7 @@ import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.studies.intergroup import get_setting, render_messages
 from probekit.studies.intergroup.parse import parse_intensity
 from probekit.testing.reference import brute_force, generate_greedy, shared_prefix
@@ -60,7 +60,7 @@ def test_exact_against_brute_force(smol, prompts, spec, which):
     unnormalised answer probability (`|ours[a] - ref[a]| <= 1e-5 * ref.sum()` for each answer `a`,
     where ours = `probs * valid_mass`), and the normalised probabilities (`ref / ref.sum()`)."""
     answers = AnswerSet.parse(spec)
-    results = Scorer(smol, answers, epsilon=0.0, batch_size=4).score_batch(
+    results = HFScorer(smol, answers, epsilon=0.0, batch_size=4).score_batch(
         [prompts[i] for i in which]
     )
     for i, result in zip(which, results, strict=True):
@@ -93,7 +93,7 @@ def test_independent_of_thread_count(smol, prompts):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            scorer = Scorer(smol, answers, epsilon=0.0, batch_size=2)
+            scorer = HFScorer(smol, answers, epsilon=0.0, batch_size=2)
             batch = [prompts[0], prompts[12]]  # a chat prompt (shared-prefix path) and a raw one
             masses[threads] = [r.valid_mass for r in scorer.score_batch(batch)]
     finally:
@@ -104,14 +104,14 @@ def test_independent_of_thread_count(smol, prompts):
 
 def test_multi_token_words_are_in_the_trie(smol):
     answers = AnswerSet.parse(ISEAR)
-    scorer = Scorer(smol, answers, epsilon=0.0)
+    scorer = HFScorer(smol, answers, epsilon=0.0)
     assert scorer.trie.max_depth >= 2  # "disappointment" = dis/app/ointment without a space
 
 
 def test_batch_invariance(smol, prompts):
     answers = AnswerSet.range(0, 100)
-    one = [r for p in prompts for r in Scorer(smol, answers, 0.0, 1).score_batch([p])]
-    many = list(Scorer(smol, answers, 0.0, 16).score(prompts))
+    one = [r for p in prompts for r in HFScorer(smol, answers, 0.0, 1).score_batch([p])]
+    many = list(HFScorer(smol, answers, 0.0, 16).score(prompts))
     for a, b in zip(one, many, strict=True):
         assert np.abs(a.probs - b.probs).max() <= 1e-5
         assert a.valid_mass == pytest.approx(b.valid_mass, abs=1e-6)
@@ -119,7 +119,7 @@ def test_batch_invariance(smol, prompts):
 
 def test_probabilities_sum_to_one_and_summaries(smol, prompts):
     answers = AnswerSet.range(0, 100)
-    for result in Scorer(smol, answers).score(prompts[:4]):
+    for result in HFScorer(smol, answers).score(prompts[:4]):
         assert result.probs.sum() == pytest.approx(1.0, abs=1e-9)
         assert result.expected == pytest.approx(float(result.probs @ answers.values))
         assert result.mode == answers.answers[int(np.argmax(result.probs))]
@@ -128,7 +128,7 @@ def test_probabilities_sum_to_one_and_summaries(smol, prompts):
 
 def test_argmax_matches_greedy_generation(smol, prompts):
     answers = AnswerSet.range(0, 100)
-    results = list(Scorer(smol, answers, epsilon=0.0).score(prompts))
+    results = list(HFScorer(smol, answers, epsilon=0.0).score(prompts))
     responses = generate_greedy(smol, prompts, max_new_tokens=5)
     checked = 0
     for result, response in zip(results, responses, strict=True):
@@ -142,9 +142,9 @@ def test_argmax_matches_greedy_generation(smol, prompts):
 
 def test_pruning_bound_holds(smol, prompts):
     answers = AnswerSet.range(0, 100)
-    exact = list(Scorer(smol, answers, epsilon=0.0).score(prompts))
+    exact = list(HFScorer(smol, answers, epsilon=0.0).score(prompts))
     for epsilon in (1e-3, 1e-2):
-        pruned = list(Scorer(smol, answers, epsilon=epsilon).score(prompts))
+        pruned = list(HFScorer(smol, answers, epsilon=epsilon).score(prompts))
         assert any(p.error_bound > 0 for p in pruned)
         for e, p in zip(exact, pruned, strict=True):
             true_error = np.abs(unnormalised(e) - unnormalised(p)).sum() / e.valid_mass
@@ -154,7 +154,7 @@ def test_pruning_bound_holds(smol, prompts):
 
 def test_prefix_reuse_is_transparent(smol, prompts):
     answers = AnswerSet.range(0, 10)
-    scorer = Scorer(smol, answers, epsilon=0.0, batch_size=8)
+    scorer = HFScorer(smol, answers, epsilon=0.0, batch_size=8)
     shared = scorer.score_batch(prompts[:6])
     plain = scorer.score_batch(prompts[:6], reuse_prefix=False)
     for a, b in zip(shared, plain, strict=True):
@@ -163,7 +163,7 @@ def test_prefix_reuse_is_transparent(smol, prompts):
 
 def test_stats_count_the_work(smol, prompts):
     """At epsilon 0 every trie node is fed once per prompt; a shared prefix is computed once."""
-    scorer = Scorer(smol, AnswerSet.range(0, 10), epsilon=0.0, batch_size=8)
+    scorer = HFScorer(smol, AnswerSet.range(0, 10), epsilon=0.0, batch_size=8)
     batch = prompts[:6]
     scorer.score_batch(batch)
     shared = len(os.path.commonprefix(batch))
@@ -205,10 +205,10 @@ def test_bad_answer_specs(spec, message):
 
 
 def test_decode_from_the_scoring_cache_matches_generate(smol, prompts):
-    scorer = Scorer(smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=6)
+    scorer = HFScorer(smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=6)
     results = list(scorer.score(prompts))
     ours = smol.tokenizer.batch_decode([r.generated for r in results], skip_special_tokens=True)
     assert ours == generate_greedy(smol, prompts, max_new_tokens=6)
-    plain = list(Scorer(smol, AnswerSet.range(0, 100), batch_size=4).score(prompts))
+    plain = list(HFScorer(smol, AnswerSet.range(0, 100), batch_size=4).score(prompts))
     for a, b in zip(results, plain, strict=True):  # decoding leaves the scores untouched
         assert np.abs(a.probs - b.probs).max() <= 1e-6

@@ -20,7 +20,7 @@ MOVED = {
     "probekit.answers": "probekit.core.answers",
     "probekit.items": "probekit.core.items",
     "probekit.prompts": "probekit.core.prompts",
-    "probekit.batching": "probekit.core.batching",
+    "probekit.batching": "probekit.core.padding",
     "probekit.choices": "probekit.core.choices",
     "probekit.options": "probekit.core.options",
     "probekit.api": "probekit.engines.score",

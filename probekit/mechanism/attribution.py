@@ -31,7 +31,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.engines.base import ScoreResult
 from probekit.engines.hf.differentiable import answer_mass
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -50,7 +50,7 @@ from probekit.mechanism.sites import enable_bridge, hf_module, hook_order
 METHODS = ("exact", "attribution", "attribution+verify")
 
 
-def linear_weights(readout: Readout, scorer: Scorer, item: Item) -> np.ndarray:
+def linear_weights(readout: Readout, scorer: HFScorer, item: Item) -> np.ndarray:
     """w with readout(result) = w . probs for every normalised answer distribution `probs`.
 
     Read by evaluating the readout on each answer's point mass, then checked on a random mixture;
@@ -73,7 +73,7 @@ def linear_weights(readout: Readout, scorer: Scorer, item: Item) -> np.ndarray:
 
 
 def attribute(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
@@ -126,7 +126,7 @@ def attribute(
     return df
 
 
-def check_gradients(scorer: Scorer) -> None:
+def check_gradients(scorer: HFScorer) -> None:
     """One line when the model cannot give activation gradients (integer or quantised weights)."""
     # The stored weights' own type: a quantised model computes in `model.dtype` but cannot
     # give gradients of its integer weights.
@@ -139,7 +139,7 @@ def check_gradients(scorer: Scorer) -> None:
 
 
 def _pass(
-    scorer: Scorer,
+    scorer: HFScorer,
     prompts: list[tuple[EncodedItem, set[int]]],
     hooks: list[str],
     readout: Readout,
@@ -237,7 +237,7 @@ def top_components(df: pd.DataFrame, k: int) -> list[Patch]:
 
 
 def verify(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: Sequence[Pair],
     estimated: pd.DataFrame,
     k: int,

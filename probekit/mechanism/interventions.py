@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from probekit.core.batching import left_pad, positions
 from probekit.core.errors import ProbekitError
+from probekit.core.padding import left_pad, positions
 from probekit.mechanism.sites import (
     enable_bridge,
     hf_module,

@@ -23,7 +23,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism.components import COMPONENT, Patch
 from probekit.mechanism.patching import sweep
 from probekit.mechanism.readouts import Readout
@@ -40,7 +40,7 @@ class SweepKwargs(TypedDict, total=False):
 
 
 def mediate(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,

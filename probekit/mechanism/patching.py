@@ -32,7 +32,7 @@ import torch
 
 from probekit.core.items import Pair
 from probekit.engines.base import ScoreResult
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -50,7 +50,7 @@ from probekit.stats import bootstrap_units
 
 
 def sweep(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
@@ -141,7 +141,7 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
 
 
 def _baselines(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: Sequence[Pair],
     todo: list[Job],
     read: list[str],

@@ -33,7 +33,7 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
@@ -197,7 +197,7 @@ def readout_gaps(readout: Readout, pairs: Sequence[Pair], results: dict[str, Any
 
 
 def select_pairs(
-    scorer: Scorer,
+    scorer: HFScorer,
     study: Any,
     probe: Any,
     encoded: Sequence[EncodedItem],
@@ -213,7 +213,7 @@ def select_pairs(
 
 
 def measure(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
@@ -287,7 +287,7 @@ def report(
 
 
 def mediate(
-    scorer: Scorer,
+    scorer: HFScorer,
     pairs: list[Pair],
     patches: list[Patch],
     readout: Readout,
@@ -313,7 +313,7 @@ def mediate(
 
 
 def direction_check(
-    scorer: Scorer,
+    scorer: HFScorer,
     study: Any,
     probe: Any,
     encoded: Sequence[EncodedItem],

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from probekit.core.answers import AnswerSet
-from probekit.core.batching import left_pad, positions
+from probekit.core.padding import left_pad, positions
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import lm_head, vocabulary_size

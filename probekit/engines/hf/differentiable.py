@@ -21,14 +21,14 @@ from collections.abc import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from probekit.core.batching import left_pad, positions
+from probekit.core.padding import left_pad, positions
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import HEAD_CHUNK, lm_head, vocabulary_sums
-from probekit.engines.hf.scorer import Scorer
+from probekit.engines.hf.scorer import HFScorer
 
 
-def answer_mass(scorer: Scorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+def answer_mass(scorer: HFScorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
     """Unnormalised P(answer) [rows, answers] (float64, differentiable) of each prompt.
 
     Prompts are left-padded to the batch width W: position p of a prompt of length n sits at
@@ -78,7 +78,7 @@ def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
     return attend[:, None]
 
 
-def _node_terms(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
+def _node_terms(scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
     """Float64 [rows, 3 + children]: log Z, log of the stop sums of both rules, child logits."""
     chunks = [
         checkpoint(
@@ -93,7 +93,7 @@ def _node_terms(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor)
     return torch.cat(chunks)
 
 
-def _head_chunk(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
+def _head_chunk(scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
     """The engine's sums for a chunk of rows: exp(logits - max) times the ones and "does not
     extend" columns; the max is a constant shift, so it carries no gradient."""
     logits = lm_head(scorer.model, hidden)
@@ -104,7 +104,7 @@ def _head_chunk(scorer: Scorer, hidden: torch.Tensor, child_token: torch.Tensor)
     return torch.cat([sums, children], dim=1)
 
 
-def _parent_slots(scorer: Scorer) -> tuple[torch.Tensor, torch.Tensor]:
+def _parent_slots(scorer: HFScorer) -> tuple[torch.Tensor, torch.Tensor]:
     """Per node, its parent and its slot among the parent's children (root: 0, 0)."""
     t = scorer.trie_pass.tables
     parent = torch.zeros(t.n_nodes, dtype=torch.long, device=t.child_index.device)

@@ -35,7 +35,7 @@ from probekit.engines.hf.precision import (
 )
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.scorer import Scorer
+    from probekit.engines.hf.scorer import HFScorer
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ANSWER_ROOM = 8  # tokens a prompt must leave free in the context for the answer
@@ -63,12 +63,12 @@ class LoadedModel:
     _bridge: Any = field(default=None, init=False, repr=False)
     engine = "hf"
 
-    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> Scorer:
-        """The exact scorer of `answers` on this model (`probekit.engines.hf.scorer.Scorer`);
+    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> HFScorer:
+        """The exact scorer of `answers` on this model (`probekit.engines.hf.scorer.HFScorer`);
         `options` are `probekit.engines.base.ScorerOptions`' keywords."""
-        from probekit.engines.hf.scorer import Scorer
+        from probekit.engines.hf.scorer import HFScorer
 
-        return Scorer(self, answers, **options)
+        return HFScorer(self, answers, **options)
 
     def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
         """Token ids back to text, special tokens skipped."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from probekit.core.batching import left_pad
+from probekit.core.padding import left_pad
 from probekit.engines.base import ScorerStats
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.forward import body

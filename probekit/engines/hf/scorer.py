@@ -1,6 +1,6 @@
 """Exact answer probabilities from logits: one prompt pass, then the answer trie from its KV cache.
 
-`Scorer` is the transformers engine's scorer (`probekit.engines.base.Scorer`), a facade over one
+`HFScorer` is the transformers engine's scorer (`probekit.engines.base.Scorer`), a facade over one
 module per job:
 - `batching`: length-sorted batches that share prefixes, halved on CUDA out-of-memory;
 - `prefix_cache` and `prompt_pass`: prompts that share a token prefix (the same persona system
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel
 
 
-class Scorer:
+class HFScorer:
     """Scores prompts (token id lists) against one answer set with one model."""
 
     def __init__(
@@ -166,3 +166,17 @@ def token_ids(prompt: Any) -> Sequence[int]:
             f"{type(prompt).__name__}; probekit.score takes text"
         )
     return prompt
+
+
+def __getattr__(name: str) -> type[HFScorer]:
+    """`Scorer`, this class's old name, with a one-line deprecation warning."""
+    if name == "Scorer":
+        import warnings
+
+        warnings.warn(
+            "probekit.engines.hf.scorer.Scorer is now HFScorer (Scorer is the engine protocol)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return HFScorer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
