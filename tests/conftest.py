@@ -14,6 +14,32 @@ from probekit.mechanism.readouts import expected_value
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _unit_loop(request: pytest.FixtureRequest):
+    """`-m "not slow"` is the unit loop: there, loading a pretrained model or starting a
+    subprocess fails the test at once with a line saying to mark it `slow` (an integration
+    test), so the loop stays minutes long and its tests stay units."""
+    if "not slow" not in (request.config.option.markexpr or ""):
+        yield
+        return
+    import subprocess
+
+    import transformers
+
+    def refuse(what: str):
+        def fail(*args, **kwargs):
+            pytest.fail(f"a unit test {what}: mark it @pytest.mark.slow (an integration test)")
+
+        return fail
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse("loads a model"))
+    patch.setattr(subprocess, "Popen", refuse("starts a subprocess"))
+    yield
+    patch.undo()
+
+
 # The mechanism tests' answer set and event: a small set with one- and two-token answers keeps the
 # trie pass cheap.
 ANSWERS = AnswerSet.range(0, 12)
