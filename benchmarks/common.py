@@ -8,8 +8,12 @@ this module as `common`."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
+import json
 import os
+import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
@@ -207,3 +212,93 @@ def trie_rates_line(rates: dict[str, float]) -> str:
         f"{rates['head_share_of_trie']:.0%} of the trie pass; the multiply-adds allow "
         f"{rates['bound_from_flops']:.0%})"
     )
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU model and count, memory, OS, Python and torch."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = None
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "memory_gib": memory,
+        "os": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def device_name(device: torch.device | str) -> str:
+    """`cpu`, or the accelerator's type and name (`cuda: NVIDIA H100 80GB HBM3`)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+def commit() -> str:
+    """The checkout's commit, `+changes` when tracked files differ from it; `unknown` outside
+    git."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}+changes" if dirty else head
+
+
+def write_results(
+    benchmark: str,
+    figures: list[dict[str, Any]],
+    *,
+    device: torch.device | str,
+    threads: int | None,
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+    argv: list[str] | None = None,
+    path: Path | None = None,
+) -> Path:
+    """Write one benchmark run's figures as JSON (default `benchmarks/results/<benchmark>.json`)
+    with what they were measured on: machine, device, threads, load averages, commit, date and
+    the command that reproduces them. `docs/performance.md` is generated from these files
+    (`python benchmarks/report.py`).
+
+    Each figure is a dict with `figure` (what it is, in words), `value` and `unit` (and any
+    other keys, kept as they are)."""
+    for figure in figures:
+        if not {"figure", "value", "unit"} <= figure.keys():
+            raise ValueError(f"a figure needs 'figure', 'value' and 'unit', got {sorted(figure)}")
+    argv = sys.argv if argv is None else argv
+    record = {
+        "benchmark": benchmark,
+        "command": " ".join(["python", f"benchmarks/{Path(argv[0]).name}", *argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "machine": machine(),
+        "device": device_name(device),
+        "threads": torch.get_num_threads() if threads is None else threads,
+        "load_average": {
+            "start": [round(x, 2) for x in load_start],
+            "end": [round(x, 2) for x in load_end],
+        },
+        "figures": figures,
+    }
+    path = RESULTS / f"{benchmark}.json" if path is None else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=json_ready) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+    return path

@@ -11,17 +11,22 @@ machine are distorted by other processes; the load average is printed at start a
 
     python benchmarks/stats.py
     python benchmarks/stats.py --permutations 2000 --resamples 200 --units 100
+
+The figures go to benchmarks/results/stats.json (`--json PATH`: elsewhere), from which
+`python benchmarks/report.py` writes docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from common import load_line
+from common import RESULTS, load_line, write_results
 
 from probekit.stats import bootstrap_ci, grouped_means, permutation_test
 
@@ -39,6 +44,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples in (b)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; best is shown")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=RESULTS / "stats.json",
+        metavar="PATH",
+        help="where the figures go (default: benchmarks/results/stats.json)",
+    )
     return parser.parse_args(argv)
 
 
@@ -76,26 +88,34 @@ def in_group_gap(df: pd.DataFrame) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    load_line("at start")
+    start = load_line("at start")
     Z = np.random.default_rng(args.seed).normal(size=(args.groups, args.groups))
     labels = [str(i) for i in range(args.groups)]
     seconds = best_time(
         lambda: permutation_test(Z, labels, n=args.permutations, seed=args.seed), args.repeats
     )
-    print(
-        f"(a) permutation test, {args.groups}x{args.groups} matrix, "
-        f"{args.permutations} permutations: {seconds:.3f} s"
-    )
+    what = f"permutation test, {args.groups}x{args.groups} matrix, {args.permutations} permutations"
+    print(f"(a) {what}: {seconds:.3f} s")
+    figures = [{"figure": what, "value": round(seconds, 4), "unit": "s (best of repeats)"}]
     table = unit_table(args.units, args.seed)
     seconds = best_time(
         lambda: bootstrap_ci(table, "event_id", in_group_gap, n=args.resamples, seed=args.seed),
         args.repeats,
     )
-    print(
-        f"(b) bootstrap, {args.units} units x {GROUPS_PER_UNIT**2} rows, "
-        f"{args.resamples} resamples: {seconds:.3f} s"
+    what = f"bootstrap, {args.units} units x {GROUPS_PER_UNIT**2} rows, {args.resamples} resamples"
+    print(f"(b) {what}: {seconds:.3f} s")
+    figures.append({"figure": what, "value": round(seconds, 4), "unit": "s (best of repeats)"})
+    end = load_line("at end")
+    write_results(
+        "stats",
+        figures,
+        device="cpu",
+        threads=None,
+        load_start=start,
+        load_end=end,
+        argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
+        path=args.json,
     )
-    load_line("at end")
 
 
 if __name__ == "__main__":

