@@ -59,6 +59,7 @@ def test_the_performance_page_is_generated_from_the_committed_results():
     assert page == report.render(results), stale
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip('mkdocs is not installed (pip install -e ".[docs]", or ./setup.sh --dev)')
