@@ -28,7 +28,7 @@ This is a benchmark, not a test: it exits 0 whatever the numbers are and prints 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 import common
 import numpy as np
 import torch
-from common import Target, Timing, json_ready, print_targets, timed, trie_rates, trie_rates_line
+from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
 from probekit.cli.main import study_parser
 from probekit.core.options import comma_list
@@ -255,9 +255,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_start": start_load,
             "load_end": end_load,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1, default=json_ready) + "\n")
-        print(f"wrote {args.json}")
+        figures = [
+            {
+                "figure": f"{row['set']}: {t['method']}",
+                "value": t["prompts_per_s"],
+                "unit": "prompts/s",
+            }
+            for row in rows
+            for t in row["timings"]
+        ]
+        figures += [
+            {"figure": t.name, "value": t.value, "unit": "x", "verdict": t.verdict} for t in targets
+        ]
+        common.write_results(
+            "choice_sets",
+            figures,
+            device=model.device,
+            threads=args.threads,
+            load_start=start_load,
+            load_end=end_load,
+            argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
+            path=args.json,
+            details=payload,
+        )
     return 0
 
 

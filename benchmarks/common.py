@@ -271,6 +271,7 @@ def write_results(
     load_end: tuple[float, float, float],
     argv: list[str] | None = None,
     path: Path | None = None,
+    details: dict[str, Any] | None = None,
 ) -> Path:
     """Write one benchmark run's figures as JSON (default `benchmarks/results/<benchmark>.json`)
     with what they were measured on: machine, device, threads, load averages, commit, date and
@@ -278,7 +279,8 @@ def write_results(
     (`python benchmarks/report.py`).
 
     Each figure is a dict with `figure` (what it is, in words), `value` and `unit` (and any
-    other keys, kept as they are)."""
+    other keys, kept as they are); `details`, the script's own fuller record, is kept beside
+    them under `details`."""
     for figure in figures:
         if not {"figure", "value", "unit"} <= figure.keys():
             raise ValueError(f"a figure needs 'figure', 'value' and 'unit', got {sorted(figure)}")
@@ -297,6 +299,8 @@ def write_results(
         },
         "figures": figures,
     }
+    if details is not None:
+        record["details"] = details
     path = RESULTS / f"{benchmark}.json" if path is None else path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=json_ready) + "\n", encoding="utf-8")

@@ -42,6 +42,8 @@ def load_results(folder: Path = RESULTS) -> list[dict[str, Any]]:
 
 
 def number(value: Any) -> str:
+    if value is None:
+        return "—"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -91,10 +93,13 @@ def render(results: list[dict[str, Any]]) -> str:
             f"```bash\n{r['command']}\n```\n",
             f"Measured {r['date']} on {where(r)}; device {r['device']}, {r['threads']} threads, "
             f"load average {load(r)}.\n",
-            "| figure | value | unit |",
-            "|---|---|---|",
+            "| figure | value | unit | target |",
+            "|---|---|---|---|",
         ]
-        lines += [f"| {f['figure']} | {number(f['value'])} | {f['unit']} |" for f in r["figures"]]
+        lines += [
+            f"| {f['figure']} | {number(f['value'])} | {f['unit']} | {f.get('verdict', '')} |"
+            for f in r["figures"]
+        ]
         lines.append("")
     return "\n".join(lines)
 

@@ -34,7 +34,6 @@ positions per prompt) and the rate (a) would reach if its trie pass cost nothing
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -535,9 +534,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_start": start_load,
             "load_end": end_load,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        figures = [
+            {"figure": t.method, "value": round(t.rate, 3), "unit": "prompts/s"} for t in timings
+        ]
+        figures += [
+            {"figure": t.name, "value": t.value, "unit": "", "verdict": t.verdict} for t in targets
+        ]
+        common.write_results(
+            "scoring",
+            figures,
+            device=model.device,
+            threads=threads,
+            load_start=start_load,
+            load_end=end_load,
+            argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
+            path=args.json,
+            details=report,
+        )
     return 0
 
 
