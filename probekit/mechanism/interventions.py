@@ -7,7 +7,9 @@ W - n + p. Hooks are full TransformerLens names (`blocks.{layer}.{site}`, see
 [locations, d_model]. At each hook the values asked for are read first, then edited.
 
 `score_with` does this in the scoring engine's prompt pass: the engine then expands the answer
-trie from the edited KV cache, so an edit reaches every answer token. `read_forward` does it in a
+trie from the edited KV cache, so an edit reaches every answer token. Its `answer_edits` also
+rewrite the values at the answer tokens themselves (every position of the trie passes), with the
+`transformer_lens` hooks. `read_forward` does it in a
 plain forward that stops after the last layer read (for capture).
 
 `transformer_lens`: hooks of the model's TransformerBridge, which fire inside `model.hf`'s
@@ -53,14 +55,22 @@ def score_with(
     edits: dict[str, Edit] | None = None,
     hooks: str = "transformer_lens",
     remote: bool = False,
+    answer_edits: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
 ) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """Score one batch with the engine while reading and editing activations in its prompt pass.
 
     `reads[hook]` lists the locations whose values come back as one [locs, ...] CPU tensor per
     hook (in the model's dtype); `edits[hook] = (locs, fn)` replaces the values at `locs` by
-    `fn(old values)`. Returns the engine's results and the values read."""
+    `fn(old values)`; `answer_edits[hook] = fn` replaces every value of the trie passes (all
+    answer-token positions, [rows, nodes, ...]) by `fn(old values)`. Returns the engine's
+    results and the values read."""
     chosen = library(hooks)
     ops = _ops(batch, reads, edits, scorer.model.device)
+    answer = [(hook, _answer_hook(fn)) for hook, fn in (answer_edits or {}).items()]
+    for hook, _ in answer:
+        parse_hook(hook)
+    if answer and chosen == "nnsight":
+        raise ProbekitError("answer-token edits need hooks='transformer_lens'")
     if chosen == "nnsight":
         return _score_nnsight(scorer, batch, ops, remote)
     if remote:
@@ -69,7 +79,10 @@ def score_with(
     fwd = [(hook, _lens_hook(hook, read, edit, out)) for hook, read, edit in ops]
     bridge = enable_bridge(scorer.model)
     results = scorer.score_batch(
-        batch, reuse_prefix=False, prompt_context=lambda: bridge.hooks(fwd_hooks=fwd)
+        batch,
+        reuse_prefix=False,
+        prompt_context=lambda: bridge.hooks(fwd_hooks=fwd),
+        answer_context=(lambda: bridge.hooks(fwd_hooks=answer)) if answer else None,
     )
     return results, out
 
@@ -172,6 +185,17 @@ def _lens_hook(name: str, read: Any, edit: Any, out: dict) -> Callable:
         return (tensor, *value[1:]) if isinstance(value, tuple) else tensor
 
     return fn
+
+
+def _answer_hook(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """A hook replacing its whole value (every position of a trie pass) by `fn(value)`."""
+
+    def hook_fn(value: Any, hook: Any) -> Any:
+        tensor = value[0] if isinstance(value, tuple) else value
+        new = fn(tensor).to(tensor.device, tensor.dtype)
+        return (new, *value[1:]) if isinstance(value, tuple) else new
+
+    return hook_fn
 
 
 def _score_nnsight(scorer: Any, batch: Any, ops: list[Op], remote: bool) -> tuple[list, dict]:

@@ -99,10 +99,12 @@ class HFScorer:
         batch: Sequence[Sequence[int]],
         reuse_prefix: bool = True,
         prompt_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+        answer_context: Callable[[], contextlib.AbstractContextManager] | None = None,
     ) -> list[ScoreResult]:
         """Score one batch. `prompt_context` wraps the prompt pass only (e.g. patching hooks);
         use it with `reuse_prefix=False`, so that every prompt is one left-padded row whose
-        position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`."""
+        position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`.
+        `answer_context` wraps the trie passes (every forward over answer tokens)."""
         device = self.model.device
         with torch.inference_mode():
             start = clock(device)
@@ -110,16 +112,18 @@ class HFScorer:
                 state = prompt_pass(self.model, batch, self._prefixes, self.stats, reuse_prefix)
             prompt_columns = state.mask.shape[1]
             prompt_done = clock(device)
-            results = self.trie_pass.run(state, self.epsilon, self.stats)
-            # Rows whose bound exceeds epsilon are redone exactly, on a copy of their prompt
-            # cache: decoding below needs every row's.
-            kv.truncate(state.cache, prompt_columns)
-            redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
-            if redo:
-                sub = state.rows(torch.tensor(redo, device=device))
-                for i, result in zip(redo, self.trie_pass.run(sub, 0.0, self.stats), strict=True):
-                    results[i] = result
-                del sub
+            with answer_context() if answer_context else contextlib.nullcontext():
+                results = self.trie_pass.run(state, self.epsilon, self.stats)
+                # Rows whose bound exceeds epsilon are redone exactly, on a copy of their prompt
+                # cache: decoding below needs every row's.
+                kv.truncate(state.cache, prompt_columns)
+                redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
+                if redo:
+                    sub = state.rows(torch.tensor(redo, device=device))
+                    redone = self.trie_pass.run(sub, 0.0, self.stats)
+                    for i, result in zip(redo, redone, strict=True):
+                        results[i] = result
+                    del sub
             trie_done = clock(device)
             if self.max_new_tokens:
                 for result, tokens in zip(results, self._decode(state), strict=True):
