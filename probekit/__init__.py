@@ -34,6 +34,7 @@ _API = {
     # mechanism
     "patch": "probekit.mechanism.api",
     "capture": "probekit.mechanism.api",
+    "steer": "probekit.mechanism.steering",
     "make_pair": "probekit.mechanism.api",
     "hookable": "probekit.mechanism.api",
     "read_activations": "probekit.mechanism.capture",

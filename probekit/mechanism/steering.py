@@ -1,0 +1,338 @@
+"""Steering on the exact readout: add α × a vector to the residual stream while scoring, and
+read how every prompt's exact answer distribution moves.
+
+One intervention is one (site, layer): while each prompt is scored, α·v is added to the value at
+`blocks.{layer}.{site}` at the chosen positions (through `probekit.mechanism.interventions`, the
+same hooks as patching):
+- `span`: the tokens of one span of the prompt (default span `answer`, the prompt's last token);
+- `from_span`: every prompt token from the span's first on, and every answer token;
+- `all`: every prompt token and every answer token.
+Answer tokens are the positions of the scorer's trie passes, so an answer of several tokens is
+steered at each of its tokens, as the model would be while writing it.
+
+Beside the given vector (`vector` column `steer`) a random direction of the same norm is the
+control (`random`), drawn from `seed`. α = 0 is plain scoring (no hook at all), and each row
+carries its side effects against it: `kl`, the KL divergence KL(P_α ‖ P_0) of the prompt's answer
+distribution (normalised over the answer set) from the unsteered one, and `valid_mass_change`,
+the valid mass at α minus that at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
+from probekit.engines.base import ScoreResult
+from probekit.engines.score import as_items
+from probekit.mechanism.api import hookable
+from probekit.mechanism.interventions import score_with
+from probekit.mechanism.sites import d_model, enable_bridge, layer_indices, library, site
+
+POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
+STEER, RANDOM = "steer", "random"
+Target = tuple[str, int]
+"""(site, layer): one intervention."""
+Progress = Callable[[str], None]
+
+
+def check_alphas(alphas: Any) -> list[float]:
+    """The alphas as floats, in the given order; one line for an empty or non-numeric list."""
+    if isinstance(alphas, str | bytes) or not isinstance(alphas, Sequence | np.ndarray | range):
+        raise ProbekitError(f"alphas must be a list of numbers, got {alphas!r}")
+    values = list(alphas)
+    if not values:
+        raise ProbekitError("no alphas given; give at least one, e.g. [-4, 0, 4]")
+    try:
+        out = [float(a) for a in values]
+    except (TypeError, ValueError):
+        raise ProbekitError(f"alphas must be numbers, got {values!r}") from None
+    if not all(np.isfinite(out)):
+        raise ProbekitError(f"alphas must be finite numbers, got {values!r}")
+    return out
+
+
+def check_positions(positions: str) -> str:
+    """`positions` if it is one of `POSITIONS`; else one line naming them."""
+    if positions not in POSITIONS:
+        raise ProbekitError(f"unknown positions {positions!r}; choose from {', '.join(POSITIONS)}")
+    return positions
+
+
+def steering_site(name: str) -> str:
+    """The TransformerLens name of a residual-width site (one line for an unknown or per-head
+    site: a steering vector has the residual stream's width)."""
+    found = site(name)
+    if found.per_head:
+        raise ProbekitError(
+            f"steering adds a d_model vector; {found.name} is per attention head: use "
+            "hook_resid_pre, hook_resid_mid, hook_attn_out, hook_mlp_out or hook_resid_post"
+        )
+    return found.name
+
+
+def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Target, torch.Tensor]:
+    """One float64 vector per target: `vector` is one [d_model] array (used at every target) or
+    a mapping from a layer, or a (site, layer), to one."""
+    width = d_model(model)
+    out = {}
+    for target in targets:
+        if isinstance(vector, Mapping):
+            value = vector.get(target, vector.get(target[1]))
+            if value is None:
+                raise ProbekitError(f"the vectors have none for layer {target[1]} ({target[0]})")
+        else:
+            value = vector
+        try:
+            tensor = torch.as_tensor(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise ProbekitError(f"the vector must be an array of numbers, got {value!r}") from None
+        if tuple(tensor.shape) != (width,):
+            raise ProbekitError(
+                f"the vector has shape {tuple(tensor.shape)}; steering this model needs "
+                f"({width},), one number per residual-stream dimension"
+            )
+        if not torch.isfinite(tensor).all():
+            raise ProbekitError("the vector has non-finite values")
+        out[target] = tensor
+    return out
+
+
+def random_like(vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """A random direction (Gaussian, so uniform on the sphere) with the norm of `vector`."""
+    draw = torch.as_tensor(rng.standard_normal(vector.shape[0]))
+    return draw * (vector.norm() / draw.norm())
+
+
+def prompt_positions(prompt: EncodedItem, positions: str, span: str) -> list[int]:
+    """The prompt positions `positions` steers in this prompt (answer tokens aside)."""
+    if span not in prompt.positions:
+        raise ProbekitError(
+            f"unknown span {span!r}: the prompts have {', '.join(prompt.positions)}"
+        )
+    if positions == "span":
+        return list(prompt.positions[span])
+    start = 0 if positions == "all" else min(prompt.positions[span])
+    return list(range(start, len(prompt.input_ids)))
+
+
+def steered_results(
+    scorer: Any,
+    prompts: Sequence[EncodedItem],
+    target: Target,
+    added: torch.Tensor,
+    positions: str,
+    span: str,
+    hooks: str = "transformer_lens",
+    batch_size: int | None = None,
+) -> list[ScoreResult]:
+    """Every prompt's result with `added` summed into `blocks.{layer}.{site}` at `positions`."""
+    hook = site(target[0]).hook(target[1])
+    model = scorer.model
+    delta = added.to(model.device, model.dtype)
+
+    def add(old: torch.Tensor) -> torch.Tensor:
+        return old + delta
+
+    answer = None if positions == "span" else {hook: add}
+    size = batch_size or scorer.batch_size
+    out: list[ScoreResult] = []
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start : start + size]
+        locs = [
+            (row, pos)
+            for row, prompt in enumerate(chunk)
+            for pos in prompt_positions(prompt, positions, span)
+        ]
+        results, _ = score_with(
+            scorer,
+            [p.input_ids for p in chunk],
+            edits={hook: (locs, add)},
+            hooks=hooks,
+            answer_edits=answer,
+        )
+        out += results
+    return out
+
+
+def kl_divergence(steered: ScoreResult, base: ScoreResult) -> float:
+    """KL(P_steered ‖ P_base) in nats over the answer set (normalised); NaN when either has no
+    valid mass."""
+    if steered.valid_mass <= 0 or base.valid_mass <= 0:
+        return float("nan")
+    p, q = np.asarray(steered.probs, dtype=float), np.asarray(base.probs, dtype=float)
+    on = p > 0
+    if np.any(q[on] <= 0):
+        return float("inf")
+    return float(max(np.sum(p[on] * np.log(p[on] / q[on])), 0.0))
+
+
+def sweep(
+    scorer: Any,
+    prompts: Sequence[EncodedItem],
+    vectors: Mapping[Target, torch.Tensor],
+    alphas: Sequence[float],
+    *,
+    positions: str = "from_span",
+    span: str = ANSWER,
+    hooks: str = "transformer_lens",
+    control: bool = True,
+    seed: int = 0,
+    batch_size: int | None = None,
+    base: Sequence[ScoreResult] | None = None,
+    say: Progress | None = None,
+) -> pd.DataFrame:
+    """The steering table: one row per (target, vector kind, α, prompt), see the module.
+
+    `base` are the prompts' unsteered results if already scored (else scored here)."""
+    answers: AnswerSet = scorer.answers
+    check_positions(positions)
+    if library(hooks) == "transformer_lens":  # every row, α = 0 included, on the same kernels
+        enable_bridge(scorer.model)
+    for prompt in prompts:
+        prompt_positions(prompt, positions, span)  # one line for a missing span, before scoring
+    if base is None:
+        base = list(scorer.score([p.input_ids for p in prompts]))
+    rng = np.random.default_rng(seed)
+    rows = []
+    total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
+    done = 0
+    for target, vector in vectors.items():
+        kinds = {STEER: vector}
+        if control:
+            kinds[RANDOM] = random_like(vector, rng)
+        for kind, v in kinds.items():
+            norm = float(v.norm())
+            for alpha in alphas:
+                if alpha == 0:
+                    results = list(base)
+                else:
+                    results = steered_results(
+                        scorer, prompts, target, alpha * v, positions, span, hooks, batch_size
+                    )
+                    done += 1
+                    if say:
+                        say(
+                            f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
+                            f"α={alpha:g}"
+                        )
+                for prompt, result, zero in zip(prompts, results, base, strict=True):
+                    rows.append(
+                        {
+                            PROMPT_ID: prompt.id,
+                            "site": target[0],
+                            "layer": target[1],
+                            "vector": kind,
+                            "norm": norm,
+                            "alpha": float(alpha),
+                            "positions": positions,
+                            "span": span,
+                            **result.row(answers),
+                            "kl": kl_divergence(result, zero),
+                            "valid_mass_change": result.valid_mass - zero.valid_mass,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def steer(
+    model: Any,
+    prompts: Any,
+    vector: Any,
+    *,
+    sites: Sequence[str] = ("hook_resid_post",),
+    layers: Sequence[int] | range,
+    alphas: Sequence[float],
+    answers: AnswerSet | str,
+    positions: str = "from_span",
+    span: str | None = None,
+    hooks: str = "transformer_lens",
+    control: bool = True,
+    seed: int = 0,
+    epsilon: float = 0.0,
+    batch_size: int | None = None,
+) -> pd.DataFrame:
+    """Score `prompts` with α·`vector` added at each (site, layer), for every α.
+
+    Parameters:
+        model: a loaded model or a model spec (`"default"`, a Hugging Face id, ...).
+        prompts: one string, a list of strings, chat-message lists, `Item`s or encoded prompts,
+            or a prompts JSONL path (as `probekit.score` takes them).
+        vector: one [d_model] array (numpy, torch or a list), or a mapping from a layer (or a
+            (site, layer)) to one.
+        sites: residual-width TransformerLens sites (`hook_resid_post` or `resid_post`, ...);
+            each (site, layer) is steered on its own.
+        layers: layer indices, negative from the end.
+        alphas: the multiples of the vector; 0 is plain scoring.
+        answers: an `AnswerSet` or a spec (`0-10`, `A-E`, `A,B,C`).
+        positions: `span` (the span's tokens), `from_span` (from the span on, answer tokens
+            included) or `all` (every prompt and answer token).
+        span: the span steered from (default `answer`: the prompt's last token).
+        hooks: the hook library (`transformer_lens`; `nnsight` steers `span` only).
+        control: also steer along a random direction of the same norm (`vector` = `random`).
+        seed: the random direction's seed.
+        epsilon: the scorer's pruning bound (0: exact).
+        batch_size: prompts per forward pass.
+
+    Returns one row per (site, layer, vector kind, α, prompt): `prompt_id`, `site`, `layer`,
+    `vector` (`steer` or `random`), `norm`, `alpha`, `positions`, `span`, the score columns of
+    `probekit.score` (`valid_mass`, `argmax`, ..., `p::<answer>`), `kl` (KL of the answer
+    distribution from the unsteered one, nats) and `valid_mass_change`.
+    """
+    chosen = check_alphas(alphas)
+    positions = check_positions(positions)
+    names = _names(sites)
+    if library(hooks) == "nnsight" and positions != "span":
+        raise ProbekitError(
+            f"positions={positions!r} steers the answer tokens, which needs "
+            "hooks='transformer_lens' (nnsight steers positions='span' only)"
+        )
+    model = hookable(model)
+    targets = [(name, layer) for layer in layer_indices(model, _layers(layers)) for name in names]
+    vectors = as_vectors(model, vector, targets)
+    encoded = _encode(model, prompts)
+    answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
+    scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
+    return sweep(
+        scorer,
+        encoded,
+        vectors,
+        chosen,
+        positions=positions,
+        span=ANSWER if span is None else span,
+        hooks=hooks,
+        control=control,
+        seed=seed,
+        batch_size=batch_size,
+    )
+
+
+def _names(sites: Any) -> list[str]:
+    if isinstance(sites, str) or not isinstance(sites, Sequence) or not sites:
+        raise ProbekitError(f"sites must be a non-empty list of site names, got {sites!r}")
+    return [steering_site(name) for name in sites]
+
+
+def _layers(layers: Any) -> list[Any]:
+    if isinstance(layers, str | bytes) or not isinstance(layers, Sequence | range):
+        raise ProbekitError(f"layers must be a list of layer indices, got {layers!r}")
+    return list(layers)
+
+
+def _encode(model: Any, prompts: Any) -> list[EncodedItem]:
+    if (
+        isinstance(prompts, Sequence)
+        and prompts
+        and all(isinstance(p, EncodedItem) for p in prompts)
+    ):
+        return list(prompts)
+    items = list(as_items(prompts))
+    if not items:
+        raise ProbekitError("no prompts to steer")
+    return [model.encode(item) for item in items]
