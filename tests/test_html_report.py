@@ -16,9 +16,11 @@ import pytest
 from matplotlib.image import imread
 
 from probekit import cli
-from probekit.reporting import load_run, run_page_html, runs_page_html
+from probekit.reporting import load_run as load_folder
+from probekit.reporting import run_page_html, runs_page_html
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number
+from probekit.studies import get_study
 from probekit.studies.isear.events import SAMPLE_ROOT
 from probekit.studies.isear.probe import EMOTIONS
 
@@ -39,6 +41,12 @@ needs_chromium = pytest.mark.skipif(
     reason="headless Chromium is not installed (apt-get install chromium): the pages are not "
     "checked in a browser",
 )
+
+
+def load_run(folder: Path):
+    """The run in `folder` with its study (as `probekit report` passes it)."""
+    study = json.loads((folder / "manifest.json").read_text())["study"]
+    return load_folder(folder, study=get_study(study))
 
 
 def isear_rows(model: str, shift: float = 0.0) -> list[dict]:
@@ -175,7 +183,7 @@ def test_page_across_studies_and_models(tmp_path):
     assert "+1.465" in profile and "[+1.378, +1.527]" in profile and "=0.0083" in profile
     assert "0.120" in profile and "0.220" in profile  # each model's ISEAR headline
     side = text[text.index("Models side by side") :]
-    assert "isear — mode ev (2 runs)" in side  # two models of the same settings together
+    assert "isear — view ev (2 runs)" in side  # two models of the same settings together
     assert "Shown apart" in side and "seed: 7 here, 123 there" in side
     assert "a/report.html" in text and "Sample data, not the studies' data sets" in text
 
@@ -255,7 +263,7 @@ def test_report_of_two_runs_in_chromium(isear_run, tmp_path):
     assert cli.main(["report", str(isear_run), str(other), "--out", str(both)]) == 0
     text = browser_text(both / "report.html", tmp_path)
     assert "Bias profile per model" in text and "second-model" in text
-    assert "isear — mode ev (2 runs)" in text
+    assert "isear — view ev (2 runs)" in text
     for number in summary_numbers(isear_run):
         assert number in text
     summary = pd.read_csv(both / "summary.csv")
@@ -323,7 +331,7 @@ def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):
         folder = tmp_path / "religion" / setting
         finished_run(folder, "intergroup", [row], category="religion", setting=setting)
     finished_run(tmp_path / "stale", "isear", isear_rows("old"))  # not in these rows
-    assert write_pages(tmp_path, rows) == tmp_path / "report.html"
+    assert write_pages(tmp_path, rows, get_study("intergroup")) == tmp_path / "report.html"
     first = page_text((tmp_path / "religion" / "P0S0T0" / "report.html").read_text())
     second = page_text((tmp_path / "religion" / "P1S0T0" / "report.html").read_text())
     assert "+1.465" in first and "-0.250" not in first

@@ -81,7 +81,8 @@ def test_summary_markdown_without_parsed_answers():
 
 
 def test_paper_tables_put_models_side_by_side(tmp_path):
-    from probekit.studies.intergroup.report import paper_tables, write_summary
+    from probekit.studies import get_study
+    from probekit.studies.intergroup.report import paper_tables
 
     base = {
         "category": "religion",
@@ -109,7 +110,7 @@ def test_paper_tables_put_models_side_by_side(tmp_path):
     gap = tables[(tables["table"] == "gap")].set_index("model")["value"]
     assert gap["small"] == "+0.500 [-0.400, +0.400] =0.0083"
     assert gap["large"].startswith("-0.100")
-    write_summary(rows, tmp_path)
+    get_study("intergroup").write_summary(rows, tmp_path, runs=[])
     text = (tmp_path / "paper_tables.md").read_text()
     assert "| category | setting | mode | small | large |" in text
     assert "| religion | P0S0T0 | ev | 25.0% | 25.0% |" in text

@@ -51,10 +51,10 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
         for run, manifest in members:
             run_rows = study.report(pd.read_parquet(run / "scores.parquet"), run, manifest)
             rows += run_rows
-            pages.append(load_run(run, pd.DataFrame(run_rows)))
+            pages.append(load_run(run, pd.DataFrame(run_rows), study))
         where = target if len(by_study) == 1 else target / name
-        where.mkdir(parents=True, exist_ok=True)
-        markdown.append(study.write_summary(rows, where).markdown)
+        folders = [run for run, _ in members]
+        markdown.append(study.write_summary(rows, where, runs=folders).markdown)
     for page in pages:
         write_run_page(page)
     if len(pages) == 1:

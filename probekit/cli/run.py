@@ -88,7 +88,6 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     from probekit.reporting import write_pages
     from probekit.run.distributed import detect_launch
     from probekit.run.loop import Shard, prepare_run_dir
-    from probekit.run.numerics import note_numerics
 
     if args.engine == "vllm":
         from probekit.engines.vllm import run_in_vllm_env
@@ -121,9 +120,8 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
     if not rows:
         return None
     out = Path(args.out)
-    summary = study.write_summary(rows, out)
-    note_numerics(out)  # each run's noise figure, one line each at the end of summary.md
-    write_pages(out, rows)  # report.html in each run folder, and across several runs in out
+    summary = study.write_summary(rows, out)  # with each run's noise figure and signal
+    write_pages(out, rows, study)  # report.html in each run folder, and across several in out
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
     say(f"\n{summary.markdown}")
     say(

@@ -1,12 +1,15 @@
-"""Generic figures: a masked matrix heatmap with separators and outlined blocks and a 2-D t-SNE
-map of labelled rows (the patching heatmaps are `probekit.mechanism.plots`). Studies pass their
-own labels, titles and separators.
+"""Generic figures: a masked matrix heatmap with separators and outlined blocks, a 2-D t-SNE
+map of labelled rows, and the headlines of several runs against each study's no-bias value (the
+patching heatmaps are `probekit.mechanism.plots`). Studies pass their own labels, titles and
+separators.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never touches
 the global backend or needs a display.
 """
 
+import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,27 @@ CATEGORICAL = (
 )
 
 Blocks = Sequence[tuple[int, int]] | Sequence[str]
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    """One model's (or run's) headline in a panel of `headline_figure`."""
+
+    name: str
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass(frozen=True)
+class HeadlinePanel:
+    """One study's headline across models: its rows, axis label and no-bias value."""
+
+    title: str
+    axis: str
+    rows: Sequence[HeadlineRow]
+    reference: float | None = None
+    reference_label: str = ""
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -198,3 +222,48 @@ def embedding_plot(
     ax.set_title(title)
     ax.legend(title=legend, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     return save_figure(fig, path)
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """`fig` as PNG bytes (for a page that inlines it)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def headline_figure(panels: Sequence[HeadlinePanel]) -> Figure:
+    """One panel per study (its own scale): a row per model (or run) with its headline value and
+    interval, the study's no-bias value as a dashed line, so that bias profiles compare at a
+    glance."""
+    if not panels:
+        raise ProbekitError("no headlines to draw")
+    heights = [max(len(p.rows), 1) for p in panels]
+    fig = new_figure(8.5, 1.1 * len(panels) + 0.38 * sum(heights))
+    axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for ax, panel in zip(axes, panels, strict=True):
+        y = np.arange(len(panel.rows))[::-1]
+        for yi, row in zip(y, panel.rows, strict=True):
+            colour = CATEGORICAL[0] if row.value is not None else "grey"
+            if row.value is None:
+                ax.text(0.5, yi, "no value", transform=ax.get_yaxis_transform(), va="center")
+                continue
+            if row.low is not None and row.high is not None:
+                ax.hlines(yi, row.low, row.high, color=colour, linewidth=2)
+            ax.plot(row.value, yi, "o", color=colour, markersize=6)
+        if panel.reference is not None:
+            ax.axvline(panel.reference, color="black", linestyle="--", linewidth=1)
+            ax.annotate(
+                panel.reference_label or f"no bias ({panel.reference:g})",
+                (panel.reference, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -2),
+                textcoords="offset points",
+                va="top",
+                fontsize=8,
+            )
+        ax.set_yticks(y, [row.name for row in panel.rows], fontsize=8)
+        ax.set_ylim(-0.7, len(panel.rows) - 0.3)
+        ax.margins(x=0.08)
+        ax.set_title(panel.title, fontsize=9, loc="left")
+        ax.set_xlabel(panel.axis, fontsize=8)
+    return fig

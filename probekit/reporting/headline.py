@@ -1,10 +1,11 @@
 """What a study tells the HTML report about one run: its headline numbers and its views.
 
-Each study's `report.py` may define `headlines(rows) -> list[Headline]` and
-`view_facts(rows, run_dir) -> list[ViewFacts]` over the summary rows of one run (as in its
-`summary.csv`); the page shows them, and the page across runs takes each study's primary
-headline as the model's bias profile. The formatting helpers are the page's own, so a test can
-format a `summary.csv` number exactly as the page prints it.
+A study's `headlines(table, manifest) -> list[Headline]` and `view_facts(table, run) ->
+list[ViewFacts]` (the `StudyReport` contract, `probekit.reporting.contract`) read the summary
+rows of one run (as in its `summary.csv`); the page shows them, and the page across runs takes
+each study's primary headline as the model's bias profile, drawn against the study's no-bias
+value. The formatting helpers are the page's own, so a test can format a `summary.csv` number
+exactly as the page prints it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ class Headline:
     """One headline number of a run: what it is, its view, its interval, p-value and mark.
 
     `primary` marks the one number that stands for the study in a model's bias profile;
-    `key` identifies the same quantity across runs (models side by side)."""
+    `key` identifies the same quantity across runs (models side by side); `reference` is the
+    value that means no bias (0 for a gap; chance for an accuracy), named by `reference_label`,
+    and the page across runs marks it; `n` counts the units (events, items) the number rests on,
+    so that the pages flag a tiny sample."""
 
     label: str
     view: str
@@ -67,6 +71,9 @@ class Headline:
     digits: int = 3
     signed: bool = False
     primary: bool = False
+    reference: float | None = None
+    reference_label: str = ""
+    n: int | None = None
 
     @property
     def key(self) -> str:
@@ -113,9 +120,13 @@ def row_headlines(
     low: str,
     high: str,
     view: str = "view",
+    n: str | None = None,
+    reference: float | None = None,
+    reference_label: str = "",
 ) -> list[Headline]:
-    """One headline per summary row: `value`, `low`, `high` and `view` name the row's columns,
-    `label`, `note` and `primary` are read from the row (a dict), `interval` is shared."""
+    """One headline per summary row: `value`, `low`, `high`, `view` and `n` name the row's
+    columns, `label`, `note` and `primary` are read from the row (a dict), `interval` and the
+    no-bias `reference` are shared."""
     return [
         Headline(
             label=label(r),
@@ -126,6 +137,9 @@ def row_headlines(
             interval=interval,
             note=note(r),
             primary=primary(r),
+            reference=reference,
+            reference_label=reference_label,
+            n=None if n is None or missing(r.get(n)) else int(r[n]),
         )
         for r in rows.to_dict("records")
     ]
@@ -133,7 +147,7 @@ def row_headlines(
 
 @dataclass(frozen=True)
 class ViewFacts:
-    """One view of a run (exact `ev`, `generate`, `explain`): how much of the probability fell
+    """One view of a run (`exact`, `generate`, `explain`): how much of the probability fell
     on the answer set, how often an answer could be read, and how often the views agree."""
 
     view: str

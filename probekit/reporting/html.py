@@ -1,11 +1,14 @@
 """`report.html`: one self-contained page per finished run, and one page across runs.
 
-A run's page shows, from its folder alone (`manifest.json`, `summary.csv` or the summary rows
-given, `scores.parquet`'s row count, every `*.png`): the study card, a warning at the top when
-the run used probekit's sample data, the headline numbers with intervals and p-values, both
-views with their valid mass and agreement, every figure (inline, base64 PNG) and the manifest.
-The page across runs puts one model's studies together (its bias profile, one headline per
-study) and several models of one study side by side; runs whose settings differ are shown
+A run's page shows, from its folder (`manifest.json`, `summary.csv` or the summary rows given,
+`scores.parquet`'s size and answer set, every `*.png`) and from its study (the `StudyReport`
+contract of `probekit.reporting.contract`, passed in: reporting imports no study): the study
+card, the real model and the data as a reader knows them, warnings at the top (probekit's sample
+data, a weak signal, a tiny sample), the headline numbers with intervals and p-values, the views
+with their valid mass and agreement, every figure (inline, base64 PNG) and the manifest. Every
+scale is labelled from the run's own answer set. The page across runs draws each model's
+headlines against each study's no-bias value, lists one model's studies together (its bias
+profile) and puts several models of one study side by side; runs whose settings differ are shown
 apart, with the fields that differ. Pages are rendered with jinja2 from the templates shipped
 in `probekit/reporting/templates/`, read through importlib.resources; they load nothing from
 the network, so they open from disk or as an attachment.
@@ -14,14 +17,12 @@ the network, so they open from disk or as an attachment.
 from __future__ import annotations
 
 import base64
-import importlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jinja2
@@ -31,6 +32,18 @@ from markdown_it import MarkdownIt
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_text
+from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, weak_signal
+from probekit.reporting.contract import (
+    TINY_SAMPLE_UNITS,
+    NoStudy,
+    RunFacts,
+    StudyCard,
+    StudyReport,
+    describe_model,
+    run_answers,
+    scale_label,
+)
+from probekit.reporting.figures import HeadlinePanel, HeadlineRow, headline_figure, png_bytes
 from probekit.reporting.headline import (
     Headline,
     ViewFacts,
@@ -38,6 +51,7 @@ from probekit.reporting.headline import (
     format_rate,
     missing,
 )
+from probekit.reporting.summary import mean_valid_mass
 
 PAGE = "report.html"
 # Manifest fields that say which model ran, where and how, not what was measured: runs that
@@ -71,7 +85,9 @@ MANIFEST_FIELDS = {
     "data_path": "data path",
     "items_path": "data path",
     "data_sha256": "data hash (sha256)",
-    "mode": "mode",
+    "view": "view",
+    "mode": "view",
+    "answers": "answers",
     "dtype": "dtype",
     "device": "device",
     "epsilon": "epsilon (pruning bound)",
@@ -99,8 +115,10 @@ class Run:
     folder: Path
     manifest: dict[str, Any]
     rows: pd.DataFrame
+    report: StudyReport
     headlines: list[Headline] = field(default_factory=list)
     views: list[ViewFacts] = field(default_factory=list)
+    answers: tuple[str, ...] = ()
 
     @property
     def study(self) -> str:
@@ -108,17 +126,63 @@ class Run:
 
     @property
     def model(self) -> str:
+        """The model as the run was asked for it (`default`, a hub id, a path): the key that
+        groups runs of one model."""
         return str(self.manifest.get("model", "?"))
+
+    @property
+    def model_text(self) -> str:
+        """The model as a reader finds it (the default's hub id and file, never `default`)."""
+        return describe_model(self.manifest)
+
+    @property
+    def data_text(self) -> str:
+        """The data as a reader knows it (`crowd-enVent, SHA-256 verified`)."""
+        return self.report.describe_data(self.manifest)
+
+    @property
+    def card(self) -> StudyCard:
+        return self.report.card()
+
+    @property
+    def facts(self) -> RunFacts:
+        return RunFacts(self.folder, self.manifest, self.answers)
+
+    @property
+    def view(self) -> str:
+        return self.facts.view
+
+    @property
+    def scale(self) -> str:
+        """The run's answer set in a few words (`0–10`, `A, B, C, D`)."""
+        return scale_label(self.answers)
 
     @property
     def sample(self) -> bool:
         """True when the run used probekit's own sample data, not the study's data set."""
-        return "sample" in (self.manifest.get("data_origin"), self.manifest.get("items_origin"))
+        origins = (self.manifest.get("data_origin"), self.manifest.get("items_origin"))
+        return "sample" in origins or self.data_text.startswith("probekit's own sample")
 
     @property
     def prompts(self) -> int | None:
         path = self.folder / "scores.parquet"
         return pq.ParquetFile(path).metadata.num_rows if path.is_file() else None
+
+    @property
+    def valid_mass(self) -> float | None:
+        """The mean valid mass of the run's exact scores."""
+        return mean_valid_mass(self.folder)
+
+    @property
+    def weak_signal(self) -> str | None:
+        """One line when the mean valid mass is below `WEAK_SIGNAL_VALID_MASS`, else None."""
+        return weak_signal(self.valid_mass)
+
+    @property
+    def tiny(self) -> int | None:
+        """The fewest units any headline rests on, when that is below `TINY_SAMPLE_UNITS`."""
+        counts = [h.n for h in self.headlines if h.n is not None]
+        return min(counts) if counts and min(counts) < TINY_SAMPLE_UNITS else None
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -129,28 +193,28 @@ class Run:
 
     @property
     def label(self) -> str:
-        """The run's settings in a few words: category, setting, mode (what a reader compares)."""
+        """The run's settings in a few words: category, setting, view (what a reader compares)."""
         words = [str(self.manifest[k]) for k in ("category", "setting") if k in self.manifest]
         if "prompt" in self.manifest:
             words.append(f"prompt {self.manifest['prompt']}")
-        return ", ".join([*words, f"mode {self.manifest.get('mode', '?')}"])
+        return ", ".join([*words, f"view {self.view}"])
 
 
-def load_run(folder: str | Path, rows: pd.DataFrame | None = None) -> Run:
+def load_run(
+    folder: str | Path, rows: pd.DataFrame | None = None, study: StudyReport | None = None
+) -> Run:
     """The run in `folder` with its summary rows (`rows`, else the folder's `summary.csv`, else
-    none), its headlines and views as its study defines them."""
+    none), its headlines and views as its `study` defines them (none without a study)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     if rows is None:
         summary = folder / "summary.csv"
         rows = pd.read_csv(summary) if summary.is_file() else pd.DataFrame()
-    run = Run(folder, manifest, rows)
-    module = study_report_module(run.study)
-    if module is not None and len(rows):
-        if hasattr(module, "headlines"):
-            run.headlines = module.headlines(rows)
-        if hasattr(module, "view_facts"):
-            run.views = module.view_facts(rows, folder)
+    name = str(manifest.get("study") or manifest.get("probe", {}).get("study"))
+    run = Run(folder, manifest, rows, study or NoStudy(name), answers=run_answers(folder, manifest))
+    if len(rows):
+        run.headlines = run.report.headlines(rows, manifest)
+        run.views = run.report.view_facts(rows, run.facts)
     return run
 
 
@@ -163,27 +227,10 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def model_name(folder: Path) -> str:
-    """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
+    """The model of the run in `folder` as a reader finds it (for figure titles), else `?`."""
     if not (Path(folder) / "manifest.json").is_file():
         return "?"
-    return str(read_manifest(Path(folder)).get("model", "?"))
-
-
-def study_report_module(name: str) -> ModuleType | None:
-    """The `report` module beside a registered study's `study.py` (None if it has none)."""
-    from probekit.studies.base import get_study
-
-    try:
-        study = get_study(name)
-    except ProbekitError:
-        return None
-    package = type(study).__module__.rpartition(".")[0]
-    if not package:  # a study in a top-level module (e.g. tests/minimal_study.py) has none
-        return None
-    try:
-        return importlib.import_module(f"{package}.report")
-    except ModuleNotFoundError:
-        return None
+    return describe_model(read_manifest(Path(folder)))
 
 
 def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
@@ -207,14 +254,18 @@ def find_runs(folder: str | Path) -> list[Path]:
     return [run for run in found if (run / "scores.parquet").is_file()]
 
 
-def write_pages(out: str | Path, rows: Sequence[dict[str, Any]] | pd.DataFrame) -> Path:
-    """The pages of a finished `probekit run` in `out` with its summary `rows`: `report.html`
-    in every run folder, and, where `out` holds several runs, the page across them in `out`.
-    Runs under `out` that `rows` do not cover (left there by an earlier command) are left
-    out. Returns the page in `out`."""
+def write_pages(
+    out: str | Path,
+    rows: Sequence[dict[str, Any]] | pd.DataFrame,
+    study: StudyReport | None = None,
+) -> Path:
+    """The pages of a finished `probekit run` of `study` in `out` with its summary `rows`:
+    `report.html` in every run folder, and, where `out` holds several runs, the page across them
+    in `out`. Runs under `out` that `rows` do not cover (left there by an earlier command) are
+    left out. Returns the page in `out`."""
     out = Path(out)
     frame = pd.DataFrame(rows)
-    runs = [load_run(folder, rows_of_run(frame, folder)) for folder in find_runs(out)]
+    runs = [load_run(folder, rows_of_run(frame, folder), study) for folder in find_runs(out)]
     runs = [run for run in runs if len(run.rows)]
     for run in runs:
         write_run_page(run)
@@ -235,19 +286,20 @@ def write_runs_page(runs: Sequence[Run], out: str | Path) -> Path:
 
 def run_page_html(run: Run) -> str:
     """The HTML of one run's page."""
-    module = study_report_module(run.study)
-    captions = getattr(module, "CAPTIONS", {}) if module else {}
+    card = run.card
     return (
         _environment()
         .get_template("run.html")
         .render(
             run=run,
-            card=study_card(run.study),
-            figures=figures(run.folder, captions),
+            card=card_html(card),
+            figures=figures(run.folder, run.report.captions),
             summary=summary_table(run.rows),
             manifest=manifest_table(run.manifest),
             extra=manifest_extra(run.manifest),
             views=_views(run),
+            threshold=WEAK_SIGNAL_VALID_MASS,
+            tiny_units=TINY_SAMPLE_UNITS,
         )
     )
 
@@ -258,22 +310,73 @@ def runs_page_html(runs: Sequence[Run], out: Path) -> str:
         raise ProbekitError("no finished runs to put on one page")
     groups = comparable_groups(runs)
     links = {str(r.folder): Path(os.path.relpath(r.folder / PAGE, out)).as_posix() for r in runs}
-    profiles = {}
+    profiles: dict[str, list[tuple[Run, Headline]]] = {}
     for run in runs:
-        primary = [h for h in run.headlines if h.primary] or run.headlines[:1]
-        profiles.setdefault(run.model, []).extend((run, h) for h in primary)
+        profiles.setdefault(run.model_text, []).extend((run, h) for h in primary_headlines(run))
+    figure = profile_figure(runs)
+    cards = {r.study: card_html(r.card) for r in runs}
     return (
         _environment()
         .get_template("runs.html")
         .render(
             runs=runs,
             sample_runs=[r for r in runs if r.sample],
+            weak_runs=[r for r in runs if r.weak_signal],
+            tiny_runs=[r for r in runs if r.tiny is not None],
             profiles=profiles,
+            figure=figure,
             groups=[_side_by_side(group) for group in groups],
             links=links,
-            cards={name: study_card(name) for name in dict.fromkeys(r.study for r in runs)},
+            cards=cards,
+            threshold=WEAK_SIGNAL_VALID_MASS,
+            tiny_units=TINY_SAMPLE_UNITS,
         )
     )
+
+
+def primary_headlines(run: Run) -> list[Headline]:
+    """The headlines that stand for the run's study (its first one where none is marked)."""
+    return [h for h in run.headlines if h.primary] or run.headlines[:1]
+
+
+def profile_figure(runs: Sequence[Run]) -> str | None:
+    """The headlines across runs as one figure (a data URI): a panel per study and headline, a
+    row per model (its folder too where a model ran twice) with the interval, and the study's
+    no-bias value marked; None when no run has a headline value."""
+    panels: dict[str, list[tuple[Run, Headline]]] = {}
+    for run in runs:
+        for h in primary_headlines(run):
+            panels.setdefault(f"{run.study}: {h.key}", []).append((run, h))
+    drawn = []
+    for title, items in panels.items():
+        names = [run.model_text.split(" (")[0] for run, _ in items]
+        if len(set(names)) < len(names):
+            names = [f"{n} ({run.folder.name})" for n, (run, _) in zip(names, items, strict=True)]
+        rows = [
+            HeadlineRow(
+                name,
+                _number(h.value),
+                _number(h.low),
+                _number(h.high),
+            )
+            for name, (_, h) in zip(names, items, strict=True)
+        ]
+        first = items[0][1]
+        scales = ", ".join(dict.fromkeys(run.scale for run, _ in items))
+        axis = f"{first.label} (answers {scales})" + (
+            f"; {first.interval}" if first.interval else ""
+        )
+        drawn.append(
+            HeadlinePanel(title, axis, rows, _number(first.reference), first.reference_label)
+        )
+    if not any(row.value is not None for panel in drawn for row in panel.rows):
+        return None
+    data = base64.b64encode(png_bytes(headline_figure(drawn))).decode("ascii")
+    return f"data:image/png;base64,{data}"
+
+
+def _number(value: Any) -> float | None:
+    return None if missing(value) else float(value)
 
 
 def comparable_groups(runs: Sequence[Run]) -> list[dict[str, Any]]:
@@ -300,33 +403,19 @@ def comparable_groups(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return groups
 
 
-def study_card(name: str) -> dict[str, str]:
-    """The study's one-line title, its source paragraph and its whole card (README.md) as HTML."""
-    from probekit.studies.base import get_study
-
-    try:
-        study = get_study(name)
-    except ProbekitError:
-        return {"name": name, "title": name, "what": "", "source": "", "html": ""}
-    package = type(study).__module__.rpartition(".")[0]
-    card = files(package).joinpath("README.md") if package else None  # a top-level module: none
-    text = card.read_text(encoding="utf-8") if card is not None and card.is_file() else ""
-    paragraphs = [p.strip() for p in text.split("\n\n")]
-
-    def paragraph(start: str) -> str:
-        found = next((p for p in paragraphs if p.startswith(start)), "")
-        return _markdown().render(found) if found else ""
-
+def card_html(card: StudyCard) -> dict[str, str]:
+    """The study card's parts as HTML: its title, what it measures, its source, the whole card."""
+    markdown = _markdown()
     return {
-        "name": name,
-        "title": study.title,
-        "what": paragraph("**What it measures.**"),
-        "source": paragraph("**Source.**"),
-        "html": _markdown().render(text),
+        "name": card.name,
+        "title": card.title,
+        "what": markdown.render(card.what) if card.what else "",
+        "source": markdown.render(card.source) if card.source else "",
+        "html": markdown.render(card.text) if card.text else "",
     }
 
 
-def figures(folder: Path, captions: dict[str, str] | None = None) -> list[Figure]:
+def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Figure]:
     """Every PNG in `folder` (not its sub-runs), inlined, in name order."""
     captions = captions or {}
     found = []
@@ -371,22 +460,19 @@ def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def _views(run: Run) -> list[ViewFacts]:
-    """The study's views of the run, or the run's own mode with the mean valid mass."""
+    """The study's views of the run, or the run's own view with the mean valid mass."""
     if run.views:
         return run.views
-    path = run.folder / "scores.parquet"
-    mass = None
-    if path.is_file() and "valid_mass" in pq.ParquetFile(path).schema_arrow.names:
-        mass = float(pd.read_parquet(path, columns=["valid_mass"])["valid_mass"].mean())
-    return [ViewFacts(str(run.manifest.get("mode", "?")), "the run's mode", valid_mass=mass)]
+    described = f"the run's view, answers {run.scale}"
+    return [ViewFacts(run.view, described, valid_mass=run.valid_mass)]
 
 
 def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
     """One group of comparable runs as a table: a row per headline, a column per run."""
     runs: list[Run] = group["runs"]
-    names = [r.model for r in runs]
+    names = [r.model_text for r in runs]
     if len(set(names)) < len(names):  # the same model twice: tell the runs apart by folder
-        names = [f"{r.model} ({r.folder.name})" for r in runs]
+        names = [f"{r.model_text} [{r.folder.name}]" for r in runs]
     keys = list(dict.fromkeys(h.key for r in runs for h in r.headlines))
     cells = [{h.key: h.cell for h in r.headlines} for r in runs]
     table = [[key, *(c.get(key, "—") for c in cells)] for key in keys]

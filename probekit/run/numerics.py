@@ -1,7 +1,8 @@
 """Every run states its numeric noise: the dtype its exact scores were computed in, and how far
 a seeded sample of its prompts moves when re-scored in a wider dtype
 (`probekit.engines.hf.precision.noise_figure`). `probekit run` records it in each run's
-`manifest.json` (field `numerics`) and adds one line per run to `summary.md`."""
+`manifest.json` (field `numerics`); `Study.write_summary` adds one line per run to `summary.md`
+(`probekit.reporting.summary`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from probekit.engines.base import ScoreResult
 from probekit.engines.hf.model import LoadedModel
 from probekit.engines.hf.precision import (
     NOISE_SAMPLE,
-    describe_noise,
     dtype_name,
     noise_figure,
     reference_dtype,
@@ -88,27 +88,3 @@ def _sample(scores: pd.DataFrame, seed: int) -> list[int]:
     """Seeded prompt indices of the run (at most `NOISE_SAMPLE`)."""
     indices = sorted(int(i) for i in scores["prompt_index"])
     return random.Random(seed).sample(indices, min(NOISE_SAMPLE, len(indices)))
-
-
-def note_numerics(out: Path) -> str:
-    """Append one line per run under `out` (its manifest's `numerics`) to `out/summary.md`;
-    return the lines."""
-    lines = []
-    for path in sorted(out.rglob("manifest.json")):
-        figure = json.loads(path.read_text()).get(FIELD)
-        if figure is None:
-            continue
-        where = path.parent.relative_to(out).as_posix()
-        text = (
-            describe_noise(figure)
-            if "max_abs_diff" in figure
-            else (
-                f"numerics: scored in {figure['dtype']}; noise {figure.get('note', 'not measured')}"
-            )
-        )
-        lines.append(f"- {where if where != '.' else 'run'}: {text}")
-    if lines:
-        summary = out / "summary.md"
-        old = summary.read_text(encoding="utf-8") if summary.is_file() else ""
-        write_text(summary, old.rstrip("\n") + "\n\n## Numerics\n\n" + "\n".join(lines) + "\n")
-    return "\n".join(lines)

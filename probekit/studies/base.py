@@ -11,6 +11,10 @@ and filling the manifest's data fields (`data_source`), the loop over a run's vi
 the summary files (`write_summary`, one `Summary`); scoring, batching, sharding, resuming and
 writing results are the run loop's job (`probekit.run.loop`).
 
+A `Study` is also what the report pages read (`probekit.reporting.contract.StudyReport`):
+`card()`, `captions`, `headlines(table, manifest)`, `view_facts(table, run)` and
+`describe_data(manifest)`, each with a default here that a study overrides in its folder.
+
 Study modules import no model library at module level: listing the studies and `--help` load
 only their light metadata (name, title, options).
 """
@@ -19,10 +23,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import inspect
+import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -31,8 +40,10 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
-from probekit.datasets.locate import Dataset, DataSource
+from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import MechanismDefaults
+from probekit.reporting.contract import RunFacts, StudyCard
+from probekit.reporting.headline import Headline, ViewFacts
 
 MODES = ("ev", "generate")  # exact scores from the logits; greedy generation + parse (+ exact)
 Say = Callable[..., None]
@@ -120,6 +131,7 @@ class Study(ABC):
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
     options: tuple[Option, ...] = ()  # the study's own options of run, patch and capture
     dataset: Dataset | None = None  # the data found by `data_source` from --data
+    captions: Mapping[str, str] = MappingProxyType({})  # figure file name -> caption (pages)
 
     def add_options(self, parser: argparse.ArgumentParser, command: str) -> None:
         """Add the study's options that `command` (run, patch or capture) takes, after the
@@ -175,15 +187,36 @@ class Study(ABC):
         rows."""
         raise NotImplementedError(f"the study '{self.name}' reports no view")
 
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
-        """Write `summary.csv` (the rows) and `summary.md` (`summary_markdown`) in `out`."""
+    def write_summary(
+        self, rows: Sequence[dict[str, Any]], out: Path, runs: Sequence[Path] | None = None
+    ) -> Summary:
+        """Write `summary.csv` (the rows), `summary.md` (`summary_markdown`, then the sections
+        every study shares about `runs`: numeric noise, weak signal) and the study's other
+        tables (`write_tables`) in `out`; `runs`: the run folders the rows come from (default:
+        every finished run under `out`). The one writer of the summary files: nothing is written
+        unless all of it could be made."""
         from probekit.core.io import atomic_write, write_text
+        from probekit.reporting.html import find_runs
+        from probekit.reporting.summary import run_sections
 
-        table = pd.DataFrame(rows)
-        atomic_write(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
+        table = self.summary_table(rows)
+        folders = list(runs) if runs is not None else find_runs(out)
         markdown = self.summary_markdown(table)
+        sections = run_sections(folders, out)
+        if sections:
+            markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
+        extra = self.summary_tables(table)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
         write_text(out / "summary.md", markdown)
+        for name, (frame, text) in extra.items():
+            atomic_write(out / f"{name}.csv", lambda tmp, f=frame: f.to_csv(tmp, index=False))
+            write_text(out / f"{name}.md", text)
         return Summary(table, markdown)
+
+    def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+        """`summary.csv` as a table: the rows as they are by default."""
+        return pd.DataFrame(list(rows))
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
         """`summary.md`: the title and the summary table."""
@@ -191,6 +224,59 @@ class Study(ABC):
         rule = "|" + "---|" * len(table.columns)
         body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.to_numpy()]
         return "\n".join([f"# {self.title}", "", header, rule, *body]) + "\n"
+
+    def summary_tables(self, table: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
+        """Further tables beside the summary (name -> (csv table, Markdown)), e.g. a paper's own
+        tables with the models side by side; none by default."""
+        return {}
+
+    # The report pages (probekit.reporting.contract.StudyReport)
+
+    def card(self) -> StudyCard:
+        """The study card: `README.md` beside the study's module (the module's docstring for a
+        study in a single module), its `**What it measures.**` and `**Source.**` paragraphs."""
+        module = sys.modules.get(type(self).__module__)
+        package = type(self).__module__.rpartition(".")[0]
+        text = ""
+        if package:
+            card = files(package).joinpath("README.md")
+            text = card.read_text(encoding="utf-8") if card.is_file() else ""
+        if not text and module is not None:
+            text = inspect.cleandoc(module.__doc__ or "")
+        paragraphs = [p.strip() for p in text.split("\n\n")]
+
+        def paragraph(start: str) -> str:
+            return next((p for p in paragraphs if p.startswith(start)), "")
+
+        what = paragraph("**What it measures.**") or (paragraphs[0] if not package else "")
+        return StudyCard(self.name, self.title, what, paragraph("**Source.**"), text)
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        """The headline numbers of one run from its summary rows; none by default (the page then
+        shows the whole summary)."""
+        return []
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        """The views of one run (valid mass, answers read, agreement); by default the page shows
+        the run's own view with its mean valid mass."""
+        return []
+
+    def describe_data(self, manifest: Mapping[str, Any]) -> str:
+        """The data a run read as a reader knows it: the data set's name and whether its files
+        are the pinned ones (`data_verified` in the manifest, else its `data_sha256` against the
+        pinned sums), or probekit's own sample standing in for it."""
+        origin = manifest.get("data_origin") or manifest.get("items_origin")
+        if self.dataset is None:
+            return str(origin or "—")
+        name, digest = self.dataset.name, manifest.get("data_sha256")
+        if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
+            return f"probekit's own sample, not {name}"
+        verified = manifest.get("data_verified", _pinned_match(self.dataset, digest))
+        if verified is True:
+            return f"{name}, SHA-256 verified"
+        if verified is False:
+            return f"{name}, NOT the pinned files (their SHA-256 differs)"
+        return f"{name} (SHA-256 {str(digest)[:12]}…, no pinned sum to check it against)"
 
     def mechanism_items(
         self, args: argparse.Namespace, say: Say, purpose: str
@@ -210,6 +296,26 @@ class Study(ABC):
 
 def _cell(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@functools.cache
+def _sample_sha256(dataset: Dataset) -> str | None:
+    """The sha256 of the dataset's probekit-written sample (None without one)."""
+    if dataset.sample is None or not all((dataset.sample / f).is_file() for f in dataset.files):
+        return None
+    return dataset.sha256(dataset.sample)
+
+
+def _pinned_match(dataset: Dataset, digest: Any) -> bool | None:
+    """Whether `digest` is the combined sha256 of the dataset's pinned files (None when a file
+    has no pinned sum or no digest was recorded)."""
+    pinned = read_checksums()
+    if not digest or not all(rel in pinned for rel in dataset.files):
+        return None
+    combined = hashlib.sha256()
+    for rel in sorted(dataset.files):
+        combined.update(f"{pinned[rel]}  {rel}\n".encode())
+    return combined.hexdigest() == digest
 
 
 _REGISTRY: dict[str, Study] = {}

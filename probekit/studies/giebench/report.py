@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.io import atomic_write, write_text
-from probekit.reporting import Headline, ViewFacts
+from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
 from probekit.reporting.html import model_name
@@ -24,13 +24,6 @@ VIEW_TEXT = {
     "direct": "exact P(A-D) after the prefilled `[[`",
     "explain": "exact P(A-D) read after the model's greedy explanation",
     "generate": "greedy text, GIEBench's regular expression",
-}
-CAPTIONS = {
-    "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in generate) per "
-    "category and prompt type with 95 % bootstrap intervals over items, in the items' own answer "
-    "order and averaged over the cyclic orders; dotted line: chance (0.25).",
-    "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same items, "
-    "own order; labels: items that flipped wrong->right / right->wrong.",
 }
 
 
@@ -118,11 +111,9 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     return "\n".join(parts) + "\n"
 
 
-def write_summary(rows: list[dict[str, Any]], out: Path) -> str:
-    """`summary.csv` (overall accuracy per model, view, order view and prompt type) and
-    `summary.md`, followed by each run's details."""
-    frame = pd.DataFrame(rows)
-    atomic_write(out / "summary.csv", lambda tmp: frame.to_csv(tmp, index=False))
+def summary_markdown(frame: pd.DataFrame) -> str:
+    """`summary.md`: overall accuracy per model, view, order view and prompt type, followed by
+    each run's details."""
     shown = frame.assign(
         accuracy=[
             f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
@@ -139,9 +130,7 @@ def write_summary(rows: list[dict[str, Any]], out: Path) -> str:
         details = Path(run) / DETAILS
         if details.is_file():
             head.append(details.read_text(encoding="utf-8"))
-    markdown = "\n".join(head)
-    write_text(out / "summary.md", markdown)
-    return markdown
+    return "\n".join(head)
 
 
 def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
@@ -224,9 +213,10 @@ def _markdown(frame: pd.DataFrame, header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def headlines(rows: pd.DataFrame) -> list[Headline]:
-    """Overall accuracy per order view and prompt type with its interval; the identity prompt's
-    (`id`), averaged over orders where the run has several, stands for the study."""
+def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
+    """Overall accuracy per order view and prompt type with its interval, against chance (0.25);
+    the identity prompt's (`id`), averaged over orders where the run has several, stands for the
+    study."""
     orders = metrics.AVERAGED if metrics.AVERAGED in set(rows["orders"]) else metrics.OWN
     return row_headlines(
         rows,
@@ -237,18 +227,22 @@ def headlines(rows: pd.DataFrame) -> list[Headline]:
         value="accuracy",
         low="ci_low",
         high="ci_high",
+        n="n_items",
+        reference=1 / len(OPTIONS),
+        reference_label="chance (0.25)",
     )
 
 
-def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
-    """The run's view with the mean valid mass on A-D (from `scores.parquet`), the share of
-    explanations that reached `[[` (explain) or of responses with a verdict (generate)."""
+def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+    """The run's view with the mean valid mass on its answers (from `scores.parquet`), the share
+    of explanations that reached `[[` (explain) or of responses with a verdict (generate)."""
     view = str(rows["view"].iloc[0])
-    scores = pd.read_parquet(run_dir / "scores.parquet")
+    scores = pd.read_parquet(run.folder / "scores.parquet")
     answered, label = None, "answer read"
     if view == "explain" and "cue_missing" in scores:
         answered, label = 1 - float(scores["cue_missing"].mean()), "explanations reaching `[[`"
     if view == "generate" and "parsed" in scores:
         answered, label = float((scores["parsed"] != "").mean()), "with a [[X]] verdict"
     mass = float(scores["valid_mass"].mean()) if "valid_mass" in scores else None
-    return [ViewFacts(view, VIEW_TEXT.get(view, view), mass, answered, label)]
+    described = f"{VIEW_TEXT.get(view, view)}; answers {run.scale}"
+    return [ViewFacts(view, described, mass, answered, label)]

@@ -4,10 +4,11 @@ the identity-mismatch patching pairs."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -23,11 +24,15 @@ from probekit.core.options import (
     positive_int,
 )
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.studies.base import Say, Study, Summary, register
+from probekit.studies.base import Say, Study, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
 from probekit.studies.giebench.sources import Record, resolve_items
+
+if TYPE_CHECKING:
+    from probekit.reporting.contract import RunFacts
+    from probekit.reporting.headline import Headline, ViewFacts
 
 OPTIONS = (
     Option(
@@ -84,6 +89,16 @@ class GIEBenchStudy(Study):
     unit_name = "item"
 
     options = OPTIONS
+    captions = MappingProxyType(
+        {
+            "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
+            "generate) per category and prompt type with 95 % bootstrap intervals over items, in "
+            "the items' own answer order and averaged over the cyclic orders; dotted line: chance "
+            "(0.25).",
+            "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same "
+            "items, own order; labels: items that flipped wrong->right / right->wrong.",
+        }
+    )
 
     def check(self, args: argparse.Namespace, command: str) -> None:
         for prompt_type in args.prompt:
@@ -123,11 +138,28 @@ class GIEBenchStudy(Study):
         rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0))
         return [{"model": manifest["model"], **row} for row in rows]
 
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
+    def summary_markdown(self, table: pd.DataFrame) -> str:
         """The summary, followed by each run's details."""
         from probekit.studies.giebench import report
 
-        return Summary(pd.DataFrame(rows), report.write_summary(rows, out))
+        return report.summary_markdown(table)
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        from probekit.studies.giebench import report
+
+        return report.headlines(table, dict(manifest))
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        from probekit.studies.giebench import report
+
+        return report.view_facts(table, run)
+
+    def describe_data(self, manifest: Mapping[str, Any]) -> str:
+        """GIEBench's items (official or a local file), or probekit's sample records."""
+        origin = manifest.get("items_origin")
+        if origin == "sample":
+            return "probekit's own sample records, not GIEBench"
+        return f"GIEBench items ({origin}: {manifest.get('items_path', '?')})"
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(spans=("identity",), readout="p_correct")

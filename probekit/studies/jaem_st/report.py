@@ -19,11 +19,13 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.patches import Rectangle
 
-from probekit.core.io import atomic_write, write_text
-from probekit.reporting import Headline, ViewFacts
+from probekit.core.io import atomic_write
+from probekit.reporting import Headline, RunFacts, ViewFacts
+from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
 from probekit.studies.jaem_st import metrics
+from probekit.studies.jaem_st.probe import N_OPTIONS
 
 SUMMARY_COLUMNS = (
     "model",
@@ -48,15 +50,8 @@ SUMMARY_COLUMNS = (
 )
 VIEW_TEXT = {
     "ev": "exact P(Empathetic) over A-E from the logits",
+    "exact": "exact P(Empathetic) over A-E from the logits",
     "generate": "greedy answer, its first standalone letter",
-}
-CAPTIONS = {
-    "groups.png": "CE score per gender x pronoun group with 95 % bootstrap intervals over "
-    "samples; dashed: the overall mean; vermillion and named: outliers (|z| above the "
-    "threshold, z over the spread of the group means).",
-    "groups_heatmap.png": "Mean CE score per gender (row) x pronoun (column); outlined: outliers.",
-    "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, with "
-    "95 % bootstrap intervals over samples; dashed: the overall mean.",
 }
 METRIC_NAMES = {
     "vad_valence": "AE valence",
@@ -94,7 +89,7 @@ def report_run(
     _csv(out / f"dimensions{suffix}.csv", dims)
     _csv(out / f"groups{suffix}.csv", group_table)
     title = (
-        f"JaEm-ST: {manifest.get('model')}, CE prompt {manifest.get('prompt', 0)}, view {view}, "
+        f"JaEm-ST: {describe_model(manifest)}, CE prompt {manifest.get('prompt', 0)}, view {view}, "
         f"N = {int(overall['n'])} samples"
     )
     accuracy_figure(dims, out / f"accuracy_by_group{suffix}.png", title, float(overall["mean"]))
@@ -282,14 +277,6 @@ def group_figure(
     save_figure(fig, path)
 
 
-def write_summary(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
-    """`summary.csv` and `summary.md`, one row per (view, template)."""
-    frame = pd.DataFrame(rows).reindex(columns=list(SUMMARY_COLUMNS))
-    _csv(out / "summary.csv", frame)
-    write_text(out / "summary.md", summary_markdown(frame))
-    return frame
-
-
 def summary_markdown(frame: pd.DataFrame) -> str:
     """The summary as a Markdown table with a legend."""
     lines = [
@@ -341,35 +328,39 @@ def _num(value: Any) -> str:
     return "—" if value is None or pd.isna(value) else f"{value:.3f}"
 
 
-def headlines(rows: pd.DataFrame) -> list[Headline]:
-    """The CE score per view and template with its interval and the outlier groups; the exact
-    view over both templates stands for the study."""
+def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
+    """The CE score per view and template with its interval and the outlier groups, against the
+    score of a uniform choice (1/5); the exact view over both templates stands for the study."""
     return row_headlines(
         rows,
         label=lambda r: f"CE score ({r['template']})",
         note=lambda r: f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
-        primary=lambda r: r["view"] == "ev" and r["template"] == "all",
+        primary=lambda r: r["view"] in ("ev", "exact") and r["template"] == "all",
         interval="95% bootstrap CI over samples",
         value="accuracy",
         low="low",
         high="high",
+        n="n_samples",
+        reference=1 / N_OPTIONS,
+        reference_label=f"uniform choice (1/{N_OPTIONS})",
     )
 
 
-def view_facts(rows: pd.DataFrame, run_dir: Path) -> list[ViewFacts]:
-    """Per view (both templates): the mean valid mass on A-E; generate: the share of answers
-    with a letter, and how often that letter is the exact argmax (from `scores.parquet`)."""
+def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+    """Per view (both templates): the mean valid mass on the run's answers; generate: the share
+    of answers with a letter, and how often that letter is the exact argmax (from
+    `scores.parquet`)."""
     facts = []
     for r in rows[rows["template"] == "all"].to_dict("records"):
         agreement = None
         if r["view"] == "generate":
-            scores = pd.read_parquet(run_dir / "scores.parquet", columns=["argmax", "parsed"])
+            scores = pd.read_parquet(run.folder / "scores.parquet", columns=["argmax", "parsed"])
             read = scores[scores["parsed"].notna()]
             agreement = float((read["argmax"] == read["parsed"]).mean()) if len(read) else None
         facts.append(
             ViewFacts(
                 str(r["view"]),
-                VIEW_TEXT.get(str(r["view"]), str(r["view"])),
+                f"{VIEW_TEXT.get(str(r['view']), str(r['view']))}; answers {run.scale}",
                 valid_mass=r["mean_valid_mass"],
                 answered=r["parse_rate"] if r["view"] == "generate" else None,
                 answered_label="with a letter",

@@ -4,10 +4,11 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -24,11 +25,15 @@ from probekit.core.options import (
     positive_int,
 )
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.studies.base import Probe, Say, Study, Summary, register
+from probekit.studies.base import Probe, Say, Study, register
 from probekit.studies.jaem_st import metrics
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
+
+if TYPE_CHECKING:
+    from probekit.reporting.contract import RunFacts
+    from probekit.reporting.headline import Headline, ViewFacts
 
 DEFAULT_PATCH_SAMPLES = 2
 OPTIONS = (
@@ -112,6 +117,17 @@ class JaemStudy(Study):
 
     options = OPTIONS
     dataset = JAEM_ST
+    captions = MappingProxyType(
+        {
+            "groups.png": "CE score per gender x pronoun group with 95 % bootstrap intervals over "
+            "samples; dashed: the overall mean; vermillion and named: outliers (|z| above the "
+            "threshold, z over the spread of the group means).",
+            "groups_heatmap.png": "Mean CE score per gender (row) x pronoun (column); outlined: "
+            "outliers.",
+            "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
+            "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
+        }
+    )
 
     def check(self, args: argparse.Namespace, command: str) -> None:
         if command != "run":
@@ -175,11 +191,26 @@ class JaemStudy(Study):
 
         return report.report_run(scores, run_dir, manifest, view, suffix)
 
-    def write_summary(self, rows: list[dict[str, Any]], out: Path) -> Summary:
+    def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+        """One row per (view, template), in the summary's fixed columns."""
         from probekit.studies.jaem_st import report
 
-        table = report.write_summary(rows, out)
-        return Summary(table, report.summary_markdown(table))
+        return pd.DataFrame(list(rows)).reindex(columns=list(report.SUMMARY_COLUMNS))
+
+    def summary_markdown(self, table: pd.DataFrame) -> str:
+        from probekit.studies.jaem_st import report
+
+        return report.summary_markdown(table)
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        from probekit.studies.jaem_st import report
+
+        return report.headlines(table, dict(manifest))
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        from probekit.studies.jaem_st import report
+
+        return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(readout="p_correct")  # P(Empathetic): the item's key 'correct'

@@ -1,0 +1,26 @@
+"""When the signal of a run is too weak to read: the valid mass (the probability that the model's
+answer is in the answer set at all) below which probekit says so."""
+
+from __future__ import annotations
+
+import math
+
+WEAK_SIGNAL_VALID_MASS = 0.05
+"""A run or call whose mean valid mass is below this says so in one line (and on its report
+page): the answer distributions then describe a small, atypical share of the model's output,
+usually a prompt that does not ask for the answer set (a letter question read on digits) or a
+prefill that breaks the tokenisation."""
+
+
+def weak_signal(mean_valid_mass: float | None) -> str | None:
+    """One line saying that the signal is weak, or None when it is not (or unknown)."""
+    if mean_valid_mass is None or math.isnan(mean_valid_mass):
+        return None
+    if mean_valid_mass >= WEAK_SIGNAL_VALID_MASS:
+        return None
+    return (
+        f"weak signal: the mean valid mass is {mean_valid_mass:.4f}, below "
+        f"{WEAK_SIGNAL_VALID_MASS:.0%}: most of the probability falls outside the answer set, so "
+        "the numbers describe a small share of the model's output (check the question, the "
+        "answer set and the prefill)"
+    )

