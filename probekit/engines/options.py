@@ -34,7 +34,8 @@ def add_model_options(
         "--dtype",
         type=dtype_name,
         default=None,
-        help=f"{', '.join(DTYPES)} (default: bfloat16 on accelerators, float32 on CPU)",
+        help=f"{', '.join(DTYPES)} (default: float32 on the CPU and wherever the float32 "
+        "weights fit in half the accelerator's memory, else bfloat16)",
     )
     parser.add_argument(
         "--engine",

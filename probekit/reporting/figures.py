@@ -8,6 +8,7 @@ the global backend or needs a display.
 """
 
 import io
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,5 +266,6 @@ def headline_figure(panels: Sequence[HeadlinePanel]) -> Figure:
         ax.set_ylim(-0.7, len(panel.rows) - 0.3)
         ax.margins(x=0.08)
         ax.set_title(panel.title, fontsize=9, loc="left")
-        ax.set_xlabel(panel.axis, fontsize=8)
+        lines = [textwrap.fill(line, 110) for line in panel.axis.splitlines()]
+        ax.set_xlabel("\n".join(lines), fontsize=8)
     return fig

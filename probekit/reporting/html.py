@@ -363,9 +363,9 @@ def profile_figure(runs: Sequence[Run]) -> str | None:
         ]
         first = items[0][1]
         scales = ", ".join(dict.fromkeys(run.scale for run, _ in items))
-        axis = f"{first.label} (answers {scales})" + (
-            f"; {first.interval}" if first.interval else ""
-        )
+        axis = f"{first.label}, answers {scales}"
+        if first.interval:
+            axis += f"\n{first.interval}"
         drawn.append(
             HeadlinePanel(title, axis, rows, _number(first.reference), first.reference_label)
         )

@@ -76,7 +76,7 @@ def locate_punkt(
     if root is None:
         raise ProbekitError(
             "generate mode needs NLTK's punkt_tab tables (tokenizers/punkt_tab/english/) and none "
-            "were found: set NLTK_DATA to a folder holding them (here ../shared/data/nltk), put "
+            "were found: set NLTK_DATA to a folder holding them, put "
             f"them under DATA_ROOT/nltk/ with --data or ${ENV_VAR}, or run "
             "`python -m nltk.downloader punkt_tab` with internet"
         )
