@@ -120,7 +120,7 @@ def scale_label(answers: Sequence[str]) -> str:
     if values and values == list(range(values[0], values[0] + len(values))) and len(values) > 2:
         return f"{values[0]}–{values[-1]}"
     if len(answers) > 6:
-        return f"{len(answers)} answers ({', '.join(answers[:4])}, …)"
+        return f"{', '.join(answers[:4])}, … ({len(answers)} answers)"
     return ", ".join(answers)
 
 
