@@ -20,6 +20,8 @@ _API = {
     "score": "probekit.engines.score",
     "load_engine": "probekit.engines",
     "load_model": "probekit.engines.hf.model",
+    "plan": "probekit.engines.plan",
+    "MemoryPlan": "probekit.engines.plan",
     "LoadedModel": "probekit.engines.hf.model",
     "AnswerSet": "probekit.core.answers",
     "HFScorer": "probekit.engines.hf.scorer",

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import CommandParser, check_out_dir, non_negative_float, positive_int
-from probekit.engines.options import add_model_options
+from probekit.engines.options import add_model_options, load_options
 
 STUDY_COMMANDS = {
     "run": "run a study: exact scores (ev) or generation, resumable, then its report",
@@ -120,6 +120,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_model_options(setup)
     setup.set_defaults(func=_setup)
+
+    from probekit.cli import plan
+
+    planner = sub.add_parser("plan", help=plan.HELP, description=plan.HELP)
+    plan.add_arguments(planner)
+    planner.set_defaults(func=plan.execute)
     return parser
 
 
@@ -194,7 +200,7 @@ def _score(args: argparse.Namespace) -> None:
     total = sum(1 for _ in read_prompts(args.prompts))  # validates every line before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{args.prompts}' has no prompts")
-    model = load_engine(args.model, device=args.device, dtype=args.dtype)
+    model = load_engine(args.model, **load_options(args))
     items = read_prompts(args.prompts, args.prefill)
     with ParquetStream(args.out) as out, tqdm(total=total, unit="prompt", disable=None) as bar:
         for frame in score_frames(
@@ -207,7 +213,7 @@ def _score(args: argparse.Namespace) -> None:
 def _setup(args: argparse.Namespace) -> None:
     from probekit.engines import load_engine
 
-    model = load_engine(args.model, device=args.device, dtype=args.dtype)
+    model = load_engine(args.model, **load_options(args))
     print(f"model '{args.model}' ready: {model.describe()['model_source']}")
 
 

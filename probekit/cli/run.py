@@ -28,7 +28,7 @@ from probekit.core.options import (
     shard,
 )
 from probekit.engines.base import DEFAULT_EPSILON
-from probekit.engines.options import add_model_options
+from probekit.engines.options import add_model_options, load_options
 from probekit.studies.base import Probe, Say, Study
 
 if TYPE_CHECKING:
@@ -109,9 +109,8 @@ def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
         connect(args.ray or None)  # before any model loads: an unreachable address is one line
     rows: list[dict[str, Any]] = []
     for name in models:
-        model = load_engine(
-            name, engine=args.engine, device=launch.device(args.device), dtype=args.dtype
-        )
+        options = load_options(args, device=launch.device(args.device))
+        model = load_engine(name, engine=args.engine, **options)
         out = Path(args.out) if len(models) == 1 else Path(args.out) / model_folder(name)
         for probe in probes:
             run_dir = out if len(probes) == 1 else out / probe.subdir

@@ -2,9 +2,11 @@
 `probekit.engines.base`), never to a model library's internals.
 
 `load_engine` picks an engine by name from `ENGINES`. An engine is one module whose loader takes
-`(spec, device=..., dtype=...)` and returns an object satisfying `Engine`; adding one is that
-module plus one line here, and no study changes. Engine modules are imported on first use, so
-`import probekit.engines` stays light.
+`(spec, device=..., dtype=...)` (and the placement keywords it supports) and returns an object
+satisfying `Engine`; adding one is that module plus one line here, and no study changes. Engine
+modules are imported on first use, so `import probekit.engines` stays light. Before a model loads
+on an accelerator or by a device map, the memory plan (`probekit.engines.plan`) checks that it
+fits and refuses in one line naming the options that would.
 """
 
 from __future__ import annotations
@@ -24,11 +26,47 @@ ENGINES: dict[str, str] = {
 """Engine name -> `module:loader`."""
 
 
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
+"""vLLM's own placement keywords (the hf engine places a model with a device map instead)."""
+
+
 def load_engine(
-    spec: str = "default", engine: str = "hf", device: str | None = None, dtype: Any = None
+    spec: str = "default",
+    engine: str = "hf",
+    device: str | None = None,
+    dtype: Any = None,
+    *,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
 ) -> Engine:
-    """Load model `spec` (`default`, a hub id, a directory, a `.gguf` file) on `engine`."""
+    """Load model `spec` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
+
+    `device_map`, `max_memory` and `offload_folder` place the model over several devices with
+    accelerate's dispatch (`probekit.engines.hf.model.load_model`; for the vllm engine, the
+    transformers copy its exact view reads); `tensor_parallel_size` and
+    `pipeline_parallel_size` are vLLM's (vllm engine only)."""
+    from probekit.engines.plan import check_before_load
+
     if engine not in ENGINES:
         raise ProbekitError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    placement = {
+        "device_map": device_map,
+        "max_memory": max_memory,
+        "offload_folder": offload_folder,
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
+    }
+    placement = {k: v for k, v in placement.items() if v is not None}
+    if engine != "vllm" and any(k in placement for k in PARALLEL):
+        raise ProbekitError(
+            "--tensor-parallel-size and --pipeline-parallel-size are vLLM's (--engine vllm); "
+            "the hf engine splits a model over devices with --device-map"
+        )
+    parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
+    check_before_load(spec, device, dtype, device_map, max_memory, offload_folder, parallel)
     module, loader = ENGINES[engine].split(":")
-    return getattr(importlib.import_module(module), loader)(spec, device=device, dtype=dtype)
+    load = getattr(importlib.import_module(module), loader)
+    return load(spec, device=device, dtype=dtype, **placement)

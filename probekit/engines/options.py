@@ -1,11 +1,15 @@
 """The options of every command that loads a model (`--model`, `--device`, `--dtype`,
-`--engine`), on the option types of `probekit.core.options`."""
+`--engine`, and where the model goes: `--device-map`, `--max-memory`, `--offload-folder`,
+vLLM's `--tensor-parallel-size` and `--pipeline-parallel-size`), on the option types of
+`probekit.core.options`; `load_options` turns them into `load_engine`'s keywords."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
+from probekit.core.errors import ProbekitError
 from probekit.core.options import DTYPES, device_name, dtype_name
 
 
@@ -38,6 +42,37 @@ def add_model_options(
         "weights fit in half the accelerator's memory, else bfloat16)",
     )
     parser.add_argument(
+        "--device-map",
+        type=checked_type("probekit.engines.plan:parse_device_map"),
+        default=None,
+        help="place the model over several devices with accelerate: auto, balanced, "
+        "sequential, or a JSON object (text or .json file) of module -> device",
+    )
+    parser.add_argument(
+        "--max-memory",
+        type=checked_type("probekit.engines.plan:parse_devices"),
+        default=None,
+        metavar="DEVICE=SIZE[,...]",
+        help="memory the device map may fill per device, e.g. cuda:0=70GiB,cpu=150MiB "
+        "(implies --device-map auto)",
+    )
+    parser.add_argument(
+        "--offload-folder",
+        default=None,
+        metavar="DIR",
+        help="where the device map may put weights that fit nowhere else (disk offload; "
+        "implies --device-map auto)",
+    )
+    if not hooks:
+        for name, what in (("tensor", "splits every layer"), ("pipeline", "splits the layers")):
+            parser.add_argument(
+                f"--{name}-parallel-size",
+                type=_positive,
+                default=None,
+                metavar="N",
+                help=f"vLLM {what} over N GPUs (--engine vllm only)",
+            )
+    parser.add_argument(
         "--engine",
         type=engine_name(hooks),
         default="hf",
@@ -63,3 +98,44 @@ def engine_name(hooks: bool) -> Callable[[str], str]:
         return text
 
     return check
+
+
+LOAD_OPTIONS = (
+    "device",
+    "dtype",
+    "device_map",
+    "max_memory",
+    "offload_folder",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+)
+"""The `load_engine` keywords that `add_model_options` adds options for."""
+
+
+def load_options(args: argparse.Namespace, **changes: Any) -> dict[str, Any]:
+    """`load_engine`'s keywords from the parsed model options (those given), updated by
+    `changes` (e.g. a distributed launch's own device)."""
+    given = {name: getattr(args, name, None) for name in LOAD_OPTIONS}
+    given.update(changes)
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def checked_type(where: str) -> Callable[[str], Any]:
+    """argparse type calling the parser `module:function`, its one-line error as argparse's."""
+
+    def check(text: str) -> Any:
+        import importlib
+
+        module, function = where.split(":")
+        try:
+            return getattr(importlib.import_module(module), function)(text)
+        except ProbekitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number")
+    return int(text)

@@ -2,14 +2,15 @@
 intergroup authors generated with), the exact view through probekit's transformers engine.
 
 `VllmEngine` holds both on the same model: items are encoded once by the transformers engine's
-tokenizer (with `as_string=True` that is the authors' input: the rendered template tokenized with
-the tokenizer's special tokens, as vLLM tokenizes a string prompt), the token ids go to vLLM as
-they are, and the exact answer distribution of the same ids comes from the transformers engine,
-which vLLM gives only at great cost (its log-probabilities cover at most 128 given tokens per
-position, so a trie of answers needs one request per node: `vllm_check` does that for number
-answers, as a cross-check of the two engines). So in a run's table `response`, `parsed` (and an
-explain run's `explanation`) are vLLM's, every other column the transformers engine's; the
-manifest says so under `columns`.
+tokenizer (which needs no weights: the transformers copy loads only when exact scores are first
+asked for, on the devices named for it; with `as_string=True` that is the authors' input: the
+rendered template tokenized with the tokenizer's special tokens, as vLLM tokenizes a string
+prompt), the token ids go to vLLM as they are, and the exact answer distribution of the same ids
+comes from the transformers engine, which vLLM gives only at great cost (its log-probabilities
+cover at most 128 given tokens per position, so a trie of answers needs one request per node:
+`vllm_check` does that for number answers, as a cross-check of the two engines). So in a run's
+table `response`, `parsed` (and an explain run's `explanation`) are vLLM's, every other column the
+transformers engine's; the manifest says so under `columns`.
 
 The study's stop rule: vLLM has no per-request Python callback between tokens, so each row is
 generated to the full budget (or end of sequence) and then cut after the first token at which
@@ -25,11 +26,12 @@ load instead of ~4 min) with `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache (default h
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import site
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -95,56 +97,119 @@ def run_in_vllm_env(argv: Sequence[str]) -> None:
     os.execve(python, [str(python), *head, *argv[1:]], env)
 
 
-def load_vllm(spec: str = "default", device: str | None = None, dtype: Any = None) -> VllmEngine:
-    """Load `spec` for the vllm engine: the transformers engine now, vLLM at the first generation
-    (an ev run never starts it); one line naming the set-up command when vLLM is missing."""
+def load_vllm(
+    spec: str = "default",
+    device: str | None = None,
+    dtype: Any = None,
+    device_map: Any = None,
+    max_memory: Any = None,
+    offload_folder: Any = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+) -> VllmEngine:
+    """Load `spec` for the vllm engine: its tokenizer and config now, vLLM at the first
+    generation (with `tensor_parallel_size` x `pipeline_parallel_size` GPUs), the transformers
+    copy at the first exact score (on `device`, or placed by `device_map`, `max_memory` and
+    `offload_folder`; `exact_copy_placement` says where it goes by default); one line naming
+    the set-up command when vLLM is missing."""
     if not vllm_available():
         raise ProbekitError(
             f"the vllm engine needs vLLM, which is neither in this Python nor in {vllm_env()}; "
             f"run {SETUP} (it makes that second environment)"
         )
-    return VllmEngine(load_model(spec, device=device, dtype=dtype))
+    text = load_model(spec, device=device, dtype=dtype, weights=False)
+    given = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
+    given = {k: v for k, v in given.items() if v is not None}
+    parallel = {
+        "tensor_parallel_size": tensor_parallel_size or 1,
+        "pipeline_parallel_size": pipeline_parallel_size or 1,
+    }
+    load = functools.partial(_load_exact, spec, device, text.dtype, given, parallel)
+    return VllmEngine(text, load, parallel)
+
+
+def _load_exact(
+    spec: str, device: str | None, dtype: Any, given: dict[str, Any], parallel: dict[str, int]
+) -> LoadedModel:
+    """The transformers copy of the exact view, placed by `exact_copy_placement`."""
+    from probekit.engines.plan import visible_gpus
+
+    workers = parallel["tensor_parallel_size"] * parallel["pipeline_parallel_size"]
+    placement = exact_copy_placement(given, workers, {} if device else visible_gpus())
+    return load_model(spec, device=device, dtype=dtype, **placement)
+
+
+def exact_copy_placement(
+    given: Mapping[str, Any], workers: int, gpus: Mapping[str, int]
+) -> dict[str, Any]:
+    """Where the transformers copy goes: as `given` (device map options) if any; else, when
+    vLLM spans `workers` > 1 GPUs of `gpus` (name -> bytes), a device map over those GPUs in the
+    share of each that vLLM leaves (1 - `GPU_MEMORY_SHARE`); else the one device (`{}`)."""
+    if given:
+        return dict(given)
+    if workers <= 1 or len(gpus) < 2:
+        return {}
+    share = {
+        name: int((1 - GPU_MEMORY_SHARE) * size) for name, size in list(gpus.items())[:workers]
+    }
+    return {"device_map": "auto", "max_memory": share}
 
 
 @dataclass
 class VllmEngine:
-    """vLLM for generation, the transformers engine `exact` for encoding and exact scores."""
+    """vLLM for generation, the transformers engine `exact` for encoding and exact scores.
 
-    exact: LoadedModel
+    `text` is the transformers engine's model as far as encoding needs it (tokenizer, config,
+    chat template; built without weights by `load_vllm`); `load_exact` loads the copy with the
+    weights on first use of `exact` (None: `text` is that copy); `parallel` holds vLLM's
+    `tensor_parallel_size` and `pipeline_parallel_size`."""
+
+    text: LoadedModel
+    load_exact: Callable[[], LoadedModel] | None = None
+    parallel: dict[str, int] = field(default_factory=dict)
     engine = "vllm"
+    _exact: LoadedModel | None = field(default=None, init=False, repr=False)
     _llm: Any = field(default=None, init=False, repr=False)
 
     @property
+    def exact(self) -> LoadedModel:
+        """The transformers copy with the weights, loaded on first use."""
+        if self._exact is None:
+            self._exact = self.text if self.load_exact is None else self.load_exact()
+        return self._exact
+
+    @property
     def name(self) -> str:
-        return self.exact.name
+        return self.text.name
 
     @property
     def tokenizer(self) -> Any:
-        return self.exact.tokenizer
+        return self.text.tokenizer
 
     def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
         """The transformers engine's encoding: the token ids vLLM is handed."""
-        return self.exact.encode(item, as_string)
+        return self.text.encode(item, as_string)
 
     def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
-        return self.exact.decode(tokens)
+        return self.text.decode(tokens)
 
     def hookable(self) -> Any:
         raise hooks_unavailable(self.engine)
 
     def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> VllmScorer:
-        """Exact scores from the transformers engine; continuations from vLLM (`options` are
-        `ScorerOptions`' keywords)."""
-        settings = ScorerOptions(**options)
-        exact = self.exact.scorer(answers, epsilon=settings.epsilon, batch_size=settings.batch_size)
-        return VllmScorer(self, exact, settings)
+        """Exact scores from the transformers engine (its copy loads at the first score);
+        continuations from vLLM (`options` are `ScorerOptions`' keywords)."""
+        return VllmScorer(self, answers, ScorerOptions(**options))
 
     def describe(self) -> dict[str, Any]:
-        """The transformers engine's fields, the engine named `vllm`, and which columns each
-        engine produced (with vLLM's version, which the run manifest records from here)."""
+        """The transformers engine's fields, the engine named `vllm`, vLLM's parallel sizes and
+        which columns each engine produced (with vLLM's version, which the run manifest records
+        from here)."""
+        model = self._exact or self.text
         return {
-            **self.exact.describe(),
+            **model.describe(),
             "engine": self.engine,
+            "vllm_parallel": dict(self.parallel),
             "columns": {
                 "vllm": list(VLLM_COLUMNS),
                 "hf": "every other column (the exact answer distribution of the same token ids)",
@@ -159,45 +224,63 @@ class VllmEngine:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
             from vllm import LLM
 
-            options: dict[str, Any] = {
-                "dtype": str(self.exact.dtype).removeprefix("torch."),
-                "seed": 0,
-                "max_model_len": self.exact.context_length,
-            }
-            if self.exact.device.type == "cpu":
-                options["enforce_eager"] = True
-            else:
-                options["gpu_memory_utilization"] = GPU_MEMORY_SHARE
-            model = self.exact.source
-            if model == "hub":  # the same revision the transformers engine loaded
-                model = self.exact.meta["hf_id"]
-                options["revision"] = self.exact.meta.get("revision")
-            self._llm = LLM(model=model, **options)
+            self._llm = LLM(**llm_options(self))
         return self._llm
+
+
+def llm_options(engine: VllmEngine) -> dict[str, Any]:
+    """The keywords `VllmEngine.llm` starts vLLM's `LLM` with: the model (the same revision or
+    converted folder the transformers engine reads), dtype, seed, context, the parallel sizes,
+    and the device's settings (eager on a CPU; on a GPU the share of its memory vLLM takes,
+    `GPU_MEMORY_SHARE`, when the exact copy may need the rest)."""
+    text = engine.text
+    options: dict[str, Any] = {
+        "model": text.source,
+        "dtype": str(text.dtype).removeprefix("torch."),
+        "seed": 0,
+        "max_model_len": text.context_length,
+        "tensor_parallel_size": engine.parallel.get("tensor_parallel_size", 1),
+        "pipeline_parallel_size": engine.parallel.get("pipeline_parallel_size", 1),
+    }
+    if text.device.type == "cpu":
+        options["enforce_eager"] = True
+    else:
+        options["gpu_memory_utilization"] = GPU_MEMORY_SHARE
+    if text.source == "hub":  # the same revision the transformers engine loaded
+        options["model"] = text.meta["hf_id"]
+        options["revision"] = text.meta.get("revision")
+    return options
 
 
 class VllmScorer:
     """The `Scorer` of the vllm engine: `score` gives the transformers engine's exact results
     with vLLM's continuation as `generated`; `generate` gives vLLM's continuations alone."""
 
-    def __init__(self, engine: VllmEngine, exact: Any, options: ScorerOptions) -> None:
+    def __init__(self, engine: VllmEngine, answers: AnswerSet, options: ScorerOptions) -> None:
         self.engine = engine
-        self.exact = exact
+        self.answers = answers
         self.options = options
         self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
         self._requests = 0  # sampled requests so far: request k is seeded `seed + k`
+        self._exact: Any = None
+        self._stats = ScorerStats()  # until the exact scorer exists
 
     @property
-    def answers(self) -> AnswerSet:
-        return self.exact.answers
+    def exact(self) -> Any:
+        """The transformers engine's exact scorer (its model loads on first use)."""
+        if self._exact is None:
+            self._exact = self.engine.exact.scorer(
+                self.answers, epsilon=self.options.epsilon, batch_size=self.options.batch_size
+            )
+        return self._exact
 
     @property
     def epsilon(self) -> float:
-        return self.exact.epsilon
+        return self.options.epsilon
 
     @property
     def stats(self) -> ScorerStats:
-        return self.exact.stats
+        return self._stats if self._exact is None else self._exact.stats
 
     def score(
         self, prompts: Iterable[Sequence[int]], window: int = 4096, progress: Any = None
@@ -234,7 +317,7 @@ class VllmScorer:
                     temperature=self.options.temperature,
                     max_tokens=self.max_new_tokens,
                     seed=seed,
-                    stop_token_ids=sorted(_stop_ids(self.engine.exact)),
+                    stop_token_ids=sorted(_stop_ids(self.engine.text)),
                     detokenize=False,
                 )
             )
@@ -250,7 +333,7 @@ class VllmScorer:
         settled = self.options.settled
         if settled is None:
             return tokens
-        decode = self.engine.exact.tokenizer.decode
+        decode = self.engine.tokenizer.decode
         for end in range(1, len(tokens)):
             if settled(decode(tokens[:end], skip_special_tokens=True)):
                 return tokens[:end]

@@ -7,9 +7,11 @@ GGUF files are dequantised once and cached as safetensors, so later loads take s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import urllib.parse
 from collections.abc import Sequence
@@ -79,8 +81,9 @@ class LoadedModel:
         return self
 
     def describe(self) -> dict[str, Any]:
-        """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype."""
-        return {
+        """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
+        and for a model dispatched over several devices, where its layers went (`device_map`)."""
+        fields = {
             "engine": self.engine,
             "model": self.name,
             "model_source": self.source,
@@ -88,6 +91,14 @@ class LoadedModel:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
         }
+        if "device_map" in self.meta:
+            fields["device_map"] = self.meta["device_map"]
+        return fields
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether accelerate placed the model over several devices (`load_model(device_map=)`)."""
+        return "device_map" in self.meta
 
     @property
     def n_layers(self) -> int:
@@ -209,39 +220,68 @@ def load_model(
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
     fp32_head: bool = True,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    weights: bool = True,
 ) -> LoadedModel:
     """Load `spec` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
 
     With bfloat16 or float16 weights the final norm and LM head stay in float32 (`fp32_head`,
-    `precision.keep_head_fp32`); `fp32_head=False` rounds them too (benchmarks/dtype.py)."""
+    `precision.keep_head_fp32`); `fp32_head=False` rounds them too (benchmarks/dtype.py).
+
+    `device_map` (`auto`, `balanced`, `balanced_low_0`, `sequential`, or a module -> device
+    mapping or its JSON), `max_memory` (`{"cpu": "150MiB"}` or `cpu=150MiB,cuda:0=70GiB`) and
+    `offload_folder` place the model over several devices with accelerate's dispatch (the
+    layers run where they are put; what does not fit stays on the CPU or on disk and is brought
+    to the computing device layer by layer); `max_memory` or `offload_folder` alone mean
+    `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
+    and chat template only; the vllm engine encodes with it and loads weights only for scoring)."""
+    from probekit.engines.plan import dispatch_options
+
+    dispatch = dispatch_options(device_map, max_memory, offload_folder)
+    if dispatch and device:
+        raise ProbekitError(
+            f"give a device ('{device}') or a device map, not both: the device map decides "
+            "where each layer runs"
+        )
     dev = pick_device(device)
     count = parameter_count(spec) if dtype is None and dev.type != "cpu" else None
     dt = pick_dtype(dev, dtype, count)
+    load = _Load(dt, dispatch if weights else None, weights)
     meta: dict[str, Any] = {}
     if spec == "default":
         gguf = default_gguf_path()
         meta["hf_id"] = DEFAULT_MODEL_ID
-        hf, tok, source = _load_gguf(gguf, dt, meta)
+        hf, tok, source = _load_gguf(gguf, load, meta)
     elif spec.endswith(".gguf"):
         gguf = Path(spec).expanduser()
         if not gguf.is_file():
             raise ProbekitError(f"model file '{spec}' does not exist; check the path")
-        hf, tok, source = _load_gguf(gguf, dt, meta)
+        hf, tok, source = _load_gguf(gguf, load, meta)
     elif _looks_like_path(spec):
         path = Path(spec).expanduser()
         if not path.is_dir():
             raise ProbekitError(f"model directory '{spec}' does not exist; check the path")
-        hf, tok = _load_pretrained(str(path), dt, spec)
+        hf, tok = _load_pretrained(str(path), load, spec)
         source = str(path)
     else:
-        hf, tok = _load_hub(spec, dt)
+        hf, tok = _load_hub(spec, load)
         source = "hub"
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
-    hf.to(dev).eval()
-    if fp32_head and dt in REDUCED:
+    placed = getattr(hf, "hf_device_map", None) if load.dispatch else None
+    if placed:
+        dev = execution_device(placed)
+        meta["device_map"] = placement_summary(placed)
+        print(f"probekit: {spec} placed by device map: {meta['device_map']}", file=sys.stderr)
+    elif weights:
+        hf.to(dev)
+    hf.eval()
+    if fp32_head and dt in REDUCED and weights:
         meta["fp32_parts"] = keep_head_fp32(hf)
-    use_grouped_sdpa(hf, dev)
+    if weights:
+        use_grouped_sdpa(hf, dev)
     _prepare_tokenizer(tok)
     hf.generation_config.pad_token_id = tok.pad_token_id
     return LoadedModel(
@@ -253,31 +293,87 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or (os.sep in spec and Path(spec).exists())
 
 
-def _load_gguf(gguf: Path, dtype: torch.dtype, meta: dict[str, Any]) -> tuple[Any, Any, str]:
+def execution_device(device_map: dict[str, Any]) -> torch.device:
+    """The device a dispatched model computes on first (its inputs go there, its outputs come
+    back there): the first accelerator of the map, else the CPU (accelerate runs CPU- and
+    disk-offloaded layers on the first accelerator, or on the CPU when there is none)."""
+    for where in device_map.values():
+        if where not in ("cpu", "disk", "meta"):
+            return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+    return torch.device("cpu")
+
+
+def placement_summary(device_map: dict[str, Any]) -> str:
+    """Where accelerate put the modules, in runs of consecutive modules per device, e.g.
+    `model.embed_tokens, lm_head, model.layers.0-20: cpu; model.layers.21-29, model.norm: disk`."""
+    runs: dict[str, list[str]] = {}
+    for module, where in device_map.items():
+        key = f"cuda:{where}" if isinstance(where, int) else str(where)
+        names = runs.setdefault(key, [])
+        head, _, number = module.rpartition(".")
+        if names and number.isdigit():
+            last_head, _, last = names[-1].rpartition(".")
+            first, _, end = last.partition("-")
+            if (
+                last_head == head
+                and (end or first).isdigit()
+                and int(end or first) + 1 == int(number)
+            ):
+                names[-1] = f"{head}.{first}-{number}"
+                continue
+        names.append(module or "(whole model)")
+    return "; ".join(f"{', '.join(names)}: {where}" for where, names in runs.items())
+
+
+@dataclass(frozen=True)
+class _Load:
+    """How `_load_pretrained` loads: the dtype, accelerate's dispatch keywords (None: one
+    device) and whether to read the weights at all."""
+
+    dtype: torch.dtype
+    dispatch: dict[str, Any] | None = None
+    weights: bool = True
+
+
+def _load_gguf(gguf: Path, load: _Load, meta: dict[str, Any]) -> tuple[Any, Any, str]:
     """Load a GGUF through its safetensors cache, converting it on first use."""
     cache = converted_cache_dir(gguf)
     marker = cache / "probekit.json"
     if not marker.is_file():
         convert_gguf(gguf, cache)
     meta.update(json.loads(marker.read_text()))
-    hf, tok = _load_pretrained(str(cache), dtype, str(gguf))
+    hf, tok = _load_pretrained(str(cache), load, str(gguf))
     return hf, tok, str(cache)
 
 
 def _load_pretrained(
-    where: str, dtype: torch.dtype, label: str, local_only: bool = False
+    where: str, load: _Load, label: str, local_only: bool = False
 ) -> tuple[Any, Any]:
     """Tokenizer and model from a folder or a hub id; one line for anything that is not a
     model transformers can load (a folder of other files raises ValueError there)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a progress bar per load is noise in every run log
 
     try:
         tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
-        hf = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=local_only)
+        if not load.weights:
+            config = AutoConfig.from_pretrained(where, local_files_only=local_only)
+            with torch.device("meta"):
+                hf = AutoModelForCausalLM.from_config(config, dtype=load.dtype)
+            with contextlib.suppress(OSError):  # the stop tokens a generation_config.json sets
+                hf.generation_config = GenerationConfig.from_pretrained(where)
+            return hf, tok
+        hf = AutoModelForCausalLM.from_pretrained(
+            where, dtype=load.dtype, local_files_only=local_only, **(load.dispatch or {})
+        )
     except (OSError, ValueError) as exc:
+        if load.dispatch and "offload" in str(exc):
+            raise ProbekitError(
+                f"the device map of '{label}' puts weights on disk: give an offload folder "
+                "(--offload-folder DIR, offload_folder=) or more --max-memory"
+            ) from None
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         if Path(where).is_dir():
             raise ProbekitError(
@@ -296,13 +392,13 @@ HUB_TIMEOUT_S = 5.0
 """How long `load_model` waits to learn whether the Hugging Face Hub can be reached."""
 
 
-def _load_hub(spec: str, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_hub(spec: str, load: _Load) -> tuple[Any, Any]:
     """A hub id: from the Hub when it can be reached, else from the local cache only, so that
     an offline machine fails (or loads its cached copy) at once, not after a minute of retries."""
     if _hub_reachable():
-        return _load_pretrained(spec, dtype, spec)
+        return _load_pretrained(spec, load, spec)
     try:
-        return _load_pretrained(spec, dtype, spec, local_only=True)
+        return _load_pretrained(spec, load, spec, local_only=True)
     except ProbekitError:
         raise ProbekitError(
             f"could not load model '{spec}': it is not in the local Hugging Face cache and "
