@@ -7,7 +7,7 @@ import argparse
 
 from probekit.cli.patch import add_hooks_option
 from probekit.core.options import comma_list, int_list
-from probekit.engines import load_engine
+from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism.pipeline import CaptureRequest, check_capture, run_capture
 from probekit.mechanism.sites import DEFAULT_SITES
@@ -41,5 +41,5 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     probe, items = study.mechanism_items(args, print, "capture")
     request = CaptureRequest(args.layers, args.sites, args.spans, args.hooks, args.batch_size)
     check_capture(request, items)  # before any model work
-    model = load_engine(args.model, **load_options(args))
+    model = load_model(args.model, **load_options(args))
     run_capture(model, probe, items, request, args.out)

@@ -8,7 +8,7 @@ import time
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import comma_list, int_list
-from probekit.engines import load_engine
+from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism.pipeline import (
     DEFAULT_LAYERS,
@@ -122,7 +122,7 @@ def execute(study: Study, args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     check_patch(request, items, probe.answers, study.mechanism_defaults())  # before the model
-    model = load_engine(args.model, **load_options(args))
+    model = load_model(args.model, **load_options(args))
     written = run_patch(model, study, probe, items, request, args.out)
     print(f"wrote {args.out}/{', '.join(written)}")
     print(f"wall time {time.monotonic() - start:.0f} s")

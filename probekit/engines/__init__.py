@@ -5,8 +5,8 @@
 `(spec, device=..., dtype=...)` (and the placement keywords it supports) and returns an object
 satisfying `Engine`; adding one is that module plus one line here, and no study changes. Engine
 modules are imported on first use, so `import probekit.engines` stays light. Before a model loads
-on an accelerator or by a device map, the memory plan (`probekit.engines.plan`) checks that it
-fits and refuses in one line naming the options that would.
+on an accelerator, by a device map or over vLLM's GPUs, the memory plan (`probekit.engines.plan`)
+checks that it fits and refuses in one line naming the options that would.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def load_engine(
             "the hf engine splits a model over devices with --device-map"
         )
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
-    check_before_load(spec, device, dtype, device_map, max_memory, offload_folder, parallel)
+    if parallel > 1:  # vLLM's shards (the hf engine's load checks its own plan)
+        check_before_load(spec, device, dtype, parallel=parallel)
     module, loader = ENGINES[engine].split(":")
     load = getattr(importlib.import_module(module), loader)
     return load(spec, device=device, dtype=dtype, **placement)

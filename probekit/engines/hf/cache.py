@@ -18,8 +18,12 @@ def truncate(cache: Any, length: int) -> None:
 
 
 def select_rows(cache: Any, index: torch.Tensor) -> None:
-    """Keep only the batch rows `index`, in that order (in place)."""
-    cache.batch_select_indices(index)
+    """Keep only the batch rows `index`, in that order (in place). The cache of a model
+    dispatched over several GPUs lives on each layer's device, so the index goes by the CPU,
+    from which every device can read it."""
+    layers = getattr(cache, "layers", [])
+    devices = {layer.keys.device for layer in layers if getattr(layer, "keys", None) is not None}
+    cache.batch_select_indices(index.cpu() if len(devices) > 1 else index)
 
 
 def repeat_rows(cache: Any, times: int) -> None:

@@ -23,9 +23,11 @@ def body(
     position_ids: torch.Tensor | None = None,
     cache: Any = None,
 ) -> tuple[torch.Tensor, Any]:
-    """Last-layer hidden states [rows, positions, d_model] and the cache, with `cache` (if
-    given) extended by these positions. `attention_mask` is either a 0/1 mask over the cached
-    and new columns, or an additive 4-D mask (`attention.additive_mask`)."""
+    """Last-layer hidden states [rows, positions, d_model] on `model.device` and the cache, with
+    `cache` (if given) extended by these positions. `attention_mask` is either a 0/1 mask over
+    the cached and new columns, or an additive 4-D mask (`attention.additive_mask`). On a model
+    dispatched over several devices each layer runs (and keeps its cache) where it was put, and
+    the last layer's output comes back to the first layer's device."""
     out = model.hf.model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -33,7 +35,7 @@ def body(
         past_key_values=cache,
         use_cache=True,
     )
-    return out.last_hidden_state, out.past_key_values
+    return out.last_hidden_state.to(model.device), out.past_key_values
 
 
 def clock(device: torch.device) -> float:

@@ -38,8 +38,9 @@ def parameter_split(model: LoadedModel) -> tuple[int, int]:
 
 def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, in fp32 or wider
-    (a float64 model keeps float64 logits, which the float64 references rely on)."""
-    logits = model.hf.get_output_embeddings()(hidden)
+    (a float64 model keeps float64 logits, which the float64 references rely on), on
+    `model.device` (a dispatched model's head may sit on another device)."""
+    logits = model.hf.get_output_embeddings()(hidden).to(model.device)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     cap = getattr(model.hf.config, "final_logit_softcapping", None)
     if cap:

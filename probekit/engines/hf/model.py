@@ -237,7 +237,7 @@ def load_model(
     to the computing device layer by layer); `max_memory` or `offload_folder` alone mean
     `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
     and chat template only; the vllm engine encodes with it and loads weights only for scoring)."""
-    from probekit.engines.plan import dispatch_options
+    from probekit.engines.plan import check_before_load, dispatch_options
 
     dispatch = dispatch_options(device_map, max_memory, offload_folder)
     if dispatch and device:
@@ -245,6 +245,8 @@ def load_model(
             f"give a device ('{device}') or a device map, not both: the device map decides "
             "where each layer runs"
         )
+    if weights:  # the memory plan, before anything loads: one line if it cannot fit
+        check_before_load(spec, device, dtype, device_map, max_memory, offload_folder)
     dev = pick_device(device)
     count = parameter_count(spec) if dtype is None and dev.type != "cpu" else None
     dt = pick_dtype(dev, dtype, count)
@@ -270,7 +272,9 @@ def load_model(
         source = "hub"
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
-    placed = getattr(hf, "hf_device_map", None) if load.dispatch else None
+    placed = None
+    if load.dispatch:  # a map that fits one device leaves no hf_device_map: say that device
+        placed = getattr(hf, "hf_device_map", None) or {"": next(hf.parameters()).device.type}
     if placed:
         dev = execution_device(placed)
         meta["device_map"] = placement_summary(placed)

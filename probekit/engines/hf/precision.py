@@ -86,7 +86,9 @@ def keep_head_fp32(hf: Any) -> list[str]:
 
     The norm's weights become float32 and its input is cast up before it, so the hidden state
     the head reads is never rounded to the body's dtype; a head tied to the input embeddings gets
-    its own float32 copy (the embeddings keep theirs), which costs vocab x width x 4 bytes."""
+    its own float32 copy (the embeddings keep theirs), which costs vocab x width x 4 bytes. On a
+    dispatched model the copy keeps the head's device hook; a head offloaded to the CPU or disk
+    (its weights not in memory) keeps its dtype."""
     changed = []
     base = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.base_model
     norm = next(
@@ -102,6 +104,8 @@ def keep_head_fp32(hf: Any) -> list[str]:
         norm.register_forward_pre_hook(_inputs_to_fp32)
         changed.append("final norm")
     head = hf.get_output_embeddings()
+    if head is not None and head.weight.device.type == "meta":
+        return changed  # offloaded by a device map: its weights arrive per forward as stored
     if head is not None and head.weight.dtype != torch.float32:
         fp32 = torch.nn.Linear(
             head.in_features,
@@ -114,6 +118,11 @@ def keep_head_fp32(hf: Any) -> list[str]:
             fp32.weight.copy_(head.weight)
             if head.bias is not None:
                 fp32.bias.copy_(head.bias)
+        hook = getattr(head, "_hf_hook", None)
+        if hook is not None:  # accelerate's dispatch: run where the head was put
+            from accelerate.hooks import add_hook_to_module
+
+            add_hook_to_module(fp32, hook)
         hf.set_output_embeddings(fp32)
         hf.config.tie_word_embeddings = False  # a later tie_weights() must not share it again
         changed.append("LM head")

