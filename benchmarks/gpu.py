@@ -3,8 +3,10 @@
     python benchmarks/gpu.py                 # on a CUDA machine: ~10 minutes on one H100
     python benchmarks/gpu.py --dry-run       # the same steps, tiny, on the CPU (CI runs it)
 
-Steps, each one or more entries of `figures` in the JSON it writes (`--out`, default
-`benchmarks/results/gpu.json`):
+Steps, each one or more figures (`figure`, `value`, `unit`, and the step's other numbers) of
+the JSON it writes (`common.write_results`: `benchmarks/results/gpu.json`, from which
+`benchmarks/report.py` makes docs/performance.md; a dry run writes to `--out` or a temporary
+file, never there):
 
 - `exact`: the exact scorer's throughput (prompts/s, prompt tokens/s, peak memory) for answer sets
   0-100, 0-10, A-D and A-E, on the default model and on a random-weight model with
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, machine, set_up, tear_down, write_report
+from common import RESULTS, set_up, tear_down, write_results
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
@@ -111,9 +113,11 @@ def parse(text: str, answers: AnswerSet) -> str | None:
 def peak_memory(device: torch.device) -> dict[str, Any]:
     """Peak memory since the last reset: CUDA's allocator, else the process's resident peak."""
     if device.type == "cuda":
-        return {"peak_memory_bytes": torch.cuda.max_memory_allocated(device), "peak_of": "cuda"}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"peak_memory_bytes": rss, "peak_of": "process (CPU resident, whole run)"}
+        peak, of = torch.cuda.max_memory_allocated(device), "cuda allocator"
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        of = "process (CPU resident, whole run)"
+    return {"peak_memory_mib": round(peak / 2**20, 1), "peak_of": of}
 
 
 def reset_peak(device: torch.device) -> None:
@@ -126,6 +130,32 @@ def clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+HEADLINES = {
+    "exact": (("prompts_per_s", "prompts/s"), ("tokens_per_s", "prompt tokens/s"),
+              ("peak_memory_mib", "MiB peak")),
+    "generate": (("prompts_per_s", "prompts/s"), ("tokens_per_s", "tokens/s"),
+                 ("parsed_share", "share parsed")),
+    "noise": (("max_abs_diff", "largest |difference|"),),
+    "oom_backoff": (("batch_size_after", "prompts a batch"),),
+    "offload": (("prompts_per_s", "prompts/s"), ("max_abs_diff_expected", "largest |difference|")),
+}  # fmt: skip
+"""Per step, the numbers that become a figure of the results file (key, unit)."""
+
+
+def as_figures(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One measurement as the results file's figures: one per headline number, each with the
+    whole record beside it (a skipped step: one figure saying why)."""
+    what = ", ".join(
+        str(record[k]) for k in ("step", "engine", "model", "answers", "dtype") if k in record
+    )
+    if "skipped" in record:
+        return [{"figure": what, "value": "skipped", "unit": record["skipped"], **record}]
+    return [
+        {"figure": f"{what}: {key.replace('_', ' ')}", "value": record[key], "unit": unit, **record}
+        for key, unit in HEADLINES[record["step"]]
+    ]
 
 
 def exact_step(model: Any, label: str, prompts: dict[str, list], batch: int | None) -> list:
@@ -308,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="default: cuda (cpu for --dry-run)")
     parser.add_argument("--prompts", type=int, default=256, help="prompts per answer set")
     parser.add_argument(
-        "--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu.json", help="JSON"
+        "--out",
+        type=Path,
+        default=None,
+        help=f"JSON (default {RESULTS}/gpu.json; a dry run: a temporary file)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
@@ -319,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("benchmarks/gpu.py: error: no CUDA device; use --dry-run", file=sys.stderr)
         return 2
-    set_up(args.threads)
-    info = machine(device)
+    load_start = set_up(args.threads)
     started = time.perf_counter()
     n = 2 if args.dry_run else args.prompts
     figures: list[dict] = []
@@ -363,16 +395,21 @@ def main(argv: list[str] | None = None) -> int:
         memory = "cpu=24MiB" if args.dry_run else "cuda:0=200MiB,cpu=16GiB"
         few = prompts_for(whole, "0-10", n if args.dry_run else 32)
         figures.append(offload_step(folder, whole, models[0][0], few, memory))
-    tear_down(device)
-    write_report(
-        args.out,
+    load_end = tear_down(device)
+    out = args.out
+    if out is None:
+        out = Path(tempfile.mkdtemp()) / "gpu.json" if args.dry_run else RESULTS / "gpu.json"
+    rows = [row | {"dry_run": args.dry_run} for record in figures for row in as_figures(record)]
+    write_results(
         "gpu",
-        info,
-        figures,
-        dry_run=args.dry_run,
-        seconds=round(time.perf_counter() - started, 1),
+        rows,
+        device=device,
+        threads=args.threads,
+        load_start=load_start,
+        load_end=load_end,
+        path=out,
     )
-    print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)")
+    print(f"{time.perf_counter() - started:.0f} s")
     return 0
 
 

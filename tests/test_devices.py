@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -52,14 +53,19 @@ def split(tmp_path_factory):
     return load_model("default", max_memory=SPLIT_MEMORY, offload_folder=str(folder))
 
 
-def test_the_split_model_says_where_its_layers_went(split, whole, capfd):
+@pytest.mark.slow
+def test_the_split_model_says_where_its_layers_went(split, whole):
     placed = split.describe()["device_map"]
-    assert placed.endswith(": disk") and "lm_head" in placed and ": cpu; " in placed
-    assert "model.layers.0-" in placed and "model.layers.29" in placed.split(": cpu; ")[1]
+    on_cpu, on_disk = placed.split(": cpu; ")
+    assert on_disk.endswith(": disk") and "lm_head" in on_cpu
+    assert re.search(r"model\.layers\.0-\d+$", on_cpu) and re.match(
+        r"model\.layers\.\d+-29", on_disk
+    )
     assert split.dispatched and not whole.dispatched and "device_map" not in whole.describe()
     assert str(split.device) == "cpu"
 
 
+@pytest.mark.slow
 def test_split_scores_are_the_whole_models(whole, split):
     a = probekit.score(whole, PROMPTS, "0-10", epsilon=0)
     b = probekit.score(split, PROMPTS, "0-10", epsilon=0)
@@ -73,6 +79,7 @@ def test_split_scores_are_the_whole_models(whole, split):
     assert kept.generate(prompts) == moved.generate(prompts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hooks", ["transformer_lens", "nnsight"])
 def test_split_captures_and_patches_are_the_whole_models(whole, split, hooks):
     a = probekit.capture(whole, PROMPTS, layers=LAYERS, sites=["resid_post"], hooks=hooks)
@@ -94,8 +101,26 @@ def test_split_captures_and_patches_are_the_whole_models(whole, split, hooks):
             )
         )
     numbers = rows[0].select_dtypes("number").columns
-    assert len(rows[0]) == len(rows[1]) == 2
-    assert (rows[0][numbers] - rows[1][numbers]).abs().to_numpy().max() <= 1e-6
+    assert len(rows[0]) == len(rows[1]) == 2 and len(numbers) > 3
+    text = rows[0].columns.difference(numbers)
+    assert rows[0][text].astype(str).equals(rows[1][text].astype(str))
+    gap = (rows[0][numbers].astype(float) - rows[1][numbers].astype(float)).abs()
+    assert gap.fillna(0).to_numpy().max() <= 1e-6
+    assert rows[0][numbers].isna().equals(rows[1][numbers].isna())
+
+
+def test_placement_summary_and_execution_device():
+    from probekit.engines.hf.model import execution_device, placement_summary
+
+    placed = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 0}
+    placed |= {"model.layers.2": 1, "model.layers.3": "cpu", "model.norm": "disk", "lm_head": 1}
+    assert placement_summary(placed) == (
+        "model.embed_tokens, model.layers.0-1: cuda:0; model.layers.2, lm_head: cuda:1; "
+        "model.layers.3: cpu; model.norm: disk"
+    )
+    assert str(execution_device(placed)) == "cuda:0"
+    assert str(execution_device({"model": "disk", "lm_head": "cpu"})) == "cpu"
+    assert str(execution_device({"model.embed_tokens": "cpu", "lm_head": 2})) == "cuda:2"
 
 
 def test_placement_options_reach_load_engine(tmp_path):
@@ -142,15 +167,24 @@ def test_bad_placement_options_are_one_line(argv, message, capsys):
     assert message in err and err.count("\n") <= 2
 
 
-def test_placement_refusals_are_one_line(tmp_path):
+def test_placement_refusals_are_one_line():
     from probekit.engines import load_engine
 
     with pytest.raises(ProbekitError, match="not both"):
         load_engine("default", device="cpu", device_map="auto")
     with pytest.raises(ProbekitError, match="are vLLM's"):
         load_engine("default", tensor_parallel_size=2)
+
+
+@pytest.mark.slow
+def test_a_device_map_without_room_or_offload_is_refused_before_loading():
+    from probekit.engines import load_engine
+
     # 250 MiB of CPU without an offload folder cannot hold the 538 MB of float32 weights
-    with pytest.raises(ProbekitError, match="default in float32 needs 538 MB of weights"):
+    with pytest.raises(
+        ProbekitError,
+        match="^default in float32 needs 538 MB of weights; 250 MiB of memory: use --device-map",
+    ):
         load_engine("default", max_memory="cpu=250MiB")
 
 
@@ -199,6 +233,7 @@ def test_the_exact_copy_goes_where_vllm_leaves_room():
     assert exact_copy_placement(named, 4, gpus) == named  # the devices named for it win
 
 
+@pytest.mark.slow
 def test_the_vllm_engine_loads_its_exact_copy_only_for_exact_scores(whole, monkeypatch):
     from probekit.engines.hf.model import load_model
     from probekit.engines.vllm import VllmEngine
@@ -221,6 +256,7 @@ def test_the_vllm_engine_loads_its_exact_copy_only_for_exact_scores(whole, monke
     assert loaded == [1] and result.valid_mass > 0
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_dry_run(tmp_path):
     """`benchmarks/gpu.py --dry-run`: every step of the GPU benchmark, tiny, on the CPU."""
     out = tmp_path / "gpu.json"
@@ -233,12 +269,15 @@ def test_gpu_benchmark_dry_run(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["benchmark"] == "gpu" and report["dry_run"] is True
-    assert {"device", "threads", "commit", "date"} <= set(report["machine"])
-    steps = {f["step"] for f in report["figures"]}
-    assert {"exact", "generate", "noise", "oom_backoff", "offload"} <= steps
-    exact = [f for f in report["figures"] if f["step"] == "exact"]
+    assert report["benchmark"] == "gpu" and report["device"] == "cpu"
+    assert {"threads", "commit", "date", "machine", "load_average"} <= set(report)
+    figures = report["figures"]
+    assert all(f["dry_run"] and {"figure", "value", "unit"} <= set(f) for f in figures)
+    assert {f["step"] for f in figures} == {"exact", "generate", "noise", "oom_backoff", "offload"}
+    exact = [f for f in figures if f["step"] == "exact"]
     assert {f["answers"] for f in exact} == {"0-100", "0-10", "A-D", "A-E"}
     assert all(f["prompts_per_s"] > 0 and f["tokens_per_s"] > 0 for f in exact)
-    backoff = next(f for f in report["figures"] if f["step"] == "oom_backoff")
+    backoff = next(f for f in figures if f["step"] == "oom_backoff")
     assert backoff["batch_size_after"] < backoff["batch_size_before"]
+    offload = next(f for f in figures if f["step"] == "offload")
+    assert "disk" in offload["device_map"] and offload["max_abs_diff_expected"] <= 1e-6

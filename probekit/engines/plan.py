@@ -4,12 +4,13 @@ accelerator or a device map).
 
 The plan is arithmetic on the model's config, never its weights: the parameter count (the model
 built on the meta device), times the bytes of the dtype the precision policy picks
-(`engines/hf/precision.py`: float32 where its weights take at most `FP32_MEMORY_SHARE` of the
-first accelerator, else bfloat16); per token of a batch the KV cache (2 x layers x key/value
-heads x head width), the forward's working activations (4 x width + 2 x MLP width) and a
-capture's activations (one site at every layer, float32); per prompt the float32 logits and
-float64 log-probabilities of the answer position. What cannot fit is refused in one line naming
-the options that would.
+(`engines/hf/precision.py`: float32 where its weights take at most `FP32_MEMORY_SHARE` of the first
+accelerator, else bfloat16); per token of a batch the KV cache (2 x layers x key/value heads x head
+width) and the forward's working activations (4 x width + 2 x MLP width); per prompt the float32
+logits and float64 log-probabilities of the answer position. A capture's activations (one site at
+every layer, float32, every position at most) are reported beside: they are copied to host memory
+as each batch is read, so they do not count against the device. What cannot fit is refused in one
+line naming the options that would.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class MemoryPlan:
     batch_size: int
     kv_cache: int  # of `batch_size` prompts of `prompt_tokens`
     workspace: int  # the forward's activations and the answer position's logits, same batch
-    capture: int  # one site at every layer, float32, same batch
+    capture: int  # one site at every layer, float32, same batch: host memory (not in the fit)
     devices: dict[str, int]
     placement: str  # "cuda:0", "--device-map auto over ...", or "" when it does not fit
     fits: bool
@@ -196,7 +197,7 @@ class MemoryPlan:
             f"batch: {self.batch_size or 'none'} prompts of {self.prompt_tokens} tokens",
             f"KV cache: {size(self.kv_cache)}",
             f"forward activations and logits: {size(self.workspace)}",
-            f"a capture's activations (one site, every layer): {size(self.capture)}",
+            f"a capture's activations (one site, every layer; host memory): {size(self.capture)}",
             f"placement: {self.placement or 'does not fit'}",
         ]
         return out + self.notes
@@ -243,7 +244,9 @@ def read_shape(model: str) -> Shape:
     heads = int(text.num_attention_heads)
     width = int(text.hidden_size)
     return Shape(
-        name=path.parent.name if path.is_file() else (path.name if path.is_dir() else model),
+        name=model
+        if model == "default" or not path.exists()
+        else (path.parent if path.is_file() else path).name,
         parameters=sum(p.numel() for p in hf.parameters()),
         layers=int(text.num_hidden_layers),
         width=width,
@@ -291,7 +294,7 @@ def plan(
     per_token = 2 * shape.layers * shape.kv_heads * shape.head_width * width
     work_token = (4 * shape.width + 2 * shape.mlp_width) * width
     capture_token = shape.layers * shape.width * 4
-    per_prompt = prompt_tokens * (per_token + work_token + capture_token) + 12 * shape.vocabulary
+    per_prompt = prompt_tokens * (per_token + work_token) + 12 * shape.vocabulary
 
     def batch_fitting(room: float) -> int:
         tried = (batch_size,) if batch_size else BATCH_SIZES
@@ -326,7 +329,7 @@ def plan(
         if not batch:
             placement = ""
     if not placement:
-        advice = refusal(shape, dtype, weights, gpus, usable, per_prompt)
+        advice = refusal(shape, dtype, weights, sizes, per_prompt)
     elif placement == main and len(gpus) > 1:
         notes.append("the whole model fits on the first device; the others stay idle")
     return MemoryPlan(
@@ -351,11 +354,12 @@ def refusal(
     shape: Shape,
     dtype: str,
     weights: int,
-    gpus: Mapping[str, int],
-    usable: Mapping[str, int],
+    sizes: Mapping[str, int],
     per_prompt: int,
 ) -> str:
     """The one line a plan that does not fit refuses with, naming options that would fit."""
+    gpus = {d: b for d, b in sizes.items() if d != "cpu"}
+    usable = {d: int(b * USABLE_SHARE) for d, b in sizes.items()}
     if gpus:
         size = max(gpus.values())
         kind = "GPU" if len(gpus) == 1 else "GPUs"
@@ -364,10 +368,10 @@ def refusal(
         room = int(size * USABLE_SHARE)
         shards = next((k for k in (2, 4, 8, 16, 32, 64) if weights / k + per_prompt <= room), None)
     else:
-        have = f"{format_size(sum(usable.values()) / USABLE_SHARE, True)} of memory"
+        have = f"{format_size(sum(sizes.values()), True)} of memory"
         shards = None
     options = ["--device-map auto with --max-memory and --offload-folder"]
-    if dtype in ("float32", "float64"):
+    if dtype in ("float32", "float64") and weights / 2 + per_prompt <= max(usable.values()):
         options.insert(0, "--dtype bfloat16")
     if shards:
         options.append(f"--engine vllm --tensor-parallel-size {shards}")

@@ -1,0 +1,181 @@
+"""The memory plan: Llama-3.1-8B- and 70B-shaped config.json files (no weights) get the right
+weights, KV cache, dtype, batch and placement, and what cannot fit is refused in one line that
+names the options that would (`probekit plan` exits 2 with it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import probekit
+from probekit.core.errors import ProbekitError
+from probekit.engines.plan import (
+    check_before_load,
+    dispatch_options,
+    format_size,
+    parse_device_map,
+    parse_devices,
+    parse_size,
+)
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+}
+SHAPES = {
+    "Llama-3.1-8B": dict(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_hidden_layers=32
+    ),
+    "Llama-3.1-70B": dict(
+        hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_hidden_layers=80
+    ),
+}
+GPU = "cuda:0=80GiB"
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    """name -> the folder of a hub-style config.json of that shape (no weights)."""
+    root = tmp_path_factory.mktemp("configs")
+    folders = {}
+    for name, shape in SHAPES.items():
+        folder = root / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**LLAMA, **shape}))
+        folders[name] = folder
+    return folders
+
+
+def test_llama_8b_weights_and_kv_cache(configs):
+    plan = probekit.plan(str(configs["Llama-3.1-8B"]), GPU, dtype="bfloat16")
+    assert isinstance(plan, probekit.MemoryPlan) and plan.model == "Llama-3.1-8B"
+    assert plan.parameters == 8_030_261_248  # Llama-3.1-8B's published count
+    assert plan.weights == 2 * plan.parameters and format_size(plan.weights) == "16 GB"
+    # 2 (K, V) x 32 layers x 8 heads x 128 wide x 2 bytes = 128 KiB a token
+    assert plan.kv_cache == plan.batch_size * plan.prompt_tokens * 131072
+    assert plan.fits and plan.placement == "cuda:0" and plan.batch_size == 64
+    assert plan.advice == ""
+
+
+def test_the_policy_picks_float32_where_it_fits_in_half_the_memory(configs):
+    eight = str(configs["Llama-3.1-8B"])
+    assert probekit.plan(eight, GPU).dtype == "float32"  # 32 GB <= 40 GiB
+    assert probekit.plan(eight, "cuda:0=48GiB").dtype == "bfloat16"  # 32 GB > 24 GiB
+    assert probekit.plan(eight, "cpu=64GiB").dtype == "float32"  # the CPU: always float32
+
+
+def test_llama_70b_on_one_gpu_is_refused_in_one_line(configs):
+    path = str(configs["Llama-3.1-70B"] / "config.json")  # just its config.json
+    plan = probekit.plan(path, GPU)
+    assert plan.dtype == "bfloat16" and format_size(plan.weights) == "141 GB"
+    assert not plan.fits and plan.batch_size == 0 and plan.placement == ""
+    assert plan.advice == (
+        "Llama-3.1-70B in bfloat16 needs 141 GB of weights; one 80 GiB GPU: use --device-map "
+        "auto with --max-memory and --offload-folder, or --engine vllm --tensor-parallel-size 2"
+    )
+
+
+def test_llama_70b_placements_that_fit(configs):
+    seventy = str(configs["Llama-3.1-70B"])
+    two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", device_map=True)
+    assert two.fits and two.placement == "--device-map over cuda:0, cuda:1"
+    offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB", device_map=True)
+    assert offload.fits and offload.placement.startswith("--device-map with 64 GB offloaded")
+    assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", device_map=True).fits
+    disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", device_map=True, offload=True)
+    assert disk.fits and "disk" in disk.placement
+    vllm = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", tensor_parallel_size=2)
+    assert vllm.fits and vllm.placement == "vLLM tensor parallel over 2 GPUs"
+    assert not probekit.plan(seventy, GPU, tensor_parallel_size=2).fits  # one GPU given
+
+
+def test_plan_command(configs, capsys):
+    from probekit import cli
+
+    eight = str(configs["Llama-3.1-8B"])
+    assert cli.main(["plan", "--model", eight, "--devices", GPU, "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "weights: 16 GB" in out and "placement: cuda:0" in out and "dtype: bfloat16" in out
+    assert cli.main(["plan", "--model", eight, "--devices", GPU, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
+    seventy = str(configs["Llama-3.1-70B"] / "config.json")
+    assert cli.main(["plan", "--model", seventy, "--devices", GPU]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probekit: error: Llama-3.1-70B in bfloat16 needs 141 GB of weights")
+    assert "\n" not in err
+    assert cli.main(["plan", "--model", seventy, "--devices", "cuda:0=80"]) == 2
+    assert "'80' is not a memory size" not in capsys.readouterr().err  # bytes: parsed, too small
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("/no/such/folder", "cannot read the config"),
+        ("{config}", "not a transformers config.json"),
+    ],
+)
+def test_unreadable_models_are_one_line(tmp_path, model, message):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"hidden_size": 3}))
+    with pytest.raises(ProbekitError, match=message):
+        probekit.plan(model.format(config=bad), GPU)
+
+
+def test_sizes_and_devices():
+    assert parse_size("80GiB") == 80 * 2**30 and parse_size("16GB") == 16 * 10**9
+    assert parse_size("1.5 MiB") == int(1.5 * 2**20) and parse_size("4096") == 4096
+    assert parse_devices("cuda=1GiB, 1=2GiB,cpu=3MB") == {
+        "cuda:0": 2**30,
+        "cuda:1": 2**31,
+        "cpu": 3 * 10**6,
+    }
+    assert parse_devices({"cpu": "1KiB"}) == {"cpu": 1024}
+    for bad, message in [
+        ("cuda:0=80XB", "not a memory size"),
+        ("tpu=1GiB", "unknown device 'tpu'"),
+        ("", "no devices given"),
+    ]:
+        with pytest.raises(ProbekitError, match=message):
+            parse_devices(bad)
+    assert format_size(80 * 2**30, binary=True) == "80 GiB" and format_size(1.5e9) == "1.5 GB"
+
+
+def test_device_maps_and_dispatch_options(tmp_path):
+    assert parse_device_map("balanced") == "balanced"
+    mapping = parse_device_map('{"model": "cuda", "lm_head": "disk", "x": 1}')
+    assert mapping == {"model": "cuda:0", "lm_head": "disk", "x": 1}
+    saved = tmp_path / "map.json"
+    saved.write_text(json.dumps({"model": "cpu"}))
+    assert parse_device_map(str(saved)) == {"model": "cpu"}
+    with pytest.raises(ProbekitError, match="neither auto"):
+        parse_device_map("[1, 2]")
+    assert dispatch_options() is None
+    folder = tmp_path / "spill"
+    options = dispatch_options(max_memory="cuda:1=2GiB,cpu=1GiB", offload_folder=folder)
+    assert options == {
+        "device_map": "auto",
+        "max_memory": {1: 2 * 2**30, "cpu": 2**30},
+        "offload_folder": str(folder),
+    }
+    assert folder.is_dir()
+
+
+def test_the_load_check_runs_only_for_accelerators_and_device_maps(configs):
+    seventy = str(configs["Llama-3.1-70B"])
+    assert check_before_load(seventy, device="cpu") is None  # the CPU: nothing to plan
+    with pytest.raises(
+        ProbekitError,
+        match="in float32 needs 282 GB of weights; 1.0 GiB of memory: use --device-map",
+    ):
+        check_before_load(seventy, device_map="auto", max_memory="cpu=1GiB")
+    plan = check_before_load(seventy, max_memory="cpu=16GiB", offload_folder="/tmp")
+    assert plan is not None and plan.fits and "disk" in plan.placement
+    assert check_before_load("org/not-in-the-cache", max_memory="cpu=1GiB") is None
