@@ -80,6 +80,30 @@ def test_split_scores_are_the_whole_models(whole, split):
 
 
 @pytest.mark.slow
+def test_the_score_command_places_the_model_as_told(whole, tmp_path, capfd):
+    import pandas as pd
+
+    from probekit import cli
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": str(i), "text": p}) + "\n" for i, p in enumerate(PROMPTS))
+    )
+    out = tmp_path / "scores.parquet"
+    argv = ["score", "--prompts", str(prompts), "--answers", "0-10", "--epsilon", "0"]
+    placement = ["--max-memory", SPLIT_MEMORY, "--offload-folder", str(tmp_path / "spill")]
+    assert cli.main([*argv, "--out", str(out), *placement]) == 0
+    assert (
+        "placed by device map: model.embed_tokens, lm_head, model.layers.0-"
+        in capfd.readouterr().err
+    )
+    split = pd.read_parquet(out)
+    items = [probekit.Item(str(i), text=p) for i, p in enumerate(PROMPTS)]
+    kept = probekit.score(whole, items, "0-10", epsilon=0)
+    assert (split["expected"] - kept["expected"]).abs().max() <= 1e-6
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("hooks", ["transformer_lens", "nnsight"])
 def test_split_captures_and_patches_are_the_whole_models(whole, split, hooks):
     a = probekit.capture(whole, PROMPTS, layers=LAYERS, sites=["resid_post"], hooks=hooks)

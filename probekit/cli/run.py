@@ -190,6 +190,7 @@ def run_manifest(
         "dtype": described["dtype"],
         "engine": described["engine"],
         **({"columns": described["columns"]} if "columns" in described else {}),
+        **{k: described[k] for k in ("device_map", "vllm_parallel") if k in described},
         "probe": probe.config(),
         "mode": args.mode,
         "epsilon": args.epsilon,
