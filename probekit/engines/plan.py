@@ -214,12 +214,13 @@ def read_shape(model: str) -> Shape:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     where = model
-    if model == "default":
+    if model == "default" or model.endswith(".gguf"):
         from probekit.engines.hf.gguf import converted_cache_dir, default_gguf_path
 
-        where = str(converted_cache_dir(default_gguf_path()))
+        gguf = default_gguf_path() if model == "default" else Path(model).expanduser()
+        where = str(converted_cache_dir(gguf))
         if not Path(where, "config.json").is_file():
-            raise ProbekitError("the default model is not converted yet; run `probekit setup`")
+            raise ProbekitError(f"'{model}' is not converted yet; load it once (probekit setup)")
     path = Path(where).expanduser()
     try:
         if path.is_file():
@@ -233,7 +234,7 @@ def read_shape(model: str) -> Shape:
             config = AutoConfig.from_pretrained(
                 str(path) if path.is_dir() else where, local_files_only=True
             )
-    except (OSError, ValueError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
         raise ProbekitError(
             f"cannot read the config of '{model}' ({str(exc).strip().splitlines()[0][:120]}); give "
             "a model folder, its config.json, `default` or a hub id in the local cache"
@@ -255,6 +256,15 @@ def read_shape(model: str) -> Shape:
         head_width=int(getattr(text, "head_dim", None) or width // heads),
         vocabulary=int(text.vocab_size),
     )
+
+
+def _display_name(model: str, path: Path) -> str:
+    """`default`, a GGUF's file name, a folder's name (a config.json's folder), or the hub id."""
+    if model == "default" or not Path(model).expanduser().exists():
+        return model
+    if model.endswith(".gguf"):
+        return Path(model).name
+    return (path.parent if path.is_file() else path).name
 
 
 def plan(
