@@ -103,15 +103,28 @@ class Job:
     clean_positions: list[int]
     corrupt_positions: list[int]
     noop: bool
+    answer: bool = False
 
 
-def plan(i: int, pair: Pair, patch: Patch) -> Job:
-    """The job of `patch` on pair number `i`."""
+def plan(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> Job:
+    """The job of `patch` on pair number `i`; with `through_answer`, a span that runs to the
+    end of both prompts (`from_<span>`, `answer`) also patches every answer position."""
     clean, corrupt = pair
     clean_pos, corrupt_pos = aligned_positions(pair, patch.span)
     last = max(corrupt_pos) + 1
     noop = clean_pos == corrupt_pos and clean.input_ids[:last] == corrupt.input_ids[:last]
-    return Job(i, patch, clean_pos, corrupt_pos, noop)
+    answer = through_answer and runs_to_end(pair, clean_pos, corrupt_pos)
+    return Job(i, patch, clean_pos, corrupt_pos, noop, answer)
+
+
+def runs_to_end(pair: Pair, clean_positions: list[int], corrupt_positions: list[int]) -> bool:
+    """Whether the aligned positions reach the last token of both prompts (where the answer
+    starts), so that the answer positions continue them."""
+    clean, corrupt = pair
+    return (
+        clean_positions[-1] == len(clean.input_ids) - 1
+        and corrupt_positions[-1] == len(corrupt.input_ids) - 1
+    )
 
 
 def key_columns(pairs: Sequence[Pair]) -> dict[str, bool]:

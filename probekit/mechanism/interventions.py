@@ -1,28 +1,35 @@
 """Reading and writing activations at sites during a forward pass, with either hook library.
 
-Locations are (row in the batch, position in that row's unpadded prompt); batches are
-left-padded to their widest prompt, so position p of a prompt of length n sits at column
-W - n + p. Hooks are full TransformerLens names (`blocks.{layer}.{site}`, see
-`probekit.mechanism.sites`); values at `attn.hook_z` are [locations, heads, d_head], elsewhere
-[locations, d_model]. At each hook the values asked for are read first, then edited.
+A location is (row in the batch, position): a position is an int, a token of that row's
+unpadded prompt, or an `AnswerNode`, an answer position of the engine's trie pass (the
+continuation ending in that trie node, fed after the prompt). Batches are left-padded to their
+widest prompt, so prompt position p of a prompt of length n sits at column W - n + p. Hooks are
+full TransformerLens names (`blocks.{layer}.{site}`, see `probekit.mechanism.sites`); values at
+`attn.hook_z` are [locations, heads, d_head], elsewhere [locations, d_model]. At each hook the
+values asked for are read first, then edited.
 
-`score_with` does this in the scoring engine's prompt pass: the engine then expands the answer
-trie from the edited KV cache, so an edit reaches every answer token. Its `answer_edits` also
-rewrite the values at the answer tokens themselves (every position of the trie passes), with the
-`transformer_lens` hooks. `read_forward` does it in a
-plain forward that stops after the last layer read (for capture).
+`score_with` does this while the scoring engine scores the batch: prompt positions in its
+prompt pass, answer positions in each forward of its trie pass (a node the pass prunes is not
+fed: a read there is NaN, a write does nothing). An edit of prompt positions alone reaches the
+answer only through the KV cache. This is the one intervention layer of the mechanism:
+patching writes the clean run's values, steering adds a vector, directions project one out.
+`read_forward` reads prompt positions in a plain forward that stops after the last layer read
+(for capture).
 
 `transformer_lens`: hooks of the model's TransformerBridge, which fire inside `model.hf`'s
 forward (the bridge swaps its blocks in place). `nnsight`: a trace of `model.nnsight`; in
 `score_with` the traced function is the engine's `score_batch` and the interventions ask for the
 first call of each module, which is the prompt pass (the trie pass calls the modules again,
-untouched). `remote` is handed to nnsight's `trace` unchanged (`remote=True` ships the block and
-the pickled scoring call to NDIF, which needs a hub model NDIF serves; untested offline).
+untouched), so answer positions need `transformer_lens`. `remote` is handed to nnsight's `trace`
+unchanged (`remote=True` ships the block and the pickled scoring call to NDIF, which needs a hub
+model NDIF serves; untested offline).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,12 +47,53 @@ from probekit.mechanism.sites import (
     walk,
 )
 
-Loc = tuple[int, int]
-"""(row in the batch, position in that row's unpadded prompt)"""
-Edit = tuple[list[Loc], Callable[[torch.Tensor], torch.Tensor]]
+
+@dataclass(frozen=True)
+class AnswerNode:
+    """An answer position: the trie pass's token for the answer prefix ending in trie node
+    `node` (`scorer.trie.nodes[node]`; node 0, the root, is the prompt's last token)."""
+
+    node: int
+
+
+Position = int | AnswerNode
+Loc = tuple[int, Position]
+"""(row in the batch, position: a prompt token's index, or an `AnswerNode`)"""
+EditFn = Callable[[torch.Tensor], torch.Tensor]
+"""New values from the old ones, location by location (e.g. `lambda old: old + v`);
+`LocationValues` for values that differ by location."""
+Edit = tuple[list[Loc], EditFn]
 """Locations and the function giving their new values from the old ones."""
-Index = tuple[torch.Tensor, torch.Tensor]
+Index = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (which locations, rows, columns)
 Op = tuple[str, Index | None, tuple[Index, Callable] | None]  # (hook, read, edit)
+
+
+class LocationValues:
+    """An edit writing one value per location (`values[i]` at the edit's i-th location; where
+    `heads[i]` is set, only that head's slice of [locs, heads, d_head] values, the other heads
+    keeping theirs; a NaN value, e.g. read at an answer node the clean run pruned, keeps the
+    old value). Called on the locations written now (`at`: their indices in the edit's list)."""
+
+    def __init__(self, values: torch.Tensor, heads: Sequence[int | None] | None = None) -> None:
+        self.values = values
+        self.own = None
+        if heads is not None and any(head is not None for head in heads):
+            self.own = torch.zeros(values.shape[:2], dtype=torch.bool)
+            for i, head in enumerate(heads):
+                self.own[i, slice(None) if head is None else head] = True
+
+    def __call__(self, old: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        at = torch.arange(len(self.values)) if at is None else at.cpu()
+        new = self.values[at].to(old.device, old.dtype)
+        keep = torch.isnan(new)
+        if self.own is not None:
+            keep = keep | ~self.own[at].to(old.device)[..., None]
+        return torch.where(keep, old, new) if bool(keep.any()) else new
+
+
+def answer_nodes(scorer: Any) -> list[AnswerNode]:
+    """Every answer position the scorer's trie can feed (all nodes below the root)."""
+    return [AnswerNode(i) for i in range(1, len(scorer.trie.nodes))]
 
 
 def score_with(
@@ -55,36 +103,142 @@ def score_with(
     edits: dict[str, Edit] | None = None,
     hooks: str = "transformer_lens",
     remote: bool = False,
-    answer_edits: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    answer_edits: dict[str, EditFn] | None = None,
 ) -> tuple[list[Any], dict[str, torch.Tensor]]:
-    """Score one batch with the engine while reading and editing activations in its prompt pass.
+    """Score one batch with the engine while reading and editing activations at prompt and
+    answer positions.
 
     `reads[hook]` lists the locations whose values come back as one [locs, ...] CPU tensor per
-    hook (in the model's dtype); `edits[hook] = (locs, fn)` replaces the values at `locs` by
-    `fn(old values)`; `answer_edits[hook] = fn` replaces every value of the trie passes (all
-    answer-token positions, [rows, nodes, ...]) by `fn(old values)`. Returns the engine's
-    results and the values read."""
+    hook (in the model's dtype; NaN at answer nodes the trie pass did not feed);
+    `edits[hook] = (locs, fn)` replaces the values at `locs` by `fn(old values)`;
+    `answer_edits[hook] = fn` replaces every value of each trie-pass forward (all answer
+    positions fed, [rows, nodes, ...]) by `fn(old values)`, the same as an edit at every
+    `AnswerNode` of every row. Returns the engine's results and the values read."""
     chosen = library(hooks)
-    ops = _ops(batch, reads, edits, scorer.model.device)
-    answer = [(hook, _answer_hook(fn)) for hook, fn in (answer_edits or {}).items()]
-    for hook, _ in answer:
+    split = _Split(batch, reads or {}, edits or {}, scorer.model.device)
+    everywhere = [(hook, _answer_hook(fn)) for hook, fn in (answer_edits or {}).items()]
+    for hook, _ in everywhere:
         parse_hook(hook)
-    if answer and chosen == "nnsight":
-        raise ProbekitError("answer-token edits need hooks='transformer_lens'")
     if chosen == "nnsight":
-        return _score_nnsight(scorer, batch, ops, remote)
+        if split.answers or everywhere:
+            raise ProbekitError(
+                "answer positions are read and written with hooks='transformer_lens' only (with "
+                "nnsight, patch the prompt only: through_answer=False)"
+            )
+        results, out = _score_nnsight(scorer, batch, split.prompt_ops(), remote)
+        return results, split.gather(out)
     if remote:
         raise ProbekitError("remote execution goes through nnsight; use hooks='nnsight'")
-    out: dict[str, torch.Tensor] = {}
-    fwd = [(hook, _lens_hook(hook, read, edit, out)) for hook, read, edit in ops]
     bridge = enable_bridge(scorer.model)
+    sink: dict[str, list] = {}
+    fwd = [(hook, _lens_hook(hook, read, edit, sink)) for hook, read, edit in split.prompt_ops()]
+
+    def at_depth(rows: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor) -> Any:
+        ops = split.answer_ops(rows, nodes, valid)
+        found = [(hook, _lens_hook(hook, read, edit, sink)) for hook, read, edit in ops]
+        found = sorted(found + everywhere, key=lambda op: hook_order(op[0]))
+        return bridge.hooks(fwd_hooks=found) if found else contextlib.nullcontext()
+
     results = scorer.score_batch(
         batch,
         reuse_prefix=False,
         prompt_context=lambda: bridge.hooks(fwd_hooks=fwd),
-        answer_context=(lambda: bridge.hooks(fwd_hooks=answer)) if answer else None,
+        answer_context=at_depth if split.answers or everywhere else None,
     )
-    return results, out
+    return results, split.gather(sink)
+
+
+class _Split:
+    """The reads and edits of one batch, split into prompt locations (one padded index per
+    hook) and answer locations (looked up at each trie depth)."""
+
+    def __init__(
+        self,
+        batch: Sequence[Sequence[int]],
+        reads: dict[str, list[Loc]],
+        edits: dict[str, Edit],
+        device: Any,
+    ) -> None:
+        width = max(len(p) for p in batch)
+        self.offsets = [width - len(p) for p in batch]
+        self.device = device
+        self.reads, self.edits = reads, edits
+        self.sizes = {hook: len(locs) for hook, locs in reads.items()}
+        self.hooks = sorted(set(reads) | set(edits), key=hook_order)
+        self.prompt: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self.answers: dict[tuple[str, str], dict[tuple[int, int], list[int]]] = {}
+        for kind, table in (("read", reads), ("edit", {h: e[0] for h, e in edits.items()})):
+            for hook, locs in table.items():
+                for i, (row, pos) in enumerate(locs):
+                    if isinstance(pos, AnswerNode):
+                        where = self.answers.setdefault((hook, kind), {})
+                        where.setdefault((row, pos.node), []).append(i)
+                    else:
+                        self.prompt.setdefault((hook, kind), []).append((i, row, pos))
+
+    def _index(self, entries: list[tuple[int, int, int]]) -> Index:
+        at, rows, cols = zip(*entries, strict=True) if entries else ((), (), ())
+        return (
+            torch.tensor(at, dtype=torch.long),
+            torch.tensor(rows, dtype=torch.long, device=self.device),
+            torch.tensor(cols, dtype=torch.long, device=self.device),
+        )
+
+    def _ops(self, entries: dict[tuple[str, str], list[tuple[int, int, int]]]) -> list[Op]:
+        ops = []
+        for hook in self.hooks:
+            read, edit = entries.get((hook, "read")), entries.get((hook, "edit"))
+            if read or edit:
+                ops.append(
+                    (
+                        hook,
+                        self._index(read) if read else None,
+                        (self._index(edit), self.edits[hook][1]) if edit else None,
+                    )
+                )
+        return ops
+
+    def prompt_ops(self) -> list[Op]:
+        """Each hook's read and edit at prompt positions, as padded columns."""
+        padded = {
+            key: [(i, row, self.offsets[row] + pos) for i, row, pos in entries]
+            for key, entries in self.prompt.items()
+        }
+        return self._ops(padded)
+
+    def answer_ops(self, rows: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor) -> list:
+        """Each hook's read and edit at the answer nodes one trie depth feeds (`TriePass.run`)."""
+        at_row, at_col = valid.nonzero(as_tuple=True)
+        slots = zip(
+            rows[at_row].tolist(),
+            nodes[at_row, at_col].tolist(),
+            at_row.tolist(),
+            at_col.tolist(),
+            strict=True,
+        )
+        where = {(row, node): (r, c) for row, node, r, c in slots}
+        found: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        for key, wanted in self.answers.items():
+            entries = [
+                (i, *where[loc]) for loc, indices in wanted.items() if loc in where for i in indices
+            ]
+            if entries:
+                found[key] = entries
+        return self._ops(found)
+
+    def gather(self, sink: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The values read, one [locs, ...] tensor per hook in the order of its locations."""
+        out = {}
+        for hook, size in self.sizes.items():
+            pieces = sink.get(hook, [])
+            if not pieces:
+                continue
+            first = pieces[0][1]
+            full = torch.full((size, *first.shape[1:]), torch.nan, dtype=first.dtype)
+            for at, values in pieces:
+                full[at] = values
+            out[hook] = full
+        return out
 
 
 def read_forward(
@@ -103,75 +257,48 @@ def read_forward(
         "attention_mask": mask.to(model.device),
         "position_ids": positions(mask).to(model.device),
     }
-    ops = _ops(batch, reads, None, model.device)
+    split = _Split(batch, reads, {}, model.device)
+    if split.answers:
+        raise ProbekitError("a plain forward has no answer positions; use score_with")
+    ops = split.prompt_ops()
     last = max(parse_hook(hook)[0] for hook, _, _ in ops)
-    out: dict[str, torch.Tensor] = {}
+    sink: dict[str, list] = {}
     with torch.no_grad():
         if chosen == "nnsight":
-            out = _trace(model, model.nnsight, inputs, ops, stop=True)
+            sink = _trace(model, model.nnsight, inputs, ops, stop=True)
         else:
             enable_bridge(model).run_with_hooks(
                 inputs["input_ids"],
-                fwd_hooks=[(hook, _lens_hook(hook, read, None, out)) for hook, read, _ in ops],
+                fwd_hooks=[(hook, _lens_hook(hook, read, None, sink)) for hook, read, _ in ops],
                 stop_at_layer=last + 1 if last + 1 < model.n_layers else None,
                 return_type=None,
                 attention_mask=inputs["attention_mask"],
                 position_ids=inputs["position_ids"],
             )
+    out = split.gather(sink)
     missing = [hook for hook in reads if hook not in out]
     if missing:
         raise ProbekitError(f"the {chosen} hooks did not reach {', '.join(missing)}")
     return out
 
 
-def copy_values(
-    values: torch.Tensor, heads: Sequence[int | None]
-) -> Callable[[torch.Tensor], torch.Tensor]:
+def copy_values(values: torch.Tensor, heads: Sequence[int | None]) -> LocationValues:
     """The edit writing `values` (one row per location); where a location's head is set, only
     that head's slice ([locs, heads, d_head] values) is written, the others keep their value."""
-    if all(head is None for head in heads):
-        return lambda old: values
-    own = torch.zeros(values.shape[:2], dtype=torch.bool)
-    for i, head in enumerate(heads):
-        own[i, slice(None) if head is None else head] = True
-
-    def fn(old: torch.Tensor) -> torch.Tensor:
-        keep = own.to(old.device)[..., None]
-        return torch.where(keep, values.to(old.device, old.dtype), old)
-
-    return fn
+    return LocationValues(values, heads)
 
 
-def _ops(
-    batch: Sequence[Sequence[int]],
-    reads: dict[str, list[Loc]] | None,
-    edits: dict[str, Edit] | None,
-    device: Any,
-) -> list[Op]:
-    """Each hook's read and edit as padded (rows, columns) indices, in the order the model runs."""
-    width = max(len(p) for p in batch)
-    offsets = [width - len(p) for p in batch]
-
-    def index(locs: list[Loc]) -> Index:
-        rows = torch.tensor([r for r, _ in locs], dtype=torch.long, device=device)
-        cols = torch.tensor([offsets[r] + p for r, p in locs], dtype=torch.long, device=device)
-        return rows, cols
-
-    ops = []
-    for hook in sorted(set(reads or {}) | set(edits or {}), key=hook_order):
-        read = index(reads[hook]) if reads and hook in reads else None
-        edit = (index(edits[hook][0]), edits[hook][1]) if edits and hook in edits else None
-        ops.append((hook, read, edit))
-    return ops
-
-
-def _apply(tensor: torch.Tensor, read: Any, edit: Any, out: dict, hook: str) -> None:
-    """Read, then edit in place, the values of `tensor` at the given (rows, cols)."""
+def _apply(tensor: torch.Tensor, read: Any, edit: Any, sink: dict, hook: str) -> None:
+    """Read, then edit in place, the values of `tensor` at the given locations; the values read
+    go to `sink[hook]` as (their indices in the hook's read list, values)."""
     if read is not None:
-        out[hook] = tensor[read].detach().cpu()
+        at, rows, cols = read
+        sink.setdefault(hook, []).append((at, tensor[rows, cols].detach().cpu()))
     if edit is not None:
-        (rows, cols), fn = edit
-        tensor[rows, cols] = fn(tensor[rows, cols]).to(tensor.device, tensor.dtype)
+        (at, rows, cols), fn = edit
+        old = tensor[rows, cols]
+        new = fn(old, at) if isinstance(fn, LocationValues) else fn(old)
+        tensor[rows, cols] = new.to(tensor.device, tensor.dtype)
 
 
 def _lens_hook(name: str, read: Any, edit: Any, out: dict) -> Callable:
@@ -187,8 +314,8 @@ def _lens_hook(name: str, read: Any, edit: Any, out: dict) -> Callable:
     return fn
 
 
-def _answer_hook(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    """A hook replacing its whole value (every position of a trie pass) by `fn(value)`."""
+def _answer_hook(fn: EditFn) -> Callable:
+    """A hook replacing its whole value (every position of a trie-pass forward) by `fn(value)`."""
 
     def hook_fn(value: Any, hook: Any) -> Any:
         tensor = value[0] if isinstance(value, tuple) else value
@@ -199,6 +326,7 @@ def _answer_hook(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
 
 
 def _score_nnsight(scorer: Any, batch: Any, ops: list[Op], remote: bool) -> tuple[list, dict]:
+    """The engine's results and the values read (`_apply`'s sink), in an nnsight trace."""
     model = scorer.model
     enable_bridge(model)  # swap in the bridge blocks first: nnsight must wrap the modules that run
     ids, mask = left_pad(list(batch), model.tokenizer.pad_token_id)
@@ -221,20 +349,20 @@ def _score_nnsight(scorer: Any, batch: Any, ops: list[Op], remote: bool) -> tupl
 def _trace(
     model: Any, lm: Any, inputs: dict, ops: list[Op], stop: bool = False, **trace: Any
 ) -> dict[str, torch.Tensor]:
-    """Apply `ops` to the site values of an nnsight trace; the values read (`stop`: end the
-    forward after the last op)."""
+    """Apply `ops` to the site values of an nnsight trace; the values read, as `_apply`'s sink
+    (`stop`: end the forward after the last op)."""
     import nnsight
 
     where = layout(hf_module(model))
     blocks = walk(lm, where.blocks)
     heads = n_heads(model)
     with lm.trace(inputs, **trace) as tracer:
-        out: dict[str, torch.Tensor] = {}
+        sink: dict[str, list] = {}
         for hook, read, edit in ops:
             layer, found = parse_hook(hook)
             value = found.nnsight(blocks[layer], where, heads)
-            _apply(value, read, edit, out, hook)
-        out = nnsight.save(out)
+            _apply(value, read, edit, sink, hook)
+        sink = nnsight.save(sink)
         if stop:
             tracer.stop()
-    return out
+    return sink

@@ -7,9 +7,17 @@ expands the answer trie from the patched KV cache, so the patch reaches every an
 (`mechanism.interventions.score_with`). The effect is read on a per-prompt readout
 (`probekit.mechanism.readouts`: expected value, P(answer), P(correct), a difference; TransformerLens
 calls it the patching metric): `recovery = (m_patched - m_corrupt) / (m_clean - m_corrupt)` (NaN
-when the denominator is 0). A patch at layer l changes the keys and values of layers >= l only,
-so at late layers the answer's later tokens read a mix of patched and corrupt cache, and
-recovery can leave [0, 1] even when every position from the span on is patched.
+when the denominator is 0).
+
+Which positions a patch writes. A span writes its aligned prompt positions (`mechanism.pairs`).
+A span that runs to the end of both prompts (`from_<span>`, `answer`, or a span that ends at the
+last token) also writes every answer position (`through_answer=True`, the default): the engine
+reads a multi-token answer at positions after the prompt (its trie of answer tokens), and each
+gets the clean run's activation at the same continuation. Patching `from_<span>` at
+`hook_resid_pre` then gives the clean run exactly, at every layer (when the clean and corrupt
+spans have the same number of tokens). With `through_answer=False` the answer positions are left
+alone and read the patched prompt through the KV cache of layers >= l only, so at late layers
+the answer's later tokens mix patched and corrupt values and recovery can leave [0, 1].
 
 No-op patches (in the prefix both prompts share) are not run unless `run_noops=True`.
 
@@ -43,7 +51,15 @@ from probekit.mechanism.components import (
     row,
     table,
 )
-from probekit.mechanism.interventions import Edit, copy_values, score_with
+from probekit.mechanism.interventions import (
+    AnswerNode,
+    Edit,
+    Loc,
+    Position,
+    answer_nodes,
+    copy_values,
+    score_with,
+)
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import hook_order
 from probekit.stats import bootstrap_units
@@ -58,8 +74,14 @@ def sweep(
     batch_size: int | None = None,
     run_noops: bool = False,
     remote: bool = False,
+    through_answer: bool = True,
+    progress: Any = None,
 ) -> pd.DataFrame:
     """Run every patch on every pair; one row per (pair, patch), pair-major.
+
+    `through_answer`: a span that runs to the end also patches the answer positions (see the
+    module's docstring). `progress`: a tqdm-like bar (`update(n)`), advanced by the patched
+    runs done.
 
     Columns: the items' key columns (a column on which clean and corrupt differ in some pair
     comes twice, as `clean_<col>` and `corrupt_<col>`), clean_prompt_id, corrupt_prompt_id,
@@ -71,24 +93,32 @@ def sweep(
     """
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size
-    jobs = [plan(i, pair, patch) for i, pair in enumerate(pairs) for patch in patches]
+    jobs = [
+        plan(i, pair, patch, through_answer) for i, pair in enumerate(pairs) for patch in patches
+    ]
     todo = [k for k, job in enumerate(jobs) if run_noops or not job.noop]
     runs = [jobs[k] for k in todo]
     read = sorted({job.patch.hook for job in runs}, key=hook_order)
-    baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote)
+    nodes = answer_nodes(scorer)
+    baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
     patched: dict[int, float] = {}  # job index -> readout of the patched run
     for start in range(0, len(todo), size):
         chunk = todo[start : start + size]
         edits: dict[str, Edit] = {}
         for hook in {jobs[k].patch.hook for k in chunk}:
-            locs, values, heads = [], [], []
+            locs: list[Loc] = []
+            values, heads = [], []
             for at, k in enumerate(chunk):
                 job = jobs[k]
                 if job.patch.hook == hook:
-                    locs += [(at, p) for p in job.corrupt_positions]
+                    sources: list[Position] = list(job.clean_positions)
+                    targets: list[Position] = list(job.corrupt_positions)
+                    if job.answer:
+                        sources, targets = sources + nodes, targets + nodes
+                    locs += [(at, p) for p in targets]
                     acts, where = clean_acts[pairs[job.pair][0].id]
-                    values.append(acts[hook][[where[p] for p in job.clean_positions]])
-                    heads += [job.patch.head] * len(job.corrupt_positions)
+                    values.append(acts[hook][[where[p] for p in sources]])
+                    heads += [job.patch.head] * len(targets)
             edits[hook] = (locs, copy_values(torch.cat(values), heads))
         corrupt = [pairs[jobs[k].pair][1] for k in chunk]
         results, _ = score_with(
@@ -96,6 +126,8 @@ def sweep(
         )
         for k, prompt, result in zip(chunk, corrupt, results, strict=True):
             patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
+        if progress is not None:
+            progress.update(len(chunk))
     keys = key_columns(pairs)
     rows = []
     for k, job in enumerate(jobs):
@@ -148,20 +180,24 @@ def _baselines(
     size: int,
     hooks: str,
     remote: bool,
+    nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
     """The exact result of every clean and corrupt prompt (by prompt id); for clean prompts with
-    patches to run, their activations at the hooks `read` on the positions those patches copy
-    ({hook: [n, d]}, position index)."""
-    needed: dict[str, set[int]] = {}
+    patches to run, their activations at the hooks `read` on the positions those patches copy,
+    answer positions `nodes` included where a patch runs through the answer ({hook: [n, d]},
+    position index)."""
+    needed: dict[str, set[Position]] = {}
     for job in todo:
         needed.setdefault(pairs[job.pair][0].id, set()).update(job.clean_positions)
+        if job.answer:
+            needed[pairs[job.pair][0].id].update(nodes)
     prompts = {p.id: p for pair in pairs for p in pair}
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}
     acts: dict[str, tuple[dict[str, torch.Tensor], dict[int, int]]] = {}
     for start in range(0, len(keys), size):
         chunk = keys[start : start + size]
-        positions = {at: sorted(needed.get(key, ())) for at, key in enumerate(chunk)}
+        positions = {at: _ordered(needed.get(key, ())) for at, key in enumerate(chunk)}
         locs = [(at, p) for at, ps in positions.items() for p in ps]
         reads = {hook: locs for hook in read} if locs else None
         batch = [prompts[k].input_ids for k in chunk]
@@ -175,3 +211,8 @@ def _baselines(
                 acts[key] = (block, {p: j for j, p in enumerate(positions[i])})
             at += n
     return baseline, acts
+
+
+def _ordered(positions: set[Position]) -> list[Position]:
+    """Prompt positions in order, then answer nodes in order."""
+    return sorted(positions, key=lambda p: (1, p.node) if isinstance(p, AnswerNode) else (0, p))

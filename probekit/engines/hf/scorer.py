@@ -39,7 +39,7 @@ from probekit.engines.hf.decoding import decode
 from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
-from probekit.engines.hf.trie_pass import TriePass
+from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
@@ -99,12 +99,14 @@ class HFScorer:
         batch: Sequence[Sequence[int]],
         reuse_prefix: bool = True,
         prompt_context: Callable[[], contextlib.AbstractContextManager] | None = None,
-        answer_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+        answer_context: AnswerContext | None = None,
     ) -> list[ScoreResult]:
         """Score one batch. `prompt_context` wraps the prompt pass only (e.g. patching hooks);
         use it with `reuse_prefix=False`, so that every prompt is one left-padded row whose
         position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`.
-        `answer_context` wraps the trie passes (every forward over answer tokens)."""
+        `answer_context(rows, nodes, valid)` wraps each forward of the trie pass: the answer
+        positions it feeds are the trie nodes `nodes` of the batch rows `rows`
+        (`probekit.engines.hf.trie_pass.TriePass.run`)."""
         device = self.model.device
         with torch.inference_mode():
             start = clock(device)
@@ -112,18 +114,18 @@ class HFScorer:
                 state = prompt_pass(self.model, batch, self._prefixes, self.stats, reuse_prefix)
             prompt_columns = state.mask.shape[1]
             prompt_done = clock(device)
-            with answer_context() if answer_context else contextlib.nullcontext():
-                results = self.trie_pass.run(state, self.epsilon, self.stats)
-                # Rows whose bound exceeds epsilon are redone exactly, on a copy of their prompt
-                # cache: decoding below needs every row's.
-                kv.truncate(state.cache, prompt_columns)
-                redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
-                if redo:
-                    sub = state.rows(torch.tensor(redo, device=device))
-                    redone = self.trie_pass.run(sub, 0.0, self.stats)
-                    for i, result in zip(redo, redone, strict=True):
-                        results[i] = result
-                    del sub
+            results = self.trie_pass.run(state, self.epsilon, self.stats, answer_context)
+            # Rows whose bound exceeds epsilon are redone exactly, on a copy of their prompt
+            # cache: decoding below needs every row's.
+            kv.truncate(state.cache, prompt_columns)
+            redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
+            if redo:
+                index = torch.tensor(redo, device=device)
+                sub = state.rows(index)
+                again = self.trie_pass.run(sub, 0.0, self.stats, answer_context, index)
+                for i, result in zip(redo, again, strict=True):
+                    results[i] = result
+                del sub
             trie_done = clock(device)
             if self.max_new_tokens:
                 for result, tokens in zip(results, self._decode(state), strict=True):

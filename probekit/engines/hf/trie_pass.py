@@ -13,6 +13,8 @@ mass that later leaves the answer set; the dropped mass over the valid mass is t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,6 +83,12 @@ class TrieTables:
         return node_p[..., DIGIT] @ self.terminal[DIGIT] + node_p[..., ALNUM] @ self.terminal[ALNUM]
 
 
+AnswerContext = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor], contextlib.AbstractContextManager
+]
+"""`context(rows, nodes, valid)` around one trie depth's forward (see `TriePass.run`)."""
+
+
 class TriePass:
     """The trie pass of one answer set on one model; `run` continues from a prompt pass."""
 
@@ -91,8 +99,20 @@ class TriePass:
         self.columns = VocabularyColumns.build(model)
         self.tables = TrieTables.build(self.trie, model.device)
 
-    def run(self, state: PromptState, epsilon: float, stats: ScorerStats) -> list[ScoreResult]:
-        """One result per row of `state`; its cache is extended by the trie's columns."""
+    def run(
+        self,
+        state: PromptState,
+        epsilon: float,
+        stats: ScorerStats,
+        context: AnswerContext | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> list[ScoreResult]:
+        """One result per row of `state`; its cache is extended by the trie's columns.
+
+        `context(rows, nodes, valid)` wraps each depth's forward (e.g. hooks that read or write
+        activations at answer positions): column k of state row i holds trie node `nodes[i, k]`
+        where `valid[i, k]`, and `rows[i]` is that row's index in the scored batch (`rows`
+        defaults to 0..n-1)."""
         t = self.tables
         n = state.mask.shape[0]
         dev = self.model.device
@@ -106,6 +126,8 @@ class TriePass:
         dropped = torch.zeros(n, dtype=torch.float64, device=dev)
         visible = state.mask
         cache = state.cache
+        if rows is None:
+            rows = torch.arange(n, device=dev)
         for depth in range(1, t.max_depth + 1):
             cand = t.levels[depth]
             p = logp_node[:, cand].exp()
@@ -125,19 +147,19 @@ class TriePass:
             sel = cand[order]
             valid = torch.arange(width, device=dev)[None, :] < count[:, None]
             past = visible.shape[1]
-            rows = torch.arange(n, device=dev)[:, None].expand(n, width)
-            column[rows[valid], sel[valid]] = (
-                past + torch.arange(width, device=dev).expand(n, -1)[valid]
-            )
+            at = torch.arange(n, device=dev)[:, None].expand(n, width)
+            offsets = torch.arange(width, device=dev).expand(n, -1)
+            column[at[valid], sel[valid]] = past + offsets[valid]
             attend = self._tree_mask(visible, column, sel, valid, past)
             ids = torch.where(valid, t.token[sel], self.model.tokenizer.pad_token_id)
             positions = (state.lengths[:, None] + depth - 1).expand(n, width)
-            hidden, cache = body(
-                self.model, ids, additive_mask(attend, self.model.dtype), positions, cache
-            )
+            with context(rows, sel, valid) if context else contextlib.nullcontext():
+                hidden, cache = body(
+                    self.model, ids, additive_mask(attend, self.model.dtype), positions, cache
+                )
             visible = torch.cat([visible, torch.zeros_like(valid)], dim=1)
             head_start = clock(dev)
-            self._expand(hidden[valid], rows[valid], sel[valid], logp_node, stop_logp, top_token)
+            self._expand(hidden[valid], at[valid], sel[valid], logp_node, stop_logp, top_token)
             stats.head_seconds += clock(dev) - head_start
         return self._results(logp_node, stop_logp, top_token, dropped)
 
