@@ -38,6 +38,7 @@ _API = {
     "capture": "probekit.mechanism.api",
     "steer": "probekit.mechanism.steering",
     "make_pair": "probekit.mechanism.api",
+    "recovery": "probekit.mechanism.api",
     "hookable": "probekit.mechanism.api",
     "read_activations": "probekit.mechanism.capture",
     "Activations": "probekit.mechanism.capture",

@@ -68,6 +68,7 @@ def exact64(smol):
     )
 
 
+@pytest.mark.slow
 def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
     """Row 0 against the brute force; row 1 (shorter, so left-padded) against the engine."""
     ids = pair[1].input_ids
@@ -79,6 +80,7 @@ def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
         assert mass[row].sum() == pytest.approx(result.valid_mass, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_linear_weights_of_the_metrics(scorer, pair):
     item = pair[0].item
     assert attribution.linear_weights(EV, scorer, item).tolist() == list(range(13))
@@ -149,10 +151,11 @@ def test_a_tiny_interpolation_is_estimated_exactly(exact64):
     assert (towards - away) / 2 == pytest.approx(alpha * estimated["estimate"][1], rel=1e-2)
 
 
+@pytest.mark.slow
 def test_attribution_table_and_verification(scorer, pair, estimated):
     assert (estimated["method"] == "attribution").all()
     assert estimated["head"].tolist()[1] == 4 and estimated["head"].isna().tolist() == [1, 0, 1]
-    assert estimated["estimate"][2] == 0.0 and estimated["ev_patched"].isna().all()
+    assert estimated["estimate"][2] == 0.0 and estimated["expected_patched"].isna().all()
     verified = attribution.verify(scorer, [pair], estimated, 2, EV)
     assert (verified["method"] == "attribution+verify").all()
     assert verified["ran"].tolist() == [True, True, False]  # the two largest |estimates|
@@ -161,7 +164,7 @@ def test_attribution_table_and_verification(scorer, pair, estimated):
     exact = patching.sweep(scorer, [pair], PATCHES[:1], EV)
     # verify scores two patches in one batch, the sweep one: the batch's shape moves fp32 sums,
     # here by 7.6e-6 on the 0-12 expected value (the same before the mechanism package)
-    assert verified["ev_patched"][0] == pytest.approx(exact["ev_patched"][0], abs=1e-4)
+    assert verified["expected_patched"][0] == pytest.approx(exact["expected_patched"][0], abs=1e-4)
     fit = attribution.agreement(attribution.effects(verified), k=2)
     assert fit["components"] == 2 and np.isnan(fit["recall@2"])  # not every component measured
     with pytest.raises(ProbekitError, match="top-k must lie between 1 and"):
@@ -226,6 +229,7 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_c
         assert not (bad / "patching.parquet").exists()
 
 
+@pytest.mark.slow
 def test_per_position_estimates_add_up_to_the_span(scorer, pair):
     """The first-order estimate is linear in the patched positions: a span's estimate is the sum
     of its single positions' (`span@i`), and `@i` picks the i-th aligned position."""

@@ -1,5 +1,6 @@
 """Activation capture at spans: bridge and nnsight agree, shards resume, bad requests fail."""
 
+import pandas as pd
 import pytest
 import torch
 from safetensors import safe_open
@@ -105,10 +106,28 @@ def test_resume_skips_captured_prompts(smol, items, tmp_path):
         assert set(rows["n_tokens"]) == {len(item.input_ids)}
     assert list(index[index["prompt_id"] == items[2].id]["perceiver"].unique()) == ["a Jew"]
     with safe_open(tmp_path / again.shards[0].relative_to(tmp_path), framework="pt") as f:
-        assert f.get_tensor("resid_post.4").dtype == torch.float16
+        assert f.get_tensor("blocks.4.hook_resid_post").dtype == torch.float16
+    assert set(index["site"]) == set(SITES)
     # Positions are into the unpadded prompt and match the encoded span.
     p1 = index[(index["prompt_id"] == items[1].id) & (index["span"] == "experiencer")]
     assert list(p1["positions"].iloc[0]) == items[1].positions["experiencer"]
+
+
+def test_shards_of_the_old_layout_are_still_read(smol, items, tmp_path):
+    """Shards once keyed their tensors `resid_pre.1` and indexed the short site name."""
+    from safetensors.torch import load_file, save_file
+
+    from probekit.mechanism.capture import read_activations
+
+    capture(smol, items[:1], tmp_path, layers=[1], sites=["resid_pre"])
+    new = read_activations(tmp_path)["blocks.1.hook_resid_pre"]
+    (shard,) = (tmp_path / "shards").glob("*.safetensors")
+    save_file({"resid_pre.1": load_file(shard)["blocks.1.hook_resid_pre"]}, shard)
+    (part,) = (tmp_path / "index").glob("*.parquet")
+    pd.read_parquet(part).assign(site="resid_pre").to_parquet(part)
+    assert torch.equal(read_activations(tmp_path)["blocks.1.hook_resid_pre"], new)
+    rows, tensors = load_activations(tmp_path, 1, "hook_resid_pre", "experiencer")
+    assert len(rows) == 1 and tensors[0].shape[0] == len(items[0].positions["experiencer"])
 
 
 def test_repeated_ids_are_captured_once(smol, items, tmp_path):
@@ -126,10 +145,10 @@ def test_resume_with_other_settings_fails(smol, items, tmp_path):
 @pytest.mark.parametrize(
     "layers, sites, hooks, message",
     [
-        ([30], SITES, "bridge", "layer 30 is out of range"),
-        ([-31], SITES, "bridge", "out of range"),
-        ([], SITES, "bridge", "no layers"),
-        ([1], ["resid_mid"], "bridge", "unknown site 'resid_mid'"),
+        ([30], SITES, "transformer_lens", "layer 30 is out of range"),
+        ([-31], SITES, "transformer_lens", "out of range"),
+        ([], SITES, "transformer_lens", "no layers"),
+        ([1], ["resid_mid"], "transformer_lens", "unknown site 'resid_mid'"),
         ([1], SITES, "lens", "unknown hook library"),
     ],
 )

@@ -3,6 +3,7 @@ disk writer, pairs from two strings, layers from the end, one vocabulary of site
 libraries, wrong types in one line, and float64 with left padding on the bridge."""
 
 import doctest
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -44,7 +45,8 @@ def test_sites_one_table_with_short_forms():
         "hook_mlp_out",
         "hook_resid_post",
     )
-    assert sites.library("bridge") == "transformer_lens" == sites.library("transformer_lens")
+    with pytest.warns(FutureWarning, match="now called 'transformer_lens'"):
+        assert sites.library("bridge") == "transformer_lens" == sites.library("transformer_lens")
     with pytest.raises(ProbekitError, match="unknown site 'resid_mid'"):
         sites.site("resid_mid")
     with pytest.raises(ProbekitError, match="unknown hook library 'lens'"):
@@ -66,6 +68,7 @@ def test_layers_count_from_the_end():
 
 
 # ---------------------------------------------------------------------- with the default model
+@pytest.mark.slow
 def test_make_pair_declares_the_swapped_word(model):
     clean, corrupt = api.make_pair(
         model, "I am a Muslim. Am I sad?", "I am a Jew. Am I sad?", span="Muslim"
@@ -84,6 +87,71 @@ def test_make_pair_declares_the_swapped_word(model):
         api.make_pair(model, "I am a Muslim. Sad?", "You are a Jew. Sad?", span="Muslim")
 
 
+PERSONA = "You are {}."
+QUESTION = "My bike was stolen. How angry am I, from 0 to 10?"
+
+
+def _chat(identity, question=QUESTION):
+    return [
+        {"role": "system", "content": PERSONA.format(identity)},
+        {"role": "user", "content": question},
+    ]
+
+
+@pytest.mark.slow
+def test_make_pair_takes_two_message_lists(model):
+    """A persona pair: the span is found in the system prompt, where the two lists differ."""
+    clean, corrupt = api.make_pair(model, _chat("a Muslim"), _chat("a Jew"), span="Muslim")
+    assert clean.span_text("identity").strip() == "Muslim"
+    assert corrupt.span_text("identity").strip() == "Jew"
+    assert (
+        clean.item.messages[0]["role"] == "system" and clean.item.spans["identity"][0].message == 0
+    )
+    assert clean.item.unit == corrupt.item.unit == f"You are a {{identity}}. | {QUESTION}"
+    assert clean.positions["identity"] == corrupt.positions["identity"]
+    user = api.make_pair(
+        model,
+        [{"role": "user", "content": "I am a Muslim. Sad?"}],
+        [{"role": "user", "content": "I am a Jew. Sad?"}],
+    )
+    assert user[0].item.key == {"identity": "Muslim"}
+    with pytest.raises(ProbekitError, match="different roles"):
+        api.make_pair(model, _chat("a Muslim"), _chat("a Jew")[1:])
+    with pytest.raises(ProbekitError, match="differ in messages"):
+        api.make_pair(model, _chat("a Muslim"), _chat("a Jew", "Sad?"))
+    with pytest.raises(ProbekitError, match="two texts or two message lists, not one"):
+        api.make_pair(model, _chat("a Muslim"), "I am a Jew.")
+    with pytest.raises(ProbekitError, match="chat-message lists"):
+        api.make_pair(model, [{"role": "user"}], "I am a Jew.")
+
+
+@pytest.mark.slow
+def test_make_pair_refuses_tokens_that_diverge_outside_the_span(model):
+    with pytest.raises(ProbekitError) as error:
+        api.make_pair(model, "I am a Muslim. Angry?", "I am a Jewlim. Angry?", span=("Mus", "Jew"))
+    line = str(error.value)
+    assert "\n" not in line and "diverge after the span 'identity'" in line and "'lim'" in line
+
+
+@pytest.mark.slow
+def test_old_keywords_still_work_with_a_warning(model):
+    pair = api.make_pair(model, "I am a Muslim.", "I am a Jew.", span="Muslim")
+    with pytest.warns(FutureWarning, match="metric= is now readout="):
+        old = api.patch(
+            model,
+            pair,
+            spans=["identity"],
+            layers=[0],
+            answers=ANSWERS,
+            metric="p:3",
+            progress=False,
+        )
+    assert (old["readout"] == "p:3").all()
+    with pytest.warns(FutureWarning, match="backend= is now hooks="):
+        api.capture(model, "text", layers=[0], sites=["resid_pre"], backend="transformer_lens")
+
+
+@pytest.mark.slow
 def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
     """The docstring of `probekit.mechanism.api`: swap one identity word, patch the residual
     stream layer by layer, plot the recovered share (on the model of this module)."""
@@ -97,11 +165,15 @@ def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
     result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test, clear_globs=False)
     assert result.failed == 0 and result.attempted >= 4
     df = globs["df"]
-    assert len(df) == model.n_layers and df["site"].iloc[-1] == "blocks.29.hook_resid_pre"
+    assert len(df) == model.n_layers and (df["site"].iloc[-1], df["layer"].iloc[-1]) == (
+        "hook_resid_pre",
+        29,
+    )
     assert abs(df["gap"].iloc[0]) > 1e-3
     assert df["recovery"].iloc[0] == pytest.approx(1, abs=1e-2)  # layer 0: everything patched
 
 
+@pytest.mark.slow
 def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     """`probekit patch intergroup` and `api.patch` on the pairs the command chose: equal rows;
     `--layers 0,-1` is layers 0 and 29."""
@@ -155,6 +227,7 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
             assert script[column].tolist() == command[column].tolist(), column
 
 
+@pytest.mark.slow
 def test_capture_in_memory_equals_the_disk_writer(model, tmp_path):
     prompts = [encode(model, "a Christian", "a Jew"), encode(model, "a Jew", "a Muslim", "e2")]
     kw = dict(sites=["resid_pre", "attn.hook_z"], layers=[1, -1], spans=["experiencer"])
@@ -184,6 +257,7 @@ def test_capture_in_memory_equals_the_disk_writer(model, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_wrong_types_are_one_line(model):
     pair = api.make_pair(model, "I am a Muslim.", "I am a Jew.", span="Muslim")
     common = dict(spans=["identity"], layers=[0], answers=ANSWERS)
@@ -196,7 +270,8 @@ def test_wrong_types_are_one_line(model):
         (dict(pairs=[pair], layers=[40]), "layer 40 is out of range"),
         (dict(pairs=[pair], spans="identity"), "spans must be a list"),
         (dict(pairs=[pair], spans=["perceiver"]), "unknown span 'perceiver'"),
-        (dict(pairs=[pair], metric=3), "expected a text spec"),
+        (dict(pairs=[pair], readout=3), "expected a text spec"),
+        (dict(pairs=[pair], readouts="expected"), "unknown keywords: readouts"),
     ]
     for change, message in cases:
         kwargs = {**common, **change}
@@ -231,3 +306,27 @@ def test_float64_left_padding_on_the_bridge_is_finite():
     assert torch.isfinite(read[hook]).all()
     assert both[1].expected == pytest.approx(alone.expected, abs=1e-9)
     np.testing.assert_allclose(both[1].probs, alone.probs, atol=1e-12)
+
+
+def test_the_mechanism_types_against_the_engine_protocol():
+    """No mechanism module names the transformers engine's scorer class; they take a
+    `HookedScorer` (engines/base.py)."""
+    import ast
+
+    root = Path(api.__file__).parent
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        assert "HFScorer" not in names, path.name
+
+
+@pytest.mark.slow
+def test_the_transformers_engine_is_a_hooked_scorer(scorer):
+    from probekit.engines.base import HookableModel, HookedScorer
+
+    assert isinstance(scorer, HookedScorer) and isinstance(scorer.model, HookableModel)

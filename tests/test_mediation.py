@@ -29,6 +29,7 @@ def effects(model, scorer):
     return mediation.mediate(scorer, pairs, [CUT, NONE], EV)
 
 
+@pytest.mark.slow
 def test_direct_and_indirect_add_up_to_the_total_on_one_component(effects):
     cut = effects[effects["site"] == CUT.hook]
     none = effects[effects["site"] == NONE.hook]
@@ -39,9 +40,10 @@ def test_direct_and_indirect_add_up_to_the_total_on_one_component(effects):
     np.testing.assert_allclose(none["direct"], none["total"], atol=1e-12)
     for part in (cut, none):
         np.testing.assert_allclose(part["direct"] + part["indirect"], part["total"], atol=1e-4)
-    assert effects["pair"].tolist() == [0, 0, 1, 1] and (effects["metric"] == "ev").all()
+    assert effects["pair"].tolist() == [0, 0, 1, 1] and (effects["readout"] == "expected").all()
 
 
+@pytest.mark.slow
 def test_summary_intervals_and_the_top_share(effects):
     summary = mediation.summarise(effects, n=200)
     assert summary["site"].tolist() == [CUT.hook, NONE.hook]  # largest |indirect| first

@@ -64,6 +64,12 @@ def lens(scorer, pairs):
     return patching.sweep(scorer, pairs, PATCHES, EV, batch_size=len(PATCHES) * len(pairs))
 
 
+@pytest.fixture(scope="module")
+def prompt_only(scorer, pairs):
+    size = len(PATCHES) * len(pairs)
+    return patching.sweep(scorer, pairs, PATCHES, EV, batch_size=size, through_answer=False)
+
+
 # ---------------------------------------------------------------------- alignment (no model run)
 def test_align_is_right_to_left():
     assert pairing.align([5, 6, 7], [9, 10]) == ([6, 7], [9, 10])
@@ -71,6 +77,7 @@ def test_align_is_right_to_left():
     assert pairing.align([1, 2], [3, 4]) == ([1, 2], [3, 4])
 
 
+@pytest.mark.slow
 def test_spans_of_different_lengths_align_last_token_to_last(model):
     clean = prompt(model, "a Latino", "a Hispanic American")  # 3 experiencer tokens
     corrupt = prompt(model, "a Latino", "a Latino")  # 2
@@ -90,17 +97,19 @@ def test_spans_of_different_lengths_align_last_token_to_last(model):
 
 
 # ---------------------------------------------------------------------- identities of the method
+@pytest.mark.slow
 def test_clean_equal_to_corrupt_has_no_effect(scorer, pairs):
     same = (pairs[0][0], pairs[0][0])
     df = patching.sweep(scorer, [same], PATCHES, EV, run_noops=True)
     assert df["ran"].all()
-    assert (df["ev_patched"] - df["ev_corrupt"]).abs().max() <= TOL
+    assert (df["expected_patched"] - df["expected_corrupt"]).abs().max() <= TOL
     assert df["recovery"].isna().all()  # 0 / 0
     skipped = patching.sweep(scorer, [same], PATCHES[:1], EV)
     assert not skipped["ran"].any()
-    assert (skipped["ev_patched"] == skipped["ev_corrupt"]).all()
+    assert (skipped["expected_patched"] == skipped["expected_corrupt"]).all()
 
 
+@pytest.mark.slow
 def test_patching_every_position_at_layer0_resid_pre_gives_the_clean_run(scorer, pairs):
     clean, corrupt = pairs[0]
     assert len(clean.input_ids) == len(corrupt.input_ids)
@@ -116,10 +125,11 @@ def test_patching_every_position_at_layer0_resid_pre_gives_the_clean_run(scorer,
     assert abs(got.expected - want.expected) <= 1e-6
     np.testing.assert_allclose(got.probs, want.probs, atol=1e-7)
     df = patching.sweep(scorer, pairs[:1], [Patch(0, "hook_resid_pre", "from_experiencer")], EV)
-    assert abs(df["ev_patched"][0] - df["ev_clean"][0]) <= TOL
+    assert abs(df["expected_patched"][0] - df["expected_clean"][0]) <= TOL
     assert abs(df["recovery"][0] - 1) <= 1e-2
 
 
+@pytest.mark.slow
 def test_a_perceiver_patch_is_a_noop_and_not_run(scorer, pairs):
     df = patching.sweep(scorer, pairs[:1], [Patch(5, "hook_resid_post", "perceiver")], EV)
     assert not df["ran"][0] and df["recovery"][0] == 0
@@ -127,27 +137,36 @@ def test_a_perceiver_patch_is_a_noop_and_not_run(scorer, pairs):
 
 
 # ---------------------------------------------------------------------- backends and batching
-def test_transformer_lens_and_nnsight_agree(scorer, pairs, lens):
+@pytest.mark.slow
+def test_transformer_lens_and_nnsight_agree(scorer, pairs, prompt_only):
+    """On the prompt: nnsight's hooks reach the prompt pass only."""
     other = patching.sweep(scorer, pairs, PATCHES, EV, hooks="nnsight", batch_size=8)
-    assert lens["ran"].all() and other["ran"].all()
-    assert (lens["ev_patched"] - other["ev_patched"]).abs().max() <= TOL
-    assert (lens["ev_patched"] - lens["ev_corrupt"]).abs().max() > 1e-3  # the patches do act
+    assert prompt_only["ran"].all() and other["ran"].all()
+    assert (prompt_only["expected_patched"] - other["expected_patched"]).abs().max() <= TOL
+    moved = prompt_only["expected_patched"] - prompt_only["expected_corrupt"]
+    assert moved.abs().max() > 1e-3  # the patches do act
+    with pytest.raises(ProbekitError, match="answer positions are read and written"):
+        patching.sweep(scorer, pairs[:1], PATCHES[:1], EV, hooks="nnsight", through_answer=True)
 
 
+@pytest.mark.slow
 def test_sweep_batched_equals_one_by_one(scorer, pairs, lens):
     """`lens` ran its 8 patches in one forward; here two of them per pair, one at a time."""
     single = patching.sweep(scorer, pairs, PATCHES[:2], EV, batch_size=1)
     batched = lens[lens["site"].isin(single["site"])].reset_index(drop=True)
+    assert lens["site"].isin(["hook_resid_pre", "hook_attn_out"]).any()
     assert len(batched) == len(single) == 4
-    for column in ("ev_clean", "ev_corrupt", "ev_patched"):
+    for column in ("expected_clean", "expected_corrupt", "expected_patched"):
         assert (batched[column] - single[column]).abs().max() <= TOL
     assert batched["clean_positions"].tolist() == single["clean_positions"].tolist()
 
 
-def test_rows_are_reproducible_from_their_columns(model, scorer, lens):
-    """Recompute one row with plain torch hooks on the HF decoder layers, from the text only."""
-    row = lens.iloc[0]  # blocks.1.hook_resid_pre: the input of decoder layer 1
-    assert row["site"] == "blocks.1.hook_resid_pre"
+@pytest.mark.slow
+def test_rows_are_reproducible_from_their_columns(model, scorer, prompt_only):
+    """Recompute one prompt-only row with plain torch hooks on the HF decoder layers, from the
+    text only."""
+    row = prompt_only.iloc[0]  # hook_resid_pre at layer 1: the input of decoder layer 1
+    assert (row["site"], row["layer"]) == ("hook_resid_pre", 1)
     tok = model.tokenizer
     clean = tok(row["clean_prompt"], add_special_tokens=False)["input_ids"]
     corrupt = tok(row["corrupt_prompt"], add_special_tokens=False)["input_ids"]
@@ -174,29 +193,33 @@ def test_rows_are_reproducible_from_their_columns(model, scorer, lens):
                 handle.remove()
 
         (result,) = scorer.score_batch([ids], reuse_prefix=False, prompt_context=prompt_pass_only)
-    assert abs(result.expected - row["ev_patched"]) <= TOL
+    assert abs(result.expected - row["expected_patched"]) <= TOL
 
 
 # ---------------------------------------------------------------------- attention heads
 HEADS = [Patch(2, HEAD_SITE, "experiencer", 3), Patch(4, HEAD_SITE, "from_experiencer", 0)]
 
 
+@pytest.mark.slow
 def test_head_patching_transformer_lens_and_nnsight_agree(scorer, pairs):
     lens = patching.sweep(scorer, pairs[:1], HEADS, EV)
     other = patching.sweep(scorer, pairs[:1], HEADS, EV, hooks="nnsight")
     assert lens["ran"].all() and lens["head"].tolist() == [3, 0]
-    assert (lens["ev_patched"] - other["ev_patched"]).abs().max() <= TOL
-    assert (lens["ev_patched"] - lens["ev_corrupt"]).abs().max() > 1e-4  # the heads do act
+    assert (lens["expected_patched"] - other["expected_patched"]).abs().max() <= TOL
+    assert (
+        lens["expected_patched"] - lens["expected_corrupt"]
+    ).abs().max() > 1e-4  # the heads do act
     assert (lens["method"] == "exact").all() and lens["estimate"].isna().all()
 
 
+@pytest.mark.slow
 def test_all_heads_of_a_layer_equal_its_attention_output(scorer, pairs, model):
     """hook_z of every head at once (head None), every head one by one in a batch, and
     hook_attn_out: all heads patched together is the attention output patched."""
     both = [Patch(3, HEAD_SITE, "from_experiencer"), Patch(3, "hook_attn_out", "from_experiencer")]
     df = patching.sweep(scorer, pairs[:1], both, EV)
-    assert abs(df["ev_patched"][0] - df["ev_patched"][1]) <= TOL
-    assert abs(df["ev_patched"][0] - df["ev_corrupt"][0]) > 1e-4
+    assert abs(df["expected_patched"][0] - df["expected_patched"][1]) <= TOL
+    assert abs(df["expected_patched"][0] - df["expected_corrupt"][0]) > 1e-4
     heads = grid([3], [HEAD_SITE], ["from_experiencer"], range(n_heads(model)))
     assert len(heads) == n_heads(model) and heads[-1].name == "L3 H8 from_experiencer"
 
@@ -246,6 +269,7 @@ def test_position_heatmap_puts_each_position_in_its_cell(tmp_path):
 
 
 # ---------------------------------------------------------------------- bad input
+@pytest.mark.slow
 def test_bad_inputs_raise_one_clear_error(model, pairs):
     cases = {
         "out of range": [Patch(model.n_layers, "hook_resid_pre", "experiencer")],
@@ -265,12 +289,13 @@ def test_bad_inputs_raise_one_clear_error(model, pairs):
         check(model, [(pairs[0][0], elsewhere)], PATCHES[:1])
 
 
+@pytest.mark.slow
 def test_metrics_as_a_parameter(scorer, pairs):
     """P(answer) and a difference of two: recovery and the pair's gap use the chosen metric."""
     p7 = answer_probability(ANSWERS, "7")
     df = patching.sweep(scorer, pairs[:1], PATCHES[:2], p7)
     assert {"p_clean", "p_corrupt", "p_patched"} <= set(df.columns)
-    assert (df["metric"] == "p:7").all()
+    assert (df["readout"] == "p:7").all() and (df["metric"] == "p:7").all()
     assert ((df["p_clean"] >= 0) & (df["p_clean"] <= 1)).all()
     diff = patching.sweep(scorer, pairs[:1], PATCHES[:2], parse_readout("p:7 - p:5", ANSWERS))
     p5 = patching.sweep(scorer, pairs[:1], PATCHES[:2], answer_probability(ANSWERS, "5"))
@@ -278,13 +303,14 @@ def test_metrics_as_a_parameter(scorer, pairs):
     np.testing.assert_allclose(diff["gap"], diff["diff_clean"] - diff["diff_corrupt"])
 
 
+@pytest.mark.slow
 def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
     """`tv`: 1 on the clean prompt, gap = TV(clean, corrupt) from plain scores; patching the
     whole sequence at layer 0 restores the clean distribution (recovery 1)."""
     tv = parse_readout("tv", ANSWERS)
     patches = [Patch(0, "hook_resid_pre", "from_experiencer"), *PATCHES[:2]]
     df = patching.sweep(scorer, pairs, patches, tv)
-    assert (df["overlap_clean"] == 1).all() and (df["metric"] == "tv").all()
+    assert (df["overlap_clean"] == 1).all() and (df["readout"] == "tv").all()
     for clean, corrupt in pairs:
         a, b = scorer.score([clean.input_ids, corrupt.input_ids])
         want = 0.5 * np.abs(a.probs - b.probs).sum()
@@ -304,15 +330,26 @@ def test_tv_metric_reads_the_pairs_two_distributions(scorer, pairs):
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("p:13", "not an answer"), ("median", "unknown metric"), ("ev - p:99", "not an answer")],
+    [
+        ("p:13", "not an answer"),
+        ("median", "unknown readout"),
+        ("expected - p:99", "not an answer"),
+    ],
 )
-def test_bad_metrics(spec, message):
+def test_bad_readouts(spec, message):
     with pytest.raises(ProbekitError, match=message):
         parse_readout(spec, ANSWERS)
     with pytest.raises(ProbekitError, match="needs numeric answers"):
-        parse_readout("ev", AnswerSet.parse("A,B,C,D"))
+        parse_readout("expected", AnswerSet.parse("A,B,C,D"))
 
 
+def test_ev_is_the_old_name_of_expected():
+    with pytest.warns(FutureWarning, match="now called 'expected'"):
+        old = parse_readout("ev", ANSWERS)
+    assert old.spec == "expected" and parse_readout("expected", ANSWERS).column == "expected"
+
+
+@pytest.mark.slow
 def test_sweep_columns_name_what_differs(lens):
     """Key columns equal within every pair appear once; the one that differs appears twice."""
     assert {"event_id", "emotion", "perceiver"} <= set(lens.columns)
@@ -385,6 +422,7 @@ def test_patching_heatmap_writes_a_png(tmp_path):
         patching_heatmap(summary.iloc[:0], tmp_path / "q.png")
 
 
+@pytest.mark.slow
 def test_score_with_reads_before_editing(scorer, pairs):
     ids = pairs[0][1].input_ids
     hook = "blocks.2.hook_mlp_out"
@@ -409,3 +447,162 @@ def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
     for name in ("patching.png", "directions.parquet", "causal_check.json"):
         assert (tmp_path / name).is_file()
     assert "top 5 (layer, site, span)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- through the answer
+README_CLEAN = "I am a Muslim. My bike was stolen. How angry am I, from 0 to 10?"
+README_CORRUPT = "I am a Jew. My bike was stolen. How angry am I, from 0 to 10?"
+
+
+@pytest.fixture(scope="module")
+def readme_pair(model):
+    return pairing.make_pair(model, README_CLEAN, README_CORRUPT, span="Muslim")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("readout", "layers"),
+    [("expected", [0, 14, 29]), ("p:5", [0, 29]), ("tv", [29]), ("p:5 - p:3", [29])],
+)
+def test_patching_from_the_span_through_the_answer_recovers_every_readout(
+    model, readme_pair, readout, layers
+):
+    """The README's pair: everything from the identity on, answer positions included, at
+    hook_resid_pre of any layer is the clean run, so recovery is 1 to float noise."""
+    import probekit
+
+    df = probekit.patch(
+        model,
+        readme_pair,
+        spans=["from_identity"],
+        sites=["resid_pre"],
+        layers=layers,
+        readout=readout,
+        answers="0-10",
+        progress=False,
+    )
+    assert df["ran"].all() and (df["gap"].abs() > 1e-4).all()
+    np.testing.assert_allclose(df["recovery"], 1.0, atol=1e-3)
+    m = parse_readout(readout, AnswerSet.parse("0-10")).column
+    np.testing.assert_allclose(df[f"{m}_patched"], df[f"{m}_clean"], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_prompt_only_patch_misses_the_answer_positions_at_late_layers(model, readme_pair):
+    """Prompt positions alone at the last layer leave the answer's later tokens on the corrupt
+    run below it: recovery is not 1 there (the old behaviour, kept as through_answer=False)."""
+    import probekit
+
+    both = {
+        through: probekit.patch(
+            model,
+            readme_pair,
+            spans=["from_identity"],
+            sites=["resid_pre"],
+            layers=[29],
+            answers="0-10",
+            through_answer=through,
+            progress=False,
+        )
+        for through in (True, False)
+    }
+    assert abs(both[True]["recovery"][0] - 1) <= 1e-3
+    assert abs(both[False]["recovery"][0] - 1) > 0.05
+
+
+@pytest.mark.slow
+def test_distributions_sit_beside_the_readout(model, readme_pair):
+    import probekit
+
+    df = probekit.patch(
+        model,
+        readme_pair,
+        spans=["from_identity", "identity"],
+        sites=["resid_pre"],
+        layers=[3],
+        answers="0-10",
+        distributions=True,
+        progress=False,
+    )
+    assert df.attrs["answers"] == [str(i) for i in range(11)]
+    for run in ("clean", "corrupt", "patched"):
+        assert (df[f"valid_mass_{run}"] > 0).all() and (df[f"valid_mass_{run}"] <= 1 + 1e-9).all()
+        assert all(abs(p.sum() - 1) < 1e-9 for p in df[f"probs_{run}"])
+    full = df[df["span"] == "from_identity"].iloc[0]
+    np.testing.assert_allclose(full["probs_patched"], full["probs_clean"], atol=1e-6)
+    values = np.arange(11)
+    for _, row in df.iterrows():
+        assert row["expected_patched"] == pytest.approx(row["probs_patched"] @ values, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_a_sweep_reports_its_progress(scorer, pairs):
+    class Bar:
+        total = 0
+
+        def update(self, n):
+            self.total += n
+
+        def close(self):
+            self.closed = True
+
+    bar = Bar()
+    patching.sweep(scorer, pairs[:1], PATCHES[:2], EV, progress=bar)
+    assert bar.total == 2 + 2 and bar.closed  # two baselines (scored twice: noise), two patches
+
+
+# ---------------------------------------------------------------------- recovery over pairs
+def _table(gaps, effects, noise=1e-6):
+    rows = []
+    for i, (gap, effect) in enumerate(zip(gaps, effects, strict=True)):
+        rows.append(
+            {
+                "clean_prompt_id": f"c{i}",
+                "corrupt_prompt_id": f"k{i}",
+                "layer": 3,
+                "site": "hook_resid_pre",
+                "head": None,
+                "span": "from_identity",
+                "expected_clean": gap,
+                "expected_corrupt": 0.0,
+                "expected_patched": effect,
+                "gap": gap,
+                "recovery": effect / gap,
+                "ran": True,
+                "method": "exact",
+                "estimate": np.nan,
+                "noise": noise,
+                "small_gap": abs(gap) <= noise,
+            }
+        )
+    df = pd.DataFrame(rows)
+    df["head"] = df["head"].astype("Int64")
+    return df
+
+
+def test_recovery_over_pairs_is_a_ratio_of_means():
+    """One pair with a small gap blew the mean of ratios up (13.5 in the issue); the ratio of the
+    mean effect to the mean gap stays at the pairs' common scale."""
+    df = _table([1.0, 0.8, -0.02], [1.2, 1.0, -0.27])
+    assert df["recovery"].mean() > 4  # the old figure
+    summary = patching.summarise(df, n=200)
+    want = (1.2 + 1.0 - 0.27) / (1.0 + 0.8 - 0.02)
+    assert summary["recovery"][0] == pytest.approx(want)
+    assert summary["recovery_low"][0] <= want <= summary["recovery_high"][0]
+    assert summary["pairs"][0] == 3 and summary["pairs_in_noise"][0] == 0
+
+
+def test_pairs_within_the_noise_are_left_out_with_one_line():
+    import probekit
+
+    df = _table([1.0, 0.8, 1e-7], [0.5, 0.4, 3e-7])
+    summary = probekit.recovery(df, n=100)
+    assert summary["recovery"][0] == pytest.approx(0.5)
+    assert summary["pairs_in_noise"][0] == 1
+    assert summary.attrs["note"] == (
+        "1 of 3 pairs have a gap within the run's numeric noise (|gap| <= 1e-06) and are left "
+        "out of recovery"
+    )
+    assert patching.noise_line(_table([1.0], [0.5])) is None
+    with pytest.raises(ProbekitError, match="the table probekit.patch returns"):
+        probekit.recovery([1, 2])

@@ -4,7 +4,10 @@ attribution, mediation and the study's direction; see probekit.mechanism.pipelin
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import comma_list, int_list
@@ -68,10 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         "span's end; a layer x position heatmap per site)",
     )
     add(
-        "--metric",
-        help="the per-prompt readout (TransformerLens's patching metric): ev, p:<answer>, "
+        "--readout",
+        help="the per-prompt readout (TransformerLens's patching metric): expected, p:<answer>, "
         "p_correct, a difference 'X - Y', or tv (overlap 1 - TV with the pair's clean "
         f"distribution; --method exact only); default: {defaults.readout_help()}",
+    )
+    add("--metric", dest="readout", action=Renamed, new="--readout", help=argparse.SUPPRESS)
+    add(
+        "--prompt-only",
+        action="store_true",
+        help="patch prompt positions only (by default a span that runs to the end, such as "
+        "from_<span>, also patches every answer position; nnsight patches the prompt only)",
     )
     add_hooks_option(parser)
     add("--batch-size", type=int, help="prompts per forward pass")
@@ -81,16 +91,41 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
 
 
 def add_hooks_option(parser: argparse.ArgumentParser) -> None:
-    """`--hooks`, the hook library (shared with `probekit capture`)."""
+    """`--hooks`, the hook library (shared with `probekit capture`; `--backend` is its old
+    name)."""
     parser.add_argument(
         "--hooks",
-        "--backend",
         dest="hooks",
         type=_library,
         default="transformer_lens",
-        help=f"hook library that reads and writes activations: {' or '.join(HOOK_LIBRARIES)} "
-        "(bridge is accepted for transformer_lens)",
+        help=f"hook library that reads and writes activations: {' or '.join(HOOK_LIBRARIES)}",
     )
+    parser.add_argument(
+        "--backend",
+        dest="hooks",
+        type=_library,
+        action=Renamed,
+        new="--hooks",
+        help=argparse.SUPPRESS,
+    )
+
+
+class Renamed(argparse.Action):
+    """An option's old name: it sets the new option, with one line on stderr."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"probekit: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def _library(name: str) -> str:
@@ -108,7 +143,7 @@ def execute(study: Study, args: argparse.Namespace) -> None:
         sites=args.sites,
         spans=args.spans,
         heads=args.heads,
-        readout=args.metric,
+        readout=args.readout,
         method=args.method,
         top_k=args.top_k,
         pairs_per_unit=args.pairs,
@@ -120,6 +155,7 @@ def execute(study: Study, args: argparse.Namespace) -> None:
         hooks=args.hooks,
         batch_size=args.batch_size,
         seed=args.seed,
+        through_answer=False if args.prompt_only else None,
     )
     check_patch(request, items, probe.answers, study.mechanism_defaults())  # before the model
     model = load_model(args.model, **load_options(args))

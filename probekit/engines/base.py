@@ -141,6 +141,62 @@ class Scorer(Protocol):
 
 
 @runtime_checkable
+class HookableModel(Protocol):
+    """What the mechanism asks of a hookable model (`Engine.hookable()`; the transformers
+    engine's `LoadedModel`): its layers, device and dtype, the tokenizer, the Hugging Face module
+    (`hf`, for the head count, the width and nnsight's block layout), the two hook libraries'
+    views, and a `HookedScorer` for an answer set."""
+
+    name: str
+    n_layers: int
+    device: Any
+    dtype: Any
+    tokenizer: Any
+    hf: Any
+
+    def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
+        """The item's token ids and span positions."""
+        ...
+
+    def enable_bridge(self) -> Any:
+        """The TransformerLens bridge over `hf` (its hooks fire inside every later forward)."""
+        ...
+
+    @property
+    def nnsight(self) -> Any:
+        """The nnsight view of `hf`."""
+        ...
+
+    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> HookedScorer:
+        """The exact scorer of `answers` on this model."""
+        ...
+
+
+@runtime_checkable
+class HookedScorer(Scorer, Protocol):
+    """A `Scorer` whose passes hooks can reach: the mechanism's seam to the scoring engine.
+
+    `score_batch` scores one batch; `prompt_context()` wraps its prompt pass and
+    `answer_context(rows, nodes, valid)` each forward of its answer-trie pass (the trie nodes
+    `nodes` fed for the batch rows `rows`), so that hooks attached there read and write the
+    activations of prompt and answer positions (`probekit.mechanism.interventions`)."""
+
+    model: HookableModel
+    batch_size: int
+    trie: Any
+
+    def score_batch(
+        self,
+        batch: Sequence[Sequence[int]],
+        reuse_prefix: bool = True,
+        prompt_context: Callable[[], Any] | None = None,
+        answer_context: Callable[[Any, Any, Any], Any] | None = None,
+    ) -> list[ScoreResult]:
+        """The results of one batch (one left-padded row per prompt without `reuse_prefix`)."""
+        ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     """One loaded model behind one engine."""
 

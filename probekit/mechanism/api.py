@@ -5,7 +5,7 @@
     >>> pair = mech.make_pair(model, "I am a Muslim. How sad am I, 0-10?",
     ...                       "I am a Jew. How sad am I, 0-10?", span="Muslim")
     >>> df = mech.patch(model, [pair], spans=["from_identity"], sites=["resid_pre"],
-    ...                 layers=range(model.n_layers), metric="ev", answers="0-10")
+    ...                 layers=range(model.n_layers), readout="expected", answers="0-10")
     >>> ax = df.plot(x="layer", y="recovery", marker="o")  # the recovered share of the gap
 
 Every wrong type (a list of prompts where pairs are expected, a string where a list is, an
@@ -14,6 +14,7 @@ unknown site) is one line of `ProbekitError`, before any forward pass.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,12 @@ from probekit.core.items import EncodedItem, Item, Pair
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
+from probekit.mechanism.patching import noise_line, summarise, sweep
 from probekit.mechanism.pipeline import measure
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
 
-__all__ = ["capture", "hookable", "make_pair", "patch"]
+__all__ = ["capture", "hookable", "make_pair", "patch", "recovery"]
 
 
 def hookable(model: Any) -> Any:
@@ -53,13 +55,17 @@ def patch(
     spans: Sequence[str],
     sites: Sequence[str] = DEFAULT_SITES,
     layers: Sequence[int] | range | None = None,
-    metric: str | Readout = "ev",
+    readout: str | Readout = "expected",
     answers: AnswerSet | str,
     method: str = "exact",
     heads: Sequence[int] | None = None,
     top_k: int = 20,
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
+    through_answer: bool | None = None,
+    distributions: bool = False,
+    progress: bool = True,
+    **deprecated: Any,
 ) -> pd.DataFrame:
     """The patching table of `probekit patch` for these pairs: one row per (pair, component).
 
@@ -72,22 +78,32 @@ def patch(
         sites: TransformerLens sites (`hook_resid_pre` or `resid_pre`, ..., `attn.hook_z` per
             head).
         layers: layer indices, negative from the end (default: every layer).
-        metric: the per-prompt readout (`ev`, `p:<answer>`, `p_correct`, `X - Y`, `tv`) or a
-            `Readout`.
+        readout: the per-prompt readout (`expected`, `p:<answer>`, `p_correct`, `X - Y`, `tv`)
+            or a `Readout` (`metric=` is its old name).
         answers: an `AnswerSet` or a spec (`0-10`, `A-E`, `A,B,C`).
         method: `exact`, `attribution` or `attribution+verify` (the `top_k` re-measured).
         heads: heads patched one by one at `attn.hook_z` (default: every head).
-        hooks: the hook library, `transformer_lens` or `nnsight` (exact patching).
+        hooks: the hook library, `transformer_lens` or `nnsight` (exact patching; `backend=` is
+            its old name).
         batch_size: prompts per forward pass.
+        through_answer: a span that runs to the end (`from_<span>`, `answer`) also patches
+            every answer position, so patching from a span on at any layer gives the clean run
+            (default: yes with `transformer_lens`; nnsight reaches the prompt only). False
+            patches the prompt positions only.
+        distributions: also the valid mass and answer probabilities of the clean, corrupt and
+            patched runs (`valid_mass_clean`, `probs_clean`, ...; answers in `df.attrs`).
+        progress: a progress bar on a terminal or in a notebook.
 
-    Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`):
-    `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`, `<m>_patched`, `gap`,
-    `recovery`, ...
+    Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
+    per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
+    `<m>_patched`, `gap`, `recovery`, `small_gap`, ... Over several pairs, `recovery(df)` gives
+    each component's mean effect over the mean gap with its interval.
     """
+    metric, hooks = _renamed(deprecated, readout, hooks)
     model = hookable(model)
     pairs = check_pairs(_as_pairs(model, pairs))
     answer_set = _answers(answers)
-    readout = metric if isinstance(metric, Readout) else parse_readout(_text(metric), answer_set)
+    chosen = metric if isinstance(metric, Readout) else parse_readout(_text(metric), answer_set)
     library(hooks)
     chosen = layer_indices(
         model, _list(layers, "layers") if layers is not None else range(model.n_layers)
@@ -100,7 +116,50 @@ def patch(
     )
     check(model, pairs, patches)
     scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
-    return measure(scorer, pairs, patches, readout, method, top_k, hooks, batch_size, say=_quiet)
+    if method == "exact":
+        return sweep(
+            scorer,
+            pairs,
+            patches,
+            chosen,
+            hooks=hooks,
+            batch_size=batch_size,
+            through_answer=through_answer,
+            progress=progress,
+            distributions=distributions,
+        )
+    if distributions:
+        raise ProbekitError("distributions=True needs method='exact'")
+    return measure(scorer, pairs, patches, chosen, method, top_k, hooks, batch_size, say=_quiet)
+
+
+def recovery(
+    table: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
+) -> pd.DataFrame:
+    """Each component's recovery over the pairs of a `patch` table: the mean patched effect over
+    the mean gap, with its bootstrap interval over pairs (`recovery_low`, `recovery_high`), the
+    mean effect with its interval, `pairs`, and `pairs_in_noise` (pairs whose gap is within the
+    run's numeric noise, left out of the ratio; the line saying so is `df.attrs["note"]`)."""
+    if not isinstance(table, pd.DataFrame) or "gap" not in table:
+        raise ProbekitError("recovery takes the table probekit.patch returns")
+    out = summarise(table, n=n, seed=seed, level=level)
+    out = out.sort_values(["span", "site", "layer"], kind="stable").reset_index(drop=True)
+    out.attrs["note"] = noise_line(table) or ""
+    return out
+
+
+def _renamed(
+    deprecated: dict[str, Any], readout: Any, hooks: str, where: str = "patch"
+) -> tuple[Any, str]:
+    """`metric=` and `backend=`, the old names of `readout=` and `hooks=`, with a FutureWarning;
+    one line for any other unknown keyword."""
+    for old, new in (("metric", "readout"), ("backend", "hooks")):
+        if old in deprecated:
+            warnings.warn(f"{old}= is now {new}=", FutureWarning, stacklevel=3)
+    unknown = set(deprecated) - ({"metric", "backend"} if where == "patch" else {"backend"})
+    if unknown:
+        raise ProbekitError(f"{where}() got unknown keywords: {', '.join(sorted(unknown))}")
+    return deprecated.get("metric", readout), deprecated.get("backend", hooks)
 
 
 def capture(
@@ -114,6 +173,7 @@ def capture(
     hooks: str = "transformer_lens",
     batch_size: int = 8,
     dtype: torch.dtype = torch.float16,
+    **deprecated: Any,
 ) -> disk.Activations:
     """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
 
@@ -127,11 +187,12 @@ def capture(
             token).
         out: also write resumable safetensors shards there (`probekit capture`'s format in
             `dtype`); the activations returned are then read back from it.
-        hooks: the hook library, `transformer_lens` or `nnsight`.
+        hooks: the hook library, `transformer_lens` or `nnsight` (`backend=` is its old name).
 
     Returns `Activations`: `acts["blocks.3.hook_resid_pre"]` is [rows, d_model] (float32 in
     memory), `acts.at(hook, prompt_id, span)` one prompt's span, `acts.index` the rows.
     """
+    _, hooks = _renamed(deprecated, None, hooks, "capture")
     model = hookable(model)
     encoded = _encoded(model, prompts)
     chosen = layer_indices(

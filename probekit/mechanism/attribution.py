@@ -26,12 +26,12 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
+from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.engines.base import ScoreResult
+from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.engines.hf.differentiable import answer_mass
-from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -50,7 +50,7 @@ from probekit.mechanism.sites import enable_bridge, hf_module, hook_order
 METHODS = ("exact", "attribution", "attribution+verify")
 
 
-def linear_weights(readout: Readout, scorer: HFScorer, item: Item) -> np.ndarray:
+def linear_weights(readout: Readout, scorer: HookedScorer, item: Item) -> np.ndarray:
     """w with readout(result) = w . probs for every normalised answer distribution `probs`.
 
     Read by evaluating the readout on each answer's point mass, then checked on a random mixture;
@@ -73,7 +73,7 @@ def linear_weights(readout: Readout, scorer: HFScorer, item: Item) -> np.ndarray
 
 
 def attribute(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
@@ -85,7 +85,9 @@ def attribute(
     check(scorer.model, pairs, patches)
     check_gradients(scorer)
     size = batch_size or max(1, scorer.batch_size // 4)  # the pass keeps every node's graph
-    jobs = [plan(i, pair, patch) for i, pair in enumerate(pairs) for patch in patches]
+    # the estimate is the linear term of a patch of prompt positions (the gradient pass does not
+    # reach the answer positions); `verify` measures the same patch exactly
+    jobs = [plan(i, pair, patch, False) for i, pair in enumerate(pairs) for patch in patches]
     hooks = sorted({patch.hook for patch in patches}, key=hook_order)
     want: dict[str, tuple[EncodedItem, set[int]]] = {}
     for job in jobs:
@@ -95,6 +97,7 @@ def attribute(
     corrupt_ids = {corrupt.id for _, corrupt in pairs}
     clean_only = [key for key in want if key not in corrupt_ids]
     value, acts, grads = {}, {}, {}
+    bar = tqdm(total=len(want), unit="prompt", desc="attribution", disable=None)
     for keys, grad in ((clean_only, False), (list(corrupt_ids & want.keys()), True)):
         for start in range(0, len(keys), size):
             chunk = [want[key] for key in keys[start : start + size]]
@@ -102,6 +105,8 @@ def attribute(
             value.update(v)
             acts.update(a)
             grads.update(g)
+            bar.update(len(chunk))
+    bar.close()
     keys = key_columns(pairs)
     rows = []
     for job in jobs:
@@ -126,7 +131,7 @@ def attribute(
     return df
 
 
-def check_gradients(scorer: HFScorer) -> None:
+def check_gradients(scorer: HookedScorer) -> None:
     """One line when the model cannot give activation gradients (integer or quantised weights)."""
     # The stored weights' own type: a quantised model computes in `model.dtype` but cannot
     # give gradients of its integer weights.
@@ -139,7 +144,7 @@ def check_gradients(scorer: HFScorer) -> None:
 
 
 def _pass(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     prompts: list[tuple[EncodedItem, set[int]]],
     hooks: list[str],
     readout: Readout,
@@ -213,7 +218,7 @@ def _estimate(job: Job, acts: dict, grads: dict, clean_id: str, corrupt_id: str)
 def effects(df: pd.DataFrame) -> pd.DataFrame:
     """Per component (layer, site, head, span): the mean over pairs of the estimate and of the
     exact effect (m_patched - m_corrupt, where measured), and the pairs counted."""
-    m = df["metric"].iloc[0]
+    m = df["readout"].iloc[0]
     column = next(c for c in df.columns if c.endswith("_patched"))
     base = column.removesuffix("_patched")
     exact = (df[column] - df[f"{base}_corrupt"]).where(df["ran"] | (df["method"] == "exact"))
@@ -221,7 +226,7 @@ def effects(df: pd.DataFrame) -> pd.DataFrame:
     out = frame.groupby(COMPONENT, sort=False, dropna=False).agg(
         estimate=("estimate", "mean"), exact=("exact", "mean"), pairs=("estimate", "size")
     )
-    out.attrs["metric"] = m
+    out.attrs["readout"] = m
     return out.reset_index()
 
 
@@ -237,7 +242,7 @@ def top_components(df: pd.DataFrame, k: int) -> list[Patch]:
 
 
 def verify(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: Sequence[Pair],
     estimated: pd.DataFrame,
     k: int,
@@ -245,10 +250,13 @@ def verify(
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
 ) -> pd.DataFrame:
-    """The attribution table with its top-k components re-measured by exact patching: their
-    rows get `<m>_patched`, recovery and ran from `patching.sweep`; method `attribution+verify`."""
+    """The attribution table with its top-k components re-measured by exact patching of the
+    same prompt positions (`through_answer=False`, what the estimate linearises): their rows get
+    `<m>_patched`, recovery and ran from `patching.sweep`; method `attribution+verify`."""
     top = top_components(estimated, k)
-    exact = sweep(scorer, pairs, top, readout, hooks=hooks, batch_size=batch_size)
+    exact = sweep(
+        scorer, pairs, top, readout, hooks=hooks, batch_size=batch_size, through_answer=False
+    )
     m = readout.column
     join = ["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]
     merged = estimated.drop(columns=[f"{m}_patched", "recovery", "ran"]).merge(

@@ -7,13 +7,14 @@ hook points (`hooks="transformer_lens"`) or through nnsight on the Hugging Face 
 float rounding otherwise (building the bridge switches the model to eager attention; a model
 without a bridge uses SDPA).
 
-Only span positions are kept. Each shard of prompts is one safetensors file with a tensor
-`{short site}.{layer}` (`resid_pre.3`) of shape [rows, ...] and one index parquet under `index/`
-with a row per
-(prompt, span, layer, site (short form)): `shard`, `row_start`, `row_stop` (rows of that tensor),
+Only span positions are kept. Each shard of prompts is one safetensors file with a tensor per
+full hook name (`blocks.3.hook_resid_pre`) of shape [rows, ...] and one index parquet under
+`index/` with a row per (prompt, span, layer, site (`hook_resid_pre`)): `shard`, `row_start`,
+`row_stop` (rows of that tensor),
 `positions` (token positions in the unpadded prompt), `n_tokens`, `prompt_id` (the item id, as
 in the run's scores table) and the item's key columns. A re-run into the same folder skips
-prompt ids already indexed. Reading the TransformerLens hooks builds the model's bridge
+prompt ids already indexed. Shards written before this layout (tensor `resid_pre.3`, index site
+`resid_pre`) are still read. Reading the TransformerLens hooks builds the model's bridge
 (`model.enable_bridge()`, which changes the Hugging Face model; see `probekit.engines.hf.model`).
 """
 
@@ -238,8 +239,7 @@ def read_activations(out_dir: str | Path) -> Activations:
     for shard, rows in index.groupby("shard", sort=True):
         with safe_open(out / shard, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
-                short, layer = name.rsplit(".", 1)
-                parts.setdefault(site(short).hook(int(layer)), []).append(f.get_tensor(name))
+                parts.setdefault(_hook_of(name), []).append(f.get_tensor(name))
         first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
         for record in first.to_dict("records"):
             keep = {k: v for k, v in record.items() if k not in ("layer", "site", "shard")}
@@ -250,6 +250,15 @@ def read_activations(out_dir: str | Path) -> Activations:
             )
         start += int(first["row_stop"].max())
     return Activations(pd.DataFrame(records), {k: torch.cat(v) for k, v in parts.items()})
+
+
+def _hook_of(key: str) -> str:
+    """The full hook name of a shard's tensor key (`blocks.3.hook_resid_pre`; shards written
+    before it was used there hold `resid_pre.3`)."""
+    if key.startswith("blocks."):
+        return key
+    short, layer = key.rsplit(".", 1)
+    return site(short).hook(int(layer))
 
 
 def _record(item: EncodedItem, span: str, at: list[int], start: int) -> dict[str, Any]:
@@ -279,8 +288,9 @@ def load_activations(
     site by its TransformerLens name or short form)."""
     out = Path(out_dir)
     index = read_index(out)
-    short = site(name).short
-    rows = index[(index["layer"] == layer) & (index["site"] == short) & (index["span"] == span)]
+    found = site(name)
+    names = {found.name, found.short}  # older shards' index holds the short form
+    rows = index[(index["layer"] == layer) & index["site"].isin(names) & (index["span"] == span)]
     if rows.empty:
         raise ProbekitError(
             f"nothing captured in {out} for layer {layer}, site {name}, span {span}"
@@ -291,7 +301,9 @@ def load_activations(
     for shard, a, b in zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True):
         if shard not in blocks:
             with safe_open(out / shard, framework="pt") as f:
-                blocks[shard] = f.get_tensor(f"{short}.{layer}")
+                key = found.hook(layer)
+                keys = set(f.keys())
+                blocks[shard] = f.get_tensor(key if key in keys else f"{found.short}.{layer}")
         tensors.append(blocks[shard][a:b])
     return rows, tensors
 
@@ -348,7 +360,7 @@ def _write_shard(
                         PROMPT_ID: item.id,
                         "span": span,
                         "layer": layer,
-                        "site": short,
+                        "site": site(short).name,
                         "shard": shard.as_posix(),
                         "row_start": start,
                         "row_stop": start + len(at),
@@ -358,7 +370,8 @@ def _write_shard(
                 )
             start += len(at)
     tensors = {
-        f"{short}.{layer}": torch.cat(parts).to(dtype) for (layer, short), parts in blocks.items()
+        site(short).hook(layer): torch.cat(parts).to(dtype)
+        for (layer, short), parts in blocks.items()
     }
     for key, tensor in tensors.items():
         if not torch.isfinite(tensor).all():

@@ -23,7 +23,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
 from probekit.mechanism.pairs import aligned_positions, check_pairs
 from probekit.mechanism.readouts import Readout
-from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, site
+from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, parse_hook, site
 
 COMPONENT = ["layer", "site", "head", "span"]
 """The columns naming one patched component."""
@@ -41,7 +41,7 @@ class Patch:
 
     @property
     def hook(self) -> str:
-        """The full TransformerLens hook name (the table's `site` column)."""
+        """The full TransformerLens hook name (`blocks.{layer}.{site}`)."""
         return site(self.site).hook(self.layer)
 
     @property
@@ -167,7 +167,7 @@ def row(
         "clean_prompt": clean.text,
         "corrupt_prompt": corrupt.text,
         "layer": job.patch.layer,
-        "site": job.patch.hook,
+        "site": job.patch.site,
         "head": job.patch.head,
         "span": job.patch.span,
         "clean_positions": job.clean_positions,
@@ -178,7 +178,8 @@ def row(
         "gap": gap,
         "recovery": (m_patched - m_corrupt) / gap if gap != 0 else np.nan,
         "ran": False,
-        "metric": readout.spec,
+        "readout": readout.spec,
+        "metric": readout.spec,  # the old name of `readout`
         "method": method,
         "estimate": estimate,
     }
@@ -194,7 +195,9 @@ def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def from_row(record: pd.Series) -> Patch:
     """The patch a table row (or a summary row) names."""
     head = None if pd.isna(record["head"]) else int(record["head"])
-    layer, found = int(record["layer"]), site(record["site"].split(".", 2)[2])
+    name = str(record["site"])  # older tables hold the full hook name `blocks.3.hook_resid_pre`
+    layer = int(record["layer"])
+    found = parse_hook(name)[1] if name.startswith("blocks.") else site(name)
     if head is not None and not found.per_head:
         raise ProbekitError(f"a head index on the site {found.name}")
     return Patch(layer, found.name, record["span"], head)

@@ -42,7 +42,7 @@ class MechanismDefaults:
     `direction`: the study's difference-of-means direction, if it has one."""
 
     spans: tuple[str, ...] | None = None
-    readout: str | ReadoutChooser = "ev"
+    readout: str | ReadoutChooser = "expected"
     direction: Direction | None = None
 
     def readout_help(self) -> str:

@@ -32,7 +32,7 @@ import torch
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import PROMPT_ID, EncodedItem
-from probekit.engines.hf.scorer import HFScorer
+from probekit.engines.base import HookedScorer
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import site
@@ -70,7 +70,7 @@ class CausalCheck:
 
 
 def span_states(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     prompts: Sequence[EncodedItem],
     span: str,
     readout: Readout,
@@ -139,7 +139,7 @@ def projection_fit(states: States, units: Sequence[str], centre: Sequence[str]) 
 
 
 def project_out(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     prompts: Sequence[EncodedItem],
     span: str,
     layer: int,
@@ -169,7 +169,7 @@ def project_out(
 
 
 def causal_check(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     prompts: Sequence[EncodedItem],
     states: States,
     fit: pd.DataFrame,

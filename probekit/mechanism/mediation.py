@@ -23,7 +23,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
-from probekit.engines.hf.scorer import HFScorer
+from probekit.engines.base import HookedScorer
 from probekit.mechanism.components import COMPONENT, Patch
 from probekit.mechanism.patching import sweep
 from probekit.mechanism.readouts import Readout
@@ -37,18 +37,19 @@ class SweepKwargs(TypedDict, total=False):
 
     hooks: str
     batch_size: int | None
+    through_answer: bool | None
 
 
 def mediate(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
     **options: Unpack[SweepKwargs],
 ) -> pd.DataFrame:
     """One row per (pair, component): pair (its index), clean_prompt_id, corrupt_prompt_id,
-    layer, site, head, span, total, indirect, direct, metric. `options` go to both sweeps
-    (`patching.sweep`: `hooks`, `batch_size`)."""
+    layer, site, head, span, total, indirect, direct, readout. `options` go to both sweeps
+    (`patching.sweep`: `hooks`, `batch_size`, `through_answer`)."""
     forward = sweep(scorer, pairs, patches, readout, **options)
     swapped = [(corrupt, clean) for clean, corrupt in pairs]
     reverse = sweep(scorer, swapped, patches, readout, **options)
@@ -59,7 +60,7 @@ def mediate(
     out["total"] = forward[f"{m}_clean"] - corrupt
     out["indirect"] = forward[f"{m}_patched"] - corrupt
     out["direct"] = reverse[f"{m}_patched"].to_numpy() - corrupt
-    out["metric"] = readout.spec
+    out["readout"] = readout.spec
     return out
 
 

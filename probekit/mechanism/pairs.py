@@ -142,40 +142,145 @@ def pick_pairs(pairs: Sequence[Pair], gaps: Sequence[float], per_unit: int) -> l
 
 def make_pair(
     model: Any,
-    clean: str,
-    corrupt: str,
+    clean: str | Sequence[dict[str, str]],
+    corrupt: str | Sequence[dict[str, str]],
     span: str | tuple[str, str] | None = None,
     name: str = "identity",
     chat: bool = True,
 ) -> Pair:
-    """A (clean, corrupt) pair from two texts that differ in one place, with that place declared
-    as the span `name`.
+    """A (clean, corrupt) pair from two prompts that differ in one place, with that place
+    declared as the span `name`.
 
-    `span`: the clean text's word (`"Muslim"`; the corrupt span is what stands in its place,
-    the rest of the two texts being equal), a (clean word, corrupt word) tuple (each found at
-    its first occurrence), or None for the characters where the texts differ, widened to whole
-    words. `chat`: send each text as one user message through the chat template (else raw
-    text). The key column `name` holds each side's span text; the unit is the clean text with
-    the span replaced by `{name}`."""
-    for text in (clean, corrupt):
-        if not isinstance(text, str) or not text:
-            raise ProbekitError(f"make_pair takes two non-empty strings, got {_what(text)}")
-    (a, b), (c, d) = _locate(clean, corrupt, span)
-    unit = f"{clean[:a]}{{{name}}}{clean[b:]}"
-    items = []
-    for text, start, end in ((clean, a, b), (corrupt, c, d)):
-        where = CharSpan(0 if chat else None, start, end)
-        items.append(
-            Item(
-                text,
-                {name: text[start:end]},
-                unit,
-                messages=({"role": "user", "content": text},) if chat else None,
-                text=None if chat else text,
-                spans={name: (where,)},
-            )
+    Each prompt is a text or a chat-message list (`[{"role": "system", "content": "You are a
+    Muslim."}, {"role": "user", "content": ...}]`: a persona system prompt, a user message, or
+    both); two message lists have the same roles and differ in one message, where the span is
+    found by its text. `span`: the clean side's text (`"Muslim"`; the corrupt span is what
+    stands in its place, the rest being equal), a (clean text, corrupt text) tuple (each found
+    at its first occurrence), or None for the characters where the prompts differ, widened to
+    whole words. `chat`: send a text as one user message through the chat template (else raw
+    text). The key column `name` holds each side's span text; the unit is the clean prompt with
+    the span replaced by `{name}`. Two prompts whose tokens differ outside the span (the
+    tokenizer merged the span with its neighbours) are refused, saying where."""
+    clean_messages, corrupt_messages = _messages(clean, chat), _messages(corrupt, chat)
+    if clean_messages is None or corrupt_messages is None:
+        if clean_messages is not None or corrupt_messages is not None:
+            raise ProbekitError("make_pair takes two texts or two message lists, not one of each")
+        sources, at = ([clean], [corrupt]), None
+    else:
+        sources, at = (
+            (clean_messages, corrupt_messages),
+            _differing(clean_messages, corrupt_messages),
         )
-    return model.encode(items[0]), model.encode(items[1])
+    index = 0 if at is None else at
+    first = sources[0][index] if at is None else sources[0][index]["content"]
+    second = sources[1][index] if at is None else sources[1][index]["content"]
+    (a, b), (c, d) = _locate(first, second, span)
+    unit_text = f"{first[:a]}{{{name}}}{first[b:]}"
+    unit = (
+        unit_text
+        if at is None
+        else " | ".join(unit_text if i == at else m["content"] for i, m in enumerate(sources[0]))
+    )
+    items = []
+    for side, text, start, end in ((0, first, a, b), (1, second, c, d)):
+        key = {name: text[start:end]}
+        if at is None:
+            where = CharSpan(0 if chat else None, start, end)
+            messages = ({"role": "user", "content": text},) if chat else None
+            items.append(
+                Item(
+                    text,
+                    key,
+                    unit,
+                    messages=messages,
+                    text=None if chat else text,
+                    spans={name: (where,)},
+                )
+            )
+        else:
+            listed = tuple(dict(m) for m in sources[side])
+            ident = " | ".join(m["content"] for m in listed)
+            items.append(
+                Item(ident, key, unit, messages=listed, spans={name: (CharSpan(at, start, end),)})
+            )
+    pair = model.encode(items[0]), model.encode(items[1])
+    check_alignment(pair, name, getattr(getattr(model, "tokenizer", None), "decode", repr))
+    return pair
+
+
+def check_alignment(pair: Pair, span: str, decode: Any = repr) -> None:
+    """One line when the two prompts' tokens differ outside `span`: before it, or after it
+    counted from the end (e.g. the tokenizer merged the span with a neighbour). `decode` shows
+    a token id."""
+    clean, corrupt = pair
+    p, q = clean.positions[span], corrupt.positions[span]
+    a, b = clean.input_ids, corrupt.input_ids
+    where = None
+    for k in range(max(p[0], q[0])):
+        if k >= min(p[0], q[0]) or a[k] != b[k]:
+            where = (k, k, "before")
+            break
+    if where is None:
+        tail_a, tail_b = len(a) - 1 - p[-1], len(b) - 1 - q[-1]
+        for k in range(1, max(tail_a, tail_b) + 1):
+            if k > min(tail_a, tail_b) or a[-k] != b[-k]:
+                where = (len(a) - k, len(b) - k, "after")
+                break
+    if where is None:
+        return
+    i, j, side = where
+
+    def show(ids: Sequence[int], at: int) -> str:
+        return repr(decode([ids[at]])) if 0 <= at < len(ids) else "nothing"
+
+    raise ProbekitError(
+        f"the clean and corrupt prompts' tokens diverge {side} the span '{span}': clean token "
+        f"{i} is {show(a, i)}, corrupt token {j} is {show(b, j)}; a pair must tokenize alike "
+        "outside its span (widen the span, e.g. to the whole word)"
+    )
+
+
+def _messages(prompt: Any, chat: bool) -> list[dict[str, str]] | None:
+    """A message list as a list of {role, content} dicts (None for a text); one line for
+    anything else."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ProbekitError("make_pair takes non-empty texts or message lists, got ''")
+        return None
+    if (
+        isinstance(prompt, Sequence)
+        and prompt
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in prompt
+        )
+    ):
+        if not chat:
+            raise ProbekitError("message lists go through the chat template: leave chat=True")
+        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+    raise ProbekitError(
+        "make_pair takes two texts or two chat-message lists ([{'role': 'system', 'content': "
+        f"...}}, ...]), got {_what(prompt)}"
+    )
+
+
+def _differing(clean: list[dict[str, str]], corrupt: list[dict[str, str]]) -> int:
+    """The index of the one message where two message lists differ (the span's message)."""
+    if [m["role"] for m in clean] != [m["role"] for m in corrupt]:
+        raise ProbekitError(
+            f"the two message lists have different roles: {[m['role'] for m in clean]} vs "
+            f"{[m['role'] for m in corrupt]}"
+        )
+    differ = [i for i, (x, y) in enumerate(zip(clean, corrupt, strict=True)) if x != y]
+    if len(differ) > 1:
+        raise ProbekitError(
+            f"the two message lists differ in messages {differ}; a pair differs in one place"
+        )
+    if differ:
+        return differ[0]
+    raise ProbekitError("the two prompts are equal: a pair needs a difference to patch")
 
 
 def _locate(

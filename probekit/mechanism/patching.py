@@ -11,7 +11,8 @@ when the denominator is 0).
 
 Which positions a patch writes. A span writes its aligned prompt positions (`mechanism.pairs`).
 A span that runs to the end of both prompts (`from_<span>`, `answer`, or a span that ends at the
-last token) also writes every answer position (`through_answer=True`, the default): the engine
+last token) also writes every answer position (`through_answer=True`, the default with
+`hooks="transformer_lens"`; nnsight's hooks reach the prompt pass only): the engine
 reads a multi-token answer at positions after the prompt (its trie of answer tokens), and each
 gets the clean run's activation at the same continuation. Patching `from_<span>` at
 `hook_resid_pre` then gives the clean run exactly, at every layer (when the clean and corrupt
@@ -39,8 +40,7 @@ import pandas as pd
 import torch
 
 from probekit.core.items import Pair
-from probekit.engines.base import ScoreResult
-from probekit.engines.hf.scorer import HFScorer
+from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -61,12 +61,12 @@ from probekit.mechanism.interventions import (
     score_with,
 )
 from probekit.mechanism.readouts import Readout
-from probekit.mechanism.sites import hook_order
+from probekit.mechanism.sites import hook_order, library
 from probekit.stats import bootstrap_units
 
 
 def sweep(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
@@ -74,14 +74,18 @@ def sweep(
     batch_size: int | None = None,
     run_noops: bool = False,
     remote: bool = False,
-    through_answer: bool = True,
-    progress: Any = None,
+    through_answer: bool | None = None,
+    progress: Any = True,
+    distributions: bool = False,
 ) -> pd.DataFrame:
     """Run every patch on every pair; one row per (pair, patch), pair-major.
 
     `through_answer`: a span that runs to the end also patches the answer positions (see the
-    module's docstring). `progress`: a tqdm-like bar (`update(n)`), advanced by the patched
-    runs done.
+    module's docstring); None: yes with `transformer_lens`, no with `nnsight` (whose hooks reach
+    the prompt pass only). `progress`: a tqdm bar of the runs (shown on a terminal or in a
+    notebook; False for none). `distributions`: also `valid_mass_<run>` and `probs_<run>` (the
+    answer probabilities normalised over the answer set, in `scorer.answers` order) of the clean,
+    corrupt and patched runs.
 
     Columns: the items' key columns (a column on which clean and corrupt differ in some pair
     comes twice, as `clean_<col>` and `corrupt_<col>`), clean_prompt_id, corrupt_prompt_id,
@@ -89,10 +93,14 @@ def sweep(
     `attn.hook_z`; else null), span, clean_positions, corrupt_positions (aligned, unpadded),
     `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `readout.column`, e.g. ev), gap (clean -
     corrupt), recovery, ran, metric (the readout's spec), method (`exact` here) and estimate (the
-    attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`).
+    attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`),
+    noise (the run's numeric noise on the readout, `numeric_noise`) and small_gap (|gap| <=
+    noise: the pair is left out of recovery over pairs, `summarise`).
     """
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size
+    if through_answer is None:
+        through_answer = library(hooks) == "transformer_lens"
     jobs = [
         plan(i, pair, patch, through_answer) for i, pair in enumerate(pairs) for patch in patches
     ]
@@ -100,8 +108,12 @@ def sweep(
     runs = [jobs[k] for k in todo]
     read = sorted({job.patch.hook for job in runs}, key=hook_order)
     nodes = answer_nodes(scorer)
+    bar = _bar(progress, len(todo) + 2 * len(pairs))
     baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
+    noise = numeric_noise(scorer, pairs, readout, baseline, hooks, remote)
+    bar.update(2 * len(pairs))
     patched: dict[int, float] = {}  # job index -> readout of the patched run
+    kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
     for start in range(0, len(todo), size):
         chunk = todo[start : start + size]
         edits: dict[str, Edit] = {}
@@ -126,8 +138,10 @@ def sweep(
         )
         for k, prompt, result in zip(chunk, corrupt, results, strict=True):
             patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
-        if progress is not None:
-            progress.update(len(chunk))
+            if distributions:
+                kept[k] = result
+        bar.update(len(chunk))
+    bar.close()
     keys = key_columns(pairs)
     rows = []
     for k, job in enumerate(jobs):
@@ -137,20 +151,67 @@ def sweep(
         m_patched = patched.get(k, m_corrupt)
         rows.append(row(pairs[job.pair], keys, job, readout, m_clean, m_corrupt, m_patched))
         rows[-1]["ran"] = k in patched
-    return table(rows)
+        rows[-1]["noise"] = noise
+        rows[-1]["small_gap"] = not abs(m_clean - m_corrupt) > noise
+        if distributions:
+            runs = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
+            runs["patched"] = kept.get(k, runs["corrupt"])
+            for name, result in runs.items():
+                rows[-1][f"valid_mass_{name}"] = result.valid_mass
+                rows[-1][f"probs_{name}"] = np.asarray(result.probs, dtype=float)
+    out = table(rows)
+    out.attrs["answers"] = list(scorer.answers.answers)
+    return out
+
+
+NOISE_FACTOR = 10.0
+"""A gap counts as numeric noise when it is at most this many times the largest change of the
+readout between two scorings of the same prompt."""
+
+
+def numeric_noise(
+    scorer: HookedScorer,
+    pairs: Sequence[Pair],
+    readout: Readout,
+    baseline: dict[str, ScoreResult],
+    hooks: str = "transformer_lens",
+    remote: bool = False,
+) -> float:
+    """The run's numeric noise on the readout: `NOISE_FACTOR` x the largest change of any
+    pair's readouts when each prompt is scored again alone (no padding, another batch shape)
+    instead of in the batches of the sweep, and at least `NOISE_FACTOR` x the dtype's
+    resolution at the readouts' scale."""
+    worst = 0.0
+    values = []
+    for clean, corrupt in pairs:
+        (c,), _ = score_with(scorer, [clean.input_ids], hooks=hooks, remote=remote)
+        (k,), _ = score_with(scorer, [corrupt.input_ids], hooks=hooks, remote=remote)
+        before = readout(baseline[clean.id], clean.item, baseline[clean.id]) - readout(
+            baseline[corrupt.id], corrupt.item, baseline[clean.id]
+        )
+        after = readout(c, clean.item, c) - readout(k, corrupt.item, c)
+        if np.isfinite(before) and np.isfinite(after):
+            worst = max(worst, abs(after - before))
+            values.append(abs(readout(baseline[clean.id], clean.item, baseline[clean.id])))
+    scale = max([1.0, *values])
+    resolution = float(torch.finfo(scorer.model.dtype).eps) * scale
+    return NOISE_FACTOR * max(worst, resolution)
 
 
 def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
-    """Per component (layer, site, head, span): the mean over pairs of the exact effect
-    (m_patched - m_corrupt, where measured) and of the attribution estimate, each with its
-    bootstrap interval over pairs (`<x>_low`, `<x>_high`), the mean recovery and the mean
-    estimate as a share of the gap (`estimated_recovery`); largest |effect| (else |estimate|)
-    first."""
+    """Per component (layer, site, head, span), over the pairs: the mean exact effect
+    (m_patched - m_corrupt, where measured) and the mean attribution estimate, each with its
+    bootstrap interval over pairs (`<x>_low`, `<x>_high`); `recovery`, the mean effect over the
+    mean gap (a ratio of means, so one pair with a tiny gap cannot blow it up) with its
+    bootstrap interval over pairs, and `estimated_recovery` the same of the estimate; `pairs`,
+    and `pairs_in_noise`, the pairs whose gap is within the run's numeric noise (`small_gap`),
+    left out of both recoveries. Largest |effect| (else |estimate|) first."""
     patched = next(c for c in df.columns if c.endswith("_patched"))
     corrupt = patched.removesuffix("_patched") + "_corrupt"
+    small = df["small_gap"] if "small_gap" in df else pd.Series(False, index=df.index)
     frame = df.assign(
         effect=(df[patched] - df[corrupt]).where(df["ran"] | (df["method"] == "exact")),
-        estimated_recovery=df["estimate"] / df["gap"].where(df["gap"] != 0),
+        small_gap=small.astype(bool),
     )
     rows = []
     for key, group in frame.groupby(COMPONENT, sort=False, dropna=False):
@@ -162,9 +223,12 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
                 continue
             ci = bootstrap_units(len(values), lambda d, v=values: v[d].mean(), n, seed, level)
             entry |= {column: ci.estimate, f"{column}_low": ci.low, f"{column}_high": ci.high}
-        entry["recovery"] = group["recovery"].mean()
-        entry["estimated_recovery"] = group["estimated_recovery"].mean()
+        kept = group[~group["small_gap"]]
+        for column, name in (("effect", "recovery"), ("estimate", "estimated_recovery")):
+            effect, gap = kept[column].to_numpy(float), kept["gap"].to_numpy(float)
+            entry |= _ratio(effect, gap, name, n, seed, level)
         entry["pairs"] = len(group)
+        entry["pairs_in_noise"] = int(group["small_gap"].sum())
         rows.append(entry)
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
@@ -172,8 +236,50 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
     return out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
 
 
+def _ratio(
+    effect: np.ndarray, gap: np.ndarray, name: str, n: int, seed: int, level: float
+) -> dict[str, float]:
+    """mean(effect) / mean(gap) over the pairs where both are finite, with its bootstrap
+    interval over those pairs (NaN where a resample's mean gap is 0)."""
+    ok = np.isfinite(effect) & np.isfinite(gap)
+    effect, gap = effect[ok], gap[ok]
+    nan = {name: np.nan, f"{name}_low": np.nan, f"{name}_high": np.nan}
+    if len(effect) == 0 or gap.mean() == 0:
+        return nan
+
+    def ratio(d: np.ndarray) -> float:
+        mean = gap[d].mean()
+        return effect[d].mean() / mean if mean != 0 else np.nan
+
+    ci = bootstrap_units(len(effect), ratio, n, seed, level)
+    return {name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high}
+
+
+def noise_line(df: pd.DataFrame) -> str | None:
+    """One line naming the pairs left out of recovery because their gap is within the run's
+    numeric noise (None when there are none)."""
+    if "small_gap" not in df or not df["small_gap"].any():
+        return None
+    ids = df.loc[df["small_gap"], ["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    total = df[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    return (
+        f"{len(ids)} of {len(total)} pairs have a gap within the run's numeric noise "
+        f"(|gap| <= {df['noise'].iloc[0]:.2g}) and are left out of recovery"
+    )
+
+
+def _bar(progress: Any, total: int) -> Any:
+    """A tqdm bar of `total` patched runs (`progress`: True for one on a terminal or notebook,
+    False for none, or a bar to reuse)."""
+    from tqdm.auto import tqdm
+
+    if progress is None or isinstance(progress, bool):
+        return tqdm(total=total, unit="run", desc="patching", disable=None if progress else True)
+    return progress
+
+
 def _baselines(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: Sequence[Pair],
     todo: list[Job],
     read: list[str],

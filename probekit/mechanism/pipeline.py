@@ -33,7 +33,7 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
-from probekit.engines.hf.scorer import HFScorer
+from probekit.engines.base import HookedScorer
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
@@ -69,6 +69,7 @@ class PatchRequest:
     hooks: str = "transformer_lens"
     batch_size: int | None = None
     seed: int = 0
+    through_answer: bool | None = None
 
 
 def check_patch(
@@ -156,6 +157,7 @@ def run_patch(
             readout, pairs, dict(zip([e.id for e in encoded], results, strict=True))
         )
     chosen = pick_pairs(pairs, gaps, request.pairs_per_unit)
+    say(f"{len(patches)} components ({len(layers)} layers) x {len(chosen)} pairs")
     df = measure(
         scorer,
         chosen,
@@ -166,6 +168,7 @@ def run_patch(
         request.hooks,
         request.batch_size,
         say,
+        request.through_answer,
     )
     write_parquet(folder / "patching.parquet", df)
     title = f"{model.name}, {probe.name}"
@@ -197,7 +200,7 @@ def readout_gaps(readout: Readout, pairs: Sequence[Pair], results: dict[str, Any
 
 
 def select_pairs(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     study: Any,
     probe: Any,
     encoded: Sequence[EncodedItem],
@@ -213,7 +216,7 @@ def select_pairs(
 
 
 def measure(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
@@ -222,11 +225,20 @@ def measure(
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
     say: Say = print,
+    through_answer: bool | None = None,
 ) -> pd.DataFrame:
     """The patching table of `method`; attribution+verify says how well the estimate ranked
-    the verified components."""
+    the verified components. Exact patching shows a progress bar on a terminal."""
     if method == "exact":
-        return patching.sweep(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size)
+        return patching.sweep(
+            scorer,
+            pairs,
+            patches,
+            readout,
+            hooks=hooks,
+            batch_size=batch_size,
+            through_answer=through_answer,
+        )
     if method not in METHODS:
         raise ProbekitError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     df = attribution.attribute(scorer, pairs, patches, readout, batch_size=batch_size)
@@ -257,7 +269,7 @@ def report(
     attributed = request.method == "attribution"
     value = "estimated_recovery" if attributed else "recovery"
     pairs = df["clean_prompt_id"].str.cat(df["corrupt_prompt_id"]).nunique()
-    title = f"{name}, {df['metric'].iloc[0]}: {pairs} pairs, {request.method}"
+    title = f"{name}, {df['readout'].iloc[0]}: {pairs} pairs, {request.method}"
     names = [find_site(s).name for s in request.sites]
     sites = [s for s in names if s != HEAD_SITE]
     plain = summary[summary["head"].isna() & summary[value].notna()]
@@ -274,9 +286,16 @@ def report(
         head_heatmap(heads, out / "heads.png", value, spans, title)
         written.append("heads.png")
     what = "attribution estimate" if attributed else "exact effect"
-    say(f"top 5 (layer, site, span) by mean {what} on {df['metric'].iloc[0]} over {pairs} pairs:")
     column = "estimate" if attributed else "effect"
-    for row in summary.dropna(subset=[column]).head(5).itertuples():
+    ranked = summary.dropna(subset=[column])
+    line = patching.noise_line(df)
+    if line:
+        say(line)
+    say(
+        f"top {min(5, len(ranked))} of {len(summary)} components (layer, site, span) by mean "
+        f"{what} on {df['readout'].iloc[0]} over {pairs} pairs:"
+    )
+    for row in ranked.head(5).itertuples():
         where = row.site if pd.isna(row.head) else f"{row.site} head {row.head}"
         low, high = getattr(row, f"{column}_low"), getattr(row, f"{column}_high")
         say(
@@ -287,7 +306,7 @@ def report(
 
 
 def mediate(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     pairs: list[Pair],
     patches: list[Patch],
     readout: Readout,
@@ -313,7 +332,7 @@ def mediate(
 
 
 def direction_check(
-    scorer: HFScorer,
+    scorer: HookedScorer,
     study: Any,
     probe: Any,
     encoded: Sequence[EncodedItem],
@@ -341,9 +360,9 @@ def direction_check(
     best = fit.loc[fit["layer"] == found.layer].iloc[0]
     result = {
         "layer": found.layer,
-        "site": directions.SITE.hook(found.layer),
+        "site": directions.SITE.name,
         "span": direction.span,
-        "metric": readout.spec,
+        "readout": readout.spec,
         "r": float(best["r"]),
         "cross_validated": bool(best["cross_validated"]),
         "delta": found.delta,

@@ -3,10 +3,10 @@
 A readout is what TransformerLens calls the patching metric: the mechanism (patching,
 attribution, mediation, directions) takes one as a parameter, so that it explains the study's own
 behaviour: the expected value of a numeric answer, the probability of one answer, the
-probability of the item's correct answer, or a difference of two such. Specs (the `--metric`
-option of `probekit patch`): `ev`, `p:<answer>`, `p_correct`, and `X - Y` for a difference
-(`p:joy - p:fear`). The studies' aggregate metrics over many prompts (`studies/*/metrics.py`)
-are another thing.
+probability of the item's correct answer, or a difference of two such. Specs (the `--readout`
+option of `probekit patch`; `--metric` is its old name): `expected` (`ev` is its old name),
+`p:<answer>`, `p_correct`, and `X - Y` for a difference (`p:joy - p:fear`). The studies'
+aggregate metrics over many prompts (`studies/*/metrics.py`) are another thing.
 
 One readout compares a pair's two distributions instead: `tv`, the overlap 1 - TV(P, P_clean)
 with the pair's clean distribution. It is 1 on the clean prompt, so the pair's gap is the total
@@ -18,6 +18,7 @@ result (`readout(result, item, clean)`), so it serves exact patching only.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,9 +34,9 @@ from probekit.engines.base import ScoreResult
 class Readout:
     """A number from a prompt's exact distribution (NaN when the answer set has no mass).
 
-    `spec` is what `parse_readout` reads (and the `metric` column of the tables); `column` names
-    table columns (`ev` -> ev_clean, ev_corrupt, ev_patched). A `paired` readout also reads the
-    pair's clean result: `read(result, item, clean)`."""
+    `spec` is what `parse_readout` reads (and the `readout` column of the tables); `column`
+    names table columns (`expected` -> expected_clean, expected_corrupt, expected_patched). A
+    `paired` readout also reads the pair's clean result: `read(result, item, clean)`."""
 
     spec: str
     column: str
@@ -47,7 +48,7 @@ class Readout:
             return self.read(result, item)
         if clean is None:
             raise ProbekitError(
-                f"the metric {self.spec} compares a pair's two distributions and has no value "
+                f"the readout {self.spec} compares a pair's two distributions and has no value "
                 "for a prompt alone; use it with exact patching (probekit patch --method exact)"
             )
         return self.read(result, item, clean)
@@ -57,17 +58,19 @@ def expected_value(answers: AnswerSet) -> Readout:
     """The expected value of a numeric answer (e.g. the 0–100 intensity)."""
     if not answers.numeric:
         raise ProbekitError(
-            "the metric 'ev' (expected value) needs numeric answers, and this study's answers "
-            f"are {', '.join(answers.answers[:5])}, ...; use p:<answer> or p_correct"
+            "the readout 'expected' (expected value) needs numeric answers, and this study's "
+            f"answers are {', '.join(answers.answers[:5])}, ...; use p:<answer> or p_correct"
         )
-    return Readout("ev", "ev", lambda r, _: math.nan if r.expected is None else float(r.expected))
+    return Readout(
+        "expected", "expected", lambda r, _: math.nan if r.expected is None else float(r.expected)
+    )
 
 
 def answer_probability(answers: AnswerSet, answer: str) -> Readout:
     """P(answer), normalised over the answer set."""
     if answer not in answers.answers:
         raise ProbekitError(
-            f"metric p:{answer}: '{answer}' is not an answer of this study "
+            f"readout p:{answer}: '{answer}' is not an answer of this study "
             f"({', '.join(answers.answers[:12])})"
         )
     index = answers.answers.index(answer)
@@ -81,7 +84,7 @@ def correct_probability(answers: AnswerSet, key: str = "correct") -> Readout:
         correct = str(item.key.get(key))
         if correct not in answers.answers:
             raise ProbekitError(
-                f"metric p_correct: item {item.id!r} has no correct answer among the answers "
+                f"readout p_correct: item {item.id!r} has no correct answer among the answers "
                 f"(its '{key}' is {item.key.get(key)!r})"
             )
         return _normalised(result, answers.answers.index(correct))
@@ -109,13 +112,16 @@ def difference(first: Readout, second: Readout) -> Readout:
 
 
 def parse_readout(spec: str, answers: AnswerSet) -> Readout:
-    """The readout a spec names (`ev`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for these
-    answers."""
+    """The readout a spec names (`expected`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for
+    these answers (`ev`, the old name of `expected`, with a FutureWarning)."""
     if " - " in spec:
         first, second = spec.split(" - ", 1)
         return difference(parse_readout(first, answers), parse_readout(second, answers))
     text = spec.strip()
     if text == "ev":
+        warnings.warn("the readout 'ev' is now called 'expected'", FutureWarning, stacklevel=2)
+        return expected_value(answers)
+    if text == "expected":
         return expected_value(answers)
     if text == "p_correct":
         return correct_probability(answers)
@@ -124,7 +130,8 @@ def parse_readout(spec: str, answers: AnswerSet) -> Readout:
     if text.startswith("p:") and len(text) > 2:
         return answer_probability(answers, text[2:])
     raise ProbekitError(
-        f"unknown metric {text!r}; use ev, p:<answer>, p_correct, tv, or a difference 'X - Y'"
+        f"unknown readout {text!r}; use expected, p:<answer>, p_correct, tv, or a difference "
+        "'X - Y'"
     )
 
 

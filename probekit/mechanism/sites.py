@@ -17,12 +17,13 @@ through this table, so a new site is one row here.
 
 Rows are in the order a block runs them. The hook library that reads and writes them is
 `transformer_lens` (hooks of the model's `TransformerBridge`) or `nnsight` (a trace of the
-Hugging Face modules); `bridge` is accepted for `transformer_lens`. Layers are counted from 0;
+Hugging Face modules); `bridge` is an old name of `transformer_lens`. Layers are counted from 0;
 a negative layer counts from the end (-1 is the last), as in Python and TransformerLens.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -119,8 +120,12 @@ def hook_order(hook: str) -> tuple[int, int]:
 
 
 def library(name: str) -> str:
-    """The hook library a name gives (`transformer_lens`, `nnsight`; `bridge` is an old name of
-    `transformer_lens`)."""
+    """The hook library a name gives (`transformer_lens`, `nnsight`; `bridge` and `tl`, old
+    names of `transformer_lens`, with a FutureWarning)."""
+    if name in _LIBRARY_ALIASES:
+        warnings.warn(
+            f"the hook library {name!r} is now called 'transformer_lens'", FutureWarning, 2
+        )
     chosen = _LIBRARY_ALIASES.get(name, name)
     if chosen not in HOOK_LIBRARIES:
         raise ProbekitError(

@@ -174,7 +174,7 @@ class IntergroupStudy(Study):
         direction = Direction("experiencer", _in_group, ("event_id", "perceiver"), _gap_statistic)
         return MechanismDefaults(
             spans=("experiencer", "perceiver", "from_experiencer"),
-            readout="ev",
+            readout="expected",
             direction=direction,
         )
 
