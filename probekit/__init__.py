@@ -40,6 +40,8 @@ _API = {
     "make_pair": "probekit.mechanism.api",
     "recovery": "probekit.mechanism.api",
     "hookable": "probekit.mechanism.api",
+    "patch_study": "probekit.cli.patch",
+    "capture_study": "probekit.cli.capture",
     "read_activations": "probekit.mechanism.capture",
     "Activations": "probekit.mechanism.capture",
     "Readout": "probekit.mechanism.readouts",

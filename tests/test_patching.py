@@ -3,6 +3,7 @@ backends, batching, reproducibility from the stored columns, attention heads, ba
 gap direction."""
 
 import contextlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,7 +203,7 @@ HEADS = [Patch(2, HEAD_SITE, "experiencer", 3), Patch(4, HEAD_SITE, "from_experi
 
 @pytest.mark.slow
 def test_head_patching_transformer_lens_and_nnsight_agree(scorer, pairs):
-    lens = patching.sweep(scorer, pairs[:1], HEADS, EV)
+    lens = patching.sweep(scorer, pairs[:1], HEADS, EV, through_answer=False)
     other = patching.sweep(scorer, pairs[:1], HEADS, EV, hooks="nnsight")
     assert lens["ran"].all() and lens["head"].tolist() == [3, 0]
     assert (lens["expected_patched"] - other["expected_patched"]).abs().max() <= TOL
@@ -446,7 +447,61 @@ def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
     assert df["clean_prompt_id"].str.startswith("religion|P0S1T0|").all()
     for name in ("patching.png", "directions.parquet", "causal_check.json"):
         assert (tmp_path / name).is_file()
-    assert "top 5 (layer, site, span)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "6 components (2 layers) x 1 pairs" in printed
+    assert "top 5 of 6 components (layer, site, span)" in printed
+
+
+@pytest.mark.slow
+def test_patch_study_is_the_command_as_a_function(model, tmp_path):
+    import probekit
+
+    result = probekit.patch_study(
+        "intergroup",
+        model,
+        out=tmp_path,
+        events=1,
+        layers=[0],
+        sites=["resid_pre"],
+        spans=["from_experiencer", "experiencer"],
+        setting="P0S1T0",
+        skip_direction=True,
+        bootstrap=50,
+    )
+    assert result.path == tmp_path and "patching.parquet" in result.files
+    assert len(result.table) == 2 and set(result.table["site"]) == {"hook_resid_pre"}
+    assert {"recovery", "recovery_low", "recovery_high", "pairs_in_noise"} <= set(result.summary)
+    assert len(result.summary) == 2 and (result.summary["pairs"] == 1).all()
+
+
+def test_patch_study_refuses_bad_options_in_one_line():
+    import probekit
+
+    for options, message in (
+        (dict(layerz=[0]), "unknown option 'layerz' for probekit patch intergroup; options:"),
+        (dict(layers="x"), "--layers: 'x' is not a comma-separated list of integers"),
+        (dict(prompt_only="yes"), "prompt_only is a switch"),
+        (dict(method="magic"), "--method: invalid choice: 'magic'"),
+    ):
+        with pytest.raises(ProbekitError, match=re.escape(message)):
+            probekit.patch_study("intergroup", **options)
+
+
+def test_keywords_become_the_commands_options(capsys):
+    import argparse
+
+    from probekit.cli.patch import add_arguments, study_parser
+    from probekit.core.options import options_from_keywords
+
+    parser, _ = study_parser("patch", "intergroup", add_arguments)
+    args = options_from_keywords(
+        parser, {"layers": [0, -1], "prompt_only": True, "metric": "p:5", "top_k": 3}
+    )
+    assert isinstance(args, argparse.Namespace)
+    assert (args.layers, args.prompt_only, args.readout, args.top_k) == ([0, -1], True, "p:5", 3)
+    assert "--metric is deprecated; use --readout" in capsys.readouterr().err
+    default = options_from_keywords(parser, {"out": None})
+    assert default.out == "runs/patch" and default.hooks == "transformer_lens"
 
 
 # ---------------------------------------------------------------------- through the answer

@@ -6,13 +6,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from probekit.core.errors import ProbekitError
-from probekit.core.options import comma_list, int_list
+from probekit.core.options import CommandParser, comma_list, int_list, options_from_keywords
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
+from probekit.mechanism.api import hookable
 from probekit.mechanism.pipeline import (
     DEFAULT_LAYERS,
     METHODS,
@@ -135,8 +140,62 @@ def _library(name: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+@dataclass(frozen=True)
+class StudyPatch:
+    """What `patch_study` wrote: the folder, the files, the patching table (one row per pair x
+    component) and its summary (per component over the pairs: effect, recovery with intervals)."""
+
+    path: Path
+    files: list[str]
+    table: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def patch_study(
+    study: str | Study, model: Any = "default", *, out: str | Path | None = None, **options: Any
+) -> StudyPatch:
+    """`probekit patch STUDY` as a function: the study's options as keywords (`layers=[0, 14]`,
+    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs=2`, `limit`-like
+    study options such as `events=2`...), validated by the command line's own option types (a
+    bad or unknown one is one line of `ProbekitError`, before any model work). `model` is a
+    model spec or an already loaded model. Writes what the command writes into `out` (default
+    `runs/patch`) and returns it."""
+    parser, found = _parser(study)
+    spec = model if isinstance(model, str) else None
+    args = options_from_keywords(parser, {"out": out, "model": spec, **options})
+    written = _patch(found, args, None if isinstance(model, str) else model)
+    folder = Path(args.out)
+    summary = pd.read_csv(folder / "patching_summary.csv")
+    return StudyPatch(folder, written, pd.read_parquet(folder / "patching.parquet"), summary)
+
+
+def _parser(study: str | Study) -> tuple[CommandParser, Study]:
+    """The parser of `probekit patch STUDY`."""
+    return study_parser("patch", study, add_arguments)
+
+
+def study_parser(
+    command: str, study: str | Study, add: Callable[[argparse.ArgumentParser, Study], None]
+) -> tuple[CommandParser, Study]:
+    """The parser of `probekit COMMAND STUDY` (its options added by `add`), and the study."""
+    if isinstance(study, str):
+        from probekit.studies import get_study
+
+        study = get_study(study)
+    parser = CommandParser(prog=f"probekit {command} {study.name}", description=study.title)
+    add(parser, study)
+    return parser, study
+
+
 def execute(study: Study, args: argparse.Namespace) -> None:
     start = time.monotonic()
+    written = _patch(study, args, None)
+    print(f"wrote {args.out}/{', '.join(written)}")
+    print(f"wall time {time.monotonic() - start:.0f} s")
+
+
+def _patch(study: Study, args: argparse.Namespace, model: Any) -> list[str]:
+    """The command's work: items, request, checks before the model, the analysis."""
     probe, items = study.mechanism_items(args, print, "patch")
     request = PatchRequest(
         layers=args.layers,
@@ -158,7 +217,6 @@ def execute(study: Study, args: argparse.Namespace) -> None:
         through_answer=False if args.prompt_only else None,
     )
     check_patch(request, items, probe.answers, study.mechanism_defaults())  # before the model
-    model = load_model(args.model, **load_options(args))
-    written = run_patch(model, study, probe, items, request, args.out)
-    print(f"wrote {args.out}/{', '.join(written)}")
-    print(f"wall time {time.monotonic() - start:.0f} s")
+    if model is None:
+        model = load_model(args.model, **load_options(args))
+    return run_patch(hookable(model), study, probe, items, request, args.out)

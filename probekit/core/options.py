@@ -255,3 +255,45 @@ def check_out_dir(path: str | Path, option: str = "--out") -> None:
         raise ProbekitError(
             f"{option} {path}: cannot write in {existing} ({err.strerror})"
         ) from None
+
+
+def options_from_keywords(
+    parser: argparse.ArgumentParser, options: Mapping[str, Any]
+) -> argparse.Namespace:
+    """A command's parsed options from Python keywords (`layers=[0, 3]`, `prompt_only=True`,
+    `readout="p:5"`), validated by the very types, choices and checks of its command line: each
+    keyword is an option's destination (`--top-k` is `top_k`), a list is a comma-separated
+    value, True sets a flag, None keeps the default. An unknown keyword is one line naming the
+    options; an old option name (`metric`, a hidden alias) still works with its note."""
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        if action.help == argparse.SUPPRESS:  # an old name: reached by its own spelling
+            for name in action.option_strings:
+                actions.setdefault(name.lstrip("-").replace("-", "_"), action)
+        else:
+            actions[action.dest] = action
+    argv: list[str] = []
+    for key, value in options.items():
+        action = actions.get(key)
+        if action is None:
+            known = sorted(k for k, a in actions.items() if a.help != argparse.SUPPRESS)
+            raise ProbekitError(
+                f"unknown option {key!r} for {parser.prog}; options: {', '.join(known)}"
+            )
+        if value is None:
+            continue
+        flag = max(action.option_strings, key=len)
+        if action.help == argparse.SUPPRESS:
+            flag = "--" + key.replace("_", "-")
+        if action.nargs == 0:
+            if not isinstance(value, bool):
+                raise ProbekitError(f"{key} is a switch: give True or False, got {value!r}")
+            if value != action.default:
+                argv.append(flag)
+            continue
+        if isinstance(value, list | tuple | range):
+            value = ",".join(str(v) for v in value)
+        argv.append(f"{flag}={value}")
+    return parser.parse_args(argv)
