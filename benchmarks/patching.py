@@ -32,7 +32,7 @@ import torch
 from common import timed
 
 from probekit.cli.main import study_parser
-from probekit.core.options import comma_list, int_list
+from probekit.core.options import comma_list, int_list, options_from_keywords
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism import attribution
@@ -62,7 +62,7 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
     study_args, study = _study_args(options.pairs, options.data)
     probe, items = study.mechanism_items(study_args, lambda *a, **k: None, "patch")
-    readout = parse_readout("ev", probe.answers)
+    readout = parse_readout("expected", probe.answers)
     model = load_model("default")
     model.enable_bridge()
     spans = options.spans or list(study.mechanism_defaults().spans)
@@ -83,7 +83,10 @@ def main() -> None:
     for name, patches in grids.items():
         exact, t_exact, _ = timed(
             model.device,
-            lambda p=patches: measure(scorer, pairs, p, readout, batch_size=size),
+            # prompt positions only: what attribution estimates and verify re-measures
+            lambda p=patches: measure(
+                scorer, pairs, p, readout, batch_size=size, through_answer=False
+            ),
         )
         estimated, t_attr, _ = timed(
             model.device,
@@ -97,7 +100,9 @@ def main() -> None:
             ),
         )
         per = attribution.effects(
-            estimated.assign(ev_patched=exact["ev_patched"], ran=exact["ran"], method="exact")
+            estimated.assign(
+                expected_patched=exact["expected_patched"], ran=exact["ran"], method="exact"
+            )
         )
         fit = attribution.agreement(per, k=10)
         speedup = t_exact / (t_attr + t_verify)
@@ -121,8 +126,8 @@ def main() -> None:
 def _study_args(pairs: int, data: str | None) -> tuple[argparse.Namespace, Any]:
     """The intergroup study's patch options for enough events to give `pairs` pairs."""
     parser, study = study_parser("patch", "intergroup")
-    argv = ["--events", str(max(1, (pairs + 1) // 2)), *(["--data", data] if data else [])]
-    return parser.parse_args(argv), study
+    options = {"events": max(1, (pairs + 1) // 2), "data": data}
+    return options_from_keywords(parser, options), study
 
 
 if __name__ == "__main__":

@@ -661,3 +661,21 @@ def test_pairs_within_the_noise_are_left_out_with_one_line():
     assert patching.noise_line(_table([1.0], [0.5])) is None
     with pytest.raises(ProbekitError, match="the table probekit.patch returns"):
         probekit.recovery([1, 2])
+
+
+@pytest.mark.slow
+def test_which_positions_each_span_patches(model, readme_pair):
+    """Spans that run to the end take the answer positions along; one position does not."""
+    from probekit.mechanism.components import plan
+
+    expect = {
+        "identity": False,
+        "from_identity": True,
+        "answer": True,
+        "answer@-1": False,
+        "from_identity@-1": False,
+    }
+    for span, answer in expect.items():
+        job = plan(0, readme_pair, Patch(3, "hook_resid_pre", span))
+        assert job.answer is answer, span
+        assert not plan(0, readme_pair, Patch(3, "hook_resid_pre", span), False).answer

@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write, write_parquet
@@ -109,11 +110,14 @@ def batches(
     hooks: str,
     batch_size: int,
 ) -> Iterator[tuple[list[EncodedItem], list[Row], dict[Key, torch.Tensor]]]:
-    """`gather` over `items` a batch at a time: (the batch, its rows, its values)."""
-    for i in range(0, len(items), batch_size):
-        batch = list(items[i : i + batch_size])
-        rows, acts = gather(model, batch, layers, sites, spans, hooks)
-        yield batch, rows, acts
+    """`gather` over `items` a batch at a time: (the batch, its rows, its values), with a
+    progress bar of the prompts on a terminal or in a notebook."""
+    with tqdm(total=len(items), unit="prompt", desc="capture", disable=None) as bar:
+        for i in range(0, len(items), batch_size):
+            batch = list(items[i : i + batch_size])
+            rows, acts = gather(model, batch, layers, sites, spans, hooks)
+            bar.update(len(batch))
+            yield batch, rows, acts
 
 
 def capture(

@@ -21,7 +21,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
-from probekit.mechanism.pairs import aligned_positions, check_pairs
+from probekit.mechanism.pairs import aligned_positions, check_pairs, split_position
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, parse_hook, site
 
@@ -108,12 +108,14 @@ class Job:
 
 def plan(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> Job:
     """The job of `patch` on pair number `i`; with `through_answer`, a span that runs to the
-    end of both prompts (`from_<span>`, `answer`) also patches every answer position."""
+    end of both prompts (`from_<span>`, `answer`; not one position `<span>@<i>`) also patches
+    every answer position."""
     clean, corrupt = pair
     clean_pos, corrupt_pos = aligned_positions(pair, patch.span)
     last = max(corrupt_pos) + 1
     noop = clean_pos == corrupt_pos and clean.input_ids[:last] == corrupt.input_ids[:last]
-    answer = through_answer and runs_to_end(pair, clean_pos, corrupt_pos)
+    whole = split_position(patch.span)[1] is None
+    answer = through_answer and whole and runs_to_end(pair, clean_pos, corrupt_pos)
     return Job(i, patch, clean_pos, corrupt_pos, noop, answer)
 
 

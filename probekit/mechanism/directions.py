@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import PROMPT_ID, EncodedItem
@@ -83,7 +84,7 @@ def span_states(
     layers = list(range(scorer.model.n_layers)) if layers is None else list(layers)
     size = batch_size or scorer.batch_size
     rows, acts = [], []
-    for start in range(0, len(prompts), size):
+    for start in tqdm(range(0, len(prompts), size), desc="directions", disable=None):
         chunk = prompts[start : start + size]
         spans = [_span(p, span) for p in chunk]
         locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
