@@ -103,7 +103,7 @@ def patch(
     model = hookable(model)
     pairs = check_pairs(_as_pairs(model, pairs))
     answer_set = _answers(answers)
-    chosen = metric if isinstance(metric, Readout) else parse_readout(_text(metric), answer_set)
+    measured = metric if isinstance(metric, Readout) else parse_readout(_text(metric), answer_set)
     library(hooks)
     chosen = layer_indices(
         model, _list(layers, "layers") if layers is not None else range(model.n_layers)
@@ -121,7 +121,7 @@ def patch(
             scorer,
             pairs,
             patches,
-            chosen,
+            measured,
             hooks=hooks,
             batch_size=batch_size,
             through_answer=through_answer,
@@ -130,7 +130,7 @@ def patch(
         )
     if distributions:
         raise ProbekitError("distributions=True needs method='exact'")
-    return measure(scorer, pairs, patches, chosen, method, top_k, hooks, batch_size, say=_quiet)
+    return measure(scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet)
 
 
 def recovery(
