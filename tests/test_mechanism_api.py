@@ -45,6 +45,8 @@ def test_sites_one_table_with_short_forms():
         "hook_mlp_out",
         "hook_resid_post",
     )
+    assert sites.site("z").axes == ("batch", "position", "head", "d_head")
+    assert sites.site("resid_pre").axes == ("batch", "position", "d_model")
     with pytest.warns(FutureWarning, match="now called 'transformer_lens'"):
         assert sites.library("bridge") == "transformer_lens" == sites.library("transformer_lens")
     with pytest.raises(ProbekitError, match="unknown site 'resid_mid'"):

@@ -63,6 +63,14 @@ class Site:
         """The full TransformerLens hook name, `blocks.{layer}.{name}`."""
         return f"blocks.{layer}.{self.name}"
 
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The axes of its values in a batch: `("batch", "position", "head", "d_head")` for a
+        per-head site, else `("batch", "position", "d_model")`; patching makes one component
+        per head of a per-head site."""
+        inner = ("head", "d_head") if self.per_head else ("d_model",)
+        return ("batch", "position", *inner)
+
 
 def _first(value: Any) -> Any:
     return value[0] if isinstance(value, tuple) else value
