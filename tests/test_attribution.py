@@ -101,6 +101,7 @@ def _read(scorer, ids, hook, positions):
     return values[hook]
 
 
+@pytest.mark.slow
 def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     """resid_pre of layer 3 at the experiencer: the estimate is the directional derivative along
     (clean - corrupt); a central difference of the engine's exact metric along it agrees."""
@@ -123,6 +124,7 @@ def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     assert estimate == pytest.approx(derivative, rel=2e-2)
 
 
+@pytest.mark.slow
 def test_a_tiny_interpolation_is_estimated_exactly(exact64):
     """Moving head 4 of layer 2 a fraction alpha of the way towards its clean value and the same
     fraction away from it: where the metric is linear in the component, the exact effect is

@@ -119,7 +119,7 @@ SAMPLES = str(SAMPLE_ROOT)
     [
         (["run", "nonesuch"], "unknown study 'nonesuch'; known studies: giebench, intergroup"),
         (["run"], "name a study"),
-        (["patch", "intergroup", "--metric", "p:A", "--data", SAMPLES], "'A' is not an answer"),
+        (["patch", "intergroup", "--readout", "p:A", "--data", SAMPLES], "'A' is not an answer"),
         (
             ["patch", "intergroup", "--spans", "speaker", "--data", SAMPLES],
             "unknown span 'speaker'",
