@@ -490,10 +490,10 @@ def test_patch_study_refuses_bad_options_in_one_line():
 def test_keywords_become_the_commands_options(capsys):
     import argparse
 
-    from probekit.cli.patch import add_arguments, study_parser
+    from probekit.cli.main import study_parser
     from probekit.core.options import options_from_keywords
 
-    parser, _ = study_parser("patch", "intergroup", add_arguments)
+    parser, _ = study_parser("patch", "intergroup")
     args = options_from_keywords(
         parser, {"layers": [0, -1], "prompt_only": True, "metric": "p:5", "top_k": 3}
     )

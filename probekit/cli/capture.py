@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from probekit.cli.patch import add_hooks_option, study_parser
+from probekit.cli.main import study_parser
+from probekit.cli.patch import add_hooks_option
 from probekit.core.options import comma_list, int_list, options_from_keywords
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
@@ -49,7 +50,7 @@ def capture_study(
     command line's own option types (a bad or unknown one is one line of `ProbekitError`, before
     any model work). `model` is a model spec or an already loaded model. Writes the resumable
     shards into `out` (default `runs/capture`) and returns everything captured there."""
-    parser, found = study_parser("capture", study, add_arguments)
+    parser, found = study_parser("capture", study if isinstance(study, str) else study.name)
     spec = model if isinstance(model, str) else None
     args = options_from_keywords(parser, {"out": out, "model": spec, **options})
     _capture(found, args, None if isinstance(model, str) else model)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from probekit.cli.main import study_parser
 from probekit.core.errors import ProbekitError
-from probekit.core.options import CommandParser, comma_list, int_list, options_from_keywords
+from probekit.core.options import comma_list, int_list, options_from_keywords
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism.api import hookable
@@ -169,22 +170,9 @@ def patch_study(
     return StudyPatch(folder, written, pd.read_parquet(folder / "patching.parquet"), summary)
 
 
-def _parser(study: str | Study) -> tuple[CommandParser, Study]:
-    """The parser of `probekit patch STUDY`."""
-    return study_parser("patch", study, add_arguments)
-
-
-def study_parser(
-    command: str, study: str | Study, add: Callable[[argparse.ArgumentParser, Study], None]
-) -> tuple[CommandParser, Study]:
-    """The parser of `probekit COMMAND STUDY` (its options added by `add`), and the study."""
-    if isinstance(study, str):
-        from probekit.studies import get_study
-
-        study = get_study(study)
-    parser = CommandParser(prog=f"probekit {command} {study.name}", description=study.title)
-    add(parser, study)
-    return parser, study
+def _parser(study: str | Study) -> tuple[argparse.ArgumentParser, Study]:
+    """The parser of `probekit patch STUDY`, and the study."""
+    return study_parser("patch", study if isinstance(study, str) else study.name)
 
 
 def execute(study: Study, args: argparse.Namespace) -> None:
