@@ -112,7 +112,11 @@ def test_missing_columns_are_named(tmp_path):
 @pytest.mark.parametrize(
     ("emotion", "row", "error"),
     [
-        ("pride", "pride\t99\ta\tb\tc\textra\n", "crowd-enVent_pride.tsv is not a readable"),
+        (
+            "pride",
+            "pride\t99\ta\tb\tc\textra\n",
+            r"crowd-enVent_pride.tsv:5: 6 tab-separated fields",
+        ),
         ("trust", "trust\t1\ta\tb\tc\n", "text_id 1 occurs twice"),
     ],
     ids=["malformed-row", "duplicate-ids"],
@@ -232,4 +236,5 @@ def test_a_dataset_says_where_it_came_from_and_fills_the_manifest():
         "data_origin": "explicit",
         "data_path": str(SAMPLE_ROOT),
         "data_sha256": data_sha256(SAMPLE_ROOT),
+        "data_verified": None,  # probekit's own sample has no pinned sums
     }

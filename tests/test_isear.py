@@ -207,6 +207,13 @@ def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, ca
     assert manifest["seed"] == 123 and manifest["max_new_tokens"] == 300
 
 
+def errors(capsys) -> list[str]:
+    """The stderr lines but the data check's warning (a changed events file is not the pinned
+    one, which is said in a line of its own)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    return [line for line in lines if not line.startswith("probekit: warning:")]
+
+
 def _write(root, data: bytes):
     (root / "isear").mkdir(parents=True)
     (root / "isear" / "isear_samples.txt").write_bytes(data)
@@ -230,7 +237,7 @@ def test_bad_run_options_are_one_line(tmp_path, monkeypatch, capsys, extra, mess
     monkeypatch.setenv("PROBEKIT_DATA", str(SHARED))
     out = tmp_path / "out"
     code = cli.main(["run", "isear", "--out", str(out), *extra])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = errors(capsys)
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists()
 
@@ -243,7 +250,7 @@ def test_bad_events_file_is_one_line(tmp_path, capsys, data, message):
     root = _write(tmp_path / "root", data)
     out = tmp_path / "out"
     code = cli.main(["run", "isear", "--data", root, "--out", str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = errors(capsys)
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists()
 
@@ -258,7 +265,7 @@ def test_missing_nltk_data_says_where_to_put_it(tmp_path, monkeypatch, capsys):
     root = _write(tmp_path / "root", b"I lost my keys.\nI found my keys.")
     out = tmp_path / "out"
     code = cli.main(["run", "isear", "--data", root, "--mode", "generate", "--out", str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = errors(capsys)
     assert code == 2 and len(err) == 1 and "NLTK_DATA" in err[0] and "punkt_tab" in err[0]
     assert not out.exists() and not (tmp_path / "cache" / "nltk").exists()
 
@@ -271,7 +278,7 @@ def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, c
         (["--metric", "tv", "--method", "attribution"], "compares a pair's two distributions"),
     ):
         code = cli.main(["patch", "isear", "--data", root, "--out", str(tmp_path / "p"), *extra])
-        err = capsys.readouterr().err.strip().splitlines()
+        err = errors(capsys)
         assert code == 2 and len(err) == 1 and message in err[0], err
 
 

@@ -528,8 +528,9 @@ def test_bad_templates_and_dimensions_are_one_line_errors(tmp_path, capsys):
     template.write_text(template.read_text().replace("{AGE}", "{HEIGHT}"))
     out = tmp_path / "out"
     code = run_jaem(out, root=root)
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "{HEIGHT} has no values" in err and len(err.splitlines()) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "is not the pinned JaEm-ST file" in err[0]  # the changed template, said apart
+    assert code == 2 and "{HEIGHT} has no values" in err[1] and len(err) == 2
     assert not out.exists()
     root = _copy_root(tmp_path / "b")
     dims = root / "jaem_st" / "dimensions.json"

@@ -187,27 +187,34 @@ def _report(args: argparse.Namespace) -> None:
 def _score(args: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
-    from probekit.core.answers import AnswerSet
+    from probekit.core.answers import as_answer_set
     from probekit.core.io import ParquetStream
     from probekit.core.prompts import read_prompts
+    from probekit.core.signal import prefill_trap, weak_signal
     from probekit.engines import load_engine
     from probekit.engines.base import DEFAULT_EPSILON
     from probekit.engines.score import score_frames
 
-    answers = AnswerSet.parse(args.answers)
+    answers = as_answer_set(args.answers)
     epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
+    if trap := prefill_trap(args.prefill):
+        print(f"probekit: warning: {trap}", file=sys.stderr)
     check_out_dir(Path(args.out).parent, "--out")
     total = sum(1 for _ in read_prompts(args.prompts))  # validates every line before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{args.prompts}' has no prompts")
     model = load_engine(args.model, **load_options(args))
     items = read_prompts(args.prompts, args.prefill)
+    masses: list[float] = []
     with ParquetStream(args.out) as out, tqdm(total=total, unit="prompt", disable=None) as bar:
         for frame in score_frames(
             model, items, answers, epsilon=epsilon, batch_size=args.batch_size, progress=bar
         ):
             out.write(frame)
+            masses += frame["valid_mass"].tolist()
     print(f"wrote {total} rows to {args.out}")
+    if masses and (weak := weak_signal(sum(masses) / len(masses))):
+        print(f"probekit: warning: {weak}", file=sys.stderr)
 
 
 def _setup(args: argparse.Namespace) -> None:

@@ -9,12 +9,17 @@ An answer may have aliases, other surface forms that count as the same answer (`
 `AnswerSet(("joy", "fear"), aliases={"joy": ("Joy",), "fear": ("Fear",)})`, or
 `AnswerSet.parse("joy,fear").with_capitalised()`. Every surface form is also matched with one
 leading space, and an answer's probability is the sum over all of its forms.
+
+`as_answer_set` is the one entry for every front end: an `AnswerSet`, a spec string, or a Python
+list of strings or integers (`["yes", "no"]`, `[1, 2, 3]`), each checked like a spec.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +140,46 @@ class AnswerSet:
 
     def __len__(self) -> int:
         return len(self.answers)
+
+
+def as_answer_set(answers: object) -> AnswerSet:
+    """The answer set `answers` names: an `AnswerSet`, a spec (`AnswerSet.parse`: `0-100`,
+    `A-E`, `A,B,C`, `@file`), or a list or tuple of strings or numbers (each answer as
+    written), checked like a spec (two or more distinct answers); one
+    line for anything else."""
+    if isinstance(answers, AnswerSet):
+        return answers
+    if isinstance(answers, str):
+        return AnswerSet.parse(answers)
+    if not isinstance(answers, Sequence) or isinstance(answers, bytes):
+        raise ProbekitError(
+            "answers must be an AnswerSet, a spec such as 0-100, A-E or A,B,C, or a list of "
+            f"strings or numbers; got {type(answers).__name__}"
+        )
+    texts = [_answer_text(value, index) for index, value in enumerate(answers)]
+    found = AnswerSet(tuple(texts))
+    if len(found) == 1:
+        raise ProbekitError(
+            f"the answer list {texts!r} has one answer, whose probability is always 1; give two "
+            "or more"
+        )
+    return found
+
+
+def _answer_text(value: object, index: int) -> str:
+    """One answer of a Python list as text: a string, or a finite number (`3`, `3.0` -> "3",
+    `0.5` -> "0.5")."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if math.isfinite(number):
+            return str(int(number)) if number.is_integer() else repr(number)
+    raise ProbekitError(
+        f"answer {index} is {value!r}: answers in a list must be strings or finite numbers"
+    )
 
 
 def _read_answer_file(path: Path) -> list[str]:

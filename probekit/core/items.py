@@ -61,6 +61,14 @@ class Item:
             object.__setattr__(self, "unit", self.id)
         if isinstance(self.messages, list):
             object.__setattr__(self, "messages", tuple(self.messages))
+        if self.text is not None and not (self.text + self.prefill).strip():
+            raise ProbekitError(f"item {self.id!r}: the prompt is empty (its text is blank)")
+        if self.messages is not None and not any(
+            str(m.get("content", "")).strip() for m in self.messages
+        ):
+            raise ProbekitError(
+                f"item {self.id!r}: the prompt is empty (no message has any content)"
+            )
         for name, ranges in self.spans.items():
             if name == ANSWER:
                 raise ProbekitError(f"item {self.id!r}: the span name '{ANSWER}' is reserved")

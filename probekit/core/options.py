@@ -6,18 +6,23 @@ least 1 (got 0)"); `CommandParser` prints it as one line and exits with status 2
 involve several options run in the same parse (`CommandParser.add_check`), so that every option
 is validated before anything touches disk or loads a model. This module imports no model
 library: the command line's `--help` stays fast.
+
+The Python API checks its keywords with the same types (`check_value`), so a bad value reads the
+same from both front ends, with the keyword in place of the flag. Options are matched exactly
+(no prefixes: `--event` is not `--events`); an unknown one gets a "did you mean" for a near miss.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from probekit.core.errors import ProbekitError
 
@@ -26,6 +31,7 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half
 DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 EVERY_COMMAND = ("run", "patch", "capture")  # the commands that take a study's options
 MECHANISM = ("patch", "capture")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,9 +66,11 @@ class Option:
 class CommandParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (a ProbekitError: the command line prints
     it, exit status 2) and whose `add_check` functions (raising ProbekitError) validate the
-    parsed options together, before any work."""
+    parsed options together, before any work. Options are matched exactly (`allow_abbrev`
+    off: a prefix of an option is refused, not taken for it), with a "did you mean"."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.checks: list[Callable[[argparse.Namespace], None]] = []
 
@@ -73,19 +81,59 @@ class CommandParser(argparse.ArgumentParser):
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
-        parsed = super().parse_args(args, namespace)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hint = _did_you_mean(extras, self._chosen(parsed))
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         for check in self.checks:
             check(parsed)
         return parsed
+
+    def _chosen(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser whose options `parsed` was read with: the chosen subcommand's, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(sub, CommandParser):
+                    return sub._chosen(parsed)
+        return self
 
     def error(self, message: str) -> NoReturn:
         """Raise one line (a ProbekitError, which the command line prints with exit status 2)
         instead of printing the usage and exiting, as argparse would."""
         match = re.match(r"argument ([^:]+): (.*)", message, re.DOTALL)
         if match:  # "argument --epsilon: must be ..." -> "--epsilon must be ..."
-            flag, rest = match.group(1).split("/")[-1], match.group(2)
-            message = f"{flag} {rest}" if rest.startswith("must") else f"{flag}: {rest}"
+            message = option_message(match.group(1).split("/")[-1], match.group(2))
         raise ProbekitError(" ".join(message.split()))
+
+
+def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """ "; did you mean --events?" for the first unknown option close to one of `parser`'s."""
+    known = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=")[0], known, n=1, cutoff=0.6)
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
+
+
+def option_message(name: str, phrase: str) -> str:
+    """One line refusing a value of the option or keyword `name`, from its type's phrase:
+    `--epsilon must be at least 0 (got -1)`, `--epsilon: 'x' is not a number`."""
+    return f"{name} {phrase}" if phrase.startswith("must") else f"{name}: {phrase}"
+
+
+def check_value(name: str, value: Any, kind: Callable[[str], T]) -> T:
+    """A Python API keyword's `value` checked by the command line's option type `kind`: the
+    value it names, or a ProbekitError with the phrase the command line gives, naming `name`
+    (the keyword) where the command line names the flag; it reads `str(value)`, as the command
+    line reads its text, so a bool or None is refused as a number too."""
+    text = str(value)
+    try:
+        return kind(text)
+    except argparse.ArgumentTypeError as err:
+        raise ProbekitError(option_message(name, str(err))) from None
 
 
 def _number(text: str, kind: Callable[[str], Any], name: str) -> Any:

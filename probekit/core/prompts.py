@@ -47,15 +47,33 @@ def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
         raise ProbekitError(f"{where}: expected a JSON object")
     if "id" not in record:
         raise ProbekitError(f"{where}: missing 'id'")
-    pid = str(record["id"])
+    pid = prompt_id(record["id"], where)
     if "messages" in record:
         messages = parse_messages(record["messages"], where)
         return Item(pid, key={}, unit=pid, messages=messages, prefill=prefill)
     if "text" in record:
         if not isinstance(record["text"], str):
             raise ProbekitError(f"{where}: 'text' must be a string")
+        if not (record["text"] + prefill).strip():
+            raise ProbekitError(f"{where}: id '{pid}': the prompt is empty ('text' is blank)")
         return Item(pid, key={}, unit=pid, text=record["text"], prefill=prefill)
     raise ProbekitError(f"{where}: id '{pid}' has neither 'messages' nor 'text'")
+
+
+def prompt_id(value: object, where: str) -> str:
+    """A prompt's id as text: a non-empty string, or a number; `null`, true/false, lists and
+    objects are refused (a null id would become the text "None" and clash with the next)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        shown = (
+            json.dumps(value)
+            if value is None or isinstance(value, bool)
+            else "a " + ("list" if isinstance(value, list) else type(value).__name__)
+        )
+        raise ProbekitError(f"{where}: 'id' is {shown}; give a string or a number")
+    text = str(value)
+    if not text.strip():
+        raise ProbekitError(f"{where}: 'id' is empty; give a string or a number")
+    return text
 
 
 def parse_messages(messages: object, where: str) -> tuple[dict[str, str], ...]:
@@ -71,4 +89,6 @@ def parse_messages(messages: object, where: str) -> tuple[dict[str, str], ...]:
             raise ProbekitError(
                 f"{where}: each message needs a role in {ROLES} and a string content"
             )
+    if not any(m["content"].strip() for m in messages):
+        raise ProbekitError(f"{where}: the prompt is empty (no message has any content)")
     return tuple({"role": m["role"], "content": m["content"]} for m in messages)

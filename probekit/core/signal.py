@@ -1,5 +1,6 @@
 """When the signal of a run is too weak to read: the valid mass (the probability that the model's
-answer is in the answer set at all) below which probekit says so."""
+answer is in the answer set at all) below which probekit says so, and the prefill that causes it
+most often (one ending in whitespace)."""
 
 from __future__ import annotations
 
@@ -23,4 +24,17 @@ def weak_signal(mean_valid_mass: float | None) -> str | None:
         f"{WEAK_SIGNAL_VALID_MASS:.0%}: most of the probability falls outside the answer set, so "
         "the numbers describe a small share of the model's output (check the question, the "
         "answer set and the prefill)"
+    )
+
+
+def prefill_trap(prefill: str) -> str | None:
+    """One line when `prefill` ends in whitespace, else None: most tokenizers fold a space into
+    the next word's token (" 7"), so a prefill ending in a space leaves the answers only their
+    rare space-less forms, which lowers the valid mass and can move the scores."""
+    if not prefill or not prefill[-1].isspace():
+        return None
+    return (
+        f"the prefill {prefill!r} ends in whitespace: the answer's tokens usually carry the "
+        "leading space themselves, so this lowers the valid mass and can move the scores; end "
+        "the prefill without it"
     )

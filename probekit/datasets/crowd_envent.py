@@ -4,8 +4,14 @@ A data root holds `crowd-enVent/crowd-enVent_<emotion>.tsv`, one file per emotio
 with a header. They are read as the authors read them, with pandas' default CSV quoting: a field
 that starts with a double quote is a quoted field, `""` inside it one quote (event 40 reads
 `My partner accused me of "not pulling my weight"`, not the file's escaped form).
+
+Every row is checked before it is used (`check_rows`): a row with another number of fields than
+the header, an empty id, emotion or text field, or a file that ends mid-row (every file ends with
+a line end) is refused with its file and line, so that a truncated copy never reaches a model.
 """
 
+import csv
+import io
 from pathlib import Path
 
 import numpy as np
@@ -47,21 +53,65 @@ def resolve_crowd_envent(explicit: str | Path | None = None) -> DataSource:
     return CROWD_ENVENT.resolve(explicit)
 
 
+def check_rows(path: Path) -> int:
+    """Refuse the first malformed row of the TSV file `path` in one line naming the file and
+    line: a header without a column of `COLUMNS`, a file cut mid-row, a row whose field count is
+    not the header's, or an empty value in a column of `COLUMNS`. Returns the number of rows
+    (blank lines are skipped, as pandas does)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProbekitError(f"{path} is not UTF-8 text (byte {err.start}): {err.reason}") from None
+    except OSError as err:
+        raise ProbekitError(f"{path} cannot be read: {err.strerror or err}") from None
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
+    header = next(reader, [])
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ProbekitError(
+            f"{path} lacks the column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}"
+        )
+    if not text.endswith("\n"):
+        raise ProbekitError(
+            f"{path}:{text.count(chr(10)) + 1}: the file ends mid-row (no line end after its "
+            "last row), so it was cut short; get a complete copy (or end a complete last row "
+            "with a line end)"
+        )
+    required = [(header.index(c), c) for c in COLUMNS]
+    rows, start = 0, reader.line_num + 1
+    for row in reader:
+        where = f"{path}:{start}"
+        start = reader.line_num + 1
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise ProbekitError(
+                f"{where}: {len(row)} tab-separated fields, the header has {len(header)}; the row "
+                "is cut short or holds a stray tab"
+            )
+        empty = [name for at, name in required if not row[at].strip()]
+        if empty:
+            raise ProbekitError(f"{where}: the field {empty[0]} is empty; every event needs it")
+        rows += 1
+    return rows
+
+
 def _read(path: Path, emotion: str) -> pd.DataFrame:
     if not path.is_file():
         raise ProbekitError(
             f"{path} is missing; a crowd-enVent root needs crowd-enVent_<emotion>.tsv for all "
             f"12 emotions: {', '.join(EMOTIONS)}"
         )
+    rows = check_rows(path)
     try:
         df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         detail = str(err).strip().splitlines()[0]
         raise ProbekitError(f"{path} is not a readable crowd-enVent TSV file: {detail}") from err
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
+    if len(df) != rows:  # the two readers disagree on quoting: trust neither
         raise ProbekitError(
-            f"{path} lacks the column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}"
+            f"{path}: pandas reads {len(df)} rows and the row check {rows}; a stray double quote "
+            "probably joins rows"
         )
     if (df["emotion"] != emotion).any():
         raise ProbekitError(f"{path} has rows whose emotion is not {emotion!r}")

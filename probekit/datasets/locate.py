@@ -3,16 +3,22 @@
 Order: an explicit `--data ROOT`, then `$PROBEKIT_DATA`, then the user cache, then a download
 into the cache (each file checked against the sha256 in `probekit/datasets/SHA256SUMS`), then the
 caller's sample folder. A root that the user named is never silently replaced by another one.
+
+Files found locally (under `--data`, `$PROBEKIT_DATA` or the cache) are checked against the same
+pinned sums when the study finds its data (`Dataset.find`): a mismatch is one stderr line, not an
+error (a user's own version of a dataset may be legitimate), and the run manifest records it
+(`data_verified: false` and the sha256 found of each differing file, `Dataset.manifest`).
 """
 
 import hashlib
 import http.client
 import os
+import sys
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
@@ -65,24 +71,45 @@ class Dataset:
         """One sha256 over the files under `root` (see `combined_sha256`)."""
         return combined_sha256(root, self.files)
 
+    def verify(self, source: DataSource) -> dict[str, str] | None:
+        """The files of `source` that differ from their pinned sha256 (relative path -> sha256
+        found; empty when all match), or None when nothing can be checked: probekit's own
+        sample (found as the fallback or named by --data), or a dataset without pinned sums."""
+        pinned = {rel: digest for rel, digest in read_checksums().items() if rel in self.files}
+        own_sample = self.sample is not None and source.path.resolve() == self.sample.resolve()
+        if source.origin == "sample" or own_sample or not pinned:
+            return None
+        return mismatched_files(source.path, pinned)
+
     def find(self, explicit: str | Path | None, say: Callable[..., None]) -> DataSource:
-        """`resolve`, saying where the data came from, and loudly when a sample stands in."""
+        """`resolve`, saying where the data came from, loudly when a sample stands in, and in
+        one stderr line when a file differs from its pinned sha256."""
         source = self.resolve(explicit)
         if source.origin == "sample":
             sample = f"using probekit's own sample (NOT {self.name})"
             say(f"{self.name} not found: {sample}. {source.message}")
         else:
             say(f"data: {self.name} from {source.path} ({source.origin})")
+        differing = self.verify(source)
+        if differing:
+            say(mismatch_line(self.name, source.path, differing), file=sys.stderr)
         return source
 
-    def manifest(self, source: DataSource, sha256: str | None = None) -> dict[str, str]:
-        """The run manifest's data fields: origin, path and checksum (`sha256` where a study
-        reads more than the files, e.g. JaEm-ST's templates from another folder)."""
-        return {
+    def manifest(self, source: DataSource, sha256: str | None = None) -> dict[str, Any]:
+        """The run manifest's data fields: origin, path, checksum (`sha256` where a study
+        reads more than the files, e.g. JaEm-ST's templates from another folder), and whether
+        the files match their pinned sums (`data_verified`: true, false with
+        `data_mismatched` = {file: sha256 found}, or null where nothing is pinned)."""
+        differing = self.verify(source)
+        fields: dict[str, Any] = {
             "data_origin": source.origin,
             "data_path": str(source.path),
             "data_sha256": sha256 or self.sha256(source.path),
+            "data_verified": None if differing is None else not differing,
         }
+        if differing:
+            fields["data_mismatched"] = differing
+        return fields
 
 
 def fetch_url(url: str, timeout: float = TIMEOUT_S) -> bytes:
@@ -104,6 +131,25 @@ def combined_sha256(root: str | Path, files: Iterable[str]) -> str:
             raise ProbekitError(f"{path} is missing; cannot checksum the dataset under {root}")
         h.update(f"{file_sha256(path)}  {rel}\n".encode())
     return h.hexdigest()
+
+
+def mismatched_files(root: str | Path, pinned: Mapping[str, str]) -> dict[str, str]:
+    """The files under `root` whose sha256 is not the pinned one: relative path -> sha256 found
+    (a missing file is left to the reader, which names it)."""
+    root = Path(root)
+    found = {rel: file_sha256(root / rel) for rel in sorted(pinned) if (root / rel).is_file()}
+    return {rel: digest for rel, digest in found.items() if digest != pinned[rel]}
+
+
+def mismatch_line(name: str, root: Path, differing: Mapping[str, str]) -> str:
+    """One line saying that `differing` files of the dataset `name` are not the pinned ones."""
+    first = next(iter(differing))
+    more = f" (and {len(differing) - 1} more file(s))" if len(differing) > 1 else ""
+    return (
+        f"probekit: warning: {root / first} is not the pinned {name} file{more}: its sha256 is "
+        f"{differing[first][:16]}...; a damaged copy or another version (the run goes on and its "
+        "manifest says data_verified: false)"
+    )
 
 
 def read_checksums(path: Path = CHECKSUMS_FILE) -> dict[str, str]:

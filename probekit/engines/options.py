@@ -1,7 +1,9 @@
 """The options of every command that loads a model (`--model`, `--device`, `--dtype`,
 `--engine`, and where the model goes: `--device-map`, `--max-memory`, `--offload-folder`,
 vLLM's `--tensor-parallel-size` and `--pipeline-parallel-size`), on the option types of
-`probekit.core.options`; `load_options` turns them into `load_engine`'s keywords."""
+`probekit.core.options`; `load_options` turns them into `load_engine`'s keywords. `check_device`
+says in one line when a named device is missing from this torch, for the command line and the
+API alike."""
 
 from __future__ import annotations
 
@@ -139,3 +141,30 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number")
     return int(text)
+
+
+def check_device(name: str) -> str:
+    """`name` if this torch can use that device (`cuda`, `cuda:N`, `mps`; anything else is left
+    to torch), else one line saying what is missing, before a model is read."""
+    import torch
+
+    kind, _, index = name.partition(":")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            built = "sees no CUDA device" if torch.backends.cuda.is_built() else "lacks CUDA"
+            raise ProbekitError(
+                f"--device {name}: this torch ({torch.__version__}) {built}; use --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if index.isdigit() and int(index) >= count:
+            raise ProbekitError(
+                f"--device {name}: there are {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ProbekitError(
+                f"--device {name}: MPS (Apple silicon) is not available in this torch; use "
+                "--device cpu"
+            )
+    return name

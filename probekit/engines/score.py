@@ -1,11 +1,16 @@
 """One-call scoring for scripts: prompts in, a DataFrame of exact answer probabilities out.
 
 `score` is `probekit score` as a function: the same encoder, scorer and columns, so a script and
-the command give the same numbers for the same prompts.
+the command give the same numbers for the same prompts, and the same checks: its keywords go
+through the command line's option types (`probekit.core.options.check_value`) and its answers
+through `as_answer_set`, so a bad value is the same one-line ProbekitError from both. A weak
+signal (mean valid mass below `WEAK_SIGNAL_VALID_MASS`) and a prefill ending in whitespace are warned
+about (`warnings.warn`; the command line prints the same line on stderr).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -13,10 +18,12 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.core.answers import AnswerSet
+from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
+from probekit.core.options import check_value, non_negative_float, positive_int
 from probekit.core.prompts import parse_messages, read_prompts
+from probekit.core.signal import prefill_trap, weak_signal
 
 Prompts = str | Path | Sequence[str] | Sequence[Sequence[Mapping[str, str]]] | Sequence[Item]
 
@@ -24,7 +31,7 @@ Prompts = str | Path | Sequence[str] | Sequence[Sequence[Mapping[str, str]]] | S
 def score(
     model: Any,
     prompts: Prompts,
-    answers: AnswerSet | str,
+    answers: AnswerSet | str | Sequence[str | float],
     *,
     epsilon: float = 1e-4,
     prefill: str | None = None,
@@ -38,26 +45,39 @@ def score(
         prompts: one string (sent as one user message through the model's chat template), a
             list of strings, a list of chat-message lists (`[{"role": ..., "content": ...}]`),
             a list of `Item`s, or the path of a prompts JSONL file (as `probekit score` reads).
-        answers: an `AnswerSet` or a spec: `0-100`, `A-E`, `A,B,C`, `@file`.
+        answers: an `AnswerSet`, a spec (`0-100`, `A-E`, `A,B,C`, `@file`) or a list of
+            strings or numbers (`["yes", "no"]`, `[1, 2, 3]`).
         epsilon: pruning bound; every row's `error_bound` is at most this (0: exact).
         prefill: text forced at the start of every response (e.g. `"[["`).
         batch_size: prompts per forward pass (default: 16 on CPU, 64 on GPU).
 
     Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `mode`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
-    answer (normalised over the answer set).
+    answer (normalised over the answer set). Bad values are one ProbekitError each; a
+    prefill ending in whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are warned about.
     """
+    answer_set = as_answer_set(answers)
+    epsilon = check_value("epsilon", epsilon, non_negative_float)
+    if batch_size is not None:
+        batch_size = check_value("batch_size", batch_size, positive_int)
+    if prefill is not None and not isinstance(prefill, str):
+        raise ProbekitError(f"prefill must be a string, got {type(prefill).__name__}")
+    if trap := prefill_trap(prefill or ""):
+        warnings.warn(trap, UserWarning, stacklevel=2)
     items = list(as_items(prompts, prefill or ""))
     if not items:
         raise ProbekitError("no prompts to score")
-    frames = list(score_frames(model, items, answers, epsilon=epsilon, batch_size=batch_size))
-    return pd.concat(frames, ignore_index=True)
+    frames = score_frames(model, items, answer_set, epsilon=epsilon, batch_size=batch_size)
+    table = pd.concat(list(frames), ignore_index=True)
+    if weak := weak_signal(float(table["valid_mass"].mean())):
+        warnings.warn(weak, UserWarning, stacklevel=2)
+    return table
 
 
 def score_frames(
     model: Any,
     items: Iterable[Item],
-    answers: AnswerSet | str,
+    answers: AnswerSet | str | Sequence[str | float],
     *,
     epsilon: float = 1e-4,
     batch_size: int | None = None,
@@ -68,7 +88,12 @@ def score_frames(
     from probekit.engines import load_engine
 
     engine = load_engine(model) if isinstance(model, str) else model
-    answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
+    if not hasattr(engine, "scorer") or not hasattr(engine, "encode"):
+        raise ProbekitError(
+            f"model must be a loaded model or a model spec (`default`, a hub id, a folder, a "
+            f".gguf file); got {type(model).__name__}"
+        )
+    answer_set = as_answer_set(answers)
     scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
     chunk: list[Item] = []
     for item in items:

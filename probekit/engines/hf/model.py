@@ -8,7 +8,6 @@ GGUF files are dequantised once and cached as safetensors, so later loads take s
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -27,7 +26,8 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.engines.base import ScorerKwargs
 from probekit.engines.hf.attention import use_grouped_sdpa
-from probekit.engines.hf.gguf import convert_gguf, converted_cache_dir, default_gguf_path
+from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
+from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
 from probekit.engines.hf.precision import (
     FP32_MEMORY_SHARE,
     REDUCED,
@@ -35,6 +35,7 @@ from probekit.engines.hf.precision import (
     keep_head_fp32,
     parameter_count,
 )
+from probekit.engines.options import check_device
 
 if TYPE_CHECKING:
     from probekit.engines.hf.scorer import HFScorer
@@ -177,7 +178,7 @@ class LoadedModel:
 def pick_device(device: str | None = None) -> torch.device:
     """cuda > mps > cpu unless `device` names one."""
     if device:
-        return torch.device(device)
+        return torch.device(check_device(device))
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
@@ -288,6 +289,8 @@ def load_model(
         use_grouped_sdpa(hf, dev)
     _prepare_tokenizer(tok)
     hf.generation_config.pad_token_id = tok.pad_token_id
+    if weights:
+        check_first_forward(hf, tok, spec, dev)
     return LoadedModel(
         hf=hf, tokenizer=tok, name=spec, source=source, device=dev, dtype=dt, meta=meta
     )
@@ -340,12 +343,9 @@ class _Load:
 
 
 def _load_gguf(gguf: Path, load: _Load, meta: dict[str, Any]) -> tuple[Any, Any, str]:
-    """Load a GGUF through its safetensors cache, converting it on first use."""
-    cache = converted_cache_dir(gguf)
-    marker = cache / "probekit.json"
-    if not marker.is_file():
-        convert_gguf(gguf, cache)
-    meta.update(json.loads(marker.read_text()))
+    """Load a GGUF through its verified safetensors cache, converting it on first use."""
+    cache, record = ensure_converted(gguf)
+    meta.update({key: record[key] for key in ("gguf", "gguf_sha256")})
     hf, tok = _load_pretrained(str(cache), load, str(gguf))
     return hf, tok, str(cache)
 
@@ -372,7 +372,7 @@ def _load_pretrained(
         hf = AutoModelForCausalLM.from_pretrained(
             where, dtype=load.dtype, local_files_only=local_only, **(load.dispatch or {})
         )
-    except (OSError, ValueError) as exc:
+    except LOAD_ERRORS as exc:
         if load.dispatch and "offload" in str(exc):
             raise ProbekitError(
                 f"the device map of '{label}' puts weights on disk: give an offload folder "

