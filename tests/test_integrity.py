@@ -66,6 +66,7 @@ def truncate(path: Path) -> None:
         fh.truncate(path.stat().st_size // 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [overwrite, truncate], ids=["overwritten", "truncated"])
 def test_a_damaged_model_cache_is_converted_again(smol, cache_copy, capsys, damage):
     before = probekit.score(smol, PROMPTS, "0-10")
@@ -82,6 +83,7 @@ def test_a_damaged_model_cache_is_converted_again(smol, cache_copy, capsys, dama
     assert gguf.verify_cache(cache_copy) is None
 
 
+@pytest.mark.slow
 def test_what_makes_a_cache_damaged(cache_copy):
     (cache_copy / "tokenizer.json").unlink()
     assert gguf.verify_cache(cache_copy) == "tokenizer.json is missing"
@@ -89,6 +91,7 @@ def test_what_makes_a_cache_damaged(cache_copy):
     assert gguf.verify_cache(cache_copy) == f"its record {gguf.MARKER} is unreadable"
 
 
+@pytest.mark.slow
 def test_an_untouched_cache_is_not_hashed_again(cache_copy, monkeypatch):
     def no_hashing(path: Path) -> str:
         raise AssertionError(f"{path} hashed although its size and mtime match the stamp")
@@ -100,6 +103,7 @@ def test_an_untouched_cache_is_not_hashed_again(cache_copy, monkeypatch):
         gguf.verify_cache(cache_copy)
 
 
+@pytest.mark.slow
 def test_a_damaged_cache_whose_gguf_is_gone_is_one_line(cache_copy, tmp_path):
     truncate(cache_copy / "model.safetensors")
     with pytest.raises(ProbekitError, match="is gone, so it cannot be converted again"):
@@ -127,6 +131,7 @@ def tiny_folder(smol, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_folder_weights_with_nan_are_one_line(tiny_folder, capsys):
     assert load_model(str(tiny_folder)).n_layers == 2  # sound weights load
     from safetensors.torch import load_file, save_file
@@ -144,6 +149,7 @@ def test_folder_weights_with_nan_are_one_line(tiny_folder, capsys):
     assert "non-finite logits" in one_line(capsys.readouterr().err) and not out.exists()
 
 
+@pytest.mark.slow
 def test_truncated_folder_weights_are_one_line(tiny_folder):
     truncate(tiny_folder / "model.safetensors")
     with pytest.raises(ProbekitError, match="is not a model folder transformers can read"):
@@ -252,6 +258,7 @@ def test_the_api_and_the_command_line_refuse_a_value_in_the_same_words(
     assert str(refused.value) == cli_line.replace(flag, keyword, 1)
 
 
+@pytest.mark.slow
 def test_answer_lists_are_the_answer_sets_they_name(smol):
     words = probekit.score(smol, PROMPTS, ["yes", "no"])
     pd.testing.assert_frame_equal(words, probekit.score(smol, PROMPTS, "yes,no"))
@@ -283,6 +290,7 @@ def test_a_model_that_is_not_one_is_one_line():
 # ---------------------------------------------------------------------- weak signal
 
 
+@pytest.mark.slow
 def test_a_weak_signal_is_said_in_the_api_and_on_the_command_line(smol, tmp_path, capsys):
     question = ["Which letter comes first in the alphabet? Answer with one letter."]
     with pytest.warns(UserWarning, match="weak signal: the mean valid mass is"):
@@ -299,6 +307,7 @@ def test_a_weak_signal_is_said_in_the_api_and_on_the_command_line(smol, tmp_path
     assert weak_signal([]) is None and weak_signal([float("nan")]) is not None
 
 
+@pytest.mark.slow
 def test_a_prefill_ending_in_whitespace_is_warned_about(smol, tmp_path, capsys):
     with pytest.warns(UserWarning, match="ends in whitespace"):
         probekit.score(smol, PROMPTS[:1], "0-10", prefill="Answer: ")
@@ -353,7 +362,7 @@ def test_a_device_this_torch_lacks_is_one_line(tmp_path, capsys, device):
 def test_an_empty_prompt_is_one_line_naming_it(tmp_path, capsys):
     with pytest.raises(ProbekitError, match=r"item '1': the prompt is empty"):
         probekit.score("no-such-model-is-loaded", ["Hello", "  "], "0-3")
-    with pytest.raises(ProbekitError, match=r"item '0': the prompt is empty"):
+    with pytest.raises(ProbekitError, match=r"prompt 0: the prompt is empty"):
         probekit.score("no-such-model-is-loaded", [[{"role": "user", "content": ""}]], "0-3")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "Hi"}\n{"id": "b", "text": ""}\n')
