@@ -18,7 +18,7 @@ from conftest import reference_data_root
 import probekit
 from probekit import cli
 from probekit.core.errors import ProbekitError
-from probekit.core.signal import WEAK_SIGNAL_MASS, prefill_trap, weak_signal
+from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, prefill_trap, weak_signal
 from probekit.datasets.crowd_envent import CROWD_ENVENT, SAMPLE_ROOT, load_crowd_envent
 from probekit.engines.hf import gguf
 from probekit.engines.hf.model import load_model
@@ -27,6 +27,12 @@ PROMPTS = [
     "On a scale from 0 to 10, how happy is someone who just won a prize? Answer with a number.",
     "On a scale from 0 to 10, how tired is someone after a marathon? Answer with a number.",
 ]
+
+
+CHOICE = (
+    "Question: What color is the sky on a clear day?\nA) green\nB) blue\nC) red\n"
+    "Answer with A, B or C only."
+)
 
 
 def one_line(err: str) -> str:
@@ -294,23 +300,26 @@ def test_a_model_that_is_not_one_is_one_line():
 def test_a_weak_signal_is_said_in_the_api_and_on_the_command_line(smol, tmp_path, capsys):
     question = ["Which letter comes first in the alphabet? Answer with one letter."]
     with pytest.warns(UserWarning, match="weak signal: the mean valid mass is"):
-        scores = probekit.score(smol, question, "1-7")
-    assert scores["valid_mass"].mean() < WEAK_SIGNAL_MASS
+        scores = probekit.score(smol, question, "1-7")  # digits for a letter: 0.02 here
+    assert scores["valid_mass"].mean() < WEAK_SIGNAL_VALID_MASS
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a question that fits its answers: no warning
-        assert probekit.score(smol, question, "A-E")["valid_mass"].mean() >= WEAK_SIGNAL_MASS
+        warnings.simplefilter("error")  # a question that fits its answers: 0.6 here, no warning
+        fits = probekit.score(smol, [CHOICE], "A-C")
+    assert fits["valid_mass"].mean() >= WEAK_SIGNAL_VALID_MASS
     prompts = tmp_path / "letters.jsonl"
     prompts.write_text(json.dumps({"id": "q", "text": question[0]}) + "\n")
     argv = ["score", "--prompts", str(prompts), "--answers", "1-7", "--out", str(tmp_path / "o")]
     assert cli.main(argv) == 0
     assert "probekit: warning: weak signal" in one_line(capsys.readouterr().err)
-    assert weak_signal([]) is None and weak_signal([float("nan")]) is not None
+    assert weak_signal(0.2) is None and WEAK_SIGNAL_VALID_MASS in (0.05,)
 
 
 @pytest.mark.slow
 def test_a_prefill_ending_in_whitespace_is_warned_about(smol, tmp_path, capsys):
     with pytest.warns(UserWarning, match="ends in whitespace"):
-        probekit.score(smol, PROMPTS[:1], "0-10", prefill="Answer: ")
+        spaced = probekit.score(smol, [CHOICE], "A-C", prefill="Answer: ")
+    unspaced = probekit.score(smol, [CHOICE], "A-C", prefill="Answer:")
+    assert spaced["valid_mass"][0] < unspaced["valid_mass"][0] / 4  # the trap it warns of
     assert prefill_trap("Answer:") is None and prefill_trap("[[") is None
     code, err = cli_score(tmp_path, capsys, "--answers", "0-10", "--prefill", "Answer: ")
     assert code == 0 and "ends in whitespace" in err

@@ -29,12 +29,13 @@ def weak_signal(mean_valid_mass: float | None) -> str | None:
 
 def prefill_trap(prefill: str) -> str | None:
     """One line when `prefill` ends in whitespace, else None: most tokenizers fold a space into
-    the next word's token (" 7"), so a prefill ending in a space leaves the answers only their
-    rare space-less forms, which lowers the valid mass and can move the scores."""
+    the next word's token (" B"), so a prefill ending in a space leaves a word answer only its
+    rare space-less form (on the default model, a multiple-choice question's valid mass falls
+    from 0.91 after "Answer:" to 0.10 after "Answer: ")."""
     if not prefill or not prefill[-1].isspace():
         return None
     return (
-        f"the prefill {prefill!r} ends in whitespace: the answer's tokens usually carry the "
-        "leading space themselves, so this lowers the valid mass and can move the scores; end "
-        "the prefill without it"
+        f"the prefill {prefill!r} ends in whitespace: an answer's token usually carries its "
+        "leading space, so this often lowers the valid mass and moves the scores; end the "
+        "prefill without it unless the model was trained that way"
     )

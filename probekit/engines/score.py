@@ -4,8 +4,8 @@
 the command give the same numbers for the same prompts, and the same checks: its keywords go
 through the command line's option types (`probekit.core.options.check_value`) and its answers
 through `as_answer_set`, so a bad value is the same one-line ProbekitError from both. A weak
-signal (mean valid mass below `WEAK_SIGNAL_VALID_MASS`) and a prefill ending in whitespace are warned
-about (`warnings.warn`; the command line prints the same line on stderr).
+signal (mean valid mass below `WEAK_SIGNAL_VALID_MASS`) and a prefill ending in whitespace are
+warned about (`warnings.warn`; the command line prints the same line on stderr).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def score(
     Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `mode`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
     answer (normalised over the answer set). Bad values are one ProbekitError each; a
-    prefill ending in whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are warned about.
+    prefill ending in whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are
+    warned about.
     """
     answer_set = as_answer_set(answers)
     epsilon = check_value("epsilon", epsilon, non_negative_float)
