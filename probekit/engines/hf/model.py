@@ -246,9 +246,9 @@ def load_model(
             f"give a device ('{device}') or a device map, not both: the device map decides "
             "where each layer runs"
         )
+    dev = pick_device(device)  # one line for a device this torch lacks, before the plan
     if weights:  # the memory plan, before anything loads: one line if it cannot fit
         check_before_load(spec, device, dtype, device_map, max_memory, offload_folder)
-    dev = pick_device(device)
     count = parameter_count(spec) if dtype is None and dev.type != "cpu" else None
     dt = pick_dtype(dev, dtype, count)
     load = _Load(dt, dispatch if weights else None, weights)
