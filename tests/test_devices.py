@@ -305,3 +305,12 @@ def test_gpu_benchmark_dry_run(tmp_path):
     assert backoff["batch_size_after"] < backoff["batch_size_before"]
     offload = next(f for f in figures if f["step"] == "offload")
     assert "disk" in offload["device_map"] and offload["max_abs_diff_expected"] <= 1e-6
+
+
+def test_ray_refuses_a_device_map(tmp_path, capsys):
+    from probekit import cli
+
+    argv = ["run", "isear", "--ray", "--max-memory", "cpu=1GiB", "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--ray loads one engine per actor" in err and "drop --max-memory" in err

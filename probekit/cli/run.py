@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from probekit.core.errors import ProbekitError
 from probekit.core.options import (
     CommandParser,
     check_out_dir,
@@ -80,6 +81,22 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
     study.add_options(parser, "run")
     if isinstance(parser, CommandParser):
         parser.add_check(lambda args: check_out_dir(args.out))
+        parser.add_check(_ray_without_device_map)
+
+
+def _ray_without_device_map(args: argparse.Namespace) -> None:
+    """Ray's actors load one engine each with --device and --dtype; a device map or vLLM's
+    parallel sizes place one model in one process, which they would silently drop."""
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("device_map", "max_memory", "offload_folder", "tensor_parallel_size")
+        if getattr(args, name, None) is not None
+    ]
+    if getattr(args, "ray", None) is not None and given:
+        raise ProbekitError(
+            f"--ray loads one engine per actor with --device and --dtype only; drop {given[0]} "
+            "(a device map places one model in one process: run without --ray)"
+        )
 
 
 def execute(study: Study, args: argparse.Namespace) -> pd.DataFrame | None:
