@@ -77,6 +77,10 @@ def test_split_scores_are_the_whole_models(whole, split):
     moved = split.scorer(probekit.AnswerSet.parse("0-10"), max_new_tokens=3)
     prompts = [whole.encode(_item(p)).input_ids for p in PROMPTS] * 2
     assert kept.generate(prompts) == moved.generate(prompts)
+    exact = split.scorer(probekit.AnswerSet.parse("0-10"), epsilon=0.0)
+    again = [r.expected for r in exact.score(prompts)]  # batches of 4: batch-shape noise only
+    assert again == pytest.approx(list(b["expected"]) * 2, abs=1e-5)
+    assert exact.stats.prompt_tokens < sum(map(len, prompts))  # the prefix cache served
 
 
 @pytest.mark.slow
