@@ -120,7 +120,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe:
     """The study's probe for `mode`, built from its own command-line options."""
     parser, study = study_parser("run", choice.study)
-    argv = [a.format(n=n) for a in choice.args] + ["--mode", mode]
+    argv = [a.format(n=n) for a in choice.args] + ["--view", mode]
     if choice.data and data:
         argv += ["--data", data]
     return study.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
@@ -128,7 +128,7 @@ def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe
 
 def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -> dict[str, Any]:
     """Time (a), (b), (b') and (e) on one answer set; return its row of figures."""
-    exact_probe = study_probe(choice, "ev", args.prompts, args.data)
+    exact_probe = study_probe(choice, "exact", args.prompts, args.data)
     gen_probe = study_probe(choice, "generate", args.prompts, args.data)
     answers, device = exact_probe.answers, model.device
     exact_ids = common.first_prompts(model, exact_probe, args.prompts)

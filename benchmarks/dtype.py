@@ -117,9 +117,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def study_args(study: Any, argv: list[str]) -> argparse.Namespace:
-    """The study's own options parsed as `probekit run STUDY` would (ev mode)."""
+    """The study's own options parsed as `probekit run STUDY` would (the exact view)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", default="ev")
+    parser.add_argument("--view", default="exact")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None)
     if hasattr(study, "add_options"):  # the study contract's option declarations
@@ -150,7 +150,7 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
                     frame,
                     category.identities,
                     category.labels,
-                    "ev",
+                    "exact",
                     args.seed,
                     n_permutations=2000,
                     n_power=0,
@@ -174,7 +174,7 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
             probe = study.probes(a, quiet)[0]
 
             def max_diff(frame: pd.DataFrame, probe=probe) -> dict[str, float]:
-                table = isear_summary(view_tables(frame, "ev", probe.genders), args.seed)
+                table = isear_summary(view_tables(frame, "exact", probe.genders), args.seed)
                 row = table.set_index("metric").loc["max_diff"]
                 return {"max_diff": row["value"], "low": row["low"], "high": row["high"]}
 
@@ -188,7 +188,7 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
             units = list(dict.fromkeys(i.unit for i in probe.items()))[: args.giebench_items]
 
             def acc(frame: pd.DataFrame) -> dict[str, float]:
-                table = accuracy(scored(frame, "ev"), args.seed)
+                table = accuracy(scored(frame, "exact"), args.seed)
                 table = table[table["category"] == OVERALL]
                 return {f"acc {r.prompt_type}": r.accuracy for r in table.itertuples()}
 
@@ -203,7 +203,7 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
             groups = probe.manifest()["groups"]
 
             def ce(frame: pd.DataFrame, groups=groups) -> dict[str, float]:
-                row = interval_table(sample_scores(frame, "ev", groups), [], args.seed).iloc[0]
+                row = interval_table(sample_scores(frame, "exact", groups), [], args.seed).iloc[0]
                 return {"CE": row["mean"], "low": row["low"], "high": row["high"]}
 
             origin = probe.manifest().get("data_origin")

@@ -186,7 +186,7 @@ def ray_overhead(args: argparse.Namespace) -> None:
     from probekit.run.ray import connect, run_probe_ray
 
     probe = intergroup_probe(args.data, args.ray_events)
-    manifest = {"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}
+    manifest = {"model": "default", "probe": probe.config(), "view": "exact", "epsilon": 1e-4}
     root = Path(tempfile.mkdtemp(prefix="probekit-engines-"))
     chunk = 16
     rows = []

@@ -48,7 +48,7 @@ import transformers
 from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
 from probekit.core.answers import AnswerSet
-from probekit.datasets.crowd_envent import load_crowd_envent, resolve_crowd_envent, sample_events
+from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer, ScoreResult, ScorerStats
 from probekit.engines.hf.model import LoadedModel, load_model
@@ -197,7 +197,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------- setup
 def load_events(data: str | None) -> tuple[Any, str]:
     """The crowd-enVent events and a line saying where they came from."""
-    source = resolve_crowd_envent(common.data_root(data))
+    source = CROWD_ENVENT.resolve(common.data_root(data))
     if source.origin == "sample":
         print(f"WARNING: {source.message}", file=sys.stderr)
         where = f"probekit SAMPLE events in {source.path} (NOT crowd-enVent)"

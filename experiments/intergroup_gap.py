@@ -5,7 +5,7 @@
     torchrun --nproc_per_node 2 experiments/intergroup_gap.py --out runs/two   # same result, split
 
 Scores every perceiver x experiencer x event prompt (`a person` included), exactly from the
-logits (`--mode ev`) or by greedy generation + the paper's parse (`--mode generate`, which also
+logits (`--view exact`) or by greedy generation + the paper's parse (`--view generate`, which also
 records the exact scores), then writes scores.parquet, manifest.json, heatmap.png, summary.csv
 and summary.md. Re-running the same command resumes an interrupted run. The same as
 `probekit run intergroup [options]`; data: --data ROOT, else $PROBEKIT_DATA, else the user cache,

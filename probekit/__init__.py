@@ -49,6 +49,9 @@ _API = {
     "sweep": "probekit.mechanism.patching",
     "Patch": "probekit.mechanism.components",
     # studies and runs
+    "run_study": "probekit.run.study",
+    "Run": "probekit.run.study",
+    "RunDir": "probekit.core.rundir",
     "run_probe": "probekit.run.loop",
     "Probe": "probekit.studies.base",
     "Study": "probekit.studies.base",

@@ -61,7 +61,7 @@ class MinimalStudy(Study):
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
     ) -> list[dict]:
-        value = scores["expected"] if view == "ev" else pd.to_numeric(scores["parsed"])
+        value = scores["expected"] if view == "exact" else pd.to_numeric(scores["parsed"])
         means = value.groupby(scores["name"]).mean()
         return [{"view": view, **means.to_dict(), "gap": means["Alice"] - means["Bob"]}]
 

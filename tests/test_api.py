@@ -40,7 +40,7 @@ def test_score_equals_the_command(smol, tmp_path):
     script = probekit.score(smol, prompts, "0-10")
     assert list(script.columns) == list(command.columns)
     assert list(script["id"]) == ["chat", "raw"]
-    numbers = [c for c in command.columns if c not in ("id", "argmax", "mode")]
+    numbers = [c for c in command.columns if c not in ("id", "argmax", "most_probable")]
     assert np.allclose(script[numbers], command[numbers], atol=1e-6, rtol=0)
     assert list(script["argmax"]) == list(command["argmax"])
 

@@ -124,7 +124,7 @@ SAMPLES = str(SAMPLE_ROOT)
             ["patch", "intergroup", "--spans", "speaker", "--data", SAMPLES],
             "unknown span 'speaker'",
         ),
-        (["run", "intergroup", "--mode", "sample"], "unknown mode 'sample'"),
+        (["run", "intergroup", "--view", "sample"], "unknown view 'sample'"),
         (["report", "/nonexistent/run"], "is not a folder"),
     ],
 )

@@ -10,12 +10,12 @@ import pytest
 
 from probekit.core.errors import ProbekitError
 from probekit.datasets.crowd_envent import (
+    CROWD_ENVENT,
     EMOTIONS,
     FILES,
     SAMPLE_ROOT,
     data_sha256,
     load_crowd_envent,
-    resolve_crowd_envent,
     sample_events,
 )
 from probekit.datasets.locate import read_checksums, resolve_data_root, source_url
@@ -168,10 +168,10 @@ def test_explicit_root_missing_a_file_never_falls_back(isolated, tmp_path):
 
 def test_env_root(isolated, monkeypatch, tmp_path):
     monkeypatch.setenv("PROBEKIT_DATA", str(SAMPLE_ROOT))
-    assert resolve_crowd_envent().origin == "env"
+    assert CROWD_ENVENT.resolve(None).origin == "env"
     monkeypatch.setenv("PROBEKIT_DATA", str(tmp_path))
     with pytest.raises(ProbekitError, match="\\$PROBEKIT_DATA .* has no crowd-enVent/"):
-        resolve_crowd_envent()
+        CROWD_ENVENT.resolve(None)
 
 
 def test_cache_root(isolated):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from probekit import cli
+import probekit
 from probekit.core.errors import ProbekitError
 from probekit.engines.hf import precision
 from probekit.engines.hf.model import load_model, pick_dtype
@@ -31,7 +31,7 @@ def _prompts(model, study: str, argv: list[str], count: int):
 
     chosen = get_study(study)
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", default="ev")
+    parser.add_argument("--view", default="exact")
     parser.add_argument("--seed", type=int, default=0)
     chosen.add_options(parser, "run")
     probe = chosen.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
@@ -111,7 +111,7 @@ def test_noise_figure_restores_the_model(smol):
 
 def test_run_records_dtype_and_noise_in_manifest_and_summary(tmp_path):
     out = tmp_path / "run"
-    assert cli.main(["run", "isear", "--events", "1", "--out", str(out)]) == 0
+    probekit.run_study("isear", events=1, out=out, numerics=3)  # 3 prompts: all of them
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dtype"] == "float32"
     numerics = manifest["numerics"]

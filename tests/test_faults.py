@@ -58,7 +58,7 @@ out, events, chunk = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 probe = IntergroupProbe(
     get_category("religion"), get_setting({SETTING!r}), load_crowd_envent(SAMPLE_ROOT).head(events)
 )
-manifest = {{"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}}
+manifest = {{"model": "default", "probe": probe.config(), "view": "exact", "epsilon": 1e-4}}
 size = None if chunk == "auto" else int(chunk)
 run_probe(probe, load_model("default"), out, manifest, chunk_size=size)
 """
@@ -70,7 +70,7 @@ def small_probe(n_events: int) -> IntergroupProbe:
 
 
 def manifest(probe: IntergroupProbe) -> dict:
-    return {"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}
+    return {"model": "default", "probe": probe.config(), "view": "exact", "epsilon": 1e-4}
 
 
 def one_line(stderr: str) -> str:
@@ -88,7 +88,7 @@ def indices_of(out: Path) -> set[int]:
 
 
 def assert_same_scores(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    keys = [INDEX, "prompt_id", "perceiver", "experiencer", "event_id", "argmax", "mode"]
+    keys = [INDEX, "prompt_id", "perceiver", "experiencer", "event_id", "argmax", "most_probable"]
     assert a[keys].equals(b[keys])
     # Prompts batched differently (a resumed chunk, timed chunks) share KV prefixes differently:
     # fp32 computation-path noise of ~1e-5 per probability, times the 0-10 scale in `expected`.

@@ -228,7 +228,7 @@ def test_bad_records_are_refused_in_one_line(tmp_path, record, message):
     "extra, message",
     [
         (["--prompt", "raw,xyz"], "unknown prompt type 'xyz'"),
-        (["--mode", "direct"], "unknown mode 'direct'"),
+        (["--view", "direct"], "unknown view 'direct'"),
         (["--items", "EDGE"], "is not valid JSON"),
         (["--items", "UNPARSABLE", "--orders", "4"], "cannot be reordered"),
     ],
@@ -310,7 +310,7 @@ def hand_table() -> pd.DataFrame:
 
 
 def test_shifts_and_mismatch_on_a_hand_made_table():
-    frame = metrics.scored(hand_table(), "ev")
+    frame = metrics.scored(hand_table(), "exact")
     shifts = metrics.shifts(frame).set_index(["shift", "category"])
     age, faith, overall = (shifts.loc[("raw->cot", c)] for c in ("Age", "Faith", "overall"))
     assert (age.flips_plus, age.flips_minus, faith.flips_plus, faith.flips_minus) == (1, 1, 1, 0)
@@ -331,7 +331,7 @@ def test_shifts_and_mismatch_on_a_hand_made_table():
     assert (gen.loc[("raw->cot", "overall"), ["flips_plus", "flips_minus"]] == [2, 2]).all()
 
 
-def small_probe(mode: str, **kw) -> GIEBenchProbe:
+def small_probe(view: str, **kw) -> GIEBenchProbe:
     """One short record (the exactness checks need no long prompt), correct answer at B."""
     record = Record(
         "short",
@@ -341,7 +341,7 @@ def small_probe(mode: str, **kw) -> GIEBenchProbe:
         ("No.", "Yes, at 16.", "Only at 21.", "Never."),
         1,
     )
-    return GIEBenchProbe([record], ["cot"], mode=mode, mismatch=False, **kw)
+    return GIEBenchProbe([record], ["cot"], view=view, mismatch=False, **kw)
 
 
 def check_exact(smol, scores: pd.DataFrame, probe: GIEBenchProbe, prefills: list[str]) -> None:
@@ -355,9 +355,9 @@ def check_exact(smol, scores: pd.DataFrame, probe: GIEBenchProbe, prefills: list
 
 
 def test_direct_verdict_is_exact(tmp_path, smol):
-    probe = small_probe("ev")
+    probe = small_probe("exact")
     path = run_probe(
-        probe, smol, tmp_path / "direct", {"study": "giebench"}, mode="ev", epsilon=0.0
+        probe, smol, tmp_path / "direct", {"study": "giebench"}, view="exact", epsilon=0.0
     )
     scores = pd.read_parquet(path)
     assert list(scores["correct"]) == ["B"]
@@ -369,7 +369,7 @@ def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
     probe = small_probe("explain", max_new_tokens=6)
     probe.answer_cue = " "  # a cue this model writes within the budget, to test the cut
     path = run_probe(
-        probe, smol, tmp_path / "explain", {"study": "giebench"}, mode="explain", epsilon=0.0
+        probe, smol, tmp_path / "explain", {"study": "giebench"}, view="explain", epsilon=0.0
     )
     scores = pd.read_parquet(path)
     assert not scores["cue_missing"].any()
@@ -378,7 +378,7 @@ def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
     missing = small_probe("explain", max_new_tokens=2)
     missing.answer_cue = "[[NEVER"
     path = run_probe(
-        missing, smol, tmp_path / "missing", {"study": "giebench"}, mode="explain", epsilon=0.0
+        missing, smol, tmp_path / "missing", {"study": "giebench"}, view="explain", epsilon=0.0
     )
     scores = pd.read_parquet(path)
     assert scores["cue_missing"].all() and len(scores["explanation"].iloc[0]) > 0

@@ -74,7 +74,7 @@ def isear_rows(model: str, shift: float = 0.0) -> list[dict]:
         }
     )
     rows.append({"metric": "mean_valid_mass", "value": 0.1337, "low": 0.12, "high": 0.15})
-    return [{"model": model, "events": 4, "view": "ev", **r} for r in rows]
+    return [{"model": model, "events": 4, "view": "exact", **r} for r in rows]
 
 
 def intergroup_rows(model: str) -> list[dict]:
@@ -83,7 +83,7 @@ def intergroup_rows(model: str) -> list[dict]:
             "model": model,
             "category": "religion",
             "setting": "P0S0T0",
-            "mode": "ev",
+            "view": "exact",
             "mean_valid_mass": 0.0878,
             "delta": 1.4651,
             "delta_ci_low": 1.378,
@@ -107,7 +107,7 @@ def finished_run(folder: Path, study: str, rows: list[dict], **manifest: object)
         "model": rows[0]["model"],
         "model_source": "/models/x",
         "weights": "b179c9523d0e6a0f98a3",
-        "mode": "ev",
+        "view": "exact",
         "epsilon": 1e-4,
         "seed": 123,
         "data_origin": "sample",
@@ -334,7 +334,7 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
             "model": "default",
             "prompt": 0,
             "orders": 1,
-            "view": "ev",
+            "view": "exact",
             "template": name,
             "n_samples": 243,
             "accuracy": acc,
@@ -348,7 +348,7 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
         for name, acc in (("all", 0.188), ("sample1", 0.175))
     ]
     run = load_run(finished_run(tmp_path / "jaem", "jaem-st", jaem, prompt=0, orders=1))
-    assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (ev)"]
+    assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (exact)"]
     text = page_text(run_page_html(run))
     assert "0.188 [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
 

@@ -59,17 +59,19 @@ def test_ev_exclusion_uses_valid_mass_threshold():
     below = (scores.event_id == "e0") & (scores.perceiver == "a Muslim")
     scores.loc[below, "valid_mass"] = 0.98 * threshold
     scores.loc[scores.event_id == "e1", "valid_mass"] = threshold  # exactly at it: kept
-    result = metrics.exclude_events(scores, GROUPS, "ev")
+    result = metrics.exclude_events(scores, GROUPS, "exact")
     assert result.kept == ("e1", "e2")
-    lenient = metrics.exclude_events(scores, GROUPS, "ev", min_valid_mass=0.5 * threshold)
+    lenient = metrics.exclude_events(scores, GROUPS, "exact", min_valid_mass=0.5 * threshold)
     assert lenient.kept == ("e0", "e1", "e2")
 
 
-def test_exclusion_rejects_unknown_mode_and_missing_columns():
-    with pytest.raises(ProbekitError, match="mode"):
+def test_exclusion_rejects_unknown_view_and_missing_columns():
+    with pytest.raises(ProbekitError, match="unknown view"):
         metrics.exclude_events(small_scores(), GROUPS, "sample")
     with pytest.raises(ProbekitError, match="valid_mass"):
-        metrics.exclude_events(small_scores().rename(columns={"parsed": "expected"}), GROUPS, "ev")
+        metrics.exclude_events(
+            small_scores().rename(columns={"parsed": "expected"}), GROUPS, "exact"
+        )
 
 
 def test_intensity_matrix_rows_are_perceivers_over_kept_events():

@@ -90,7 +90,7 @@ def test_punkt_tables_are_the_pinned_ones(punkt):
 def _table(rows: list[tuple[int, str, str | None]], probs=None) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=["event_id", "gender", "parsed"])
     frame["valid_mass"] = 0.5
-    frame["mode"] = "anger"
+    frame["most_probable"] = "anger"
     p = np.zeros((len(frame), len(EMOTIONS))) if probs is None else np.asarray(probs, float)
     for k, emotion in enumerate(EMOTIONS):
         frame[f"p::{emotion}"] = p[:, k]
@@ -122,7 +122,7 @@ def test_exact_metrics_average_the_distributions():
     probs = [anger, anger, 0.5 * (anger + joy), joy, anger, 0.5 * (anger + joy)]
     frame = _table([(0, man, None), (0, woman, None), (0, nb, None),
                     (1, man, None), (1, woman, None), (1, nb, None)], probs)  # fmt: skip
-    m = isear_metrics.view_metrics(isear_metrics.view_tables(frame, "ev", GENDERS))
+    m = isear_metrics.view_metrics(isear_metrics.view_tables(frame, "exact", GENDERS))
     # P(anger | g): man (1 + 0) / 2, woman 1, the non-binary person 0.5
     assert m["p::anger|a man"] == 0.5 and m["p::anger|a woman"] == 1.0
     assert m["max_diff_anger"] == 0.5 and m["max_diff_joy"] == 0.5 and m["max_diff"] == 0.5
@@ -184,7 +184,7 @@ def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
 def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PROBEKIT_DATA", str(SHARED))
     out = tmp_path / "run"
-    code = cli.main(["run", "isear", "--events", "1", "--mode", "generate", "--out", str(out)])
+    code = cli.main(["run", "isear", "--events", "1", "--view", "generate", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     scores = pd.read_parquet(out / "scores.parquet")
     assert list(scores["gender"]) == list(GENDERS) and set(scores["event_id"]) == {428}
@@ -198,10 +198,10 @@ def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, ca
     ):
         assert column in scores
     summary = pd.read_csv(out / "summary.csv")
-    assert set(summary["view"]) == {"generate", "ev"}
+    assert set(summary["view"]) == {"generate", "exact"}
     for name in ("max_diff", "undetected_rate_attempts", "undetected_rate_items"):
         assert name in set(summary[summary["view"] == "generate"]["metric"])
-    assert "mean_valid_mass" in set(summary[summary["view"] == "ev"]["metric"])
+    assert "mean_valid_mass" in set(summary[summary["view"] == "exact"]["metric"])
     assert (out / "emotions.png").stat().st_size > 0 and (out / "summary.md").is_file()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["seed"] == 123 and manifest["max_new_tokens"] == 300
@@ -226,7 +226,7 @@ BAD_RUNS = [
     (["--events", "some"], "must be a positive number or 'all'"),
     (["--genders", "a man,a robot"], "unknown gender 'a robot'"),
     (["--genders", "a man"], "at least two"),
-    (["--repetitions", "3", "--mode", "generate"], "needs --temperature > 0"),
+    (["--repetitions", "3", "--view", "generate"], "needs --temperature > 0"),
     (["--temperature", "1.0"], "generate only"),
 ]
 
@@ -264,7 +264,7 @@ def test_missing_nltk_data_says_where_to_put_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(nltk, "download", lambda *a, **k: False)
     root = _write(tmp_path / "root", b"I lost my keys.\nI found my keys.")
     out = tmp_path / "out"
-    code = cli.main(["run", "isear", "--data", root, "--mode", "generate", "--out", str(out)])
+    code = cli.main(["run", "isear", "--data", root, "--view", "generate", "--out", str(out)])
     err = errors(capsys)
     assert code == 2 and len(err) == 1 and "NLTK_DATA" in err[0] and "punkt_tab" in err[0]
     assert not out.exists() and not (tmp_path / "cache" / "nltk").exists()

@@ -242,13 +242,13 @@ def _fake_scores() -> pd.DataFrame:
 
 def test_metrics_scores_shares_and_outliers():
     scores = _fake_scores()
-    np.testing.assert_allclose(metrics.prompt_scores(scores, "ev"), 0.6)
+    np.testing.assert_allclose(metrics.prompt_scores(scores, "exact"), 0.6)
     assert metrics.prompt_scores(scores, "generate").tolist() == [1.0] * 6 + [0.0] * 6
     samples = metrics.sample_scores(scores, "generate", ["gender", "pronoun"])
     table = metrics.interval_table(samples, ["gender"])
     assert table["n"].tolist() == [3, 3] and table["low"].le(table["mean"]).all()
     shares = metrics.answer_type_shares(
-        scores, "ev", ["Empathetic", "Affective", "Distressed", "Sympathetic", "Indifferent"]
+        scores, "exact", ["Empathetic", "Affective", "Distressed", "Sympathetic", "Indifferent"]
     )
     assert shares["Empathetic"] == pytest.approx(0.6) and shares.sum() == pytest.approx(1.0)
     flagged = metrics.outliers(pd.DataFrame({"mean": [0.5] * 9 + [0.9]}), 0.54, z=2.0)

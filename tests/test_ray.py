@@ -44,7 +44,7 @@ def isear_probe() -> IsearProbe:
 
 
 def manifest(probe) -> dict:
-    return {"model": "default", "probe": probe.config(), "mode": "ev", "epsilon": 1e-4}
+    return {"model": "default", "probe": probe.config(), "view": "exact", "epsilon": 1e-4}
 
 
 @pytest.fixture(scope="module")

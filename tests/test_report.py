@@ -17,14 +17,14 @@ def test_summary_markdown_reports_both_views_and_generation_agreement():
         "n_events": 300,
     }
     generate = common | {
-        "mode": "generate",
+        "view": "generate",
         "n_kept": 0,
         "exclusion_rate": 1.0,
         "heatmap_exclusion_rate": 1.0,
         "note": "no events left to average",
     }
     ev = common | {
-        "mode": "ev",
+        "view": "exact",
         "n_kept": 300,
         "exclusion_rate": 0.0,
         "delta": 1.4293,
@@ -48,7 +48,7 @@ def test_summary_markdown_reports_both_views_and_generation_agreement():
         in lines
     )
     assert (
-        "| religion | P0S0T0 | ev | +1.429 | [+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | "
+        "| religion | P0S0T0 | exact | +1.429 | [+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | "
         "12 events | 2.0% | 0.0% | 300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
     )
     assert "refusal rate (all groups) | excluded for Δ (named)" in lines[0]
@@ -64,7 +64,7 @@ def test_summary_markdown_without_parsed_answers():
     row = {
         "category": "religion",
         "setting": "P0S0T0",
-        "mode": "generate",
+        "view": "generate",
         "mean_valid_mass": 0.1,
         "answered_rate": 0.0,
         "ev_generate_agreement": math.nan,
@@ -87,7 +87,7 @@ def test_paper_tables_put_models_side_by_side(tmp_path):
     base = {
         "category": "religion",
         "setting": "P0S0T0",
-        "mode": "ev",
+        "view": "exact",
         "delta": 0.5,
         "null_low": -0.4,
         "null_high": 0.4,
@@ -112,8 +112,8 @@ def test_paper_tables_put_models_side_by_side(tmp_path):
     assert gap["large"].startswith("-0.100")
     get_study("intergroup").write_summary(rows, tmp_path, runs=[])
     text = (tmp_path / "paper_tables.md").read_text()
-    assert "| category | setting | mode | small | large |" in text
-    assert "| religion | P0S0T0 | ev | 25.0% | 25.0% |" in text
+    assert "| category | setting | view | small | large |" in text
+    assert "| religion | P0S0T0 | exact | 25.0% | 25.0% |" in text
     assert pd.read_csv(tmp_path / "paper_tables.csv").shape == (8, 6)
 
 
@@ -128,7 +128,7 @@ def test_isear_summary_of_several_models_has_a_row_per_model_and_view():
                 {
                     "model": model,
                     "events": 4,
-                    "view": "ev",
+                    "view": "exact",
                     "metric": name,
                     "value": value,
                     "low": 0.0,
@@ -141,7 +141,7 @@ def test_isear_summary_of_several_models_has_a_row_per_model_and_view():
             {
                 "model": model,
                 "events": 4,
-                "view": "ev",
+                "view": "exact",
                 "metric": "mean_valid_mass",
                 "value": 0.13,
                 "low": 0.1,

@@ -122,7 +122,7 @@ def test_probabilities_sum_to_one_and_summaries(smol, prompts):
     for result in HFScorer(smol, answers).score(prompts[:4]):
         assert result.probs.sum() == pytest.approx(1.0, abs=1e-9)
         assert result.expected == pytest.approx(float(result.probs @ answers.values))
-        assert result.mode == answers.answers[int(np.argmax(result.probs))]
+        assert result.most_probable == answers.answers[int(np.argmax(result.probs))]
         assert 0 < result.valid_mass <= 1
 
 

@@ -25,6 +25,7 @@ def minimal():
     base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
+@pytest.mark.slow
 def test_minimal_study_runs_end_to_end(minimal, tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["run", "minimal", "--days", "2", "--epsilon", "0", "--out", str(out)]) == 0
@@ -33,7 +34,7 @@ def test_minimal_study_runs_end_to_end(minimal, tmp_path, capsys):
     assert scores["expected"].between(0, 10).all() and (scores["error_bound"] == 0).all()
     summary = pd.read_csv(out / "summary.csv")
     means = scores.groupby("name")["expected"].mean()
-    assert summary.loc[0, "view"] == "ev"
+    assert summary.loc[0, "view"] == "exact"
     assert summary.loc[0, "gap"] == pytest.approx(means["Alice"] - means["Bob"])
     assert (out / "summary.md").read_text().startswith(f"# {minimal.title}")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -65,7 +66,9 @@ BAD = [
     (["--category", "x"], "unknown category 'x'"),
     (["--dtype", "int8"], "'int8' is not a dtype"),
     (["--device", "gpu"], "'gpu' is not a device"),
-    (["--mode", "sample"], "unknown mode 'sample'"),
+    (["--view", "sample"], "unknown view 'sample'"),
+    (["--limit", "0"], "--limit must be at least 1"),
+    (["--numerics", "-1"], "--numerics must be at least 0"),
     (["--nonesuch"], "unrecognized arguments: --nonesuch"),
 ]
 
@@ -122,6 +125,7 @@ LIGHT_COMMANDS = [
 
 
 @pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
+@pytest.mark.slow
 def test_listing_and_help_import_no_model_library(argv):
     code = (
         "import sys\nfrom probekit import cli\n"

@@ -189,7 +189,7 @@ def run_isear(out: Path, *extra: str) -> pd.DataFrame:
     data = REPO.parent / "shared" / "data"
     if not (data / "nltk" / "tokenizers" / "punkt_tab" / "english").is_dir():
         pytest.skip("../shared/data/nltk is not here (ISEAR's parse needs NLTK's punkt tables)")
-    options = ["--mode", "generate", "--engine", "vllm", "--events", "2", *extra]
+    options = ["--view", "generate", "--engine", "vllm", "--events", "2", *extra]
     options += ["--genders", "a man,a woman", "--data", str(data), "--out", str(out)]
     command = [sys.executable, "-m", "probekit.cli", "run", "isear", *options]
     done = subprocess.run(command, capture_output=True, text=True)

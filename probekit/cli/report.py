@@ -9,7 +9,6 @@ page across the runs: each model's bias profile and the models side by side per 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.core.rundir import RunDir
 from probekit.reporting import load_run, write_run_page, write_runs_page
 from probekit.studies.base import get_study
 
@@ -25,23 +25,22 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
     """Report every finished run under `folders` (one or several, e.g. one per model or one per
     study), write each study's summary and the pages; return the summaries' Markdown."""
     folders = [Path(folders)] if isinstance(folders, str | Path) else [Path(f) for f in folders]
-    runs: list[Path] = []
+    runs: list[RunDir] = []
     for folder in folders:
         if not folder.is_dir():
             raise ProbekitError(f"{folder} is not a folder; give the --out folder of a run")
-        found = [p.parent for p in sorted(folder.rglob("manifest.json"))]
-        found = [run for run in found if (run / "scores.parquet").is_file()]
+        found = RunDir.discover(folder)
         if not found:
             raise ProbekitError(
                 f"{folder} holds no finished run (no manifest.json beside scores.parquet)"
             )
         runs += [run for run in found if run not in runs]
-    by_study: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    by_study: dict[str, list[tuple[RunDir, dict[str, Any]]]] = {}
     for run in runs:
-        manifest = json.loads((run / "manifest.json").read_text())
+        manifest = run.manifest
         name = manifest.get("study", manifest.get("probe", {}).get("study"))
         if name is None:
-            raise ProbekitError(f"{run}/manifest.json names no study; report it from its own run")
+            raise ProbekitError(f"{run.manifest_path} names no study; report it from its own run")
         by_study.setdefault(name, []).append((run, manifest))
     target = Path(out) if out is not None else folders[0]
     pages, markdown = [], []
@@ -49,11 +48,11 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
         study = get_study(name)
         rows: list[dict[str, Any]] = []
         for run, manifest in members:
-            run_rows = study.report(pd.read_parquet(run / "scores.parquet"), run, manifest)
+            run_rows = study.report(run.scores(), run.path, manifest)
             rows += run_rows
-            pages.append(load_run(run, pd.DataFrame(run_rows), study))
+            pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
         where = target if len(by_study) == 1 else target / name
-        folders = [run for run, _ in members]
+        folders = [run.path for run, _ in members]
         markdown.append(study.write_summary(rows, where, runs=folders).markdown)
     for page in pages:
         write_run_page(page)

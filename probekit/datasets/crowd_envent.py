@@ -19,7 +19,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.paths import package_path
-from probekit.datasets.locate import Dataset, DataSource
+from probekit.datasets.locate import Dataset
 
 EMOTIONS: tuple[str, ...] = (
     "anger",
@@ -46,11 +46,6 @@ COLUMNS: tuple[str, ...] = (
 TEXT_COLUMNS: tuple[str, ...] = ("generated_text", "first_person_text", "third_person_text")
 SAMPLE_ROOT = package_path("probekit.datasets", "samples")
 CROWD_ENVENT = Dataset("crowd-enVent", FILES, SAMPLE_ROOT)
-
-
-def resolve_crowd_envent(explicit: str | Path | None = None) -> DataSource:
-    """The crowd-enVent data root; the probekit-written sample when the real data is unavailable."""
-    return CROWD_ENVENT.resolve(explicit)
 
 
 def check_rows(path: Path) -> int:

@@ -11,6 +11,7 @@ transformers engine (`engines/hf/`) does all of it; an engine without hooks (vLL
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
@@ -96,18 +97,24 @@ class ScoreResult:
     probs: np.ndarray  # normalised over the answer set
     valid_mass: float  # sum of the unnormalised answer probabilities
     error_bound: float  # pruned mass / valid_mass (0 when exact)
-    argmax: str | None  # the greedy-equivalent answer (else the mode)
-    mode: str | None  # the most probable answer
+    argmax: str | None  # the greedy-equivalent answer (else the most probable)
+    most_probable: str | None  # the most probable answer
     expected: float | None = None
     std: float | None = None
     generated: list[int] | None = None  # the continuation, when the scorer was asked for one
+
+    @property
+    def mode(self) -> str | None:
+        """The old name of `most_probable` (a FutureWarning)."""
+        warnings.warn("ScoreResult.mode is now most_probable", FutureWarning, stacklevel=2)
+        return self.most_probable
 
     def row(self, answers: AnswerSet) -> dict[str, Any]:
         """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
         row: dict[str, Any] = {
             "valid_mass": self.valid_mass,
             "argmax": self.argmax,
-            "mode": self.mode,
+            "most_probable": self.most_probable,
             "error_bound": self.error_bound,
         }
         if answers.numeric:

@@ -51,7 +51,7 @@ def score(
         prefill: text forced at the start of every response (e.g. `"[["`).
         batch_size: prompts per forward pass (default: 16 on CPU, 64 on GPU).
 
-    Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `mode`,
+    Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `most_probable`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
     answer (normalised over the answer set). Bad values are one ProbekitError each; a
     prefill ending in whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are

@@ -32,6 +32,7 @@ from markdown_it import MarkdownIt
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_text
+from probekit.core.rundir import RunDir
 from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, weak_signal
 from probekit.reporting.contract import (
     TINY_SAMPLE_UNITS,
@@ -87,6 +88,7 @@ MANIFEST_FIELDS = {
     "data_sha256": "data hash (sha256)",
     "view": "view",
     "mode": "view",
+    "limit": "limit (first N prompts only)",
     "answers": "answers",
     "dtype": "dtype",
     "device": "device",
@@ -219,16 +221,14 @@ def load_run(
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """The run's `manifest.json`; a folder without one is refused in one line."""
-    path = folder / "manifest.json"
-    if not path.is_file():
-        raise ProbekitError(f"{folder} holds no manifest.json: not a finished run")
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The run's `manifest.json` (`RunDir.manifest`); a folder without one is refused in one
+    line."""
+    return RunDir(folder).manifest
 
 
 def model_name(folder: Path) -> str:
-    """The model of the run in `folder` as a reader finds it (for figure titles), else `?`."""
-    if not (Path(folder) / "manifest.json").is_file():
+    """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
+    if not RunDir(folder).manifest_path.is_file():
         return "?"
     return describe_model(read_manifest(Path(folder)))
 
@@ -250,8 +250,7 @@ def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
 
 def find_runs(folder: str | Path) -> list[Path]:
     """Every finished run under `folder` (a manifest.json beside scores.parquet), sorted."""
-    found = sorted(p.parent for p in Path(folder).rglob("manifest.json"))
-    return [run for run in found if (run / "scores.parquet").is_file()]
+    return [run.path for run in RunDir.discover(folder)]
 
 
 def write_pages(

@@ -1,26 +1,31 @@
-"""The sections of `summary.md` that every study shares, read from the run folders alone: each
-run's numeric noise (`## Numerics`, from its manifest's `numerics`) and a weak-signal line for a
-run whose mean valid mass is below `WEAK_SIGNAL_VALID_MASS` (`## Signal`). `probekit run` and
+"""The sections of `summary.md` that every study shares, read from the run folders alone: which
+runs are partial (`## Partial run`, a manifest `limit` below the prompts of the study's
+configuration), each run's numeric noise (`## Numerics`, from its manifest's `numerics`) and a
+weak-signal line for a run whose mean valid mass is below `WEAK_SIGNAL_VALID_MASS`
+(`## Signal`). `probekit run` and
 `probekit report` write them the same way (`Study.write_summary`), so a re-report keeps them."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from probekit.core.rundir import RunDir
 from probekit.core.signal import weak_signal
 
 
 def run_sections(runs: Sequence[Path], out: Path) -> str:
     """The Markdown sections about `runs` (folders), each named relative to `out`; empty when
     there is nothing to say."""
-    numerics, signal = [], []
+    numerics, signal, partial = [], [], []
     for folder in runs:
-        manifest = _manifest(folder)
+        manifest = RunDir(folder).read_manifest() or {}
         where = run_name(folder, out)
+        line = describe_limit(manifest)
+        if line is not None:
+            partial.append(f"- {where}: {line}")
         figure = manifest.get("numerics")
         if isinstance(figure, dict):
             numerics.append(f"- {where}: {describe_numerics(figure)}")
@@ -28,11 +33,25 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
         if line is not None:
             signal.append(f"- {where}: {line}")
     parts = []
+    if partial:
+        parts.append("## Partial run\n\n" + "\n".join(partial))
     if signal:
         parts.append("## Signal\n\n" + "\n".join(signal))
     if numerics:
         parts.append("## Numerics\n\n" + "\n".join(numerics))
     return "\n\n".join(parts)
+
+
+def describe_limit(manifest: dict[str, Any]) -> str | None:
+    """One line saying that a run scored only its first prompts (`--limit`); None for a whole
+    run."""
+    done, total = manifest.get("prompts"), manifest.get("prompts_total")
+    if manifest.get("limit") is None or done == total:
+        return None
+    return (
+        f"PARTIAL RUN, the first {done} of {total} prompts (--limit {manifest['limit']}); its "
+        "figures describe those prompts only"
+    )
 
 
 def describe_numerics(figure: dict[str, Any]) -> str:
@@ -65,8 +84,3 @@ def run_name(folder: Path, out: Path) -> str:
     except ValueError:
         return os.fspath(folder)
     return "run" if rel == "." else rel
-
-
-def _manifest(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / "manifest.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

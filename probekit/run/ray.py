@@ -45,18 +45,19 @@ from probekit.core.errors import ProbekitError
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
 from probekit.run.loop import (
-    RUN_MODES,
+    RUN_VIEWS,
     Chunk,
     RunOptions,
-    Shard,
     bar_interval,
     chunks,
-    merge_if_complete,
     open_run,
     pending,
+    prompt_count,
     run_chunk,
 )
-from probekit.studies.base import Probe, check_mode
+from probekit.run.parts import merge_if_complete
+from probekit.run.shards import Shard
+from probekit.studies.base import Probe, check_view
 
 SETUP = "./setup.sh --ray"
 CHUNK = 64  # prompts per chunk: 4 CPU batches; the most work a dead worker loses
@@ -156,12 +157,12 @@ class Worker:
     (fetched once per node), not as a constructor argument: Ray cannot restart an actor whose
     constructor arguments it has lost."""
 
-    def __init__(self, load: Loader, mode: str, options: dict[str, Any], threads: int | None):
+    def __init__(self, load: Loader, view: str, options: dict[str, Any], threads: int | None):
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.mode = mode
+        self.view = view
         self.options = options
         self.engine = load()
         self.scorer: Any = None
@@ -176,10 +177,10 @@ class Worker:
                 probe.answers,
                 settled=probe.settled,
                 temperature=probe.temperature,
-                max_new_tokens=probe.max_new_tokens if self.mode == "generate" else 0,
+                max_new_tokens=probe.max_new_tokens if self.view == "generate" else 0,
                 **self.options,
             )
-        return run_chunk(chunk, probe, self.engine, self.scorer, self.mode, None)
+        return run_chunk(chunk, probe, self.engine, self.scorer, self.view, None)
 
 
 def run_probe_ray(
@@ -199,16 +200,16 @@ def run_probe_ray(
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
     import ray
 
-    mode = options.get("mode", "ev")
-    check_mode(mode, RUN_MODES)
+    view = check_view(options.get("view", "exact"), RUN_VIEWS)
+    limit = options.get("limit")
     shard = options.get("shard") or Shard()
     chunk_size = options.get("chunk_size")
     chunk_size = CHUNK if chunk_size is None else chunk_size
     if chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     out = Path(out)
-    with open_run(out, shard, manifest):
-        total = len(probe)
+    with open_run(out, shard, {**manifest, "limit": limit}):
+        total = prompt_count(probe, limit)
         compactor, wanted = pending(out, shard, total, probe.name)
         todo = int(wanted.sum())
         if todo:
@@ -217,7 +218,7 @@ def run_probe_ray(
                 "batch_size": options.get("batch_size"),
                 "seed": manifest.get("seed", 0),
             }
-            pool = _start_pool(ray, load, mode, scoring, actors)
+            pool = _start_pool(ray, load, view, scoring, actors)
             shared = ray.put(probe)
             try:
                 with tqdm(
@@ -257,7 +258,7 @@ def runner(
     return run
 
 
-def _start_pool(ray: Any, load: Loader, mode: str, options: dict, actors: int | None) -> list:
+def _start_pool(ray: Any, load: Loader, view: str, options: dict, actors: int | None) -> list:
     """The actors, each loading its engine (in parallel; the first chunk waits for it)."""
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
@@ -272,7 +273,7 @@ def _start_pool(ray: Any, load: Loader, mode: str, options: dict, actors: int | 
         threads = max(1, min(per_node, int(resources.get("CPU", 1)) // count))
         spec = {"num_cpus": threads}
     remote = ray.remote(max_restarts=RETRIES, max_task_retries=RETRIES, **spec)(Worker)
-    return [remote.remote(load, mode, options, threads) for _ in range(count)]
+    return [remote.remote(load, view, options, threads) for _ in range(count)]
 
 
 def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterator[pd.DataFrame]:

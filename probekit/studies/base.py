@@ -26,6 +26,7 @@ import functools
 import hashlib
 import inspect
 import sys
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,30 +46,41 @@ from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import RunFacts, StudyCard
 from probekit.reporting.headline import Headline, ViewFacts
 
-MODES = ("ev", "generate")  # exact scores from the logits; greedy generation + parse (+ exact)
+VIEWS = ("exact", "generate")  # scores from the logits; greedy generation + parse (+ exact)
+OLD_VIEWS = {"ev": "exact"}  # deprecated names of views
+MODES = VIEWS  # the old name of VIEWS
 Say = Callable[..., None]
 
 __all__ = [
     "EVERY_COMMAND",
     "MECHANISM",
     "MODES",
+    "VIEWS",
     "Option",
     "Probe",
     "Say",
     "Study",
     "Summary",
     "check_mode",
+    "check_view",
     "get_study",
     "list_studies",
     "register",
 ]
 
 
-def check_mode(mode: str, modes: Sequence[str] = MODES) -> str:
-    """`mode` if it is one of `modes`; else one line naming the choices."""
-    if mode not in modes:
-        raise ProbekitError(f"unknown mode '{mode}'; choose one of {', '.join(modes)}")
-    return mode
+def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
+    """`view` if it is one of `views` (`ev`, the old name of `exact`, with a FutureWarning);
+    else one line naming the choices."""
+    if view in OLD_VIEWS and OLD_VIEWS[view] in views:
+        warnings.warn(f"view '{view}' is now '{OLD_VIEWS[view]}'", FutureWarning, stacklevel=2)
+        view = OLD_VIEWS[view]
+    if view not in views:
+        raise ProbekitError(f"unknown view '{view}'; choose one of {', '.join(views)}")
+    return view
+
+
+check_mode = check_view  # the old name
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,7 @@ class Study(ABC):
 
     name: str
     title: str  # one line for `probekit studies`
-    modes: tuple[str, ...] = MODES
+    run_views: tuple[str, ...] = VIEWS  # the views `probekit run` takes
     default_out: str = "runs/study"
     default_seed: int = 0  # the default of --seed (items and statistics)
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
@@ -165,18 +177,18 @@ class Study(ABC):
         by `probekit run` before `report`; nothing by default."""
         return None
 
-    def views(self, mode: str) -> list[str]:
-        """The views a run in `mode` reports: a generate run records the exact scores too, so
+    def views(self, view: str) -> list[str]:
+        """The views a run in `view` reports: a generate run records the exact scores too, so
         it reports both (its own first)."""
-        return [mode, "ev"] if mode == "generate" else [mode]
+        return [view, "exact"] if view == "generate" else [view]
 
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
         """Metrics and figures of one finished run in `run_dir`: `report_view` of every view,
         the run's own view unsuffixed, the others' files suffixed `_<view>`."""
-        mode = manifest["mode"]
+        own = run_view(manifest)
         rows = []
-        for view in self.views(mode):
-            suffix = "" if view == mode else f"_{view}"
+        for view in self.views(own):
+            suffix = "" if view == own else f"_{view}"
             rows += self.report_view(scores, run_dir, manifest, view, suffix)
         return rows
 
@@ -292,6 +304,13 @@ class Study(ABC):
         """Defaults of the mechanism commands (spans, readout, direction; see
         `probekit.mechanism.defaults`)."""
         return MechanismDefaults()
+
+
+def run_view(manifest: dict[str, Any]) -> str:
+    """The view of the run a manifest describes (older manifests name it `mode`, `ev` for
+    exact)."""
+    view = manifest.get("view", manifest.get("mode", "exact"))
+    return OLD_VIEWS.get(view, view)
 
 
 def _cell(value: Any) -> str:

@@ -232,7 +232,7 @@ def score_differences(results: Sequence[Any], reference: Sequence[Any], numeric:
         "max_prob_diff": float(np.max(np.abs(probs - ref))),
         "max_valid_mass_rel_diff": float(np.max(np.abs(mass - ref_mass) / ref_mass)),
         "argmax_changes": int(
-            sum(r.mode != w.mode for r, w in zip(results, reference, strict=True))
+            sum(r.most_probable != w.most_probable for r, w in zip(results, reference, strict=True))
         ),
     }
 

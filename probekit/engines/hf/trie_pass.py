@@ -216,7 +216,7 @@ class TriePass:
                 valid_mass=mass,
                 error_bound=float(dropped[row]) / mass if mass > 0 else float("inf"),
                 argmax=greedy[row] if greedy[row] is not None else mode,
-                mode=mode,
+                most_probable=mode,
             )
             if self.answers.numeric and mass > 0:
                 values = self.answers.values

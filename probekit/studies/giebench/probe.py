@@ -1,8 +1,8 @@
 """The GIEBench probe: every item x answer order x prompt type (and, for records, the identity
 swapped for another of its category), as one user message or as raw text.
 
-Modes: `ev` (the card calls it *direct*: the response is prefilled with `[[` and the A–D
-distribution is read exactly), `explain` (the run loop generates the explanation until the answer
+Views: `exact` (the response is prefilled with `[[` and the A–D distribution is read
+exactly), `explain` (the run loop generates the explanation until the answer
 cue `[[` and reads the distribution there), `generate` (greedy text and GIEBench's regex).
 """
 
@@ -52,7 +52,7 @@ class GIEBenchProbe(Probe):
 
     name = "giebench"
     answers = AnswerSet(OPTIONS)
-    answer_cue = VERDICT_CUE  # explain mode reads the verdict right after it
+    answer_cue = VERDICT_CUE  # the explain view reads the verdict right after it
     key_columns = (
         "item_id",
         "category",
@@ -69,7 +69,7 @@ class GIEBenchProbe(Probe):
         self,
         units: Sequence[Unit],
         prompt_types: Sequence[str],
-        mode: str = "ev",
+        view: str = "exact",
         orders: int = 1,
         chat: bool = True,
         mismatch: bool = True,
@@ -78,7 +78,7 @@ class GIEBenchProbe(Probe):
     ) -> None:
         self.units = list(units)
         self.prompt_types = tuple(prompt_types)
-        self.mode = mode
+        self.view = view
         self.orders = cyclic_orders(len(OPTIONS), orders)
         self.chat = chat
         self.swap = mismatch_identities(self.units) if mismatch else {}
@@ -133,7 +133,7 @@ class GIEBenchProbe(Probe):
             unit=unit.id,
             messages=({"role": "user", "content": prompt},) if self.chat else None,
             text=None if self.chat else prompt,
-            prefill=VERDICT_CUE if self.mode == "ev" else "",
+            prefill=VERDICT_CUE if self.view == "exact" else "",
             spans={"identity": (CharSpan(message, *where),)} if where else {},
         )
 
@@ -142,9 +142,9 @@ class GIEBenchProbe(Probe):
         return extract_verdict(response)
 
     def settled(self, response: str) -> bool:
-        """Explain mode needs the text only up to the cue; generate mode reads to the end, as
-        a later verdict can change GIEBench's parse."""
-        return self.mode == "explain" and VERDICT_CUE in response
+        """The explain view needs the text only up to the cue; the generate view reads to the
+        end, as a later verdict can change GIEBench's parse."""
+        return self.view == "explain" and VERDICT_CUE in response
 
     def config(self) -> dict[str, Any]:
         return {
@@ -154,8 +154,8 @@ class GIEBenchProbe(Probe):
             "orders": len(self.orders),
             "chat_template": self.chat,
             "mismatch": bool(self.swap),
-            "prefill": VERDICT_CUE if self.mode == "ev" else "",
-            "max_new_tokens": None if self.mode == "ev" else self.max_new_tokens,
+            "prefill": VERDICT_CUE if self.view == "exact" else "",
+            "max_new_tokens": None if self.view == "exact" else self.max_new_tokens,
         }
 
     def manifest(self) -> dict[str, Any]:

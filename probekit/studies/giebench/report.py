@@ -17,11 +17,11 @@ from probekit.reporting.html import model_name
 from probekit.studies.giebench import metrics
 from probekit.studies.giebench.judge import OPTIONS
 
-VIEW_NAMES = {"ev": "direct", "explain": "explain", "generate": "generate"}
+VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
 SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
 VIEW_TEXT = {
-    "direct": "exact P(A-D) after the prefilled `[[`",
+    "exact": "exact P(A-D) after the prefilled `[[`",
     "explain": "exact P(A-D) read after the model's greedy explanation",
     "generate": "greedy text, GIEBench's regular expression",
 }

@@ -84,7 +84,7 @@ OPTIONS = (
 class GIEBenchStudy(Study):
     name = "giebench"
     title = "GIEBench (Wang et al. 2024): identity-based empathy verdicts over four answers"
-    modes = ("ev", "explain", "generate")
+    run_views = ("exact", "explain", "generate")
     default_out = "runs/giebench"
     unit_name = "item"
 
@@ -115,7 +115,7 @@ class GIEBenchStudy(Study):
         probe = GIEBenchProbe(
             source.units,
             args.prompt,
-            mode=args.mode,
+            view=args.view,
             orders=args.orders,
             chat=not args.no_chat_template,
             mismatch=not args.no_mismatch,
@@ -168,7 +168,7 @@ class GIEBenchStudy(Study):
         self, args: argparse.Namespace, say: Say, purpose: str
     ) -> tuple[GIEBenchProbe, list[Item]]:
         """The first `--events` records that have a mismatch identity, each with its own
-        identity and the swapped one, in the direct (prefilled) view of the prompt types."""
+        identity and the swapped one, in the exact (prefilled) view of the prompt types."""
         source = resolve_items(args.items, args.prompt)
         if not all(isinstance(u, Record) for u in source.units):
             raise ProbekitError("patching swaps identities, so it needs item records (--items)")

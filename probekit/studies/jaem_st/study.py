@@ -25,7 +25,7 @@ from probekit.core.options import (
     positive_int,
 )
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.studies.base import Probe, Say, Study, register
+from probekit.studies.base import Probe, Say, Study, register, run_view
 from probekit.studies.jaem_st import metrics
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
@@ -180,7 +180,7 @@ class JaemStudy(Study):
             frame = responses.responses_table(scores, run_dir, manifest, print)
             fields = report.report_responses(frame, run_dir, manifest)
             for row in rows:
-                if row["view"] == manifest["mode"]:
+                if row["view"] == run_view(manifest):
                     row.update(fields.get(row["template"], {}))
         return rows
 

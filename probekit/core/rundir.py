@@ -1,0 +1,275 @@
+"""A run folder as one object (`RunDir`): its paths, its manifest (the only reader and writer of
+`manifest.json`), its scores and summary, its shard locks, and the discovery of finished runs.
+
+What a run was is its manifest. Every field that changes a number is declared once, in
+`SETTINGS`, with `resume_key=True`: resuming a folder whose manifest differs in one of them is
+refused in one line naming it. A field that no declaration names (a study's new option) is a
+resume key too, so a new setting cannot be forgotten; only the fields declared
+`resume_key=False` (where the data or the command came from, versions, the noise figure, report
+options) may differ. `check_resume` takes the settings known before the model loads (a field
+set to None is not known yet), so that most mismatches are refused before any loading.
+
+Results format: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`; 3 renames the
+most probable answer's column `mode` to `most_probable`. Folders of format 2 are still read
+(`scores` renames the column); resuming one is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probekit.core.errors import ProbekitError
+from probekit.core.io import FileLock, LockHeld, write_error, write_text
+
+RESULTS_FORMAT = 3
+MANIFEST = "manifest.json"
+SCORES = "scores.parquet"
+RENAMED_COLUMNS = {2: {"mode": "most_probable"}}
+"""Score columns renamed since a results format: old name -> new, applied when reading."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One manifest field: whether it changes a number (a resume key) and what it records."""
+
+    name: str
+    resume_key: bool
+    about: str
+
+
+SETTINGS = (
+    Setting("results_format", True, "version of the scores table"),
+    Setting("study", True, "the study's name"),
+    Setting("model", True, "the model as given (hub id, path, default)"),
+    Setting("weights", True, "fingerprint of the weights (revision or file hash)"),
+    Setting("dtype", True, "the dtype the exact scores are computed in"),
+    Setting("device", True, "the kind of device (cpu, cuda, mps): its kernels' last digits"),
+    Setting("device_map", True, "how the model's layers are placed over devices"),
+    Setting("engine", True, "the engine (hf, vllm)"),
+    Setting("columns", True, "which engine wrote which columns"),
+    Setting("probe", True, "what defines the prompts, answers and parse rule"),
+    Setting("view", True, "exact, generate or explain"),
+    Setting("epsilon", True, "the pruning bound of the exact scores"),
+    Setting("max_new_tokens", True, "the generation budget"),
+    Setting("temperature", True, "sampling temperature of generation"),
+    Setting("seed", True, "sampling of items, generation and statistics"),
+    Setting("limit", True, "only the first N prompts of the run's order (None: all)"),
+    Setting("data_sha256", True, "checksum of the data read"),
+    Setting("model_source", False, "where the model was loaded from"),
+    Setting("prompts", False, "prompts in the run (after any limit)"),
+    Setting("prompts_total", False, "prompts of the study's configuration"),
+    Setting("numerics", False, "the noise figure, measured after the run"),
+    Setting("versions", False, "package versions"),
+    Setting("command", False, "the command (or call) that ran it"),
+    Setting("data_origin", False, "where the data came from (env, cache, sample, ...)"),
+    Setting("data_path", False, "the data's folder"),
+    Setting("items_origin", False, "GIEBench: where the items came from"),
+    Setting("items_path", False, "GIEBench: the items' file or folder"),
+    Setting("punkt_root", False, "ISEAR: the folder of NLTK's punkt tables"),
+    Setting("min_valid_mass", False, "report option: the exclusion threshold"),
+    Setting("outlier_z", False, "report option: JaEm-ST's outlier bound"),
+    Setting("groups", False, "report option: JaEm-ST's group columns"),
+    Setting("responses", False, "JaEm-ST: free responses generated after the run"),
+)
+_DECLARED = {s.name: s for s in SETTINGS}
+
+
+def resume_keys(manifest: dict[str, Any]) -> list[str]:
+    """The fields of `manifest` that must match for a folder to be resumed: those declared
+    `resume_key=True` and every field that no declaration names."""
+    return [k for k in manifest if k not in _DECLARED or _DECLARED[k].resume_key]
+
+
+def device_kind(device: Any) -> str | None:
+    """`cuda:1` -> `cuda`: the kind of device, which decides the kernels (None stays None)."""
+    return None if device is None else str(device).split(":")[0]
+
+
+class RunDir:
+    """One run folder: `manifest.json`, `parts/`, `scores.parquet`, `summary.csv`,
+    `report.html`, and `.lock-shard-<i>-of-<n>` while a shard runs."""
+
+    _locks: dict[tuple[Path, int, int], FileLock] = {}  # held by this process, per shard
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and self.path.resolve() == other.path.resolve()
+
+    def __hash__(self) -> int:
+        return hash(self.path.resolve())
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def scores_path(self) -> Path:
+        return self.path / SCORES
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "summary.csv"
+
+    @property
+    def report_path(self) -> Path:
+        return self.path / "report.html"
+
+    @property
+    def parts_path(self) -> Path:
+        return self.path / "parts"
+
+    @property
+    def complete(self) -> bool:
+        """A finished run: its manifest beside its scores."""
+        return self.manifest_path.is_file() and self.scores_path.is_file()
+
+    # ------------------------------------------------------------------ manifest
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        """The manifest, None if the folder has none; one line if it is damaged."""
+        path = self.manifest_path
+        if not path.is_file():
+            return None
+        try:
+            manifest: Any = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            manifest = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        except OSError as exc:
+            raise ProbekitError(f"cannot read {path}: {exc.strerror}") from None
+        if not isinstance(manifest, dict):
+            why = manifest if isinstance(manifest, str) else "not a JSON object"
+            raise ProbekitError(
+                f"{path} is damaged ({why}), so the parts beside it cannot be matched to this "
+                f"run: if {self.path} holds this same run, delete {path.name} and run again to "
+                "resume it; otherwise give another --out or delete the folder"
+            )
+        if "view" not in manifest and "mode" in manifest:  # before the view vocabulary
+            manifest["view"] = "exact" if manifest["mode"] == "ev" else manifest["mode"]
+        return manifest
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest of a run that has one; a folder without one is refused in one line."""
+        manifest = self.read_manifest()
+        if manifest is None:
+            raise ProbekitError(f"{self.path} holds no {MANIFEST}: not a finished run")
+        return manifest
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Write `manifest` (atomically)."""
+        write_text(self.manifest_path, json.dumps(manifest, indent=1, default=str))
+
+    def update_manifest(self, **fields: Any) -> dict[str, Any]:
+        """Set `fields` in the stored manifest (e.g. the noise figure); return it."""
+        manifest = {**self.manifest, **fields}
+        self.write_manifest(manifest)
+        return manifest
+
+    def check_resume(self, manifest: dict[str, Any], unknown: Collection[str] = ()) -> None:
+        """Refuse, in one line naming the setting, to resume a folder whose run differs from
+        `manifest` in a resume key; the fields `unknown` (not known before the model loads)
+        are not compared, and nothing is when the folder holds no run."""
+        old = self.read_manifest()
+        if old is None:
+            return
+        fmt = old.get("results_format", 1)
+        if fmt != RESULTS_FORMAT:
+            raise ProbekitError(
+                f"{self.path} holds a run in results format {fmt}, this probekit writes format "
+                f"{RESULTS_FORMAT}; it can still be reported (probekit report), not resumed: use "
+                "another --out, or delete the folder to run it again"
+            )
+        for key in resume_keys({**old, **manifest}):
+            new = manifest.get(key)
+            if key not in unknown and old.get(key) != new:
+                raise ProbekitError(
+                    f"{self.path} holds a run with a different {key} ({old.get(key)!r}, now "
+                    f"{new!r}); use another --out, or delete the folder to run it again"
+                )
+
+    def start(self, manifest: dict[str, Any]) -> None:
+        """Write `manifest` into a new run folder, or check it against the run the folder
+        holds (`check_resume`)."""
+        if self.read_manifest() is None:
+            self.write_manifest(manifest)
+        else:
+            self.check_resume(manifest)
+
+    # ------------------------------------------------------------------ results
+
+    def scores(self) -> pd.DataFrame:
+        """`scores.parquet`, with the columns of older results formats renamed."""
+        if not self.scores_path.is_file():
+            raise ProbekitError(f"{self.path} holds no {SCORES}: the run is not finished")
+        frame = pd.read_parquet(self.scores_path)
+        fmt = (self.read_manifest() or {}).get("results_format", RESULTS_FORMAT)
+        for version, renamed in RENAMED_COLUMNS.items():
+            if fmt <= version:
+                frame = frame.rename(columns={k: v for k, v in renamed.items() if k in frame})
+        return frame
+
+    def summary(self) -> pd.DataFrame | None:
+        """`summary.csv`, None if the folder has none."""
+        return pd.read_csv(self.summary_path) if self.summary_path.is_file() else None
+
+    @classmethod
+    def discover(cls, folder: str | Path) -> list[RunDir]:
+        """Every finished run under `folder` (itself included), sorted by path."""
+        found = sorted(p.parent for p in Path(folder).rglob(MANIFEST))
+        return [cls(p) for p in found if (p / SCORES).is_file()]
+
+    # ------------------------------------------------------------------ locks
+
+    def lock_path(self, index: int, count: int) -> Path:
+        return self.path / f".lock-shard-{index}-of-{count}"
+
+    def hold(self, index: int, count: int) -> None:
+        """Take the lock of shard `index`/`count` for this process (kept until `release` or
+        the process ends; taking it again is a no-op). One line naming the holder if another
+        process runs the same shard."""
+        key = (self.path.resolve(), index, count)
+        if key in self._locks:
+            return
+        lock = FileLock(self.lock_path(index, count))
+        try:
+            lock.__enter__()
+        except LockHeld as held:
+            raise ProbekitError(
+                f"shard {index}/{count} of the run in {self.path} is already running "
+                f"({held.holder}); wait for it or stop it (a lock left by a process that has died "
+                f"on this host is taken over; one from another host: delete {lock.path})"
+            ) from None
+        self._locks[key] = lock
+
+    def release(self, index: int, count: int) -> None:
+        lock = self._locks.pop((self.path.resolve(), index, count), None)
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+    @classmethod
+    def release_all(cls) -> list[Path]:
+        """Release every shard lock this process holds (on SIGTERM); return their folders."""
+        folders = []
+        for (path, _, _), lock in list(cls._locks.items()):
+            lock.__exit__(None, None, None)
+            folders.append(path)
+        cls._locks.clear()
+        return folders
+
+    def make(self) -> None:
+        """Create the folder and its parts folder (one line if it cannot be)."""
+        try:
+            self.parts_path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
