@@ -184,7 +184,7 @@ def test_page_across_studies_and_models(tmp_path):
     assert "+1.465" in profile and "[+1.378, +1.527]" in profile and "=0.0083" in profile
     assert "0.120" in profile and "0.220" in profile  # each model's ISEAR headline
     side = text[text.index("Models side by side") :]
-    assert "isear — view ev (2 runs)" in side  # two models of the same settings together
+    assert "isear — view exact (2 runs)" in side  # two models of the same settings together
     assert "Shown apart" in side and "seed: 7 here, 123 there" in side
     assert "a/report.html" in text and "Sample data, not the studies' data sets" in text
 
@@ -264,7 +264,7 @@ def test_report_of_two_runs_in_chromium(isear_run, tmp_path):
     assert cli.main(["report", str(isear_run), str(other), "--out", str(both)]) == 0
     text = browser_text(both / "report.html", tmp_path)
     assert "Bias profile per model" in text and "second-model" in text
-    assert "isear — view ev (2 runs)" in text
+    assert "isear — view exact (2 runs)" in text
     assert "Headlines at a glance" in text and "means no bias" in text
     for number in summary_numbers(isear_run):
         assert number in text

@@ -154,7 +154,7 @@ def test_isear_summary_of_several_models_has_a_row_per_model_and_view():
         "| small: exact distributions | 0.100 | [0.000, 0.300] | A | A | — | 0.130 | — |" in lines
     )
     assert any(line.startswith("| large: exact distributions | 0.200") for line in lines)
-    assert "| emotion | max_diff (small: ev) | max_diff (large: ev) |" in lines
+    assert "| emotion | max_diff (small: exact) | max_diff (large: exact) |" in lines
 
 
 def test_every_study_declares_the_report_contract():

@@ -159,7 +159,7 @@ def test_views_and_their_old_names(minimal, smol, tmp_path, capsys):
     capsys.readouterr()
     from probekit.run.study import study_parser
 
-    args = study_parser(minimal).parse_args(["--view", "generate"])
+    args = study_parser(minimal).parse_args(["--mode", "generate"])
     assert args.view == "generate"
     assert capsys.readouterr().err.strip() == "probekit: note: --mode is now --view"
     args = study_parser(minimal).parse_args(["--view", "ev"])
