@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
+from probekit.core.rundir import RunDir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,7 +136,7 @@ def run_answers(folder: Path, manifest: Mapping[str, Any]) -> tuple[str, ...]:
             pass
     if isinstance(recorded, list | tuple) and recorded:
         return tuple(str(a) for a in recorded)
-    path = Path(folder) / "scores.parquet"
+    path = RunDir(folder).scores_path
     if not path.is_file():
         return ()
     import pyarrow.parquet as pq

@@ -167,7 +167,7 @@ class Run:
 
     @property
     def prompts(self) -> int | None:
-        path = self.folder / "scores.parquet"
+        path = RunDir(self.folder).scores_path
         return pq.ParquetFile(path).metadata.num_rows if path.is_file() else None
 
     @property

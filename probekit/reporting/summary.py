@@ -65,7 +65,7 @@ def describe_numerics(figure: dict[str, Any]) -> str:
 
 def mean_valid_mass(folder: Path) -> float | None:
     """The mean valid mass of the run's `scores.parquet` (None without one or its column)."""
-    path = Path(folder) / "scores.parquet"
+    path = RunDir(folder).scores_path
     if not path.is_file():
         return None
     import pyarrow.parquet as pq
