@@ -47,7 +47,7 @@ def test_run_study_returns_the_run(minimal, smol, tmp_path):
     assert stored["view"] == "exact" and stored["results_format"] == RESULTS_FORMAT == 3
     assert stored["limit"] is None and stored["epsilon"] == 0.0
     assert stored["command"].startswith("probekit.run_study('minimal'")
-    assert stored["numerics"]["note"] == "skipped: under 100 prompts"
+    assert stored["numerics"]["note"] == "skipped: under 200 prompts"
 
 
 @pytest.mark.slow
@@ -107,7 +107,7 @@ def test_limit_runs_the_first_prompts_and_says_so(minimal, smol, tmp_path):
 
 @pytest.mark.slow
 def test_numerics_sample_scales_with_the_run(minimal, smol, tmp_path):
-    assert [sample_size(n) for n in (4, 99, 100, 450, 800, 10**6)] == [0, 0, 1, 4, 8, 8]
+    assert [sample_size(n) for n in (4, 199, 200, 450, 1600, 10**6)] == [0, 0, 1, 2, 8, 8]
     assert sample_size(4, 2) == 2 and sample_size(4, 9) == 4 and sample_size(10**6, 0) == 0
     run = probekit.run_study("minimal", smol, out=tmp_path / "n", days=2, numerics=2)
     figure = run.manifest["numerics"]

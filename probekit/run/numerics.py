@@ -4,12 +4,14 @@ a seeded sample of its prompts moves when re-scored in a wider dtype
 `manifest.json` (field `numerics`); `Study.write_summary` adds one line per run to `summary.md`
 (`probekit.reporting.summary`).
 
-The sample scales with the run (`sample_size`): one prompt per `PROMPTS_PER_SAMPLE` (100) of the
-run, at most `NOISE_SAMPLE` (8), none below 100 prompts. A prompt re-scored in float64 costs
-about twice a float32 one on a CPU (ISEAR, 6 prompts of the default model on a busy 2-core
-machine: 54 s against 25 s), so the figure costs about 2 % of the run; a run of fewer than 100
-prompts, where a single prompt would be several percent, records that it was skipped
-(`numerics=N` measures N prompts anyway; `numerics=0` always skips)."""
+The sample scales with the run (`sample_size`): one prompt per `PROMPTS_PER_SAMPLE` (200) of the
+run, at most `NOISE_SAMPLE` (8), none below 200 prompts. Measured here (intergroup P0S1T0, one
+event per emotion: 432 prompts in 590 s on a busy 2-core CPU), 4 prompts took 21 s and 8 took
+33 s: about 9 s to widen the weights plus 3 s a prompt, so this run's 2 prompts cost about 15 s
+(2.5 %), where the earlier fixed sample of 8 cost 5.6 % (and 33-54 % of runs of a few dozen
+prompts). At 200 prompts one
+prompt is under 5 %; below that even one would be more, so the figure is skipped and the
+manifest says so (`numerics=N` measures N prompts anyway; `numerics=0` always skips)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from probekit.engines.hf.precision import (
 from probekit.studies.base import Probe
 
 FIELD = "numerics"
-PROMPTS_PER_SAMPLE = 100
+PROMPTS_PER_SAMPLE = 200
 
 
 def sample_size(prompts: int, requested: int | str = "auto") -> int:
@@ -57,7 +59,7 @@ def record_numerics(
     count = sample_size(len(scores), sample)
     exact = model if isinstance(model, LoadedModel) else getattr(model, "exact", None)
     if count == 0:
-        why = "skipped (numerics=0)" if sample != "auto" else "skipped: under 100 prompts"
+        why = "skipped (numerics=0)" if sample != "auto" else "skipped: under 200 prompts"
         figure: dict[str, Any] = {"dtype": str(model.describe().get("dtype")), "note": why}
     elif not isinstance(exact, LoadedModel):
         figure = {

@@ -137,8 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         "--numerics",
         type=numerics_sample,
         default="auto",
-        help="prompts re-scored in float64 for the noise figure: auto (1 per 100 prompts, at "
-        "most 8, none below 100), N, or 0 (skip)",
+        help="prompts re-scored in float64 for the noise figure: auto (1 per 200 prompts, at "
+        "most 8, none below 200), N, or 0 (skip)",
     )
     parser.add_argument("--batch-size", type=positive_int, default=None)
     parser.add_argument(
@@ -239,7 +239,7 @@ def run_study(
     `study`: a registered study's name or a `Study`; `model`: a model spec (hub id, folder,
     .gguf, `default`) or an engine already loaded (not loaded again); `view`: exact, generate
     or explain; `out`: the run's folder (default: the study's); `limit`: only the first N
-    prompts; `numerics`: prompts re-scored in float64 for the noise figure (`auto`: 1 per 100
+    prompts; `numerics`: prompts re-scored in float64 for the noise figure (`auto`: 1 per 200
     prompts, at most 8; 0: none). `options`: the run's and the study's options by their Python
     names (`events=2`, `setting="P0S1T0"`, `dtype="bfloat16"`, `epsilon=0`), checked as the
     command line checks them; a bad one is one line of ProbekitError, before anything is
