@@ -162,8 +162,10 @@ def test_attribution_table_and_verification(scorer, pair, estimated):
     assert (verified["method"] == "attribution+verify").all()
     assert verified["ran"].tolist() == [True, True, False]  # the two largest |estimates|
     for side in ("clean", "corrupt"):  # exact baselines vs the differentiable pass's
-        np.testing.assert_allclose(verified[f"ev_{side}"], estimated[f"ev_{side}"], atol=1e-4)
-    exact = patching.sweep(scorer, [pair], PATCHES[:1], EV)
+        np.testing.assert_allclose(
+            verified[f"expected_{side}"], estimated[f"expected_{side}"], atol=1e-4
+        )
+    exact = patching.sweep(scorer, [pair], PATCHES[:1], EV, through_answer=False)
     # verify scores two patches in one batch, the sweep one: the batch's shape moves fp32 sums,
     # here by 7.6e-6 on the 0-12 expected value (the same before the mechanism package)
     assert verified["expected_patched"][0] == pytest.approx(exact["expected_patched"][0], abs=1e-4)
@@ -219,7 +221,7 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_c
     for name in ("patching_summary.csv", "patching.png", "heads.png"):
         assert (out / name).is_file()
     printed = capsys.readouterr().out
-    assert "Spearman rho" in printed and "top 5 (layer, site, span)" in printed
+    assert "Spearman rho" in printed and "top 3 of 3 components (layer, site, span)" in printed
     for flag, message in (
         (["--heads", "9"], "head 9 is out of range"),
         (["--top-k", "4"], "--top-k must lie between 1"),

@@ -273,9 +273,9 @@ def test_missing_nltk_data_says_where_to_put_it(tmp_path, monkeypatch, capsys):
 def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, capsys):
     root = _write(tmp_path / "root", b"I lost my keys.\nI found my keys.")
     for extra, message in (
-        (["--metric", "p:rage"], "'rage' is not an answer"),
+        (["--readout", "p:rage"], "'rage' is not an answer"),
         (["--genders", "a man,a robot"], "unknown gender"),
-        (["--metric", "tv", "--method", "attribution"], "compares a pair's two distributions"),
+        (["--readout", "tv", "--method", "attribution"], "compares a pair's two distributions"),
     ):
         code = cli.main(["patch", "isear", "--data", root, "--out", str(tmp_path / "p"), *extra])
         err = errors(capsys)
@@ -283,7 +283,7 @@ def test_patch_refuses_an_unknown_emotion_gender_or_a_misused_metric(tmp_path, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("metric", [[], ["--metric", "tv"]])
+@pytest.mark.parametrize("metric", [[], ["--readout", "tv"]])
 def test_patch_isear_end_to_end(model, tmp_path, patch_cli, capsys, metric):
     """`probekit patch isear` on one sample event: its default metric (the widest max_diff
     emotion, printed) or tv; the table has every (pair, layer, span) and the figure."""
@@ -306,8 +306,8 @@ def test_patch_isear_end_to_end(model, tmp_path, patch_cli, capsys, metric):
     assert len(df) == 3 * 2  # the event's three gender pairs x two layers
     out = capsys.readouterr().out
     if metric:
-        assert (df["metric"] == "tv").all() and (df["overlap_clean"] == 1).all()
+        assert (df["readout"] == "tv").all() and (df["overlap_clean"] == 1).all()
         assert (df["gap"] > 0).all()  # a TV distance between two different prompts
     else:
-        assert df["metric"].iloc[0].startswith("p:") and "the study's default" in out
-    assert (tmp_path / "patching.png").is_file() and "top 5" in out
+        assert df["readout"].iloc[0].startswith("p:") and "the study's default" in out
+    assert (tmp_path / "patching.png").is_file() and "top 2 of 2 components" in out

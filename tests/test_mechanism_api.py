@@ -216,7 +216,7 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
         spans=["experiencer", "from_experiencer"],
         sites=["hook_resid_pre", "mlp_out"],
         layers=[0, -1],
-        metric="ev",
+        readout="expected",
         answers=probe.answers,
     )
     assert list(script.columns) == list(command.columns) and len(script) == len(command)

@@ -101,9 +101,9 @@ def check_patch(
     readout = parse_readout(spec, answers)
     if readout.paired and (request.method != "exact" or request.mediation):
         raise ProbekitError(
-            f"the metric {readout.spec} compares a pair's two distributions: use it with "
-            "--method exact and without --mediation (attribution needs a metric linear in one "
-            "distribution, mediation a metric defined per prompt)"
+            f"the readout {readout.spec} compares a pair's two distributions: use it with "
+            "--method exact and without --mediation (attribution needs a readout linear in one "
+            "distribution, mediation a readout defined per prompt)"
         )
     return readout
 
@@ -140,7 +140,7 @@ def run_patch(
 
     direction = defaults.direction if request.direction else None
     if direction and readout is not None and readout.paired:
-        say(f"no direction analysis: it needs a metric of one prompt, and {readout.spec} is not")
+        say(f"no direction analysis: it needs a readout of one prompt, and {readout.spec} is not")
         direction = None
     if direction:  # one scoring pass gives the readout of every prompt and the span's states
         states = directions.span_states(
@@ -152,7 +152,7 @@ def run_patch(
         results = list(scorer.score([e.input_ids for e in encoded]))  # batched and windowed
         if readout is None:
             readout = parse_readout(defaults.readout(probe, encoded, results), probe.answers)
-            say(f"metric {readout.spec}: the study's default, read from the exact scores")
+            say(f"readout {readout.spec}: the study's default, read from the exact scores")
         gaps = readout_gaps(
             readout, pairs, dict(zip([e.id for e in encoded], results, strict=True))
         )
