@@ -110,7 +110,7 @@ def sweep(
     nodes = answer_nodes(scorer)
     bar = _bar(progress, len(todo) + 2 * len(pairs))
     baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
-    noise = numeric_noise(scorer, pairs, readout, baseline, hooks, remote)
+    noise = numeric_noise(scorer, [] if remote else pairs, readout, baseline)
     bar.update(2 * len(pairs))
     patched: dict[int, float] = {}  # job index -> readout of the patched run
     kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
@@ -174,18 +174,17 @@ def numeric_noise(
     pairs: Sequence[Pair],
     readout: Readout,
     baseline: dict[str, ScoreResult],
-    hooks: str = "transformer_lens",
-    remote: bool = False,
 ) -> float:
     """The run's numeric noise on the readout: `NOISE_FACTOR` x the largest change of any
     pair's readouts when each prompt is scored again alone (no padding, another batch shape)
     instead of in the batches of the sweep, and at least `NOISE_FACTOR` x the dtype's
-    resolution at the readouts' scale."""
+    resolution at the readouts' scale (the resolution alone without pairs, as for a remote
+    model, which is not scored here)."""
     worst = 0.0
     values = []
     for clean, corrupt in pairs:
-        (c,), _ = score_with(scorer, [clean.input_ids], hooks=hooks, remote=remote)
-        (k,), _ = score_with(scorer, [corrupt.input_ids], hooks=hooks, remote=remote)
+        (c,) = scorer.score_batch([clean.input_ids], reuse_prefix=False)
+        (k,) = scorer.score_batch([corrupt.input_ids], reuse_prefix=False)
         before = readout(baseline[clean.id], clean.item, baseline[clean.id]) - readout(
             baseline[corrupt.id], corrupt.item, baseline[clean.id]
         )
