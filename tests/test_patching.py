@@ -537,6 +537,7 @@ def test_patching_from_the_span_through_the_answer_recovers_every_readout(
         progress=False,
     )
     assert df["ran"].all() and (df["gap"].abs() > 1e-4).all()
+    assert (df["noise"] > 0).all() and (df["noise"] < 1e-4).all() and not df["small_gap"].any()
     np.testing.assert_allclose(df["recovery"], 1.0, atol=1e-3)
     m = parse_readout(readout, AnswerSet.parse("0-10")).column
     np.testing.assert_allclose(df[f"{m}_patched"], df[f"{m}_clean"], atol=1e-5)
