@@ -221,7 +221,7 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_c
     for name in ("patching_summary.csv", "patching.png", "heads.png"):
         assert (out / name).is_file()
     printed = capsys.readouterr().out
-    assert "Spearman rho" in printed and "top 3 of 3 components (layer, site, span)" in printed
+    assert "Spearman rho" in printed and "top 2 of 3 components (layer, site, span)" in printed
     for flag, message in (
         (["--heads", "9"], "head 9 is out of range"),
         (["--top-k", "4"], "--top-k must lie between 1"),

@@ -46,7 +46,11 @@ def test_direct_and_indirect_add_up_to_the_total_on_one_component(effects):
 @pytest.mark.slow
 def test_summary_intervals_and_the_top_share(effects):
     summary = mediation.summarise(effects, n=200)
-    assert summary["site"].tolist() == [CUT.hook, NONE.hook]  # largest |indirect| first
+    # largest |indirect| first
+    assert list(zip(summary["site"], summary["layer"], strict=True)) == [
+        (CUT.site, CUT.layer),
+        (NONE.site, NONE.layer),
+    ]
     for effect in mediation.EFFECTS:
         assert (summary[f"{effect}_low"] <= summary[effect] + 1e-12).all()
         assert (summary[effect] <= summary[f"{effect}_high"] + 1e-12).all()
@@ -64,7 +68,7 @@ def test_bootstrap_over_pairs_on_known_effects():
         {
             "pair": p,
             "layer": 1,
-            "site": "blocks.1.attn.hook_z",
+            "site": "attn.hook_z",
             "head": h,
             "span": "x",
             "total": 2.0,
