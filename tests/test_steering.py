@@ -67,6 +67,7 @@ def reference(plain_model, prompt_ids, delta, start) -> tuple[np.ndarray, float]
     return raw / raw.sum(), float(raw.sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", ["span", "from_span", "all"])
 def test_steered_rows_equal_an_independent_hook_and_brute_force(model, plain, vector, positions):
     alpha = 2.5
@@ -98,6 +99,7 @@ def test_steered_rows_equal_an_independent_hook_and_brute_force(model, plain, ve
     assert moved > 1e-3  # the vector does move the answer
 
 
+@pytest.mark.slow
 def test_alpha_zero_is_plain_scoring_and_has_no_side_effects(model, vector):
     df = steer(model, PROMPTS, vector, layers=[LAYER], alphas=[-2, 0, 2], answers="0-10")
     plain_scores = probekit.score(model, PROMPTS, "0-10", epsilon=0.0)
@@ -113,6 +115,7 @@ def test_alpha_zero_is_plain_scoring_and_has_no_side_effects(model, vector):
     assert (df["site"] == "hook_resid_post").all()
 
 
+@pytest.mark.slow
 def test_random_control_has_the_vectors_norm(model, vector):
     v = torch.as_tensor(vector)
     one = random_like(v, np.random.default_rng(0))
@@ -139,6 +142,7 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
     assert np.isnan(kl_divergence(empty, base))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -165,3 +169,97 @@ def test_bad_input_is_one_line(model, vector, change, message):
     with pytest.raises(ProbekitError) as error:
         steer(model, PROMPTS[:1], kwargs.pop("vector"), **kwargs)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------------- the command
+@pytest.fixture
+def steer_cli(monkeypatch):
+    """`steer_cli(model, *ARGS)`: the exit status of `probekit steer ARGS` on `model`."""
+    from probekit import cli
+
+    def run(model, *argv: str) -> int:
+        monkeypatch.setattr("probekit.cli.steer.load_model", lambda *a, **k: model)
+        return cli.main(["steer", *argv])
+
+    return run
+
+
+def data_args() -> list[str]:
+    from conftest import reference_data_root
+
+    root = reference_data_root()
+    return ["--data", str(root)] if root else []
+
+
+@pytest.mark.slow
+def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "steer"
+    argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "15", "--out", str(out)]
+    assert steer_cli(model, *argv, *data_args()) == 0
+    for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "steer.json"):
+        assert (out / name).is_file(), name
+    rows = pd.read_parquet(out / "steer.parquet")
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 4 and set(summary["vector"]) == {"steer", "random"}
+    assert {"perceiver", "experiencer", "event_id", "kl", "valid_mass_change"} <= set(rows)
+    assert summary["label"].str.startswith("Δ, empathy gap").all()
+    norms = summary.groupby("vector")["norm"].first()
+    assert norms["random"] == pytest.approx(norms["steer"], rel=1e-12)
+    zero = rows[rows["alpha"] == 0]
+    assert (zero["kl"] == 0).all()
+    steered = rows[rows["alpha"] == 2]
+    assert (steered["kl"] > 0).all()
+    means = summary.set_index(["vector", "alpha"])["mean_kl"]
+    assert means[("steer", 2.0)] == pytest.approx(
+        steered[steered["vector"] == "steer"]["kl"].mean()
+    )
+    # a re-run reads every finished α back: nothing is scored again
+    capsys.readouterr()
+    monkeypatch.setattr("probekit.mechanism.steering.steered_results", _no_scoring)
+    assert steer_cli(model, *argv, *data_args()) == 0
+    assert capsys.readouterr().out.count("resumed") == 4
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "steer.parquet"), rows)
+    # other settings in the same folder are refused
+    other = [*argv[:-2], "--out", str(out), "--positions", "span"]
+    assert steer_cli(model, *other, *data_args()) == 2
+    assert "another positions" in capsys.readouterr().err
+
+
+def _no_scoring(*args, **kwargs):
+    raise AssertionError("a finished α was scored again")
+
+
+@pytest.mark.slow
+def test_a_vector_file_is_read_per_layer(model, tmp_path):
+    from probekit.cli.steer import make_vectors
+
+    width, layers = model.hf.config.hidden_size, model.n_layers
+    rows = np.random.default_rng(0).standard_normal((layers, width))
+    np.save(tmp_path / "v.npy", rows)
+    torch.save(torch.as_tensor(rows[3]), tmp_path / "v.pt")
+    targets = [("hook_resid_post", 3), ("hook_mlp_out", 5)]
+    per_layer = make_vectors(model, [], targets, str(tmp_path / "v.npy"), "answer", None, "tl")
+    assert np.allclose(per_layer[targets[1]].numpy(), rows[5])
+    one = make_vectors(model, [], targets, str(tmp_path / "v.pt"), "answer", None, "tl")
+    assert all(np.array_equal(v.numpy(), rows[3]) for v in one.values())
+    np.save(tmp_path / "bad.npy", rows[:2])
+    with pytest.raises(ProbekitError, match="one row per layer"):
+        make_vectors(model, [], targets, str(tmp_path / "bad.npy"), "answer", None, "tl")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--vector", "v.txt"], "give mean_diff, direction or a"),
+        (["--vector", "missing.npy"], "no file missing.npy"),
+        (["--alphas="], "no alphas given"),
+        (["--positions", "nowhere"], "unknown positions 'nowhere'"),
+        (["--sites", "attn.hook_z"], "per attention head"),
+    ],
+)
+def test_bad_options_are_one_line(steer_cli, capsys, tmp_path, args, message):
+    """Checked before any data or model is read."""
+    out = ["--out", str(tmp_path / "x")]
+    assert steer_cli(None, "intergroup", "--events", "1", *out, *args, *data_args()) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -18,6 +18,7 @@ STUDY_COMMANDS = {
     "run": "run a study: exact scores (ev) or generation, resumable, then its report",
     "patch": "activation patching of a study's counterfactual pairs, and its direction",
     "capture": "activations at the spans of a study's prompts, to safetensors + parquet",
+    "steer": "a study's headline with α x a vector added while scoring, beside a random control",
 }
 
 

@@ -29,8 +29,8 @@ from probekit.core.errors import ProbekitError
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
-EVERY_COMMAND = ("run", "patch", "capture")  # the commands that take a study's options
-MECHANISM = ("patch", "capture")
+EVERY_COMMAND = ("run", "patch", "capture", "steer")  # the commands that take a study's options
+MECHANISM = ("patch", "capture", "steer")
 T = TypeVar("T")
 
 

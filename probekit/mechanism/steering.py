@@ -32,6 +32,7 @@ from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
 from probekit.engines.base import ScoreResult
 from probekit.engines.score import as_items
 from probekit.mechanism.api import hookable
+from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.sites import d_model, enable_bridge, layer_indices, library, site
 
@@ -104,6 +105,38 @@ def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Targe
     return out
 
 
+def span_means(
+    model: Any,
+    prompts: Sequence[EncodedItem],
+    targets: Sequence[Target],
+    span: str,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
+) -> dict[Target, np.ndarray]:
+    """Each prompt's activation at each target averaged over the tokens of `span`, read by
+    `probekit.mechanism.capture` (float64 [prompts, d_model] per target)."""
+    layers = sorted({layer for _, layer in targets})
+    sites = sorted({name for name, _ in targets})
+    out: dict[Target, list[np.ndarray]] = {target: [] for target in targets}
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start : start + batch_size])
+        rows, values = gather(model, chunk, layers, sites, [span], hooks)
+        sizes = [len(positions) for _, _, positions in rows]
+        for name, layer in targets:
+            acts = values[(layer, site(name).short)].double()
+            for part in torch.split(acts, sizes):
+                out[(name, layer)].append(part.mean(dim=0).numpy())
+    return {target: np.stack(means) for target, means in out.items()}
+
+
+def mean_difference(means: np.ndarray, contrast: Sequence[bool]) -> np.ndarray:
+    """mean(prompts where `contrast`) - mean(the others) of `means[prompt, d]`."""
+    side = np.asarray(contrast, dtype=bool)
+    if side.all() or not side.any():
+        raise ProbekitError("a mean difference needs prompts on both sides of the contrast")
+    return means[side].mean(axis=0) - means[~side].mean(axis=0)
+
+
 def random_like(vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     """A random direction (Gaussian, so uniform on the sphere) with the norm of `vector`."""
     draw = torch.as_tensor(rng.standard_normal(vector.shape[0]))
@@ -173,6 +206,28 @@ def kl_divergence(steered: ScoreResult, base: ScoreResult) -> float:
     return float(max(np.sum(p[on] * np.log(p[on] / q[on])), 0.0))
 
 
+def steer_rows(
+    prompts: Sequence[EncodedItem],
+    results: Sequence[ScoreResult],
+    base: Sequence[ScoreResult],
+    answers: AnswerSet,
+    columns: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """One row per prompt: its id and key columns, `columns`, the score columns and the side
+    effects against its unsteered result (`kl`, `valid_mass_change`)."""
+    return [
+        {
+            PROMPT_ID: prompt.id,
+            **prompt.item.key,
+            **columns,
+            **result.row(answers),
+            "kl": kl_divergence(result, zero),
+            "valid_mass_change": result.valid_mass - zero.valid_mass,
+        }
+        for prompt, result, zero in zip(prompts, results, base, strict=True)
+    ]
+
+
 def sweep(
     scorer: Any,
     prompts: Sequence[EncodedItem],
@@ -222,22 +277,16 @@ def sweep(
                             f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
                             f"α={alpha:g}"
                         )
-                for prompt, result, zero in zip(prompts, results, base, strict=True):
-                    rows.append(
-                        {
-                            PROMPT_ID: prompt.id,
-                            "site": target[0],
-                            "layer": target[1],
-                            "vector": kind,
-                            "norm": norm,
-                            "alpha": float(alpha),
-                            "positions": positions,
-                            "span": span,
-                            **result.row(answers),
-                            "kl": kl_divergence(result, zero),
-                            "valid_mass_change": result.valid_mass - zero.valid_mass,
-                        }
-                    )
+                columns = {
+                    "site": target[0],
+                    "layer": target[1],
+                    "vector": kind,
+                    "norm": norm,
+                    "alpha": float(alpha),
+                    "positions": positions,
+                    "span": span,
+                }
+                rows += steer_rows(prompts, results, base, answers, columns)
     return pd.DataFrame(rows)
 
 
