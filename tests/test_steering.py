@@ -134,11 +134,11 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
 
     p = np.array([0.5, 0.25, 0.25])
     q = np.array([0.25, 0.25, 0.5])
-    steered = ScoreResult(probs=p, valid_mass=0.3, error_bound=0.0, argmax="0", mode="0")
-    base = ScoreResult(probs=q, valid_mass=0.6, error_bound=0.0, argmax="2", mode="2")
+    steered = ScoreResult(probs=p, valid_mass=0.3, error_bound=0.0, argmax="0", most_probable="0")
+    base = ScoreResult(probs=q, valid_mass=0.6, error_bound=0.0, argmax="2", most_probable="2")
     assert kl_divergence(steered, base) == pytest.approx(0.5 * np.log(2) + 0.25 * np.log(0.5))
     assert kl_divergence(base, base) == 0.0
-    empty = ScoreResult(probs=q, valid_mass=0.0, error_bound=0.0, argmax=None, mode=None)
+    empty = ScoreResult(probs=q, valid_mass=0.0, error_bound=0.0, argmax=None, most_probable=None)
     assert np.isnan(kl_divergence(empty, base))
 
 
@@ -194,7 +194,9 @@ def data_args() -> list[str]:
 @pytest.mark.slow
 def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, capsys, monkeypatch):
     out = tmp_path / "steer"
+    np.save(tmp_path / "v.npy", np.random.default_rng(3).standard_normal(576))
     argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "15", "--out", str(out)]
+    argv += ["--vector", str(tmp_path / "v.npy")]
     assert steer_cli(model, *argv, *data_args()) == 0
     for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "steer.json"):
         assert (out / name).is_file(), name
@@ -220,13 +222,34 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     assert capsys.readouterr().out.count("resumed") == 4
     pd.testing.assert_frame_equal(pd.read_parquet(out / "steer.parquet"), rows)
     # other settings in the same folder are refused
-    other = [*argv[:-2], "--out", str(out), "--positions", "span"]
+    other = [*argv, "--positions", "span"]
     assert steer_cli(model, *other, *data_args()) == 2
     assert "another positions" in capsys.readouterr().err
 
 
 def _no_scoring(*args, **kwargs):
     raise AssertionError("a finished α was scored again")
+
+
+@pytest.mark.slow
+def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
+    from probekit.cli.steer import make_vectors
+
+    encoded = [model.encode(item) for item in as_items(PROMPTS + ["I am a Christian. How sad?"])]
+    side = [True, False, True]
+    targets = [("hook_resid_post", 4), ("hook_mlp_out", 6)]
+    args = (encoded, targets)
+    diff = make_vectors(model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)], "tl")
+    unit = make_vectors(model, *args, "direction", "answer", lambda p: side[encoded.index(p)], "tl")
+    acts = probekit.capture(
+        model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[4, 6]
+    )
+    for name, layer in targets:
+        last = acts[f"blocks.{layer}.{name}"].double().numpy()  # one row per prompt: its last token
+        expected = (last[0] + last[2]) / 2 - last[1]
+        assert np.allclose(diff[(name, layer)].numpy(), expected, atol=1e-5)
+        found = unit[(name, layer)].numpy()
+        assert np.allclose(found, expected / np.linalg.norm(expected), atol=1e-5)
 
 
 @pytest.mark.slow

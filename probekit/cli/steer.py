@@ -43,8 +43,7 @@ from probekit.mechanism.directions import diff_of_means
 from probekit.mechanism.sites import enable_bridge, layer_indices, library
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
-from probekit.reporting.html import study_report_module
-from probekit.studies.base import MODES, Study
+from probekit.studies.base import VIEWS, Study
 
 VECTORS = ("mean_diff", "direction")
 FILE_TYPES = (".npy", ".pt", ".safetensors")
@@ -134,7 +133,7 @@ def execute(study: Study, args: argparse.Namespace) -> None:
         enable_bridge(model)
     base = list(scorer.score([p.input_ids for p in encoded]))
     rng = np.random.default_rng(args.seed)
-    manifest = {**probe.manifest(), "model": args.model, "seed": args.seed, "mode": MODES[0]}
+    manifest = {**probe.manifest(), "model": args.model, "seed": args.seed, "view": VIEWS[0]}
     frames, rows = [], []
     for target, vector in vectors.items():
         kinds = {steering.STEER: vector, steering.RANDOM: steering.random_like(vector, rng)}
@@ -289,9 +288,8 @@ def study_headline(
     study: Study, frame: pd.DataFrame, folder: Path, manifest: dict[str, Any]
 ) -> dict[str, Any]:
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
-    rows = pd.DataFrame(study.report_view(frame, folder, manifest, MODES[0], ""))
-    module = study_report_module(study.name)
-    found = module.headlines(rows) if module and hasattr(module, "headlines") else []
+    rows = pd.DataFrame(study.report_view(frame, folder, manifest, VIEWS[0], ""))
+    found = study.headlines(rows, manifest)
     if not found:
         raise ProbekitError(f"the study '{study.name}' reports no headline")
     first = next((h for h in found if h.primary), found[0])
