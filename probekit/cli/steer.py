@@ -37,7 +37,7 @@ from probekit.core.io import write_parquet, write_text
 from probekit.core.items import EncodedItem
 from probekit.core.options import comma_list, int_list
 from probekit.engines.hf.model import load_model
-from probekit.engines.options import add_model_options
+from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
 from probekit.mechanism.sites import enable_bridge, layer_indices, library
@@ -105,7 +105,7 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     direction = study.mechanism_defaults().direction
     check_vector(args.vector, direction is not None, study.name)
     probe, items = study.mechanism_items(args, print, "steer")
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, **load_options(args))
     layers = layer_indices(model, args.layers) if args.layers else [model.n_layers // 2]
     span = args.span or (direction.span if direction else "answer")
     out = Path(args.out)
