@@ -18,7 +18,7 @@ from examples import python_blocks, run_examples
 import probekit
 
 DOCS = REPO / "docs"
-PAGES = sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
+PAGES = sorted(DOCS.rglob("*.md"))
 EXECUTED = [p for p in PAGES if any(b.runs for b in python_blocks(p))]
 
 
