@@ -478,7 +478,10 @@ def test_patch_study_refuses_bad_options_in_one_line():
     import probekit
 
     for options, message in (
-        (dict(layerz=[0]), "unknown option 'layerz' for probekit patch intergroup; options:"),
+        (
+            dict(layerz=[0]),
+            "unknown option layerz=[0] for probekit patch intergroup; did you mean layers?",
+        ),
         (dict(layers="x"), "--layers: 'x' is not a comma-separated list of integers"),
         (dict(prompt_only="yes"), "prompt_only is a switch"),
         (dict(method="magic"), "--method: invalid choice: 'magic'"),

@@ -306,13 +306,15 @@ def check_out_dir(path: str | Path, option: str = "--out") -> None:
 
 
 def options_from_keywords(
-    parser: argparse.ArgumentParser, options: Mapping[str, Any]
+    parser: argparse.ArgumentParser,
+    options: Mapping[str, Any],
 ) -> argparse.Namespace:
     """A command's parsed options from Python keywords (`layers=[0, 3]`, `prompt_only=True`,
     `readout="p:5"`), validated by the very types, choices and checks of its command line: each
     keyword is an option's destination (`--top-k` is `top_k`), a list is a comma-separated
-    value, True sets a flag, None keeps the default. An unknown keyword is one line naming the
-    options; an old option name (`metric`, a hidden alias) still works with its note."""
+    value, True sets a flag, None keeps the default. An unknown keyword is one line with the
+    nearest known ones ("did you mean"); an old option name (`metric`, a hidden alias) still
+    works with its note. `run_study`, `patch_study` and `capture_study` take keywords here."""
     actions: dict[str, argparse.Action] = {}
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
@@ -327,9 +329,9 @@ def options_from_keywords(
         action = actions.get(key)
         if action is None:
             known = sorted(k for k, a in actions.items() if a.help != argparse.SUPPRESS)
-            raise ProbekitError(
-                f"unknown option {key!r} for {parser.prog}; options: {', '.join(known)}"
-            )
+            near = difflib.get_close_matches(key, known, n=2)
+            hint = f"did you mean {' or '.join(near)}?" if near else f"options: {', '.join(known)}"
+            raise ProbekitError(f"unknown option {key}={value!r} for {parser.prog}; {hint}")
         if value is None:
             continue
         flag = max(action.option_strings, key=len)

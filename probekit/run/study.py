@@ -18,7 +18,6 @@ run with one line saying that the same command resumes it.
 from __future__ import annotations
 
 import argparse
-import difflib
 import signal
 import sys
 import time
@@ -38,6 +37,7 @@ from probekit.core.options import (
     choice,
     non_negative_float,
     non_negative_int,
+    options_from_keywords,
     positive_int,
     shard,
 )
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from probekit.run.distributed import Launch
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
-API_ONLY = ("model",)  # run_study's own parameters, not study options
 LOADED = ("weights", "model_source", "dtype", "device", "device_map", "columns", "vllm_parallel")
 """Manifest fields that only the loaded model gives (unless asked for, e.g. `--dtype`)."""
 
@@ -195,35 +194,6 @@ def study_parser(study: Study) -> CommandParser:
     return parser
 
 
-def options_argv(parser: argparse.ArgumentParser, options: dict[str, Any]) -> list[str]:
-    """The command-line options that say what keyword `options` say (`events=2` -> `--events
-    2`); an unknown keyword is one line with the nearest known ones."""
-    known = {
-        a.dest: a
-        for a in parser._actions
-        if a.option_strings and a.help != argparse.SUPPRESS and a.dest not in API_ONLY
-    }
-    argv: list[str] = []
-    for name, value in options.items():
-        action = known.get(name)
-        if action is None:
-            near = difflib.get_close_matches(name, list(known), n=2)
-            hint = f"; did you mean {' or '.join(near)}?" if near else ""
-            raise ProbekitError(f"unknown option {name}={value!r} for {parser.prog}{hint}")
-        flag = max(action.option_strings, key=len)
-        if value is None:
-            continue  # the default
-        if action.nargs == 0:  # a switch
-            if not isinstance(value, bool):
-                raise ProbekitError(f"{name} is a switch: give True or False, not {value!r}")
-            argv += [flag] if value else []
-        elif isinstance(value, list | tuple):
-            argv.append(f"{flag}={','.join(map(str, value))}")
-        else:
-            argv.append(f"{flag}={value}")
-    return argv
-
-
 def run_study(
     study: str | Study,
     model: str | Engine = "default",
@@ -256,10 +226,7 @@ def run_study(
         **options,
     }
     parser = study_parser(study)
-    argv = options_argv(parser, named)
-    if engine is None:
-        argv.append(f"--model={model}")
-    args = parser.parse_args(argv)
+    args = options_from_keywords(parser, {**named, "model": None if engine else str(model)})
     call = ", ".join([repr(study.name), *(f"{k}={v!r}" for k, v in named.items() if v is not None)])
     return run_parsed(study, args, engine=engine, command=f"probekit.run_study({call})")[0]
 
