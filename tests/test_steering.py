@@ -239,8 +239,12 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
     side = [True, False, True]
     targets = [("hook_resid_post", 4), ("hook_mlp_out", 6)]
     args = (encoded, targets)
-    diff = make_vectors(model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)], "tl")
-    unit = make_vectors(model, *args, "direction", "answer", lambda p: side[encoded.index(p)], "tl")
+    diff = make_vectors(
+        model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
+    )
+    unit = make_vectors(
+        model, *args, "direction", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
+    )
     acts = probekit.capture(
         model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[4, 6]
     )
@@ -261,13 +265,19 @@ def test_a_vector_file_is_read_per_layer(model, tmp_path):
     np.save(tmp_path / "v.npy", rows)
     torch.save(torch.as_tensor(rows[3]), tmp_path / "v.pt")
     targets = [("hook_resid_post", 3), ("hook_mlp_out", 5)]
-    per_layer = make_vectors(model, [], targets, str(tmp_path / "v.npy"), "answer", None, "tl")
+    per_layer = make_vectors(
+        model, [], targets, str(tmp_path / "v.npy"), "answer", None, "transformer_lens"
+    )
     assert np.allclose(per_layer[targets[1]].numpy(), rows[5])
-    one = make_vectors(model, [], targets, str(tmp_path / "v.pt"), "answer", None, "tl")
+    one = make_vectors(
+        model, [], targets, str(tmp_path / "v.pt"), "answer", None, "transformer_lens"
+    )
     assert all(np.array_equal(v.numpy(), rows[3]) for v in one.values())
     np.save(tmp_path / "bad.npy", rows[:2])
     with pytest.raises(ProbekitError, match="one row per layer"):
-        make_vectors(model, [], targets, str(tmp_path / "bad.npy"), "answer", None, "tl")
+        make_vectors(
+            model, [], targets, str(tmp_path / "bad.npy"), "answer", None, "transformer_lens"
+        )
 
 
 @pytest.mark.parametrize(
