@@ -30,6 +30,7 @@ def run(tmp_path, lines, answers="0-10", extra=()):
     return code, out
 
 
+@pytest.mark.slow
 def test_score_writes_rows_in_input_order(tmp_path, capsys):
     records = [
         {
@@ -56,6 +57,7 @@ def test_score_writes_rows_in_input_order(tmp_path, capsys):
     assert np.allclose(frame["expected"], probs @ np.arange(11))
 
 
+@pytest.mark.slow
 def test_prefill_and_choice_answers(tmp_path):
     lines = json.dumps({"id": "q", "text": "Which letter comes first? Answer in [[X]] form: "})
     code, out = run(tmp_path, lines + "\n", "A,B,C,D", ["--prefill", "[["])
@@ -77,6 +79,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("answers", "lines", "message"), BAD)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, answers, lines, message):
     code, out = run(tmp_path, lines, answers)
@@ -86,6 +89,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, answers, lin
     assert not out.exists() and not list(tmp_path.glob(".o.parquet*"))
 
 
+@pytest.mark.slow
 def test_chat_prompt_for_model_without_template(tmp_path, capsys, monkeypatch, smol):
     monkeypatch.setattr(smol.tokenizer, "chat_template", None)
     monkeypatch.setattr("probekit.engines.hf.model.load_model", lambda *a, **k: smol)

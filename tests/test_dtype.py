@@ -57,6 +57,7 @@ def test_pick_dtype_names_and_the_default_per_device(monkeypatch):
     assert pick_dtype(cuda) == torch.bfloat16  # size unknown
 
 
+@pytest.mark.slow
 def test_bfloat16_keeps_the_final_norm_and_head_in_float32(smol, bf16):
     assert bf16.dtype == torch.bfloat16
     assert bf16.meta["fp32_parts"] == ["final norm", "LM head"]
@@ -68,6 +69,7 @@ def test_bfloat16_keeps_the_final_norm_and_head_in_float32(smol, bf16):
     assert "fp32_parts" not in smol.meta and smol.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_bfloat16_scores_within_the_stated_tolerance_of_float32(smol, bf16):
     for study, argv, count in [
         ("isear", ["--events", "2"], 6),
@@ -83,6 +85,7 @@ def test_bfloat16_scores_within_the_stated_tolerance_of_float32(smol, bf16):
             assert diff["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF, (study, diff)
 
 
+@pytest.mark.slow
 def test_float64_scoring_is_the_reference(smol):
     probe, prompts = _prompts(smol, "isear", ["--events", "1"], 2)
     wide = load_model("default", dtype="float64")
@@ -95,6 +98,7 @@ def test_float64_scoring_is_the_reference(smol):
     assert diff["argmax_changes"] == 0
 
 
+@pytest.mark.slow
 def test_noise_figure_restores_the_model(smol):
     probe, prompts = _prompts(smol, "isear", ["--events", "1"], 3)
     before = {n: p.clone() for n, p in smol.hf.named_parameters()}
@@ -109,6 +113,7 @@ def test_noise_figure_restores_the_model(smol):
         precision.noise_figure(smol, [], probe.answers)
 
 
+@pytest.mark.slow
 def test_run_records_dtype_and_noise_in_manifest_and_summary(tmp_path):
     out = tmp_path / "run"
     probekit.run_study("isear", events=1, out=out, numerics=3)  # 3 prompts: all of them

@@ -14,6 +14,7 @@ from probekit.engines.base import Engine, Scorer, ScoreResult, hooks_unavailable
 from probekit.engines.hf.batching import run_batched
 
 
+@pytest.mark.slow
 def test_hf_engine_satisfies_the_protocol(smol):
     assert isinstance(smol, Engine)
     assert smol.engine == "hf"
@@ -31,6 +32,7 @@ def test_hf_engine_satisfies_the_protocol(smol):
     assert description["dtype"] == "float32"
 
 
+@pytest.mark.slow
 def test_scorer_generates_and_engine_decodes(smol):
     ids = smol.encode(Item(id="q", text="Count: one, two,")).input_ids
     scorer = smol.scorer(AnswerSet.parse("A-E"), max_new_tokens=4)

@@ -136,6 +136,7 @@ def resume(out: Path, chunk: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", ["8", "auto"])
 def test_kill_after_the_first_part_redoes_nothing_written(tmp_path, reference, chunk):
     out = tmp_path / "run"
@@ -159,6 +160,7 @@ def test_kill_after_the_first_part_redoes_nothing_written(tmp_path, reference, c
     assert_same_scores(scores, reference)
 
 
+@pytest.mark.slow
 def test_kill_before_any_part(tmp_path, reference):
     out = tmp_path / "run"
     proc = start_run(out, "8")
@@ -173,6 +175,7 @@ def test_kill_before_any_part(tmp_path, reference):
 # ---------------------------------------------------------------------- damaged state
 
 
+@pytest.mark.slow
 def test_truncated_part_is_set_aside_and_redone(smol, tmp_path, capsys):
     probe = small_probe(1)
     out = tmp_path / "run"
@@ -236,6 +239,7 @@ def test_compaction_keeps_every_row_once(tmp_path):
     assert list(merged["x"]) == [i // 3 for i in range(3 * FANOUT * FANOUT)]
 
 
+@pytest.mark.slow
 def test_corrupt_manifest_is_one_line_naming_it(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -283,6 +287,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     pytest.skip("neither a read-only bind mount nor chattr +i is possible here (root writes)")
 
 
+@pytest.mark.slow
 def test_read_only_out_is_one_line(tmp_path, capsys):
     with read_only_dir(tmp_path) as ro:
         with pytest.raises(ProbekitError, match="not writable") as info:
@@ -312,6 +317,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(target)])
 
 
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     frame = pd.DataFrame({"x": np.random.default_rng(0).random(100_000)})
     with tiny_disk(tmp_path) as disk:
@@ -323,6 +329,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path):
         assert not [p for p in disk.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_run(smol, tmp_path, monkeypatch):
     """ENOSPC while a part is written (as a full disk raises it): one line, no temporary file."""
     import probekit.core.io
@@ -352,6 +359,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_the_same_shard_twice_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -386,6 +394,7 @@ def test_a_lock_from_another_host_is_honoured(tmp_path):
 LOAD = "from probekit.engines.hf.model import load_model; load_model('default'); print('ok')"
 
 
+@pytest.mark.slow
 def test_two_first_loads_of_a_gguf_share_one_conversion(tmp_path):
     env = {**os.environ, "PROBEKIT_CACHE": str(tmp_path / "cache")}
     procs = [
@@ -486,6 +495,7 @@ def test_a_truncated_gguf(tmp_path, capsys, monkeypatch):
     assert not list((tmp_path / "cache" / "models").glob("cut-*"))
 
 
+@pytest.mark.slow
 def test_an_unreachable_hub_id_is_one_line_without_retries(tmp_path):
     """An id that cannot exist: offline it fails at once (not after a minute of retries), online
     the Hub says it does not exist; either way one line."""

@@ -56,6 +56,7 @@ def test_settled_rule(text, settled):
     assert intensity_settled(text) == settled
 
 
+@pytest.mark.slow
 def test_settled_never_changes_the_parse(full):
     """On real 128-token answers: wherever the rule says settled, the parse of the text so far
     is the parse of the whole answer."""
@@ -69,6 +70,7 @@ def test_settled_never_changes_the_parse(full):
     assert checked > 0
 
 
+@pytest.mark.slow
 def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
     scorer = HFScorer(
         smol, probe.answers, batch_size=8, max_new_tokens=BUDGET, settled=probe.settled
@@ -85,6 +87,7 @@ def test_early_stop_gives_the_full_budget_answers(smol, probe, prompts, full):
     assert scorer.generate(prompts) == [r.generated for r in results]
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded(smol, prompts):
     def sample(seed):
         scorer = HFScorer(

@@ -354,6 +354,7 @@ def check_exact(smol, scores: pd.DataFrame, probe: GIEBenchProbe, prefills: list
         assert abs(row.valid_mass - mass.sum()) <= 1e-5
 
 
+@pytest.mark.slow
 def test_direct_verdict_is_exact(tmp_path, smol):
     probe = small_probe("exact")
     path = run_probe(
@@ -365,6 +366,7 @@ def test_direct_verdict_is_exact(tmp_path, smol):
     assert scores["p_correct"].iloc[0] == scores["p::B"].iloc[0]  # the correct verdict's P
 
 
+@pytest.mark.slow
 def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
     probe = small_probe("explain", max_new_tokens=6)
     probe.answer_cue = " "  # a cue this model writes within the budget, to test the cut
@@ -384,6 +386,7 @@ def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
     assert scores["cue_missing"].all() and len(scores["explanation"].iloc[0]) > 0
 
 
+@pytest.mark.slow
 def test_patch_pairs_swap_the_identity(smol):
     from probekit.studies.giebench.study import STUDY
 

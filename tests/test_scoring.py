@@ -53,6 +53,7 @@ def unnormalised(result):
     [("0-10", [0, 7]), ("0-100", [12]), (ISEAR, [0, 12])],
     ids=["0-10", "0-100", "isear-words"],
 )
+@pytest.mark.slow
 def test_exact_against_brute_force(smol, prompts, spec, which):
     """Exact scoring (epsilon 0) against the float64 brute force, with tolerance 1e-5 (fp32
     logits differ by about that between two computation paths), all relative to the reference
@@ -74,6 +75,7 @@ def test_exact_against_brute_force(smol, prompts, spec, which):
         assert np.abs(result.probs - reference / mass).max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["0-100", ISEAR], ids=["0-100", "isear-words"])
 def test_shared_prefix_peer_equals_brute_force(smol, prompts, spec):
     """The benchmark's peer (e): one prompt pass, its cache shared by batched candidates, gives
@@ -84,6 +86,7 @@ def test_shared_prefix_peer_equals_brute_force(smol, prompts, spec):
     assert np.abs(peer - reference).max() <= 1e-5 * reference.sum()
 
 
+@pytest.mark.slow
 def test_independent_of_thread_count(smol, prompts):
     """The sums over the vocabulary must not depend on the BLAS kernel's blocking: the same
     prompt scored with 1 and with 2 torch threads gives the same valid mass (to 1e-7 relative)."""
@@ -102,12 +105,14 @@ def test_independent_of_thread_count(smol, prompts):
         assert one == pytest.approx(two, rel=1e-7)
 
 
+@pytest.mark.slow
 def test_multi_token_words_are_in_the_trie(smol):
     answers = AnswerSet.parse(ISEAR)
     scorer = HFScorer(smol, answers, epsilon=0.0)
     assert scorer.trie.max_depth >= 2  # "disappointment" = dis/app/ointment without a space
 
 
+@pytest.mark.slow
 def test_batch_invariance(smol, prompts):
     answers = AnswerSet.range(0, 100)
     one = [r for p in prompts for r in HFScorer(smol, answers, 0.0, 1).score_batch([p])]
@@ -117,6 +122,7 @@ def test_batch_invariance(smol, prompts):
         assert a.valid_mass == pytest.approx(b.valid_mass, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_probabilities_sum_to_one_and_summaries(smol, prompts):
     answers = AnswerSet.range(0, 100)
     for result in HFScorer(smol, answers).score(prompts[:4]):
@@ -126,6 +132,7 @@ def test_probabilities_sum_to_one_and_summaries(smol, prompts):
         assert 0 < result.valid_mass <= 1
 
 
+@pytest.mark.slow
 def test_argmax_matches_greedy_generation(smol, prompts):
     answers = AnswerSet.range(0, 100)
     results = list(HFScorer(smol, answers, epsilon=0.0).score(prompts))
@@ -140,6 +147,7 @@ def test_argmax_matches_greedy_generation(smol, prompts):
     assert checked >= 1, "no prompt started its greedy answer with a number"
 
 
+@pytest.mark.slow
 def test_pruning_bound_holds(smol, prompts):
     answers = AnswerSet.range(0, 100)
     exact = list(HFScorer(smol, answers, epsilon=0.0).score(prompts))
@@ -152,6 +160,7 @@ def test_pruning_bound_holds(smol, prompts):
             assert p.error_bound <= epsilon
 
 
+@pytest.mark.slow
 def test_prefix_reuse_is_transparent(smol, prompts):
     answers = AnswerSet.range(0, 10)
     scorer = HFScorer(smol, answers, epsilon=0.0, batch_size=8)
@@ -161,6 +170,7 @@ def test_prefix_reuse_is_transparent(smol, prompts):
         assert np.abs(a.probs - b.probs).max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_stats_count_the_work(smol, prompts):
     """At epsilon 0 every trie node is fed once per prompt; a shared prefix is computed once."""
     scorer = HFScorer(smol, AnswerSet.range(0, 10), epsilon=0.0, batch_size=8)
@@ -204,6 +214,7 @@ def test_bad_answer_specs(spec, message):
         AnswerSet.parse(spec)
 
 
+@pytest.mark.slow
 def test_decode_from_the_scoring_cache_matches_generate(smol, prompts):
     scorer = HFScorer(smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=6)
     results = list(scorer.score(prompts))

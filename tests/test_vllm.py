@@ -88,6 +88,7 @@ def test_missing_vllm_names_the_setup_command():
         load_engine("default", engine="vllm")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed, so nothing is re-run elsewhere")
 def test_without_vllm_the_command_runs_in_the_vllm_environment(tmp_path):
     """`probekit run ... --engine vllm` from an environment without vLLM re-runs the same command
@@ -176,6 +177,7 @@ def test_vllm_log_probabilities_give_the_exact_number_scores(engine, prompts):
     assert table["abs_d_expected"].max() <= 1e-3 and table.attrs["vllm_requests"] == 2 * 24
 
 
+@pytest.mark.slow
 def test_vllm_cross_check_refuses_words_in_one_line(smol):
     """Letters and words cannot be read through vLLM's 128 log-probabilities (checked before vLLM
     is needed, so this runs where vLLM is not installed)."""
