@@ -41,6 +41,7 @@ _API = {
     "recovery": "probekit.mechanism.api",
     "hookable": "probekit.mechanism.api",
     "patch_study": "probekit.cli.patch",
+    "steer_study": "probekit.cli.steer",
     "capture_study": "probekit.cli.capture",
     "read_activations": "probekit.mechanism.capture",
     "Activations": "probekit.mechanism.capture",

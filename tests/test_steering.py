@@ -5,6 +5,7 @@ unbridged model) and the brute-force answer distribution of probekit.testing.ref
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 import pandas as pd
@@ -296,3 +297,19 @@ def test_bad_options_are_one_line(steer_cli, capsys, tmp_path, args, message):
     assert steer_cli(None, "intergroup", "--events", "1", *out, *args, *data_args()) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"alphaz": [1]}, "unknown option alphaz=[1] for probekit steer intergroup; did you mean"),
+        ({"batch_size": 0}, "--batch-size must be at least 1 (got 0)"),
+        ({"layers": "x"}, "--layers: 'x' is not a comma-separated list of integers"),
+    ],
+)
+def test_steer_study_refuses_bad_options_in_one_line(options, message):
+    """The command as a function: its keywords checked by the command line's own types."""
+    import probekit
+
+    with pytest.raises(ProbekitError, match=re.escape(message)):
+        probekit.steer_study("intergroup", **options)

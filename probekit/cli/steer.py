@@ -25,6 +25,7 @@ import html
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,17 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probekit.cli.main import study_parser
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import EncodedItem
-from probekit.core.options import comma_list, int_list
+from probekit.core.options import (
+    comma_list,
+    int_list,
+    non_negative_int,
+    options_from_keywords,
+    positive_int,
+)
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism import steering
@@ -43,7 +51,7 @@ from probekit.mechanism.directions import diff_of_means
 from probekit.mechanism.sites import enable_bridge, layer_indices, library
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
-from probekit.studies.base import VIEWS, Study
+from probekit.studies.base import VIEWS, Study, get_study
 
 VECTORS = ("mean_diff", "direction")
 FILE_TYPES = (".npy", ".pt", ".safetensors")
@@ -88,24 +96,54 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         "length) or a file (.npy, .pt, .safetensors: [d_model] or [n_layers, d_model])",
     )
     add_hooks_option(parser)
-    add("--batch-size", type=int, help="prompts per forward pass")
-    add("--seed", type=int, default=0, help="items and the random control")
+    add("--batch-size", type=positive_int, help="prompts per forward pass")
+    add("--seed", type=non_negative_int, default=0, help="items and the random control")
     study.add_options(parser, "steer")
+
+
+@dataclass(frozen=True)
+class StudySteer:
+    """What `steer_study` wrote: the folder, every steered row (prompt x site x layer x vector
+    kind x α) and the summary (per site, layer, kind and α: the study's headline with its
+    interval, mean valid mass, mean KL from α = 0)."""
+
+    path: Path
+    table: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def steer_study(
+    study: str | Study, model: Any = "default", *, out: str | Path | None = None, **options: Any
+) -> StudySteer:
+    """`probekit steer STUDY` as a function: the study's options as keywords (`alphas=[-4, 0,
+    4]`, `layers=[15]`, `positions="from_span"`, `vector="mean_diff"`, `events=2`, ...),
+    validated by the command line's own option types (a bad or unknown one is one line of
+    `ProbekitError`, before any model work). `model` is a model spec or an already loaded
+    model. Writes what the command writes into `out` (default `runs/steer`), resumable."""
+    found = study if isinstance(study, Study) else get_study(study)
+    parser = study_parser("steer", found.name)[0]
+    spec = model if isinstance(model, str) else None
+    args = options_from_keywords(parser, {"out": out, "model": spec, **options})
+    return _steer(found, args, None if isinstance(model, str) else model)
 
 
 def execute(study: Study, args: argparse.Namespace) -> None:
     start = time.monotonic()
+    result = _steer(study, args, None)
+    print(f"wrote {result.path}/steer.parquet, summary.csv, steer.png, report.html")
+    print(f"wall time {time.monotonic() - start:.0f} s")
+
+
+def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
     alphas = steering.check_alphas(args.alphas)
     if 0.0 not in alphas:
         alphas = [0.0, *alphas]  # the side effects are read against α = 0
     positions = steering.check_positions(args.positions)
     sites = [steering.steering_site(name) for name in args.sites]
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ProbekitError(f"--batch-size must be at least 1, got {args.batch_size}")
     direction = study.mechanism_defaults().direction
     check_vector(args.vector, direction is not None, study.name)
     probe, items = study.mechanism_items(args, print, "steer")
-    model = load_model(args.model, **load_options(args))
+    model = model if model is not None else load_model(args.model, **load_options(args))
     layers = layer_indices(model, args.layers) if args.layers else [model.n_layers // 2]
     span = args.span or (direction.span if direction else "answer")
     out = Path(args.out)
@@ -166,8 +204,7 @@ def execute(study: Study, args: argparse.Namespace) -> None:
     title = f"{model.name}, {probe.name}: --vector {args.vector}, {positions} of {span}"
     plot(summary, out / "steer.png", title)
     write_report(out / "report.html", summary, out / "steer.png", title, settings)
-    print(f"wrote {out}/steer.parquet, summary.csv, steer.png, report.html")
-    print(f"wall time {time.monotonic() - start:.0f} s")
+    return StudySteer(out, table, summary)
 
 
 def check_vector(vector: str, has_direction: bool, study: str) -> None:
