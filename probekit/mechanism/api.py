@@ -194,7 +194,7 @@ def capture(
     """
     _, hooks = _renamed(deprecated, None, hooks, "capture")
     model = hookable(model)
-    encoded = _encoded(model, prompts)
+    encoded = encode_prompts(model, prompts, "capture")
     chosen = layer_indices(
         model, _list(layers, "layers") if layers is not None else range(model.n_layers)
     )
@@ -241,7 +241,9 @@ def _as_pairs(model: Any, pairs: Any) -> Any:
     return pairs
 
 
-def _encoded(model: Any, prompts: Any) -> list[EncodedItem]:
+def encode_prompts(model: Any, prompts: Any, purpose: str) -> list[EncodedItem]:
+    """`prompts` in any form `probekit.score` takes (or items `model` already encoded), encoded
+    by `model`; none at all is one line naming what they were for (`purpose`: capture, steer)."""
     if (
         isinstance(prompts, Sequence)
         and prompts
@@ -252,7 +254,7 @@ def _encoded(model: Any, prompts: Any) -> list[EncodedItem]:
 
     items = list(as_items(prompts))
     if not items:
-        raise ProbekitError("no prompts to capture")
+        raise ProbekitError(f"no prompts to {purpose}")
     return [model.encode(item) for item in items]
 
 

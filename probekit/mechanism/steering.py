@@ -30,8 +30,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
 from probekit.engines.base import ScoreResult
-from probekit.engines.score import as_items
-from probekit.mechanism.api import hookable
+from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.sites import d_model, enable_bridge, layer_indices, library, site
@@ -345,7 +344,7 @@ def steer(
     model = hookable(model)
     targets = [(name, layer) for layer in layer_indices(model, _layers(layers)) for name in names]
     vectors = as_vectors(model, vector, targets)
-    encoded = _encode(model, prompts)
+    encoded = encode_prompts(model, prompts, "steer")
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
     scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
     return sweep(
@@ -372,16 +371,3 @@ def _layers(layers: Any) -> list[Any]:
     if isinstance(layers, str | bytes) or not isinstance(layers, Sequence | range):
         raise ProbekitError(f"layers must be a list of layer indices, got {layers!r}")
     return list(layers)
-
-
-def _encode(model: Any, prompts: Any) -> list[EncodedItem]:
-    if (
-        isinstance(prompts, Sequence)
-        and prompts
-        and all(isinstance(p, EncodedItem) for p in prompts)
-    ):
-        return list(prompts)
-    items = list(as_items(prompts))
-    if not items:
-        raise ProbekitError("no prompts to steer")
-    return [model.encode(item) for item in items]
