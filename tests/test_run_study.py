@@ -106,6 +106,29 @@ def test_limit_runs_the_first_prompts_and_says_so(minimal, smol, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_limit_too_small_for_the_statistics_is_one_line(smol, tmp_path):
+    """The first 4 intergroup prompts hold one perceiver only: no gap to measure. The run says
+    so in one line, after keeping their scores."""
+    from probekit.datasets.crowd_envent import SAMPLE_ROOT
+
+    out = tmp_path / "small"
+    with pytest.raises(ProbekitError) as info:
+        probekit.run_study(
+            "intergroup",
+            smol,
+            out=out,
+            setting="P0S1T0",
+            events=1,
+            limit=4,
+            numerics=0,
+            data=str(SAMPLE_ROOT),
+        )
+    message = str(info.value)
+    assert "the first 4 prompts (--limit) are too few for the statistics of intergroup" in message
+    assert "\n" not in message and len(pd.read_parquet(out / "scores.parquet")) == 4
+
+
+@pytest.mark.slow
 def test_numerics_sample_scales_with_the_run(minimal, smol, tmp_path):
     assert [sample_size(n) for n in (4, 199, 200, 450, 1600, 10**6)] == [0, 0, 1, 2, 8, 8]
     assert sample_size(4, 2) == 2 and sample_size(4, 9) == 4 and sample_size(10**6, 0) == 0

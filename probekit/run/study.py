@@ -369,7 +369,17 @@ def _run(
     scores = folder.scores()
     manifest["numerics"] = record_numerics(model, probe, scores, folder, args.numerics)
     study.after_run(probe, model, scores, run_dir, manifest)
-    return folder.manifest, study.report(scores, run_dir, manifest)
+    try:
+        rows = study.report(scores, run_dir, manifest)
+    except ProbekitError as error:
+        if total == len(probe):
+            raise
+        raise ProbekitError(
+            f"the first {total} prompts (--limit) are too few for the statistics of "
+            f"{study.name} ({error}); their scores are in {scores_path}: give a larger --limit "
+            "with another --out, or no --limit"
+        ) from None
+    return folder.manifest, rows
 
 
 def settings(
