@@ -24,6 +24,7 @@ _API = {
     "MemoryPlan": "probekit.engines.plan",
     "LoadedModel": "probekit.engines.hf.model",
     "AnswerSet": "probekit.core.answers",
+    "AnswerKind": "probekit.core.answers",
     "HFScorer": "probekit.engines.hf.scorer",
     "ScoreResult": "probekit.engines.base",
     # prompts

@@ -10,6 +10,10 @@ An answer may have aliases, other surface forms that count as the same answer (`
 `AnswerSet.parse("joy,fear").with_capitalised()`. Every surface form is also matched with one
 leading space, and an answer's probability is the sum over all of its forms.
 
+Every set has a kind (`AnswerKind`): which answers it accepts, its stop rule (which next token
+would continue an answer, so that the answer has not ended) and, for numbers, each answer's value.
+A new kind (decimals, another stop rule) is one more `AnswerKind` in `ANSWER_KINDS`.
+
 `as_answer_set` is the one entry for every front end: an `AnswerSet`, a spec string, or a Python
 list of strings or integers (`["yes", "no"]`, `[1, 2, 3]`), each checked like a spec.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +36,47 @@ _LETTERS = re.compile(r"^\s*([A-Za-z])\s*-\s*([A-Za-z])\s*$")
 MAX_ANSWERS = 1000
 """The most answers a set may hold."""
 _INTEGER = re.compile(r"^-?\d+$")
+
+
+@dataclass(frozen=True)
+class AnswerKind:
+    """A kind of answer: `accepts(answer)` says whether an answer is of this kind, `extends(text)`
+    whether a next token whose text is `text` would continue such an answer (then the answer has
+    not ended there: its stop rule), and `value(answer)` its number, for kinds that have one
+    (expected value and standard deviation are reported for those)."""
+
+    name: str
+    accepts: Callable[[str], bool]
+    extends: Callable[[str], bool]
+    value: Callable[[str], float] | None = None
+
+    @property
+    def numeric(self) -> bool:
+        return self.value is not None
+
+
+def _is_integer(answer: str) -> bool:
+    return bool(_INTEGER.match(answer))
+
+
+def _starts_with_digit(text: str) -> bool:
+    return text[:1].isdigit()
+
+
+def _starts_with_letter_or_digit(text: str) -> bool:
+    return text[:1].isdigit() or text[:1].isalpha()
+
+
+def _any(answer: str) -> bool:
+    return True
+
+
+INTEGER = AnswerKind("integer", _is_integer, _starts_with_digit, float)
+"""Whole numbers (`0-100`): a number ends where no digit follows."""
+WORD = AnswerKind("word", _any, _starts_with_letter_or_digit)
+"""Words and letters (`A-E`, `joy,fear`): an answer ends where no letter or digit follows."""
+ANSWER_KINDS = (INTEGER, WORD)
+"""Every kind, in the order a set's kind is chosen: the first that accepts all its answers."""
 
 
 @dataclass(frozen=True)
@@ -129,14 +174,23 @@ class AnswerSet:
         return cls(tuple(str(v) for v in range(lo, hi + 1)))
 
     @property
+    def kind(self) -> AnswerKind:
+        """The first of `ANSWER_KINDS` that accepts every answer of the set."""
+        return next(k for k in ANSWER_KINDS if all(k.accepts(a) for a in self.answers))
+
+    @property
     def numeric(self) -> bool:
-        """True when every answer is an integer: then expected value and std are reported."""
-        return all(_INTEGER.match(a) for a in self.answers)
+        """True when the answers have values (integers): then expected value and std are
+        reported."""
+        return self.kind.numeric
 
     @property
     def values(self) -> np.ndarray:
         """The answers as numbers (numeric sets only)."""
-        return np.array([int(a) for a in self.answers], dtype=np.float64)
+        value = self.kind.value
+        if value is None:
+            raise ProbekitError(f"the answers of a {self.kind.name} set have no values")
+        return np.array([value(a) for a in self.answers], dtype=np.float64)
 
     def __len__(self) -> int:
         return len(self.answers)

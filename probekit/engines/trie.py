@@ -3,8 +3,9 @@
 An answer is reached by the canonical tokenization of any of its surface forms (the answer and its
 aliases, each as written and with one leading space: `AnswerSet.surface_forms`).
 A node is *terminal* for the answers whose token sequence ends there; its stop
-probability is the mass of next tokens that do not extend the answer (no digit after a number, no
-letter or digit after a word or letter).
+probability is the mass of next tokens that do not extend the answer, by the stop rule of the
+set's kind (`probekit.core.answers.AnswerKind`: no digit after a number, no letter or digit after
+a word or letter).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from probekit.core.answers import AnswerSet
-
-DIGIT, ALNUM = 0, 1  # extension rules: what a following token may not start with
+from probekit.core.answers import ANSWER_KINDS, AnswerSet
 
 
 @dataclass
@@ -36,12 +35,12 @@ class AnswerTrie:
 
     answers: AnswerSet
     nodes: list[TrieNode]
-    rules: list[int]  # extension rule of each answer
+    rules: list[int]  # each answer's stop rule: the index of its kind in ANSWER_KINDS
 
     @classmethod
     def build(cls, answers: AnswerSet, tokenizer) -> AnswerTrie:
         nodes = [TrieNode(token=-1, parent=-1, depth=0)]
-        rules = [DIGIT if answers.numeric else ALNUM for _ in answers.answers]
+        rules = [ANSWER_KINDS.index(answers.kind)] * len(answers)
         for index in range(len(answers)):
             for tokens in answer_variants(answers, index, tokenizer):
                 node = 0
@@ -91,19 +90,15 @@ def _breadth_first(nodes: list[TrieNode]) -> list[TrieNode]:
 
 
 def extension_masks(tokenizer, vocab_size: int) -> torch.Tensor:
-    """Bool [2, vocab]: row DIGIT = tokens whose text starts with a digit, ALNUM = letter or digit.
+    """Bool [kinds, vocab]: row k marks the tokens that extend an answer of `ANSWER_KINDS[k]`.
 
     A token that starts with a space (byte-level `Ġ`, SentencePiece `▁`) or punctuation starts a
-    new word, so it does not extend an answer.
+    new word, so it extends no answer.
     """
-    masks = torch.zeros(2, vocab_size, dtype=torch.bool)
+    masks = torch.zeros(len(ANSWER_KINDS), vocab_size, dtype=torch.bool)
     for token_id, text in enumerate(token_texts(tokenizer)[:vocab_size]):
-        first = text[:1]
-        if first.isdigit():
-            masks[DIGIT, token_id] = True
-            masks[ALNUM, token_id] = True
-        elif first.isalpha():
-            masks[ALNUM, token_id] = True
+        for k, kind in enumerate(ANSWER_KINDS):
+            masks[k, token_id] = kind.extends(text)
     return masks
 
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from probekit.core.answers import AnswerSet
+from probekit.core.answers import ANSWER_KINDS, AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.engines.trie import DIGIT, AnswerTrie, extension_masks
+from probekit.engines.trie import AnswerTrie, extension_masks
 
 if TYPE_CHECKING:
     from probekit.engines.vllm import VllmEngine
@@ -50,7 +50,8 @@ def vllm_answer_mass(
 
     tokenizer = engine.tokenizer
     trie = AnswerTrie.build(answers, tokenizer)
-    extend = extension_masks(tokenizer, len(tokenizer))[DIGIT].nonzero().flatten().tolist()
+    rule = ANSWER_KINDS.index(answers.kind)
+    extend = extension_masks(tokenizer, len(tokenizer))[rule].nonzero().flatten().tolist()
     paths: list[tuple[int, ...]] = [()]
     for node in trie.nodes[1:]:
         paths.append((*paths[node.parent], node.token))

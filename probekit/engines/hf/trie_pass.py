@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from probekit.core.answers import AnswerSet
+from probekit.core.answers import ANSWER_KINDS, AnswerSet
 from probekit.engines.base import ScoreResult, ScorerStats
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import body, clock
 from probekit.engines.hf.head import HEAD_CHUNK, VocabularyColumns, lm_head, vocabulary_sums
 from probekit.engines.hf.prompt_pass import PromptState
-from probekit.engines.trie import ALNUM, DIGIT, AnswerTrie
+from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel
@@ -54,7 +54,8 @@ class TrieTables:
         ancestors = torch.full((n, max(depth, 1)), -1, dtype=torch.long)
         child_token = torch.full((n, width), -1, dtype=torch.long)
         child_index = torch.full((n, width), -1, dtype=torch.long)
-        terminal = [torch.zeros(n, len(trie.answers), dtype=torch.float64) for _ in range(2)]
+        kinds = range(len(ANSWER_KINDS))
+        terminal = [torch.zeros(n, len(trie.answers), dtype=torch.float64) for _ in kinds]
         for i, node in enumerate(nodes):
             j, k = node.parent, 0
             while j > 0:
@@ -78,9 +79,12 @@ class TrieTables:
 
     def answer_probs(self, logp_node: torch.Tensor, stop_logp: torch.Tensor) -> torch.Tensor:
         """Unnormalised P(answer) [n, answers] from node log-probs [n, nodes] and their stop
-        log-probs [n, nodes, rule]."""
+        log-probs [n, nodes, rule]: each answer's ending under its kind's stop rule."""
         node_p = (logp_node[..., None] + stop_logp).exp()
-        return node_p[..., DIGIT] @ self.terminal[DIGIT] + node_p[..., ALNUM] @ self.terminal[ALNUM]
+        probs = node_p[..., 0] @ self.terminal[0]
+        for rule in range(1, len(self.terminal)):
+            probs = probs + node_p[..., rule] @ self.terminal[rule]
+        return probs
 
 
 AnswerContext = Callable[
