@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -37,7 +38,8 @@ from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism import attribution
 from probekit.mechanism.components import grid
-from probekit.mechanism.pipeline import measure, select_pairs
+from probekit.mechanism.pairs import pick_pairs
+from probekit.mechanism.pipeline import measure, readout_gaps
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import HEAD_SITE, n_heads
 
@@ -45,6 +47,22 @@ SITES = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]
 GRIDS = {"head": "layer x head x span", "site": "layer x site x span"}  # the head grid has a target
 MIN_HEAD_SPEEDUP = 10.0
 MIN_RECALL = 0.8
+
+
+def select_pairs(
+    scorer: Any,
+    study: Any,
+    probe: Any,
+    encoded: Sequence[Any],
+    readout: Any,
+    per_unit: int,
+) -> list:
+    """The study's pairs of `encoded`, the `per_unit` of each unit with the largest |gap|."""
+    pairs = study.pairs(probe, encoded)
+    results = dict(
+        zip([e.id for e in encoded], scorer.score([e.input_ids for e in encoded]), strict=True)
+    )
+    return pick_pairs(pairs, readout_gaps(readout, pairs, results), per_unit)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 `check_patch` validates a request before any model is loaded; `run_patch` then does the rest:
 1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
-   the same event), the `pairs_per_unit` per unit with the largest readout gap (`select_pairs`).
+   the same event), the `pairs_per_unit` per unit with the largest readout gap (`pick_pairs`).
 2. Patching (`measure`): the clean activation is patched into the corrupt run at each (layer,
    site, span), and each head at `attn.hook_z` (`method="exact"`, mechanism.patching); or every
    component is estimated by attribution patching (`attribution`) and the `top_k` re-measured
@@ -197,22 +197,6 @@ def readout_gaps(readout: Readout, pairs: Sequence[Pair], results: dict[str, Any
         - readout(results[corrupt.id], corrupt.item, results[clean.id])
         for clean, corrupt in pairs
     ]
-
-
-def select_pairs(
-    scorer: HookedScorer,
-    study: Any,
-    probe: Any,
-    encoded: Sequence[EncodedItem],
-    readout: Readout,
-    per_unit: int,
-) -> list[Pair]:
-    """The study's pairs of `encoded`, the `per_unit` of each unit with the largest |gap|."""
-    pairs = study.pairs(probe, encoded)
-    results = dict(
-        zip([e.id for e in encoded], scorer.score([e.input_ids for e in encoded]), strict=True)
-    )
-    return pick_pairs(pairs, readout_gaps(readout, pairs, results), per_unit)
 
 
 def measure(
