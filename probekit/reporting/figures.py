@@ -24,6 +24,8 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
 
 DPI = 100
+TITLE_WIDTH = 48
+"""Characters per line of a figure's title (the heatmaps are ~6 inches wide)."""
 # Okabe & Ito's colour-blind-safe palette (blue, orange, bluish green, vermillion, reddish
 # purple, sky blue, yellow, black): categorical colours of probekit's own figures.
 CATEGORICAL = (
@@ -59,6 +61,12 @@ class HeadlinePanel:
     rows: Sequence[HeadlineRow]
     reference: float | None = None
     reference_label: str = ""
+
+
+def wrap_title(title: str, width: int = TITLE_WIDTH) -> str:
+    """`title` with each of its lines wrapped at `width` characters, so that a long model name
+    stays inside the figure instead of being cut at its edges."""
+    return "\n".join(textwrap.fill(line, width) or line for line in title.split("\n"))
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -157,7 +165,7 @@ def heatmap_figure(
     ax.set_yticks(range(n), labels)
     ax.set_ylabel(axis_labels[0])
     ax.set_xlabel(axis_labels[1])
-    ax.set_title(title)
+    ax.set_title(wrap_title(title))
     fig.colorbar(image, ax=ax, label=value_label, shrink=0.8)
     return fig
 
@@ -220,7 +228,7 @@ def embedding_plot(
     ax.margins(0.15)
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_title(title)
+    ax.set_title(wrap_title(title))
     ax.legend(title=legend, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     return save_figure(fig, path)
 
