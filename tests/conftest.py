@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session", autouse=True)
 def _unit_loop(request: pytest.FixtureRequest):
     """`-m "not slow"` is the unit loop: there, loading a pretrained model or starting a
-    subprocess fails the test at once with a line saying to mark it `slow` (an integration
-    test), so the loop stays minutes long and its tests stay units."""
+    Python, probekit or Ray process fails the test at once with a line saying to mark it `slow`
+    (an integration test), so the loop stays minutes long and its tests stay units (a library's
+    own helper process, such as scikit-learn asking the CPU count, is let through)."""
     if "not slow" not in (request.config.option.markexpr or ""):
         yield
         return
@@ -35,7 +36,16 @@ def _unit_loop(request: pytest.FixtureRequest):
 
     patch = pytest.MonkeyPatch()
     patch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse("loads a model"))
-    patch.setattr(subprocess, "Popen", refuse("starts a subprocess"))
+    popen = subprocess.Popen
+    refuse_process = refuse("starts a subprocess")
+
+    def guarded(args, *rest, **kwargs):
+        program = Path(str(args[0] if isinstance(args, list | tuple) else args).split()[0]).name
+        if program.startswith(("python", "probekit", "ray", "torchrun", "accelerate")):
+            refuse_process()
+        return popen(args, *rest, **kwargs)
+
+    patch.setattr(subprocess, "Popen", guarded)
     yield
     patch.undo()
 

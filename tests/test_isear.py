@@ -153,6 +153,7 @@ def test_bootstrap_is_seeded_and_reproducible():
     assert not np.allclose(first["low"], other["low"])
 
 
+@pytest.mark.slow
 @needs_isear
 def test_exact_probabilities_equal_brute_force(smol):
     chosen = sample_events(load_events(SHARED), 2, seed=123)
@@ -180,6 +181,7 @@ def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
     assert chosen == f"p:{widest}"
 
 
+@pytest.mark.slow
 @needs_isear
 @needs_punkt
 def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, capsys):

@@ -200,6 +200,7 @@ def test_first_standalone_letter_and_settled(data, rows):
 
 
 # ----------------------------------------------------------------- exact scores
+@pytest.mark.slow
 def test_exact_letter_probabilities_equal_brute_force(data, rows, smol):
     from probekit.engines.hf.scorer import HFScorer
     from probekit.testing.reference import brute_force

@@ -83,6 +83,7 @@ def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
     assert a[others].equals(b[others])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [intergroup_probe, isear_probe])
 def test_two_actors_write_the_rows_of_one_process(cluster, single, make, tmp_path):
     probe = make()
@@ -109,6 +110,7 @@ class DiesOnce:
         return getattr(self.engine, name)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_no_row(cluster, single, tmp_path):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
     probe = intergroup_probe()
@@ -135,6 +137,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_joining_by_address_gives_the_token_only_when_told(cluster, tmp_path):
     """The multi-node recipe's driver, joining the module's instance (token authentication is
     on by default for a Ray instance) by its address: without `RAY_AUTH_MODE=token` one line that

@@ -44,6 +44,7 @@ def vllm_env_ready() -> bool:
     return subprocess.run([VLLM_PYTHON, "-c", probe]).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_VLLM, reason="this is the vLLM environment: its tests run directly")
 def test_vllm_tests_pass_in_the_vllm_environment(tmp_path):
     """This file's vLLM tests, run by the vLLM environment's Python: every one passes (none
