@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     add_model_options(setup)
     setup.set_defaults(func=_setup)
 
-    from probekit.cli import plan
+    import probekit.cli.plan as plan
 
     planner = sub.add_parser("plan", help=plan.HELP, description=plan.HELP)
     plan.add_arguments(planner)

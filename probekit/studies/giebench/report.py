@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import probekit.studies.giebench.metrics as metrics
 from probekit.core.io import atomic_write, write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
 from probekit.reporting.html import model_name
-from probekit.studies.giebench import metrics
 from probekit.studies.giebench.judge import OPTIONS
 
 VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}

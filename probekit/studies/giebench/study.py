@@ -133,24 +133,24 @@ class GIEBenchStudy(Study):
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
     ) -> list[dict]:
-        from probekit.studies.giebench import report
+        import probekit.studies.giebench.report as report
 
         rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0))
         return [{"model": manifest["model"], **row} for row in rows]
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
         """The summary, followed by each run's details."""
-        from probekit.studies.giebench import report
+        import probekit.studies.giebench.report as report
 
         return report.summary_markdown(table)
 
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        from probekit.studies.giebench import report
+        import probekit.studies.giebench.report as report
 
         return report.headlines(table, dict(manifest))
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        from probekit.studies.giebench import report
+        import probekit.studies.giebench.report as report
 
         return report.view_facts(table, run)
 

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import probekit.studies.intergroup.metrics as metrics
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
-from probekit.studies.intergroup import metrics
 from probekit.studies.intergroup.probe import Category
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers

@@ -138,7 +138,7 @@ class IntergroupStudy(Study):
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
     ) -> list[dict]:
-        from probekit.studies.intergroup import report
+        import probekit.studies.intergroup.report as report
 
         category = get_category(manifest["category"])
         row = {"model": manifest["model"], "category": category.name}
@@ -149,24 +149,24 @@ class IntergroupStudy(Study):
         return [row]
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
-        from probekit.studies.intergroup import report
+        import probekit.studies.intergroup.report as report
 
         return report.summary_markdown(table)
 
     def summary_tables(self, table: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
         """The paper's tables with the models side by side (`paper_tables.csv`/`.md`)."""
-        from probekit.studies.intergroup import report
+        import probekit.studies.intergroup.report as report
 
         tables = report.paper_tables(table)
         return {"paper_tables": (tables, report.paper_tables_markdown(tables))}
 
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        from probekit.studies.intergroup import report
+        import probekit.studies.intergroup.report as report
 
         return report.headlines(table, dict(manifest))
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        from probekit.studies.intergroup import report
+        import probekit.studies.intergroup.report as report
 
         return report.view_facts(table, run)
 

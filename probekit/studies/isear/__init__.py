@@ -26,7 +26,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """`evaluate` and `locate_punkt` on first use: NLTK is slow to import."""
     if name in ("evaluate", "locate_punkt"):
-        from probekit.studies.isear import evaluator
+        import probekit.studies.isear.evaluator as evaluator
 
         return getattr(evaluator, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import probekit.studies.isear.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
 from probekit.studies.base import run_view
-from probekit.studies.isear import metrics
 from probekit.studies.isear.probe import EMOTIONS
 
 VIEW_TITLES = {

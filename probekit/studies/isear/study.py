@@ -130,22 +130,22 @@ class IsearStudy(Study):
 
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
         """Both views of a generate run in one report (one figure with a panel per view)."""
-        from probekit.studies.isear import report
+        import probekit.studies.isear.report as report
 
         return report.report_run(scores, run_dir, manifest)
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
-        from probekit.studies.isear import report
+        import probekit.studies.isear.report as report
 
         return report.summary_markdown(table)
 
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        from probekit.studies.isear import report
+        import probekit.studies.isear.report as report
 
         return report.headlines(table, dict(manifest))
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        from probekit.studies.isear import report
+        import probekit.studies.isear.report as report
 
         return report.view_facts(table, run)
 

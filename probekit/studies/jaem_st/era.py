@@ -19,8 +19,8 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+import probekit.studies.jaem_st.epitome as epitome
 from probekit.core.errors import ProbekitError
-from probekit.studies.jaem_st import epitome
 
 ERA_DIMENSIONS = epitome.DIMENSIONS
 SKIP_MESSAGE = (

@@ -19,12 +19,12 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.patches import Rectangle
 
+import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
-from probekit.studies.jaem_st import metrics
 from probekit.studies.jaem_st.probe import N_OPTIONS
 
 SUMMARY_COLUMNS = (

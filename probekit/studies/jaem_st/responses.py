@@ -22,13 +22,14 @@ from typing import Any
 
 import pandas as pd
 
+import probekit.studies.jaem_st.era as era
+import probekit.studies.jaem_st.vad as vad
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet
 from probekit.core.items import Item, fill_template
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.studies.jaem_st import era, vad
 from probekit.studies.jaem_st.data import JaemData, Template, load_jaem
 from probekit.studies.jaem_st.probe import LETTERS
 

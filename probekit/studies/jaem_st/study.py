@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import (
@@ -26,7 +27,6 @@ from probekit.core.options import (
 )
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.studies.base import Probe, Say, Study, register, run_view
-from probekit.studies.jaem_st import metrics
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
@@ -167,7 +167,7 @@ class JaemStudy(Study):
     ) -> None:
         """Generate the free responses with the run's model (the report scores them)."""
         if manifest.get("responses"):
-            from probekit.studies.jaem_st import responses
+            import probekit.studies.jaem_st.responses as responses
 
             responses.generate_missing(scores, run_dir, manifest, print, model)
 
@@ -175,7 +175,8 @@ class JaemStudy(Study):
         """Every view's rows; the run's own view also gets its free responses' scores."""
         rows = super().report(scores, run_dir, manifest)
         if manifest.get("responses"):
-            from probekit.studies.jaem_st import report, responses
+            import probekit.studies.jaem_st.report as report
+            import probekit.studies.jaem_st.responses as responses
 
             frame = responses.responses_table(scores, run_dir, manifest, print)
             fields = report.report_responses(frame, run_dir, manifest)
@@ -187,28 +188,28 @@ class JaemStudy(Study):
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
     ) -> list[dict]:
-        from probekit.studies.jaem_st import report
+        import probekit.studies.jaem_st.report as report
 
         return report.report_run(scores, run_dir, manifest, view, suffix)
 
     def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         """One row per (view, template), in the summary's fixed columns."""
-        from probekit.studies.jaem_st import report
+        import probekit.studies.jaem_st.report as report
 
         return pd.DataFrame(list(rows)).reindex(columns=list(report.SUMMARY_COLUMNS))
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
-        from probekit.studies.jaem_st import report
+        import probekit.studies.jaem_st.report as report
 
         return report.summary_markdown(table)
 
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        from probekit.studies.jaem_st import report
+        import probekit.studies.jaem_st.report as report
 
         return report.headlines(table, dict(manifest))
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        from probekit.studies.jaem_st import report
+        import probekit.studies.jaem_st.report as report
 
         return report.view_facts(table, run)
 
@@ -255,7 +256,7 @@ class JaemStudy(Study):
 def _response_options(args: argparse.Namespace) -> Any:
     """The `--responses` options (`responses.ResponseOptions`), the lexicon read and the ERA
     model checked before any run."""
-    from probekit.studies.jaem_st import responses
+    import probekit.studies.jaem_st.responses as responses
     from probekit.studies.jaem_st.era import check_spec
     from probekit.studies.jaem_st.vad import read_vad_lexicon
 
