@@ -363,10 +363,11 @@ def list_studies() -> list[Study]:
 
 @functools.cache
 def _load_studies() -> None:
-    """Import every study folder once; each registers itself on import."""
+    """Import every study folder once (found through importlib.resources, as installed); each
+    registers itself on import."""
     import importlib
-    import pkgutil
+    from importlib.resources import files
 
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if info.ispkg:
-            importlib.import_module(f"probekit.studies.{info.name}")
+    for entry in sorted(files("probekit.studies").iterdir(), key=lambda e: e.name):
+        if entry.is_dir() and entry.joinpath("__init__.py").is_file():
+            importlib.import_module(f"probekit.studies.{entry.name}")
