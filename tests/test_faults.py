@@ -25,6 +25,7 @@ from probekit import cli
 from probekit.core.answers import MAX_ANSWERS, AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
+from probekit.core.rundir import RowKey
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
 from probekit.run.loop import (
     DAMAGED,
@@ -205,8 +206,13 @@ def synthetic(indices, value: float = 0.5) -> pd.DataFrame:
     )
 
 
+def synthetic_key(total: int) -> RowKey:
+    """The settings and prompt ids of a synthetic run of `total` prompts."""
+    return RowKey.of({"model": "synthetic"}, [f"p{i}" for i in range(total)])
+
+
 def test_a_flipped_byte_is_caught_by_the_page_checksums(tmp_path, capsys):
-    path = write_part(tmp_path, synthetic(range(500)))
+    path = write_part(tmp_path, synthetic(range(500)), synthetic_key(500))
     data = bytearray(path.read_bytes())
     data[len(data) // 4] ^= 0xFF  # inside the first column's data pages
     path.write_bytes(bytes(data))
@@ -216,24 +222,27 @@ def test_a_flipped_byte_is_caught_by_the_page_checksums(tmp_path, capsys):
 
 
 def test_write_part_is_idempotent_and_a_cut_short_compaction_is_undone(tmp_path):
-    first = write_part(tmp_path, synthetic(range(0, 4)))
-    assert write_part(tmp_path, synthetic(range(0, 4))) == first  # a retried batch: one part
-    write_part(tmp_path, synthetic([7, 5, 6, 4]))
+    key = synthetic_key(8)
+    first = write_part(tmp_path, synthetic(range(0, 4)), key)
+    assert write_part(tmp_path, synthetic(range(0, 4)), key) == first  # a retried batch: one part
+    write_part(tmp_path, synthetic([7, 5, 6, 4]), key)
     # A compaction killed after writing its part and before deleting its sources:
-    write_part(tmp_path, synthetic(range(8)), level=1)
-    parts = scan_parts(tmp_path)
+    write_part(tmp_path, synthetic(range(8)), key, level=1)
+    parts = scan_parts(tmp_path, key)
     assert [p.level for p in parts] == [1] and len(part_files(tmp_path)) == 1
     merged = pd.read_parquet(merge_if_complete(tmp_path, 8))
     assert list(merged[INDEX]) == list(range(8))
 
 
 def test_compaction_keeps_every_row_once(tmp_path):
-    compactor = Compactor(tmp_path, [])
+    key = synthetic_key(3 * FANOUT * FANOUT)
+    compactor = Compactor(tmp_path, [], key)
     for k in range(FANOUT * FANOUT):
         rows = range(3 * k, 3 * k + 3)
-        compactor.add(write_part(tmp_path, synthetic(rows, value=k)), np.array(rows))
+        compactor.add(write_part(tmp_path, synthetic(rows, value=k), key), np.array(rows))
     files = part_files(tmp_path)
     assert list(files) == [part_path(tmp_path, range(3 * FANOUT * FANOUT), level=2).name]
+    assert len(scan_parts(tmp_path, key)) == 1  # the compacted part records the run's settings
     merged = pd.read_parquet(merge_if_complete(tmp_path, 3 * FANOUT * FANOUT))
     assert list(merged[INDEX]) == list(range(3 * FANOUT * FANOUT))
     assert list(merged["x"]) == [i // 3 for i in range(3 * FANOUT * FANOUT)]
@@ -325,7 +334,8 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path):
             write_parquet(disk / "scores.parquet", frame)
         assert "\n" not in str(info.value)
         with pytest.raises(ProbekitError, match="disk is full"):
-            write_part(disk / "run", frame.assign(**{INDEX: range(len(frame))}))
+            rows = frame.assign(**{INDEX: range(len(frame)), "prompt_id": "p"})
+            write_part(disk / "run", rows, synthetic_key(len(frame)))
         assert not [p for p in disk.rglob("*") if p.is_file()]
 
 
@@ -391,22 +401,38 @@ def test_a_lock_from_another_host_is_honoured(tmp_path):
         prepare_run_dir(out)
 
 
-LOAD = "from probekit.engines.hf.model import load_model; load_model('default'); print('ok')"
+LOAD = (
+    "import sys; from probekit.engines.hf.model import load_model; "
+    "print('source', load_model(sys.argv[1]).source)"
+)
 
 
 @pytest.mark.slow
 def test_two_first_loads_of_a_gguf_share_one_conversion(tmp_path):
+    """Two processes load two copies of the default GGUF at different paths (two venvs) at once:
+    one conversion, one folder, used by both."""
+    from probekit.engines.hf.gguf import default_gguf_path
+
+    copies = [tmp_path / "venv-a" / "model.gguf", tmp_path / "venv-b" / "other-name.gguf"]
+    for copy in copies:
+        copy.parent.mkdir()
+        shutil.copy(default_gguf_path(), copy)
     env = {**os.environ, "PROBEKIT_CACHE": str(tmp_path / "cache")}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", LOAD], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", LOAD, str(copy)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        for _ in range(2)
+        for copy in copies
     ]
     outputs = [p.communicate(timeout=900)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0] and all("ok" in o for o in outputs)
+    assert [p.returncode for p in procs] == [0, 0], outputs
     (converted,) = [p for p in (tmp_path / "cache" / "models").iterdir() if p.is_dir()]
     assert (converted / "probekit.json").is_file()
+    assert [o.split()[-1] for o in outputs] == [str(converted)] * 2
 
 
 # ---------------------------------------------------------------------- bad input

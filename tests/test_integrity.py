@@ -116,6 +116,97 @@ def test_a_damaged_cache_whose_gguf_is_gone_is_one_line(cache_copy, tmp_path):
         gguf.ensure_converted(tmp_path / "removed.gguf", cache=cache_copy)
 
 
+class FakeConversion:
+    """`gguf.read_gguf` without transformers: a "model" and a "tokenizer" whose save_pretrained
+    writes one small file each, counting the conversions."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, path: Path):
+        self.count += 1
+        weights = path.read_bytes()  # the converted copy depends on the GGUF's content only
+
+        class Saved:
+            def __init__(self, name: str, data: bytes) -> None:
+                self.name, self.data = name, data
+
+            def save_pretrained(self, folder: Path) -> None:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                (Path(folder) / self.name).write_bytes(self.data)
+
+        return Saved("model.safetensors", weights * 3), Saved("tokenizer.json", b"{}")
+
+
+@pytest.fixture
+def fake_conversion(tmp_path, monkeypatch) -> FakeConversion:
+    monkeypatch.setenv("PROBEKIT_CACHE", str(tmp_path / "cache"))
+    fake = FakeConversion()
+    monkeypatch.setattr(gguf, "read_gguf", fake)
+    return fake
+
+
+def gguf_file(path: Path, content: bytes = b"GGUF one model") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def test_every_path_of_a_gguf_shares_one_converted_copy(fake_conversion, tmp_path):
+    first = gguf_file(tmp_path / "venv-a" / "model.gguf")
+    second = gguf_file(tmp_path / "venv-b" / "renamed.gguf")  # the same bytes elsewhere
+    cache, record = gguf.ensure_converted(first)
+    again, record_again = gguf.ensure_converted(second)
+    assert again == cache and fake_conversion.count == 1
+    assert record["gguf"] == str(first) and record_again["gguf"] == str(second)
+    assert record["gguf_sha256"] == record_again["gguf_sha256"]
+    folders = [p for p in (tmp_path / "cache" / "models").iterdir() if p.is_dir()]
+    assert folders == [cache]
+    other = gguf_file(tmp_path / "venv-c" / "model.gguf", b"GGUF another model")
+    assert gguf.ensure_converted(other)[0] != cache and fake_conversion.count == 2
+
+
+def test_a_gguf_is_hashed_once_until_it_changes(fake_conversion, tmp_path, monkeypatch):
+    path = gguf_file(tmp_path / "model.gguf")
+    hashed = []
+    real = gguf.file_sha256
+    monkeypatch.setattr(gguf, "file_sha256", lambda p: hashed.append(p) or real(p))
+    first = gguf.converted_cache_dir(path)
+    assert gguf.converted_cache_dir(path) == first and hashed == [path]
+    gguf_file(path, b"GGUF a changed model")  # another size and mtime: hashed again
+    assert gguf.converted_cache_dir(path) != first and hashed == [path, path]
+    index = json.loads((tmp_path / "cache" / "models" / gguf.DIGESTS).read_text())
+    assert index[str(path.resolve())][2] == real(path)
+
+
+def test_a_copy_converted_by_an_earlier_probekit_is_adopted(fake_conversion, tmp_path, capsys):
+    path = gguf_file(tmp_path / "model.gguf")
+    cache, _ = gguf.ensure_converted(path)
+    legacy = cache.with_name("model-0123456789ab")  # an earlier probekit keyed it by path
+    cache.rename(legacy)
+    adopted, record = gguf.ensure_converted(path)
+    assert adopted == cache and fake_conversion.count == 1  # no second conversion
+    assert (adopted / "model.safetensors").stat().st_ino == (
+        legacy / "model.safetensors"
+    ).stat().st_ino  # hard links: one copy on the disk
+    assert gguf.verify_cache(adopted) is None and record["gguf_sha256"] == gguf.file_sha256(path)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_copy_whose_record_names_another_gguf_is_converted_again(
+    fake_conversion, tmp_path, capsys
+):
+    path = gguf_file(tmp_path / "model.gguf")
+    cache, _ = gguf.ensure_converted(path)
+    record = json.loads((cache / gguf.MARKER).read_text())
+    (cache / gguf.MARKER).write_text(json.dumps({**record, "gguf_sha256": "f" * 64}))
+    capsys.readouterr()
+    gguf.ensure_converted(path)
+    assert "its record names another GGUF" in one_line(capsys.readouterr().err)
+    assert fake_conversion.count == 2
+    assert json.loads((cache / gguf.MARKER).read_text())["gguf_sha256"] == record["gguf_sha256"]
+
+
 @pytest.fixture
 def tiny_folder(smol, tmp_path) -> Path:
     """A two-layer model with the default model's tokenizer, saved as a model folder."""

@@ -50,11 +50,13 @@ def _discard(path: Path) -> None:
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Call `write(tmp)` to write the file, then rename it to `path`; on failure remove it. An
-    OSError (full disk, read-only folder) becomes a ProbekitError naming `path`."""
+    """Call `write(tmp)` to write the file, then rename it to `path` (its folder made first); on
+    failure remove it. An OSError (full disk, read-only folder) becomes a ProbekitError naming
+    `path`."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
     except OSError as exc:

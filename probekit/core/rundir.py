@@ -9,6 +9,11 @@ resume key too, so a new setting cannot be forgotten; only the fields declared
 options) may differ. `check_resume` takes the settings known before the model loads (a field
 set to None is not known yet), so that most mismatches are refused before any loading.
 
+What rows were scored under travels with them: every part of a run and its `scores.parquet` carry
+the run's resume keys (`scored_under`, in the Parquet metadata) and each row its prompt id, so a
+row is reused only where both match the run asked for (`RowKey`), whatever the manifest beside
+it says (a manifest can be deleted and written anew by another run).
+
 Results format: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`; 3 renames the
 most probable answer's column `mode` to `most_probable`. Folders of format 2 are still read
 (`scores` renames the column); resuming one is refused.
@@ -16,12 +21,14 @@ most probable answer's column `mode` to `most_probable`. Folders of format 2 are
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
@@ -84,6 +91,99 @@ def resume_keys(manifest: dict[str, Any]) -> list[str]:
     """The fields of `manifest` that must match for a folder to be resumed: those declared
     `resume_key=True` and every field that no declaration names."""
     return [k for k in manifest if k not in _DECLARED or _DECLARED[k].resume_key]
+
+
+SCORED_UNDER = b"probekit.settings"
+"""The Parquet metadata key of the settings a table's rows were scored under (`scored_under`)."""
+_LONGEST_SHOWN = 200
+
+
+def scored_under(manifest: dict[str, Any]) -> dict[str, str]:
+    """The settings that rows scored under `manifest` carry: each resume key's value as JSON
+    text, or `sha256:<hex>` of that text when it is longer than 200 characters (a probe's list
+    of events), so that a part's record stays small and still tells which setting differs."""
+    settings = {}
+    for key in sorted(resume_keys(manifest)):
+        text = json.dumps(manifest[key], sort_keys=True, default=str)
+        if len(text) > _LONGEST_SHOWN:
+            text = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        settings[key] = text
+    return settings
+
+
+def id_hashes(ids: Iterable[str]) -> np.ndarray:
+    """A 64-bit hash of each prompt id (8 bytes a prompt, however long the id)."""
+    return np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=8).digest(), "little")
+            for i in ids
+        ),
+        dtype=np.uint64,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class RowKey:
+    """What a row must have been scored under to be reused in a run: the run's settings
+    (`scored_under` of its manifest) and, at each prompt index, the prompt's id (`id_hashes`)."""
+
+    settings: dict[str, str]
+    ids: np.ndarray
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any], ids: Iterable[str]) -> RowKey:
+        return cls(scored_under(manifest), id_hashes(ids))
+
+    def metadata(self) -> dict[bytes, bytes]:
+        """The Parquet metadata that records these settings in a table."""
+        return {SCORED_UNDER: json.dumps(self.settings, sort_keys=True).encode()}
+
+    def mismatch(
+        self, metadata: dict[bytes, bytes] | None, indices: np.ndarray, ids: Iterable[str]
+    ) -> str | None:
+        """Why rows at prompt `indices` with prompt `ids`, in a table of Parquet `metadata`, are
+        not rows of this run (a phrase that follows "rows": "scored under another dtype
+        ('float32', now 'bfloat16')"), or None when their settings and prompts are this run's."""
+        reason = _other_settings(read_settings(metadata), self.settings)
+        if reason is not None:
+            return f"scored under {reason}"
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self.ids)):
+            return f"of prompt indices this run of {len(self.ids)} prompts does not have"
+        differ = np.flatnonzero(self.ids[indices] != id_hashes(ids))
+        if differ.size:
+            return f"of other prompts (prompt {int(indices[differ[0]])} has another id)"
+        return None
+
+
+def read_settings(metadata: dict[bytes, bytes] | None) -> dict[str, str] | None:
+    """The settings recorded in a table's Parquet metadata, None when it records none."""
+    try:
+        settings = json.loads((metadata or {})[SCORED_UNDER])
+    except (KeyError, ValueError):
+        return None
+    return settings if isinstance(settings, dict) else None
+
+
+def _other_settings(stored: dict[str, str] | None, current: dict[str, str]) -> str | None:
+    """The first setting in which `stored` differs from `current`, as a phrase, or None."""
+    if stored is None:
+        return "settings they do not record (written by an older probekit)"
+    for key in sorted(set(stored) | set(current)):
+        if stored.get(key) != current.get(key):
+            return f"another {key} ({_shown(stored.get(key))}, now {_shown(current.get(key))})"
+    return None
+
+
+def _shown(text: str | None) -> str:
+    if text is None:
+        return "not set"
+    if text.startswith("sha256:"):
+        return f"sha256 {text[7:19]}"
+    try:
+        return repr(json.loads(text))
+    except ValueError:
+        return repr(text)
 
 
 def device_kind(device: Any) -> str | None:

@@ -61,6 +61,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -73,7 +74,7 @@ from tqdm.auto import tqdm
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_writable
 from probekit.core.items import PROMPT_ID, Item
-from probekit.core.rundir import RESULTS_FORMAT, RunDir
+from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
 from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer
 from probekit.run.parts import (
     DAMAGED,
@@ -84,6 +85,7 @@ from probekit.run.parts import (
     DamagedPart,
     Part,
     done_mask,
+    finished_scores,
     merge_if_complete,
     part_files,
     part_path,
@@ -169,7 +171,11 @@ def run_probe(
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     out = Path(out)
-    with open_run(out, shard, {**manifest, "limit": limit}):
+    with open_run(out, shard, {**manifest, "limit": limit}) as started:
+        key = row_key(probe, started, prompt_count(probe, limit))
+        if (finished := finished_scores(out, key)) is not None:
+            say(f"{probe.name}: {finished} holds every row of this run; nothing to score")
+            return finished
         scorer = model.scorer(
             probe.answers,
             epsilon=epsilon,
@@ -180,9 +186,8 @@ def run_probe(
             seed=manifest.get("seed", 0),
         )
         size = chunk_size or CHUNK_BATCHES * max(1, getattr(scorer, "batch_size", 16))
-        total = prompt_count(probe, limit)
         for attempt in range(3):  # again if the merge set a damaged part of this shard aside
-            compactor, wanted = pending(out, shard, total, probe.name)
+            compactor, wanted = pending(out, shard, key, probe.name)
             todo = int(wanted.sum())
             if attempt and not todo:
                 return None  # the part set aside held other shards' rows
@@ -192,24 +197,31 @@ def run_probe(
                 for chunk in chunks(probe, wanted, size):
                     compactor.write(run_chunk(chunk, probe, model, scorer, view, bar))
             aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
-            merged = merge_if_complete(out, total)
+            merged = merge_if_complete(out, len(key.ids))
             if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
                 return merged  # None: other shards' prompts are still missing
         return None
 
 
+def row_key(probe: Probe, manifest: dict[str, Any], total: int) -> RowKey:
+    """What the rows of this run of `probe` (its first `total` prompts) must match to be
+    reused: the settings of `manifest` and the prompts' ids."""
+    return RowKey.of(manifest, (item.id for item in islice(probe.items(), total)))
+
+
 @contextmanager
-def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[None]:
+def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """This shard of the run in `out`, held for the `with` block: `prepare_run_dir`, the parts
     folder, the shard's lock (released at the end) and the manifest (written, or checked against
-    the run the folder holds, with `results_format` added)."""
+    the run the folder holds, with `results_format` added; the block gets it)."""
     folder = RunDir(out)
+    manifest = {**manifest, "results_format": RESULTS_FORMAT}
     try:
         prepare_run_dir(out, shard)
         folder.make()
         hold_shard(out, shard)
-        folder.start({**manifest, "results_format": RESULTS_FORMAT})
-        yield
+        folder.start(manifest)
+        yield manifest
     finally:
         release_shard(out, shard)
 
@@ -243,11 +255,13 @@ def prepare_run_dir(out: str | Path, shard: Shard = WHOLE) -> None:
             set_aside(DamagedPart(path, str(exc).splitlines()[0]))
 
 
-def pending(out: Path, shard: Shard, total: int, name: str) -> tuple[Compactor, np.ndarray]:
-    """What this shard of the run in `out` (`total` prompts, of the probe `name`) has left: a
-    `Compactor` holding the shard's finished parts, and a boolean per prompt index, True where
-    this shard's prompt has no row yet. Says how many prompts were found done when resuming."""
-    found = scan_parts(out)
+def pending(out: Path, shard: Shard, key: RowKey, name: str) -> tuple[Compactor, np.ndarray]:
+    """What this shard of the run in `out` (the prompts of `key`, of the probe `name`) has left:
+    a `Compactor` holding the shard's finished parts, and a boolean per prompt index, True where
+    this shard's prompt has no row yet. Parts that are not this run's rows are set aside
+    (`scan_parts`). Says how many prompts were found done when resuming."""
+    total = len(key.ids)
+    found = scan_parts(out, key)
     mine = shard.mask(total)
     wanted = mine & ~done_mask(found, total)
     todo = int(wanted.sum())
@@ -256,7 +270,7 @@ def pending(out: Path, shard: Shard, total: int, name: str) -> tuple[Compactor, 
             f"{name}: resuming {out}: {int(mine.sum()) - todo} of "
             f"{int(mine.sum())} prompts of this shard already done, {todo} to go"
         )
-    return Compactor(out, [p for p in found if shard.owns_all(p.indices)]), wanted
+    return Compactor(out, [p for p in found if shard.owns_all(p.indices)], key), wanted
 
 
 def chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[Chunk]:

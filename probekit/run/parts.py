@@ -4,9 +4,14 @@ level as the run goes, and merged into `scores.parquet` once every prompt has a 
 
 A part's name comes from its prompt indices (the first and a digest of them all), so writing
 the same rows again gives the same part (`write_part`, for workers that score batches of prompt
-indices elsewhere). A part whose rows all sit in a higher-level part (a compaction cut short) is
-deleted on resume; a truncated or damaged part is renamed `*.damaged`, one line says so, and
-its prompts are redone.
+indices elsewhere). Every part, and the merged `scores.parquet`, records the settings its rows
+were scored under (`probekit.core.rundir.RowKey`), and each row its prompt id.
+
+On resume a part whose rows all sit in a higher-level part (a compaction cut short) is deleted;
+a truncated or damaged part is renamed `*.damaged`; parts scored under other settings or for
+other prompts (a manifest deleted and the folder run again with another `--dtype`) are renamed
+`*.mismatched`: one line says so, and their prompts are redone. A `scores.parquet` that matches
+the run is kept as it is (its parts may be gone); one that does not is set aside the same way.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write, read_verified, write_table
+from probekit.core.items import PROMPT_ID
+from probekit.core.rundir import SCORED_UNDER, RowKey
 
 INDEX = "prompt_index"
 FANOUT = 16  # parts of one level that a process merges into one part a level up
 PARTS = "parts"
 DAMAGED = ".damaged"
+MISMATCHED = ".mismatched"
+SCORES = "scores.parquet"
 _PART_NAME = re.compile(r"^part-L(\d+)-\d+-[0-9a-f]+\.parquet$")
 
 
@@ -58,9 +67,10 @@ def part_path(out: str | Path, indices: Iterable[int], level: int = 0) -> Path:
     return Path(out) / PARTS / f"part-L{level}-{int(ordered[0]):010d}-{digest}.parquet"
 
 
-def write_part(out: str | Path, frame: pd.DataFrame, level: int = 0) -> Path:
+def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0) -> Path:
     """Write the rows of `frame` (one per prompt index, column `prompt_index`) as a finished
-    part of the run in `out`, atomically, rows in prompt order.
+    part of the run in `out`, atomically, rows in prompt order, recording the settings of `key`
+    (the run's) that they were scored under.
 
     Idempotent: the same prompt indices always give the same file, so a batch written twice
     (a retried worker) leaves one part and no duplicate rows. Workers that score batches of
@@ -73,8 +83,13 @@ def write_part(out: str | Path, frame: pd.DataFrame, level: int = 0) -> Path:
         raise ProbekitError("a part holds each prompt index once; this batch repeats some")
     frame = frame.sort_values(INDEX, kind="stable")
     path = part_path(out, indices, level)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_table(path, pa.Table.from_pandas(frame, preserve_index=False))
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    return write_table(path, stamped(table, key.metadata()))
+
+
+def stamped(table: pa.Table, metadata: dict[bytes, bytes]) -> pa.Table:
+    """`table` with `metadata` added to its schema's (pandas' own record kept)."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
 
 
 def _level(path: Path) -> int:
@@ -108,19 +123,23 @@ def _read_part(path: Path, columns: list[str] | None = None) -> pa.Table:
     return table
 
 
-def _part_indices(path: Path) -> np.ndarray:
-    """The prompt indices of a part, read row group by row group so that every page is
-    verified with flat memory; DamagedPart if it cannot be read."""
+def _part_rows(path: Path) -> tuple[np.ndarray, list[str], dict[bytes, bytes] | None]:
+    """The prompt indices, prompt ids and Parquet metadata of a part, read row group by row
+    group so that every page is verified with flat memory; DamagedPart if it cannot be read."""
     try:
         source = pq.ParquetFile(path, page_checksum_verification=True)
         groups = [source.read_row_group(k) for k in range(source.num_row_groups)]
+        metadata = source.schema_arrow.metadata
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
         raise DamagedPart(path, str(exc).splitlines()[0]) from None
     if groups and INDEX not in groups[0].column_names:
         raise DamagedPart(path, f"no {INDEX} column")
-    return np.concatenate([g.column(INDEX).to_numpy() for g in groups] or [np.zeros(0, np.int64)])
+    indices = [g.column(INDEX).to_numpy() for g in groups]
+    has_ids = groups and PROMPT_ID in groups[0].column_names
+    ids = [i for g in groups for i in g.column(PROMPT_ID).to_pylist()] if has_ids else []
+    return np.concatenate(indices or [np.zeros(0, np.int64)]), ids, metadata
 
 
 def set_aside(damage: DamagedPart) -> Path:
@@ -142,21 +161,85 @@ def set_aside(damage: DamagedPart) -> Path:
     return target
 
 
-def scan_parts(out: str | Path) -> list[Part]:
+def set_aside_mismatched(out: Path, found: list[tuple[Path, str, int]]) -> None:
+    """Rename parts that are not rows of this run (path, why, rows) `*.mismatched` and say so
+    in one line: their prompts are scored again."""
+    if not found:
+        return
+    for path, _, _ in found:
+        try:
+            path.replace(path.with_name(path.name + MISMATCHED))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ProbekitError(
+                f"{path} holds rows that are not this run's and cannot be renamed "
+                f"({exc.strerror}); delete it and run the same command again"
+            ) from None
+    rows = sum(count for _, _, count in found)
+    what = "1 part" if len(found) == 1 else f"{len(found)} parts"
+    say(
+        f"{out / PARTS}: {what} ({rows} rows) hold rows {found[0][1]}; set aside as "
+        f"*{MISMATCHED}, their prompts will be scored again"
+    )
+
+
+def scan_parts(out: str | Path, key: RowKey | None = None) -> list[Part]:
     """Every finished part of the run in `out`, each read once with its checksums verified.
 
-    A damaged part is set aside (one line); a part whose rows all sit in a part of a higher
-    level (a compaction cut short) is deleted. Linear in the rows held."""
+    A damaged part is set aside (one line), and so are parts whose settings or prompt ids are
+    not those of `key` (one line for all of them); a part whose rows all sit in a part of a
+    higher level (a compaction cut short) is deleted. Linear in the rows held."""
     out = Path(out)
-    found = []
+    found, mismatched = [], []
     for path in part_files(out):
         try:
-            found.append(Part(path, _level(path), _part_indices(path)))
+            indices, ids, metadata = _part_rows(path)
         except FileNotFoundError:
             continue  # compacted away by the shard that wrote it: its rows are in a newer part
         except DamagedPart as damage:
             set_aside(damage)
+            continue
+        reason = None if key is None else key.mismatch(metadata, indices, ids)
+        if reason is not None:
+            mismatched.append((path, reason, len(indices)))
+        else:
+            found.append(Part(path, _level(path), indices))
+    set_aside_mismatched(out, mismatched)
     return _drop_superseded(found)
+
+
+def finished_scores(out: str | Path, key: RowKey) -> Path | None:
+    """The run's `scores.parquet` when it holds one row for each prompt of `key`, scored under
+    its settings (then nothing needs scoring, whether or not its parts are still there); else
+    None, with a `scores.parquet` that does not match set aside (`*.mismatched` or `*.damaged`,
+    one line), so that the folder never shows a finished run whose rows are not its own."""
+    path = Path(out) / SCORES
+    if not path.is_file():
+        return None
+    try:
+        source = pq.ParquetFile(path, page_checksum_verification=True)
+        table = source.read(columns=[INDEX, PROMPT_ID])
+        metadata = source.schema_arrow.metadata
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        set_aside(DamagedPart(path, str(exc).splitlines()[0]))
+        return None
+    indices = table[INDEX].to_numpy()
+    reason = key.mismatch(metadata, indices, table[PROMPT_ID].to_pylist())
+    if reason is None and not np.array_equal(indices, np.arange(len(key.ids))):
+        reason = f"that are not one for each of the {len(key.ids)} prompts ({len(indices)} rows)"
+    if reason is None:
+        return path
+    target = path.with_name(path.name + MISMATCHED)
+    try:
+        path.replace(target)
+    except OSError as exc:
+        raise ProbekitError(
+            f"{path} holds rows that are not this run's ({reason}) and cannot be renamed "
+            f"({exc.strerror}); delete it and run the same command again"
+        ) from None
+    say(f"{path} holds rows {reason}; set aside as {target.name}, the run goes on from its parts")
+    return None
 
 
 def _drop_superseded(parts: list[Part]) -> list[Part]:
@@ -186,15 +269,16 @@ class Compactor:
     """Merges a process's parts level by level: `FANOUT` parts of one level become one part a
     level up, rows streamed row group by row group (flat memory), sources deleted after."""
 
-    def __init__(self, out: Path, parts: list[Part]) -> None:
+    def __init__(self, out: Path, parts: list[Part], key: RowKey) -> None:
         self.out = out
+        self.key = key
         self.levels: dict[int, list[Part]] = defaultdict(list)
         for part in parts:
             self.levels[part.level].append(part)
 
     def write(self, frame: pd.DataFrame) -> Path:
         """Write the rows of `frame` as a part (`write_part`) and take it; compact when due."""
-        path = write_part(self.out, frame)
+        path = write_part(self.out, frame, self.key)
         self.add(path, frame[INDEX].to_numpy())
         return path
 
@@ -231,6 +315,7 @@ class Compactor:
             except (OSError, pa.ArrowException) as exc:
                 raise DamagedPart(part.path, str(exc).splitlines()[0]) from None
         schema = pa.unify_schemas(schemas, promote_options="permissive")
+        schema = schema.with_metadata({**(schema.metadata or {}), **self.key.metadata()})
 
         def write(tmp: Path) -> None:
             with pq.ParquetWriter(tmp, schema, write_page_checksum=True) as writer:
@@ -258,9 +343,11 @@ def merge_if_complete(out: Path, total: int) -> Path | None:
 
     Coverage is checked from the index columns first, so a shard that is not last reads little;
     the merge then reads every part with its checksums verified (a damaged one is set aside and
-    None returned: its prompts are redone)."""
+    None returned: its prompts are redone). The parts were checked against the run when it
+    (re)started (`scan_parts`), so they all record one run's settings, which `scores.parquet`
+    records too; parts that record different settings are refused in one line."""
     out = Path(out)
-    target = out / "scores.parquet"
+    target = out / SCORES
     files = part_files(out)
     if not files:
         return target if target.is_file() else None
@@ -284,11 +371,20 @@ def merge_if_complete(out: Path, total: int) -> Path | None:
         except DamagedPart as damage:
             set_aside(damage)
             return None
-    table = pa.concat_tables(tables, promote_options="permissive").sort_by(INDEX)
+    records = {(t.schema.metadata or {}).get(SCORED_UNDER) for t in tables}
+    if len(records) != 1:
+        raise ProbekitError(
+            f"the parts in {out / PARTS} were scored under different settings; run the same "
+            "command again to set aside those that are not this run's"
+        )
+    record = records.pop()
+    recorded = {} if record is None else {SCORED_UNDER: record}
+    plain = [t.replace_schema_metadata(tables[0].schema.metadata) for t in tables]
+    table = pa.concat_tables(plain, promote_options="permissive").sort_by(INDEX)
     indices = table[INDEX].to_numpy()
     first = np.ones(len(indices), dtype=bool)
     first[1:] = indices[1:] != indices[:-1]  # one row per prompt (a part written twice)
     table = table.filter(pa.array(first))
     if table.num_rows != total:
         return None
-    return write_table(target, table)
+    return write_table(target, stamped(table, recorded))

@@ -53,9 +53,10 @@ from probekit.run.loop import (
     open_run,
     pending,
     prompt_count,
+    row_key,
     run_chunk,
 )
-from probekit.run.parts import merge_if_complete
+from probekit.run.parts import finished_scores, merge_if_complete, say
 from probekit.run.shards import Shard
 from probekit.studies.base import Probe, check_view
 
@@ -208,9 +209,12 @@ def run_probe_ray(
     if chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     out = Path(out)
-    with open_run(out, shard, {**manifest, "limit": limit}):
-        total = prompt_count(probe, limit)
-        compactor, wanted = pending(out, shard, total, probe.name)
+    with open_run(out, shard, {**manifest, "limit": limit}) as started:
+        key = row_key(probe, started, prompt_count(probe, limit))
+        if (finished := finished_scores(out, key)) is not None:
+            say(f"{probe.name}: {finished} holds every row of this run; nothing to score")
+            return finished
+        compactor, wanted = pending(out, shard, key, probe.name)
         todo = int(wanted.sum())
         if todo:
             scoring = {
@@ -235,7 +239,7 @@ def run_probe_ray(
             finally:
                 for actor in pool:
                     ray.kill(actor)
-        return merge_if_complete(out, total)
+        return merge_if_complete(out, len(key.ids))
 
 
 def runner(

