@@ -61,11 +61,25 @@ class CountingEngine:
         self.dtype = dtype
         self.scored = 0
 
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": "fake",
+            "model_source": "fake",
+            "weights": "fake",
+            "dtype": self.dtype,
+            "device": "cpu",
+            "engine": "fake",
+        }
+
     def encode(self, item: Item, as_string: bool = False) -> SimpleNamespace:
         return SimpleNamespace(input_ids=[len(item.id)])
 
     def scorer(self, answers: AnswerSet, **options: Any) -> SimpleNamespace:
-        probs = np.array([0.5, 0.25, 0.125, 0.125] if self.dtype == "float32" else [0.25] * 4)
+        n = len(answers.answers)
+        probs = np.full(n, 1 / n)  # bfloat16: uniform; float32: 1/2, 1/4, ..., the last twice
+        if self.dtype == "float32":
+            probs = 0.5 ** np.arange(1, n + 1)
+            probs[-1] *= 2
 
         def score(prompts, window: int = 4096, progress: Any = None):
             prompts = list(prompts)
@@ -222,3 +236,62 @@ def test_every_resume_key_is_recorded(field):
     assert field in key.settings
     assert "command" not in RowKey.of({"command": "probekit run x"}, ["a"]).settings
     assert RowKey.of({"model": "m", INDEX: 1}, ["a"]).settings  # an undeclared field counts too
+
+
+# ---------------------------------------------------------------------- writes beside the run
+
+
+class FigureStudy:
+    """The minimal study of the docs, drawing a figure in its report (a study's report writes
+    figures beside the run), and meeting a statistic's limit when `too_few`."""
+
+    @staticmethod
+    def make(too_few: bool = False):
+        from minimal_study import MinimalStudy
+
+        from probekit.core.errors import StatisticsError
+        from probekit.reporting.figures import new_figure, save_figure
+
+        class Study(MinimalStudy):
+            def report_view(self, scores, run_dir, manifest, view, suffix):
+                if too_few:
+                    raise StatisticsError("paired t-tests need at least 2 kept units")
+                fig = new_figure(2, 2)
+                fig.add_subplot().plot([0, 1], [0, 1])
+                save_figure(fig, run_dir / "gap.png")
+                return super().report_view(scores, run_dir, manifest, view, suffix)
+
+        return Study()
+
+
+def test_a_full_disk_while_writing_figures_is_a_disk_error(tmp_path, monkeypatch):
+    """ENOSPC while the figures of a partial run are written: one line naming the figure and the
+    full disk, not "too few prompts for the statistics"."""
+    import errno
+    import os
+
+    from matplotlib.figure import Figure
+
+    from probekit import run_study
+    from probekit.core.errors import ProbekitError
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    out = tmp_path / "run"
+    with pytest.raises(ProbekitError) as info:
+        run_study(FigureStudy.make(), CountingEngine(), out=out, limit=2, days=3)
+    message = str(info.value)
+    assert "\n" not in message and "too few" not in message
+    assert f"cannot write {out / 'gap.png'}: No space left on device" in message
+    assert "the disk is full" in message
+    assert not [p for p in out.iterdir() if p.name.startswith(".gap.png")]  # no temporary left
+
+
+def test_a_partial_run_too_small_for_a_statistic_says_so(tmp_path):
+    from probekit import run_study
+    from probekit.core.errors import ProbekitError
+
+    with pytest.raises(ProbekitError, match=r"the first 2 prompts \(--limit\) are too few"):
+        run_study(FigureStudy.make(too_few=True), CountingEngine(), out=tmp_path, limit=2, days=3)

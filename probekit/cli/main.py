@@ -85,7 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.add_argument("dir", nargs="+", help="the --out folder of a finished run (or several)")
     report.add_argument(
-        "--out", default=None, help="where the combined summary goes (default: the first folder)"
+        "--out",
+        default=None,
+        help="where the summary and page go (default: the folder given; for several, combined/ "
+        "in their common parent)",
     )
     report.set_defaults(func=_report)
 

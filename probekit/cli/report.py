@@ -2,13 +2,19 @@
 from their `scores.parquet` and `manifest.json` (one run, a folder of runs as `probekit run`
 writes them for several probes or models, or several such folders, of one study or several).
 
-Every run folder gets its `report.html`; the runs' summary goes to `--out` (default: the first
-folder), one per study (`OUT/<study>/`) when the runs mix studies, and `OUT/report.html` is the
-page across the runs: each model's bias profile and the models side by side per study.
+Every run folder gets its `report.html`; the runs' summary goes to `--out`, one per study
+(`OUT/<study>/`) when the runs mix studies, and `OUT/report.html` is the page across the runs:
+each model's bias profile and the models side by side per study.
+
+`--out` defaults to the one folder given, and for several folders to `combined/` in their common
+parent, so that a combined summary never replaces a run's own: an `--out` that holds a run is
+refused when several runs are reported. The folder is checked (writable, not a run) before any
+work.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.core.io import check_writable
 from probekit.core.rundir import RunDir
 from probekit.reporting import load_run, write_run_page, write_runs_page
 from probekit.studies.base import get_study
@@ -23,7 +30,8 @@ from probekit.studies.base import get_study
 
 def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | None = None) -> str:
     """Report every finished run under `folders` (one or several, e.g. one per model or one per
-    study), write each study's summary and the pages; return the summaries' Markdown."""
+    study), write each study's summary and the pages into `out` (`report_folder`); return the
+    summaries' Markdown."""
     folders = [Path(folders)] if isinstance(folders, str | Path) else [Path(f) for f in folders]
     runs: list[RunDir] = []
     for folder in folders:
@@ -42,7 +50,7 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
         if name is None:
             raise ProbekitError(f"{run.manifest_path} names no study; report it from its own run")
         by_study.setdefault(name, []).append((run, manifest))
-    target = Path(out) if out is not None else folders[0]
+    target = report_folder(folders, out, runs)
     pages, markdown = [], []
     for name, members in by_study.items():
         study = get_study(name)
@@ -62,3 +70,31 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
     else:
         write_runs_page(pages, target)
     return "\n".join(markdown)
+
+
+COMBINED = "combined"
+"""The folder, in the given folders' common parent, of a report across several of them."""
+
+
+def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequence[RunDir]) -> Path:
+    """Where the summary and page of `runs` go: `out`, else the one folder given, else
+    `combined/` in the folders' common parent. Checked before any work: writable, and not the
+    folder of a run other than the one reported (its own summary and page would be replaced)."""
+    if out is not None:
+        target = Path(out)
+    elif len(folders) == 1:
+        target = folders[0]
+    else:
+        common = Path(os.path.commonpath([f.resolve() for f in folders]))
+        target = common / COMBINED
+    if RunDir(target).read_manifest() is not None and (len(runs) > 1 or runs[0] != RunDir(target)):
+        what = (
+            f"the combined summary and page of {len(runs)} runs"
+            if len(runs) > 1
+            else (f"the summary and page of {runs[0].path}")
+        )
+        raise ProbekitError(
+            f"{target} holds a run of its own: {what} would replace its own; give another --out"
+        )
+    check_writable(target)
+    return target

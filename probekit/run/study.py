@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 from probekit.core.options import (
     CommandParser,
     check_out_dir,
@@ -371,7 +371,7 @@ def _run(
     study.after_run(probe, model, scores, run_dir, manifest)
     try:
         rows = study.report(scores, run_dir, manifest)
-    except ProbekitError as error:
+    except StatisticsError as error:  # not a failed write (a full disk) or a bad input
         if total == len(probe):
             raise
         raise ProbekitError(

@@ -11,7 +11,7 @@ from typing import TypedDict, Unpack
 import numpy as np
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 from probekit.stats.table import require_columns
 
 METHODS = ("percentile", "normal")
@@ -59,7 +59,7 @@ def bootstrap_units(
     if method not in METHODS:
         raise ProbekitError(f"unknown bootstrap method {method!r}; use one of {METHODS}")
     if n_units < 1:
-        raise ProbekitError("cannot bootstrap without units")
+        raise StatisticsError("cannot bootstrap without units")
     draws = np.random.default_rng(seed).integers(n_units, size=(n, n_units))
     resampled = np.array([float(statistic(d)) for d in draws])
     if method == "percentile":
@@ -92,7 +92,7 @@ def bootstrap_ci(
     if (codes < 0).any():
         raise ProbekitError(f"the unit column {unit!r} holds missing values")
     if len(uniques) == 0:
-        raise ProbekitError("cannot bootstrap an empty score table")
+        raise StatisticsError("cannot bootstrap an empty score table")
     # Row positions grouped by unit: unit u owns by_unit[starts[u] : starts[u] + sizes[u]].
     by_unit = np.argsort(codes, kind="stable")
     sizes = np.bincount(codes)

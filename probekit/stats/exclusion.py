@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 from probekit.stats.table import require_columns
 
 
@@ -34,7 +34,7 @@ def exclude_units(df: pd.DataFrame, unit: str, failed: pd.Series) -> Exclusion:
         raise ProbekitError("the failed-row mask does not share the score table's index")
     units = pd.unique(df[unit])
     if len(units) == 0:
-        raise ProbekitError("no units to exclude from: the score table is empty")
+        raise StatisticsError("no units to exclude from: the score table is empty")
     bad = set(df.loc[failed.to_numpy(dtype=bool), unit])
     return Exclusion(kept=tuple(u for u in units if u not in bad), n_units=len(units))
 

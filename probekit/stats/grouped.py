@@ -10,7 +10,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 from probekit.stats.table import require_columns, require_distinct, select_rows
 
 
@@ -36,7 +36,7 @@ def grouped_means(
     if units is not None:
         df = df[df[unit].isin(units)]
     if df.empty:
-        raise ProbekitError("no scores left to average")
+        raise StatisticsError("no scores left to average")
     grouped = df.groupby(list(by), sort=False, dropna=False)[value]
     means, sizes = grouped.mean(), grouped.size()
     if df[value].isna().any():
@@ -77,7 +77,7 @@ def score_cube(
         require_distinct(units, unit)
         rows = rows[rows[unit].isin(units)]
     if len(units) == 0:
-        raise ProbekitError(f"no {unit} left to average; every one was excluded")
+        raise StatisticsError(f"no {unit} left to average; every one was excluded")
     n_rows, n_columns, n_units = len(row_keys), len(column_keys), len(units)
     flat = (
         _codes(rows[row], row_keys) * n_columns + _codes(rows[column], column_keys)
@@ -87,7 +87,7 @@ def score_cube(
         raise ProbekitError(f"scores hold duplicate rows for one {row}, {column} and {unit}")
     incomplete = np.count_nonzero(counts.reshape(n_rows * n_columns, n_units).min(axis=0) == 0)
     if incomplete:
-        raise ProbekitError(
+        raise StatisticsError(
             f"scores are incomplete: {incomplete} of {n_units} {unit} values lack some "
             f"{row}-{column} pair among the keys"
         )

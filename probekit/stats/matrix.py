@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 
 
 def zscore(M: np.ndarray) -> np.ndarray:
@@ -16,7 +16,7 @@ def zscore(M: np.ndarray) -> np.ndarray:
     M = np.asarray(M, dtype=float)
     std = M.std()
     if not np.isfinite(std) or std == 0:
-        raise ProbekitError("cannot z-normalise a matrix that is constant or not finite")
+        raise StatisticsError("cannot z-normalise a matrix that is constant or not finite")
     return (M - M.mean()) / std
 
 
@@ -39,7 +39,7 @@ def cell_pvalues(X: np.ndarray, reference: int | None = None) -> tuple[np.ndarra
     if X.ndim != 3 or X.shape[0] != X.shape[1]:
         raise ProbekitError(f"expected a cube X[row, column, unit], got shape {X.shape}")
     if X.shape[2] < 2:
-        raise ProbekitError("paired t-tests need at least 2 kept units")
+        raise StatisticsError("paired t-tests need at least 2 kept units")
     k = len(X)
     i, j = _tested_cells(k, reference)
     p_row = np.full((k, k), np.nan)

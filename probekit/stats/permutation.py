@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 
 # Permuted Δs equal to the observed one up to float rounding count as at least as extreme.
 _TIE_TOLERANCE = 1e-12
@@ -39,7 +39,7 @@ def _in_group(labels: Sequence[str], size: int) -> np.ndarray:
         raise ProbekitError(f"got {labels.size} group labels for a {size}x{size} matrix")
     inside = labels[:, None] == labels[None, :]
     if inside.all():
-        raise ProbekitError("every cell is in-group; the empathy gap needs two distinct labels")
+        raise StatisticsError("every cell is in-group; the empathy gap needs two distinct labels")
     return inside
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 
 DEFAULT_POWER = 0.8
 
@@ -54,7 +54,7 @@ def units_for_power(
     """Power of `significant(unit indices)` at each size (default grid up to `n_units`),
     stopping at the first size that reaches `target`."""
     if n_units < 2:
-        raise ProbekitError(f"a power analysis needs at least 2 units, got {n_units}")
+        raise StatisticsError(f"a power analysis needs at least 2 units, got {n_units}")
     if not 0 < target < 1:
         raise ProbekitError(f"the target power must lie in (0, 1), got {target}")
     rng = np.random.default_rng(seed)

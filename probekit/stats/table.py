@@ -4,7 +4,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
@@ -33,5 +33,5 @@ def select_rows(df: pd.DataFrame, keys: Mapping[str, Sequence[Hashable]]) -> pd.
         inside &= df[column].isin(values)
     rows = df[inside]
     if rows.empty:
-        raise ProbekitError(f"no scores with {' and '.join(keys)} among the given keys")
+        raise StatisticsError(f"no scores with {' and '.join(keys)} among the given keys")
     return rows
