@@ -10,6 +10,7 @@ from typing import Any
 from probekit.cli.main import study_parser
 from probekit.cli.patch import add_hooks_option
 from probekit.core.options import comma_list, int_list, options_from_keywords
+from probekit.core.progress import silenced
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism.api import hookable
@@ -68,4 +69,5 @@ def _capture(study: Study, args: argparse.Namespace, model: Any) -> None:
     check_capture(request, items)  # before any model work
     if model is None:
         model = load_model(args.model, **load_options(args))
-    run_capture(hookable(model), probe, items, request, args.out)
+    with silenced(args.quiet):
+        run_capture(hookable(model), probe, items, request, args.out)

@@ -189,10 +189,9 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
-    from tqdm.auto import tqdm
-
     from probekit.core.answers import as_answer_set
     from probekit.core.io import ParquetStream
+    from probekit.core.progress import progress, silenced
     from probekit.core.prompts import read_prompts
     from probekit.core.signal import prefill_trap, weak_signal
     from probekit.engines import load_engine
@@ -210,7 +209,11 @@ def _score(args: argparse.Namespace) -> None:
     model = load_engine(args.model, **load_options(args))
     items = read_prompts(args.prompts, args.prefill)
     masses: list[float] = []
-    with ParquetStream(args.out) as out, tqdm(total=total, unit="prompt", disable=None) as bar:
+    with (
+        silenced(args.quiet),
+        ParquetStream(args.out) as out,
+        progress(total, "prompt", "score", "fewer prompts in the file") as bar,
+    ):
         for frame in score_frames(
             model, items, answers, epsilon=epsilon, batch_size=args.batch_size, progress=bar
         ):

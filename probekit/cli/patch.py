@@ -16,6 +16,7 @@ import pandas as pd
 from probekit.cli.main import study_parser
 from probekit.core.errors import ProbekitError
 from probekit.core.options import comma_list, int_list, options_from_keywords
+from probekit.core.progress import silenced
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism.api import hookable
@@ -207,4 +208,5 @@ def _patch(study: Study, args: argparse.Namespace, model: Any) -> list[str]:
     check_patch(request, items, probe.answers, study.mechanism_defaults())  # before the model
     if model is None:
         model = load_model(args.model, **load_options(args))
-    return run_patch(hookable(model), study, probe, items, request, args.out)
+    with silenced(args.quiet):
+        return run_patch(hookable(model), study, probe, items, request, args.out)

@@ -44,6 +44,7 @@ from probekit.core.options import (
     options_from_keywords,
     positive_int,
 )
+from probekit.core.progress import progress, silenced
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism import steering
@@ -124,12 +125,14 @@ def steer_study(
     parser = study_parser("steer", found.name)[0]
     spec = model if isinstance(model, str) else None
     args = options_from_keywords(parser, {"out": out, "model": spec, **options})
-    return _steer(found, args, None if isinstance(model, str) else model)
+    with silenced(args.quiet):
+        return _steer(found, args, None if isinstance(model, str) else model)
 
 
 def execute(study: Study, args: argparse.Namespace) -> None:
     start = time.monotonic()
-    result = _steer(study, args, None)
+    with silenced(args.quiet):
+        result = _steer(study, args, None)
     print(f"wrote {result.path}/steer.parquet, summary.csv, steer.png, report.html")
     print(f"wall time {time.monotonic() - start:.0f} s")
 
@@ -173,6 +176,8 @@ def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
     rng = np.random.default_rng(args.seed)
     manifest = {**probe.manifest(), "model": args.model, "seed": args.seed, "view": VIEWS[0]}
     frames, rows = [], []
+    runs = len(vectors) * 2 * sum(alpha != 0 for alpha in alphas)
+    bar = progress(runs * len(encoded), "prompt", "steering", "fewer --layers, --alphas or events")
     for target, vector in vectors.items():
         kinds = {steering.STEER: vector, steering.RANDOM: steering.random_like(vector, rng)}
         for kind, v in kinds.items():
@@ -184,7 +189,7 @@ def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
                     print(f"resumed {folder.name}")
                 else:
                     frame = steer_frame(
-                        scorer, encoded, base, target, kind, v, alpha, positions, span, args
+                        scorer, encoded, base, target, kind, v, alpha, positions, span, args, bar
                     )
                     frame = probe.add_columns(frame)
                     folder.mkdir(parents=True, exist_ok=True)
@@ -197,6 +202,7 @@ def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
                     )
                 frames.append(frame)
                 rows.append({**summary_row(frame), **headline})
+    bar.close()
     table = pd.concat(frames, ignore_index=True)
     write_parquet(out / "steer.parquet", table)
     summary = pd.DataFrame(rows)
@@ -304,12 +310,22 @@ def steer_frame(
     positions: str,
     span: str,
     args: argparse.Namespace,
+    bar: Any = None,
 ) -> pd.DataFrame:
-    """One α's rows: the item's key columns, the score columns and the side effects."""
+    """One α's rows: the item's key columns, the score columns and the side effects (`bar`,
+    the progress, updated per batch)."""
     results = base
     if alpha != 0:
         results = steering.steered_results(
-            scorer, encoded, target, alpha * vector, positions, span, args.hooks, args.batch_size
+            scorer,
+            encoded,
+            target,
+            alpha * vector,
+            positions,
+            span,
+            args.hooks,
+            args.batch_size,
+            bar,
         )
     columns = {
         "site": target[0],

@@ -18,9 +18,10 @@ from probekit.core.options import DTYPES, device_name, dtype_name
 def add_model_options(
     parser: argparse.ArgumentParser, several: bool = False, hooks: bool = True
 ) -> None:
-    """`--model`, `--device`, `--dtype` and `--engine`, the options of every command that loads a
-    model; `several`: `--model` may be repeated (a list, None when not given); `hooks`: the
-    command needs a hookable model, so `--engine` takes only engines that have one."""
+    """`--model`, `--device`, `--dtype`, `--engine` and `--quiet` (no progress), the options of
+    every command that loads a model; `several`: `--model` may be repeated (a list, None when
+    not given); `hooks`: the command needs a hookable model, so `--engine` takes only engines
+    that have one."""
     if several:
         parser.add_argument(
             "--model",
@@ -74,6 +75,11 @@ def add_model_options(
                 metavar="N",
                 help=f"vLLM {what} over N GPUs (--engine vllm only)",
             )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines or time estimates (errors, warnings and results still print)",
+    )
     parser.add_argument(
         "--engine",
         type=engine_name(hooks),

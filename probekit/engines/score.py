@@ -22,6 +22,7 @@ from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
 from probekit.core.options import check_value, non_negative_float, positive_int
+from probekit.core.progress import progress, silenced
 from probekit.core.prompts import parse_messages, read_prompts
 from probekit.core.signal import prefill_trap, weak_signal
 
@@ -36,6 +37,7 @@ def score(
     epsilon: float = 1e-4,
     prefill: str | None = None,
     batch_size: int | None = None,
+    quiet: bool = False,
 ) -> pd.DataFrame:
     """Exact probability of every answer for every prompt, one row per prompt in input order.
 
@@ -50,6 +52,8 @@ def score(
         epsilon: pruning bound; every row's `error_bound` is at most this (0: exact).
         prefill: text forced at the start of every response (e.g. `"[["`).
         batch_size: prompts per forward pass (default: 16 on CPU, 64 on GPU).
+        quiet: no progress (by default a bar on a terminal, lines in a log, and after the
+            first batch the time the call will take: `probekit.core.progress`).
 
     Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `most_probable`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
@@ -68,8 +72,11 @@ def score(
     items = list(as_items(prompts, prefill or ""))
     if not items:
         raise ProbekitError("no prompts to score")
-    frames = score_frames(model, items, answer_set, epsilon=epsilon, batch_size=batch_size)
-    table = pd.concat(list(frames), ignore_index=True)
+    with silenced(quiet), progress(len(items), "prompt", "score", "fewer prompts") as bar:
+        frames = score_frames(
+            model, items, answer_set, epsilon=epsilon, batch_size=batch_size, progress=bar
+        )
+        table = pd.concat(list(frames), ignore_index=True)
     if weak := weak_signal(float(table["valid_mass"].mean())):
         warnings.warn(weak, UserWarning, stacklevel=2)
     return table

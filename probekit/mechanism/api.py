@@ -25,6 +25,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.progress import silenced
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
@@ -65,6 +66,7 @@ def patch(
     through_answer: bool | None = None,
     distributions: bool = False,
     progress: bool = True,
+    quiet: bool = False,
     **deprecated: Any,
 ) -> pd.DataFrame:
     """The patching table of `probekit patch` for these pairs: one row per (pair, component).
@@ -92,7 +94,9 @@ def patch(
             patches the prompt positions only.
         distributions: also the valid mass and answer probabilities of the clean, corrupt and
             patched runs (`valid_mass_clean`, `probs_clean`, ...; answers in `df.attrs`).
-        progress: a progress bar on a terminal or in a notebook.
+        progress: the progress of the patched runs (`probekit.core.progress`: a bar on a
+            terminal, lines in a log).
+        quiet: no progress (as `progress=False`).
 
     Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
     per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
@@ -125,12 +129,15 @@ def patch(
             hooks=hooks,
             batch_size=batch_size,
             through_answer=through_answer,
-            progress=progress,
+            progress=progress and not quiet,
             distributions=distributions,
         )
     if distributions:
         raise ProbekitError("distributions=True needs method='exact'")
-    return measure(scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet)
+    with silenced(quiet):
+        return measure(
+            scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
+        )
 
 
 def recovery(
@@ -173,6 +180,7 @@ def capture(
     hooks: str = "transformer_lens",
     batch_size: int = 8,
     dtype: torch.dtype = torch.float16,
+    quiet: bool = False,
     **deprecated: Any,
 ) -> disk.Activations:
     """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
@@ -188,6 +196,7 @@ def capture(
         out: also write resumable safetensors shards there (`probekit capture`'s format in
             `dtype`); the activations returned are then read back from it.
         hooks: the hook library, `transformer_lens` or `nnsight` (`backend=` is its old name).
+        quiet: no progress lines (`probekit.core.progress`).
 
     Returns `Activations`: `acts["blocks.3.hook_resid_pre"]` is [rows, d_model] (float32 in
     memory), `acts.at(hook, prompt_id, span)` one prompt's span, `acts.index` the rows.
@@ -200,9 +209,10 @@ def capture(
     )
     names = _names(sites, "sites")
     kept = _names(spans, "spans") if spans is not None else None
-    if out is None:
-        return disk.collect(model, encoded, chosen, names, kept, hooks, batch_size)
-    disk.capture(model, encoded, out, chosen, names, kept, hooks, batch_size, dtype=dtype)
+    with silenced(quiet):
+        if out is None:
+            return disk.collect(model, encoded, chosen, names, kept, hooks, batch_size)
+        disk.capture(model, encoded, out, chosen, names, kept, hooks, batch_size, dtype=dtype)
     wanted = {item.id for item in encoded}
     stored = disk.read_activations(out)
     return _subset(stored, wanted)

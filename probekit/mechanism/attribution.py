@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
-from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.engines.hf.differentiable import answer_mass
 from probekit.mechanism.components import (
@@ -97,7 +97,7 @@ def attribute(
     corrupt_ids = {corrupt.id for _, corrupt in pairs}
     clean_only = [key for key in want if key not in corrupt_ids]
     value, acts, grads = {}, {}, {}
-    bar = tqdm(total=len(want), unit="prompt", desc="attribution", disable=None)
+    bar = progress(len(want), "prompt", "attribution")
     for keys, grad in ((clean_only, False), (list(corrupt_ids & want.keys()), True)):
         for start in range(0, len(keys), size):
             chunk = [want[key] for key in keys[start : start + size]]

@@ -30,11 +30,11 @@ import pandas as pd
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write, write_parquet
 from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.progress import progress
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
 
@@ -110,9 +110,9 @@ def batches(
     hooks: str,
     batch_size: int,
 ) -> Iterator[tuple[list[EncodedItem], list[Row], dict[Key, torch.Tensor]]]:
-    """`gather` over `items` a batch at a time: (the batch, its rows, its values), with a
-    progress bar of the prompts on a terminal or in a notebook."""
-    with tqdm(total=len(items), unit="prompt", desc="capture", disable=None) as bar:
+    """`gather` over `items` a batch at a time: (the batch, its rows, its values), with the
+    progress of the prompts (`probekit.core.progress`)."""
+    with progress(len(items), "prompt", "capture") as bar:
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
             rows, acts = gather(model, batch, layers, sites, spans, hooks)

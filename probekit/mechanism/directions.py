@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.readouts import Readout
@@ -84,7 +84,8 @@ def span_states(
     layers = list(range(scorer.model.n_layers)) if layers is None else list(layers)
     size = batch_size or scorer.batch_size
     rows, acts = [], []
-    for start in tqdm(range(0, len(prompts), size), desc="directions", disable=None):
+    bar = progress(len(prompts), "prompt", "directions")
+    for start in range(0, len(prompts), size):
         chunk = prompts[start : start + size]
         spans = [_span(p, span) for p in chunk]
         locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
@@ -103,6 +104,8 @@ def span_states(
                     VALUE: readout(result, prompt.item),
                 }
             )
+        bar.update(len(chunk))
+    bar.close()
     frame = pd.DataFrame(rows)
     frame["gap"] = _centred(frame[VALUE].to_numpy(), frame, centre)
     return States(frame, np.stack(acts), layers, span)

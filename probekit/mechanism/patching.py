@@ -82,10 +82,10 @@ def sweep(
 
     `through_answer`: a span that runs to the end also patches the answer positions (see the
     module's docstring); None: yes with `transformer_lens`, no with `nnsight` (whose hooks reach
-    the prompt pass only). `progress`: a tqdm bar of the runs (shown on a terminal or in a
-    notebook; False for none). `distributions`: also `valid_mass_<run>` and `probs_<run>` (the
-    answer probabilities normalised over the answer set, in `scorer.answers` order) of the clean,
-    corrupt and patched runs.
+    the prompt pass only). `progress`: the progress of the runs (`probekit.core.progress`: a
+    bar on a terminal, lines in a log; False for none). `distributions`: also
+    `valid_mass_<run>` and `probs_<run>` (the answer probabilities normalised over the answer
+    set, in `scorer.answers` order) of the clean, corrupt and patched runs.
 
     Columns: the items' key columns (a column on which clean and corrupt differ in some pair
     comes twice, as `clean_<col>` and `corrupt_<col>`), clean_prompt_id, corrupt_prompt_id,
@@ -268,12 +268,13 @@ def noise_line(df: pd.DataFrame) -> str | None:
 
 
 def _bar(progress: Any, total: int) -> Any:
-    """A tqdm bar of `total` patched runs (`progress`: True for one on a terminal or notebook,
+    """The progress of `total` patched runs (`progress`: True for `probekit.core.progress`'s,
     False for none, or a bar to reuse)."""
-    from tqdm.auto import tqdm
+    from probekit.core.progress import Silent
+    from probekit.core.progress import progress as track
 
     if progress is None or isinstance(progress, bool):
-        return tqdm(total=total, unit="run", desc="patching", disable=None if progress else True)
+        return track(total, "run", "patching") if progress else Silent()
     return progress
 
 

@@ -29,6 +29,8 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
+from probekit.core.progress import progress as track
+from probekit.core.progress import silenced
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
@@ -163,8 +165,10 @@ def steered_results(
     span: str,
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
+    progress: Any = None,
 ) -> list[ScoreResult]:
-    """Every prompt's result with `added` summed into `blocks.{layer}.{site}` at `positions`."""
+    """Every prompt's result with `added` summed into `blocks.{layer}.{site}` at `positions`
+    (`progress`, if given, is updated per batch)."""
     hook = site(target[0]).hook(target[1])
     model = scorer.model
     delta = added.to(model.device, model.dtype)
@@ -190,6 +194,8 @@ def steered_results(
             answer_edits=answer,
         )
         out += results
+        if progress is not None:
+            progress.update(len(chunk))
     return out
 
 
@@ -256,6 +262,7 @@ def sweep(
     rng = np.random.default_rng(seed)
     rows = []
     total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
+    bar = track(total * len(prompts), "prompt", "steering", "fewer layers, alphas or prompts")
     done = 0
     for target, vector in vectors.items():
         kinds = {STEER: vector}
@@ -268,7 +275,7 @@ def sweep(
                     results = list(base)
                 else:
                     results = steered_results(
-                        scorer, prompts, target, alpha * v, positions, span, hooks, batch_size
+                        scorer, prompts, target, alpha * v, positions, span, hooks, batch_size, bar
                     )
                     done += 1
                     if say:
@@ -286,6 +293,7 @@ def sweep(
                     "span": span,
                 }
                 rows += steer_rows(prompts, results, base, answers, columns)
+    bar.close()
     return pd.DataFrame(rows)
 
 
@@ -305,6 +313,7 @@ def steer(
     seed: int = 0,
     epsilon: float = 0.0,
     batch_size: int | None = None,
+    quiet: bool = False,
 ) -> pd.DataFrame:
     """Score `prompts` with α·`vector` added at each (site, layer), for every α.
 
@@ -327,6 +336,7 @@ def steer(
         seed: the random direction's seed.
         epsilon: the scorer's pruning bound (0: exact).
         batch_size: prompts per forward pass.
+        quiet: no progress lines (`probekit.core.progress`).
 
     Returns one row per (site, layer, vector kind, α, prompt): `prompt_id`, `site`, `layer`,
     `vector` (`steer` or `random`), `norm`, `alpha`, `positions`, `span`, the score columns of
@@ -347,18 +357,19 @@ def steer(
     encoded = encode_prompts(model, prompts, "steer")
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
     scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
-    return sweep(
-        scorer,
-        encoded,
-        vectors,
-        chosen,
-        positions=positions,
-        span=ANSWER if span is None else span,
-        hooks=hooks,
-        control=control,
-        seed=seed,
-        batch_size=batch_size,
-    )
+    with silenced(quiet):
+        return sweep(
+            scorer,
+            encoded,
+            vectors,
+            chosen,
+            positions=positions,
+            span=ANSWER if span is None else span,
+            hooks=hooks,
+            control=control,
+            seed=seed,
+            batch_size=batch_size,
+        )
 
 
 def _names(sites: Any) -> list[str]:

@@ -56,7 +56,6 @@ same shard of a run started twice is refused with one line naming the process th
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,11 +68,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_writable
 from probekit.core.items import PROMPT_ID, Item
+from probekit.core.progress import progress
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
 from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer
 from probekit.run.parts import (
@@ -135,6 +134,7 @@ class RunOptions(TypedDict, total=False):
     epsilon: float
     chunk_size: int | None
     limit: int | None
+    hint: str | None
 
 
 def prompt_count(probe: Probe, limit: int | None) -> int:
@@ -154,6 +154,7 @@ def run_probe(
     epsilon: float = DEFAULT_EPSILON,
     chunk_size: int | None = None,
     limit: int | None = None,
+    hint: str | None = None,
     mode: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` (its first `limit` prompts, else all) into `out`, in `view`
@@ -161,7 +162,9 @@ def run_probe(
 
     Each chunk of prompts (`chunk_size`, else `CHUNK_BATCHES` of the scorer's batches) is
     written as a part once scored; a part found damaged at the merge is set aside and its
-    prompts redone. `mode` is the old name of `view` (a FutureWarning)."""
+    prompts redone. Progress goes to stderr (`probekit.core.progress`): after the first batch,
+    the time the run will take on this device, with `hint` on how to make it smaller. `mode`
+    is the old name of `view` (a FutureWarning)."""
     if mode is not None:
         warnings.warn("run_probe(mode=...) is now view=...", FutureWarning, stacklevel=2)
         view = mode
@@ -191,9 +194,7 @@ def run_probe(
             todo = int(wanted.sum())
             if attempt and not todo:
                 return None  # the part set aside held other shards' rows
-            with tqdm(
-                total=todo, unit="prompt", desc=probe.name, mininterval=bar_interval()
-            ) as bar:
+            with progress(todo, "prompt", probe.name, hint) as bar:
                 for chunk in chunks(probe, wanted, size):
                     compactor.write(run_chunk(chunk, probe, model, scorer, view, bar))
             aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
@@ -319,9 +320,7 @@ def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
     writer = copy.copy(scorer)  # same model, answers and settings, with a generation budget
     writer.max_new_tokens = probe.max_new_tokens
     ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
-    with tqdm(
-        total=len(ids), unit="prompt", desc="explanations", mininterval=bar_interval()
-    ) as bar:
+    with progress(len(ids), "prompt", f"{probe.name} explanations") as bar:
         generated = writer.generate(ids, progress=bar)
     responses = model.decode(generated)
     cut = [r.find(cue) for r in responses]
@@ -331,9 +330,3 @@ def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
         for (i, item), text in zip(chunk, explanations, strict=True)
     ]
     return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
-
-
-def bar_interval() -> float:
-    """Seconds between progress updates: live in a terminal; in a log (a background run), every
-    30 s."""
-    return 0.1 if sys.stderr.isatty() else 30.0

@@ -39,16 +39,15 @@ from pathlib import Path
 from typing import IO, Any, Unpack
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from probekit.core.errors import ProbekitError
+from probekit.core.progress import progress
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
 from probekit.run.loop import (
     RUN_VIEWS,
     Chunk,
     RunOptions,
-    bar_interval,
     chunks,
     open_run,
     pending,
@@ -225,12 +224,8 @@ def run_probe_ray(
             pool = _start_pool(ray, load, view, scoring, actors)
             shared = ray.put(probe)
             try:
-                with tqdm(
-                    total=todo,
-                    unit="prompt",
-                    desc=f"{probe.name} (ray, {len(pool)} actors)",
-                    mininterval=bar_interval(),
-                ) as bar:
+                desc = f"{probe.name} (ray, {len(pool)} actors)"
+                with progress(todo, "prompt", desc, options.get("hint")) as bar:
                     for frame in _stream(ray, pool, shared, chunks(probe, wanted, chunk_size)):
                         if "parsed" in frame:
                             frame["parsed"] = [probe.parse(text) for text in frame["response"]]

@@ -41,6 +41,7 @@ from probekit.core.options import (
     positive_int,
     shard,
 )
+from probekit.core.progress import note, silenced
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.options import add_model_options
@@ -272,7 +273,7 @@ def run_parsed(
         connect(args.ray or None)  # before any model loads: an unreachable address is one line
     runs: list[Run] = []
     rows: list[dict[str, Any]] = []
-    with _stop_on_sigterm(out):
+    with _stop_on_sigterm(out), silenced(args.quiet):
         for name in names:
             options = load_options(args, device=launch.device(args.device))
             model = engine or load_engine(name, engine=args.engine, **options)
@@ -338,7 +339,8 @@ def _run(
 
     total = prompt_count(probe, args.limit)
     part = f" (the first {total} of {len(probe)}: --limit)" if total < len(probe) else ""
-    say(f"{probe.name}: {total} prompts{part}, model {name} -> {run_dir}")
+    if launch.is_main:
+        note(f"{probe.name}: {total} prompts{part}, model {name} -> {run_dir}")
     manifest = settings(study, probe, name, args, model.describe(), command)
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     run = run_probe
@@ -356,6 +358,7 @@ def _run(
         batch_size=args.batch_size,
         epsilon=args.epsilon,
         limit=args.limit,
+        hint=smaller(study),
     )
     launch.barrier()
     if launch.is_main and scores_path is None and launch.world > 1:
@@ -380,6 +383,13 @@ def _run(
             "with another --out, or no --limit"
         ) from None
     return folder.manifest, rows
+
+
+def smaller(study: Study) -> str:
+    """How to make a run of `study` smaller, said with the estimate before it scores."""
+    flag = f"--{study.unit_name}s"
+    takes = any(option.flag == flag and "run" in option.commands for option in study.options)
+    return f"fewer {flag}, or --limit N" if takes else "--limit N"
 
 
 def settings(

@@ -1,0 +1,184 @@
+"""Progress of every long call (the run loop, `probekit.score`, `patch`, `steer`, `capture`), by
+one helper: `progress(total, unit, desc)` gives an object with tqdm's `update(n)` and `close()`.
+
+- On a terminal (or in a notebook) it is a live tqdm bar.
+- Anywhere else (output sent to a log file, a background job, CI) it writes one plain line on
+  stderr whenever another 10 % of the work is done or 30 s have passed since the last line,
+  and one at the end: a log shows how far a call is and how long it has left, without the
+  carriage returns of a bar.
+- Either way, once the first batch is done it says, in one line, how long the whole call will
+  take on this device at that pace (`estimate`), with the caller's hint on how to make it
+  smaller; the run loop gives that line before the rest of the prompts are scored.
+- Inside `silenced()` (the `quiet` keyword of the API functions, `--quiet` on the command line)
+  nothing is written. Lines about the state of a run (a part set aside) are not progress and
+  are still said.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import IO, Any
+
+LOG_STEP = 0.1
+"""Fraction of the work between two progress lines in a log."""
+LOG_SECONDS = 30.0
+"""Seconds after which a log gets a progress line even if less than `LOG_STEP` was done."""
+
+_QUIET: ContextVar[bool] = ContextVar("probekit_quiet", default=False)
+
+
+@contextmanager
+def silenced(on: bool = True) -> Iterator[None]:
+    """No progress lines, bars or estimates inside the block when `on` (a block inside a quiet
+    one stays quiet)."""
+    token = _QUIET.set(on or _QUIET.get())
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
+def is_quiet() -> bool:
+    return _QUIET.get()
+
+
+def note(message: str) -> None:
+    """A line about the work ahead (what a call will score, how to make it smaller) on stderr,
+    unless quiet."""
+    if not is_quiet():
+        print(message, file=sys.stderr, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """`75` -> `1 min 15 s`, `4000` -> `1 h 07 min`: a time a reader takes in at a glance."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Progress:
+    """The progress of one call: `bar`, a live tqdm bar (a terminal), or None (a log), where
+    it writes one line per `LOG_STEP` of the work or `LOG_SECONDS`, and one at the end; after
+    the first batch, either way, the estimate."""
+
+    def __init__(
+        self, total: int, unit: str, desc: str, hint: str | None, stream: IO[str], live: Any
+    ) -> None:
+        self.total, self.unit, self.desc, self.hint = total, unit, desc, hint
+        self.stream = stream
+        self.bar = live  # a tqdm bar on a terminal, None in a log
+        self.done = 0
+        self.started = time.monotonic()
+        self.last_time = self.started
+        self.last_done = 0
+
+    def update(self, n: int = 1) -> None:
+        first = self.done == 0 and n > 0
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        now = time.monotonic()
+        if first:
+            self._write(self.estimate(now - self.started))
+            self.last_time, self.last_done = now, self.done
+            return
+        if self.bar is None and self.done < self.total:
+            step = self.done - self.last_done >= LOG_STEP * self.total
+            if step or now - self.last_time >= LOG_SECONDS:
+                self._write(self.line(now))
+                self.last_time, self.last_done = now, self.done
+
+    def estimate(self, seconds: float) -> str:
+        """How long the whole call takes at the pace of its first `done` units (`seconds`)."""
+        whole = seconds * self.total / max(self.done, 1)
+        text = (
+            f"{self.desc}: {self.total} {self._units(self.total)} to go; the first "
+            f"{self.done} took {duration(seconds)}, so about {duration(whole)} in all on this "
+            "device"
+        )
+        return text + (f" (a smaller run: {self.hint})" if self.hint else "")
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.started
+        text = (
+            f"{self.desc}: {self.done} of {self.total} {self._units(self.total)} "
+            f"({100 * self.done / max(self.total, 1):.0f}%) in {duration(elapsed)}"
+        )
+        if self.done < self.total and self.done:
+            left = elapsed * (self.total - self.done) / self.done
+            text += f", about {duration(left)} left"
+        return text
+
+    def _units(self, count: int) -> str:
+        return self.unit if count == 1 else f"{self.unit}s"
+
+    def _write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.done and self.last_done != self.done:
+            self._write(self.line(time.monotonic()))
+        self.last_done = self.done
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Silent:
+    """Progress that writes nothing (quiet, or no work)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Silent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def progress(
+    total: int,
+    unit: str = "prompt",
+    desc: str = "",
+    hint: str | None = None,
+    stream: IO[str] | None = None,
+) -> Progress | Silent:
+    """The progress of a call that does `total` units of work (`desc` names it in every line;
+    `hint` says how to make it smaller, in the estimate): a live bar on a terminal or in a
+    notebook, plain lines in a log, nothing when quiet or when there is nothing to do."""
+    stream = stream or sys.stderr
+    if is_quiet() or total <= 0:
+        return Silent()
+    bar = None
+    if _live(stream):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit=unit, desc=desc, file=stream, mininterval=0.1)
+    return Progress(total, unit, desc, hint, stream, bar)
+
+
+def _live(stream: IO[str]) -> bool:
+    """Whether a bar can redraw itself: a terminal, or a Jupyter kernel."""
+    if "ipykernel" in sys.modules:
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

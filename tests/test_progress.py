@@ -1,0 +1,152 @@
+"""Progress where nobody watches a terminal: plain lines at a sensible interval in a log, the time
+a call will take said after its first batch, and nothing at all when asked to be quiet."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from test_run_state import CountingEngine, FigureStudy, GroupProbe, manifest
+
+import probekit
+from probekit import cli
+from probekit.core import progress as shown
+from probekit.core.progress import duration, progress, silenced
+from probekit.run.loop import run_probe
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(shown.time, "monotonic", clock)
+    return clock
+
+
+def test_a_log_gets_a_line_every_tenth_or_half_minute(clock):
+    log = io.StringIO()  # not a terminal: lines, no bar
+    bar = progress(100, "prompt", "demo", "--limit N", stream=log)
+    clock.now = 2.0
+    bar.update(10)  # the first batch: the estimate
+    clock.now = 3.0
+    bar.update(5)  # 5 % more, 1 s later: no line
+    clock.now = 4.0
+    bar.update(5)  # 10 % since the last line
+    clock.now = 40.0
+    bar.update(1)  # 36 s since the last line
+    bar.close()  # its last line is where it stopped: not said twice
+    assert log.getvalue().splitlines() == [
+        "demo: 100 prompts to go; the first 10 took 2 s, so about 20 s in all on this device "
+        "(a smaller run: --limit N)",
+        "demo: 20 of 100 prompts (20%) in 4 s, about 16 s left",
+        "demo: 21 of 100 prompts (21%) in 40 s, about 2 min 30 s left",
+    ]
+    assert "\r" not in log.getvalue()
+
+
+def test_a_finished_call_ends_with_its_total(clock):
+    log = io.StringIO()
+    with progress(4, "run", "patching", stream=log) as bar:
+        for second in range(1, 5):
+            clock.now = float(second)
+            bar.update(1)
+    assert log.getvalue().splitlines()[-1] == "patching: 4 of 4 runs (100%) in 4 s"
+
+
+def test_quiet_writes_nothing():
+    log = io.StringIO()
+    with silenced():
+        bar = progress(10, stream=log)
+        bar.update(10)
+        bar.close()
+        shown.note("a line about the work ahead")
+    assert log.getvalue() == ""
+    with silenced(False):
+        assert not shown.is_quiet()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0.4, "0 s"), (59, "59 s"), (75, "1 min 15 s"), (4000, "1 h 06 min")]
+)
+def test_durations_read_at_a_glance(seconds, text):
+    assert duration(seconds) == text
+
+
+def test_the_run_loop_says_its_estimate_and_progress_in_a_log(tmp_path, capsys):
+    probe = GroupProbe(events=30)  # 60 prompts, batches of 4
+    run_probe(probe, CountingEngine(), tmp_path / "run", manifest(probe), hint="--limit N")
+    err = capsys.readouterr().err  # pytest's capture is not a terminal
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert lines[0].startswith("groups: 60 prompts to go; the first 4 took ")
+    assert lines[0].endswith("on this device (a smaller run: --limit N)")
+    assert lines[-1].startswith("groups: 60 of 60 prompts (100%) in ")
+
+
+def test_a_quiet_run_says_nothing_but_its_results(tmp_path, capsys):
+    from probekit import run_study
+
+    run = run_study(FigureStudy.make(), CountingEngine(), out=tmp_path, days=3, quiet=True)
+    assert run.path == tmp_path
+    err = capsys.readouterr().err
+    assert "prompts to go" not in err and "6 prompts, model" not in err
+
+
+def test_a_run_says_how_many_prompts_and_how_to_make_it_smaller(tmp_path, capsys):
+    from probekit import run_study
+
+    run_study(FigureStudy.make(), CountingEngine(), out=tmp_path, days=3)
+    err = capsys.readouterr().err
+    assert "minimal: 6 prompts, model fake ->" in err
+    assert (
+        "minimal: 6 prompts to go; the first 4 took" in err and "(a smaller run: --limit N)" in err
+    )
+
+
+def test_score_says_its_progress_unless_quiet(capsys):
+    prompts = [f"How good is day {i}? 0 to 3." for i in range(9)]
+    probekit.score(CountingEngine(), prompts, "0-3")
+    err = capsys.readouterr().err
+    assert (
+        "score: 9 prompts to go; the first 4 took" in err
+        and "(a smaller run: fewer prompts)" in err
+    )
+    probekit.score(CountingEngine(), prompts, "0-3", quiet=True)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_score_command_takes_quiet(tmp_path, capsys, monkeypatch):
+    import probekit.engines
+
+    monkeypatch.setattr(probekit.engines, "load_engine", lambda *a, **k: CountingEngine())
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"id": "{i}", "text": "Day {i}? 0 to 3."}}\n' for i in range(9)))
+    args = ["score", "--prompts", str(prompts), "--answers", "0-3", "--out", str(tmp_path / "s")]
+    assert cli.main([*args, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(args) == 0
+    assert "score: 9 prompts to go" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_patch_steer_and_capture_say_their_progress_unless_quiet(model, capsys):
+    from conftest import EVENT
+
+    prompts = [f"{EVENT} How angry is the driver, 0 to 12?", "How calm is a lake, 0 to 12?"]
+    steer = dict(layers=[3], alphas=[1.0], answers="0-12", control=False)
+    vector = [0.0] * model.hf.config.hidden_size
+    capsys.readouterr()
+    probekit.steer(model, prompts, vector, **steer)
+    probekit.capture(model, prompts, layers=[3], sites=["resid_post"])
+    err = capsys.readouterr().err
+    assert "steering: 2 prompts to go" in err and "capture: 2 prompts to go" in err
+    probekit.steer(model, prompts, vector, **steer, quiet=True)
+    probekit.capture(model, prompts, layers=[3], sites=["resid_post"], quiet=True)
+    assert capsys.readouterr().err == ""
