@@ -51,6 +51,14 @@ def test_a_log_gets_a_line_every_tenth_or_half_minute(clock):
     assert "\r" not in log.getvalue()
 
 
+def test_a_call_done_in_one_batch_says_one_line(clock):
+    log = io.StringIO()
+    with progress(3, "prompt", "isear", stream=log) as bar:
+        clock.now = 34.0
+        bar.update(3)
+    assert log.getvalue().splitlines() == ["isear: 3 of 3 prompts (100%) in 34 s"]
+
+
 def test_a_finished_call_ends_with_its_total(clock):
     log = io.StringIO()
     with progress(4, "run", "patching", stream=log) as bar:

@@ -248,3 +248,36 @@ def test_resuming_with_other_settings_is_refused(smol, tmp_path):
     other = {**manifest(probe), "epsilon": 0.0}
     with pytest.raises(Exception, match="different epsilon"):
         run_probe(probe, smol, tmp_path, other)
+
+
+@pytest.mark.slow
+def test_rows_are_reused_only_for_the_run_they_were_scored_for(tmp_path, capsys):
+    """On the real model, through the command line: after `manifest.json` and `scores.parquet`
+    are removed (as the damaged-manifest message advises), a run with another --dtype or other
+    --genders scores its prompts again instead of taking the old rows; a finished run whose
+    parts are gone is not scored again."""
+    out = tmp_path / "isear"
+    common = ["run", "isear", "--events", "1", "--out", str(out)]
+    assert cli.main(common) == 0
+    first = pd.read_parquet(out / "scores.parquet")
+
+    def rerun(*options: str) -> tuple[pd.DataFrame, str]:
+        (out / "manifest.json").unlink()
+        (out / "scores.parquet").unlink()
+        capsys.readouterr()
+        assert cli.main([*common, *options]) == 0
+        return pd.read_parquet(out / "scores.parquet"), capsys.readouterr().err
+
+    half, err = rerun("--dtype", "bfloat16")
+    assert "already done" not in err
+    assert "scored under another dtype ('float32', now 'bfloat16')" in err
+    assert json.loads((out / "manifest.json").read_text())["dtype"] == "bfloat16"
+    assert (half["valid_mass"] - first["valid_mass"]).abs().max() > 1e-4  # bfloat16's own rows
+    others, err = rerun("--dtype", "bfloat16", "--genders", "a man,a woman")
+    assert "already done" not in err and "set aside" in err
+    assert sorted(others["gender"].unique()) == ["a man", "a woman"]
+    for part in (out / "parts").glob("part-*.parquet"):
+        part.unlink()
+    capsys.readouterr()
+    assert cli.main([*common, "--dtype", "bfloat16", "--genders", "a man,a woman"]) == 0
+    assert "nothing to score" in capsys.readouterr().err

@@ -150,7 +150,7 @@ def test_the_prompt_ids_are_checked_when_the_settings_do_not_tell(tmp_path, caps
     scores = run(GroupProbe(["a man", "a person"], forgetful=True), engine, out)
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if "set aside" in line]
-    assert "hold rows of other prompts (prompt 6 has another id)" in line
+    assert "2 parts hold 8 rows of other prompts (prompt 6 has another id)" in line
     # Parts of 4 prompts: 0-3 are this run's rows; 4-7 mixes both groups and is redone whole.
     assert engine.scored == 8
     assert list(scores["prompt_id"]) == [f"a man|{i}" for i in range(6)] + [

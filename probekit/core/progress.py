@@ -8,7 +8,8 @@ one helper: `progress(total, unit, desc)` gives an object with tqdm's `update(n)
   carriage returns of a bar.
 - Either way, once the first batch is done it says, in one line, how long the whole call will
   take on this device at that pace (`estimate`), with the caller's hint on how to make it
-  smaller; the run loop gives that line before the rest of the prompts are scored.
+  smaller; the run loop gives that line before the rest of the prompts are scored (a call done
+  in one batch just ends with its line).
 - Inside `silenced()` (the `quiet` keyword of the API functions, `--quiet` on the command line)
   nothing is written. Lines about the state of a run (a part set aside) are not progress and
   are still said.
@@ -85,7 +86,7 @@ class Progress:
         if self.bar is not None:
             self.bar.update(n)
         now = time.monotonic()
-        if first:
+        if first and self.done < self.total:
             self._write(self.estimate(now - self.started))
             self.last_time, self.last_done = now, self.done
             return

@@ -177,10 +177,10 @@ def set_aside_mismatched(out: Path, found: list[tuple[Path, str, int]]) -> None:
                 f"({exc.strerror}); delete it and run the same command again"
             ) from None
     rows = sum(count for _, _, count in found)
-    what = "1 part" if len(found) == 1 else f"{len(found)} parts"
+    what = "1 part holds" if len(found) == 1 else f"{len(found)} parts hold"
     say(
-        f"{out / PARTS}: {what} ({rows} rows) hold rows {found[0][1]}; set aside as "
-        f"*{MISMATCHED}, their prompts will be scored again"
+        f"{out / PARTS}: {what} {rows} rows {found[0][1]}; set aside as *{MISMATCHED}, their "
+        "prompts will be scored again"
     )
 
 
