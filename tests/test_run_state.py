@@ -297,3 +297,21 @@ def test_a_partial_run_too_small_for_a_statistic_says_so(tmp_path):
 
     with pytest.raises(ProbekitError, match=r"the first 2 prompts \(--limit\) are too few"):
         run_study(FigureStudy.make(too_few=True), CountingEngine(), out=tmp_path, limit=2, days=3)
+
+
+def test_scores_are_not_read_under_a_manifest_of_other_settings(tmp_path):
+    """A manifest written anew beside finished scores (by hand, or an older probekit's rerun):
+    reading the run says so instead of labelling the rows with the wrong settings."""
+    from probekit.core.errors import ProbekitError
+    from probekit.core.rundir import RunDir
+
+    out = tmp_path / "run"
+    scores = run(GroupProbe(), CountingEngine("float32"), out)
+    pd.testing.assert_frame_equal(RunDir(out).scores(), scores)
+    stored = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**stored, "dtype": "bfloat16"}))
+    with pytest.raises(ProbekitError) as info:
+        RunDir(out).scores()
+    assert "holds rows scored under dtype 'float32', but manifest.json says 'bfloat16'" in str(
+        info.value
+    )

@@ -109,7 +109,8 @@ def check_writable(folder: str | Path) -> Path:
 
 
 class ParquetStream:
-    """Append DataFrames as row groups; the file appears under its name only once closed cleanly.
+    """Append DataFrames as row groups, with a CRC on every page; the file appears under its
+    name only once closed cleanly.
 
     Memory stays flat however many rows pass through, and a failure (a full disk included)
     leaves no half-written file.
@@ -125,7 +126,7 @@ class ParquetStream:
         try:
             if self._writer is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = pq.ParquetWriter(self.tmp, table.schema)
+                self._writer = pq.ParquetWriter(self.tmp, table.schema, write_page_checksum=True)
             self._writer.write_table(table.cast(self._writer.schema))
         except OSError as exc:
             raise write_error(self.path, exc) from None

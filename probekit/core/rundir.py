@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import FileLock, LockHeld, write_error, write_text
@@ -169,9 +170,15 @@ def _other_settings(stored: dict[str, str] | None, current: dict[str, str]) -> s
     """The first setting in which `stored` differs from `current`, as a phrase, or None."""
     if stored is None:
         return "settings they do not record (written by an older probekit)"
-    for key in sorted(set(stored) | set(current)):
-        if stored.get(key) != current.get(key):
-            return f"another {key} ({_shown(stored.get(key))}, now {_shown(current.get(key))})"
+    differ = _difference(stored, current)
+    return None if differ is None else f"another {differ[0]} ({differ[1]}, now {differ[2]})"
+
+
+def _difference(a: dict[str, str], b: dict[str, str]) -> tuple[str, str, str] | None:
+    """The first setting in which `a` and `b` differ, with both values as shown, or None."""
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            return key, _shown(a.get(key)), _shown(b.get(key))
     return None
 
 
@@ -309,11 +316,22 @@ class RunDir:
     # ------------------------------------------------------------------ results
 
     def scores(self) -> pd.DataFrame:
-        """`scores.parquet`, with the columns of older results formats renamed."""
+        """`scores.parquet`, with the columns of older results formats renamed; one line when
+        its rows record settings other than the manifest's (a manifest written anew beside
+        them; scores of older versions record none and are read as they are)."""
         if not self.scores_path.is_file():
             raise ProbekitError(f"{self.path} holds no {SCORES}: the run is not finished")
+        manifest = self.read_manifest() or {}
+        recorded = read_settings(pq.read_schema(self.scores_path).metadata)
+        differ = _difference(recorded, scored_under(manifest)) if recorded and manifest else None
+        if differ is not None:
+            key, rows, says = differ
+            raise ProbekitError(
+                f"{self.scores_path} holds rows scored under {key} {rows}, but {MANIFEST} says "
+                f"{says}: run the same command again to score them anew, or delete the folder"
+            )
         frame = pd.read_parquet(self.scores_path)
-        fmt = (self.read_manifest() or {}).get("results_format", RESULTS_FORMAT)
+        fmt = manifest.get("results_format", RESULTS_FORMAT)
         for version, renamed in RENAMED_COLUMNS.items():
             if fmt <= version:
                 frame = frame.rename(columns={k: v for k, v in renamed.items() if k in frame})

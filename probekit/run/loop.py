@@ -43,9 +43,13 @@ compact it. A resume reads every part once: linear in the rows, never quadratic.
 The part store (naming, checksummed reads, compaction, the merge) is `probekit.run.parts`; the
 shards are `probekit.run.shards`; `probekit.run.study` runs a whole study over this loop.
 
-Damaged state. A resume reads every part with its page checksums verified; a truncated or
-damaged part is renamed `*.damaged`, one line says so, and its prompts are redone. A manifest
-that is not JSON stops the run with one line naming it. `prepare_run_dir` checks all of this,
+Damaged and foreign state. A resume reads every part with its page checksums verified; a
+truncated or damaged part is renamed `*.damaged`, one line says so, and its prompts are redone.
+Every part and `scores.parquet` record the settings their rows were scored under
+(`probekit.core.rundir.RowKey`): rows whose settings or prompt ids are not this run's are renamed
+`*.mismatched` (one line) and redone, whatever manifest lies beside them; a `scores.parquet`
+that matches is the run's result even when its parts are gone. A manifest that is not JSON stops
+the run with one line naming it. `prepare_run_dir` checks all of this,
 that the folder is writable and takes the shard's lock before the model loads.
 
 Shards (`--shard i/n`, or the processes of a `torchrun` / `accelerate launch`) take every n-th

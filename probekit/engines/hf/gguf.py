@@ -77,7 +77,8 @@ def gguf_sha256(gguf: Path) -> str:
     digest = file_sha256(gguf)
     index = {path: old for path, old in _read_index().items() if Path(path).exists()}
     index[key] = [*seen, digest]
-    with contextlib.suppress(ProbekitError):  # a cache the user cannot write: hashed each time
+    # A cache the user cannot write keeps no index: the file is hashed on every load.
+    with contextlib.suppress(ProbekitError, OSError):
         models_dir().mkdir(parents=True, exist_ok=True)
         write_text(models_dir() / DIGESTS, json.dumps(index, indent=0))
     return digest
