@@ -44,6 +44,7 @@ from probekit.core.options import (
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.options import add_model_options
+from probekit.reporting.summary import describe_limit
 from probekit.studies.base import OLD_VIEWS, Probe, Say, Study, check_view, get_study
 
 if TYPE_CHECKING:
@@ -130,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         "--limit",
         type=positive_int,
         default=None,
-        help="only the first N prompts of the run's order (a quick partial run)",
+        help="a smoke run: whole units (events, items) taken in turn from every group while "
+        "their prompts fit in N; too small for the statistics is refused with the smallest N",
     )
     parser.add_argument(
         "--numerics",
@@ -255,6 +257,8 @@ def run_parsed(
     say: Say = print if launch.is_main else (lambda *a, **k: None)
     command = command or " ".join(sys.argv)
     probes = study.probes(args, say)
+    if args.limit is not None:  # whole units of every group, or one line before any work
+        probes = [probe.limited(args.limit) for probe in probes]
     names = [engine.describe()["model"]] if engine is not None else args.model or ["default"]
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     out = Path(args.out)
@@ -305,8 +309,8 @@ def run_parsed(
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
     say(f"\n{summary.markdown}")
     say(
-        f"files: {out.resolve()}/ (summary.csv, summary.md, scores.parquet, manifest.json"
-        f"{', ' + figures if figures else ''}) — {time.time() - started:.0f} s"
+        f"files: {out.resolve()}/ (report.html, summary.csv, summary.md, scores.parquet, "
+        f"manifest.json{', ' + figures if figures else ''}) — {time.time() - started:.0f} s"
     )
     return runs
 
@@ -337,9 +341,11 @@ def _run(
     from probekit.run.shards import Shard
 
     total = prompt_count(probe, args.limit)
-    part = f" (the first {total} of {len(probe)}: --limit)" if total < len(probe) else ""
-    say(f"{probe.name}: {total} prompts{part}, model {name} -> {run_dir}")
+    say(f"{probe.name}: {total} prompts, model {name} -> {run_dir}")
     manifest = settings(study, probe, name, args, model.describe(), command)
+    partial = describe_limit(manifest)
+    if partial is not None:
+        say(partial)
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     run = run_probe
     if args.ray is not None:  # the same run loop's parts, scored by Ray actors
@@ -369,16 +375,7 @@ def _run(
     scores = folder.scores()
     manifest["numerics"] = record_numerics(model, probe, scores, folder, args.numerics)
     study.after_run(probe, model, scores, run_dir, manifest)
-    try:
-        rows = study.report(scores, run_dir, manifest)
-    except ProbekitError as error:
-        if total == len(probe):
-            raise
-        raise ProbekitError(
-            f"the first {total} prompts (--limit) are too few for the statistics of "
-            f"{study.name} ({error}); their scores are in {scores_path}: give a larger --limit "
-            "with another --out, or no --limit"
-        ) from None
+    rows = study.report(scores, run_dir, manifest)
     return folder.manifest, rows
 
 
@@ -420,7 +417,7 @@ def settings(
         "seed": args.seed,
         "limit": args.limit,
         "prompts": len(probe) if args.limit is None else min(len(probe), args.limit),
-        "prompts_total": len(probe),
+        "prompts_total": len(probe.whole),
         "results_format": RESULTS_FORMAT,
         **probe.manifest(),
         "versions": _versions(),
