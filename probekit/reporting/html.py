@@ -362,7 +362,8 @@ def profile_figure(runs: Sequence[Run]) -> str | None:
         ]
         first = items[0][1]
         scales = ", ".join(dict.fromkeys(run.scale for run, _ in items))
-        axis = f"{first.label}, answers {scales}"
+        unit = f" ({first.unit})" if first.unit else ""
+        axis = f"{first.label}{unit}, answers {scales}"
         if first.interval:
             axis += f"\n{first.interval}"
         drawn.append(

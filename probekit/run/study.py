@@ -44,6 +44,7 @@ from probekit.core.options import (
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.options import add_model_options
+from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
 from probekit.studies.base import OLD_VIEWS, Probe, Say, Study, check_view, get_study
 
@@ -61,7 +62,9 @@ class Run:
     """A finished (or, on a shard that is not last, unfinished) run of a study on one model.
 
     `path`: its folder; `summary`: its summary rows (`summary.csv`); `manifests`: each probe's
-    manifest by folder (relative to `path`; `.` for a single probe); `report`: its page."""
+    manifest by folder (relative to `path`; `.` for a single probe); `report`: its page;
+    `headlines`: the study's headline numbers of its summary (`Study.headlines`), `headline`
+    the one that stands for the study."""
 
     path: Path
     summary: pd.DataFrame
@@ -69,6 +72,18 @@ class Run:
     report: Path | None
     complete: bool = True
     folders: list[Path] = field(default_factory=list)
+    headlines: list[Headline] = field(default_factory=list)
+
+    @property
+    def headline(self) -> Headline:
+        """The study's headline in one shape for every study (`probekit.reporting.Headline`):
+        `value` in `unit`, its interval `low`, `high`, `p_value`, `meaning`. A run of several
+        probes (e.g. `category="all"`) has one each: read `headlines`."""
+        primary = [h for h in self.headlines if h.primary] or self.headlines[:1]
+        if len(primary) != 1:
+            found = f"{len(primary)} headlines" if primary else "no headline"
+            raise ProbekitError(f"the run in {self.path} has {found}; read .headlines")
+        return primary[0]
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -306,6 +321,8 @@ def run_parsed(
         run.report = page if run.path == out else run.path / "report.html"
         if run.path == out:
             run.summary = summary.table
+        manifest = next(iter(run.manifests.values()), {})
+        run.headlines = study.headlines(run.summary, manifest) if len(run.summary) else []
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
     say(f"\n{summary.markdown}")
     say(

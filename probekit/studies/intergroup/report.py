@@ -27,6 +27,13 @@ VIEWS = {
     "generate": "greedy generation + the authors' parse rule ({scale})",
 }
 EXACT_VIEWS = ("ev", "exact")  # the exact view's name in older and newer summary rows
+DELTA_UNIT = "z-scores"
+DELTA_MEANING = (
+    "Δ is the mean z-scored intensity of in-group pairs (perceiver and experiencer of one "
+    "identity) minus that of out-group pairs, in standard deviations of the perceiver × "
+    "experiencer matrix: above 0, the model rates an emotion as more intense when the persona "
+    "shares the identity of the person who felt it."
+)
 
 
 def report_gap(
@@ -256,6 +263,8 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 reference=0.0,
                 reference_label="no gap (Δ = 0)",
                 n=None if missing(kept) else int(kept),
+                unit=DELTA_UNIT,
+                meaning=DELTA_MEANING,
             )
         )
     return found

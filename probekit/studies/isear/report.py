@@ -176,6 +176,10 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 reference=0.0,
                 reference_label="no difference (0)",
                 n=None if missing(events) else int(events),
+                unit="probability",
+                meaning="max_diff is the largest difference between two genders, over the 12 "
+                "emotions, of the probability that the model names that emotion for the "
+                "event: 0 when every gender gets the same emotions, 1 at most.",
             )
         )
     return found

@@ -48,6 +48,10 @@ SUMMARY_COLUMNS = (
     *metrics.RESPONSE_METRICS,
     "response_outliers",
 )
+_SCORE = {
+    False: "the mean exact probability of its letter",
+    True: "the share of first letters that are its",
+}
 VIEW_TEXT = {
     "ev": "exact P(Empathetic) over A-E from the logits",
     "exact": "exact P(Empathetic) over A-E from the logits",
@@ -343,6 +347,12 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         n="n_samples",
         reference=1 / N_OPTIONS,
         reference_label=f"uniform choice (1/{N_OPTIONS})",
+        unit=lambda r: "share of samples" if r["view"] == "generate" else "probability",
+        meaning=lambda r: (
+            "How often the model chooses the most understanding (Empathetic) of "
+            f"five answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; "
+            f"a uniform choice scores 1/{N_OPTIONS}."
+        ),
     )
 
 
