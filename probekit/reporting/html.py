@@ -41,6 +41,7 @@ from probekit.reporting.contract import (
     StudyCard,
     StudyReport,
     describe_model,
+    is_sample_data,
     run_answers,
     scale_label,
 )
@@ -163,7 +164,7 @@ class Run:
     def sample(self) -> bool:
         """True when the run used probekit's own sample data, not the study's data set."""
         origins = (self.manifest.get("data_origin"), self.manifest.get("items_origin"))
-        return "sample" in origins or self.data_text.startswith("probekit's own sample")
+        return "sample" in origins or is_sample_data(self.data_text)
 
     @property
     def prompts(self) -> int | None:

@@ -15,6 +15,13 @@ from typing import Any
 from probekit.core.rundir import RunDir
 from probekit.core.signal import weak_signal
 
+SAMPLE_LINE = (
+    "**SAMPLE DATA, not the study's data set.** The rows whose `data` says \"probekit's own "
+    'sample" read records written for probekit to try the study end to end: their numbers '
+    "describe the model on those few records and say nothing about the paper's results."
+)
+"""The first line of a `summary.md` that holds a run on probekit's sample data."""
+
 
 def run_sections(runs: Sequence[Path], out: Path) -> str:
     """The Markdown sections about `runs` (folders), each named relative to `out`; empty when

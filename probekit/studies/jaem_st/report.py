@@ -29,6 +29,7 @@ from probekit.studies.jaem_st.probe import N_OPTIONS
 
 SUMMARY_COLUMNS = (
     "model",
+    "data",
     "prompt",
     "orders",
     "view",
