@@ -125,8 +125,8 @@ PAPER_TABLES = {
     "gap": f"Δ in {DELTA_UNIT} [null 2.5–97.5%] p (one-sided)",
     "refusal": "refusal rate as the paper's Table 6: events with a failed answer for any pair "
     "of all groups (exact view: a valid mass below --min-valid-mass)",
-    "no_answer": "answers off the scale: 1 − mean valid mass (exact), responses without a "
-    "number (generate)",
+    "no_answer": "refusal rate of the run's answers: 1 − mean valid mass (exact), responses "
+    "without a number (generate)",
     "intensity": "mean ± std of M",
     "z_range": "(min, max) of Z",
 }
