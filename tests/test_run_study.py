@@ -144,9 +144,9 @@ def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
     assert len(limited) == sum(len(ids) for ids in kept.values())
     order = [item.id for item in probe.items() if item.unit in kept]
     assert [item.id for item in limited.items()] == order  # the probe's own order
-    groups = [probe.unit_group(next(i for i in probe.items() if i.unit == u)) for u in kept]
-    counts = pd.Series([str(g) for g in groups]).value_counts()
-    every = {str(probe.unit_group(i)) for i in probe.items()}
+    group_of = {item.unit: str(probe.unit_group(item)) for item in probe.items()}
+    counts = pd.Series([group_of[unit] for unit in kept]).value_counts()
+    every = set(group_of.values())
     assert counts.max() - counts.min() <= 1  # balanced: one more unit at most per group
     assert len(counts) == min(len(kept), len(every))  # no group twice before all once
     assert limited.config()["limit"]["units"] == list(kept)  # the manifest names them

@@ -182,7 +182,9 @@ class Probe(ABC):
                 f"balanced run is {counts[needed - 1]} prompts ({needed} {unit}, each with "
                 f"{self.unit_prompts()})"
             )
-        return LimitedProbe(self, order[:kept], limit, len(sizes), len(groups))
+        chosen = set(order[:kept])
+        in_order = [unit for unit in sizes if unit in chosen]
+        return LimitedProbe(self, in_order, limit, len(sizes), len(groups))
 
 
 class LimitedProbe(Probe):
