@@ -370,3 +370,18 @@ def test_sigterm_releases_the_lock_and_says_how_to_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "already done" in resumed.stderr
     assert list(pd.read_parquet(out / "scores.parquet")["prompt_index"]) == list(range(6))
+
+
+def test_run_headline_is_the_studys_one_primary_headline(tmp_path):
+    from probekit.reporting.headline import Headline
+
+    first = Headline("Δ", "exact", 0.5, primary=True, unit="z-scores")
+    other = Headline("Δ", "generate", 0.4)
+    run = probekit.Run(tmp_path, pd.DataFrame(), {}, None, headlines=[other, first])
+    assert run.headline is first
+    several = probekit.Run(tmp_path, pd.DataFrame(), {}, None, headlines=[first, first])
+    with pytest.raises(ProbekitError, match="has 2 headlines; read .headlines"):
+        _ = several.headline
+    with pytest.raises(ProbekitError, match="has no headline"):
+        _ = probekit.Run(tmp_path, pd.DataFrame(), {}, None).headline
+    assert probekit.Run(tmp_path, pd.DataFrame(), {}, None, headlines=[other]).headline is other
