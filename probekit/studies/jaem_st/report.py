@@ -23,7 +23,7 @@ import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
-from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
+from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
 from probekit.reporting.headline import row_headlines
 from probekit.studies.jaem_st.probe import N_OPTIONS
 
@@ -243,7 +243,7 @@ def group_heatmap(
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(groups[1])
     ax.set_ylabel(groups[0])
-    ax.set_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}", fontsize=9)
+    ax.set_title(wrap_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}"), fontsize=9)
     fig.colorbar(image, ax=ax, label="CE score")
     save_figure(fig, path)
 
