@@ -89,7 +89,7 @@ MANIFEST_FIELDS = {
     "data_sha256": "data hash (sha256)",
     "view": "view",
     "mode": "view",
-    "limit": "limit (first N prompts only)",
+    "limit": "limit (a smoke run: whole units of every group)",
     "answers": "answers",
     "dtype": "dtype",
     "device": "device",
