@@ -53,6 +53,7 @@ _API = {
     # studies and runs
     "run_study": "probekit.run.study",
     "Run": "probekit.run.study",
+    "Headline": "probekit.reporting.headline",
     "RunDir": "probekit.core.rundir",
     "run_probe": "probekit.run.loop",
     "Probe": "probekit.studies.base",

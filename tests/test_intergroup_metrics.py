@@ -233,3 +233,23 @@ def test_power_curve_stops_at_the_target_and_validates():
         stats.units_for_power(1, significant)
     with pytest.raises(ProbekitError, match="target power"):
         stats.units_for_power(10, significant, target=1.0)
+
+
+def test_no_power_figure_on_a_smoke_size_sample():
+    """Resampling a few events says nothing about a study's size: under `MIN_POWER_EVENTS` kept
+    events the power is not computed, and the summary row says why (no "≤ 3 events" beside the
+    page's tiny-sample warning)."""
+    groups = ["a person", *RELIGION]
+    noise = np.random.default_rng(3).normal(0, 5, (6, 6, metrics.MIN_POWER_EVENTS))
+    cube = 50 + 8.0 * np.eye(6)[:, :, None] + noise
+    few = metrics.summarize(
+        scores_frame(cube[:, :, :3], groups), groups, mode="generate", n_bootstrap=50, n_power=20
+    )
+    assert few.power is None and few.significant  # a strong gap, still no power figure
+    row = few.to_dict()
+    assert row["power"] == "not computed: 3 events kept, under 30"
+    assert np.isnan(row["events_for_power"])
+    enough = metrics.summarize(
+        scores_frame(cube, groups), groups, mode="generate", n_bootstrap=50, n_power=20
+    )
+    assert enough.power is not None and enough.power.needed is not None

@@ -172,3 +172,29 @@ def test_religion():
 def test_emotions_match_the_dataset():
     assert EMOTIONS == crowd_envent.EMOTIONS
     assert len(EMOTIONS) == 12
+
+
+def test_run_sizes_in_the_study_page():
+    """The prompt counts docs/studies/intergroup.md gives for each command (real crowd-enVent:
+    its 6,050 events), and the smallest smoke run."""
+    from conftest import reference_data_root
+
+    from probekit.run.study import study_parser
+    from probekit.studies import get_study
+
+    root = reference_data_root()
+    if root is None:
+        pytest.skip("real crowd-enVent not found: set $PROBEKIT_DATA or provide ../shared/data")
+    study = get_study("intergroup")
+
+    def prompts(*argv: str) -> list[int]:
+        args = study_parser(study).parse_args(["--data", str(root), *argv])
+        return [len(probe) for probe in study.probes(args, lambda *a, **k: None)]
+
+    assert prompts() == [864]  # 24 events x 36 pairs
+    assert prompts("--events", "1") == [432]
+    assert prompts("--events", "all") == [217_800]  # 6,050 events x 36 pairs
+    grid = prompts("--category", "all", "--setting", "all", "--events", "all")
+    assert len(grid) == 21 and sum(grid) == 37_310_350  # 6,050 x (36 + 361 + 484) x 7
+    args = study_parser(study).parse_args(["--data", str(root), "--limit", "72"])
+    assert len(study.probes(args, lambda *a, **k: None)[0].limited(72)) == 72

@@ -63,8 +63,10 @@ def test_heatmap_labels_separator_and_blocks():
     assert len(ax.lines) == 2  # separator after `a person`: one horizontal, one vertical
     outlined = sorted((p.get_x() + 0.5, p.get_width()) for p in ax.patches)
     assert outlined == [(1, 5), (6, 4), (10, 3), (13, 6)]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["outlined: blocks"]  # the outlines say what they are
     with_reference = plots.heatmap_figure(Z, ETHNICITY, blocks=["a person", *LABELS])
-    assert len(with_reference.axes[0].patches) == 4  # the single `a person` cell is not outlined
+    assert len(with_reference.axes[0].patches) == 5  # a single cell given as a block: outlined
     assert not with_reference.axes[0].lines  # no separator unless asked for
     relabelled = plots.heatmap_figure(Z, ETHNICITY, axis_labels=("rater", "target")).axes[0]
     assert (relabelled.get_ylabel(), relabelled.get_xlabel()) == ("rater", "target")

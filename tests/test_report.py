@@ -41,18 +41,26 @@ def test_summary_markdown_reports_both_views_and_generation_agreement():
         "z_max": 2.28,
         "power": "12 events",
     }
-    text = summary_markdown(pd.DataFrame([generate, ev]))
+    generate["refusal_rate"] = 1 - generate["answered_rate"]
+    ev["refusal_rate"] = 1 - ev["mean_valid_mass"]
+    text = summary_markdown(pd.DataFrame([generate, ev]).assign(model="default"))
     lines = text.splitlines()
     assert (
-        "| religion | P0S0T0 | generate | — | — | — | — | — | 100.0% | 100.0% | 0/300 | — | — |"
-        in lines
+        "| HuggingFaceTB/SmolLM2-135M-Instruct | religion | P0S0T0 | generate | — | — | — | — | — "
+        "| 99.4% | 100.0% | 100.0% | 0/300 | — | — |" in lines
     )
+    # the refusal rate is the run's own: 1 - the mean valid mass (0.0878) in the exact view,
+    # beside the paper's per-event rate, which a valid mass above the threshold keeps at 2 %
     assert (
-        "| religion | P0S0T0 | exact | +1.429 | [+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | "
-        "12 events | 2.0% | 0.0% | 300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
+        "| HuggingFaceTB/SmolLM2-135M-Instruct | religion | P0S0T0 | exact | +1.429 | "
+        "[+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | 12 events | 91.2% | 2.0% | 0.0% | "
+        "300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
     )
-    assert "refusal rate (all groups) | excluded for Δ (named)" in lines[0]
-    assert any(line.startswith("Refusal rate: the paper's definition") for line in lines)
+    assert "| Δ (z-scores) |" in lines[0]  # Δ's unit beside it
+    assert "| refusal rate | events failed (all groups; the paper's refusal rate) |" in lines[0]
+    legend = lines[-1]
+    assert "Refusal rate: the share of the run's answers that are not on the scale" in legend
+    assert "in z-scores (standard deviations" in legend
     assert "95% CI of Δ (bootstrap) | null 2.5–97.5% | p (one-sided)" in lines[0]
     assert "- religion/P0S0T0 (generate): no events left to average" in lines
     note = next(line for line in lines if "parseable number" in line)
@@ -104,17 +112,30 @@ def test_paper_tables_put_models_side_by_side(tmp_path):
         "n_kept": 9,
         "n_events": 10,
     }
-    rows = [{**base, "model": "small"}, {**base, "model": "large", "delta": -0.1}]
+    real = "crowd-enVent, SHA-256 verified"
+    sample = "probekit's own sample, not crowd-enVent"
+    rows = [
+        {**base, "model": "small", "data": real, "refusal_rate": 0.91},
+        {**base, "model": "large", "data": real, "delta": -0.1, "refusal_rate": 0.5},
+        {**base, "model": "default", "data": sample, "refusal_rate": 0.9},
+    ]
     tables = paper_tables(pd.DataFrame(rows))
-    assert set(tables["table"]) == {"gap", "refusal", "intensity", "z_range"}
+    assert set(tables["table"]) == {"gap", "refusal", "no_answer", "intensity", "z_range"}
     gap = tables[(tables["table"] == "gap")].set_index("model")["value"]
     assert gap["small"] == "+0.500 [-0.400, +0.400] =0.0083"
     assert gap["large"].startswith("-0.100")
     get_study("intergroup").write_summary(rows, tmp_path, runs=[])
     text = (tmp_path / "paper_tables.md").read_text()
-    assert "| category | setting | view | small | large |" in text
-    assert "| religion | P0S0T0 | exact | 25.0% | 25.0% |" in text
-    assert pd.read_csv(tmp_path / "paper_tables.csv").shape == (8, 6)
+    # a column per model, named as a reader knows it; probekit's sample data says so
+    head = "| category | setting | view | small | large |"
+    assert head + " HuggingFaceTB/SmolLM2-135M-Instruct (sample data) |" in text
+    assert "### Δ in z-scores [null" in text
+    assert "| religion | P0S0T0 | exact | 25.0% | 25.0% | 25.0% |" in text
+    assert "| religion | P0S0T0 | exact | 91.0% | 50.0% | 90.0% |" in text
+    assert pd.read_csv(tmp_path / "paper_tables.csv").shape == (15, 6)
+    # every summary file says that one run read the sample
+    assert (tmp_path / "summary.md").read_text().startswith("**SAMPLE DATA, not the study's")
+    assert list(pd.read_csv(tmp_path / "summary.csv")["data"]) == [real, real, sample]
 
 
 def test_isear_summary_of_several_models_has_a_row_per_model_and_view():

@@ -130,7 +130,8 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     combined = run_python("-m", "probekit.cli", "report", *runs, timeout=300)
     assert combined.returncode == 0, combined.stderr
     assert len(pd.read_csv(tmp_path / "both" / "summary.csv")) == 2
-    assert "### Δ [null 2.5–97.5%]" in (tmp_path / "both" / "paper_tables.md").read_text()
+    tables = (tmp_path / "both" / "paper_tables.md").read_text()
+    assert "### Δ in z-scores [null 2.5–97.5%]" in tables
 
 
 @pytest.mark.parametrize(

@@ -89,43 +89,166 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, optio
     assert not out.exists()
 
 
+def study_probe(name: str, **options):
+    """The first probe a run of study `name` would score with `options`, built without a
+    model (the command's parser and the study's `probes`)."""
+    from probekit.run.study import study_parser
+    from probekit.studies import get_study
+
+    study = get_study(name)
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    return study.probes(study_parser(study).parse_args(argv), lambda *a, **k: None)[0]
+
+
+def units(probe) -> dict[str, list]:
+    """Each unit's prompt ids, in the probe's order."""
+    found: dict[str, list] = {}
+    for item in probe.items():
+        found.setdefault(item.unit, []).append(item.id)
+    return found
+
+
+def jaem_data() -> str | None:
+    from conftest import reference_data_root
+
+    root = reference_data_root()
+    return str(root) if root and (root / "jaem_st" / "dimensions.json").is_file() else None
+
+
+LIMITED = [  # (study, options, a limit that fits, the smallest balanced run, its message)
+    ("intergroup", {}, 100, 72, "(2 events, each with 36 perceiver × experiencer pairs)"),
+    ("isear", {"events": 10}, 7, 6, "(2 events, each with 3 genders)"),
+    ("giebench", {}, 20, 10, "(2 items, each with its 3 prompt types, and the identity swaps)"),
+    ("jaem-st", {"data": "JAEM"}, 60, 54, "one sample of every template × gender × pronoun)"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "limit", "smallest", "message"), LIMITED)
+def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
+    name, options, limit, smallest, message
+):
+    """`limit` is a smoke run the statistics can use: whole units (every perceiver pair,
+    gender, prompt type of each), taken in turn from each group (emotion, category, template ×
+    group), the probe's order kept; too small is refused, before any scoring, with the smallest
+    limit that works, and that limit works."""
+    if options.get("data") == "JAEM":
+        if jaem_data() is None:
+            pytest.skip("the JaEm-ST files (../shared/data) are absent")
+        options = {**options, "data": jaem_data()}
+    probe = study_probe(name, **options)
+    whole = units(probe)
+    limited = probe.limited(limit)
+    kept = units(limited)
+    assert len(limited) <= limit < len(probe) and limited.whole is probe
+    assert all(kept[unit] == whole[unit] for unit in kept)  # whole units only
+    assert len(limited) == sum(len(ids) for ids in kept.values())
+    order = [item.id for item in probe.items() if item.unit in kept]
+    assert [item.id for item in limited.items()] == order  # the probe's own order
+    group_of = {item.unit: str(probe.unit_group(item)) for item in probe.items()}
+    counts = pd.Series([group_of[unit] for unit in kept]).value_counts()
+    every = set(group_of.values())
+    assert counts.max() - counts.min() <= 1  # balanced: one more unit at most per group
+    assert len(counts) == min(len(kept), len(every))  # no group twice before all once
+    assert limited.config()["limit"]["units"] == list(kept)  # the manifest names them
+    with pytest.raises(ProbekitError) as info:
+        probe.limited(smallest - 1)
+    text = str(info.value)
+    assert text.startswith(f"--limit {smallest - 1} is too small for the statistics of {name}")
+    assert f"the smallest balanced run is {smallest} prompts" in text and message in text
+    assert len(probe.limited(smallest)) == smallest
+    assert probe.limited(len(probe)) is probe  # everything fits: the whole run
+
+
+def test_isear_limit_1_is_refused_not_one_gender():
+    """`limit=1` used to score one prompt and report a max_diff and a mark from one gender."""
+    probe = study_probe("isear", events=4)
+    with pytest.raises(ProbekitError, match="smallest balanced run is 6 prompts"):
+        probe.limited(1)
+    limited = probe.limited(6)
+    assert {item.key["gender"] for item in limited.items()} == set(probe.genders)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "limit", "smallest"),
+    [("intergroup", {"events": 1}, 72, 72), ("isear", {"events": 3}, 1, 6)],
+)
+def test_a_too_small_limit_is_refused_before_any_work(
+    tmp_path, monkeypatch, name, options, limit, smallest
+):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("probekit.engines.load_engine", no_load)
+    out = tmp_path / "out"
+    with pytest.raises(ProbekitError) as info:
+        probekit.run_study(name, out=out, limit=smallest - 1, **options)
+    assert f"the smallest balanced run is {smallest} prompts" in str(info.value)
+    assert "\n" not in str(info.value) and not out.exists()
+
+
 @pytest.mark.slow
-def test_limit_runs_the_first_prompts_and_says_so(minimal, smol, tmp_path):
+def test_limit_runs_whole_units_and_says_so(minimal, smol, tmp_path):
     full = probekit.run_study("minimal", smol, out=tmp_path / "full", days=3)
-    part = probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=4)
-    assert list(part.scores["prompt_index"]) == [0, 1, 2, 3]
+    part = probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=5)
+    assert list(part.scores["prompt_index"]) == [0, 1, 2, 3]  # two whole days: 4 of 5 fit
     pd.testing.assert_frame_equal(part.scores, full.scores.head(4))
-    assert part.manifest["limit"] == 4 and part.manifest["prompts"] == 4
+    assert part.manifest["limit"] == 5 and part.manifest["prompts"] == 4
     assert part.manifest["prompts_total"] == 6
+    assert part.manifest["probe"]["limit"]["units"] == ["0", "1"]
     summary = (part.path / "summary.md").read_text()
-    assert "PARTIAL RUN, the first 4 of 6 prompts" in summary
+    assert "PARTIAL RUN (--limit 5): 4 of 6 prompts, all those of 2 of the 3 units" in summary
     assert "PARTIAL" not in (full.path / "summary.md").read_text()
     # limit is a resume key: the same folder with another limit is refused in one line
     with pytest.raises(ProbekitError, match="different limit"):
-        probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=5)
+        probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=4)
+
+
+SMOKE = [  # (study, options, limit, unit of the headline): one keyword, every study
+    ("intergroup", {"setting": "P0S1T0"}, 72, "z-scores"),
+    ("isear", {"events": 4}, 6, "probability"),
+    ("giebench", {"prompt": ["id"]}, 4, "probability"),
+    ("jaem-st", {"data": "JAEM"}, 54, "probability"),
+]
 
 
 @pytest.mark.slow
-def test_a_limit_too_small_for_the_statistics_is_one_line(smol, tmp_path):
-    """The first 4 intergroup prompts hold one perceiver only: no gap to measure. The run says
-    so in one line, after keeping their scores."""
-    from probekit.datasets.crowd_envent import SAMPLE_ROOT
+@pytest.mark.parametrize(("name", "options", "limit", "unit"), SMOKE)
+def test_a_smoke_run_of_every_study_reads_right(smol, tmp_path, capsys, name, options, limit, unit):
+    """`limit` alone makes a smoke run of every study that ends with its statistics, its
+    headline in one shape, the files a sample-data run marks as such, and a closing line that
+    names report.html."""
+    if options.get("data") == "JAEM":
+        if jaem_data() is None:
+            pytest.skip("the JaEm-ST files (../shared/data) are absent")
+        options = {**options, "data": jaem_data()}
+    elif name != "giebench":
+        from probekit.studies import get_study
 
-    out = tmp_path / "small"
-    with pytest.raises(ProbekitError) as info:
-        probekit.run_study(
-            "intergroup",
-            smol,
-            out=out,
-            setting="P0S1T0",
-            events=1,
-            limit=4,
-            numerics=0,
-            data=str(SAMPLE_ROOT),
-        )
-    message = str(info.value)
-    assert "the first 4 prompts (--limit) are too few for the statistics of intergroup" in message
-    assert "\n" not in message and len(pd.read_parquet(out / "scores.parquet")) == 4
+        options = {**options, "data": str(get_study(name).dataset.sample)}
+    out = tmp_path / name
+    run = probekit.run_study(name, smol, out=out, limit=limit, numerics=0, **options)
+    headline = run.headline
+    assert isinstance(headline, probekit.Headline) and headline.unit == unit
+    assert headline.primary and headline.meaning.endswith(".") and headline.value is not None
+    assert headline.low <= headline.value <= headline.high
+    assert str(headline).startswith(f"{headline.label} ({headline.view}): ")
+    assert f" {unit} " in str(headline)
+    assert len(run.scores) <= limit and run.manifest["limit"] == limit
+    assert "PARTIAL RUN" in (out / "summary.md").read_text()
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert closing.startswith(f"files: {out.resolve()}/ (report.html, summary.csv, summary.md")
+    sample = name != "jaem-st"  # JaEm-ST has no probekit sample: the real files
+    assert (out / "summary.md").read_text().startswith("**SAMPLE DATA") == sample
+    data = pd.read_csv(out / "summary.csv")["data"]
+    assert data.str.startswith("probekit's own sample").all() == sample
+    assert ("Sample data, not the study" in (out / "report.html").read_text()) == sample
+    if name == "intergroup":
+        tables = (out / "paper_tables.md").read_text()
+        assert "| HuggingFaceTB/SmolLM2-135M-Instruct (sample data) |" in tables
+        assert "default" not in tables
+        row = run.summary.iloc[0]
+        assert row["refusal_rate"] == pytest.approx(1 - run.scores["valid_mass"].mean())
+        assert row["power"] == "not computed: 2 events kept, under 30"
 
 
 @pytest.mark.slow
@@ -247,3 +370,18 @@ def test_sigterm_releases_the_lock_and_says_how_to_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "already done" in resumed.stderr
     assert list(pd.read_parquet(out / "scores.parquet")["prompt_index"]) == list(range(6))
+
+
+def test_run_headline_is_the_studys_one_primary_headline(tmp_path):
+    from probekit.reporting.headline import Headline
+
+    first = Headline("Δ", "exact", 0.5, primary=True, unit="z-scores")
+    other = Headline("Δ", "generate", 0.4)
+    run = probekit.Run(tmp_path, pd.DataFrame(), {}, None, headlines=[other, first])
+    assert run.headline is first
+    several = probekit.Run(tmp_path, pd.DataFrame(), {}, None, headlines=[first, first])
+    with pytest.raises(ProbekitError, match="has 2 headlines; read .headlines"):
+        _ = several.headline
+    with pytest.raises(ProbekitError, match="has no headline"):
+        _ = probekit.Run(tmp_path, pd.DataFrame(), {}, None).headline
+    assert probekit.Run(tmp_path, pd.DataFrame(), {}, None, headlines=[other]).headline is other

@@ -56,7 +56,7 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
         study = get_study(name)
         rows: list[dict[str, Any]] = []
         for run, manifest in members:
-            run_rows = study.report(run.scores(), run.path, manifest)
+            run_rows = study.summary_rows(run.scores(), run.path, manifest)
             rows += run_rows
             pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
         where = target if len(by_study) == 1 else target / name

@@ -67,7 +67,7 @@ SETTINGS = (
     Setting("max_new_tokens", True, "the generation budget"),
     Setting("temperature", True, "sampling temperature of generation"),
     Setting("seed", True, "sampling of items, generation and statistics"),
-    Setting("limit", True, "only the first N prompts of the run's order (None: all)"),
+    Setting("limit", True, "a smoke run: the whole units whose prompts fit in N (None: all)"),
     Setting("data_sha256", True, "checksum of the data read"),
     Setting("model_source", False, "where the model was loaded from"),
     Setting("prompts", False, "prompts in the run (after any limit)"),

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
     from probekit.reporting.headline import Headline, ViewFacts
 
+SAMPLE_DATA = "probekit's own sample"
+"""How `describe_data` begins for a run that read probekit's sample records instead of the
+study's data set: every summary file, table and page of such a run says so."""
+
 TINY_SAMPLE_UNITS = 30
 """A headline resting on fewer units than this (events, items, samples) is flagged as a tiny
 sample on the pages: its interval is wide and its p-value coarse."""
@@ -109,6 +113,11 @@ class NoStudy:
         return str(manifest.get("data_origin") or manifest.get("items_origin") or "—")
 
 
+def is_sample_data(data: Any) -> bool:
+    """Whether a run's data, as `describe_data` gives it, is probekit's own sample."""
+    return isinstance(data, str) and data.startswith(SAMPLE_DATA)
+
+
 def scale_label(answers: Sequence[str]) -> str:
     """`0–10` for a contiguous range of integers, else the answers (`A, B, C, D`; a long list is
     cut after four); `?` for none."""
@@ -163,3 +172,10 @@ def describe_model(manifest: Mapping[str, Any]) -> str:
     if path.is_absolute() or name.startswith(".") or path.is_dir():
         return f"{path.name} (model folder {name})"
     return f"{name} (hub, revision {revision})" if revision else f"{name} (hub)"
+
+
+def model_label(model: Any, data: Any = None) -> str:
+    """A model in a few words for a table's column (the default's hub id, a hub id, a file or
+    folder name), `(sample data)` after it when `data` is probekit's sample."""
+    name = describe_model({"model": model}).split(" (")[0]
+    return f"{name} (sample data)" if is_sample_data(data) else name

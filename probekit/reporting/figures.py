@@ -40,6 +40,7 @@ CATEGORICAL = (
 )
 
 Blocks = Sequence[tuple[int, int]] | Sequence[str]
+OUTLINE = "crimson"  # the outline of a heatmap's blocks
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def heatmap_figure(
     value_label: str = "z-score",
     mask_label: str = "hidden: not significant (Bonferroni)",
     values: bool | None = None,
+    block_label: str = "blocks",
 ) -> Figure:
     """Draw the square matrix Z (rows and columns both named by `labels`) in YlGnBu, the
     paper's colour map (sequential, colour-blind safe).
@@ -127,10 +129,10 @@ def heatmap_figure(
     and a legend under the figure says what white means (`mask_label`), so that a hidden cell
     does not read as missing data. `values` writes each shown cell's value in it (default: for
     grids of at most 10 x 10). A black line is drawn before each index in `separators` (e.g. 1
-    sets off a reference group in the first row and column). `blocks` outlines blocks: (start,
-    stop) index ranges, or one label per row (or per row after the first), consecutive equal
-    labels forming a block; single cells are not outlined. `axis_labels` name the rows and the
-    columns.
+    sets off a reference group in the first row and column). `blocks` outlines blocks in
+    crimson, single cells too: (start, stop) index ranges, or one label per row (or per row
+    after the first), consecutive equal labels forming a block; the legend says what they are
+    (`block_label`). `axis_labels` name the rows and the columns.
     """
     Z = np.asarray(Z, dtype=float)
     n = len(labels)
@@ -140,7 +142,7 @@ def heatmap_figure(
     if hidden.shape != (n, n):
         raise ProbekitError(f"mask has shape {hidden.shape} but Z has shape {Z.shape}")
     side = 3 + 0.35 * n
-    fig = new_figure(side + 1.5, side + (0.4 if hidden.any() else 0))
+    fig = new_figure(side + 1.5, side + 0.4 * (hidden.any() + bool(blocks)))
     ax = fig.add_subplot()
     cmap = colormaps["YlGnBu"].with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_array(Z, hidden), cmap=cmap)
@@ -149,18 +151,22 @@ def heatmap_figure(
             if not hidden[i, j] and np.isfinite(value):
                 colour = "white" if image.norm(value) > 0.6 else "black"
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+    legend = []
     if hidden.any():
-        swatch = Patch(facecolor="white", edgecolor="grey", label=f"white: {mask_label}")
-        fig.legend(handles=[swatch], loc="outside lower center", fontsize=8, frameon=False)
+        legend.append(Patch(facecolor="white", edgecolor="grey", label=f"white: {mask_label}"))
     for at in separators:
         ax.axhline(at - 0.5, color="black", linewidth=2)
         ax.axvline(at - 0.5, color="black", linewidth=2)
-    for start, stop in _block_ranges(blocks, n):
-        if stop - start > 1:
-            corner, size = (start - 0.5, start - 0.5), stop - start
-            outline = Rectangle(corner, size, size, fill=False, edgecolor="crimson", linewidth=2)
-            outline.set_clip_on(False)
-            ax.add_patch(outline)
+    ranges = _block_ranges(blocks, n)
+    for start, stop in ranges:
+        corner, size = (start - 0.5, start - 0.5), stop - start
+        outline = Rectangle(corner, size, size, fill=False, edgecolor=OUTLINE, linewidth=2)
+        outline.set_clip_on(False)
+        ax.add_patch(outline)
+    if ranges:
+        legend.append(Patch(fill=False, edgecolor=OUTLINE, label=f"outlined: {block_label}"))
+    if legend:
+        fig.legend(handles=legend, loc="outside lower center", fontsize=8, frameon=False)
     ax.set_xticks(range(n), labels, rotation=60, ha="right", rotation_mode="anchor")
     ax.set_yticks(range(n), labels)
     ax.set_ylabel(axis_labels[0])

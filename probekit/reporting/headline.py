@@ -50,7 +50,9 @@ def format_p(value: Any, exact: bool = False) -> str:
 
 @dataclass(frozen=True)
 class Headline:
-    """One headline number of a run: what it is, its view, its interval, p-value and mark.
+    """One headline number of a run, in one shape for every study: what it is (`label`), its
+    `view`, `value` in `unit`, its interval (`low`, `high`, made as `interval` says), p-value and
+    mark, and what it means (`meaning`, one sentence). `Run.headline` is the run's primary one.
 
     `primary` marks the one number that stands for the study in a model's bias profile;
     `key` identifies the same quantity across runs (models side by side); `reference` is the
@@ -74,6 +76,21 @@ class Headline:
     reference: float | None = None
     reference_label: str = ""
     n: int | None = None
+    unit: str = ""  # what the value is measured in (z-scores, probability)
+    meaning: str = ""  # what the number says, in one sentence
+
+    def __str__(self) -> str:
+        """One line: label and view, value, unit, interval, p, mark; then what it means."""
+        parts = [f"{self.key}: {self.value_text}"]
+        if self.unit:
+            parts.append(self.unit)
+        if self.interval_text != "—":
+            parts.append(f"{self.interval_text} ({self.interval})")
+        if not missing(self.p_value):
+            parts.append(f"p {self.p_text}")
+        if self.mark:
+            parts.append(f"mark {self.mark}")
+        return " ".join(parts) + (f". {self.meaning}" if self.meaning else "")
 
     @property
     def key(self) -> str:
@@ -96,10 +113,11 @@ class Headline:
 
     @property
     def cell(self) -> str:
-        """Value, interval, p and mark in one table cell (the models-side-by-side tables)."""
+        """Value, unit, interval, p and mark in one table cell (the models-side-by-side
+        tables)."""
         if missing(self.value):
             return "—"
-        parts = [self.value_text]
+        parts = [self.value_text, *([self.unit] if self.unit else [])]
         if self.interval_text != "—":
             parts.append(self.interval_text)
         if not missing(self.p_value):
@@ -123,10 +141,12 @@ def row_headlines(
     n: str | None = None,
     reference: float | None = None,
     reference_label: str = "",
+    unit: Callable[[dict[str, Any]], str] = lambda r: "",
+    meaning: Callable[[dict[str, Any]], str] = lambda r: "",
 ) -> list[Headline]:
     """One headline per summary row: `value`, `low`, `high`, `view` and `n` name the row's
-    columns, `label`, `note` and `primary` are read from the row (a dict), `interval` and the
-    no-bias `reference` are shared."""
+    columns, `label`, `note`, `primary`, `unit` and `meaning` are read from the row (a dict),
+    `interval` and the no-bias `reference` are shared."""
     return [
         Headline(
             label=label(r),
@@ -140,6 +160,8 @@ def row_headlines(
             reference=reference,
             reference_label=reference_label,
             n=None if n is None or missing(r.get(n)) else int(r[n]),
+            unit=unit(r),
+            meaning=meaning(r),
         )
         for r in rows.to_dict("records")
     ]

@@ -41,6 +41,7 @@ from probekit.reporting.contract import (
     StudyCard,
     StudyReport,
     describe_model,
+    is_sample_data,
     run_answers,
     scale_label,
 )
@@ -88,7 +89,7 @@ MANIFEST_FIELDS = {
     "data_sha256": "data hash (sha256)",
     "view": "view",
     "mode": "view",
-    "limit": "limit (first N prompts only)",
+    "limit": "limit (a smoke run: whole units of every group)",
     "answers": "answers",
     "dtype": "dtype",
     "device": "device",
@@ -163,7 +164,7 @@ class Run:
     def sample(self) -> bool:
         """True when the run used probekit's own sample data, not the study's data set."""
         origins = (self.manifest.get("data_origin"), self.manifest.get("items_origin"))
-        return "sample" in origins or self.data_text.startswith("probekit's own sample")
+        return "sample" in origins or is_sample_data(self.data_text)
 
     @property
     def prompts(self) -> int | None:
@@ -362,7 +363,8 @@ def profile_figure(runs: Sequence[Run]) -> str | None:
         ]
         first = items[0][1]
         scales = ", ".join(dict.fromkeys(run.scale for run, _ in items))
-        axis = f"{first.label}, answers {scales}"
+        unit = f" ({first.unit})" if first.unit else ""
+        axis = f"{first.label}{unit}, answers {scales}"
         if first.interval:
             axis += f"\n{first.interval}"
         drawn.append(

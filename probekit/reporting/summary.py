@@ -8,12 +8,19 @@ weak-signal line for a run whose mean valid mass is below `WEAK_SIGNAL_VALID_MAS
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from probekit.core.rundir import RunDir
 from probekit.core.signal import weak_signal
+
+SAMPLE_LINE = (
+    "**SAMPLE DATA, not the study's data set.** The rows whose `data` says \"probekit's own "
+    'sample" read records written for probekit to try the study end to end: their numbers '
+    "describe the model on those few records and say nothing about the paper's results."
+)
+"""The first line of a `summary.md` that holds a run on probekit's sample data."""
 
 
 def run_sections(runs: Sequence[Path], out: Path) -> str:
@@ -42,15 +49,23 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
     return "\n\n".join(parts)
 
 
-def describe_limit(manifest: dict[str, Any]) -> str | None:
-    """One line saying that a run scored only its first prompts (`--limit`); None for a whole
-    run."""
+def describe_limit(manifest: Mapping[str, Any]) -> str | None:
+    """One line saying that a run scored some of its units only (`--limit`; the probe's
+    `limit` field names them); None for a whole run. A run of an older probekit, which scored
+    the first N prompts, says so."""
     done, total = manifest.get("prompts"), manifest.get("prompts_total")
     if manifest.get("limit") is None or done == total:
         return None
+    kept = manifest.get("probe", {}).get("limit")
+    head = f"PARTIAL RUN (--limit {manifest['limit']}): {done} of {total} prompts"
+    if not isinstance(kept, dict):
+        return f"{head}, the first of the run's order; its figures describe those prompts only"
+    unit, groups = kept.get("unit_name", "unit"), kept.get("groups", 1)
+    name = kept.get("group_name") or "unit"
+    turn = f", taken in turn from its {groups} {name} groups" if groups > 1 else ""
     return (
-        f"PARTIAL RUN, the first {done} of {total} prompts (--limit {manifest['limit']}); its "
-        "figures describe those prompts only"
+        f"{head}, all those of {len(kept['units'])} of the {kept['units_total']} {unit}s{turn}; "
+        f"its figures describe those {unit}s only"
     )
 
 

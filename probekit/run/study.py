@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from probekit.core.errors import ProbekitError, StatisticsError
+from probekit.core.errors import ProbekitError
 from probekit.core.options import (
     CommandParser,
     check_out_dir,
@@ -45,6 +45,8 @@ from probekit.core.progress import note, silenced
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.options import add_model_options
+from probekit.reporting.headline import Headline
+from probekit.reporting.summary import describe_limit
 from probekit.studies.base import OLD_VIEWS, Probe, Say, Study, check_view, get_study
 
 if TYPE_CHECKING:
@@ -61,7 +63,9 @@ class Run:
     """A finished (or, on a shard that is not last, unfinished) run of a study on one model.
 
     `path`: its folder; `summary`: its summary rows (`summary.csv`); `manifests`: each probe's
-    manifest by folder (relative to `path`; `.` for a single probe); `report`: its page."""
+    manifest by folder (relative to `path`; `.` for a single probe); `report`: its page;
+    `headlines`: the study's headline numbers of its summary (`Study.headlines`), `headline`
+    the one that stands for the study."""
 
     path: Path
     summary: pd.DataFrame
@@ -69,6 +73,18 @@ class Run:
     report: Path | None
     complete: bool = True
     folders: list[Path] = field(default_factory=list)
+    headlines: list[Headline] = field(default_factory=list)
+
+    @property
+    def headline(self) -> Headline:
+        """The study's headline in one shape for every study (`probekit.reporting.Headline`):
+        `value` in `unit`, its interval `low`, `high`, `p_value`, `meaning`. A run of several
+        probes (e.g. `category="all"`) has one each: read `headlines`."""
+        primary = [h for h in self.headlines if h.primary] or self.headlines[:1]
+        if len(primary) != 1:
+            found = f"{len(primary)} headlines" if primary else "no headline"
+            raise ProbekitError(f"the run in {self.path} has {found}; read .headlines")
+        return primary[0]
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -131,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
         "--limit",
         type=positive_int,
         default=None,
-        help="only the first N prompts of the run's order (a quick partial run)",
+        help="a smoke run: whole units (events, items) taken in turn from every group while "
+        "their prompts fit in N; too small for the statistics is refused with the smallest N",
     )
     parser.add_argument(
         "--numerics",
@@ -256,6 +273,8 @@ def run_parsed(
     say: Say = print if launch.is_main else (lambda *a, **k: None)
     command = command or " ".join(sys.argv)
     probes = study.probes(args, say)
+    if args.limit is not None:  # whole units of every group, or one line before any work
+        probes = [probe.limited(args.limit) for probe in probes]
     names = [engine.describe()["model"]] if engine is not None else args.model or ["default"]
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     out = Path(args.out)
@@ -303,11 +322,13 @@ def run_parsed(
         run.report = page if run.path == out else run.path / "report.html"
         if run.path == out:
             run.summary = summary.table
+        manifest = next(iter(run.manifests.values()), {})
+        run.headlines = study.headlines(run.summary, manifest) if len(run.summary) else []
     figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
     say(f"\n{summary.markdown}")
     say(
-        f"files: {out.resolve()}/ (summary.csv, summary.md, scores.parquet, manifest.json"
-        f"{', ' + figures if figures else ''}) — {time.time() - started:.0f} s"
+        f"files: {out.resolve()}/ (report.html, summary.csv, summary.md, scores.parquet, "
+        f"manifest.json{', ' + figures if figures else ''}) — {time.time() - started:.0f} s"
     )
     return runs
 
@@ -338,10 +359,12 @@ def _run(
     from probekit.run.shards import Shard
 
     total = prompt_count(probe, args.limit)
-    part = f" (the first {total} of {len(probe)}: --limit)" if total < len(probe) else ""
     if launch.is_main:
-        note(f"{probe.name}: {total} prompts{part}, model {name} -> {run_dir}")
+        note(f"{probe.name}: {total} prompts, model {name} -> {run_dir}")
     manifest = settings(study, probe, name, args, model.describe(), command)
+    partial = describe_limit(manifest)
+    if partial is not None:
+        say(partial)
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     run = run_probe
     if args.ray is not None:  # the same run loop's parts, scored by Ray actors
@@ -372,16 +395,7 @@ def _run(
     scores = folder.scores()
     manifest["numerics"] = record_numerics(model, probe, scores, folder, args.numerics)
     study.after_run(probe, model, scores, run_dir, manifest)
-    try:
-        rows = study.report(scores, run_dir, manifest)
-    except StatisticsError as error:  # not a failed write (a full disk) or a bad input
-        if total == len(probe):
-            raise
-        raise ProbekitError(
-            f"the first {total} prompts (--limit) are too few for the statistics of "
-            f"{study.name} ({error}); their scores are in {scores_path}: give a larger --limit "
-            "with another --out, or no --limit"
-        ) from None
+    rows = study.summary_rows(scores, run_dir, manifest)
     return folder.manifest, rows
 
 
@@ -430,7 +444,7 @@ def settings(
         "seed": args.seed,
         "limit": args.limit,
         "prompts": len(probe) if args.limit is None else min(len(probe), args.limit),
-        "prompts_total": len(probe),
+        "prompts_total": len(probe.whole),
         "results_format": RESULTS_FORMAT,
         **probe.manifest(),
         "versions": _versions(),

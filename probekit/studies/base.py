@@ -28,9 +28,10 @@ import inspect
 import sys
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
+from itertools import accumulate, zip_longest
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -43,7 +44,7 @@ from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.reporting.contract import RunFacts, StudyCard
+from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import Headline, ViewFacts
 
 VIEWS = ("exact", "generate")  # scores from the logits; greedy generation + parse (+ exact)
@@ -55,6 +56,7 @@ __all__ = [
     "EVERY_COMMAND",
     "MECHANISM",
     "MODES",
+    "LimitedProbe",
     "VIEWS",
     "Option",
     "Probe",
@@ -92,7 +94,12 @@ class Summary:
 
 
 class Probe(ABC):
-    """One study configuration: its items in a fixed order, its answer set and parse rule."""
+    """One study configuration: its items in a fixed order, its answer set and parse rule.
+
+    A smoke run (`--limit N`) keeps whole units (`Item.unit`: an event, an item, a sample) so
+    that every group the statistics compare (perceivers, genders, prompt types) stays in it:
+    `limited(N)` takes units in turn from each `unit_group` (e.g. an event's emotion) while
+    their prompts fit in N, and refuses, before any scoring, fewer than `min_units` units."""
 
     name: str
     answers: AnswerSet
@@ -101,6 +108,10 @@ class Probe(ABC):
     temperature: float = 0.0  # generate mode: 0 decodes greedily, > 0 samples (seeded by --seed)
     subdir: str = ""  # where its run goes when a study runs several probes at once
     as_string: bool = False  # tokenize rendered chat prompts as strings (`encode_item`)
+    answer_cue: str | None = None  # explain view: the text after which the answer is read
+    unit_name: str = "unit"  # what a unit is (event, item, sample), in messages
+    min_units: int = 2  # the fewest units the statistics can use (an interval needs two)
+    group_name: str = ""  # what `unit_group` is (emotion, category), in messages
 
     @abstractmethod
     def items(self) -> Iterator[Item]:
@@ -130,6 +141,112 @@ class Probe(ABC):
 
     def __len__(self) -> int:
         return sum(1 for _ in self.items())
+
+    def unit_group(self, item: Item) -> Hashable:
+        """The group a limited run takes units from in turn (an event's emotion, an item's
+        category), so that a few units still cover the study's range; one group by default."""
+        return None
+
+    def unit_prompts(self) -> str:
+        """What one unit's prompts are, for messages (`36 perceiver × experiencer pairs`)."""
+        return "its prompts"
+
+    @property
+    def whole(self) -> Probe:
+        """The probe before any `limited` (itself)."""
+        return self
+
+    def limited(self, limit: int) -> Probe:
+        """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
+        `unit_group` in the probe's order (the probe itself when all fit). Fewer than
+        `min_units` units is refused with the smallest limit that works (a ProbekitError,
+        before any scoring)."""
+        sizes: dict[str, int] = {}
+        groups: dict[Hashable, list[str]] = {}
+        for item in self.items():
+            if item.unit not in sizes:
+                groups.setdefault(self.unit_group(item), []).append(item.unit)
+            sizes[item.unit] = sizes.get(item.unit, 0) + 1
+        if limit >= sum(sizes.values()):
+            return self
+        order = [
+            unit for turn in zip_longest(*groups.values()) for unit in turn if unit is not None
+        ]
+        counts = list(accumulate(sizes[unit] for unit in order))
+        kept = sum(1 for count in counts if count <= limit)
+        needed = min(self.min_units, len(order))
+        if kept < needed:
+            unit = self.unit_name if needed == 1 else f"{self.unit_name}s"
+            raise ProbekitError(
+                f"--limit {limit} is too small for the statistics of {self.name}: the smallest "
+                f"balanced run is {counts[needed - 1]} prompts ({needed} {unit}, each with "
+                f"{self.unit_prompts()})"
+            )
+        chosen = set(order[:kept])
+        in_order = [unit for unit in sizes if unit in chosen]
+        return LimitedProbe(self, in_order, limit, len(sizes), len(groups))
+
+
+class LimitedProbe(Probe):
+    """A probe's prompts on some of its whole units (`Probe.limited`), in the probe's order;
+    everything else is the probe's. `config()` records the units kept, so that the manifest
+    says which ones."""
+
+    def __init__(
+        self, probe: Probe, units: Sequence[str], limit: int, units_total: int, groups: int
+    ) -> None:
+        self.probe = probe
+        self.units = tuple(units)
+        self.limit = limit
+        self.units_total = units_total
+        self.groups = groups
+        self.name, self.answers, self.key_columns = probe.name, probe.answers, probe.key_columns
+        self.max_new_tokens, self.temperature = probe.max_new_tokens, probe.temperature
+        self.subdir, self.as_string = probe.subdir, probe.as_string
+        self.answer_cue, self.unit_name = probe.answer_cue, probe.unit_name
+        self.min_units, self.group_name = probe.min_units, probe.group_name
+        self._size = sum(1 for _ in self.items())
+
+    @property
+    def whole(self) -> Probe:
+        return self.probe
+
+    def items(self) -> Iterator[Item]:
+        kept = set(self.units)
+        return (item for item in self.probe.items() if item.unit in kept)
+
+    def parse(self, response: str) -> Any:
+        return self.probe.parse(response)
+
+    def settled(self, response: str) -> bool:
+        return self.probe.settled(response)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **self.probe.config(),
+            "limit": {
+                "units": list(self.units),
+                "units_total": self.units_total,
+                "unit_name": self.unit_name,
+                "groups": self.groups,
+                "group_name": self.group_name,
+            },
+        }
+
+    def manifest(self) -> dict[str, Any]:
+        return self.probe.manifest()
+
+    def add_columns(self, frame: pd.DataFrame) -> pd.DataFrame:
+        return self.probe.add_columns(frame)
+
+    def unit_group(self, item: Item) -> Hashable:
+        return self.probe.unit_group(item)
+
+    def unit_prompts(self) -> str:
+        return self.probe.unit_prompts()
+
+    def __len__(self) -> int:
+        return self._size
 
 
 class Study(ABC):
@@ -199,6 +316,15 @@ class Study(ABC):
         rows."""
         raise NotImplementedError(f"the study '{self.name}' reports no view")
 
+    def summary_rows(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]
+    ) -> list[dict]:
+        """`report`'s rows of one run, each with `data` after its model: the data the run read
+        as `describe_data` says it, so that `summary.csv` tells probekit's sample apart. What
+        `probekit run` and `probekit report` write."""
+        data = self.describe_data(manifest)
+        return [_with_data(row, data) for row in self.report(scores, run_dir, manifest)]
+
     def write_summary(
         self, rows: Sequence[dict[str, Any]], out: Path, runs: Sequence[Path] | None = None
     ) -> Summary:
@@ -209,11 +335,13 @@ class Study(ABC):
         unless all of it could be made."""
         from probekit.core.io import atomic_write, write_text
         from probekit.reporting.html import find_runs
-        from probekit.reporting.summary import run_sections
+        from probekit.reporting.summary import SAMPLE_LINE, run_sections
 
         table = self.summary_table(rows)
         folders = list(runs) if runs is not None else find_runs(out)
         markdown = self.summary_markdown(table)
+        if "data" in table and any(is_sample_data(d) for d in table["data"]):
+            markdown = SAMPLE_LINE + "\n\n" + markdown
         sections = run_sections(folders, out)
         if sections:
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
@@ -282,7 +410,7 @@ class Study(ABC):
             return str(origin or "—")
         name, digest = self.dataset.name, manifest.get("data_sha256")
         if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
-            return f"probekit's own sample, not {name}"
+            return f"{SAMPLE_DATA}, not {name}"
         verified = manifest.get("data_verified", _pinned_match(self.dataset, digest))
         if verified is True:
             return f"{name}, SHA-256 verified"
@@ -311,6 +439,15 @@ def run_view(manifest: dict[str, Any]) -> str:
     exact)."""
     view = manifest.get("view", manifest.get("mode", "exact"))
     return OLD_VIEWS.get(view, view)
+
+
+def _with_data(row: dict[str, Any], data: str) -> dict[str, Any]:
+    """`row` with `data` right after `model` (at the end without one)."""
+    if "model" not in row:
+        return {**row, "data": data}
+    keys = list(row)
+    at = keys.index("model") + 1
+    return {**{k: row[k] for k in keys[:at]}, "data": data, **{k: row[k] for k in keys[at:]}}
 
 
 def _cell(value: Any) -> str:

@@ -53,6 +53,8 @@ class GIEBenchProbe(Probe):
     name = "giebench"
     answers = AnswerSet(OPTIONS)
     answer_cue = VERDICT_CUE  # the explain view reads the verdict right after it
+    unit_name = "item"
+    group_name = "category"
     key_columns = (
         "item_id",
         "category",
@@ -136,6 +138,15 @@ class GIEBenchProbe(Probe):
             prefill=VERDICT_CUE if self.view == "exact" else "",
             spans={"identity": (CharSpan(message, *where),)} if where else {},
         )
+
+    def unit_group(self, item: Item) -> str:
+        """A limited run takes items of each category in turn."""
+        return item.key["category"]
+
+    def unit_prompts(self) -> str:
+        orders = f" × {len(self.orders)} answer orders" if len(self.orders) > 1 else ""
+        swapped = ", and the identity swaps" if self.swap else ""
+        return f"its {len(self.prompt_types)} prompt types{orders}{swapped}"
 
     def parse(self, response: str) -> str:
         """GIEBench's verdict: the letter its regular expression finds, "" when none."""

@@ -20,6 +20,10 @@ from probekit.studies.giebench.judge import OPTIONS
 VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
 SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
+_ACCURACY = {
+    False: "the mean exact probability of the correct letter",
+    True: "the share of generated verdicts that are right",
+}
 VIEW_TEXT = {
     "exact": "exact P(A-D) after the prefilled `[[`",
     "explain": "exact P(A-D) read after the model's greedy explanation",
@@ -230,6 +234,12 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         n="n_items",
         reference=1 / len(OPTIONS),
         reference_label="chance (0.25)",
+        unit=lambda r: "share of items" if r["view"] == "generate" else "probability",
+        meaning=lambda r: (
+            f"How often the judge picks the answer that fits the user's identity "
+            f"with the {r['prompt_type']} prompt ({_ACCURACY[r['view'] == 'generate']}); 0.25 is "
+            "chance among four answers."
+        ),
     )
 
 

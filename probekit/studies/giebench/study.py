@@ -24,6 +24,7 @@ from probekit.core.options import (
     positive_int,
 )
 from probekit.mechanism.defaults import MechanismDefaults
+from probekit.reporting.contract import SAMPLE_DATA
 from probekit.studies.base import Say, Study, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
@@ -93,8 +94,8 @@ class GIEBenchStudy(Study):
         {
             "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
             "generate) per category and prompt type with 95 % bootstrap intervals over items, in "
-            "the items' own answer order and averaged over the cyclic orders; dotted line: chance "
-            "(0.25).",
+            "the items' own answer order (and, with --orders above 1, a second panel averaged "
+            "over the cyclic orders); dotted line: chance (0.25).",
             "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same "
             "items, own order; labels: items that flipped wrong->right / right->wrong.",
         }
@@ -158,7 +159,7 @@ class GIEBenchStudy(Study):
         """GIEBench's items (official or a local file), or probekit's sample records."""
         origin = manifest.get("items_origin")
         if origin == "sample":
-            return "probekit's own sample records, not GIEBench"
+            return f"{SAMPLE_DATA} records, not GIEBench"
         return f"GIEBench items ({origin}: {manifest.get('items_path', '?')})"
 
     def mechanism_defaults(self) -> MechanismDefaults:

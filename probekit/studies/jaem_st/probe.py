@@ -61,6 +61,7 @@ class JaemProbe(Probe):
 
     max_new_tokens = GENERATE_TOKENS
     contrast: tuple[str, str] | None = None  # (dimension column, clean value) when patching
+    unit_name = "sample"
 
     def __init__(
         self,
@@ -120,6 +121,28 @@ class JaemProbe(Probe):
             messages=({"role": "user", "content": text},),
             spans=spans,
         )
+
+    @property
+    def group_columns(self) -> tuple[str, ...]:
+        """The dimension columns of the intersectional groups (the run's `--groups`)."""
+        return tuple(self.extra.get("groups", ()))
+
+    def unit_group(self, item: Item) -> tuple[str, ...]:
+        """A limited run takes samples of each template × group in turn."""
+        return (item.key["template"], *(item.key[c] for c in self.group_columns))
+
+    @property
+    def min_units(self) -> int:
+        """One sample of every template × group: the outliers compare every group."""
+        return self.rows.groupby([TEMPLATE, *self.group_columns]).ngroups
+
+    @property
+    def group_name(self) -> str:
+        return " × ".join(["template", *self.group_columns])
+
+    def unit_prompts(self) -> str:
+        orders = "1 answer order" if self.orders == 1 else f"{self.orders} answer orders"
+        return f"{orders}; one sample of every {self.group_name}"
 
     def parse(self, response: str) -> str | None:
         return parse_letter(response)

@@ -23,12 +23,13 @@ import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
-from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
+from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
 from probekit.reporting.headline import row_headlines
 from probekit.studies.jaem_st.probe import N_OPTIONS
 
 SUMMARY_COLUMNS = (
     "model",
+    "data",
     "prompt",
     "orders",
     "view",
@@ -48,6 +49,10 @@ SUMMARY_COLUMNS = (
     *metrics.RESPONSE_METRICS,
     "response_outliers",
 )
+_SCORE = {
+    False: "the mean exact probability of its letter",
+    True: "the share of first letters that are its",
+}
 VIEW_TEXT = {
     "ev": "exact P(Empathetic) over A-E from the logits",
     "exact": "exact P(Empathetic) over A-E from the logits",
@@ -238,7 +243,7 @@ def group_heatmap(
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(groups[1])
     ax.set_ylabel(groups[0])
-    ax.set_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}", fontsize=9)
+    ax.set_title(wrap_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}"), fontsize=9)
     fig.colorbar(image, ax=ax, label="CE score")
     save_figure(fig, path)
 
@@ -343,6 +348,12 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         n="n_samples",
         reference=1 / N_OPTIONS,
         reference_label=f"uniform choice (1/{N_OPTIONS})",
+        unit=lambda r: "share of samples" if r["view"] == "generate" else "probability",
+        meaning=lambda r: (
+            "How often the model chooses the most understanding (Empathetic) of "
+            f"five answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; "
+            f"a uniform choice scores 1/{N_OPTIONS}."
+        ),
     )
 
 

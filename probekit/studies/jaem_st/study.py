@@ -119,11 +119,12 @@ class JaemStudy(Study):
     dataset = JAEM_ST
     captions = MappingProxyType(
         {
-            "groups.png": "CE score per gender x pronoun group with 95 % bootstrap intervals over "
-            "samples; dashed: the overall mean; vermillion and named: outliers (|z| above the "
-            "threshold, z over the spread of the group means).",
-            "groups_heatmap.png": "Mean CE score per gender (row) x pronoun (column); outlined: "
-            "outliers.",
+            "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
+            "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
+            "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
+            "spread of the group means).",
+            "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
+            "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
             "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
             "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
         }
