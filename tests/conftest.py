@@ -1,5 +1,6 @@
-"""Shared test helpers: the real default model (with its bridge and an exact 0-12 scorer for the
-mechanism tests) and the reference data when it is present."""
+"""Shared test helpers: the tiny random-weight model on the default model's tokenizer (the unit
+tests' model), the real default model (with its bridge and an exact 0-12 scorer for the mechanism
+tests), and the reference data when it is present."""
 
 from __future__ import annotations
 
@@ -87,6 +88,40 @@ def reference_data_root() -> Path | None:
         if root and (Path(root) / "crowd-enVent" / "crowd-enVent_joy.tsv").is_file():
             return Path(root)
     return None
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The default model's tokenizer (SmolLM2's vocabulary and chat template), read without the
+    model's weights, so a unit test may use it."""
+    from probekit.testing.synthetic import default_tokenizer
+
+    return default_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
+    layers of width 64, the default model's tokenizer; 0.3 s), for every test that needs a model
+    but not a trained one's behaviour."""
+    from probekit.testing.synthetic import tiny_model
+
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny):
+    """The module's tiny model with its TransformerLens bridge built."""
+    tiny.enable_bridge()
+    return tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_scorer(tiny_model):
+    """The exact (epsilon 0) scorer of `ANSWERS` on `tiny_model`."""
+    from probekit.engines.hf.scorer import HFScorer
+
+    return HFScorer(tiny_model, ANSWERS, epsilon=0.0)
 
 
 @pytest.fixture(scope="module")
