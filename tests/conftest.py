@@ -21,13 +21,19 @@ def _unit_loop(request: pytest.FixtureRequest):
     """`-m "not slow"` is the unit loop: there, loading a pretrained model or starting a
     Python, probekit or Ray process fails the test at once with a line saying to mark it `slow`
     (an integration test), so the loop stays minutes long and its tests stay units (a library's
-    own helper process, such as scikit-learn asking the CPU count, is let through)."""
+    own helper process, such as scikit-learn asking the CPU count, is let through). Torch runs
+    one thread there: the unit tests' tiny models gain nothing from a second, and on a machine
+    busy with another job a second thread waiting for a core made them 3-6x slower."""
     if "not slow" not in (request.config.option.markexpr or ""):
         yield
         return
     import subprocess
 
+    import torch
     import transformers
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
 
     def refuse(what: str):
         def fail(*args, **kwargs):
@@ -49,6 +55,7 @@ def _unit_loop(request: pytest.FixtureRequest):
     patch.setattr(subprocess, "Popen", guarded)
     yield
     patch.undo()
+    torch.set_num_threads(threads)
 
 
 # The mechanism tests' answer set and event: a small set with one- and two-token answers keeps the
