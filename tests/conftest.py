@@ -179,10 +179,10 @@ prompt in words)."""
 def religion_probe(events: int):
     """Intergroup prompts (religion, P0S0T0) for the first `events` events of crowd-enVent (the
     real data when present, else the sample)."""
-    from probekit.datasets.crowd_envent import first_events
+    from probekit.datasets.crowd_envent import SAMPLE_ROOT, first_events
     from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
-    chosen = first_events(reference_data_root(), events, seed=0)
+    chosen = first_events(reference_data_root() or SAMPLE_ROOT, events, seed=0)
     return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), chosen)
 
 
