@@ -132,6 +132,17 @@ def tiny_scorer(tiny_model):
 
 
 @pytest.fixture(scope="module")
+def tiny_deep():
+    """A fresh tiny model with the default model's 30 layers and 9 heads (width 72), bridge
+    built, per test module: for tests that name the default model's layers and heads."""
+    from probekit.testing.synthetic import SMOL_DEPTH, tiny_model
+
+    model = tiny_model(**SMOL_DEPTH)
+    model.enable_bridge()
+    return model
+
+
+@pytest.fixture(scope="module")
 def smol():
     """A fresh SmolLM2-135M-Instruct per test module (0.4 s from the cache), so that one
     module building the TransformerLens bridge does not change another's model."""
