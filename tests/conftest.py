@@ -1,5 +1,6 @@
-"""Shared test helpers: the real default model (with its bridge and an exact 0-12 scorer for the
-mechanism tests) and the reference data when it is present."""
+"""Shared test helpers: the tiny random-weight model on the default model's tokenizer (the unit
+tests' model), the real default model (with its bridge and an exact 0-12 scorer for the mechanism
+tests), and the reference data when it is present."""
 
 from __future__ import annotations
 
@@ -20,13 +21,19 @@ def _unit_loop(request: pytest.FixtureRequest):
     """`-m "not slow"` is the unit loop: there, loading a pretrained model or starting a
     Python, probekit or Ray process fails the test at once with a line saying to mark it `slow`
     (an integration test), so the loop stays minutes long and its tests stay units (a library's
-    own helper process, such as scikit-learn asking the CPU count, is let through)."""
+    own helper process, such as scikit-learn asking the CPU count, is let through). Torch runs
+    one thread there: the unit tests' tiny models gain nothing from a second, and on a machine
+    busy with another job a second thread waiting for a core made them 3-6x slower."""
     if "not slow" not in (request.config.option.markexpr or ""):
         yield
         return
     import subprocess
 
+    import torch
     import transformers
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
 
     def refuse(what: str):
         def fail(*args, **kwargs):
@@ -48,6 +55,7 @@ def _unit_loop(request: pytest.FixtureRequest):
     patch.setattr(subprocess, "Popen", guarded)
     yield
     patch.undo()
+    torch.set_num_threads(threads)
 
 
 # The mechanism tests' answer set and event: a small set with one- and two-token answers keeps the
@@ -87,6 +95,51 @@ def reference_data_root() -> Path | None:
         if root and (Path(root) / "crowd-enVent" / "crowd-enVent_joy.tsv").is_file():
             return Path(root)
     return None
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The default model's tokenizer (SmolLM2's vocabulary and chat template), read without the
+    model's weights, so a unit test may use it."""
+    from probekit.testing.synthetic import default_tokenizer
+
+    return default_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
+    layers of width 64, the default model's tokenizer; 0.3 s), for every test that needs a model
+    but not a trained one's behaviour."""
+    from probekit.testing.synthetic import tiny_model
+
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny):
+    """The module's tiny model with its TransformerLens bridge built."""
+    tiny.enable_bridge()
+    return tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_scorer(tiny_model):
+    """The exact (epsilon 0) scorer of `ANSWERS` on `tiny_model`."""
+    from probekit.engines.hf.scorer import HFScorer
+
+    return HFScorer(tiny_model, ANSWERS, epsilon=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_deep():
+    """A fresh tiny model with the default model's 30 layers and 9 heads (width 72), bridge
+    built, per test module: for tests that name the default model's layers and heads."""
+    from probekit.testing.synthetic import SMOL_DEPTH, tiny_model
+
+    model = tiny_model(**SMOL_DEPTH)
+    model.enable_bridge()
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +190,10 @@ prompt in words)."""
 def religion_probe(events: int):
     """Intergroup prompts (religion, P0S0T0) for the first `events` events of crowd-enVent (the
     real data when present, else the sample)."""
-    from probekit.datasets.crowd_envent import first_events
+    from probekit.datasets.crowd_envent import SAMPLE_ROOT, first_events
     from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
-    chosen = first_events(reference_data_root(), events, seed=0)
+    chosen = first_events(reference_data_root() or SAMPLE_ROOT, events, seed=0)
     return IntergroupProbe(get_category("religion"), get_setting("P0S0T0"), chosen)
 
 

@@ -40,6 +40,19 @@ def _pair(model):
 
 
 @pytest.fixture(scope="module")
+def model(tiny_deep):
+    """The tiny model of the default model's depth and heads: the method's mechanics."""
+    return tiny_deep
+
+
+@pytest.fixture(scope="module")
+def scorer(model):
+    from probekit.engines.hf.scorer import HFScorer
+
+    return HFScorer(model, ANSWERS, epsilon=0.0)
+
+
+@pytest.fixture(scope="module")
 def pair(model):
     return _pair(model)
 
@@ -50,16 +63,15 @@ def estimated(scorer, pair):
 
 
 @pytest.fixture(scope="module")
-def exact64(smol):
-    """The default model in float64, its scorer, the pair and their estimates. The derivative
+def exact64():
+    """The module's model in float64, its scorer, the pair and their estimates. The derivative
     tests take differences of the metric of order 1e-4, where fp32 rounding (about 1e-5 of the
     expected value, dependent on the BLAS kernel and thread count) would decide the outcome
-    instead of the method; a one-sided step in fp32 failed on another machine this way. `smol`
-    is requested so that the module skips without the model."""
-    from probekit.engines.hf.model import load_model
+    instead of the method; a one-sided step in fp32 failed on another machine this way."""
     from probekit.engines.hf.scorer import HFScorer
+    from probekit.testing.synthetic import SMOL_DEPTH, tiny_model
 
-    model = load_model("default", dtype=torch.float64)
+    model = tiny_model(dtype=torch.float64, **SMOL_DEPTH)
     model.enable_bridge()
     scorer = HFScorer(model, ANSWERS, epsilon=0.0)
     pair = _pair(model)
@@ -68,7 +80,6 @@ def exact64(smol):
     )
 
 
-@pytest.mark.slow
 def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
     """Row 0 against the brute force; row 1 (shorter, so left-padded) against the engine."""
     ids = pair[1].input_ids
@@ -80,7 +91,6 @@ def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
         assert mass[row].sum() == pytest.approx(result.valid_mass, rel=1e-5)
 
 
-@pytest.mark.slow
 def test_linear_weights_of_the_metrics(scorer, pair):
     item = pair[0].item
     assert attribution.linear_weights(EV, scorer, item).tolist() == list(range(13))
@@ -101,7 +111,6 @@ def _read(scorer, ids, hook, positions):
     return values[hook]
 
 
-@pytest.mark.slow
 def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     """resid_pre of layer 3 at the experiencer: the estimate is the directional derivative along
     (clean - corrupt); a central difference of the engine's exact metric along it agrees."""
@@ -124,7 +133,6 @@ def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     assert estimate == pytest.approx(derivative, rel=2e-2)
 
 
-@pytest.mark.slow
 def test_a_tiny_interpolation_is_estimated_exactly(exact64):
     """Moving head 4 of layer 2 a fraction alpha of the way towards its clean value and the same
     fraction away from it: where the metric is linear in the component, the exact effect is
@@ -153,7 +161,6 @@ def test_a_tiny_interpolation_is_estimated_exactly(exact64):
     assert (towards - away) / 2 == pytest.approx(alpha * estimated["estimate"][1], rel=1e-2)
 
 
-@pytest.mark.slow
 def test_attribution_table_and_verification(scorer, pair, estimated):
     assert (estimated["method"] == "attribution").all()
     assert estimated["head"].tolist()[1] == 4 and estimated["head"].isna().tolist() == [1, 0, 1]
@@ -191,9 +198,11 @@ def test_no_gradient_is_one_clear_error():
 
 
 @pytest.mark.slow
-def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_cli, capsys):
+def test_patch_command_attribution_verify_and_bad_input(smol, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup --method attribution+verify` on heads of one layer; a head out
-    of range and a top-k above the number of components exit with status 2."""
+    of range and a top-k above the number of components exit with status 2. On the default
+    model, whose two largest estimates (the ones verified) include the attention output."""
+    model = smol
     base = [
         "intergroup",
         "--events",
@@ -233,7 +242,6 @@ def test_patch_command_attribution_verify_and_bad_input(model, tmp_path, patch_c
         assert not (bad / "patching.parquet").exists()
 
 
-@pytest.mark.slow
 def test_per_position_estimates_add_up_to_the_span(scorer, pair):
     """The first-order estimate is linear in the patched positions: a span's estimate is the sum
     of its single positions' (`span@i`), and `@i` picks the i-th aligned position."""
@@ -252,7 +260,6 @@ def test_per_position_estimates_add_up_to_the_span(scorer, pair):
             check(scorer.model, [pair], [Patch(3, "hook_resid_pre", bad)])
 
 
-@pytest.mark.slow
 def test_patch_command_per_position(model, tmp_path, patch_cli, capsys):
     """`--positions`: one component per aligned position of each span, a layer x position map."""
     base = [

@@ -1,4 +1,5 @@
-"""Activation capture at spans: bridge and nnsight agree, shards resume, bad requests fail."""
+"""Activation capture at spans: bridge and nnsight agree, shards resume, bad requests fail (on the
+tiny model: capture's mechanics need no trained weights)."""
 
 import pandas as pd
 import pytest
@@ -16,10 +17,9 @@ from probekit.mechanism.capture import (
 from probekit.mechanism.sites import DEFAULT_SITES as SITES
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
+from probekit.testing.synthetic import tiny_model
 
-pytestmark = pytest.mark.slow
-
-LAYERS = [1, 4]
+LAYERS = [1, 3]  # of the tiny model's 4
 KEY_COLUMNS = ["perceiver", "experiencer", "event_id", "emotion"]
 PROMPTS = [  # different lengths, so a batch is left-padded
     ("a Christian", "a person", "a Christian took my seat"),
@@ -29,18 +29,16 @@ PROMPTS = [  # different lengths, so a batch is left-padded
 
 
 @pytest.fixture(scope="module")
-def items(smol):
+def items(tiny):
     setting = get_setting("P0S0T0")
     return [
-        smol.encode(make_item(setting, "religion", perceiver, experiencer, f"e{i}", "anger", event))
+        tiny.encode(make_item(setting, "religion", perceiver, experiencer, f"e{i}", "anger", event))
         for i, (perceiver, experiencer, event) in enumerate(PROMPTS)
     ]
 
 
 def test_bridge_is_built_only_on_request():
-    from probekit.engines.hf.model import load_model
-
-    fresh = load_model("default")
+    fresh = tiny_model()
     assert not fresh.bridge_enabled
     with pytest.raises(ProbekitError, match="enable_bridge"):
         _ = fresh.bridge
@@ -49,16 +47,15 @@ def test_bridge_is_built_only_on_request():
     assert fresh.bridge is bridge and fresh.enable_bridge() is bridge
 
 
-def test_bridge_and_nnsight_agree(smol, items, tmp_path):
-    from probekit.engines.hf.model import load_model
-
-    # A second copy that never gets a bridge, read through nnsight on plain HF modules. The
-    # bridge runs HF attention eagerly; give the copy the same kernel so the sums match.
-    plain = load_model("default")
+def test_bridge_and_nnsight_agree(tiny, items, tmp_path):
+    # A second copy (the same seed, the same weights) that never gets a bridge, read through
+    # nnsight on plain HF modules. The bridge runs HF attention eagerly; give the copy the same
+    # kernel so the sums match.
+    plain = tiny_model()
     plain.hf.set_attn_implementation("eager")
     kw = dict(layers=LAYERS, batch_size=2, dtype=torch.float32)
-    capture(smol, items, tmp_path / "bridge", hooks="transformer_lens", **kw)
-    assert smol.bridge_enabled  # the bridge backend builds it itself
+    capture(tiny, items, tmp_path / "bridge", hooks="transformer_lens", **kw)
+    assert tiny.bridge_enabled  # the bridge backend builds it itself
     capture(plain, items, tmp_path / "nnsight", hooks="nnsight", **kw)
     assert not plain.bridge_enabled
     assert type(plain.hf.model.layers[0]).__name__ == "LlamaDecoderLayer"  # no bridge inside
@@ -70,24 +67,24 @@ def test_bridge_and_nnsight_agree(smol, items, tmp_path):
                 rows_n, acts_n = load_activations(tmp_path / "nnsight", layer, site, span)
                 assert list(rows_b["prompt_id"]) == list(rows_n["prompt_id"]) == ids
                 for a, b, positions in zip(acts_b, acts_n, rows_b["positions"], strict=True):
-                    assert a.shape == (len(positions), smol.hf.config.hidden_size)
+                    assert a.shape == (len(positions), tiny.hf.config.hidden_size)
                     assert (a - b).abs().max().item() <= 1e-4, (layer, site, span)
 
 
-def test_gather_rows_follow_the_spans(smol, items):
-    smol.enable_bridge()
-    rows, acts = gather(smol, items[:2], [1], ["resid_post"], spans=["experiencer", "answer"])
+def test_gather_rows_follow_the_spans(tiny, items):
+    tiny.enable_bridge()
+    rows, acts = gather(tiny, items[:2], [1], ["resid_post"], spans=["experiencer", "answer"])
     order = [(0, "experiencer"), (0, "answer"), (1, "experiencer"), (1, "answer")]
     assert [(b, name) for b, name, _ in rows] == order
     assert [at for _, _, at in rows] == [items[b].positions[name] for b, name in order]
     (key,) = acts
     assert key == (1, "resid_post")
-    assert acts[key].shape == (sum(len(at) for _, _, at in rows), smol.hf.config.hidden_size)
+    assert acts[key].shape == (sum(len(at) for _, _, at in rows), tiny.hf.config.hidden_size)
 
 
-def test_resume_skips_captured_prompts(smol, items, tmp_path):
-    first = capture(smol, items[:2], tmp_path, layers=LAYERS, batch_size=2)
-    again = capture(smol, items, tmp_path, layers=LAYERS, batch_size=2)
+def test_resume_skips_captured_prompts(tiny, items, tmp_path):
+    first = capture(tiny, items[:2], tmp_path, layers=LAYERS, batch_size=2)
+    again = capture(tiny, items, tmp_path, layers=LAYERS, batch_size=2)
     assert (first.captured, first.skipped) == (2, 0)
     assert (again.captured, again.skipped) == (1, 2)
     assert len(first.shards) == len(again.shards) == 1 and first.shards != again.shards
@@ -106,20 +103,20 @@ def test_resume_skips_captured_prompts(smol, items, tmp_path):
         assert set(rows["n_tokens"]) == {len(item.input_ids)}
     assert list(index[index["prompt_id"] == items[2].id]["perceiver"].unique()) == ["a Jew"]
     with safe_open(tmp_path / again.shards[0].relative_to(tmp_path), framework="pt") as f:
-        assert f.get_tensor("blocks.4.hook_resid_post").dtype == torch.float16
+        assert f.get_tensor("blocks.3.hook_resid_post").dtype == torch.float16
     assert set(index["site"]) == set(SITES)
     # Positions are into the unpadded prompt and match the encoded span.
     p1 = index[(index["prompt_id"] == items[1].id) & (index["span"] == "experiencer")]
     assert list(p1["positions"].iloc[0]) == items[1].positions["experiencer"]
 
 
-def test_shards_of_the_old_layout_are_still_read(smol, items, tmp_path):
+def test_shards_of_the_old_layout_are_still_read(tiny, items, tmp_path):
     """Shards once keyed their tensors `resid_pre.1` and indexed the short site name."""
     from safetensors.torch import load_file, save_file
 
     from probekit.mechanism.capture import read_activations
 
-    capture(smol, items[:1], tmp_path, layers=[1], sites=["resid_pre"])
+    capture(tiny, items[:1], tmp_path, layers=[1], sites=["resid_pre"])
     new = read_activations(tmp_path)["blocks.1.hook_resid_pre"]
     (shard,) = (tmp_path / "shards").glob("*.safetensors")
     save_file({"resid_pre.1": load_file(shard)["blocks.1.hook_resid_pre"]}, shard)
@@ -130,39 +127,39 @@ def test_shards_of_the_old_layout_are_still_read(smol, items, tmp_path):
     assert len(rows) == 1 and tensors[0].shape[0] == len(items[0].positions["experiencer"])
 
 
-def test_repeated_ids_are_captured_once(smol, items, tmp_path):
-    result = capture(smol, [items[0], items[0]], tmp_path, layers=[1], sites=["resid_pre"])
+def test_repeated_ids_are_captured_once(tiny, items, tmp_path):
+    result = capture(tiny, [items[0], items[0]], tmp_path, layers=[1], sites=["resid_pre"])
     assert (result.captured, result.skipped) == (1, 1)
     assert list(read_index(tmp_path)["prompt_id"].unique()) == [items[0].id]
 
 
-def test_resume_with_other_settings_fails(smol, items, tmp_path):
-    capture(smol, items[:1], tmp_path, layers=[1])
+def test_resume_with_other_settings_fails(tiny, items, tmp_path):
+    capture(tiny, items[:1], tmp_path, layers=[1])
     with pytest.raises(ProbekitError, match="layers"):
-        capture(smol, items, tmp_path, layers=[2])
+        capture(tiny, items, tmp_path, layers=[2])
 
 
 @pytest.mark.parametrize(
     "layers, sites, hooks, message",
     [
-        ([30], SITES, "transformer_lens", "layer 30 is out of range"),
-        ([-31], SITES, "transformer_lens", "out of range"),
+        ([4], SITES, "transformer_lens", "layer 4 is out of range"),
+        ([-5], SITES, "transformer_lens", "out of range"),
         ([], SITES, "transformer_lens", "no layers"),
         ([1], ["resid_mid"], "transformer_lens", "unknown site 'resid_mid'"),
         ([1], SITES, "lens", "unknown hook library"),
     ],
 )
-def test_bad_requests_raise(smol, items, tmp_path, layers, sites, hooks, message):
+def test_bad_requests_raise(tiny, items, tmp_path, layers, sites, hooks, message):
     with pytest.raises(ProbekitError, match=message):
-        check_request(smol, layers, sites, hooks)
+        check_request(tiny, layers, sites, hooks)
     with pytest.raises(ProbekitError, match=message):
-        capture(smol, items, tmp_path, layers=layers, sites=sites, hooks=hooks)
+        capture(tiny, items, tmp_path, layers=layers, sites=sites, hooks=hooks)
     assert not (tmp_path / "index").exists()
 
 
-def test_unknown_span_raises(smol, items, tmp_path):
+def test_unknown_span_raises(tiny, items, tmp_path):
     with pytest.raises(ProbekitError, match="unknown span 'speaker'"):
-        capture(smol, items, tmp_path, layers=[1], spans=["speaker"])
+        capture(tiny, items, tmp_path, layers=[1], spans=["speaker"])
 
 
 def test_intergroup_capture_items_carry_setting_and_side():

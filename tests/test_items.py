@@ -22,8 +22,6 @@ from probekit.core.paths import user_cache_dir
 from probekit.studies.intergroup import SETTINGS, get_setting
 from probekit.studies.intergroup.probe import make_item
 
-pytestmark = pytest.mark.slow
-
 CHRISTIAN = "a Christian told me that a person like me, a Christian, should leave"
 PERSON = "a person from Canada said the person from the United States was late"
 HINDU = "I was praised as a Hindu."
@@ -37,9 +35,9 @@ def gemma_turns(messages):
 
 
 @pytest.fixture(scope="module")
-def smol_tok(smol):
-    """The SmolLM2 tokenizer (of the conftest's fresh default model)."""
-    return smol.tokenizer
+def smol_tok(tokenizer):
+    """The SmolLM2 tokenizer (conftest's, read without the model's weights)."""
+    return tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from probekit.studies.intergroup.probe import make_item
 
 
 @pytest.fixture(scope="module")
-def model(smol):
-    """conftest's `model`, through `sites.enable_bridge` (which makes float64 safe)."""
-    sites.enable_bridge(smol)
-    return smol
+def model(tiny):
+    """conftest's tiny model, through `sites.enable_bridge` (which makes float64 safe)."""
+    sites.enable_bridge(tiny)
+    return tiny
 
 
 def encode(model, perceiver, experiencer, event_id="e1"):
@@ -69,8 +69,7 @@ def test_layers_count_from_the_end():
             sites.layer_indices(fake, bad)
 
 
-# ---------------------------------------------------------------------- with the default model
-@pytest.mark.slow
+# ---------------------------------------------------------------------- with the tiny model
 def test_make_pair_declares_the_swapped_word(model):
     clean, corrupt = api.make_pair(
         model, "I am a Muslim. Am I sad?", "I am a Jew. Am I sad?", span="Muslim"
@@ -100,7 +99,6 @@ def _chat(identity, question=QUESTION):
     ]
 
 
-@pytest.mark.slow
 def test_make_pair_takes_two_message_lists(model):
     """A persona pair: the span is found in the system prompt, where the two lists differ."""
     clean, corrupt = api.make_pair(model, _chat("a Muslim"), _chat("a Jew"), span="Muslim")
@@ -127,7 +125,6 @@ def test_make_pair_takes_two_message_lists(model):
         api.make_pair(model, [{"role": "user"}], "I am a Jew.")
 
 
-@pytest.mark.slow
 def test_make_pair_refuses_tokens_that_diverge_outside_the_span(model):
     with pytest.raises(ProbekitError) as error:
         api.make_pair(model, "I am a Muslim. Angry?", "I am a Jewlim. Angry?", span=("Mus", "Jew"))
@@ -135,7 +132,6 @@ def test_make_pair_refuses_tokens_that_diverge_outside_the_span(model):
     assert "\n" not in line and "diverge after the span 'identity'" in line and "'lim'" in line
 
 
-@pytest.mark.slow
 def test_old_keywords_still_work_with_a_warning(model):
     pair = api.make_pair(model, "I am a Muslim.", "I am a Jew.", span="Muslim")
     with pytest.warns(FutureWarning, match="metric= is now readout="):
@@ -153,7 +149,6 @@ def test_old_keywords_still_work_with_a_warning(model):
         api.capture(model, "text", layers=[0], sites=["resid_pre"], backend="transformer_lens")
 
 
-@pytest.mark.slow
 def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
     """The docstring of `probekit.mechanism.api`: swap one identity word, patch the residual
     stream layer by layer, plot the recovered share (on the model of this module)."""
@@ -169,16 +164,15 @@ def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
     df = globs["df"]
     assert len(df) == model.n_layers and (df["site"].iloc[-1], df["layer"].iloc[-1]) == (
         "hook_resid_pre",
-        29,
+        model.n_layers - 1,
     )
     assert abs(df["gap"].iloc[0]) > 1e-3
     assert df["recovery"].iloc[0] == pytest.approx(1, abs=1e-2)  # layer 0: everything patched
 
 
-@pytest.mark.slow
 def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     """`probekit patch intergroup` and `api.patch` on the pairs the command chose: equal rows;
-    `--layers 0,-1` is layers 0 and 29."""
+    `--layers 0,-1` is the first and the last layer."""
     from probekit import cli
     from probekit.studies.intergroup import STUDY
 
@@ -199,7 +193,7 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     ]
     assert patch_cli(model, "intergroup", *argv, "--out", str(tmp_path)) == 0
     command = pd.read_parquet(tmp_path / "patching.parquet")
-    assert sorted(set(command["layer"])) == [0, 29]
+    assert sorted(set(command["layer"])) == [0, model.n_layers - 1]
     parser, _ = cli.study_parser("patch", "intergroup")
     probe, items = STUDY.mechanism_items(
         parser.parse_args(["--events", "1", "--setting", "P0S1T0"]), print, "patch"
@@ -229,37 +223,40 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
             assert script[column].tolist() == command[column].tolist(), column
 
 
-@pytest.mark.slow
 def test_capture_in_memory_equals_the_disk_writer(model, tmp_path):
     prompts = [encode(model, "a Christian", "a Jew"), encode(model, "a Jew", "a Muslim", "e2")]
     kw = dict(sites=["resid_pre", "attn.hook_z"], layers=[1, -1], spans=["experiencer"])
     memory = api.capture(model, prompts, **kw)
     stored = api.capture(model, prompts, out=tmp_path, **kw)
+    last = model.n_layers - 1
     hooks = [
         "blocks.1.hook_resid_pre",
         "blocks.1.attn.hook_z",
-        "blocks.29.hook_resid_pre",
-        "blocks.29.attn.hook_z",
+        f"blocks.{last}.hook_resid_pre",
+        f"blocks.{last}.attn.hook_z",
     ]
     assert sorted(memory.tensors) == sorted(stored.tensors) == sorted(hooks)
-    assert memory["blocks.1.attn.hook_z"].shape[1:] == (9, 64)
+    config = model.hf.config
+    assert memory["blocks.1.attn.hook_z"].shape[1:] == (config.num_attention_heads, config.head_dim)
     for hook in hooks:
         assert memory[hook].dtype == torch.float32 and stored[hook].dtype == torch.float16
         assert torch.equal(memory[hook].half(), stored[hook])
     pd.testing.assert_frame_equal(memory.index[stored.index.columns], stored.index)
-    one = memory.at("blocks.29.hook_resid_pre", prompts[1].id, "experiencer")
+    one = memory.at(f"blocks.{last}.hook_resid_pre", prompts[1].id, "experiencer")
     assert one.shape == (len(prompts[1].positions["experiencer"]), model.hf.config.hidden_size)
-    assert sorted(set(read_index(tmp_path)["layer"])) == [1, 29]
+    assert sorted(set(read_index(tmp_path)["layer"])) == [1, last]
     # a plain string has the `answer` span; nnsight reads the same hook names
     text = api.capture(model, "How sad am I?", layers=[-1], sites=["resid_post"])
     other = api.capture(model, "How sad am I?", layers=[-1], sites=["resid_post"], hooks="nnsight")
     assert list(text.index["span"]) == ["answer"]
     torch.testing.assert_close(
-        text["blocks.29.hook_resid_post"], other["blocks.29.hook_resid_post"], atol=1e-4, rtol=0
+        text[f"blocks.{last}.hook_resid_post"],
+        other[f"blocks.{last}.hook_resid_post"],
+        atol=1e-4,
+        rtol=0,
     )
 
 
-@pytest.mark.slow
 def test_wrong_types_are_one_line(model):
     pair = api.make_pair(model, "I am a Muslim.", "I am a Jew.", span="Muslim")
     common = dict(spans=["identity"], layers=[0], answers=ANSWERS)
@@ -287,15 +284,14 @@ def test_wrong_types_are_one_line(model):
         api.capture(model, [1, 2], layers=[0])
 
 
-@pytest.mark.slow
 def test_float64_left_padding_on_the_bridge_is_finite():
     """The bridge's float32 softmax turned float64's mask minimum into -inf, so the pad rows of a
     left-padded batch were NaN and leaked into the real rows; `sites.enable_bridge` clamps."""
-    from probekit.engines.hf.model import load_model
     from probekit.engines.hf.scorer import HFScorer
     from probekit.mechanism.interventions import score_with
+    from probekit.testing.synthetic import tiny_model
 
-    wide = load_model("default", dtype=torch.float64)
+    wide = tiny_model(dtype=torch.float64)
     scorer = HFScorer(wide, ANSWERS, epsilon=0.0)
     long, short = encode(wide, "a Jew", "a Hispanic American"), encode(wide, "a Jew", "a Jew")
     assert len(long.input_ids) != len(short.input_ids)
@@ -328,8 +324,8 @@ def test_the_mechanism_types_against_the_engine_protocol():
         assert "HFScorer" not in names, path.name
 
 
-@pytest.mark.slow
-def test_the_transformers_engine_is_a_hooked_scorer(scorer):
+def test_the_transformers_engine_is_a_hooked_scorer(tiny_scorer):
+    scorer = tiny_scorer
     from probekit.engines.base import HookableModel, HookedScorer
 
     assert isinstance(scorer, HookedScorer) and isinstance(scorer.model, HookableModel)

@@ -4,7 +4,7 @@ direct + indirect add up to the total; bootstrap intervals over pairs and the to
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import EV, EVENT
+from conftest import ANSWERS, EV, EVENT
 
 from probekit.core.errors import ProbekitError
 from probekit.mechanism import mediation
@@ -14,6 +14,19 @@ from probekit.studies.intergroup.probe import make_item
 
 CUT = Patch(0, "hook_resid_pre", "from_experiencer")  # every path of the identity passes here
 NONE = Patch(4, "hook_resid_post", "perceiver")  # before the identity: carries nothing
+
+
+@pytest.fixture(scope="module")
+def model(tiny_deep):
+    """The tiny model of the default model's depth and heads: the method's mechanics."""
+    return tiny_deep
+
+
+@pytest.fixture(scope="module")
+def scorer(model):
+    from probekit.engines.hf.scorer import HFScorer
+
+    return HFScorer(model, ANSWERS, epsilon=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +42,6 @@ def effects(model, scorer):
     return mediation.mediate(scorer, pairs, [CUT, NONE], EV)
 
 
-@pytest.mark.slow
 def test_direct_and_indirect_add_up_to_the_total_on_one_component(effects):
     cut = effects[effects["site"] == CUT.hook]
     none = effects[effects["site"] == NONE.hook]
@@ -43,7 +55,6 @@ def test_direct_and_indirect_add_up_to_the_total_on_one_component(effects):
     assert effects["pair"].tolist() == [0, 0, 1, 1] and (effects["readout"] == "expected").all()
 
 
-@pytest.mark.slow
 def test_summary_intervals_and_the_top_share(effects):
     summary = mediation.summarise(effects, n=200)
     # largest |indirect| first

@@ -39,14 +39,15 @@ def test_default_loads_from_the_converted_cache(smol):
     assert smol.weights_fingerprint() == smol.meta["gguf_sha256"]
     assert smol.device.type == "cpu" and smol.dtype == torch.float32
     assert smol.tokenizer.padding_side == "left" and smol.tokenizer.pad_token is not None
+    assert smol.hf.config._attn_implementation == GROUPED_SDPA  # grouped heads on the CPU
 
 
-@pytest.mark.slow
-def test_grouped_sdpa_matches_the_stock_kernel():
-    """On the CPU, the default model (3 key/value heads for 9 query heads) runs masked attention
-    on its grouped heads as they are; its logits equal those of the stock SDPA, which repeats the
-    heads, on a left-padded batch and on a tree-masked continuation from the cache."""
-    model = load_model("default")
+def test_grouped_sdpa_matches_the_stock_kernel(tiny):
+    """On the CPU, a grouped-query model (the tiny one: 2 key/value heads for 4 query heads, as
+    `load_model` sets it up) runs masked attention on its grouped heads as they are; its logits
+    equal those of the stock SDPA, which repeats the heads, on a left-padded batch and on a
+    tree-masked continuation from the cache."""
+    model = tiny
     assert model.hf.config._attn_implementation == GROUPED_SDPA
     enc = padded_batch(model)
     positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -69,24 +70,24 @@ def test_grouped_sdpa_matches_the_stock_kernel():
                 position_ids=extra_positions,
             )
         logits[impl] = torch.cat([out.logits, more.logits], dim=1)
+    model.hf.set_attn_implementation(GROUPED_SDPA)
     assert (logits[GROUPED_SDPA] - logits["sdpa"]).abs().max() <= 1e-5
 
 
-@pytest.mark.slow
-def test_three_views_share_weights_and_agree(smol):
-    enc = padded_batch(smol)
+def test_three_views_share_weights_and_agree(tiny):
+    enc = padded_batch(tiny)
     positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        hf = smol.hf(**enc, position_ids=positions).logits[:, -1]
-        bridge = smol.enable_bridge()(enc.input_ids, attention_mask=enc.attention_mask)[:, -1]
-        with smol.nnsight.trace({"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}):
-            out = smol.nnsight.output.save()
+        hf = tiny.hf(**enc, position_ids=positions).logits[:, -1]
+        bridge = tiny.enable_bridge()(enc.input_ids, attention_mask=enc.attention_mask)[:, -1]
+        with tiny.nnsight.trace({"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}):
+            out = tiny.nnsight.output.save()
     nn = out.logits[:, -1]
     assert (hf - bridge).abs().max() <= 1e-4
     assert (hf - nn).abs().max() <= 1e-4
-    hf_ptrs = {p.data_ptr() for p in smol.hf.parameters()}
-    assert {p.data_ptr() for p in smol.bridge.parameters()} <= hf_ptrs
-    assert {p.data_ptr() for p in smol.nnsight._module.parameters()} <= hf_ptrs
+    hf_ptrs = {p.data_ptr() for p in tiny.hf.parameters()}
+    assert {p.data_ptr() for p in tiny.bridge.parameters()} <= hf_ptrs
+    assert {p.data_ptr() for p in tiny.nnsight._module.parameters()} <= hf_ptrs
 
 
 @pytest.mark.slow
@@ -132,11 +133,10 @@ def test_gguf_without_gguf_package(monkeypatch, tmp_path):
         load_model(str(fake))
 
 
-@pytest.mark.slow
-def test_chat_messages_without_template(smol, monkeypatch):
-    monkeypatch.setattr(smol.tokenizer, "chat_template", None)
+def test_chat_messages_without_template(tiny, monkeypatch):
+    monkeypatch.setattr(tiny.tokenizer, "chat_template", None)
     with pytest.raises(ProbekitError, match="no chat template"):
-        smol.render(CHATS[0])
+        tiny.render(CHATS[0])
 
 
 @pytest.mark.slow

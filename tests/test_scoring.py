@@ -1,8 +1,11 @@
-"""The exact scoring engine against brute force, across batch sizes, and against generation."""
+"""The exact scoring engine against brute force, across batch sizes, and against generation: on
+the tiny random-weight model (the mechanics), and on the default model where the numbers depend
+on its trained weights."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -32,15 +35,16 @@ def chat_ids(model, perceiver, experiencer, event, emotion="sadness"):
 
 
 @pytest.fixture(scope="module")
-def prompts(smol):
-    """Study prompts of different lengths plus two short raw-text prompts."""
+def prompts(tiny):
+    """Study prompts of different lengths plus two short raw-text prompts (token ids of the
+    default model's tokenizer, which the tiny model shares)."""
     out = [
-        chat_ids(smol, p, e, ev)
+        chat_ids(tiny, p, e, ev)
         for p in ("a Christian", "a Muslim")
         for e in ("a Jew", "a Hindu")
         for ev in EVENTS
     ]
-    out += [smol.tokenizer.encode(t) for t in ("Q: How old is the oldest cat?\nA:", "Score: ")]
+    out += [tiny.tokenizer.encode(t) for t in ("Q: How old is the oldest cat?\nA:", "Score: ")]
     return out
 
 
@@ -53,19 +57,18 @@ def unnormalised(result):
     [("0-10", [0, 7]), ("0-100", [12]), (ISEAR, [0, 12])],
     ids=["0-10", "0-100", "isear-words"],
 )
-@pytest.mark.slow
-def test_exact_against_brute_force(smol, prompts, spec, which):
+def test_exact_against_brute_force(tiny, prompts, spec, which):
     """Exact scoring (epsilon 0) against the float64 brute force, with tolerance 1e-5 (fp32
     logits differ by about that between two computation paths), all relative to the reference
     valid mass `ref.sum()`: the valid mass itself (`|ours - ref.sum()| <= 1e-5 * ref.sum()`), every
     unnormalised answer probability (`|ours[a] - ref[a]| <= 1e-5 * ref.sum()` for each answer `a`,
     where ours = `probs * valid_mass`), and the normalised probabilities (`ref / ref.sum()`)."""
     answers = AnswerSet.parse(spec)
-    results = HFScorer(smol, answers, epsilon=0.0, batch_size=4).score_batch(
+    results = HFScorer(tiny, answers, epsilon=0.0, batch_size=4).score_batch(
         [prompts[i] for i in which]
     )
     for i, result in zip(which, results, strict=True):
-        reference = brute_force(smol, prompts[i], answers)
+        reference = brute_force(tiny, prompts[i], answers)
         assert np.abs(unnormalised(result) - reference).max() <= 1e-5
         assert result.valid_mass == pytest.approx(reference.sum(), abs=1e-5)
         assert result.error_bound == 0.0
@@ -75,14 +78,13 @@ def test_exact_against_brute_force(smol, prompts, spec, which):
         assert np.abs(result.probs - reference / mass).max() <= 1e-5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["0-100", ISEAR], ids=["0-100", "isear-words"])
-def test_shared_prefix_peer_equals_brute_force(smol, prompts, spec):
+def test_shared_prefix_peer_equals_brute_force(tiny, prompts, spec):
     """The benchmark's peer (e): one prompt pass, its cache shared by batched candidates, gives
     the brute force's numbers (candidates split across several batches here)."""
     answers = AnswerSet.parse(spec)
-    reference = brute_force(smol, prompts[3], answers)
-    peer = shared_prefix(smol, prompts[3], answers, batch_size=48)
+    reference = brute_force(tiny, prompts[3], answers)
+    peer = shared_prefix(tiny, prompts[3], answers, batch_size=48)
     assert np.abs(peer - reference).max() <= 1e-5 * reference.sum()
 
 
@@ -105,54 +107,53 @@ def test_independent_of_thread_count(smol, prompts):
         assert one == pytest.approx(two, rel=1e-7)
 
 
-@pytest.mark.slow
-def test_multi_token_words_are_in_the_trie(smol):
+def test_multi_token_words_are_in_the_trie(tiny):
     answers = AnswerSet.parse(ISEAR)
-    scorer = HFScorer(smol, answers, epsilon=0.0)
+    scorer = HFScorer(tiny, answers, epsilon=0.0)
     assert scorer.trie.max_depth >= 2  # "disappointment" = dis/app/ointment without a space
 
 
-@pytest.mark.slow
-def test_batch_invariance(smol, prompts):
+def test_batch_invariance(tiny, prompts):
     answers = AnswerSet.range(0, 100)
-    one = [r for p in prompts for r in HFScorer(smol, answers, 0.0, 1).score_batch([p])]
-    many = list(HFScorer(smol, answers, 0.0, 16).score(prompts))
+    single = HFScorer(tiny, answers, 0.0, 1)
+    one = [r for p in prompts for r in single.score_batch([p])]
+    many = list(HFScorer(tiny, answers, 0.0, 16).score(prompts))
     for a, b in zip(one, many, strict=True):
         assert np.abs(a.probs - b.probs).max() <= 1e-5
-        assert a.valid_mass == pytest.approx(b.valid_mass, abs=1e-6)
+        assert a.valid_mass == pytest.approx(b.valid_mass, rel=1e-5)
 
 
-@pytest.mark.slow
-def test_probabilities_sum_to_one_and_summaries(smol, prompts):
+def test_probabilities_sum_to_one_and_summaries(tiny, prompts):
     answers = AnswerSet.range(0, 100)
-    for result in HFScorer(smol, answers).score(prompts[:4]):
+    for result in HFScorer(tiny, answers).score(prompts[:4]):
         assert result.probs.sum() == pytest.approx(1.0, abs=1e-9)
         assert result.expected == pytest.approx(float(result.probs @ answers.values))
         assert result.most_probable == answers.answers[int(np.argmax(result.probs))]
         assert 0 < result.valid_mass <= 1
 
 
-@pytest.mark.slow
-def test_argmax_matches_greedy_generation(smol, prompts):
-    answers = AnswerSet.range(0, 100)
-    results = list(HFScorer(smol, answers, epsilon=0.0).score(prompts))
-    responses = generate_greedy(smol, prompts, max_new_tokens=5)
+def test_argmax_matches_greedy_generation(tiny, prompts):
+    """The `argmax` column is the answer greedy decoding writes. The tiny model's greedy text
+    starts with a random word, so the answers are those first words (a word ends where the next
+    token starts with neither a letter nor a digit); the most probable answer often differs."""
+    responses = generate_greedy(tiny, prompts, max_new_tokens=5)
+    words = [re.match(r" ?([^\W_]*)", response).group(1) for response in responses]
+    answers = AnswerSet.parse(",".join(sorted(set(filter(None, words)))))
+    results = HFScorer(tiny, answers, epsilon=0.0).score_batch(prompts)
     checked = 0
-    for result, response in zip(results, responses, strict=True):
-        head = response.lstrip(" ")
-        digits = head[: len(head) - len(head.lstrip("0123456789"))]
-        if digits and int(digits) <= 100 and not (len(digits) > 1 and digits[0] == "0"):
-            assert result.argmax == digits
+    for result, word in zip(results, words, strict=True):
+        if word:
+            assert result.argmax == word
             checked += 1
-    assert checked >= 1, "no prompt started its greedy answer with a number"
+    assert checked >= len(prompts) // 2, "too few greedy answers start with a word"
+    assert any(r.argmax != r.most_probable for r in results)
 
 
-@pytest.mark.slow
-def test_pruning_bound_holds(smol, prompts):
+def test_pruning_bound_holds(tiny, prompts):
     answers = AnswerSet.range(0, 100)
-    exact = list(HFScorer(smol, answers, epsilon=0.0).score(prompts))
+    exact = list(HFScorer(tiny, answers, epsilon=0.0).score(prompts))
     for epsilon in (1e-3, 1e-2):
-        pruned = list(HFScorer(smol, answers, epsilon=epsilon).score(prompts))
+        pruned = list(HFScorer(tiny, answers, epsilon=epsilon).score(prompts))
         assert any(p.error_bound > 0 for p in pruned)
         for e, p in zip(exact, pruned, strict=True):
             true_error = np.abs(unnormalised(e) - unnormalised(p)).sum() / e.valid_mass
@@ -160,20 +161,18 @@ def test_pruning_bound_holds(smol, prompts):
             assert p.error_bound <= epsilon
 
 
-@pytest.mark.slow
-def test_prefix_reuse_is_transparent(smol, prompts):
+def test_prefix_reuse_is_transparent(tiny, prompts):
     answers = AnswerSet.range(0, 10)
-    scorer = HFScorer(smol, answers, epsilon=0.0, batch_size=8)
+    scorer = HFScorer(tiny, answers, epsilon=0.0, batch_size=8)
     shared = scorer.score_batch(prompts[:6])
     plain = scorer.score_batch(prompts[:6], reuse_prefix=False)
     for a, b in zip(shared, plain, strict=True):
         assert np.abs(a.probs - b.probs).max() <= 1e-5
 
 
-@pytest.mark.slow
-def test_stats_count_the_work(smol, prompts):
+def test_stats_count_the_work(tiny, prompts):
     """At epsilon 0 every trie node is fed once per prompt; a shared prefix is computed once."""
-    scorer = HFScorer(smol, AnswerSet.range(0, 10), epsilon=0.0, batch_size=8)
+    scorer = HFScorer(tiny, AnswerSet.range(0, 10), epsilon=0.0, batch_size=8)
     batch = prompts[:6]
     scorer.score_batch(batch)
     shared = len(os.path.commonprefix(batch))
@@ -214,12 +213,11 @@ def test_bad_answer_specs(spec, message):
         AnswerSet.parse(spec)
 
 
-@pytest.mark.slow
-def test_decode_from_the_scoring_cache_matches_generate(smol, prompts):
-    scorer = HFScorer(smol, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=6)
+def test_decode_from_the_scoring_cache_matches_generate(tiny, prompts):
+    scorer = HFScorer(tiny, AnswerSet.range(0, 100), batch_size=4, max_new_tokens=6)
     results = list(scorer.score(prompts))
-    ours = smol.tokenizer.batch_decode([r.generated for r in results], skip_special_tokens=True)
-    assert ours == generate_greedy(smol, prompts, max_new_tokens=6)
-    plain = list(HFScorer(smol, AnswerSet.range(0, 100), batch_size=4).score(prompts))
+    ours = tiny.tokenizer.batch_decode([r.generated for r in results], skip_special_tokens=True)
+    assert ours == generate_greedy(tiny, prompts, max_new_tokens=6)
+    plain = list(HFScorer(tiny, AnswerSet.range(0, 100), batch_size=4).score(prompts))
     for a, b in zip(results, plain, strict=True):  # decoding leaves the scores untouched
         assert np.abs(a.probs - b.probs).max() <= 1e-6

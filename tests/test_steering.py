@@ -1,6 +1,7 @@
 """Steering on the exact readout (probekit.mechanism.steering): checked against an independent
-hook (a plain PyTorch forward hook on the transformers decoder layer of a separately loaded,
-unbridged model) and the brute-force answer distribution of probekit.testing.reference."""
+hook (a plain PyTorch forward hook on the transformers decoder layer of a second, unbridged
+copy of the model) and the brute-force answer distribution of probekit.testing.reference, on the
+tiny model: steering's mechanics need no trained weights."""
 
 from __future__ import annotations
 
@@ -18,14 +19,21 @@ from probekit.core.errors import ProbekitError
 from probekit.engines.score import as_items
 from probekit.mechanism.steering import kl_divergence, random_like, steer
 from probekit.testing.reference import brute_force
+from probekit.testing.synthetic import tiny_model
 
 ANSWERS = AnswerSet.parse("0-10")
 PROMPTS = [
     "I am a Muslim. How sad am I, 0-10? Answer with a number.",
     "My neighbour, who is a Jew, lost his job. How sad is he, 0-10?",
 ]
-LAYER = 12
+LAYER = 2  # of the tiny model's 4
 TOL = 1e-5  # float32 noise on probabilities
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    """The tiny model with its TransformerLens bridge."""
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +44,9 @@ def vector(model):
 
 @pytest.fixture(scope="module")
 def plain():
-    """A second default model that never gets the TransformerLens bridge: the reference."""
-    from probekit.engines.hf.model import load_model
-
-    return load_model("default")
+    """A second tiny model (the same seed, the same weights) that never gets the
+    TransformerLens bridge: the reference."""
+    return tiny_model()
 
 
 @contextlib.contextmanager
@@ -68,7 +75,6 @@ def reference(plain_model, prompt_ids, delta, start) -> tuple[np.ndarray, float]
     return raw / raw.sum(), float(raw.sum())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("positions", ["span", "from_span", "all"])
 def test_steered_rows_equal_an_independent_hook_and_brute_force(model, plain, vector, positions):
     alpha = 2.5
@@ -100,7 +106,6 @@ def test_steered_rows_equal_an_independent_hook_and_brute_force(model, plain, ve
     assert moved > 1e-3  # the vector does move the answer
 
 
-@pytest.mark.slow
 def test_alpha_zero_is_plain_scoring_and_has_no_side_effects(model, vector):
     df = steer(model, PROMPTS, vector, layers=[LAYER], alphas=[-2, 0, 2], answers="0-10")
     plain_scores = probekit.score(model, PROMPTS, "0-10", epsilon=0.0)
@@ -116,7 +121,6 @@ def test_alpha_zero_is_plain_scoring_and_has_no_side_effects(model, vector):
     assert (df["site"] == "hook_resid_post").all()
 
 
-@pytest.mark.slow
 def test_random_control_has_the_vectors_norm(model, vector):
     v = torch.as_tensor(vector)
     one = random_like(v, np.random.default_rng(0))
@@ -143,7 +147,6 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
     assert np.isnan(kl_divergence(empty, base))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -156,7 +159,7 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
         ({"span": "identity"}, "unknown span 'identity'"),
         ({"layers": [99]}, "layer 99 is out of range"),
         ({"hooks": "nnsight", "positions": "all"}, "needs hooks='transformer_lens'"),
-        ({"vector": {3: np.ones(576)}}, "the vectors have none for layer 12"),
+        ({"vector": {3: np.ones(64)}}, "the vectors have none for layer 2"),
     ],
 )
 def test_bad_input_is_one_line(model, vector, change, message):
@@ -192,11 +195,10 @@ def data_args() -> list[str]:
     return ["--data", str(root)] if root else []
 
 
-@pytest.mark.slow
 def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, capsys, monkeypatch):
     out = tmp_path / "steer"
-    np.save(tmp_path / "v.npy", np.random.default_rng(3).standard_normal(576))
-    argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "15", "--out", str(out)]
+    np.save(tmp_path / "v.npy", np.random.default_rng(3).standard_normal(64))
+    argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "3", "--out", str(out)]
     argv += ["--vector", str(tmp_path / "v.npy")]
     assert steer_cli(model, *argv, *data_args()) == 0
     for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "steer.json"):
@@ -232,13 +234,12 @@ def _no_scoring(*args, **kwargs):
     raise AssertionError("a finished α was scored again")
 
 
-@pytest.mark.slow
 def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
     from probekit.cli.steer import make_vectors
 
     encoded = [model.encode(item) for item in as_items(PROMPTS + ["I am a Christian. How sad?"])]
     side = [True, False, True]
-    targets = [("hook_resid_post", 4), ("hook_mlp_out", 6)]
+    targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
     args = (encoded, targets)
     diff = make_vectors(
         model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
@@ -247,7 +248,7 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
         model, *args, "direction", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
     )
     acts = probekit.capture(
-        model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[4, 6]
+        model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[1, 3]
     )
     for name, layer in targets:
         last = acts[f"blocks.{layer}.{name}"].double().numpy()  # one row per prompt: its last token
@@ -257,7 +258,6 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
         assert np.allclose(found, expected / np.linalg.norm(expected), atol=1e-5)
 
 
-@pytest.mark.slow
 def test_a_vector_file_is_read_per_layer(model, tmp_path):
     from probekit.cli.steer import make_vectors
 
@@ -265,11 +265,11 @@ def test_a_vector_file_is_read_per_layer(model, tmp_path):
     rows = np.random.default_rng(0).standard_normal((layers, width))
     np.save(tmp_path / "v.npy", rows)
     torch.save(torch.as_tensor(rows[3]), tmp_path / "v.pt")
-    targets = [("hook_resid_post", 3), ("hook_mlp_out", 5)]
+    targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
     per_layer = make_vectors(
         model, [], targets, str(tmp_path / "v.npy"), "answer", None, "transformer_lens"
     )
-    assert np.allclose(per_layer[targets[1]].numpy(), rows[5])
+    assert np.allclose(per_layer[targets[1]].numpy(), rows[3])
     one = make_vectors(
         model, [], targets, str(tmp_path / "v.pt"), "answer", None, "transformer_lens"
     )
