@@ -283,7 +283,7 @@ def test_a_full_disk_while_writing_figures_is_a_disk_error(tmp_path, monkeypatch
     monkeypatch.setattr(Figure, "savefig", full)
     out = tmp_path / "run"
     with pytest.raises(ProbekitError) as info:
-        run_study(FigureStudy.make(), CountingEngine(), out=out, limit=2, days=3)
+        run_study(FigureStudy.make(), CountingEngine(), out=out, limit=4, days=3)
     message = str(info.value)
     assert "\n" not in message and "too few" not in message
     assert f"cannot write {out / 'gap.png'}: No space left on device" in message
@@ -292,11 +292,12 @@ def test_a_full_disk_while_writing_figures_is_a_disk_error(tmp_path, monkeypatch
 
 
 def test_a_partial_run_too_small_for_a_statistic_says_so(tmp_path):
+    """A balanced smoke run whose statistics still find too little: the statistic's own line."""
     from probekit import run_study
-    from probekit.core.errors import ProbekitError
+    from probekit.core.errors import StatisticsError
 
-    with pytest.raises(ProbekitError, match=r"the first 2 prompts \(--limit\) are too few"):
-        run_study(FigureStudy.make(too_few=True), CountingEngine(), out=tmp_path, limit=2, days=3)
+    with pytest.raises(StatisticsError, match=r"^paired t-tests need at least 2 kept units$"):
+        run_study(FigureStudy.make(too_few=True), CountingEngine(), out=tmp_path, limit=4, days=3)
 
 
 def test_scores_are_not_read_under_a_manifest_of_other_settings(tmp_path):
