@@ -148,13 +148,18 @@ def test_patch_steer_and_capture_say_their_progress_unless_quiet(model, capsys):
     from conftest import EVENT
 
     prompts = [f"{EVENT} How angry is the driver, 0 to 12?", "How calm is a lake, 0 to 12?"]
-    steer = dict(layers=[3], alphas=[1.0], answers="0-12", control=False)
+    steer = dict(layers=[3], alphas=[1.0], answers="0-12", control=False, batch_size=1)
+    capture = dict(layers=[3], sites=["resid_post"], batch_size=1)
     vector = [0.0] * model.hf.config.hidden_size
     capsys.readouterr()
     probekit.steer(model, prompts, vector, **steer)
-    probekit.capture(model, prompts, layers=[3], sites=["resid_post"])
+    probekit.capture(model, prompts, **capture)
     err = capsys.readouterr().err
-    assert "steering: 2 prompts to go" in err and "capture: 2 prompts to go" in err
+    for name in ("steering", "capture"):  # two batches of one: the estimate, then the end
+        mine = [line for line in err.splitlines() if line.startswith(f"{name}:")]
+        assert len(mine) == 2, err
+        assert mine[0].startswith(f"{name}: 2 prompts to go; the first 1 took ")
+        assert mine[1].startswith(f"{name}: 2 of 2 prompts (100%) in ")
     probekit.steer(model, prompts, vector, **steer, quiet=True)
-    probekit.capture(model, prompts, layers=[3], sites=["resid_post"], quiet=True)
+    probekit.capture(model, prompts, **capture, quiet=True)
     assert capsys.readouterr().err == ""
