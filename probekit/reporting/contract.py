@@ -174,6 +174,13 @@ def describe_model(manifest: Mapping[str, Any]) -> str:
     return f"{name} (hub, revision {revision})" if revision else f"{name} (hub)"
 
 
+def figure_model(manifest: Mapping[str, Any], data: Any = None) -> str:
+    """The model of a run as a figure's title names it (`describe_model`), with `on probekit's
+    sample data` after it when `data` (`describe_data`) is the sample: a figure says so alone."""
+    sample = ", on probekit's sample data" if is_sample_data(data) else ""
+    return describe_model(manifest) + sample
+
+
 def model_label(model: Any, data: Any = None) -> str:
     """A model in a few words for a table's column (the default's hub id, a hub id, a file or
     folder name), `(sample data)` after it when `data` is probekit's sample."""

@@ -1,5 +1,5 @@
-"""A study run as one function call: `run_study("isear", limit=4)` does what `probekit run isear
---limit 4` does (data, probes, engine, the resumable run loop, metrics, figures, summary, the
+"""A study run as one function call: `run_study("isear", limit=6)` does what `probekit run isear
+--limit 6` does (data, probes, engine, the resumable run loop, metrics, figures, summary, the
 noise figure, the report page) and returns a `Run` to read the results from.
 
 The command line and the API validate options through the same parser: `run_study` turns its
@@ -226,12 +226,12 @@ def run_study(
 
     `study`: a registered study's name or a `Study`; `model`: a model spec (hub id, folder,
     .gguf, `default`) or an engine already loaded (not loaded again); `view`: exact, generate
-    or explain; `out`: the run's folder (default: the study's); `limit`: only the first N
-    prompts; `numerics`: prompts re-scored in float64 for the noise figure (`auto`: 1 per 200
-    prompts, at most 8; 0: none). `options`: the run's and the study's options by their Python
-    names (`events=2`, `setting="P0S1T0"`, `dtype="bfloat16"`, `epsilon=0`), checked as the
-    command line checks them; a bad one is one line of ProbekitError, before anything is
-    written."""
+    or explain; `out`: the run's folder (default: the study's); `limit`: a smoke run, the whole
+    units of every group that fit in N prompts (`Probe.limited`); `numerics`: prompts re-scored
+    in float64 for the noise figure (`auto`: 1 per 200 prompts, at most 8; 0: none).
+    `options`: the run's and the study's options by their Python names (`events=2`,
+    `setting="P0S1T0"`, `dtype="bfloat16"`, `epsilon=0`), checked as the command line checks
+    them; a bad one is one line of ProbekitError, before anything is written."""
     study = get_study(study) if isinstance(study, str) else study
     engine = None if isinstance(model, str | Path) else model
     if view in OLD_VIEWS:

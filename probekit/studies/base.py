@@ -184,7 +184,7 @@ class Probe(ABC):
             )
         chosen = set(order[:kept])
         in_order = [unit for unit in sizes if unit in chosen]
-        return LimitedProbe(self, in_order, limit, len(sizes), len(groups))
+        return LimitedProbe(self, in_order, len(sizes), len(groups))
 
 
 class LimitedProbe(Probe):
@@ -192,12 +192,9 @@ class LimitedProbe(Probe):
     everything else is the probe's. `config()` records the units kept, so that the manifest
     says which ones."""
 
-    def __init__(
-        self, probe: Probe, units: Sequence[str], limit: int, units_total: int, groups: int
-    ) -> None:
+    def __init__(self, probe: Probe, units: Sequence[str], units_total: int, groups: int) -> None:
         self.probe = probe
         self.units = tuple(units)
-        self.limit = limit
         self.units_total = units_total
         self.groups = groups
         self.name, self.answers, self.key_columns = probe.name, probe.answers, probe.key_columns

@@ -31,9 +31,18 @@ VIEW_TEXT = {
 }
 
 
-def report_run(scores: pd.DataFrame, out: Path, mode: str, seed: int = 0) -> list[dict[str, Any]]:
+def report_run(
+    scores: pd.DataFrame,
+    out: Path,
+    mode: str,
+    seed: int = 0,
+    model: str | None = None,
+    data: str | None = None,
+) -> list[dict[str, Any]]:
     """Tables, figures and the Markdown details (`details.md`) of one run in `out`; returns the
-    summary rows (overall accuracy per order view and prompt type)."""
+    summary rows (overall accuracy per order view and prompt type). The figures are titled with
+    `model` (default: the model of the run's manifest); `data` (the data as `describe_data`
+    says it) heads the tables' first column."""
     view = VIEW_NAMES[mode]
     frame = metrics.scored(scores, mode)
     tables = {
@@ -42,8 +51,9 @@ def report_run(scores: pd.DataFrame, out: Path, mode: str, seed: int = 0) -> lis
         "mismatch": metrics.mismatch(frame),
     }
     for name, table in tables.items():
-        atomic_write(out / f"{name}.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
-    model = model_name(out)
+        shown = table if data is None else table.assign(data=data)[["data", *table.columns]]
+        atomic_write(out / f"{name}.csv", lambda tmp, t=shown: t.to_csv(tmp, index=False))
+    model = model or model_name(out)
     accuracy_figure(tables["accuracy"], out / "accuracy.png", f"{model}, view {view}")
     if not tables["shifts"].empty:
         shift_figure(tables["shifts"], out / "shifts.png", f"{model}, view {view}")

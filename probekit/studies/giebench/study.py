@@ -24,7 +24,7 @@ from probekit.core.options import (
     positive_int,
 )
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.reporting.contract import SAMPLE_DATA
+from probekit.reporting.contract import SAMPLE_DATA, figure_model
 from probekit.studies.base import Say, Study, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
@@ -136,7 +136,9 @@ class GIEBenchStudy(Study):
     ) -> list[dict]:
         import probekit.studies.giebench.report as report
 
-        rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0))
+        data = self.describe_data(manifest)
+        model = figure_model(manifest, data)
+        rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0), model, data)
         return [{"model": manifest["model"], **row} for row in rows]
 
     def summary_markdown(self, table: pd.DataFrame) -> str:

@@ -45,10 +45,11 @@ def report_gap(
     seed: int = 0,
     min_valid_mass: float = metrics.DEFAULT_MIN_VALID_MASS,
     suffix: str = "",
+    model: str | None = None,
 ) -> dict[str, Any]:
     """Statistics of one run (read in `mode`: the exact `expected` or the generated `parsed`)
-    plus its figures in `out` (`heatmap{suffix}.png`, ...; titled with the model of the run's
-    manifest); returns one summary row."""
+    plus its figures in `out` (`heatmap{suffix}.png`, ...; titled with `model`, default the
+    model of the run's manifest); returns one summary row."""
     row: dict[str, Any] = {"view": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
     if "parsed" in scores:
         answered = scores[scores["parsed"] >= 0]
@@ -84,7 +85,7 @@ def report_gap(
         return row
     row.update(summary.to_dict())
     title = (
-        f"{category.name} — Z of mean intensity\n{model_name(out)}, view {mode}, "
+        f"{category.name} — Z of mean intensity\n{model or model_name(out)}, view {mode}, "
         f"N = {summary.heatmap_n_kept} events"
     )
     plots.heatmap(

