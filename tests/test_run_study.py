@@ -32,9 +32,8 @@ def minimal():
     base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
-@pytest.mark.slow
-def test_run_study_returns_the_run(minimal, smol, tmp_path):
-    run = probekit.run_study("minimal", smol, out=tmp_path / "run", days=2, epsilon=0)
+def test_run_study_returns_the_run(minimal, tiny, tmp_path):
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2, epsilon=0)
     assert isinstance(run, probekit.Run) and run.complete
     assert run.path == tmp_path / "run" and run.report == run.path / "report.html"
     assert run.report.is_file()
@@ -50,13 +49,12 @@ def test_run_study_returns_the_run(minimal, smol, tmp_path):
     assert stored["numerics"]["note"] == "skipped: under 200 prompts"
 
 
-@pytest.mark.slow
-def test_the_command_line_is_the_same_run(minimal, smol, tmp_path, monkeypatch):
+def test_the_command_line_is_the_same_run(minimal, tiny, tmp_path, monkeypatch):
     """`probekit run` parses argv and calls the same function: the same rows."""
-    monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: smol)
+    monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: tiny)
     out = tmp_path / "cli"
     assert cli.main(["run", "minimal", "--days", "2", "--epsilon", "0", "--out", str(out)]) == 0
-    api = probekit.run_study("minimal", smol, out=tmp_path / "api", days=2, epsilon=0)
+    api = probekit.run_study("minimal", tiny, out=tmp_path / "api", days=2, epsilon=0)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "scores.parquet"), api.scores)
     pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), api.summary)
 
@@ -89,10 +87,9 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, optio
     assert not out.exists()
 
 
-@pytest.mark.slow
-def test_limit_runs_the_first_prompts_and_says_so(minimal, smol, tmp_path):
-    full = probekit.run_study("minimal", smol, out=tmp_path / "full", days=3)
-    part = probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=4)
+def test_limit_runs_the_first_prompts_and_says_so(minimal, tiny, tmp_path):
+    full = probekit.run_study("minimal", tiny, out=tmp_path / "full", days=3)
+    part = probekit.run_study("minimal", tiny, out=tmp_path / "part", days=3, limit=4)
     assert list(part.scores["prompt_index"]) == [0, 1, 2, 3]
     pd.testing.assert_frame_equal(part.scores, full.scores.head(4))
     assert part.manifest["limit"] == 4 and part.manifest["prompts"] == 4
@@ -102,11 +99,10 @@ def test_limit_runs_the_first_prompts_and_says_so(minimal, smol, tmp_path):
     assert "PARTIAL" not in (full.path / "summary.md").read_text()
     # limit is a resume key: the same folder with another limit is refused in one line
     with pytest.raises(ProbekitError, match="different limit"):
-        probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=5)
+        probekit.run_study("minimal", tiny, out=tmp_path / "part", days=3, limit=5)
 
 
-@pytest.mark.slow
-def test_a_limit_too_small_for_the_statistics_is_one_line(smol, tmp_path):
+def test_a_limit_too_small_for_the_statistics_is_one_line(tiny, tmp_path):
     """The first 4 intergroup prompts hold one perceiver only: no gap to measure. The run says
     so in one line, after keeping their scores."""
     from probekit.datasets.crowd_envent import SAMPLE_ROOT
@@ -115,7 +111,7 @@ def test_a_limit_too_small_for_the_statistics_is_one_line(smol, tmp_path):
     with pytest.raises(ProbekitError) as info:
         probekit.run_study(
             "intergroup",
-            smol,
+            tiny,
             out=out,
             setting="P0S1T0",
             events=1,
@@ -128,14 +124,13 @@ def test_a_limit_too_small_for_the_statistics_is_one_line(smol, tmp_path):
     assert "\n" not in message and len(pd.read_parquet(out / "scores.parquet")) == 4
 
 
-@pytest.mark.slow
-def test_numerics_sample_scales_with_the_run(minimal, smol, tmp_path):
+def test_numerics_sample_scales_with_the_run(minimal, tiny, tmp_path):
     assert [sample_size(n) for n in (4, 199, 200, 450, 1600, 10**6)] == [0, 0, 1, 2, 8, 8]
     assert sample_size(4, 2) == 2 and sample_size(4, 9) == 4 and sample_size(10**6, 0) == 0
-    run = probekit.run_study("minimal", smol, out=tmp_path / "n", days=2, numerics=2)
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "n", days=2, numerics=2)
     figure = run.manifest["numerics"]
     assert figure["sample"] == 2 and figure["reference_dtype"] == "float64"
-    skipped = probekit.run_study("minimal", smol, out=tmp_path / "s", days=2, numerics=0)
+    skipped = probekit.run_study("minimal", tiny, out=tmp_path / "s", days=2, numerics=0)
     assert skipped.manifest["numerics"]["note"] == "skipped (numerics=0)"
     assert "skipped (numerics=0)" in (skipped.path / "summary.md").read_text()
 
@@ -161,10 +156,9 @@ def test_resume_with_another_dtype_is_refused_before_loading(minimal, smol, tmp_
     assert len(again.scores) == 4
 
 
-@pytest.mark.slow
-def test_every_manifest_field_is_declared_or_a_resume_key(minimal, smol, tmp_path):
+def test_every_manifest_field_is_declared_or_a_resume_key(minimal, tiny, tmp_path):
     """A field no declaration names is a resume key, so a new setting cannot be forgotten."""
-    run = probekit.run_study("minimal", smol, out=tmp_path / "run", days=1)
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
     keys = resume_keys(run.manifest)
     for name in ("dtype", "model", "weights", "view", "epsilon", "limit", "probe", "seed"):
         assert name in keys
@@ -174,10 +168,9 @@ def test_every_manifest_field_is_declared_or_a_resume_key(minimal, smol, tmp_pat
     assert {s.name for s in SETTINGS if s.resume_key} >= {"device", "engine", "data_sha256"}
 
 
-@pytest.mark.slow
-def test_views_and_their_old_names(minimal, smol, tmp_path, capsys):
+def test_views_and_their_old_names(minimal, tiny, tmp_path, capsys):
     with pytest.warns(FutureWarning, match="'ev' is now 'exact'"):
-        run = probekit.run_study("minimal", smol, out=tmp_path / "ev", days=1, view="ev")
+        run = probekit.run_study("minimal", tiny, out=tmp_path / "ev", days=1, view="ev")
     assert run.manifest["view"] == "exact"
     capsys.readouterr()
     from probekit.run.study import study_parser
@@ -188,14 +181,13 @@ def test_views_and_their_old_names(minimal, smol, tmp_path, capsys):
     args = study_parser(minimal).parse_args(["--view", "ev"])
     assert args.view == "exact"
     assert "view 'ev' is now 'exact'" in capsys.readouterr().err
-    generated = probekit.run_study("minimal", smol, out=tmp_path / "gen", days=1, view="generate")
+    generated = probekit.run_study("minimal", tiny, out=tmp_path / "gen", days=1, view="generate")
     assert list(generated.summary["view"]) == ["generate", "exact"]
     assert {"response", "parsed", "most_probable"} <= set(generated.scores.columns)
 
 
-@pytest.mark.slow
-def test_a_format_2_folder_reads_and_is_not_resumed(minimal, smol, tmp_path):
-    run = probekit.run_study("minimal", smol, out=tmp_path / "run", days=1)
+def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
     old = run.scores.rename(columns={"most_probable": "mode"})
     old.to_parquet(run.path / "scores.parquet")
     manifest = {k: v for k, v in run.manifest.items() if k != "view"}
@@ -206,7 +198,7 @@ def test_a_format_2_folder_reads_and_is_not_resumed(minimal, smol, tmp_path):
     pd.testing.assert_frame_equal(folder.scores(), run.scores)
     assert [r.path for r in RunDir.discover(tmp_path)] == [run.path]
     with pytest.raises(ProbekitError, match="results format 2") as info:
-        probekit.run_study("minimal", smol, out=run.path, days=1)
+        probekit.run_study("minimal", tiny, out=run.path, days=1)
     assert "\n" not in str(info.value)
 
 
