@@ -43,7 +43,7 @@ def vector(model):
 
 
 @pytest.fixture(scope="module")
-def plain():
+def plain(tiny):
     """A second tiny model (the same seed, the same weights) that never gets the
     TransformerLens bridge: the reference."""
     return tiny_model()
