@@ -116,7 +116,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def tiny():
     """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
-    layers of width 64, the default model's tokenizer; 0.3 s), for every test that needs a model
+    layers of width 64, the default model's tokenizer; 0.2 s), for every test that needs a model
     but not a trained one's behaviour."""
     needs_default_model()
     from probekit.testing.synthetic import tiny_model
