@@ -125,18 +125,18 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny):
+def tiny_bridged(tiny):
     """The module's tiny model with its TransformerLens bridge built."""
     tiny.enable_bridge()
     return tiny
 
 
 @pytest.fixture(scope="module")
-def tiny_scorer(tiny_model):
-    """The exact (epsilon 0) scorer of `ANSWERS` on `tiny_model`."""
+def tiny_scorer(tiny_bridged):
+    """The exact (epsilon 0) scorer of `ANSWERS` on `tiny_bridged`."""
     from probekit.engines.hf.scorer import HFScorer
 
-    return HFScorer(tiny_model, ANSWERS, epsilon=0.0)
+    return HFScorer(tiny_bridged, ANSWERS, epsilon=0.0)
 
 
 @pytest.fixture(scope="module")

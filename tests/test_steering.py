@@ -31,9 +31,9 @@ TOL = 1e-5  # float32 noise on probabilities
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model):
+def model(tiny_bridged):
     """The tiny model with its TransformerLens bridge."""
-    return tiny_model
+    return tiny_bridged
 
 
 @pytest.fixture(scope="module")
