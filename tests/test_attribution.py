@@ -63,11 +63,12 @@ def estimated(scorer, pair):
 
 
 @pytest.fixture(scope="module")
-def exact64():
+def exact64(model):
     """The module's model in float64, its scorer, the pair and their estimates. The derivative
     tests take differences of the metric of order 1e-4, where fp32 rounding (about 1e-5 of the
     expected value, dependent on the BLAS kernel and thread count) would decide the outcome
-    instead of the method; a one-sided step in fp32 failed on another machine this way."""
+    instead of the method; a one-sided step in fp32 failed on another machine this way. `model`
+    is requested so that the module skips without the default model's tokenizer."""
     from probekit.engines.hf.scorer import HFScorer
     from probekit.testing.synthetic import SMOL_DEPTH, tiny_model
 

@@ -14,31 +14,29 @@ from probekit.engines.base import Engine, Scorer, ScoreResult, hooks_unavailable
 from probekit.engines.hf.batching import run_batched
 
 
-@pytest.mark.slow
-def test_hf_engine_satisfies_the_protocol(smol):
-    assert isinstance(smol, Engine)
-    assert smol.engine == "hf"
-    scorer = smol.scorer(AnswerSet.parse("A-E"), epsilon=0.0, batch_size=2)
+def test_hf_engine_satisfies_the_protocol(tiny):
+    assert isinstance(tiny, Engine)
+    assert tiny.engine == "hf"
+    scorer = tiny.scorer(AnswerSet.parse("A-E"), epsilon=0.0, batch_size=2)
     assert isinstance(scorer, Scorer)
-    encoded = smol.encode(Item(id="q", text="Pick a letter from A to E. Answer:"))
+    encoded = tiny.encode(Item(id="q", text="Pick a letter from A to E. Answer:"))
     (result,) = scorer.score([encoded.input_ids])
     assert isinstance(result, ScoreResult)
     assert result.probs.sum() == pytest.approx(1.0)
-    assert smol.hookable() is smol
-    description = smol.describe()
+    assert tiny.hookable() is tiny
+    description = tiny.describe()
     assert description["engine"] == "hf"
-    assert description["model"] == "default"
-    assert description["weights"] == smol.weights_fingerprint()
+    assert description["model"] == tiny.name
+    assert description["weights"] == tiny.weights_fingerprint()
     assert description["dtype"] == "float32"
 
 
-@pytest.mark.slow
-def test_scorer_generates_and_engine_decodes(smol):
-    ids = smol.encode(Item(id="q", text="Count: one, two,")).input_ids
-    scorer = smol.scorer(AnswerSet.parse("A-E"), max_new_tokens=4)
+def test_scorer_generates_and_engine_decodes(tiny):
+    ids = tiny.encode(Item(id="q", text="Count: one, two,")).input_ids
+    scorer = tiny.scorer(AnswerSet.parse("A-E"), max_new_tokens=4)
     (tokens,) = scorer.generate([ids])
     assert 0 < len(tokens) <= 4
-    assert smol.decode([tokens]) == smol.tokenizer.batch_decode([tokens], skip_special_tokens=True)
+    assert tiny.decode([tokens]) == tiny.tokenizer.batch_decode([tokens], skip_special_tokens=True)
 
 
 def test_unknown_engine_is_one_line():

@@ -176,11 +176,10 @@ def test_kill_before_any_part(tmp_path, reference):
 # ---------------------------------------------------------------------- damaged state
 
 
-@pytest.mark.slow
-def test_truncated_part_is_set_aside_and_redone(smol, tmp_path, capsys):
+def test_truncated_part_is_set_aside_and_redone(tiny, tmp_path, capsys):
     probe = small_probe(1)
     out = tmp_path / "run"
-    assert run_probe(probe, smol, out, manifest(probe), shard=Shard(0, 2), chunk_size=6) is None
+    assert run_probe(probe, tiny, out, manifest(probe), shard=Shard(0, 2), chunk_size=6) is None
     victim = sorted((out / "parts").glob("part-*.parquet"))[1]
     lost = set(pq.read_table(victim, columns=[INDEX])[INDEX].to_pylist())
     victim.write_bytes(victim.read_bytes()[:200])
@@ -192,10 +191,10 @@ def test_truncated_part_is_set_aside_and_redone(smol, tmp_path, capsys):
     assert (victim.parent / (victim.name + DAMAGED)).is_file() and not victim.exists()
     done = indices_of(out)
     assert not (lost & done) and len(done) == 18 - len(lost)
-    scores = pd.read_parquet(run_probe(probe, smol, out, manifest(probe), chunk_size=6))
+    scores = pd.read_parquet(run_probe(probe, tiny, out, manifest(probe), chunk_size=6))
     assert list(scores[INDEX]) == list(range(36))
     assert f"{len(done)} of 36 prompts" in capsys.readouterr().err
-    single = run_probe(probe, smol, tmp_path / "single", manifest(probe), chunk_size=6)
+    single = run_probe(probe, tiny, tmp_path / "single", manifest(probe), chunk_size=6)
     assert_same_scores(scores, pd.read_parquet(single))
 
 
@@ -339,8 +338,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path):
         assert not [p for p in disk.rglob("*") if p.is_file()]
 
 
-@pytest.mark.slow
-def test_full_disk_during_a_run(smol, tmp_path, monkeypatch):
+def test_full_disk_during_a_run(tiny, tmp_path, monkeypatch):
     """ENOSPC while a part is written (as a full disk raises it): one line, no temporary file."""
     import probekit.core.io
 
@@ -351,7 +349,7 @@ def test_full_disk_during_a_run(smol, tmp_path, monkeypatch):
     probe = small_probe(1)
     out = tmp_path / "run"
     with pytest.raises(ProbekitError, match="disk is full") as info:
-        run_probe(probe, smol, out, manifest(probe), chunk_size=4)
+        run_probe(probe, tiny, out, manifest(probe), chunk_size=4)
     assert "\n" not in str(info.value) and str(out / "parts") in str(info.value)
     assert not list((out / "parts").iterdir())
 

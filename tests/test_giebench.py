@@ -386,15 +386,14 @@ def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
     assert scores["cue_missing"].all() and len(scores["explanation"].iloc[0]) > 0
 
 
-@pytest.mark.slow
-def test_patch_pairs_swap_the_identity(smol):
+def test_patch_pairs_swap_the_identity(tiny):
     from probekit.studies.giebench.study import STUDY
 
     class Args:
         items, prompt, events, no_chat_template = "sample", ["cot"], 2, False
 
     probe, items = STUDY.mechanism_items(Args, print, "patch")
-    pairs = STUDY.pairs(probe, [smol.encode(i) for i in items])
+    pairs = STUDY.pairs(probe, [tiny.encode(i) for i in items])
     assert len(pairs) == 2
     for clean, corrupt in pairs:
         assert clean.item.unit == corrupt.item.unit

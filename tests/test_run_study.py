@@ -32,9 +32,8 @@ def minimal():
     base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
-@pytest.mark.slow
-def test_run_study_returns_the_run(minimal, smol, tmp_path):
-    run = probekit.run_study("minimal", smol, out=tmp_path / "run", days=2, epsilon=0)
+def test_run_study_returns_the_run(minimal, tiny, tmp_path):
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2, epsilon=0)
     assert isinstance(run, probekit.Run) and run.complete
     assert run.path == tmp_path / "run" and run.report == run.path / "report.html"
     assert run.report.is_file()
@@ -50,13 +49,12 @@ def test_run_study_returns_the_run(minimal, smol, tmp_path):
     assert stored["numerics"]["note"] == "skipped: under 200 prompts"
 
 
-@pytest.mark.slow
-def test_the_command_line_is_the_same_run(minimal, smol, tmp_path, monkeypatch):
+def test_the_command_line_is_the_same_run(minimal, tiny, tmp_path, monkeypatch):
     """`probekit run` parses argv and calls the same function: the same rows."""
-    monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: smol)
+    monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: tiny)
     out = tmp_path / "cli"
     assert cli.main(["run", "minimal", "--days", "2", "--epsilon", "0", "--out", str(out)]) == 0
-    api = probekit.run_study("minimal", smol, out=tmp_path / "api", days=2, epsilon=0)
+    api = probekit.run_study("minimal", tiny, out=tmp_path / "api", days=2, epsilon=0)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "scores.parquet"), api.scores)
     pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), api.summary)
 
@@ -186,10 +184,9 @@ def test_a_too_small_limit_is_refused_before_any_work(
     assert "\n" not in str(info.value) and not out.exists()
 
 
-@pytest.mark.slow
-def test_limit_runs_whole_units_and_says_so(minimal, smol, tmp_path):
-    full = probekit.run_study("minimal", smol, out=tmp_path / "full", days=3)
-    part = probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=5)
+def test_limit_runs_whole_units_and_says_so(minimal, tiny, tmp_path):
+    full = probekit.run_study("minimal", tiny, out=tmp_path / "full", days=3)
+    part = probekit.run_study("minimal", tiny, out=tmp_path / "part", days=3, limit=5)
     assert list(part.scores["prompt_index"]) == [0, 1, 2, 3]  # two whole days: 4 of 5 fit
     pd.testing.assert_frame_equal(part.scores, full.scores.head(4))
     assert part.manifest["limit"] == 5 and part.manifest["prompts"] == 4
@@ -200,7 +197,7 @@ def test_limit_runs_whole_units_and_says_so(minimal, smol, tmp_path):
     assert "PARTIAL" not in (full.path / "summary.md").read_text()
     # limit is a resume key: the same folder with another limit is refused in one line
     with pytest.raises(ProbekitError, match="different limit"):
-        probekit.run_study("minimal", smol, out=tmp_path / "part", days=3, limit=4)
+        probekit.run_study("minimal", tiny, out=tmp_path / "part", days=3, limit=4)
 
 
 SMOKE = [  # (study, options, limit, unit of the headline): one keyword, every study
@@ -253,14 +250,13 @@ def test_a_smoke_run_of_every_study_reads_right(smol, tmp_path, capsys, name, op
         assert row["power"] == "not computed: 2 events kept, under 30"
 
 
-@pytest.mark.slow
-def test_numerics_sample_scales_with_the_run(minimal, smol, tmp_path):
+def test_numerics_sample_scales_with_the_run(minimal, tiny, tmp_path):
     assert [sample_size(n) for n in (4, 199, 200, 450, 1600, 10**6)] == [0, 0, 1, 2, 8, 8]
     assert sample_size(4, 2) == 2 and sample_size(4, 9) == 4 and sample_size(10**6, 0) == 0
-    run = probekit.run_study("minimal", smol, out=tmp_path / "n", days=2, numerics=2)
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "n", days=2, numerics=2)
     figure = run.manifest["numerics"]
     assert figure["sample"] == 2 and figure["reference_dtype"] == "float64"
-    skipped = probekit.run_study("minimal", smol, out=tmp_path / "s", days=2, numerics=0)
+    skipped = probekit.run_study("minimal", tiny, out=tmp_path / "s", days=2, numerics=0)
     assert skipped.manifest["numerics"]["note"] == "skipped (numerics=0)"
     assert "skipped (numerics=0)" in (skipped.path / "summary.md").read_text()
 
@@ -286,10 +282,9 @@ def test_resume_with_another_dtype_is_refused_before_loading(minimal, smol, tmp_
     assert len(again.scores) == 4
 
 
-@pytest.mark.slow
-def test_every_manifest_field_is_declared_or_a_resume_key(minimal, smol, tmp_path):
+def test_every_manifest_field_is_declared_or_a_resume_key(minimal, tiny, tmp_path):
     """A field no declaration names is a resume key, so a new setting cannot be forgotten."""
-    run = probekit.run_study("minimal", smol, out=tmp_path / "run", days=1)
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
     keys = resume_keys(run.manifest)
     for name in ("dtype", "model", "weights", "view", "epsilon", "limit", "probe", "seed"):
         assert name in keys
@@ -299,10 +294,9 @@ def test_every_manifest_field_is_declared_or_a_resume_key(minimal, smol, tmp_pat
     assert {s.name for s in SETTINGS if s.resume_key} >= {"device", "engine", "data_sha256"}
 
 
-@pytest.mark.slow
-def test_views_and_their_old_names(minimal, smol, tmp_path, capsys):
+def test_views_and_their_old_names(minimal, tiny, tmp_path, capsys):
     with pytest.warns(FutureWarning, match="'ev' is now 'exact'"):
-        run = probekit.run_study("minimal", smol, out=tmp_path / "ev", days=1, view="ev")
+        run = probekit.run_study("minimal", tiny, out=tmp_path / "ev", days=1, view="ev")
     assert run.manifest["view"] == "exact"
     capsys.readouterr()
     from probekit.run.study import study_parser
@@ -313,14 +307,13 @@ def test_views_and_their_old_names(minimal, smol, tmp_path, capsys):
     args = study_parser(minimal).parse_args(["--view", "ev"])
     assert args.view == "exact"
     assert "view 'ev' is now 'exact'" in capsys.readouterr().err
-    generated = probekit.run_study("minimal", smol, out=tmp_path / "gen", days=1, view="generate")
+    generated = probekit.run_study("minimal", tiny, out=tmp_path / "gen", days=1, view="generate")
     assert list(generated.summary["view"]) == ["generate", "exact"]
     assert {"response", "parsed", "most_probable"} <= set(generated.scores.columns)
 
 
-@pytest.mark.slow
-def test_a_format_2_folder_reads_and_is_not_resumed(minimal, smol, tmp_path):
-    run = probekit.run_study("minimal", smol, out=tmp_path / "run", days=1)
+def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
     old = run.scores.rename(columns={"most_probable": "mode"})
     old.to_parquet(run.path / "scores.parquet")
     manifest = {k: v for k, v in run.manifest.items() if k != "view"}
@@ -331,7 +324,7 @@ def test_a_format_2_folder_reads_and_is_not_resumed(minimal, smol, tmp_path):
     pd.testing.assert_frame_equal(folder.scores(), run.scores)
     assert [r.path for r in RunDir.discover(tmp_path)] == [run.path]
     with pytest.raises(ProbekitError, match="results format 2") as info:
-        probekit.run_study("minimal", smol, out=run.path, days=1)
+        probekit.run_study("minimal", tiny, out=run.path, days=1)
     assert "\n" not in str(info.value)
 
 

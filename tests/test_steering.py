@@ -31,9 +31,9 @@ TOL = 1e-5  # float32 noise on probabilities
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model):
+def model(tiny_bridged):
     """The tiny model with its TransformerLens bridge."""
-    return tiny_model
+    return tiny_bridged
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def vector(model):
 
 
 @pytest.fixture(scope="module")
-def plain():
+def plain(tiny):
     """A second tiny model (the same seed, the same weights) that never gets the
     TransformerLens bridge: the reference."""
     return tiny_model()
