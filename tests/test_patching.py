@@ -480,31 +480,31 @@ def test_patch_study_refuses_bad_options_in_one_line():
     for options, message in (
         (
             dict(layerz=[0]),
-            "unknown option layerz=[0] for probekit patch intergroup; did you mean layers?",
+            "unknown keyword layerz for patch_study('intergroup'); did you mean layers?",
         ),
-        (dict(layers="x"), "--layers: 'x' is not a comma-separated list of integers"),
-        (dict(prompt_only="yes"), "prompt_only is a switch"),
-        (dict(method="magic"), "--method: invalid choice: 'magic'"),
+        (dict(layers="x"), "layers must be a list of integers (got 'x')"),
+        (dict(prompt_only="yes"), "prompt_only must be True or False (got 'yes')"),
+        (dict(method="magic"), "method: unknown method 'magic'; choose one of exact"),
+        (dict(batch_size=-1), "batch_size must be at least 1 (got -1)"),
     ):
         with pytest.raises(ProbekitError, match=re.escape(message)):
             probekit.patch_study("intergroup", **options)
 
 
-def test_keywords_become_the_commands_options(capsys):
-    import argparse
+def test_keywords_are_the_commands_options():
+    """patch_study's keywords and probekit patch's flags read the same declarations."""
+    from probekit.cli.main import study_command
+    from probekit.mechanism.pipeline import PatchOptions
+    from probekit.studies import get_study
 
-    from probekit.cli.main import study_parser
-    from probekit.core.options import options_from_keywords
-
-    parser, _ = study_parser("patch", "intergroup")
-    args = options_from_keywords(
-        parser, {"layers": [0, -1], "prompt_only": True, "metric": "p:5", "top_k": 3}
-    )
-    assert isinstance(args, argparse.Namespace)
-    assert (args.layers, args.prompt_only, args.readout, args.top_k) == ([0, -1], True, "p:5", 3)
-    assert "--metric is deprecated; use --readout" in capsys.readouterr().err
-    default = options_from_keywords(parser, {"out": None})
-    assert default.out == "runs/patch" and default.hooks == "transformer_lens"
+    patch = study_command("patch", get_study("intergroup"))
+    keywords = {"layers": range(0, 2), "prompt_only": True, "readout": "p:5", "top_k": 3}
+    _, options, _ = patch.build(keywords, "patch_study")
+    argv = ["--layers", "0,1", "--prompt-only", "--readout", "p:5", "--top-k", "3"]
+    assert isinstance(options, PatchOptions) and options == patch.parse(argv, "probekit patch")[1]
+    assert (options.layers, options.through_answer, options.readout) == ([0, 1], False, "p:5")
+    _, default, _ = patch.build({}, "patch_study")
+    assert str(default.out) == "runs/patch" and default.hooks == "transformer_lens"
 
 
 # ---------------------------------------------------------------------- through the answer

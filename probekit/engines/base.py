@@ -22,6 +22,12 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
 
+ENGINES: dict[str, str] = {
+    "hf": "probekit.engines.hf.model:load_model",
+    "vllm": "probekit.engines.vllm:load_vllm",
+}
+"""The registered engines: name -> `module:loader` (`probekit.engines.load_engine`)."""
+
 DEFAULT_EPSILON = 1e-4
 """The pruning bound every scorer and command starts from: the answer distribution's error
 (pruned mass / valid mass) is at most this."""
