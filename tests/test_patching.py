@@ -296,7 +296,7 @@ def test_metrics_as_a_parameter(scorer, pairs):
     p7 = answer_probability(ANSWERS, "7")
     df = patching.sweep(scorer, pairs[:1], PATCHES[:2], p7)
     assert {"p_clean", "p_corrupt", "p_patched"} <= set(df.columns)
-    assert (df["readout"] == "p:7").all() and (df["metric"] == "p:7").all()
+    assert (df["readout"] == "p:7").all() and "metric" not in df
     assert ((df["p_clean"] >= 0) & (df["p_clean"] <= 1)).all()
     diff = patching.sweep(scorer, pairs[:1], PATCHES[:2], parse_readout("p:7 - p:5", ANSWERS))
     p5 = patching.sweep(scorer, pairs[:1], PATCHES[:2], answer_probability(ANSWERS, "5"))
@@ -344,10 +344,10 @@ def test_bad_readouts(spec, message):
         parse_readout("expected", AnswerSet.parse("A,B,C,D"))
 
 
-def test_ev_is_the_old_name_of_expected():
-    with pytest.warns(FutureWarning, match="now called 'expected'"):
-        old = parse_readout("ev", ANSWERS)
-    assert old.spec == "expected" and parse_readout("expected", ANSWERS).column == "expected"
+def test_the_expected_value_readout_has_one_name():
+    assert parse_readout("expected", ANSWERS).column == "expected"
+    with pytest.raises(ProbekitError, match="unknown readout 'ev'"):
+        parse_readout("ev", ANSWERS)
 
 
 @pytest.mark.slow
@@ -670,7 +670,7 @@ def test_pairs_within_the_noise_are_left_out_with_one_line():
 @pytest.mark.slow
 def test_which_positions_each_span_patches(model, readme_pair):
     """Spans that run to the end take the answer positions along; one position does not."""
-    from probekit.mechanism.components import plan
+    from probekit.mechanism.components import make_job
 
     expect = {
         "identity": False,
@@ -680,6 +680,6 @@ def test_which_positions_each_span_patches(model, readme_pair):
         "from_identity@-1": False,
     }
     for span, answer in expect.items():
-        job = plan(0, readme_pair, Patch(3, "hook_resid_pre", span))
+        job = make_job(0, readme_pair, Patch(3, "hook_resid_pre", span))
         assert job.answer is answer, span
-        assert not plan(0, readme_pair, Patch(3, "hook_resid_pre", span), False).answer
+        assert not make_job(0, readme_pair, Patch(3, "hook_resid_pre", span), False).answer

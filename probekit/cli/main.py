@@ -52,6 +52,7 @@ class ReportOptions(OutOption):
         help="the --out folder of a finished run (or several)",
         kind=path,
         positional=True,
+        metavar="DIR",
     )
 
 

@@ -70,7 +70,8 @@ def patch_study(study: str | Study, model: Any = "default", **options: Any) -> S
     """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. `options`: the
     patch's (`probekit.mechanism.pipeline.PatchOptions`: `layers=[0, 14]`,
-    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs=2`, `out`, ...),
+    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs_per_unit=2`,
+    `out`, ...),
     the model's (`dtype=torch.bfloat16`, `device_map={...}`, ...) and the study's (`events=2`),
     checked as the command line checks them (a bad or unknown one is one line of
     `ProbekitError` naming the keyword, before any model work). Writes what the command writes

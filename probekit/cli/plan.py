@@ -6,7 +6,7 @@ import json
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import Command
-from probekit.engines.options import PlanOptions
+from probekit.engines.plan import PlanOptions
 
 HELP = "the memory plan of a model on some devices (weights, KV cache, batch, placement)"
 COMMAND = Command("plan", (PlanOptions,))

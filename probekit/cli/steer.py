@@ -41,8 +41,8 @@ from probekit.engines import load_engine
 from probekit.engines.options import loaded_engine
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
-from probekit.mechanism.pipeline import SteerOptions
 from probekit.mechanism.sites import enable_bridge, layer_indices, library
+from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
 from probekit.studies.base import VIEWS, Study
@@ -71,7 +71,7 @@ class StudySteer:
 def steer_study(study: str | Study, model: Any = "default", **options: Any) -> StudySteer:
     """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. `options`: the
-    steering's (`probekit.mechanism.pipeline.SteerOptions`: `alphas=[-4, 0, 4]`, `layers=[15]`,
+    steering's (`probekit.mechanism.steering.SteerOptions`: `alphas=[-4, 0, 4]`, `layers=[15]`,
     `positions="from_span"`, `vector="mean_diff"`, `out`, ...), the model's and the study's
     (`events=2`), checked as the command line checks them (a bad or unknown one is one line of
     `ProbekitError` naming the keyword, before any model work). Writes what the command writes
@@ -92,10 +92,8 @@ def execute(study: Study, parsed: tuple) -> None:
 
 def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     asked, args, own = parsed
-    alphas = steering.check_alphas(args.alphas)
-    if 0.0 not in alphas:
-        alphas = [0.0, *alphas]  # the side effects are read against α = 0
-    positions = steering.check_positions(args.positions)
+    alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
+    positions = args.positions
     sites = [steering.steering_site(name) for name in args.sites]
     direction = study.mechanism_defaults().direction
     check_vector(args.vector, direction is not None, study.name)

@@ -273,8 +273,6 @@ def _parse_names(value: str) -> list[str]:
 
 
 def _names_value(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return _parse_names(value)
     items = _items(value, "names")
     if not items or not all(isinstance(x, str) and x for x in items):
         _refuse(f"must be a non-empty list of names (got {value!r})")
@@ -282,7 +280,7 @@ def _names_value(value: Any) -> list[str]:
 
 
 comma_list = Kind("names", _parse_names, _names_value)
-"""Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a list (or the same text)."""
+"""Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a list."""
 
 
 def parse_dtype(value: str) -> str:
@@ -519,6 +517,10 @@ class Command:
         given: dict[str, Any] = {}
         for key, value in keywords.items():
             if key not in taken:
+                elsewhere = [f for g in self.groups for f in options_of(g) if f.name == key]
+                if elsewhere and declaration(elsewhere[0]).commands:
+                    commands = " and ".join(declaration(elsewhere[0]).commands)
+                    raise ProbekitError(f"{where} takes no {key} (an option of {commands} only)")
                 raise unknown_keyword(key, list(taken), where)
             if value is None:
                 continue
@@ -596,6 +598,12 @@ class CommandParser(argparse.ArgumentParser):
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
+        given = list(args or ())
+        for index, arg in enumerate(given):  # before argparse's errors (a required option)
+            if arg.startswith("--") and arg.split("=")[0] not in self._option_string_actions:
+                value = given[index + 1 : index + 2]
+                shown = [arg, *value] if "=" not in arg and value and value[0][:1] != "-" else [arg]
+                self.error(f"unrecognized arguments: {' '.join(shown)}{_did_you_mean([arg], self)}")
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             hint = _did_you_mean(extras, self._chosen(parsed))
@@ -631,11 +639,12 @@ def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str
     return ""
 
 
-def checked(*groups: type, names: Sequence[str] | None = None) -> Callable[[F], F]:
+def checked(*groups: type, skip: Sequence[str] = ()) -> Callable[[F], F]:
     """Check a public function's arguments before it runs, with the command line's rules: an
     unknown keyword is one line with a "did you mean", a missing or surplus argument one line,
-    and each argument that is an option of `groups` (only `names`, if given) is checked by that
-    option's kind and passed on as the option holds it, a refusal naming the keyword."""
+    and each argument named as an option of `groups` (but those in `skip`, which the function
+    takes in another form) is checked by that option's kind and passed on as the option holds
+    it, a refusal naming the keyword."""
 
     def wrap(function: F) -> F:
         signature = inspect.signature(function)
@@ -645,7 +654,7 @@ def checked(*groups: type, names: Sequence[str] | None = None) -> Callable[[F], 
             f.name: f
             for group in groups
             for f in options_of(group)
-            if f.name in parameters and (names is None or f.name in names)
+            if f.name in parameters and f.name not in skip
         }
         where = f"{function.__name__}()"
 

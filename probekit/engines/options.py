@@ -1,6 +1,7 @@
 """The options of loading and scoring a model, declared once (`probekit.core.options`) for every
-command that loads one and for `load_engine`, `score` and `plan`: `ModelOptions` (which model,
-on which device, in which dtype, placed how), `EpsilonOption`, `ScoreOptions` and `PlanOptions`.
+command that loads one and for `load_engine` and `score`: `ModelOptions` (which model, on which
+device, in which dtype, placed how), `EpsilonOption` and `ScoreOptions` (`probekit plan`'s are
+`probekit.engines.plan.PlanOptions`).
 `check_device` says in one line when a named device is missing from this torch, for the command
 line and the API alike. Nothing here imports a model library."""
 
@@ -27,7 +28,7 @@ from probekit.core.options import (
     text,
 )
 from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
-from probekit.engines.plan import PROMPT_TOKENS, parse_device_map, parse_devices
+from probekit.engines.plan import parse_device_map, parse_devices
 
 
 def _engine(value: Any) -> str:
@@ -163,35 +164,6 @@ class ScoreOptions(BatchSizeOption, EpsilonOption):
         kind=answer_spec,
     )
     prefill: str = option("", help="text forced at the start of the response", kind=text)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanOptions(BatchSizeOption):
-    """Plan options: the model, the devices, the batch planned for."""
-
-    model: str = option(
-        REQUIRED,
-        help="a model folder, its config.json, default, or a hub id in the local cache",
-        kind=model_spec,
-    )
-    devices: dict[str, int] = option(
-        REQUIRED,
-        help="the devices and their memory, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=256GiB",
-        kind=checked_by("devices", parse_devices),
-        metavar="DEVICE=SIZE[,...]",
-    )
-    dtype: str | None = option(
-        None, help=f"{', '.join(DTYPES)} (default: the policy's pick)", kind=floating_dtype
-    )
-    prompt_tokens: int = option(
-        PROMPT_TOKENS,
-        help="tokens per prompt the batch is planned for (default %(default)s)",
-        kind=positive_int,
-    )
-    device_map: bool = option(False, help="plan a model placed by a device map")
-    offload: bool = option(False, help="the device map may offload to disk")
-    tensor_parallel_size: int = option(1, help="plan vLLM over N GPUs", kind=positive_int)
-    json: bool = option(False, help="print the plan as JSON")
 
 
 def loaded_engine(model: Any) -> Engine | None:

@@ -2,11 +2,12 @@
 
 The options of `probekit patch`, `capture` and `steer` are declared here once
 (`probekit.core.options`): `HookOptions` (what every mechanism command reads: layers, sites,
-hooks, and the shared out, seed, batch size), `PatchOptions`, `CaptureOptions`, `SteerOptions`.
+hooks, and the shared out, seed, batch size), `PatchOptions`, `CaptureOptions` (and
+`probekit.mechanism.steering.SteerOptions`).
 `check_patch` validates patch options against the items before any model is loaded; `run_patch`
 then does the rest:
 1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
-   the same event), the `pairs` per unit with the largest readout gap (`pick_pairs`).
+   the same event), the `pairs_per_unit` with the largest readout gap (`pick_pairs`).
 2. Patching (`measure`): the clean activation is patched into the corrupt run at each (layer,
    site, span), and each head at `attn.hook_z` (`method="exact"`, mechanism.patching); or every
    component is estimated by attribution patching (`attribution`) and the `top_k` re-measured
@@ -44,7 +45,6 @@ from probekit.core.options import (
     checked_by,
     choice,
     comma_list,
-    float_list,
     int_list,
     option,
     positive_int,
@@ -126,8 +126,10 @@ class PatchOptions(HookOptions):
         help="components re-measured by attribution+verify (default %(default)s)",
         kind=positive_int,
     )
-    pairs: int = option(
-        1, help="pairs per unit, largest gap first (default %(default)s)", kind=positive_int
+    pairs_per_unit: int = option(
+        1,
+        help="pairs patched per unit (event, item), largest gap first (default %(default)s)",
+        kind=positive_int,
     )
     positions: bool = option(
         False,
@@ -159,31 +161,6 @@ class PatchOptions(HookOptions):
 @dataclass(frozen=True)
 class CaptureOptions(HookOptions):
     """Capture options: which activations are kept."""
-
-
-@dataclass(frozen=True)
-class SteerOptions(HookOptions):
-    """Steer options: the vector, its strengths and where it is added."""
-
-    alphas: list[float] = option(
-        [-4.0, -2.0, 0.0, 2.0, 4.0],
-        help="multiples of the vector (default %(default)s)",
-        kind=float_list,
-    )
-    positions: str = option(
-        "from_span",
-        help="span (its tokens), from_span (from the span on, answer tokens included) or all "
-        "(every prompt and answer token) (default %(default)s)",
-        kind=choice("positions", ("span", "from_span", "all")),
-    )
-    span: str | None = option(
-        None, help="the span steered from (default: the study's contrast span, else answer)"
-    )
-    vector: str = option(
-        "mean_diff",
-        help="mean_diff (contrast mean difference at the span), direction (the same, unit "
-        "length) or a file (.npy, .pt, .safetensors: [d_model] or [n_layers, d_model])",
-    )
 
 
 def check_patch(
@@ -261,7 +238,7 @@ def run_patch(
         gaps = readout_gaps(
             readout, pairs, dict(zip([e.id for e in encoded], results, strict=True))
         )
-    chosen = pick_pairs(pairs, gaps, request.pairs)
+    chosen = pick_pairs(pairs, gaps, request.pairs_per_unit)
     say(f"{len(patches)} components ({len(layers)} layers) x {len(chosen)} pairs")
     df = measure(
         scorer,
