@@ -71,6 +71,8 @@ def load_engine(
             "--tensor-parallel-size and --pipeline-parallel-size are vLLM's (--engine vllm); "
             "the hf engine splits a model over devices with --device-map"
         )
+    if tolerance is not None and engine != "hf":
+        raise ProbekitError(f"--tolerance picks the hf engine's arithmetic, not the {engine}'s")
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
     if parallel > 1:  # vLLM's shards (the hf engine's load checks its own plan)
         check_before_load(model, device, dtype, parallel=parallel)

@@ -25,6 +25,7 @@ from probekit.core.options import (
     option,
     path,
     positive_int,
+    probability,
     text,
 )
 from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
@@ -111,7 +112,8 @@ class ModelOptions:
         None,
         help="largest change of an answer probability the chosen arithmetic may cause (see "
         "docs/concepts.md)",
-        kind=non_negative_float,
+        kind=probability,
+        metavar="T",
     )
 
     def load_keywords(self, **changes: Any) -> dict[str, Any]:

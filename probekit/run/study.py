@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import flag, keyword
+from probekit.core.options import Spell, flag, keyword
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.options import ModelOptions, loaded_engine
 from probekit.run.options import RunOptions, run_command, run_context
@@ -116,7 +116,7 @@ def run_parsed(
     study: Study,
     parsed: tuple[list[ModelOptions], RunOptions, Any],
     engine: Engine | None = None,
-    spell: Any = flag,
+    spell: Spell = flag,
     command: str | None = None,
 ) -> list[Run]:
     """Run `study` as its checked options say (`run_command`'s values: the models, the run's
