@@ -39,7 +39,8 @@ import torch
 from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
 from probekit.cli.main import study_command
-from probekit.core.options import comma_list, flag
+from probekit.core.kinds import comma_list
+from probekit.core.options import flag
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import LoadedModel

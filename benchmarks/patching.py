@@ -33,7 +33,7 @@ import torch
 from common import timed
 
 from probekit.cli.main import study_command
-from probekit.core.options import comma_list, int_list
+from probekit.core.kinds import comma_list, int_list
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism import attribution

@@ -18,7 +18,8 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
-from probekit.core.options import option, positive_int
+from probekit.core.kinds import positive_int
+from probekit.core.options import option
 from probekit.studies.base import Context, Probe, Study
 
 NAMES = ("Alice", "Bob")

@@ -302,3 +302,16 @@ def test_capture_and_patch_take_an_unregistered_study_object(smol, tmp_path):
         data=SAMPLE_ROOT,
     )
     assert isinstance(result.table, pd.DataFrame) and set(result.table["layer"]) == {0}
+
+
+def test_checks_that_need_the_items_name_the_keyword_too(no_model, capsys):
+    """The patch's own checks, after the study's items and before the model, in the words of
+    the front end that was used."""
+    options = {"method": "attribution", "mediation": True, "events": 1, "data": SAMPLE_ROOT}
+    with pytest.raises(ProbekitError, match="^mediation needs exactly measured components: use "):
+        probekit.patch_study("intergroup", **options)
+    argv = ["--method", "attribution", "--mediation", "--events", "1", "--data", str(SAMPLE_ROOT)]
+    assert cli.main(["patch", "intergroup", *argv]) == 2
+    assert "error: --mediation needs exactly measured components: use --method exact" in (
+        capsys.readouterr().err
+    )

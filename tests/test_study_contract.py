@@ -15,7 +15,8 @@ import pytest
 
 from probekit import cli
 from probekit.core.errors import ProbekitError
-from probekit.core.options import Command, option, positive_int
+from probekit.core.kinds import positive_int
+from probekit.core.options import Command, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
 from probekit.studies import base, get_study, register
 

@@ -15,15 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import (
-    REQUIRED,
-    Command,
-    CommandParser,
-    OutOption,
-    check_out_dir,
-    option,
-    path,
-)
+from probekit.core.kinds import path
+from probekit.core.options import REQUIRED, Command, CommandParser, OutOption, check_out_dir, option
 from probekit.engines.options import ModelOptions, ScoreOptions
 
 STUDY_COMMANDS = {

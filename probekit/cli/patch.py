@@ -97,7 +97,7 @@ def _patch(study: Study, parsed: tuple, model: Any, spell: Spell) -> list[str]:
     """The command's work: items, checks before the model, the analysis."""
     asked, options, own = parsed
     probe, items = study.mechanism_items(own, context("patch", asked, options, spell))
-    check_patch(options, items, probe.answers, study.mechanism_defaults())  # before the model
+    check_patch(options, items, probe.answers, study.mechanism_defaults(), spell)  # no model yet
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
-    return run_patch(hookable(model), study, probe, items, options, options.out)
+    return run_patch(hookable(model), study, probe, items, options, options.out, spell=spell)

@@ -13,21 +13,19 @@ from typing import Any
 
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
-from probekit.core.options import (
+from probekit.core.kinds import (
     DTYPES,
-    REQUIRED,
-    BatchSizeOption,
     Kind,
     checked_by,
     device_name,
     floating_dtype,
     non_negative_float,
-    option,
     path,
     positive_int,
     probability,
     text,
 )
+from probekit.core.options import REQUIRED, BatchSizeOption, option
 from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
 from probekit.engines.plan import parse_device_map, parse_devices
 

@@ -24,17 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import (
-    DTYPES,
-    REQUIRED,
-    BatchSizeOption,
-    checked,
-    checked_by,
-    floating_dtype,
-    option,
-    positive_int,
-    text,
-)
+from probekit.core.kinds import DTYPES, checked_by, floating_dtype, positive_int, text
+from probekit.core.options import REQUIRED, BatchSizeOption, checked, option
 
 MAP_POLICIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's device-map strategies `--device-map` takes by name."""

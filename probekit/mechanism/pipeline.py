@@ -38,18 +38,8 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
-from probekit.core.options import (
-    BatchSizeOption,
-    OutOption,
-    SeedOption,
-    checked_by,
-    choice,
-    comma_list,
-    int_list,
-    option,
-    positive_int,
-    text,
-)
+from probekit.core.kinds import checked_by, choice, comma_list, int_list, positive_int, text
+from probekit.core.options import BatchSizeOption, OutOption, SeedOption, Spell, flag, option
 from probekit.engines.base import HookedScorer
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
@@ -164,17 +154,22 @@ class CaptureOptions(HookOptions):
 
 
 def check_patch(
-    request: PatchOptions, items: Sequence[Item], answers: Any, defaults: MechanismDefaults
+    request: PatchOptions,
+    items: Sequence[Item],
+    answers: Any,
+    defaults: MechanismDefaults,
+    spell: Spell = flag,
 ) -> Readout | None:
-    """One line for any bad choice that needs no model; the readout when its spec is fixed
-    (None when the study chooses it from the exact scores)."""
+    """One line for any bad choice that needs no model (naming options with `spell`); the
+    readout when its spec is fixed (None when the study chooses it from the exact scores)."""
     for name in request.sites:
         find_site(name)
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
+    method, mediation = spell("method"), spell("mediation")
     if request.mediation and request.method == "attribution":
         raise ProbekitError(
-            "--mediation needs exactly measured components: use --method exact or "
+            f"{mediation} needs exactly measured components: use {method} exact or "
             "attribution+verify"
         )
     spec = request.readout or defaults.readout
@@ -184,7 +179,7 @@ def check_patch(
     if readout.paired and (request.method != "exact" or request.mediation):
         raise ProbekitError(
             f"the readout {readout.spec} compares a pair's two distributions: use it with "
-            "--method exact and without --mediation (attribution needs a readout linear in one "
+            f"{method} exact and without {mediation} (attribution needs a readout linear in one "
             "distribution, mediation a readout defined per prompt)"
         )
     return readout
@@ -198,10 +193,12 @@ def run_patch(
     request: PatchOptions,
     out: str | Path,
     say: Say = print,
+    spell: Spell = flag,
 ) -> list[str]:
-    """The whole patch analysis of a study's items into `out`; the files written."""
+    """The whole patch analysis of a study's items into `out`; the files written (`spell`
+    names the options in a refusal)."""
     defaults: MechanismDefaults = study.mechanism_defaults()
-    readout = check_patch(request, items, probe.answers, defaults)
+    readout = check_patch(request, items, probe.answers, defaults, spell)
     spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
     layers = layer_indices(model, request.layers) if request.layers else default_layers(model)
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
@@ -213,8 +210,8 @@ def run_patch(
     check(model, pairs, patches)  # fail on bad input before any scoring
     if request.method == "attribution+verify" and not 1 <= request.top_k <= len(patches):
         raise ProbekitError(
-            f"--top-k must lie between 1 and the number of components ({len(patches)}), "
-            f"got {request.top_k}"
+            f"{spell('top_k')} must lie between 1 and the number of components "
+            f"({len(patches)}), got {request.top_k}"
         )
     scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=request.batch_size)
     folder = Path(out)

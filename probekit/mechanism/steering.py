@@ -30,7 +30,8 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
-from probekit.core.options import checked, checked_by, float_list, option
+from probekit.core.kinds import checked_by, float_list
+from probekit.core.options import checked, option
 from probekit.engines.base import ScoreResult
 from probekit.engines.options import ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable

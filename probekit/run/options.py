@@ -8,19 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import (
-    BatchSizeOption,
-    Command,
-    Kind,
-    OutOption,
-    SeedOption,
-    Spell,
-    non_negative_int,
-    option,
-    positive_int,
-    shard,
-    text,
-)
+from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
+from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, Spell, option
 from probekit.engines.options import EpsilonOption, ModelOptions
 from probekit.studies.base import Context, Study
 

@@ -13,15 +13,8 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
-    Kind,
-    comma_list,
-    count_or_all,
-    int_range,
-    option,
-    positive_int,
-    text,
-)
+from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, positive_int, text
+from probekit.core.options import option
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.studies.base import MECHANISM, RUN, Context, Study, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS

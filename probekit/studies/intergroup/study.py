@@ -13,7 +13,8 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import Kind, choice, count_or_all, option, path, probability, text
+from probekit.core.kinds import Kind, choice, count_or_all, path, probability, text
+from probekit.core.options import option
 from probekit.datasets.crowd_envent import (
     CROWD_ENVENT,
     first_events,

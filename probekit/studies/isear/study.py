@@ -14,15 +14,15 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
+from probekit.core.kinds import (
     Kind,
     comma_list,
     count_or_all,
     non_negative_float,
-    option,
     path,
     positive_int,
 )
+from probekit.core.options import option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import MechanismDefaults

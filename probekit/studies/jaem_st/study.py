@@ -14,16 +14,16 @@ import pandas as pd
 import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
+from probekit.core.kinds import (
     comma_list,
     int_range,
     non_negative_int,
-    option,
     path,
     positive_float,
     positive_int,
     text,
 )
+from probekit.core.options import option
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.studies.base import MECHANISM, RUN, Context, Probe, Study, register, run_view
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
