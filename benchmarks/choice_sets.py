@@ -38,12 +38,14 @@ import numpy as np
 import torch
 from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
-from probekit.cli.main import study_parser
-from probekit.core.options import comma_list
+from probekit.cli.main import study_command
+from probekit.core.kinds import comma_list
+from probekit.core.options import flag
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import LoadedModel
-from probekit.studies.base import Probe
+from probekit.run.options import run_context
+from probekit.studies.base import Probe, get_study
 from probekit.testing.reference import generate_greedy, shared_prefix
 
 MIN_SPEEDUP_VS_GENERATE = 1.3
@@ -119,11 +121,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe:
     """The study's probe for `mode`, built from its own command-line options."""
-    parser, study = study_parser("run", choice.study)
+    study = get_study(choice.study)
     argv = [a.format(n=n) for a in choice.args] + ["--view", mode]
     if choice.data and data:
         argv += ["--data", data]
-    return study.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
+    models, run, own = study_command("run", study).parse(argv, "choice_sets.py")
+    return study.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
 
 
 def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -> dict[str, Any]:

@@ -40,10 +40,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probekit.cli.main import study_command
+from probekit.core.options import flag
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import score_differences
-from probekit.studies.base import Probe, get_study
+from probekit.run.options import run_context
+from probekit.studies.base import Context, Probe, get_study
 
 VARIANTS: dict[str, tuple[str, bool]] = {
     "float64": ("float64", False),
@@ -116,17 +119,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def study_args(study: Any, argv: list[str]) -> argparse.Namespace:
-    """The study's own options parsed as `probekit run STUDY` would (the exact view)."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--view", default="exact")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default=None)
-    if hasattr(study, "add_options"):  # the study contract's option declarations
-        study.add_options(parser, "run")
-    else:
-        study.add_arguments(parser)
-    return parser.parse_args(argv)
+def study_args(study: Any, argv: list[str], say: Any) -> tuple[Any, Context]:
+    """The study's own options parsed as `probekit run STUDY` would (the exact view), and the
+    context its `probes` read."""
+    models, run, own = study_command("run", study).parse(argv, f"probekit run {study.name}")
+    return own, run_context(run, models[0], flag, say)
 
 
 def build_slices(args: argparse.Namespace) -> list[Slice]:
@@ -140,7 +137,7 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
             from probekit.studies.intergroup.metrics import summarize as gap_summary
             from probekit.studies.intergroup.probe import get_category
 
-            probe = study.probes(study_args(study, ["--events", "1", *data, *seed]), quiet)[0]
+            probe = study.probes(*study_args(study, ["--events", "1", *data, *seed], quiet))[0]
             events = list(dict.fromkeys(item.unit for item in probe.items()))
             keep = set(events[: args.intergroup_events])
             category = get_category("religion")
@@ -170,8 +167,8 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
             from probekit.studies.isear.metrics import summarize as isear_summary
             from probekit.studies.isear.metrics import view_tables
 
-            a = study_args(study, ["--events", str(args.isear_events), *data])
-            probe = study.probes(a, quiet)[0]
+            a = study_args(study, ["--events", str(args.isear_events), *data], quiet)
+            probe = study.probes(*a)[0]
 
             def max_diff(frame: pd.DataFrame, probe=probe) -> dict[str, float]:
                 table = isear_summary(view_tables(frame, "exact", probe.genders), args.seed)
@@ -184,7 +181,7 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
         elif study.name == "giebench":
             from probekit.studies.giebench.metrics import OVERALL, accuracy, scored
 
-            probe = study.probes(study_args(study, ["--items", "sample"]), quiet)[0]
+            probe = study.probes(*study_args(study, ["--items", "sample"], quiet))[0]
             units = list(dict.fromkeys(i.unit for i in probe.items()))[: args.giebench_items]
 
             def acc(frame: pd.DataFrame) -> dict[str, float]:
@@ -198,8 +195,8 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
         elif study.name == "jaem-st":
             from probekit.studies.jaem_st.metrics import interval_table, sample_scores
 
-            a = study_args(study, ["--samples", str(args.jaem_samples), *data])
-            probe = study.probes(a, quiet)[0]
+            a = study_args(study, ["--samples", str(args.jaem_samples), *data], quiet)
+            probe = study.probes(*a)[0]
             groups = probe.manifest()["groups"]
 
             def ce(frame: pd.DataFrame, groups=groups) -> dict[str, float]:

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from common import timed
 
-from probekit.cli.main import study_parser
-from probekit.core.options import comma_list, int_list, options_from_keywords
+from probekit.cli.main import study_command
+from probekit.core.kinds import comma_list, int_list
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.scorer import HFScorer
 from probekit.mechanism import attribution
@@ -42,6 +42,7 @@ from probekit.mechanism.pairs import pick_pairs
 from probekit.mechanism.pipeline import measure, readout_gaps
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import HEAD_SITE, n_heads
+from probekit.studies.base import Context, get_study
 
 SITES = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]
 GRIDS = {"head": "layer x head x span", "site": "layer x site x span"}  # the head grid has a target
@@ -78,8 +79,8 @@ def main() -> None:
     )
     options = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
-    study_args, study = _study_args(options.pairs, options.data)
-    probe, items = study.mechanism_items(study_args, lambda *a, **k: None, "patch")
+    study = get_study("intergroup")
+    probe, items = _study_items(study, options.pairs, options.data)
     readout = parse_readout("expected", probe.answers)
     model = load_model("default")
     model.enable_bridge()
@@ -141,11 +142,11 @@ def main() -> None:
     print(f"\nload average at end: {os.getloadavg()}")
 
 
-def _study_args(pairs: int, data: str | None) -> tuple[argparse.Namespace, Any]:
-    """The intergroup study's patch options for enough events to give `pairs` pairs."""
-    parser, study = study_parser("patch", "intergroup")
-    options = {"events": max(1, (pairs + 1) // 2), "data": data}
-    return options_from_keywords(parser, options), study
+def _study_items(study: Any, pairs: int, data: str | None) -> tuple[Any, list[Any]]:
+    """The intergroup study's patch probe and items, enough events to give `pairs` pairs."""
+    keywords = {"events": max(1, (pairs + 1) // 2), "data": data}
+    _, options, own = study_command("patch", study).build(keywords, "benchmarks/patching.py")
+    return study.mechanism_items(own, Context("patch", options.seed, say=lambda *a, **k: None))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from probekit.core import moved as _moved
-
 __version__ = "0.1.0"
-
-_moved.install()  # old module paths (probekit.items, probekit.api, ...) still import
 
 _API = {
     # scoring
@@ -70,17 +66,7 @@ _API = {
 __all__ = ["__version__", *_API]
 
 
-_RENAMED = {"Scorer": "HFScorer"}
-"""Old public names -> new ones (a FutureWarning on use)."""
-
-
 def __getattr__(name: str) -> Any:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(f"probekit.{name} is now probekit.{new}", FutureWarning, stacklevel=2)
-        return getattr(importlib.import_module(_API[new]), new)
     if name not in _API:
         raise AttributeError(f"module 'probekit' has no attribute {name!r}")
     return getattr(importlib.import_module(_API[name]), name)

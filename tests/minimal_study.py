@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
-from probekit.core.options import Option, positive_int
-from probekit.studies.base import Probe, Say, Study
+from probekit.core.kinds import positive_int
+from probekit.core.options import option
+from probekit.studies.base import Context, Probe, Study
 
 NAMES = ("Alice", "Bob")
 DAYS = ("I missed the bus.", "I got a letter from a friend.", "It rained all day.")
@@ -49,14 +51,21 @@ class MinimalProbe(Probe):
         return {"study": "minimal", "days": list(self.days)}
 
 
+@dataclass(frozen=True)
+class MinimalOptions:
+    """minimal options."""
+
+    days: int = option(2, help="days per name (default %(default)s)", kind=positive_int)
+
+
 class MinimalStudy(Study):
     name = "minimal"
     title = "A minimal study: Alice's and Bob's days, rated 0-10"
     default_out = "runs/minimal"
-    options = (Option("--days", "days per name (default %(default)s)", positive_int, 2),)
+    options = MinimalOptions
 
-    def probes(self, args: Any, say: Say) -> list[MinimalProbe]:
-        return [MinimalProbe(args.days)]
+    def probes(self, options: MinimalOptions, context: Context) -> list[MinimalProbe]:
+        return [MinimalProbe(options.days)]
 
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str

@@ -14,7 +14,7 @@ from probekit.core.errors import ProbekitError
 from probekit.engines.hf.differentiable import answer_mass
 from probekit.mechanism import attribution, patching
 from probekit.mechanism import pairs as pairing
-from probekit.mechanism.components import Patch, check, plan
+from probekit.mechanism.components import Patch, check, make_job
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import HEAD_SITE
@@ -117,7 +117,7 @@ def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
     (clean - corrupt); a central difference of the engine's exact metric along it agrees."""
     scorer, pair, estimated = exact64.scorer, exact64.pair, exact64.estimated
     clean, corrupt = pair
-    job = plan(0, pair, PATCHES[0])
+    job = make_job(0, pair, PATCHES[0])
     hook = PATCHES[0].hook
     delta = _read(scorer, clean.input_ids, hook, job.clean_positions) - _read(
         scorer, corrupt.input_ids, hook, job.corrupt_positions
@@ -142,7 +142,7 @@ def test_a_tiny_interpolation_is_estimated_exactly(exact64):
     scorer, pair, estimated = exact64.scorer, exact64.pair, exact64.estimated
     clean, corrupt = pair
     patch = PATCHES[1]
-    job = plan(0, pair, patch)
+    job = make_job(0, pair, patch)
     target = _read(scorer, clean.input_ids, patch.hook, job.clean_positions)
     locs = [(0, p) for p in job.corrupt_positions]
     alpha = 0.05

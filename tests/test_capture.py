@@ -166,15 +166,15 @@ def test_unknown_span_raises(tiny, items, tmp_path):
 def test_intergroup_capture_items_carry_setting_and_side():
     """`probekit capture intergroup` indexes the setting and whether the pair is in-group, as the
     capture script did before the study-generic core; patching items keep the plain key."""
-    from argparse import Namespace
-
     from probekit.datasets.crowd_envent import SAMPLE_ROOT
+    from probekit.studies.base import Context
     from probekit.studies.intergroup import STUDY
+    from probekit.studies.intergroup.study import IntergroupOptions
 
-    args = Namespace(category="religion", setting="P0S0T0", events=1, data=SAMPLE_ROOT, seed=0)
-    probe, items = STUDY.mechanism_items(args, print, "capture")
+    options = IntergroupOptions(category="religion", setting="P0S0T0", events=1, data=SAMPLE_ROOT)
+    probe, items = STUDY.mechanism_items(options, Context("capture", seed=0))
     assert len(items) == 36 and {item.key["setting"] for item in items} == {"P0S0T0"}
     sides = {(i.key["perceiver"], i.key["experiencer"]): i.key["in_group"] for i in items}
     assert sides[("a Jew", "a Jew")] and not sides[("a Jew", "a Muslim")]
-    _, patch_items = STUDY.mechanism_items(args, print, "patch")
+    _, patch_items = STUDY.mechanism_items(options, Context("patch", seed=0))
     assert len(patch_items) == 25 and "in_group" not in patch_items[0].key

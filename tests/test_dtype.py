@@ -25,16 +25,14 @@ FP64_MAX_PROB_DIFF = 1e-5
 
 
 def _prompts(model, study: str, argv: list[str], count: int):
-    import argparse
-
+    from probekit.cli.main import study_command
+    from probekit.core.options import flag
+    from probekit.run.options import run_context
     from probekit.studies.base import get_study
 
     chosen = get_study(study)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--view", default="exact")
-    parser.add_argument("--seed", type=int, default=0)
-    chosen.add_options(parser, "run")
-    probe = chosen.probes(parser.parse_args(argv), lambda *a, **k: None)[0]
+    models, run, own = study_command("run", chosen).parse(argv, f"probekit run {study}")
+    probe = chosen.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
     items = [item for _, item in zip(range(count), probe.items(), strict=False)]
     return probe, [model.encode(item, probe.as_string).input_ids for item in items]
 

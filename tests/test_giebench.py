@@ -387,12 +387,11 @@ def test_explain_reads_the_verdict_after_the_explanation(tmp_path, smol):
 
 
 def test_patch_pairs_swap_the_identity(tiny):
-    from probekit.studies.giebench.study import STUDY
+    from probekit.studies.base import Context
+    from probekit.studies.giebench.study import STUDY, GIEBenchOptions
 
-    class Args:
-        items, prompt, events, no_chat_template = "sample", ["cot"], 2, False
-
-    probe, items = STUDY.mechanism_items(Args, print, "patch")
+    options = GIEBenchOptions(items="sample", prompt=["cot"], events=2)
+    probe, items = STUDY.mechanism_items(options, Context("patch"))
     pairs = STUDY.pairs(probe, [tiny.encode(i) for i in items])
     assert len(pairs) == 2
     for clean, corrupt in pairs:

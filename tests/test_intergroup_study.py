@@ -179,7 +179,8 @@ def test_run_sizes_in_the_study_page():
     its 6,050 events), and the smallest smoke run."""
     from conftest import reference_data_root
 
-    from probekit.run.study import study_parser
+    from probekit.core.options import flag
+    from probekit.run.options import run_command, run_context
     from probekit.studies import get_study
 
     root = reference_data_root()
@@ -187,14 +188,16 @@ def test_run_sizes_in_the_study_page():
         pytest.skip("real crowd-enVent not found: set $PROBEKIT_DATA or provide ../shared/data")
     study = get_study("intergroup")
 
+    def probes(*argv: str) -> list:
+        models, run, own = run_command(study).parse(["--data", str(root), *argv], "probekit run")
+        return study.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))
+
     def prompts(*argv: str) -> list[int]:
-        args = study_parser(study).parse_args(["--data", str(root), *argv])
-        return [len(probe) for probe in study.probes(args, lambda *a, **k: None)]
+        return [len(probe) for probe in probes(*argv)]
 
     assert prompts() == [864]  # 24 events x 36 pairs
     assert prompts("--events", "1") == [432]
     assert prompts("--events", "all") == [217_800]  # 6,050 events x 36 pairs
     grid = prompts("--category", "all", "--setting", "all", "--events", "all")
     assert len(grid) == 21 and sum(grid) == 37_310_350  # 6,050 x (36 + 361 + 484) x 7
-    args = study_parser(study).parse_args(["--data", str(root), "--limit", "72"])
-    assert len(study.probes(args, lambda *a, **k: None)[0].limited(72)) == 72
+    assert len(probes("--limit", "72")[0].limited(72)) == 72

@@ -229,7 +229,7 @@ BAD_RUNS = [
     (["--genders", "a man,a robot"], "unknown gender 'a robot'"),
     (["--genders", "a man"], "at least two"),
     (["--repetitions", "3", "--view", "generate"], "needs --temperature > 0"),
-    (["--temperature", "1.0"], "generate only"),
+    (["--temperature", "1.0"], "generate view only"),
 ]
 
 
@@ -300,7 +300,7 @@ def test_patch_isear_end_to_end(model, tmp_path, patch_cli, capsys, metric):
         "hook_resid_pre",
         "--spans",
         "gender",
-        "--pairs",
+        "--pairs-per-unit",
         "3",
     ]
     assert patch_cli(model, "isear", *argv, "--out", str(tmp_path), *metric) == 0

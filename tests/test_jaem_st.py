@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,12 @@ from conftest import REPO
 
 from probekit.cli.main import main
 from probekit.core.errors import ProbekitError
+from probekit.studies.base import Context
 from probekit.studies.jaem_st import epitome, era, metrics, responses
 from probekit.studies.jaem_st.data import REQUIRED, load_jaem, parse_template
 from probekit.studies.jaem_st.probe import LETTERS, JaemProbe, parse_letter
 from probekit.studies.jaem_st.sampler import TEMPLATE, rounded_size, sample_rows
-from probekit.studies.jaem_st.study import STUDY
+from probekit.studies.jaem_st.study import STUDY, JaemOptions
 from probekit.studies.jaem_st.vad import read_vad_lexicon
 
 
@@ -480,18 +480,8 @@ def test_epitome_folder_loads_strictly_and_scores(tmp_path, smol):
 
 # ----------------------------------------------------------------- mechanism
 def test_patch_pairs_and_spans_from_mask_locations(data):
-    args = Namespace(
-        data=str(ROOT),
-        templates=None,
-        dataset_size=None,
-        uniform=False,
-        prompt=0,
-        seed=0,
-        samples=2,
-        dimension="pronoun",
-        clean=None,
-    )
-    probe, items = STUDY.mechanism_items(args, print, "patch")
+    options = JaemOptions(data=ROOT, samples=2, dimension="pronoun")
+    probe, items = STUDY.mechanism_items(options, Context("patch", seed=0))
     assert len(items) == 6 and {i.unit for i in items} == {"0", "1"}
     count = data.templates[0].context.count("{PRONOUN}")
     for item in items:

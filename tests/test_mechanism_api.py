@@ -15,6 +15,7 @@ from conftest import ANSWERS, EVENT
 from probekit.core.errors import ProbekitError
 from probekit.mechanism import api, sites
 from probekit.mechanism.capture import read_index
+from probekit.studies.base import Context
 from probekit.studies.intergroup import get_setting
 from probekit.studies.intergroup.probe import make_item
 
@@ -47,8 +48,9 @@ def test_sites_one_table_with_short_forms():
     )
     assert sites.site("z").axes == ("batch", "position", "head", "d_head")
     assert sites.site("resid_pre").axes == ("batch", "position", "d_model")
-    with pytest.warns(FutureWarning, match="now called 'transformer_lens'"):
-        assert sites.library("bridge") == "transformer_lens" == sites.library("transformer_lens")
+    assert sites.library("transformer_lens") == "transformer_lens"
+    with pytest.raises(ProbekitError, match="unknown hook library 'bridge'"):
+        sites.library("bridge")
     with pytest.raises(ProbekitError, match="unknown site 'resid_mid'"):
         sites.site("resid_mid")
     with pytest.raises(ProbekitError, match="unknown hook library 'lens'"):
@@ -132,23 +134,6 @@ def test_make_pair_refuses_tokens_that_diverge_outside_the_span(model):
     assert "\n" not in line and "diverge after the span 'identity'" in line and "'lim'" in line
 
 
-def test_old_keywords_still_work_with_a_warning(model):
-    pair = api.make_pair(model, "I am a Muslim.", "I am a Jew.", span="Muslim")
-    with pytest.warns(FutureWarning, match="metric= is now readout="):
-        old = api.patch(
-            model,
-            pair,
-            spans=["identity"],
-            layers=[0],
-            answers=ANSWERS,
-            metric="p:3",
-            progress=False,
-        )
-    assert (old["readout"] == "p:3").all()
-    with pytest.warns(FutureWarning, match="backend= is now hooks="):
-        api.capture(model, "text", layers=[0], sites=["resid_pre"], backend="transformer_lens")
-
-
 def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
     """The docstring of `probekit.mechanism.api`: swap one identity word, patch the residual
     stream layer by layer, plot the recovered share (on the model of this module)."""
@@ -194,10 +179,10 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     assert patch_cli(model, "intergroup", *argv, "--out", str(tmp_path)) == 0
     command = pd.read_parquet(tmp_path / "patching.parquet")
     assert sorted(set(command["layer"])) == [0, model.n_layers - 1]
-    parser, _ = cli.study_parser("patch", "intergroup")
-    probe, items = STUDY.mechanism_items(
-        parser.parse_args(["--events", "1", "--setting", "P0S1T0"]), print, "patch"
+    _, options, own = cli.study_command("patch", STUDY).parse(
+        ["--events", "1", "--setting", "P0S1T0"], "probekit patch intergroup"
     )
+    probe, items = STUDY.mechanism_items(own, Context("patch", options.seed))
     by_id = {item.id: model.encode(item) for item in items}
     chosen = command.drop_duplicates(["clean_prompt_id", "corrupt_prompt_id"])
     pairs = [
@@ -270,7 +255,11 @@ def test_wrong_types_are_one_line(model):
         (dict(pairs=[pair], spans="identity"), "spans must be a list"),
         (dict(pairs=[pair], spans=["perceiver"]), "unknown span 'perceiver'"),
         (dict(pairs=[pair], readout=3), "expected a text spec"),
-        (dict(pairs=[pair], readouts="expected"), "unknown keywords: readouts"),
+        (
+            dict(pairs=[pair], readouts="expected"),
+            "did you mean readout",
+        ),
+        (dict(pairs=[pair], batch_size=0), r"batch_size must be at least 1 \(got 0\)"),
     ]
     for change, message in cases:
         kwargs = {**common, **change}

@@ -298,7 +298,7 @@ def test_metrics_as_a_parameter(scorer, pairs):
     p7 = answer_probability(ANSWERS, "7")
     df = patching.sweep(scorer, pairs[:1], PATCHES[:2], p7)
     assert {"p_clean", "p_corrupt", "p_patched"} <= set(df.columns)
-    assert (df["readout"] == "p:7").all() and (df["metric"] == "p:7").all()
+    assert (df["readout"] == "p:7").all() and "metric" not in df
     assert ((df["p_clean"] >= 0) & (df["p_clean"] <= 1)).all()
     diff = patching.sweep(scorer, pairs[:1], PATCHES[:2], parse_readout("p:7 - p:5", ANSWERS))
     p5 = patching.sweep(scorer, pairs[:1], PATCHES[:2], answer_probability(ANSWERS, "5"))
@@ -345,10 +345,10 @@ def test_bad_readouts(spec, message):
         parse_readout("expected", AnswerSet.parse("A,B,C,D"))
 
 
-def test_ev_is_the_old_name_of_expected():
-    with pytest.warns(FutureWarning, match="now called 'expected'"):
-        old = parse_readout("ev", ANSWERS)
-    assert old.spec == "expected" and parse_readout("expected", ANSWERS).column == "expected"
+def test_the_expected_value_readout_has_one_name():
+    assert parse_readout("expected", ANSWERS).column == "expected"
+    with pytest.raises(ProbekitError, match="unknown readout 'ev'"):
+        parse_readout("ev", ANSWERS)
 
 
 def test_sweep_columns_name_what_differs(lens):
@@ -477,31 +477,31 @@ def test_patch_study_refuses_bad_options_in_one_line():
     for options, message in (
         (
             dict(layerz=[0]),
-            "unknown option layerz=[0] for probekit patch intergroup; did you mean layers?",
+            "unknown keyword layerz for patch_study('intergroup'); did you mean layers?",
         ),
-        (dict(layers="x"), "--layers: 'x' is not a comma-separated list of integers"),
-        (dict(prompt_only="yes"), "prompt_only is a switch"),
-        (dict(method="magic"), "--method: invalid choice: 'magic'"),
+        (dict(layers="x"), "layers must be a list of integers (got 'x')"),
+        (dict(prompt_only="yes"), "prompt_only must be True or False (got 'yes')"),
+        (dict(method="magic"), "method: unknown method 'magic'; choose one of exact"),
+        (dict(batch_size=-1), "batch_size must be at least 1 (got -1)"),
     ):
         with pytest.raises(ProbekitError, match=re.escape(message)):
             probekit.patch_study("intergroup", **options)
 
 
-def test_keywords_become_the_commands_options(capsys):
-    import argparse
+def test_keywords_are_the_commands_options():
+    """patch_study's keywords and probekit patch's flags read the same declarations."""
+    from probekit.cli.main import study_command
+    from probekit.mechanism.pipeline import PatchOptions
+    from probekit.studies import get_study
 
-    from probekit.cli.main import study_parser
-    from probekit.core.options import options_from_keywords
-
-    parser, _ = study_parser("patch", "intergroup")
-    args = options_from_keywords(
-        parser, {"layers": [0, -1], "prompt_only": True, "metric": "p:5", "top_k": 3}
-    )
-    assert isinstance(args, argparse.Namespace)
-    assert (args.layers, args.prompt_only, args.readout, args.top_k) == ([0, -1], True, "p:5", 3)
-    assert "--metric is deprecated; use --readout" in capsys.readouterr().err
-    default = options_from_keywords(parser, {"out": None})
-    assert default.out == "runs/patch" and default.hooks == "transformer_lens"
+    patch = study_command("patch", get_study("intergroup"))
+    keywords = {"layers": range(0, 2), "prompt_only": True, "readout": "p:5", "top_k": 3}
+    _, options, _ = patch.build(keywords, "patch_study")
+    argv = ["--layers", "0,1", "--prompt-only", "--readout", "p:5", "--top-k", "3"]
+    assert isinstance(options, PatchOptions) and options == patch.parse(argv, "probekit patch")[1]
+    assert (options.layers, options.through_answer, options.readout) == ([0, 1], False, "p:5")
+    _, default, _ = patch.build({}, "patch_study")
+    assert str(default.out) == "runs/patch" and default.hooks == "transformer_lens"
 
 
 # ---------------------------------------------------------------------- through the answer
@@ -664,7 +664,7 @@ def test_pairs_within_the_noise_are_left_out_with_one_line():
 
 def test_which_positions_each_span_patches(model, readme_pair):
     """Spans that run to the end take the answer positions along; one position does not."""
-    from probekit.mechanism.components import plan
+    from probekit.mechanism.components import make_job
 
     expect = {
         "identity": False,
@@ -674,6 +674,6 @@ def test_which_positions_each_span_patches(model, readme_pair):
         "from_identity@-1": False,
     }
     for span, answer in expect.items():
-        job = plan(0, readme_pair, Patch(3, "hook_resid_pre", span))
+        job = make_job(0, readme_pair, Patch(3, "hook_resid_pre", span))
         assert job.answer is answer, span
-        assert not plan(0, readme_pair, Patch(3, "hook_resid_pre", span), False).answer
+        assert not make_job(0, readme_pair, Patch(3, "hook_resid_pre", span), False).answer

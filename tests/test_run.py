@@ -139,7 +139,7 @@ def test_torchrun_two_processes_equal_one(tmp_path):
         ({"category": "caste"}, "unknown category 'caste'"),
         ({"setting": "P9S0T0"}, "unknown setting 'P9S0T0'"),
         ({"view": "sample"}, "unknown view 'sample'"),
-        ({"events": 0}, "--events must be at least 1"),
+        ({"events": 0}, "events must be at least 1"),
         ({"shard": "2/2"}, "'2/2': need 0 <= i < n"),
     ],
 )
@@ -151,7 +151,7 @@ def test_bad_arguments(options, message, tmp_path):
 
 
 def test_bad_arguments_on_the_command_line(tmp_path, capsys):
-    assert cli.main(["run", "intergroup", "--mode", "sample", "--out", str(tmp_path / "x")]) == 2
+    assert cli.main(["run", "intergroup", "--view", "sample", "--out", str(tmp_path / "x")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "unknown view 'sample'" in lines[0]
 

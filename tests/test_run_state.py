@@ -57,6 +57,8 @@ class CountingEngine:
     """Scores every prompt with one fixed distribution that depends on `dtype` (so rows scored
     under one dtype are told from another's), counting the prompts it scores."""
 
+    engine = name = "fake"
+
     def __init__(self, dtype: str = "float32") -> None:
         self.dtype = dtype
         self.scored = 0
@@ -92,6 +94,12 @@ class CountingEngine:
                     yield ScoreResult(probs, 0.9, 0.0, "0", "0", expected=1.0, std=1.0)
 
         return SimpleNamespace(score=score, batch_size=4, stats=ScorerStats(), answers=answers)
+
+    def decode(self, tokens: Any) -> list[str]:  # the Engine protocol's; no run here generates
+        raise NotImplementedError
+
+    def hookable(self) -> Any:
+        raise NotImplementedError
 
 
 def manifest(probe: GroupProbe, dtype: str = "float32") -> dict[str, Any]:

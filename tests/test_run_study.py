@@ -21,6 +21,7 @@ from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.rundir import RESULTS_FORMAT, SETTINGS, RunDir, resume_keys
 from probekit.run.numerics import sample_size
+from probekit.run.options import run_command
 from probekit.studies import base, register
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,17 +63,25 @@ def test_the_command_line_is_the_same_run(minimal, tiny, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"epsilon": -1}, "--epsilon must be at least 0"),
-        ({"epsilon": float("nan")}, "--epsilon must be a finite number"),
-        ({"batch_size": 0}, "--batch-size must be at least 1"),
-        ({"limit": 0}, "--limit must be at least 1"),
-        ({"numerics": -2}, "--numerics must be at least 0"),
-        ({"view": "sample"}, "unknown view 'sample'"),
-        ({"events": 0}, "--events must be at least 1"),
-        ({"setting": "P9"}, "unknown setting 'P9'"),
-        ({"dtype": "int8"}, "'int8' is not a dtype"),
-        ({"event": 2}, "unknown option event=2 for probekit run intergroup; did you mean events?"),
-        ({"authors_input": "yes"}, "authors_input is a switch"),
+        ({"epsilon": -1}, "epsilon must be at least 0 (got -1)"),
+        ({"epsilon": float("nan")}, "epsilon must be a finite number"),
+        ({"batch_size": 0}, "batch_size must be at least 1 (got 0)"),
+        ({"batch_size": -1}, "batch_size must be at least 1 (got -1)"),
+        ({"batch_size": "8"}, "batch_size: '8' is not an integer"),
+        ({"limit": 0}, "limit must be at least 1"),
+        ({"numerics": -2}, "numerics must be at least 0"),
+        ({"view": "sample"}, "view: unknown view 'sample'; choose one of exact, generate"),
+        ({"events": 0}, "events must be at least 1"),
+        ({"setting": "P9"}, "setting: unknown setting 'P9'"),
+        ({"dtype": "int8"}, "dtype: 'int8' is not a dtype"),
+        ({"device": "gpu"}, "device: 'gpu' is not a device"),
+        ({"device_map": "everywhere"}, "device_map: device map 'everywhere' is neither"),
+        ({"seed": -1}, "seed must be at least 0 (got -1)"),
+        ({"shard": (2, 2)}, "shard: '2/2': need 0 <= i < n"),
+        ({"model": 3}, "model must be a model spec (default, a hub id"),
+        ({"event": 2}, "unknown keyword event for run_study('intergroup'); did you mean events?"),
+        ({"authors_input": "yes"}, "authors_input must be True or False (got 'yes')"),
+        ({"ray": True, "device_map": "auto"}, "ray loads one engine per actor"),
     ],
 )
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, options, message):
@@ -90,12 +99,14 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, optio
 def study_probe(name: str, **options):
     """The first probe a run of study `name` would score with `options`, built without a
     model (the command's parser and the study's `probes`)."""
-    from probekit.run.study import study_parser
+    from probekit.core.options import flag
+    from probekit.run.options import run_context
     from probekit.studies import get_study
 
     study = get_study(name)
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-    return study.probes(study_parser(study).parse_args(argv), lambda *a, **k: None)[0]
+    models, run, own = run_command(study).parse(argv, f"probekit run {name}")
+    return study.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
 
 
 def units(probe) -> dict[str, list]:
@@ -269,10 +280,10 @@ def test_resume_with_another_dtype_is_refused_before_loading(minimal, smol, tmp_
     loaded = []
     monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: loaded.append(a))
     argv = ["run", "minimal", "--days", "2", "--out", str(out), "--dtype", "bfloat16"]
-    from probekit.run.study import run_parsed, study_parser
+    from probekit.run.study import run_parsed
 
     with pytest.raises(ProbekitError) as info:
-        run_parsed(minimal, study_parser(minimal).parse_args(argv[2:]))
+        run_parsed(minimal, run_command(minimal).parse(argv[2:], "probekit run minimal"))
     assert "different dtype ('float32', now 'bfloat16')" in str(info.value)
     assert "\n" not in str(info.value) and not loaded
     assert (out / "manifest.json").read_bytes() == before
@@ -294,19 +305,15 @@ def test_every_manifest_field_is_declared_or_a_resume_key(minimal, tiny, tmp_pat
     assert {s.name for s in SETTINGS if s.resume_key} >= {"device", "engine", "data_sha256"}
 
 
-def test_views_and_their_old_names(minimal, tiny, tmp_path, capsys):
-    with pytest.warns(FutureWarning, match="'ev' is now 'exact'"):
-        run = probekit.run_study("minimal", tiny, out=tmp_path / "ev", days=1, view="ev")
-    assert run.manifest["view"] == "exact"
-    capsys.readouterr()
-    from probekit.run.study import study_parser
+def test_the_views_are_named_one_way(minimal):
+    """`exact` and `generate`; the old name `ev` and the old flag `--mode` are gone."""
+    with pytest.raises(ProbekitError, match="^view: unknown view 'ev'; choose one of exact, gen"):
+        probekit.run_study(minimal, view="ev")
+    with pytest.raises(ProbekitError, match="unrecognized arguments: --mode"):
+        run_command(minimal).parse(["--mode", "generate"], "probekit run minimal")
 
-    args = study_parser(minimal).parse_args(["--mode", "generate"])
-    assert args.view == "generate"
-    assert capsys.readouterr().err.strip() == "probekit: note: --mode is now --view"
-    args = study_parser(minimal).parse_args(["--view", "ev"])
-    assert args.view == "exact"
-    assert "view 'ev' is now 'exact'" in capsys.readouterr().err
+
+def test_a_generate_run_reports_both_views(minimal, tiny, tmp_path):
     generated = probekit.run_study("minimal", tiny, out=tmp_path / "gen", days=1, view="generate")
     assert list(generated.summary["view"]) == ["generate", "exact"]
     assert {"response", "parsed", "most_probable"} <= set(generated.scores.columns)

@@ -182,7 +182,7 @@ def steer_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.cli.steer.load_model", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.cli.steer.load_engine", lambda *a, **k: model)
         return cli.main(["steer", *argv])
 
     return run
@@ -302,9 +302,10 @@ def test_bad_options_are_one_line(steer_cli, capsys, tmp_path, args, message):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"alphaz": [1]}, "unknown option alphaz=[1] for probekit steer intergroup; did you mean"),
-        ({"batch_size": 0}, "--batch-size must be at least 1 (got 0)"),
-        ({"layers": "x"}, "--layers: 'x' is not a comma-separated list of integers"),
+        ({"alphaz": [1]}, "unknown keyword alphaz for steer_study('intergroup'); did you mean"),
+        ({"batch_size": 0}, "batch_size must be at least 1 (got 0)"),
+        ({"layers": "x"}, "layers must be a list of integers (got 'x')"),
+        ({"positions": "nowhere"}, "positions: unknown positions 'nowhere'"),
     ],
 )
 def test_steer_study_refuses_bad_options_in_one_line(options, message):

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import minimal_study
 import pandas as pd
 import pytest
 
 from probekit import cli
-from probekit.core.options import CommandParser
+from probekit.core.errors import ProbekitError
+from probekit.core.kinds import positive_int
+from probekit.core.options import Command, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
-from probekit.studies import base, register
+from probekit.studies import base, get_study, register
 
 
 @pytest.fixture
@@ -44,13 +47,17 @@ def test_minimal_study_runs_end_to_end(minimal, tmp_path, capsys):
 
 
 def test_options_are_declared_once_for_every_command():
-    """intergroup's --events: one declaration, a count or all, its default per command."""
-    for command, default in (("run", 2), ("patch", 2), ("capture", 3)):
-        parser, _ = cli.study_parser(command, "intergroup")
-        assert parser.parse_args(["--data", str(SAMPLE_ROOT)]).events == default
-        assert parser.parse_args(["--events", "all"]).events is None
-    parser, _ = cli.study_parser("patch", "giebench")
-    assert parser.parse_args([]).prompt == ["cot"] and parser.parse_args([]).items == "sample"
+    """intergroup's --events: one declaration, a count or all, its default per command, read
+    the same from flags and keywords."""
+    intergroup, giebench = get_study("intergroup"), get_study("giebench")
+    for command, default in (("run", 2), ("patch", 2), ("capture", 3), ("steer", 2)):
+        options = cli.study_command(command, intergroup)
+        assert options.parse(["--data", str(SAMPLE_ROOT)], "p")[2].events == default
+        assert options.parse(["--events", "all"], "p")[2].events is None
+        assert options.build({"events": "all"}, "f")[2].events is None
+        assert options.build({"events": 4}, "f") == options.parse(["--events", "4"], "p")
+    patch = cli.study_command("patch", giebench).parse([], "p")[2]
+    assert patch.prompt == ["cot"] and patch.items == "sample"
 
 
 BAD = [
@@ -96,13 +103,28 @@ def test_mechanism_commands_take_the_same_checks(capsys):
     assert "not all" in capsys.readouterr().err
 
 
-def test_parser_checks_run_after_parsing():
-    parser = CommandParser(prog="p")
-    parser.add_argument("--n", type=int, default=1)
+@dataclass(frozen=True)
+class Counted:
+    """Counted."""
+
+    n: int = option(1, help="a count", kind=positive_int)
+
+
+def test_checks_run_after_every_option_passed_with_each_front_ends_names():
     seen = []
-    parser.add_check(lambda args: seen.append(args.n))
-    parser.parse_args(["--n", "4"])
-    assert seen == [4]
+
+    def check(parsed, spell):
+        seen.append((parsed[0].n, spell("n")))
+
+    command = Command("count", (Counted,), checks=(check,))
+    assert command.parse(["--n", "4"], "p") == (Counted(n=4),)
+    assert command.build({"n": 5}, "f()") == (Counted(n=5),)
+    assert seen == [(4, "--n"), (5, "n")]
+    with pytest.raises(ProbekitError, match=r"^--n must be at least 1 \(got 0\)$"):
+        command.parse(["--n", "0"], "p")
+    with pytest.raises(ProbekitError, match=r"^n must be at least 1 \(got 0\)$"):
+        command.build({"n": 0}, "f()")
+    assert len(seen) == 2
 
 
 def test_run_help_lists_the_studies(capsys):

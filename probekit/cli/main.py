@@ -1,25 +1,70 @@
-"""The `probekit` command: list and run studies, report, capture, patch, score prompt files,
-prepare the default model."""
+"""The `probekit` command: list and run studies, report, capture, patch, steer, score prompt
+files, prepare a model, plan its memory.
+
+`main` dispatches on the command's name; each command reads its options from the dataclasses
+that declare them (`probekit.core.options.Command`), so a flag is checked by the same rule as
+the keyword of the command's function."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import CommandParser, check_out_dir, non_negative_float, positive_int
-from probekit.engines.options import add_model_options, load_options
+from probekit.core.kinds import path
+from probekit.core.options import REQUIRED, Command, CommandParser, OutOption, check_out_dir, option
+from probekit.engines.options import ModelOptions, ScoreOptions
 
 STUDY_COMMANDS = {
-    "run": "run a study: exact scores (ev) or generation, resumable, then its report",
+    "run": "run a study: exact scores or generation, resumable, then its report",
     "patch": "activation patching of a study's counterfactual pairs, and its direction",
     "capture": "activations at the spans of a study's prompts, to safetensors + parquet",
     "steer": "a study's headline with α x a vector added while scoring, beside a random control",
 }
+COMMANDS = {
+    "studies": "list the registered studies, one line each",
+    **STUDY_COMMANDS,
+    "report": "re-write a run's summary and figures from its results; several folders (e.g. one "
+    "per model) are summarised together",
+    "score": "score prompts against a finite answer set from the logits (no sampling)",
+    "setup": "convert the default model once and cache it (later loads take seconds)",
+    "plan": "the memory plan of a model on some devices (weights, KV cache, batch, placement)",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions(OutOption):
+    """Report options: the runs, and where a combined summary goes."""
+
+    dir: list[Path] = option(
+        REQUIRED,
+        help="the --out folder of a finished run (or several)",
+        kind=path,
+        positional=True,
+        metavar="DIR",
+    )
+
+
+@dataclass(frozen=True)
+class ScoreFiles:
+    """Files: the prompts read and the table written."""
+
+    prompts: Path = option(REQUIRED, help='JSONL: {"id", "messages"} or {"id", "text"}', kind=path)
+    out: Path = option(REQUIRED, help="output .parquet (written atomically)", kind=path)
+
+
+def _check_score_out(parsed: tuple, spell: Callable[[str], str]) -> None:
+    check_out_dir(parsed[1].out.parent, spell("out"))
+
+
+SCORE = Command("score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(_check_score_out,))
+REPORT = Command("report", (ReportOptions,))
+SETUP = Command("setup", (ModelOptions,))
+STUDIES = Command("studies", ())
 
 
 def run_script(name: str, body: Callable[[], None]) -> int:
@@ -37,103 +82,57 @@ def run_script(name: str, body: Callable[[], None]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    """`probekit COMMAND [options]`: 0 when done, 2 after a one-line error."""
+    args = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> None:
-        args = parser.parse_args(argv)
-        if not getattr(args, "command", None):
-            parser.print_help()
-        else:
-            args.func(args)
+        if args and args[0] in COMMANDS:
+            _command(args[0], args[1:])
+            return
+        parser = _parser()
+        parser.parse_args(args)  # --help, or one line naming the commands
+        parser.print_help()
 
     return run_script("probekit", body)
 
 
-class _StudyCommandHelp(argparse.Action):
-    """`probekit run --help` (no study named yet): the command's usage and the studies."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="show this help and the studies")
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
-        command = parser.prog.split()[-1]
-        print(f"usage: {parser.prog} STUDY [options]\n\n{STUDY_COMMANDS[command]}.\n")
-        print(f"Each study's options: {parser.prog} STUDY --help. Studies:")
-        _studies(argparse.Namespace())
-        parser.exit()
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> CommandParser:
+    """The top-level dispatch: the commands, for `probekit --help` and an unknown command."""
     parser = CommandParser(
         prog="probekit",
         description="Exact logit-based bias probes for language models.",
-        epilog="Each study's options: probekit run STUDY --help (likewise patch, capture).",
+        epilog="Each command's options: probekit COMMAND --help (a study command: probekit run "
+        "STUDY --help, likewise patch, capture, steer).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    studies = sub.add_parser("studies", help="list the registered studies, one line each")
-    studies.set_defaults(func=_studies)
-    for name, help_text in STUDY_COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, add_help=False)
-        command.add_argument("-h", "--help", action=_StudyCommandHelp)
-        command.add_argument("study", nargs="?", help="a study name (probekit studies)")
-        command.add_argument("rest", nargs=argparse.REMAINDER, help="the study's options")
-        command.set_defaults(func=_study_command)
-    report = sub.add_parser(
-        "report",
-        help="re-write a run's summary and figures from its results; several folders (e.g. one "
-        "per model) are summarised together",
-    )
-    report.add_argument("dir", nargs="+", help="the --out folder of a finished run (or several)")
-    report.add_argument(
-        "--out",
-        default=None,
-        help="where the summary and page go (default: the folder given; for several, combined/ "
-        "in their common parent)",
-    )
-    report.set_defaults(func=_report)
-
-    score = sub.add_parser(
-        "score",
-        help="score prompts against a finite answer set from the logits (no sampling)",
-        description="Write, for every prompt, the exact probability of each answer, the valid "
-        "mass, argmax, and for numbers the expected value and std.",
-    )
-    add_model_options(score)
-    score.add_argument(
-        "--prompts", required=True, help='JSONL: {"id", "messages"} or {"id", "text"}'
-    )
-    score.add_argument(
-        "--answers", required=True, help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line)"
-    )
-    score.add_argument("--out", required=True, help="output .parquet (written atomically)")
-    score.add_argument(
-        "--batch-size", type=positive_int, default=None, help="default: 16 on CPU, 64 on GPU"
-    )
-    score.add_argument("--prefill", default="", help="text forced at the start of the response")
-    score.add_argument(
-        "--epsilon",
-        type=non_negative_float,
-        default=None,
-        help="pruning bound: every row's error_bound (pruned mass / valid mass) is at most "
-        "epsilon (default 1e-4; 0 = exact)",
-    )
-    score.set_defaults(func=_score)
-
-    setup = sub.add_parser(
-        "setup", help="convert the default model once and cache it (later loads take seconds)"
-    )
-    add_model_options(setup)
-    setup.set_defaults(func=_setup)
-
-    import probekit.cli.plan as plan
-
-    planner = sub.add_parser("plan", help=plan.HELP, description=plan.HELP)
-    plan.add_arguments(planner)
-    planner.set_defaults(func=plan.execute)
+    for name, help_text in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def _studies(args: argparse.Namespace) -> None:
+def _command(name: str, argv: list[str]) -> None:
+    prog = f"probekit {name}"
+    if name in STUDY_COMMANDS:
+        _study_command(name, argv)
+    elif name == "studies":
+        STUDIES.parse(argv, prog, COMMANDS[name])
+        _studies()
+    elif name == "report":
+        from probekit.cli.report import report_runs
+
+        (options,) = REPORT.parse(argv, prog, COMMANDS[name])
+        print(report_runs([str(d) for d in options.dir], options.out))
+    elif name == "score":
+        _score(*SCORE.parse(argv, prog, COMMANDS[name]))
+    elif name == "setup":
+        _setup(*SETUP.parse(argv, prog, COMMANDS[name]))
+    else:
+        import probekit.cli.plan as plan
+
+        plan.execute(plan.COMMAND.parse(argv, prog, plan.HELP))
+
+
+def _studies() -> None:
     from probekit.studies import list_studies
 
     studies = list_studies()
@@ -142,14 +141,9 @@ def _studies(args: argparse.Namespace) -> None:
         print(f"{study.name:<{width}}  {study.title}")
 
 
-def study_parser(command: str, study_name: str) -> tuple[argparse.ArgumentParser, Any]:
-    """The parser of `probekit COMMAND STUDY` with the command's and the study's options."""
-    from probekit.studies import get_study
-
-    study = get_study(study_name)
-    parser = CommandParser(prog=f"probekit {command} {study.name}", description=study.title)
-    _command_module(command).add_arguments(parser, study)
-    return parser, study
+def study_command(name: str, study: Any) -> Command:
+    """The options of `probekit NAME STUDY` (run, patch, capture or steer)."""
+    return _command_module(name).command(study)
 
 
 def study_script(
@@ -159,76 +153,80 @@ def study_script(
     `experiments/intergroup_gap.py`): the same options, `prog` in messages, its own defaults."""
 
     def body() -> None:
-        parser, study = study_parser(command, study_name)
-        parser.prog = prog
-        parser.set_defaults(**defaults)
-        _command_module(command).execute(study, parser.parse_args(argv))
+        from probekit.studies import get_study
+
+        study = get_study(study_name)
+        options = study_command(command, study)
+        options = replace(options, defaults={**options.defaults, **defaults})
+        _command_module(command).execute(study, options.parse(argv, prog, study.title))
 
     return run_script(prog.removesuffix(".py"), body)
 
 
-def _study_command(args: argparse.Namespace) -> None:
-    if args.study is None or args.study.startswith("-"):
-        from probekit.studies import list_studies
+def _study_command(name: str, argv: list[str]) -> None:
+    from probekit.studies import get_study, list_studies
 
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"usage: probekit {name} STUDY [options]\n\n{STUDY_COMMANDS[name]}.\n")
+        print(f"Each study's options: probekit {name} STUDY --help. Studies:")
+        _studies()
+        raise SystemExit(0)
+    if not argv or argv[0].startswith("-"):
         names = ", ".join(study.name for study in list_studies())
-        raise ProbekitError(f"name a study: probekit {args.command} STUDY (one of {names})")
-    parser, study = study_parser(args.command, args.study)
-    _command_module(args.command).execute(study, parser.parse_args(args.rest))
+        raise ProbekitError(f"name a study: probekit {name} STUDY (one of {names})")
+    study = get_study(argv[0])
+    parsed = study_command(name, study).parse(
+        argv[1:], f"probekit {name} {study.name}", study.title
+    )
+    _command_module(name).execute(study, parsed)
 
 
 def _command_module(command: str) -> Any:
-    """`probekit.cli.<command>`, imported on use: its `add_arguments` and `execute`."""
+    """`probekit.cli.<command>`, imported on use: its `command(study)` and `execute`."""
     return importlib.import_module(f"probekit.cli.{command}")
 
 
-def _report(args: argparse.Namespace) -> None:
-    from probekit.cli.report import report_runs
-
-    print(report_runs(args.dir, args.out))
-
-
-def _score(args: argparse.Namespace) -> None:
-    from probekit.core.answers import as_answer_set
+def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> None:
     from probekit.core.io import ParquetStream
     from probekit.core.progress import progress, silenced
     from probekit.core.prompts import read_prompts
     from probekit.core.signal import prefill_trap, weak_signal
     from probekit.engines import load_engine
-    from probekit.engines.base import DEFAULT_EPSILON
     from probekit.engines.score import score_frames
 
-    answers = as_answer_set(args.answers)
-    epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
-    if trap := prefill_trap(args.prefill):
+    if trap := prefill_trap(options.prefill):
         print(f"probekit: warning: {trap}", file=sys.stderr)
-    check_out_dir(Path(args.out).parent, "--out")
-    total = sum(1 for _ in read_prompts(args.prompts))  # validates every line before any work
+    total = sum(1 for _ in read_prompts(files.prompts))  # validates every line before any work
     if total == 0:
-        raise ProbekitError(f"prompt file '{args.prompts}' has no prompts")
-    model = load_engine(args.model, **load_options(args))
-    items = read_prompts(args.prompts, args.prefill)
+        raise ProbekitError(f"prompt file '{files.prompts}' has no prompts")
+    engine = load_engine(model.model, **model.load_keywords())
+    items = read_prompts(files.prompts, options.prefill)
     masses: list[float] = []
     with (
-        silenced(args.quiet),
-        ParquetStream(args.out) as out,
+        silenced(model.quiet),
+        ParquetStream(files.out) as out,
         progress(total, "prompt", "score", "fewer prompts in the file") as bar,
     ):
         for frame in score_frames(
-            model, items, answers, epsilon=epsilon, batch_size=args.batch_size, progress=bar
+            engine,
+            items,
+            options.answers,
+            epsilon=options.epsilon,
+            batch_size=options.batch_size,
+            progress=bar,
         ):
             out.write(frame)
             masses += frame["valid_mass"].tolist()
-    print(f"wrote {total} rows to {args.out}")
+    print(f"wrote {total} rows to {files.out}")
     if masses and (weak := weak_signal(sum(masses) / len(masses))):
         print(f"probekit: warning: {weak}", file=sys.stderr)
 
 
-def _setup(args: argparse.Namespace) -> None:
+def _setup(model: ModelOptions) -> None:
     from probekit.engines import load_engine
 
-    model = load_engine(args.model, **load_options(args))
-    print(f"model '{args.model}' ready: {model.describe()['model_source']}")
+    engine = load_engine(model.model, **model.load_keywords())
+    print(f"model '{model.model}' ready: {engine.describe()['model_source']}")
 
 
 if __name__ == "__main__":

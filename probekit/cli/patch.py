@@ -3,143 +3,57 @@ attribution, mediation and the study's direction; see probekit.mechanism.pipelin
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from probekit.cli.main import study_parser
 from probekit.core.errors import ProbekitError
-from probekit.core.options import comma_list, int_list, options_from_keywords
+from probekit.core.options import Command, Spell, flag, keyword
 from probekit.core.progress import silenced
-from probekit.engines.hf.model import load_model
-from probekit.engines.options import add_model_options, load_options
+from probekit.engines import load_engine
+from probekit.engines.options import ModelOptions, loaded_engine
 from probekit.mechanism.api import hookable
-from probekit.mechanism.pipeline import (
-    DEFAULT_LAYERS,
-    METHODS,
-    PatchRequest,
-    check_patch,
-    run_patch,
-)
-from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, HOOK_LIBRARIES, library
-from probekit.studies.base import Study
+from probekit.mechanism.pipeline import PatchOptions, check_patch, run_patch
+from probekit.studies.base import Context, Study, get_study
 
 
-def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
-    defaults = study.mechanism_defaults()
-    spans = ",".join(defaults.spans) if defaults.spans else "every span"
-    add = parser.add_argument
-    add("--out", default="runs/patch", help="output folder")
-    add_model_options(parser)
-    add("--seed", type=int, default=0, help="items and the random control")
-    add("--pairs", type=int, default=1, help="pairs per unit, largest gap first")
-    add(
-        "--layers",
-        type=int_list,
-        help=f"comma-separated layers, -1 the last (default: {DEFAULT_LAYERS} evenly spaced)",
-    )
-    add(
-        "--sites",
-        type=comma_list,
-        default=list(DEFAULT_SITES),
-        help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
-        f"{HEAD_SITE} patches each attention head",
-    )
-    add("--heads", type=int_list, help=f"heads at {HEAD_SITE} (default: every head)")
-    add(
-        "--method",
-        default="exact",
-        choices=METHODS,
-        help="exact patching, attribution estimates, or both for the --top-k estimated",
-    )
-    add("--top-k", type=int, default=20, help="components re-measured by attribution+verify")
-    add(
-        "--mediation",
-        action="store_true",
-        help="also the direct effect of each exactly measured component (one more sweep)",
-    )
-    add("--bootstrap", type=int, default=1000, help="resamples of the pairs for the intervals")
-    add(
-        "--spans",
-        type=comma_list,
-        help="span names, from_<span> (everything from the span to the end), <span>@<i> (the "
-        f"i-th of its positions; -1 the last); default: {spans}",
-    )
-    add(
-        "--positions",
-        action="store_true",
-        help="patch each position of each span on its own (span@-k ... span@-1, aligned at the "
-        "span's end; a layer x position heatmap per site)",
-    )
-    add(
-        "--readout",
-        help="the per-prompt readout (TransformerLens's patching metric): expected, p:<answer>, "
-        "p_correct, a difference 'X - Y', or tv (overlap 1 - TV with the pair's clean "
-        f"distribution; --method exact only); default: {defaults.readout_help()}",
-    )
-    add("--metric", dest="readout", action=Renamed, new="--readout", help=argparse.SUPPRESS)
-    add(
-        "--prompt-only",
-        action="store_true",
-        help="patch prompt positions only (by default a span that runs to the end, such as "
-        "from_<span>, also patches every answer position; nnsight patches the prompt only)",
-    )
-    add_hooks_option(parser)
-    add("--batch-size", type=int, help="prompts per forward pass")
-    add("--control", action="store_true", help="also project out a random direction (slower)")
-    add("--skip-direction", action="store_true", help="patching (and mediation) only")
-    study.add_options(parser, "patch")  # the study's options
+def command(study: Study) -> Command:
+    """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
+    return mechanism_command("patch", PatchOptions, study, {"out": "runs/patch"})
 
 
-def add_hooks_option(parser: argparse.ArgumentParser) -> None:
-    """`--hooks`, the hook library (shared with `probekit capture`; `--backend` is its old
-    name)."""
-    parser.add_argument(
-        "--hooks",
-        dest="hooks",
-        type=_library,
-        default="transformer_lens",
-        help=f"hook library that reads and writes activations: {' or '.join(HOOK_LIBRARIES)}",
-    )
-    parser.add_argument(
-        "--backend",
-        dest="hooks",
-        type=_library,
-        action=Renamed,
-        new="--hooks",
-        help=argparse.SUPPRESS,
-    )
+def mechanism_command(name: str, options: type, study: Study, defaults: dict) -> Command:
+    """A mechanism command's options (`patch`, `capture`, `steer`): the model's (a hookable
+    engine), the command's `options` and the study's, checked together."""
+
+    def check(parsed: tuple, spell: Spell) -> None:
+        model, own, study_options = parsed
+        if model.engine != "hf":
+            from probekit.engines.base import hooks_unavailable
+
+            raise ProbekitError(
+                f"{spell('engine')} {model.engine}: {hooks_unavailable(model.engine)}"
+            )
+        study.check(study_options, context(name, model, own, spell))
+
+    return Command(name, (ModelOptions, options, study.options), defaults, (check,))
 
 
-class Renamed(argparse.Action):
-    """An option's old name: it sets the new option, with one line on stderr."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"probekit: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+def context(name: str, model: ModelOptions, own: Any, spell: Spell) -> Context:
+    """What the study's methods read of a mechanism command: its seed and device."""
+    return Context(name, own.seed, device=model.device, spell=spell)
 
 
-def _library(name: str) -> str:
-    try:
-        return library(name)
-    except ProbekitError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def study_object(study: str | Study) -> Study:
+    """A registered study's name or a `Study` object (used as it is, registered or not)."""
+    if isinstance(study, str):
+        return get_study(study)
+    if not isinstance(study, Study):
+        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
+    return study
 
 
 @dataclass(frozen=True)
@@ -153,60 +67,39 @@ class StudyPatch:
     summary: pd.DataFrame
 
 
-def patch_study(
-    study: str | Study, model: Any = "default", *, out: str | Path | None = None, **options: Any
-) -> StudyPatch:
-    """`probekit patch STUDY` as a function: the study's options as keywords (`layers=[0, 14]`,
-    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs=2`, `limit`-like
-    study options such as `events=2`...), validated by the command line's own option types (a
-    bad or unknown one is one line of `ProbekitError`, before any model work). `model` is a
-    model spec or an already loaded model. Writes what the command writes into `out` (default
-    `runs/patch`) and returns it."""
-    parser, found = _parser(study)
-    spec = model if isinstance(model, str) else None
-    args = options_from_keywords(parser, {"out": out, "model": spec, **options})
-    written = _patch(found, args, None if isinstance(model, str) else model)
-    folder = Path(args.out)
+def patch_study(study: str | Study, model: Any = "default", **options: Any) -> StudyPatch:
+    """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
+    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
+    patch's (`probekit.mechanism.pipeline.PatchOptions`: `layers=[0, 14]`,
+    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs_per_unit=2`,
+    `out`, ...),
+    the model's (`dtype=torch.bfloat16`, `device_map={...}`, ...) and the study's (`events=2`),
+    checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes what the command writes
+    into `out` (default `runs/patch`) and returns it."""
+    found = study_object(study)
+    loaded = loaded_engine(model)
+    keywords = options if loaded is not None else {**options, "model": model}
+    parsed = command(found).build(keywords, f"patch_study({found.name!r})")
+    written = _patch(found, parsed, loaded, keyword)
+    folder = Path(parsed[1].out)
     summary = pd.read_csv(folder / "patching_summary.csv")
     return StudyPatch(folder, written, pd.read_parquet(folder / "patching.parquet"), summary)
 
 
-def _parser(study: str | Study) -> tuple[argparse.ArgumentParser, Study]:
-    """The parser of `probekit patch STUDY`, and the study."""
-    return study_parser("patch", study if isinstance(study, str) else study.name)
-
-
-def execute(study: Study, args: argparse.Namespace) -> None:
+def execute(study: Study, parsed: tuple) -> None:
     start = time.monotonic()
-    written = _patch(study, args, None)
-    print(f"wrote {args.out}/{', '.join(written)}")
+    written = _patch(study, parsed, None, flag)
+    print(f"wrote {parsed[1].out}/{', '.join(written)}")
     print(f"wall time {time.monotonic() - start:.0f} s")
 
 
-def _patch(study: Study, args: argparse.Namespace, model: Any) -> list[str]:
-    """The command's work: items, request, checks before the model, the analysis."""
-    probe, items = study.mechanism_items(args, print, "patch")
-    request = PatchRequest(
-        layers=args.layers,
-        sites=args.sites,
-        spans=args.spans,
-        heads=args.heads,
-        readout=args.readout,
-        method=args.method,
-        top_k=args.top_k,
-        pairs_per_unit=args.pairs,
-        positions=args.positions,
-        mediation=args.mediation,
-        direction=not args.skip_direction,
-        control=args.control,
-        bootstrap=args.bootstrap,
-        hooks=args.hooks,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        through_answer=False if args.prompt_only else None,
-    )
-    check_patch(request, items, probe.answers, study.mechanism_defaults())  # before the model
+def _patch(study: Study, parsed: tuple, model: Any, spell: Spell) -> list[str]:
+    """The command's work: items, checks before the model, the analysis."""
+    asked, options, own = parsed
+    probe, items = study.mechanism_items(own, context("patch", asked, options, spell))
+    check_patch(options, items, probe.answers, study.mechanism_defaults(), spell)  # no model yet
     if model is None:
-        model = load_model(args.model, **load_options(args))
-    with silenced(args.quiet):
-        return run_patch(hookable(model), study, probe, items, request, args.out)
+        model = load_engine(asked.model, **asked.load_keywords())
+    with silenced(asked.quiet):
+        return run_patch(hookable(model), study, probe, items, options, options.out, spell=spell)

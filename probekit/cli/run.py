@@ -1,23 +1,29 @@
 """`probekit run STUDY`: the command line of `probekit.run_study` (`probekit.run.study`): the
-same options, parsed and checked by the same parser, then the same run; `--model` may be
-repeated (one folder per model, the summary side by side).
+same options, read from argv by the parser generated from their declarations
+(`probekit.run.options.run_command`) and checked the same way, then the same run; `--model` may
+be repeated (one folder per model, the summary side by side).
 
-Every option is checked while parsing (`add_arguments`), before any data is read, anything is
-written or a model is loaded. The model library is imported by `execute` only, so that
-`probekit run STUDY --help` stays fast.
+Every option is checked while parsing, before any data is read, anything is written or a model
+is loaded. The model library is imported by `execute` only, so that `probekit run STUDY --help`
+stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
-
-from probekit.run.study import Run, add_arguments, model_folder, run_parsed
+from probekit.core.options import Command, flag
+from probekit.run.options import run_command
+from probekit.run.study import Run, run_parsed
 from probekit.studies.base import Study
 
-__all__ = ["add_arguments", "execute", "model_folder"]
+__all__ = ["command", "execute"]
 
 
-def execute(study: Study, args: argparse.Namespace) -> list[Run]:
-    """Run `study` as `args` say: one `Run` per model (none on a process of a distributed
-    launch that is not the main one)."""
-    return run_parsed(study, args)
+def command(study: Study) -> Command:
+    """`probekit run STUDY`'s options."""
+    return run_command(study)
+
+
+def execute(study: Study, parsed: tuple) -> list[Run]:
+    """Run `study` as its checked options say: one `Run` per model (none on a process of a
+    distributed launch that is not the main one)."""
+    return run_parsed(study, parsed, spell=flag)

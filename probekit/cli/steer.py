@@ -19,7 +19,6 @@ holding a run with other settings is refused.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -33,73 +32,30 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probekit.cli.main import study_parser
+from probekit.cli.patch import context, mechanism_command, study_object
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import EncodedItem
-from probekit.core.options import (
-    comma_list,
-    int_list,
-    non_negative_int,
-    options_from_keywords,
-    positive_int,
-)
+from probekit.core.options import Command, Spell, flag, keyword
 from probekit.core.progress import progress, silenced
-from probekit.engines.hf.model import load_model
-from probekit.engines.options import add_model_options, load_options
+from probekit.engines import load_engine
+from probekit.engines.options import loaded_engine
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
 from probekit.mechanism.sites import enable_bridge, layer_indices, library
+from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
-from probekit.studies.base import VIEWS, Study, get_study
+from probekit.studies.base import VIEWS, Study
 
 VECTORS = ("mean_diff", "direction")
 FILE_TYPES = (".npy", ".pt", ".safetensors")
 SETTINGS = ("study", "model", "vector", "positions", "span", "sites", "layers", "seed", "items")
 
 
-def float_list(text: str) -> list[float]:
-    """Comma-separated numbers such as `--alphas -4,-2,0,2,4`."""
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of numbers"
-        ) from None
-
-
-def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
-    from probekit.cli.patch import add_hooks_option
-
-    add = parser.add_argument
-    add("--out", default="runs/steer", help="output folder (a re-run resumes it)")
-    add_model_options(parser)
-    add("--alphas", type=float_list, default=[-4.0, -2.0, 0.0, 2.0, 4.0], help="multiples of v")
-    add("--layers", type=int_list, help="comma-separated layers, -1 the last (default: middle)")
-    add(
-        "--sites",
-        type=comma_list,
-        default=["hook_resid_post"],
-        help="residual-width TransformerLens sites (default hook_resid_post)",
-    )
-    add(
-        "--positions",
-        default="from_span",
-        help="span (its tokens), from_span (from the span on, answer tokens included) or all "
-        "(every prompt and answer token) (default %(default)s)",
-    )
-    add("--span", help="the span steered from (default: the study's contrast span, else answer)")
-    add(
-        "--vector",
-        default="mean_diff",
-        help="mean_diff (contrast mean difference at the span), direction (the same, unit "
-        "length) or a file (.npy, .pt, .safetensors: [d_model] or [n_layers, d_model])",
-    )
-    add_hooks_option(parser)
-    add("--batch-size", type=positive_int, help="prompts per forward pass")
-    add("--seed", type=non_negative_int, default=0, help="items and the random control")
-    study.add_options(parser, "steer")
+def command(study: Study) -> Command:
+    """`probekit steer STUDY`'s options: the model's, the steering's and the study's."""
+    return mechanism_command("steer", SteerOptions, study, {"out": "runs/steer"})
 
 
 @dataclass(frozen=True)
@@ -113,46 +69,45 @@ class StudySteer:
     summary: pd.DataFrame
 
 
-def steer_study(
-    study: str | Study, model: Any = "default", *, out: str | Path | None = None, **options: Any
-) -> StudySteer:
-    """`probekit steer STUDY` as a function: the study's options as keywords (`alphas=[-4, 0,
-    4]`, `layers=[15]`, `positions="from_span"`, `vector="mean_diff"`, `events=2`, ...),
-    validated by the command line's own option types (a bad or unknown one is one line of
-    `ProbekitError`, before any model work). `model` is a model spec or an already loaded
-    model. Writes what the command writes into `out` (default `runs/steer`), resumable."""
-    found = study if isinstance(study, Study) else get_study(study)
-    parser = study_parser("steer", found.name)[0]
-    spec = model if isinstance(model, str) else None
-    args = options_from_keywords(parser, {"out": out, "model": spec, **options})
-    with silenced(args.quiet):
-        return _steer(found, args, None if isinstance(model, str) else model)
+def steer_study(study: str | Study, model: Any = "default", **options: Any) -> StudySteer:
+    """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
+    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
+    steering's (`probekit.mechanism.steering.SteerOptions`: `alphas=[-4, 0, 4]`, `layers=[15]`,
+    `positions="from_span"`, `vector="mean_diff"`, `out`, ...), the model's and the study's
+    (`events=2`), checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes what the command writes
+    into `out` (default `runs/steer`), resumable."""
+    found = study_object(study)
+    loaded = loaded_engine(model)
+    keywords = options if loaded is not None else {**options, "model": model}
+    parsed = command(found).build(keywords, f"steer_study({found.name!r})")
+    with silenced(parsed[0].quiet):
+        return _steer(found, parsed, loaded, keyword)
 
 
-def execute(study: Study, args: argparse.Namespace) -> None:
+def execute(study: Study, parsed: tuple) -> None:
     start = time.monotonic()
-    with silenced(args.quiet):
-        result = _steer(study, args, None)
+    with silenced(parsed[0].quiet):
+        result = _steer(study, parsed, None, flag)
     print(f"wrote {result.path}/steer.parquet, summary.csv, steer.png, report.html")
     print(f"wall time {time.monotonic() - start:.0f} s")
 
 
-def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
-    alphas = steering.check_alphas(args.alphas)
-    if 0.0 not in alphas:
-        alphas = [0.0, *alphas]  # the side effects are read against α = 0
-    positions = steering.check_positions(args.positions)
+def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
+    asked, args, own = parsed
+    alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
+    positions = args.positions
     sites = [steering.steering_site(name) for name in args.sites]
     direction = study.mechanism_defaults().direction
     check_vector(args.vector, direction is not None, study.name)
-    probe, items = study.mechanism_items(args, print, "steer")
-    model = model if model is not None else load_model(args.model, **load_options(args))
+    probe, items = study.mechanism_items(own, context("steer", asked, args, spell))
+    model = model if model is not None else load_engine(asked.model, **asked.load_keywords())
     layers = layer_indices(model, args.layers) if args.layers else [model.n_layers // 2]
     span = args.span or (direction.span if direction else "answer")
     out = Path(args.out)
     settings = {
         "study": study.name,
-        "model": args.model,
+        "model": model.name,
         "vector": args.vector,
         "positions": positions,
         "span": span,
@@ -174,7 +129,7 @@ def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
         enable_bridge(model)
     base = list(scorer.score([p.input_ids for p in encoded]))
     rng = np.random.default_rng(args.seed)
-    manifest = {**probe.manifest(), "model": args.model, "seed": args.seed, "view": VIEWS[0]}
+    manifest = {**probe.manifest(), "model": model.name, "seed": args.seed, "view": VIEWS[0]}
     frames, rows = [], []
     runs = len(vectors) * 2 * sum(alpha != 0 for alpha in alphas)
     bar = progress(runs * len(encoded), "prompt", "steering", "fewer --layers, --alphas or events")
@@ -309,7 +264,7 @@ def steer_frame(
     alpha: float,
     positions: str,
     span: str,
-    args: argparse.Namespace,
+    args: SteerOptions,
     bar: Any = None,
 ) -> pd.DataFrame:
     """One α's rows: the item's key columns, the score columns and the side effects (`bar`,

@@ -1,92 +1,335 @@
-"""Option types and the command-line parser shared by every command and study.
+"""Options as typed values, declared once for the command line and the Python API.
 
-Each type turns one command-line string into a checked value, or raises
-`argparse.ArgumentTypeError` with a phrase that reads after the option's name ("must be at
-least 1 (got 0)"); `CommandParser` prints it as one line and exits with status 2. Checks that
-involve several options run in the same parse (`CommandParser.add_check`), so that every option
-is validated before anything touches disk or loads a model. This module imports no model
-library: the command line's `--help` stays fast.
-
-The Python API checks its keywords with the same types (`check_value`), so a bad value reads the
-same from both front ends, with the keyword in place of the flag. Options are matched exactly
-(no prefixes: `--event` is not `--events`); an unknown one gets a "did you mean" for a near miss.
+An option is a field of a frozen dataclass declared with `option(default, help=..., kind=...)`.
+Its kind (`probekit.core.kinds`) reads the command line's text and checks a Python value, so
+both front ends apply one rule and word a refusal the same way, naming the flag (`--batch-size
+must be at least 1 (got 0)`) or the keyword (`batch_size must be at least 1 (got 0)`). A
+`Command` is one command's options: the dataclasses it takes, its own defaults and the checks
+that span several options; `Command.parse` reads argv through the parser it generates,
+`Command.build` makes the same values from keywords, and both refuse before any work. `checked`
+gives a plain public function the same checks of its keywords. An unknown option or keyword is
+one line with a "did you mean"; options are matched exactly (no prefixes). This module imports
+no model library, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
-import math
+import functools
+import inspect
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from probekit.core.errors import ProbekitError
+from probekit.core.kinds import Kind, non_negative_int, path, positive_int, text
 
-DTYPES = ("float32", "bfloat16", "float16", "float64")
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
-EVERY_COMMAND = ("run", "patch", "capture", "steer")  # the commands that take a study's options
-MECHANISM = ("patch", "capture", "steer")
-T = TypeVar("T")
+REQUIRED: Any = dataclasses.MISSING
+"""The default of an option that must be given (`option(REQUIRED, ...)`)."""
+F = TypeVar("F", bound=Callable[..., Any])
+Spell = Callable[[str], str]
+"""An option's name as a front end shows it: `flag` (the command line) or `keyword` (Python)."""
+
+
+def flag(name: str) -> str:
+    """An option's name on the command line: `batch_size` -> `--batch-size`."""
+    return "--" + name.replace("_", "-")
+
+
+def keyword(name: str) -> str:
+    """An option's name in the Python API: the field's own."""
+    return name
+
+
+def option_message(name: str, phrase: str) -> str:
+    """One line refusing a value of the option `name` (a flag or a keyword) with its kind's
+    phrase: `--epsilon must be at least 0 (got -1)`, `epsilon: 'x' is not a number`."""
+    return f"{name} {phrase}" if phrase.startswith("must") else f"{name}: {phrase}"
+
+
+# Declarations
 
 
 @dataclass(frozen=True)
-class Option:
-    """One option of a study, declared once for every command that takes it.
+class Declaration:
+    """An option as `option` declared it (kept in its dataclass field's metadata)."""
 
-    `type` is one of this module's types (None: the text as given), `default` its value when
-    the option is not given (`defaults` overrides it per command, e.g. fewer events for
-    patching), `commands` the study commands that take it, `switch` a flag without a value.
-    """
-
-    flag: str
     help: str
-    type: Callable[[str], Any] | None = None
-    default: Any = None
-    commands: tuple[str, ...] = ("run",)
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    switch: bool = False
+    kind: Kind | None  # None: a switch (True when the flag is given)
+    default: Any
+    commands: tuple[str, ...] | None  # None: every command that takes its dataclass
+    defaults: Mapping[str, Any]  # command -> its own default
+    const: Any  # the value of a flag given without one (`--ray`)
+    several: tuple[str, ...]  # commands where the flag may be repeated (one value each)
+    metavar: str | None
+    positional: bool  # the command line gives its values (one or more) without a flag
 
-    def add_to(self, parser: argparse.ArgumentParser, command: str) -> None:
-        """Add this option to `parser` as `command` takes it (nothing if it does not)."""
-        if command not in self.commands:
-            return
-        if self.switch:
-            parser.add_argument(self.flag, action="store_true", help=self.help)
-            return
-        default = self.defaults.get(command, self.default)
-        shown = self.help if default is not None else self.help.replace("%(default)s", "all")
-        parser.add_argument(self.flag, type=self.type, default=default, help=shown)
+    def default_for(self, command: str) -> Any:
+        return self.defaults.get(command, self.default)
+
+    def takes(self, command: str) -> bool:
+        return self.commands is None or command in self.commands
+
+
+def option(
+    default: Any = REQUIRED,
+    *,
+    help: str,
+    kind: Kind | None = None,
+    commands: Sequence[str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    const: Any = None,
+    several: Sequence[str] = (),
+    metavar: str | None = None,
+    positional: bool = False,
+) -> Any:
+    """A dataclass field that is an option: `default` (REQUIRED: it must be given), `help`
+    (`%(default)s` shows the command's default), `kind` (default text; a bool default makes a
+    switch), the `commands` that take it (None: all that take its dataclass) and their own
+    `defaults`, `const` (the flag alone gives this value), `several` (commands in which the
+    flag may be repeated: one instance of its dataclass per value), `metavar` (the value's name
+    in `--help`), `positional` (the command line gives one or more values without a flag: a
+    list of values of `kind`)."""
+    switch = isinstance(default, bool)
+    declared = Declaration(
+        help=help,
+        kind=None if switch else (kind or text),
+        default=default,
+        commands=None if commands is None else tuple(commands),
+        defaults=dict(defaults or {}),
+        const=const,
+        several=tuple(several),
+        metavar=metavar,
+        positional=positional,
+    )
+    metadata = {"option": declared}
+    if default is REQUIRED:
+        return dataclasses.field(metadata=metadata)
+    if isinstance(default, list | dict | set):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def declaration(field: dataclasses.Field) -> Declaration:
+    """The option a dataclass field declares."""
+    return field.metadata["option"]
+
+
+def options_of(group: type) -> list[dataclasses.Field]:
+    """The option fields of an options dataclass, in order."""
+    return [f for f in dataclasses.fields(group) if "option" in f.metadata]
+
+
+def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
+    """`value` checked by the option's kind, as the option holds it; a refusal is one line
+    naming the option `name` (its flag or its keyword)."""
+    kind = declaration(field).kind
+    try:
+        if kind is None:
+            if not isinstance(value, bool):
+                raise argparse.ArgumentTypeError(f"must be True or False (got {value!r})")
+            return value
+        return kind.check(value)
+    except (argparse.ArgumentTypeError, ProbekitError) as error:
+        raise ProbekitError(option_message(name, str(error))) from None
+
+
+def unknown_keyword(key: str, known: Sequence[str], where: str) -> ProbekitError:
+    """One line refusing the keyword `key` of `where`, with the nearest known ones."""
+    near = difflib.get_close_matches(key, list(known), n=2)
+    hint = f"did you mean {' or '.join(near)}?" if near else f"it takes {', '.join(sorted(known))}"
+    return ProbekitError(f"unknown keyword {key} for {where}; {hint}")
+
+
+# Commands
+
+Check = Callable[[tuple, Spell], None]
+"""A check spanning several options: (the command's values, in the order of its groups; how
+options are named) -> None, or a ProbekitError."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """The options of one command: its option dataclasses (`groups`; no option name twice), the
+    defaults it gives (`defaults`, e.g. a study's output folder) and the `checks` spanning
+    several options. `parse` (argv) and `build` (keywords) give one value per group, in order:
+    a dataclass instance, or for a group with an option the command takes several times, a list
+    of instances (one per value). Every option is checked before any work; a group that holds
+    `out` (`OutOption`) has its folder checked first."""
+
+    name: str
+    groups: tuple[type, ...]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    checks: tuple[Check, ...] = ()
+
+    def taken(self) -> dict[str, tuple[int, dataclasses.Field]]:
+        """Option name -> (its group's index, its field), for the options this command takes."""
+        found: dict[str, tuple[int, dataclasses.Field]] = {}
+        for index, group in enumerate(self.groups):
+            for field in options_of(group):
+                if declaration(field).takes(self.name):
+                    if field.name in found:
+                        raise TypeError(f"option {field.name} is declared twice for {self.name}")
+                    found[field.name] = (index, field)
+        return found
+
+    def default(self, field: dataclasses.Field) -> Any:
+        """The option's default in this command."""
+        if field.name in self.defaults:
+            return self.defaults[field.name]
+        return declaration(field).default_for(self.name)
+
+    def parser(self, prog: str, description: str | None = None) -> CommandParser:
+        """The command's argument parser, generated from its option dataclasses (one argument
+        group each, titled by the first line of its docstring)."""
+        parser = CommandParser(prog=prog, description=description)
+        taken = self.taken()
+        for index, group in enumerate(self.groups):
+            fields = [f for i, f in taken.values() if i == index]
+            if not fields:
+                continue
+            title = (group.__doc__ or group.__name__).strip().splitlines()[0].rstrip(".:")
+            section = parser.add_argument_group(title)
+            for field in fields:
+                arguments = self._argument(field)
+                if declaration(field).positional:
+                    del arguments["dest"], arguments["default"]
+                    section.add_argument(field.name, nargs="+", **arguments)
+                else:
+                    section.add_argument(flag(field.name), **arguments)
+        return parser
+
+    def _argument(self, field: dataclasses.Field) -> dict[str, Any]:
+        declared = declaration(field)
+        default = self.default(field)
+        shown = "all" if default is None else _shown(default)
+        arguments: dict[str, Any] = {
+            "dest": field.name,
+            "default": argparse.SUPPRESS,
+            "help": declared.help.replace("%(default)s", shown).replace("%", "%%"),
+        }
+        if declared.kind is None:
+            return arguments | {"action": "store_true"}
+        arguments["type"] = _reader(declared.kind)
+        if self.name in declared.several:
+            arguments["action"] = "append"
+        if declared.const is not None:
+            arguments |= {"nargs": "?", "const": declared.const}
+        if declared.metavar:
+            arguments["metavar"] = declared.metavar
+        if default is REQUIRED and not declared.positional:
+            arguments["required"] = True
+        return arguments
+
+    def parse(self, argv: Sequence[str] | None, prog: str, description: str | None = None) -> tuple:
+        """The command line `argv` read and checked (a refusal is one line naming the flag)."""
+        given = vars(self.parser(prog, description).parse_args(argv))
+        return self._values(given, flag)
+
+    def build(self, keywords: Mapping[str, Any], where: str) -> tuple:
+        """The same values from Python keywords (`batch_size=8`, `dtype=torch.bfloat16`); None
+        leaves an option at its default. A refusal is one line naming the keyword; an unknown
+        keyword gets the nearest known ones; `where` names the function in messages."""
+        taken = self.taken()
+        given: dict[str, Any] = {}
+        for key, value in keywords.items():
+            if key not in taken:
+                elsewhere = [f for g in self.groups for f in options_of(g) if f.name == key]
+                if elsewhere and declaration(elsewhere[0]).commands:
+                    commands = " and ".join(declaration(elsewhere[0]).commands)
+                    raise ProbekitError(f"{where} takes no {key} (an option of {commands} only)")
+                raise unknown_keyword(key, list(taken), where)
+            if value is None:
+                continue
+            field = taken[key][1]
+            if self.name in declaration(field).several:
+                value = [check_option(field, value, key)]
+            else:
+                value = check_option(field, value, key)
+            given[key] = value
+        for key, (_, field) in taken.items():
+            if key not in given and self.default(field) is REQUIRED:
+                raise ProbekitError(f"{where} needs {key}")
+        return self._values(given, keyword)
+
+    def _values(self, given: Mapping[str, Any], spell: Spell) -> tuple:
+        """Each group's instance (or instances) from the given values and the defaults, then
+        the out folder's check and the command's checks."""
+        values: list[Any] = []
+        for group in self.groups:
+            fields: dict[str, Any] = {}
+            several: str | None = None
+            for field in options_of(group):
+                declared = declaration(field)
+                taken = declared.takes(self.name)
+                if taken and self.name in declared.several:
+                    several = field.name
+                if taken and field.name in given:
+                    fields[field.name] = given[field.name]
+                    continue
+                default = self.default(field)
+                if default is not None and default is not REQUIRED:
+                    default = check_option(field, default, spell(field.name))
+                fields[field.name] = [default] if field.name == several else default
+            if several is None:
+                values.append(group(**fields))
+            else:
+                values.append([group(**{**fields, several: v}) for v in fields[several]])
+        parsed = tuple(values)
+        for value in parsed:
+            if isinstance(value, OutOption) and value.out is not None:
+                check_out_dir(value.out, spell("out"))
+        for check in self.checks:
+            check(parsed, spell)
+        return parsed
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _reader(kind: Kind) -> Callable[[str], Any]:
+    """argparse's `type` for `kind`: a ProbekitError of its check becomes argparse's refusal."""
+
+    def read(value: str) -> Any:
+        try:
+            return kind(value)
+        except ProbekitError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    read.__name__ = kind.name
+    return read
 
 
 class CommandParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (a ProbekitError: the command line prints
-    it, exit status 2) and whose `add_check` functions (raising ProbekitError) validate the
-    parsed options together, before any work. Options are matched exactly (`allow_abbrev`
-    off: a prefix of an option is refused, not taken for it), with a "did you mean"."""
+    it, exit status 2). Options are matched exactly (`allow_abbrev` off: a prefix of an option
+    is refused, not taken for it), with a "did you mean"."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-        self.checks: list[Callable[[argparse.Namespace], None]] = []
-
-    def add_check(self, check: Callable[[argparse.Namespace], None]) -> None:
-        """Run `check(args)` after parsing (it raises a ProbekitError to refuse them)."""
-        self.checks.append(check)
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
+        given = list(args or ())
+        for index, arg in enumerate(given):  # before argparse's errors (a required option)
+            if arg.startswith("--") and arg.split("=")[0] not in self._option_string_actions:
+                value = given[index + 1 : index + 2]
+                shown = [arg, *value] if "=" not in arg and value and value[0][:1] != "-" else [arg]
+                self.error(f"unrecognized arguments: {' '.join(shown)}{_did_you_mean([arg], self)}")
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             hint = _did_you_mean(extras, self._chosen(parsed))
             self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
-        for check in self.checks:
-            check(parsed)
         return parsed
 
     def _chosen(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
@@ -109,7 +352,7 @@ class CommandParser(argparse.ArgumentParser):
 
 def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
     """ "; did you mean --events?" for the first unknown option close to one of `parser`'s."""
-    known = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    known = [name for name in parser._option_string_actions if name.startswith("--")]
     for extra in extras:
         if extra.startswith("--"):
             close = difflib.get_close_matches(extra.split("=")[0], known, n=1, cutoff=0.6)
@@ -118,232 +361,96 @@ def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str
     return ""
 
 
-def option_message(name: str, phrase: str) -> str:
-    """One line refusing a value of the option or keyword `name`, from its type's phrase:
-    `--epsilon must be at least 0 (got -1)`, `--epsilon: 'x' is not a number`."""
-    return f"{name} {phrase}" if phrase.startswith("must") else f"{name}: {phrase}"
+def checked(*groups: type, skip: Sequence[str] = ()) -> Callable[[F], F]:
+    """Check a public function's arguments before it runs, with the command line's rules: an
+    unknown keyword is one line with a "did you mean", a missing or surplus argument one line,
+    and each argument named as an option of `groups` (but those in `skip`, which the function
+    takes in another form) is checked by that option's kind and passed on as the option holds
+    it, a refusal naming the keyword."""
+
+    def wrap(function: F) -> F:
+        signature = inspect.signature(function)
+        parameters = signature.parameters
+        anything = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        fields = {
+            f.name: f
+            for group in groups
+            for f in options_of(group)
+            if f.name in parameters and f.name not in skip
+        }
+        where = f"{function.__name__}()"
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for key in kwargs:
+                if key not in parameters and not anything:
+                    raise unknown_keyword(key, list(parameters), where)
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise ProbekitError(f"{where}: {error}") from None
+            for key, value in bound.arguments.items():
+                if key in fields and value is not None:
+                    bound.arguments[key] = check_option(fields[key], value, key)
+            return function(*bound.args, **bound.kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
-def check_value(name: str, value: Any, kind: Callable[[str], T]) -> T:
-    """A Python API keyword's `value` checked by the command line's option type `kind`: the
-    value it names, or a ProbekitError with the phrase the command line gives, naming `name`
-    (the keyword) where the command line names the flag; it reads `str(value)`, as the command
-    line reads its text, so a bool or None is refused as a number too."""
-    text = str(value)
-    try:
-        return kind(text)
-    except argparse.ArgumentTypeError as err:
-        raise ProbekitError(option_message(name, str(err))) from None
-
-
-def _number(text: str, kind: Callable[[str], Any], name: str) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number (got {text!r})")
-    return value
-
-
-def integer(text: str) -> int:
-    """Any integer."""
-    return _number(text, int, "an integer")
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1 (batch sizes, counts)."""
-    return int_range(1)(text)
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (seeds)."""
-    return int_range(0)(text)
-
-
-def _ranged(parse_value: Callable[[str], Any], spec: str, name: str, low: Any, high: Any) -> Any:
-    """The type of a value read by `parse_value` that lies in [low, high] (no upper bound when
-    `high` is None); bounds and value are shown with the format `spec` in the refusal, and
-    argparse names the type `name` in its own errors."""
-
-    def parse(text: str) -> Any:
-        value = parse_value(text)
-        if value < low or (high is not None and value > high):
-            bound = (
-                f"at least {low:{spec}}"
-                if high is None
-                else f"between {low:{spec}} and {high:{spec}}"
-            )
-            raise argparse.ArgumentTypeError(f"must be {bound} (got {value:{spec}})")
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
-    """The type of an integer in [low, high] (no upper bound when `high` is None)."""
-    return _ranged(integer, "", "integer", low, high)
-
-
-def finite_float(text: str) -> float:
-    """A finite number (no nan, no inf)."""
-    return _number(text, float, "a number")
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (epsilon, temperature)."""
-    return float_range(0.0)(text)
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    value = finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0 (got {value:g})")
-    return value
-
-
-def probability(text: str) -> float:
-    """A number in [0, 1]."""
-    return float_range(0.0, 1.0)(text)
-
-
-def float_range(low: float, high: float | None = None) -> Callable[[str], float]:
-    """The type of a finite number in [low, high] (no upper bound when `high` is None)."""
-    return _ranged(finite_float, "g", "number", low, high)
-
-
-def count_or_all(text: str) -> int | None:
-    """A positive count, or `all` (None)."""
-    if text == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' must be a positive number or 'all'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}), or 'all'")
-    return value
-
-
-def shard(text: str) -> tuple[int, int]:
-    """`i/n`: this process runs every n-th prompt from the i-th (0 <= i < n)."""
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' must look like i/n, e.g. 0/4") from None
-    if count < 1 or not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"'{text}': need 0 <= i < n")
-    return index, count
-
-
-def dtype_name(text: str) -> str:
-    """A floating-point dtype name (aliases fp32, bf16, fp16, half accepted)."""
-    name = DTYPE_ALIASES.get(text, text)
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a dtype; choose {', '.join(DTYPES)}")
-    return name
-
-
-def device_name(text: str) -> str:
-    """cpu, cuda, cuda:N or mps."""
-    if not DEVICE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a device; use cpu, cuda, cuda:N or mps")
-    return text
-
-
-def choice(kind: str, names: Sequence[str]) -> Callable[[str], str]:
-    """The type of one of `names` ("unknown mode 'x'; choose one of ev, generate")."""
-
-    def parse(text: str) -> str:
-        if text not in names:
-            raise argparse.ArgumentTypeError(
-                f"unknown {kind} '{text}'; choose one of {', '.join(names)}"
-            )
-        return text
-
-    parse.__name__ = kind
-    return parse
-
-
-def int_list(text: str) -> list[int]:
-    """Comma-separated integers such as `--layers 0,6,12`."""
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
-
-
-def comma_list(text: str) -> list[str]:
-    """Comma-separated names such as `--sites hook_resid_pre,hook_mlp_out`."""
-    items = [x.strip() for x in text.split(",")]
-    if not all(items):
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty item")
-    return items
-
-
-def check_out_dir(path: str | Path, option: str = "--out") -> None:
-    """Refuse an output folder that cannot be created or written; leaves nothing behind (a
-    temporary file in the nearest existing folder is created and removed)."""
-    target = Path(path).expanduser()
+def check_out_dir(folder: str | Path, name: str = "--out") -> None:
+    """Refuse an output folder that cannot be created or written (`name`: the option, as the
+    front end names it); leaves nothing behind (a temporary file in the nearest existing folder
+    is created and removed)."""
+    target = Path(folder).expanduser()
     if target.exists() and not target.is_dir():
-        raise ProbekitError(f"{option} {path} is a file, not a folder")
+        raise ProbekitError(f"{name} {folder} is a file, not a folder")
     existing = target
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ProbekitError(f"{option} {path}: {existing} is a file, not a folder")
+        raise ProbekitError(f"{name} {folder}: {existing} is a file, not a folder")
     try:  # a real write: permissions alone miss read-only file systems and /proc
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".probekit-write-check-"):
             pass
     except OSError as err:
         raise ProbekitError(
-            f"{option} {path}: cannot write in {existing} ({err.strerror})"
+            f"{name} {folder}: cannot write in {existing} ({err.strerror})"
         ) from None
 
 
-def options_from_keywords(
-    parser: argparse.ArgumentParser,
-    options: Mapping[str, Any],
-) -> argparse.Namespace:
-    """A command's parsed options from Python keywords (`layers=[0, 3]`, `prompt_only=True`,
-    `readout="p:5"`), validated by the very types, choices and checks of its command line: each
-    keyword is an option's destination (`--top-k` is `top_k`), a list is a comma-separated
-    value, True sets a flag, None keeps the default. An unknown keyword is one line with the
-    nearest known ones ("did you mean"); an old option name (`metric`, a hidden alias) still
-    works with its note. `run_study`, `patch_study` and `capture_study` take keywords here."""
-    actions: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        if action.help == argparse.SUPPRESS:  # an old name: reached by its own spelling
-            for name in action.option_strings:
-                actions.setdefault(name.lstrip("-").replace("-", "_"), action)
-        else:
-            actions[action.dest] = action
-    argv: list[str] = []
-    for key, value in options.items():
-        action = actions.get(key)
-        if action is None:
-            known = sorted(k for k, a in actions.items() if a.help != argparse.SUPPRESS)
-            near = difflib.get_close_matches(key, known, n=2)
-            hint = f"did you mean {' or '.join(near)}?" if near else f"options: {', '.join(known)}"
-            raise ProbekitError(f"unknown option {key}={value!r} for {parser.prog}; {hint}")
-        if value is None:
-            continue
-        flag = max(action.option_strings, key=len)
-        if action.help == argparse.SUPPRESS:
-            flag = "--" + key.replace("_", "-")
-        if action.nargs == 0:
-            if not isinstance(value, bool):
-                raise ProbekitError(f"{key} is a switch: give True or False, got {value!r}")
-            if value != action.default:
-                argv.append(flag)
-            continue
-        if isinstance(value, list | tuple | range):
-            value = ",".join(str(v) for v in value)
-        argv.append(f"{flag}={value}")
-    return parser.parse_args(argv)
+# Options every command that has them shares: declared here once
+
+
+@dataclass(frozen=True)
+class OutOption:
+    """Output."""
+
+    out: Path | None = option(
+        None, help="output folder (default %(default)s)", kind=path, metavar="DIR"
+    )
+
+
+@dataclass(frozen=True)
+class SeedOption:
+    """Seed."""
+
+    seed: int = option(
+        0,
+        help="seed of everything drawn at random: the items, the statistics' resamples, random "
+        "controls (default %(default)s)",
+        kind=non_negative_int,
+    )
+
+
+@dataclass(frozen=True)
+class BatchSizeOption:
+    """Batch size."""
+
+    batch_size: int | None = option(
+        None,
+        help="prompts per forward pass (default: the engine's choice for the device)",
+        kind=positive_int,
+        metavar="N",
+    )

@@ -1,9 +1,10 @@
 """Engines: what runs a model. Everything above this package talks to an engine (the protocol in
 `probekit.engines.base`), never to a model library's internals.
 
-`load_engine` picks an engine by name from `ENGINES`. An engine is one module whose loader takes
-`(spec, device=..., dtype=...)` (and the placement keywords it supports) and returns an object
-satisfying `Engine`; adding one is that module plus one line here, and no study changes. Engine
+`load_engine` picks an engine by name from `ENGINES` (in `probekit.engines.base`). An engine is
+one module whose loader takes `(model, device=..., dtype=...)` (and the placement keywords it
+supports) and returns an object satisfying `Engine`; adding one is that module plus one line in
+`ENGINES`, and no study changes. Engine
 modules are imported on first use, so `import probekit.engines` stays light. Before a model loads
 on an accelerator, by a device map or over vLLM's GPUs, the memory plan (`probekit.engines.plan`)
 checks that it fits and refuses in one line naming the options that would.
@@ -12,52 +13,57 @@ checks that it fits and refuses in one line naming the options that would.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import checked
+from probekit.engines.base import ENGINES
+from probekit.engines.options import ModelOptions
 
 if TYPE_CHECKING:
     from probekit.engines.base import Engine
 
-ENGINES: dict[str, str] = {
-    "hf": "probekit.engines.hf.model:load_model",
-    "vllm": "probekit.engines.vllm:load_vllm",
-}
-"""Engine name -> `module:loader`."""
-
+__all__ = ["ENGINES", "PARALLEL", "load_engine"]
 
 PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
 """vLLM's own placement keywords (the hf engine places a model with a device map instead)."""
 
 
+@checked(ModelOptions)
 def load_engine(
-    spec: str = "default",
+    model: str | Path = "default",
     engine: str = "hf",
     device: str | None = None,
     dtype: Any = None,
     *,
     device_map: str | dict[str, Any] | None = None,
     max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | None = None,
+    offload_folder: str | Path | None = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
+    tolerance: float | None = None,
 ) -> Engine:
-    """Load model `spec` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
+    """Load `model` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
 
-    `device_map`, `max_memory` and `offload_folder` place the model over several devices with
-    accelerate's dispatch (`probekit.engines.hf.model.load_model`; for the vllm engine, the
-    transformers copy its exact view reads); `tensor_parallel_size` and
-    `pipeline_parallel_size` are vLLM's (vllm engine only)."""
+    The keywords are `probekit.engines.options.ModelOptions`, checked as the command line checks
+    its `--model`, `--device`, `--dtype`, ... options (a bad one is one line naming the keyword):
+    `dtype` a name (`bfloat16`, `bf16`) or a `torch.dtype`, `device` a name or a `torch.device`.
+    `device_map` (a strategy, or a module -> device dict or its JSON), `max_memory` and
+    `offload_folder` place the model over several devices with accelerate's dispatch
+    (`probekit.engines.hf.model.load_model`; for the vllm engine, the transformers copy its
+    exact view reads); `tensor_parallel_size` and `pipeline_parallel_size` are vLLM's (vllm
+    engine only); `tolerance` the largest change of an answer probability the chosen arithmetic
+    may cause."""
     from probekit.engines.plan import check_before_load
 
-    if engine not in ENGINES:
-        raise ProbekitError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
     placement = {
         "device_map": device_map,
         "max_memory": max_memory,
         "offload_folder": offload_folder,
         "tensor_parallel_size": tensor_parallel_size,
         "pipeline_parallel_size": pipeline_parallel_size,
+        "tolerance": tolerance,
     }
     placement = {k: v for k, v in placement.items() if v is not None}
     if engine != "vllm" and any(k in placement for k in PARALLEL):
@@ -65,9 +71,11 @@ def load_engine(
             "--tensor-parallel-size and --pipeline-parallel-size are vLLM's (--engine vllm); "
             "the hf engine splits a model over devices with --device-map"
         )
+    if tolerance is not None and engine != "hf":
+        raise ProbekitError(f"--tolerance picks the hf engine's arithmetic, not the {engine}'s")
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
     if parallel > 1:  # vLLM's shards (the hf engine's load checks its own plan)
-        check_before_load(spec, device, dtype, parallel=parallel)
+        check_before_load(model, device, dtype, parallel=parallel)
     module, loader = ENGINES[engine].split(":")
     load = getattr(importlib.import_module(module), loader)
-    return load(spec, device=device, dtype=dtype, **placement)
+    return load(model, device=device, dtype=dtype, **placement)

@@ -11,7 +11,6 @@ transformers engine (`engines/hf/`) does all of it; an engine without hooks (vLL
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
@@ -21,6 +20,12 @@ import numpy as np
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
+
+ENGINES: dict[str, str] = {
+    "hf": "probekit.engines.hf.model:load_model",
+    "vllm": "probekit.engines.vllm:load_vllm",
+}
+"""The registered engines: name -> `module:loader` (`probekit.engines.load_engine`)."""
 
 DEFAULT_EPSILON = 1e-4
 """The pruning bound every scorer and command starts from: the answer distribution's error
@@ -102,12 +107,6 @@ class ScoreResult:
     expected: float | None = None
     std: float | None = None
     generated: list[int] | None = None  # the continuation, when the scorer was asked for one
-
-    @property
-    def mode(self) -> str | None:
-        """The old name of `most_probable` (a FutureWarning)."""
-        warnings.warn("ScoreResult.mode is now most_probable", FutureWarning, stacklevel=2)
-        return self.most_probable
 
     def row(self, answers: AnswerSet) -> dict[str, Any]:
         """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""

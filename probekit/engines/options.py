@@ -1,152 +1,185 @@
-"""The options of every command that loads a model (`--model`, `--device`, `--dtype`,
-`--engine`, and where the model goes: `--device-map`, `--max-memory`, `--offload-folder`,
-vLLM's `--tensor-parallel-size` and `--pipeline-parallel-size`), on the option types of
-`probekit.core.options`; `load_options` turns them into `load_engine`'s keywords. `check_device`
-says in one line when a named device is missing from this torch, for the command line and the
-API alike."""
+"""The options of loading and scoring a model, declared once (`probekit.core.options`) for every
+command that loads one and for `load_engine` and `score`: `ModelOptions` (which model, on which
+device, in which dtype, placed how), `EpsilonOption` and `ScoreOptions` (`probekit plan`'s are
+`probekit.engines.plan.PlanOptions`).
+`check_device` says in one line when a named device is missing from this torch, for the command
+line and the API alike. Nothing here imports a model library."""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
-from probekit.core.options import DTYPES, device_name, dtype_name
+from probekit.core.kinds import (
+    DTYPES,
+    Kind,
+    checked_by,
+    device_name,
+    floating_dtype,
+    non_negative_float,
+    path,
+    positive_int,
+    probability,
+    text,
+)
+from probekit.core.options import REQUIRED, BatchSizeOption, option
+from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
+from probekit.engines.plan import parse_device_map, parse_devices
 
 
-def add_model_options(
-    parser: argparse.ArgumentParser, several: bool = False, hooks: bool = True
-) -> None:
-    """`--model`, `--device`, `--dtype`, `--engine` and `--quiet` (no progress), the options of
-    every command that loads a model; `several`: `--model` may be repeated (a list, None when
-    not given); `hooks`: the command needs a hookable model, so `--engine` takes only engines
-    that have one."""
-    if several:
-        parser.add_argument(
-            "--model",
-            action="append",
-            default=None,
-            help="hub id, model dir, .gguf or default (the default); repeat it to run several "
-            "models, each into OUT/<model name>, summarised side by side",
-        )
-    else:
-        parser.add_argument(
-            "--model", default="default", help="hub id, model dir, .gguf or default"
-        )
-    parser.add_argument(
-        "--device", type=device_name, default=None, help="cuda, mps or cpu (default: the best)"
+def _engine(value: Any) -> str:
+    if value not in ENGINES:
+        raise ProbekitError(f"unknown engine '{value}'; choose one of: {', '.join(ENGINES)}")
+    return value
+
+
+def _model(value: Any) -> str:
+    if isinstance(value, Path):
+        return str(value)
+    return text.check(value)
+
+
+model_spec = Kind("model", str, _model)
+"""A model: `default`, a Hugging Face id, a model folder or a `.gguf` file (text or a Path)."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Model options: which model, on which device, in which dtype, placed how."""
+
+    model: str = option(
+        "default",
+        help="hub id, model folder, .gguf file or default (default %(default)s); probekit run "
+        "takes it several times: one folder each, summarised side by side",
+        kind=model_spec,
+        several=("run",),
     )
-    parser.add_argument(
-        "--dtype",
-        type=dtype_name,
-        default=None,
+    device: str | None = option(
+        None, help="cpu, cuda, cuda:N or mps (default: the best there is)", kind=device_name
+    )
+    dtype: str | None = option(
+        None,
         help=f"{', '.join(DTYPES)} (default: float32 on the CPU and wherever the float32 "
         "weights fit in half the accelerator's memory, else bfloat16)",
+        kind=floating_dtype,
     )
-    parser.add_argument(
-        "--device-map",
-        type=checked_type("probekit.engines.plan:parse_device_map"),
-        default=None,
+    engine: str = option(
+        "hf",
+        help="hf (transformers, the default) or vllm (probekit run only: generation through "
+        "vLLM; the exact view stays hf's)",
+        kind=checked_by("engine", _engine),
+    )
+    device_map: str | dict[str, Any] | None = option(
+        None,
         help="place the model over several devices with accelerate: auto, balanced, "
         "sequential, or a JSON object (text or .json file) of module -> device",
+        kind=checked_by("device map", parse_device_map),
     )
-    parser.add_argument(
-        "--max-memory",
-        type=checked_type("probekit.engines.plan:parse_devices"),
-        default=None,
-        metavar="DEVICE=SIZE[,...]",
+    max_memory: dict[str, int] | None = option(
+        None,
         help="memory the device map may fill per device, e.g. cuda:0=70GiB,cpu=150MiB "
         "(implies --device-map auto)",
+        kind=checked_by("devices", parse_devices),
+        metavar="DEVICE=SIZE[,...]",
     )
-    parser.add_argument(
-        "--offload-folder",
-        default=None,
-        metavar="DIR",
+    offload_folder: Path | None = option(
+        None,
         help="where the device map may put weights that fit nowhere else (disk offload; "
         "implies --device-map auto)",
+        kind=path,
+        metavar="DIR",
     )
-    if not hooks:
-        for name, what in (("tensor", "splits every layer"), ("pipeline", "splits the layers")):
-            parser.add_argument(
-                f"--{name}-parallel-size",
-                type=_positive,
-                default=None,
-                metavar="N",
-                help=f"vLLM {what} over N GPUs (--engine vllm only)",
-            )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress lines or time estimates (errors, warnings and results still print)",
+    tensor_parallel_size: int | None = option(
+        None,
+        help="vLLM splits every layer over N GPUs (--engine vllm only)",
+        kind=positive_int,
+        commands=("run",),
+        metavar="N",
     )
-    parser.add_argument(
-        "--engine",
-        type=engine_name(hooks),
-        default="hf",
-        help="hf (transformers, the default)"
-        + ("" if hooks else " or vllm (generation through vLLM; the exact view stays hf's)"),
+    pipeline_parallel_size: int | None = option(
+        None,
+        help="vLLM splits the layers over N GPUs (--engine vllm only)",
+        kind=positive_int,
+        commands=("run",),
+        metavar="N",
+    )
+    tolerance: float | None = option(
+        None,
+        help="largest change of an answer probability the chosen arithmetic may cause (see "
+        "docs/concepts.md)",
+        kind=probability,
+        metavar="T",
+    )
+    quiet: bool = option(
+        False, help="no progress lines or time estimates (errors, warnings and results still print)"
+    )
+
+    def load_keywords(self, **changes: Any) -> dict[str, Any]:
+        """`load_engine`'s keywords after the model: the options given, updated by `changes`
+        (e.g. a distributed launch's own device)."""
+        given = {
+            "engine": self.engine,
+            "device": self.device,
+            "dtype": self.dtype,
+            "device_map": self.device_map,
+            "max_memory": self.max_memory,
+            "offload_folder": self.offload_folder,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "tolerance": self.tolerance,
+            **changes,
+        }
+        return {name: value for name, value in given.items() if value is not None}
+
+    @property
+    def placed(self) -> list[str]:
+        """The placement options given (a device map and what implies one, vLLM's sizes)."""
+        names = ("device_map", "max_memory", "offload_folder", "tensor_parallel_size")
+        return [name for name in names if getattr(self, name) is not None]
+
+
+@dataclass(frozen=True)
+class EpsilonOption:
+    """Pruning bound."""
+
+    epsilon: float = option(
+        DEFAULT_EPSILON,
+        help="pruning bound: every row's error_bound (pruned mass / valid mass) is at most "
+        "this (default %(default)s; 0: exact)",
+        kind=non_negative_float,
     )
 
 
-def engine_name(hooks: bool) -> Callable[[str], str]:
-    """argparse type for `--engine`: a registered engine; with `hooks`, one with a hookable model
-    (today only hf), else one line saying why not."""
-    from probekit.engines import ENGINES
-
-    def check(text: str) -> str:
-        if text not in ENGINES:
-            raise argparse.ArgumentTypeError(
-                f"unknown engine '{text}'; choose one of: {', '.join(ENGINES)}"
-            )
-        if hooks and text != "hf":
-            from probekit.engines.base import hooks_unavailable
-
-            raise argparse.ArgumentTypeError(str(hooks_unavailable(text)))
-        return text
-
-    return check
+answer_spec = checked_by("answers", as_answer_set)
+"""An answer set: a spec (`0-10`, `A-E`, `A,B,C`, `@file`), a list, or an `AnswerSet`."""
 
 
-LOAD_OPTIONS = (
-    "device",
-    "dtype",
-    "device_map",
-    "max_memory",
-    "offload_folder",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-)
-"""The `load_engine` keywords that `add_model_options` adds options for."""
+@dataclass(frozen=True, kw_only=True)
+class ScoreOptions(BatchSizeOption, EpsilonOption):
+    """Scoring options: the answers, and how each prompt is scored."""
+
+    answers: AnswerSet = option(
+        REQUIRED,
+        help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line)",
+        kind=answer_spec,
+    )
+    prefill: str = option("", help="text forced at the start of the response", kind=text)
 
 
-def load_options(args: argparse.Namespace, **changes: Any) -> dict[str, Any]:
-    """`load_engine`'s keywords from the parsed model options (those given), updated by
-    `changes` (e.g. a distributed launch's own device)."""
-    given = {name: getattr(args, name, None) for name in LOAD_OPTIONS}
-    given.update(changes)
-    return {name: value for name, value in given.items() if value is not None}
-
-
-def checked_type(where: str) -> Callable[[str], Any]:
-    """argparse type calling the parser `module:function`, its one-line error as argparse's."""
-
-    def check(text: str) -> Any:
-        import importlib
-
-        module, function = where.split(":")
-        try:
-            return getattr(importlib.import_module(module), function)(text)
-        except ProbekitError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return check
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number")
-    return int(text)
+def loaded_engine(model: Any) -> Engine | None:
+    """The engine `model` is, or None for a model spec (text or a Path) still to load; one line
+    for anything else."""
+    if isinstance(model, str | Path):
+        return None
+    if not isinstance(model, Engine):
+        raise ProbekitError(
+            "model must be a model spec (default, a hub id, a model folder, a .gguf file) or a "
+            f"loaded model, not {model!r}"
+        )
+    return model
 
 
 def check_device(name: str) -> str:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
+from probekit.core.kinds import DTYPES, checked_by, floating_dtype, positive_int, text
+from probekit.core.options import REQUIRED, BatchSizeOption, checked, option
 
 MAP_POLICIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's device-map strategies `--device-map` takes by name."""
@@ -267,6 +269,36 @@ def _display_name(model: str, path: Path) -> str:
     return (path.parent if path.is_file() else path).name
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions(BatchSizeOption):
+    """Plan options: the model, the devices, the batch planned for."""
+
+    model: str = option(
+        REQUIRED,
+        help="a model folder, its config.json, default, or a hub id in the local cache",
+        kind=text,
+    )
+    devices: dict[str, int] = option(
+        REQUIRED,
+        help="the devices and their memory, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=256GiB",
+        kind=checked_by("devices", parse_devices),
+        metavar="DEVICE=SIZE[,...]",
+    )
+    dtype: str | None = option(
+        None, help=f"{', '.join(DTYPES)} (default: the policy's pick)", kind=floating_dtype
+    )
+    prompt_tokens: int = option(
+        PROMPT_TOKENS,
+        help="tokens per prompt the batch is planned for (default %(default)s)",
+        kind=positive_int,
+    )
+    device_map: bool = option(False, help="plan a model placed by a device map")
+    offload: bool = option(False, help="the device map may offload to disk")
+    tensor_parallel_size: int = option(1, help="plan vLLM over N GPUs", kind=positive_int)
+    json: bool = option(False, help="print the plan as JSON")
+
+
+@checked(PlanOptions, skip=("model",))
 def plan(
     model: str | Shape,
     devices: str | Mapping[str, Any],

@@ -1,9 +1,10 @@
 """One-call scoring for scripts: prompts in, a DataFrame of exact answer probabilities out.
 
 `score` is `probekit score` as a function: the same encoder, scorer and columns, so a script and
-the command give the same numbers for the same prompts, and the same checks: its keywords go
-through the command line's option types (`probekit.core.options.check_value`) and its answers
-through `as_answer_set`, so a bad value is the same one-line ProbekitError from both. A weak
+the command give the same numbers for the same prompts, and the same checks: its arguments are
+those of `probekit.engines.options.ScoreOptions`, checked by the same declarations as the
+command's flags (`probekit.core.options.checked`), so a bad value is the same one-line
+ProbekitError from both, naming the keyword, and a misspelled keyword gets a "did you mean". A weak
 signal (mean valid mass below `WEAK_SIGNAL_VALID_MASS`) and a prefill ending in whitespace are
 warned about (`warnings.warn`; the command line prints the same line on stderr).
 """
@@ -21,14 +22,16 @@ import pandas as pd
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
-from probekit.core.options import check_value, non_negative_float, positive_int
+from probekit.core.options import checked
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import parse_messages, read_prompts
 from probekit.core.signal import prefill_trap, weak_signal
+from probekit.engines.options import ScoreOptions
 
 Prompts = str | Path | Sequence[str] | Sequence[Sequence[Mapping[str, str]]] | Sequence[Item]
 
 
+@checked(ScoreOptions)
 def score(
     model: Any,
     prompts: Prompts,
@@ -62,13 +65,8 @@ def score(
     warned about.
     """
     answer_set = as_answer_set(answers)
-    epsilon = check_value("epsilon", epsilon, non_negative_float)
-    if batch_size is not None:
-        batch_size = check_value("batch_size", batch_size, positive_int)
-    if prefill is not None and not isinstance(prefill, str):
-        raise ProbekitError(f"prefill must be a string, got {type(prefill).__name__}")
     if trap := prefill_trap(prefill or ""):
-        warnings.warn(trap, UserWarning, stacklevel=2)
+        warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @checked
     items = list(as_items(prompts, prefill or ""))
     if not items:
         raise ProbekitError("no prompts to score")
@@ -78,7 +76,7 @@ def score(
         )
         table = pd.concat(list(frames), ignore_index=True)
     if weak := weak_signal(float(table["valid_mass"].mean())):
-        warnings.warn(weak, UserWarning, stacklevel=2)
+        warnings.warn(weak, UserWarning, stacklevel=3)
     return table
 
 

@@ -9,12 +9,14 @@
     >>> ax = df.plot(x="layer", y="recovery", marker="o")  # the recovered share of the gap
 
 Every wrong type (a list of prompts where pairs are expected, a string where a list is, an
-unknown site) is one line of `ProbekitError`, before any forward pass.
+unknown site) is one line of `ProbekitError`, before any forward pass; the keywords that are
+options of `probekit patch` and `probekit capture` are checked by the same declarations
+(`probekit.mechanism.pipeline.PatchOptions`, `CaptureOptions`), and a misspelled keyword gets a
+"did you mean".
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,14 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import checked
 from probekit.core.progress import silenced
+from probekit.engines.options import ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
 from probekit.mechanism.patching import noise_line, summarise, sweep
-from probekit.mechanism.pipeline import measure
+from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
 
@@ -49,6 +53,7 @@ def hookable(model: Any) -> Any:
     raise ProbekitError(f"model must be a loaded model or a model spec, got a {type(model)}")
 
 
+@checked(PatchOptions, ScoreOptions, skip=("readout",))
 def patch(
     model: Any,
     pairs: Sequence[Pair] | Pair,
@@ -67,7 +72,6 @@ def patch(
     distributions: bool = False,
     progress: bool = True,
     quiet: bool = False,
-    **deprecated: Any,
 ) -> pd.DataFrame:
     """The patching table of `probekit patch` for these pairs: one row per (pair, component).
 
@@ -81,12 +85,11 @@ def patch(
             head).
         layers: layer indices, negative from the end (default: every layer).
         readout: the per-prompt readout (`expected`, `p:<answer>`, `p_correct`, `X - Y`, `tv`)
-            or a `Readout` (`metric=` is its old name).
+            or a `Readout`.
         answers: an `AnswerSet` or a spec (`0-10`, `A-E`, `A,B,C`).
         method: `exact`, `attribution` or `attribution+verify` (the `top_k` re-measured).
         heads: heads patched one by one at `attn.hook_z` (default: every head).
-        hooks: the hook library, `transformer_lens` or `nnsight` (exact patching; `backend=` is
-            its old name).
+        hooks: the hook library, `transformer_lens` or `nnsight` (exact patching).
         batch_size: prompts per forward pass.
         through_answer: a span that runs to the end (`from_<span>`, `answer`) also patches
             every answer position, so patching from a span on at any layer gives the clean run
@@ -103,11 +106,13 @@ def patch(
     `<m>_patched`, `gap`, `recovery`, `small_gap`, ... Over several pairs, `recovery(df)` gives
     each component's mean effect over the mean gap with its interval.
     """
-    metric, hooks = _renamed(deprecated, readout, hooks)
     model = hookable(model)
     pairs = check_pairs(_as_pairs(model, pairs))
     answer_set = _answers(answers)
-    measured = metric if isinstance(metric, Readout) else parse_readout(_text(metric), answer_set)
+    if isinstance(readout, Readout):
+        measured = readout
+    else:
+        measured = parse_readout(_text(readout), answer_set)
     library(hooks)
     chosen = layer_indices(
         model, _list(layers, "layers") if layers is not None else range(model.n_layers)
@@ -155,20 +160,7 @@ def recovery(
     return out
 
 
-def _renamed(
-    deprecated: dict[str, Any], readout: Any, hooks: str, where: str = "patch"
-) -> tuple[Any, str]:
-    """`metric=` and `backend=`, the old names of `readout=` and `hooks=`, with a FutureWarning;
-    one line for any other unknown keyword."""
-    for old, new in (("metric", "readout"), ("backend", "hooks")):
-        if old in deprecated:
-            warnings.warn(f"{old}= is now {new}=", FutureWarning, stacklevel=3)
-    unknown = set(deprecated) - ({"metric", "backend"} if where == "patch" else {"backend"})
-    if unknown:
-        raise ProbekitError(f"{where}() got unknown keywords: {', '.join(sorted(unknown))}")
-    return deprecated.get("metric", readout), deprecated.get("backend", hooks)
-
-
+@checked(CaptureOptions)
 def capture(
     model: Any,
     prompts: Any,
@@ -181,7 +173,6 @@ def capture(
     batch_size: int = 8,
     dtype: torch.dtype = torch.float16,
     quiet: bool = False,
-    **deprecated: Any,
 ) -> disk.Activations:
     """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
 
@@ -195,13 +186,12 @@ def capture(
             token).
         out: also write resumable safetensors shards there (`probekit capture`'s format in
             `dtype`); the activations returned are then read back from it.
-        hooks: the hook library, `transformer_lens` or `nnsight` (`backend=` is its old name).
+        hooks: the hook library, `transformer_lens` or `nnsight`.
         quiet: no progress lines (`probekit.core.progress`).
 
     Returns `Activations`: `acts["blocks.3.hook_resid_pre"]` is [rows, d_model] (float32 in
     memory), `acts.at(hook, prompt_id, span)` one prompt's span, `acts.index` the rows.
     """
-    _, hooks = _renamed(deprecated, None, hooks, "capture")
     model = hookable(model)
     encoded = encode_prompts(model, prompts, "capture")
     chosen = layer_indices(

@@ -9,7 +9,7 @@ clean forward, one corrupt forward and one backward pass per prompt batch.
 The readout is the one exact patching reads, differentiated end to end: the normalised exact
 answer distribution of `probekit.engines.hf.differentiable` (every surface form, stop probability,
 no pruning, no first-token proxy), dotted with the readout's weight per answer. Every readout of
-`probekit.mechanism.readouts` (ev, p:<answer>, p_correct and their differences) is linear in the
+`probekit.mechanism.readouts` (expected, p:<answer>, p_correct, their differences) is linear in the
 normalised distribution; `linear_weights` reads the weights and refuses a readout that is not.
 
 Gradients flow through the TransformerLens bridge hooks: each hooked activation gets a zero
@@ -39,7 +39,7 @@ from probekit.mechanism.components import (
     check,
     from_row,
     key_columns,
-    plan,
+    make_job,
     row,
     table,
 )
@@ -87,7 +87,7 @@ def attribute(
     size = batch_size or max(1, scorer.batch_size // 4)  # the pass keeps every node's graph
     # the estimate is the linear term of a patch of prompt positions (the gradient pass does not
     # reach the answer positions); `verify` measures the same patch exactly
-    jobs = [plan(i, pair, patch, False) for i, pair in enumerate(pairs) for patch in patches]
+    jobs = [make_job(i, pair, patch, False) for i, pair in enumerate(pairs) for patch in patches]
     hooks = sorted({patch.hook for patch in patches}, key=hook_order)
     want: dict[str, tuple[EncodedItem, set[int]]] = {}
     for job in jobs:

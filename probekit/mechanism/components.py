@@ -1,7 +1,7 @@
 """Components (a site at a layer over a span, or one attention head) and the patching table.
 
 A patch (layer, site, span[, head]) copies the clean run's activation at the TransformerLens hook
-`blocks.{layer}.{site}` into the corrupt run at the span's aligned positions. `plan` aligns one
+`blocks.{layer}.{site}` into the corrupt run at the span's aligned positions. `make_job` aligns one
 patch on one pair; `row` writes one row of the patching table that exact patching
 (`mechanism.patching`) and attribution patching (`mechanism.attribution`) both return.
 
@@ -106,7 +106,7 @@ class Job:
     answer: bool = False
 
 
-def plan(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> Job:
+def make_job(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> Job:
     """The job of `patch` on pair number `i`; with `through_answer`, a span that runs to the
     end of both prompts (`from_<span>`, `answer`; not one position `<span>@<i>`) also patches
     every answer position."""
@@ -181,7 +181,6 @@ def row(
         "recovery": (m_patched - m_corrupt) / gap if gap != 0 else np.nan,
         "ran": False,
         "readout": readout.spec,
-        "metric": readout.spec,  # the old name of `readout`
         "method": method,
         "estimate": estimate,
     }

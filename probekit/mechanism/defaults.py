@@ -37,8 +37,8 @@ class MechanismDefaults:
     """A study's defaults for `probekit patch/capture`.
 
     `spans`: the spans patched when `--spans` is not given (None: every span of the items).
-    `readout`: the readout spec (`ev`, `p_correct`, ...) or a function (probe, encoded prompts,
-    their exact results) -> spec, whose docstring's first sentence names it in `--help`.
+    `readout`: the readout spec (`expected`, `p_correct`, ...) or a function (probe, encoded
+    prompts, their exact results) -> spec, whose docstring's first sentence names it in `--help`.
     `direction`: the study's difference-of-means direction, if it has one."""
 
     spans: tuple[str, ...] | None = None

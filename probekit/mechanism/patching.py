@@ -47,7 +47,7 @@ from probekit.mechanism.components import (
     Patch,
     check,
     key_columns,
-    plan,
+    make_job,
     row,
     table,
 )
@@ -91,7 +91,7 @@ def sweep(
     comes twice, as `clean_<col>` and `corrupt_<col>`), clean_prompt_id, corrupt_prompt_id,
     clean_prompt, corrupt_prompt (rendered text), layer, site (hook name), head (at
     `attn.hook_z`; else null), span, clean_positions, corrupt_positions (aligned, unpadded),
-    `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `readout.column`, e.g. ev), gap (clean -
+    `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `readout.column`, e.g. expected), gap (clean -
     corrupt), recovery, ran, metric (the readout's spec), method (`exact` here) and estimate (the
     attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`),
     noise (the run's numeric noise on the readout, `numeric_noise`) and small_gap (|gap| <=
@@ -102,7 +102,9 @@ def sweep(
     if through_answer is None:
         through_answer = library(hooks) == "transformer_lens"
     jobs = [
-        plan(i, pair, patch, through_answer) for i, pair in enumerate(pairs) for patch in patches
+        make_job(i, pair, patch, through_answer)
+        for i, pair in enumerate(pairs)
+        for patch in patches
     ]
     todo = [k for k, job in enumerate(jobs) if run_noops or not job.noop]
     runs = [jobs[k] for k in todo]

@@ -1,8 +1,13 @@
 """The patch and capture analyses of a study, as `probekit patch` and `probekit capture` run them.
 
-`check_patch` validates a request before any model is loaded; `run_patch` then does the rest:
+The options of `probekit patch`, `capture` and `steer` are declared here once
+(`probekit.core.options`): `HookOptions` (what every mechanism command reads: layers, sites,
+hooks, and the shared out, seed, batch size), `PatchOptions`, `CaptureOptions` (and
+`probekit.mechanism.steering.SteerOptions`).
+`check_patch` validates patch options against the items before any model is loaded; `run_patch`
+then does the rest:
 1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
-   the same event), the `pairs_per_unit` per unit with the largest readout gap (`pick_pairs`).
+   the same event), the `pairs_per_unit` with the largest readout gap (`pick_pairs`).
 2. Patching (`measure`): the clean activation is patched into the corrupt run at each (layer,
    site, span), and each head at `attn.hook_z` (`method="exact"`, mechanism.patching); or every
    component is estimated by attribution patching (`attribution`) and the `top_k` re-measured
@@ -12,7 +17,7 @@
    positions.png (with `positions`), and prints the five components with the largest effect.
    `mediation` adds the total, direct and indirect effects of the exactly measured components
    (mediation.parquet, mediation_summary.csv; mechanism.mediation).
-3. Direction (studies that define one; not with `direction=False`): per layer, the difference of
+3. Direction (studies that define one; not with `skip_direction`): per layer, the difference of
    means across the contrast at one span and how well a prompt's projection predicts its gap
    (directions.parquet); at the best layer the direction is projected out and the study's
    statistic recomputed (causal_check.json).
@@ -33,6 +38,8 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
+from probekit.core.kinds import checked_by, choice, comma_list, int_list, positive_int, text
+from probekit.core.options import BatchSizeOption, OutOption, SeedOption, Spell, flag, option
 from probekit.engines.base import HookedScorer
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
@@ -48,51 +55,121 @@ DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min
 Say = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class PatchRequest:
-    """Every choice of one patch analysis (the options of `probekit patch`); None: the default
-    (layers: `DEFAULT_LAYERS` evenly spaced; spans and readout: the study's; heads: all)."""
+hook_library = checked_by("hook library", library)
+"""transformer_lens or nnsight."""
 
-    layers: Sequence[int] | None = None
-    sites: Sequence[str] = DEFAULT_SITES
-    spans: Sequence[str] | None = None
-    heads: Sequence[int] | None = None
-    readout: str | None = None
-    method: str = "exact"
-    top_k: int = 20
-    pairs_per_unit: int = 1
-    positions: bool = False
-    mediation: bool = False
-    direction: bool = True
-    control: bool = False
-    bootstrap: int = 1000
-    hooks: str = "transformer_lens"
-    batch_size: int | None = None
-    seed: int = 0
-    through_answer: bool | None = None
+
+@dataclass(frozen=True)
+class HookOptions(BatchSizeOption, SeedOption, OutOption):
+    """Where activations are read and written."""
+
+    layers: list[int] | None = option(
+        None,
+        help=f"comma-separated layers, -1 the last (default: patch {DEFAULT_LAYERS} evenly "
+        "spaced, capture the first, middle and last, steer the middle one)",
+        kind=int_list,
+    )
+    sites: list[str] = option(
+        list(DEFAULT_SITES),
+        help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
+        f"patch: {HEAD_SITE} patches each attention head; steer: residual-width sites only "
+        "(default %(default)s)",
+        kind=comma_list,
+        defaults={"steer": ["hook_resid_post"]},
+    )
+    spans: list[str] | None = option(
+        None,
+        help="span names; patch also from_<span> (everything from the span to the end) and "
+        "<span>@<i> (the i-th of its positions; -1 the last) (default: patch the study's spans, "
+        "capture every span)",
+        kind=comma_list,
+        commands=("patch", "capture"),
+    )
+    hooks: str = option(
+        "transformer_lens",
+        help="hook library that reads and writes activations: transformer_lens or nnsight",
+        kind=hook_library,
+    )
+
+
+@dataclass(frozen=True)
+class PatchOptions(HookOptions):
+    """Patch options: the components, the readout, the method and what else to measure."""
+
+    heads: list[int] | None = option(
+        None, help=f"heads at {HEAD_SITE} (default: every head)", kind=int_list
+    )
+    readout: str | None = option(
+        None,
+        help="the per-prompt readout (TransformerLens's patching metric): expected, p:<answer>, "
+        "p_correct, a difference 'X - Y', or tv (overlap 1 - TV with the pair's clean "
+        "distribution; --method exact only) (default: the study's)",
+        kind=text,
+    )
+    method: str = option(
+        "exact",
+        help="exact patching, attribution estimates, or both for the --top-k estimated",
+        kind=choice("method", METHODS),
+    )
+    top_k: int = option(
+        20,
+        help="components re-measured by attribution+verify (default %(default)s)",
+        kind=positive_int,
+    )
+    pairs_per_unit: int = option(
+        1,
+        help="pairs patched per unit (event, item), largest gap first (default %(default)s)",
+        kind=positive_int,
+    )
+    positions: bool = option(
+        False,
+        help="patch each position of each span on its own (span@-k ... span@-1, aligned at the "
+        "span's end; a layer x position heatmap per site)",
+    )
+    mediation: bool = option(
+        False, help="also the direct effect of each exactly measured component (one more sweep)"
+    )
+    bootstrap: int = option(
+        1000,
+        help="resamples of the pairs for the intervals (default %(default)s)",
+        kind=positive_int,
+    )
+    prompt_only: bool = option(
+        False,
+        help="patch prompt positions only (by default a span that runs to the end, such as "
+        "from_<span>, also patches every answer position; nnsight patches the prompt only)",
+    )
+    control: bool = option(False, help="also project out a random direction (slower)")
+    skip_direction: bool = option(False, help="patching (and mediation) only")
+
+    @property
+    def through_answer(self) -> bool | None:
+        """`patching.sweep`'s `through_answer`: False with `prompt_only`, else its default."""
+        return False if self.prompt_only else None
+
+
+@dataclass(frozen=True)
+class CaptureOptions(HookOptions):
+    """Capture options: which activations are kept."""
 
 
 def check_patch(
-    request: PatchRequest, items: Sequence[Item], answers: Any, defaults: MechanismDefaults
+    request: PatchOptions,
+    items: Sequence[Item],
+    answers: Any,
+    defaults: MechanismDefaults,
+    spell: Spell = flag,
 ) -> Readout | None:
-    """One line for any bad choice that needs no model; the readout when its spec is fixed
-    (None when the study chooses it from the exact scores)."""
-    library(request.hooks)
+    """One line for any bad choice that needs no model (naming options with `spell`); the
+    readout when its spec is fixed (None when the study chooses it from the exact scores)."""
     for name in request.sites:
         find_site(name)
-    if request.method not in METHODS:
-        raise ProbekitError(f"unknown method {request.method!r}; choose from {', '.join(METHODS)}")
-    if request.pairs_per_unit < 1:
-        raise ProbekitError(f"--pairs must be at least 1, got {request.pairs_per_unit}")
-    if request.bootstrap < 1:
-        raise ProbekitError(f"--bootstrap must be at least 1, got {request.bootstrap}")
-    if request.batch_size is not None and request.batch_size < 1:
-        raise ProbekitError(f"--batch-size must be at least 1, got {request.batch_size}")
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
+    method, mediation = spell("method"), spell("mediation")
     if request.mediation and request.method == "attribution":
         raise ProbekitError(
-            "--mediation needs exactly measured components: use --method exact or "
+            f"{mediation} needs exactly measured components: use {method} exact or "
             "attribution+verify"
         )
     spec = request.readout or defaults.readout
@@ -102,7 +179,7 @@ def check_patch(
     if readout.paired and (request.method != "exact" or request.mediation):
         raise ProbekitError(
             f"the readout {readout.spec} compares a pair's two distributions: use it with "
-            "--method exact and without --mediation (attribution needs a readout linear in one "
+            f"{method} exact and without {mediation} (attribution needs a readout linear in one "
             "distribution, mediation a readout defined per prompt)"
         )
     return readout
@@ -113,13 +190,15 @@ def run_patch(
     study: Any,
     probe: Any,
     items: Sequence[Item],
-    request: PatchRequest,
+    request: PatchOptions,
     out: str | Path,
     say: Say = print,
+    spell: Spell = flag,
 ) -> list[str]:
-    """The whole patch analysis of a study's items into `out`; the files written."""
+    """The whole patch analysis of a study's items into `out`; the files written (`spell`
+    names the options in a refusal)."""
     defaults: MechanismDefaults = study.mechanism_defaults()
-    readout = check_patch(request, items, probe.answers, defaults)
+    readout = check_patch(request, items, probe.answers, defaults, spell)
     spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
     layers = layer_indices(model, request.layers) if request.layers else default_layers(model)
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
@@ -131,14 +210,14 @@ def run_patch(
     check(model, pairs, patches)  # fail on bad input before any scoring
     if request.method == "attribution+verify" and not 1 <= request.top_k <= len(patches):
         raise ProbekitError(
-            f"--top-k must lie between 1 and the number of components ({len(patches)}), "
-            f"got {request.top_k}"
+            f"{spell('top_k')} must lie between 1 and the number of components "
+            f"({len(patches)}), got {request.top_k}"
         )
     scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=request.batch_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
 
-    direction = defaults.direction if request.direction else None
+    direction = None if request.skip_direction else defaults.direction
     if direction and readout is not None and readout.paired:
         say(f"no direction analysis: it needs a readout of one prompt, and {readout.spec} is not")
         direction = None
@@ -241,7 +320,7 @@ def measure(
 def report(
     df: pd.DataFrame,
     out: Path,
-    request: PatchRequest,
+    request: PatchOptions,
     spans: list[str],
     name: str,
     say: Say = print,
@@ -295,7 +374,7 @@ def mediate(
     patches: list[Patch],
     readout: Readout,
     out: Path,
-    request: PatchRequest,
+    request: PatchOptions,
     say: Say = print,
 ) -> list[str]:
     """mediation.parquet and mediation_summary.csv for `patches`; says the top components'
@@ -324,7 +403,7 @@ def direction_check(
     direction: Any,
     readout: Readout,
     out: Path,
-    request: PatchRequest,
+    request: PatchOptions,
     say: Say = print,
 ) -> list[str]:
     """directions.parquet (the fit per layer) and causal_check.json (the statistic before and
@@ -367,25 +446,14 @@ def direction_check(
     return ["directions.parquet", "causal_check.json"]
 
 
-@dataclass(frozen=True)
-class CaptureRequest:
-    """Every choice of one capture (the options of `probekit capture`); layers None: the first,
-    middle and last; spans None: every span."""
-
-    layers: Sequence[int] | None = None
-    sites: Sequence[str] = DEFAULT_SITES
-    spans: Sequence[str] | None = None
-    hooks: str = "transformer_lens"
-    batch_size: int = 8
+CAPTURE_BATCH = 8
+"""Prompts per forward pass of a capture unless `batch_size` says otherwise."""
 
 
-def check_capture(request: CaptureRequest, items: Sequence[Item]) -> None:
+def check_capture(request: CaptureOptions, items: Sequence[Item]) -> None:
     """One line for any bad choice that needs no model."""
-    library(request.hooks)
     for name in request.sites:
         find_site(name)
-    if request.batch_size < 1:
-        raise ProbekitError(f"--batch-size must be at least 1, got {request.batch_size}")
     if request.spans:
         check_span_names(items, request.spans)
 
@@ -394,7 +462,7 @@ def run_capture(
     model: Any,
     probe: Any,
     items: Sequence[Item],
-    request: CaptureRequest,
+    request: CaptureOptions,
     out: str | Path,
     say: Say = print,
 ) -> capture.CaptureResult:
@@ -410,7 +478,7 @@ def run_capture(
         sites=request.sites,
         spans=request.spans,
         hooks=request.hooks,
-        batch_size=request.batch_size,
+        batch_size=request.batch_size or CAPTURE_BATCH,
     )
     say(
         f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "

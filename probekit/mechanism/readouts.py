@@ -4,8 +4,8 @@ A readout is what TransformerLens calls the patching metric: the mechanism (patc
 attribution, mediation, directions) takes one as a parameter, so that it explains the study's own
 behaviour: the expected value of a numeric answer, the probability of one answer, the
 probability of the item's correct answer, or a difference of two such. Specs (the `--readout`
-option of `probekit patch`; `--metric` is its old name): `expected` (`ev` is its old name),
-`p:<answer>`, `p_correct`, and `X - Y` for a difference (`p:joy - p:fear`). The studies'
+option of `probekit patch`): `expected`, `p:<answer>`, `p_correct`, and `X - Y` for a
+difference (`p:joy - p:fear`). The studies'
 aggregate metrics over many prompts (`studies/*/metrics.py`) are another thing.
 
 One readout compares a pair's two distributions instead: `tv`, the overlap 1 - TV(P, P_clean)
@@ -18,7 +18,6 @@ result (`readout(result, item, clean)`), so it serves exact patching only.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -113,14 +112,11 @@ def difference(first: Readout, second: Readout) -> Readout:
 
 def parse_readout(spec: str, answers: AnswerSet) -> Readout:
     """The readout a spec names (`expected`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for
-    these answers (`ev`, the old name of `expected`, with a FutureWarning)."""
+    these answers."""
     if " - " in spec:
         first, second = spec.split(" - ", 1)
         return difference(parse_readout(first, answers), parse_readout(second, answers))
     text = spec.strip()
-    if text == "ev":
-        warnings.warn("the readout 'ev' is now called 'expected'", FutureWarning, stacklevel=2)
-        return expected_value(answers)
     if text == "expected":
         return expected_value(answers)
     if text == "p_correct":

@@ -17,13 +17,12 @@ through this table, so a new site is one row here.
 
 Rows are in the order a block runs them. The hook library that reads and writes them is
 `transformer_lens` (hooks of the model's `TransformerBridge`) or `nnsight` (a trace of the
-Hugging Face modules); `bridge` is an old name of `transformer_lens`. Layers are counted from 0;
+Hugging Face modules). Layers are counted from 0;
 a negative layer counts from the end (-1 is the last), as in Python and TransformerLens.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -34,7 +33,6 @@ import torch
 from probekit.core.errors import ProbekitError
 
 HOOK_LIBRARIES: tuple[str, ...] = ("transformer_lens", "nnsight")
-_LIBRARY_ALIASES = {"bridge": "transformer_lens", "tl": "transformer_lens"}
 
 
 @dataclass(frozen=True)
@@ -128,18 +126,12 @@ def hook_order(hook: str) -> tuple[int, int]:
 
 
 def library(name: str) -> str:
-    """The hook library a name gives (`transformer_lens`, `nnsight`; `bridge` and `tl`, old
-    names of `transformer_lens`, with a FutureWarning)."""
-    if name in _LIBRARY_ALIASES:
-        warnings.warn(
-            f"the hook library {name!r} is now called 'transformer_lens'", FutureWarning, 2
-        )
-    chosen = _LIBRARY_ALIASES.get(name, name)
-    if chosen not in HOOK_LIBRARIES:
+    """`name` if it is a hook library (`transformer_lens`, `nnsight`), else one line."""
+    if name not in HOOK_LIBRARIES:
         raise ProbekitError(
             f"unknown hook library {name!r}; choose from {', '.join(HOOK_LIBRARIES)}"
         )
-    return chosen
+    return name
 
 
 def layer_indices(model: Any, layers: Sequence[Any]) -> list[int]:

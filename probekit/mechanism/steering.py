@@ -20,6 +20,7 @@ the valid mass at α minus that at 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,12 +30,16 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
+from probekit.core.kinds import checked_by, float_list
+from probekit.core.options import checked, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
 from probekit.engines.base import ScoreResult
+from probekit.engines.options import ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
+from probekit.mechanism.pipeline import HookOptions
 from probekit.mechanism.sites import d_model, enable_bridge, layer_indices, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
@@ -65,6 +70,31 @@ def check_positions(positions: str) -> str:
     if positions not in POSITIONS:
         raise ProbekitError(f"unknown positions {positions!r}; choose from {', '.join(POSITIONS)}")
     return positions
+
+
+@dataclass(frozen=True)
+class SteerOptions(HookOptions):
+    """Steer options: the vector, its strengths and where it is added."""
+
+    alphas: list[float] = option(
+        [-4.0, -2.0, 0.0, 2.0, 4.0],
+        help="multiples of the vector (default %(default)s)",
+        kind=checked_by("alphas", check_alphas, float_list.parse),
+    )
+    positions: str = option(
+        "from_span",
+        help="span (its tokens), from_span (from the span on, answer tokens included) or all "
+        "(every prompt and answer token) (default %(default)s)",
+        kind=checked_by("positions", check_positions),
+    )
+    span: str | None = option(
+        None, help="the span steered from (default: the study's contrast span, else answer)"
+    )
+    vector: str = option(
+        "mean_diff",
+        help="mean_diff (contrast mean difference at the span), direction (the same, unit "
+        "length) or a file (.npy, .pt, .safetensors: [d_model] or [n_layers, d_model])",
+    )
 
 
 def steering_site(name: str) -> str:
@@ -233,7 +263,7 @@ def steer_rows(
     ]
 
 
-def sweep(
+def steering_table(
     scorer: Any,
     prompts: Sequence[EncodedItem],
     vectors: Mapping[Target, torch.Tensor],
@@ -297,6 +327,7 @@ def sweep(
     return pd.DataFrame(rows)
 
 
+@checked(SteerOptions, ScoreOptions, skip=("vector",))
 def steer(
     model: Any,
     prompts: Any,
@@ -358,7 +389,7 @@ def steer(
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
     scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
     with silenced(quiet):
-        return sweep(
+        return steering_table(
             scorer,
             encoded,
             vectors,

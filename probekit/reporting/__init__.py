@@ -15,7 +15,7 @@ _API = {
     "RunFacts": "probekit.reporting.contract",
     "StudyCard": "probekit.reporting.contract",
     "StudyReport": "probekit.reporting.contract",
-    "Run": "probekit.reporting.html",
+    "RunPage": "probekit.reporting.html",
     "load_run": "probekit.reporting.html",
     "run_page_html": "probekit.reporting.html",
     "runs_page_html": "probekit.reporting.html",

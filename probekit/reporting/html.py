@@ -112,7 +112,7 @@ class Figure:
 
 
 @dataclass
-class Run:
+class RunPage:
     """Everything a page shows about one finished run."""
 
     folder: Path
@@ -205,7 +205,7 @@ class Run:
 
 def load_run(
     folder: str | Path, rows: pd.DataFrame | None = None, study: StudyReport | None = None
-) -> Run:
+) -> RunPage:
     """The run in `folder` with its summary rows (`rows`, else the folder's `summary.csv`, else
     none), its headlines and views as its `study` defines them (none without a study)."""
     folder = Path(folder)
@@ -214,7 +214,9 @@ def load_run(
         summary = folder / "summary.csv"
         rows = pd.read_csv(summary) if summary.is_file() else pd.DataFrame()
     name = str(manifest.get("study") or manifest.get("probe", {}).get("study"))
-    run = Run(folder, manifest, rows, study or NoStudy(name), answers=run_answers(folder, manifest))
+    run = RunPage(
+        folder, manifest, rows, study or NoStudy(name), answers=run_answers(folder, manifest)
+    )
     if len(rows):
         run.headlines = run.report.headlines(rows, manifest)
         run.views = run.report.view_facts(rows, run.facts)
@@ -274,17 +276,17 @@ def write_pages(
     return write_runs_page(runs, out)
 
 
-def write_run_page(run: Run, out: str | Path | None = None) -> Path:
+def write_run_page(run: RunPage, out: str | Path | None = None) -> Path:
     """Write `run`'s page as `report.html` in `out` (default: the run's folder)."""
     return write_text(Path(out or run.folder) / PAGE, run_page_html(run))
 
 
-def write_runs_page(runs: Sequence[Run], out: str | Path) -> Path:
+def write_runs_page(runs: Sequence[RunPage], out: str | Path) -> Path:
     """Write the page across `runs` as `report.html` in `out`."""
     return write_text(Path(out) / PAGE, runs_page_html(runs, Path(out)))
 
 
-def run_page_html(run: Run) -> str:
+def run_page_html(run: RunPage) -> str:
     """The HTML of one run's page."""
     card = run.card
     return (
@@ -304,13 +306,13 @@ def run_page_html(run: Run) -> str:
     )
 
 
-def runs_page_html(runs: Sequence[Run], out: Path) -> str:
+def runs_page_html(runs: Sequence[RunPage], out: Path) -> str:
     """The HTML of the page across `runs` (links relative to `out`)."""
     if not runs:
         raise ProbekitError("no finished runs to put on one page")
     groups = comparable_groups(runs)
     links = {str(r.folder): Path(os.path.relpath(r.folder / PAGE, out)).as_posix() for r in runs}
-    profiles: dict[str, list[tuple[Run, Headline]]] = {}
+    profiles: dict[str, list[tuple[RunPage, Headline]]] = {}
     for run in runs:
         profiles.setdefault(run.model_text, []).extend((run, h) for h in primary_headlines(run))
     figure = profile_figure(runs)
@@ -334,16 +336,16 @@ def runs_page_html(runs: Sequence[Run], out: Path) -> str:
     )
 
 
-def primary_headlines(run: Run) -> list[Headline]:
+def primary_headlines(run: RunPage) -> list[Headline]:
     """The headlines that stand for the run's study (its first one where none is marked)."""
     return [h for h in run.headlines if h.primary] or run.headlines[:1]
 
 
-def profile_figure(runs: Sequence[Run]) -> str | None:
+def profile_figure(runs: Sequence[RunPage]) -> str | None:
     """The headlines across runs as one figure (a data URI): a panel per study and headline, a
     row per model (its folder too where a model ran twice) with the interval, and the study's
     no-bias value marked; None when no run has a headline value."""
-    panels: dict[str, list[tuple[Run, Headline]]] = {}
+    panels: dict[str, list[tuple[RunPage, Headline]]] = {}
     for run in runs:
         for h in primary_headlines(run):
             panels.setdefault(f"{run.study}: {h.key}", []).append((run, h))
@@ -380,7 +382,7 @@ def _number(value: Any) -> float | None:
     return None if missing(value) else float(value)
 
 
-def comparable_groups(runs: Sequence[Run]) -> list[dict[str, Any]]:
+def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
     """Runs grouped by study and settings (every manifest field but the model's); each group
     but a study's first says which fields set it apart from that first group."""
     groups: list[dict[str, Any]] = []
@@ -460,7 +462,7 @@ def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
     return parts
 
 
-def _views(run: Run) -> list[ViewFacts]:
+def _views(run: RunPage) -> list[ViewFacts]:
     """The study's views of the run, or the run's own view with the mean valid mass."""
     if run.views:
         return run.views
@@ -470,7 +472,7 @@ def _views(run: Run) -> list[ViewFacts]:
 
 def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
     """One group of comparable runs as a table: a row per headline, a column per run."""
-    runs: list[Run] = group["runs"]
+    runs: list[RunPage] = group["runs"]
     names = [r.model_text for r in runs]
     if len(set(names)) < len(names):  # the same model twice: tell the runs apart by folder
         names = [f"{r.model_text} [{r.folder.name}]" for r in runs]

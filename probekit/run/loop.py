@@ -60,7 +60,6 @@ same shard of a run started twice is refused with one line naming the process th
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -119,18 +118,17 @@ __all__ = [  # the part store and shards moved to their own modules; these names
     "write_part",
 ]
 
-EXPLAIN = "explain"
+EXPLAIN = VIEWS[2]
 """Generate until the probe's `answer_cue`, then read the answer distribution there exactly."""
-RUN_VIEWS = (*VIEWS, EXPLAIN)
 CHUNK_BATCHES = 2
 """Scorer batches per chunk (a part): a kill loses at most one finished batch besides the one in
 flight."""
 Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
 
 
-class RunOptions(TypedDict, total=False):
+class LoopOptions(TypedDict, total=False):
     """`run_probe`'s keywords after its probe, model, folder and manifest, for the runners made
-    in its shape (`probekit.run.ray`): `**options: Unpack[RunOptions]`."""
+    in its shape (`probekit.run.ray`): `**options: Unpack[LoopOptions]`."""
 
     view: str
     shard: Shard
@@ -159,7 +157,6 @@ def run_probe(
     chunk_size: int | None = None,
     limit: int | None = None,
     hint: str | None = None,
-    mode: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` (its first `limit` prompts, else all) into `out`, in `view`
     (exact, generate or explain); return the merged scores path once complete.
@@ -167,12 +164,8 @@ def run_probe(
     Each chunk of prompts (`chunk_size`, else `CHUNK_BATCHES` of the scorer's batches) is
     written as a part once scored; a part found damaged at the merge is set aside and its
     prompts redone. Progress goes to stderr (`probekit.core.progress`): after the first batch,
-    the time the run will take on this device, with `hint` on how to make it smaller. `mode`
-    is the old name of `view` (a FutureWarning)."""
-    if mode is not None:
-        warnings.warn("run_probe(mode=...) is now view=...", FutureWarning, stacklevel=2)
-        view = mode
-    view = check_view(view, RUN_VIEWS)
+    the time the run will take on this device, with `hint` on how to make it smaller."""
+    view = check_view(view)
     if limit is not None and limit < 1:
         raise ProbekitError(f"limit must be at least 1, not {limit}")
     if chunk_size is not None and chunk_size < 1:

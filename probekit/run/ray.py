@@ -44,10 +44,10 @@ from probekit.core.errors import ProbekitError
 from probekit.core.progress import progress
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
+from probekit.engines.options import ModelOptions
 from probekit.run.loop import (
-    RUN_VIEWS,
     Chunk,
-    RunOptions,
+    LoopOptions,
     chunks,
     open_run,
     pending,
@@ -190,7 +190,7 @@ def run_probe_ray(
     manifest: dict[str, Any],
     *,
     actors: int | None = None,
-    **options: Unpack[RunOptions],
+    **options: Unpack[LoopOptions],
 ) -> Path | None:
     """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
     return the merged scores path once every prompt has a row, as `probekit.run.loop.run_probe`,
@@ -200,7 +200,7 @@ def run_probe_ray(
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
     import ray
 
-    view = check_view(options.get("view", "exact"), RUN_VIEWS)
+    view = check_view(options.get("view", "exact"))
     limit = options.get("limit")
     shard = options.get("shard") or Shard()
     chunk_size = options.get("chunk_size")
@@ -237,20 +237,20 @@ def run_probe_ray(
         return merge_if_complete(out, len(key.ids))
 
 
-def runner(
-    spec: str, engine: str, actors: int | None = None, device: str | None = None, dtype: Any = None
-) -> Callable[..., Path | None]:
+def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path | None]:
     """`run_probe_ray` in the shape of `probekit.run.loop.run_probe`, for `probekit run --ray`: its
-    `model` argument (the driver's engine) is not used for scoring, since every actor loads
-    `spec` on `engine` itself."""
-    load = functools.partial(load_engine, spec, engine=engine, device=device, dtype=dtype)
+    `model` argument (the driver's engine) is not used for scoring, since every actor loads the
+    model `asked` (its engine, device and dtype) itself."""
+    load = functools.partial(
+        load_engine, asked.model, engine=asked.engine, device=asked.device, dtype=asked.dtype
+    )
 
     def run(
         probe: Probe,
         model: Engine,
         out: Path,
         manifest: dict[str, Any],
-        **options: Unpack[RunOptions],
+        **options: Unpack[LoopOptions],
     ) -> Path | None:
         return run_probe_ray(probe, load, out, manifest, actors=actors, **options)
 

@@ -2,12 +2,12 @@
 --limit 6` does (data, probes, engine, the resumable run loop, metrics, figures, summary, the
 noise figure, the report page) and returns a `Run` to read the results from.
 
-The command line and the API validate options through the same parser: `run_study` turns its
-keyword arguments into the command's options (`events=2` -> `--events 2`, `genders=["man",
-"woman"]` -> `--genders man,woman`, a switch `authors_input=True` -> `--authors-input`) and
-parses them with the command's own `CommandParser`, so a bad value is the same one line either
-way, an unknown keyword is one line with a "did you mean", and nothing is written or loaded
-before every option has passed. Then both run `run_parsed`.
+The command line and the API read the same declarations (`probekit.run.options.run_command`):
+`run_study`'s keywords are the options' fields (`events=2`, `genders=["man", "woman"]`,
+`dtype=torch.bfloat16`, `authors_input=True`), checked by the same kinds and checks as `probekit
+run`'s flags, so a bad value is the same one line either way (naming the keyword or the flag), an
+unknown keyword is one line with a "did you mean", and nothing is written or loaded before every
+option has passed. Then both run `run_parsed`.
 
 Before any model loads, each run folder is checked: writable, its manifest readable, this
 shard's lock free, and the settings known so far equal to those of the run it holds (the resume
@@ -17,13 +17,12 @@ run with one line saying that the same command resumes it.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,23 +30,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import (
-    CommandParser,
-    check_out_dir,
-    choice,
-    non_negative_float,
-    non_negative_int,
-    options_from_keywords,
-    positive_int,
-    shard,
-)
+from probekit.core.options import Spell, declaration, flag, keyword, options_of
 from probekit.core.progress import note, silenced
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
-from probekit.engines.base import DEFAULT_EPSILON
-from probekit.engines.options import add_model_options
+from probekit.engines.options import ModelOptions, loaded_engine
 from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
-from probekit.studies.base import OLD_VIEWS, Probe, Say, Study, check_view, get_study
+from probekit.run.options import RunOptions, run_command, run_context
+from probekit.studies.base import Probe, Say, Study, get_study
 
 if TYPE_CHECKING:
     from probekit.engines.base import Engine
@@ -109,162 +99,56 @@ class Run:
         return pd.concat(tagged, ignore_index=True)
 
 
-def add_arguments(parser: argparse.ArgumentParser, study: Study) -> None:
-    """The options every study's run shares, then the study's own, and `--out`'s check."""
-    add_model_options(parser, several=True, hooks=False)
-    parser.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT; with "
-        "token authentication also RAY_AUTH_MODE=token), else $RAY_ADDRESS, else the cluster "
-        "`ray start` runs here, else a local instance (./setup.sh --ray)",
-    )
-    parser.add_argument(
-        "--ray-actors",
-        type=positive_int,
-        default=None,
-        help="engines on Ray (default: one per GPU of the cluster, else one per node)",
-    )
-    views = choice("view", (*study.run_views, *OLD_VIEWS))
-    parser.add_argument(
-        "--view",
-        type=views,
-        default="exact",
-        help=f"{', '.join(study.run_views)} (default exact: the scores from the logits)",
-    )
-    parser.add_argument("--mode", type=views, dest="mode", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=study.default_out, help="output directory")
-    parser.add_argument(
-        "--seed", type=non_negative_int, default=0, help="sampling of items and statistics"
-    )
-    parser.add_argument(
-        "--shard", type=shard, default="0/1", help="i/n: run every n-th prompt from the i-th"
-    )
-    parser.add_argument(
-        "--limit",
-        type=positive_int,
-        default=None,
-        help="a smoke run: whole units (events, items) taken in turn from every group while "
-        "their prompts fit in N; too small for the statistics is refused with the smallest N",
-    )
-    parser.add_argument(
-        "--numerics",
-        type=numerics_sample,
-        default="auto",
-        help="prompts re-scored in float64 for the noise figure: auto (1 per 200 prompts, at "
-        "most 8, none below 200), N, or 0 (skip)",
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=None)
-    parser.add_argument(
-        "--epsilon",
-        type=non_negative_float,
-        default=DEFAULT_EPSILON,
-        help="pruning bound: every row's error_bound is at most this (0: exact)",
-    )
-    study.add_options(parser, "run")
-    if isinstance(parser, CommandParser):
-        parser.add_check(_settle_view)
-        parser.add_check(lambda args: check_out_dir(args.out))
-        parser.add_check(_ray_without_device_map)
-
-
-def _ray_without_device_map(args: argparse.Namespace) -> None:
-    """Ray's actors load one engine each with --device and --dtype; a device map or vLLM's
-    parallel sizes place one model in one process, which they would silently drop."""
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name in ("device_map", "max_memory", "offload_folder", "tensor_parallel_size")
-        if getattr(args, name, None) is not None
-    ]
-    if getattr(args, "ray", None) is not None and given:
-        raise ProbekitError(
-            f"--ray loads one engine per actor with --device and --dtype only; drop {given[0]} "
-            "(a device map places one model in one process: run without --ray)"
-        )
-
-
-def numerics_sample(text: str) -> int | str:
-    """`auto` or a count of prompts (0: no noise figure)."""
-    return text if text == "auto" else non_negative_int(text)
-
-
-def _settle_view(args: argparse.Namespace) -> None:
-    """`--mode` (the old name of `--view`) and `ev` (the old name of `exact`): one stderr
-    line each."""
-    if args.mode is not None:
-        print("probekit: note: --mode is now --view", file=sys.stderr)
-        args.view = args.mode
-    if args.view in OLD_VIEWS:
-        print(
-            f"probekit: note: view '{args.view}' is now '{OLD_VIEWS[args.view]}'", file=sys.stderr
-        )
-        args.view = OLD_VIEWS[args.view]
-    args.mode = args.view  # studies written before the view vocabulary read `args.mode`
-
-
-def study_parser(study: Study) -> CommandParser:
-    """The parser of `probekit run STUDY`: the run's options and the study's."""
-    parser = CommandParser(prog=f"probekit run {study.name}", description=study.title)
-    add_arguments(parser, study)
-    return parser
-
-
-def run_study(
-    study: str | Study,
-    model: str | Engine = "default",
-    *,
-    view: str = "exact",
-    out: str | Path | None = None,
-    limit: int | None = None,
-    numerics: int | str = "auto",
-    **options: Any,
-) -> Run:
+def run_study(study: str | Study, model: str | Path | Engine = "default", **options: Any) -> Run:
     """Run `study` on `model` as `probekit run` does, and return the `Run`.
 
-    `study`: a registered study's name or a `Study`; `model`: a model spec (hub id, folder,
-    .gguf, `default`) or an engine already loaded (not loaded again); `view`: exact, generate
-    or explain; `out`: the run's folder (default: the study's); `limit`: a smoke run, the whole
-    units of every group that fit in N prompts (`Probe.limited`); `numerics`: prompts re-scored
-    in float64 for the noise figure (`auto`: 1 per 200 prompts, at most 8; 0: none).
-    `options`: the run's and the study's options by their Python names (`events=2`,
-    `setting="P0S1T0"`, `dtype="bfloat16"`, `epsilon=0`), checked as the command line checks
-    them; a bad one is one line of ProbekitError, before anything is written."""
-    study = get_study(study) if isinstance(study, str) else study
-    engine = None if isinstance(model, str | Path) else model
-    if view in OLD_VIEWS:
-        view = check_view(view, study.run_views)  # the old name: a FutureWarning
-    named = {
-        "view": view,
-        "out": None if out is None else str(out),
-        "limit": limit,
-        "numerics": numerics,
-        **options,
-    }
-    parser = study_parser(study)
-    args = options_from_keywords(parser, {**named, "model": None if engine else str(model)})
-    call = ", ".join([repr(study.name), *(f"{k}={v!r}" for k, v in named.items() if v is not None)])
-    return run_parsed(study, args, engine=engine, command=f"probekit.run_study({call})")[0]
+    `study`: a registered study's name or a `Study` object (used as it is, registered or not);
+    `model`: a model spec (hub id, folder, .gguf, `default`) or an engine already loaded (not
+    loaded again). `limit=N` makes a smoke run: the whole units of every group that fit in N
+    prompts (`Probe.limited`). `options`: the run's options (`probekit.run.options.RunOptions`:
+    `view`, `out`, `seed`, `shard`, `limit`, `numerics`, `batch_size`, `epsilon`, `ray`,
+    `ray_actors`), the model's (`probekit.engines.options.ModelOptions`: `device`, `dtype`,
+    `device_map`, `quiet`, ...) and the study's own (`events=2`, `setting="P0S1T0"`), as Python
+    values (`dtype=torch.bfloat16`, `device_map={"": "cpu"}`, `genders=["a man", "a woman"]`,
+    `out` a Path), checked as the command line checks them; a bad one is one line of
+    ProbekitError naming the keyword, before anything is written."""
+    study = _study(study)
+    engine = loaded_engine(model)
+    keywords = dict(options) if engine is not None else {**options, "model": model}
+    where = f"run_study({study.name!r})"
+    parsed = run_command(study).build(keywords, where)
+    call = ", ".join([repr(study.name), *(f"{k}={v!r}" for k, v in options.items())])
+    return run_parsed(study, parsed, engine, keyword, f"probekit.run_study({call})")[0]
+
+
+def _study(study: Any) -> Study:
+    """A registered study's name or a `Study`, as a `Study`."""
+    if isinstance(study, str):
+        return get_study(study)
+    if not isinstance(study, Study):
+        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
+    return study
 
 
 def run_parsed(
     study: Study,
-    args: argparse.Namespace,
+    parsed: tuple[list[ModelOptions], RunOptions, Any],
     engine: Engine | None = None,
+    spell: Spell = flag,
     command: str | None = None,
 ) -> list[Run]:
-    """Run `study` as the parsed options `args` say (each `--model`, or `engine`): one `Run` per
-    model (none on a process of a distributed launch that is not the main one)."""
+    """Run `study` as its checked options say (`run_command`'s values: the models, the run's
+    options, the study's own), on each model or on `engine`: one `Run` per model (none on a
+    process of a distributed launch that is not the main one). `spell` names options in
+    messages (`flag` or `keyword`)."""
     from probekit.engines import load_engine
-    from probekit.engines.options import load_options
     from probekit.reporting import write_pages
     from probekit.run.distributed import detect_launch
     from probekit.run.loop import prepare_run_dir
     from probekit.run.shards import Shard
 
-    if args.engine == "vllm" and engine is None:
+    models, options, own = parsed
+    if models[0].engine == "vllm" and engine is None:
         from probekit.engines.vllm import run_in_vllm_env
 
         run_in_vllm_env(sys.argv)  # vLLM lives in its own environment (./setup.sh --vllm)
@@ -272,36 +156,39 @@ def run_parsed(
     launch = detect_launch()
     say: Say = print if launch.is_main else (lambda *a, **k: None)
     command = command or " ".join(sys.argv)
-    probes = study.probes(args, say)
-    if args.limit is not None:  # whole units of every group, or one line before any work
-        probes = [probe.limited(args.limit) for probe in probes]
-    names = [engine.describe()["model"]] if engine is not None else args.model or ["default"]
-    shard_ = Shard(*args.shard).split(launch.rank, launch.world)
-    out = Path(args.out)
+    probes = study.probes(own, run_context(options, models[0], spell, say))
+    if options.limit is not None:  # whole units of every group, or one line before any work
+        probes = [probe.limited(options.limit) for probe in probes]
+    if engine is not None:
+        models = [replace(models[0], model=engine.describe()["model"])]
+    names = [model.model for model in models]
+    shard_ = Shard(*options.shard).split(launch.rank, launch.world)
+    out = Path(options.out)
     folders = {name: _model_folder(out, name, len(names)) for name in names}
-    for name in names:  # before any model loads: folders, shard locks, parts, resume keys
+    for model in models:  # before any model loads: folders, shard locks, parts, resume keys
         for probe in probes:
-            where = _probe_folder(folders[name], probe, len(probes))
+            where = _probe_folder(folders[model.model], probe, len(probes))
             prepare_run_dir(where, shard_)
-            known = settings(study, probe, name, args, None, command)
+            known = settings(study, probe, model, options, None, command)
             unknown = [k for k in LOADED if known.get(k) is None]
             RunDir(where).check_resume(known, unknown)
-    if args.ray is not None:
+    if options.ray is not None:
         from probekit.run.ray import connect
 
-        connect(args.ray or None)  # before any model loads: an unreachable address is one line
+        connect(options.ray or None)  # before any model loads: an unreachable address is one line
     runs: list[Run] = []
     rows: list[dict[str, Any]] = []
-    with _stop_on_sigterm(out), silenced(args.quiet):
-        for name in names:
-            options = load_options(args, device=launch.device(args.device))
-            model = engine or load_engine(name, engine=args.engine, **options)
+    with _stop_on_sigterm(out), silenced(models[0].quiet):
+        for asked in models:
+            name = asked.model
+            device = launch.device(asked.device)
+            model = engine or load_engine(name, **asked.load_keywords(device=device))
             run_rows: list[dict[str, Any]] = []
             manifests: dict[str, dict[str, Any]] = {}
             done = True
             for probe in probes:
                 where = _probe_folder(folders[name], probe, len(probes))
-                found = _run(study, probe, model, name, where, args, launch, say, command)
+                found = _run(study, probe, model, asked, where, options, launch, say, command)
                 done &= found is not None
                 if found is not None:
                     manifests[where.relative_to(folders[name]).as_posix()] = found[0]
@@ -345,9 +232,9 @@ def _run(
     study: Study,
     probe: Probe,
     model: Engine,
-    name: str,
+    asked: ModelOptions,
     run_dir: Path,
-    args: argparse.Namespace,
+    options: RunOptions,
     launch: Launch,
     say: Say,
     command: str,
@@ -358,29 +245,29 @@ def _run(
     from probekit.run.numerics import record_numerics
     from probekit.run.shards import Shard
 
-    total = prompt_count(probe, args.limit)
+    total = prompt_count(probe, options.limit)
     if launch.is_main:
-        note(f"{probe.name}: {total} prompts, model {name} -> {run_dir}")
-    manifest = settings(study, probe, name, args, model.describe(), command)
+        note(f"{probe.name}: {total} prompts, model {asked.model} -> {run_dir}")
+    manifest = settings(study, probe, asked, options, model.describe(), command)
     partial = describe_limit(manifest)
     if partial is not None:
         say(partial)
-    shard_ = Shard(*args.shard).split(launch.rank, launch.world)
+    shard_ = Shard(*options.shard).split(launch.rank, launch.world)
     run = run_probe
-    if args.ray is not None:  # the same run loop's parts, scored by Ray actors
+    if options.ray is not None:  # the same run loop's parts, scored by Ray actors
         from probekit.run.ray import runner
 
-        run = runner(name, args.engine, args.ray_actors, args.device, args.dtype)
+        run = runner(asked, options.ray_actors)
     scores_path = run(
         probe,
         model,
         run_dir,
         manifest,
-        view=args.view,
+        view=options.view,
         shard=shard_,
-        batch_size=args.batch_size,
-        epsilon=args.epsilon,
-        limit=args.limit,
+        batch_size=options.batch_size,
+        epsilon=options.epsilon,
+        limit=options.limit,
         hint=smaller(study),
     )
     launch.barrier()
@@ -393,7 +280,7 @@ def _run(
         return None
     folder = RunDir(run_dir)
     scores = folder.scores()
-    manifest["numerics"] = record_numerics(model, probe, scores, folder, args.numerics)
+    manifest["numerics"] = record_numerics(model, probe, scores, folder, options.numerics)
     study.after_run(probe, model, scores, run_dir, manifest)
     rows = study.summary_rows(scores, run_dir, manifest)
     return folder.manifest, rows
@@ -401,16 +288,17 @@ def _run(
 
 def smaller(study: Study) -> str:
     """How to make a run of `study` smaller, said with the estimate before it scores."""
-    flag = f"--{study.unit_name}s"
-    takes = any(option.flag == flag and "run" in option.commands for option in study.options)
-    return f"fewer {flag}, or --limit N" if takes else "--limit N"
+    name = f"{study.unit_name}s"
+    fields = options_of(study.options)
+    takes = any(f.name == name and declaration(f).takes("run") for f in fields)
+    return f"fewer {flag(name)}, or --limit N" if takes else "--limit N"
 
 
 def settings(
     study: Study,
     probe: Probe,
-    name: str,
-    args: argparse.Namespace,
+    asked: ModelOptions,
+    options: RunOptions,
     described: dict[str, Any] | None,
     command: str,
 ) -> dict[str, Any]:
@@ -420,14 +308,14 @@ def settings(
     described = described or {
         "weights": None,
         "model_source": None,
-        "dtype": args.dtype,
-        "device": args.device,
-        "engine": args.engine,
+        "dtype": asked.dtype,
+        "device": asked.device,
+        "engine": asked.engine,
     }
-    generating = args.view != "exact"
+    generating = options.view != "exact"
     return {
         "study": study.name,
-        "model": name,
+        "model": asked.model,
         "model_source": described["model_source"],
         "weights": described["weights"],
         "dtype": described["dtype"],
@@ -437,13 +325,13 @@ def settings(
         **({"columns": described["columns"]} if "columns" in described else {}),
         **({"vllm_parallel": described["vllm_parallel"]} if "vllm_parallel" in described else {}),
         "probe": probe.config(),
-        "view": args.view,
-        "epsilon": args.epsilon,
+        "view": options.view,
+        "epsilon": options.epsilon,
         "max_new_tokens": probe.max_new_tokens if generating else None,
         "temperature": probe.temperature if generating else None,
-        "seed": args.seed,
-        "limit": args.limit,
-        "prompts": len(probe) if args.limit is None else min(len(probe), args.limit),
+        "seed": options.seed,
+        "limit": options.limit,
+        "prompts": len(probe) if options.limit is None else min(len(probe), options.limit),
         "prompts_total": len(probe.whole),
         "results_format": RESULTS_FORMAT,
         **probe.manifest(),

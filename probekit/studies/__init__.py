@@ -2,7 +2,7 @@
 contract of `probekit.studies.base`."""
 
 from probekit.studies.base import (
-    Option,
+    Context,
     Probe,
     Study,
     Summary,
@@ -11,4 +11,4 @@ from probekit.studies.base import (
     register,
 )
 
-__all__ = ["Option", "Probe", "Study", "Summary", "get_study", "list_studies", "register"]
+__all__ = ["Context", "Probe", "Study", "Summary", "get_study", "list_studies", "register"]

@@ -2,14 +2,16 @@
 
 A `Probe` is one study configuration whose items can be enumerated in a fixed order: which
 answers count, how a generated response is parsed, and what defines it (for the run manifest).
-A `Study` is a folder under `probekit/studies/` that declares its options once (`options`, used
-by `probekit run`, `patch` and `capture`), its data (`dataset`), builds probes from the parsed
-options, reports one view of a finished run (metrics, figures, summary rows), and, for the
-mechanism commands, builds items and counterfactual (clean, corrupt) pairs. The core does the
-rest: parsing and validating options before any work (`add_options`, `check`), finding the data
-and filling the manifest's data fields (`data_source`), the loop over a run's views (`report`),
-the summary files (`write_summary`, one `Summary`); scoring, batching, sharding, resuming and
-writing results are the run loop's job (`probekit.run.loop`).
+A `Study` is a folder under `probekit/studies/` that declares its options once (`options`: a
+dataclass of `probekit.core.options.option` fields, used by `probekit run`, `patch`, `capture`,
+`steer` and their functions), its data (`dataset`), builds probes from its options, reports one
+view of a finished run (metrics, figures, summary rows), and, for the mechanism commands, builds
+items and counterfactual (clean, corrupt) pairs. Its methods receive its options as typed values
+and a `Context` (the command, the seed, the view, how options are named to the user). The core
+does the rest: parsing and validating options before any work (`check` for those that span
+several), finding the data and filling the manifest's data fields (`data_source`), the loop over
+a run's views (`report`), the summary files (`write_summary`, one `Summary`); scoring, batching,
+sharding, resuming and writing results are the run loop's job (`probekit.run.loop`).
 
 A `Study` is also what the report pages read (`probekit.reporting.contract.StudyReport`):
 `card()`, `captions`, `headlines(table, manifest)`, `view_facts(table, run)` and
@@ -21,12 +23,10 @@ only their light metadata (name, title, options).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import inspect
 import sys
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,29 +41,34 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import EVERY_COMMAND, MECHANISM, CommandParser, Option
+from probekit.core.options import Spell, flag
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import Headline, ViewFacts
 
-VIEWS = ("exact", "generate")  # scores from the logits; greedy generation + parse (+ exact)
-OLD_VIEWS = {"ev": "exact"}  # deprecated names of views
-MODES = VIEWS  # the old name of VIEWS
+VIEWS = ("exact", "generate", "explain")
+"""Every view a run can be in: `exact` (the scores from the logits), `generate` (greedy
+generation and the study's parse, exact scores beside them), `explain` (generate up to the
+probe's answer cue, then read the answer distribution there exactly)."""
+RUN = ("run",)
+MECHANISM = ("patch", "capture", "steer")
+COMMANDS = (*RUN, *MECHANISM)
+"""The commands that take a study's options (`option(..., commands=RUN)`: `run` only)."""
 Say = Callable[..., None]
 
 __all__ = [
-    "EVERY_COMMAND",
+    "COMMANDS",
     "MECHANISM",
-    "MODES",
     "LimitedProbe",
+    "RUN",
     "VIEWS",
-    "Option",
+    "Context",
+    "NoOptions",
     "Probe",
     "Say",
     "Study",
     "Summary",
-    "check_mode",
     "check_view",
     "get_study",
     "list_studies",
@@ -72,17 +77,30 @@ __all__ = [
 
 
 def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
-    """`view` if it is one of `views` (`ev`, the old name of `exact`, with a FutureWarning);
-    else one line naming the choices."""
-    if view in OLD_VIEWS and OLD_VIEWS[view] in views:
-        warnings.warn(f"view '{view}' is now '{OLD_VIEWS[view]}'", FutureWarning, stacklevel=2)
-        view = OLD_VIEWS[view]
+    """`view` if it is one of `views`, else one line naming the choices."""
     if view not in views:
         raise ProbekitError(f"unknown view '{view}'; choose one of {', '.join(views)}")
     return view
 
 
-check_mode = check_view  # the old name
+@dataclass(frozen=True)
+class Context:
+    """What a study's methods read besides its own options: the `command` they serve (run,
+    patch, capture or steer), the `seed`, the `view` (a run's; the mechanism commands read the
+    exact view), the `device` asked for, how an option is named to the user (`spell("events")`:
+    `--events` on the command line, `events` from Python) and where to say what happens."""
+
+    command: str
+    seed: int = 0
+    view: str = "exact"
+    device: str | None = None
+    spell: Spell = flag
+    say: Say = print
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """Study options: none."""
 
 
 @dataclass(frozen=True)
@@ -251,37 +269,29 @@ class Study(ABC):
 
     name: str
     title: str  # one line for `probekit studies`
-    run_views: tuple[str, ...] = VIEWS  # the views `probekit run` takes
+    run_views: tuple[str, ...] = VIEWS[:2]  # the views `probekit run` takes
     default_out: str = "runs/study"
     default_seed: int = 0  # the default of --seed (items and statistics)
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
-    options: tuple[Option, ...] = ()  # the study's own options of run, patch and capture
+    options: type = NoOptions  # the study's own options (a dataclass of `option` fields)
     dataset: Dataset | None = None  # the data found by `data_source` from --data
     captions: Mapping[str, str] = MappingProxyType({})  # figure file name -> caption (pages)
 
-    def add_options(self, parser: argparse.ArgumentParser, command: str) -> None:
-        """Add the study's options that `command` (run, patch or capture) takes, after the
-        command's own, and the study's `check` to the parser's checks."""
-        parser.set_defaults(seed=self.default_seed)
-        for option in self.options:
-            option.add_to(parser, command)
-        if isinstance(parser, CommandParser):
-            parser.add_check(lambda args: self.check(args, command))
-
-    def check(self, args: argparse.Namespace, command: str) -> None:
-        """Refuse options that are valid one by one but not together (a ProbekitError), before
-        any data is read; nothing by default."""
+    def check(self, options: Any, context: Context) -> None:
+        """Refuse options that are valid one by one but not together (a ProbekitError naming
+        them with `context.spell`), before any data is read; nothing by default."""
         return None
 
-    def data_source(self, args: argparse.Namespace, say: Say) -> DataSource:
-        """The study's `dataset` found from `--data`, saying where it came from (and loudly when
-        the probekit-written sample stands in); `dataset.manifest(source)` gives its fields."""
+    def data_source(self, root: str | Path | None, say: Say) -> DataSource:
+        """The study's `dataset` found from `root` (its `--data`), saying where it came from
+        (and loudly when the probekit-written sample stands in); `dataset.manifest(source)`
+        gives its fields."""
         if self.dataset is None:
             raise ProbekitError(f"the study '{self.name}' declares no dataset")
-        return self.dataset.find(getattr(args, "data", None), say)
+        return self.dataset.find(root, say)
 
     @abstractmethod
-    def probes(self, args: argparse.Namespace, say: Say) -> list[Probe]:
+    def probes(self, options: Any, context: Context) -> list[Probe]:
         """The probes one `run` covers (several write to `OUT/<probe.subdir>`)."""
 
     def after_run(
@@ -415,10 +425,8 @@ class Study(ABC):
             return f"{name}, NOT the pinned files (their SHA-256 differs)"
         return f"{name} (SHA-256 {str(digest)[:12]}…, no pinned sum to check it against)"
 
-    def mechanism_items(
-        self, args: argparse.Namespace, say: Say, purpose: str
-    ) -> tuple[Probe, list[Item]]:
-        """The probe and items the mechanism commands work on (`purpose`: capture or patch)."""
+    def mechanism_items(self, options: Any, context: Context) -> tuple[Probe, list[Item]]:
+        """The probe and items the mechanism command `context.command` works on."""
         raise ProbekitError(f"the study '{self.name}' does not support capture or patching yet")
 
     def pairs(self, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
@@ -432,10 +440,8 @@ class Study(ABC):
 
 
 def run_view(manifest: dict[str, Any]) -> str:
-    """The view of the run a manifest describes (older manifests name it `mode`, `ev` for
-    exact)."""
-    view = manifest.get("view", manifest.get("mode", "exact"))
-    return OLD_VIEWS.get(view, view)
+    """The view of the run a manifest describes."""
+    return manifest.get("view", "exact")
 
 
 def _with_data(row: dict[str, Any], data: str) -> dict[str, Any]:

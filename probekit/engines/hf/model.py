@@ -24,6 +24,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encode_item
+from probekit.core.options import checked
 from probekit.engines.base import ScorerKwargs
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
@@ -35,7 +36,7 @@ from probekit.engines.hf.precision import (
     keep_head_fp32,
     parameter_count,
 )
-from probekit.engines.options import check_device
+from probekit.engines.options import ModelOptions, check_device
 
 if TYPE_CHECKING:
     from probekit.engines.hf.scorer import HFScorer
@@ -216,6 +217,7 @@ def pick_dtype(
     return torch.bfloat16
 
 
+@checked(ModelOptions)
 def load_model(
     spec: str = "default",
     device: str | None = None,

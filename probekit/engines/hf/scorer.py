@@ -172,17 +172,3 @@ def token_ids(prompt: Any) -> Sequence[int]:
             f"{type(prompt).__name__}; probekit.score takes text"
         )
     return prompt
-
-
-def __getattr__(name: str) -> type[HFScorer]:
-    """`Scorer`, this class's old name, with a one-line deprecation warning."""
-    if name == "Scorer":
-        import warnings
-
-        warnings.warn(
-            "probekit.engines.hf.scorer.Scorer is now HFScorer (Scorer is the engine protocol)",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return HFScorer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

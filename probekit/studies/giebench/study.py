@@ -3,9 +3,8 @@ the identity-mismatch patching pairs."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -14,18 +13,11 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
-    EVERY_COMMAND,
-    MECHANISM,
-    Option,
-    comma_list,
-    count_or_all,
-    int_range,
-    positive_int,
-)
+from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, positive_int, text
+from probekit.core.options import option
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, figure_model
-from probekit.studies.base import Say, Study, register
+from probekit.studies.base import MECHANISM, RUN, Context, Study, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
@@ -35,51 +27,55 @@ if TYPE_CHECKING:
     from probekit.reporting.contract import RunFacts
     from probekit.reporting.headline import Headline, ViewFacts
 
-OPTIONS = (
-    Option(
-        "--items",
-        "a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample' "
-        "(run default: the official files, found or downloaded, else the sample; patch and "
-        "capture need records: 'sample' by default)",
-        commands=EVERY_COMMAND,
-        defaults={"patch": "sample", "capture": "sample"},
-    ),
-    Option(
-        "--prompt",
-        "raw,id,cot or a subset (patch, capture: id and/or cot; default %(default)s)",
-        comma_list,
-        list(PROMPT_TYPES),
-        EVERY_COMMAND,
-        defaults={"patch": ["cot"], "capture": ["cot"]},
-    ),
-    Option(
-        "--orders",
-        f"cyclic answer orders, 1-{len(VERDICTS)}",
-        int_range(1, len(VERDICTS)),
-        1,
-    ),
-    Option(
-        "--no-chat-template",
-        "send the prompt as raw text, as GIEBench's local-model inference does",
-        commands=EVERY_COMMAND,
-        switch=True,
-    ),
-    Option("--no-mismatch", "skip the identity-mismatch prompts", switch=True),
-    Option(
-        "--max-new-tokens",
-        "explain/generate: generation budget per prompt (default %(default)s)",
-        positive_int,
-        MAX_NEW_TOKENS,
-    ),
-    Option(
-        "--events",
-        "the first N records with a mismatch identity, or all (default %(default)s)",
-        count_or_all,
-        2,
-        MECHANISM,
-        defaults={"capture": 3},
-    ),
+prompt_types = Kind(
+    "prompt types",
+    comma_list.parse,
+    lambda value: [check_prompt_type(name) for name in comma_list.check(value)],
 )
+"""Some of GIEBench's prompt types (raw, id, cot)."""
+
+
+@dataclass(frozen=True)
+class GIEBenchOptions:
+    """giebench options."""
+
+    items: str | None = option(
+        None,
+        help="a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample' "
+        "(run default: the official files, found or downloaded, else the sample; patch, capture "
+        "and steer need records: 'sample' by default)",
+        kind=text,
+        defaults={command: "sample" for command in MECHANISM},
+    )
+    prompt: list[str] = option(
+        list(PROMPT_TYPES),
+        help="raw,id,cot or a subset (patch, capture, steer: id and/or cot; default %(default)s)",
+        kind=prompt_types,
+        defaults={command: ["cot"] for command in MECHANISM},
+    )
+    orders: int = option(
+        1,
+        help=f"cyclic answer orders, 1-{len(VERDICTS)}",
+        kind=int_range(1, len(VERDICTS)),
+        commands=RUN,
+    )
+    no_chat_template: bool = option(
+        False, help="send the prompt as raw text, as GIEBench's local-model inference does"
+    )
+    no_mismatch: bool = option(False, help="skip the identity-mismatch prompts", commands=RUN)
+    max_new_tokens: int = option(
+        MAX_NEW_TOKENS,
+        help="explain/generate: generation budget per prompt (default %(default)s)",
+        kind=positive_int,
+        commands=RUN,
+    )
+    events: int | None = option(
+        2,
+        help="the first N records with a mismatch identity, or all (default %(default)s)",
+        kind=count_or_all,
+        commands=MECHANISM,
+        defaults={"capture": 3},
+    )
 
 
 class GIEBenchStudy(Study):
@@ -89,7 +85,7 @@ class GIEBenchStudy(Study):
     default_out = "runs/giebench"
     unit_name = "item"
 
-    options = OPTIONS
+    options = GIEBenchOptions
     captions = MappingProxyType(
         {
             "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
@@ -101,35 +97,35 @@ class GIEBenchStudy(Study):
         }
     )
 
-    def check(self, args: argparse.Namespace, command: str) -> None:
-        for prompt_type in args.prompt:
-            check_prompt_type(prompt_type)
-        if command in MECHANISM and "raw" in args.prompt:
-            raise ProbekitError(f"{command} swaps identities: --prompt takes id and/or cot")
+    def check(self, options: GIEBenchOptions, context: Context) -> None:
+        if context.command in MECHANISM and "raw" in options.prompt:
+            raise ProbekitError(
+                f"{context.command} swaps identities: {context.spell('prompt')} takes id and/or cot"
+            )
 
-    def probes(self, args: argparse.Namespace, say: Say) -> list[GIEBenchProbe]:
-        source = resolve_items(args.items, args.prompt)
+    def probes(self, options: GIEBenchOptions, context: Context) -> list[GIEBenchProbe]:
+        source = resolve_items(options.items, options.prompt)
         if source.origin == "sample":
-            say("items: probekit's own sample records (NOT GIEBench). " + source.message)
+            context.say("items: probekit's own sample records (NOT GIEBench). " + source.message)
         else:
-            say(f"items: {source.origin} from {source.path}")
+            context.say(f"items: {source.origin} from {source.path}")
         probe = GIEBenchProbe(
             source.units,
-            args.prompt,
-            view=args.view,
-            orders=args.orders,
-            chat=not args.no_chat_template,
-            mismatch=not args.no_mismatch,
-            max_new_tokens=args.max_new_tokens,
+            options.prompt,
+            view=context.view,
+            orders=options.orders,
+            chat=not options.no_chat_template,
+            mismatch=not options.no_mismatch,
+            max_new_tokens=options.max_new_tokens,
             extra={"items_origin": source.origin, "items_path": str(source.path)},
         )
         for _ in probe.items():  # refuse an unparsable official prompt before the model loads
             pass
         return [probe]
 
-    def views(self, mode: str) -> list[str]:
+    def views(self, view: str) -> list[str]:
         """The run's own view only (its summary rows name it)."""
-        return [mode]
+        return [view]
 
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
@@ -168,15 +164,18 @@ class GIEBenchStudy(Study):
         return MechanismDefaults(spans=("identity",), readout="p_correct")
 
     def mechanism_items(
-        self, args: argparse.Namespace, say: Say, purpose: str
+        self, options: GIEBenchOptions, context: Context
     ) -> tuple[GIEBenchProbe, list[Item]]:
-        """The first `--events` records that have a mismatch identity, each with its own
+        """The first `events` records that have a mismatch identity, each with its own
         identity and the swapped one, in the exact (prefilled) view of the prompt types."""
-        source = resolve_items(args.items, args.prompt)
+        source = resolve_items(options.items, options.prompt)
         if not all(isinstance(u, Record) for u in source.units):
-            raise ProbekitError("patching swaps identities, so it needs item records (--items)")
-        probe = GIEBenchProbe(source.units, args.prompt, chat=not args.no_chat_template)
-        units = [u for u in source.units if u.id in probe.swap][: args.events]
+            raise ProbekitError(
+                f"{context.command} swaps identities, so it needs item records "
+                f"({context.spell('items')})"
+            )
+        probe = GIEBenchProbe(source.units, options.prompt, chat=not options.no_chat_template)
+        units = [u for u in source.units if u.id in probe.swap][: options.events]
         if not units:
             raise ProbekitError("no record has another identity of its category to swap in")
         probe.units = units

@@ -31,7 +31,7 @@ from probekit.stats import (
     unparsed,
     zscore,
 )
-from probekit.studies.base import check_mode
+from probekit.studies.base import check_view
 
 REFERENCE = "a person"
 
@@ -52,7 +52,7 @@ VALUE_COLUMNS = {"exact": "expected", "generate": "parsed"}
 
 def value_column(mode: str) -> str:
     """The score column read in `mode` ("exact" → expected, "generate" → parsed)."""
-    return VALUE_COLUMNS[check_mode(mode, tuple(VALUE_COLUMNS))]
+    return VALUE_COLUMNS[check_view(mode, tuple(VALUE_COLUMNS))]
 
 
 def exclude_events(

@@ -3,9 +3,8 @@ the per-run report (both views of a generate run), and the in-group/out-group pa
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -14,14 +13,8 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
-    EVERY_COMMAND,
-    MECHANISM,
-    Option,
-    choice,
-    count_or_all,
-    probability,
-)
+from probekit.core.kinds import Kind, choice, count_or_all, path, probability, text
+from probekit.core.options import option
 from probekit.datasets.crowd_envent import (
     CROWD_ENVENT,
     first_events,
@@ -31,7 +24,7 @@ from probekit.datasets.crowd_envent import (
 from probekit.mechanism.defaults import Direction, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import Say, Study, register
+from probekit.studies.base import MECHANISM, RUN, Context, Study, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -50,54 +43,52 @@ if TYPE_CHECKING:
 DEFAULT_EVENTS = 2
 
 
-def setting_name(text: str) -> str:
+def _setting(value: object) -> str:
     """A prompt setting (P0S0T0 ... or the authors' names), or all."""
-    return text if text == "all" else get_setting(text).name
+    name = text.check(value)
+    return name if name == "all" else get_setting(name).name
 
 
-OPTIONS = (
-    Option(
-        "--category",
-        "ethnicity, nationality, religion, or all (run only) (default %(default)s)",
-        choice("category", (*CATEGORIES, "all")),
+@dataclass(frozen=True)
+class IntergroupOptions:
+    """intergroup options."""
+
+    category: str = option(
         "religion",
-        EVERY_COMMAND,
-    ),
-    Option(
-        "--setting",
-        "P0S0T0 (origin), ..., or all (run only) (default %(default)s)",
-        setting_name,
+        help="ethnicity, nationality, religion, or all (run only) (default %(default)s)",
+        kind=choice("category", (*CATEGORIES, "all")),
+    )
+    setting: str = option(
         "P0S0T0",
-        EVERY_COMMAND,
-    ),
-    Option(
-        "--events",
-        "run: events per emotion; patch, capture: the first N of one event per emotion; or all "
-        "(default %(default)s)",
-        count_or_all,
+        help="P0S0T0 (origin), ..., or all (run only) (default %(default)s)",
+        kind=Kind("setting", str, _setting),
+    )
+    events: int | None = option(
         DEFAULT_EVENTS,
-        EVERY_COMMAND,
+        help="run: events per emotion; patch, capture, steer: the first N of one event per "
+        "emotion; or all (default %(default)s)",
+        kind=count_or_all,
         defaults={"capture": 3},
-    ),
-    Option(
-        "--data",
-        "data root holding crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)",
-        commands=EVERY_COMMAND,
-    ),
-    Option(
-        "--authors-input",
-        "tokenize the rendered chat prompt as a string with the tokenizer's special tokens, as "
-        "the authors' vLLM did (a second BOS for Llama-3.1 and Mistral)",
-        switch=True,
-    ),
-    Option(
-        "--min-valid-mass",
-        "exact view: an event is excluded when any pair's valid mass is below this "
-        "(default %(default)s)",
-        probability,
+    )
+    data: Path | None = option(
+        None,
+        help="data root holding crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)",
+        kind=path,
+        metavar="ROOT",
+    )
+    authors_input: bool = option(
+        False,
+        help="tokenize the rendered chat prompt as a string with the tokenizer's special tokens, "
+        "as the authors' vLLM did (a second BOS for Llama-3.1 and Mistral)",
+        commands=RUN,
+    )
+    min_valid_mass: float = option(
         DEFAULT_MIN_VALID_MASS,
-    ),
-)
+        help="exact view: an event is excluded when any pair's valid mass is below this "
+        "(default %(default)s)",
+        kind=probability,
+        commands=RUN,
+    )
 
 
 class IntergroupStudy(Study):
@@ -106,7 +97,7 @@ class IntergroupStudy(Study):
     default_out = "runs/intergroup"
     unit_name = "event"
 
-    options = OPTIONS
+    options = IntergroupOptions
     dataset = CROWD_ENVENT
     captions = MappingProxyType(
         {
@@ -121,19 +112,22 @@ class IntergroupStudy(Study):
         }
     )
 
-    def check(self, args: argparse.Namespace, command: str) -> None:
-        if command in MECHANISM and "all" in (args.category, args.setting):
-            raise ProbekitError(f"{command} takes one --category and one --setting, not all")
+    def check(self, options: IntergroupOptions, context: Context) -> None:
+        if context.command in MECHANISM and "all" in (options.category, options.setting):
+            category, setting = context.spell("category"), context.spell("setting")
+            raise ProbekitError(
+                f"{context.command} takes one {category} and one {setting}, not all"
+            )
 
-    def probes(self, args: argparse.Namespace, say: Say) -> list[IntergroupProbe]:
-        categories = list(CATEGORIES) if args.category == "all" else [args.category]
-        settings = list(SETTINGS) if args.setting == "all" else [args.setting]
-        source = self.data_source(args, say)
-        events = sample_events(load_crowd_envent(source.path), args.events, args.seed)
-        extra = {**CROWD_ENVENT.manifest(source), "min_valid_mass": args.min_valid_mass}
-        options = {"extra": extra, "authors_input": args.authors_input}
+    def probes(self, options: IntergroupOptions, context: Context) -> list[IntergroupProbe]:
+        categories = list(CATEGORIES) if options.category == "all" else [options.category]
+        settings = list(SETTINGS) if options.setting == "all" else [options.setting]
+        source = self.data_source(options.data, context.say)
+        events = sample_events(load_crowd_envent(source.path), options.events, context.seed)
+        extra = {**CROWD_ENVENT.manifest(source), "min_valid_mass": options.min_valid_mass}
+        given = {"extra": extra, "authors_input": options.authors_input}
         return [
-            IntergroupProbe(get_category(c), get_setting(s), events, **options)
+            IntergroupProbe(get_category(c), get_setting(s), events, **given)
             for c in categories
             for s in settings
         ]
@@ -185,16 +179,18 @@ class IntergroupStudy(Study):
         )
 
     def mechanism_items(
-        self, args: argparse.Namespace, say: Say, purpose: str
+        self, options: IntergroupOptions, context: Context
     ) -> tuple[IntergroupProbe, list[Item]]:
-        """Every perceiver x experiencer prompt of the first `--events` events (one per emotion),
+        """Every perceiver x experiencer prompt of the first `events` events (one per emotion),
         event-major; `a person` is left out of patching (its pairs are not in-group/out-group)."""
-        category, setting = get_category(args.category), get_setting(args.setting)
-        events = first_events(self.data_source(args, say).path, args.events, args.seed)
-        probe = IntergroupProbe(category, setting, events, named_only=purpose == "patch")
+        category, setting = get_category(options.category), get_setting(options.setting)
+        root = self.data_source(options.data, context.say).path
+        events = first_events(root, options.events, context.seed)
+        patching = context.command == "patch"
+        probe = IntergroupProbe(category, setting, events, named_only=patching)
         order = {event: k for k, event in enumerate(events["event_id"].astype(str))}
         items = sorted(probe.items(), key=lambda item: order[item.unit])
-        if purpose == "capture":  # the capture index also says which setting and side it is
+        if context.command == "capture":  # the capture index also says which setting and side it is
 
             def key(item: Item) -> dict[str, Any]:
                 inside = probe.in_group(item.key["perceiver"], item.key["experiencer"])

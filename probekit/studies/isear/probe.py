@@ -38,7 +38,7 @@ def check_genders(genders: Sequence[str]) -> tuple[str, ...]:
         )
     chosen = tuple(g for g in GENDERS if g in genders)
     if len(chosen) < 2:
-        raise ProbekitError("--genders needs at least two of the genders to compare")
+        raise ProbekitError(f"needs at least two genders to compare (got {', '.join(chosen)})")
     return chosen
 
 

