@@ -90,27 +90,9 @@ def test_batches_back_off_on_out_of_memory():
 
 @pytest.fixture(scope="module")
 def tiny():
-    """A two-layer random-weight Llama with the default model's tokenizer (no weights read)."""
-    from transformers import AutoTokenizer, LlamaConfig
+    from tiny_models import tiny_llama
 
-    from probekit.engines.hf.gguf import converted_cache_dir, default_gguf_path
-    from probekit.testing.synthetic import random_weights
-
-    folder = converted_cache_dir(default_gguf_path())
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("needs the default model's tokenizer (run ./setup.sh)")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    tokenizer.padding_side = "left"
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-    )
-    return random_weights(config, tokenizer, "tiny", "cpu", torch.float32)
+    return tiny_llama()
 
 
 def test_the_scorer_plans_each_windows_batch_and_keeps_a_halved_one(tiny, monkeypatch):

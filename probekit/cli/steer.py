@@ -45,6 +45,7 @@ from probekit.core.options import (
     positive_int,
 )
 from probekit.engines.hf.model import load_model
+from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import add_model_options, load_options
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
@@ -161,6 +162,7 @@ def _steer(study: Study, args: argparse.Namespace, model: Any) -> StudySteer:
     }
     resume(out, settings)
     encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
+    settle_precision(model, probe.answers, [p.input_ids for p in encoded])
     for prompt in encoded:
         steering.prompt_positions(prompt, positions, span)
     targets = [(name, layer) for layer in layers for name in sites]

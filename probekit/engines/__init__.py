@@ -41,8 +41,13 @@ def load_engine(
     offload_folder: str | None = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
+    tolerance: float | None = None,
 ) -> Engine:
     """Load model `spec` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
+
+    `tolerance`: the largest change of an answer probability the arithmetic may cause, by which
+    the hf engine picks its precision tier on a GPU (`probekit.engines.hf.tiers`; default
+    `DEFAULT_TOLERANCE`); `dtype` forces one instead.
 
     `device_map`, `max_memory` and `offload_folder` place the model over several devices with
     accelerate's dispatch (`probekit.engines.hf.model.load_model`; for the vllm engine, the
@@ -65,9 +70,12 @@ def load_engine(
             "--tensor-parallel-size and --pipeline-parallel-size are vLLM's (--engine vllm); "
             "the hf engine splits a model over devices with --device-map"
         )
+    if tolerance is not None and engine != "hf":
+        raise ProbekitError(f"--tolerance picks the hf engine's arithmetic, not the {engine}'s")
+    chosen = {} if tolerance is None else {"tolerance": tolerance}
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
     if parallel > 1:  # vLLM's shards (the hf engine's load checks its own plan)
         check_before_load(spec, device, dtype, parallel=parallel)
     module, loader = ENGINES[engine].split(":")
     load = getattr(importlib.import_module(module), loader)
-    return load(spec, device=device, dtype=dtype, **placement)
+    return load(spec, device=device, dtype=dtype, **placement, **chosen)

@@ -1,9 +1,9 @@
 """The options of every command that loads a model (`--model`, `--device`, `--dtype`,
-`--engine`, and where the model goes: `--device-map`, `--max-memory`, `--offload-folder`,
-vLLM's `--tensor-parallel-size` and `--pipeline-parallel-size`), on the option types of
-`probekit.core.options`; `load_options` turns them into `load_engine`'s keywords. `check_device`
-says in one line when a named device is missing from this torch, for the command line and the
-API alike."""
+`--tolerance`, `--engine`, and where the model goes: `--device-map`, `--max-memory`,
+`--offload-folder`, vLLM's `--tensor-parallel-size` and `--pipeline-parallel-size`), on the
+option types of `probekit.core.options`; `load_options` turns them into `load_engine`'s
+keywords. `check_device` says in one line when a named device is missing from this torch, for the
+command line and the API alike."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import DTYPES, device_name, dtype_name
+from probekit.core.options import DTYPES, device_name, dtype_name, probability
 
 
 def add_model_options(
@@ -42,6 +42,15 @@ def add_model_options(
         default=None,
         help=f"{', '.join(DTYPES)} (default: float32 on the CPU and wherever the float32 "
         "weights fit in half the accelerator's memory, else bfloat16)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=probability,
+        default=None,
+        metavar="T",
+        help="largest change of an answer probability the chosen arithmetic may cause (see "
+        "docs/concepts.md; default 0.002): on a GPU the fastest of bfloat16, TF32 and float32 "
+        "that meets it on the run's prompts; not with --dtype",
     )
     parser.add_argument(
         "--device-map",
@@ -105,6 +114,7 @@ def engine_name(hooks: bool) -> Callable[[str], str]:
 LOAD_OPTIONS = (
     "device",
     "dtype",
+    "tolerance",
     "device_map",
     "max_memory",
     "offload_folder",

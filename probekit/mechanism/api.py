@@ -25,6 +25,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
+from probekit.engines.hf.tiers import settle_precision
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
@@ -115,6 +116,7 @@ def patch(
         _list(heads, "heads") if heads else range(n_heads(model)),
     )
     check(model, pairs, patches)
+    settle_precision(model, answer_set, [p.input_ids for pair in pairs for p in pair])
     scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
     if method == "exact":
         return sweep(

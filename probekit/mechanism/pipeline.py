@@ -34,6 +34,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
 from probekit.engines.base import HookedScorer
+from probekit.engines.hf.tiers import settle_precision
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
@@ -124,6 +125,7 @@ def run_patch(
     layers = layer_indices(model, request.layers) if request.layers else default_layers(model)
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     encoded = [model.encode(item) for item in items]
+    settle_precision(model, probe.answers, [e.input_ids for e in encoded])
     pairs = study.pairs(probe, encoded)
     if request.positions:
         spans = single_positions(spans, pairs)

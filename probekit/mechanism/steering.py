@@ -30,6 +30,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
 from probekit.engines.base import ScoreResult
+from probekit.engines.hf.tiers import settle_precision
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
@@ -346,6 +347,7 @@ def steer(
     vectors = as_vectors(model, vector, targets)
     encoded = encode_prompts(model, prompts, "steer")
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
+    settle_precision(model, answer_set, [e.input_ids for e in encoded])
     scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
     return sweep(
         scorer,

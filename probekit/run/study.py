@@ -333,12 +333,13 @@ def _run(
     """One probe on one model: score (this process's shard), merge, and report when complete:
     its manifest and summary rows (None while other shards are missing)."""
     from probekit.run.loop import merge_if_complete, prompt_count, run_probe
-    from probekit.run.numerics import record_numerics
+    from probekit.run.numerics import record_numerics, settle_run_precision
     from probekit.run.shards import Shard
 
     total = prompt_count(probe, args.limit)
     part = f" (the first {total} of {len(probe)}: --limit)" if total < len(probe) else ""
     say(f"{probe.name}: {total} prompts{part}, model {name} -> {run_dir}")
+    settle_run_precision(model, probe, run_dir, args.seed, args.limit)
     manifest = settings(study, probe, name, args, model.describe(), command)
     shard_ = Shard(*args.shard).split(launch.rank, launch.world)
     run = run_probe
@@ -409,6 +410,7 @@ def settings(
         "dtype": described["dtype"],
         "device": device_kind(described.get("device")),
         "device_map": described.get("device_map"),
+        "precision": described.get("precision"),
         "engine": described["engine"],
         **({"columns": described["columns"]} if "columns" in described else {}),
         **({"vllm_parallel": described["vllm_parallel"]} if "vllm_parallel" in described else {}),
