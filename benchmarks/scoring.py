@@ -132,7 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="B",
-        help="batch size of (a), (b) and (c) (default: the Scorer's, 16 on CPU, 64 on GPU)",
+        help="batch size of (a), (b) and (c) (default: the Scorer's, 16 on CPU, the plan's on GPU)",
     )
     parser.add_argument(
         "--max-new-tokens",

@@ -116,7 +116,7 @@ def test_noise_figure_restores_the_model(smol):
 
 
 @pytest.mark.slow
-def test_run_records_dtype_and_noise_in_manifest_and_summary(tmp_path):
+def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp_path):
     out = tmp_path / "run"
     probekit.run_study("isear", events=1, out=out, numerics=3)  # 3 prompts: all of them
     manifest = json.loads((out / "manifest.json").read_text())
@@ -128,6 +128,13 @@ def test_run_records_dtype_and_noise_in_manifest_and_summary(tmp_path):
     assert numerics["argmax_changes"] == 0
     summary = (out / "summary.md").read_text()
     assert "## Numerics" in summary and "scored in float32 on cpu; against float64" in summary
+    # the precision tier (a CPU: float32, nothing measured) and the batch the run ended with
+    assert manifest["precision"]["tier"] == "float32" and manifest["precision"]["tried"] == []
+    assert manifest["batch_size"] == 16
+    assert (
+        "precision: float32 for tolerance 0.002 (float32 is the fastest arithmetic on cpu: "
+        "nothing to choose)" in summary
+    )
 
 
 # ---------------------------------------------------------------- precision tiers (--tolerance)

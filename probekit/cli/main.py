@@ -104,7 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     score.add_argument("--out", required=True, help="output .parquet (written atomically)")
     score.add_argument(
-        "--batch-size", type=positive_int, default=None, help="default: 16 on CPU, 64 on GPU"
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="default: 16 on CPU, the plan's on GPU",
     )
     score.add_argument("--prefill", default="", help="text forced at the start of the response")
     score.add_argument(

@@ -49,7 +49,8 @@ def score(
             strings or numbers (`["yes", "no"]`, `[1, 2, 3]`).
         epsilon: pruning bound; every row's `error_bound` is at most this (0: exact).
         prefill: text forced at the start of every response (e.g. `"[["`).
-        batch_size: prompts per forward pass (default: 16 on CPU, 64 on GPU).
+        batch_size: prompts per forward pass (default: 16 on a CPU; on a GPU the largest batch
+            the memory plan says fits, counted in tokens).
 
     Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `most_probable`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
