@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 from common import set_up, tear_down, write_results
 
+from probekit.core.errors import ProbekitError
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import score_differences
@@ -316,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             say("  no float64 reference")
             continue
         ref_frame = frames[(s.study, "float64")]
-        ref_head = s.headline(ref_frame)
+        ref_head = headline_of(s, ref_frame, say)
         ref_scores = headline_scores(s.probe, ref_frame)
         stat_cols = list(ref_head)
         header = (
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             d = score_differences(res, ref, numeric=s.probe.answers.numeric)
             de = f"{d['max_abs_diff']:9.2e}" if s.probe.answers.numeric else f"{'—':>9}"
             corr = np.corrcoef(headline_scores(s.probe, frame), ref_scores)[0, 1]
-            stats = s.headline(frame)
+            stats = headline_of(s, frame, say)
             cells = " ".join(f"{stats[c]:11.5f}" for c in stat_cols)
             say(
                 f"  {label:<18} {device:<6} {d['max_prob_diff']:9.2e} {de} "
@@ -343,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for label in args.dtypes:
             if label == "float64" or (s.study, label) not in results:
                 continue
-            stats = s.headline(frames[(s.study, label)])
+            stats = headline_of(s, frames[(s.study, label)], say)
             cells = " ".join(f"{stats[c] - ref_head[c]:+11.2e}" for c in stat_cols)
             say(f"  {label:<18} {device:<6} {cells}")
             d = score_differences(results[(s.study, label)], ref, numeric=s.probe.answers.numeric)
@@ -365,6 +366,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             path=args.json,
             argv=["dtype.py", *(sys.argv[1:] if argv is None else argv)],
         )
+
+
+def headline_of(s: Slice, frame: pd.DataFrame, say: Callable[[str], None]) -> dict[str, float]:
+    """The slice's headline statistic on `frame`; {} (and a line saying why) when the study's
+    statistics refuse a slice this small."""
+    try:
+        return s.headline(frame)
+    except ProbekitError as error:
+        say(f"  {s.study}: no headline on this slice ({error})")
+        return {}
 
 
 HALF_WIDTHS = {"Δ": ("Δ CI low", "Δ CI high"), "max_diff": ("low", "high"), "CE": ("low", "high")}
@@ -412,7 +423,7 @@ def tier_figures(
                 "share_of_half_width": shift / half,
             }
         )
-    if not any(stat in reference for stat in HALF_WIDTHS):
+    if reference and not any(stat in reference for stat in HALF_WIDTHS):
         worst = max(abs(stats[c] - reference[c]) for c in reference)
         figures.append(
             {

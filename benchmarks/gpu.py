@@ -4,12 +4,13 @@
     python benchmarks/gpu.py --dry-run       # the same code, at tiny sizes, on the CPU (CI)
 
 The dry run is not a separate path: it runs every line a GPU run runs, imports included, with
-the sizes of `SIZES["dry"]` (2 prompts an answer set, a two-layer random model in place of the
-8B-shaped one) on the CPU; `tests/test_devices.py` checks with a line tracer that no line of this
-file runs only on a GPU. Steps, each one or more figures (`figure`, `value`, `unit`, and the
-step's other numbers) of the JSON it writes (`common.write_results`: `benchmarks/results/gpu.json`,
-from which `benchmarks/report.py` makes docs/performance.md; a dry run writes to `--out` or a
-temporary file, never there):
+the sizes of `SIZES["dry"]` on the CPU: 2 prompts an answer set, and two-layer random models
+with the default model's tokenizer in place of the default model and of the 8B-shaped one;
+`tests/test_devices.py` checks with a line tracer that no line of this file runs only on a
+GPU. Steps, each one or more figures (`figure`, `value`, `unit`, and the step's other numbers)
+of the JSON it writes (`common.write_results`: `benchmarks/results/gpu.json`, from which
+`benchmarks/report.py` makes docs/performance.md; a dry run writes to `--out` or a temporary
+file, never there):
 
 - on the default model, first and alone on the device: `exact` (prompts/s, prompt tokens/s,
   token-forwards a prompt, TFLOP/s and share of the device's peak, peak memory) for answer sets
@@ -114,6 +115,8 @@ class Sizes:
     """How big each step is: the GPU run's, or the dry run's tiny ones."""
 
     prompts: int  # per answer set (a GPU run: --prompts)
+    default: dict[str, int] | None  # the config of a random stand-in for the default model
+    default_label: str
     shaped: dict[str, int]  # the large model's config
     shaped_label: str
     generate_budget: int
@@ -129,12 +132,12 @@ class Sizes:
 
 SIZES = {
     "gpu": Sizes(
-        256, LLAMA_8B, "llama-3.1-8b-shaped", 16, 512, (64, 128, 256, 512, 1024), 1024,
-        2048, "cuda:0=200MiB,cpu=16GiB", 32, 64, False,
+        256, None, "default", LLAMA_8B, "llama-3.1-8b-shaped", 16, 512,
+        (64, 128, 256, 512, 1024), 1024, 2048, "cuda:0=200MiB,cpu=16GiB", 32, 64, False,
     ),
     "dry": Sizes(
-        2, TINY, "tiny-random", 4, 2, (1, 2), 4,
-        2, "cpu=420MiB", 2, 2, True,
+        2, TINY, "tiny-random-default", TINY, "tiny-random", 4, 2, (1, 2), 4,
+        2, "cpu=24MiB", 2, 2, True,
     ),
 }  # fmt: skip
 
@@ -353,7 +356,7 @@ def vllm_generate(prompts: dict[str, list], budget: int) -> list:  # not-in-dry-
     return figures
 
 
-def precision_step(model: Any, prompts: list, answers: str) -> list[dict[str, Any]]:
+def precision_step(model: Any, label: str, prompts: list, answers: str) -> list[dict[str, Any]]:
     """The tier the default tolerance picks on `prompts` among every tier a current GPU offers
     (TF32 emulated where the device has none), and each tier's measured error. The model stays
     in the tier picked: this is its last step."""
@@ -361,7 +364,7 @@ def precision_step(model: Any, prompts: list, answers: str) -> list[dict[str, An
     return [
         {
             "step": "precision",
-            "model": "default",
+            "model": label,
             "answers": answers,
             "tier": tried["tier"],
             "tolerance": record["tolerance"],
@@ -457,20 +460,29 @@ def oom_step(model: Any, label: str, prompts: list, batch: int, simulate: bool) 
     }
 
 
+def default_model(device: torch.device, size: Sizes) -> Any:
+    """The default model in float32; in a dry run its tokenizer and chat template (no weights
+    read), with random weights of `size.default` in its place."""
+    model = load_model("default", device=str(device), dtype="float32", weights=not size.default)
+    config = LlamaConfig(**{"vocab_size": len(model.tokenizer), **(size.default or {})})
+    stand_in = (config, model.tokenizer, "default", str(device), torch.float32)
+    return model if not size.default else random_weights(*stand_in)
+
+
 def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list, Any]:
     """The default model's steps; the figures and its tokenizer."""
-    model = load_model("default", device=str(device), dtype="float32")
+    model, label = default_model(device, size), size.default_label
     prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
-    figures = exact_step(model, "default", prompts)
-    figures += generate_step(model, "default", prompts, size.generate_budget, 64)
+    figures = exact_step(model, label, prompts)
+    figures += generate_step(model, label, prompts, size.generate_budget, 64)
     figures += vllm_step(prompts, size.generate_budget)
-    figures.append(noise_step(model, "default", prompts["0-100"][: size.noise_sample], "0-100"))
+    figures.append(noise_step(model, label, prompts["0-100"][: size.noise_sample], "0-100"))
     with tempfile.TemporaryDirectory() as folder:
         model.hf.save_pretrained(folder)
         model.tokenizer.save_pretrained(folder)
         few = prompts_for(model, "0-10", size.offload_prompts)
-        figures.append(offload_step(folder, model, "default", few, size.offload_memory))
-    figures += precision_step(model, prompts["0-100"][: size.noise_sample], "0-100")
+        figures.append(offload_step(folder, model, label, few, size.offload_memory))
+    figures += precision_step(model, label, prompts["0-100"][: size.noise_sample], "0-100")
     return figures, model.tokenizer
 
 

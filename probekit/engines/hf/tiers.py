@@ -114,8 +114,9 @@ def round_tf32(x: torch.Tensor) -> torch.Tensor:
 
 class tf32_rounding(TorchFunctionMode):  # noqa: N801 - used as a context manager, like torch's
     """TF32 matmuls emulated: the float32 inputs of linear layers, matrix products and attention
-    rounded to TF32 before the float32 product (the attention probabilities are not rounded, as
-    fused kernels do not round them either)."""
+    (queries, keys, values) rounded to TF32 before the float32 product. An approximation of a
+    GPU's TF32: the attention probabilities are not rounded, and the GPU's sums run in its own
+    order."""
 
     LINEAR = {torch.nn.functional.linear, torch.matmul, torch.bmm, torch.Tensor.matmul}
     ATTENTION = {torch.nn.functional.scaled_dot_product_attention}
@@ -254,7 +255,7 @@ def settle_precision(
     chosen yet gets `choose_precision` on a seeded sample of `NOISE_SAMPLE` of `prompts` with
     the tolerance it was loaded with; the record, None for another engine. `probekit.score`,
     `run_study` and the mechanism's `patch` and `steer` call it before they score."""
-    if engine.engine != "hf":
+    if getattr(engine, "engine", None) != "hf":  # vLLM, or a test's stand-in engine
         return None
     record = engine.meta.get("precision", {})
     if "tier" in record:
@@ -272,10 +273,11 @@ def settle_precision(
 
 
 def keep_tier(engine: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Put a transformers model whose tier is not chosen yet in the tier of `record` (a resumed
-    run's), without measuring; the record kept, None when it does not apply (another engine, a
-    tier already chosen, a tier this model is not offered)."""
-    pending = engine.meta.get("precision", {}) if engine.engine == "hf" else {"tier": None}
+    """Put a transformers model whose tier is not chosen yet in the tier of `record` (the run it
+    resumes, or for a Ray actor the driver's choice), without measuring; the record kept, None
+    when it does not apply (another engine, a tier already chosen, a tier not offered)."""
+    hf = getattr(engine, "engine", None) == "hf"
+    pending = engine.meta.get("precision", {}) if hf else {"tier": None}
     tier = record.get("tier")
     if "tier" in pending or tier not in pending.get("offered", offered_tiers(engine)):
         return None
