@@ -15,11 +15,11 @@ file, never there):
 - on the default model, first and alone on the device: `exact` (prompts/s, prompt tokens/s,
   token-forwards a prompt, TFLOP/s and share of the device's peak, peak memory) for answer sets
   0-100, 0-10, A-D and A-E in float32 at the plan's batch; `generate` (transformers greedy
-  generation + parse, and vLLM where it is installed); `precision`: the tier the default
-  `--tolerance` picks on its 0-100 prompts (`tiers.choose_precision` over every tier a current
-  GPU offers; TF32 is emulated on a CPU); `noise`: bfloat16 against float32 on the device;
-  `offload`: the model placed by a device map with CPU (and disk) offload, its largest score
-  difference from the whole model;
+  generation + parse, and vLLM where it is installed); `precision`: each tier's error against
+  float32 on its 0-100 prompts (bfloat16 with the float32 head, TF32 matmuls; TF32 is emulated
+  on a CPU) and the tier the default `--tolerance` picks from them; `offload`: the model placed
+  by a device map with CPU (and disk) offload, its largest score difference from the whole
+  model;
 - then, the default model freed, on random weights of Llama-3.1-8B's shapes (so each model's
   peak memory is its own): `exact` for the four answer sets in each precision tier (float32,
   TF32 matmuls, bfloat16 with the float32 head) at epsilon 0, so every prompt reads the whole
@@ -64,8 +64,14 @@ from probekit.core.items import Item
 from probekit.core.padding import left_pad
 from probekit.engines.hf.head import parameter_split
 from probekit.engines.hf.model import load_model
-from probekit.engines.hf.precision import as_dtype, dtype_name, noise_figure
-from probekit.engines.hf.tiers import LABELS, TIERS, apply_tier, choose_precision
+from probekit.engines.hf.precision import dtype_name
+from probekit.engines.hf.tiers import (
+    DEFAULT_TOLERANCE,
+    LABELS,
+    TIERS,
+    apply_tier,
+    choose_precision,
+)
 from probekit.testing.synthetic import random_weights
 
 ANSWER_SETS = ("0-100", "0-10", "A-D", "A-E")
@@ -126,7 +132,7 @@ class Sizes:
     oom_batch: int  # prompts in the one batch the back-off starts with
     offload_memory: str
     offload_prompts: int
-    noise_sample: int
+    precision_sample: int
     simulate_oom: bool
 
 
@@ -196,8 +202,8 @@ HEADLINES = {
               ("tflops", "TFLOP/s"), ("peak_memory_mib", "MiB peak")),
     "generate": (("prompts_per_s", "prompts/s"), ("tokens_per_s", "tokens/s"),
                  ("parsed_share", "share parsed")),
-    "precision": (("max_prob_diff", "largest |Δp| against float32"),),
-    "noise": (("max_abs_diff", "largest |difference|"),),
+    "precision": (("max_prob_diff", "largest |Δp| against float32"),
+                  ("max_abs_diff", "largest |Δ| of the expected value")),
     "batch_sweep": (("prompts_per_s", "prompts/s"),),
     "plan_share": (("share_of_best", "of the best fixed batch's prompts/s"),),
     "oom_backoff": (("batch_size_after", "prompts a batch"),),
@@ -357,32 +363,24 @@ def vllm_generate(prompts: dict[str, list], budget: int) -> list:  # not-in-dry-
 
 
 def precision_step(model: Any, label: str, prompts: list, answers: str) -> list[dict[str, Any]]:
-    """The tier the default tolerance picks on `prompts` among every tier a current GPU offers
-    (TF32 emulated where the device has none), and each tier's measured error. The model stays
-    in the tier picked: this is its last step."""
-    record = choose_precision(model, prompts, AnswerSet.parse(answers), None, TIERS)
+    """Each tier's largest change of an answer probability (and of the expected value) against
+    float32 on `prompts`, over every tier a current GPU offers (TF32 emulated where the device has
+    none; `choose_precision` at tolerance 0 measures them all and puts the model back in float32),
+    and the tier the default tolerance picks from them."""
+    record = choose_precision(model, prompts, AnswerSet.parse(answers), 0.0, TIERS)
+    accepted = [t["tier"] for t in record["tried"] if t["max_prob_diff"] <= DEFAULT_TOLERANCE]
     return [
         {
             "step": "precision",
             "model": label,
             "answers": answers,
-            "tier": tried["tier"],
-            "tolerance": record["tolerance"],
-            "picked": record["tier"],
+            "tolerance": DEFAULT_TOLERANCE,
+            "picked": (accepted or ["float32"])[0],
             "sample": record["sample"],
             **tried,
         }
         for tried in record["tried"]
     ]
-
-
-def noise_step(model: Any, label: str, prompts: list, answers: str) -> dict[str, Any]:
-    """bfloat16 against float32 on the device, epsilon 0."""
-    with as_dtype(model, torch.bfloat16):
-        figure = noise_figure(
-            model, prompts, AnswerSet.parse(answers), reference=torch.float32, sample=len(prompts)
-        )
-    return {"step": "noise", "model": label, "answers": answers, **figure}
 
 
 def offload_step(folder: str, whole: Any, label: str, prompts: list, memory: str) -> dict[str, Any]:
@@ -476,13 +474,12 @@ def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list
     figures = exact_step(model, label, prompts)
     figures += generate_step(model, label, prompts, size.generate_budget, 64)
     figures += vllm_step(prompts, size.generate_budget)
-    figures.append(noise_step(model, label, prompts["0-100"][: size.noise_sample], "0-100"))
+    figures += precision_step(model, label, prompts["0-100"][: size.precision_sample], "0-100")
     with tempfile.TemporaryDirectory() as folder:
         model.hf.save_pretrained(folder)
         model.tokenizer.save_pretrained(folder)
         few = prompts_for(model, "0-10", size.offload_prompts)
         figures.append(offload_step(folder, model, label, few, size.offload_memory))
-    figures += precision_step(model, label, prompts["0-100"][: size.noise_sample], "0-100")
     return figures, model.tokenizer
 
 

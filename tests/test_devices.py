@@ -374,7 +374,7 @@ def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
     assert all(f["dry_run"] and {"figure", "value", "unit"} <= set(f) for f in figures)
     steps = {f["step"] for f in figures}
     assert steps == {
-        "exact", "generate", "precision", "noise", "offload", "batch_sweep", "plan_share",
+        "exact", "generate", "precision", "offload", "batch_sweep", "plan_share",
         "oom_backoff",
     }  # fmt: skip
     exact = [f for f in figures if f["step"] == "exact"]
@@ -389,8 +389,9 @@ def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
     assert all(f["share_of_peak"] is None for f in exact)  # a CPU's peak is not known
     full = next(f for f in exact if f["model"] == "tiny-random" and f["answers"] == "0-100")
     assert full["token_forwards_per_prompt"] >= 203  # epsilon 0: the whole 0-100 trie
-    precision = [f for f in figures if f["step"] == "precision"]
-    assert {f["tier"] for f in precision} <= {"bfloat16", "tf32"} and precision
+    precision = [f for f in figures if f["step"] == "precision"]  # every faster tier measured
+    assert [f["tier"] for f in precision] == ["bfloat16", "tf32"]
+    assert all(0 < f["max_prob_diff"] < 0.01 for f in precision)  # random weights: tiny
     share = next(f for f in figures if f["step"] == "plan_share")
     assert share["share_of_best"] > 0 and share["verdict"] in ("PASS", "FAIL")
     backoff = next(f for f in figures if f["step"] == "oom_backoff")
