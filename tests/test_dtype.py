@@ -303,3 +303,18 @@ def test_the_tiers_errors_on_the_default_model_and_the_pick():
     model.meta.pop("matmul")
     record = tiers.choose_precision(model, prompts, probe.answers, 0.05, tiers.TIERS)
     assert record["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+
+
+def test_steering_chooses_the_tier_before_it_scores():
+    """The mechanism's `steer` settles the tier first (fake device offering every tier, the
+    tolerance loose enough for bfloat16), and scores in it under the TransformerLens bridge."""
+    model = _tiny(pending=True)
+    model.meta["precision"]["tolerance"] = 1.0
+    texts = ["Case 1: how intense, from 0 to 10?", "Case 2: how sad, from 0 to 10?"]
+    vector = torch.ones(model.hf.config.hidden_size)
+    rows = probekit.steer(
+        model, texts, vector, layers=[0], alphas=[0, 1], answers="0-10", hooks="nnsight",
+        positions="span", control=False,
+    )  # fmt: skip
+    assert len(rows) == 4 and rows["valid_mass"].gt(0).all()
+    assert model.meta["precision"]["tier"] == "bfloat16" and model.dtype == torch.bfloat16
