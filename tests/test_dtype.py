@@ -132,7 +132,7 @@ def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp
     assert manifest["precision"]["tier"] == "float32" and manifest["precision"]["tried"] == []
     assert manifest["batch_size"] == 16
     assert (
-        "precision: float32 for tolerance 0.002 (float32 is the fastest arithmetic on cpu: "
+        "precision: float32 for tolerance 0.005 (float32 is the fastest arithmetic on cpu: "
         "nothing to choose)" in summary
     )
 
@@ -175,7 +175,7 @@ def test_a_cpu_offers_float32_alone_and_measures_nothing():
     assert tiers.settle_precision(model, answers, _tiny_prompts(model)) is record
     assert model.describe()["precision"] is record
     assert tiers.describe_precision(record) == (
-        "precision: float32 for tolerance 0.002 (float32 is the fastest arithmetic on cpu: "
+        "precision: float32 for tolerance 0.005 (float32 is the fastest arithmetic on cpu: "
         "nothing to choose)"
     )
 
@@ -297,8 +297,9 @@ def test_the_tiers_errors_on_the_default_model_and_the_pick():
     probe, prompts = _prompts(model, "intergroup", ["--events", "1"], 2)
     record = tiers.choose_precision(model, prompts, probe.answers, None, tiers.TIERS)
     bf16, tf32 = record["tried"]
-    assert record["tier"] == "tf32" and record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.002
-    assert 0 < tf32["max_prob_diff"] <= 0.002 < bf16["max_prob_diff"] <= 0.05
+    assert record["tier"] == "tf32" and record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
+    # benchmarks/results/dtype.json on 72 prompts: TF32 1.5e-3, bfloat16 0.018
+    assert 0 < tf32["max_prob_diff"] <= 0.002 and 0.005 < bf16["max_prob_diff"] <= 0.05
     assert tf32["max_abs_diff"] <= 0.3 and bf16["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
     model.meta.pop("matmul")
     record = tiers.choose_precision(model, prompts, probe.answers, 0.05, tiers.TIERS)
@@ -318,3 +319,23 @@ def test_steering_chooses_the_tier_before_it_scores():
     )  # fmt: skip
     assert len(rows) == 4 and rows["valid_mass"].gt(0).all()
     assert model.meta["precision"]["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+
+
+def test_the_tiers_a_device_offers(monkeypatch):
+    """Every tier on a CUDA device of compute capability 8 or more; float32 alone on an older
+    one, on a dispatched model and on a CPU; the loaded dtype alone on a model loaded in
+    bfloat16 (a fake CUDA device: nothing runs on it)."""
+    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.tiers import TIERS, offered_tiers
+
+    cuda = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    assert offered_tiers(cuda) == TIERS == ("bfloat16", "tf32", "float32")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 0))
+    assert offered_tiers(cuda) == ("float32",)
+    cuda.meta["device_map"] = "model.layers.0-15: cuda:0; model.layers.16-31: cpu"
+    assert offered_tiers(cuda) == ("float32",)
+    narrow = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.bfloat16)
+    assert offered_tiers(narrow) == ("bfloat16",)
+    cpu = LoadedModel(None, None, "m", "random", torch.device("cpu"), torch.float32)
+    assert offered_tiers(cpu) == ("float32",)

@@ -49,7 +49,7 @@ def add_model_options(
         default=None,
         metavar="T",
         help="largest change of an answer probability the chosen arithmetic may cause (see "
-        "docs/concepts.md; default 0.002): on a GPU the fastest of bfloat16, TF32 and float32 "
+        "docs/concepts.md; default 0.005): on a GPU the fastest of bfloat16, TF32 and float32 "
         "that meets it on the run's prompts; not with --dtype",
     )
     parser.add_argument(
