@@ -118,6 +118,34 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak-memory count on `device` (the CPU's resident peak cannot be reset)."""
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory since `reset_peak`: CUDA's allocator, else the process's resident peak."""
+    import resource
+
+    if device.type == "cuda":
+        peak, of = torch.cuda.max_memory_allocated(device), "cuda allocator"
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        of = "process (CPU resident, whole run)"
+    return {"peak_memory_mib": round(peak / 2**20, 1), "peak_of": of}
+
+
+def release(device: torch.device) -> None:
+    """Free what dropped models held: collect them, and empty CUDA's cache on a GPU."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def timed(device: torch.device, fn: Callable[[], T]) -> tuple[T, float, float]:
     """fn's result, wall seconds and process CPU seconds (its CUDA work included on a GPU)."""
     synchronize(device)

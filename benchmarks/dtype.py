@@ -2,7 +2,9 @@
 
 Scores the same prompts of a real slice of every study in float64 (the reference), float32,
 bfloat16 and float16, each reduced dtype twice: rounded throughout, and with the final norm and
-LM head kept in float32 (`+fp32 head`, what `load_model` does by default). Prints per study and
+LM head kept in float32 (`+fp32 head`, what `load_model` does by default), and in float32 with
+TF32 matmuls (`tf32`, the precision tier; on a CPU emulated by rounding the inputs of the body's
+matrix products to TF32, `probekit.engines.hf.tiers.tf32_rounding`). Prints per study and
 dtype, with the device beside every figure:
 
   per prompt, against float64: max |Δp| over all answers, max |Δ expected value| (numeric
@@ -17,7 +19,10 @@ dtype, with the device beside every figure:
 bfloat16 and float16 arithmetic on a CPU is a proxy for a GPU's: CUDA's matmuls accumulate
 reduced precision differently (in fp32 tensor cores), so GPU figures must be measured there
 (`--device cuda`). float16 on the CPU is slow (no fast kernels) but runs. This is a benchmark:
-it asserts nothing and exits 0. The table is also written to `--log`.
+it asserts nothing and exits 0. The table is also written to `--log`; `--json` writes the
+per-prompt error and the headline's shift (also as a share of the headline's own 95 % interval
+half-width, where the study gives one) of every dtype, through `common.write_results`, for the
+docs (docs/concepts.md cites `benchmarks/results/dtype.json` for the default `--tolerance`).
 
     python benchmarks/dtype.py --data /work/shared/data
     python benchmarks/dtype.py --studies isear --isear-events 4 --dtypes float64,bfloat16
@@ -39,24 +44,31 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from common import set_up, tear_down, write_results
 
 from probekit.cli.main import study_command
+from probekit.core.errors import ProbekitError
 from probekit.core.options import flag
 from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import score_differences
+from probekit.engines.hf.tiers import apply_tier
 from probekit.run.options import run_context
 from probekit.studies.base import Context, Probe, get_study
 
 VARIANTS: dict[str, tuple[str, bool]] = {
     "float64": ("float64", False),
     "float32": ("float32", False),
+    "tf32": ("float32", False),
     "bfloat16": ("bfloat16", False),
     "bfloat16+fp32head": ("bfloat16", True),
     "float16": ("float16", False),
     "float16+fp32head": ("float16", True),
 }
-"""Benchmark label -> (weight dtype, final norm and LM head kept in float32)."""
+"""Benchmark label -> (weight dtype, final norm and LM head kept in float32); `tf32` is float32
+put in the TF32 tier (`tiers.apply_tier`)."""
+TIER_OF = {"float32": "float32", "tf32": "tf32", "bfloat16+fp32head": "bfloat16"}
+"""The precision tiers among the labels (`probekit.engines.hf.tiers.TIERS`)."""
 STUDIES = ("intergroup", "isear", "giebench", "jaem-st")
 
 
@@ -109,6 +121,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="event sampling and bootstraps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--log", default="/tmp/probekit-dtype.log", help="copy of the table")
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write the figures here"
+    )
     args = parser.parse_args(argv)
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
     unknown = [d for d in args.dtypes if d not in VARIANTS]
@@ -251,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(text, flush=True)
         out.write(text + "\n")
 
+    load_start = set_up(args.threads)
     say(f"python benchmarks/dtype.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     say(f"{load_text()}; torch threads {args.threads}; epsilon {args.epsilon}")
     with redirect_stdout(io.StringIO()):
@@ -267,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for label in args.dtypes:
         dtype, head = VARIANTS[label]
         model = load_model(args.model, device=args.device, dtype=dtype, fp32_head=head)
+        if label == "tf32":
+            apply_tier(model, "tf32")
         memory[label] = weight_mib(model)
         for s in slices:
             start = time.perf_counter()
@@ -287,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         del model
     device = args.device
+    figures: list[dict[str, Any]] = []
     for s in slices:
         say("")
         say(f"== {s.study}: {len(s.items)} prompts ({s.note}); reference float64 on {device}")
@@ -295,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             say("  no float64 reference")
             continue
         ref_frame = frames[(s.study, "float64")]
-        ref_head = s.headline(ref_frame)
+        ref_head = headline_of(s, ref_frame, say)
         ref_scores = headline_scores(s.probe, ref_frame)
         stat_cols = list(ref_head)
         header = (
@@ -311,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             d = score_differences(res, ref, numeric=s.probe.answers.numeric)
             de = f"{d['max_abs_diff']:9.2e}" if s.probe.answers.numeric else f"{'—':>9}"
             corr = np.corrcoef(headline_scores(s.probe, frame), ref_scores)[0, 1]
-            stats = s.headline(frame)
+            stats = headline_of(s, frame, say)
             cells = " ".join(f"{stats[c]:11.5f}" for c in stat_cols)
             say(
                 f"  {label:<18} {device:<6} {d['max_prob_diff']:9.2e} {de} "
@@ -322,15 +341,98 @@ def main(argv: Sequence[str] | None = None) -> None:
         for label in args.dtypes:
             if label == "float64" or (s.study, label) not in results:
                 continue
-            stats = s.headline(frames[(s.study, label)])
+            stats = headline_of(s, frames[(s.study, label)], say)
             cells = " ".join(f"{stats[c] - ref_head[c]:+11.2e}" for c in stat_cols)
             say(f"  {label:<18} {device:<6} {cells}")
+            d = score_differences(results[(s.study, label)], ref, numeric=s.probe.answers.numeric)
+            figures += tier_figures(s, label, d, stats, ref_head, device)
     say("")
     say("corr column: 1 - Pearson r of the headline per-prompt score against float64")
     say("weights in memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
     say(load_text())
     log.write_text(out.getvalue())
     print(f"table written to {log}")
+    if args.json is not None:
+        write_results(
+            "dtype",
+            figures,
+            device=args.device,
+            threads=args.threads,
+            load_start=load_start,
+            load_end=tear_down(torch.device(args.device)),
+            path=args.json,
+            argv=["dtype.py", *(sys.argv[1:] if argv is None else argv)],
+        )
+
+
+def headline_of(s: Slice, frame: pd.DataFrame, say: Callable[[str], None]) -> dict[str, float]:
+    """The slice's headline statistic on `frame`; {} (and a line saying why) when the study's
+    statistics refuse a slice this small."""
+    try:
+        return s.headline(frame)
+    except ProbekitError as error:
+        say(f"  {s.study}: no headline on this slice ({error})")
+        return {}
+
+
+HALF_WIDTHS = {"Δ": ("Δ CI low", "Δ CI high"), "max_diff": ("low", "high"), "CE": ("low", "high")}
+"""A study's headline statistic -> the columns of its 95 % interval."""
+
+
+def tier_figures(
+    s: Slice,
+    label: str,
+    differences: dict[str, Any],
+    stats: dict[str, float],
+    reference: dict[str, float],
+    device: str,
+) -> list[dict[str, Any]]:
+    """One dtype's figures on one study against float64: the largest change of an answer
+    probability, and the headline's shift, also as a share of its interval's half-width."""
+    what = f"{s.study}, {label} ({s.note})"
+    figures = [
+        {
+            "figure": f"{what}: largest |Δp| of an answer",
+            "value": differences["max_prob_diff"],
+            "unit": "probability, against float64",
+            "study": s.study,
+            "dtype": label,
+            "tier": TIER_OF.get(label),
+            "device": device,
+            "prompts": len(s.items),
+            "argmax_changes": differences["argmax_changes"],
+        }
+    ]
+    for stat, (low, high) in HALF_WIDTHS.items():
+        if stat not in reference:
+            continue
+        shift = abs(stats[stat] - reference[stat])
+        half = (reference[high] - reference[low]) / 2
+        figures.append(
+            {
+                "figure": f"{what}: |shift| of the headline {stat}",
+                "value": shift,
+                "unit": f"{stat} units; {shift / half:.1%} of its 95 % CI half-width",
+                "study": s.study,
+                "dtype": label,
+                "tier": TIER_OF.get(label),
+                "half_width": half,
+                "share_of_half_width": shift / half,
+            }
+        )
+    if reference and not any(stat in reference for stat in HALF_WIDTHS):
+        worst = max(abs(stats[c] - reference[c]) for c in reference)
+        figures.append(
+            {
+                "figure": f"{what}: largest |shift| of a headline accuracy",
+                "value": worst,
+                "unit": "accuracy (no interval on this slice)",
+                "study": s.study,
+                "dtype": label,
+                "tier": TIER_OF.get(label),
+            }
+        )
+    return figures
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ vLLM and Ray come from the environment `./setup.sh --ray --vllm` makes; run it t
     ~/.cache/probekit/vllm-env/bin/python benchmarks/engines.py --prompts 24 --threads 2
     python benchmarks/engines.py --skip-vllm            # the hf engine and Ray only
 
+`--json PATH` also writes Tables 1 and 2 as figures (`common.write_results`), for the
+performance page (`benchmarks/results/engines.json`).
+
 A benchmark, not a test: it exits 0 whatever the numbers; the load average is printed at start
 and end because timings on a shared machine are distorted by other processes.
 """
@@ -55,18 +58,38 @@ def main() -> None:
     )
     parser.add_argument("--gpus", default="1,8,64", help="GPU counts for the projection")
     parser.add_argument("--gpu-rate", type=float, default=None, help="measured prompts/s per GPU")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     # vLLM's CPU build binds its OpenMP threads to these cores (same count as torch's threads).
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
     import torch
 
     torch.set_num_threads(args.threads)
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    load_start = os.getloadavg()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in load_start)}")
+    figures: list[dict] = []
     if not args.skip_ray:  # first: vLLM's engine core, once started, stays alive
-        ray_overhead(args)
+        figures += ray_overhead(args)
     rates = engine_rates(args)
     projection(rates, args)
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    load_end = os.getloadavg()
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in load_end)}")
+    if args.json is not None:
+        from common import write_results
+
+        figures = [
+            {"figure": label, "value": rate, "unit": "prompts/s", "series": "Table 1"}
+            for label, rate in rates.items()
+        ] + figures
+        write_results(
+            "engines",
+            figures,
+            device="cpu",
+            threads=args.threads,
+            load_start=load_start,
+            load_end=load_end,
+            path=args.json,
+        )
 
 
 def intergroup_probe(data: str | None, events: int):
@@ -173,11 +196,12 @@ def vllm_cross_check(engine, ids: list) -> None:
         )
 
 
-def ray_overhead(args: argparse.Namespace) -> None:
-    """Table 2: one process against Ray with one and with two actors, same probe, ev mode."""
+def ray_overhead(args: argparse.Namespace) -> list[dict]:
+    """Table 2: one process against Ray with one and with two actors, same probe, ev mode; its
+    rows as figures."""
     if importlib.util.find_spec("ray") is None:
         print("\nTable 2 skipped: Ray is not installed in this Python (./setup.sh --ray)")
-        return
+        return []
     import pandas as pd
     import ray
 
@@ -232,6 +256,19 @@ def ray_overhead(args: argparse.Namespace) -> None:
             f"{rows[0][1] / seconds:.2f}x | {note} |"
         )
     print(f"largest |expected| difference from one process: {diff:.1e}")
+    series = f"Table 2: {total} prompts, {args.threads} threads in all, model loads included"
+    figures = [
+        {"figure": label, "value": total / seconds, "unit": "prompts/s", "series": series}
+        for label, seconds, _ in rows
+    ]
+    return figures + [
+        {
+            "figure": "largest |expected| difference of Ray's rows from one process's",
+            "value": diff,
+            "unit": "0-100 scale",
+            "series": series,
+        }
+    ]
 
 
 def projection(rates: dict[str, float], args: argparse.Namespace) -> None:

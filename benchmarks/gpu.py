@@ -1,45 +1,78 @@
 """The GPU benchmark: one command that measures what probekit's GPU claims rest on.
 
-    python benchmarks/gpu.py                 # on a CUDA machine: ~10 minutes on one H100
-    python benchmarks/gpu.py --dry-run       # the same steps, tiny, on the CPU (CI runs it)
+    python benchmarks/gpu.py                 # on a CUDA machine (a few minutes on one H100)
+    python benchmarks/gpu.py --dry-run       # the same code, at tiny sizes, on the CPU (CI)
 
-Steps, each one or more figures (`figure`, `value`, `unit`, and the step's other numbers) of
-the JSON it writes (`common.write_results`: `benchmarks/results/gpu.json`, from which
+The dry run is not a separate path: it runs every line a GPU run runs, imports included, with
+the sizes of `SIZES["dry"]` on the CPU: 2 prompts an answer set, and two-layer random models
+with the default model's tokenizer in place of the default model and of the 8B-shaped one;
+`tests/test_devices.py` checks with a line tracer that no line of this file runs only on a
+GPU. Steps, each one or more figures (`figure`, `value`, `unit`, and the step's other numbers)
+of the JSON it writes (`common.write_results`: `benchmarks/results/gpu.json`, from which
 `benchmarks/report.py` makes docs/performance.md; a dry run writes to `--out` or a temporary
 file, never there):
 
-- `exact`: the exact scorer's throughput (prompts/s, prompt tokens/s, peak memory) for answer sets
-  0-100, 0-10, A-D and A-E, on the default model and on a random-weight model with
-  Llama-3.1-8B's shapes (`probekit.testing.synthetic`), in the dtype the policy picks;
-- `generate`: greedy generation + parse of the same prompts, with transformers' `generate` and
-  with vLLM where it is installed (else an entry saying it was skipped);
-- `noise`: bfloat16 against float32 on the device (`precision.noise_figure`, epsilon 0);
-- `oom_backoff`: a batch too large for the device, which the scorer halves until it fits (on the
-  CPU of a dry run the out-of-memory error is raised by a hook on batches above one prompt);
-- `offload`: the default model placed by a device map over the device and CPU offload (on the
-  CPU, CPU and disk offload), its throughput and its largest score difference from the whole
-  model.
+- on the default model, first and alone on the device: `exact` (prompts/s, prompt tokens/s,
+  token-forwards a prompt, TFLOP/s and share of the device's peak, peak memory) for answer sets
+  0-100, 0-10, A-D and A-E in float32 at the plan's batch; `generate` (transformers greedy
+  generation + parse, and vLLM where it is installed); `precision`: each tier's error against
+  float32 on its 0-100 prompts (bfloat16 with the float32 head, TF32 matmuls; TF32 is emulated
+  on a CPU) and the tier the default `--tolerance` picks from them; `offload`: the model placed
+  by a device map with CPU (and disk) offload, its largest score difference from the whole
+  model;
+- then, the default model freed, on random weights of Llama-3.1-8B's shapes (so each model's
+  peak memory is its own): `exact` for the four answer sets in each precision tier (float32,
+  TF32 matmuls, bfloat16 with the float32 head) at epsilon 0, so every prompt reads the whole
+  answer trie (random weights would prune it to ~14 positions on 0-100; the real default model
+  reads ~140 at the default epsilon, the whole trie has 203); `generate` beside it in
+  bfloat16; `batch_sweep`: bfloat16 0-100 throughput at fixed batches and at the batch the plan
+  picks, and the plan's share of the best (target: at least 90 %); `oom_backoff`: a batch too
+  large for the device, halved until it fits (on the CPU a hook raises the out-of-memory error
+  for batches above one prompt).
 
-Until this has run on a GPU, the GPU figures in the docs are projections.
+TFLOP/s counts the multiply-adds of the weights (2 x body weights a token-forward, 2 x LM-head
+weights a head row), not attention's (a few per cent at these prompt lengths); the device's peak
+is NVIDIA's dense figure for the tier (`PEAK_TFLOPS`), unknown on a CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import resource
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import RESULTS, set_up, tear_down, write_results
+from common import (
+    RESULTS,
+    device_name,
+    peak_memory,
+    release,
+    reset_peak,
+    set_up,
+    synchronize,
+    tear_down,
+    write_results,
+)
+from transformers import LlamaConfig
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.padding import left_pad
+from probekit.engines.hf.head import parameter_split
+from probekit.engines.hf.model import load_model
+from probekit.engines.hf.precision import dtype_name
+from probekit.engines.hf.tiers import (
+    DEFAULT_TOLERANCE,
+    LABELS,
+    TIERS,
+    apply_tier,
+    choose_precision,
+)
+from probekit.testing.synthetic import random_weights
 
 ANSWER_SETS = ("0-100", "0-10", "A-D", "A-E")
 PERSONAS = [
@@ -56,6 +89,7 @@ EVENTS = [
 ]  # fmt: skip
 CHOICES = ["joy", "anger", "sadness", "fear", "disgust"]
 LLAMA_8B = dict(
+    vocab_size=128256,
     hidden_size=4096,
     intermediate_size=14336,
     num_attention_heads=32,
@@ -71,8 +105,47 @@ TINY = dict(
     num_hidden_layers=2,
     max_position_embeddings=2048,
 )
-OOM_BATCH = 2048  # prompts in the one batch the back-off step starts with on a GPU
 LONG_LEAD = "Read the whole case carefully before answering. " * 20  # ~200 tokens a prompt
+PEAK_TFLOPS = {
+    "H100 PCIe": {"bfloat16": 756.0, "tf32": 378.0, "float32": 51.2},
+    "H100": {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9},  # SXM (HBM3)
+    "H200": {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9},
+    "A100": {"bfloat16": 312.0, "tf32": 156.0, "float32": 19.5},
+}
+"""NVIDIA's dense tensor-core peak (float32: without tensor cores) per tier, TFLOP/s, by a part of
+the device's name (the first that matches; H100 PCIe before H100)."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each step is: the GPU run's, or the dry run's tiny ones."""
+
+    prompts: int  # per answer set (a GPU run: --prompts)
+    default: dict[str, int] | None  # the config of a random stand-in for the default model
+    default_label: str
+    shaped: dict[str, int]  # the large model's config
+    shaped_label: str
+    generate_budget: int
+    generate_batch: int
+    sweep: tuple[int, ...]  # the fixed batches of the sweep
+    sweep_prompts: int
+    oom_batch: int  # prompts in the one batch the back-off starts with
+    offload_memory: str
+    offload_prompts: int
+    precision_sample: int
+    simulate_oom: bool
+
+
+SIZES = {
+    "gpu": Sizes(
+        256, None, "default", LLAMA_8B, "llama-3.1-8b-shaped", 16, 512,
+        (64, 128, 256, 512, 1024), 1024, 2048, "cuda:0=200MiB,cpu=16GiB", 32, 64, False,
+    ),
+    "dry": Sizes(
+        2, TINY, "tiny-random-default", TINY, "tiny-random", 4, 2, (1, 2), 4,
+        2, "cpu=24MiB", 2, 2, True,
+    ),
+}  # fmt: skip
 
 
 def question(answers: str, persona: str, event: str) -> str:
@@ -102,42 +175,37 @@ def prompts_for(model: Any, answers: str, n: int, lead: str = "") -> list[list[i
 def parse(text: str, answers: AnswerSet) -> str | None:
     """The first answer of the set in a generated text: a whole number in range, or a letter."""
     if answers.numeric:
-        for number in re.findall(r"\d+", text):
-            if number in answers.answers:
-                return number
-        return None
-    found = re.search(r"\b([A-Z])\b", text)
-    return found.group(1) if found and found.group(1) in answers.answers else None
-
-
-def peak_memory(device: torch.device) -> dict[str, Any]:
-    """Peak memory since the last reset: CUDA's allocator, else the process's resident peak."""
-    if device.type == "cuda":
-        peak, of = torch.cuda.max_memory_allocated(device), "cuda allocator"
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        of = "process (CPU resident, whole run)"
-    return {"peak_memory_mib": round(peak / 2**20, 1), "peak_of": of}
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        found = [n for n in re.findall(r"\d+", text) if n in answers.answers]
+        return found[0] if found else None
+    letter = re.search(r"\b([A-Z])\b", text)
+    return letter.group(1) if letter and letter.group(1) in answers.answers else None
 
 
 def clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter()
+
+
+def tier_of(model: Any) -> str:
+    """The precision tier `model` is in now."""
+    return "tf32" if model.meta.get("matmul") == "tf32" else dtype_name(model.dtype)
+
+
+def peak_tflops(device: torch.device, tier: str) -> float | None:
+    """The device's dense peak for `tier` (`PEAK_TFLOPS`), None where unknown (a CPU)."""
+    name = device_name(device)
+    return next((peaks[tier] for part, peaks in PEAK_TFLOPS.items() if part in name), None)
 
 
 HEADLINES = {
     "exact": (("prompts_per_s", "prompts/s"), ("tokens_per_s", "prompt tokens/s"),
-              ("peak_memory_mib", "MiB peak")),
+              ("tflops", "TFLOP/s"), ("peak_memory_mib", "MiB peak")),
     "generate": (("prompts_per_s", "prompts/s"), ("tokens_per_s", "tokens/s"),
                  ("parsed_share", "share parsed")),
-    "noise": (("max_abs_diff", "largest |difference|"),),
+    "precision": (("max_prob_diff", "largest |Δp| against float32"),
+                  ("max_abs_diff", "largest |Δ| of the expected value")),
+    "batch_sweep": (("prompts_per_s", "prompts/s"),),
+    "plan_share": (("share_of_best", "of the best fixed batch's prompts/s"),),
     "oom_backoff": (("batch_size_after", "prompts a batch"),),
     "offload": (("prompts_per_s", "prompts/s"), ("max_abs_diff_expected", "largest |difference|")),
 }  # fmt: skip
@@ -147,9 +215,8 @@ HEADLINES = {
 def as_figures(record: dict[str, Any]) -> list[dict[str, Any]]:
     """One measurement as the results file's figures: one per headline number, each with the
     whole record beside it (a skipped step: one figure saying why)."""
-    what = ", ".join(
-        str(record[k]) for k in ("step", "engine", "model", "answers", "dtype") if k in record
-    )
+    keys = ("step", "engine", "model", "answers", "tier", "batch")
+    what = ", ".join(str(record[k]) for k in keys if record.get(k) is not None)
     if "skipped" in record:
         return [{"figure": what, "value": "skipped", "unit": record["skipped"], **record}]
     return [
@@ -158,41 +225,63 @@ def as_figures(record: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def exact_step(model: Any, label: str, prompts: dict[str, list], batch: int | None) -> list:
-    """The exact scorer's throughput per answer set."""
+def exact_step(
+    model: Any,
+    label: str,
+    prompts: dict[str, list],
+    batch: int | None = None,
+    epsilon: float = 1e-4,
+    step: str = "exact",
+) -> list[dict[str, Any]]:
+    """The exact scorer's throughput per answer set, at `batch` (None: the plan's), with the
+    token-forwards a prompt, the TFLOP/s they make and their share of the device's peak."""
+    body, head = parameter_split(model)
+    tier = tier_of(model)
+    peak = peak_tflops(model.device, tier)
     figures = []
     for spec, ids in prompts.items():
         answers = AnswerSet.parse(spec)
-        scorer = model.scorer(answers, batch_size=batch)
-        scorer.score(ids[:2]).__next__()  # warm-up: kernels, the answer trie
-        scorer = model.scorer(answers, batch_size=batch)
+        next(model.scorer(answers, batch_size=batch, epsilon=epsilon).score(ids[:2]))  # warm-up
+        scorer = model.scorer(answers, batch_size=batch, epsilon=epsilon)
         reset_peak(model.device)
         start = clock(model.device)
         results = list(scorer.score(ids))
         seconds = clock(model.device) - start
+        stats = scorer.stats
+        forwards = stats.prompt_tokens + stats.trie_positions
+        flops = 2 * body * forwards + 2 * head * (stats.prompts + stats.trie_positions)
+        tflops = flops / seconds / 1e12
         figures.append(
             {
-                "step": "exact",
+                "step": step,
                 "model": label,
                 "answers": spec,
-                "dtype": str(model.dtype).removeprefix("torch."),
+                "tier": tier,
+                "dtype": LABELS[tier],
+                "epsilon": epsilon,
                 "prompts": len(ids),
                 "batch_size": scorer.batch_size,
+                "batch": None if step == "exact" else batch or f"plan's ({scorer.batch_size})",
                 "seconds": round(seconds, 3),
                 "prompts_per_s": len(ids) / seconds,
                 "tokens_per_s": sum(len(p) for p in ids) / seconds,
-                "trie_positions": scorer.stats.trie_positions,
+                "trie_positions": stats.trie_positions,
+                "token_forwards_per_prompt": forwards / len(ids),
+                "tflops": tflops,
+                "peak_tflops": peak,
+                "share_of_peak": tflops / peak if peak else None,
                 "valid_mass_mean": sum(r.valid_mass for r in results) / len(results),
                 **peak_memory(model.device),
             }
         )
-        print(f"exact {label} {spec}: {figures[-1]['prompts_per_s']:.1f} prompts/s", flush=True)
+        rate = figures[-1]["prompts_per_s"]
+        print(f"{step} {label} {spec} {tier} batch {scorer.batch_size}: {rate:.1f} prompts/s")
     return figures
 
 
 def generate_step(
     model: Any, label: str, prompts: dict[str, list], budget: int, batch: int
-) -> list:
+) -> list[dict[str, Any]]:
     """Greedy generation with transformers' `generate`, then the parse, per answer set."""
     figures = []
     pad = model.tokenizer.pad_token_id
@@ -222,7 +311,9 @@ def generate_step(
                 "engine": "transformers",
                 "model": label,
                 "answers": spec,
+                "tier": tier_of(model),
                 "prompts": len(ids),
+                "gen_batch": batch,
                 "max_new_tokens": budget,
                 "seconds": round(seconds, 3),
                 "prompts_per_s": len(ids) / seconds,
@@ -231,85 +322,69 @@ def generate_step(
                 **peak_memory(model.device),
             }
         )
-        print(f"generate {label} {spec}: {figures[-1]['prompts_per_s']:.1f} prompts/s", flush=True)
+        print(f"generate {label} {spec}: {figures[-1]['prompts_per_s']:.1f} prompts/s")
     return figures
 
 
-def vllm_step(spec_model: str, prompts: dict[str, list], budget: int) -> list:
-    """The same greedy generation through vLLM, where it is installed."""
+def vllm_step(prompts: dict[str, list], budget: int) -> list[dict[str, Any]]:
+    """The same greedy generation of the default model through vLLM, where it is installed."""
     from probekit.engines.vllm import vllm_available
 
     if not vllm_available():
         return [{"step": "generate", "engine": "vllm", "skipped": "vLLM is not installed here"}]
+    return vllm_generate(prompts, budget)  # not-in-dry-run: needs vLLM (not a GPU)
+
+
+def vllm_generate(prompts: dict[str, list], budget: int) -> list:  # not-in-dry-run: needs vLLM
+    """`vllm_step` where vLLM is installed."""
     from probekit.engines import load_engine
 
-    engine = load_engine(spec_model, engine="vllm")
+    engine = load_engine("default", engine="vllm")
     figures = []
     for spec, ids in prompts.items():
         scorer = engine.scorer(AnswerSet.parse(spec), max_new_tokens=budget)
         start = time.perf_counter()
         out = scorer.generate(ids)
         seconds = time.perf_counter() - start
+        tokens = sum(len(p) + len(o) for p, o in zip(ids, out, strict=True))
         figures.append(
             {
                 "step": "generate",
                 "engine": "vllm",
-                "model": spec_model,
+                "model": "default",
                 "answers": spec,
                 "prompts": len(ids),
                 "seconds": round(seconds, 3),
                 "prompts_per_s": len(ids) / seconds,
-                "tokens_per_s": sum(len(p) + len(o) for p, o in zip(ids, out, strict=True))
-                / seconds,
+                "tokens_per_s": tokens / seconds,
             }
         )
     return figures
 
 
-def noise_step(model: Any, label: str, prompts: list, answers: str) -> dict:
-    """bfloat16 against float32 on the device, epsilon 0."""
-    from probekit.engines.hf.precision import as_dtype, noise_figure
-
-    with as_dtype(model, torch.bfloat16):
-        figure = noise_figure(
-            model, prompts, AnswerSet.parse(answers), reference=torch.float32, sample=len(prompts)
-        )
-    return {"step": "noise", "model": label, "answers": answers, **figure}
-
-
-def oom_step(model: Any, label: str, prompts: list, batch: int, fake: bool) -> dict:
-    """A batch of `batch` prompts too large for the device; the scorer halves it until it fits
-    (`fake`: on the CPU, a hook raises CUDA's out-of-memory error for batches above one)."""
-
-    def refuse(module: Any, args: tuple, kwargs: dict) -> None:
-        if kwargs["input_ids"].shape[0] > 1:
-            raise torch.cuda.OutOfMemoryError("dry run: a batch of more than one prompt")
-
-    handle = model.hf.model.register_forward_pre_hook(refuse, with_kwargs=True) if fake else None
-    try:
-        scorer = model.scorer(AnswerSet.parse("0-10"), batch_size=batch)
-        start = clock(model.device)
-        results = list(scorer.score(prompts))
-        seconds = clock(model.device) - start
-    finally:
-        if handle is not None:
-            handle.remove()
-    return {
-        "step": "oom_backoff",
-        "model": label,
-        "simulated": fake,
-        "prompts": len(results),
-        "prompt_tokens_mean": sum(len(p) for p in prompts) / len(prompts),
-        "batch_size_before": batch,
-        "batch_size_after": scorer.batch_size,
-        "seconds": round(seconds, 3),
-    }
+def precision_step(model: Any, label: str, prompts: list, answers: str) -> list[dict[str, Any]]:
+    """Each tier's largest change of an answer probability (and of the expected value) against
+    float32 on `prompts`, over every tier a current GPU offers (TF32 emulated where the device has
+    none; `choose_precision` at tolerance 0 measures them all and puts the model back in float32),
+    and the tier the default tolerance picks from them."""
+    record = choose_precision(model, prompts, AnswerSet.parse(answers), 0.0, TIERS)
+    accepted = [t["tier"] for t in record["tried"] if t["max_prob_diff"] <= DEFAULT_TOLERANCE]
+    return [
+        {
+            "step": "precision",
+            "model": label,
+            "answers": answers,
+            "tolerance": DEFAULT_TOLERANCE,
+            "picked": (accepted or ["float32"])[0],
+            "sample": record["sample"],
+            **tried,
+        }
+        for tried in record["tried"]
+    ]
 
 
-def offload_step(folder: str, whole: Any, label: str, prompts: list, memory: str) -> dict:
+def offload_step(folder: str, whole: Any, label: str, prompts: list, memory: str) -> dict[str, Any]:
     """The model in `folder` placed by a device map with `memory` (the rest on CPU/disk)."""
-    from probekit.engines.hf.model import load_model
-
     with tempfile.TemporaryDirectory() as spill:
         split = load_model(folder, max_memory=memory, offload_folder=spill, dtype=whole.dtype)
         answers = AnswerSet.parse("0-10")
@@ -332,11 +407,108 @@ def offload_step(folder: str, whole: Any, label: str, prompts: list, memory: str
     }
 
 
+def sweep_step(model: Any, label: str, prompts: list, batches: tuple[int, ...]) -> list:
+    """0-100 throughput at each fixed batch and at the plan's, and the plan's share of the best
+    fixed batch's (target: at least 0.9)."""
+    figures = []
+    for batch in (*batches, None):
+        figures += exact_step(model, label, {"0-100": prompts}, batch, 0.0, "batch_sweep")
+    best = max(figures[:-1], key=lambda f: f["prompts_per_s"])
+    share = figures[-1]["prompts_per_s"] / best["prompts_per_s"]
+    figures.append(
+        {
+            "step": "plan_share",
+            "model": label,
+            "tier": figures[-1]["tier"],
+            "batch": f"plan's ({figures[-1]['batch_size']}) against {best['batch_size']}",
+            "share_of_best": share,
+            "target": 0.9,
+            "verdict": "PASS" if share >= 0.9 else "FAIL",
+        }
+    )
+    print(f"the plan's batch reaches {share:.0%} of the best fixed batch's throughput")
+    return figures
+
+
+def oom_step(model: Any, label: str, prompts: list, batch: int, simulate: bool) -> dict:
+    """A batch of `batch` prompts too large for the device; the scorer halves it until it fits
+    (`simulate`: on the CPU, a hook raises CUDA's out-of-memory error for batches above one)."""
+
+    def refuse(module: Any, args: tuple, kwargs: dict) -> None:
+        if simulate and kwargs["input_ids"].shape[0] > 1:
+            raise torch.cuda.OutOfMemoryError("dry run: a batch of more than one prompt")
+
+    handle = model.hf.model.register_forward_pre_hook(refuse, with_kwargs=True)
+    try:
+        scorer = model.scorer(AnswerSet.parse("0-10"), batch_size=batch)
+        start = clock(model.device)
+        results = list(scorer.score(prompts))
+        seconds = clock(model.device) - start
+    finally:
+        handle.remove()
+    return {
+        "step": "oom_backoff",
+        "model": label,
+        "simulated": simulate,
+        "prompts": len(results),
+        "prompt_tokens_mean": sum(len(p) for p in prompts) / len(prompts),
+        "batch_size_before": batch,
+        "batch_size_after": scorer.batch_size,
+        "seconds": round(seconds, 3),
+    }
+
+
+def default_model(device: torch.device, size: Sizes) -> Any:
+    """The default model in float32; in a dry run its tokenizer and chat template (no weights
+    read), with random weights of `size.default` in its place."""
+    model = load_model("default", device=str(device), dtype="float32", weights=not size.default)
+    config = LlamaConfig(**{"vocab_size": len(model.tokenizer), **(size.default or {})})
+    stand_in = (config, model.tokenizer, "default", str(device), torch.float32)
+    return model if not size.default else random_weights(*stand_in)
+
+
+def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list, Any]:
+    """The default model's steps; the figures and its tokenizer."""
+    model, label = default_model(device, size), size.default_label
+    prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
+    figures = exact_step(model, label, prompts)
+    figures += generate_step(model, label, prompts, size.generate_budget, 64)
+    figures += vllm_step(prompts, size.generate_budget)
+    figures += precision_step(model, label, prompts["0-100"][: size.precision_sample], "0-100")
+    with tempfile.TemporaryDirectory() as folder:
+        model.hf.save_pretrained(folder)
+        model.tokenizer.save_pretrained(folder)
+        few = prompts_for(model, "0-10", size.offload_prompts)
+        figures.append(offload_step(folder, model, label, few, size.offload_memory))
+    return figures, model.tokenizer
+
+
+def shaped_model_steps(device: torch.device, size: Sizes, n: int, tokenizer: Any) -> list:
+    """The large random-weight model's steps, in float32, TF32 and bfloat16."""
+    config = LlamaConfig(**{"vocab_size": len(tokenizer), **size.shaped})
+    label = size.shaped_label
+    model = random_weights(config, tokenizer, label, str(device), torch.float32)
+    prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
+    figures = exact_step(model, label, prompts, epsilon=0.0)
+    undo = apply_tier(model, "tf32")
+    figures += exact_step(model, label, prompts, epsilon=0.0)
+    undo()
+    apply_tier(model, "bfloat16")
+    figures += exact_step(model, label, prompts, epsilon=0.0)
+    figures += generate_step(model, label, prompts, size.generate_budget, size.generate_batch)
+    sweep = prompts_for(model, "0-100", size.sweep_prompts)
+    figures += sweep_step(model, label, sweep, size.sweep)
+    long = prompts_for(model, "0-10", size.oom_batch, LONG_LEAD)
+    figures.append(oom_step(model, label, long, size.oom_batch, size.simulate_oom))
+    print(f"oom back-off: {figures[-1]['batch_size_after']} prompts a batch")
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/gpu.py", description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny, on the CPU (CI)")
     parser.add_argument("--device", default=None, help="default: cuda (cpu for --dry-run)")
-    parser.add_argument("--prompts", type=int, default=256, help="prompts per answer set")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per answer set (256)")
     parser.add_argument(
         "--out",
         type=Path,
@@ -345,60 +517,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
-    from probekit.engines.hf.model import load_model
-    from probekit.testing.synthetic import random_weights
-
     device = torch.device(args.device or ("cpu" if args.dry_run else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/gpu.py: error: no CUDA device; use --dry-run", file=sys.stderr)
-        return 2
+        parser.error("no CUDA device; use --dry-run")  # not-in-dry-run: a GPU run has one
+    size = SIZES["dry" if args.dry_run else "gpu"]
+    n = args.prompts or size.prompts
     load_start = set_up(args.threads)
     started = time.perf_counter()
-    n = 2 if args.dry_run else args.prompts
-    figures: list[dict] = []
-    from transformers import LlamaConfig
-
-    default = load_model("default", device=str(device))
-    tokenizer = default.tokenizer
-    if args.dry_run:  # one tiny random model stands in for both models
-        config = LlamaConfig(vocab_size=len(tokenizer), **TINY)
-        models = [("tiny-random", random_weights(config, tokenizer, "tiny", "cpu", torch.float32))]
-        del default
-    else:
-        from probekit.engines.hf.precision import pick_dtype
-
-        config = LlamaConfig(vocab_size=128256, **LLAMA_8B)
-        count = 8_030_261_248  # Llama-3.1-8B's parameters
-        shaped = random_weights(
-            config, tokenizer, "llama-3.1-8b-shaped", str(device), pick_dtype(device, None, count)
-        )
-        models = [("default", default), ("llama-3.1-8b-shaped", shaped)]
-    for label, model in models:
-        prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
-        figures += exact_step(model, label, prompts, None)
-        budget = 8 if args.dry_run else 16
-        figures += generate_step(model, label, prompts, budget, 2 if args.dry_run else 64)
-        if label == "default" or args.dry_run:
-            if args.dry_run:
-                figures.append({"step": "generate", "engine": "vllm", "skipped": "dry run"})
-            else:
-                figures += vllm_step("default", prompts, budget)
-            figures.append(noise_step(model, label, prompts["0-100"][: min(n, 64)], "0-100"))
-        if label != "default":  # the largest model: the one a batch can overflow
-            long = prompts_for(model, "0-10", 2 if args.dry_run else OOM_BATCH, LONG_LEAD)
-            figures.append(oom_step(model, label, long, len(long), fake=args.dry_run))
-            print(f"oom back-off: {figures[-1]['batch_size_after']} prompts a batch", flush=True)
-    whole = models[0][1]
-    with tempfile.TemporaryDirectory() as folder:
-        whole.hf.save_pretrained(folder)
-        whole.tokenizer.save_pretrained(folder)
-        memory = "cpu=24MiB" if args.dry_run else "cuda:0=200MiB,cpu=16GiB"
-        few = prompts_for(whole, "0-10", n if args.dry_run else 32)
-        figures.append(offload_step(folder, whole, models[0][0], few, memory))
+    figures, tokenizer = default_model_steps(device, size, n)
+    release(device)  # the default model is gone: the large model's peak memory is its own
+    figures += shaped_model_steps(device, size, n, tokenizer)
     load_end = tear_down(device)
-    out = args.out
-    if out is None:
-        out = Path(tempfile.mkdtemp()) / "gpu.json" if args.dry_run else RESULTS / "gpu.json"
+    temporary = Path(tempfile.mkdtemp()) / "gpu.json"
+    out = args.out or (temporary if args.dry_run else RESULTS / "gpu.json")
     rows = [row | {"dry_run": args.dry_run} for record in figures for row in as_figures(record)]
     write_results(
         "gpu",

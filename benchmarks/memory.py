@@ -10,6 +10,9 @@ the batch size, so that both sizes run full batches.
 
     python benchmarks/memory.py                 # N = 16 and 160
     python benchmarks/memory.py --prompts 32    # N = 32 and 320
+
+`--json PATH` also writes the figures (`common.write_results`), for the performance page
+(`benchmarks/results/memory.json`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from common import Target, load_line, print_targets
+from common import Target, load_line, print_targets, write_results
 from scoring import SETTING, build_prompts, load_events
 
 from probekit.core.answers import AnswerSet
@@ -104,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the scorer's batch size (default: 16, its CPU default); N must be at least B, so "
         "that both sizes run full batches",
     )
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -111,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.batch_size < 1 or args.prompts < args.batch_size:
         parser.error("--batch-size must be >= 1 and --prompts at least the batch size")
-    load_line("at start")
+    load_start = load_line("at start")
     print(
         f"torch threads {torch.get_num_threads()}; intergroup religion {args.setting}; batch "
         f"size {args.batch_size}"
@@ -125,11 +129,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     small, large = rows
     growth = large["peak"] / small["peak"] - 1
-    print_targets(
-        [Target(f"peak(10N) / peak(N) - 1 < {MAX_GROWTH:.0%}", growth, MAX_GROWTH, False)],
-        "target:",
-    )
-    load_line("at end")
+    target = Target(f"peak(10N) / peak(N) - 1 < {MAX_GROWTH:.0%}", growth, MAX_GROWTH, False)
+    print_targets([target], "target:")
+    load_end = load_line("at end")
+    if args.json is not None:
+        figures = [
+            {
+                "figure": f"{row['prompts']} prompts (longest {row['longest']} tokens): {what}",
+                "value": value,
+                "unit": "MiB",
+                **row,
+            }
+            for row in rows
+            for what, value in (
+                ("peak RSS", row["peak"]),
+                ("peak above the loaded model", row["peak"] - row["loaded"]),
+            )
+        ]
+        figures.append(
+            {"figure": target.name, "value": growth, "unit": "", "verdict": target.verdict}
+        )
+        write_results(
+            "memory",
+            figures,
+            device="cpu",
+            threads=torch.get_num_threads(),
+            load_start=load_start,
+            load_end=load_end,
+            argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
+            path=args.json,
+        )
     return 0
 
 

@@ -5,6 +5,11 @@ load, commit, date and command of the run that measured it, so it cannot drift f
 command produced. Re-run a benchmark, then this script; `--check` exits 1 when the page differs
 from what the committed results give (tests/test_docs.py checks the same).
 
+Every results file gets its section, in file-name order, whatever the benchmark: its command,
+where it ran, its `note` (what a reader must know beside the figures, e.g. that they were copied
+from another machine's run) and its figures, under a heading per `series` where the figures name
+one. A figure's `verdict` (PASS/FAIL against a target) goes in the table's last column.
+
     python benchmarks/report.py
     python benchmarks/report.py --check
 """
@@ -93,15 +98,37 @@ def render(results: list[dict[str, Any]]) -> str:
             f"```bash\n{r['command']}\n```\n",
             f"Measured {r['date']} on {where(r)}; device {r['device']}, {r['threads']} threads, "
             f"load average {load(r)}.\n",
-            "| figure | value | unit | target |",
-            "|---|---|---|---|",
         ]
-        lines += [
-            f"| {f['figure']} | {number(f['value'])} | {f['unit']} | {f.get('verdict', '')} |"
-            for f in r["figures"]
-        ]
-        lines.append("")
+        if r.get("note"):
+            lines.append(f"{r['note']}\n")
+        for series, figures in by_series(r["figures"]):
+            if series:
+                lines.append(f"### {series}\n")
+            lines += table(figures)
     return "\n".join(lines)
+
+
+def by_series(figures: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The figures grouped by their `series` (in order of first appearance; "" for none)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for figure in figures:
+        groups.setdefault(str(figure.get("series", "")), []).append(figure)
+    return list(groups.items())
+
+
+def table(figures: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table of figures: figure, value, unit, and the verdict against a target."""
+    rows = [
+        "| " + " | ".join(cell(c) for c in (f["figure"], number(f["value"]), f["unit"])) + " | "
+        f"{f.get('verdict', '')} |"
+        for f in figures
+    ]
+    return ["| figure | value | unit | target |", "|---|---|---|---|", *rows, ""]
+
+
+def cell(text: str) -> str:
+    """`text` for a Markdown table cell: its pipes (`|Δp|`) escaped."""
+    return str(text).replace("|", "\\|")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

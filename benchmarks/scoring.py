@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -132,7 +133,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="B",
-        help="batch size of (a), (b) and (c) (default: the Scorer's, 16 on CPU, 64 on GPU)",
+        help="batch size of (a), (b) and (c) (default: the Scorer's, 16 on CPU, the plan's on GPU)",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -510,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "transformers": transformers.__version__,
             "threads": threads,
             "cpus": os.cpu_count(),
-            "events": where,
+            "events": re.sub(r" (from|in) \S+", "", where),  # no machine path in a results file
             "events_per_emotion": args.events_per_emotion,
             "seed": args.seed,
             "prompt_tokens": [min(lengths), float(np.mean(lengths)), max(lengths)],  # min/mean/max

@@ -282,27 +282,116 @@ def test_the_vllm_engine_loads_its_exact_copy_only_for_exact_scores(whole, monke
     assert loaded == [1] and result.valid_mass > 0
 
 
+TRACER = """
+import json, runpy, sys, threading
+path, out, seen_at = sys.argv[1:4]
+seen = set()
+def line(frame, event, arg):
+    if event == "line":
+        seen.add(frame.f_lineno)
+    return line
+def call(frame, event, arg):
+    if frame.f_code.co_filename != path:
+        return None
+    seen.add(frame.f_lineno)
+    return line
+sys.path.insert(0, path.rsplit("/", 1)[0])
+sys.argv = [path, "--dry-run", "--out", out]
+sys.settrace(call)
+threading.settrace(call)
+code = 0
+try:
+    runpy.run_path(path, run_name="__main__")
+except SystemExit as exit:
+    code = exit.code
+sys.settrace(None)
+import probekit
+open(seen_at, "w").write(json.dumps({"lines": sorted(seen), "probekit": probekit.__file__}))
+sys.exit(code)
+"""
+EXEMPT = "# not-in-dry-run"
+"""The mark of a line of benchmarks/gpu.py that a dry run may leave out (a def line so marked:
+the whole function), with the reason beside it: never "a GPU runs it"."""
+
+
+def executable_lines(path) -> set[int]:
+    """The lines of a Python file that hold code (from its compiled code objects)."""
+    import types
+
+    stack, lines = [compile(path.read_text(), str(path), "exec")], set()
+    while stack:
+        code = stack.pop()
+        lines |= {line for _, _, line in code.co_lines() if line is not None}
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return lines
+
+
+def exempt_lines(path) -> set[int]:
+    """The lines marked `EXEMPT`, and every line of a function whose def line is."""
+    import ast
+
+    text = path.read_text().splitlines()
+    marked = {i + 1 for i, line in enumerate(text) if EXEMPT in line}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.lineno in marked:
+            marked |= set(range(node.lineno, node.end_lineno + 1))
+    return marked
+
+
 @pytest.mark.slow
-def test_gpu_benchmark_dry_run(tmp_path):
-    """`benchmarks/gpu.py --dry-run`: every step of the GPU benchmark, tiny, on the CPU."""
-    out = tmp_path / "gpu.json"
+def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
+    """`benchmarks/gpu.py --dry-run`: every step of the GPU benchmark, tiny, on the CPU, through
+    the same code: traced line by line, it leaves out no line of the script but those marked
+    as not a GPU run's either (vLLM's, and the refusal of a machine without CUDA)."""
+    import os
+
+    script = REPO / "benchmarks" / "gpu.py"
+    out, seen_at = tmp_path / "gpu.json", tmp_path / "lines.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(out)],
+        [sys.executable, "-c", TRACER, str(script), str(out), str(seen_at)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
         cwd=REPO,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    traced = json.loads(seen_at.read_text())
+    assert traced["probekit"].startswith(str(REPO))  # this tree's probekit, not an install's
+    missed = executable_lines(script) - set(traced["lines"]) - exempt_lines(script)
+    lines = script.read_text().splitlines()
+    assert not missed, "\n".join(f"{n}: {lines[n - 1]}" for n in sorted(missed))
     report = json.loads(out.read_text())
     assert report["benchmark"] == "gpu" and report["device"] == "cpu"
     assert {"threads", "commit", "date", "machine", "load_average"} <= set(report)
     figures = report["figures"]
     assert all(f["dry_run"] and {"figure", "value", "unit"} <= set(f) for f in figures)
-    assert {f["step"] for f in figures} == {"exact", "generate", "noise", "oom_backoff", "offload"}
+    steps = {f["step"] for f in figures}
+    assert steps == {
+        "exact", "generate", "precision", "offload", "batch_sweep", "plan_share",
+        "oom_backoff",
+    }  # fmt: skip
     exact = [f for f in figures if f["step"] == "exact"]
-    assert {f["answers"] for f in exact} == {"0-100", "0-10", "A-D", "A-E"}
-    assert all(f["prompts_per_s"] > 0 and f["tokens_per_s"] > 0 for f in exact)
+    tiers = {"tiny-random-default": ["float32"], "tiny-random": ["float32", "tf32", "bfloat16"]}
+    assert {(f["model"], f["answers"], f["tier"]) for f in exact} == {
+        (model, answers, tier)
+        for model in tiers
+        for answers in ("0-100", "0-10", "A-D", "A-E")
+        for tier in tiers[model]
+    }
+    assert all(f["prompts_per_s"] > 0 and f["tflops"] > 0 for f in exact)
+    assert all(f["share_of_peak"] is None for f in exact)  # a CPU's peak is not known
+    full = next(f for f in exact if f["model"] == "tiny-random" and f["answers"] == "0-100")
+    assert full["token_forwards_per_prompt"] >= 203  # epsilon 0: the whole 0-100 trie
+    precision = [f for f in figures if f["step"] == "precision"]  # every faster tier measured
+    assert [f["tier"] for f in precision] == ["bfloat16", "tf32"]
+    assert all(0 < f["max_prob_diff"] < 0.01 for f in precision)  # random weights: tiny
+    share = next(f for f in figures if f["step"] == "plan_share")
+    assert share["share_of_best"] > 0 and share["verdict"] in ("PASS", "FAIL")
     backoff = next(f for f in figures if f["step"] == "oom_backoff")
     assert backoff["batch_size_after"] < backoff["batch_size_before"]
     offload = next(f for f in figures if f["step"] == "offload")

@@ -1,6 +1,8 @@
-"""Numerics on the real default model: the float32 default, bfloat16 within the tolerance the
+"""Numerics: on the real default model the float32 default, bfloat16 within the tolerance the
 README states, float64 scoring (the reference), the float32 answer head, and the noise figure a
-run records in its manifest and summary."""
+run records in its manifest and summary; the precision tiers (`--tolerance`): float32 alone on a
+CPU, TF32 rounding, the pick on a fake device that offers every tier (a tiny random model) and
+the tiers' errors measured on the default model."""
 
 from __future__ import annotations
 
@@ -112,7 +114,7 @@ def test_noise_figure_restores_the_model(smol):
 
 
 @pytest.mark.slow
-def test_run_records_dtype_and_noise_in_manifest_and_summary(tmp_path):
+def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp_path):
     out = tmp_path / "run"
     probekit.run_study("isear", events=1, out=out, numerics=3)  # 3 prompts: all of them
     manifest = json.loads((out / "manifest.json").read_text())
@@ -124,3 +126,214 @@ def test_run_records_dtype_and_noise_in_manifest_and_summary(tmp_path):
     assert numerics["argmax_changes"] == 0
     summary = (out / "summary.md").read_text()
     assert "## Numerics" in summary and "scored in float32 on cpu; against float64" in summary
+    # the precision tier (a CPU: float32, nothing measured) and the batch the run ended with
+    assert manifest["precision"]["tier"] == "float32" and manifest["precision"]["tried"] == []
+    assert manifest["batch_size"] == 16
+    assert (
+        "precision: float32 for tolerance 0.005 (float32 is the fastest arithmetic on cpu: "
+        "nothing to choose)" in summary
+    )
+
+
+# ---------------------------------------------------------------- precision tiers (--tolerance)
+
+
+def _tiny(tie: bool = False, pending: bool = False):
+    """The tiny random model; `pending`: as loaded on a device that offers every tier, its
+    tier not chosen yet (a fake GPU: the tiers run on the CPU, TF32 emulated)."""
+    from tiny_models import tiny_llama
+
+    from probekit.engines.hf.tiers import DEFAULT_TOLERANCE, TIERS
+
+    model = tiny_llama(tie=tie)
+    if pending:
+        model.meta["precision"] = {"tolerance": DEFAULT_TOLERANCE, "offered": list(TIERS)}
+    return model
+
+
+def _tiny_prompts(model, count: int = 3):
+    texts = [f"Case {i}: how intense, from 0 to 10? Answer with a number." for i in range(count)]
+    return [model.encode(probekit.Item(str(i), text=t)).input_ids for i, t in enumerate(texts)]
+
+
+def test_a_cpu_offers_float32_alone_and_measures_nothing():
+    from probekit.engines.hf import tiers
+
+    model = _tiny()
+    record = model.meta["precision"]
+    assert tiers.offered_tiers(model) == ("float32",)
+    assert record == {
+        "tolerance": tiers.DEFAULT_TOLERANCE,
+        "offered": ["float32"],
+        "tier": "float32",
+        "tried": [],
+        "note": "float32 is the fastest arithmetic on cpu: nothing to choose",
+    }
+    answers = probekit.AnswerSet.parse("0-10")
+    assert tiers.settle_precision(model, answers, _tiny_prompts(model)) is record
+    assert model.describe()["precision"] is record
+    assert tiers.describe_precision(record) == (
+        "precision: float32 for tolerance 0.005 (float32 is the fastest arithmetic on cpu: "
+        "nothing to choose)"
+    )
+
+
+def test_tf32_rounding_is_to_nearest_with_ties_to_even():
+    from probekit.engines.hf.tiers import round_tf32
+
+    ulp = 2.0**-10  # TF32's mantissa step at 1
+    cases = {
+        1 + ulp / 2: 1.0,  # a tie: to the even mantissa
+        1 + 3 * ulp / 2: 1 + 2 * ulp,  # a tie: to the even mantissa
+        1 + ulp / 2 + 2**-20: 1 + ulp,  # above the tie
+        -(1 + ulp / 2 + 2**-20): -(1 + ulp),
+        1 + ulp: 1 + ulp,  # already TF32
+        2**-130: 2**-130,  # subnormal: its few bits are kept
+    }
+    x = torch.tensor(list(cases), dtype=torch.float32)
+    assert round_tf32(x).tolist() == list(cases.values())
+    values = torch.randn(10_000) * 100
+    mantissa, exponent = np.frexp(values.double().numpy())
+    expected = np.ldexp(np.round(mantissa * 2**11) / 2**11, exponent)  # numpy: ties to even
+    assert np.array_equal(round_tf32(values).double().numpy(), expected)
+
+
+def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_all():
+    """A fake device offering bfloat16, TF32 and float32: tolerance 0 keeps float32 and puts
+    the model back bit for bit (its tied head included); a tolerance between the two measured
+    errors takes TF32; a large one bfloat16 with the final norm and head in float32."""
+    from probekit.engines.hf import tiers
+
+    answers = probekit.AnswerSet.parse("0-10")
+    model = _tiny(tie=True, pending=True)
+    prompts = _tiny_prompts(model)
+    before = {n: p.detach().clone() for n, p in model.hf.named_parameters()}
+    record = tiers.choose_precision(model, prompts, answers, 0.0, tiers.TIERS)
+    assert record["tier"] == "float32" and record["sample"] == 3
+    (bf16, tf32) = record["tried"]
+    assert (bf16["tier"], tf32["tier"]) == ("bfloat16", "tf32")
+    assert not bf16["accepted"] and not tf32["accepted"]
+    assert 0 < tf32["max_prob_diff"] < bf16["max_prob_diff"]
+    assert model.dtype == torch.float32 and "matmul" not in model.meta
+    after = dict(model.hf.named_parameters())
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert model.hf.get_output_embeddings().weight is model.hf.get_input_embeddings().weight
+    middle = (tf32["max_prob_diff"] + bf16["max_prob_diff"]) / 2
+    model.meta["precision"] = {"tolerance": middle, "offered": list(tiers.TIERS)}
+    record = tiers.settle_precision(model, answers, prompts)
+    assert record["tier"] == "tf32" and model.meta["matmul"] == "tf32"
+    assert [t["accepted"] for t in record["tried"]] == [False, True]
+    wide = _tiny(tie=True, pending=True)
+    record = tiers.choose_precision(wide, prompts, answers, 1.0, tiers.TIERS)
+    assert record["tier"] == "bfloat16" and len(record["tried"]) == 1
+    assert wide.dtype == torch.bfloat16 and wide.meta["fp32_parts"] == ["final norm", "LM head"]
+    assert wide.hf.get_output_embeddings().weight.dtype == torch.float32
+    assert wide.hf.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert wide.hf.model.norm.weight.dtype == torch.float32
+    assert wide.describe()["dtype"] == "bfloat16" and wide.describe()["precision"] is record
+    assert "bfloat16 (float32 final norm and LM head) for tolerance 1" in (
+        tiers.describe_precision(record)
+    )
+
+
+def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
+    """`probekit.score` chooses on its first window; a run on its numerics sample, or keeps
+    the tier of the run it resumes (fake device offering every tier, as above)."""
+    from probekit.core.rundir import RunDir
+    from probekit.engines.hf import tiers
+    from probekit.run.numerics import settle_run_precision
+
+    model = _tiny(pending=True)
+    model.meta["precision"]["tolerance"] = 1.0
+    texts = [f"Case {i}: how intense, from 0 to 10? Answer with a number." for i in range(3)]
+    with pytest.warns(UserWarning, match="weak signal"):  # random weights
+        table = probekit.score(model, texts, "0-10")
+    assert len(table) == 3 and model.meta["precision"]["tier"] == "bfloat16"
+    probe, _ = _prompts(model, "isear", ["--events", "1"], 0)
+    fresh = _tiny(pending=True)
+    record = settle_run_precision(fresh, probe, tmp_path / "new", seed=0)
+    assert record["sample"] == min(precision.NOISE_SAMPLE, len(probe))
+    # the tiny model's errors (~1e-4) are within the default tolerance: the fastest tier
+    assert record["tier"] == fresh.meta["precision"]["tier"] == "bfloat16"
+    assert settle_run_precision(fresh, probe, tmp_path / "new") is None  # chosen already
+    RunDir(tmp_path / "old").make()
+    RunDir(tmp_path / "old").write_manifest({"precision": {"tier": "bfloat16", "tried": []}})
+    resumed = _tiny(pending=True)
+    kept = settle_run_precision(resumed, probe, tmp_path / "old")
+    assert kept["tier"] == "bfloat16" and kept["note"] == "kept from the run being resumed"
+    assert resumed.dtype == torch.bfloat16
+    assert tiers.keep_tier(_tiny(), {"tier": "bfloat16"}) is None  # a CPU: float32 chosen
+
+
+def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
+    from probekit import cli
+    from probekit.engines import load_engine
+
+    with pytest.raises(ProbekitError, match="^give a dtype or a tolerance, not both"):
+        load_model("default", dtype="bfloat16", tolerance=0.01)
+    with pytest.raises(ProbekitError, match=r"^tolerance must be between 0 and 1 \(got 2\)"):
+        load_model("default", tolerance=2)
+    with pytest.raises(ProbekitError, match="--tolerance picks the hf engine's arithmetic"):
+        load_engine("default", engine="vllm", tolerance=0.01)
+    assert cli.main(["setup", "--tolerance", "1.5"]) == 2
+    assert "--tolerance" in capsys.readouterr().err
+    assert cli.main(["setup", "--tolerance", "0.01", "--dtype", "bf16"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_tiers_errors_on_the_default_model_and_the_pick():
+    """The default model on this CPU is offered float32 alone (nothing measured); on a device
+    offering every tier (TF32 emulated here), its measured errors on 0-100 intergroup prompts
+    put TF32 within the default tolerance and bfloat16 above it, so the default picks TF32,
+    and a tolerance of 0.05 bfloat16 (the H100 measured 1.3e-3 and 0.015 on 72 prompts)."""
+    from probekit.engines.hf import tiers
+
+    model = load_model("default")
+    assert model.meta["precision"]["tier"] == "float32" and model.meta["precision"]["tried"] == []
+    probe, prompts = _prompts(model, "intergroup", ["--events", "1"], 2)
+    record = tiers.choose_precision(model, prompts, probe.answers, None, tiers.TIERS)
+    bf16, tf32 = record["tried"]
+    assert record["tier"] == "tf32" and record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
+    # benchmarks/results/dtype.json on 72 prompts: TF32 1.5e-3, bfloat16 0.018
+    assert 0 < tf32["max_prob_diff"] <= 0.002 and 0.005 < bf16["max_prob_diff"] <= 0.05
+    assert tf32["max_abs_diff"] <= 0.3 and bf16["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
+    model.meta.pop("matmul")
+    record = tiers.choose_precision(model, prompts, probe.answers, 0.05, tiers.TIERS)
+    assert record["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+
+
+def test_steering_chooses_the_tier_before_it_scores():
+    """The mechanism's `steer` settles the tier first (fake device offering every tier, the
+    tolerance loose enough for bfloat16), and scores in it under the TransformerLens bridge."""
+    model = _tiny(pending=True)
+    model.meta["precision"]["tolerance"] = 1.0
+    texts = ["Case 1: how intense, from 0 to 10?", "Case 2: how sad, from 0 to 10?"]
+    vector = torch.ones(model.hf.config.hidden_size)
+    rows = probekit.steer(
+        model, texts, vector, layers=[0], alphas=[0, 1], answers="0-10", hooks="nnsight",
+        positions="span", control=False,
+    )  # fmt: skip
+    assert len(rows) == 4 and rows["valid_mass"].gt(0).all()
+    assert model.meta["precision"]["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+
+
+def test_the_tiers_a_device_offers(monkeypatch):
+    """Every tier on a CUDA device of compute capability 8 or more; float32 alone on an older
+    one, on a dispatched model and on a CPU; the loaded dtype alone on a model loaded in
+    bfloat16 (a fake CUDA device: nothing runs on it)."""
+    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.tiers import TIERS, offered_tiers
+
+    cuda = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    assert offered_tiers(cuda) == TIERS == ("bfloat16", "tf32", "float32")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 0))
+    assert offered_tiers(cuda) == ("float32",)
+    cuda.meta["device_map"] = "model.layers.0-15: cuda:0; model.layers.16-31: cpu"
+    assert offered_tiers(cuda) == ("float32",)
+    narrow = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.bfloat16)
+    assert offered_tiers(narrow) == ("bfloat16",)
+    cpu = LoadedModel(None, None, "m", "random", torch.device("cpu"), torch.float32)
+    assert offered_tiers(cpu) == ("float32",)

@@ -84,3 +84,47 @@ def test_batches_back_off_on_out_of_memory():
     assert out == list(range(10))
     assert shrunk == [4, 2]
     assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from tiny_models import tiny_llama
+
+    return tiny_llama()
+
+
+def test_the_scorer_plans_each_windows_batch_and_keeps_a_halved_one(tiny, monkeypatch):
+    """Without a batch size the scorer asks the plan for each window's longest prompt plus the
+    answer positions; an out-of-memory error caps every later batch; a given size is kept."""
+    from probekit.engines.hf.batching import PROMPT_HINT
+
+    asked = []
+
+    def plan(model, tokens):
+        asked.append(tokens)
+        return 8 if tokens < 40 else 4
+
+    monkeypatch.setattr("probekit.engines.hf.scorer.planned_batch", plan)
+    answers = AnswerSet.parse("A-E")  # 10 answer positions below the root
+    scorer = tiny.scorer(answers, epsilon=0.0)
+    assert asked == [PROMPT_HINT + 10] and scorer.batch_size == 4
+    short, long = [[100 + i, 200, 300] for i in range(6)], [[100 + i] * 40 for i in range(6)]
+    assert len(list(scorer.score(short))) == 6 and scorer.batch_size == 8 and asked[-1] == 13
+    assert len(list(scorer.score(long))) == 6 and scorer.batch_size == 4 and asked[-1] == 50
+    sizes = []
+
+    def refuse(module, args, kwargs):
+        sizes.append(kwargs["input_ids"].shape[0])
+        if kwargs["input_ids"].shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("fake")
+
+    handle = tiny.hf.model.register_forward_pre_hook(refuse, with_kwargs=True)
+    try:
+        assert len(list(scorer.score(short))) == 6
+    finally:
+        handle.remove()
+    assert scorer.batch_size == 2 and sizes[:3] == [6, 4, 2]  # 6 prompts: one batch of 6
+    assert len(list(scorer.score(short))) == 6 and scorer.batch_size == 2  # capped from now on
+    fixed = tiny.scorer(answers, batch_size=3)
+    list(fixed.score(long))
+    assert fixed.batch_size == 3 and asked[-1] == 13  # not planned again

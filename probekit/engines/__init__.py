@@ -49,12 +49,14 @@ def load_engine(
     The keywords are `probekit.engines.options.ModelOptions`, checked as the command line checks
     its `--model`, `--device`, `--dtype`, ... options (a bad one is one line naming the keyword):
     `dtype` a name (`bfloat16`, `bf16`) or a `torch.dtype`, `device` a name or a `torch.device`.
-    `device_map` (a strategy, or a module -> device dict or its JSON), `max_memory` and
-    `offload_folder` place the model over several devices with accelerate's dispatch
-    (`probekit.engines.hf.model.load_model`; for the vllm engine, the transformers copy its
-    exact view reads); `tensor_parallel_size` and `pipeline_parallel_size` are vLLM's (vllm
-    engine only); `tolerance` the largest change of an answer probability the chosen arithmetic
-    may cause."""
+    `tolerance`: the largest change of an answer probability the arithmetic may cause, by which
+    the hf engine picks its precision tier on a GPU (`probekit.engines.hf.tiers`; default
+    `DEFAULT_TOLERANCE`); `dtype` forces one instead.
+
+    `device_map`, `max_memory` and `offload_folder` place the model over several devices with
+    accelerate's dispatch (`probekit.engines.hf.model.load_model`; for the vllm engine, the
+    transformers copy its exact view reads); `tensor_parallel_size` and
+    `pipeline_parallel_size` are vLLM's (vllm engine only)."""
     from probekit.engines.plan import check_before_load
 
     placement = {

@@ -39,7 +39,8 @@ class ScorerOptions:
 
     - `epsilon`: the pruning bound; every result's `error_bound` (pruned mass / valid mass) is at
       most this, and 0 scores exactly;
-    - `batch_size`: prompts per forward (None: the engine's default, 64 on CUDA, else 16);
+    - `batch_size`: prompts per forward (None: the engine's default; the transformers engine's
+      is, on CUDA, the largest batch the memory plan says fits, else 16);
     - `max_new_tokens`: > 0 also decodes a continuation of every prompt (generate mode), from the
       same prompt pass: greedy, or sampled at `temperature` > 0 (seeded by `seed`); a row stops
       at end of sequence or as soon as `settled(text so far)` says that more text cannot change

@@ -1,16 +1,23 @@
 """Where a model goes before it loads: device sizes, accelerate's dispatch options, and the memory
-plan (`probekit plan`, `probekit.plan`, and the check `load_engine` runs before every load on an
-accelerator or a device map).
+plan (`probekit plan`, `probekit.plan`, the check `load_engine` runs before every load on an
+accelerator or a device map, and the batch the exact scorer starts from on an accelerator).
 
 The plan is arithmetic on the model's config, never its weights: the parameter count (the model
 built on the meta device), times the bytes of the dtype the precision policy picks
 (`engines/hf/precision.py`: float32 where its weights take at most `FP32_MEMORY_SHARE` of the first
 accelerator, else bfloat16); per token of a batch the KV cache (2 x layers x key/value heads x head
 width) and the forward's working activations (4 x width + 2 x MLP width); per prompt the float32
-logits and float64 log-probabilities of the answer position. A capture's activations (one site at
-every layer, float32, every position at most) are reported beside: they are copied to host memory
-as each batch is read, so they do not count against the device. What cannot fit is refused in one
-line naming the options that would.
+logits and float64 log-probabilities of the answer position. The batch is counted in tokens: the
+largest of `BATCH_SIZES` whose prompts (prompt length plus answer positions) fit beside the
+weights. A capture's activations (one site at every layer, float32, every position at most) are
+reported beside: they are copied to host memory as each batch is read, so they do not count
+against the device.
+
+Given several devices and no placement, the plan tries the placements in turn (one device, a
+device map over the GPUs, a device map with CPU offload, vLLM tensor parallelism) and answers
+with the first that fits, with its batch; it refuses, in one line naming the options that would
+fit, only when none does, and says so when the weights fit but the batch or the prompt length
+does not.
 """
 
 from __future__ import annotations
@@ -44,8 +51,12 @@ USABLE_SHARE = 0.9
 """Share of a device's memory the plan fills (the rest: the CUDA context, allocator slack)."""
 PROMPT_TOKENS = 512
 """Prompt length the load-time check plans a batch for (`probekit plan --prompt-tokens`)."""
-BATCH_SIZES = (64, 32, 16, 8, 4, 2, 1)
-"""Batch sizes the plan tries, largest first (64: the exact scorer's default on CUDA)."""
+MAX_BATCH = 2048
+"""The largest batch the plan gives: beyond it a GPU's throughput no longer grows (benchmarks/gpu.py
+sweeps it), and the scorer's window of prompts stays several batches long."""
+BATCH_SIZES = tuple(MAX_BATCH >> k for k in range(MAX_BATCH.bit_length()))
+"""Batch sizes the plan tries, largest first: the powers of two from `MAX_BATCH` down to 1 (the
+scorer halves a batch that runs out of memory)."""
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -167,6 +178,36 @@ class Shape:
     head_width: int
     vocabulary: int
 
+    @classmethod
+    def of(cls, config: Any, name: str, parameters: int) -> Shape:
+        """The shape of a transformers `config` (its text config, for a multimodal one)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = int(text.num_attention_heads)
+        width = int(text.hidden_size)
+        return cls(
+            name=name,
+            parameters=parameters,
+            layers=int(text.num_hidden_layers),
+            width=width,
+            mlp_width=int(getattr(text, "intermediate_size", None) or 4 * width),
+            kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+            head_width=int(getattr(text, "head_dim", None) or width // heads),
+            vocabulary=int(text.vocab_size),
+        )
+
+    def kv_bytes(self, dtype: str) -> int:
+        """KV cache of one token: 2 (key, value) x layers x key/value heads x head width."""
+        return 2 * self.layers * self.kv_heads * self.head_width * DTYPE_BYTES[dtype]
+
+    def work_bytes(self, dtype: str) -> int:
+        """The forward's working activations of one token: 4 x width + 2 x MLP width."""
+        return (4 * self.width + 2 * self.mlp_width) * DTYPE_BYTES[dtype]
+
+    def prompt_bytes(self, dtype: str, tokens: int) -> int:
+        """Device memory of one prompt of `tokens` tokens in a batch: its KV cache and working
+        activations, and its answer position's float32 logits and float64 log-probabilities."""
+        return tokens * (self.kv_bytes(dtype) + self.work_bytes(dtype)) + 12 * self.vocabulary
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -182,10 +223,11 @@ class MemoryPlan:
     workspace: int  # the forward's activations and the answer position's logits, same batch
     capture: int  # one site at every layer, float32, same batch: host memory (not in the fit)
     devices: dict[str, int]
-    placement: str  # "cuda:0", "--device-map auto over ...", or "" when it does not fit
+    placement: str  # "cuda:0", "--device-map over ...", ..., or "" when it does not fit
     fits: bool
     advice: str = ""  # the refusal line when it does not fit
     notes: list[str] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)  # each placement tried, and how it went
 
     def lines(self) -> list[str]:
         """The plan as a reader reads it, one figure a line."""
@@ -202,6 +244,8 @@ class MemoryPlan:
             f"a capture's activations (one site, every layer; host memory): {size(self.capture)}",
             f"placement: {self.placement or 'does not fit'}",
         ]
+        if len(self.tried) > 1:
+            out += [f"tried: {line}" for line in self.tried]
         return out + self.notes
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,30 +287,101 @@ def read_shape(model: str) -> Shape:
         ) from None
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(config)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(text.num_attention_heads)
-    width = int(text.hidden_size)
-    return Shape(
-        name=model
+    name = (
+        model
         if model == "default" or not path.exists()
-        else (path.parent if path.is_file() else path).name,
-        parameters=sum(p.numel() for p in hf.parameters()),
-        layers=int(text.num_hidden_layers),
-        width=width,
-        mlp_width=int(getattr(text, "intermediate_size", None) or 4 * width),
-        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-        head_width=int(getattr(text, "head_dim", None) or width // heads),
-        vocabulary=int(text.vocab_size),
+        else (path.parent if path.is_file() else path).name
+    )
+    return Shape.of(config, name, sum(p.numel() for p in hf.parameters()))
+
+
+def largest_batch(room: float, per_prompt: int, batch_size: int | None = None) -> int:
+    """The largest of `BATCH_SIZES` (or just `batch_size`) whose prompts of `per_prompt` bytes
+    each fit in `room` bytes; 0 when none does."""
+    tried = (batch_size,) if batch_size else BATCH_SIZES
+    return next((b for b in tried if b * per_prompt <= room), 0)
+
+
+def batch_for(shape: Shape, dtype: str, memory: int, tokens: int) -> int:
+    """The batch the exact scorer starts from on one accelerator of `memory` bytes holding the
+    whole model: the largest of `BATCH_SIZES` whose prompts of `tokens` tokens (prompt, answer
+    positions and any generated tokens) fit beside the weights in `USABLE_SHARE` of it (at
+    least 1: the scorer halves it again on out-of-memory)."""
+    room = memory * USABLE_SHARE - shape.parameters * DTYPE_BYTES[dtype]
+    return max(1, largest_batch(room, shape.prompt_bytes(dtype, tokens)))
+
+
+def plan_dtype(shape: Shape, sizes: Mapping[str, int], dtype: str | None) -> str:
+    """`dtype` by its name, else the policy's pick: float32 on the CPU and where its weights
+    take at most `FP32_MEMORY_SHARE` of the first accelerator, else bfloat16."""
+    if dtype is None:
+        from probekit.engines.hf.precision import FP32_MEMORY_SHARE
+
+        first = next((b for d, b in sizes.items() if d != "cpu"), None)
+        fits = first is None or 4 * shape.parameters <= FP32_MEMORY_SHARE * first
+        dtype = "float32" if fits else "bfloat16"
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(
+        dtype, dtype
+    )
+    if dtype not in DTYPE_BYTES:
+        raise ProbekitError(f"unknown dtype '{dtype}'; use {', '.join(DTYPE_BYTES)}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """One way to place the model: its name as the plan answers it, whether the weights fit
+    and the device memory left for the batch."""
+
+    name: str
+    weights_fit: bool
+    room: float
+
+
+def _placements(
+    weights: int,
+    usable: Mapping[str, int],
+    device_map: bool,
+    offload: bool,
+    tensor_parallel_size: int,
+) -> list[_Placement]:
+    """The placements a plan tries, in order: the one asked for (a device map, vLLM's tensor
+    parallelism), else one device, a device map over the GPUs, a device map with CPU offload
+    (and disk offload with `offload`), vLLM tensor parallel over 2, 4, ... of the GPUs."""
+    gpus = [d for d in usable if d != "cpu"]
+    main = next(iter(usable))
+    accelerators = sum(usable[d] for d in gpus)
+    spill = weights - accelerators
+    # a dispatched model's batch lives on the first device: what the weights leave on the
+    # accelerators, or (offloading) a quarter of the first one, which --max-memory keeps free
+    map_room = accelerators - weights if spill < 0 else usable[main] // 4
+    over_gpus = _Placement(f"--device-map over {', '.join(gpus)}", spill <= 0, map_room)
+    to_cpu = _Placement(
+        f"--device-map with {format_size(spill)} offloaded to the CPU",
+        "cpu" in usable and 0 < spill <= usable["cpu"],
+        map_room,
+    )
+    to_disk = _Placement(
+        f"--device-map with {format_size(max(spill, 0))} offloaded to CPU and disk", True, map_room
     )
 
+    def sharded(k: int) -> _Placement:
+        room = k * min(usable[d] for d in gpus[:k]) if len(gpus) >= k else 0
+        return _Placement(f"vLLM tensor parallel over {k} GPUs", room >= weights, room - weights)
 
-def _display_name(model: str, path: Path) -> str:
-    """`default`, a GGUF's file name, a folder's name (a config.json's folder), or the hub id."""
-    if model == "default" or not Path(model).expanduser().exists():
-        return model
-    if model.endswith(".gguf"):
-        return Path(model).name
-    return (path.parent if path.is_file() else path).name
+    if tensor_parallel_size > 1:
+        return [sharded(tensor_parallel_size)]
+    if device_map:
+        fits = [p for p in (over_gpus, to_cpu) if p.weights_fit and (gpus or p is to_cpu)]
+        return fits[:1] or ([to_disk] if offload else [over_gpus if gpus else to_cpu])
+    tried = [_Placement(main, weights <= usable[main], usable[main] - weights)]
+    if len(gpus) > 1:
+        tried.append(over_gpus)
+    if gpus and "cpu" in usable:
+        tried.append(to_cpu)
+    if gpus and offload:
+        tried.append(to_disk)
+    return tried + [sharded(k) for k in (2, 4, 8, 16) if k <= len(gpus)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,85 +425,97 @@ def plan(
     tensor_parallel_size: int = 1,
 ) -> MemoryPlan:
     """The memory plan of `model` (see `read_shape`) on `devices` (`cuda:0=80GiB,...` or a
-    mapping): the dtype the policy picks unless `dtype`, the weights, and the largest batch
-    (of `BATCH_SIZES`, or `batch_size`) whose KV cache and activations fit beside them.
-    `device_map`/`offload`: the model will be dispatched (over the accelerators and the CPU,
-    with `offload` also to disk); `tensor_parallel_size`: vLLM shards the weights that many ways.
-    `fits` False comes with `advice`, the one line the load refuses with."""
+    mapping): the dtype the policy picks unless `dtype`, the weights, a placement and the
+    largest batch (of `BATCH_SIZES`, or `batch_size`) of prompts of `prompt_tokens` tokens whose
+    KV cache and activations fit beside them.
+
+    Without `device_map` or `tensor_parallel_size` the plan tries the placements in turn (one
+    device, a device map over the GPUs, with CPU offload, with disk offload when `offload`,
+    vLLM tensor parallel) and answers with the first whose weights and batch fit; `tried`
+    says how each went. `device_map`/`offload`: plan the model dispatched over the
+    accelerators and the CPU (with `offload` also to disk); `tensor_parallel_size`: vLLM shards
+    the weights that many ways. `fits` False comes with `advice`, the one line the load
+    refuses with."""
+    for name, value in (("prompt_tokens", prompt_tokens), ("batch_size", batch_size or 1)):
+        if not isinstance(value, int) or value < 1:
+            raise ProbekitError(f"{name} must be a whole number of at least 1 (got {value!r})")
     shape = model if isinstance(model, Shape) else read_shape(model)
     sizes = parse_devices(devices)
-    gpus = {d: b for d, b in sizes.items() if d != "cpu"}
-    first = next(iter(gpus.values()), None)
-    if dtype is None:
-        from probekit.engines.hf.precision import FP32_MEMORY_SHARE
-
-        on_cpu = first is None
-        dtype = (
-            "float32" if on_cpu or 4 * shape.parameters <= FP32_MEMORY_SHARE * first else "bfloat16"
-        )
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(
-        dtype, dtype
-    )
-    if dtype not in DTYPE_BYTES:
-        raise ProbekitError(f"unknown dtype '{dtype}'; use {', '.join(DTYPE_BYTES)}")
-    width = DTYPE_BYTES[dtype]
-    weights = shape.parameters * width
-    per_token = 2 * shape.layers * shape.kv_heads * shape.head_width * width
-    work_token = (4 * shape.width + 2 * shape.mlp_width) * width
-    capture_token = shape.layers * shape.width * 4
-    per_prompt = prompt_tokens * (per_token + work_token) + 12 * shape.vocabulary
-
-    def batch_fitting(room: float) -> int:
-        tried = (batch_size,) if batch_size else BATCH_SIZES
-        return next((b for b in tried if b * per_prompt <= room), 0)
-
-    notes: list[str] = []
-    name = shape.name
+    dtype = plan_dtype(shape, sizes, dtype)
+    weights = shape.parameters * DTYPE_BYTES[dtype]
+    per_token = shape.kv_bytes(dtype)
+    per_prompt = shape.prompt_bytes(dtype, prompt_tokens)
     usable = {d: int(b * USABLE_SHARE) for d, b in sizes.items()}
-    main = next(iter(usable))
-    placement, batch, advice = "", 0, ""
-    shard = tensor_parallel_size if tensor_parallel_size > 1 else 1
-    if shard > 1:  # vLLM: each of `shard` GPUs holds 1/shard of the weights and of the KV cache
-        room = min(usable[d] for d in list(gpus)[:shard]) if len(gpus) >= shard else 0
-        batch = batch_fitting(shard * room - weights) if room else 0
-        placement = f"vLLM tensor parallel over {shard} GPUs" if batch else ""
-    elif not device_map:
-        batch = batch_fitting(usable[main] - weights)
-        placement = main if batch else ""
-    else:  # accelerate's dispatch: weights over the accelerators, then the CPU, then disk
-        accelerators = sum(usable[d] for d in gpus)
-        spill = weights - accelerators
-        # the batch lives on the first device: what the weights leave there, or (offloading) a
-        # quarter of it, which --max-memory should keep free
-        room = accelerators - weights if spill < 0 else usable[main] // 4
-        batch = batch_fitting(room)
-        if spill <= 0 and gpus:
-            placement = f"--device-map over {', '.join(gpus)}"
-        elif spill <= usable.get("cpu", 0) and "cpu" in usable:
-            placement = f"--device-map with {format_size(spill)} offloaded to the CPU"
-        elif offload:
-            placement = f"--device-map with {format_size(max(spill, 0))} offloaded to CPU and disk"
-        if not batch:
-            placement = ""
-    if not placement:
-        advice = refusal(shape, dtype, weights, sizes, per_prompt)
-    elif placement == main and len(gpus) > 1:
-        notes.append("the whole model fits on the first device; the others stay idle")
+    placements = _placements(weights, usable, device_map, offload, tensor_parallel_size)
+    tried, chosen, batch = [], None, 0
+    for placement in placements:
+        fit = placement.weights_fit
+        batch = largest_batch(placement.room, per_prompt, batch_size) if fit else 0
+        if not fit:
+            tried.append(f"{placement.name}: the weights do not fit")
+        elif not batch:
+            tried.append(f"{placement.name}: the weights fit, the batch does not")
+        else:
+            tried.append(f"{placement.name}: fits, batch {batch}")
+            chosen = placement
+            break
+    notes: list[str] = []
+    gpus = [d for d in sizes if d != "cpu"]
+    if chosen is None:
+        fitting = [p for p in placements if p.weights_fit]
+        advice = (
+            batch_refusal(shape, dtype, fitting[0], prompt_tokens, batch_size)
+            if fitting
+            else refusal(shape, dtype, weights, sizes, per_prompt)
+        )
+    else:
+        advice = ""
+        if chosen.name == next(iter(sizes)) and len(gpus) > 1:
+            notes.append("the whole model fits on the first device; the others stay idle")
     return MemoryPlan(
-        model=name,
+        model=shape.name,
         parameters=shape.parameters,
         dtype=dtype,
         weights=weights,
         prompt_tokens=prompt_tokens,
         batch_size=batch,
         kv_cache=max(batch, 1) * prompt_tokens * per_token,
-        workspace=max(batch, 1) * (prompt_tokens * work_token + 12 * shape.vocabulary),
-        capture=max(batch, 1) * prompt_tokens * capture_token,
+        workspace=max(batch, 1) * (per_prompt - prompt_tokens * per_token),
+        capture=max(batch, 1) * prompt_tokens * shape.layers * shape.width * 4,
         devices=sizes,
-        placement=placement,
-        fits=bool(placement),
+        placement=chosen.name if chosen else "",
+        fits=chosen is not None,
         advice=advice,
         notes=notes,
+        tried=tried,
+    )
+
+
+def batch_refusal(
+    shape: Shape, dtype: str, placement: _Placement, prompt_tokens: int, batch_size: int | None
+) -> str:
+    """The one line of a plan whose weights fit but whose batch does not: what the batch or the
+    prompt needs beside the weights, what is left, and what would fit."""
+    per_prompt = shape.prompt_bytes(dtype, prompt_tokens)
+    left = max(placement.room, 0)
+    head = f"{shape.name} in {dtype}: the weights fit ({placement.name}), but "
+    most = largest_batch(left, per_prompt)
+    if batch_size and most:
+        return (
+            f"{head}a batch of {batch_size} prompts of {prompt_tokens} tokens needs "
+            f"{format_size(batch_size * per_prompt)} beside them and {format_size(left)} is "
+            f"left: use --batch-size {most} or less"
+        )
+    token = shape.kv_bytes(dtype) + shape.work_bytes(dtype)
+    longest = int((left - 12 * shape.vocabulary) // token)
+    fix = (
+        f"plan prompts of at most {longest} tokens (--prompt-tokens)"
+        if longest > 0
+        else "the weights leave no room for a prompt: use --dtype bfloat16 or a device map"
+    )
+    return (
+        f"{head}one prompt of {prompt_tokens} tokens needs {format_size(per_prompt)} (KV cache "
+        f"and activations) beside them and {format_size(left)} is left: {fix}"
     )
 
 
@@ -399,7 +526,7 @@ def refusal(
     sizes: Mapping[str, int],
     per_prompt: int,
 ) -> str:
-    """The one line a plan that does not fit refuses with, naming options that would fit."""
+    """The one line a plan whose weights fit nowhere refuses with, naming options that would."""
     gpus = {d: b for d, b in sizes.items() if d != "cpu"}
     usable = {d: int(b * USABLE_SHARE) for d, b in sizes.items()}
     if gpus:

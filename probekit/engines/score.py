@@ -54,7 +54,8 @@ def score(
             strings or numbers (`["yes", "no"]`, `[1, 2, 3]`).
         epsilon: pruning bound; every row's `error_bound` is at most this (0: exact).
         prefill: text forced at the start of every response (e.g. `"[["`).
-        batch_size: prompts per forward pass (default: 16 on CPU, 64 on GPU).
+        batch_size: prompts per forward pass (default: 16 on a CPU; on a GPU the largest batch
+            the memory plan says fits, counted in tokens).
         quiet: no progress (by default a bar on a terminal, lines in a log, and after the
             first batch the time the call will take: `probekit.core.progress`).
 
@@ -90,8 +91,12 @@ def score_frames(
     window: int = 4096,
     progress: Any = None,
 ) -> Iterator[pd.DataFrame]:
-    """`score`'s rows, a DataFrame per `window` items (bounded memory for large files)."""
+    """`score`'s rows, a DataFrame per `window` items (bounded memory for large files). Before
+    the first is scored, a model whose precision tier is not chosen yet gets it on a sample of
+    the first window (`probekit.engines.hf.tiers.settle_precision`)."""
     from probekit.engines import load_engine
+    from probekit.engines.base import windows
+    from probekit.engines.hf.tiers import settle_precision
 
     engine = load_engine(model) if isinstance(model, str) else model
     if not hasattr(engine, "scorer") or not hasattr(engine, "encode"):
@@ -100,24 +105,17 @@ def score_frames(
             f".gguf file); got {type(model).__name__}"
         )
     answer_set = as_answer_set(answers)
-    scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
-    chunk: list[Item] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == window:
-            yield _score_chunk(engine, scorer, chunk, answer_set, progress)
-            chunk = []
-    if chunk:
-        yield _score_chunk(engine, scorer, chunk, answer_set, progress)
-
-
-def _score_chunk(
-    engine: Any, scorer: Any, chunk: list[Item], answers: AnswerSet, progress: Any
-) -> pd.DataFrame:
-    ids = [engine.encode(item).input_ids for item in chunk]
-    results = scorer.score(ids, window=len(ids), progress=progress)
-    rows = [{"id": item.id, **r.row(answers)} for item, r in zip(chunk, results, strict=True)]
-    return pd.DataFrame(rows)
+    scorer = None
+    for chunk in windows(items, window):
+        ids = [engine.encode(item).input_ids for item in chunk]
+        if scorer is None:
+            settle_precision(engine, answer_set, ids)
+            scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
+        results = scorer.score(ids, window=len(ids), progress=progress)
+        rows = [
+            {"id": item.id, **r.row(answer_set)} for item, r in zip(chunk, results, strict=True)
+        ]
+        yield pd.DataFrame(rows)
 
 
 def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:

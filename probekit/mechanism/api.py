@@ -29,6 +29,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import checked
 from probekit.core.progress import silenced
+from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
@@ -124,6 +125,7 @@ def patch(
         _list(heads, "heads") if heads else range(n_heads(model)),
     )
     check(model, pairs, patches)
+    settle_precision(model, answer_set, [p.input_ids for pair in pairs for p in pair])
     scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
     if method == "exact":
         return sweep(

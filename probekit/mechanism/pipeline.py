@@ -41,6 +41,7 @@ from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_n
 from probekit.core.kinds import checked_by, choice, comma_list, int_list, positive_int, text
 from probekit.core.options import BatchSizeOption, OutOption, SeedOption, Spell, flag, option
 from probekit.engines.base import HookedScorer
+from probekit.engines.hf.tiers import settle_precision
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
@@ -203,6 +204,7 @@ def run_patch(
     layers = layer_indices(model, request.layers) if request.layers else default_layers(model)
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     encoded = [model.encode(item) for item in items]
+    settle_precision(model, probe.answers, [e.input_ids for e in encoded])
     pairs = study.pairs(probe, encoded)
     if request.positions:
         spans = single_positions(spans, pairs)

@@ -35,6 +35,7 @@ from probekit.core.options import checked, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
 from probekit.engines.base import ScoreResult
+from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
@@ -387,6 +388,7 @@ def steer(
     vectors = as_vectors(model, vector, targets)
     encoded = encode_prompts(model, prompts, "steer")
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
+    settle_precision(model, answer_set, [e.input_ids for e in encoded])
     scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
     with silenced(quiet):
         return steering_table(

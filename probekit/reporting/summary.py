@@ -1,6 +1,7 @@
 """The sections of `summary.md` that every study shares, read from the run folders alone: which
 runs are partial (`## Partial run`, a manifest `limit` below the prompts of the study's
-configuration), each run's numeric noise (`## Numerics`, from its manifest's `numerics`) and a
+configuration), each run's arithmetic and numeric noise (`## Numerics`, from its manifest's
+`precision` and `numerics`: the tier picked, its measured error and what was tried) and a
 weak-signal line for a run whose mean valid mass is below `WEAK_SIGNAL_VALID_MASS`
 (`## Signal`). `probekit run` and
 `probekit report` write them the same way (`Study.write_summary`), so a re-report keeps them."""
@@ -33,6 +34,11 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
         line = describe_limit(manifest)
         if line is not None:
             partial.append(f"- {where}: {line}")
+        precision = manifest.get("precision")
+        if isinstance(precision, dict) and "tier" in precision:
+            from probekit.engines.hf.tiers import describe_precision
+
+            numerics.append(f"- {where}: {describe_precision(precision)}")
         figure = manifest.get("numerics")
         if isinstance(figure, dict):
             numerics.append(f"- {where}: {describe_numerics(figure)}")

@@ -194,6 +194,9 @@ def run_probe(
             with progress(todo, "prompt", probe.name, hint) as bar:
                 for chunk in chunks(probe, wanted, size):
                     compactor.write(run_chunk(chunk, probe, model, scorer, view, bar))
+            batch = getattr(scorer, "batch_size", None)  # the plan's, or --batch-size
+            if todo and batch:
+                RunDir(out).update_manifest(batch_size=batch)
             aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
             merged = merge_if_complete(out, len(key.ids))
             if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:

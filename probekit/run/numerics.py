@@ -1,8 +1,9 @@
-"""Every run states its numeric noise: the dtype its exact scores were computed in, and how far
-a seeded sample of its prompts moves when re-scored in a wider dtype
-(`probekit.engines.hf.precision.noise_figure`). `probekit run` records it in each run's
-`manifest.json` (field `numerics`); `Study.write_summary` adds one line per run to `summary.md`
-(`probekit.reporting.summary`).
+"""Every run states its arithmetic and its numeric noise: the precision tier it scores in, chosen
+before scoring by the error it was measured to cause (`settle_run_precision`, manifest field
+`precision`), the dtype its exact scores were computed in, and how far a seeded sample of its
+prompts moves when re-scored in a wider dtype (`probekit.engines.hf.precision.noise_figure`).
+`probekit run` records both in each run's `manifest.json` (fields `precision` and `numerics`);
+`Study.write_summary` adds one line per run to `summary.md` (`probekit.reporting.summary`).
 
 The sample scales with the run (`sample_size`): one prompt per `PROMPTS_PER_SAMPLE` (200) of the
 run, at most `NOISE_SAMPLE` (8), none below 200 prompts. Measured here (intergroup P0S1T0, one
@@ -15,8 +16,10 @@ manifest says so (`numerics=N` measures N prompts anyway; `numerics=0` always sk
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +34,7 @@ from probekit.engines.hf.precision import (
     noise_figure,
     reference_dtype,
 )
+from probekit.engines.hf.tiers import keep_tier, settle_precision
 from probekit.studies.base import Probe
 
 FIELD = "numerics"
@@ -43,6 +47,27 @@ def sample_size(prompts: int, requested: int | str = "auto") -> int:
     if requested == "auto":
         return min(NOISE_SAMPLE, prompts // PROMPTS_PER_SAMPLE)
     return min(int(requested), prompts)
+
+
+def settle_run_precision(
+    model: Any, probe: Probe, folder: Path, seed: int = 0, limit: int | None = None
+) -> dict[str, Any] | None:
+    """Before a run of `probe` (its first `limit` prompts) scores: the precision tier of the run
+    being resumed in `folder` (its manifest's `precision`, kept without measuring), else the
+    tier `tiers.settle_precision` chooses on the run's numerics sample: `NOISE_SAMPLE` of its
+    prompts, seeded by the run's seed. The record, or None where nothing is chosen (another
+    engine, or a tier chosen already)."""
+    exact = model if isinstance(model, LoadedModel) else None
+    if exact is None or "tier" in exact.meta.get("precision", {}):
+        return None
+    earlier = (RunDir(folder).read_manifest() or {}).get("precision")
+    if isinstance(earlier, dict) and (kept := keep_tier(exact, earlier)):
+        return kept
+    total = len(probe) if limit is None else min(len(probe), limit)
+    picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
+    items = [item for i, item in enumerate(itertools.islice(probe.items(), total)) if i in picked]
+    prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
+    return settle_precision(exact, probe.answers, prompts, seed)
 
 
 def record_numerics(

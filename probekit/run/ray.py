@@ -44,6 +44,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.progress import progress
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine
+from probekit.engines.hf.tiers import keep_tier
 from probekit.engines.options import ModelOptions
 from probekit.run.loop import (
     Chunk,
@@ -240,10 +241,8 @@ def run_probe_ray(
 def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path | None]:
     """`run_probe_ray` in the shape of `probekit.run.loop.run_probe`, for `probekit run --ray`: its
     `model` argument (the driver's engine) is not used for scoring, since every actor loads the
-    model `asked` (its engine, device and dtype) itself."""
-    load = functools.partial(
-        load_engine, asked.model, engine=asked.engine, device=asked.device, dtype=asked.dtype
-    )
+    model `asked` (its engine, device and dtype) itself, in the precision tier the driver chose
+    for the run."""
 
     def run(
         probe: Probe,
@@ -252,9 +251,23 @@ def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path
         manifest: dict[str, Any],
         **options: Unpack[LoopOptions],
     ) -> Path | None:
+        tier = manifest.get("precision") or {}
+        load = functools.partial(
+            load_in_tier, asked.model, asked.engine, asked.device, asked.dtype, tier
+        )
         return run_probe_ray(probe, load, out, manifest, actors=actors, **options)
 
     return run
+
+
+def load_in_tier(
+    spec: str, engine: str, device: str | None, dtype: Any, precision: dict[str, Any]
+) -> Engine:
+    """An actor's engine: `spec` loaded on `engine`, put in the tier of `precision` (the run's
+    manifest field, chosen by the driver) where the actor's device offers it."""
+    loaded = load_engine(spec, engine=engine, device=device, dtype=dtype)
+    keep_tier(loaded, precision)
+    return loaded
 
 
 def _start_pool(ray: Any, load: Loader, view: str, options: dict, actors: int | None) -> list:

@@ -242,12 +242,13 @@ def _run(
     """One probe on one model: score (this process's shard), merge, and report when complete:
     its manifest and summary rows (None while other shards are missing)."""
     from probekit.run.loop import merge_if_complete, prompt_count, run_probe
-    from probekit.run.numerics import record_numerics
+    from probekit.run.numerics import record_numerics, settle_run_precision
     from probekit.run.shards import Shard
 
     total = prompt_count(probe, options.limit)
     if launch.is_main:
         note(f"{probe.name}: {total} prompts, model {asked.model} -> {run_dir}")
+    settle_run_precision(model, probe, run_dir, options.seed, options.limit)
     manifest = settings(study, probe, asked, options, model.describe(), command)
     partial = describe_limit(manifest)
     if partial is not None:
@@ -321,6 +322,7 @@ def settings(
         "dtype": described["dtype"],
         "device": device_kind(described.get("device")),
         "device_map": described.get("device_map"),
+        "precision": described.get("precision"),
         "engine": described["engine"],
         **({"columns": described["columns"]} if "columns" in described else {}),
         **({"vllm_parallel": described["vllm_parallel"]} if "vllm_parallel" in described else {}),

@@ -1,12 +1,45 @@
-"""Batches for the scorer: prompts that share prefixes and lengths go together, and a batch that
-runs out of CUDA memory is retried at half the size."""
+"""Batches for the scorer: how many prompts a batch holds (on an accelerator, the largest the
+memory plan says fits, counted in tokens), prompts that share prefixes and lengths go together,
+and a batch that runs out of CUDA memory is retried at half the size."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from probekit.engines.hf.precision import device_memory, dtype_name
+
+if TYPE_CHECKING:
+    from probekit.engines.hf.model import LoadedModel
+
+CPU_BATCH = 16
+"""Prompts a batch on a CPU or MPS, where the memory plan has no device size to fill (the
+scorer's default there since its first version)."""
+DISPATCHED_BATCH = 64
+"""Prompts a batch of a model dispatched over several devices by a device map (the plan of one
+device does not apply; the out-of-memory back-off still does)."""
+PROMPT_HINT = 128
+"""Prompt tokens a scorer plans its first batch for, before it has seen a prompt; each window of
+prompts is planned again for its longest prompt."""
+
+
+def planned_batch(model: LoadedModel, tokens: int) -> int:
+    """Prompts a batch of `model` holds when each prompt takes `tokens` positions (prompt, answer
+    trie and generated tokens): on a CUDA device holding the whole model, the largest the memory
+    plan says fits beside its weights (`probekit.engines.plan.batch_for`, counted in tokens from
+    the model's shape and the device's memory); `DISPATCHED_BATCH` for a dispatched model,
+    `CPU_BATCH` elsewhere."""
+    from probekit.engines.plan import Shape, batch_for
+
+    if model.device.type != "cuda":
+        return CPU_BATCH
+    if model.dispatched:
+        return DISPATCHED_BATCH
+    parameters = sum(p.numel() for p in model.hf.parameters())
+    shape = Shape.of(model.hf.config, model.name, parameters)
+    return batch_for(shape, dtype_name(model.dtype), device_memory(model.device), tokens)
 
 
 def batch_order(prompts: Sequence[Sequence[int]], batch_size: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 Every pass of the scorer (prompt, shared prefix, trie depth, decoding step) is one call of
 `body`: the hidden states of all positions and the KV cache, which the caller extends. The LM
-head runs separately (`head.py`), only on the positions whose distribution is read.
+head runs separately (`head.py`), only on the positions whose distribution is read. The body
+runs in the model's precision tier (`tiers.arithmetic`: TF32 matmuls when that tier was chosen).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from probekit.engines.hf.tiers import arithmetic
 
 if TYPE_CHECKING:
     from probekit.engines.hf.model import LoadedModel
@@ -28,13 +31,14 @@ def body(
     the cached and new columns, or an additive 4-D mask (`attention.additive_mask`). On a model
     dispatched over several devices each layer runs (and keeps its cache) where it was put, and
     the last layer's output comes back to the first layer's device."""
-    out = model.hf.model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-    )
+    with arithmetic(model):
+        out = model.hf.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
     return out.last_hidden_state.to(model.device), out.past_key_values
 
 

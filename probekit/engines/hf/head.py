@@ -39,8 +39,12 @@ def parameter_split(model: LoadedModel) -> tuple[int, int]:
 def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, in fp32 or wider
     (a float64 model keeps float64 logits, which the float64 references rely on), on
-    `model.device` (a dispatched model's head may sit on another device)."""
-    logits = model.hf.get_output_embeddings()(hidden).to(model.device)
+    `model.device` (a dispatched model's head may sit on another device). A hidden state in a
+    narrower dtype than the head's weights (a bfloat16 body under the TransformerLens bridge,
+    whose final norm is its own) is widened to them first."""
+    head = model.hf.get_output_embeddings()
+    wide = torch.promote_types(hidden.dtype, head.weight.dtype)  # a float32 head, bf16 body
+    logits = head(hidden.to(wide)).to(model.device)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     cap = getattr(model.hf.config, "final_logit_softcapping", None)
     if cap:

@@ -84,7 +84,8 @@ class LoadedModel:
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
-        and for a model dispatched over several devices, where its layers went (`device_map`)."""
+        for a model dispatched over several devices, where its layers went (`device_map`), and
+        the precision record (`tiers`: the tier, the tolerance, what was measured)."""
         fields = {
             "engine": self.engine,
             "model": self.name,
@@ -95,6 +96,8 @@ class LoadedModel:
         }
         if "device_map" in self.meta:
             fields["device_map"] = self.meta["device_map"]
+        if "precision" in self.meta:
+            fields["precision"] = self.meta["precision"]
         return fields
 
     @property
@@ -227,11 +230,18 @@ def load_model(
     max_memory: str | dict[str, Any] | None = None,
     offload_folder: str | os.PathLike | None = None,
     weights: bool = True,
+    tolerance: float | None = None,
 ) -> LoadedModel:
     """Load `spec` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
 
     With bfloat16 or float16 weights the final norm and LM head stay in float32 (`fp32_head`,
     `precision.keep_head_fp32`); `fp32_head=False` rounds them too (benchmarks/dtype.py).
+
+    `tolerance` (default `tiers.DEFAULT_TOLERANCE`): the largest change of an answer probability
+    the arithmetic may cause; where the device offers faster tiers than float32 (a GPU),
+    the first `probekit.score`, `run_study`, `patch` or `steer` picks the fastest that meets it
+    on its own prompts (`tiers.settle_precision`). `dtype` forces the arithmetic instead; the
+    two are refused together.
 
     `device_map` (`auto`, `balanced`, `balanced_low_0`, `sequential`, or a module -> device
     mapping or its JSON), `max_memory` (`{"cpu": "150MiB"}` or `cpu=150MiB,cuda:0=70GiB`) and
@@ -240,8 +250,16 @@ def load_model(
     to the computing device layer by layer); `max_memory` or `offload_folder` alone mean
     `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
     and chat template only; the vllm engine encodes with it and loads weights only for scoring)."""
+    from probekit.engines.hf.tiers import check_tolerance, initial_record
     from probekit.engines.plan import check_before_load, dispatch_options
 
+    if tolerance is not None:
+        if dtype is not None:
+            raise ProbekitError(
+                "give a dtype or a tolerance, not both: the dtype forces the arithmetic, the "
+                "tolerance lets probekit choose it by its measured error"
+            )
+        tolerance = check_tolerance(tolerance)
     dispatch = dispatch_options(device_map, max_memory, offload_folder)
     if dispatch and device:
         raise ProbekitError(
@@ -293,9 +311,12 @@ def load_model(
     hf.generation_config.pad_token_id = tok.pad_token_id
     if weights:
         check_first_forward(hf, tok, spec, dev)
-    return LoadedModel(
+    model = LoadedModel(
         hf=hf, tokenizer=tok, name=spec, source=source, device=dev, dtype=dt, meta=meta
     )
+    if weights:
+        meta["precision"] = initial_record(model, dtype is not None, tolerance)
+    return model
 
 
 def _looks_like_path(spec: str) -> bool:

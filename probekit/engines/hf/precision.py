@@ -90,18 +90,10 @@ def keep_head_fp32(hf: Any) -> list[str]:
     dispatched model the copy keeps the head's device hook; a head offloaded to the CPU or disk
     (its weights not in memory) keeps its dtype."""
     changed = []
-    base = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.base_model
-    norm = next(
-        (
-            getattr(base, n)
-            for n in FINAL_NORMS
-            if isinstance(getattr(base, n, None), torch.nn.Module)
-        ),
-        None,
-    )
+    norm = final_norm(hf)
     if norm is not None:
         norm.float()
-        norm.register_forward_pre_hook(_inputs_to_fp32)
+        norm.register_forward_pre_hook(inputs_to_fp32)
         changed.append("final norm")
     head = hf.get_output_embeddings()
     if head is not None and head.weight.device.type == "meta":
@@ -129,7 +121,14 @@ def keep_head_fp32(hf: Any) -> list[str]:
     return changed
 
 
-def _inputs_to_fp32(module: torch.nn.Module, args: tuple) -> tuple:
+def final_norm(hf: Any) -> torch.nn.Module | None:
+    """The final norm of a Hugging Face causal LM (`FINAL_NORMS`), None if it has none."""
+    base = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.base_model
+    found = (getattr(base, name, None) for name in FINAL_NORMS)
+    return next((m for m in found if isinstance(m, torch.nn.Module)), None)
+
+
+def inputs_to_fp32(module: torch.nn.Module, args: tuple) -> tuple:
     """Forward pre-hook: floating inputs at least float32 (a float64 reference stays float64)."""
     return tuple(
         a.to(torch.promote_types(a.dtype, torch.float32))

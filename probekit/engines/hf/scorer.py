@@ -2,7 +2,8 @@
 
 `HFScorer` is the transformers engine's scorer (`probekit.engines.base.Scorer`), a facade over one
 module per job:
-- `batching`: length-sorted batches that share prefixes, halved on CUDA out-of-memory;
+- `batching`: the batch size (on CUDA the memory plan's, for the longest prompt of each window
+  plus the answer trie), length-sorted batches that share prefixes, halved on out-of-memory;
 - `prefix_cache` and `prompt_pass`: prompts that share a token prefix (the same persona system
   prompt, the same template head) compute it once at batch size 1 and reuse its KV cache; the
   rest is left-padded, and the LM head runs on the last position only;
@@ -34,7 +35,7 @@ from probekit.engines.base import (
     windows,
 )
 from probekit.engines.hf import cache as kv
-from probekit.engines.hf.batching import run_batched
+from probekit.engines.hf.batching import PROMPT_HINT, planned_batch, run_batched
 from probekit.engines.hf.decoding import decode
 from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
@@ -59,18 +60,25 @@ class HFScorer:
     ) -> None:
         """The options are `ScorerOptions`' (`epsilon` and `batch_size` may be positional).
         `max_new_tokens` > 0 also decodes a continuation of every prompt from the same prompt
-        pass (the paper's generate mode)."""
+        pass (the paper's generate mode).
+
+        Without `batch_size`, each window of prompts gets the batch `planned_batch` gives for
+        its longest prompt plus the answer trie and the generation budget (on CUDA the largest
+        the memory plan says fits; 16 on a CPU); `batch_size` is the batch of the last window,
+        and after an out-of-memory error no later batch exceeds the halved size."""
         options = ScorerOptions(epsilon=epsilon, batch_size=batch_size, **generation)
         self.model = model
         self.answers = answers
         self.options = options
         self.epsilon = epsilon
-        self.batch_size = batch_size or (64 if model.device.type == "cuda" else 16)
         self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
         self._generator = torch.Generator(device=model.device).manual_seed(options.seed)
         self.trie_pass = TriePass(model, answers)
         self._prefixes = PrefixCache(model)
         self.stats = ScorerStats()
+        self._ceiling = batch_size  # the batch given, or the size an out-of-memory error left
+        self._planned = batch_size is None
+        self.batch_size = batch_size or self._plan(PROMPT_HINT)
 
     @property
     def trie(self) -> AnswerTrie:
@@ -144,15 +152,24 @@ class HFScorer:
         settled, temperature = self.options.settled, self.options.temperature
         return decode(self.model, state, self.max_new_tokens, settled, temperature, self._generator)
 
+    def _plan(self, prompt_tokens: int) -> int:
+        """The batch for prompts of `prompt_tokens` tokens: the plan's for them with every
+        answer-trie node and generated token, at most the ceiling an out-of-memory error left."""
+        tokens = prompt_tokens + len(self.trie.nodes) - 1 + self.max_new_tokens
+        planned = planned_batch(self.model, tokens)
+        return min(planned, self._ceiling) if self._ceiling else planned
+
     def _batched(
         self, prompts: list[Sequence[int]], run: Callable[[list], list], progress: Any
     ) -> Iterator[Any]:
+        if self._planned and prompts:
+            self.batch_size = self._plan(max(map(len, prompts)))
         return run_batched(prompts, run, self.batch_size, progress, self._shrink)
 
     def _shrink(self, batch_size: int) -> None:
         """After an out-of-memory batch: the smaller size for every later batch, and no cached
         prefixes."""
-        self.batch_size = batch_size
+        self.batch_size = self._ceiling = batch_size
         self._prefixes.clear()
 
 
