@@ -33,7 +33,7 @@ from probekit.engines.base import ScoreResult
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
-from probekit.mechanism.sites import d_model, enable_bridge, layer_indices, library, site
+from probekit.mechanism.sites import d_model, hook_library, layer_indices, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
 STEER, RANDOM = "steer", "random"
@@ -247,46 +247,46 @@ def sweep(
     `base` are the prompts' unsteered results if already scored (else scored here)."""
     answers: AnswerSet = scorer.answers
     check_positions(positions)
-    if library(hooks) == "transformer_lens":  # every row, α = 0 included, on the same kernels
-        enable_bridge(scorer.model)
-    for prompt in prompts:
-        prompt_positions(prompt, positions, span)  # one line for a missing span, before scoring
-    if base is None:
-        base = list(scorer.score([p.input_ids for p in prompts]))
-    rng = np.random.default_rng(seed)
-    rows = []
-    total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
-    done = 0
-    for target, vector in vectors.items():
-        kinds = {STEER: vector}
-        if control:
-            kinds[RANDOM] = random_like(vector, rng)
-        for kind, v in kinds.items():
-            norm = float(v.norm())
-            for alpha in alphas:
-                if alpha == 0:
-                    results = list(base)
-                else:
-                    results = steered_results(
-                        scorer, prompts, target, alpha * v, positions, span, hooks, batch_size
-                    )
-                    done += 1
-                    if say:
-                        say(
-                            f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
-                            f"α={alpha:g}"
+    # every row, α = 0 included, on the same kernels; the model is left as it was found
+    with hook_library(scorer.model, hooks):
+        for prompt in prompts:
+            prompt_positions(prompt, positions, span)  # one line for a missing span, before scoring
+        if base is None:
+            base = list(scorer.score([p.input_ids for p in prompts]))
+        rng = np.random.default_rng(seed)
+        rows = []
+        total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
+        done = 0
+        for target, vector in vectors.items():
+            kinds = {STEER: vector}
+            if control:
+                kinds[RANDOM] = random_like(vector, rng)
+            for kind, v in kinds.items():
+                norm = float(v.norm())
+                for alpha in alphas:
+                    if alpha == 0:
+                        results = list(base)
+                    else:
+                        results = steered_results(
+                            scorer, prompts, target, alpha * v, positions, span, hooks, batch_size
                         )
-                columns = {
-                    "site": target[0],
-                    "layer": target[1],
-                    "vector": kind,
-                    "norm": norm,
-                    "alpha": float(alpha),
-                    "positions": positions,
-                    "span": span,
-                }
-                rows += steer_rows(prompts, results, base, answers, columns)
-    return pd.DataFrame(rows)
+                        done += 1
+                        if say:
+                            say(
+                                f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
+                                f"α={alpha:g}"
+                            )
+                    columns = {
+                        "site": target[0],
+                        "layer": target[1],
+                        "vector": kind,
+                        "norm": norm,
+                        "alpha": float(alpha),
+                        "positions": positions,
+                        "span": span,
+                    }
+                    rows += steer_rows(prompts, results, base, answers, columns)
+        return pd.DataFrame(rows)
 
 
 def steer(
