@@ -667,6 +667,42 @@ def test_pairs_within_the_noise_are_left_out_with_one_line():
         probekit.recovery([1, 2])
 
 
+def test_a_reading_of_each_recovery_outside_zero_to_one():
+    assert "overshoots" in patching.OVERSHOOT and "away from the clean run" in patching.AWAY
+    assert patching.reading(1.6) == patching.OVERSHOOT
+    assert patching.reading(-0.3) == patching.AWAY
+    assert patching.reading(0.0) == patching.reading(0.4) == patching.reading(1.0) == ""
+    assert patching.reading(np.nan) == ""
+    assert patching.reading(2.0, small_gap=True) == patching.IN_NOISE
+
+
+def test_the_table_carries_an_interval_over_several_pairs_and_a_reading():
+    df = _table([1.0, 0.8, 1.0, 1e-7], [1.2, 0.4, -0.3, 3e-7])  # the last pair is noise
+    out = patching.annotate(df, n=200)
+    want = (1.2 + 0.4 - 0.3) / (1.0 + 0.8 + 1.0)
+    assert out["recovery_over_pairs"].tolist() == pytest.approx([want] * 4)
+    low, high = out["recovery_over_pairs_low"][0], out["recovery_over_pairs_high"][0]
+    assert low < want < high
+    assert out["recovery_over_pairs_low"].nunique() == 1  # one component: one interval
+    assert out["reading"].tolist() == [patching.OVERSHOOT, "", patching.AWAY, patching.IN_NOISE]
+    assert out["recovery"].tolist() == df["recovery"].tolist()  # each pair's own stays
+    assert out.attrs["note"].startswith("recovery_over_pairs: each component's mean effect")
+    assert "across the 4 pairs" in out.attrs["note"]
+    assert out.attrs["note"].endswith(
+        "1 of 4 pairs have a gap within the run's numeric noise "
+        "(|gap| <= 1e-06) and are left out of recovery"
+    )
+
+
+def test_one_pair_says_it_has_no_interval():
+    out = patching.annotate(_table([1.0], [1.7]))
+    assert out[["recovery_over_pairs", "recovery_over_pairs_low"]].isna().all().all()
+    assert out["reading"][0] == patching.OVERSHOOT
+    assert out.attrs["note"].startswith(
+        "one pair: each recovery is that pair's alone, with no interval over pairs"
+    )
+
+
 @pytest.mark.slow
 def test_which_positions_each_span_patches(model, readme_pair):
     """Spans that run to the end take the answer positions along; one position does not."""

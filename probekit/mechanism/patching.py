@@ -22,6 +22,12 @@ the answer's later tokens mix patched and corrupt values and recovery can leave 
 
 No-op patches (in the prefix both prompts share) are not run unless `run_noops=True`.
 
+Reading a table (`annotate`, what `probekit.patch` returns): each row's `reading` says what a
+recovery outside [0, 1] means (above 1: the patch overshoots; below 0: it moves the readout away
+from the clean run), or that the pair's gap is within the run's numeric noise; over several
+pairs each row also carries its component's recovery over the pairs with its bootstrap interval
+(`summarise`), and one pair is said to have none.
+
 Batching. Each row of a forward is the corrupt prompt of one (pair, patch); rows of one batch
 carry different patches (any layer, site, span), so a sweep runs `batch_size` patches a forward.
 
@@ -61,7 +67,7 @@ from probekit.mechanism.interventions import (
     score_with,
 )
 from probekit.mechanism.readouts import Readout
-from probekit.mechanism.sites import hook_order, library
+from probekit.mechanism.sites import hook_library, hook_order, library
 from probekit.stats import bootstrap_units
 
 
@@ -109,39 +115,40 @@ def sweep(
     read = sorted({job.patch.hook for job in runs}, key=hook_order)
     nodes = answer_nodes(scorer)
     bar = _bar(progress, len(todo) + 2 * len(pairs))
-    baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
-    noise = numeric_noise(scorer, [] if remote else pairs, readout, baseline)
-    bar.update(2 * len(pairs))
-    patched: dict[int, float] = {}  # job index -> readout of the patched run
-    kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
-    for start in range(0, len(todo), size):
-        chunk = todo[start : start + size]
-        edits: dict[str, Edit] = {}
-        for hook in {jobs[k].patch.hook for k in chunk}:
-            locs: list[Loc] = []
-            values, heads = [], []
-            for at, k in enumerate(chunk):
-                job = jobs[k]
-                if job.patch.hook == hook:
-                    sources: list[Position] = list(job.clean_positions)
-                    targets: list[Position] = list(job.corrupt_positions)
-                    if job.answer:
-                        sources, targets = sources + nodes, targets + nodes
-                    locs += [(at, p) for p in targets]
-                    acts, where = clean_acts[pairs[job.pair][0].id]
-                    values.append(acts[hook][[where[p] for p in sources]])
-                    heads += [job.patch.head] * len(targets)
-            edits[hook] = (locs, copy_values(torch.cat(values), heads))
-        corrupt = [pairs[jobs[k].pair][1] for k in chunk]
-        results, _ = score_with(
-            scorer, [c.input_ids for c in corrupt], edits=edits, hooks=hooks, remote=remote
-        )
-        for k, prompt, result in zip(chunk, corrupt, results, strict=True):
-            patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
-            if distributions:
-                kept[k] = result
-        bar.update(len(chunk))
-    bar.close()
+    with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
+        baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
+        noise = numeric_noise(scorer, [] if remote else pairs, readout, baseline)
+        bar.update(2 * len(pairs))
+        patched: dict[int, float] = {}  # job index -> readout of the patched run
+        kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
+        for start in range(0, len(todo), size):
+            chunk = todo[start : start + size]
+            edits: dict[str, Edit] = {}
+            for hook in {jobs[k].patch.hook for k in chunk}:
+                locs: list[Loc] = []
+                values, heads = [], []
+                for at, k in enumerate(chunk):
+                    job = jobs[k]
+                    if job.patch.hook == hook:
+                        sources: list[Position] = list(job.clean_positions)
+                        targets: list[Position] = list(job.corrupt_positions)
+                        if job.answer:
+                            sources, targets = sources + nodes, targets + nodes
+                        locs += [(at, p) for p in targets]
+                        acts, where = clean_acts[pairs[job.pair][0].id]
+                        values.append(acts[hook][[where[p] for p in sources]])
+                        heads += [job.patch.head] * len(targets)
+                edits[hook] = (locs, copy_values(torch.cat(values), heads))
+            corrupt = [pairs[jobs[k].pair][1] for k in chunk]
+            results, _ = score_with(
+                scorer, [c.input_ids for c in corrupt], edits=edits, hooks=hooks, remote=remote
+            )
+            for k, prompt, result in zip(chunk, corrupt, results, strict=True):
+                patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
+                if distributions:
+                    kept[k] = result
+            bar.update(len(chunk))
+        bar.close()
     keys = key_columns(pairs)
     rows = []
     for k, job in enumerate(jobs):
@@ -233,6 +240,59 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
     out["head"] = out["head"].astype("Int64")
     size = out["effect"].abs().fillna(out["estimate"].abs())
     return out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
+
+
+OVERSHOOT = (
+    "above 1: the patch overshoots: the patched component carries more than the gap, and "
+    "other paths offset it in the corrupt run"
+)
+AWAY = "below 0: the patch moves the readout away from the clean run"
+IN_NOISE = "the gap is within the run's numeric noise (small_gap): the recovery says nothing"
+
+
+def reading(recovery: float, small_gap: bool = False) -> str:
+    """One line reading a recovery outside [0, 1] (above 1: an overshoot; below 0: away from
+    clean), or that its gap is within the run's noise; empty for a recovery within [0, 1]."""
+    if small_gap:
+        return IN_NOISE
+    if np.isfinite(recovery) and recovery > 1:
+        return OVERSHOOT
+    if np.isfinite(recovery) and recovery < 0:
+        return AWAY
+    return ""
+
+
+def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """The patching table with each row's `reading` (see `reading`) and, over several pairs,
+    each component's recovery over the pairs with its bootstrap interval
+    (`recovery_over_pairs`, `_low`, `_high`: `summarise`'s ratio of means; NaN with one pair,
+    which has no interval). `attrs["note"]` says which, and names the pairs left out as
+    numeric noise."""
+    out = df.copy()
+    small = out["small_gap"] if "small_gap" in out else pd.Series(False, index=out.index)
+    out["reading"] = [reading(r, bool(g)) for r, g in zip(out["recovery"], small, strict=True)]
+    ids = out[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    columns = ["recovery_over_pairs", "recovery_over_pairs_low", "recovery_over_pairs_high"]
+    if len(ids) < 2:
+        for column in columns:
+            out[column] = np.nan
+        note = (
+            "one pair: each recovery is that pair's alone, with no interval over pairs (give "
+            "several pairs for recovery_over_pairs and its interval)"
+        )
+    else:
+        summary = summarise(out, n=n, seed=seed, level=level)
+        names = dict(zip(["recovery", "recovery_low", "recovery_high"], columns, strict=True))
+        summary = summary[[*COMPONENT, *names]].rename(columns=names)
+        out = out.merge(summary, on=COMPONENT, how="left")
+        note = (
+            f"recovery_over_pairs: each component's mean effect over its mean gap across the "
+            f"{len(ids)} pairs, with its {level:.0%} bootstrap interval over pairs "
+            "(recovery_over_pairs_low, recovery_over_pairs_high)"
+        )
+    noise = noise_line(df)
+    out.attrs = {**df.attrs, "note": f"{note}; {noise}" if noise else note}
+    return out
 
 
 def _ratio(
