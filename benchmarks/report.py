@@ -101,7 +101,77 @@ def render(results: list[dict[str, Any]]) -> str:
             for f in r["figures"]
         ]
         lines.append("")
+        lines += SECTIONS.get(r["benchmark"], lambda r: [])(r)
     return "\n".join(lines)
+
+
+PEERS = {
+    "transformer_lens": "TransformerLens",
+    "nnsight": "nnsight",
+    "nnsight_cached": "nnsight, cached",
+}
+
+
+def patching_section(result: dict[str, Any]) -> list[str]:
+    """benchmarks/patching.py: the sweep beside its peers, site by site, and where probekit's
+    time went."""
+    details = result.get("details", {})
+    sites = details.get("sites", {})
+    if not sites:
+        return []
+    layers, sampled = details["layers"], details["peer_layers"]
+    scaled = (
+        ""
+        if sampled == layers
+        else f" The peers ran layers {sampled}; their time is scaled to every layer by their "
+        "forward passes (each of one shape)."
+    )
+    lines = [
+        "### Patching beside TransformerLens and nnsight\n",
+        f"Every layer ({len(layers)}) x one site at the identity span of the README's persona "
+        "pair, the expected value of 0-10, seconds (best of the repeats); ratio = probekit's "
+        f"time / the peer's, target <= 0.5 against TransformerLens and nnsight.{scaled}\n",
+        "| site | components | probekit s | "
+        + " | ".join(f"{v} s" for v in PEERS.values())
+        + " | "
+        + " | ".join(f"ratio vs {v}" for v in PEERS.values())
+        + " | largest difference |",
+        "|---" * (4 + 2 * len(PEERS)) + "|",
+    ]
+    for name, record in sites.items():
+        seconds = record["seconds"]
+        diff = max(record[p]["max_abs_diff"] for p in PEERS)
+        lines.append(
+            f"| `{name}` | {record['components']} | {number(seconds['probekit'])} | "
+            + " | ".join(number(seconds[p]) for p in PEERS)
+            + " | "
+            + " | ".join(f"{record[p]['ratio']:.2f}" for p in PEERS)
+            + f" | {diff:.2g} |"
+        )
+    lines += [
+        "",
+        "Where probekit's time went (`Scorer.stats`): the prompt passes (clean, corrupt, the "
+        "noise re-scoring and every patched run), the answer rows of the trie passes (the "
+        "model's forward over the answer positions), the readout (the LM head and the "
+        "vocabulary sums at every answer position), and the rest (hooks, the patch values, "
+        "the table).\n",
+        "| site | prompt passes s | answer rows s | readout s | rest s | prompt tokens | "
+        "answer positions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, record in sites.items():
+        s = record["split"]
+        lines.append(
+            f"| `{name}` | {number(s['prompt_pass_s'])} | {number(s['answer_rows_s'])} | "
+            f"{number(s['readout_s'])} | {number(s['other_s'])} | {s['prompt_tokens']} | "
+            f"{s['answer_positions']} |"
+        )
+    lines.append("")
+    return lines
+
+
+SECTIONS = {"patching": patching_section}
+"""A benchmark's own section after its figures, from its `details`."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

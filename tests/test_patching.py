@@ -674,6 +674,10 @@ def test_a_reading_of_each_recovery_outside_zero_to_one():
     assert patching.reading(0.0) == patching.reading(0.4) == patching.reading(1.0) == ""
     assert patching.reading(np.nan) == ""
     assert patching.reading(2.0, small_gap=True) == patching.IN_NOISE
+    # within the run's noise of [0, 1] (the noise over the gap) is not outside it
+    assert patching.reading(1.000002, tolerance=2e-5) == patching.reading(-1e-6, tolerance=2e-5)
+    assert patching.reading(1.000002, tolerance=2e-5) == ""
+    assert patching.reading(1.0001, tolerance=2e-5) == patching.OVERSHOOT
 
 
 def test_the_table_carries_an_interval_over_several_pairs_and_a_reading():
@@ -686,6 +690,10 @@ def test_the_table_carries_an_interval_over_several_pairs_and_a_reading():
     assert out["recovery_over_pairs_low"].nunique() == 1  # one component: one interval
     assert out["reading"].tolist() == [patching.OVERSHOOT, "", patching.AWAY, patching.IN_NOISE]
     assert out["recovery"].tolist() == df["recovery"].tolist()  # each pair's own stays
+    summary = patching.summarise(df, n=200)
+    assert summary["gap"][0] == pytest.approx(2.8 / 3) and summary["reading"][0] == ""
+    noisy = patching.annotate(_table([0.5, 0.5], [0.5 + 4e-6, 0.5 - 4e-6], noise=1e-5))
+    assert noisy["recovery"].max() > 1 and noisy["reading"].tolist() == ["", ""]
     assert out.attrs["note"].startswith("recovery_over_pairs: each component's mean effect")
     assert "across the 4 pairs" in out.attrs["note"]
     assert out.attrs["note"].endswith(

@@ -28,7 +28,7 @@ from probekit.core.items import EncodedItem, Item, Pair
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
-from probekit.mechanism.patching import annotate, noise_line, reading, summarise, sweep
+from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
 from probekit.mechanism.pipeline import measure
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
@@ -150,7 +150,6 @@ def recovery(
         raise ProbekitError("recovery takes the table probekit.patch returns")
     out = summarise(table, n=n, seed=seed, level=level)
     out = out.sort_values(["span", "site", "layer"], kind="stable").reset_index(drop=True)
-    out["reading"] = [reading(r) for r in out["recovery"]]
     out.attrs["note"] = noise_line(table) or ""
     return out
 

@@ -211,7 +211,8 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
     mean gap (a ratio of means, so one pair with a tiny gap cannot blow it up) with its
     bootstrap interval over pairs, and `estimated_recovery` the same of the estimate; `pairs`,
     and `pairs_in_noise`, the pairs whose gap is within the run's numeric noise (`small_gap`),
-    left out of both recoveries. Largest |effect| (else |estimate|) first."""
+    left out of both recoveries; `gap`, their mean gap; `reading`, a line reading a recovery
+    outside [0, 1] beyond the run's noise (`reading`). Largest |effect| (else |estimate|) first."""
     patched = next(c for c in df.columns if c.endswith("_patched"))
     corrupt = patched.removesuffix("_patched") + "_corrupt"
     small = df["small_gap"] if "small_gap" in df else pd.Series(False, index=df.index)
@@ -233,11 +234,15 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
         for column, name in (("effect", "recovery"), ("estimate", "estimated_recovery")):
             effect, gap = kept[column].to_numpy(float), kept["gap"].to_numpy(float)
             entry |= _ratio(effect, gap, name, n, seed, level)
+        gaps = kept["gap"].to_numpy(float)
+        entry["gap"] = float(gaps[np.isfinite(gaps)].mean()) if np.isfinite(gaps).any() else np.nan
         entry["pairs"] = len(group)
         entry["pairs_in_noise"] = int(group["small_gap"].sum())
         rows.append(entry)
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
+    slack = _tolerance(df, out["gap"])
+    out["reading"] = [reading(r, tolerance=t) for r, t in zip(out["recovery"], slack, strict=True)]
     size = out["effect"].abs().fillna(out["estimate"].abs())
     return out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
 
@@ -250,14 +255,15 @@ AWAY = "below 0: the patch moves the readout away from the clean run"
 IN_NOISE = "the gap is within the run's numeric noise (small_gap): the recovery says nothing"
 
 
-def reading(recovery: float, small_gap: bool = False) -> str:
-    """One line reading a recovery outside [0, 1] (above 1: an overshoot; below 0: away from
-    clean), or that its gap is within the run's noise; empty for a recovery within [0, 1]."""
+def reading(recovery: float, small_gap: bool = False, tolerance: float = 0.0) -> str:
+    """One line reading a recovery outside [0, 1] by more than `tolerance` (the run's numeric
+    noise over the gap: a recovery of 1.000002 is 1) — above 1: an overshoot; below 0: away
+    from clean — or saying that its gap is within the run's noise; empty otherwise."""
     if small_gap:
         return IN_NOISE
-    if np.isfinite(recovery) and recovery > 1:
+    if np.isfinite(recovery) and recovery > 1 + tolerance:
         return OVERSHOOT
-    if np.isfinite(recovery) and recovery < 0:
+    if np.isfinite(recovery) and recovery < -tolerance:
         return AWAY
     return ""
 
@@ -270,7 +276,10 @@ def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
     numeric noise."""
     out = df.copy()
     small = out["small_gap"] if "small_gap" in out else pd.Series(False, index=out.index)
-    out["reading"] = [reading(r, bool(g)) for r, g in zip(out["recovery"], small, strict=True)]
+    slack = _tolerance(out, out["gap"])
+    out["reading"] = [
+        reading(r, bool(g), t) for r, g, t in zip(out["recovery"], small, slack, strict=True)
+    ]
     ids = out[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
     columns = ["recovery_over_pairs", "recovery_over_pairs_low", "recovery_over_pairs_high"]
     if len(ids) < 2:
@@ -293,6 +302,13 @@ def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
     noise = noise_line(df)
     out.attrs = {**df.attrs, "note": f"{note}; {noise}" if noise else note}
     return out
+
+
+def _tolerance(df: pd.DataFrame, gaps: pd.Series) -> np.ndarray:
+    """The run's numeric noise in recovery units, for each gap (0 where the table has none)."""
+    noise = float(df["noise"].max()) if "noise" in df and df["noise"].notna().any() else 0.0
+    with np.errstate(divide="ignore"):
+        return noise / np.abs(gaps.to_numpy(float))
 
 
 def _ratio(
