@@ -48,6 +48,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -346,7 +347,7 @@ def peers(options: argparse.Namespace) -> None:
             threads=options.threads,
             load_start=start,
             load_end=end,
-            path=options.json,
+            path=Path(options.json),
             details=details,
         )
 

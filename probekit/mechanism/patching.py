@@ -115,40 +115,42 @@ def sweep(
     read = sorted({job.patch.hook for job in runs}, key=hook_order)
     nodes = answer_nodes(scorer)
     bar = _bar(progress, len(todo) + 2 * len(pairs))
+    # After the patched runs, each pair's prompts are scored again, unpatched, in another batch
+    # shape than their baselines: the run's numeric noise (`numeric_noise`).
+    again = [] if remote else list(dict.fromkeys(p.id for pair in pairs for p in pair))
+    entries: list[int | str] = [*todo, *again]
+    prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
     with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
         baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
-        noise = numeric_noise(scorer, [] if remote else pairs, readout, baseline)
         bar.update(2 * len(pairs))
         patched: dict[int, float] = {}  # job index -> readout of the patched run
         kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
-        for start in range(0, len(todo), size):
-            chunk = todo[start : start + size]
-            edits: dict[str, Edit] = {}
-            for hook in {jobs[k].patch.hook for k in chunk}:
-                locs: list[Loc] = []
-                values, heads = [], []
-                for at, k in enumerate(chunk):
-                    job = jobs[k]
-                    if job.patch.hook == hook:
-                        sources: list[Position] = list(job.clean_positions)
-                        targets: list[Position] = list(job.corrupt_positions)
-                        if job.answer:
-                            sources, targets = sources + nodes, targets + nodes
-                        locs += [(at, p) for p in targets]
-                        acts, where = clean_acts[pairs[job.pair][0].id]
-                        values.append(acts[hook][[where[p] for p in sources]])
-                        heads += [job.patch.head] * len(targets)
-                edits[hook] = (locs, copy_values(torch.cat(values), heads))
-            corrupt = [pairs[jobs[k].pair][1] for k in chunk]
+        rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
+        for start in range(0, len(entries), size):
+            chunk = entries[start : start + size]
+            ks = [k for k in chunk if isinstance(k, int)]
+            if not ks:  # no patched run to share a batch with: each prompt alone, unpadded
+                for key in chunk:
+                    (rescored[key],) = scorer.score_batch(
+                        [prompts[key].input_ids], reuse_prefix=False
+                    )
+                continue
+            edits = _edits(jobs, ks, pairs, clean_acts, nodes)
+            batch = [pairs[jobs[k].pair][1] for k in ks] + [
+                prompts[key] for key in chunk[len(ks) :]
+            ]
             results, _ = score_with(
-                scorer, [c.input_ids for c in corrupt], edits=edits, hooks=hooks, remote=remote
+                scorer, [p.input_ids for p in batch], edits=edits, hooks=hooks, remote=remote
             )
-            for k, prompt, result in zip(chunk, corrupt, results, strict=True):
+            for k, prompt, result in zip(ks, batch, results, strict=False):
                 patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
                 if distributions:
                     kept[k] = result
-            bar.update(len(chunk))
+            for prompt, result in zip(batch[len(ks) :], results[len(ks) :], strict=True):
+                rescored[prompt.id] = result
+            bar.update(len(ks))
         bar.close()
+    noise = numeric_noise(scorer.model, pairs if again else [], readout, baseline, rescored)
     keys = key_columns(pairs)
     rows = []
     for k, job in enumerate(jobs):
@@ -177,21 +179,21 @@ readout between two scorings of the same prompt."""
 
 
 def numeric_noise(
-    scorer: HookedScorer,
+    model: Any,
     pairs: Sequence[Pair],
     readout: Readout,
     baseline: dict[str, ScoreResult],
+    again: dict[str, ScoreResult],
 ) -> float:
     """The run's numeric noise on the readout: `NOISE_FACTOR` x the largest change of any
-    pair's readouts when each prompt is scored again alone (no padding, another batch shape)
-    instead of in the batches of the sweep, and at least `NOISE_FACTOR` x the dtype's
+    pair's gap between its baselines and its prompts scored `again` in another batch shape (with
+    the sweep's last patched runs, or alone), and at least `NOISE_FACTOR` x the dtype's
     resolution at the readouts' scale (the resolution alone without pairs, as for a remote
-    model, which is not scored here)."""
+    model, which is not scored again)."""
     worst = 0.0
     values = []
     for clean, corrupt in pairs:
-        (c,) = scorer.score_batch([clean.input_ids], reuse_prefix=False)
-        (k,) = scorer.score_batch([corrupt.input_ids], reuse_prefix=False)
+        c, k = again[clean.id], again[corrupt.id]
         before = readout(baseline[clean.id], clean.item, baseline[clean.id]) - readout(
             baseline[corrupt.id], corrupt.item, baseline[clean.id]
         )
@@ -200,7 +202,7 @@ def numeric_noise(
             worst = max(worst, abs(after - before))
             values.append(abs(readout(baseline[clean.id], clean.item, baseline[clean.id])))
     scale = max([1.0, *values])
-    resolution = float(torch.finfo(scorer.model.dtype).eps) * scale
+    resolution = float(torch.finfo(model.dtype).eps) * scale
     return NOISE_FACTOR * max(worst, resolution)
 
 
@@ -341,6 +343,34 @@ def noise_line(df: pd.DataFrame) -> str | None:
         f"{len(ids)} of {len(total)} pairs have a gap within the run's numeric noise "
         f"(|gap| <= {df['noise'].iloc[0]:.2g}) and are left out of recovery"
     )
+
+
+def _edits(
+    jobs: list[Job],
+    ks: list[int],
+    pairs: Sequence[Pair],
+    clean_acts: dict,
+    nodes: list[AnswerNode],
+) -> dict[str, Edit]:
+    """The edits of one batch whose first rows run the jobs `ks`: at each hook, the clean run's
+    values at the aligned positions (answer positions too for a job through the answer)."""
+    edits: dict[str, Edit] = {}
+    for hook in {jobs[k].patch.hook for k in ks}:
+        locs: list[Loc] = []
+        values, heads = [], []
+        for at, k in enumerate(ks):
+            job = jobs[k]
+            if job.patch.hook == hook:
+                sources: list[Position] = list(job.clean_positions)
+                targets: list[Position] = list(job.corrupt_positions)
+                if job.answer:
+                    sources, targets = sources + nodes, targets + nodes
+                locs += [(at, p) for p in targets]
+                acts, where = clean_acts[pairs[job.pair][0].id]
+                values.append(acts[hook][[where[p] for p in sources]])
+                heads += [job.patch.head] * len(targets)
+        edits[hook] = (locs, copy_values(torch.cat(values), heads))
+    return edits
 
 
 def _bar(progress: Any, total: int) -> Any:
