@@ -322,20 +322,23 @@ def peers(options: argparse.Namespace) -> None:
     results: dict[str, dict[str, Any]] = {}
     for repeat in range(options.repeats):
         for name in names:
-            entry = results.setdefault(name, {"seconds": {}, "load": {}, "sweeps": {}})
+            entry = results.setdefault(name, {"seconds": {}, "wall": {}, "load": {}, "sweeps": {}})
             full = len(peer.components(name, layers))
             for method in METHODS:
                 load = os.getloadavg()[0]
                 before = ScorerStats(**vars(scorer.stats))
-                got, seconds, _ = timed(model.device, lambda m=method, s=name: runs[m](s))
+                got, wall, seconds = timed(model.device, lambda m=method, s=name: runs[m](s))
                 if method != "probekit":  # on --peer-layers: scaled to every layer
-                    seconds *= got.scale(full)
-                print(f"  [{repeat + 1}] {name:<15} {method:<17} {seconds:7.1f} s, load {load:.1f}")
+                    seconds, wall = seconds * got.scale(full), wall * got.scale(full)
+                print(
+                    f"  [{repeat + 1}] {name:<15} {method:<17} {seconds:7.1f} s CPU, {wall:7.1f} s"
+                    f" wall, load {load:.1f}"
+                )
                 if seconds < entry["seconds"].get(method, np.inf):
-                    entry["seconds"][method], entry["load"][method] = seconds, load
-                    entry["sweeps"][method] = got
+                    entry["seconds"][method], entry["wall"][method] = seconds, wall
+                    entry["sweeps"][method], entry["load"][method] = got, load
                     if method == "probekit":
-                        entry["split"] = split(scorer.stats, before, seconds)
+                        entry["split"] = split(scorer.stats, before, wall)
     end = load_line("at end")
     figures, details = report_peers(results, peer, layers, sampled)
     details["pair"] = {"clean": CLEAN, "corrupt": CORRUPT, "span": "Muslim"}
@@ -359,13 +362,17 @@ def report_peers(
     figures: list[dict[str, Any]] = []
     details: dict[str, Any] = {"layers": layers, "peer_layers": sampled, "sites": {}}
     scaled = "" if sampled == layers else f" (peers: timed on layers {sampled}, scaled)"
-    print(f"\nbest of repeats, {len(layers)} layers{scaled}; ratio = probekit's time / the peer's")
+    print(
+        f"\nCPU seconds, best of repeats, {len(layers)} layers{scaled}; ratio = probekit's "
+        "time / the peer's"
+    )
     for name, entry in results.items():
         seconds, sweeps = entry["seconds"], entry["sweeps"]
         ours = sweeps["probekit"]
         every = peer.components(name, layers)
         kept = np.array([c in set(peer.components(name, sampled)) for c in every])
-        record = {"components": len(every), "seconds": seconds, "load": entry["load"]}
+        record = {"components": len(every), "seconds": seconds, "wall_seconds": entry["wall"]}
+        record["load"] = entry["load"]
         record["split"] = entry["split"]
         print(f"{name} ({len(every)} components):")
         for method in METHODS[1:]:
