@@ -712,6 +712,38 @@ def test_one_pair_says_it_has_no_interval():
 
 
 @pytest.mark.slow
+def test_the_readme_persona_pair_reads_as_documented(model):
+    """README.md and docs/mechanism.md ("Reading a patching table") quote these figures."""
+    import probekit
+
+    event = {"role": "user", "content": "My bike was stolen. How angry am I, from 0 to 10?"}
+    clean, corrupt = (
+        [{"role": "system", "content": f"You are a {who}."}, event] for who in ("Muslim", "Jew")
+    )
+    pair = probekit.make_pair(model, clean, corrupt, span="Muslim")
+    df = probekit.patch(
+        model,
+        pair,
+        spans=["identity"],
+        sites=["resid_pre"],
+        layers=range(30),
+        answers="0-10",
+        progress=False,
+    )
+    r = df["recovery"].to_numpy()
+    assert df["gap"][0] == pytest.approx(0.48, abs=0.005)
+    assert (df["noise"] < 5e-5).all() and not df["small_gap"].any()
+    assert r[[0, 6, 12, 18, 24]] == pytest.approx([1.0, 0.90, 0.90, 0.49, 0.04], abs=0.006)
+    assert r[1:16].min() >= 0.735 and r[1:16].max() <= 0.985
+    assert r[16:24].min() >= 0.405 and r[16:24].max() <= 0.535
+    assert (r[25:] < 0).all() and (r[25:] >= -0.0105).all()
+    assert abs(r[0] - 1) < 1e-4
+    assert df["reading"].tolist() == [""] * 25 + [patching.AWAY] * 5
+    assert df.attrs["note"].startswith("one pair: each recovery is that pair's alone")
+    assert df["recovery_over_pairs"].isna().all()
+
+
+@pytest.mark.slow
 def test_which_positions_each_span_patches(model, readme_pair):
     """Spans that run to the end take the answer positions along; one position does not."""
     from probekit.mechanism.components import plan
