@@ -129,8 +129,12 @@ def patching_section(result: dict[str, Any]) -> list[str]:
     lines = [
         "### Patching beside TransformerLens and nnsight\n",
         f"Every layer ({len(layers)}) x one site at the identity span of the README's persona "
-        "pair, the expected value of 0-10, seconds (best of the repeats); ratio = probekit's "
-        f"time / the peer's, target <= 0.5 against TransformerLens and nnsight.{scaled}\n",
+        "pair, the expected value of 0-10: CPU seconds of the process (best of the repeats; "
+        "other processes on the machine delay a sweep but add little to its CPU time); ratio = "
+        "probekit's time / the peer's, target <= 0.5 against TransformerLens and the plain "
+        "nnsight loop. The peers read the exact expected value from every surface form of every "
+        "answer as its own continuation (22 rows); the cached nnsight loop runs the prompt once "
+        f"per component and the continuations on its KV cache.{scaled}\n",
         "| site | components | probekit s | "
         + " | ".join(f"{v} s" for v in PEERS.values())
         + " | "
@@ -150,21 +154,24 @@ def patching_section(result: dict[str, Any]) -> list[str]:
         )
     lines += [
         "",
-        "Where probekit's time went (`Scorer.stats`): the prompt passes (clean, corrupt, the "
-        "noise re-scoring and every patched run), the answer rows of the trie passes (the "
-        "model's forward over the answer positions), the readout (the LM head and the "
-        "vocabulary sums at every answer position), and the rest (hooks, the patch values, "
-        "the table).\n",
-        "| site | prompt passes s | answer rows s | readout s | rest s | prompt tokens | "
+        "Where probekit's time went (`Scorer.stats`, wall seconds of its best sweep and their "
+        "share): the prompt passes (clean and corrupt, then every patched run), the answer rows "
+        "of the trie passes (the model's forward over the answer positions), the readout (the "
+        "LM head and the vocabulary sums at every answer position), and the rest (hooks, the "
+        "patch values, the table).\n",
+        "| site | prompt passes | answer rows | readout | rest | prompt tokens | "
         "answer positions |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, record in sites.items():
         s = record["split"]
+        total = sum(s[k] for k in ("prompt_pass_s", "answer_rows_s", "readout_s", "other_s"))
+        cells = [
+            f"{number(s[k])} s ({s[k] / total:.0%})"
+            for k in ("prompt_pass_s", "answer_rows_s", "readout_s", "other_s")
+        ]
         lines.append(
-            f"| `{name}` | {number(s['prompt_pass_s'])} | {number(s['answer_rows_s'])} | "
-            f"{number(s['readout_s'])} | {number(s['other_s'])} | {s['prompt_tokens']} | "
-            f"{s['answer_positions']} |"
+            f"| `{name}` | {' | '.join(cells)} | {s['prompt_tokens']} | {s['answer_positions']} |"
         )
     lines.append("")
     return lines

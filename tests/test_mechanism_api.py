@@ -21,8 +21,7 @@ from probekit.studies.intergroup.probe import make_item
 
 @pytest.fixture(scope="module")
 def model(smol):
-    """conftest's `model`, through `sites.enable_bridge` (which makes float64 safe)."""
-    sites.enable_bridge(smol)
+    """conftest's fresh default model: each mechanism call installs its bridge for the call."""
     return smol
 
 
@@ -290,7 +289,7 @@ def test_wrong_types_are_one_line(model):
 @pytest.mark.slow
 def test_float64_left_padding_on_the_bridge_is_finite():
     """The bridge's float32 softmax turned float64's mask minimum into -inf, so the pad rows of a
-    left-padded batch were NaN and leaked into the real rows; `sites.enable_bridge` clamps."""
+    left-padded batch were NaN and leaked into the real rows; `sites.bridged` clamps."""
     from probekit.engines.hf.model import load_model
     from probekit.engines.hf.scorer import HFScorer
     from probekit.mechanism.interventions import score_with

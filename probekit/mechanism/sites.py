@@ -210,15 +210,6 @@ def walk(root: Any, path: str) -> Any:
     return root
 
 
-def enable_bridge(model: Any) -> Any:
-    """The model's TransformerBridge, installed for good (`LoadedModel.enable_bridge`; the
-    mechanism's own calls use `bridged`, which leaves the model as it found it), made safe for
-    float64 left-padded batches (see `bridged`)."""
-    bridge = model.enable_bridge()
-    _clamp_float64(model, bridge)
-    return bridge
-
-
 @contextlib.contextmanager
 def bridged(model: Any, on: bool = True) -> Iterator[Any]:
     """Within the block the model runs its TransformerBridge's modules (`on`; built on first

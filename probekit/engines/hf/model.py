@@ -80,7 +80,7 @@ class LoadedModel:
         return self.tokenizer.batch_decode(list(tokens), skip_special_tokens=True)
 
     def hookable(self) -> LoadedModel:
-        """This model: the mechanism reads `hf`, `enable_bridge()` and `nnsight` from it."""
+        """This model: the mechanism reads `hf`, `bridged()` and `nnsight` from it."""
         return self
 
     def describe(self) -> dict[str, Any]:
