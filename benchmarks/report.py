@@ -105,6 +105,7 @@ def render(results: list[dict[str, Any]]) -> str:
             if series:
                 lines.append(f"### {series}\n")
             lines += table(figures)
+        lines += SECTIONS.get(r["benchmark"], lambda r: [])(r)
     return "\n".join(lines)
 
 
@@ -129,6 +130,82 @@ def table(figures: list[dict[str, Any]]) -> list[str]:
 def cell(text: str) -> str:
     """`text` for a Markdown table cell: its pipes (`|Δp|`) escaped."""
     return str(text).replace("|", "\\|")
+
+
+PEERS = {
+    "transformer_lens": "TransformerLens",
+    "nnsight": "nnsight",
+    "nnsight_cached": "nnsight, cached",
+}
+
+
+def patching_section(result: dict[str, Any]) -> list[str]:
+    """benchmarks/patching.py: the sweep beside its peers, site by site, and where probekit's
+    time went."""
+    details = result.get("details", {})
+    sites = details.get("sites", {})
+    if not sites:
+        return []
+    layers, sampled = details["layers"], details["peer_layers"]
+    scaled = (
+        ""
+        if sampled == layers
+        else f" The peers ran layers {sampled}; their time is scaled to every layer by their "
+        "forward passes (each of one shape)."
+    )
+    lines = [
+        "### Patching beside TransformerLens and nnsight\n",
+        f"Every layer ({len(layers)}) x one site at the identity span of the README's persona "
+        "pair, the expected value of 0-10: CPU seconds of the process (best of the repeats; "
+        "other processes on the machine delay a sweep but add little to its CPU time); ratio = "
+        "probekit's time / the peer's, target <= 0.5 against TransformerLens and the plain "
+        "nnsight loop. The peers read the exact expected value from every surface form of every "
+        "answer as its own continuation (22 rows); the cached nnsight loop runs the prompt once "
+        f"per component and the continuations on its KV cache.{scaled}\n",
+        "| site | components | probekit s | "
+        + " | ".join(f"{v} s" for v in PEERS.values())
+        + " | "
+        + " | ".join(f"ratio vs {v}" for v in PEERS.values())
+        + " | largest difference |",
+        "|---" * (4 + 2 * len(PEERS)) + "|",
+    ]
+    for name, record in sites.items():
+        seconds = record["seconds"]
+        diff = max(record[p]["max_abs_diff"] for p in PEERS)
+        lines.append(
+            f"| `{name}` | {record['components']} | {number(seconds['probekit'])} | "
+            + " | ".join(number(seconds[p]) for p in PEERS)
+            + " | "
+            + " | ".join(f"{record[p]['ratio']:.2f}" for p in PEERS)
+            + f" | {diff:.2g} |"
+        )
+    lines += [
+        "",
+        "Where probekit's time went (`Scorer.stats`, wall seconds of its best sweep and their "
+        "share): the prompt passes (clean and corrupt, then every patched run), the answer rows "
+        "of the trie passes (the model's forward over the answer positions), the readout (the "
+        "LM head and the vocabulary sums at every answer position), and the rest (hooks, the "
+        "patch values, the table).\n",
+        "| site | prompt passes | answer rows | readout | rest | prompt tokens | "
+        "answer positions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, record in sites.items():
+        s = record["split"]
+        total = sum(s[k] for k in ("prompt_pass_s", "answer_rows_s", "readout_s", "other_s"))
+        cells = [
+            f"{number(s[k])} s ({s[k] / total:.0%})"
+            for k in ("prompt_pass_s", "answer_rows_s", "readout_s", "other_s")
+        ]
+        lines.append(
+            f"| `{name}` | {' | '.join(cells)} | {s['prompt_tokens']} | {s['answer_positions']} |"
+        )
+    lines.append("")
+    return lines
+
+
+SECTIONS = {"patching": patching_section}
+"""A benchmark's own section after its figures, from its `details`."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

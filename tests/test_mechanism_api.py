@@ -22,8 +22,7 @@ from probekit.studies.intergroup.probe import make_item
 
 @pytest.fixture(scope="module")
 def model(tiny):
-    """conftest's tiny model, through `sites.enable_bridge` (which makes float64 safe)."""
-    sites.enable_bridge(tiny)
+    """conftest's tiny model: each mechanism call installs its bridge for the call."""
     return tiny
 
 
@@ -275,7 +274,7 @@ def test_wrong_types_are_one_line(model):
 
 def test_float64_left_padding_on_the_bridge_is_finite():
     """The bridge's float32 softmax turned float64's mask minimum into -inf, so the pad rows of a
-    left-padded batch were NaN and leaked into the real rows; `sites.enable_bridge` clamps."""
+    left-padded batch were NaN and leaked into the real rows; `sites.bridged` clamps."""
     from probekit.engines.hf.scorer import HFScorer
     from probekit.mechanism.interventions import score_with
     from probekit.testing.synthetic import tiny_model

@@ -662,6 +662,84 @@ def test_pairs_within_the_noise_are_left_out_with_one_line():
         probekit.recovery([1, 2])
 
 
+def test_a_reading_of_each_recovery_outside_zero_to_one():
+    assert "overshoots" in patching.OVERSHOOT and "away from the clean run" in patching.AWAY
+    assert patching.reading(1.6) == patching.OVERSHOOT
+    assert patching.reading(-0.3) == patching.AWAY
+    assert patching.reading(0.0) == patching.reading(0.4) == patching.reading(1.0) == ""
+    assert patching.reading(np.nan) == ""
+    assert patching.reading(2.0, small_gap=True) == patching.IN_NOISE
+    # within the run's noise of [0, 1] (the noise over the gap) is not outside it
+    assert patching.reading(1.000002, tolerance=2e-5) == patching.reading(-1e-6, tolerance=2e-5)
+    assert patching.reading(1.000002, tolerance=2e-5) == ""
+    assert patching.reading(1.0001, tolerance=2e-5) == patching.OVERSHOOT
+
+
+def test_the_table_carries_an_interval_over_several_pairs_and_a_reading():
+    df = _table([1.0, 0.8, 1.0, 1e-7], [1.2, 0.4, -0.3, 3e-7])  # the last pair is noise
+    out = patching.annotate(df, n=200)
+    want = (1.2 + 0.4 - 0.3) / (1.0 + 0.8 + 1.0)
+    assert out["recovery_over_pairs"].tolist() == pytest.approx([want] * 4)
+    low, high = out["recovery_over_pairs_low"][0], out["recovery_over_pairs_high"][0]
+    assert low < want < high
+    assert out["recovery_over_pairs_low"].nunique() == 1  # one component: one interval
+    assert out["reading"].tolist() == [patching.OVERSHOOT, "", patching.AWAY, patching.IN_NOISE]
+    assert out["recovery"].tolist() == df["recovery"].tolist()  # each pair's own stays
+    summary = patching.summarise(df, n=200)
+    assert summary["gap"][0] == pytest.approx(2.8 / 3) and summary["reading"][0] == ""
+    noisy = patching.annotate(_table([0.5, 0.5], [0.5 + 4e-6, 0.5 - 4e-6], noise=1e-5))
+    assert noisy["recovery"].max() > 1 and noisy["reading"].tolist() == ["", ""]
+    assert out.attrs["note"].startswith("recovery_over_pairs: each component's mean effect")
+    assert "across the 4 pairs" in out.attrs["note"]
+    assert out.attrs["note"].endswith(
+        "1 of 4 pairs have a gap within the run's numeric noise "
+        "(|gap| <= 1e-06) and are left out of recovery"
+    )
+
+
+def test_one_pair_says_it_has_no_interval():
+    out = patching.annotate(_table([1.0], [1.7]))
+    assert out[["recovery_over_pairs", "recovery_over_pairs_low"]].isna().all().all()
+    assert out["reading"][0] == patching.OVERSHOOT
+    assert out.attrs["note"].startswith(
+        "one pair: each recovery is that pair's alone, with no interval over pairs"
+    )
+
+
+@pytest.mark.slow
+def test_the_readme_persona_pair_reads_as_documented(smol):
+    """README.md and docs/mechanism.md ("Reading a patching table") quote these figures."""
+    import probekit
+
+    model = smol
+
+    event = {"role": "user", "content": "My bike was stolen. How angry am I, from 0 to 10?"}
+    clean, corrupt = (
+        [{"role": "system", "content": f"You are a {who}."}, event] for who in ("Muslim", "Jew")
+    )
+    pair = probekit.make_pair(model, clean, corrupt, span="Muslim")
+    df = probekit.patch(
+        model,
+        pair,
+        spans=["identity"],
+        sites=["resid_pre"],
+        layers=range(30),
+        answers="0-10",
+        progress=False,
+    )
+    r = df["recovery"].to_numpy()
+    assert df["gap"][0] == pytest.approx(0.48, abs=0.005)
+    assert (df["noise"] < 5e-5).all() and not df["small_gap"].any()
+    assert r[[0, 6, 12, 18, 24]] == pytest.approx([1.0, 0.90, 0.90, 0.49, 0.04], abs=0.006)
+    assert r[1:16].min() >= 0.735 and r[1:16].max() <= 0.985
+    assert r[16:24].min() >= 0.405 and r[16:24].max() <= 0.535
+    assert (r[25:] < 0).all() and (r[25:] >= -0.0105).all()
+    assert abs(r[0] - 1) < 1e-4
+    assert df["reading"].tolist() == [""] * 25 + [patching.AWAY] * 5
+    assert df.attrs["note"].startswith("one pair: each recovery is that pair's alone")
+    assert df["recovery_over_pairs"].isna().all()
+
+
 def test_which_positions_each_span_patches(model, readme_pair):
     """Spans that run to the end take the answer positions along; one position does not."""
     from probekit.mechanism.components import make_job

@@ -43,7 +43,7 @@ from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import loaded_engine
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
-from probekit.mechanism.sites import enable_bridge, layer_indices, library
+from probekit.mechanism.sites import hook_library, layer_indices
 from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
@@ -127,9 +127,8 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     contrast = direction.contrast(probe) if direction else None
     vectors = make_vectors(model, encoded, targets, args.vector, span, contrast, args.hooks)
     scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
-    if library(args.hooks) == "transformer_lens":  # α = 0 on the same kernels as the rest
-        enable_bridge(model)
-    base = list(scorer.score([p.input_ids for p in encoded]))
+    with hook_library(model, args.hooks):  # α = 0 on the same kernels as the rest
+        base = list(scorer.score([p.input_ids for p in encoded]))
     rng = np.random.default_rng(args.seed)
     manifest = {**probe.manifest(), "model": model.name, "seed": args.seed, "view": VIEWS[0]}
     frames, rows = [], []

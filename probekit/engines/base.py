@@ -12,6 +12,7 @@ transformers engine (`engines/hf/`) does all of it; an engine without hooks (vLL
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
@@ -167,6 +168,10 @@ class HookableModel(Protocol):
 
     def enable_bridge(self) -> Any:
         """The TransformerLens bridge over `hf` (its hooks fire inside every later forward)."""
+        ...
+
+    def bridged(self, on: bool = True) -> AbstractContextManager[Any]:
+        """`hf` with the bridge's modules (`on`) or its own for a `with` block, then as found."""
         ...
 
     @property

@@ -34,7 +34,7 @@ from probekit.engines.options import ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
-from probekit.mechanism.patching import noise_line, summarise, sweep
+from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
 from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
@@ -104,8 +104,11 @@ def patch(
 
     Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
     per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
-    `<m>_patched`, `gap`, `recovery`, `small_gap`, ... Over several pairs, `recovery(df)` gives
-    each component's mean effect over the mean gap with its interval.
+    `<m>_patched`, `gap`, `recovery`, `small_gap`, ..., and `reading`, a line reading a recovery
+    outside [0, 1] (or a gap within the run's noise). Over several pairs each row also holds its
+    component's recovery over the pairs with its bootstrap interval (`recovery_over_pairs`,
+    `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one pair), and
+    `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
     """
     model = hookable(model)
     pairs = check_pairs(_as_pairs(model, pairs))
@@ -128,7 +131,7 @@ def patch(
     settle_precision(model, answer_set, [p.input_ids for pair in pairs for p in pair])
     scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
     if method == "exact":
-        return sweep(
+        table = sweep(
             scorer,
             pairs,
             patches,
@@ -139,12 +142,14 @@ def patch(
             progress=progress and not quiet,
             distributions=distributions,
         )
+        return annotate(table)
     if distributions:
         raise ProbekitError("distributions=True needs method='exact'")
     with silenced(quiet):
-        return measure(
+        table = measure(
             scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
         )
+    return annotate(table)
 
 
 def recovery(
@@ -153,7 +158,8 @@ def recovery(
     """Each component's recovery over the pairs of a `patch` table: the mean patched effect over
     the mean gap, with its bootstrap interval over pairs (`recovery_low`, `recovery_high`), the
     mean effect with its interval, `pairs`, and `pairs_in_noise` (pairs whose gap is within the
-    run's numeric noise, left out of the ratio; the line saying so is `df.attrs["note"]`)."""
+    run's numeric noise, left out of the ratio; the line saying so is `df.attrs["note"]`), and
+    `reading`, a line reading a recovery outside [0, 1]."""
     if not isinstance(table, pd.DataFrame) or "gap" not in table:
         raise ProbekitError("recovery takes the table probekit.patch returns")
     out = summarise(table, n=n, seed=seed, level=level)

@@ -45,7 +45,7 @@ from probekit.mechanism.components import (
 )
 from probekit.mechanism.patching import sweep
 from probekit.mechanism.readouts import Readout
-from probekit.mechanism.sites import enable_bridge, hf_module, hook_order
+from probekit.mechanism.sites import bridged, hf_module, hook_order
 
 METHODS = ("exact", "attribution", "attribution+verify")
 
@@ -172,24 +172,26 @@ def _pass(
 
         return fn
 
-    bridge = enable_bridge(scorer.model)
     weights = torch.tensor(
         np.stack([linear_weights(readout, scorer, p.item) for p, _ in prompts]),
         device=scorer.model.device,
     )
-    with torch.set_grad_enabled(grad), bridge.hooks(fwd_hooks=[(h, hook_fn(h)) for h in hooks]):
-        mass = answer_mass(scorer, batch)
-        values = (mass / mass.sum(-1, keepdim=True) * weights).sum(-1)
-    missing = [h for h in hooks if h not in seen]
-    if missing:
-        raise ProbekitError(f"the bridge did not reach {', '.join(missing)}; no gradient there")
-    found: dict[str, torch.Tensor] = {}
-    if grad:
-        got = torch.autograd.grad(values.sum(), [zeros[h] for h in hooks], allow_unused=True)
-        for hook, g in zip(hooks, got, strict=True):
-            if g is None:
-                raise ProbekitError(f"the readout has no gradient at {hook}; use --method exact")
-            found[hook] = g[rows.to(g.device), cols.to(g.device)].cpu()
+    with bridged(scorer.model) as bridge:  # the backward recomputes the head: bridge installed
+        with torch.set_grad_enabled(grad), bridge.hooks(fwd_hooks=[(h, hook_fn(h)) for h in hooks]):
+            mass = answer_mass(scorer, batch)
+            values = (mass / mass.sum(-1, keepdim=True) * weights).sum(-1)
+        missing = [h for h in hooks if h not in seen]
+        if missing:
+            raise ProbekitError(f"the bridge did not reach {', '.join(missing)}; no gradient there")
+        found: dict[str, torch.Tensor] = {}
+        if grad:
+            got = torch.autograd.grad(values.sum(), [zeros[h] for h in hooks], allow_unused=True)
+            for hook, g in zip(hooks, got, strict=True):
+                if g is None:
+                    raise ProbekitError(
+                        f"the readout has no gradient at {hook}; use --method exact"
+                    )
+                found[hook] = g[rows.to(g.device), cols.to(g.device)].cpu()
     acts, grads, at = {}, {}, 0
     for prompt, ps in prompts:
         index = {p: at + i for i, p in enumerate(sorted(ps))}

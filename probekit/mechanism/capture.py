@@ -4,8 +4,7 @@ Sites are those of `probekit.mechanism.sites` (TransformerLens names, short form
 by default the four residual-width sites). They are read either through the TransformerBridge
 hook points (`hooks="transformer_lens"`) or through nnsight on the Hugging Face modules
 (`hooks="nnsight"`). The two agree bit for bit when both run the same attention kernel, and to
-float rounding otherwise (building the bridge switches the model to eager attention; a model
-without a bridge uses SDPA).
+float rounding otherwise (the bridge's blocks run eager attention; the model's own use SDPA).
 
 Only span positions are kept. Each shard of prompts is one safetensors file with a tensor per
 full hook name (`blocks.3.hook_resid_pre`) of shape [rows, ...] and one index parquet under
@@ -14,8 +13,8 @@ full hook name (`blocks.3.hook_resid_pre`) of shape [rows, ...] and one index pa
 `positions` (token positions in the unpadded prompt), `n_tokens`, `prompt_id` (the item id, as
 in the run's scores table) and the item's key columns. A re-run into the same folder skips
 prompt ids already indexed. Shards written before this layout (tensor `resid_pre.3`, index site
-`resid_pre`) are still read. Reading the TransformerLens hooks builds the model's bridge
-(`model.enable_bridge()`, which changes the Hugging Face model; see `probekit.engines.hf.model`).
+`resid_pre`) are still read. Reading the TransformerLens hooks builds the model's bridge and
+installs it for the read only (`model.bridged()`; see `probekit.engines.hf.model`).
 """
 
 from __future__ import annotations

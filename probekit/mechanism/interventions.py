@@ -17,7 +17,9 @@ patching writes the clean run's values, steering adds a vector, directions proje
 (for capture).
 
 `transformer_lens`: hooks of the model's TransformerBridge, which fire inside `model.hf`'s
-forward (the bridge swaps its blocks in place). `nnsight`: a trace of `model.nnsight`; in
+forward while the bridge's blocks are installed in place, for the call only
+(`sites.hook_library`: the model is left as it was found). `nnsight`: a trace of
+`model.nnsight`, on the model's own Hugging Face modules (the bridge removed meanwhile); in
 `score_with` the traced function is the engine's `score_batch` and the interventions ask for the
 first call of each module, which is the prompt pass (the trie pass calls the modules again,
 untouched), so answer positions need `transformer_lens`. `remote` is handed to nnsight's `trace`
@@ -37,8 +39,8 @@ import torch
 from probekit.core.errors import ProbekitError
 from probekit.core.padding import left_pad, positions
 from probekit.mechanism.sites import (
-    enable_bridge,
     hf_module,
+    hook_library,
     hook_order,
     layout,
     library,
@@ -125,11 +127,17 @@ def score_with(
                 "answer positions are read and written with hooks='transformer_lens' only (with "
                 "nnsight, patch the prompt only: through_answer=False)"
             )
-        results, out = _score_nnsight(scorer, batch, split.prompt_ops(), remote)
+        with hook_library(scorer.model, chosen):
+            results, out = _score_nnsight(scorer, batch, split.prompt_ops(), remote)
         return results, split.gather(out)
     if remote:
         raise ProbekitError("remote execution goes through nnsight; use hooks='nnsight'")
-    bridge = enable_bridge(scorer.model)
+    with hook_library(scorer.model, chosen) as bridge:
+        return _score_lens(scorer, bridge, batch, split, everywhere)
+
+
+def _score_lens(scorer: Any, bridge: Any, batch: Any, split: _Split, everywhere: list) -> tuple:
+    """`score_with` through the TransformerBridge's hooks (installed)."""
     sink: dict[str, list] = {}
     fwd = [(hook, _lens_hook(hook, read, edit, sink)) for hook, read, edit in split.prompt_ops()]
 
@@ -263,11 +271,11 @@ def read_forward(
     ops = split.prompt_ops()
     last = max(parse_hook(hook)[0] for hook, _, _ in ops)
     sink: dict[str, list] = {}
-    with torch.no_grad():
+    with torch.no_grad(), hook_library(model, chosen) as bridge:
         if chosen == "nnsight":
             sink = _trace(model, model.nnsight, inputs, ops, stop=True)
         else:
-            enable_bridge(model).run_with_hooks(
+            bridge.run_with_hooks(
                 inputs["input_ids"],
                 fwd_hooks=[(hook, _lens_hook(hook, read, None, sink)) for hook, read, _ in ops],
                 stop_at_layer=last + 1 if last + 1 < model.n_layers else None,
@@ -328,7 +336,6 @@ def _answer_hook(fn: EditFn) -> Callable:
 def _score_nnsight(scorer: Any, batch: Any, ops: list[Op], remote: bool) -> tuple[list, dict]:
     """The engine's results and the values read (`_apply`'s sink), in an nnsight trace."""
     model = scorer.model
-    enable_bridge(model)  # swap in the bridge blocks first: nnsight must wrap the modules that run
     ids, mask = left_pad(list(batch), model.tokenizer.pad_token_id)
     scored: dict[str, list] = {}
 

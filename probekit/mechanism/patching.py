@@ -22,6 +22,12 @@ the answer's later tokens mix patched and corrupt values and recovery can leave 
 
 No-op patches (in the prefix both prompts share) are not run unless `run_noops=True`.
 
+Reading a table (`annotate`, what `probekit.patch` returns): each row's `reading` says what a
+recovery outside [0, 1] means (above 1: the patch overshoots; below 0: it moves the readout away
+from the clean run), or that the pair's gap is within the run's numeric noise; over several
+pairs each row also carries its component's recovery over the pairs with its bootstrap interval
+(`summarise`), and one pair is said to have none.
+
 Batching. Each row of a forward is the corrupt prompt of one (pair, patch); rows of one batch
 carry different patches (any layer, site, span), so a sweep runs `batch_size` patches a forward.
 
@@ -61,7 +67,7 @@ from probekit.mechanism.interventions import (
     score_with,
 )
 from probekit.mechanism.readouts import Readout
-from probekit.mechanism.sites import hook_order, library
+from probekit.mechanism.sites import hook_library, hook_order, library
 from probekit.stats import bootstrap_units
 
 
@@ -111,39 +117,42 @@ def sweep(
     read = sorted({job.patch.hook for job in runs}, key=hook_order)
     nodes = answer_nodes(scorer)
     bar = _bar(progress, len(todo) + 2 * len(pairs))
-    baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
-    noise = numeric_noise(scorer, [] if remote else pairs, readout, baseline)
-    bar.update(2 * len(pairs))
-    patched: dict[int, float] = {}  # job index -> readout of the patched run
-    kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
-    for start in range(0, len(todo), size):
-        chunk = todo[start : start + size]
-        edits: dict[str, Edit] = {}
-        for hook in {jobs[k].patch.hook for k in chunk}:
-            locs: list[Loc] = []
-            values, heads = [], []
-            for at, k in enumerate(chunk):
-                job = jobs[k]
-                if job.patch.hook == hook:
-                    sources: list[Position] = list(job.clean_positions)
-                    targets: list[Position] = list(job.corrupt_positions)
-                    if job.answer:
-                        sources, targets = sources + nodes, targets + nodes
-                    locs += [(at, p) for p in targets]
-                    acts, where = clean_acts[pairs[job.pair][0].id]
-                    values.append(acts[hook][[where[p] for p in sources]])
-                    heads += [job.patch.head] * len(targets)
-            edits[hook] = (locs, copy_values(torch.cat(values), heads))
-        corrupt = [pairs[jobs[k].pair][1] for k in chunk]
-        results, _ = score_with(
-            scorer, [c.input_ids for c in corrupt], edits=edits, hooks=hooks, remote=remote
-        )
-        for k, prompt, result in zip(chunk, corrupt, results, strict=True):
-            patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
-            if distributions:
-                kept[k] = result
-        bar.update(len(chunk))
-    bar.close()
+    # After the patched runs, each pair's prompts are scored again, unpatched, in another batch
+    # shape than their baselines: the run's numeric noise (`numeric_noise`).
+    again = [] if remote else list(dict.fromkeys(p.id for pair in pairs for p in pair))
+    entries: list[int | str] = [*todo, *again]
+    prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
+    with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
+        baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
+        bar.update(2 * len(pairs))
+        patched: dict[int, float] = {}  # job index -> readout of the patched run
+        kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
+        rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
+        for start in range(0, len(entries), size):
+            chunk = entries[start : start + size]
+            ks = [k for k in chunk if isinstance(k, int)]
+            if not ks:  # no patched run to share a batch with: each prompt alone, unpadded
+                for key in chunk:
+                    (rescored[key],) = scorer.score_batch(
+                        [prompts[key].input_ids], reuse_prefix=False
+                    )
+                continue
+            edits = _edits(jobs, ks, pairs, clean_acts, nodes)
+            batch = [pairs[jobs[k].pair][1] for k in ks] + [
+                prompts[key] for key in chunk[len(ks) :]
+            ]
+            results, _ = score_with(
+                scorer, [p.input_ids for p in batch], edits=edits, hooks=hooks, remote=remote
+            )
+            for k, prompt, result in zip(ks, batch, results, strict=False):
+                patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
+                if distributions:
+                    kept[k] = result
+            for prompt, result in zip(batch[len(ks) :], results[len(ks) :], strict=True):
+                rescored[prompt.id] = result
+            bar.update(len(ks))
+        bar.close()
+    noise = numeric_noise(scorer.model, pairs if again else [], readout, baseline, rescored)
     keys = key_columns(pairs)
     rows = []
     for k, job in enumerate(jobs):
@@ -172,21 +181,21 @@ readout between two scorings of the same prompt."""
 
 
 def numeric_noise(
-    scorer: HookedScorer,
+    model: Any,
     pairs: Sequence[Pair],
     readout: Readout,
     baseline: dict[str, ScoreResult],
+    again: dict[str, ScoreResult],
 ) -> float:
     """The run's numeric noise on the readout: `NOISE_FACTOR` x the largest change of any
-    pair's readouts when each prompt is scored again alone (no padding, another batch shape)
-    instead of in the batches of the sweep, and at least `NOISE_FACTOR` x the dtype's
+    pair's gap between its baselines and its prompts scored `again` in another batch shape (with
+    the sweep's last patched runs, or alone), and at least `NOISE_FACTOR` x the dtype's
     resolution at the readouts' scale (the resolution alone without pairs, as for a remote
-    model, which is not scored here)."""
+    model, which is not scored again)."""
     worst = 0.0
     values = []
     for clean, corrupt in pairs:
-        (c,) = scorer.score_batch([clean.input_ids], reuse_prefix=False)
-        (k,) = scorer.score_batch([corrupt.input_ids], reuse_prefix=False)
+        c, k = again[clean.id], again[corrupt.id]
         before = readout(baseline[clean.id], clean.item, baseline[clean.id]) - readout(
             baseline[corrupt.id], corrupt.item, baseline[clean.id]
         )
@@ -195,7 +204,7 @@ def numeric_noise(
             worst = max(worst, abs(after - before))
             values.append(abs(readout(baseline[clean.id], clean.item, baseline[clean.id])))
     scale = max([1.0, *values])
-    resolution = float(torch.finfo(scorer.model.dtype).eps) * scale
+    resolution = float(torch.finfo(model.dtype).eps) * scale
     return NOISE_FACTOR * max(worst, resolution)
 
 
@@ -206,7 +215,8 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
     mean gap (a ratio of means, so one pair with a tiny gap cannot blow it up) with its
     bootstrap interval over pairs, and `estimated_recovery` the same of the estimate; `pairs`,
     and `pairs_in_noise`, the pairs whose gap is within the run's numeric noise (`small_gap`),
-    left out of both recoveries. Largest |effect| (else |estimate|) first."""
+    left out of both recoveries; `gap`, their mean gap; `reading`, a line reading a recovery
+    outside [0, 1] beyond the run's noise (`reading`). Largest |effect| (else |estimate|) first."""
     patched = next(c for c in df.columns if c.endswith("_patched"))
     corrupt = patched.removesuffix("_patched") + "_corrupt"
     small = df["small_gap"] if "small_gap" in df else pd.Series(False, index=df.index)
@@ -228,13 +238,81 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
         for column, name in (("effect", "recovery"), ("estimate", "estimated_recovery")):
             effect, gap = kept[column].to_numpy(float), kept["gap"].to_numpy(float)
             entry |= _ratio(effect, gap, name, n, seed, level)
+        gaps = kept["gap"].to_numpy(float)
+        entry["gap"] = float(gaps[np.isfinite(gaps)].mean()) if np.isfinite(gaps).any() else np.nan
         entry["pairs"] = len(group)
         entry["pairs_in_noise"] = int(group["small_gap"].sum())
         rows.append(entry)
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
+    slack = _tolerance(df, out["gap"])
+    out["reading"] = [reading(r, tolerance=t) for r, t in zip(out["recovery"], slack, strict=True)]
     size = out["effect"].abs().fillna(out["estimate"].abs())
     return out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
+
+
+OVERSHOOT = (
+    "above 1: the patch overshoots: the patched component carries more than the gap, and "
+    "other paths offset it in the corrupt run"
+)
+AWAY = "below 0: the patch moves the readout away from the clean run"
+IN_NOISE = "the gap is within the run's numeric noise (small_gap): the recovery says nothing"
+
+
+def reading(recovery: float, small_gap: bool = False, tolerance: float = 0.0) -> str:
+    """One line reading a recovery outside [0, 1] by more than `tolerance` (the run's numeric
+    noise over the gap: a recovery of 1.000002 is 1) — above 1: an overshoot; below 0: away
+    from clean — or saying that its gap is within the run's noise; empty otherwise."""
+    if small_gap:
+        return IN_NOISE
+    if np.isfinite(recovery) and recovery > 1 + tolerance:
+        return OVERSHOOT
+    if np.isfinite(recovery) and recovery < -tolerance:
+        return AWAY
+    return ""
+
+
+def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """The patching table with each row's `reading` (see `reading`) and, over several pairs,
+    each component's recovery over the pairs with its bootstrap interval
+    (`recovery_over_pairs`, `_low`, `_high`: `summarise`'s ratio of means; NaN with one pair,
+    which has no interval). `attrs["note"]` says which, and names the pairs left out as
+    numeric noise."""
+    out = df.copy()
+    small = out["small_gap"] if "small_gap" in out else pd.Series(False, index=out.index)
+    slack = _tolerance(out, out["gap"])
+    out["reading"] = [
+        reading(r, bool(g), t) for r, g, t in zip(out["recovery"], small, slack, strict=True)
+    ]
+    ids = out[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    columns = ["recovery_over_pairs", "recovery_over_pairs_low", "recovery_over_pairs_high"]
+    if len(ids) < 2:
+        for column in columns:
+            out[column] = np.nan
+        note = (
+            "one pair: each recovery is that pair's alone, with no interval over pairs (give "
+            "several pairs for recovery_over_pairs and its interval)"
+        )
+    else:
+        summary = summarise(out, n=n, seed=seed, level=level)
+        names = dict(zip(["recovery", "recovery_low", "recovery_high"], columns, strict=True))
+        summary = summary[[*COMPONENT, *names]].rename(columns=names)
+        out = out.merge(summary, on=COMPONENT, how="left")
+        note = (
+            f"recovery_over_pairs: each component's mean effect over its mean gap across the "
+            f"{len(ids)} pairs, with its {level:.0%} bootstrap interval over pairs "
+            "(recovery_over_pairs_low, recovery_over_pairs_high)"
+        )
+    noise = noise_line(df)
+    out.attrs = {**df.attrs, "note": f"{note}; {noise}" if noise else note}
+    return out
+
+
+def _tolerance(df: pd.DataFrame, gaps: pd.Series) -> np.ndarray:
+    """The run's numeric noise in recovery units, for each gap (0 where the table has none)."""
+    noise = float(df["noise"].max()) if "noise" in df and df["noise"].notna().any() else 0.0
+    with np.errstate(divide="ignore"):
+        return noise / np.abs(gaps.to_numpy(float))
 
 
 def _ratio(
@@ -267,6 +345,34 @@ def noise_line(df: pd.DataFrame) -> str | None:
         f"{len(ids)} of {len(total)} pairs have a gap within the run's numeric noise "
         f"(|gap| <= {df['noise'].iloc[0]:.2g}) and are left out of recovery"
     )
+
+
+def _edits(
+    jobs: list[Job],
+    ks: list[int],
+    pairs: Sequence[Pair],
+    clean_acts: dict,
+    nodes: list[AnswerNode],
+) -> dict[str, Edit]:
+    """The edits of one batch whose first rows run the jobs `ks`: at each hook, the clean run's
+    values at the aligned positions (answer positions too for a job through the answer)."""
+    edits: dict[str, Edit] = {}
+    for hook in {jobs[k].patch.hook for k in ks}:
+        locs: list[Loc] = []
+        values, heads = [], []
+        for at, k in enumerate(ks):
+            job = jobs[k]
+            if job.patch.hook == hook:
+                sources: list[Position] = list(job.clean_positions)
+                targets: list[Position] = list(job.corrupt_positions)
+                if job.answer:
+                    sources, targets = sources + nodes, targets + nodes
+                locs += [(at, p) for p in targets]
+                acts, where = clean_acts[pairs[job.pair][0].id]
+                values.append(acts[hook][[where[p] for p in sources]])
+                heads += [job.patch.head] * len(targets)
+        edits[hook] = (locs, copy_values(torch.cat(values), heads))
+    return edits
 
 
 def _bar(progress: Any, total: int) -> Any:

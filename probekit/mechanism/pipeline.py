@@ -251,6 +251,7 @@ def run_patch(
         say,
         request.through_answer,
     )
+    df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
     write_parquet(folder / "patching.parquet", df)
     title = f"{model.name}, {probe.name}"
     written = ["patching.parquet", *report(df, folder, request, spans, title, say)]

@@ -23,7 +23,8 @@ a negative layer counts from the end (-1 is the last), as in Python and Transfor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
@@ -201,18 +202,32 @@ def walk(root: Any, path: str) -> Any:
     return root
 
 
-def enable_bridge(model: Any) -> Any:
-    """The model's TransformerBridge (built on first use, see `LoadedModel.enable_bridge`), made
-    safe for float64 left-padded batches.
+@contextlib.contextmanager
+def bridged(model: Any, on: bool = True) -> Iterator[Any]:
+    """Within the block the model runs its TransformerBridge's modules (`on`; built on first
+    use) or its own Hugging Face modules (`on=False`: what nnsight traces); afterwards it is as
+    it was found (`LoadedModel.bridged`). Yields the bridge (or None).
 
     The bridge's attention adds the additive mask (whose minimum is float64's) and takes the
     softmax in float32, where that minimum becomes -inf: the leading pad rows of a left-padded
     prompt then have no finite key and turn NaN, and 0 x NaN carries it into the real rows. In
     float64 a hook at every `attn.hook_attn_scores` clamps the scores to float32's range first;
     other dtypes are left as they are."""
-    bridge = model.enable_bridge()
+    with model.bridged(on) as bridge:
+        if on:
+            _clamp_float64(model, bridge)
+        yield bridge
+
+
+def hook_library(model: Any, hooks: str) -> contextlib.AbstractContextManager:
+    """The model as a hook library reads and writes it: with the bridge installed for
+    `transformer_lens`, with its own modules for `nnsight`."""
+    return bridged(model, library(hooks) == "transformer_lens")
+
+
+def _clamp_float64(model: Any, bridge: Any) -> None:
     if model.dtype != torch.float64 or getattr(bridge, "_probekit_clamped", False):
-        return bridge
+        return
     low = torch.finfo(torch.float32).min
 
     def clamp(scores: torch.Tensor, hook: Any) -> torch.Tensor:
@@ -221,4 +236,3 @@ def enable_bridge(model: Any) -> Any:
     for layer in range(model.n_layers):
         bridge.hook_dict[f"blocks.{layer}.attn.hook_attn_scores"].add_perma_hook(clamp)
     bridge._probekit_clamped = True
-    return bridge

@@ -41,7 +41,7 @@ from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.pipeline import HookOptions
-from probekit.mechanism.sites import d_model, enable_bridge, layer_indices, library, site
+from probekit.mechanism.sites import d_model, hook_library, layer_indices, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
 STEER, RANDOM = "steer", "random"
@@ -284,48 +284,56 @@ def steering_table(
     `base` are the prompts' unsteered results if already scored (else scored here)."""
     answers: AnswerSet = scorer.answers
     check_positions(positions)
-    if library(hooks) == "transformer_lens":  # every row, α = 0 included, on the same kernels
-        enable_bridge(scorer.model)
-    for prompt in prompts:
-        prompt_positions(prompt, positions, span)  # one line for a missing span, before scoring
-    if base is None:
-        base = list(scorer.score([p.input_ids for p in prompts]))
-    rng = np.random.default_rng(seed)
-    rows = []
-    total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
-    bar = track(total * len(prompts), "prompt", "steering", "fewer layers, alphas or prompts")
-    done = 0
-    for target, vector in vectors.items():
-        kinds = {STEER: vector}
-        if control:
-            kinds[RANDOM] = random_like(vector, rng)
-        for kind, v in kinds.items():
-            norm = float(v.norm())
-            for alpha in alphas:
-                if alpha == 0:
-                    results = list(base)
-                else:
-                    results = steered_results(
-                        scorer, prompts, target, alpha * v, positions, span, hooks, batch_size, bar
-                    )
-                    done += 1
-                    if say:
-                        say(
-                            f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
-                            f"α={alpha:g}"
+    # every row, α = 0 included, on the same kernels; the model is left as it was found
+    with hook_library(scorer.model, hooks):
+        for prompt in prompts:
+            prompt_positions(prompt, positions, span)  # one line for a missing span, before scoring
+        if base is None:
+            base = list(scorer.score([p.input_ids for p in prompts]))
+        rng = np.random.default_rng(seed)
+        rows = []
+        total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
+        bar = track(total * len(prompts), "prompt", "steering", "fewer layers, alphas or prompts")
+        done = 0
+        for target, vector in vectors.items():
+            kinds = {STEER: vector}
+            if control:
+                kinds[RANDOM] = random_like(vector, rng)
+            for kind, v in kinds.items():
+                norm = float(v.norm())
+                for alpha in alphas:
+                    if alpha == 0:
+                        results = list(base)
+                    else:
+                        results = steered_results(
+                            scorer,
+                            prompts,
+                            target,
+                            alpha * v,
+                            positions,
+                            span,
+                            hooks,
+                            batch_size,
+                            bar,
                         )
-                columns = {
-                    "site": target[0],
-                    "layer": target[1],
-                    "vector": kind,
-                    "norm": norm,
-                    "alpha": float(alpha),
-                    "positions": positions,
-                    "span": span,
-                }
-                rows += steer_rows(prompts, results, base, answers, columns)
-    bar.close()
-    return pd.DataFrame(rows)
+                        done += 1
+                        if say:
+                            say(
+                                f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
+                                f"α={alpha:g}"
+                            )
+                    columns = {
+                        "site": target[0],
+                        "layer": target[1],
+                        "vector": kind,
+                        "norm": norm,
+                        "alpha": float(alpha),
+                        "positions": positions,
+                        "span": span,
+                    }
+                    rows += steer_rows(prompts, results, base, answers, columns)
+        bar.close()
+        return pd.DataFrame(rows)
 
 
 @checked(SteerOptions, ScoreOptions, skip=("vector",))

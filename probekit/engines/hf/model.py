@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -27,6 +27,7 @@ from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encod
 from probekit.core.options import checked
 from probekit.engines.base import ScorerKwargs
 from probekit.engines.hf.attention import use_grouped_sdpa
+from probekit.engines.hf.bridge import BridgeSwitch
 from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
 from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
 from probekit.engines.hf.precision import (
@@ -51,10 +52,11 @@ class LoadedModel:
     with its tokenizer, plus TransformerLens and nnsight views for the mechanism.
 
     The views wrap `hf` itself, so no second copy of the weights is made. The TransformerLens
-    view changes `hf`: it swaps `hf`'s blocks for hookable bridge components in place and moves
-    attention to the eager kernel (logits move by ~1e-5 in fp32, which the test suite bounds).
-    So it is never built implicitly: call `enable_bridge()` first (the patching and capture
-    code that reads TransformerLens hooks does), and `bridge_enabled` tells whether it was.
+    view changes `hf` while it is installed: it swaps `hf`'s blocks for hookable bridge
+    components in place and moves attention to the eager kernel (logits move by ~1e-5 in fp32,
+    which the test suite bounds). The mechanism installs it only for the duration of a call
+    (`with model.bridged():`), so `hf` scores as loaded before and after; `enable_bridge()`
+    installs it for good, and `bridge_enabled` tells whether it was built.
     """
 
     hf: Any
@@ -64,7 +66,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     meta: dict[str, Any] = field(default_factory=dict)
-    _bridge: Any = field(default=None, init=False, repr=False)
+    _switch: BridgeSwitch | None = field(default=None, init=False, repr=False)
     engine = "hf"
 
     def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> HFScorer:
@@ -79,7 +81,7 @@ class LoadedModel:
         return self.tokenizer.batch_decode(list(tokens), skip_special_tokens=True)
 
     def hookable(self) -> LoadedModel:
-        """This model: the mechanism reads `hf`, `enable_bridge()` and `nnsight` from it."""
+        """This model: the mechanism reads `hf`, `bridged()` and `nnsight` from it."""
         return self
 
     def describe(self) -> dict[str, Any]:
@@ -133,46 +135,76 @@ class LoadedModel:
         return encode_item(self.tokenizer, item, self.render, room, as_string)
 
     def enable_bridge(self) -> Any:
-        """Build the TransformerLens `TransformerBridge` over `hf` and return it.
+        """Build the TransformerLens `TransformerBridge` over `hf`, install it for good and return
+        it.
 
         This changes `hf` in place (bridge blocks, eager attention); every later forward of
         `hf`, the scoring engine's included, runs through the bridge and fires its hooks
         (`blocks.3.hook_resid_pre`, `blocks.3.attn.hook_z`, ...) when some are attached.
+        `bridged()` installs it for a `with` block only.
         """
-        if self._bridge is None:
+        self._bridge_switch().install()
+        return self._switch.bridge
+
+    @contextlib.contextmanager
+    def bridged(self, on: bool = True) -> Iterator[Any]:
+        """Within the block, `hf` runs the bridge's modules (`on`, the bridge is built on first
+        use) or its own (`on=False`); afterwards it is as it was found, bit for bit. Yields the
+        bridge (None with `on=False` before any bridge was built)."""
+        if not on and self._switch is None:
+            yield None
+            return
+        was = self._switch is not None and self._switch.installed
+        switch = self._bridge_switch()
+        (switch.install if on else switch.remove)()
+        try:
+            yield switch.bridge
+        finally:
+            (switch.install if was else switch.remove)()
+
+    def _bridge_switch(self) -> BridgeSwitch:
+        """The bridge and its switch, built on first use (then installed)."""
+        if self._switch is None:
             from transformer_lens.model_bridge import TransformerBridge
 
             arch_name = self.meta.get("hf_id") or self.name
-            self._bridge = TransformerBridge.boot_transformers(
-                arch_name,
-                hf_model=self.hf,
-                tokenizer=self.tokenizer,
-                device=self.device,
-                dtype=self.dtype,
-            )
-            self._bridge.eval()
-        return self._bridge
+
+            def build() -> Any:
+                bridge = TransformerBridge.boot_transformers(
+                    arch_name,
+                    hf_model=self.hf,
+                    tokenizer=self.tokenizer,
+                    device=self.device,
+                    dtype=self.dtype,
+                )
+                return bridge.eval()
+
+            self._switch = BridgeSwitch(self.hf, build)
+        return self._switch
 
     @property
     def bridge_enabled(self) -> bool:
-        return self._bridge is not None
+        """Whether the bridge was built (installed or not)."""
+        return self._switch is not None
 
     @property
     def bridge(self) -> Any:
-        """The TransformerLens view, once `enable_bridge()` has built it."""
-        if self._bridge is None:
+        """The TransformerLens view, once `enable_bridge()` or `bridged()` has built it."""
+        if self._switch is None:
             raise ProbekitError(
                 "the TransformerLens view is not built: call model.enable_bridge() first (it "
                 "switches the Hugging Face model to bridge blocks and eager attention)"
             )
-        return self._bridge
+        return self._switch.bridge
 
     @cached_property
     def nnsight(self) -> Any:
-        """An nnsight `TransformersModel` over `hf` (its `trace(..., remote=True)` runs on NDIF)."""
+        """An nnsight `TransformersModel` over `hf`'s own modules, never the bridge's (its
+        `trace(..., remote=True)` runs on NDIF); trace it outside `bridged()`."""
         from nnsight.modeling.transformers import TransformersModel
 
-        return TransformersModel(self.hf, task="text-generation", tokenizer=self.tokenizer)
+        with self.bridged(False):
+            return TransformersModel(self.hf, task="text-generation", tokenizer=self.tokenizer)
 
     def weights_fingerprint(self) -> str:
         """The revision or file hash recorded in run manifests."""
