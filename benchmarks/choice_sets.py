@@ -189,7 +189,7 @@ def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -
         "mean_valid_mass": float(np.mean([r.valid_mass for r in results])),
         "max_diff_vs_peer": peer_diff,
         "parsed": len(named),
-        "agree": sum(r.argmax == str(p) for r, p in named),
+        "agree": sum(r.greedy == str(p) for r, p in named),
         "early_stop_parse_differs": parse_differs,
     }
 

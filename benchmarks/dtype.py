@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stat_cols = list(ref_head)
         header = (
             f"  {'dtype':<18} {'device':<6} {'max|Δp|':>9} {'max|ΔE|':>9} "
-            f"{'maxΔmass':>9} {'argmax':>6} {'corr':>9} {'s/prompt':>8} "
+            f"{'maxΔmass':>9} {'greedy':>6} {'corr':>9} {'s/prompt':>8} "
             + " ".join(f"{c:>11}" for c in stat_cols)
         )
         say(header)
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             cells = " ".join(f"{stats[c]:11.5f}" for c in stat_cols)
             say(
                 f"  {label:<18} {device:<6} {d['max_prob_diff']:9.2e} {de} "
-                f"{d['max_valid_mass_rel_diff']:9.2e} {d['argmax_changes']:>6} "
+                f"{d['max_valid_mass_rel_diff']:9.2e} {d['most_probable_changes']:>6} "
                 f"{1 - corr:9.1e} {timing[(s.study, label)] / len(res):8.2f} {cells}"
             )
         say(f"  {'error vs float64':<25} " + " ".join(f"{c:>11}" for c in stat_cols))
@@ -400,7 +400,7 @@ def tier_figures(
             "tier": TIER_OF.get(label),
             "device": device,
             "prompts": len(s.items),
-            "argmax_changes": differences["argmax_changes"],
+            "most_probable_changes": differences["most_probable_changes"],
         }
     ]
     for stat, (low, high) in HALF_WIDTHS.items():

@@ -393,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     max_bound = max(r.error_bound for r in results)
     # Sanity check: where (b) parsed a number, (a)'s greedy-equivalent answer should match it.
     parsed_pairs = [(r, p) for r, p in zip(results, parsed, strict=True) if p >= 0]
-    agree = sum(r.argmax is not None and int(r.argmax) == p for r, p in parsed_pairs)
+    agree = sum(r.greedy is not None and int(r.greedy) == p for r, p in parsed_pairs)
     unparsed = len(parsed) - len(parsed_pairs)
 
     diff_default = diff_exact = diff_peer = None

@@ -40,9 +40,9 @@ def test_score_equals_the_command(smol, tmp_path):
     script = probekit.score(smol, prompts, "0-10")
     assert list(script.columns) == list(command.columns)
     assert list(script["id"]) == ["chat", "raw"]
-    numbers = [c for c in command.columns if c not in ("id", "argmax", "most_probable")]
+    numbers = [c for c in command.columns if c not in ("id", "greedy", "most_probable")]
     assert np.allclose(script[numbers], command[numbers], atol=1e-6, rtol=0)
-    assert list(script["argmax"]) == list(command["argmax"])
+    assert list(script["greedy"]) == list(command["greedy"])
 
 
 def test_every_prompt_form_gives_the_same_row(smol):
@@ -66,7 +66,7 @@ def test_letter_range_and_prefill(smol):
     )
     assert [c for c in frame if c.startswith("p::")] == [f"p::{x}" for x in "ABCDE"]
     assert np.isclose(frame.filter(like="p::").to_numpy().sum(), 1.0)
-    assert "expected" not in frame and frame["argmax"].iloc[0] in "ABCDE"
+    assert "expected" not in frame and frame["greedy"].iloc[0] in "ABCDE"
 
 
 @pytest.mark.parametrize(

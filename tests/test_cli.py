@@ -49,7 +49,7 @@ def test_score_writes_rows_in_input_order(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     frame = pd.read_parquet(out)
     assert list(frame["id"]) == ["chat", "raw", "z-last"]
-    for column in ("valid_mass", "argmax", "expected", "std", "error_bound"):
+    for column in ("valid_mass", "greedy", "expected", "std", "error_bound"):
         assert column in frame
     probs = frame[[f"p::{v}" for v in range(11)]].to_numpy()
     assert np.allclose(probs.sum(1), 1.0)
@@ -63,7 +63,7 @@ def test_prefill_and_choice_answers(tmp_path):
     code, out = run(tmp_path, lines + "\n", "A,B,C,D", ["--prefill", "[["])
     assert code == 0
     frame = pd.read_parquet(out)
-    assert "expected" not in frame and frame["argmax"].iloc[0] in "ABCD"
+    assert "expected" not in frame and frame["greedy"].iloc[0] in "ABCD"
 
 
 BAD = [

@@ -71,7 +71,7 @@ def test_split_scores_are_the_whole_models(whole, split):
     b = probekit.score(split, PROMPTS, "0-10", epsilon=0)
     columns = [c for c in a.columns if c.startswith("p::")] + ["valid_mass", "expected", "std"]
     assert (a[columns] - b[columns]).abs().to_numpy().max() <= 1e-6
-    assert list(a["argmax"]) == list(b["argmax"])
+    assert list(a["greedy"]) == list(b["greedy"])
     # generation (the scorer's decoder) and the prefix cache go through the same split model
     kept = whole.scorer(probekit.AnswerSet.parse("0-10"), max_new_tokens=3)
     moved = split.scorer(probekit.AnswerSet.parse("0-10"), max_new_tokens=3)

@@ -95,7 +95,7 @@ def test_float64_scoring_is_the_reference(smol):
     assert all(np.isfinite(r.probs).all() and r.valid_mass > 0 for r in ref)
     diff = precision.score_differences(ours, ref, numeric=False)
     assert diff["max_prob_diff"] <= FP64_MAX_PROB_DIFF
-    assert diff["argmax_changes"] == 0
+    assert diff["most_probable_changes"] == 0
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp
     assert numerics["dtype"] == "float32" and numerics["reference_dtype"] == "float64"
     assert numerics["sample"] == 3 and numerics["epsilon"] == manifest["epsilon"]
     assert 0 <= numerics["max_abs_diff"] <= FP64_MAX_PROB_DIFF
-    assert numerics["argmax_changes"] == 0
+    assert numerics["most_probable_changes"] == 0
     summary = (out / "summary.md").read_text()
     assert "## Numerics" in summary and "scored in float32 on cpu; against float64" in summary
     # the precision tier (a CPU: float32, nothing measured) and the batch the run ended with

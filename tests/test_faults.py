@@ -89,7 +89,7 @@ def indices_of(out: Path) -> set[int]:
 
 
 def assert_same_scores(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    keys = [INDEX, "prompt_id", "perceiver", "experiencer", "event_id", "argmax", "most_probable"]
+    keys = [INDEX, "prompt_id", "perceiver", "experiencer", "event_id", "greedy", "most_probable"]
     assert a[keys].equals(b[keys])
     # Prompts batched differently (a resumed chunk, timed chunks) share KV prefixes differently:
     # fp32 computation-path noise of ~1e-5 per probability, times the 0-10 scale in `expected`.

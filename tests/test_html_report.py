@@ -343,7 +343,7 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
             "accuracy": acc,
             "low": acc - 0.02,
             "high": acc + 0.02,
-            "argmax_accuracy": 0.165,
+            "greedy_accuracy": 0.165,
             "mean_valid_mass": 0.2,
             "letter_bias": "A 0.57 B 0.24",
             "outliers": "Lesbian/they 0.313 (z +3.01)",

@@ -84,7 +84,7 @@ def test_a_damaged_model_cache_is_converted_again(smol, cache_copy, capsys, dama
     line = one_line("\n".join(x for x in err if "Converting and de-quantizing" not in x))
     assert "is damaged (model.safetensors" in line and "converting" in line
     after = probekit.score(model, PROMPTS, "0-10")
-    assert np.isfinite(after["valid_mass"]).all() and (after["argmax"] != "").all()
+    assert np.isfinite(after["valid_mass"]).all() and (after["greedy"] != "").all()
     pd.testing.assert_frame_equal(after, before)
     assert gguf.verify_cache(cache_copy) is None
 

@@ -193,7 +193,7 @@ def test_generate_run_writes_scores_summary_and_figure(tmp_path, monkeypatch, ca
     for column in (
         "event",
         "valid_mass",
-        "argmax",
+        "greedy",
         "response",
         "parsed",
         *(f"p::{e}" for e in EMOTIONS),

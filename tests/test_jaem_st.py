@@ -233,7 +233,7 @@ def _fake_scores() -> pd.DataFrame:
                     "empathetic_letter": letter,
                     "parsed": letter if sample < 3 else None,
                     "valid_mass": 1.0,
-                    "argmax": letter,
+                    "greedy": letter,
                     "answer_types": types if letter == "A" else swapped,
                     **dict(zip(COLUMNS, probs, strict=True)),
                 }

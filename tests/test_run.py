@@ -46,7 +46,7 @@ def test_shards_merge_into_the_single_run(tiny, tmp_path):
     a, b = pd.read_parquet(single), pd.read_parquet(merged)
     assert len(a) == len(probe) == 72
     assert list(a[INDEX]) == list(range(72))
-    keys = ["perceiver", "experiencer", "event_id", "emotion", "argmax"]
+    keys = ["perceiver", "experiencer", "event_id", "emotion", "greedy"]
     assert a[keys].equals(b[keys])
     assert np.allclose(a["expected"], b["expected"], atol=1e-5)
 
@@ -191,7 +191,7 @@ def test_same_numbers_as_before_the_study_generic_core(smol, tmp_path):
     keys = ["perceiver", "experiencer", "event_id", "emotion"]
     merged = old.merge(new, on=keys, suffixes=("_old", ""), validate="one_to_one")
     assert len(merged) == len(old) == len(new) == 72
-    assert (merged["argmax_old"] == merged["argmax"]).all()
+    assert (merged["greedy_old"] == merged["greedy"]).all()
     assert (merged["mode"] == merged["most_probable"]).all()  # the column's old name
     np.testing.assert_allclose(merged["expected"], merged["expected_old"], atol=2e-4)
     np.testing.assert_allclose(merged["valid_mass"], merged["valid_mass_old"], rtol=5e-4)

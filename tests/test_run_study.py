@@ -44,7 +44,7 @@ def test_run_study_returns_the_run(minimal, tiny, tmp_path):
     assert run.summary.loc[0, "gap"] == pytest.approx(means["Alice"] - means["Bob"])
     stored = json.loads((run.path / "manifest.json").read_text())
     assert run.manifest == stored
-    assert stored["view"] == "exact" and stored["results_format"] == RESULTS_FORMAT == 3
+    assert stored["view"] == "exact" and stored["results_format"] == RESULTS_FORMAT == 4
     assert stored["limit"] is None and stored["epsilon"] == 0.0
     assert stored["command"].startswith("probekit.run_study('minimal'")
     assert stored["numerics"]["note"] == "skipped: under 200 prompts"
@@ -321,7 +321,7 @@ def test_a_generate_run_reports_both_views(minimal, tiny, tmp_path):
 
 def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
     run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
-    old = run.scores.rename(columns={"most_probable": "mode"})
+    old = run.scores.rename(columns={"most_probable": "mode", "greedy": "argmax"})
     old.to_parquet(run.path / "scores.parquet")
     manifest = {k: v for k, v in run.manifest.items() if k != "view"}
     manifest |= {"results_format": 2, "mode": "ev"}
@@ -333,6 +333,23 @@ def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
     with pytest.raises(ProbekitError, match="results format 2") as info:
         probekit.run_study("minimal", tiny, out=run.path, days=1)
     assert "\n" not in str(info.value)
+
+
+def test_a_format_3_folder_reads_its_argmax_column_as_greedy(minimal, tiny, tmp_path):
+    """Results format 3 named the greedy answer's column `argmax` and the noise figure's count
+    of changed most probable answers `argmax_changes`: such a folder reads and reports."""
+    from probekit.cli.report import report_runs
+
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2, numerics=2)
+    run.scores.rename(columns={"greedy": "argmax"}).to_parquet(run.path / "scores.parquet")
+    manifest = dict(run.manifest, results_format=3)
+    figure = dict(manifest["numerics"])
+    figure["argmax_changes"] = figure.pop("most_probable_changes")
+    (run.path / "manifest.json").write_text(json.dumps(manifest | {"numerics": figure}))
+    pd.testing.assert_frame_equal(RunDir(run.path).scores(), run.scores)
+    report_runs(run.path)
+    changes = run.manifest["numerics"]["most_probable_changes"]
+    assert f"{changes} most probable answer(s) change" in (run.path / "summary.md").read_text()
 
 
 SIGTERM_RUN = """

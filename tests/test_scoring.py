@@ -132,8 +132,8 @@ def test_probabilities_sum_to_one_and_summaries(tiny, prompts):
         assert 0 < result.valid_mass <= 1
 
 
-def test_argmax_matches_greedy_generation(tiny, prompts):
-    """The `argmax` column is the answer greedy decoding writes. The tiny model's greedy text
+def test_the_greedy_column_is_greedy_generation(tiny, prompts):
+    """The `greedy` column is the answer greedy decoding writes. The tiny model's greedy text
     starts with a random word, so the answers are those first words (a word ends where the next
     token starts with neither a letter nor a digit); the most probable answer often differs."""
     responses = generate_greedy(tiny, prompts, max_new_tokens=5)
@@ -143,10 +143,10 @@ def test_argmax_matches_greedy_generation(tiny, prompts):
     checked = 0
     for result, word in zip(results, words, strict=True):
         if word:
-            assert result.argmax == word
+            assert result.greedy == word
             checked += 1
     assert checked >= len(prompts) // 2, "too few greedy answers start with a word"
-    assert any(r.argmax != r.most_probable for r in results)
+    assert any(r.greedy != r.most_probable for r in results)
 
 
 def test_pruning_bound_holds(tiny, prompts):

@@ -139,11 +139,11 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
 
     p = np.array([0.5, 0.25, 0.25])
     q = np.array([0.25, 0.25, 0.5])
-    steered = ScoreResult(probs=p, valid_mass=0.3, error_bound=0.0, argmax="0", most_probable="0")
-    base = ScoreResult(probs=q, valid_mass=0.6, error_bound=0.0, argmax="2", most_probable="2")
+    steered = ScoreResult(probs=p, valid_mass=0.3, error_bound=0.0, greedy="0", most_probable="0")
+    base = ScoreResult(probs=q, valid_mass=0.6, error_bound=0.0, greedy="2", most_probable="2")
     assert kl_divergence(steered, base) == pytest.approx(0.5 * np.log(2) + 0.25 * np.log(0.5))
     assert kl_divergence(base, base) == 0.0
-    empty = ScoreResult(probs=q, valid_mass=0.0, error_bound=0.0, argmax=None, most_probable=None)
+    empty = ScoreResult(probs=q, valid_mass=0.0, error_bound=0.0, greedy=None, most_probable=None)
     assert np.isnan(kl_divergence(empty, base))
 
 

@@ -15,8 +15,9 @@ row is reused only where both match the run asked for (`RowKey`), whatever the m
 it says (a manifest can be deleted and written anew by another run).
 
 Results format: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`; 3 renames the
-most probable answer's column `mode` to `most_probable`. Folders of format 2 are still read
-(`scores` renames the column); resuming one is refused.
+most probable answer's column `mode` to `most_probable`; 4 renames the greedy answer's column
+`argmax` to `greedy`. Folders of formats 2 and 3 are still read (`scores` renames the columns);
+resuming one is refused.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ import pyarrow.parquet as pq
 from probekit.core.errors import ProbekitError
 from probekit.core.io import FileLock, LockHeld, write_error, write_text
 
-RESULTS_FORMAT = 3
+RESULTS_FORMAT = 4
 MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
-RENAMED_COLUMNS = {2: {"mode": "most_probable"}}
+RENAMED_COLUMNS = {2: {"mode": "most_probable"}, 3: {"argmax": "greedy"}}
 """Score columns renamed since a results format: old name -> new, applied when reading."""
 
 

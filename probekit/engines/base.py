@@ -104,7 +104,7 @@ class ScoreResult:
     probs: np.ndarray  # normalised over the answer set
     valid_mass: float  # sum of the unnormalised answer probabilities
     error_bound: float  # pruned mass / valid_mass (0 when exact)
-    argmax: str | None  # the greedy-equivalent answer (else the most probable)
+    greedy: str | None  # the greedy-equivalent answer (else the most probable)
     most_probable: str | None  # the most probable answer
     expected: float | None = None
     std: float | None = None
@@ -114,7 +114,7 @@ class ScoreResult:
         """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
         row: dict[str, Any] = {
             "valid_mass": self.valid_mass,
-            "argmax": self.argmax,
+            "greedy": self.greedy,
             "most_probable": self.most_probable,
             "error_bound": self.error_bound,
         }

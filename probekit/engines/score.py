@@ -59,7 +59,7 @@ def score(
         quiet: no progress (by default a bar on a terminal, lines in a log, and after the
             first batch the time the call will take: `probekit.core.progress`).
 
-    Returns the columns of `probekit score`: `id`, `valid_mass`, `argmax`, `most_probable`,
+    Returns the columns of `probekit score`: `id`, `valid_mass`, `greedy`, `most_probable`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
     answer (normalised over the answer set). Bad values are one ProbekitError each; a
     prefill ending in whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are

@@ -380,7 +380,7 @@ def steer(
 
     Returns one row per (site, layer, vector kind, α, prompt): `prompt_id`, `site`, `layer`,
     `vector` (`steer` or `random`), `norm`, `alpha`, `positions`, `span`, the score columns of
-    `probekit.score` (`valid_mass`, `argmax`, ..., `p::<answer>`), `kl` (KL of the answer
+    `probekit.score` (`valid_mass`, `greedy`, ..., `p::<answer>`), `kl` (KL of the answer
     distribution from the unsteered one, nats) and `valid_mass_change`.
     """
     chosen = check_alphas(alphas)

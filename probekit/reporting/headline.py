@@ -177,7 +177,7 @@ class ViewFacts:
     valid_mass: float | None = None
     answered: float | None = None  # share of responses with a readable answer (generate)
     answered_label: str = "answer read"
-    agreement: float | None = None  # exact argmax equals the read answer, among those read
+    agreement: float | None = None  # exact greedy answer equals the read answer, among those read
     note: str = ""
 
     @property

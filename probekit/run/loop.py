@@ -11,7 +11,7 @@ Layout of a run directory:
     scores.parquet        all rows in prompt order, written once every prompt has a row
 
 A row holds `prompt_index`, `prompt_id` (the item id, shared with capture and patching tables),
-the probe's key columns, the summary columns of the exact scores (`valid_mass`, `argmax`,
+the probe's key columns, the summary columns of the exact scores (`valid_mass`, `greedy`,
 `most_probable`, `error_bound`, and `expected`, `std` for numeric answers), one `p::<answer>`
 column per answer (normalised over the answer set; times `valid_mass` it is the unnormalised
 probability), and in the generate view `response` (the generated text up to where its parsed

@@ -121,7 +121,7 @@ def _result(row: dict[str, Any], probe: Probe) -> ScoreResult:
         probs=probs,
         valid_mass=float(row["valid_mass"]),
         error_bound=float(row["error_bound"]),
-        argmax=row["argmax"],
+        greedy=row["greedy"],
         most_probable=row["most_probable"],
         expected=row.get("expected"),
     )

@@ -183,8 +183,8 @@ def noise_figure(
     again in the model's dtype (a run's noise costs one reference pass of its sample).
     `max_abs_diff` is of the headline per-prompt score: the expected value for numeric answers
     (`score: "expected"`), else the answer probabilities (`score: "probability"`);
-    `max_valid_mass_rel_diff` is of the valid mass relative to the reference's; `argmax_changes`
-    counts prompts whose most probable answer differs."""
+    `max_valid_mass_rel_diff` is of the valid mass relative to the reference's;
+    `most_probable_changes` counts prompts whose most probable answer differs."""
     reference = reference or reference_dtype(model.dtype)
     if not prompts:
         raise ProbekitError("the noise figure needs at least one prompt")
@@ -230,7 +230,7 @@ def score_differences(results: Sequence[Any], reference: Sequence[Any], numeric:
         "max_abs_diff": float(np.max(diff)),
         "max_prob_diff": float(np.max(np.abs(probs - ref))),
         "max_valid_mass_rel_diff": float(np.max(np.abs(mass - ref_mass) / ref_mass)),
-        "argmax_changes": int(
+        "most_probable_changes": int(
             sum(r.most_probable != w.most_probable for r, w in zip(results, reference, strict=True))
         ),
     }
@@ -244,5 +244,11 @@ def describe_noise(figure: dict[str, Any]) -> str:
         f"{figure['reference_dtype']} on {figure['sample']} seeded prompts the {what} moves by "
         f"at most {figure['max_abs_diff']:.2g}, the valid mass by "
         f"{figure['max_valid_mass_rel_diff']:.2g} (relative); "
-        f"{figure['argmax_changes']} most probable answer(s) change"
+        f"{_changes(figure)} most probable answer(s) change"
     )
+
+
+def _changes(figure: dict[str, Any]) -> Any:
+    """The figure's count of changed most probable answers (`argmax_changes` in the manifests of
+    results format 3 and earlier)."""
+    return figure.get("most_probable_changes", figure.get("argmax_changes"))

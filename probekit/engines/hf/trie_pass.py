@@ -219,7 +219,7 @@ class TriePass:
                 probs=norm,
                 valid_mass=mass,
                 error_bound=float(dropped[row]) / mass if mass > 0 else float("inf"),
-                argmax=greedy[row] if greedy[row] is not None else mode,
+                greedy=greedy[row] if greedy[row] is not None else mode,
                 most_probable=mode,
             )
             if self.answers.numeric and mass > 0:

