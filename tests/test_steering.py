@@ -18,6 +18,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.engines.score import as_items
 from probekit.mechanism.steering import kl_divergence, random_like, steer
+from probekit.mechanism.vectors import contrast_vectors, file_vectors, read_vector_file
 from probekit.testing.reference import brute_force
 from probekit.testing.synthetic import tiny_model
 
@@ -158,7 +159,7 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
         ({"positions": "everywhere"}, "unknown positions 'everywhere'"),
         ({"span": "identity"}, "unknown span 'identity'"),
         ({"layers": [99]}, "layer 99 is out of range"),
-        ({"hooks": "nnsight", "positions": "all"}, "needs hooks='transformer_lens'"),
+        ({"hooks": "nnsight", "positions": "all"}, "needs hooks transformer_lens"),
         ({"vector": {3: np.ones(64)}}, "the vectors have none for layer 2"),
     ],
 )
@@ -182,7 +183,7 @@ def steer_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.cli.steer.load_engine", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.run.steer.load_engine", lambda *a, **k: model)
         return cli.main(["steer", *argv])
 
     return run
@@ -201,7 +202,7 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "3", "--out", str(out)]
     argv += ["--vector", str(tmp_path / "v.npy")]
     assert steer_cli(model, *argv, *data_args()) == 0
-    for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "steer.json"):
+    for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "manifest.json"):
         assert (out / name).is_file(), name
     rows = pd.read_parquet(out / "steer.parquet")
     summary = pd.read_csv(out / "summary.csv")
@@ -222,12 +223,12 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     capsys.readouterr()
     monkeypatch.setattr("probekit.mechanism.steering.steered_results", _no_scoring)
     assert steer_cli(model, *argv, *data_args()) == 0
-    assert capsys.readouterr().out.count("resumed") == 4
+    assert "4 of 4 α runs already done" in capsys.readouterr().err
     pd.testing.assert_frame_equal(pd.read_parquet(out / "steer.parquet"), rows)
-    # other settings in the same folder are refused
+    # other settings in the same folder are refused, before any model is loaded
     other = [*argv, "--positions", "span"]
-    assert steer_cli(model, *other, *data_args()) == 2
-    assert "another positions" in capsys.readouterr().err
+    assert steer_cli(None, *other, *data_args()) == 2
+    assert "a different positions ('from_span', now 'span')" in capsys.readouterr().err
 
 
 def _no_scoring(*args, **kwargs):
@@ -235,18 +236,12 @@ def _no_scoring(*args, **kwargs):
 
 
 def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
-    from probekit.cli.steer import make_vectors
-
     encoded = [model.encode(item) for item in as_items(PROMPTS + ["I am a Christian. How sad?"])]
     side = [True, False, True]
     targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
     args = (encoded, targets)
-    diff = make_vectors(
-        model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
-    )
-    unit = make_vectors(
-        model, *args, "direction", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
-    )
+    diff = contrast_vectors(model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)])
+    unit = contrast_vectors(model, *args, "direction", "answer", lambda p: side[encoded.index(p)])
     acts = probekit.capture(
         model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[1, 3]
     )
@@ -259,26 +254,18 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
 
 
 def test_a_vector_file_is_read_per_layer(model, tmp_path):
-    from probekit.cli.steer import make_vectors
-
     width, layers = model.hf.config.hidden_size, model.n_layers
     rows = np.random.default_rng(0).standard_normal((layers, width))
     np.save(tmp_path / "v.npy", rows)
     torch.save(torch.as_tensor(rows[3]), tmp_path / "v.pt")
     targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
-    per_layer = make_vectors(
-        model, [], targets, str(tmp_path / "v.npy"), "answer", None, "transformer_lens"
-    )
+    per_layer = file_vectors(model, read_vector_file(tmp_path / "v.npy"), targets)
     assert np.allclose(per_layer[targets[1]].numpy(), rows[3])
-    one = make_vectors(
-        model, [], targets, str(tmp_path / "v.pt"), "answer", None, "transformer_lens"
-    )
+    one = file_vectors(model, read_vector_file(tmp_path / "v.pt"), targets)
     assert all(np.array_equal(v.numpy(), rows[3]) for v in one.values())
     np.save(tmp_path / "bad.npy", rows[:2])
     with pytest.raises(ProbekitError, match="one row per layer"):
-        make_vectors(
-            model, [], targets, str(tmp_path / "bad.npy"), "answer", None, "transformer_lens"
-        )
+        file_vectors(model, read_vector_file(tmp_path / "bad.npy"), targets)
 
 
 @pytest.mark.parametrize(
