@@ -10,7 +10,15 @@ from probekit.core.options import Command, Spell, flag, keyword
 from probekit.core.progress import silenced
 from probekit.engines import load_engine
 from probekit.mechanism.api import hookable
-from probekit.mechanism.capture import Activations, CaptureResult, read_activations
+from probekit.mechanism.capture import (
+    STORAGE_DTYPE,
+    Activations,
+    CaptureResult,
+    capture_manifest,
+    check_capture_folder,
+    read_activations,
+    site_shorts,
+)
 from probekit.mechanism.pipeline import CAPTURE_BATCH, CaptureOptions, check_capture, run_capture
 from probekit.run.mechanism import build, context, mechanism_command, study_object
 from probekit.studies.base import Study
@@ -44,6 +52,12 @@ def capture_parsed(
     asked, options, own = parsed
     probe, items = study.mechanism_items(own, context("capture", asked, options, spell))
     check_capture(options, items)  # before any model work
+    given = options.layers
+    layers = sorted(set(given)) if given and min(given) >= 0 else None  # else the model says
+    shorts = site_shorts(options.sites)
+    storage = str(STORAGE_DTYPE).removeprefix("torch.")
+    known = capture_manifest(None, layers, shorts, options.spans, options.hooks, storage)
+    check_capture_folder(options.out, known)
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
     with silenced(asked.quiet):
