@@ -164,6 +164,7 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
         ({"layers": [99]}, "layer 99 is out of range"),
         ({"hooks": "nnsight", "positions": "all"}, "needs hooks transformer_lens"),
         ({"vector": {3: np.ones(64)}}, "the vectors have none for layer 2"),
+        ({"vector": np.zeros(64)}, "the vector at layer 2 (hook_resid_post) is zero"),
     ],
 )
 def test_bad_input_is_one_line(model, vector, change, message):
@@ -420,7 +421,7 @@ def test_an_old_steering_folder_is_one_line(model, tmp_path):
     assert "a steering run of an earlier probekit" in one_line(error)
 
 
-def test_the_page_shows_each_alpha_beside_the_control(model, tmp_path):
+def test_the_page_shows_each_alpha_beside_the_control(model, tmp_path, capsys):
     np.save(tmp_path / "v.npy", np.random.default_rng(8).standard_normal(64))
     done = steer_days(model, tmp_path / "steer", vector=str(tmp_path / "v.npy"))
     page = (tmp_path / "steer" / "report.html").read_text()
@@ -428,6 +429,10 @@ def test_the_page_shows_each_alpha_beside_the_control(model, tmp_path):
     for row in done.summary.itertuples():
         assert f"{row.value:+.3f}" in page and f"{row.mean_kl:.4f}" in page
     assert page.count("<tr>") >= 2 + done.summary["alpha"].nunique()
+    capsys.readouterr()  # more αs later: only they are scored
+    more = steer_days(model, tmp_path / "steer", vector=str(tmp_path / "v.npy"), alphas=[2, -2])
+    assert "4 of 6 α runs already done" in capsys.readouterr().err
+    assert len(more.summary) == 6 and sorted(set(more.summary["alpha"])) == [-2.0, 0.0, 2.0]
 
 
 def test_saturating_alphas_and_non_finite_activations_are_one_line(model, vector):

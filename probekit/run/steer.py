@@ -148,8 +148,9 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     steering.check_strength(model.dtype, found, alphas)  # nothing written before this
     manifest = settings(study, probe, ids, args, alphas, file, span, sites, layers, model)
     manifest["command"] = "probekit steer" if spell is flag else "probekit.steer_study"
-    run.start(manifest)
-    manifest = run.manifest
+    run.start(manifest)  # the first write; a resumed run records what was asked this time
+    asked_now = {k: manifest[k] for k in ("alphas", "vector_file", "command")}
+    manifest = run.update_manifest(**asked_now)
     key = RowKey.of(manifest, ids)
     report = {**probe.manifest(), "model": model.name, "seed": args.seed, "view": VIEWS[0]}
     scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
