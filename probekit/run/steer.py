@@ -153,18 +153,51 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     manifest = run.update_manifest(**asked_now)
     key = RowKey.of(manifest, ids)
     report = {**probe.manifest(), "model": model.name, "seed": args.seed, "view": VIEWS[0]}
-    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
     steps = [(t, kind, v, a) for t in targets for kind, v in kinds[t].items() for a in alphas]
+    hint = f"fewer {spell('layers')} or {spell('alphas')}, or fewer prompts"
+    frames, rows = _alpha_rows(
+        study, probe, model, encoded, steps, args, span, run, key, report, hint
+    )
+    table = pd.concat(frames, ignore_index=True)
+    _write_rows(run.path / ROWS, table, key)
+    summary = pd.DataFrame(rows)
+    write_text(run.path / "summary.csv", summary.to_csv(index=False))
+    title = f"{model.name}, {probe.name}: vector {args.vector}, {args.positions} of {span}"
+    figure = steer_figure(summary, run.path / "steer.png", title)
+    write_steer_page(
+        run.report_path, summary, figure, title, manifest, study.describe_data(manifest)
+    )
+    return StudySteer(run.path, table, summary)
+
+
+Step = tuple[steering.Target, str, Any, float]
+"""(target, vector kind, vector, α): one α run, one part."""
+
+
+def _alpha_rows(
+    study: Study,
+    probe: Probe,
+    model: Any,
+    encoded: list[EncodedItem],
+    steps: list[Step],
+    args: SteerOptions,
+    span: str,
+    run: RunDir,
+    key: RowKey,
+    report: dict[str, Any],
+    hint: str,
+) -> tuple[list[pd.DataFrame], list[dict[str, Any]]]:
+    """Each step's rows and summary row: read back where its part is finished and verifies,
+    else scored (the unsteered base first, once) and written as a part."""
     done = {step: _finished(_folder(run.path, *step[:2], step[3]), key) for step in steps}
     resumed = sum(frame is not None for frame in done.values())
     if resumed:
         say(f"{run.path}: {resumed} of {len(steps)} α runs already done, read back")
+    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
     todo = sum(done[s] is None and s[3] != 0 for s in steps)
     base: list[Any] | None = None
     frames, rows = [], []
-    with progress(
-        todo * len(encoded), "prompt", "steering", "fewer --layers, --alphas or events"
-    ) as bar:
+    with progress(todo * len(encoded), "prompt", "steering", hint) as bar:
         for step in steps:
             target, kind, vector, alpha = step
             folder = _folder(run.path, target, kind, alpha)
@@ -176,10 +209,7 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
                 frame = probe.add_columns(
                     steer_frame(scorer, encoded, base, target, kind, vector, alpha, args, span, bar)
                 )
-                write_table(
-                    folder / ROWS,
-                    stamped(pa.Table.from_pandas(frame, preserve_index=False), key.metadata()),
-                )
+                _write_rows(folder / ROWS, frame, key)
             headline = _headline(study, frame, folder, report)
             if done[step] is None:
                 print(
@@ -188,18 +218,13 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
                 )
             frames.append(frame)
             rows.append({**summary_row(frame), **headline})
-    table = pd.concat(frames, ignore_index=True)
-    write_table(
-        run.path / ROWS, stamped(pa.Table.from_pandas(table, preserve_index=False), key.metadata())
-    )
-    summary = pd.DataFrame(rows)
-    write_text(run.path / "summary.csv", summary.to_csv(index=False))
-    title = f"{model.name}, {probe.name}: vector {args.vector}, {args.positions} of {span}"
-    figure = steer_figure(summary, run.path / "steer.png", title)
-    write_steer_page(
-        run.report_path, summary, figure, title, manifest, study.describe_data(manifest)
-    )
-    return StudySteer(run.path, table, summary)
+    return frames, rows
+
+
+def _write_rows(path: Path, frame: pd.DataFrame, key: RowKey) -> Path:
+    """Rows as a checksummed Parquet file recording the settings they were scored under."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    return write_table(path, stamped(table, key.metadata()))
 
 
 def refuse_old_folder(out: Path) -> None:
@@ -307,7 +332,12 @@ def _headline(study: Study, frame: pd.DataFrame, folder: Path, report: dict[str,
     path = folder / HEADLINE
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(found, dict) and {"label", "value", "low", "high"} <= set(found):
+        numbers = ("value", "low", "high", "p_value")
+        if (
+            isinstance(found, dict)
+            and isinstance(found.get("label"), str)
+            and all(k in found and isinstance(found[k], int | float | None) for k in numbers)
+        ):
             return found
     except (OSError, UnicodeDecodeError, ValueError):
         pass
