@@ -454,3 +454,20 @@ def test_nnsight_with_answer_positions_is_refused_before_any_work(steer_cli, cap
     assert steer_cli(None, *argv) == 2
     err = capsys.readouterr().err
     assert "--positions all steers the answer tokens" in err and err.count("\n") == 1
+
+
+def test_a_vector_file_is_checked_and_known_by_its_content(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.ones(4), "b": torch.ones(4)}, tmp_path / "two.safetensors")
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
+    for name, message in [("two.safetensors", "holds 2 tensors"), ("bad.npy", "not readable")]:
+        with pytest.raises(ProbekitError) as error:
+            read_vector_file(tmp_path / name)
+        assert message in one_line(error)
+    np.save(tmp_path / "a.npy", np.arange(1.0, 5.0))
+    torch.save(torch.arange(1.0, 5.0), tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", np.arange(1.0, 5.0))
+    a, b, pt = (read_vector_file(tmp_path / n) for n in ("a.npy", "b.npy", "a.pt"))
+    assert a.sha256 == b.sha256 != pt.sha256  # the same bytes, another name; other bytes
+    assert np.array_equal(a.values, pt.values)
