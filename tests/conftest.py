@@ -184,7 +184,7 @@ def patch_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.cli.patch.load_engine", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.run.patch.load_engine", lambda *a, **k: model)
         return cli.main(["patch", *argv])
 
     return run

@@ -178,3 +178,77 @@ def test_intergroup_capture_items_carry_setting_and_side():
     assert sides[("a Jew", "a Jew")] and not sides[("a Jew", "a Muslim")]
     _, patch_items = STUDY.mechanism_items(options, Context("patch", seed=0))
     assert len(patch_items) == 25 and "in_group" not in patch_items[0].key
+
+
+# ---------------------------------------------------------------------- hostile state
+def one_line(error: pytest.ExceptionInfo) -> str:
+    text = str(error.value)
+    assert "\n" not in text
+    return text
+
+
+def test_damaged_parts_and_shards_are_set_aside_and_captured_again(tiny, items, tmp_path, capsys):
+    from probekit.mechanism.capture import read_activations
+
+    capture(tiny, items, tmp_path, layers=[1], batch_size=1, prompts_per_shard=1)
+    first = read_activations(tmp_path)
+    parts = sorted((tmp_path / "index").glob("shard-*.parquet"))
+    shards = sorted((tmp_path / "shards").glob("shard-*.safetensors"))
+    assert len(parts) == len(shards) == 3
+    parts[0].write_bytes(parts[0].read_bytes()[:-30])  # a truncated index part
+    data = bytearray(shards[1].read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in a shard's values
+    shards[1].write_bytes(bytes(data))
+    capsys.readouterr()
+    again = capture(tiny, items, tmp_path, layers=[1], batch_size=1, prompts_per_shard=1)
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "indexes a shard that is missing or damaged" in err
+    assert (again.captured, again.skipped) == (2, 1)
+    assert (tmp_path / "index" / f"{parts[0].name}.damaged").is_file()
+    assert (tmp_path / "shards" / f"{shards[1].name}.damaged").is_file()
+    found = read_activations(tmp_path)
+    order = found.index.sort_values("prompt_id").index
+    expected = first.index.sort_values("prompt_id").index
+    for hook, values in first.tensors.items():
+        for a, b in zip(order, expected, strict=True):
+            x, y = found.index.loc[a], first.index.loc[b]
+            assert x["prompt_id"] == y["prompt_id"] and x["span"] == y["span"]
+            got = found[hook][x["row_start"] : x["row_stop"]]
+            assert torch.equal(got, values[y["row_start"] : y["row_stop"]])
+
+
+def test_a_capture_resumes_only_under_its_own_settings(tiny, items, tmp_path, capsys):
+    capture(tiny, items[:2], tmp_path, layers=[1])
+    with pytest.raises(ProbekitError) as error:
+        capture(tiny, items, tmp_path, layers=[1], dtype=torch.float32)
+    assert "a different storage_dtype ('float16', now 'float32')" in one_line(error)
+    (tmp_path / "manifest.json").write_text("[")
+    with pytest.raises(ProbekitError) as error:
+        capture(tiny, items, tmp_path, layers=[1])
+    assert "manifest.json is damaged" in one_line(error)
+    (tmp_path / "manifest.json").unlink()  # as that line advises; then other settings
+    capsys.readouterr()
+    again = capture(tiny, items, tmp_path, layers=[1], dtype=torch.float32)
+    assert "captured under other settings" in capsys.readouterr().err
+    assert (again.captured, again.skipped) == (3, 0)
+    assert set(read_index(tmp_path)["prompt_id"]) == {item.id for item in items}
+
+
+def test_an_old_capture_folder_is_read_and_not_resumed(tiny, items, tmp_path):
+    from probekit.mechanism.capture import read_activations
+
+    capture(tiny, items[:1], tmp_path, layers=[1])
+    (tmp_path / "manifest.json").rename(tmp_path / "capture.json")
+    assert len(read_activations(tmp_path).index) == len(items[0].positions)
+    with pytest.raises(ProbekitError) as error:
+        capture(tiny, items, tmp_path, layers=[1])
+    assert "a capture of an earlier probekit (capture.json)" in one_line(error)
+
+
+def test_capture_study_refuses_another_capture_before_the_model(tiny, tmp_path):
+    import probekit
+
+    capture(tiny, [], tmp_path, layers=[1])  # an empty capture at layer 1
+    with pytest.raises(ProbekitError) as error:
+        probekit.capture_study("intergroup", "no/such-model", out=tmp_path, layers=[2], events=1)
+    assert "a different layers ([1], now [2])" in one_line(error)

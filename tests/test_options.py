@@ -41,9 +41,9 @@ def no_load(*args, **kwargs):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    for where in ("probekit.engines.load_engine", "probekit.cli.patch.load_engine"):
+    for where in ("probekit.engines.load_engine", "probekit.run.patch.load_engine"):
         monkeypatch.setattr(where, no_load)
-    monkeypatch.setattr("probekit.cli.capture.load_engine", no_load)
+    monkeypatch.setattr("probekit.run.capture.load_engine", no_load)
 
 
 def test_python_values_are_taken_as_they_are():

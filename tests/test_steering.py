@@ -6,18 +6,22 @@ tiny model: steering's mechanics need no trained weights."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from minimal_study import MinimalProbe, MinimalStudy
 
 import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.engines.score import as_items
 from probekit.mechanism.steering import kl_divergence, random_like, steer
+from probekit.mechanism.vectors import contrast_vectors, file_vectors, read_vector_file
+from probekit.reporting.headline import Headline
 from probekit.testing.reference import brute_force
 from probekit.testing.synthetic import tiny_model
 
@@ -158,8 +162,9 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
         ({"positions": "everywhere"}, "unknown positions 'everywhere'"),
         ({"span": "identity"}, "unknown span 'identity'"),
         ({"layers": [99]}, "layer 99 is out of range"),
-        ({"hooks": "nnsight", "positions": "all"}, "needs hooks='transformer_lens'"),
+        ({"hooks": "nnsight", "positions": "all"}, "needs hooks transformer_lens"),
         ({"vector": {3: np.ones(64)}}, "the vectors have none for layer 2"),
+        ({"vector": np.zeros(64)}, "the vector at layer 2 (hook_resid_post) is zero"),
     ],
 )
 def test_bad_input_is_one_line(model, vector, change, message):
@@ -182,7 +187,7 @@ def steer_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.cli.steer.load_engine", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.run.steer.load_engine", lambda *a, **k: model)
         return cli.main(["steer", *argv])
 
     return run
@@ -201,7 +206,7 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "3", "--out", str(out)]
     argv += ["--vector", str(tmp_path / "v.npy")]
     assert steer_cli(model, *argv, *data_args()) == 0
-    for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "steer.json"):
+    for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "manifest.json"):
         assert (out / name).is_file(), name
     rows = pd.read_parquet(out / "steer.parquet")
     summary = pd.read_csv(out / "summary.csv")
@@ -222,12 +227,12 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     capsys.readouterr()
     monkeypatch.setattr("probekit.mechanism.steering.steered_results", _no_scoring)
     assert steer_cli(model, *argv, *data_args()) == 0
-    assert capsys.readouterr().out.count("resumed") == 4
+    assert "4 of 4 α runs already done" in capsys.readouterr().err
     pd.testing.assert_frame_equal(pd.read_parquet(out / "steer.parquet"), rows)
-    # other settings in the same folder are refused
+    # other settings in the same folder are refused, before any model is loaded
     other = [*argv, "--positions", "span"]
-    assert steer_cli(model, *other, *data_args()) == 2
-    assert "another positions" in capsys.readouterr().err
+    assert steer_cli(None, *other, *data_args()) == 2
+    assert "a different positions ('from_span', now 'span')" in capsys.readouterr().err
 
 
 def _no_scoring(*args, **kwargs):
@@ -235,18 +240,12 @@ def _no_scoring(*args, **kwargs):
 
 
 def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
-    from probekit.cli.steer import make_vectors
-
     encoded = [model.encode(item) for item in as_items(PROMPTS + ["I am a Christian. How sad?"])]
     side = [True, False, True]
     targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
     args = (encoded, targets)
-    diff = make_vectors(
-        model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
-    )
-    unit = make_vectors(
-        model, *args, "direction", "answer", lambda p: side[encoded.index(p)], "transformer_lens"
-    )
+    diff = contrast_vectors(model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)])
+    unit = contrast_vectors(model, *args, "direction", "answer", lambda p: side[encoded.index(p)])
     acts = probekit.capture(
         model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[1, 3]
     )
@@ -259,26 +258,18 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
 
 
 def test_a_vector_file_is_read_per_layer(model, tmp_path):
-    from probekit.cli.steer import make_vectors
-
     width, layers = model.hf.config.hidden_size, model.n_layers
     rows = np.random.default_rng(0).standard_normal((layers, width))
     np.save(tmp_path / "v.npy", rows)
     torch.save(torch.as_tensor(rows[3]), tmp_path / "v.pt")
     targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
-    per_layer = make_vectors(
-        model, [], targets, str(tmp_path / "v.npy"), "answer", None, "transformer_lens"
-    )
+    per_layer = file_vectors(model, read_vector_file(tmp_path / "v.npy"), targets)
     assert np.allclose(per_layer[targets[1]].numpy(), rows[3])
-    one = make_vectors(
-        model, [], targets, str(tmp_path / "v.pt"), "answer", None, "transformer_lens"
-    )
+    one = file_vectors(model, read_vector_file(tmp_path / "v.pt"), targets)
     assert all(np.array_equal(v.numpy(), rows[3]) for v in one.values())
     np.save(tmp_path / "bad.npy", rows[:2])
     with pytest.raises(ProbekitError, match="one row per layer"):
-        make_vectors(
-            model, [], targets, str(tmp_path / "bad.npy"), "answer", None, "transformer_lens"
-        )
+        file_vectors(model, read_vector_file(tmp_path / "bad.npy"), targets)
 
 
 @pytest.mark.parametrize(
@@ -314,3 +305,169 @@ def test_steer_study_refuses_bad_options_in_one_line(options, message):
 
     with pytest.raises(ProbekitError, match=re.escape(message)):
         probekit.steer_study("intergroup", **options)
+
+
+# ---------------------------------------------------------------------- hostile state and input
+class Days(MinimalStudy):
+    """The docs' minimal study with what steering reads: its items and a headline (the gap)."""
+
+    name = "days"
+
+    def mechanism_items(self, options, context):
+        probe = MinimalProbe(options.days)
+        return probe, list(probe.items())
+
+    def headlines(self, table, manifest):
+        return [Headline("gap", "exact", float(table["gap"].iloc[0]), primary=True)]
+
+
+DAYS = Days()
+
+
+def steer_days(model, out, **options):
+    """A steering run of `DAYS` (4 prompts, α 0 and 2, the vector and its control: 4 parts)."""
+    options = {"layers": [LAYER], "alphas": [2], "quiet": True, **options}
+    return probekit.steer_study(DAYS, model, out=out, **options)
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    text = str(error.value)
+    assert "\n" not in text
+    return text
+
+
+def test_a_refused_vector_writes_nothing_and_the_corrected_run_goes_on(model, tmp_path):
+    out, path = tmp_path / "steer", tmp_path / "v.npy"
+    for values, message in [
+        (np.zeros(64), "the vector is zero"),
+        (np.full(64, np.nan), "non-finite values"),
+        (np.ones((2, 3, 4)), "give one [d_model] vector"),
+    ]:  # read before any model loads: the spec names no model
+        np.save(path, values)
+        with pytest.raises(ProbekitError) as error:
+            steer_days("no/such-model", out, vector=str(path))
+        assert message in one_line(error)
+    np.save(path, np.ones(7))  # a shape only the loaded model refuses
+    with pytest.raises(ProbekitError) as error:
+        steer_days(model, out, vector=str(path))
+    assert "has shape (7,)" in one_line(error)
+    assert not out.exists()
+    np.save(path, np.ones(64))
+    with pytest.raises(ProbekitError) as error:
+        steer_days(model, out, vector=str(path), alphas=[1e30])
+    assert "α=1e+30 saturates the model" in one_line(error)
+    assert not out.exists()
+    done = steer_days(model, out, vector=str(path))
+    assert len(done.summary) == 4 and (out / "manifest.json").is_file()
+
+
+def test_steering_resumes_by_the_vectors_content_not_its_path(model, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "steer"
+    values = np.random.default_rng(5).standard_normal(64)
+    np.save(tmp_path / "v.npy", values)
+    first = steer_days(model, out, vector=str(tmp_path / "v.npy"))
+    np.save(tmp_path / "same.npy", values)
+    monkeypatch.setattr("probekit.mechanism.steering.steered_results", _no_scoring)
+    capsys.readouterr()
+    again = steer_days(model, out, vector=str(tmp_path / "same.npy"))
+    assert "4 of 4 α runs already done" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(again.table, first.table)
+    np.save(tmp_path / "v.npy", 2 * values)  # the same path, other numbers
+    with pytest.raises(ProbekitError) as error:
+        steer_days(model, out, vector=str(tmp_path / "v.npy"))
+    assert "a different vector_sha256" in one_line(error)
+
+
+def test_damaged_parts_are_set_aside_and_scored_again(model, tmp_path, capsys):
+    out = tmp_path / "steer"
+    np.save(tmp_path / "v.npy", np.random.default_rng(6).standard_normal(64))
+    vector = str(tmp_path / "v.npy")
+    first = steer_days(model, out, vector=vector)
+    part = out / "alphas" / f"hook_resid_post-L{LAYER}-steer-a2" / "steer.parquet"
+    part.write_bytes(part.read_bytes()[:-40])  # truncated
+    headline = part.parent.with_name(f"hook_resid_post-L{LAYER}-random-a2") / "headline.json"
+    headline.write_text("{")
+    capsys.readouterr()
+    again = steer_days(model, out, vector=vector)
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "steer.parquet.damaged" in err
+    assert part.with_name("steer.parquet.damaged").is_file()
+    pd.testing.assert_frame_equal(again.table, first.table)
+    pd.testing.assert_frame_equal(again.summary, first.summary)
+    assert json.loads(headline.read_text())["label"] == "gap"
+    # a damaged manifest is one line
+    (out / "manifest.json").write_text("{")
+    with pytest.raises(ProbekitError) as error:
+        steer_days(model, out, vector=vector)
+    assert "manifest.json is damaged" in one_line(error)
+    # deleted, as that line advises, and run with another seed: no part is reused
+    (out / "manifest.json").unlink()
+    capsys.readouterr()
+    other = steer_days(model, out, vector=vector, seed=1)
+    assert capsys.readouterr().err.count("steer.parquet.mismatched") == 4
+    steered = other.table[other.table["vector"] == "steer"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        steered, first.table[first.table["vector"] == "steer"].reset_index(drop=True)
+    )
+
+
+def test_an_old_steering_folder_is_one_line(model, tmp_path):
+    out = tmp_path / "steer"
+    out.mkdir()
+    (out / "steer.json").write_text("{}")
+    np.save(tmp_path / "v.npy", np.ones(64))
+    with pytest.raises(ProbekitError) as error:
+        steer_days(model, out, vector=str(tmp_path / "v.npy"))
+    assert "a steering run of an earlier probekit" in one_line(error)
+
+
+def test_the_page_shows_each_alpha_beside_the_control(model, tmp_path, capsys):
+    np.save(tmp_path / "v.npy", np.random.default_rng(8).standard_normal(64))
+    done = steer_days(model, tmp_path / "steer", vector=str(tmp_path / "v.npy"))
+    page = (tmp_path / "steer" / "report.html").read_text()
+    assert "random control" in page and 'src="data:image/png;base64,' in page
+    for row in done.summary.itertuples():
+        assert f"{row.value:+.3f}" in page and f"{row.mean_kl:.4f}" in page
+    assert page.count("<tr>") >= 2 + done.summary["alpha"].nunique()
+    capsys.readouterr()  # more αs later: only they are scored
+    more = steer_days(model, tmp_path / "steer", vector=str(tmp_path / "v.npy"), alphas=[2, -2])
+    assert "4 of 6 α runs already done" in capsys.readouterr().err
+    assert len(more.summary) == 6 and sorted(set(more.summary["alpha"])) == [-2.0, 0.0, 2.0]
+
+
+def test_saturating_alphas_and_non_finite_activations_are_one_line(model, vector):
+    with pytest.raises(ProbekitError) as error:
+        steer(model, PROMPTS[:1], vector, layers=[LAYER], alphas=[1e30], answers="0-10")
+    assert "saturates the model" in one_line(error)
+    from probekit.mechanism.steering import steered_results
+
+    scorer = model.scorer(ANSWERS, epsilon=0.0)
+    encoded = [model.encode(item) for item in as_items(PROMPTS[:1])]
+    nan = torch.full((model.hf.config.hidden_size,), float("nan"), dtype=torch.float64)
+    with pytest.raises(ProbekitError) as error:
+        steered_results(scorer, encoded, ("hook_resid_post", LAYER), nan, "all", "answer")
+    assert "are not finite" in one_line(error)
+
+
+def test_nnsight_with_answer_positions_is_refused_before_any_work(steer_cli, capsys, tmp_path):
+    argv = ["intergroup", "--hooks", "nnsight", "--positions", "all", "--out", str(tmp_path)]
+    assert steer_cli(None, *argv) == 2
+    err = capsys.readouterr().err
+    assert "--positions all steers the answer tokens" in err and err.count("\n") == 1
+
+
+def test_a_vector_file_is_checked_and_known_by_its_content(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.ones(4), "b": torch.ones(4)}, tmp_path / "two.safetensors")
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
+    for name, message in [("two.safetensors", "holds 2 tensors"), ("bad.npy", "not readable")]:
+        with pytest.raises(ProbekitError) as error:
+            read_vector_file(tmp_path / name)
+        assert message in one_line(error)
+    np.save(tmp_path / "a.npy", np.arange(1.0, 5.0))
+    torch.save(torch.arange(1.0, 5.0), tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", np.arange(1.0, 5.0))
+    a, b, pt = (read_vector_file(tmp_path / n) for n in ("a.npy", "b.npy", "a.pt"))
+    assert a.sha256 == b.sha256 != pt.sha256  # the same bytes, another name; other bytes
+    assert np.array_equal(a.values, pt.values)

@@ -1,53 +1,17 @@
-"""`probekit capture STUDY`: activations at the spans of a study's items, as fp16 safetensors
-shards plus an index parquet whose `prompt_id` joins the run's scores (see mechanism.capture)."""
+"""`probekit capture STUDY`: the command line of `probekit.capture_study`
+(`probekit.run.capture`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from probekit.cli.patch import context, mechanism_command, study_object
-from probekit.core.options import Command, Spell, flag, keyword
-from probekit.core.progress import silenced
-from probekit.engines import load_engine
-from probekit.engines.options import loaded_engine
-from probekit.mechanism.api import hookable
-from probekit.mechanism.capture import Activations, read_activations
-from probekit.mechanism.pipeline import CAPTURE_BATCH, CaptureOptions, check_capture, run_capture
+from probekit.core.options import Command
+from probekit.run.capture import capture_command, capture_parsed
 from probekit.studies.base import Study
 
 
 def command(study: Study) -> Command:
     """`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
-    defaults = {"out": "runs/capture", "batch_size": CAPTURE_BATCH}
-    return mechanism_command("capture", CaptureOptions, study, defaults)
-
-
-def capture_study(study: str | Study, model: Any = "default", **options: Any) -> Activations:
-    """`probekit capture STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
-    capture's (`probekit.mechanism.pipeline.CaptureOptions`: `layers=[0, -1]`,
-    `sites=["resid_post"]`, `spans=["experiencer"]`, `out`, ...), the model's and the study's,
-    checked as the command line checks them (a bad or unknown one is one line of
-    `ProbekitError` naming the keyword, before any model work). Writes the resumable shards
-    into `out` (default `runs/capture`) and returns everything captured there."""
-    found = study_object(study)
-    loaded = loaded_engine(model)
-    keywords = options if loaded is not None else {**options, "model": model}
-    parsed = command(found).build(keywords, f"capture_study({found.name!r})")
-    _capture(found, parsed, loaded, keyword)
-    return read_activations(parsed[1].out)
+    return capture_command(study)
 
 
 def execute(study: Study, parsed: tuple) -> None:
-    _capture(study, parsed, None, flag)
-
-
-def _capture(study: Study, parsed: tuple, model: Any, spell: Spell) -> None:
-    """The command's work: items, checks before the model, the capture."""
-    asked, options, own = parsed
-    probe, items = study.mechanism_items(own, context("capture", asked, options, spell))
-    check_capture(options, items)  # before any model work
-    if model is None:
-        model = load_engine(asked.model, **asked.load_keywords())
-    with silenced(asked.quiet):
-        run_capture(hookable(model), probe, items, options, options.out)
+    capture_parsed(study, parsed)

@@ -87,6 +87,16 @@ SETTINGS = (
     Setting("outlier_z", False, "report option: JaEm-ST's outlier bound"),
     Setting("groups", False, "report option: JaEm-ST's group columns"),
     Setting("responses", False, "JaEm-ST: free responses generated after the run"),
+    Setting("vector", True, "steer: mean_diff, direction or file"),
+    Setting("vector_sha256", True, "steer: the SHA-256 of the vector file's content"),
+    Setting("vector_file", False, "steer: the vector file as given (known by its content)"),
+    Setting("positions", True, "steer: where the vector is added"),
+    Setting("span", True, "steer: the span it is added from"),
+    Setting("sites", True, "steer, capture: the TransformerLens sites"),
+    Setting("layers", True, "steer, capture: the layers"),
+    Setting("hooks", True, "steer, capture: the hook library (its kernels' last digits)"),
+    Setting("prompt_ids_sha256", True, "steer: the SHA-256 of the prompts' ids, in order"),
+    Setting("alphas", False, "steer: the multiples asked for (each α is a part of its own)"),
 )
 _DECLARED = {s.name: s for s in SETTINGS}
 

@@ -9,7 +9,11 @@
 - `components`: a patch (layer, site, span[, head]), the grid of them, and the patching table.
 - `patching`, `attribution`, `mediation`, `directions`: the four analyses.
 - `capture`: activations at spans, in memory or as resumable safetensors shards.
+- `steering`: α·v added while scoring, with its checks; `vectors`: steering vectors from a file
+  or a contrast.
 - `defaults`: what a study tells the mechanism (`MechanismDefaults`).
 - `pipeline`: the whole patch and capture analyses that `probekit patch/capture` run.
 - `api`: `patch`, `capture`, `make_pair` for scripts.
+
+The study-aware commands (`patch_study`, `capture_study`, `steer_study`) are in `probekit.run`.
 """

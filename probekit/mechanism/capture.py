@@ -11,33 +11,61 @@ full hook name (`blocks.3.hook_resid_pre`) of shape [rows, ...] and one index pa
 `index/` with a row per (prompt, span, layer, site (`hook_resid_pre`)): `shard`, `row_start`,
 `row_stop` (rows of that tensor),
 `positions` (token positions in the unpadded prompt), `n_tokens`, `prompt_id` (the item id, as
-in the run's scores table) and the item's key columns. A re-run into the same folder skips
-prompt ids already indexed. Shards written before this layout (tensor `resid_pre.3`, index site
-`resid_pre`) are still read. Reading the TransformerLens hooks builds the model's bridge and
-installs it for the read only (`model.bridged()`; see `probekit.engines.hf.model`).
+in the run's scores table) and the item's key columns.
+
+A capture folder is a `RunDir` run: `manifest.json` records what changes a number (the model,
+its weights, dtype and device, the layers, sites, spans, hook library and storage dtype), and a
+re-run with other settings is refused in one line naming the setting. Each index part is written
+atomically with a checksum on every page, the settings its rows were captured under and the
+SHA-256 of its shard; a re-run into the same folder skips the prompt ids of the parts that
+verify, and sets aside (`*.damaged`, `*.mismatched`, one line each) a part that is damaged,
+whose shard is missing or not the one written, or that was captured under other settings (a
+manifest deleted and the folder captured again otherwise): its prompts are captured again.
+Folders of earlier versions (`capture.json`) are read, not resumed. Shards written before this
+layout (tensor `resid_pre.3`, index site `resid_pre`) are still read. Reading the
+TransformerLens hooks builds the model's bridge and installs it for the read only
+(`model.bridged()`; see `probekit.engines.hf.model`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import atomic_write, write_parquet
+from probekit.core.io import atomic_write, write_table
 from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.progress import progress
+from probekit.core.rundir import (
+    RESULTS_FORMAT,
+    RowKey,
+    RunDir,
+    device_kind,
+    read_settings,
+    scored_under,
+)
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
 
-_FORMAT = 1
+_FORMAT = 2
+"""The capture folder's layout: 2 keeps its settings in `manifest.json` (1: `capture.json`)."""
+OLD_CONFIG = "capture.json"
+STORAGE_DTYPE = torch.float16
+"""The dtype shards store activations in unless `capture(dtype=...)` says otherwise."""
+SHARD_SHA256 = b"probekit.shard_sha256"
+"""The index part's Parquet metadata key of its shard's SHA-256."""
 
 Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
@@ -59,11 +87,17 @@ def check_request(
     """The layers (from 0) and the sites' short names in the order a block runs them; a
     ProbekitError for an empty or out-of-range layer list or an unknown site or hook library."""
     layers = layer_indices(model, layers)
+    shorts = site_shorts(sites)
+    library(hooks)
+    return sorted(set(layers)), shorts
+
+
+def site_shorts(sites: Sequence[str]) -> list[str]:
+    """The sites' short names in the order a block runs them (one line for an unknown one)."""
     if isinstance(sites, str) or not sites:
         raise ProbekitError(f"give a list of sites to capture; choose from {', '.join(SITES)}")
     wanted = {site(name).name for name in sites}
-    library(hooks)
-    return sorted(set(layers)), [s.short for s in SITES.values() if s.name in wanted]
+    return [s.short for s in SITES.values() if s.name in wanted]
 
 
 def gather(
@@ -129,7 +163,7 @@ def capture(
     hooks: str = "transformer_lens",
     batch_size: int = 8,
     prompts_per_shard: int = 256,
-    dtype: torch.dtype = torch.float16,
+    dtype: torch.dtype = STORAGE_DTYPE,
 ) -> CaptureResult:
     """Capture `sites` at `layers` for the `spans` of each prompt (all if None) into `out_dir`.
 
@@ -141,19 +175,10 @@ def capture(
     if batch_size < 1 or prompts_per_shard < 1:
         raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
     out = Path(out_dir)
-    config = {
-        "format": _FORMAT,
-        "model": model.name,
-        "weights": model.weights_fingerprint(),
-        "d_model": d_model(model),
-        "layers": layers,
-        "sites": shorts,
-        "spans": None if spans is None else list(spans),
-        "dtype": str(dtype).removeprefix("torch."),
-    }
-    _open_folder(out, config)
-    index = read_index(out)
-    seen = set(index["prompt_id"]) if len(index) else set()
+    storage = str(dtype).removeprefix("torch.")
+    manifest = capture_manifest(model, layers, shorts, spans, hooks, storage)
+    config = open_capture(out, manifest)
+    seen = scan_capture(out, config)
     shard_no = _next_shard(out)
     captured = skipped = 0
     written: list[Path] = []
@@ -162,7 +187,7 @@ def capture(
     def flush() -> None:
         nonlocal shard_no, captured
         written.append(
-            _write_shard(model, pending, out, shard_no, config, spans, hooks, batch_size, dtype)
+            _write_shard(model, pending, out, shard_no, config, hooks, batch_size, dtype)
         )
         captured += len(pending)
         shard_no += 1
@@ -281,7 +306,16 @@ def read_index(out_dir: str | Path) -> pd.DataFrame:
     parts = sorted((Path(out_dir) / "index").glob("shard-*.parquet"))
     if not parts:
         return pd.DataFrame(columns=["prompt_id", "span", "layer", "site", "shard"])
-    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    frames = []
+    for part in parts:
+        try:
+            frames.append(pd.read_parquet(part))
+        except (OSError, pa.ArrowException) as exc:
+            raise ProbekitError(
+                f"{part} is damaged ({str(exc).splitlines()[0]}); run the same capture again "
+                "to set it aside and capture its prompts anew"
+            ) from None
+    return pd.concat(frames, ignore_index=True)
 
 
 def load_activations(
@@ -311,21 +345,110 @@ def load_activations(
     return rows, tensors
 
 
-def _open_folder(out: Path, config: dict[str, Any]) -> None:
-    """Create `out` with its config, or check that an existing capture used the same settings."""
-    meta = out / "capture.json"
-    if meta.is_file():
-        old = json.loads(meta.read_text())
-        if old != config:
-            changed = sorted(k for k in config if old.get(k) != config[k])
+def capture_manifest(
+    model: Any,
+    layers: Sequence[int] | None,
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    hooks: str,
+    storage: str,
+) -> dict[str, Any]:
+    """What defines a capture (its manifest; `probekit.core.rundir.SETTINGS` says which fields
+    are resume keys); with `model` None (before it loads) the fields it gives, and `layers`
+    when they need it, are None."""
+    described = model.describe() if model is not None else {}
+    manifest = {
+        "results_format": RESULTS_FORMAT,
+        "capture_format": _FORMAT,
+        "model": described.get("model"),
+        "weights": described.get("weights"),
+        "dtype": described.get("dtype"),
+        "device": device_kind(described.get("device")),
+        "d_model": d_model(model) if model is not None else None,
+        "layers": None if layers is None else list(layers),
+        "sites": list(sites),
+        "spans": None if spans is None else list(spans),
+        "hooks": hooks,
+        "storage_dtype": storage,
+    }
+    return json.loads(json.dumps(manifest, default=str))  # as it reads back from the file
+
+
+def check_capture_folder(out: str | Path, manifest: dict[str, Any]) -> None:
+    """Refuse, in one line and writing nothing, a folder of an earlier probekit's capture or
+    one holding a capture with other settings (the fields of `manifest` that are None are not
+    known yet and not compared)."""
+    run = RunDir(out)
+    if (run.path / OLD_CONFIG).is_file() and not run.manifest_path.is_file():
+        raise ProbekitError(
+            f"{run.path} holds a capture of an earlier probekit ({OLD_CONFIG}), which this one "
+            "reads (read_activations) but does not resume: give another --out, or delete the "
+            "folder to capture again"
+        )
+    run.check_resume(manifest, [k for k, v in manifest.items() if v is None])
+
+
+def open_capture(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Start the capture folder `out` with `manifest`, or check it against the capture the
+    folder holds (one line naming a setting that differs); the stored manifest."""
+    check_capture_folder(out, manifest)
+    run = RunDir(out)
+    run.start(manifest)
+    for folder in ("shards", "index"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    return run.manifest
+
+
+def scan_capture(out: Path, manifest: dict[str, Any]) -> set[str]:
+    """The prompt ids of the index parts that verify (page checksums, their shard's SHA-256,
+    the settings they were captured under); the others are set aside, one line each."""
+    settings = scored_under(manifest)
+    seen: set[str] = set()
+    for part in sorted((out / "index").glob("shard-*.parquet")):
+        shard = out / "shards" / f"{part.stem}.safetensors"
+        try:
+            source = pq.ParquetFile(part, page_checksum_verification=True)
+            ids = source.read()[PROMPT_ID].to_pylist()  # every page verified
+            metadata = source.schema_arrow.metadata or {}
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            _set_aside(part, shard, ".damaged", f"is damaged ({str(exc).splitlines()[0]})")
+            continue
+        if read_settings(metadata) != settings:
+            why = "holds prompts captured under other settings (or by an earlier probekit)"
+            _set_aside(part, shard, ".mismatched", why)
+            continue
+        if not shard.is_file() or _sha256(shard) != metadata.get(SHARD_SHA256, b"").decode():
+            _set_aside(part, shard, ".damaged", "indexes a shard that is missing or damaged")
+            continue
+        seen.update(ids)
+    return seen
+
+
+def _set_aside(part: Path, shard: Path, suffix: str, why: str) -> None:
+    """Rename an index part and its shard with `suffix` and say so: its prompts are captured
+    again."""
+    for path in (part, shard):
+        try:
+            path.replace(path.with_name(path.name + suffix))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
             raise ProbekitError(
-                f"{out} holds a capture with other settings ({', '.join(changed)}); "
-                "use a new --out folder or the same settings to resume"
-            )
-        return
-    (out / "shards").mkdir(parents=True, exist_ok=True)
-    (out / "index").mkdir(parents=True, exist_ok=True)
-    atomic_write(meta, lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
+                f"{path} {why} and cannot be renamed ({exc.strerror}); delete it and run the "
+                "same capture again"
+            ) from None
+    print(
+        f"{part} {why}; set aside as *{suffix} with its shard, its prompts are captured again",
+        file=sys.stderr,
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _next_shard(out: Path) -> int:
@@ -339,7 +462,6 @@ def _write_shard(
     out: Path,
     number: int,
     config: dict[str, Any],
-    spans: Sequence[str] | None,
     hooks: str,
     batch_size: int,
     dtype: torch.dtype,
@@ -350,7 +472,7 @@ def _write_shard(
     blocks: dict[Key, list[torch.Tensor]] = {}
     records: list[dict[str, Any]] = []
     start = 0
-    layers, sites = config["layers"], config["sites"]
+    layers, sites, spans = config["layers"], config["sites"], config["spans"]
     for batch, rows, acts in batches(model, items, layers, sites, spans, hooks, batch_size):
         for key, tensor in acts.items():
             blocks.setdefault(key, []).append(tensor)
@@ -379,11 +501,14 @@ def _write_shard(
     for key, tensor in tensors.items():
         if not torch.isfinite(tensor).all():
             raise ProbekitError(
-                f"activations at {key} overflow {config['dtype']}; capture with "
+                f"activations at {key} overflow {config['storage_dtype']}; capture with "
                 "dtype=torch.bfloat16 or torch.float32"
             )
     atomic_write(
         out / shard, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
     )
-    write_parquet(out / "index" / f"{name}.parquet", pd.DataFrame(records))
+    table = pa.Table.from_pandas(pd.DataFrame(records), preserve_index=False)
+    metadata = {**RowKey.of(config, []).metadata(), SHARD_SHA256: _sha256(out / shard).encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    write_table(out / "index" / f"{name}.parquet", table)  # commits the shard
     return out / shard

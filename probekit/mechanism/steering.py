@@ -31,7 +31,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
 from probekit.core.kinds import checked_by, float_list
-from probekit.core.options import checked, option
+from probekit.core.options import Spell, checked, keyword, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
 from probekit.engines.base import ScoreResult
@@ -98,6 +98,53 @@ class SteerOptions(HookOptions):
     )
 
 
+def check_hooks(hooks: str, positions: str, spell: Spell = keyword) -> None:
+    """One line, before any scoring, for positions that reach the answer tokens through
+    nnsight (its hooks steer the prompt only)."""
+    if library(hooks) == "nnsight" and positions != "span":
+        raise ProbekitError(
+            f"{spell('positions')} {positions} steers the answer tokens, which needs "
+            f"{spell('hooks')} transformer_lens (nnsight steers positions span only)"
+        )
+
+
+SATURATED = float(np.sqrt(np.finfo(np.float32).max))
+"""The largest norm of α·v steered: beyond it the square a norm layer takes (in float32 at
+least) overflows, and the model's answer no longer depends on anything but the vector."""
+
+
+def check_strength(
+    dtype: torch.dtype, vectors: Mapping[Target, torch.Tensor], alphas: Sequence[float]
+) -> None:
+    """One line, before any scoring, for an α that saturates the model: α·v (or the random
+    control of its norm) with a norm beyond what its dtype holds or a norm layer squares
+    (`SATURATED`)."""
+    limit = min(SATURATED, float(torch.finfo(dtype).max)) if dtype.is_floating_point else SATURATED
+    for (name, layer), vector in vectors.items():
+        largest = float(vector.norm())
+        for alpha in alphas:
+            if abs(alpha) * largest > limit:
+                raise ProbekitError(
+                    f"α={alpha:g} saturates the model: |α·v| at layer {layer} ({name}) "
+                    f"is {abs(alpha) * largest:.3g}, beyond {limit:.3g} (what its layers compute "
+                    f"in {str(dtype).removeprefix('torch.')}); use a smaller |α|"
+                )
+
+
+def check_finite(results: Sequence[ScoreResult], where: str) -> None:
+    """One line for steered scores that are not finite (the activations overflowed)."""
+    bad = sum(
+        1
+        for r in results
+        if not (np.isfinite(r.valid_mass) and np.isfinite(np.asarray(r.probs, dtype=float)).all())
+    )
+    if bad:
+        raise ProbekitError(
+            f"{where}: the scores of {bad} of {len(results)} prompts are not finite (the steered "
+            "activations overflow); use a smaller |α|"
+        )
+
+
 def steering_site(name: str) -> str:
     """The TransformerLens name of a residual-width site (one line for an unknown or per-head
     site: a steering vector has the residual stream's width)."""
@@ -131,8 +178,11 @@ def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Targe
                 f"the vector has shape {tuple(tensor.shape)}; steering this model needs "
                 f"({width},), one number per residual-stream dimension"
             )
+        where = f"layer {target[1]} ({target[0]})"
         if not torch.isfinite(tensor).all():
-            raise ProbekitError("the vector has non-finite values")
+            raise ProbekitError(f"the vector at {where} has non-finite values (inf or NaN)")
+        if not tensor.any():
+            raise ProbekitError(f"the vector at {where} is zero; steering along it changes nothing")
         out[target] = tensor
     return out
 
@@ -224,6 +274,7 @@ def steered_results(
             hooks=hooks,
             answer_edits=answer,
         )
+        check_finite(results, f"steering at layer {target[1]} ({target[0]})")
         out += results
         if progress is not None:
             progress.update(len(chunk))
@@ -386,14 +437,11 @@ def steer(
     chosen = check_alphas(alphas)
     positions = check_positions(positions)
     names = _names(sites)
-    if library(hooks) == "nnsight" and positions != "span":
-        raise ProbekitError(
-            f"positions={positions!r} steers the answer tokens, which needs "
-            "hooks='transformer_lens' (nnsight steers positions='span' only)"
-        )
+    check_hooks(hooks, positions)
     model = hookable(model)
     targets = [(name, layer) for layer in layer_indices(model, _layers(layers)) for name in names]
     vectors = as_vectors(model, vector, targets)
+    check_strength(model.dtype, vectors, chosen)
     encoded = encode_prompts(model, prompts, "steer")
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
     settle_precision(model, answer_set, [e.input_ids for e in encoded])

@@ -1,0 +1,137 @@
+"""Steering vectors as `probekit steer STUDY` takes them (`--vector`): made from the study's
+contrast (`mean_diff`: the mean over the contrast's prompts minus the mean over the others of
+each prompt's activation averaged over a span, at each (site, layer); `direction`: the same as a
+unit vector, the contrast direction of `probekit.mechanism.directions`), or read from a file
+(.npy, .pt, .safetensors: one [d_model] vector, or one per layer [n_layers, d_model]).
+
+A file is read and checked before any model loads (readable, one tensor, finite, not zero) and
+known by its content (`VectorFile.sha256`), so a steering run resumes only with the same numbers
+whatever the file is called; its shape is checked against the model once it is loaded, before
+anything is written (`probekit.mechanism.steering.as_vectors`)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem
+from probekit.core.options import Spell, flag
+from probekit.mechanism import steering
+from probekit.mechanism.directions import diff_of_means
+
+VECTORS = ("mean_diff", "direction")
+FILE_TYPES = (".npy", ".pt", ".safetensors")
+
+
+@dataclass(frozen=True)
+class VectorFile:
+    """A vector file read and checked: its path, its values (float64, [d_model] or
+    [n_layers, d_model]) and the SHA-256 of its bytes."""
+
+    path: Path
+    values: np.ndarray
+    sha256: str
+
+
+def check_vector_name(vector: str, spell: Spell = flag) -> None:
+    """One line for a `--vector` that is neither a kind (`VECTORS`) nor a file of a known type
+    that exists."""
+    if vector in VECTORS:
+        return
+    path = Path(vector)
+    if path.suffix not in FILE_TYPES:
+        raise ProbekitError(
+            f"{spell('vector')} {vector!r}: give mean_diff, direction or a "
+            f"{', '.join(FILE_TYPES)} file"
+        )
+    if not path.is_file():
+        raise ProbekitError(f"{spell('vector')}: no file {vector}")
+
+
+def read_vector_file(vector: str | Path, spell: Spell = flag) -> VectorFile:
+    """The file's only tensor, checked: one or two dimensions, finite, not all zero (one line
+    naming the file otherwise)."""
+    path = Path(vector)
+    check_vector_name(str(path), spell)
+    name = f"{spell('vector')} {path}"
+    try:
+        content = path.read_bytes()
+        values = _load(path)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ProbekitError(f"{name}: not readable ({error})".splitlines()[0]) from None
+    if isinstance(values, dict):
+        if len(values) != 1:
+            raise ProbekitError(f"{name}: the file holds {len(values)} tensors; give one")
+        (values,) = values.values()
+    if isinstance(values, torch.Tensor):
+        values = values.double().numpy()
+    if not isinstance(values, np.ndarray) or values.dtype.kind not in "biuf":
+        raise ProbekitError(f"{name}: the file holds a {type(values).__name__}, not numbers")
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim not in (1, 2) or values.size == 0:
+        raise ProbekitError(
+            f"{name}: shape {values.shape}; give one [d_model] vector or one per layer "
+            "([n_layers, d_model])"
+        )
+    if not np.isfinite(values).all():
+        raise ProbekitError(f"{name}: the vector has non-finite values (inf or NaN)")
+    if not values.any():
+        raise ProbekitError(f"{name}: the vector is zero; steering along it changes nothing")
+    return VectorFile(path, values, hashlib.sha256(content).hexdigest())
+
+
+def _load(path: Path) -> Any:
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    if path.suffix == ".pt":
+        return torch.load(path, map_location="cpu", weights_only=True)
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def file_vectors(
+    model: Any, found: VectorFile, targets: Sequence[steering.Target], spell: Spell = flag
+) -> dict[steering.Target, torch.Tensor]:
+    """The file's vector at each target (a 2-D file: its row for the target's layer), checked
+    against the model's width."""
+    values = found.values
+    if values.ndim == 2:
+        if values.shape[0] != model.n_layers:
+            raise ProbekitError(
+                f"{spell('vector')} {found.path}: a 2-D file needs one row per layer "
+                f"({model.n_layers}), got shape {tuple(values.shape)}"
+            )
+        return steering.as_vectors(model, {t: values[t[1]] for t in targets}, targets)
+    try:
+        return steering.as_vectors(model, values, targets)
+    except ProbekitError as error:
+        raise ProbekitError(f"{spell('vector')} {found.path}: {error}") from None
+
+
+def contrast_vectors(
+    model: Any,
+    encoded: Sequence[EncodedItem],
+    targets: Sequence[steering.Target],
+    kind: str,
+    span: str,
+    contrast: Callable[[EncodedItem], Any],
+    hooks: str = "transformer_lens",
+) -> dict[steering.Target, torch.Tensor]:
+    """The contrast's mean difference at `span` (`kind` `mean_diff`) or its unit direction
+    (`direction`) at each target, from the prompts' span means."""
+    if kind not in VECTORS:
+        raise ProbekitError(f"unknown vector kind {kind!r}; choose from {', '.join(VECTORS)}")
+    side = [bool(contrast(p)) for p in encoded]
+    means = steering.span_means(model, encoded, targets, span, hooks)
+    found = {t: steering.mean_difference(means[t], side) for t in targets}
+    if kind == "direction":
+        found = {t: diff_of_means(means[t], np.asarray(side)) for t in targets}
+    return steering.as_vectors(model, found, targets)

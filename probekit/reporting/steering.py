@@ -1,0 +1,121 @@
+"""The page and figure of a steering run (`probekit steer STUDY`): the study's headline at each
+α along the vector and along the random control of the same norm, side by side, with the side
+effects (mean valid mass, mean KL from α = 0) and the figure, from the run's summary rows
+(`summary.csv`: one row per site, layer, vector kind and α). Rendered from the package's
+templates (`templates/steer.html`) like the run pages, self-contained."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probekit.core.io import write_text
+from probekit.reporting.contract import is_sample_data
+from probekit.reporting.figures import new_figure, save_figure
+from probekit.reporting.headline import format_number, format_p
+from probekit.reporting.html import _environment
+
+STEER, RANDOM = "steer", "random"
+"""The `vector` column's kinds: the vector given, and the random control of its norm."""
+SHOWN = ("study", "model", "weights", "dtype", "device", "vector", "vector_file", "vector_sha256")
+SHOWN += ("positions", "span", "sites", "layers", "hooks", "seed", "alphas", "prompts")
+
+
+def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """The headline against α (the vector and the random control, with intervals) and the side
+    effects (mean valid mass, mean KL), one line per (site, layer, vector kind)."""
+    fig = new_figure(10, 4)
+    headline, effects = fig.subplots(1, 2)
+    kl = effects.twinx()
+    for (site, layer, kind), group in summary.groupby(["site", "layer", "vector"], sort=False):
+        group = group.sort_values("alpha")
+        style = "-" if kind == STEER else "--"
+        label = f"L{layer} {site} {kind}"
+        x = group["alpha"].to_numpy(float)
+        line = headline.plot(x, group["value"].to_numpy(float), style, marker="o", label=label)[0]
+        low, high = group["low"].to_numpy(float), group["high"].to_numpy(float)
+        headline.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
+        effects.plot(x, group["mean_valid_mass"], style, marker="o", label=f"{label} mass")
+        kl.plot(x, group["mean_kl"], style, marker="x", color="grey", label=f"{label} KL")
+    headline.axhline(0, color="black", lw=0.5)
+    headline.set_xlabel("α")
+    headline.set_ylabel(str(summary["label"].iloc[0]))
+    headline.legend(fontsize=7)
+    effects.set_xlabel("α")
+    effects.set_ylabel("mean valid mass (o)")
+    kl.set_ylabel("mean KL from α = 0, nats (x, grey)")
+    effects.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    return save_figure(fig, path)
+
+
+def _cells(row: Mapping[str, Any] | None) -> dict[str, str]:
+    """One vector kind's cells at one α (dashes where the kind has no row)."""
+    if row is None:
+        return {k: "—" for k in ("value", "interval", "p", "mass", "kl")}
+    low, high = format_number(row["low"], signed=True), format_number(row["high"], signed=True)
+    return {
+        "value": format_number(row["value"], signed=True),
+        "interval": "—" if low == "—" else f"[{low}, {high}]",
+        "p": format_p(row["p_value"]),
+        "mass": format_number(row["mean_valid_mass"]),
+        "kl": format_number(row["mean_kl"], 4),
+    }
+
+
+def steer_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
+    """The page's table: one row per (site, layer, α) with the vector's cells and the random
+    control's beside them."""
+    rows = []
+    for (site, layer, alpha), group in summary.groupby(["site", "layer", "alpha"], sort=True):
+        kinds = {r["vector"]: r for r in group.to_dict("records")}
+        rows.append(
+            {
+                "site": site,
+                "layer": int(layer),
+                "alpha": f"{alpha:g}",
+                "steer": _cells(kinds.get(STEER)),
+                "random": _cells(kinds.get(RANDOM)),
+            }
+        )
+    return rows
+
+
+def steer_page_html(
+    summary: pd.DataFrame, figure: str | Path, title: str, manifest: Mapping[str, Any], data: str
+) -> str:
+    """The HTML of a steering run's page (`data`: the data as the study describes it)."""
+    image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
+    settings = [(k, manifest[k]) for k in SHOWN if manifest.get(k) is not None]
+    notes = sorted({str(n) for n in summary.get("note", pd.Series(dtype=str)).dropna() if n})
+    return (
+        _environment()
+        .get_template("steer.html")
+        .render(
+            title=title,
+            label=str(summary["label"].iloc[0]),
+            rows=steer_rows(summary),
+            image=image,
+            settings=settings,
+            data=data,
+            sample=is_sample_data(data),
+            notes=notes,
+            prompts=int(summary["prompts"].iloc[0]),
+        )
+    )
+
+
+def write_steer_page(
+    path: str | Path,
+    summary: pd.DataFrame,
+    figure: str | Path,
+    title: str,
+    manifest: Mapping[str, Any],
+    data: str,
+) -> Path:
+    """Write the steering run's page (`report.html`) atomically."""
+    return write_text(path, steer_page_html(summary, figure, title, manifest, data))

@@ -1,0 +1,65 @@
+"""`probekit patch STUDY` and `probekit.patch_study`: a study's items traced inside the model
+(patching, attribution, mediation and the study's direction; `probekit.mechanism.pipeline`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from probekit.core.options import Command, Spell, flag, keyword
+from probekit.core.progress import silenced
+from probekit.engines import load_engine
+from probekit.mechanism.api import hookable
+from probekit.mechanism.pipeline import PatchOptions, check_patch, run_patch
+from probekit.run.mechanism import build, context, mechanism_command, study_object
+from probekit.studies.base import Study
+
+
+def patch_command(study: Study) -> Command:
+    """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
+    return mechanism_command("patch", PatchOptions, study, {"out": "runs/patch"})
+
+
+@dataclass(frozen=True)
+class StudyPatch:
+    """What `patch_study` wrote: the folder, the files, the patching table (one row per pair x
+    component) and its summary (per component over the pairs: effect, recovery with intervals)."""
+
+    path: Path
+    files: list[str]
+    table: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def patch_study(study: str | Study, model: Any = "default", **options: Any) -> StudyPatch:
+    """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
+    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
+    patch's (`probekit.mechanism.pipeline.PatchOptions`: `layers=[0, 14]`,
+    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs_per_unit=2`,
+    `out`, ...),
+    the model's (`dtype=torch.bfloat16`, `device_map={...}`, ...) and the study's (`events=2`),
+    checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes what the command writes
+    into `out` (default `runs/patch`) and returns it."""
+    found = study_object(study)
+    loaded, parsed = build(patch_command(found), found, model, options)
+    written = patch_parsed(found, parsed, loaded, keyword)
+    folder = Path(parsed[1].out)
+    summary = pd.read_csv(folder / "patching_summary.csv")
+    return StudyPatch(folder, written, pd.read_parquet(folder / "patching.parquet"), summary)
+
+
+def patch_parsed(study: Study, parsed: tuple, model: Any = None, spell: Spell = flag) -> list[str]:
+    """The patch analysis as the checked options `parsed` say (`patch_command`'s values), on
+    `model` or the one they name: items, the checks that need no model, then the analysis; the
+    files written."""
+    asked, options, own = parsed
+    probe, items = study.mechanism_items(own, context("patch", asked, options, spell))
+    check_patch(options, items, probe.answers, study.mechanism_defaults(), spell)  # no model yet
+    if model is None:
+        model = load_engine(asked.model, **asked.load_keywords())
+    with silenced(asked.quiet):
+        return run_patch(hookable(model), study, probe, items, options, options.out, spell=spell)
