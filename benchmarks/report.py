@@ -228,7 +228,19 @@ def spans_section(spans: dict[str, Any] | None) -> list[str]:
             for label in runs
         ]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    lines.append("")
+    ratios = [
+        record["over_unpatched"]
+        for entry in spans["sites"].values()
+        for label, record in entry.items()
+        if label != "unpatched"
+    ]
+    lines += [
+        "",
+        f"A patched row costs {min(ratios):.2f}x to {max(ratios):.2f}x an unpatched row: on every "
+        "site the time is the scoring's own (the prompt pass, the answer rows, the readout, "
+        "shared as in the table above), whether the patch stops at the prompt or reaches the "
+        "answer positions.\n",
+    ]
     return lines
 
 
