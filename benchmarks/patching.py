@@ -27,6 +27,11 @@ values, and where probekit's time went (`Scorer.stats`: the prompt passes, the a
 the trie passes, the readout (the LM head and vocabulary sums at every answer position), the
 rest); `--json` writes them for docs/performance.md (`benchmarks/report.py`).
 
+Then, on the peers' layers, what a patched run costs by the positions it patches: probekit's
+sweep with the `identity` span (prompt positions only), with `from_identity` without the answer
+positions (`through_answer=False`) and through them, against the same rows scored unpatched (the
+floor: a prompt pass and a trie pass, no hook): CPU seconds per scored row and the ratio.
+
 `--against attribution`. On N intergroup pairs, the full exact sweep over layers x heads and
 over layers x {resid_pre, attn_out, mlp_out} against attribution patching of every component
 plus exact patching of the top k: the speed-up and how well the estimate ranked the components
@@ -275,6 +280,61 @@ def run_probekit(
     )
 
 
+SPAN_RUNS = {
+    "unpatched": "the same rows scored unpatched on the bridge (the floor: prompt and trie pass)",
+    "identity": "`identity`: the span's prompt positions only",
+    "from_identity, prompt only": "`from_identity`, `through_answer=False`: the span to the "
+    "prompt's end, no answer position",
+    "from_identity": "`from_identity` through the answer: the span to the prompt's end and every "
+    "answer position",
+}
+
+
+def span_costs(
+    scorer: HFScorer, pair: Any, readout: Any, name: str, layers: Sequence[int], size: int | None
+) -> dict[str, Callable[[], int]]:
+    """probekit's sweep of `name` over `layers` with a prompt-only span, a span to the prompt's
+    end without and with the answer positions, and the same rows scored unpatched (clean and
+    corrupt, then each patched run and the two prompts scored again for the noise, in the
+    sweep's batches): each a function that runs it and returns the rows it scored."""
+    heads = range(n_heads(scorer.model)) if name == HEAD_SITE else ()
+    batch = size or scorer.batch_size
+    runs = len(grid(layers, [name], ["identity"], heads))
+
+    def swept(span: str, through: bool | None = None) -> Callable[[], int]:
+        patches = grid(layers, [name], [span], heads)
+        return lambda: (
+            len(
+                sweep(
+                    scorer,
+                    [pair],
+                    patches,
+                    readout,
+                    batch_size=size,
+                    through_answer=through,
+                    progress=False,
+                )
+            )
+            + 4
+        )
+
+    def unpatched() -> int:
+        clean, corrupt = pair[0].input_ids, pair[1].input_ids
+        rows = [corrupt] * runs + [clean, corrupt]
+        with scorer.model.bridged():
+            scorer.score_batch([clean, corrupt], reuse_prefix=False)
+            for start in range(0, len(rows), batch):
+                scorer.score_batch(rows[start : start + batch], reuse_prefix=False)
+        return len(rows) + 2
+
+    return {
+        "unpatched": unpatched,
+        "identity": swept("identity"),
+        "from_identity, prompt only": swept("from_identity", False),
+        "from_identity": swept("from_identity", True),
+    }
+
+
 def split(stats: ScorerStats, before: ScorerStats, seconds: float) -> dict[str, float]:
     """Where probekit's `seconds` went, from the scorer's counters over the call."""
     prompt = stats.prompt_seconds - before.prompt_seconds
@@ -340,8 +400,10 @@ def peers(options: argparse.Namespace) -> None:
                     entry["sweeps"][method], entry["load"][method] = got, load
                     if method == "probekit":
                         entry["split"] = split(scorer.stats, before, wall)
+    spans = measure_spans(options, scorer, pair, readout, names, sampled)
     end = load_line("at end")
     figures, details = report_peers(results, peer, layers, sampled)
+    details["spans"] = spans
     details["pair"] = {"clean": CLEAN, "corrupt": CORRUPT, "span": "Muslim"}
     if options.json:
         write_results(
@@ -354,6 +416,45 @@ def peers(options: argparse.Namespace) -> None:
             path=Path(options.json),
             details=details,
         )
+
+
+def measure_spans(
+    options: argparse.Namespace,
+    scorer: HFScorer,
+    pair: Any,
+    readout: Any,
+    names: list[str],
+    layers: list[int],
+) -> dict[str, Any]:
+    """Per site, each `SPAN_RUNS` sweep on `layers`: CPU seconds per scored row (best of the
+    repeats, interleaved) and where its time went; printed, and returned for the JSON."""
+    out: dict[str, Any] = {"layers": layers, "runs": SPAN_RUNS, "sites": {}}
+    print(f"\nprobekit per scored row, by span (layers {layers}):")
+    for _ in range(options.repeats):
+        for name in names:
+            entry = out["sites"].setdefault(name, {})
+            for label, run in span_costs(
+                scorer, pair, readout, name, layers, options.batch_size
+            ).items():
+                before = ScorerStats(**vars(scorer.stats))
+                rows, wall, seconds = timed(scorer.model.device, run)
+                record = {"seconds": seconds, "rows": rows, "per_row_s": seconds / rows}
+                record["split"] = split(scorer.stats, before, wall)
+                if seconds / rows < entry.get(label, {}).get("per_row_s", np.inf):
+                    entry[label] = record
+    for name, entry in out["sites"].items():
+        floor = entry["unpatched"]["per_row_s"]
+        for label, record in entry.items():
+            record["over_unpatched"] = record["per_row_s"] / floor
+            s = record["split"]
+            print(
+                f"  {name:<15} {label:<27} {record['per_row_s']:.3f} s/row "
+                f"({record['over_unpatched']:.2f}x unpatched; {record['rows']} rows: prompt "
+                f"{s['prompt_pass_s']:.1f} s, answer rows {s['answer_rows_s']:.1f} s, readout "
+                f"{s['readout_s']:.1f} s, rest {s['other_s']:.1f} s, {s['answer_positions']} "
+                "answer positions)"
+            )
+    return out
 
 
 def report_peers(
@@ -412,7 +513,28 @@ def report_peers(
             f" ({s['prompt_tokens']} prompt tokens, {s['answer_positions']} answer positions)"
         )
         details["sites"][name] = record
+    details["verdict"] = verdict_line(details["sites"])
+    print(details["verdict"])
     return figures, details
+
+
+def verdict_line(sites: dict[str, dict[str, Any]]) -> str:
+    """One line: whether probekit met the target against each target peer on every site, with
+    the largest ratio, and its ratios against the cached nnsight loop (which has no target)."""
+    parts = []
+    for method in METHODS[1:]:
+        ratios = {name: record[method]["ratio"] for name, record in sites.items()}
+        worst = max(ratios, key=ratios.get)
+        if method in TARGET_PEERS:
+            failed = [name for name, r in ratios.items() if r > TARGET]
+            met = f"FAIL on {', '.join(failed)}" if failed else "PASS on every site"
+            parts.append(f"against {method} {met} (largest ratio {ratios[worst]:.2f}, {worst})")
+        else:
+            low = min(ratios.values())
+            parts.append(
+                f"against {method} (no target) ratios {low:.2f} to {ratios[worst]:.2f} ({worst})"
+            )
+    return f"target <= {TARGET}: " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------------- attribution

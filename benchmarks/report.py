@@ -201,6 +201,46 @@ def patching_section(result: dict[str, Any]) -> list[str]:
             f"| `{name}` | {' | '.join(cells)} | {s['prompt_tokens']} | {s['answer_positions']} |"
         )
     lines.append("")
+    if details.get("verdict"):
+        lines.append(f"**Verdict.** {details['verdict']}.\n")
+    return lines + spans_section(details.get("spans"))
+
+
+def spans_section(spans: dict[str, Any] | None) -> list[str]:
+    """What a patched run costs by the positions it patches, against the same rows unpatched."""
+    if not spans or not spans.get("sites"):
+        return []
+    runs = spans["runs"]
+    lines = [
+        "#### What a patched run costs, by the positions it patches\n",
+        f"probekit's sweep of each site over layers {spans['layers']} with three spans, and the "
+        "same rows scored unpatched on the bridge (clean and corrupt, each patched run, the two "
+        "prompts scored again for the noise, in the sweep's batches): CPU seconds per scored row "
+        "(best of the repeats) and that over the unpatched row's. "
+        + " ".join(f"{label}: {text}." for label, text in runs.items())
+        + "\n",
+        "| site | " + " | ".join(runs) + " |",
+        "|---" * (1 + len(runs)) + "|",
+    ]
+    for name, entry in spans["sites"].items():
+        cells = [
+            f"{entry[label]['per_row_s']:.3f} s ({entry[label]['over_unpatched']:.2f}x)"
+            for label in runs
+        ]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    ratios = [
+        record["over_unpatched"]
+        for entry in spans["sites"].values()
+        for label, record in entry.items()
+        if label != "unpatched"
+    ]
+    lines += [
+        "",
+        f"A patched row costs {min(ratios):.2f}x to {max(ratios):.2f}x an unpatched row: on every "
+        "site the time is the scoring's own (the prompt pass, the answer rows, the readout, "
+        "shared as in the table above), whether the patch stops at the prompt or reaches the "
+        "answer positions.\n",
+    ]
     return lines
 
 
