@@ -99,12 +99,12 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
     positions = args.positions
     sites = [steering.steering_site(name) for name in args.sites]
-    direction = study.mechanism_defaults().direction
-    check_vector(args.vector, direction is not None, study.name)
+    contrast = study.mechanism_defaults().contrast
+    check_vector(args.vector)
     probe, items = study.mechanism_items(own, context("steer", asked, args, spell))
     model = model if model is not None else load_engine(asked.model, **asked.load_keywords())
     layers = layer_indices(model, args.layers) if args.layers else [model.n_layers // 2]
-    span = args.span or (direction.span if direction else "answer")
+    span = args.span or contrast.span_of(probe)
     out = Path(args.out)
     settings = {
         "study": study.name,
@@ -124,8 +124,8 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     for prompt in encoded:
         steering.prompt_positions(prompt, positions, span)
     targets = [(name, layer) for layer in layers for name in sites]
-    contrast = direction.contrast(probe) if direction else None
-    vectors = make_vectors(model, encoded, targets, args.vector, span, contrast, args.hooks)
+    side = contrast.side(probe)
+    vectors = make_vectors(model, encoded, targets, args.vector, span, side, args.hooks)
     scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
     with hook_library(model, args.hooks):  # α = 0 on the same kernels as the rest
         base = list(scorer.score([p.input_ids for p in encoded]))
@@ -169,13 +169,10 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     return StudySteer(out, table, summary)
 
 
-def check_vector(vector: str, has_direction: bool, study: str) -> None:
-    """One line for a vector that is neither a known kind nor a readable file."""
+def check_vector(vector: str) -> None:
+    """One line for a vector that is neither a known kind (every study declares its contrast)
+    nor a readable file."""
     if vector in VECTORS:
-        if not has_direction:
-            raise ProbekitError(
-                f"the study '{study}' defines no contrast for --vector {vector}; give a file"
-            )
         return
     path = Path(vector)
     if path.suffix not in FILE_TYPES:
@@ -297,11 +294,7 @@ def study_headline(
     study: Study, frame: pd.DataFrame, folder: Path, manifest: dict[str, Any]
 ) -> dict[str, Any]:
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
-    rows = pd.DataFrame(study.report_view(frame, folder, manifest, VIEWS[0], ""))
-    found = study.headlines(rows, manifest)
-    if not found:
-        raise ProbekitError(f"the study '{study.name}' reports no headline")
-    first = next((h for h in found if h.primary), found[0])
+    first = study.headline(frame, folder, manifest)
     return {
         "label": first.label,
         "value": _number(first.value),
