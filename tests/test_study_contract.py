@@ -167,10 +167,10 @@ def test_listing_and_help_import_no_model_library(argv):
 # ------------------------------------------------------------ every command on every study
 # Each case: the study (a registered name, or the minimal study as an unregistered object), its
 # options for `run` (a balanced smoke run) and for the mechanism commands (one event, item or
-# sample), and whether it needs the reference data.
+# sample; intergroup on its 0-10 scale, the quicker to score).
 JAEM_DATA = "jaem_st"
 CASES = {
-    "intergroup": ({"limit": 72}, {"events": 1}),
+    "intergroup": ({"limit": 72, "setting": "P0S1T0"}, {"events": 1, "setting": "P0S1T0"}),
     "isear": ({"limit": 6}, {"events": 1}),
     "giebench": ({"items": "sample", "limit": 16}, {"events": 1}),
     "jaem-st": ({"samples": 4}, {"samples": 1}),
@@ -249,12 +249,10 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     probe, items = items_of("steer")
     assert len(steered.table) == 4 * len(items)  # steer and random, at α 0 and 4
     manifest = {**probe.manifest(), "model": tiny.name, "seed": 0, "view": "exact"}
-    for row in steered.summary.to_dict("records"):
-        rows = steered.table[
-            (steered.table["vector"] == row["vector"]) & (steered.table["alpha"] == row["alpha"])
-        ]
-        own = study.headline(rows.reset_index(drop=True), tmp_path / "own", manifest)
-        assert (row["label"], row["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
+    row = steered.summary.set_index(["vector", "alpha"]).loc[("steer", 4.0)]
+    rows = steered.table[(steered.table["vector"] == "steer") & (steered.table["alpha"] == 4)]
+    own = study.headline(rows.reset_index(drop=True), tmp_path / "own", manifest)
+    assert (row["label"], row["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
 
     if name == "minimal":  # `report` finds a run's study by the name in its manifest
         register(study)
@@ -265,3 +263,22 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
             base._REGISTRY.pop(study.name)
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
     assert markdown and len(summary) == len(run.summary)
+
+
+def test_a_study_must_declare_its_report_and_its_contrast():
+    class Partial(base.Study):
+        name = "partial"
+
+        def probes(self, options, context):
+            return []
+
+    with pytest.raises(TypeError, match="headlines.*mechanism_defaults.*report_view"):
+        Partial()
+
+
+def test_default_pairs_put_the_contrasts_first_side_against_the_other_in_each_unit(tiny):
+    study = minimal_study.MinimalStudy()
+    probe, items = study.mechanism_items(minimal_study.MinimalOptions(days=3), Context("patch"))
+    encoded = [tiny.encode(item) for item in items]
+    pairs = [(clean.item.id, corrupt.item.id) for clean, corrupt in study.pairs(probe, encoded)]
+    assert pairs == [(f"{day}|Alice", f"{day}|Bob") for day in range(3)]
