@@ -276,3 +276,18 @@ def test_default_pairs_put_the_contrasts_first_side_against_the_other_in_each_un
     encoded = [tiny.encode(item) for item in items]
     pairs = [(clean.item.id, corrupt.item.id) for clean, corrupt in study.pairs(probe, encoded)]
     assert pairs == [(f"{day}|Alice", f"{day}|Bob") for day in range(3)]
+
+
+def test_steer_isear_with_a_vector_file_reports_every_alpha(tiny, tmp_path):
+    """The issue's `probekit steer isear --vector v.npy`: every α gets ISEAR's own headline
+    (max_diff), not a traceback after the first."""
+    import numpy as np
+
+    vector = tmp_path / "v.npy"
+    np.save(vector, np.random.default_rng(0).standard_normal(tiny.hf.config.hidden_size))
+    steered = probekit.steer_study(
+        "isear", tiny, out=tmp_path / "steer", vector=str(vector), alphas=[-4, 4], events=1, **TINY
+    )
+    assert sorted(steered.summary["alpha"]) == [-4, -4, 0, 0, 4, 4]
+    assert steered.summary["label"].str.startswith("max_diff").all()
+    assert steered.summary["value"].between(0, 1).all()
