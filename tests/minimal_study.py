@@ -1,15 +1,17 @@
-"""A minimal study, to show what a new study is: its probe, metrics, report and card (this
-docstring), nothing else. Options, data, the run loop, both views of a generate run, the
-summary files and `--help` come from the core (`probekit.studies.base`).
+"""A minimal study, to show what a new study is: its probe, options, report with its headline,
+contrast and card (this docstring), nothing else. Options, data, the run loop, both views of a
+generate run, the summary files, `--help`, and the items and pairs of `patch`, `capture` and
+`steer` come from the core (`probekit.studies.base`).
 
 The question: how good, 0 to 10, is a day that a named person describes? The gap is the mean
-expected rating for Alice minus that for Bob, over the same days.
+expected rating for Alice minus that for Bob, over the same days; the contrast is Alice's
+prompts against Bob's, at the name.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,11 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.answers import AnswerSet
-from probekit.core.items import Item
+from probekit.core.items import CharSpan, EncodedItem, Item
 from probekit.core.kinds import positive_int
 from probekit.core.options import option
+from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.reporting.headline import Headline
 from probekit.studies.base import Context, Probe, Study
 
 NAMES = ("Alice", "Bob")
@@ -41,7 +45,8 @@ class MinimalProbe(Probe):
             for person in NAMES:
                 question = f'{person} says: "{text}" How good was the day, 0 to 10? Answer:'
                 key = {"day": day, "name": person}
-                yield Item(f"{day}|{person}", key, str(day), text=question)
+                name = {"name": (CharSpan(None, 0, len(person)),)}
+                yield Item(f"{day}|{person}", key, str(day), text=question, spans=name)
 
     def parse(self, response: str) -> int | None:
         found = re.search(r"\d+", response)
@@ -73,6 +78,19 @@ class MinimalStudy(Study):
         value = scores["expected"] if view == "exact" else pd.to_numeric(scores["parsed"])
         means = value.groupby(scores["name"]).mean()
         return [{"view": view, **means.to_dict(), "gap": means["Alice"] - means["Bob"]}]
+
+    def headlines(self, table: pd.DataFrame, manifest: dict[str, Any]) -> list[Headline]:
+        return [
+            Headline("gap, Alice - Bob", r["view"], r["gap"], primary=r["view"] == "exact")
+            for r in table.to_dict("records")
+        ]
+
+    def mechanism_defaults(self) -> MechanismDefaults:
+        return MechanismDefaults(contrast=Contrast("Alice vs Bob", "name", _alice))
+
+
+def _alice(probe: MinimalProbe) -> Callable[[EncodedItem], bool]:
+    return lambda prompt: prompt.item.key["name"] == "Alice"
 
 
 STUDY = MinimalStudy()  # a study folder registers on import: `STUDY = register(MyStudy())`

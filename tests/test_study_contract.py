@@ -8,17 +8,22 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import minimal_study
 import pandas as pd
 import pytest
+from conftest import reference_data_root
 
+import probekit
 from probekit import cli
+from probekit.cli.report import report_runs
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import positive_int
 from probekit.core.options import Command, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
-from probekit.studies import base, get_study, register
+from probekit.studies import base, get_study, list_studies, register
+from probekit.studies.base import Context
 
 
 @pytest.fixture
@@ -157,3 +162,132 @@ def test_listing_and_help_import_no_model_library(argv):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
     assert "usage" in done.stdout or "intergroup" in done.stdout
+
+
+# ------------------------------------------------------------ every command on every study
+# Each case: the study (a registered name, or the minimal study as an unregistered object), its
+# options for `run` (a balanced smoke run) and for the mechanism commands (one event, item or
+# sample; intergroup on its 0-10 scale, the quicker to score).
+JAEM_DATA = "jaem_st"
+CASES = {
+    "intergroup": ({"limit": 72, "setting": "P0S1T0"}, {"events": 1, "setting": "P0S1T0"}),
+    "isear": ({"limit": 6}, {"events": 1}),
+    "giebench": ({"items": "sample", "limit": 16}, {"events": 1}),
+    "jaem-st": ({"samples": 4}, {"samples": 1}),
+    "minimal": ({"days": 2}, {"days": 1}),
+}
+TINY = {"layers": [1], "batch_size": 8}
+
+
+def _study_and_data(name: str) -> tuple[Any, dict[str, Any]]:
+    """The study object (the minimal one unregistered) and its data option."""
+    if name == "minimal":
+        return minimal_study.MinimalStudy(), {}
+    if name == "jaem-st":
+        root = reference_data_root()
+        if root is None or not (root / JAEM_DATA / "dimensions.json").is_file():
+            pytest.skip("JaEm-ST's templates are not in the repository and no data root has them")
+        return get_study(name), {"data": root}
+    return get_study(name), {}
+
+
+def test_every_registered_study_is_a_contract_case():
+    assert {study.name for study in list_studies()} | {"minimal"} == set(CASES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_command_runs_on_every_study(name, tiny, tmp_path):
+    """`run`, `patch`, `capture`, `steer` and `report` on the study through the Python API, on
+    the tiny model: each writes its files; the pairs put the first side of the study's declared
+    contrast against the other within a unit; `mean_diff` steers along that contrast, and each
+    α's headline is the study's own headline of that α's rows."""
+    study, data = _study_and_data(name)
+    run_options, mechanism = CASES[name]
+    contrast = study.mechanism_defaults().contrast
+
+    def items_of(command: str) -> tuple[Any, list[Any]]:
+        options = cli.study_command(command, study).build({**data, **mechanism}, "f")[2]
+        return study.mechanism_items(options, Context(command))
+
+    run = probekit.run_study(study, tiny, out=tmp_path / "run", numerics=0, **data, **run_options)
+    assert len(run.scores) and run.headline is not None and run.headline.primary
+
+    patched = probekit.patch_study(
+        study,
+        tiny,
+        out=tmp_path / "patch",
+        sites=["resid_pre"],
+        bootstrap=20,
+        **TINY,
+        **data,
+        **mechanism,
+    )
+    assert len(patched.table) and set(patched.table["layer"]) == {1}
+    probe, items = items_of("patch")
+    encoded = [tiny.encode(item) for item in items]
+    sides = {contrast.side(probe)(prompt) for prompt in encoded}
+    pairs = study.pairs(probe, encoded)
+    assert sides == {True, False} and pairs
+    assert all(clean.item.unit == corrupt.item.unit != "" for clean, corrupt in pairs)
+
+    captured = probekit.capture_study(
+        study, tiny, out=tmp_path / "capture", sites=["resid_post"], **TINY, **data, **mechanism
+    )
+    _, items = items_of("capture")
+    assert set(captured.index["prompt_id"]) == {item.id for item in items}
+
+    steered = probekit.steer_study(
+        study,
+        tiny,
+        out=tmp_path / "steer",
+        alphas=[0, 4],
+        vector="mean_diff",
+        **TINY,
+        **data,
+        **mechanism,
+    )
+    probe, items = items_of("steer")
+    assert len(steered.table) == 4 * len(items)  # steer and random, at α 0 and 4
+    manifest = {**probe.manifest(), "model": tiny.name, "seed": 0, "view": "exact"}
+    row = steered.summary.set_index(["vector", "alpha"]).loc[("steer", 4.0)]
+    rows = steered.table[(steered.table["vector"] == "steer") & (steered.table["alpha"] == 4)]
+    own = study.headline(rows.reset_index(drop=True), tmp_path / "own", manifest)
+    assert (row["label"], row["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
+
+    markdown = report_runs(run.path, tmp_path / "report", studies=[study])
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert markdown and len(summary) == len(run.summary)
+
+
+def test_a_study_must_declare_its_report_and_its_contrast():
+    class Partial(base.Study):
+        name = "partial"
+
+        def probes(self, options, context):
+            return []
+
+    with pytest.raises(TypeError, match="headlines.*mechanism_defaults.*report_view"):
+        Partial()
+
+
+def test_default_pairs_put_the_contrasts_first_side_against_the_other_in_each_unit(tiny):
+    study = minimal_study.MinimalStudy()
+    probe, items = study.mechanism_items(minimal_study.MinimalOptions(days=3), Context("patch"))
+    encoded = [tiny.encode(item) for item in items]
+    pairs = [(clean.item.id, corrupt.item.id) for clean, corrupt in study.pairs(probe, encoded)]
+    assert pairs == [(f"{day}|Alice", f"{day}|Bob") for day in range(3)]
+
+
+def test_steer_isear_with_a_vector_file_reports_every_alpha(tiny, tmp_path):
+    """The issue's `probekit steer isear --vector v.npy`: every α gets ISEAR's own headline
+    (max_diff), not a traceback after the first."""
+    import numpy as np
+
+    vector = tmp_path / "v.npy"
+    np.save(vector, np.random.default_rng(0).standard_normal(tiny.hf.config.hidden_size))
+    steered = probekit.steer_study(
+        "isear", tiny, out=tmp_path / "steer", vector=str(vector), alphas=[-4, 4], events=1, **TINY
+    )
+    assert sorted(steered.summary["alpha"]) == [-4, -4, 0, 0, 4, 4]
+    assert steered.summary["label"].str.startswith("max_diff").all()
+    assert steered.summary["value"].between(0, 1).all()

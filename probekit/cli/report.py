@@ -25,13 +25,18 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import check_writable
 from probekit.core.rundir import RunDir
 from probekit.reporting import load_run, write_run_page, write_runs_page
-from probekit.studies.base import get_study
+from probekit.studies.base import Study, get_study
 
 
-def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | None = None) -> str:
+def report_runs(
+    folders: str | Path | Sequence[str | Path],
+    out: str | Path | None = None,
+    studies: Sequence[Study] = (),
+) -> str:
     """Report every finished run under `folders` (one or several, e.g. one per model or one per
     study), write each study's summary and the pages into `out` (`report_folder`); return the
-    summaries' Markdown."""
+    summaries' Markdown. A run's study is the one its manifest names: one of `studies` (`Study`
+    objects, registered or not, as `run_study` takes them), else the registered one."""
     folders = [Path(folders)] if isinstance(folders, str | Path) else [Path(f) for f in folders]
     runs: list[RunDir] = []
     for folder in folders:
@@ -51,9 +56,10 @@ def report_runs(folders: str | Path | Sequence[str | Path], out: str | Path | No
             raise ProbekitError(f"{run.manifest_path} names no study; report it from its own run")
         by_study.setdefault(name, []).append((run, manifest))
     target = report_folder(folders, out, runs)
+    given = {study.name: study for study in studies}
     pages, markdown = [], []
     for name, members in by_study.items():
-        study = get_study(name)
+        study = given[name] if name in given else get_study(name)
         rows: list[dict[str, Any]] = []
         for run, manifest in members:
             run_rows = study.summary_rows(run.scores(), run.path, manifest)

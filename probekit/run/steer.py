@@ -108,18 +108,12 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     asked, args, own = parsed
     alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
     sites = [steering.steering_site(name) for name in args.sites]
-    direction = study.mechanism_defaults().direction
+    contrast = study.mechanism_defaults().contrast  # every study declares one
     file = None
-    if args.vector in vectors.VECTORS:
-        if direction is None:
-            raise ProbekitError(
-                f"the study '{study.name}' defines no contrast for {spell('vector')} "
-                f"{args.vector}; give a file"
-            )
-    else:
+    if args.vector not in vectors.VECTORS:
         file = vectors.read_vector_file(args.vector, spell)  # read and checked before any work
     probe, items = study.mechanism_items(own, context("steer", asked, args, spell))
-    span = args.span or (direction.span if direction else "answer")
+    span = args.span or contrast.span_of(probe)
     run = RunDir(args.out)
     refuse_old_folder(run.path)
     ids = [item.id for item in items]
@@ -136,9 +130,9 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     if file is not None:
         found = vectors.file_vectors(model, file, targets, spell)
     else:
-        contrast = direction.contrast(probe)
+        side = contrast.side(probe)
         found = vectors.contrast_vectors(
-            model, encoded, targets, args.vector, span, contrast, args.hooks
+            model, encoded, targets, args.vector, span, side, args.hooks
         )
     rng = np.random.default_rng(args.seed)
     kinds = {
@@ -387,11 +381,7 @@ def study_headline(
     study: Study, frame: pd.DataFrame, folder: Path, manifest: dict[str, Any]
 ) -> dict[str, Any]:
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
-    rows = pd.DataFrame(study.report_view(frame, folder, manifest, VIEWS[0], ""))
-    found = study.headlines(rows, manifest)
-    if not found:
-        raise ProbekitError(f"the study '{study.name}' reports no headline")
-    first = next((h for h in found if h.primary), found[0])
+    first = study.headline(frame, folder, manifest)
     return {
         "label": first.label,
         "value": _number(first.value),

@@ -4,9 +4,14 @@ A `Probe` is one study configuration whose items can be enumerated in a fixed or
 answers count, how a generated response is parsed, and what defines it (for the run manifest).
 A `Study` is a folder under `probekit/studies/` that declares its options once (`options`: a
 dataclass of `probekit.core.options.option` fields, used by `probekit run`, `patch`, `capture`,
-`steer` and their functions), its data (`dataset`), builds probes from its options, reports one
-view of a finished run (metrics, figures, summary rows), and, for the mechanism commands, builds
-items and counterfactual (clean, corrupt) pairs. Its methods receive its options as typed values
+`steer` and their functions), its data (`dataset`), and implements what every command needs:
+`probes` (from its options), `report_view` (one view of scored rows: metrics, figures, summary
+rows) with `headlines` (the numbers of those rows, one primary), and `mechanism_defaults` (its
+`Contrast`: the two sides of its gap, and the patch defaults). From these the core gives every
+command on every study: `headline` (the primary number of any set of scored rows: what `probekit
+steer` reports per α), `mechanism_items` (the probe's items) and `pairs` (each first-side prompt
+against each other-side prompt of its unit), which a study may refine. Its methods receive its
+options as typed values
 and a `Context` (the command, the seed, the view, how options are named to the user). The core
 does the rest: parsing and validating options before any work (`check` for those that span
 several), finding the data and filling the manifest's data fields (`data_source`), the loop over
@@ -14,8 +19,9 @@ a run's views (`report`), the summary files (`write_summary`, one `Summary`); sc
 sharding, resuming and writing results are the run loop's job (`probekit.run.loop`).
 
 A `Study` is also what the report pages read (`probekit.reporting.contract.StudyReport`):
-`card()`, `captions`, `headlines(table, manifest)`, `view_facts(table, run)` and
-`describe_data(manifest)`, each with a default here that a study overrides in its folder.
+`headlines(table, manifest)` (declared by every study), and `card()`, `captions`,
+`view_facts(table, run)` and `describe_data(manifest)`, each with a default here that a study
+overrides in its folder.
 
 Study modules import no model library at module level: listing the studies and `--help` load
 only their light metadata (name, title, options).
@@ -43,7 +49,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import Spell, flag
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
-from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import Headline, ViewFacts
 
@@ -70,6 +76,7 @@ __all__ = [
     "Study",
     "Summary",
     "check_view",
+    "contrast_pairs",
     "get_study",
     "list_studies",
     "register",
@@ -265,7 +272,9 @@ class LimitedProbe(Probe):
 
 
 class Study(ABC):
-    """A registered study: options, probes, report, and the pairs the mechanism commands use."""
+    """A study: options, probes, the report of a view with its headlines, and its contrast.
+    Every command (`run`, `patch`, `capture`, `steer`, `report`) works on every study from
+    these abstract methods; the rest has defaults."""
 
     name: str
     title: str  # one line for `probekit studies`
@@ -316,12 +325,23 @@ class Study(ABC):
             rows += self.report_view(scores, run_dir, manifest, view, suffix)
         return rows
 
+    @abstractmethod
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
     ) -> list[dict]:
-        """Metrics and figures of one view of a run (files named with `suffix`): its summary
-        rows."""
-        raise NotImplementedError(f"the study '{self.name}' reports no view")
+        """Metrics and figures of one view of scored rows (files in `run_dir` named with
+        `suffix`): its summary rows. The rows may be a run's or any other set of the probe's
+        scored prompts (`probekit steer`'s rows at one α), with `manifest` the probe's."""
+
+    def headline(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> Headline:
+        """The study's primary headline on scored rows of the exact view (`report_view` into
+        `run_dir`, then `headlines`): the one number, with its interval, that `probekit steer`
+        reports at each α."""
+        rows = pd.DataFrame(self.report_view(scores, run_dir, manifest, VIEWS[0], ""))
+        found = self.headlines(rows, manifest)
+        if not found:
+            raise ProbekitError(f"the study '{self.name}' gives no headline for these rows")
+        return next((h for h in found if h.primary), found[0])
 
     def summary_rows(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]
@@ -398,10 +418,10 @@ class Study(ABC):
         what = paragraph("**What it measures.**") or (paragraphs[0] if not package else "")
         return StudyCard(self.name, self.title, what, paragraph("**Source.**"), text)
 
+    @abstractmethod
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        """The headline numbers of one run from its summary rows; none by default (the page then
-        shows the whole summary)."""
-        return []
+        """The headline numbers of one run from its summary rows (`report_view`'s), the one that
+        stands for the study marked `primary` (`headline`, `Run.headline`)."""
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
         """The views of one run (valid mass, answers read, agreement); by default the page shows
@@ -426,17 +446,41 @@ class Study(ABC):
         return f"{name} (SHA-256 {str(digest)[:12]}…, no pinned sum to check it against)"
 
     def mechanism_items(self, options: Any, context: Context) -> tuple[Probe, list[Item]]:
-        """The probe and items the mechanism command `context.command` works on."""
-        raise ProbekitError(f"the study '{self.name}' does not support capture or patching yet")
+        """The probe and items the mechanism command `context.command` works on: by default the
+        study's one probe (`probes`) and all its items."""
+        probes = self.probes(options, context)
+        if len(probes) != 1:
+            raise ProbekitError(
+                f"{context.command} works on one probe; the options give the study "
+                f"'{self.name}' {len(probes)}"
+            )
+        return probes[0], list(probes[0].items())
 
     def pairs(self, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
-        """Counterfactual (clean, corrupt) pairs on the same unit, built by the study."""
-        raise ProbekitError(f"the study '{self.name}' builds no patching pairs")
+        """Counterfactual (clean, corrupt) pairs: by default, within each unit, every prompt on
+        the first side of the study's contrast with every prompt on the other side."""
+        return contrast_pairs(self.mechanism_defaults().contrast, probe, encoded)
 
+    @abstractmethod
     def mechanism_defaults(self) -> MechanismDefaults:
-        """Defaults of the mechanism commands (spans, readout, direction; see
-        `probekit.mechanism.defaults`)."""
-        return MechanismDefaults()
+        """The study's contrast and the mechanism commands' defaults (spans, readout,
+        direction; see `probekit.mechanism.defaults`)."""
+
+
+def contrast_pairs(contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
+    """Within each unit, each prompt on the contrast's first side (clean) with each prompt on the
+    other side (corrupt), in the prompts' order."""
+    side = contrast.side(probe)
+    first: dict[str, list[EncodedItem]] = {}
+    for prompt in encoded:
+        if side(prompt):
+            first.setdefault(prompt.item.unit, []).append(prompt)
+    return [
+        (clean, prompt)
+        for prompt in encoded
+        if not side(prompt)
+        for clean in first.get(prompt.item.unit, [])
+    ]
 
 
 def run_view(manifest: dict[str, Any]) -> str:

