@@ -13,15 +13,18 @@ import subprocess
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from probekit import cli
+from probekit.core.rundir import RowKey
 from probekit.reporting import load_run as load_folder
 from probekit.reporting import run_page_html, runs_page_html
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number
+from probekit.run.parts import stamped as stamped_with
 from probekit.studies import get_study
 from probekit.studies.isear.events import SAMPLE_ROOT
 from probekit.studies.isear.probe import EMOTIONS
@@ -283,8 +286,11 @@ def test_report_of_two_runs_of_one_model_keeps_every_section(isear_run, tmp_path
     and a partial summary.csv; and a re-report lost summary.md's Numerics section."""
     other = tmp_path / "other"
     shutil.copytree(isear_run, other)
-    manifest = json.loads((other / "manifest.json").read_text())
-    (other / "manifest.json").write_text(json.dumps({**manifest, "seed": 7}))
+    manifest = {**json.loads((other / "manifest.json").read_text()), "seed": 7}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    table = pq.read_table(other / "scores.parquet")  # its rows say the seed they were run with
+    stamped = stamped_with(table, RowKey.of(manifest, table["prompt_id"].to_pylist()).metadata())
+    pq.write_table(stamped, other / "scores.parquet")
     before = (isear_run / "summary.md").read_text()
     assert "## Numerics" in before
     both = tmp_path / "both"

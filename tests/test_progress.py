@@ -150,7 +150,7 @@ def test_patch_steer_and_capture_say_their_progress_unless_quiet(model, capsys):
     prompts = [f"{EVENT} How angry is the driver, 0 to 12?", "How calm is a lake, 0 to 12?"]
     steer = dict(layers=[3], alphas=[1.0], answers="0-12", control=False, batch_size=1)
     capture = dict(layers=[3], sites=["resid_post"], batch_size=1)
-    vector = [0.0] * model.hf.config.hidden_size
+    vector = [1e-3] * model.hf.config.hidden_size  # a zero vector is refused
     capsys.readouterr()
     probekit.steer(model, prompts, vector, **steer)
     probekit.capture(model, prompts, **capture)

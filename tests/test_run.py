@@ -191,8 +191,8 @@ def test_same_numbers_as_before_the_study_generic_core(smol, tmp_path):
     keys = ["perceiver", "experiencer", "event_id", "emotion"]
     merged = old.merge(new, on=keys, suffixes=("_old", ""), validate="one_to_one")
     assert len(merged) == len(old) == len(new) == 72
-    assert (merged["greedy_old"] == merged["greedy"]).all()
-    assert (merged["mode"] == merged["most_probable"]).all()  # the column's old name
+    assert (merged["argmax"] == merged["greedy"]).all()  # the columns' old names
+    assert (merged["mode"] == merged["most_probable"]).all()
     np.testing.assert_allclose(merged["expected"], merged["expected_old"], atol=2e-4)
     np.testing.assert_allclose(merged["valid_mass"], merged["valid_mass_old"], rtol=5e-4)
     probs = [f"p::{a}" for a in probe.answers.answers]

@@ -230,6 +230,13 @@ def finished_scores(out: str | Path, key: RowKey) -> Path | None:
         reason = f"that are not one for each of the {len(key.ids)} prompts ({len(indices)} rows)"
     if reason is None:
         return path
+    set_aside_file(path, reason, "the run goes on from its parts")
+    return None
+
+
+def set_aside_file(path: Path, reason: str, then: str) -> None:
+    """Rename a finished file whose rows are not this run's (`reason`) `*.mismatched` and say
+    so in one line, with what happens `then`."""
     target = path.with_name(path.name + MISMATCHED)
     try:
         path.replace(target)
@@ -238,8 +245,7 @@ def finished_scores(out: str | Path, key: RowKey) -> Path | None:
             f"{path} holds rows that are not this run's ({reason}) and cannot be renamed "
             f"({exc.strerror}); delete it and run the same command again"
         ) from None
-    say(f"{path} holds rows {reason}; set aside as {target.name}, the run goes on from its parts")
-    return None
+    say(f"{path} holds rows {reason}; set aside as {target.name}, {then}")
 
 
 def _drop_superseded(parts: list[Part]) -> list[Part]:

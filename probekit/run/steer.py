@@ -51,7 +51,7 @@ from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.mechanism import build, context, mechanism_command, study_object
-from probekit.run.parts import MISMATCHED, DamagedPart, say, set_aside, stamped
+from probekit.run.parts import DamagedPart, say, set_aside, set_aside_file, stamped
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "steer.parquet"
@@ -308,15 +308,7 @@ def _finished(folder: Path, key: RowKey) -> pd.DataFrame | None:
         reason = f"that are not one for each of the {len(key.ids)} prompts ({table.num_rows})"
     if reason is None:
         return table.to_pandas()
-    target = path.with_name(path.name + MISMATCHED)
-    try:
-        path.replace(target)
-    except OSError as exc:
-        raise ProbekitError(
-            f"{path} holds rows that are not this run's ({reason}) and cannot be renamed "
-            f"({exc.strerror}); delete it and run the same command again"
-        ) from None
-    say(f"{path} holds rows {reason}; set aside as {target.name}, its α is scored again")
+    set_aside_file(path, reason, "its α is scored again")
     return None
 
 
