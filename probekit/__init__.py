@@ -60,6 +60,7 @@ _API = {
     "empathy_gap": "probekit.stats",
     "permutation_test": "probekit.stats",
     "bootstrap_ci": "probekit.stats",
+    "bootstrap_mean": "probekit.stats",
     "ProbekitError": "probekit.core.errors",
 }
 

@@ -401,6 +401,45 @@ def test_bootstrap_moves_whole_units():
     assert all(draws <= set(within) for draws in seen)
 
 
+def test_a_batched_statistic_gives_the_per_resample_interval():
+    """`batched=True` reads the same draws in one call per chunk: the same resampled values
+    (to rounding), the same estimate, for any chunking; a wrong shape is one line."""
+    values = np.random.default_rng(2).normal(size=37)
+    plain = stats.bootstrap_units(37, lambda d: values[d].mean(), n=300, seed=4)
+    batched = stats.bootstrap_units(37, lambda d: values[d].mean(-1), n=300, seed=4, batched=True)
+    np.testing.assert_allclose(batched.resampled, plain.resampled, rtol=0, atol=1e-14)
+    assert batched.estimate == pytest.approx(plain.estimate, abs=1e-14)
+    assert (batched.low, batched.high) == pytest.approx((plain.low, plain.high), abs=1e-14)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("probekit.stats.bootstrap.BATCH_CELLS", 100)  # 2 resamples per chunk
+        chunked = stats.bootstrap_units(37, lambda d: values[d].mean(-1), 300, 4, batched=True)
+    np.testing.assert_array_equal(chunked.resampled, batched.resampled)
+    with pytest.raises(ProbekitError, match="one value per resample"):
+        stats.bootstrap_units(37, lambda d: values[d], n=10, batched=True)
+
+
+def test_bootstrap_mean_is_the_table_bootstrap_of_a_mean():
+    table = unit_scores(23).sample(frac=1, random_state=1)  # units in no order
+    table.loc[table.index[:4], "score"] = np.nan  # skipped, as pandas' mean skips them
+    table.loc[table["unit"] == table["unit"].iloc[0], "score"] = np.nan  # a unit of NaN only
+    fast = stats.bootstrap_mean(table, "unit", "score", n=400, seed=3)
+    slow = stats.bootstrap_ci(table, "unit", mean_score, n=400, seed=3)
+    np.testing.assert_allclose(fast.resampled, slow.resampled, rtol=1e-12)
+    assert fast.estimate == pytest.approx(slow.estimate, rel=1e-12)
+    assert (fast.low, fast.high) == pytest.approx((slow.low, slow.high), rel=1e-12)
+    with pytest.raises(ProbekitError, match="missing values"):
+        stats.bootstrap_mean(table.assign(unit=None), "unit", "score")
+
+
+def test_mean_ratio_is_nan_where_the_drawn_denominator_is_zero():
+    numerator, denominator = np.array([1.0, 2.0, 3.0]), np.array([0.0, 0.0, 4.0])
+    ratio = stats.mean_ratio(numerator, denominator)
+    draws = np.array([[0, 1, 2], [0, 0, 1], [2, 2, 0]])
+    expected = [6 / 4, np.nan, 7 / 8]
+    np.testing.assert_allclose(ratio(draws), expected)
+    assert ratio(np.arange(3)) == pytest.approx(6 / 4)
+
+
 def test_bootstrap_rejects_bad_arguments():
     table = unit_scores(5)
     with pytest.raises(ProbekitError, match="method"):

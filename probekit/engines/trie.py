@@ -10,11 +10,12 @@ a word or letter).
 
 from __future__ import annotations
 
-import json
 import re
+import weakref
 from dataclasses import dataclass, field
 
 import torch
+from tokenizers import decoders
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from probekit.core.answers import ANSWER_KINDS, AnswerSet
@@ -93,14 +94,24 @@ def extension_masks(tokenizer, vocab_size: int) -> torch.Tensor:
     """Bool [kinds, vocab]: row k marks the tokens that extend an answer of `ANSWER_KINDS[k]`.
 
     A token that starts with a space (byte-level `Ġ`, SentencePiece `▁`) or punctuation starts a
-    new word, so it extends no answer.
+    new word, so it extends no answer. Read once per tokenizer object and size (every scorer
+    and every reference needs it, and reading a 50k vocabulary takes a noticeable fraction of a
+    second); each call returns its own copy.
     """
-    masks = torch.zeros(len(ANSWER_KINDS), vocab_size, dtype=torch.bool)
-    for token_id, text in enumerate(token_texts(tokenizer)[:vocab_size]):
-        for k, kind in enumerate(ANSWER_KINDS):
-            masks[k, token_id] = kind.extends(text)
-    return masks
+    key = (len(tokenizer), vocab_size)
+    per_size = _MASKS.setdefault(tokenizer, {})
+    if key not in per_size:
+        texts = token_texts(tokenizer)[:vocab_size]
+        texts += [""] * (vocab_size - len(texts))  # padded embedding rows extend nothing
+        per_size[key] = torch.tensor(
+            [[kind.extends(text) for text in texts] for kind in ANSWER_KINDS],
+            dtype=torch.bool,
+        ).reshape(len(ANSWER_KINDS), vocab_size)
+    return per_size[key].clone()
 
+
+_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""`extension_masks` by tokenizer object, then by (tokenizer length, vocabulary size)."""
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -108,8 +119,7 @@ _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 def token_texts(tokenizer) -> list[str]:
     """The surface text of every vocabulary entry, space markers turned into spaces."""
     pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
-    if decoder.get("type") == "ByteLevel":
+    if isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel):
         to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
         return [
             bytes(to_byte.get(c, 32) for c in piece).decode("utf-8", errors="ignore")

@@ -27,7 +27,7 @@ from probekit.engines.base import HookedScorer
 from probekit.mechanism.components import COMPONENT, Patch
 from probekit.mechanism.patching import sweep
 from probekit.mechanism.readouts import Readout
-from probekit.stats import bootstrap_units
+from probekit.stats import bootstrap_units, mean_ratio
 
 EFFECTS = ("total", "indirect", "direct")
 
@@ -75,7 +75,9 @@ def summarise(
         row = dict(zip(COMPONENT, key, strict=True))
         for effect in EFFECTS:
             values = group.sort_values("pair")[effect].to_numpy()
-            ci = bootstrap_units(len(values), lambda d, v=values: v[d].mean(), n, seed, level)
+            ci = bootstrap_units(
+                len(values), lambda d, v=values: v[d].mean(-1), n, seed, level, batched=True
+            )
             row |= {effect: ci.estimate, f"{effect}_low": ci.low, f"{effect}_high": ci.high}
         row["share"] = row["indirect"] / row["total"] if row["total"] != 0 else np.nan
         row["pairs"] = len(group)
@@ -99,9 +101,5 @@ def top_share(
     indirect = inside.groupby("pair")["indirect"].sum().sort_index().to_numpy()
     total = effects.groupby("pair")["total"].first().sort_index().to_numpy()
 
-    def share(drawn: np.ndarray) -> float:
-        denominator = total[drawn].mean()
-        return indirect[drawn].mean() / denominator if denominator != 0 else np.nan
-
-    ci = bootstrap_units(len(total), share, n, seed, level)
+    ci = bootstrap_units(len(total), mean_ratio(indirect, total), n, seed, level, batched=True)
     return {"top": top, "share": ci.estimate, "low": ci.low, "high": ci.high}

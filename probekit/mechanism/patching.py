@@ -68,7 +68,7 @@ from probekit.mechanism.interventions import (
 )
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import hook_library, hook_order, library
-from probekit.stats import bootstrap_units
+from probekit.stats import bootstrap_units, mean_ratio
 
 
 def sweep(
@@ -232,7 +232,9 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
             if len(values) == 0:
                 entry |= {column: np.nan, f"{column}_low": np.nan, f"{column}_high": np.nan}
                 continue
-            ci = bootstrap_units(len(values), lambda d, v=values: v[d].mean(), n, seed, level)
+            ci = bootstrap_units(
+                len(values), lambda d, v=values: v[d].mean(-1), n, seed, level, batched=True
+            )
             entry |= {column: ci.estimate, f"{column}_low": ci.low, f"{column}_high": ci.high}
         kept = group[~group["small_gap"]]
         for column, name in (("effect", "recovery"), ("estimate", "estimated_recovery")):
@@ -326,11 +328,7 @@ def _ratio(
     if len(effect) == 0 or gap.mean() == 0:
         return nan
 
-    def ratio(d: np.ndarray) -> float:
-        mean = gap[d].mean()
-        return effect[d].mean() / mean if mean != 0 else np.nan
-
-    ci = bootstrap_units(len(effect), ratio, n, seed, level)
+    ci = bootstrap_units(len(effect), mean_ratio(effect, gap), n, seed, level, batched=True)
     return {name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high}
 
 

@@ -6,7 +6,13 @@ cell-wise paired t-tests, and the number of units a significant result needs (po
 Study metrics (e.g. `probekit.studies.intergroup.metrics`) compose them.
 """
 
-from probekit.stats.bootstrap import BootstrapResult, bootstrap_ci, bootstrap_units
+from probekit.stats.bootstrap import (
+    BootstrapResult,
+    bootstrap_ci,
+    bootstrap_mean,
+    bootstrap_units,
+    mean_ratio,
+)
 from probekit.stats.exclusion import Exclusion, exclude_units, low_valid_mass, unparsed
 from probekit.stats.grouped import grouped_means, score_cube
 from probekit.stats.matrix import cell_pvalues, shown_mask, zscore
@@ -20,12 +26,14 @@ __all__ = [
     "PermutationResult",
     "PowerCurve",
     "bootstrap_ci",
+    "bootstrap_mean",
     "bootstrap_units",
     "cell_pvalues",
     "empathy_gap",
     "exclude_units",
     "grouped_means",
     "low_valid_mass",
+    "mean_ratio",
     "permutation_test",
     "require_columns",
     "score_cube",

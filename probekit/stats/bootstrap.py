@@ -44,11 +44,15 @@ def bootstrap_units(
     seed: int = 0,
     level: float = 0.95,
     method: str = "percentile",
+    batched: bool = False,
 ) -> BootstrapResult:
     """Interval of `statistic(units)` over `n` resamples of `n_units` units with replacement.
 
     `statistic` receives the drawn unit indices (`np.arange(n_units)` for the estimate), so a
     study can resample whatever its units index: rows of a table, the event axis of a cube.
+    `batched=True`: it receives a matrix of draws, one resample per row, and returns one value
+    per row (`lambda d: values[d].mean(-1)`): the same resamples and interval, without a Python
+    call per resample.
     `method="percentile"` takes the central `level` percentiles of the resampled values;
     `"normal"` fits a normal to them (mean, population std) and takes its central interval.
     """
@@ -61,7 +65,12 @@ def bootstrap_units(
     if n_units < 1:
         raise StatisticsError("cannot bootstrap without units")
     draws = np.random.default_rng(seed).integers(n_units, size=(n, n_units))
-    resampled = np.array([float(statistic(d)) for d in draws])
+    if batched:
+        resampled = _batched(statistic, draws)
+        estimate = float(_batched(statistic, np.arange(n_units)[None, :])[0])
+    else:
+        resampled = np.array([float(statistic(d)) for d in draws])
+        estimate = float(statistic(np.arange(n_units)))
     if method == "percentile":
         tail = 50 * (1 - level)
         low, high = np.percentile(resampled, [tail, 100 - tail])
@@ -70,8 +79,65 @@ def bootstrap_units(
 
         half_width = stats.norm.ppf((1 + level) / 2) * resampled.std()
         low, high = resampled.mean() - half_width, resampled.mean() + half_width
-    estimate = float(statistic(np.arange(n_units)))
     return BootstrapResult(estimate, float(low), float(high), resampled)
+
+
+BATCH_CELLS = 1 << 20
+"""Drawn unit indices handed to a batched statistic at once (bounds its memory)."""
+
+
+def _batched(statistic: Callable[[np.ndarray], np.ndarray], draws: np.ndarray) -> np.ndarray:
+    """A batched statistic on every row of `draws`, in chunks of about `BATCH_CELLS` indices."""
+    rows = max(1, BATCH_CELLS // draws.shape[1])
+    values = []
+    for start in range(0, len(draws), rows):
+        chunk = draws[start : start + rows]
+        value = np.asarray(statistic(chunk), dtype=float)
+        if value.shape != (len(chunk),):
+            raise ProbekitError(
+                f"a batched statistic must return one value per resample: got shape "
+                f"{value.shape} for {len(chunk)} resamples"
+            )
+        values.append(value)
+    return np.concatenate(values)
+
+
+def mean_ratio(
+    numerator: np.ndarray, denominator: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A batched statistic (`bootstrap_units(..., batched=True)`): mean(numerator) over
+    mean(denominator) on the drawn units, NaN where the drawn denominator's mean is 0."""
+
+    def ratio(drawn: np.ndarray) -> np.ndarray:
+        below = denominator[drawn].mean(-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(below != 0, numerator[drawn].mean(-1) / below, np.nan)
+
+    return ratio
+
+
+def bootstrap_mean(
+    df: pd.DataFrame, unit: str, column: str, **options: Unpack[Resampling]
+) -> BootstrapResult:
+    """`bootstrap_ci` of the mean of `column` over rows (missing values skipped), computed from
+    per-unit sums: the same draws and interval as `bootstrap_ci(df, unit, lambda d:
+    d[column].mean())` without building a table per resample."""
+    require_columns(df, [unit, column])
+    codes, uniques = pd.factorize(df[unit])
+    if (codes < 0).any():
+        raise ProbekitError(f"the unit column {unit!r} holds missing values")
+    if len(uniques) == 0:
+        raise StatisticsError("cannot bootstrap an empty score table")
+    values = df[column].to_numpy(dtype=float)
+    present = ~np.isnan(values)
+    sums = np.bincount(codes, weights=np.where(present, values, 0.0), minlength=len(uniques))
+    counts = np.bincount(codes, weights=present.astype(float), minlength=len(uniques))
+
+    def mean(drawn: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return sums[drawn].sum(-1) / counts[drawn].sum(-1)
+
+    return bootstrap_units(len(uniques), mean, batched=True, **options)
 
 
 def bootstrap_ci(

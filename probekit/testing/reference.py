@@ -12,9 +12,7 @@ reference for the scorer's decoding.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,13 +30,6 @@ GREEDY = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
 model's generation config carries."""
 
 
-@functools.lru_cache(maxsize=8)
-def _extension_masks(tokenizer: Any, vocab_size: int) -> torch.Tensor:
-    """`extension_masks`, read once per tokenizer object: a reference is called once per prompt,
-    and reading a 50k vocabulary costs more than a small model's whole brute force."""
-    return extension_masks(tokenizer, vocab_size)
-
-
 @torch.inference_mode()
 def brute_force(
     model: LoadedModel, prompt: Sequence[int], answers: AnswerSet, batch_size: int = 32
@@ -49,7 +40,7 @@ def brute_force(
     """
     tok = model.tokenizer
     rules = AnswerTrie.build(answers, tok).rules
-    ext = _extension_masks(tok, vocabulary_size(model))
+    ext = extension_masks(tok, vocabulary_size(model))
     seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
     out = np.zeros(len(answers))
     start = len(prompt) - 1  # position whose logits predict the first answer token
@@ -82,7 +73,7 @@ def shared_prefix(
     `batch_size` candidates per forward, and the LM head read only where a probability is."""
     tok = model.tokenizer
     rules = AnswerTrie.build(answers, tok).rules
-    ext = _extension_masks(tok, vocabulary_size(model))
+    ext = extension_masks(tok, vocabulary_size(model))
     seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
     device, n = model.device, len(prompt)
     hidden, prompt_kv = body(model, torch.tensor([list(prompt)], device=device))

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.choices import position_bias
-from probekit.stats import bootstrap_ci, require_columns
+from probekit.stats import bootstrap_mean, require_columns
 from probekit.studies.giebench.judge import OPTIONS, PROMPT_TYPES
 
 OVERALL = "overall"
@@ -54,9 +54,7 @@ def accuracy(frame: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.DataF
                 (c, typed[typed["category"] == c]) for c in sorted(typed["category"].unique())
             ]
             for category, rows_of in [*groups, (OVERALL, typed)]:
-                ci = bootstrap_ci(
-                    rows_of, "item_id", lambda d: d["score"].mean(), n=n_boot, seed=seed
-                )
+                ci = bootstrap_mean(rows_of, "item_id", "score", n=n_boot, seed=seed)
                 rows.append(
                     {
                         "orders": orders,

@@ -52,7 +52,7 @@ def interval_table(
     for key, group in groups:
         values = group[SCORE].to_numpy(dtype=float)
         boot = bootstrap_units(
-            len(values), lambda idx, v=values: float(np.nanmean(v[idx])), n, seed
+            len(values), lambda idx, v=values: np.nanmean(v[idx], -1), n, seed, batched=True
         )
         key = key if isinstance(key, tuple) else (key,)
         rows.append(
