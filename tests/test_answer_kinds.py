@@ -33,3 +33,24 @@ def test_a_new_kind_is_one_instance():
     )
     assert decimal.numeric and decimal.extends(".5") and not decimal.extends(" 5")
     assert [decimal.value(a) for a in ("0.5", "2.25")] == [0.5, 2.25]
+
+
+def test_the_extension_masks_are_each_tokens_stop_rule_read_once_per_tokenizer(tokenizer):
+    """Row k marks the tokens that extend a `ANSWER_KINDS[k]` answer, token by token as the kind
+    says; padded head rows extend nothing; a call gets its own copy of the one reading, and a
+    tokenizer that grew is read again."""
+    import copy
+
+    from probekit.engines.trie import extension_masks, token_texts
+
+    tok = copy.deepcopy(tokenizer)
+    texts = token_texts(tok)
+    masks = extension_masks(tok, len(tok) + 3)
+    assert masks.shape == (len(ANSWER_KINDS), len(tok) + 3) and not masks[:, len(tok) :].any()
+    for k, kind in enumerate(ANSWER_KINDS):
+        assert masks[k, : len(tok)].tolist() == [kind.extends(text) for text in texts]
+    masks.fill_(True)  # the caller's copy
+    assert not extension_masks(tok, len(tok) + 3)[:, len(tok) :].any()
+    tok.add_tokens(["7zz"])
+    grown = extension_masks(tok, len(tok))
+    assert grown.shape[1] == len(tok) and grown[:, -1].tolist() == [True, True]

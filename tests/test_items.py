@@ -2,6 +2,8 @@
 (base) tokenizers."""
 
 import importlib.util
+import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,8 +55,20 @@ def gemma():
         gguf = g.assemble()
     saved = user_cache_dir() / "tokenizers" / f"{gguf.stem}-{gguf.stat().st_size}"
     if not (saved / "tokenizer.json").is_file():
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        tok.save_pretrained(saved)
+        # Saved beside and renamed into place: a test process running beside this one (the
+        # unit loop runs in several) never reads a half-written copy.
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=saved.parent, prefix=f"{saved.name}."))
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(
+            staging
+        )
+        try:
+            staging.rename(saved)
+        except OSError:  # another process saved it first (or a broken copy is in the way)
+            if (saved / "tokenizer.json").is_file():
+                shutil.rmtree(staging)
+            else:
+                saved = staging
     return AutoTokenizer.from_pretrained(str(saved))
 
 

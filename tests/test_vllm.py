@@ -60,6 +60,8 @@ def test_vllm_tests_pass_in_the_vllm_environment(tmp_path):
             __file__,
             "-q",
             "-s",
+            "-n",
+            "0",  # one process: vLLM engines side by side would share the same cores
             "-p",
             "no:cacheprovider",
             f"--junitxml={report}",
