@@ -16,6 +16,17 @@ from probekit.mechanism.readouts import expected_value
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests form one xdist group (`--dist loadgroup` in `pyproject.toml`): they run
+    one after another in one process, since each loads a real model or starts processes that
+    use every core, while the unit tests share the other processes. First, so that xdist reads
+    the group."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _unit_loop(request: pytest.FixtureRequest):
     """`-m "not slow"` is the unit loop: there, loading a pretrained model or starting a
