@@ -3,6 +3,7 @@ rule and the values; a new kind is one `AnswerKind`."""
 
 import numpy as np
 import pytest
+import torch
 
 from probekit.core.answers import ANSWER_KINDS, INTEGER, WORD, AnswerKind, AnswerSet
 from probekit.core.errors import ProbekitError
@@ -35,10 +36,11 @@ def test_a_new_kind_is_one_instance():
     assert [decimal.value(a) for a in ("0.5", "2.25")] == [0.5, 2.25]
 
 
-def test_the_extension_masks_are_each_tokens_stop_rule_read_once_per_tokenizer(tokenizer):
+def test_the_extension_masks_are_each_tokens_stop_rule_read_once_per_vocabulary(tokenizer):
     """Row k marks the tokens that extend a `ANSWER_KINDS[k]` answer, token by token as the kind
-    says; padded head rows extend nothing; a call gets its own copy of the one reading, and a
-    tokenizer that grew is read again."""
+    says; padded head rows extend nothing; a call gets its own copy of the one reading, another
+    tokenizer object of the same vocabulary shares it, and a tokenizer that grew is read
+    again."""
     import copy
 
     from probekit.engines.trie import extension_masks, token_texts
@@ -51,6 +53,8 @@ def test_the_extension_masks_are_each_tokens_stop_rule_read_once_per_tokenizer(t
         assert masks[k, : len(tok)].tolist() == [kind.extends(text) for text in texts]
     masks.fill_(True)  # the caller's copy
     assert not extension_masks(tok, len(tok) + 3)[:, len(tok) :].any()
+    twin = copy.deepcopy(tok)
+    assert torch.equal(extension_masks(twin, len(tok)), extension_masks(tok, len(tok)))
     tok.add_tokens(["7zz"])
     grown = extension_masks(tok, len(tok))
     assert grown.shape[1] == len(tok) and grown[:, -1].tolist() == [True, True]

@@ -10,8 +10,8 @@ a word or letter).
 
 from __future__ import annotations
 
+import functools
 import re
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -94,42 +94,53 @@ def extension_masks(tokenizer, vocab_size: int) -> torch.Tensor:
     """Bool [kinds, vocab]: row k marks the tokens that extend an answer of `ANSWER_KINDS[k]`.
 
     A token that starts with a space (byte-level `Ġ`, SentencePiece `▁`) or punctuation starts a
-    new word, so it extends no answer. Read once per tokenizer object and size (every scorer
-    and every reference needs it, and reading a 50k vocabulary takes a noticeable fraction of a
-    second); each call returns its own copy.
+    new word, so it extends no answer. Computed once per vocabulary and size, whichever
+    tokenizer object holds it (every scorer and every reference needs the masks, and reading a
+    50k vocabulary takes a noticeable fraction of a second); each call returns its own copy.
     """
-    key = (len(tokenizer), vocab_size)
-    per_size = _MASKS.setdefault(tokenizer, {})
-    if key not in per_size:
-        texts = token_texts(tokenizer)[:vocab_size]
-        texts += [""] * (vocab_size - len(texts))  # padded embedding rows extend nothing
-        per_size[key] = torch.tensor(
-            [[kind.extends(text) for text in texts] for kind in ANSWER_KINDS],
-            dtype=torch.bool,
-        ).reshape(len(ANSWER_KINDS), vocab_size)
-    return per_size[key].clone()
-
-
-_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""`extension_masks` by tokenizer object, then by (tokenizer length, vocabulary size)."""
-
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+    return _masks(_pieces(tokenizer), _byte_level(tokenizer), vocab_size).clone()
 
 
 def token_texts(tokenizer) -> list[str]:
     """The surface text of every vocabulary entry, space markers turned into spaces."""
-    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    if isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel):
+    return list(_texts(_pieces(tokenizer), _byte_level(tokenizer)))
+
+
+def _pieces(tokenizer) -> tuple[str, ...]:
+    """Every vocabulary entry as the tokenizer writes it, in id order."""
+    return tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+
+
+def _byte_level(tokenizer) -> bool:
+    """Whether the tokenizer writes bytes as characters (GPT-2's byte-level `Ġ` for a space)."""
+    return isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
+
+
+@functools.lru_cache(maxsize=4)
+def _masks(pieces: tuple[str, ...], byte_level: bool, vocab_size: int) -> torch.Tensor:
+    texts = list(_texts(pieces, byte_level)[:vocab_size])
+    texts += [""] * (vocab_size - len(texts))  # padded embedding rows extend nothing
+    return torch.tensor(
+        [[kind.extends(text) for text in texts] for kind in ANSWER_KINDS], dtype=torch.bool
+    ).reshape(len(ANSWER_KINDS), vocab_size)
+
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.lru_cache(maxsize=4)
+def _texts(pieces: tuple[str, ...], byte_level: bool) -> tuple[str, ...]:
+    if byte_level:
         to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
-        return [
+        return tuple(
             bytes(to_byte.get(c, 32) for c in piece).decode("utf-8", errors="ignore")
             if piece
             else ""
             for piece in pieces
-        ]
+        )
     texts = []
     for piece in pieces:
         piece = piece or ""
         byte = _BYTE_TOKEN.match(piece)
         texts.append(chr(int(byte.group(1), 16)) if byte else piece.replace("\u2581", " "))
-    return texts
+    return tuple(texts)
