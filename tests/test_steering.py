@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -219,6 +220,10 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     assert (zero["kl"] == 0).all()
     steered = rows[rows["alpha"] == 2]
     assert (steered["kl"] > 0).all()
+    alphas = out / "alphas"
+    assert_same_reports(
+        alphas / "hook_resid_post-L3-steer-a0", alphas / "hook_resid_post-L3-random-a0"
+    )
     means = summary.set_index(["vector", "alpha"])["mean_kl"]
     assert means[("steer", 2.0)] == pytest.approx(
         steered[steered["vector"] == "steer"]["kl"].mean()
@@ -376,6 +381,39 @@ def test_steering_resumes_by_the_vectors_content_not_its_path(model, tmp_path, m
     with pytest.raises(ProbekitError) as error:
         steer_days(model, out, vector=str(tmp_path / "v.npy"))
     assert "a different vector_sha256" in one_line(error)
+
+
+def test_the_unsteered_report_is_made_once_per_target(model, tmp_path, monkeypatch):
+    """α = 0 scores the same rows for the vector and its control: the study reports them once
+    and the control's α = 0 folder gets a copy of every report file and the headline."""
+    from probekit.run import steer as run_steer
+
+    made = []
+    real = run_steer.study_headline
+    monkeypatch.setattr(
+        run_steer, "study_headline", lambda *args: made.append(args[2].name) or real(*args)
+    )
+    np.save(tmp_path / "v.npy", np.random.default_rng(8).standard_normal(64))
+    done = steer_days(model, tmp_path / "steer", vector=str(tmp_path / "v.npy"))
+    assert sorted(made) == sorted(
+        f"hook_resid_post-L{LAYER}-{kind}-a{alpha}"
+        for kind, alpha in (("steer", 0), ("steer", 2), ("random", 2))
+    )
+    alphas = tmp_path / "steer" / "alphas"
+    assert_same_reports(
+        alphas / f"hook_resid_post-L{LAYER}-steer-a0",
+        alphas / f"hook_resid_post-L{LAYER}-random-a0",
+    )
+    at_zero = done.summary[done.summary["alpha"] == 0].set_index("vector")
+    assert at_zero.loc["random", "value"] == at_zero.loc["steer", "value"]
+
+
+def assert_same_reports(made: Path, copy: Path) -> None:
+    """Every report file of `made` (all but its rows) is in `copy`, byte for byte."""
+    reports = {p.name for p in made.iterdir()} - {"steer.parquet"}
+    assert "headline.json" in reports
+    for name in reports:
+        assert (copy / name).read_bytes() == (made / name).read_bytes(), name
 
 
 def test_damaged_parts_are_set_aside_and_scored_again(model, tmp_path, capsys):

@@ -177,6 +177,7 @@ CASES = {
     "minimal": ({"days": 2}, {"days": 1}),
 }
 TINY = {"layers": [1], "batch_size": 8}
+KINDS = ("steer", "random")
 
 
 def _study_and_data(name: str) -> tuple[Any, dict[str, Any]]:
@@ -253,6 +254,9 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     rows = steered.table[(steered.table["vector"] == "steer") & (steered.table["alpha"] == 4)]
     own = study.headline(rows.reset_index(drop=True), tmp_path / "own", manifest)
     assert (row["label"], row["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
+    # the unsteered rows are reported once; the control's α = 0 holds the same files
+    steer0, random0 = (next((tmp_path / "steer" / "alphas").glob(f"*-{k}-a0")) for k in KINDS)
+    assert {p.name for p in random0.iterdir()} == {p.name for p in steer0.iterdir()}
 
     markdown = report_runs(run.path, tmp_path / "report", studies=[study])
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")

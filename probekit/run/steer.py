@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,7 @@ def _alpha_rows(
     scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
     todo = sum(done[s] is None and s[3] != 0 for s in steps)
     base: list[Any] | None = None
+    unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
     frames, rows = [], []
     with progress(todo * len(encoded), "prompt", "steering", hint) as bar:
         for step in steps:
@@ -204,7 +206,10 @@ def _alpha_rows(
                     steer_frame(scorer, encoded, base, target, kind, vector, alpha, args, span, bar)
                 )
                 _write_rows(folder / ROWS, frame, key)
-            headline = _headline(study, frame, folder, report)
+            twin = unsteered.get(target) if alpha == 0 else None
+            headline = _headline(study, frame, folder, report, twin)
+            if alpha == 0:
+                unsteered.setdefault(target, folder)
             if done[step] is None:
                 print(
                     f"layer {target[1]} {target[0]}, {kind}, α={alpha:g}: "
@@ -312,24 +317,42 @@ def _finished(folder: Path, key: RowKey) -> pd.DataFrame | None:
     return None
 
 
-def _headline(study: Study, frame: pd.DataFrame, folder: Path, report: dict[str, Any]) -> dict:
-    """The α's headline: `headline.json` when it is whole, else the study's report on the rows
-    (written again)."""
-    path = folder / HEADLINE
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-        numbers = ("value", "low", "high", "p_value")
-        if (
-            isinstance(found, dict)
-            and isinstance(found.get("label"), str)
-            and all(k in found and isinstance(found[k], int | float | None) for k in numbers)
-        ):
-            return found
-    except (OSError, UnicodeDecodeError, ValueError):
-        pass
+def _headline(
+    study: Study, frame: pd.DataFrame, folder: Path, report: dict[str, Any], twin: Path | None
+) -> dict:
+    """The α's headline: `headline.json` when it is whole; else, at α = 0, the report of
+    `twin` (another vector's α = 0 folder: the same unsteered scores) copied; else the study's
+    report on the rows (written again)."""
+    found = _whole_headline(folder)
+    if found is not None:
+        return found
+    if twin is not None and (found := _whole_headline(twin)) is not None:
+        # the headline last: a copy cut short is made again on resuming
+        for path in sorted(twin.iterdir(), key=lambda p: p.name == HEADLINE):
+            if path.is_dir():
+                shutil.copytree(path, folder / path.name, dirs_exist_ok=True)
+            elif path.name != ROWS:
+                shutil.copyfile(path, folder / path.name)
+        return found
     headline = study_headline(study, frame, folder, report)
-    write_text(path, json.dumps(headline, indent=1))
+    write_text(folder / HEADLINE, json.dumps(headline, indent=1))
     return headline
+
+
+def _whole_headline(folder: Path) -> dict | None:
+    """`folder`'s `headline.json` when it is whole, else None."""
+    try:
+        found = json.loads((folder / HEADLINE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    numbers = ("value", "low", "high", "p_value")
+    if (
+        isinstance(found, dict)
+        and isinstance(found.get("label"), str)
+        and all(k in found and isinstance(found[k], int | float | None) for k in numbers)
+    ):
+        return found
+    return None
 
 
 def steer_frame(
