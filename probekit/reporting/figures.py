@@ -18,7 +18,6 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from sklearn.manifold import TSNE
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
@@ -202,6 +201,8 @@ def embed_rows(Z_rows: np.ndarray, seed: int = 0, perplexity: float | None = Non
         perplexity = min(5.0, (len(rows) - 1) / 3)
     if not 0 < perplexity < len(rows):
         raise ProbekitError(f"t-SNE perplexity {perplexity} must lie in (0, {len(rows)})")
+    from sklearn.manifold import TSNE  # on use: scikit-learn takes ~1 s to import
+
     tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
     return tsne.fit_transform(rows)
 
