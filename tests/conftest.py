@@ -32,19 +32,13 @@ def _unit_loop(request: pytest.FixtureRequest):
     """`-m "not slow"` is the unit loop: there, loading a pretrained model or starting a
     Python, probekit or Ray process fails the test at once with a line saying to mark it `slow`
     (an integration test), so the loop stays minutes long and its tests stay units (a library's
-    own helper process, such as scikit-learn asking the CPU count, is let through). Torch runs
-    one thread there: the unit tests' tiny models gain nothing from a second, and on a machine
-    busy with another job a second thread waiting for a core made them 3-6x slower."""
+    own helper process, such as scikit-learn asking the CPU count, is let through)."""
     if "not slow" not in (request.config.option.markexpr or ""):
         yield
         return
     import subprocess
 
-    import torch
     import transformers
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
 
     def refuse(what: str):
         def fail(*args, **kwargs):
@@ -66,6 +60,22 @@ def _unit_loop(request: pytest.FixtureRequest):
     patch.setattr(subprocess, "Popen", guarded)
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_for_a_unit_test(request: pytest.FixtureRequest):
+    """Torch runs one thread in a unit test (one not marked slow), in the unit loop as in the
+    whole suite: the tiny models gain nothing from a second, and with another process on the
+    cores (a slow test in the next xdist worker, another job) a second thread waiting for a core
+    made them 3-6x slower. Slow tests keep torch's own count."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
     torch.set_num_threads(threads)
 
 
