@@ -16,15 +16,13 @@ from probekit.mechanism.readouts import expected_value
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """The slow tests form one xdist group (`--dist loadgroup` in `pyproject.toml`): they run
     one after another in one process, since each loads a real model or starts processes that
-    use every core, while the unit tests share the other processes. First, so that xdist reads
-    the group."""
-    for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("slow"))
+    use every core, while the unit tests share the other processes. Marked as each test is
+    collected, before xdist reads the groups (which it does when the collection is modified)."""
+    if item.get_closest_marker("slow"):
+        item.add_marker(pytest.mark.xdist_group("slow"))
 
 
 @pytest.fixture(scope="session", autouse=True)
