@@ -123,11 +123,7 @@ def bootstrap_mean(
     per-unit sums: the same draws and interval as `bootstrap_ci(df, unit, lambda d:
     d[column].mean())` without building a table per resample."""
     require_columns(df, [unit, column])
-    codes, uniques = pd.factorize(df[unit])
-    if (codes < 0).any():
-        raise ProbekitError(f"the unit column {unit!r} holds missing values")
-    if len(uniques) == 0:
-        raise StatisticsError("cannot bootstrap an empty score table")
+    codes, uniques = _unit_codes(df, unit)
     values = df[column].to_numpy(dtype=float)
     present = ~np.isnan(values)
     sums = np.bincount(codes, weights=np.where(present, values, 0.0), minlength=len(uniques))
@@ -154,11 +150,7 @@ def bootstrap_ci(
     column holds the draw number (0, 1, ...), so a unit drawn twice counts as two units.
     """
     require_columns(df, [unit])
-    codes, uniques = pd.factorize(df[unit])
-    if (codes < 0).any():
-        raise ProbekitError(f"the unit column {unit!r} holds missing values")
-    if len(uniques) == 0:
-        raise StatisticsError("cannot bootstrap an empty score table")
+    codes, uniques = _unit_codes(df, unit)
     # Row positions grouped by unit: unit u owns by_unit[starts[u] : starts[u] + sizes[u]].
     by_unit = np.argsort(codes, kind="stable")
     sizes = np.bincount(codes)
@@ -181,3 +173,14 @@ def _resample(
     sample = df.iloc[by_unit[offsets]].reset_index(drop=True)
     sample[unit] = np.repeat(np.arange(len(sizes)), sizes)
     return sample
+
+
+def _unit_codes(df: pd.DataFrame, unit: str) -> tuple[np.ndarray, pd.Index]:
+    """Each row's unit number (in order of first appearance) and the units, refusing missing
+    units and an empty table."""
+    codes, uniques = pd.factorize(df[unit])
+    if (codes < 0).any():
+        raise ProbekitError(f"the unit column {unit!r} holds missing values")
+    if len(uniques) == 0:
+        raise StatisticsError("cannot bootstrap an empty score table")
+    return codes, uniques
