@@ -2,6 +2,7 @@
 (base) tokenizers."""
 
 import importlib.util
+import os
 import shutil
 import tempfile
 from dataclasses import replace
@@ -52,7 +53,11 @@ def gemma():
 
     gguf = g.default_output_path()
     if not gguf.is_file():
-        gguf = g.assemble()
+        # Assembled beside and renamed into place: two test processes assembling at once
+        # would write one file together (and fail its checksum).
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        staging = gguf.with_name(f"{gguf.name}.{os.getpid()}")
+        os.replace(g.assemble(output_path=staging, overwrite=True), gguf)
     saved = user_cache_dir() / "tokenizers" / f"{gguf.stem}-{gguf.stat().st_size}"
     if not (saved / "tokenizer.json").is_file():
         # Saved beside and renamed into place: a test process running beside this one (the
