@@ -28,13 +28,12 @@ FP64_MAX_PROB_DIFF = 1e-5
 
 def _prompts(model, study: str, argv: list[str], count: int):
     from probekit.cli.main import study_command
-    from probekit.core.options import flag
     from probekit.run.options import run_context
     from probekit.studies.base import get_study
 
     chosen = get_study(study)
     models, run, own = study_command("run", chosen).parse(argv, f"probekit run {study}")
-    probe = chosen.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
+    probe = chosen.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
     items = [item for _, item in zip(range(count), probe.items(), strict=False)]
     return probe, [model.encode(item, probe.as_string).input_ids for item in items]
 
@@ -274,7 +273,7 @@ def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
         load_model("default", dtype="bfloat16", tolerance=0.01)
     with pytest.raises(ProbekitError, match=r"^tolerance must be between 0 and 1 \(got 2\)"):
         load_model("default", tolerance=2)
-    with pytest.raises(ProbekitError, match="--tolerance picks the hf engine's arithmetic"):
+    with pytest.raises(ProbekitError, match="^tolerance picks the hf engine's arithmetic"):
         load_engine("default", engine="vllm", tolerance=0.01)
     assert cli.main(["setup", "--tolerance", "1.5"]) == 2
     assert "--tolerance" in capsys.readouterr().err

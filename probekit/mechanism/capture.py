@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write, write_table
 from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.options import named
 from probekit.core.progress import progress
 from probekit.core.rundir import (
     RESULTS_FORMAT,
@@ -382,8 +383,8 @@ def check_capture_folder(out: str | Path, manifest: dict[str, Any]) -> None:
     if (run.path / OLD_CONFIG).is_file() and not run.manifest_path.is_file():
         raise ProbekitError(
             f"{run.path} holds a capture of an earlier probekit ({OLD_CONFIG}), which this one "
-            "reads (read_activations) but does not resume: give another --out, or delete the "
-            "folder to capture again"
+            f"reads (read_activations) but does not resume: give another {named('out')}, or "
+            "delete the folder to capture again"
         )
     run.check_resume(manifest, [k for k, v in manifest.items() if v is None])
 

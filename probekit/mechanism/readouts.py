@@ -26,6 +26,7 @@ import numpy as np
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
+from probekit.core.options import given
 from probekit.engines.base import ScoreResult
 
 
@@ -48,7 +49,7 @@ class Readout:
         if clean is None:
             raise ProbekitError(
                 f"the readout {self.spec} compares a pair's two distributions and has no value "
-                "for a prompt alone; use it with exact patching (probekit patch --method exact)"
+                f"for a prompt alone; use it with exact patching ({given('method', 'exact')})"
             )
         return self.read(result, item, clean)
 

@@ -1,0 +1,218 @@
+"""Does a value fit a type hint: the check `probekit.core.public` gives every argument of a public
+name that is not an option (an option has its kind, `probekit.core.kinds`).
+
+The check is of what a caller can get wrong in one call, read from the annotations the code
+already has: the outer type (a list where a string is expected, a string where a list is, an
+int where an `Item` is) and the elements of a list or mapping (the first `ELEMENTS` of them). It
+is lenient where Python is: an int is a number, a `str` is a path, any list or tuple is a
+sequence (a `tuple[...]` hint is met by a list), a numpy array is an array-like. A hint it cannot
+resolve (a name imported for type checking only, a type variable, a protocol that cannot be
+checked at run time) accepts anything; so does `Any`.
+"""
+
+from __future__ import annotations
+
+import collections.abc as abc
+import inspect
+import numbers
+import os
+import reprlib
+import sys
+import types
+import typing
+from collections.abc import Callable
+from pathlib import PurePath
+from typing import Any
+
+ELEMENTS = 1000
+"""Elements of a list or mapping checked (the first ones): a wrong one is nearly always early."""
+SEQUENCES = (list, tuple, abc.Sequence, abc.MutableSequence, abc.Collection, abc.Container)
+SETS = (set, frozenset, abc.Set, abc.MutableSet)
+MAPPINGS = (dict, abc.Mapping, abc.MutableMapping)
+ITERABLES = (abc.Iterable, abc.Iterator, abc.Generator)
+PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "True or False values"}
+
+
+def resolve(annotation: Any, owner: Any) -> Any:
+    """The hint an annotation names (a string under `from __future__ import annotations` is
+    evaluated in the module of `owner`); `Any` where it cannot be (a name imported for type
+    checking only). The members of a union are resolved one by one, so one unknown member
+    makes only the union accept anything."""
+    if not isinstance(annotation, str):
+        return annotation
+    module = sys.modules.get(getattr(owner, "__module__", ""), None)
+    names = {**vars(typing), **(vars(module) if module else {})}
+    try:
+        return eval(annotation, names)  # the package's own annotations
+    except Exception:  # an unresolvable name: the hint says nothing we can check
+        return Any
+
+
+def hints(function: Callable[..., Any], owner: Any = None) -> dict[str, Any]:
+    """Each parameter's resolved hint (`resolve`), by name; a class's dataclass fields give
+    the hints of its generated `__init__`."""
+    found: dict[str, Any] = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.annotation is not parameter.empty:
+            found[name] = resolve(parameter.annotation, owner or function)
+    return found
+
+
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether `value` fits `hint` (see the module)."""
+    if hint is Any or hint is inspect.Parameter.empty or isinstance(hint, typing.TypeVar):
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return conforms(value, args[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is type:
+        return isinstance(value, type)
+    if origin is abc.Callable or hint is abc.Callable:
+        return callable(value)
+    if origin is not None:
+        return _generic(value, origin, args)
+    return _plain(value, hint)
+
+
+def _generic(value: Any, origin: Any, args: tuple[Any, ...]) -> bool:
+    if origin in MAPPINGS:
+        if not isinstance(value, abc.Mapping):
+            return False
+        key, item = args if len(args) == 2 else (Any, Any)
+        pairs = list(_first(value.items()))
+        return all(conforms(k, key) and conforms(v, item) for k, v in pairs)
+    if origin in SEQUENCES or origin in SETS:
+        if not _sequence_like(value, origin in SETS):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:  # a fixed-length tuple
+            return len(value) == len(args) and all(
+                conforms(v, a) for v, a in zip(value, args, strict=True)
+            )
+        element = args[0] if args else Any
+        return all(conforms(v, element) for v in _first(value))
+    if origin in ITERABLES:
+        return hasattr(value, "__iter__") and not isinstance(value, str | bytes)
+    return _plain(value, origin)
+
+
+def _plain(value: Any, hint: Any) -> bool:
+    if not isinstance(hint, type):
+        return True  # a NewType, a ParamSpec, ...: nothing to check
+    if hint is bool:
+        return isinstance(value, bool) or type(value).__name__ == "bool_"
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is complex:
+        return isinstance(value, numbers.Number) and not isinstance(value, bool)
+    if issubclass(hint, PurePath) or hint is os.PathLike:
+        return isinstance(value, str | os.PathLike)
+    if hint in SEQUENCES or hint in SETS:
+        return _sequence_like(value, hint in SETS)
+    if hint in MAPPINGS:
+        return isinstance(value, abc.Mapping)
+    if hint in ITERABLES:
+        return hasattr(value, "__iter__") and not isinstance(value, str | bytes)
+    if typing.is_typeddict(hint):
+        return isinstance(value, abc.Mapping)
+    if _named_tuple(hint):  # any tuple of its length stands for it (a pair of prompts)
+        return _sequence_like(value, False) and len(value) == len(hint._fields)
+    if getattr(hint, "_is_protocol", False):
+        return not getattr(hint, "_is_runtime_protocol", False) or isinstance(value, hint)
+    if hint.__module__ == "numpy" and hint.__name__ == "ndarray":
+        return isinstance(value, hint) or _sequence_like(value, False)
+    return isinstance(value, hint)
+
+
+def _sequence_like(value: Any, sets: bool) -> bool:
+    if isinstance(value, str | bytes):
+        return False
+    if sets:
+        return isinstance(value, abc.Set | abc.Sequence)
+    return isinstance(value, abc.Sequence) or type(value).__name__ == "ndarray"
+
+
+def _named_tuple(hint: type) -> bool:
+    return issubclass(hint, tuple) and hasattr(hint, "_fields")
+
+
+def _first(values: Any) -> list[Any]:
+    out = []
+    for value in values:
+        if len(out) == ELEMENTS:
+            break
+        out.append(value)
+    return out
+
+
+def described(hint: Any) -> str:
+    """What a value of `hint` is, in words: `an integer`, `text`, `a list of strings`,
+    `an Item or None`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is None or hint is type(None):
+        return "None"
+    if origin is typing.Annotated:
+        return described(args[0])
+    if origin in (typing.Union, types.UnionType):
+        if any(isinstance(a, type) and issubclass(a, PurePath) for a in args):
+            args = tuple(a for a in args if a is not str)  # a path is already a str or a Path
+        words = list(dict.fromkeys(described(arg) for arg in args))
+        return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is abc.Callable or hint is abc.Callable:
+        return "a function"
+    if origin in MAPPINGS or hint in MAPPINGS:
+        return "a mapping (a dict)"
+    if origin in SEQUENCES or hint in SEQUENCES or origin in SETS or hint in SETS:
+        element = args[0] if args else None
+        return "a list" + (f" of {_plural(element)}" if element not in (None, Any) else "")
+    if origin in ITERABLES or hint in ITERABLES:
+        return "an iterable (a list)"
+    if origin is not None:
+        return described(origin)
+    if isinstance(hint, type):
+        simple = {
+            bool: "True or False",
+            int: "an integer",
+            float: "a number",
+            str: "text (a str)",
+            bytes: "bytes",
+        }
+        if hint in simple:
+            return simple[hint]
+        if issubclass(hint, PurePath):
+            return "a path (a str or a Path)"
+        return _article(hint.__name__)
+    return str(hint)
+
+
+def _plural(hint: Any) -> str:
+    if hint in PLURAL:
+        return PLURAL[hint]
+    return described(hint).removeprefix("a ").removeprefix("an ") + "s"
+
+
+def _article(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def shown(value: Any) -> str:
+    """A value as a refusal shows it: its repr when short and plain, else its type."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return reprlib.repr(value)
+    if isinstance(value, list | tuple | dict | set) and len(repr(value)) <= 40:
+        return repr(value)
+    return _article(type(value).__name__)
+
+
+def refusal(name: str, value: Any, hint: Any) -> str:
+    """The phrase refusing `value` for the argument `name`: `item must be an Item (got 5)`."""
+    return f"{name} must be {described(hint)} (got {shown(value)})"
