@@ -101,7 +101,7 @@ def test_float64_scoring_is_the_reference(smol):
 def test_noise_figure_restores_the_model(smol):
     probe, prompts = _prompts(smol, "isear", ["--events", "1"], 3)
     before = {n: p.clone() for n, p in smol.hf.named_parameters()}
-    figure = precision.noise_figure(smol, prompts, probe.answers, sample=2, seed=1)
+    figure = precision.noise_figure(smol, prompts, probe.answers, sample=2, seed=1, epsilon=0.0)
     assert figure["dtype"] == "float32" and figure["reference_dtype"] == "float64"
     assert figure["sample"] == 2 and figure["score"] == "probability"
     assert figure["max_abs_diff"] <= FP64_MAX_PROB_DIFF
@@ -109,7 +109,7 @@ def test_noise_figure_restores_the_model(smol):
     for name, param in smol.hf.named_parameters():
         assert param.dtype == torch.float32 and torch.equal(param, before[name])
     with pytest.raises(ProbekitError, match="at least one prompt"):
-        precision.noise_figure(smol, [], probe.answers)
+        precision.noise_figure(smol, [], probe.answers, epsilon=0.0)
 
 
 @pytest.mark.slow

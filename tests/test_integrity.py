@@ -487,3 +487,28 @@ def test_an_id_that_is_not_one_is_refused_with_its_line(tmp_path, capsys, record
     prompts.write_text('{"id": 7, "text": "Hi"}\n' + record + "\n")
     code, err = cli_score(tmp_path, capsys, "--answers", "0-3")
     assert code == 2 and f"{prompts}:2: {message}" in one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "message"),
+    [
+        ("1", "1.0", "duplicate id '1' (line 1 has it)"),
+        ("100", "1e2", "duplicate id '100' (line 1 has it)"),
+        ('"2.5"', "2.5", "duplicate id '2.5' (line 1 has it)"),  # the same text: one row
+    ],
+)
+def test_ids_are_compared_as_the_json_values_they_are(tmp_path, first, second, message):
+    """`1` and `1.0` are one JSON number: one id, and the second line is a duplicate (they
+    were two rows, "1" and "1.0")."""
+    from probekit.core.prompts import read_prompts
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(f'{{"id": {first}, "text": "Hi"}}\n{{"id": {second}, "text": "Ho"}}\n')
+    with pytest.raises(ProbekitError) as error:
+        list(read_prompts(prompts))
+    assert str(error.value) == f"{prompts}:2: {message}"
+    prompts.write_text('{"id": 3.0, "text": "Hi"}\n{"id": 3.5, "text": "Ho"}\n')
+    assert [item.id for item in read_prompts(prompts)] == ["3", "3.5"]
+    prompts.write_text('{"id": NaN, "text": "Hi"}\n')
+    with pytest.raises(ProbekitError, match="'id' is nan; give a string or a finite number"):
+        list(read_prompts(prompts))

@@ -215,8 +215,9 @@ def _checked(
         return function(*bound.args, **bound.kwargs)
 
     call.__signature__ = outer  # type: ignore[attr-defined]
+    used = [name for name in defaults if name in outer.parameters]
     call.__public__ = Declared(  # type: ignore[attr-defined]
-        {name: fields[name] for name in defaults}, defaults, command, own, skip, wider
+        {name: fields[name] for name in used}, defaults, command, own, skip, wider
     )
     call.__doc__ = _documented(
         function.__doc__, where, options, defaults, [p.name for p in parameters]

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from probekit.core.errors import ProbekitError
 from probekit.core.io import FileLock, LockHeld, write_error, write_text
 from probekit.core.options import named
+from probekit.core.public import public
 
 RESULTS_FORMAT = 4
 MANIFEST = "manifest.json"
@@ -212,6 +213,7 @@ def device_kind(device: Any) -> str | None:
     return None if device is None else str(device).split(":")[0]
 
 
+@public()
 class RunDir:
     """One run folder: `manifest.json`, `parts/`, `scores.parquet`, `summary.csv`,
     `report.html`, and `.lock-shard-<i>-of-<n>` while a shard runs."""

@@ -38,6 +38,8 @@ def resolve(annotation: Any, owner: Any) -> Any:
     evaluated in the module of `owner`); `Any` where it cannot be (a name imported for type
     checking only). The members of a union are resolved one by one, so one unknown member
     makes only the union accept anything."""
+    if isinstance(annotation, typing.ForwardRef):
+        annotation = annotation.__forward_arg__
     if not isinstance(annotation, str):
         return annotation
     module = sys.modules.get(getattr(owner, "__module__", ""), None)

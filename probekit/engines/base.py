@@ -21,6 +21,7 @@ import numpy as np
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
+from probekit.core.public import public
 
 ENGINES: dict[str, str] = {
     "hf": "probekit.engines.hf.model:load_model",
@@ -48,6 +49,7 @@ class ScorerStats:
     head_seconds: float = 0.0  # of trie_seconds: the LM head and vocabulary sums of trie nodes
 
 
+@public()
 @dataclass
 class ScoreResult:
     """One prompt's answer distribution."""

@@ -1,9 +1,8 @@
 """The patch and capture analyses of a study, as `probekit patch` and `probekit capture` run them.
 
-The options of `probekit patch`, `capture` and `steer` are declared here once
-(`probekit.core.options`): `HookOptions` (what every mechanism command reads: layers, sites,
-hooks, and the shared out, seed, batch size), `PatchOptions`, `CaptureOptions` (and
-`probekit.mechanism.steering.SteerOptions`).
+The options of `probekit patch` and `capture` are declared here once (`probekit.core.options`):
+`PatchOptions` and `CaptureOptions`, on the `HookOptions` every mechanism command reads
+(`probekit.mechanism.options`; `probekit.mechanism.steering.SteerOptions` is steer's).
 `check_patch` validates patch options against the items before any model is loaded; `run_patch`
 then does the rest:
 1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
@@ -38,66 +37,27 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
-from probekit.core.kinds import checked_by, choice, comma_list, int_list, positive_int, text
-from probekit.core.options import BatchSizeOption, OutOption, SeedOption, default_of, named, option
+from probekit.core.kinds import choice, int_list, positive_int, text
+from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
 from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import EpsilonOption
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.options import HookOptions
 from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import (
-    DEFAULT_SITES,
     HEAD_SITE,
-    PATCH_LAYERS,
     chosen_layers,
-    library,
     n_heads,
 )
 from probekit.mechanism.sites import site as find_site
 
 METHODS = attribution.METHODS
 Say = Callable[[str], None]
-
-
-hook_library = checked_by("hook library", library)
-"""transformer_lens or nnsight."""
-
-
-@dataclass(frozen=True)
-class HookOptions(BatchSizeOption, SeedOption, OutOption):
-    """Where activations are read and written."""
-
-    layers: list[int] | None = option(
-        None,
-        help=f"comma-separated layers, -1 the last (default: patch {PATCH_LAYERS} evenly "
-        "spaced, capture the first, middle and last, steer the middle one)",
-        kind=int_list,
-    )
-    sites: list[str] = option(
-        list(DEFAULT_SITES),
-        help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
-        f"patch: {HEAD_SITE} patches each attention head; steer: residual-width sites only "
-        "(default %(default)s)",
-        kind=comma_list,
-        defaults={"steer": ["hook_resid_post"]},
-    )
-    spans: list[str] | None = option(
-        None,
-        help="span names; patch also from_<span> (everything from the span to the end) and "
-        "<span>@<i> (the i-th of its positions; -1 the last) (default: patch the study's spans, "
-        "capture every span)",
-        kind=comma_list,
-        commands=("patch", "capture"),
-    )
-    hooks: str = option(
-        "transformer_lens",
-        help="hook library that reads and writes activations: transformer_lens or nnsight",
-        kind=hook_library,
-    )
 
 
 @dataclass(frozen=True)

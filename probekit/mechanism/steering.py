@@ -41,7 +41,7 @@ from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
-from probekit.mechanism.pipeline import HookOptions
+from probekit.mechanism.options import HookOptions
 from probekit.mechanism.sites import chosen_layers, d_model, hook_library, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
@@ -188,16 +188,18 @@ def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Targe
     return out
 
 
+@public(HookOptions, command="capture")
 def span_means(
     model: Any,
     prompts: Sequence[EncodedItem],
     targets: Sequence[Target],
     span: str,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
+    hooks: str,
+    batch_size: int,
 ) -> dict[Target, np.ndarray]:
     """Each prompt's activation at each target averaged over the tokens of `span`, read by
-    `probekit.mechanism.capture` (float64 [prompts, d_model] per target)."""
+    `probekit.mechanism.capture` in batches as a capture reads them (float64 [prompts, d_model]
+    per target)."""
     layers = sorted({layer for _, layer in targets})
     sites = sorted({name for name, _ in targets})
     out: dict[Target, list[np.ndarray]] = {target: [] for target in targets}

@@ -248,7 +248,7 @@ def refuse_old_folder(out: Path) -> None:
         raise ProbekitError(
             f"{out} holds a steering run of an earlier probekit ({OLD_SETTINGS}), which this one "
             "does not resume; its steer.parquet, summary.csv and report.html stay readable: give "
-            "another --out, or delete the folder to run it again"
+            f"another {named('out')}, or delete the folder to run it again"
         )
 
 

@@ -49,6 +49,7 @@ LOADED = ("weights", "model_source", "dtype", "device", "device_map", "columns",
 """Manifest fields that only the loaded model gives (unless asked for, e.g. `--dtype`)."""
 
 
+@public()
 @dataclass
 class Run:
     """A finished (or, on a shard that is not last, unfinished) run of a study on one model.

@@ -48,6 +48,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import given
+from probekit.core.public import public
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
@@ -531,6 +532,7 @@ def register(study: Study) -> Study:
     return study
 
 
+@public()
 def get_study(name: str) -> Study:
     """The registered study `name`; an unknown name lists the known ones."""
     _load_studies()
@@ -540,6 +542,7 @@ def get_study(name: str) -> Study:
     return _REGISTRY[name]
 
 
+@public()
 def list_studies() -> list[Study]:
     """Every registered study, by name."""
     _load_studies()

@@ -46,6 +46,7 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ANSWER_ROOM = 8  # tokens a prompt must leave free in the context for the answer
 
 
+@public()
 @dataclass
 class LoadedModel:
     """The transformers engine (`probekit.engines.base.Engine`): a loaded Hugging Face model
