@@ -43,7 +43,7 @@ from probekit.core.options import (
     options_of,
     unknown_keyword,
 )
-from probekit.core.typecheck import conforms, hints, refusal, resolve
+from probekit.core.typecheck import Check, checker, conforms, hints, refusal, resolve
 
 T = TypeVar("T")
 Parameter = inspect.Parameter
@@ -167,36 +167,55 @@ def _checked(
     required = [p.name for p in parameters if p.name in listed and p.default is p.empty]
     first = next(iter(body), None) if owner is not function else None  # self / cls
 
+    kinds = (Parameter.POSITIONAL_OR_KEYWORD, Parameter.KEYWORD_ONLY, Parameter.VAR_KEYWORD)
+    if any(p.kind not in kinds for p in parameters):
+        raise TypeError(f"{where}: `public` takes no positional-only or *args parameters")
+    positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    extra = var_keyword.name if var_keyword else None
+
     @functools.cache
-    def annotations() -> dict[str, Any]:
-        """The parameters' hints, resolved on the first call (every module is loaded by then)."""
+    def annotations() -> tuple[dict[str, Any], dict[str, Check], dict | None, list[str]]:
+        """The parameters' hints and checks, the keywords a `**options: Unpack[...]` takes and
+        every keyword allowed, made on the first call (every module is loaded by then)."""
         resolved = hints(function, owner)
         if isinstance(owner, type):  # a dataclass's fields, a named tuple's
             for name, value in getattr(owner, "__annotations__", {}).items():
                 resolved.setdefault(name, resolve(value, owner))
-        return resolved
+        unpacked = _unpacked(resolved.get(extra)) if extra else None
+        allowed = [k for k in listed + list(unpacked or {}) if k != first]
+        return resolved, {n: checker(h) for n, h in resolved.items()}, unpacked, allowed
+
+    def bound(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name (those of `**options` beside the others); a wrong call
+        is one line, as `inspect.Signature.bind` words it."""
+        values = dict(zip(positional, args, strict=False))  # surplus: refused below
+        wrong = len(args) > len(positional) or any(key in values for key in kwargs)
+        values.update(kwargs)
+        if wrong or any(name not in values for name in required):
+            try:
+                outer.bind(*args, **kwargs)
+            except TypeError as error:
+                raise ProbekitError(f"{where}: {error}") from None
+        return values
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        known = annotations()
-        unpacked = _unpacked(known.get(var_keyword.name)) if var_keyword else None
-        allowed = [k for k in listed + list(unpacked or {}) if k != first]
+        known, checks, unpacked, allowed = annotations()
         for key in kwargs:
             if key in allowed:
                 continue
             missing = [k for k in required if k not in kwargs]  # a misspelling of one of them
-            if var_keyword is None or unpacked is not None or _close(key, missing):
+            if extra is None or unpacked is not None or _close(key, missing):
                 raise unknown_keyword(key, allowed, where)
+        done = set()
         for key, value in kwargs.items():  # options given by keyword first: the caller's words
             if key in options and value is not None:
                 kwargs[key] = check_option(options[key], value, key)
-        try:
-            bound = outer.bind(*args, **kwargs)
-        except TypeError as error:
-            raise ProbekitError(f"{where}: {error}") from None
-        values = bound.arguments
-        for name, value in list(values.items()):
-            if name == first:
+                done.add(key)
+        values = bound(args, kwargs)
+        rest = {}
+        for name, value in values.items():
+            if name == first or name in done:
                 continue
             if name in defaults and value is None and name in body:
                 if defaults[name] is REQUIRED:
@@ -205,14 +224,16 @@ def _checked(
             if name in options:
                 if value is not None:
                     values[name] = check_option(options[name], value, name)
-            elif var_keyword is not None and name == var_keyword.name:
-                _check_keywords(value, unpacked, known.get(name), where)
-            elif name in known and not conforms(value, known[name]):
+            elif name not in listed:
+                rest[name] = value
+            elif name in checks and not checks[name](value):
                 raise ProbekitError(f"{where}: {refusal(name, value, known[name])}")
+        if rest:
+            _check_keywords(rest, unpacked, known.get(extra), where)
         for name in body:
             if name in defaults and name not in values:
                 values[name] = copy.copy(defaults[name])
-        return function(*bound.args, **bound.kwargs)
+        return function(**values)
 
     call.__signature__ = outer  # type: ignore[attr-defined]
     used = [name for name in defaults if name in outer.parameters]

@@ -3,7 +3,8 @@ name that is not an option (an option has its kind, `probekit.core.kinds`).
 
 The check is of what a caller can get wrong in one call, read from the annotations the code
 already has: the outer type (a list where a string is expected, a string where a list is, an
-int where an `Item` is) and the elements of a list or mapping (the first `ELEMENTS` of them). It
+int where an `Item` is) and the elements of a list or mapping (the first `ELEMENTS` of them).
+Each hint's check is made once (`checker`) and is a few `isinstance` calls per argument. It
 is lenient where Python is: an int is a number, a `str` is a path, any list or tuple is a
 sequence (a `tuple[...]` hint is met by a list), a numpy array is an array-like. A hint it cannot
 resolve (a name imported for type checking only, a type variable, a protocol that cannot be
@@ -13,6 +14,7 @@ checked at run time) accepts anything; so does `Any`.
 from __future__ import annotations
 
 import collections.abc as abc
+import functools
 import inspect
 import numbers
 import os
@@ -21,11 +23,13 @@ import sys
 import types
 import typing
 from collections.abc import Callable
+from itertools import islice
 from pathlib import PurePath
 from typing import Any
 
-ELEMENTS = 1000
-"""Elements of a list or mapping checked (the first ones): a wrong one is nearly always early."""
+ELEMENTS = 4
+"""Elements of a list or mapping checked (the first ones): a wrong list is wrong from its start,
+and a public constructor (an `EncodedItem` of a long prompt) must stay cheap."""
 SEQUENCES = (list, tuple, abc.Sequence, abc.MutableSequence, abc.Collection, abc.Container)
 SETS = (set, frozenset, abc.Set, abc.MutableSet)
 MAPPINGS = (dict, abc.Mapping, abc.MutableMapping)
@@ -60,80 +64,121 @@ def hints(function: Callable[..., Any], owner: Any = None) -> dict[str, Any]:
     return found
 
 
+Check = Callable[[Any], bool]
+
+
 def conforms(value: Any, hint: Any) -> bool:
     """Whether `value` fits `hint` (see the module)."""
+    return checker(hint)(value)
+
+
+def checker(hint: Any) -> Check:
+    """The check of `hint`, made once per hint: a public constructor runs it on every call."""
+    try:
+        return _cached(hint)
+    except TypeError:  # an unhashable hint
+        return _made(hint)
+
+
+@functools.cache
+def _cached(hint: Any) -> Check:
+    return _made(hint)
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _made(hint: Any) -> Check:
     if hint is Any or hint is inspect.Parameter.empty or isinstance(hint, typing.TypeVar):
-        return True
+        return _anything
     if hint is None or hint is type(None):
-        return value is None
+        return lambda value: value is None
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Annotated:
-        return conforms(value, args[0])
+        return checker(args[0])
     if origin in (typing.Union, types.UnionType):
-        return any(conforms(value, arg) for arg in args)
+        members = [checker(arg) for arg in args]
+        if _anything in members:
+            return _anything
+        return lambda value: any(member(value) for member in members)
     if origin is typing.Literal:
-        return value in args
+        return lambda value: value in args
     if origin is type:
-        return isinstance(value, type)
+        return lambda value: isinstance(value, type)
     if origin is abc.Callable or hint is abc.Callable:
-        return callable(value)
+        return callable
     if origin is not None:
-        return _generic(value, origin, args)
-    return _plain(value, hint)
+        return _generic(origin, args)
+    return _plain(hint)
 
 
-def _generic(value: Any, origin: Any, args: tuple[Any, ...]) -> bool:
+def _generic(origin: Any, args: tuple[Any, ...]) -> Check:
     if origin in MAPPINGS:
-        if not isinstance(value, abc.Mapping):
-            return False
-        key, item = args if len(args) == 2 else (Any, Any)
-        pairs = list(_first(value.items()))
-        return all(conforms(k, key) and conforms(v, item) for k, v in pairs)
+        key, item = (checker(a) for a in (args if len(args) == 2 else (Any, Any)))
+
+        def mapping(value: Any) -> bool:
+            if type(value) is not dict and not isinstance(value, abc.Mapping):
+                return False
+            return all(key(k) and item(v) for k, v in islice(value.items(), ELEMENTS))
+
+        return mapping
     if origin in SEQUENCES or origin in SETS:
-        if not _sequence_like(value, origin in SETS):
-            return False
+        sets = origin in SETS
         if origin is tuple and args and args[-1] is not Ellipsis:  # a fixed-length tuple
-            return len(value) == len(args) and all(
-                conforms(v, a) for v, a in zip(value, args, strict=True)
+            fixed = [checker(a) for a in args]
+            return lambda value: (
+                _sequence_like(value, sets)
+                and len(value) == len(fixed)
+                and all(check(v) for check, v in zip(fixed, value, strict=True))
             )
-        element = args[0] if args else Any
-        return all(conforms(v, element) for v in _first(value))
+        element = checker(args[0] if args else Any)
+        return lambda value: (
+            _sequence_like(value, sets) and all(element(v) for v in islice(value, ELEMENTS))
+        )
     if origin in ITERABLES:
-        return hasattr(value, "__iter__") and not isinstance(value, str | bytes)
-    return _plain(value, origin)
+        return _iterable
+    return _plain(origin)
 
 
-def _plain(value: Any, hint: Any) -> bool:
+def _iterable(value: Any) -> bool:
+    return hasattr(value, "__iter__") and not isinstance(value, str | bytes)
+
+
+def _plain(hint: Any) -> Check:
     if not isinstance(hint, type):
-        return True  # a NewType, a ParamSpec, ...: nothing to check
+        return _anything  # a NewType, a ParamSpec, ...: nothing to check
     if hint is bool:
-        return isinstance(value, bool) or type(value).__name__ == "bool_"
-    if hint is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if hint is complex:
-        return isinstance(value, numbers.Number) and not isinstance(value, bool)
+        return lambda value: isinstance(value, bool) or type(value).__name__ == "bool_"
+    if hint in (int, float, complex):
+        number = {int: numbers.Integral, float: numbers.Real, complex: numbers.Number}[hint]
+        exact = {int: (int,), float: (float, int), complex: (complex, float, int)}[hint]
+        return lambda value: (
+            type(value) in exact or (isinstance(value, number) and not isinstance(value, bool))
+        )
     if issubclass(hint, PurePath) or hint is os.PathLike:
-        return isinstance(value, str | os.PathLike)
+        return lambda value: isinstance(value, str | os.PathLike)
     if hint in SEQUENCES or hint in SETS:
-        return _sequence_like(value, hint in SETS)
-    if hint in MAPPINGS:
-        return isinstance(value, abc.Mapping)
+        sets = hint in SETS
+        return lambda value: _sequence_like(value, sets)
+    if hint in MAPPINGS or typing.is_typeddict(hint):
+        return lambda value: isinstance(value, abc.Mapping)
     if hint in ITERABLES:
-        return hasattr(value, "__iter__") and not isinstance(value, str | bytes)
-    if typing.is_typeddict(hint):
-        return isinstance(value, abc.Mapping)
+        return _iterable
     if _named_tuple(hint):  # any tuple of its length stands for it (a pair of prompts)
-        return _sequence_like(value, False) and len(value) == len(hint._fields)
+        return lambda value: _sequence_like(value, False) and len(value) == len(hint._fields)
     if getattr(hint, "_is_protocol", False):
-        return not getattr(hint, "_is_runtime_protocol", False) or isinstance(value, hint)
+        if not getattr(hint, "_is_runtime_protocol", False):
+            return _anything
+        return lambda value: isinstance(value, hint)
     if hint.__module__ == "numpy" and hint.__name__ == "ndarray":
-        return isinstance(value, hint) or _sequence_like(value, False)
-    return isinstance(value, hint)
+        return lambda value: isinstance(value, hint) or _sequence_like(value, False)
+    return lambda value: isinstance(value, hint)
 
 
 def _sequence_like(value: Any, sets: bool) -> bool:
+    if type(value) in (list, tuple):
+        return True
     if isinstance(value, str | bytes):
         return False
     if sets:
@@ -143,15 +188,6 @@ def _sequence_like(value: Any, sets: bool) -> bool:
 
 def _named_tuple(hint: type) -> bool:
     return issubclass(hint, tuple) and hasattr(hint, "_fields")
-
-
-def _first(values: Any) -> list[Any]:
-    out = []
-    for value in values:
-        if len(out) == ELEMENTS:
-            break
-        out.append(value)
-    return out
 
 
 def described(hint: Any) -> str:
