@@ -380,7 +380,7 @@ def test_bad_answer_values_are_one_line(answers, message):
 
 
 def test_a_model_that_is_not_one_is_one_line():
-    with pytest.raises(ProbekitError, match=r"model must be a path \(a str or a Path\) or an "):
+    with pytest.raises(ProbekitError, match=r"model must be a str, a Path or an Engine \(got 42\)"):
         probekit.score(42, PROMPTS, "0-10")
     with pytest.raises(ProbekitError, match="prefill must be text \\(got 3\\)"):
         probekit.score("no-such-model-is-loaded", PROMPTS, "0-10", prefill=3)

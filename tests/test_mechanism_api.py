@@ -253,7 +253,7 @@ def test_wrong_types_are_one_line(model):
         (dict(pairs=[pair], layers=[40]), "layer 40 is out of range"),
         (dict(pairs=[pair], spans="identity"), "spans must be a list"),
         (dict(pairs=[pair], spans=["perceiver"]), "unknown span 'perceiver'"),
-        (dict(pairs=[pair], readout=3), r"readout must be text \(a str\) or a Readout \(got 3\)"),
+        (dict(pairs=[pair], readout=3), r"readout must be a str or a Readout \(got 3\)"),
         (
             dict(pairs=[pair], readouts="expected"),
             "did you mean readout",

@@ -79,7 +79,7 @@ def test_the_command_line_is_the_same_run(minimal, tiny, tmp_path, monkeypatch):
         ({"device_map": "everywhere"}, "device_map: device map 'everywhere' is neither"),
         ({"seed": -1}, "seed must be at least 0 (got -1)"),
         ({"shard": (2, 2)}, "shard: '2/2': need 0 <= i < n"),
-        ({"model": 3}, "run_study(): model must be a path (a str or a Path) or an Engine (got 3)"),
+        ({"model": 3}, "run_study(): model must be a str, a Path or an Engine (got 3)"),
         ({"event": 2}, "unknown keyword event for run_study('intergroup'); did you mean events?"),
         ({"authors_input": "yes"}, "authors_input must be True or False (got 'yes')"),
         ({"ray": True, "device_map": "auto"}, "ray loads one engine per actor"),

@@ -168,7 +168,10 @@ def encode_item(
     answer.
     """
     if not getattr(tokenizer, "is_fast", False):
-        raise ProbekitError("encoding items needs a fast tokenizer (one with offset mappings)")
+        raise ProbekitError(
+            "encode_item(): tokenizer must be a fast tokenizer, one with offset mappings (got "
+            f"a {type(tokenizer).__name__}); a loaded model encodes with model.encode(item)"
+        )
     if item.messages is not None:
         body = (render or chat_renderer(tokenizer))(item.messages)
         starts = message_starts(body, item.messages)

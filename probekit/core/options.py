@@ -87,6 +87,8 @@ def on_command_line() -> bool:
 def option_message(name: str, phrase: str) -> str:
     """One line refusing a value of the option `name` (a flag or a keyword) with its kind's
     phrase: `--epsilon must be at least 0 (got -1)`, `epsilon: 'x' is not a number`."""
+    if phrase.startswith(f"{name} "):  # the phrase names the option itself
+        return phrase
     return f"{name} {phrase}" if phrase.startswith("must") else f"{name}: {phrase}"
 
 

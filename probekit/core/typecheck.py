@@ -34,7 +34,14 @@ SEQUENCES = (list, tuple, abc.Sequence, abc.MutableSequence, abc.Collection, abc
 SETS = (set, frozenset, abc.Set, abc.MutableSet)
 MAPPINGS = (dict, abc.Mapping, abc.MutableMapping)
 ITERABLES = (abc.Iterable, abc.Iterator, abc.Generator)
-PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "True or False values"}
+SINGULAR = {
+    int: "an integer",
+    float: "a number",
+    str: "a str",
+    bool: "True or False",
+    bytes: "bytes",
+}
+PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "booleans", bytes: "bytes"}
 
 
 def resolve(annotation: Any, owner: Any) -> Any:
@@ -191,51 +198,40 @@ def _named_tuple(hint: type) -> bool:
 
 
 def described(hint: Any) -> str:
-    """What a value of `hint` is, in words: `an integer`, `text`, `a list of strings`,
+    """What a value of `hint` is, in words: `an integer`, `a str`, `a list of strings`,
     `an Item or None`."""
+    return _words(hint, plural=False)
+
+
+def _words(hint: Any, plural: bool) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is None or hint is type(None):
         return "None"
     if origin is typing.Annotated:
-        return described(args[0])
+        return _words(args[0], plural)
     if origin in (typing.Union, types.UnionType):
-        if any(isinstance(a, type) and issubclass(a, PurePath) for a in args):
-            args = tuple(a for a in args if a is not str)  # a path is already a str or a Path
-        words = list(dict.fromkeys(described(arg) for arg in args))
+        words = list(dict.fromkeys(_words(arg, plural) for arg in args))
         return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin is abc.Callable or hint is abc.Callable:
-        return "a function"
+        return "functions" if plural else "a function"
     if origin in MAPPINGS or hint in MAPPINGS:
-        return "a mapping (a dict)"
+        return "dicts" if plural else "a dict"
     if origin in SEQUENCES or hint in SEQUENCES or origin in SETS or hint in SETS:
-        element = args[0] if args else None
-        return "a list" + (f" of {_plural(element)}" if element not in (None, Any) else "")
+        element = args[0] if args else Any
+        of = "" if element is Any else f" of {_words(element, plural=True)}"
+        return ("lists" if plural else "a list") + of
     if origin in ITERABLES or hint in ITERABLES:
-        return "an iterable (a list)"
+        return "iterables" if plural else "an iterable (a list)"
     if origin is not None:
-        return described(origin)
+        return _words(origin, plural)
     if isinstance(hint, type):
-        simple = {
-            bool: "True or False",
-            int: "an integer",
-            float: "a number",
-            str: "text (a str)",
-            bytes: "bytes",
-        }
-        if hint in simple:
-            return simple[hint]
-        if issubclass(hint, PurePath):
-            return "a path (a str or a Path)"
-        return _article(hint.__name__)
+        if hint in PLURAL:
+            return PLURAL[hint] if plural else SINGULAR[hint]
+        name = "Path" if issubclass(hint, PurePath) else hint.__name__
+        return f"{name}s" if plural else _article(name)
     return str(hint)
-
-
-def _plural(hint: Any) -> str:
-    if hint in PLURAL:
-        return PLURAL[hint]
-    return described(hint).removeprefix("a ").removeprefix("an ") + "s"
 
 
 def _article(name: str) -> str:
