@@ -32,15 +32,7 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import DTYPES, checked_by, floating_dtype, positive_int, text
-from probekit.core.options import (
-    REQUIRED,
-    BatchSizeOption,
-    given,
-    named,
-    on_command_line,
-    option,
-)
-from probekit.core.public import public
+from probekit.core.options import REQUIRED, BatchSizeOption, checked, option
 
 MAP_POLICIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's device-map strategies `--device-map` takes by name."""
@@ -217,7 +209,6 @@ class Shape:
         return tokens * (self.kv_bytes(dtype) + self.work_bytes(dtype)) + 12 * self.vocabulary
 
 
-@public()
 @dataclass(frozen=True)
 class MemoryPlan:
     """The memory plan of one model on some devices (`plan`); sizes in bytes."""
@@ -232,7 +223,7 @@ class MemoryPlan:
     workspace: int  # the forward's activations and the answer position's logits, same batch
     capture: int  # one site at every layer, float32, same batch: host memory (not in the fit)
     devices: dict[str, int]
-    placement: str  # "cuda:0", "device_map over ..." (`--device-map`), ...; "" if it does not fit
+    placement: str  # "cuda:0", "--device-map over ...", ..., or "" when it does not fit
     fits: bool
     advice: str = ""  # the refusal line when it does not fit
     notes: list[str] = field(default_factory=list)
@@ -364,15 +355,14 @@ def _placements(
     # a dispatched model's batch lives on the first device: what the weights leave on the
     # accelerators, or (offloading) a quarter of the first one, which --max-memory keeps free
     map_room = accelerators - weights if spill < 0 else usable[main] // 4
-    mapped = named("device_map")
-    over_gpus = _Placement(f"{mapped} over {', '.join(gpus)}", spill <= 0, map_room)
+    over_gpus = _Placement(f"--device-map over {', '.join(gpus)}", spill <= 0, map_room)
     to_cpu = _Placement(
-        f"{mapped} with {format_size(spill)} offloaded to the CPU",
+        f"--device-map with {format_size(spill)} offloaded to the CPU",
         "cpu" in usable and 0 < spill <= usable["cpu"],
         map_room,
     )
     to_disk = _Placement(
-        f"{mapped} with {format_size(max(spill, 0))} offloaded to CPU and disk", True, map_room
+        f"--device-map with {format_size(max(spill, 0))} offloaded to CPU and disk", True, map_room
     )
 
     def sharded(k: int) -> _Placement:
@@ -423,16 +413,16 @@ class PlanOptions(BatchSizeOption):
     json: bool = option(False, help="print the plan as JSON")
 
 
-@public(PlanOptions, wider=("model",))
+@checked(PlanOptions, skip=("model",))
 def plan(
-    model: str | Path | Shape,
+    model: str | Shape,
     devices: str | Mapping[str, Any],
-    dtype: str | None,
-    prompt_tokens: int,
-    batch_size: int | None,
-    device_map: bool,
-    offload: bool,
-    tensor_parallel_size: int,
+    dtype: str | None = None,
+    prompt_tokens: int = PROMPT_TOKENS,
+    batch_size: int | None = None,
+    device_map: bool = False,
+    offload: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> MemoryPlan:
     """The memory plan of `model` (see `read_shape`) on `devices` (`cuda:0=80GiB,...` or a
     mapping): the dtype the policy picks unless `dtype`, the weights, a placement and the
@@ -446,7 +436,10 @@ def plan(
     accelerators and the CPU (with `offload` also to disk); `tensor_parallel_size`: vLLM shards
     the weights that many ways. `fits` False comes with `advice`, the one line the load
     refuses with."""
-    shape = model if isinstance(model, Shape) else read_shape(str(model))
+    for name, value in (("prompt_tokens", prompt_tokens), ("batch_size", batch_size or 1)):
+        if not isinstance(value, int) or value < 1:
+            raise ProbekitError(f"{name} must be a whole number of at least 1 (got {value!r})")
+    shape = model if isinstance(model, Shape) else read_shape(model)
     sizes = parse_devices(devices)
     dtype = plan_dtype(shape, sizes, dtype)
     weights = shape.parameters * DTYPE_BYTES[dtype]
@@ -511,15 +504,14 @@ def batch_refusal(
         return (
             f"{head}a batch of {batch_size} prompts of {prompt_tokens} tokens needs "
             f"{format_size(batch_size * per_prompt)} beside them and {format_size(left)} is "
-            f"left: use {given('batch_size', most)} or less"
+            f"left: use --batch-size {most} or less"
         )
     token = shape.kv_bytes(dtype) + shape.work_bytes(dtype)
     longest = int((left - 12 * shape.vocabulary) // token)
     fix = (
-        f"plan prompts of at most {longest} tokens ({named('prompt_tokens')})"
+        f"plan prompts of at most {longest} tokens (--prompt-tokens)"
         if longest > 0
-        else f"the weights leave no room for a prompt: use {given('dtype', 'bfloat16')} or a "
-        "device map"
+        else "the weights leave no room for a prompt: use --dtype bfloat16 or a device map"
     )
     return (
         f"{head}one prompt of {prompt_tokens} tokens needs {format_size(per_prompt)} (KV cache "
@@ -547,13 +539,11 @@ def refusal(
     else:
         have = f"{format_size(sum(sizes.values()), True)} of memory"
         shards = None
-    mapped = f"{given('device_map', 'auto')} with {named('max_memory')} and "
-    options = [mapped + named("offload_folder")]
+    options = ["--device-map auto with --max-memory and --offload-folder"]
     if dtype in ("float32", "float64") and weights / 2 + per_prompt <= max(usable.values()):
-        options.insert(0, given("dtype", "bfloat16"))
+        options.insert(0, "--dtype bfloat16")
     if shards:
-        both = " " if on_command_line() else ", "
-        options.append(given("engine", "vllm") + both + given("tensor_parallel_size", shards))
+        options.append(f"--engine vllm --tensor-parallel-size {shards}")
     return (
         f"{shape.name} in {dtype} needs {format_size(weights)} of weights; {have}: use "
         f"{', '.join(options[:-1]) + ', or ' if len(options) > 1 else ''}{options[-1]}"
