@@ -13,17 +13,16 @@ import pytest
 
 import probekit
 from probekit.core.errors import ProbekitError
-from probekit.engines.plan import (
-    MAX_BATCH,
-    batch_for,
-    check_before_load,
+from probekit.engines.devices import (
     dispatch_options,
     format_size,
     parse_device_map,
     parse_devices,
     parse_size,
-    read_shape,
 )
+from probekit.engines.memory import MAX_BATCH, batch_for, prompt_bytes
+from probekit.engines.plan import check_before_load
+from probekit.engines.shapes import read_shape
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -93,12 +92,12 @@ def test_llama_70b_on_one_gpu_is_refused_in_one_line(configs):
 
 def test_llama_70b_placements_that_fit(configs):
     seventy = str(configs["Llama-3.1-70B"])
-    two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", device_map=True)
+    two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", dispatched=True)
     assert two.fits and two.placement == "--device-map over cuda:0, cuda:1"
-    offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB", device_map=True)
+    offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB", dispatched=True)
     assert offload.fits and offload.placement.startswith("--device-map with 64 GB offloaded")
-    assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", device_map=True).fits
-    disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", device_map=True, offload=True)
+    assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True).fits
+    disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True, offload=True)
     assert disk.fits and "disk" in disk.placement
     vllm = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", tensor_parallel_size=2)
     assert vllm.fits and vllm.placement == "vLLM tensor parallel over 2 GPUs"
@@ -245,7 +244,7 @@ def test_the_scorer_batch_is_the_plans_counted_in_tokens(configs):
     tokens = 66 + TRIE_0_100  # the H100 run's mean prompt, the 0-100 trie
     # 8B in bfloat16 on 80 GiB: 61 MB a prompt, 61 GB beside the weights -> 1004 -> 512 (the
     # H100 run's best measured batch); float32 halves it; longer prompts, smaller batches
-    assert eight.prompt_bytes("bfloat16", tokens) == 61_037_568
+    assert prompt_bytes(eight, "bfloat16", tokens) == 61_037_568
     assert batch_for(eight, "bfloat16", 80 * GiB, tokens) == 512
     assert batch_for(eight, "float32", 80 * GiB, tokens) == 256
     assert batch_for(eight, "bfloat16", 80 * GiB, 4096) == 64
