@@ -95,7 +95,7 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanOptions(ModelChoice, BatchSizeOption):
+class PlanOptions(BatchSizeOption, ModelChoice):
     """Plan options: the model, the devices, the batch planned for."""
 
     devices: dict[str, int] = option(
