@@ -14,7 +14,7 @@ from probekit.engines.memory import batch_for
 from probekit.engines.shapes import shape_of
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 CPU_BATCH = 16
 """Prompts a batch on a CPU or MPS, where the memory plan has no device size to fill (the
@@ -27,7 +27,7 @@ PROMPT_HINT = 128
 prompts is planned again for its longest prompt."""
 
 
-def planned_batch(model: LoadedModel, tokens: int) -> int:
+def planned_batch(model: HFModel, tokens: int) -> int:
     """Prompts a batch of `model` holds when each prompt takes `tokens` positions (prompt, answer
     trie and generated tokens): on a CUDA device holding the whole model, the largest the memory
     plan says fits beside its weights (`probekit.engines.memory.batch_for`, counted in tokens from
