@@ -132,6 +132,22 @@ def tokenizer():
     return default_tokenizer()
 
 
+def tiny_llama(tie: bool = False, seed: int = 0):
+    """A two-layer random-weight Llama of width 32 (transformers' Llama defaults otherwise) on
+    the default model's tokenizer, with the precision record `load_model` writes on a CPU: for
+    the tests of the batch plan and of the precision tiers. `tie`: its LM head shares the input
+    embeddings, as the default model's does."""
+    needs_default_model()
+    from probekit.engines.hf.tiers import initial_record
+    from probekit.testing.synthetic import default_tokenizer, llama_config, random_weights
+
+    tokenizer = default_tokenizer()
+    shape = dict(layers=2, width=32, mlp_width=64, heads=4, kv_heads=2, tie=tie)
+    model = random_weights(llama_config(len(tokenizer), **shape), tokenizer, "tiny", seed=seed)
+    model.meta["precision"] = initial_record(model, False, None)
+    return model
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
