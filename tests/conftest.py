@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -197,9 +198,14 @@ def smol():
 
 
 @pytest.fixture(scope="module")
-def model(smol):
-    """The module's default model with its TransformerLens bridge built (a module may define its
-    own `model` instead)."""
+def model(request: pytest.FixtureRequest):
+    """The module's model: the default model with its TransformerLens bridge built, or the
+    fixture the module names in `MODEL` (`MODEL = "tiny_deep"`: a method's mechanics on the tiny
+    model of the default model's depth and heads; `scorer` then scores it)."""
+    chosen = getattr(request.module, "MODEL", None)
+    if chosen is not None:
+        return request.getfixturevalue(chosen)
+    smol = request.getfixturevalue("smol")
     smol.enable_bridge()
     return smol
 
@@ -210,6 +216,18 @@ def scorer(model):
     from probekit.engines.hf.scorer import HFScorer
 
     return HFScorer(model, ANSWERS, epsilon=0.0)
+
+
+@pytest.fixture
+def minimal():
+    """The minimal study (`tests/minimal_study.py`), registered for this test only (the command
+    line lists four)."""
+    import minimal_study
+
+    from probekit.studies import base, register
+
+    yield register(minimal_study.STUDY)
+    base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
 @pytest.fixture
@@ -228,6 +246,29 @@ def patch_cli(monkeypatch):
 LEAD = "On a scale of 0 to 100, I rate the intensity as"
 """A response start after which the default model writes a number (it answers the bare study
 prompt in words)."""
+
+
+def religion_prompt(
+    model,
+    perceiver: str,
+    experiencer: str,
+    text: str = EVENT,
+    event_id: str = "e1",
+    spans: Collection[str] | None = None,
+):
+    """The intergroup prompt (religion, P0S0T0, anger) of `perceiver` and `experiencer` about
+    `text`, encoded by `model`; `spans`: keep only these of its marked spans."""
+    from probekit.core.items import Item
+    from probekit.studies.intergroup import get_setting
+    from probekit.studies.intergroup.probe import make_item
+
+    item = make_item(
+        get_setting("P0S0T0"), "religion", perceiver, experiencer, event_id, "anger", text
+    )
+    if spans is not None:
+        kept = {k: v for k, v in item.spans.items() if k in spans}
+        item = Item(item.id, item.key, item.unit, item.messages, spans=kept)
+    return model.encode(item)
 
 
 def religion_probe(events: int):
