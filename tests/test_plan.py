@@ -91,7 +91,7 @@ def test_llama_70b_on_one_gpu_is_refused_in_one_line(configs):
     )
 
 
-def test_llama_70b_placements_that_fit(configs):
+def test_llama_70b_placements_that_fit(configs, capsys):
     seventy = str(configs["Llama-3.1-70B"])
     two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", dispatched=True)
     assert two.fits and two.placement == "--device-map over cuda:0, cuda:1"
@@ -100,6 +100,11 @@ def test_llama_70b_placements_that_fit(configs):
     assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True).fits
     disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True, offload=True)
     assert disk.fits and "disk" in disk.placement
+    from probekit import cli
+
+    argv = ["plan", "--model", seventy, "--devices", "cuda:0=80GiB,cpu=200GiB", "--dispatched"]
+    assert cli.main(argv) == 0
+    assert "placement: --device-map with 64 GB offloaded" in capsys.readouterr().out
     vllm = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", tensor_parallel_size=2)
     assert vllm.fits and vllm.placement == "vLLM tensor parallel over 2 GPUs"
     assert not probekit.plan(seventy, GPU, tensor_parallel_size=2).fits  # one GPU given
