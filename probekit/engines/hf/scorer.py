@@ -39,7 +39,7 @@ from probekit.engines.options import ScorerOptions
 from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 
 @public(ScorerOptions)
@@ -48,7 +48,7 @@ class HFScorer:
 
     def __init__(
         self,
-        model: LoadedModel,
+        model: HFModel,
         answers: AnswerSet,
         epsilon,
         batch_size,
