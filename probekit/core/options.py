@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import functools
-import inspect
 import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,14 +29,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import Kind, non_negative_int, path, positive_int, text
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that must be given (`option(REQUIRED, ...)`)."""
-F = TypeVar("F", bound=Callable[..., Any])
 Spell = Callable[[str], str]
 """An option's name as a front end shows it: `flag` (the command line) or `keyword` (Python)."""
 
@@ -449,44 +446,6 @@ def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str
             if close:
                 return f"; did you mean {close[0]}?"
     return ""
-
-
-def checked(*groups: type, skip: Sequence[str] = ()) -> Callable[[F], F]:
-    """Check a public function's arguments before it runs, with the command line's rules: an
-    unknown keyword is one line with a "did you mean", a missing or surplus argument one line,
-    and each argument named as an option of `groups` (but those in `skip`, which the function
-    takes in another form) is checked by that option's kind and passed on as the option holds
-    it, a refusal naming the keyword."""
-
-    def wrap(function: F) -> F:
-        signature = inspect.signature(function)
-        parameters = signature.parameters
-        anything = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-        fields = {
-            f.name: f
-            for group in groups
-            for f in options_of(group)
-            if f.name in parameters and f.name not in skip
-        }
-        where = f"{function.__name__}()"
-
-        @functools.wraps(function)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            for key in kwargs:
-                if key not in parameters and not anything:
-                    raise unknown_keyword(key, list(parameters), where)
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as error:
-                raise ProbekitError(f"{where}: {error}") from None
-            for key, value in bound.arguments.items():
-                if key in fields and value is not None:
-                    bound.arguments[key] = check_option(fields[key], value, key)
-            return function(*bound.args, **bound.kwargs)
-
-        return call  # type: ignore[return-value]
-
-    return wrap
 
 
 def check_out_dir(folder: str | Path, option: str = "out") -> None:
