@@ -134,7 +134,7 @@ def prompt_count(probe: Probe, limit: int | None) -> int:
     return total if limit is None else min(total, limit)
 
 
-@public(RunOptions, skip=("shard", "out"))
+@public(RunOptions, skip=("shard", "out", "limit"))  # limit: the first N prompts here
 def run_probe(
     probe: Probe,
     model: Engine,
@@ -146,7 +146,7 @@ def run_probe(
     batch_size: int | None,
     epsilon: float,
     chunk_size: int | None = None,
-    limit: int | None,
+    limit: int | None = None,
     hint: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` (its first `limit` prompts, else all) into `out`, in `view`
@@ -157,6 +157,8 @@ def run_probe(
     prompts redone. Progress goes to stderr (`probekit.core.progress`): after the first batch,
     the time the run will take on this device, with `hint` on how to make it smaller."""
     view = check_view(view)
+    if limit is not None and limit < 1:
+        raise ProbekitError(f"limit must be at least 1 (got {limit})")
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     out = Path(out)

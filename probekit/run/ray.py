@@ -188,7 +188,7 @@ class Worker:
         return run_chunk(chunk, probe, self.engine, self.scorer, self.view, None)
 
 
-@public(RunOptions, skip=("shard", "out"))
+@public(RunOptions, skip=("shard", "out", "limit"))  # limit: the first N prompts here
 def run_probe_ray(
     probe: Probe,
     load: Loader,
@@ -201,7 +201,7 @@ def run_probe_ray(
     batch_size: int | None,
     epsilon: float,
     chunk_size: int | None = None,
-    limit: int | None,
+    limit: int | None = None,
     hint: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
