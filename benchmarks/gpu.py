@@ -19,16 +19,25 @@ file, never there):
   float32 on its 0-100 prompts (bfloat16 with the float32 head, TF32 matmuls; TF32 is emulated
   on a CPU) and the tier the default `--tolerance` picks from them; `offload`: the model placed
   by a device map with CPU (and disk) offload, its largest score difference from the whole
-  model;
+  model; `mechanism`: through each hook library installed, `probekit.patch` (a resid_pre/
+  attn_out/mlp_out sweep, then every head at `attn.hook_z`), `probekit.capture` and
+  `probekit.steer` on the device and the same calls on a float32 copy on the CPU, the largest
+  difference of their results and both times;
 - then, the default model freed, on random weights of Llama-3.1-8B's shapes (so each model's
-  peak memory is its own): `exact` for the four answer sets in each precision tier (float32,
-  TF32 matmuls, bfloat16 with the float32 head) at epsilon 0, so every prompt reads the whole
-  answer trie (random weights would prune it to ~14 positions on 0-100; the real default model
-  reads ~140 at the default epsilon, the whole trie has 203); `generate` beside it in
-  bfloat16; `batch_sweep`: bfloat16 0-100 throughput at fixed batches and at the batch the plan
-  picks, and the plan's share of the best (target: at least 90 %); `oom_backoff`: a batch too
-  large for the device, halved until it fits (on the CPU a hook raises the out-of-memory error
-  for batches above one prompt).
+  peak memory is its own): `shape`, its LM head's rows (Llama-3's 128,256: the default
+  tokenizer's 49,152 padded with rows that extend no answer); `exact` for the four answer sets
+  in each precision tier (`TIERS`: float32, TF32 matmuls, bfloat16 with the float32 head) at
+  epsilon 0, so every prompt reads the whole answer trie (random weights would prune it to ~14
+  positions on 0-100; the real default model reads ~140 at the default epsilon, the whole trie
+  has 203); `generate` beside it in the fastest tier; `batch_sweep`: the fastest tier's 0-100
+  throughput at fixed batches and at the batch the plan picks, and the plan's share of the best
+  (target: at least 90 %); `oom_backoff`: a batch too large for the device, halved until it fits
+  (on the CPU a hook raises the out-of-memory error for batches above one prompt); `peers`:
+  probekit's patching sweep beside TransformerLens's `generic_activation_patch`, a plain nnsight
+  loop and nnsight with the KV cache (benchmarks/patching.py's comparison), in TF32; without
+  transformer_lens, one line says so and the nnsight half runs;
+- last, `target`: the speed targets of the trie pass's rewrite, from the run's own figures (on
+  a CPU: "not yet measured (no GPU lent)").
 
 TFLOP/s counts the multiply-adds of the weights (2 x body weights a token-forward, 2 x LM-head
 weights a head row), not attention's (a few per cent at these prompt lengths); the device's peak
