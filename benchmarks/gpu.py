@@ -573,9 +573,8 @@ def mechanism_calls(model: Any, layers: list[int], hooks: str) -> dict[str, Call
 def mechanism_step(model: Any, folder: str, label: str, layers: int) -> list[dict[str, Any]]:
     """The mechanism on the device against the CPU: each of `mechanism_calls` through each hook
     library installed, on `model` and on a float32 copy of it on the CPU (read from `folder`),
-    with the largest difference of their results and each call's seconds (the second of two
-    runs on each, the first paying one-off costs: the bridge's build, the kernels' first
-    launch)."""
+    with the largest difference of their results and each call's seconds (after one warm-up
+    call on each model, which pays the one-off costs: the bridge's build, the first launches)."""
     cpu = load_model(folder, device="cpu", dtype="float32")
     chosen = spread(model.n_layers, layers)
     figures = []
@@ -584,10 +583,9 @@ def mechanism_step(model: Any, folder: str, label: str, layers: int) -> list[dic
             mechanism_calls(model, chosen, hooks),
             mechanism_calls(cpu, chosen, hooks),
         )
+        next(iter(on_device.values()))(), next(iter(on_cpu.values()))()  # warm-ups
         for call, run in on_device.items():
-            run()
             got, seconds, _ = timed(model.device, run)
-            on_cpu[call]()
             expected, cpu_seconds, _ = timed(cpu.device, on_cpu[call])
             scale = float(expected.abs().max())
             figures.append(

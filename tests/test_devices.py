@@ -387,7 +387,7 @@ def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
         [sys.executable, "-c", TRACER, str(script), str(out), str(seen_at)],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,  # a hang guard: the dry run took 8.5 min on 2 cores under a load of 15
         cwd=REPO,
         env=env,
     )
