@@ -142,7 +142,8 @@ def _tiny(tie: bool = False, pending: bool = False):
     tier not chosen yet (a fake GPU: the tiers run on the CPU, TF32 emulated)."""
     from conftest import tiny_llama
 
-    from probekit.engines.hf.tiers import DEFAULT_TOLERANCE, TIERS
+    from probekit.engines.hf.tiers import TIERS
+    from probekit.engines.options import DEFAULT_TOLERANCE
 
     model = tiny_llama(tie=tie)
     if pending:
