@@ -81,7 +81,6 @@ from patching import (
     compare_peers,
     report_peers,
 )
-from transformers import LlamaConfig
 
 import probekit
 from probekit.core.answers import AnswerSet
@@ -101,7 +100,7 @@ from probekit.engines.hf.tiers import (
 )
 from probekit.engines.trie import extension_masks
 from probekit.mechanism.sites import d_model
-from probekit.testing.synthetic import random_weights
+from probekit.testing.synthetic import LLAMA_8B, llama_config, random_weights
 
 ANSWER_SETS = ("0-100", "0-10", "A-D", "A-E")
 PERSONAS = [
@@ -117,23 +116,11 @@ EVENTS = [
     "receives a gift", "is treated rudely by a doctor", "sees a wedding", "breaks a leg",
 ]  # fmt: skip
 CHOICES = ["joy", "anger", "sadness", "fear", "disgust"]
-LLAMA_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    num_hidden_layers=32,
-    max_position_embeddings=8192,
-)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_hidden_layers=2,
-    max_position_embeddings=2048,
-)
+SHAPED = {**LLAMA_8B, "context": 8192}
+"""The large model: Llama-3.1-8B's shape (`probekit.testing.synthetic.LLAMA_8B`, its 128,256-row
+vocabulary padded beyond the default tokenizer's), prompts up to 8,192 tokens."""
+TINY = {"layers": 2, "width": 64, "mlp_width": 128, "heads": 4, "kv_heads": 2, "context": 2048}
+"""The dry run's two-layer stand-in for both models."""
 LONG_LEAD = "Read the whole case carefully before answering. " * 20  # ~200 tokens a prompt
 PEAK_TFLOPS = {
     "H100 PCIe": {"bfloat16": 756.0, "tf32": 378.0, "float32": 51.2},
@@ -170,9 +157,9 @@ class Sizes:
 
 SIZES = {
     "gpu": Sizes(
-        256, None, "default", LLAMA_8B, "llama-3.1-8b-shaped", 16, 512,
+        256, None, "default", SHAPED, "llama-3.1-8b-shaped", 16, 512,
         (64, 128, 256, 512, 1024), 1024, 2048, "cuda:0=200MiB,cpu=16GiB", 32, 64, False,
-        LLAMA_8B["vocab_size"], 3, 4,
+        LLAMA_8B["vocab_rows"], 3, 4,
     ),
     "dry": Sizes(
         2, TINY, "tiny-random-default", TINY, "tiny-random", 4, 2, (1, 2), 4,
@@ -743,9 +730,10 @@ def default_model(device: torch.device, size: Sizes) -> Any:
     """The default model in float32; in a dry run its tokenizer and chat template (no weights
     read), with random weights of `size.default` in its place."""
     model = load_model("default", device=str(device), dtype="float32", weights=not size.default)
-    config = LlamaConfig(**{"vocab_size": len(model.tokenizer), **(size.default or {})})
-    stand_in = (config, model.tokenizer, "default", str(device), torch.float32)
-    return model if not size.default else random_weights(*stand_in)
+    if not size.default:
+        return model
+    config = llama_config(len(model.tokenizer), **size.default)
+    return random_weights(config, model.tokenizer, "default", str(device), torch.float32)
 
 
 def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list, Any]:
@@ -769,7 +757,7 @@ def shaped_model_steps(device: torch.device, size: Sizes, n: int, tokenizer: Any
     """The large random-weight model's steps: its head's rows, then the exact scorer in each
     precision tier (`TIERS`, float32 first), generation, the batch sweep and the out-of-memory
     back-off in the fastest tier (`TIERS[0]`), and patching beside its peers in TF32."""
-    config = LlamaConfig(**{**size.shaped, "vocab_size": size.head_rows})
+    config = llama_config(len(tokenizer), **{**size.shaped, "vocab_rows": size.head_rows})
     label = size.shaped_label
     model = random_weights(config, tokenizer, label, str(device), torch.float32)
     prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
