@@ -42,7 +42,6 @@ from probekit.cli.main import study_command
 from probekit.core.kinds import comma_list
 from probekit.core.options import flag
 from probekit.engines import load_engine
-from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import LoadedModel
 from probekit.run.options import run_context
 from probekit.studies.base import Probe, get_study
@@ -102,13 +101,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="prompts timed in (e) and compared with (a) (default: 4; 0 skips it)",
     )
-    parser.add_argument(
-        "--epsilon",
-        type=float,
-        default=DEFAULT_EPSILON,
-        help=f"(a)'s pruning budget (default: {DEFAULT_EPSILON:g})",
-    )
-    parser.add_argument("--batch-size", type=int, default=None, metavar="B")
+    common.shared_options(parser, "epsilon", "batch_size")  # (a)'s pruning bound
     args = parser.parse_args(argv)
     unknown = [name for name in args.sets if name not in CHOICE_SETS]
     if unknown:

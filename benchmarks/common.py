@@ -1,4 +1,6 @@
-"""What every benchmark script shares: the common options and the data root, the set-up (threads,
+"""What every benchmark script shares: the common options (probekit's own `--model`, `--device`,
+`--dtype`, `--batch-size`, `--seed` and `--epsilon` from their one declaration) and the data root,
+the set-up (threads,
 load averages, a warm-up forward) and its end, the first prompts of a probe, timing a call, a
 target's verdict.
 
@@ -24,6 +26,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
+from probekit.core.options import BatchSizeOption, Command, SeedOption
+from probekit.engines.options import EpsilonOption, ModelOptions
+
 if TYPE_CHECKING:
     from probekit.engines.base import Engine, ScorerStats
     from probekit.engines.hf.model import LoadedModel
@@ -41,18 +46,25 @@ DATA_HELP = (
 )
 
 
+SHARED = Command("benchmark", (ModelOptions, SeedOption, BatchSizeOption, EpsilonOption))
+"""probekit's options a benchmark may take, as the commands declare them."""
+
+
+def shared_options(parser: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
+    """Add probekit's options `names` (`model`, `device`, `dtype`, `batch_size`, `seed`,
+    `epsilon`) to a benchmark's parser with the commands' flag, kind, help and default (one
+    declaration each); `defaults`: the benchmark's own, where it differs."""
+    command = Command(SHARED.name, SHARED.groups, defaults=defaults)
+    command.add_to(parser, names)
+
+
 def argument_parser(
     prog: str, description: str, epilog: str | None = None, data_help: str = DATA_HELP
 ) -> argparse.ArgumentParser:
     """A parser with the options every model benchmark takes (--model, --device, --data,
     --threads, --json); the script adds its own."""
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
-    parser.add_argument(
-        "--model",
-        default="default",
-        help="load_model spec (default: default, SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best)")
+    shared_options(parser, "model", "device")
     parser.add_argument("--data", default=None, metavar="ROOT", help=data_help)
     parser.add_argument(
         "--threads",

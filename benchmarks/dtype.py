@@ -44,12 +44,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from common import set_up, tear_down, write_results
+from common import set_up, shared_options, tear_down, write_results
 
 from probekit.cli.main import study_command
 from probekit.core.errors import ProbekitError
 from probekit.core.options import flag
-from probekit.engines.base import DEFAULT_EPSILON
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import score_differences
 from probekit.engines.hf.tiers import apply_tier
@@ -88,8 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default="default", help="model spec (default: SmolLM2-135M)")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    shared_options(parser, "model", "device", "epsilon", "seed", device="cpu")
     parser.add_argument(
         "--dtypes", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}"
     )
@@ -112,13 +110,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="GIEBench: sample records, 3 prompt types (+ mismatch prompts) each (default 4)",
     )
     parser.add_argument("--jaem-samples", type=int, default=8, help="JaEm-ST: samples (8)")
-    parser.add_argument(
-        "--epsilon",
-        type=float,
-        default=DEFAULT_EPSILON,
-        help=f"pruning bound, as a run's (default {DEFAULT_EPSILON}; 0 = every answer exactly)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="event sampling and bootstraps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--log", default="/tmp/probekit-dtype.log", help="copy of the table")
     parser.add_argument(

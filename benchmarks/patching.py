@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from common import load_line, timed, write_results
+from common import load_line, shared_options, timed, write_results
 
 from probekit.cli.main import study_command
 from probekit.core.answers import AnswerSet
@@ -684,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--against", choices=["peers", "attribution"], default="peers", help="(default peers)"
     )
     parser.add_argument("--layers", type=int_list, help="layers (default: every layer)")
-    parser.add_argument("--batch-size", type=int, help="prompts per forward (probekit)")
+    shared_options(parser, "batch_size")
     parser.add_argument(
         "--sites", type=comma_list, default=PEER_SITES, help="peers: sites (default all four)"
     )

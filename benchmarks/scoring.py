@@ -49,10 +49,12 @@ import transformers
 from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
 from probekit.core.answers import AnswerSet
+from probekit.core.options import default_of
 from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.engines import load_engine
-from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer, ScoreResult, ScorerStats
+from probekit.engines.base import Engine, Scorer, ScoreResult, ScorerStats
 from probekit.engines.hf.model import LoadedModel
+from probekit.engines.options import EpsilonOption
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
 from probekit.testing.reference import (
@@ -71,6 +73,8 @@ from probekit.testing.synthetic import (
 CATEGORY, SETTING = "religion", "P0S0T0"
 
 # Targets from the issue, all at the default epsilon except the last.
+EPSILON = default_of(EpsilonOption, "epsilon")
+"""The pruning bound the targets are stated for: every run's default."""
 MIN_SPEEDUP_VS_GENERATE = 1.5
 AIM_SPEEDUP_VS_GENERATE = 2.0
 MIN_SPEEDUP_VS_LOGLIK = 30.0
@@ -89,7 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "Prompts/s of (a) probekit exact scoring of 0-100, (b) greedy generate + parse and "
             "(c) per-candidate log-likelihood scoring on the same intergroup prompts "
             f"({CATEGORY}, {SETTING} by default), plus (d) the largest |p - brute force| at "
-            f"the default epsilon ({DEFAULT_EPSILON:g}) and at epsilon = 0. Prints PASS/FAIL "
+            f"the default epsilon ({EPSILON:g}) and at epsilon = 0. Prints PASS/FAIL "
             f"against the targets: (a) >= {MIN_SPEEDUP_VS_GENERATE:g} x (b) (aim "
             f"{AIM_SPEEDUP_VS_GENERATE:g} x), (a) >= {MIN_SPEEDUP_VS_LOGLIK:g} x (c), every "
             f"error_bound <= {MAX_ERROR_BOUND:g}, (d) at epsilon = 0 <= "
@@ -105,7 +109,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "crowd-enVent data root (default: $PROBEKIT_DATA, else ../shared/data next to the "
         "repo if present, else the user cache or the project sample, with a warning)",
     )
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 (default: by device)")
+    common.shared_options(parser, "dtype", "seed", "batch_size", "epsilon")
     parser.add_argument(
         "--random-llama8b",
         action="store_true",
@@ -126,19 +130,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="K",
         help="events drawn per emotion, 12 emotions (default: 2)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the event draw (default: 0)")
     parser.add_argument(
         "--setting",
         default=SETTING,
         help=f"intergroup prompt setting (default: {SETTING}); the answers follow its scale, "
         "e.g. P0S1T0 (10-scale) scores 0-10; the targets are set for 0-100",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        metavar="B",
-        help="batch size of (a), (b) and (c) (default: the Scorer's, 16 on CPU, the plan's on GPU)",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -168,14 +164,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="prompts compared with brute force in (d), 0 skips it; ~1 min each on a 2-core CPU "
         "(default: 2)",
-    )
-    parser.add_argument(
-        "--epsilon",
-        type=float,
-        default=DEFAULT_EPSILON,
-        metavar="E",
-        help=f"pruning bound of (a) (default: the engine's default, {DEFAULT_EPSILON:g}; the "
-        "targets are stated for the default)",
     )
     parser.add_argument(
         "--repeat",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from common import RESULTS, load_line, write_results
+from common import RESULTS, load_line, shared_options, write_results
 
 from probekit.stats import bootstrap_ci, grouped_means, permutation_test
 
@@ -43,7 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--units", type=int, default=300, help="units resampled in (b)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples in (b)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; best is shown")
-    parser.add_argument("--seed", type=int, default=0)
+    shared_options(parser, "seed")
     parser.add_argument(
         "--json",
         type=Path,

@@ -162,7 +162,7 @@ def test_explicit_root_missing_a_file_never_falls_back(isolated, tmp_path):
     root = copy_sample(tmp_path / "mine")
     (root / "crowd-enVent" / "crowd-enVent_shame.tsv").unlink()
     copy_sample(isolated)  # a complete cache must not be used instead
-    with pytest.raises(ProbekitError, match="--data .* has no crowd-enVent/crowd-enVent_shame.tsv"):
+    with pytest.raises(ProbekitError, match="^data .* has no crowd-enVent/crowd-enVent_shame.tsv"):
         resolve_data_root(root, list(FILES), sample=SAMPLE_ROOT, fetch=offline)
 
 
@@ -210,7 +210,7 @@ def test_offline_falls_back_to_the_sample(isolated):
     assert (source.origin, source.path) == ("sample", SAMPLE_ROOT)
     assert "network is unreachable" in source.message
     assert "not the real dataset" in source.message
-    with pytest.raises(ProbekitError, match="could not be downloaded.*pass --data ROOT"):
+    with pytest.raises(ProbekitError, match="could not be downloaded.*pass data=ROOT"):
         resolve_data_root(None, list(FILES), fetch=offline)
 
 

@@ -28,13 +28,12 @@ FP64_MAX_PROB_DIFF = 1e-5
 
 def _prompts(model, study: str, argv: list[str], count: int):
     from probekit.cli.main import study_command
-    from probekit.core.options import flag
     from probekit.run.options import run_context
     from probekit.studies.base import get_study
 
     chosen = get_study(study)
     models, run, own = study_command("run", chosen).parse(argv, f"probekit run {study}")
-    probe = chosen.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
+    probe = chosen.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
     items = [item for _, item in zip(range(count), probe.items(), strict=False)]
     return probe, [model.encode(item, probe.as_string).input_ids for item in items]
 
@@ -102,7 +101,7 @@ def test_float64_scoring_is_the_reference(smol):
 def test_noise_figure_restores_the_model(smol):
     probe, prompts = _prompts(smol, "isear", ["--events", "1"], 3)
     before = {n: p.clone() for n, p in smol.hf.named_parameters()}
-    figure = precision.noise_figure(smol, prompts, probe.answers, sample=2, seed=1)
+    figure = precision.noise_figure(smol, prompts, probe.answers, sample=2, seed=1, epsilon=0.0)
     assert figure["dtype"] == "float32" and figure["reference_dtype"] == "float64"
     assert figure["sample"] == 2 and figure["score"] == "probability"
     assert figure["max_abs_diff"] <= FP64_MAX_PROB_DIFF
@@ -110,7 +109,7 @@ def test_noise_figure_restores_the_model(smol):
     for name, param in smol.hf.named_parameters():
         assert param.dtype == torch.float32 and torch.equal(param, before[name])
     with pytest.raises(ProbekitError, match="at least one prompt"):
-        precision.noise_figure(smol, [], probe.answers)
+        precision.noise_figure(smol, [], probe.answers, epsilon=0.0)
 
 
 @pytest.mark.slow
@@ -143,7 +142,8 @@ def _tiny(tie: bool = False, pending: bool = False):
     tier not chosen yet (a fake GPU: the tiers run on the CPU, TF32 emulated)."""
     from conftest import tiny_llama
 
-    from probekit.engines.hf.tiers import DEFAULT_TOLERANCE, TIERS
+    from probekit.engines.hf.tiers import TIERS
+    from probekit.engines.options import DEFAULT_TOLERANCE
 
     model = tiny_llama(tie=tie)
     if pending:
@@ -274,7 +274,7 @@ def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
         load_model("default", dtype="bfloat16", tolerance=0.01)
     with pytest.raises(ProbekitError, match=r"^tolerance must be between 0 and 1 \(got 2\)"):
         load_model("default", tolerance=2)
-    with pytest.raises(ProbekitError, match="--tolerance picks the hf engine's arithmetic"):
+    with pytest.raises(ProbekitError, match="^tolerance picks the hf engine's arithmetic"):
         load_engine("default", engine="vllm", tolerance=0.01)
     assert cli.main(["setup", "--tolerance", "1.5"]) == 2
     assert "--tolerance" in capsys.readouterr().err

@@ -359,7 +359,7 @@ def test_answer_lists_are_the_answer_sets_they_name(tiny):
 @pytest.mark.parametrize(
     ("answers", "message"),
     [
-        (None, "answers must be an AnswerSet, a spec such as 0-100"),
+        (None, r"^score\(\) needs answers"),
         ([1], "has one answer"),
         ([1, None], "answer 1 is None"),
         (["a", "a"], "duplicate answer 'a'"),
@@ -372,7 +372,7 @@ def test_bad_answer_values_are_one_line(answers, message):
 
 
 def test_a_model_that_is_not_one_is_one_line():
-    with pytest.raises(ProbekitError, match="model must be a loaded model or a model spec"):
+    with pytest.raises(ProbekitError, match=r"model must be a str, a Path or an Engine \(got 42\)"):
         probekit.score(42, PROMPTS, "0-10")
     with pytest.raises(ProbekitError, match="prefill must be text \\(got 3\\)"):
         probekit.score("no-such-model-is-loaded", PROMPTS, "0-10", prefill=3)
@@ -448,7 +448,7 @@ def test_a_device_this_torch_lacks_is_one_line(tmp_path, capsys, device):
     }
     if available[device]:
         pytest.skip(f"{device} is available here")
-    with pytest.raises(ProbekitError, match=f"--device {device}: "):
+    with pytest.raises(ProbekitError, match=f"^device='{device}': "):  # the caller's words
         load_model("default", device=device)
     code, err = cli_score(tmp_path, capsys, "--answers", "0-3", "--device", device)
     assert code == 2 and f"--device {device}: " in one_line(err)
@@ -479,3 +479,28 @@ def test_an_id_that_is_not_one_is_refused_with_its_line(tmp_path, capsys, record
     prompts.write_text('{"id": 7, "text": "Hi"}\n' + record + "\n")
     code, err = cli_score(tmp_path, capsys, "--answers", "0-3")
     assert code == 2 and f"{prompts}:2: {message}" in one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "message"),
+    [
+        ("1", "1.0", "duplicate id '1' (line 1 has it)"),
+        ("100", "1e2", "duplicate id '100' (line 1 has it)"),
+        ('"2.5"', "2.5", "duplicate id '2.5' (line 1 has it)"),  # the same text: one row
+    ],
+)
+def test_ids_are_compared_as_the_json_values_they_are(tmp_path, first, second, message):
+    """`1` and `1.0` are one JSON number: one id, and the second line is a duplicate (they
+    were two rows, "1" and "1.0")."""
+    from probekit.core.prompts import read_prompts
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(f'{{"id": {first}, "text": "Hi"}}\n{{"id": {second}, "text": "Ho"}}\n')
+    with pytest.raises(ProbekitError) as error:
+        list(read_prompts(prompts))
+    assert str(error.value) == f"{prompts}:2: {message}"
+    prompts.write_text('{"id": 3.0, "text": "Hi"}\n{"id": 3.5, "text": "Ho"}\n')
+    assert [item.id for item in read_prompts(prompts)] == ["3", "3.5"]
+    prompts.write_text('{"id": NaN, "text": "Hi"}\n')
+    with pytest.raises(ProbekitError, match="'id' is nan; give a string or a finite number"):
+        list(read_prompts(prompts))

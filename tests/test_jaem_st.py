@@ -16,6 +16,7 @@ from conftest import REPO
 
 from probekit.cli.main import main
 from probekit.core.errors import ProbekitError
+from probekit.core.options import flag, spelled
 from probekit.studies.base import Context
 from probekit.studies.jaem_st import epitome, era, metrics, responses
 from probekit.studies.jaem_st.data import REQUIRED, load_jaem, parse_template
@@ -442,8 +443,11 @@ def test_responses_skip_lines_and_bad_lexicon(tmp_path, capsys):
     frame = pd.DataFrame({"response": ["Fine.", ""]})
     scored = responses.score_responses(frame, ["Jane: hi", "Jane: hi"], None, None)
     assert list(scored) == ["response"]  # nothing enabled, nothing added
-    assert "--vad-lexicon PATH" in responses.AE_SKIP_MESSAGE
-    assert "--era-model" in era.SKIP_MESSAGE
+    assert "vad_lexicon=PATH" in responses.ae_skip_message()
+    assert "era_model=FOLDER" in era.skip_message()
+    with spelled(flag):
+        assert "--vad-lexicon PATH" in responses.ae_skip_message()
+        assert "--era-model FOLDER" in era.skip_message()
 
 
 @pytest.mark.slow

@@ -237,13 +237,13 @@ def test_wrong_types_are_one_line(model):
     cases = [
         (dict(pairs=list(pair)), "pair 0 is a EncodedItem"),  # prompts, not pairs
         (dict(pairs=[pair[0].item, pair[1].item, pair[0].item]), "pair 0 is a Item"),
-        (dict(pairs="text"), "pairs must be a non-empty list"),
+        (dict(pairs="text"), "pairs must be a list"),
         (dict(pairs=[pair], sites="hook_resid_pre"), "sites must be a list"),
         (dict(pairs=[pair], sites=["resid_mid"]), "unknown site 'resid_mid'"),
         (dict(pairs=[pair], layers=[40]), "layer 40 is out of range"),
         (dict(pairs=[pair], spans="identity"), "spans must be a list"),
         (dict(pairs=[pair], spans=["perceiver"]), "unknown span 'perceiver'"),
-        (dict(pairs=[pair], readout=3), "expected a text spec"),
+        (dict(pairs=[pair], readout=3), r"readout must be a str or a Readout \(got 3\)"),
         (
             dict(pairs=[pair], readouts="expected"),
             "did you mean readout",

@@ -629,7 +629,7 @@ def test_pairs_within_the_noise_are_left_out_with_one_line():
         "out of recovery"
     )
     assert patching.noise_line(_table([1.0], [0.5])) is None
-    with pytest.raises(ProbekitError, match="the table probekit.patch returns"):
+    with pytest.raises(ProbekitError, match=r"table must be a DataFrame \(got \[1, 2\]\)"):
         probekit.recovery([1, 2])
 
 

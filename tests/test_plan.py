@@ -86,17 +86,18 @@ def test_llama_70b_on_one_gpu_is_refused_in_one_line(configs):
     assert plan.dtype == "bfloat16" and format_size(plan.weights) == "141 GB"
     assert not plan.fits and plan.batch_size == 0 and plan.placement == ""
     assert plan.advice == (
-        "Llama-3.1-70B in bfloat16 needs 141 GB of weights; one 80 GiB GPU: use --device-map "
-        "auto with --max-memory and --offload-folder, or --engine vllm --tensor-parallel-size 2"
+        "Llama-3.1-70B in bfloat16 needs 141 GB of weights; one 80 GiB GPU: use "
+        "device_map='auto' with max_memory and offload_folder, or engine='vllm', "
+        "tensor_parallel_size=2"
     )
 
 
 def test_llama_70b_placements_that_fit(configs, capsys):
     seventy = str(configs["Llama-3.1-70B"])
     two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", dispatched=True)
-    assert two.fits and two.placement == "--device-map over cuda:0, cuda:1"
+    assert two.fits and two.placement == "device_map over cuda:0, cuda:1"
     offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB", dispatched=True)
-    assert offload.fits and offload.placement.startswith("--device-map with 64 GB offloaded")
+    assert offload.fits and offload.placement.startswith("device_map with 64 GB offloaded")
     assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True).fits
     disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True, offload=True)
     assert disk.fits and "disk" in disk.placement
@@ -123,6 +124,7 @@ def test_plan_command(configs, capsys):
     assert cli.main(["plan", "--model", seventy, "--devices", GPU]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("probekit: error: Llama-3.1-70B in bfloat16 needs 141 GB of weights")
+    assert "use --device-map auto with --max-memory and --offload-folder, or --engine vllm" in err
     assert "\n" not in err
     assert cli.main(["plan", "--model", seventy, "--devices", "cuda:0=80"]) == 2
     assert "'80' is not a memory size" not in capsys.readouterr().err  # bytes: parsed, too small
@@ -186,7 +188,7 @@ def test_the_load_check_runs_only_for_accelerators_and_device_maps(configs):
     assert check_before_load(seventy, device="cpu") is None  # the CPU: nothing to plan
     with pytest.raises(
         ProbekitError,
-        match="in float32 needs 282 GB of weights; 1.0 GiB of memory: use --device-map",
+        match="in float32 needs 282 GB of weights; 1.0 GiB of memory: use device_map=",
     ):
         check_before_load(seventy, device_map="auto", max_memory="cpu=1GiB")
     plan = check_before_load(seventy, max_memory="cpu=16GiB", offload_folder="/tmp")
@@ -202,21 +204,21 @@ def test_llama_70b_over_two_gpus_gets_a_placement_without_asking(configs):
     seventy = str(configs["Llama-3.1-70B"])
     two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB")  # no placement named
     assert two.fits and two.dtype == "bfloat16"
-    assert two.placement == "--device-map over cuda:0, cuda:1" and two.batch_size == 32
+    assert two.placement == "device_map over cuda:0, cuda:1" and two.batch_size == 32
     assert two.tried == [
         "cuda:0: the weights do not fit",
-        "--device-map over cuda:0, cuda:1: fits, batch 32",
+        "device_map over cuda:0, cuda:1: fits, batch 32",
     ]
     assert "tried: cuda:0: the weights do not fit" in two.lines()
     offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB")
-    assert offload.fits and offload.placement.startswith("--device-map with 64 GB offloaded")
+    assert offload.fits and offload.placement.startswith("device_map with 64 GB offloaded")
     eight = probekit.plan(str(configs["Llama-3.1-8B"]), "cuda:0=80GiB,cuda:1=80GiB")
     assert eight.placement == "cuda:0" and eight.tried == ["cuda:0: fits, batch 128"]
     assert "the whole model fits on the first device; the others stay idle" in eight.notes
     # 70B in float32 (282 GB) over four 80 GiB GPUs (309 GB usable): the map over the four
     four = ",".join(f"cuda:{i}=80GiB" for i in range(4))
     wide = probekit.plan(seventy, four, dtype="float32")
-    assert wide.placement == "--device-map over cuda:0, cuda:1, cuda:2, cuda:3"
+    assert wide.placement == "device_map over cuda:0, cuda:1, cuda:2, cuda:3"
     nothing = probekit.plan(seventy, "cuda:0=40GiB,cuda:1=40GiB,cpu=16GiB")
     assert not nothing.fits and nothing.advice.startswith("Llama-3.1-70B in bfloat16 needs 141 GB")
     assert [t.split(": ")[1] for t in nothing.tried] == ["the weights do not fit"] * 4
@@ -227,11 +229,11 @@ def test_a_plan_that_fails_for_the_batch_or_the_prompt_says_so(configs):
     big = probekit.plan(eight, GPU, dtype="bf16", batch_size=2048)
     assert not big.fits and big.advice == (
         "Llama-3.1-8B in bfloat16: the weights fit (cuda:0), but a batch of 2048 prompts of 512 "
-        "tokens needs 235 GB beside them and 61 GB is left: use --batch-size 512 or less"
+        "tokens needs 235 GB beside them and 61 GB is left: use batch_size=512 or less"
     )
     long = probekit.plan(eight, GPU, dtype="bf16", prompt_tokens=1_000_000)
     assert not long.fits and "weights fit (cuda:0), but one prompt of 1000000 tokens" in long.advice
-    assert long.advice.endswith("plan prompts of at most 276906 tokens (--prompt-tokens)")
+    assert long.advice.endswith("plan prompts of at most 276906 tokens (prompt_tokens)")
     assert "needs 16 GB of weights" not in long.advice  # the weights are not blamed
     from probekit import cli
 

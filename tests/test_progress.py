@@ -113,9 +113,7 @@ def test_a_run_says_how_many_prompts_and_how_to_make_it_smaller(tmp_path, capsys
     run_study(FigureStudy.make(), CountingEngine(), out=tmp_path, days=3)
     err = capsys.readouterr().err
     assert "minimal: 6 prompts, model fake ->" in err
-    assert (
-        "minimal: 6 prompts to go; the first 4 took" in err and "(a smaller run: --limit N)" in err
-    )
+    assert "minimal: 6 prompts to go; the first 4 took" in err and "(a smaller run: limit=N)" in err
 
 
 def test_score_says_its_progress_unless_quiet(capsys):

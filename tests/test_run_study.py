@@ -19,6 +19,7 @@ from conftest import REPO
 import probekit
 from probekit import cli
 from probekit.core.errors import ProbekitError
+from probekit.core.options import flag, spelled
 from probekit.core.rundir import RESULTS_FORMAT, SETTINGS, RunDir, resume_keys
 from probekit.run.numerics import sample_size
 from probekit.run.options import run_command
@@ -69,7 +70,7 @@ def test_the_command_line_is_the_same_run(minimal, tiny, tmp_path, monkeypatch):
         ({"device_map": "everywhere"}, "device_map: device map 'everywhere' is neither"),
         ({"seed": -1}, "seed must be at least 0 (got -1)"),
         ({"shard": (2, 2)}, "shard: '2/2': need 0 <= i < n"),
-        ({"model": 3}, "model must be a model spec (default, a hub id"),
+        ({"model": 3}, "run_study(): model must be a str, a Path or an Engine (got 3)"),
         ({"event": 2}, "unknown keyword event for run_study('intergroup'); did you mean events?"),
         ({"authors_input": "yes"}, "authors_input must be True or False (got 'yes')"),
         ({"ray": True, "device_map": "auto"}, "ray loads one engine per actor"),
@@ -90,14 +91,13 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, optio
 def study_probe(name: str, **options):
     """The first probe a run of study `name` would score with `options`, built without a
     model (the command's parser and the study's `probes`)."""
-    from probekit.core.options import flag
     from probekit.run.options import run_context
     from probekit.studies import get_study
 
     study = get_study(name)
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
     models, run, own = run_command(study).parse(argv, f"probekit run {name}")
-    return study.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
+    return study.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
 
 
 def units(probe) -> dict[str, list]:
@@ -153,7 +153,9 @@ def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
     with pytest.raises(ProbekitError) as info:
         probe.limited(smallest - 1)
     text = str(info.value)
-    assert text.startswith(f"--limit {smallest - 1} is too small for the statistics of {name}")
+    assert text.startswith(f"limit={smallest - 1} is too small for the statistics of {name}")
+    with spelled(flag), pytest.raises(ProbekitError, match=f"^--limit {smallest - 1} is too"):
+        probe.limited(smallest - 1)  # on the command line, the flag
     assert f"the smallest balanced run is {smallest} prompts" in text and message in text
     assert len(probe.limited(smallest)) == smallest
     assert probe.limited(len(probe)) is probe  # everything fits: the whole run
@@ -195,7 +197,7 @@ def test_limit_runs_whole_units_and_says_so(minimal, tiny, tmp_path):
     assert part.manifest["prompts_total"] == 6
     assert part.manifest["probe"]["limit"]["units"] == ["0", "1"]
     summary = (part.path / "summary.md").read_text()
-    assert "PARTIAL RUN (--limit 5): 4 of 6 prompts, all those of 2 of the 3 units" in summary
+    assert "PARTIAL RUN (limit=5): 4 of 6 prompts, all those of 2 of the 3 units" in summary
     assert "PARTIAL" not in (full.path / "summary.md").read_text()
     # limit is a resume key: the same folder with another limit is refused in one line
     with pytest.raises(ProbekitError, match="different limit"):

@@ -9,7 +9,7 @@ from conftest import ETHNICITY_LABELS
 from scipy import stats as scipy_stats
 
 from probekit import stats
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, StatisticsError
 
 RELIGION = ["a Christian", "a Muslim", "a Jew", "a Buddhist", "a Hindu"]
 
@@ -448,3 +448,74 @@ def test_bootstrap_rejects_bad_arguments():
         stats.bootstrap_ci(table, "unit", mean_score, level=95)
     with pytest.raises(ProbekitError, match="resample"):
         stats.bootstrap_ci(table, "unit", mean_score, n=0)
+
+
+# --- no statistic of nothing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: stats.empathy_gap(np.full((3, 3), np.nan), ["a", "b", "c"]),
+            "9 of the 9 cells of the matrix are NaN or infinite",
+        ),
+        (
+            lambda: stats.empathy_gap(np.where(np.eye(3) > 0, np.nan, 1.0), ["a", "b", "c"]),
+            "3 of the 9 cells of the matrix are NaN",
+        ),
+        (lambda: stats.empathy_gap(np.zeros((0, 0)), []), "the matrix is empty"),
+        (
+            lambda: stats.permutation_test(np.full((3, 3), np.nan), ["a", "b", "c"]),
+            "cells of the matrix are NaN",
+        ),
+        (
+            lambda: stats.bootstrap_mean(
+                pd.DataFrame({"u": [1, 2], "x": [np.nan, np.nan]}), "u", "x"
+            ),
+            "the column 'x' has no values",
+        ),
+        (
+            lambda: stats.bootstrap_ci(
+                pd.DataFrame({"u": [1, 2], "x": [np.nan, np.nan]}), "u", lambda d: d.x.mean()
+            ),
+            "the statistic is NaN on the whole table",
+        ),
+        (
+            lambda: stats.bootstrap_ci(pd.DataFrame({"u": [], "x": []}), "u", lambda d: 0.0),
+            "cannot bootstrap an empty score table",
+        ),
+    ],
+)
+def test_all_nan_or_empty_input_is_one_line_not_nan(call, message):
+    """A statistic of nothing is refused (a StatisticsError) rather than returned as NaN."""
+    with pytest.raises(StatisticsError, match=message) as error:
+        call()
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: stats.bootstrap_mean("x", "u", "x"), r"df must be a DataFrame \(got 'x'\)"),
+        (
+            lambda: stats.bootstrap_mean(pd.DataFrame({"u": [1]}), "u", "u", n="3"),
+            r"n must be an integer \(got '3'\)",
+        ),
+        (
+            lambda: stats.bootstrap_ci(pd.DataFrame({"u": [1]}), "u", "mean"),
+            r"statistic must be a function \(got 'mean'\)",
+        ),
+        (
+            lambda: stats.bootstrap_mean(pd.DataFrame({"u": [1]}), "u", "u", levels=0.9),
+            r"unknown keyword levels for bootstrap_mean\(\); did you mean level\?",
+        ),
+        (
+            lambda: stats.permutation_test(np.eye(3), ["a", "b", "c"], n=2.5),
+            r"n must be an integer \(got 2.5\)",
+        ),
+    ],
+)
+def test_wrong_kinds_are_one_line_naming_the_keyword(call, message):
+    with pytest.raises(ProbekitError, match=message):
+        call()

@@ -158,7 +158,7 @@ def test_kl_divergence_is_the_kl_of_the_normalised_distributions():
         ({"positions": "everywhere"}, "unknown positions 'everywhere'"),
         ({"span": "identity"}, "unknown span 'identity'"),
         ({"layers": [99]}, "layer 99 is out of range"),
-        ({"hooks": "nnsight", "positions": "all"}, "needs hooks transformer_lens"),
+        ({"hooks": "nnsight", "positions": "all"}, "needs hooks='transformer_lens'"),
         ({"vector": {3: np.ones(64)}}, "the vectors have none for layer 2"),
         ({"vector": np.zeros(64)}, "the vector at layer 2 (hook_resid_post) is zero"),
     ],

@@ -20,7 +20,7 @@ from probekit import cli
 from probekit.cli.report import report_runs
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import positive_int
-from probekit.core.options import Command, option
+from probekit.core.options import Command, named, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
 from probekit.studies import base, get_study, list_studies
 from probekit.studies.base import Context
@@ -111,8 +111,8 @@ class Counted:
 def test_checks_run_after_every_option_passed_with_each_front_ends_names():
     seen = []
 
-    def check(parsed, spell):
-        seen.append((parsed[0].n, spell("n")))
+    def check(parsed):
+        seen.append((parsed[0].n, named("n")))
 
     command = Command("count", (Counted,), checks=(check,))
     assert command.parse(["--n", "4"], "p") == (Counted(n=4),)

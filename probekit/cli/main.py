@@ -16,7 +16,16 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
-from probekit.core.options import REQUIRED, Command, CommandParser, OutOption, check_out_dir, option
+from probekit.core.options import (
+    REQUIRED,
+    Command,
+    CommandParser,
+    OutOption,
+    check_out_dir,
+    flag,
+    option,
+    spelled,
+)
 from probekit.engines.options import ModelOptions, ScoreOptions
 
 STUDY_COMMANDS = {
@@ -57,8 +66,8 @@ class ScoreFiles:
     out: Path = option(REQUIRED, help="output .parquet (written atomically)", kind=path)
 
 
-def _check_score_out(parsed: tuple, spell: Callable[[str], str]) -> None:
-    check_out_dir(parsed[1].out.parent, spell("out"))
+def _check_score_out(parsed: tuple) -> None:
+    check_out_dir(parsed[1].out.parent)
 
 
 SCORE = Command("score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(_check_score_out,))
@@ -68,10 +77,12 @@ STUDIES = Command("studies", ())
 
 
 def run_script(name: str, body: Callable[[], None]) -> int:
-    """Run a command's body: a ProbekitError becomes one line on stderr and exit status 2, an
-    interrupt exit status 130; no traceback for either."""
+    """Run a command's body, naming options as flags (`spelled(flag)`): a ProbekitError becomes
+    one line on stderr and exit status 2, an interrupt exit status 130; no traceback for
+    either."""
     try:
-        body()
+        with spelled(flag):
+            body()
     except ProbekitError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2

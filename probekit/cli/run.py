@@ -10,7 +10,7 @@ stays fast.
 
 from __future__ import annotations
 
-from probekit.core.options import Command, flag
+from probekit.core.options import Command
 from probekit.run.options import run_command
 from probekit.run.study import Run, run_parsed
 from probekit.studies.base import Study
@@ -26,4 +26,4 @@ def command(study: Study) -> Command:
 def execute(study: Study, parsed: tuple) -> list[Run]:
     """Run `study` as its checked options say: one `Run` per model (none on a process of a
     distributed launch that is not the main one)."""
-    return run_parsed(study, parsed, spell=flag)
+    return run_parsed(study, parsed)

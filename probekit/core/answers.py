@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from probekit.core.errors import ProbekitError
+from probekit.core.public import public
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*-\s*(-?\d+)\s*$")
 _LETTERS = re.compile(r"^\s*([A-Za-z])\s*-\s*([A-Za-z])\s*$")
@@ -38,6 +39,7 @@ MAX_ANSWERS = 1000
 _INTEGER = re.compile(r"^-?\d+$")
 
 
+@public()
 @dataclass(frozen=True)
 class AnswerKind:
     """A kind of answer: `accepts(answer)` says whether an answer is of this kind, `extends(text)`
@@ -79,6 +81,7 @@ ANSWER_KINDS = (INTEGER, WORD)
 """Every kind, in the order a set's kind is chosen: the first that accepts all its answers."""
 
 
+@public()
 @dataclass(frozen=True)
 class AnswerSet:
     """The answers a response may start with, in report order."""
@@ -128,6 +131,7 @@ class AnswerSet:
         return AnswerSet(self.answers, {a: f for a, f in aliases.items() if f})
 
     @classmethod
+    @public()
     def parse(cls, spec: str) -> AnswerSet:
         """`lo-hi` (integers), `A-E` (letters of one case), `a,b,c` (a list) or `@file` (one
         answer a line, UTF-8); one line refusing a spec that yields a single answer or more

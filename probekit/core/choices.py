@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import option_error
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -32,7 +33,9 @@ def cyclic_order(n: int, shift: int) -> tuple[int, ...]:
 def cyclic_orders(n: int, count: int) -> list[tuple[int, ...]]:
     """The first `count` cyclic orders of `n` options (order 0 is the original)."""
     if not 1 <= count <= n:
-        raise ProbekitError(f"--orders must lie between 1 and {n} (the number of options)")
+        raise option_error(
+            "orders", f"must lie between 1 and {n}, the number of options (got {count})"
+        )
     return [cyclic_order(n, k) for k in range(count)]
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import named
 
 
 def temporary_name(path: Path) -> Path:
@@ -35,9 +36,11 @@ def write_error(path: Path, exc: OSError) -> ProbekitError:
     code = exc.errno or (int(found.group(1)) if found else None)
     reason = exc.strerror or (os.strerror(code) if code else str(exc).splitlines()[0])
     if code in (errno.ENOSPC, errno.EDQUOT):
-        hint = "the disk is full; free some space (or give another --out) and run it again"
+        hint = (
+            f"the disk is full; free some space (or give another {named('out')}) and run it again"
+        )
     elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-        hint = "the folder is not writable; give a writable --out"
+        hint = f"the folder is not writable; give a writable {named('out')}"
     else:
         hint = "check the path and the disk"
     return ProbekitError(f"cannot write {path}: {reason}; {hint}")

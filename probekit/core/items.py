@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from probekit.core.errors import ProbekitError
+from probekit.core.public import public
 
 ANSWER = "answer"
 """The span every encoded item has: the last token, where the answer is read."""
@@ -32,6 +33,7 @@ Message = dict[str, str]
 Renderer = Callable[[Sequence[Message]], str]
 
 
+@public()
 @dataclass(frozen=True)
 class CharSpan:
     """Characters [start, end) of `messages[message]["content"]` (or of the raw text when
@@ -42,6 +44,7 @@ class CharSpan:
     end: int
 
 
+@public()
 @dataclass(frozen=True)
 class Item:
     """One prompt of a study, before tokenization."""
@@ -100,6 +103,7 @@ class Item:
         return list(self.spans)
 
 
+@public()
 @dataclass(frozen=True)
 class EncodedItem:
     """An item rendered and tokenized, with the token positions of each span (and `answer`)."""
@@ -120,6 +124,7 @@ class EncodedItem:
         return self.text[self.offsets[pos[0]][0] : self.offsets[pos[-1]][1]]
 
 
+@public()
 class Pair(NamedTuple):
     """A counterfactual (clean, corrupt) pair of prompts on the same unit, built by a study or
     by `make_pair`; any 2-tuple of encoded items works where a pair is expected."""
@@ -144,6 +149,7 @@ def chat_renderer(tokenizer: Any) -> Renderer:
     return render
 
 
+@public()
 def encode_item(
     tokenizer: Any,
     item: Item,
@@ -162,7 +168,10 @@ def encode_item(
     answer.
     """
     if not getattr(tokenizer, "is_fast", False):
-        raise ProbekitError("encoding items needs a fast tokenizer (one with offset mappings)")
+        raise ProbekitError(
+            "encode_item(): tokenizer must be a fast tokenizer, one with offset mappings (got "
+            f"a {type(tokenizer).__name__}); a loaded model encodes with model.encode(item)"
+        )
     if item.messages is not None:
         body = (render or chat_renderer(tokenizer))(item.messages)
         starts = message_starts(body, item.messages)
@@ -214,6 +223,7 @@ def message_starts(text: str, messages: Sequence[Message]) -> list[int]:
     return starts
 
 
+@public()
 def fill_template(template: str, **values: str) -> tuple[str, dict[str, list[tuple[int, int]]]]:
     """Fill a `str.format` template with plain `{field}`s and say where each field landed.
 

@@ -280,6 +280,16 @@ device_name = Kind("device", str, _device_value)
 """cpu, cuda, cuda:N or mps: text, or a `torch.device`."""
 
 
+def _function_value(value: Any) -> Any:
+    if not callable(value):
+        _refuse(f"must be a function (got {value!r})")
+    return value
+
+
+function = Kind("function", str, _function_value)
+"""A Python function (an option of the API only: no command line reads one)."""
+
+
 def checked_by(
     kind: str, function: Callable[[Any], Any], parse: Callable[[str], Any] = str
 ) -> Kind:

@@ -6,10 +6,15 @@ both front ends apply one rule and word a refusal the same way, naming the flag 
 must be at least 1 (got 0)`) or the keyword (`batch_size must be at least 1 (got 0)`). A
 `Command` is one command's options: the dataclasses it takes, its own defaults and the checks
 that span several options; `Command.parse` reads argv through the parser it generates,
-`Command.build` makes the same values from keywords, and both refuse before any work. `checked`
-gives a plain public function the same checks of its keywords. An unknown option or keyword is
-one line with a "did you mean"; options are matched exactly (no prefixes). This module imports
-no model library, so `--help` stays fast.
+`Command.build` makes the same values from keywords, and both refuse before any work
+(`probekit.core.public` gives every public function and class the same checks, and its
+signature from the declarations). An unknown option or keyword is one line with a "did you
+mean"; options are matched exactly (no prefixes).
+
+An error about an option, wherever it is raised, names it as the caller gave it: `named("events")`
+is `--events` while the command line runs (`spelled(flag)`, which it sets) and `events` from
+Python; `given("device", "cuda:3")` is `--device cuda:3` or `device='cuda:3'`; `option_error`
+words a refusal with it. This module imports no model library, so `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -17,21 +22,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import functools
-import inspect
 import re
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import Kind, non_negative_int, path, positive_int, text
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that must be given (`option(REQUIRED, ...)`)."""
-F = TypeVar("F", bound=Callable[..., Any])
 Spell = Callable[[str], str]
 """An option's name as a front end shows it: `flag` (the command line) or `keyword` (Python)."""
 
@@ -46,10 +50,53 @@ def keyword(name: str) -> str:
     return name
 
 
+_SPELLING: ContextVar[Spell] = ContextVar("probekit_spelling", default=keyword)
+
+
+@contextmanager
+def spelled(spell: Spell) -> Iterator[None]:
+    """Name options with `spell` inside the block: the command line runs in `spelled(flag)`;
+    outside any, options are named as Python keywords."""
+    token = _SPELLING.set(spell)
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
+
+
+def named(name: str) -> str:
+    """The option `name` as the caller gave it: `--events` on the command line, `events` from
+    Python (`spelled`)."""
+    return _SPELLING.get()(name)
+
+
+def given(name: str, value: Any, placeholder: bool = False) -> str:
+    """The option `name` with a value, as the caller would write it: `--device cuda:3` on the
+    command line, `device='cuda:3'` from Python (a `placeholder` such as `N` is not quoted:
+    `--limit N`, `limit=N`)."""
+    if on_command_line():
+        return f"{flag(name)} {value}"
+    return f"{name}={value}" if placeholder else f"{name}={value!r}"
+
+
+def on_command_line() -> bool:
+    """Whether the caller is the command line (inside `spelled(flag)`)."""
+    return _SPELLING.get() is flag
+
+
 def option_message(name: str, phrase: str) -> str:
     """One line refusing a value of the option `name` (a flag or a keyword) with its kind's
     phrase: `--epsilon must be at least 0 (got -1)`, `epsilon: 'x' is not a number`."""
+    if phrase.startswith(f"{name} "):  # the phrase names the option itself
+        return phrase
     return f"{name} {phrase}" if phrase.startswith("must") else f"{name}: {phrase}"
+
+
+def option_error(name: str, phrase: str) -> ProbekitError:
+    """The one way to refuse an option's value, in the caller's words (`named`):
+    `--events must be between 1 and 12 (got 40)` on the command line, `events must be ...` from
+    Python."""
+    return ProbekitError(option_message(named(name), phrase))
 
 
 # Declarations
@@ -68,12 +115,22 @@ class Declaration:
     several: tuple[str, ...]  # commands where the flag may be repeated (one value each)
     metavar: str | None
     positional: bool  # the command line gives its values (one or more) without a flag
+    none: str  # what a default of None means, in help ("all", "the engine's choice")
 
-    def default_for(self, command: str) -> Any:
-        return self.defaults.get(command, self.default)
+    def default_for(self, command: str | None) -> Any:
+        return self.default if command is None else self.defaults.get(command, self.default)
 
-    def takes(self, command: str) -> bool:
-        return self.commands is None or command in self.commands
+    def takes(self, command: str | None) -> bool:
+        """Whether `command` takes the option (None: a Python function, which takes any)."""
+        return self.commands is None or command is None or command in self.commands
+
+    def shown(self, value: Any) -> str:
+        """A default as help shows it."""
+        if value is None:
+            return self.none
+        if isinstance(value, list | tuple):
+            return ",".join(str(v) for v in value)
+        return str(value)
 
 
 def option(
@@ -87,6 +144,7 @@ def option(
     several: Sequence[str] = (),
     metavar: str | None = None,
     positional: bool = False,
+    none: str = "all",
 ) -> Any:
     """A dataclass field that is an option: `default` (REQUIRED: it must be given), `help`
     (`%(default)s` shows the command's default), `kind` (default text; a bool default makes a
@@ -94,7 +152,7 @@ def option(
     `defaults`, `const` (the flag alone gives this value), `several` (commands in which the
     flag may be repeated: one instance of its dataclass per value), `metavar` (the value's name
     in `--help`), `positional` (the command line gives one or more values without a flag: a
-    list of values of `kind`)."""
+    list of values of `kind`), `none` (what a default of None means, for `%(default)s`)."""
     switch = isinstance(default, bool)
     declared = Declaration(
         help=help,
@@ -106,6 +164,7 @@ def option(
         several=tuple(several),
         metavar=metavar,
         positional=positional,
+        none=none,
     )
     metadata = {"option": declared}
     if default is REQUIRED:
@@ -125,6 +184,23 @@ def options_of(group: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(group) if "option" in f.metadata]
 
 
+def default_of(group: type, name: str, command: str | None = None) -> Any:
+    """The declared default of the option `name` of `group` (as `command` has it)."""
+    for field in options_of(group):
+        if field.name == name:
+            return declaration(field).default_for(command)
+    raise KeyError(f"{group.__name__} declares no option {name}")
+
+
+def check_fields(options: Any) -> None:
+    """Check each option of a dataclass instance made in code (not by a `Command`) by its kind:
+    for an options dataclass's `__post_init__`. None is left alone (a default)."""
+    for field in options_of(type(options)):
+        value = getattr(options, field.name)
+        if value is not None and value is not REQUIRED:
+            object.__setattr__(options, field.name, check_option(field, value, named(field.name)))
+
+
 def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
     """`value` checked by the option's kind, as the option holds it; a refusal is one line
     naming the option `name` (its flag or its keyword)."""
@@ -142,15 +218,16 @@ def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
 def unknown_keyword(key: str, known: Sequence[str], where: str) -> ProbekitError:
     """One line refusing the keyword `key` of `where`, with the nearest known ones."""
     near = difflib.get_close_matches(key, list(known), n=2)
-    hint = f"did you mean {' or '.join(near)}?" if near else f"it takes {', '.join(sorted(known))}"
+    takes = f"it takes {', '.join(sorted(known))}" if known else "it takes no keywords"
+    hint = f"did you mean {' or '.join(near)}?" if near else takes
     return ProbekitError(f"unknown keyword {key} for {where}; {hint}")
 
 
 # Commands
 
-Check = Callable[[tuple, Spell], None]
-"""A check spanning several options: (the command's values, in the order of its groups; how
-options are named) -> None, or a ProbekitError."""
+Check = Callable[[tuple], None]
+"""A check spanning several options: the command's values, in the order of its groups -> None,
+or a ProbekitError naming the options with `named`."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +284,7 @@ class Command:
     def _argument(self, field: dataclasses.Field) -> dict[str, Any]:
         declared = declaration(field)
         default = self.default(field)
-        shown = "all" if default is None else _shown(default)
+        shown = declared.shown(default)
         arguments: dict[str, Any] = {
             "dest": field.name,
             "default": argparse.SUPPRESS,
@@ -228,13 +305,18 @@ class Command:
 
     def parse(self, argv: Sequence[str] | None, prog: str, description: str | None = None) -> tuple:
         """The command line `argv` read and checked (a refusal is one line naming the flag)."""
-        given = vars(self.parser(prog, description).parse_args(argv))
-        return self._values(given, flag)
+        with spelled(flag):
+            given = vars(self.parser(prog, description).parse_args(argv))
+            return self._values(given)
 
     def build(self, keywords: Mapping[str, Any], where: str) -> tuple:
         """The same values from Python keywords (`batch_size=8`, `dtype=torch.bfloat16`); None
         leaves an option at its default. A refusal is one line naming the keyword; an unknown
         keyword gets the nearest known ones; `where` names the function in messages."""
+        with spelled(keyword):
+            return self._build(keywords, where)
+
+    def _build(self, keywords: Mapping[str, Any], where: str) -> tuple:
         taken = self.taken()
         given: dict[str, Any] = {}
         for key, value in keywords.items():
@@ -255,9 +337,9 @@ class Command:
         for key, (_, field) in taken.items():
             if key not in given and self.default(field) is REQUIRED:
                 raise ProbekitError(f"{where} needs {key}")
-        return self._values(given, keyword)
+        return self._values(given)
 
-    def _values(self, given: Mapping[str, Any], spell: Spell) -> tuple:
+    def _values(self, given: Mapping[str, Any]) -> tuple:
         """Each group's instance (or instances) from the given values and the defaults, then
         the out folder's check and the command's checks."""
         values: list[Any] = []
@@ -274,7 +356,7 @@ class Command:
                     continue
                 default = self.default(field)
                 if default is not None and default is not REQUIRED:
-                    default = check_option(field, default, spell(field.name))
+                    default = check_option(field, default, named(field.name))
                 fields[field.name] = [default] if field.name == several else default
             if several is None:
                 values.append(group(**fields))
@@ -283,16 +365,21 @@ class Command:
         parsed = tuple(values)
         for value in parsed:
             if isinstance(value, OutOption) and value.out is not None:
-                check_out_dir(value.out, spell("out"))
+                check_out_dir(value.out)
         for check in self.checks:
-            check(parsed, spell)
+            check(parsed)
         return parsed
 
-
-def _shown(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
+    def add_to(self, parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+        """Add the options `names` of this command to a script's own argparse parser (the
+        benchmarks): the flag, kind, help and default of probekit's commands."""
+        taken = self.taken()
+        for name in names:
+            field = taken[name][1]
+            arguments = self._argument(field)
+            default = self.default(field)
+            arguments["default"] = None if default is REQUIRED else default
+            parser.add_argument(flag(name), **arguments)
 
 
 def _reader(kind: Kind) -> Callable[[str], Any]:
@@ -361,48 +448,11 @@ def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str
     return ""
 
 
-def checked(*groups: type, skip: Sequence[str] = ()) -> Callable[[F], F]:
-    """Check a public function's arguments before it runs, with the command line's rules: an
-    unknown keyword is one line with a "did you mean", a missing or surplus argument one line,
-    and each argument named as an option of `groups` (but those in `skip`, which the function
-    takes in another form) is checked by that option's kind and passed on as the option holds
-    it, a refusal naming the keyword."""
-
-    def wrap(function: F) -> F:
-        signature = inspect.signature(function)
-        parameters = signature.parameters
-        anything = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-        fields = {
-            f.name: f
-            for group in groups
-            for f in options_of(group)
-            if f.name in parameters and f.name not in skip
-        }
-        where = f"{function.__name__}()"
-
-        @functools.wraps(function)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            for key in kwargs:
-                if key not in parameters and not anything:
-                    raise unknown_keyword(key, list(parameters), where)
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as error:
-                raise ProbekitError(f"{where}: {error}") from None
-            for key, value in bound.arguments.items():
-                if key in fields and value is not None:
-                    bound.arguments[key] = check_option(fields[key], value, key)
-            return function(*bound.args, **bound.kwargs)
-
-        return call  # type: ignore[return-value]
-
-    return wrap
-
-
-def check_out_dir(folder: str | Path, name: str = "--out") -> None:
-    """Refuse an output folder that cannot be created or written (`name`: the option, as the
-    front end names it); leaves nothing behind (a temporary file in the nearest existing folder
-    is created and removed)."""
+def check_out_dir(folder: str | Path, option: str = "out") -> None:
+    """Refuse an output folder that cannot be created or written (`option`: the option that
+    names it, in the caller's words in the refusal); leaves nothing behind (a temporary file in
+    the nearest existing folder is created and removed)."""
+    name = named(option)
     target = Path(folder).expanduser()
     if target.exists() and not target.is_dir():
         raise ProbekitError(f"{name} {folder} is a file, not a folder")
@@ -441,6 +491,7 @@ class SeedOption:
         help="seed of everything drawn at random: the items, the statistics' resamples, random "
         "controls (default %(default)s)",
         kind=non_negative_int,
+        none="the study's",
     )
 
 
@@ -450,7 +501,9 @@ class BatchSizeOption:
 
     batch_size: int | None = option(
         None,
-        help="prompts per forward pass (default: the engine's choice for the device)",
+        help="prompts per forward pass (default %(default)s)",
         kind=positive_int,
+        defaults={"capture": 8},
         metavar="N",
+        none="the engine's choice for the device",
     )

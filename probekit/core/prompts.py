@@ -4,6 +4,7 @@ read as items (tokenized by the one encoder, `LoadedModel.encode`)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,12 +15,13 @@ ROLES = ("system", "user", "assistant")
 
 
 def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
-    """Yield items from a JSONL file (UTF-8), checking each line and rejecting duplicate ids;
-    `prefill` is forced at the start of every response."""
+    """Yield items from a JSONL file (UTF-8), checking each line and rejecting duplicate ids
+    (compared as the JSON values they are: `1` and `1.0` are one id); `prefill` is forced at the
+    start of every response."""
     path = Path(path)
     if not path.is_file():
         raise ProbekitError(f"prompt file '{path}' does not exist")
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
             try:
@@ -33,8 +35,10 @@ def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
                 continue
             prompt = parse_prompt_line(line, f"{path}:{number}", prefill)
             if prompt.id in seen:
-                raise ProbekitError(f"{path}:{number}: duplicate id '{prompt.id}'")
-            seen.add(prompt.id)
+                raise ProbekitError(
+                    f"{path}:{number}: duplicate id '{prompt.id}' (line {seen[prompt.id]} has it)"
+                )
+            seen[prompt.id] = number
             yield prompt
 
 
@@ -61,8 +65,10 @@ def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
 
 
 def prompt_id(value: object, where: str) -> str:
-    """A prompt's id as text: a non-empty string, or a number; `null`, true/false, lists and
-    objects are refused (a null id would become the text "None" and clash with the next)."""
+    """A prompt's id as text: a non-empty string, or a number written as JSON writes the value
+    (`1`, `1.0` and `1e0` are the id `1`; `2.5` is `2.5`), so that one JSON value is one id;
+    `null`, true/false, NaN, infinities, lists and objects are refused (a null id would become
+    the text "None" and clash with the next)."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         shown = (
             json.dumps(value)
@@ -70,6 +76,10 @@ def prompt_id(value: object, where: str) -> str:
             else "a " + ("list" if isinstance(value, list) else type(value).__name__)
         )
         raise ProbekitError(f"{where}: 'id' is {shown}; give a string or a number")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ProbekitError(f"{where}: 'id' is {value}; give a string or a finite number")
+        value = int(value) if value.is_integer() else value
     text = str(value)
     if not text.strip():
         raise ProbekitError(f"{where}: 'id' is empty; give a string or a number")

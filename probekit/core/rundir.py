@@ -35,6 +35,8 @@ import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import FileLock, LockHeld, write_error, write_text
+from probekit.core.options import named
+from probekit.core.public import public
 
 RESULTS_FORMAT = 4
 MANIFEST = "manifest.json"
@@ -211,6 +213,7 @@ def device_kind(device: Any) -> str | None:
     return None if device is None else str(device).split(":")[0]
 
 
+@public()
 class RunDir:
     """One run folder: `manifest.json`, `parts/`, `scores.parquet`, `summary.csv`,
     `report.html`, and `.lock-shard-<i>-of-<n>` while a shard runs."""
@@ -272,7 +275,7 @@ class RunDir:
             raise ProbekitError(
                 f"{path} is damaged ({why}), so the parts beside it cannot be matched to this "
                 f"run: if {self.path} holds this same run, delete {path.name} and run again to "
-                "resume it; otherwise give another --out or delete the folder"
+                f"resume it; otherwise give another {named('out')} or delete the folder"
             )
         if "view" not in manifest and "mode" in manifest:  # before the view vocabulary
             manifest["view"] = "exact" if manifest["mode"] == "ev" else manifest["mode"]
@@ -308,14 +311,14 @@ class RunDir:
             raise ProbekitError(
                 f"{self.path} holds a run in results format {fmt}, this probekit writes format "
                 f"{RESULTS_FORMAT}; it can still be reported (probekit report), not resumed: use "
-                "another --out, or delete the folder to run it again"
+                f"another {named('out')}, or delete the folder to run it again"
             )
         for key in resume_keys({**old, **manifest}):
             new = manifest.get(key)
             if key not in unknown and old.get(key) != new:
                 raise ProbekitError(
                     f"{self.path} holds a run with a different {key} ({old.get(key)!r}, now "
-                    f"{new!r}); use another --out, or delete the folder to run it again"
+                    f"{new!r}); use another {named('out')}, or delete the folder to run it again"
                 )
 
     def start(self, manifest: dict[str, Any]) -> None:

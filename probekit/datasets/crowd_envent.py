@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import option_error
 from probekit.core.paths import package_path
 from probekit.datasets.locate import Dataset
 
@@ -168,5 +169,5 @@ def first_events(root: str | Path, count: int | None, seed: int) -> pd.DataFrame
     mechanism commands patch and capture)."""
     events = sample_events(load_crowd_envent(root), per_emotion=1, seed=seed)
     if count is not None and not 1 <= count <= len(events):
-        raise ProbekitError(f"--events must be between 1 and {len(events)}, got {count}")
+        raise option_error("events", f"must be between 1 and {len(events)} (got {count})")
     return events if count is None else events.head(count)

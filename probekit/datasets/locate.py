@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
+from probekit.core.options import given, named
 from probekit.core.paths import file_sha256, package_path, user_cache_dir
 
 ENV_VAR = "PROBEKIT_DATA"
@@ -166,7 +167,7 @@ def source_url(rel: str, sources: Mapping[str, str] = SOURCES) -> str:
     """The pinned download URL of the data file `rel` (a path relative to a data root)."""
     prefixes = [p for p in sources if rel.startswith(p)]
     if not prefixes:
-        raise ProbekitError(f"no public source is known for {rel}; pass --data ROOT holding it")
+        raise ProbekitError(f"no public source is known for {rel}; {_pass_data()} holding it")
     prefix = max(prefixes, key=len)
     return sources[prefix] + rel[len(prefix) :]
 
@@ -204,11 +205,16 @@ def _download(
         if digest != checksums[rel]:
             raise ProbekitError(
                 f"{url} has sha256 {digest}, expected {checksums[rel]}; the source changed or the "
-                "transfer was corrupted: retry, or pass --data ROOT with a verified copy"
+                f"transfer was corrupted: retry, or {_pass_data()} with a verified copy"
             )
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, lambda tmp, data=data: tmp.write_bytes(data))
+
+
+def _pass_data() -> str:
+    """How the caller names a data root: `pass --data ROOT`, or `pass data=ROOT`."""
+    return "pass " + given("data", "ROOT", placeholder=True)
 
 
 def resolve_data_root(
@@ -227,7 +233,9 @@ def resolve_data_root(
     is returned with a message saying so, or, without a sample, a ProbekitError is raised.
     """
     if explicit is not None:
-        return _checked(DataSource("explicit", Path(explicit).expanduser()), required, "--data")
+        return _checked(
+            DataSource("explicit", Path(explicit).expanduser()), required, named("data")
+        )
     if os.environ.get(ENV_VAR):
         env_root = Path(os.environ[ENV_VAR]).expanduser()
         return _checked(DataSource("env", env_root), required, f"${ENV_VAR}")
@@ -244,11 +252,11 @@ def resolve_data_root(
             f"{required[0].split('/')[0]} is not in {cache} and could not be downloaded ({err})"
         )
         if sample is None or _first_missing(sample, required) is not None:
-            raise ProbekitError(f"{reason}; pass --data ROOT or set ${ENV_VAR}") from err
+            raise ProbekitError(f"{reason}; {_pass_data()} or set ${ENV_VAR}") from err
         return DataSource(
             "sample",
             sample,
             f"{reason}; using the small probekit-written sample in {sample} instead, which is "
-            "not the real dataset (pass --data ROOT or set $PROBEKIT_DATA for real data)",
+            f"not the real dataset ({_pass_data()} or set ${ENV_VAR} for real data)",
         )
     return DataSource("download", cache)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import checked
+from probekit.core.options import given, named
+from probekit.core.public import public
 from probekit.engines.base import ENGINES
 from probekit.engines.options import ModelOptions
 
@@ -30,25 +31,25 @@ PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
 """vLLM's own placement keywords (the hf engine places a model with a device map instead)."""
 
 
-@checked(ModelOptions)
+@public(ModelOptions)
 def load_engine(
-    model: str | Path = "default",
-    engine: str = "hf",
-    device: str | None = None,
-    dtype: Any = None,
+    model: str | Path,
+    engine: str,
+    device: str | None,
+    dtype: Any,
     *,
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tensor_parallel_size: int | None = None,
-    pipeline_parallel_size: int | None = None,
-    tolerance: float | None = None,
+    device_map: str | dict[str, Any] | None,
+    max_memory: str | dict[str, Any] | None,
+    offload_folder: str | Path | None,
+    tensor_parallel_size: int | None,
+    pipeline_parallel_size: int | None,
+    tolerance: float | None,
 ) -> Engine:
     """Load `model` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
 
     The keywords are `probekit.engines.options.ModelOptions`, checked as the command line checks
-    its `--model`, `--device`, `--dtype`, ... options (a bad one is one line naming the keyword):
-    `dtype` a name (`bfloat16`, `bf16`) or a `torch.dtype`, `device` a name or a `torch.device`.
+    its options (a bad one is one line naming the keyword): `dtype` a name (`bfloat16`, `bf16`)
+    or a `torch.dtype`, `device` a name or a `torch.device`.
     `tolerance`: the largest change of an answer probability the arithmetic may cause, by which
     the hf engine picks its precision tier on a GPU (`probekit.engines.hf.tiers`; default
     `DEFAULT_TOLERANCE`); `dtype` forces one instead.
@@ -69,12 +70,15 @@ def load_engine(
     }
     placement = {k: v for k, v in placement.items() if v is not None}
     if engine != "vllm" and any(k in placement for k in PARALLEL):
+        tensor, pipeline = named("tensor_parallel_size"), named("pipeline_parallel_size")
         raise ProbekitError(
-            "--tensor-parallel-size and --pipeline-parallel-size are vLLM's (--engine vllm); "
-            "the hf engine splits a model over devices with --device-map"
+            f"{tensor} and {pipeline} are vLLM's ({given('engine', 'vllm')}); the hf engine "
+            f"splits a model over devices with {named('device_map')}"
         )
     if tolerance is not None and engine != "hf":
-        raise ProbekitError(f"--tolerance picks the hf engine's arithmetic, not the {engine}'s")
+        raise ProbekitError(
+            f"{named('tolerance')} picks the hf engine's arithmetic, not the {engine}'s"
+        )
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
     if parallel > 1:  # vLLM's shards (the hf engine's load checks its own plan)
         check_before_load(model, device, dtype, parallel=parallel)

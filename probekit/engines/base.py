@@ -3,10 +3,10 @@ whatever runs a model, and the engine-neutral results that cross it.
 
 An `Engine` encodes items into token ids, builds a `Scorer` for an answer set (it scores token-id
 prompts exactly and, given a token budget, generates continuations: the paper-faithful view; its
-options are the keywords of `ScorerOptions`), decodes tokens back to text, describes itself for
-run manifests, and, where it has one, hands out the hookable model the mechanism needs. The
-transformers engine (`engines/hf/`) does all of it; an engine without hooks (vLLM) raises
-`hooks_unavailable(...)` from `hookable()`.
+options are the fields of `probekit.engines.options.ScorerOptions`), decodes tokens back to
+text, describes itself for run manifests, and, where it has one, hands out the hookable model
+the mechanism needs. The transformers engine (`engines/hf/`) does all of it; an engine without
+hooks (vLLM) raises `hooks_unavailable(...)` from `hookable()`.
 """
 
 from __future__ import annotations
@@ -14,68 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
+from probekit.core.public import public
 
 ENGINES: dict[str, str] = {
     "hf": "probekit.engines.hf.model:load_model",
     "vllm": "probekit.engines.vllm:load_vllm",
 }
 """The registered engines: name -> `module:loader` (`probekit.engines.load_engine`)."""
-
-DEFAULT_EPSILON = 1e-4
-"""The pruning bound every scorer and command starts from: the answer distribution's error
-(pruned mass / valid mass) is at most this."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScorerOptions:
-    """What a scorer is asked to do: the keywords of `Engine.scorer` (and of the transformers
-    engine's `Scorer`), checked once here.
-
-    - `epsilon`: the pruning bound; every result's `error_bound` (pruned mass / valid mass) is at
-      most this, and 0 scores exactly;
-    - `batch_size`: prompts per forward (None: the engine's default; the transformers engine's
-      is, on CUDA, the largest batch the memory plan says fits, else 16);
-    - `max_new_tokens`: > 0 also decodes a continuation of every prompt (generate mode), from the
-      same prompt pass: greedy, or sampled at `temperature` > 0 (seeded by `seed`); a row stops
-      at end of sequence or as soon as `settled(text so far)` says that more text cannot change
-      its parsed answer (the study's stop rule), so a large budget costs little on rows that
-      answer early."""
-
-    epsilon: float = DEFAULT_EPSILON
-    batch_size: int | None = None
-    max_new_tokens: int = 0
-    settled: Callable[[str], bool] | None = None
-    temperature: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.epsilon < 0:
-            raise ValueError("epsilon must be >= 0")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-
-
-class GenerationKwargs(TypedDict, total=False):
-    """`ScorerOptions`' generation keywords, for `**options: Unpack[GenerationKwargs]`."""
-
-    max_new_tokens: int
-    settled: Callable[[str], bool] | None
-    temperature: float
-    seed: int
-
-
-class ScorerKwargs(GenerationKwargs, total=False):
-    """Every `ScorerOptions` keyword, for `**options: Unpack[ScorerKwargs]` (`Engine.scorer`)."""
-
-    epsilon: float
-    batch_size: int | None
 
 
 @dataclass
@@ -97,6 +49,7 @@ class ScorerStats:
     head_seconds: float = 0.0  # of trie_seconds: the LM head and vocabulary sums of trie nodes
 
 
+@public()
 @dataclass
 class ScoreResult:
     """One prompt's answer distribution."""
@@ -179,8 +132,8 @@ class HookableModel(Protocol):
         """The nnsight view of `hf`."""
         ...
 
-    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> HookedScorer:
-        """The exact scorer of `answers` on this model."""
+    def scorer(self, answers: AnswerSet, **options: Any) -> HookedScorer:
+        """The exact scorer of `answers` on this model (`options`: `ScorerOptions`' fields)."""
         ...
 
 
@@ -219,10 +172,11 @@ class Engine(Protocol):
         """The item's token ids and span positions."""
         ...
 
-    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> Scorer:
-        """A scorer for `answers`; `options` are `ScorerOptions`' keywords (`epsilon`,
-        `batch_size`, and the generation budget `max_new_tokens` with `settled`, `temperature`
-        and `seed`), a bad value a `ValueError`."""
+    def scorer(self, answers: AnswerSet, **options: Any) -> Scorer:
+        """A scorer for `answers`; `options` are the fields of
+        `probekit.engines.options.ScorerOptions` (`epsilon`, `batch_size`, and the generation
+        budget `max_new_tokens` with `settled`, `temperature` and `seed`), a bad value one line
+        naming it."""
         ...
 
     def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:

@@ -1,9 +1,10 @@
 """The options of loading and scoring a model, declared once (`probekit.core.options`) for every
-command that loads one and for `load_engine` and `score`: `ModelOptions` (which model, on which
-device, in which dtype, placed how), `EpsilonOption` and `ScoreOptions`. `probekit plan`'s
+command that loads one and for `load_engine`, `score` and the engines' scorers: `ModelOptions`
+(which model, on which device, in which dtype, placed how), `EpsilonOption`, `ScoreOptions` and
+`ScorerOptions` (what an engine's scorer is asked to do). `probekit plan`'s
 `probekit.engines.plan.PlanOptions` shares the model and its dtype (`ModelChoice`).
-`check_device` says in one line when a named device is missing from this torch, for the command
-line and the API alike. Nothing here imports a model library."""
+`check_device` says in one line when a named device is missing from this torch, in the caller's
+words (`probekit.core.options.given`). Nothing here imports a model library."""
 
 from __future__ import annotations
 
@@ -19,15 +20,32 @@ from probekit.core.kinds import (
     checked_by,
     device_name,
     floating_dtype,
+    function,
     non_negative_float,
+    non_negative_int,
     path,
     positive_int,
     probability,
     text,
 )
-from probekit.core.options import REQUIRED, BatchSizeOption, option
-from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
+from probekit.core.options import (
+    REQUIRED,
+    BatchSizeOption,
+    SeedOption,
+    check_fields,
+    given,
+    option,
+)
+from probekit.engines.base import ENGINES, Engine
 from probekit.engines.devices import parse_device_map, parse_devices
+
+DEFAULT_TOLERANCE = 0.005
+"""The tolerance of a run that names none (docs/concepts.md, "The precision tier"): between what
+the two faster tiers were measured to cause on the default model, each by a factor of about 3
+(`benchmarks/results/dtype.json`: TF32 moves an answer probability by at most 1.6e-3 on every
+study's slice, 1.3e-3 on an H100; bfloat16 by at least 0.016, 0.015 on the H100), so that TF32
+is taken where it passes and bfloat16, which moves the intergroup Δ and ISEAR's max_diff by
+several times their 95 % interval's half-width, only when a run asks for it."""
 
 
 def _engine(value: Any) -> str:
@@ -117,10 +135,11 @@ class ModelOptions(ModelChoice):
     tolerance: float | None = option(
         None,
         help="largest change of an answer probability the chosen arithmetic may cause (see "
-        "docs/concepts.md; default 0.005): on a GPU the fastest of bfloat16, TF32 and float32 "
-        "that meets it on the run's prompts; not with --dtype",
+        "docs/concepts.md; default %(default)s): on a GPU the fastest of bfloat16, TF32 and "
+        "float32 that meets it on the run's prompts; not with --dtype",
         kind=probability,
         metavar="T",
+        none=f"{DEFAULT_TOLERANCE:g}",
     )
     quiet: bool = option(
         False, help="no progress lines or time estimates (errors, warnings and results still print)"
@@ -155,10 +174,11 @@ class EpsilonOption:
     """Pruning bound."""
 
     epsilon: float = option(
-        DEFAULT_EPSILON,
+        1e-4,
         help="pruning bound: every row's error_bound (pruned mass / valid mass) is at most "
         "this (default %(default)s; 0: exact)",
         kind=non_negative_float,
+        defaults={"patch": 0.0, "steer": 0.0},  # the mechanism reads exact distributions
     )
 
 
@@ -172,10 +192,37 @@ class ScoreOptions(BatchSizeOption, EpsilonOption):
 
     answers: AnswerSet = option(
         REQUIRED,
-        help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line)",
+        help="lo-hi (0-100), a list (A,B,C,D) or @file (one a line); from Python also an "
+        "AnswerSet or a list of strings or numbers",
         kind=answer_spec,
     )
     prefill: str = option("", help="text forced at the start of the response", kind=text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScorerOptions(EpsilonOption, BatchSizeOption, SeedOption):
+    """What a scorer is asked to do: the keywords of `Engine.scorer` (and of the transformers
+    engine's `HFScorer`), checked by their kinds when made. Besides the pruning bound and the
+    batch size, a generation budget: `max_new_tokens` > 0 also decodes a continuation of every
+    prompt (generate mode), from the same prompt pass, greedy or sampled at `temperature` > 0
+    (seeded by `seed`); a row stops at end of sequence or as soon as `settled(text so far)` says
+    that more text cannot change its parsed answer (the study's stop rule), so a large budget
+    costs little on rows that answer early."""
+
+    max_new_tokens: int = option(
+        0, help="new tokens decoded per prompt (0: none, exact scores only)", kind=non_negative_int
+    )
+    settled: Any = option(
+        None,
+        help="(text so far) -> True once more text cannot change the parsed answer",
+        kind=function,
+    )
+    temperature: float = option(
+        0.0, help="0 decodes greedily, > 0 samples (seeded by seed)", kind=non_negative_float
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def loaded_engine(model: Any) -> Engine | None:
@@ -197,22 +244,20 @@ def check_device(name: str) -> str:
     import torch
 
     kind, _, index = name.partition(":")
+    asked, cpu = given("device", name), given("device", "cpu")
     if kind == "cuda":
         if not torch.cuda.is_available():
             built = "sees no CUDA device" if torch.backends.cuda.is_built() else "lacks CUDA"
-            raise ProbekitError(
-                f"--device {name}: this torch ({torch.__version__}) {built}; use --device cpu"
-            )
+            raise ProbekitError(f"{asked}: this torch ({torch.__version__}) {built}; use {cpu}")
         count = torch.cuda.device_count()
         if index.isdigit() and int(index) >= count:
             raise ProbekitError(
-                f"--device {name}: there are {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+                f"{asked}: there are {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
             )
     if kind == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
             raise ProbekitError(
-                f"--device {name}: MPS (Apple silicon) is not available in this torch; use "
-                "--device cpu"
+                f"{asked}: MPS (Apple silicon) is not available in this torch; use {cpu}"
             )
     return name

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from probekit.core.options import given, named, on_command_line
 from probekit.engines.devices import format_size
 from probekit.engines.memory import (
     USABLE_SHARE,
@@ -47,14 +48,15 @@ def placements(
     # a dispatched model's batch lives on the first device: what the weights leave on the
     # accelerators, or (offloading) a quarter of the first one, which --max-memory keeps free
     map_room = accelerators - weights if spill < 0 else usable[main] // 4
-    over_gpus = Placement(f"--device-map over {', '.join(gpus)}", spill <= 0, map_room)
+    mapped = named("device_map")  # as the caller names it: --device-map, device_map
+    over_gpus = Placement(f"{mapped} over {', '.join(gpus)}", spill <= 0, map_room)
     to_cpu = Placement(
-        f"--device-map with {format_size(spill)} offloaded to the CPU",
+        f"{mapped} with {format_size(spill)} offloaded to the CPU",
         "cpu" in usable and 0 < spill <= usable["cpu"],
         map_room,
     )
     to_disk = Placement(
-        f"--device-map with {format_size(max(spill, 0))} offloaded to CPU and disk", True, map_room
+        f"{mapped} with {format_size(max(spill, 0))} offloaded to CPU and disk", True, map_room
     )
 
     def sharded(k: int) -> Placement:
@@ -108,13 +110,14 @@ def batch_refusal(
         return (
             f"{head}a batch of {batch_size} prompts of {prompt_tokens} tokens needs "
             f"{format_size(batch_size * per_prompt)} beside them and {format_size(left)} is "
-            f"left: use --batch-size {most} or less"
+            f"left: use {given('batch_size', most)} or less"
         )
     longest = longest_prompt(shape, dtype, left)
     fix = (
-        f"plan prompts of at most {longest} tokens (--prompt-tokens)"
+        f"plan prompts of at most {longest} tokens ({named('prompt_tokens')})"
         if longest > 0
-        else "the weights leave no room for a prompt: use --dtype bfloat16 or a device map"
+        else f"the weights leave no room for a prompt: use {given('dtype', 'bfloat16')} or a "
+        "device map"
     )
     return (
         f"{head}one prompt of {prompt_tokens} tokens needs {format_size(per_prompt)} (KV cache "
@@ -137,11 +140,13 @@ def refusal(shape: Shape, dtype: str, sizes: Mapping[str, int], per_prompt: int)
     else:
         have = f"{format_size(sum(sizes.values()), True)} of memory"
         shards = None
-    options = ["--device-map auto with --max-memory and --offload-folder"]
+    mapped = f"{given('device_map', 'auto')} with {named('max_memory')} and "
+    options = [mapped + named("offload_folder")]
     if dtype in ("float32", "float64") and weights / 2 + per_prompt <= max(usable.values()):
-        options.insert(0, "--dtype bfloat16")
+        options.insert(0, given("dtype", "bfloat16"))
     if shards:
-        options.append(f"--engine vllm --tensor-parallel-size {shards}")
+        both = " " if on_command_line() else ", "
+        options.append(given("engine", "vllm") + both + given("tensor_parallel_size", shards))
     return (
         f"{shape.name} in {dtype} needs {format_size(weights)} of weights; {have}: use "
         f"{', '.join(options[:-1]) + ', or ' if len(options) > 1 else ''}{options[-1]}"

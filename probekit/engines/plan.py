@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import checked_by, positive_int
-from probekit.core.options import REQUIRED, BatchSizeOption, checked, option
+from probekit.core.options import REQUIRED, BatchSizeOption, option
+from probekit.core.public import public
 from probekit.engines.devices import (
     check_map_modules,
     device_key,
@@ -44,6 +46,7 @@ from probekit.engines.placement import batch_refusal, first_fit, placements, ref
 from probekit.engines.shapes import Shape, meta_model, read_shape, shape_of
 
 
+@public()
 @dataclass(frozen=True)
 class MemoryPlan:
     """The memory plan of one model on some devices (`plan`); sizes in bytes."""
@@ -58,7 +61,7 @@ class MemoryPlan:
     workspace: int  # the forward's activations and the answer position's logits, same batch
     capture: int  # one site at every layer, float32, same batch: host memory (not in the fit)
     devices: dict[str, int]
-    placement: str  # "cuda:0", "--device-map over ...", ..., or "" when it does not fit
+    placement: str  # "cuda:0", "device_map over ..." (`--device-map`), ...; "" if it does not fit
     fits: bool
     advice: str = ""  # the refusal line when it does not fit
     notes: list[str] = field(default_factory=list)
@@ -117,16 +120,16 @@ class PlanOptions(BatchSizeOption, ModelChoice):
     json: bool = option(False, help="print the plan as JSON")
 
 
-@checked(PlanOptions, skip=("model",))
+@public(PlanOptions, defaults={"model": REQUIRED}, wider=("model",))  # model first, devices next
 def plan(
-    model: str | Shape,
+    model: str | Path | Shape,
     devices: str | Mapping[str, Any],
-    dtype: str | None = None,
-    prompt_tokens: int = PROMPT_TOKENS,
-    batch_size: int | None = None,
-    dispatched: bool = False,
-    offload: bool = False,
-    tensor_parallel_size: int = 1,
+    dtype: str | None,
+    prompt_tokens: int,
+    batch_size: int | None,
+    dispatched: bool,
+    offload: bool,
+    tensor_parallel_size: int,
 ) -> MemoryPlan:
     """The memory plan of `model` (see `probekit.engines.shapes.meta_model`) on `devices`
     (`cuda:0=80GiB,...` or a mapping): the dtype the policy picks unless `dtype`, the weights,
@@ -140,10 +143,7 @@ def plan(
     the accelerators and the CPU (with `offload` also to disk); `tensor_parallel_size`: vLLM
     shards the weights that many ways. `fits` False comes with `advice`, the one line the load
     refuses with."""
-    for name, value in (("prompt_tokens", prompt_tokens), ("batch_size", batch_size or 1)):
-        if not isinstance(value, int) or value < 1:
-            raise ProbekitError(f"{name} must be a whole number of at least 1 (got {value!r})")
-    shape = model if isinstance(model, Shape) else read_shape(model)
+    shape = model if isinstance(model, Shape) else read_shape(str(model))
     sizes = parse_devices(devices)
     dtype = plan_dtype(shape, sizes, dtype)
     weights = weight_bytes(shape, dtype)

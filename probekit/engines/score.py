@@ -1,10 +1,11 @@
 """One-call scoring for scripts: prompts in, a DataFrame of exact answer probabilities out.
 
 `score` is `probekit score` as a function: the same encoder, scorer and columns, so a script and
-the command give the same numbers for the same prompts, and the same checks: its arguments are
-those of `probekit.engines.options.ScoreOptions`, checked by the same declarations as the
-command's flags (`probekit.core.options.checked`), so a bad value is the same one-line
-ProbekitError from both, naming the keyword, and a misspelled keyword gets a "did you mean". A weak
+the command give the same numbers for the same prompts, and the same checks: its options are
+those of `probekit.engines.options.ScoreOptions` (and `quiet` of `ModelOptions`), with their
+defaults, checks and help from the declarations the command's flags are made from
+(`probekit.core.public`), so a bad value is the same one-line ProbekitError from both, naming
+the keyword, and a misspelled keyword gets a "did you mean". A weak
 signal (mean valid mass below `WEAK_SIGNAL_VALID_MASS`) and a prefill ending in whitespace are
 warned about (`warnings.warn`; the command line prints the same line on stderr).
 """
@@ -22,25 +23,26 @@ import pandas as pd
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
-from probekit.core.options import checked
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import parse_messages, read_prompts
+from probekit.core.public import public
 from probekit.core.signal import prefill_trap, weak_signal
-from probekit.engines.options import ScoreOptions
+from probekit.engines.base import Engine
+from probekit.engines.options import ModelOptions, ScoreOptions
 
 Prompts = str | Path | Sequence[str] | Sequence[Sequence[Mapping[str, str]]] | Sequence[Item]
 
 
-@checked(ScoreOptions)
+@public(ScoreOptions, ModelOptions, skip=("model",))
 def score(
-    model: Any,
+    model: str | Path | Engine,
     prompts: Prompts,
     answers: AnswerSet | str | Sequence[str | float],
     *,
-    epsilon: float = 1e-4,
-    prefill: str | None = None,
-    batch_size: int | None = None,
-    quiet: bool = False,
+    epsilon: float,
+    prefill: str,
+    batch_size: int | None,
+    quiet: bool,
 ) -> pd.DataFrame:
     """Exact probability of every answer for every prompt, one row per prompt in input order.
 
@@ -50,14 +52,6 @@ def score(
         prompts: one string (sent as one user message through the model's chat template), a
             list of strings, a list of chat-message lists (`[{"role": ..., "content": ...}]`),
             a list of `Item`s, or the path of a prompts JSONL file (as `probekit score` reads).
-        answers: an `AnswerSet`, a spec (`0-100`, `A-E`, `A,B,C`, `@file`) or a list of
-            strings or numbers (`["yes", "no"]`, `[1, 2, 3]`).
-        epsilon: pruning bound; every row's `error_bound` is at most this (0: exact).
-        prefill: text forced at the start of every response (e.g. `"[["`).
-        batch_size: prompts per forward pass (default: 16 on a CPU; on a GPU the largest batch
-            the memory plan says fits, counted in tokens).
-        quiet: no progress (by default a bar on a terminal, lines in a log, and after the
-            first batch the time the call will take: `probekit.core.progress`).
 
     Returns the columns of `probekit score`: `id`, `valid_mass`, `greedy`, `most_probable`,
     `error_bound`, `expected` and `std` (number answers only), then `p::<answer>` for every
@@ -65,15 +59,14 @@ def score(
     prefill ending in whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are
     warned about.
     """
-    answer_set = as_answer_set(answers)
-    if trap := prefill_trap(prefill or ""):
-        warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @checked
-    items = list(as_items(prompts, prefill or ""))
+    if trap := prefill_trap(prefill):
+        warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
+    items = list(as_items(prompts, prefill))
     if not items:
         raise ProbekitError("no prompts to score")
     with silenced(quiet), progress(len(items), "prompt", "score", "fewer prompts") as bar:
         frames = score_frames(
-            model, items, answer_set, epsilon=epsilon, batch_size=batch_size, progress=bar
+            model, items, answers, epsilon=epsilon, batch_size=batch_size, progress=bar
         )
         table = pd.concat(list(frames), ignore_index=True)
     if weak := weak_signal(float(table["valid_mass"].mean())):
@@ -86,8 +79,8 @@ def score_frames(
     items: Iterable[Item],
     answers: AnswerSet | str | Sequence[str | float],
     *,
-    epsilon: float = 1e-4,
-    batch_size: int | None = None,
+    epsilon: float,
+    batch_size: int | None,
     window: int = 4096,
     progress: Any = None,
 ) -> Iterator[pd.DataFrame]:

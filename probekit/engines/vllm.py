@@ -35,21 +35,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
 from probekit.core.paths import user_cache_dir
-from probekit.engines.base import (
-    ScoreResult,
-    ScorerKwargs,
-    ScorerOptions,
-    ScorerStats,
-    hooks_unavailable,
-    windows,
-)
+from probekit.engines.base import ScoreResult, ScorerStats, hooks_unavailable, windows
 from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.options import ScorerOptions
 
 SETUP = "./setup.sh --vllm"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set: SmolLM2 needs 46 KB per cached token
@@ -196,7 +190,7 @@ class VllmEngine:
     def hookable(self) -> Any:
         raise hooks_unavailable(self.engine)
 
-    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> VllmScorer:
+    def scorer(self, answers: AnswerSet, **options: Any) -> VllmScorer:
         """Exact scores from the transformers engine (its copy loads at the first score);
         continuations from vLLM (`options` are `ScorerOptions`' keywords)."""
         return VllmScorer(self, answers, ScorerOptions(**options))

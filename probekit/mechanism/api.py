@@ -10,9 +10,10 @@
 
 Every wrong type (a list of prompts where pairs are expected, a string where a list is, an
 unknown site) is one line of `ProbekitError`, before any forward pass; the keywords that are
-options of `probekit patch` and `probekit capture` are checked by the same declarations
-(`probekit.mechanism.pipeline.PatchOptions`, `CaptureOptions`), and a misspelled keyword gets a
-"did you mean".
+options of `probekit patch` and `probekit capture` take their defaults, checks and help from
+the same declarations (`probekit.mechanism.pipeline.PatchOptions`, `CaptureOptions`, through
+`probekit.core.public`), so `layers=None` means what the command's default means, and a
+misspelled keyword gets a "did you mean".
 """
 
 from __future__ import annotations
@@ -26,22 +27,24 @@ import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import checked
+from probekit.core.items import EncodedItem, Item
+from probekit.core.options import SeedOption, default_of
 from probekit.core.progress import silenced
+from probekit.core.public import public
 from probekit.engines.hf.tiers import settle_precision
-from probekit.engines.options import ScoreOptions
+from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import check_pairs, make_pair
 from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
 from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
 from probekit.mechanism.readouts import Readout, parse_readout
-from probekit.mechanism.sites import DEFAULT_SITES, layer_indices, library, n_heads, site
+from probekit.mechanism.sites import chosen_layers, n_heads, site
 
 __all__ = ["capture", "hookable", "make_pair", "patch", "recovery"]
 
 
+@public()
 def hookable(model: Any) -> Any:
     """The hookable model of a loaded engine, or of anything `load_engine` takes (`"default"`,
     a Hugging Face id, a model directory, a `.gguf` file)."""
@@ -54,44 +57,34 @@ def hookable(model: Any) -> Any:
     raise ProbekitError(f"model must be a loaded model or a model spec, got a {type(model)}")
 
 
-@checked(PatchOptions, ScoreOptions, skip=("readout",))
+@public(PatchOptions, ScoreOptions, ModelOptions, command="patch", skip=("readout", "model"))
 def patch(
     model: Any,
-    pairs: Sequence[Pair] | Pair,
+    pairs: Sequence[Any],
     *,
-    spans: Sequence[str],
-    sites: Sequence[str] = DEFAULT_SITES,
-    layers: Sequence[int] | range | None = None,
+    spans: Sequence[str] | None,
+    sites: Sequence[str],
+    layers: Sequence[int] | range | None,
     readout: str | Readout = "expected",
-    answers: AnswerSet | str,
-    method: str = "exact",
-    heads: Sequence[int] | None = None,
-    top_k: int = 20,
-    hooks: str = "transformer_lens",
-    batch_size: int | None = None,
+    answers: AnswerSet | str | Sequence[str | float],
+    method: str,
+    heads: Sequence[int] | None,
+    top_k: int,
+    hooks: str,
+    batch_size: int | None,
     through_answer: bool | None = None,
     distributions: bool = False,
     progress: bool = True,
-    quiet: bool = False,
+    quiet: bool,
 ) -> pd.DataFrame:
     """The patching table of `probekit patch` for these pairs: one row per (pair, component).
 
     Parameters:
         model: a loaded model or a model spec (see `hookable`).
         pairs: (clean, corrupt) pairs of encoded prompts (`make_pair`, a study's `pairs`), or
-            one such pair.
-        spans: span names of the prompts (`identity`), `from_<span>` (the span to the end),
-            `<span>@<i>` (one aligned position; -1 the last).
-        sites: TransformerLens sites (`hook_resid_pre` or `resid_pre`, ..., `attn.hook_z` per
-            head).
-        layers: layer indices, negative from the end (default: every layer).
+            one such pair; without `spans`, every span their prompts declare is patched.
         readout: the per-prompt readout (`expected`, `p:<answer>`, `p_correct`, `X - Y`, `tv`)
             or a `Readout`.
-        answers: an `AnswerSet` or a spec (`0-10`, `A-E`, `A,B,C`).
-        method: `exact`, `attribution` or `attribution+verify` (the `top_k` re-measured).
-        heads: heads patched one by one at `attn.hook_z` (default: every head).
-        hooks: the hook library, `transformer_lens` or `nnsight` (exact patching).
-        batch_size: prompts per forward pass.
         through_answer: a span that runs to the end (`from_<span>`, `answer`) also patches
             every answer position, so patching from a span on at any layer gives the clean run
             (default: yes with `transformer_lens`; nnsight reaches the prompt only). False
@@ -99,8 +92,7 @@ def patch(
         distributions: also the valid mass and answer probabilities of the clean, corrupt and
             patched runs (`valid_mass_clean`, `probs_clean`, ...; answers in `df.attrs`).
         progress: the progress of the patched runs (`probekit.core.progress`: a bar on a
-            terminal, lines in a log).
-        quiet: no progress (as `progress=False`).
+            terminal, lines in a log); `quiet` is the same as `progress=False`.
 
     Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
     per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
@@ -112,24 +104,18 @@ def patch(
     """
     model = hookable(model)
     pairs = check_pairs(_as_pairs(model, pairs))
-    answer_set = _answers(answers)
-    if isinstance(readout, Readout):
-        measured = readout
-    else:
-        measured = parse_readout(_text(readout), answer_set)
-    library(hooks)
-    chosen = layer_indices(
-        model, _list(layers, "layers") if layers is not None else range(model.n_layers)
-    )
+    measured = readout if isinstance(readout, Readout) else parse_readout(readout, answers)
+    spans = spans or pairs[0][0].item.span_names
     patches = grid(
-        chosen,
-        _names(sites, "sites"),
-        _names(spans, "spans"),
-        _list(heads, "heads") if heads else range(n_heads(model)),
+        chosen_layers(model, layers, "patch"),
+        [site(name).name for name in sites],
+        spans,
+        heads or range(n_heads(model)),
     )
     check(model, pairs, patches)
-    settle_precision(model, answer_set, [p.input_ids for pair in pairs for p in pair])
-    scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
+    settle_precision(model, answers, [p.input_ids for pair in pairs for p in pair])
+    epsilon = default_of(EpsilonOption, "epsilon", "patch")  # exact distributions
+    scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
     if method == "exact":
         table = sweep(
             scorer,
@@ -152,9 +138,8 @@ def patch(
     return annotate(table)
 
 
-def recovery(
-    table: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
-) -> pd.DataFrame:
+@public(SeedOption)
+def recovery(table: pd.DataFrame, n: int = 1000, *, seed: int, level: float = 0.95) -> pd.DataFrame:
     """Each component's recovery over the pairs of a `patch` table: the mean patched effect over
     the mean gap, with its bootstrap interval over pairs (`recovery_low`, `recovery_high`), the
     mean effect with its interval, `pairs`, and `pairs_in_noise` (pairs whose gap is within the
@@ -168,45 +153,39 @@ def recovery(
     return out
 
 
-@checked(CaptureOptions)
+@public(CaptureOptions, ModelOptions, command="capture", skip=("model", "dtype"))
 def capture(
     model: Any,
     prompts: Any,
     *,
-    sites: Sequence[str] = DEFAULT_SITES,
-    layers: Sequence[int] | range | None = None,
-    spans: Sequence[str] | None = None,
-    out: str | Path | None = None,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
-    dtype: torch.dtype = torch.float16,
-    quiet: bool = False,
+    sites: Sequence[str],
+    layers: Sequence[int] | range | None,
+    spans: Sequence[str] | None,
+    out: str | Path | None,
+    hooks: str,
+    batch_size: int,
+    dtype: torch.dtype = disk.STORAGE_DTYPE,
+    quiet: bool,
 ) -> disk.Activations:
     """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
 
     Parameters:
         model: a loaded model or a model spec (see `hookable`).
         prompts: one string, a list of strings, chat-message lists, `Item`s or encoded prompts,
-            or a prompts JSONL path (as `probekit.score` takes them).
-        sites: TransformerLens sites (`hook_resid_pre` or `resid_pre`, ..., `attn.hook_z`).
-        layers: layer indices, negative from the end (default: every layer).
-        spans: the spans kept (default: every span; a plain string has only `answer`, its last
-            token).
-        out: also write resumable safetensors shards there (`probekit capture`'s format in
-            `dtype`); the activations returned are then read back from it.
-        hooks: the hook library, `transformer_lens` or `nnsight`.
-        quiet: no progress lines (`probekit.core.progress`).
+            or a prompts JSONL path (as `probekit.score` takes them); a plain string has one
+            span, `answer` (its last token). With `out`, resumable safetensors shards are
+            written there too (`probekit capture`'s format in `dtype`), and the activations
+            returned are read back from it.
+        dtype: the storage dtype of the shards written to `out`.
 
     Returns `Activations`: `acts["blocks.3.hook_resid_pre"]` is [rows, d_model] (float32 in
     memory), `acts.at(hook, prompt_id, span)` one prompt's span, `acts.index` the rows.
     """
     model = hookable(model)
     encoded = encode_prompts(model, prompts, "capture")
-    chosen = layer_indices(
-        model, _list(layers, "layers") if layers is not None else range(model.n_layers)
-    )
-    names = _names(sites, "sites")
-    kept = _names(spans, "spans") if spans is not None else None
+    chosen = chosen_layers(model, layers, "capture")
+    names = [site(name).name for name in sites]
+    kept = spans
     with silenced(quiet):
         if out is None:
             return disk.collect(model, encoded, chosen, names, kept, hooks, batch_size)
@@ -264,33 +243,6 @@ def encode_prompts(model: Any, prompts: Any, purpose: str) -> list[EncodedItem]:
     if not items:
         raise ProbekitError(f"no prompts to {purpose}")
     return [model.encode(item) for item in items]
-
-
-def _answers(answers: Any) -> AnswerSet:
-    if isinstance(answers, AnswerSet):
-        return answers
-    return AnswerSet.parse(_text(answers))
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ProbekitError(f"expected a text spec, got a {type(value).__name__}: {value!r}")
-    return value
-
-
-def _names(value: Any, what: str) -> list[str]:
-    names = _list(value, what)
-    if not names or not all(isinstance(n, str) and n for n in names):
-        raise ProbekitError(f"{what} must be a non-empty list of names, got {value!r}")
-    if what == "sites":
-        return [site(n).name for n in names]
-    return names
-
-
-def _list(value: Any, what: str) -> list[Any]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence | range):
-        raise ProbekitError(f"{what} must be a list, got {value!r}")
-    return list(value)
 
 
 def _quiet(line: str) -> None:

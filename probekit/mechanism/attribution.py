@@ -29,6 +29,7 @@ from scipy import stats
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.options import given
 from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.engines.hf.differentiable import answer_mass
@@ -139,7 +140,7 @@ def check_gradients(scorer: HookedScorer) -> None:
     if not head.dtype.is_floating_point:
         raise ProbekitError(
             f"attribution needs gradients, and {scorer.model.name} has {head.dtype} weights; "
-            "load it in float32 or bfloat16, or use --method exact"
+            f"load it in float32 or bfloat16, or use {given('method', 'exact')}"
         )
 
 
@@ -189,7 +190,7 @@ def _pass(
             for hook, g in zip(hooks, got, strict=True):
                 if g is None:
                     raise ProbekitError(
-                        f"the readout has no gradient at {hook}; use --method exact"
+                        f"the readout has no gradient at {hook}; use {given('method', 'exact')}"
                     )
                 found[hook] = g[rows.to(g.device), cols.to(g.device)].cpu()
     acts, grads, at = {}, {}, 0

@@ -47,7 +47,9 @@ from safetensors.torch import save_file
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write, write_table
 from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.options import named
 from probekit.core.progress import progress
+from probekit.core.public import public
 from probekit.core.rundir import (
     RESULTS_FORMAT,
     RowKey,
@@ -57,7 +59,8 @@ from probekit.core.rundir import (
     scored_under,
 )
 from probekit.mechanism.interventions import read_forward
-from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
+from probekit.mechanism.options import HookOptions
+from probekit.mechanism.sites import SITES, d_model, layer_indices, library, site
 
 _FORMAT = 2
 """The capture folder's layout: 2 keeps its settings in `manifest.json` (1: `capture.json`)."""
@@ -100,13 +103,14 @@ def site_shorts(sites: Sequence[str]) -> list[str]:
     return [s.short for s in SITES.values() if s.name in wanted]
 
 
+@public(HookOptions, command="capture", skip=("layers",))
 def gather(
     model: Any,
     prompts: Sequence[EncodedItem],
     layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    hooks: str,
 ) -> tuple[list[Row], dict[Key, torch.Tensor]]:
     """Run one left-padded batch and return its span rows and, per (layer, short site), the
     float32 values [rows, ...].
@@ -153,15 +157,16 @@ def batches(
             yield batch, rows, acts
 
 
+@public(HookOptions, command="capture", skip=("layers",))
 def capture(
     model: Any,
     items: Iterable[EncodedItem],
     out_dir: str | Path,
     layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    hooks: str,
+    batch_size: int,
     prompts_per_shard: int = 256,
     dtype: torch.dtype = STORAGE_DTYPE,
 ) -> CaptureResult:
@@ -206,6 +211,7 @@ def capture(
     return CaptureResult(out, captured, skipped, written)
 
 
+@public()
 @dataclass(frozen=True)
 class Activations:
     """Captured activations in memory: `index` has a row per (prompt, span) with `prompt_id`,
@@ -229,14 +235,15 @@ class Activations:
         return self[hook][int(hit["row_start"].iloc[0]) : int(hit["row_stop"].iloc[0])]
 
 
+@public(HookOptions, command="capture", skip=("layers",))
 def collect(
     model: Any,
     items: Sequence[EncodedItem],
     layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    hooks: str,
+    batch_size: int,
 ) -> Activations:
     """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
     layers, shorts = check_request(model, layers, sites, hooks)
@@ -254,6 +261,7 @@ def collect(
     return Activations(pd.DataFrame(records), tensors)
 
 
+@public()
 def read_activations(out_dir: str | Path) -> Activations:
     """Everything captured in `out_dir` as `Activations` (in the stored dtype), shard by shard
     in the order written."""
@@ -382,8 +390,8 @@ def check_capture_folder(out: str | Path, manifest: dict[str, Any]) -> None:
     if (run.path / OLD_CONFIG).is_file() and not run.manifest_path.is_file():
         raise ProbekitError(
             f"{run.path} holds a capture of an earlier probekit ({OLD_CONFIG}), which this one "
-            "reads (read_activations) but does not resume: give another --out, or delete the "
-            "folder to capture again"
+            f"reads (read_activations) but does not resume: give another {named('out')}, or "
+            "delete the folder to capture again"
         )
     run.check_resume(manifest, [k for k, v in manifest.items() if v is None])
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
+from probekit.core.public import public
 from probekit.mechanism.pairs import aligned_positions, check_pairs, split_position
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, parse_hook, site
@@ -29,6 +30,7 @@ COMPONENT = ["layer", "site", "head", "span"]
 """The columns naming one patched component."""
 
 
+@public()
 @dataclass(frozen=True)
 class Patch:
     """Copy the clean activation at hook `blocks.{layer}.{site}` over `span` (at `attn.hook_z`,

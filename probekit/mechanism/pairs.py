@@ -24,6 +24,7 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import CharSpan, EncodedItem, Item, Pair
+from probekit.core.public import public
 
 FROM = "from_"  # `from_<span>`: the span's first token to the prompt's end
 AT = "@"  # `<span>@<i>`: the i-th of the span's aligned positions (negative: from its end)
@@ -140,6 +141,7 @@ def pick_pairs(pairs: Sequence[Pair], gaps: Sequence[float], per_unit: int) -> l
     return [pair for group in chosen.values() for pair in group]
 
 
+@public()
 def make_pair(
     model: Any,
     clean: str | Sequence[dict[str, str]],

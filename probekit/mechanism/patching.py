@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from probekit.core.items import Pair
+from probekit.core.public import public
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.mechanism.components import (
     COMPONENT,
@@ -66,18 +67,21 @@ from probekit.mechanism.interventions import (
     copy_values,
     score_with,
 )
+from probekit.mechanism.options import HookOptions
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import hook_library, hook_order, library
 from probekit.stats import bootstrap_units, mean_ratio
 
 
+@public(HookOptions)
 def sweep(
     scorer: HookedScorer,
     pairs: Sequence[Pair],
     patches: Sequence[Patch],
     readout: Readout,
-    hooks: str = "transformer_lens",
-    batch_size: int | None = None,
+    *,
+    hooks: str,
+    batch_size: int | None,
     run_noops: bool = False,
     remote: bool = False,
     through_answer: bool | None = None,

@@ -1,9 +1,8 @@
 """The patch and capture analyses of a study, as `probekit patch` and `probekit capture` run them.
 
-The options of `probekit patch`, `capture` and `steer` are declared here once
-(`probekit.core.options`): `HookOptions` (what every mechanism command reads: layers, sites,
-hooks, and the shared out, seed, batch size), `PatchOptions`, `CaptureOptions` (and
-`probekit.mechanism.steering.SteerOptions`).
+The options of `probekit patch` and `capture` are declared here once (`probekit.core.options`):
+`PatchOptions` and `CaptureOptions`, on the `HookOptions` every mechanism command reads
+(`probekit.mechanism.options`; `probekit.mechanism.steering.SteerOptions` is steer's).
 `check_patch` validates patch options against the items before any model is loaded; `run_patch`
 then does the rest:
 1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
@@ -38,59 +37,27 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
-from probekit.core.kinds import checked_by, choice, comma_list, int_list, positive_int, text
-from probekit.core.options import BatchSizeOption, OutOption, SeedOption, Spell, flag, option
+from probekit.core.kinds import choice, int_list, positive_int, text
+from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
 from probekit.engines.hf.tiers import settle_precision
+from probekit.engines.options import EpsilonOption
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
+from probekit.mechanism.options import HookOptions
 from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.mechanism.readouts import Readout, parse_readout
-from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, layer_indices, library, n_heads
+from probekit.mechanism.sites import (
+    HEAD_SITE,
+    chosen_layers,
+    n_heads,
+)
 from probekit.mechanism.sites import site as find_site
 
 METHODS = attribution.METHODS
-DEFAULT_LAYERS = 6  # with 2 events, 1 pair each: the default run fits in 10 min on 2 CPU cores
 Say = Callable[[str], None]
-
-
-hook_library = checked_by("hook library", library)
-"""transformer_lens or nnsight."""
-
-
-@dataclass(frozen=True)
-class HookOptions(BatchSizeOption, SeedOption, OutOption):
-    """Where activations are read and written."""
-
-    layers: list[int] | None = option(
-        None,
-        help=f"comma-separated layers, -1 the last (default: patch {DEFAULT_LAYERS} evenly "
-        "spaced, capture the first, middle and last, steer the middle one)",
-        kind=int_list,
-    )
-    sites: list[str] = option(
-        list(DEFAULT_SITES),
-        help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
-        f"patch: {HEAD_SITE} patches each attention head; steer: residual-width sites only "
-        "(default %(default)s)",
-        kind=comma_list,
-        defaults={"steer": ["hook_resid_post"]},
-    )
-    spans: list[str] | None = option(
-        None,
-        help="span names; patch also from_<span> (everything from the span to the end) and "
-        "<span>@<i> (the i-th of its positions; -1 the last) (default: patch the study's spans, "
-        "capture every span)",
-        kind=comma_list,
-        commands=("patch", "capture"),
-    )
-    hooks: str = option(
-        "transformer_lens",
-        help="hook library that reads and writes activations: transformer_lens or nnsight",
-        kind=hook_library,
-    )
 
 
 @dataclass(frozen=True)
@@ -159,15 +126,14 @@ def check_patch(
     items: Sequence[Item],
     answers: Any,
     defaults: MechanismDefaults,
-    spell: Spell = flag,
 ) -> Readout | None:
-    """One line for any bad choice that needs no model (naming options with `spell`); the
+    """One line for any bad choice that needs no model (naming options with `named`); the
     readout when its spec is fixed (None when the study chooses it from the exact scores)."""
     for name in request.sites:
         find_site(name)
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
-    method, mediation = spell("method"), spell("mediation")
+    method, mediation = named("method"), named("mediation")
     if request.mediation and request.method == "attribution":
         raise ProbekitError(
             f"{mediation} needs exactly measured components: use {method} exact or "
@@ -194,14 +160,12 @@ def run_patch(
     request: PatchOptions,
     out: str | Path,
     say: Say = print,
-    spell: Spell = flag,
 ) -> list[str]:
-    """The whole patch analysis of a study's items into `out`; the files written (`spell`
-    names the options in a refusal)."""
+    """The whole patch analysis of a study's items into `out`; the files written."""
     defaults: MechanismDefaults = study.mechanism_defaults()
-    readout = check_patch(request, items, probe.answers, defaults, spell)
+    readout = check_patch(request, items, probe.answers, defaults)
     spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
-    layers = layer_indices(model, request.layers) if request.layers else default_layers(model)
+    layers = chosen_layers(model, request.layers or None, "patch")
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     encoded = [model.encode(item) for item in items]
     settle_precision(model, probe.answers, [e.input_ids for e in encoded])
@@ -212,10 +176,11 @@ def run_patch(
     check(model, pairs, patches)  # fail on bad input before any scoring
     if request.method == "attribution+verify" and not 1 <= request.top_k <= len(patches):
         raise ProbekitError(
-            f"{spell('top_k')} must lie between 1 and the number of components "
+            f"{named('top_k')} must lie between 1 and the number of components "
             f"({len(patches)}), got {request.top_k}"
         )
-    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=request.batch_size)
+    epsilon = default_of(EpsilonOption, "epsilon", "patch")  # exact distributions
+    scorer = model.scorer(probe.answers, epsilon=epsilon, batch_size=request.batch_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -264,12 +229,6 @@ def run_patch(
             scorer, study, probe, encoded, states, direction, readout, folder, request, say
         )
     return written
-
-
-def default_layers(model: Any) -> list[int]:
-    """`DEFAULT_LAYERS` layers evenly spaced from the first to the last."""
-    n = model.n_layers
-    return sorted({int(x) for x in np.linspace(0, n - 1, DEFAULT_LAYERS).round()})
 
 
 def readout_gaps(readout: Readout, pairs: Sequence[Pair], results: dict[str, Any]) -> list[float]:
@@ -449,10 +408,6 @@ def direction_check(
     return ["directions.parquet", "causal_check.json"]
 
 
-CAPTURE_BATCH = 8
-"""Prompts per forward pass of a capture unless `batch_size` says otherwise."""
-
-
 def check_capture(request: CaptureOptions, items: Sequence[Item]) -> None:
     """One line for any bad choice that needs no model."""
     for name in request.sites:
@@ -471,8 +426,7 @@ def run_capture(
 ) -> capture.CaptureResult:
     """Capture a study's items into `out` (resumable) and say where the files are."""
     check_capture(request, items)
-    n = model.n_layers
-    layers = layer_indices(model, request.layers) if request.layers else sorted({0, n // 2, n - 1})
+    layers = chosen_layers(model, request.layers or None, "capture")
     result = capture.capture(
         model,
         (model.encode(item) for item in items),
@@ -481,7 +435,7 @@ def run_capture(
         sites=request.sites,
         spans=request.spans,
         hooks=request.hooks,
-        batch_size=request.batch_size or CAPTURE_BATCH,
+        batch_size=request.batch_size,
     )
     say(
         f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "

@@ -26,9 +26,12 @@ import numpy as np
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
+from probekit.core.options import given
+from probekit.core.public import public
 from probekit.engines.base import ScoreResult
 
 
+@public()
 @dataclass(frozen=True)
 class Readout:
     """A number from a prompt's exact distribution (NaN when the answer set has no mass).
@@ -48,7 +51,7 @@ class Readout:
         if clean is None:
             raise ProbekitError(
                 f"the readout {self.spec} compares a pair's two distributions and has no value "
-                "for a prompt alone; use it with exact patching (probekit patch --method exact)"
+                f"for a prompt alone; use it with exact patching ({given('method', 'exact')})"
             )
         return self.read(result, item, clean)
 
@@ -110,6 +113,7 @@ def difference(first: Readout, second: Readout) -> Readout:
     return Readout(f"{first.spec} - {second.spec}", "diff", lambda r, i: first(r, i) - second(r, i))
 
 
+@public()
 def parse_readout(spec: str, answers: AnswerSet) -> Readout:
     """The readout a spec names (`expected`, `p:<answer>`, `p_correct`, `tv`, `X - Y`) for
     these answers."""

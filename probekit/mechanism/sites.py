@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
+import numpy as np
 import torch
 
 from probekit.core.errors import ProbekitError
@@ -156,6 +157,25 @@ def layer_indices(model: Any, layers: Sequence[Any]) -> list[int]:
             )
         out.append(int(layer) % n)
     return out
+
+
+PATCH_LAYERS = 6
+"""Layers patching measures when none are given, evenly spaced from the first to the last (with 2
+events, 1 pair each, the default `probekit patch` fits in 10 min on 2 CPU cores)."""
+
+
+def chosen_layers(model: Any, layers: Sequence[Any] | None, command: str) -> list[int]:
+    """The layers given (`layer_indices`), or, for None, the command's default (as the `layers`
+    option says): patch `PATCH_LAYERS` evenly spaced, capture the first, middle and last, steer
+    the middle one."""
+    if layers is not None:
+        return layer_indices(model, layers)
+    n = model.n_layers
+    if command == "patch":
+        return sorted({int(x) for x in np.linspace(0, n - 1, PATCH_LAYERS).round()})
+    if command == "capture":
+        return sorted({0, n // 2, n - 1})
+    return [n // 2]
 
 
 def hf_module(model: Any) -> Any:

@@ -31,17 +31,18 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
 from probekit.core.kinds import checked_by, float_list
-from probekit.core.options import Spell, checked, keyword, option
+from probekit.core.options import given, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
+from probekit.core.public import public
 from probekit.engines.base import ScoreResult
 from probekit.engines.hf.tiers import settle_precision
-from probekit.engines.options import ScoreOptions
+from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
 from probekit.mechanism.interventions import score_with
-from probekit.mechanism.pipeline import HookOptions
-from probekit.mechanism.sites import d_model, hook_library, layer_indices, library, site
+from probekit.mechanism.options import HookOptions
+from probekit.mechanism.sites import chosen_layers, d_model, hook_library, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
 STEER, RANDOM = "steer", "random"
@@ -74,7 +75,7 @@ def check_positions(positions: str) -> str:
 
 
 @dataclass(frozen=True)
-class SteerOptions(HookOptions):
+class SteerOptions(HookOptions, EpsilonOption):
     """Steer options: the vector, its strengths and where it is added."""
 
     alphas: list[float] = option(
@@ -98,13 +99,13 @@ class SteerOptions(HookOptions):
     )
 
 
-def check_hooks(hooks: str, positions: str, spell: Spell = keyword) -> None:
+def check_hooks(hooks: str, positions: str) -> None:
     """One line, before any scoring, for positions that reach the answer tokens through
     nnsight (its hooks steer the prompt only)."""
     if library(hooks) == "nnsight" and positions != "span":
         raise ProbekitError(
-            f"{spell('positions')} {positions} steers the answer tokens, which needs "
-            f"{spell('hooks')} transformer_lens (nnsight steers positions span only)"
+            f"{given('positions', positions)} steers the answer tokens, which needs "
+            f"{given('hooks', 'transformer_lens')} (nnsight steers positions span only)"
         )
 
 
@@ -187,16 +188,18 @@ def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Targe
     return out
 
 
+@public(HookOptions, command="capture")
 def span_means(
     model: Any,
     prompts: Sequence[EncodedItem],
     targets: Sequence[Target],
     span: str,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
+    hooks: str,
+    batch_size: int,
 ) -> dict[Target, np.ndarray]:
     """Each prompt's activation at each target averaged over the tokens of `span`, read by
-    `probekit.mechanism.capture` (float64 [prompts, d_model] per target)."""
+    `probekit.mechanism.capture` in batches as a capture reads them (float64 [prompts, d_model]
+    per target)."""
     layers = sorted({layer for _, layer in targets})
     sites = sorted({name for name, _ in targets})
     out: dict[Target, list[np.ndarray]] = {target: [] for target in targets}
@@ -387,24 +390,24 @@ def steering_table(
         return pd.DataFrame(rows)
 
 
-@checked(SteerOptions, ScoreOptions, skip=("vector",))
+@public(SteerOptions, ScoreOptions, ModelOptions, command="steer", skip=("vector", "model"))
 def steer(
     model: Any,
     prompts: Any,
     vector: Any,
     *,
-    sites: Sequence[str] = ("hook_resid_post",),
-    layers: Sequence[int] | range,
+    sites: Sequence[str],
+    layers: Sequence[int] | range | None,
     alphas: Sequence[float],
-    answers: AnswerSet | str,
-    positions: str = "from_span",
-    span: str | None = None,
-    hooks: str = "transformer_lens",
+    answers: AnswerSet | str | Sequence[str | float],
+    positions: str,
+    span: str | None,
+    hooks: str,
     control: bool = True,
-    seed: int = 0,
-    epsilon: float = 0.0,
-    batch_size: int | None = None,
-    quiet: bool = False,
+    seed: int,
+    epsilon: float,
+    batch_size: int | None,
+    quiet: bool,
 ) -> pd.DataFrame:
     """Score `prompts` with α·`vector` added at each (site, layer), for every α.
 
@@ -413,45 +416,31 @@ def steer(
         prompts: one string, a list of strings, chat-message lists, `Item`s or encoded prompts,
             or a prompts JSONL path (as `probekit.score` takes them).
         vector: one [d_model] array (numpy, torch or a list), or a mapping from a layer (or a
-            (site, layer)) to one.
-        sites: residual-width TransformerLens sites (`hook_resid_post` or `resid_post`, ...);
-            each (site, layer) is steered on its own.
-        layers: layer indices, negative from the end.
-        alphas: the multiples of the vector; 0 is plain scoring.
-        answers: an `AnswerSet` or a spec (`0-10`, `A-E`, `A,B,C`).
-        positions: `span` (the span's tokens), `from_span` (from the span on, answer tokens
-            included) or `all` (every prompt and answer token).
-        span: the span steered from (default `answer`: the prompt's last token).
-        hooks: the hook library (`transformer_lens`; `nnsight` steers `span` only).
+            (site, layer)) to one. Each (site, layer) is steered on its own; without `span`
+            the span steered from is `answer` (the prompt's last token).
         control: also steer along a random direction of the same norm (`vector` = `random`).
-        seed: the random direction's seed.
-        epsilon: the scorer's pruning bound (0: exact).
-        batch_size: prompts per forward pass.
-        quiet: no progress lines (`probekit.core.progress`).
 
     Returns one row per (site, layer, vector kind, α, prompt): `prompt_id`, `site`, `layer`,
     `vector` (`steer` or `random`), `norm`, `alpha`, `positions`, `span`, the score columns of
     `probekit.score` (`valid_mass`, `greedy`, ..., `p::<answer>`), `kl` (KL of the answer
     distribution from the unsteered one, nats) and `valid_mass_change`.
     """
-    chosen = check_alphas(alphas)
-    positions = check_positions(positions)
-    names = _names(sites)
+    names = [steering_site(name) for name in sites]
     check_hooks(hooks, positions)
     model = hookable(model)
-    targets = [(name, layer) for layer in layer_indices(model, _layers(layers)) for name in names]
+    layers = chosen_layers(model, layers, "steer")
+    targets = [(name, layer) for layer in layers for name in names]
     vectors = as_vectors(model, vector, targets)
-    check_strength(model.dtype, vectors, chosen)
+    check_strength(model.dtype, vectors, alphas)
     encoded = encode_prompts(model, prompts, "steer")
-    answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
-    settle_precision(model, answer_set, [e.input_ids for e in encoded])
-    scorer = model.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
+    settle_precision(model, answers, [e.input_ids for e in encoded])
+    scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
     with silenced(quiet):
         return steering_table(
             scorer,
             encoded,
             vectors,
-            chosen,
+            alphas,
             positions=positions,
             span=ANSWER if span is None else span,
             hooks=hooks,
@@ -459,15 +448,3 @@ def steer(
             seed=seed,
             batch_size=batch_size,
         )
-
-
-def _names(sites: Any) -> list[str]:
-    if isinstance(sites, str) or not isinstance(sites, Sequence) or not sites:
-        raise ProbekitError(f"sites must be a non-empty list of site names, got {sites!r}")
-    return [steering_site(name) for name in sites]
-
-
-def _layers(layers: Any) -> list[Any]:
-    if isinstance(layers, str | bytes) or not isinstance(layers, Sequence | range):
-        raise ProbekitError(f"layers must be a list of layer indices, got {layers!r}")
-    return list(layers)

@@ -22,7 +22,7 @@ import torch
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem
-from probekit.core.options import Spell, flag
+from probekit.core.options import given, named
 from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means
 
@@ -40,27 +40,27 @@ class VectorFile:
     sha256: str
 
 
-def check_vector_name(vector: str, spell: Spell = flag) -> None:
-    """One line for a `--vector` that is neither a kind (`VECTORS`) nor a file of a known type
-    that exists."""
+def check_vector_name(vector: str) -> None:
+    """One line for a vector (`--vector`) that is neither a kind (`VECTORS`) nor a file of a
+    known type that exists."""
     if vector in VECTORS:
         return
     path = Path(vector)
     if path.suffix not in FILE_TYPES:
         raise ProbekitError(
-            f"{spell('vector')} {vector!r}: give mean_diff, direction or a "
+            f"{given('vector', vector)}: give mean_diff, direction or a "
             f"{', '.join(FILE_TYPES)} file"
         )
     if not path.is_file():
-        raise ProbekitError(f"{spell('vector')}: no file {vector}")
+        raise ProbekitError(f"{named('vector')}: no file {vector}")
 
 
-def read_vector_file(vector: str | Path, spell: Spell = flag) -> VectorFile:
+def read_vector_file(vector: str | Path) -> VectorFile:
     """The file's only tensor, checked: one or two dimensions, finite, not all zero (one line
     naming the file otherwise)."""
     path = Path(vector)
-    check_vector_name(str(path), spell)
-    name = f"{spell('vector')} {path}"
+    check_vector_name(str(path))
+    name = given("vector", str(path))
     try:
         content = path.read_bytes()
         values = _load(path)
@@ -98,7 +98,7 @@ def _load(path: Path) -> Any:
 
 
 def file_vectors(
-    model: Any, found: VectorFile, targets: Sequence[steering.Target], spell: Spell = flag
+    model: Any, found: VectorFile, targets: Sequence[steering.Target]
 ) -> dict[steering.Target, torch.Tensor]:
     """The file's vector at each target (a 2-D file: its row for the target's layer), checked
     against the model's width."""
@@ -106,14 +106,14 @@ def file_vectors(
     if values.ndim == 2:
         if values.shape[0] != model.n_layers:
             raise ProbekitError(
-                f"{spell('vector')} {found.path}: a 2-D file needs one row per layer "
+                f"{given('vector', str(found.path))}: a 2-D file needs one row per layer "
                 f"({model.n_layers}), got shape {tuple(values.shape)}"
             )
         return steering.as_vectors(model, {t: values[t[1]] for t in targets}, targets)
     try:
         return steering.as_vectors(model, values, targets)
     except ProbekitError as error:
-        raise ProbekitError(f"{spell('vector')} {found.path}: {error}") from None
+        raise ProbekitError(f"{given('vector', str(found.path))}: {error}") from None
 
 
 def contrast_vectors(

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from probekit.core.public import public
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -48,6 +50,7 @@ def format_p(value: Any, exact: bool = False) -> str:
     return "—" if missing(value) else f"{'=' if exact else ''}{float(value):.4f}"
 
 
+@public()
 @dataclass(frozen=True)
 class Headline:
     """One headline number of a run, in one shape for every study: what it is (`label`), its

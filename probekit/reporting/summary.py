@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from probekit.core.options import given
 from probekit.core.rundir import RunDir
 from probekit.core.signal import weak_signal
 
@@ -63,7 +64,7 @@ def describe_limit(manifest: Mapping[str, Any]) -> str | None:
     if manifest.get("limit") is None or done == total:
         return None
     kept = manifest.get("probe", {}).get("limit")
-    head = f"PARTIAL RUN (--limit {manifest['limit']}): {done} of {total} prompts"
+    head = f"PARTIAL RUN ({given('limit', manifest['limit'])}): {done} of {total} prompts"
     if not isinstance(kept, dict):
         return f"{head}, the first of the run's order; its figures describe those prompts only"
     unit, groups = kept.get("unit_name", "unit"), kept.get("groups", 1)

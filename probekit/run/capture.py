@@ -4,11 +4,15 @@ items, as fp16 safetensors shards plus an index whose `prompt_id` joins the run'
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from probekit.core.options import Command, Spell, flag, keyword
+from probekit.core.options import Command
 from probekit.core.progress import silenced
+from probekit.core.public import public
 from probekit.engines import load_engine
+from probekit.engines.base import Engine
+from probekit.engines.options import ModelOptions
 from probekit.mechanism.api import hookable
 from probekit.mechanism.capture import (
     STORAGE_DTYPE,
@@ -19,38 +23,45 @@ from probekit.mechanism.capture import (
     read_activations,
     site_shorts,
 )
-from probekit.mechanism.pipeline import CAPTURE_BATCH, CaptureOptions, check_capture, run_capture
+from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_capture
 from probekit.run.mechanism import build, context, mechanism_command, study_object
 from probekit.studies.base import Study
+
+DEFAULTS = {"out": "runs/capture"}
+"""`probekit capture`'s own defaults."""
 
 
 def capture_command(study: Study) -> Command:
     """`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
-    defaults = {"out": "runs/capture", "batch_size": CAPTURE_BATCH}
-    return mechanism_command("capture", CaptureOptions, study, defaults)
+    return mechanism_command("capture", CaptureOptions, study, DEFAULTS)
 
 
-def capture_study(study: str | Study, model: Any = "default", **options: Any) -> Activations:
+@public(ModelOptions, CaptureOptions, command="capture", defaults=DEFAULTS, wider=("model",))
+def capture_study(
+    study: str | Study,
+    model: str | Path | Engine,
+    **options: Any,
+) -> Activations:
     """`probekit capture STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
-    capture's (`probekit.mechanism.pipeline.CaptureOptions`: `layers=[0, -1]`,
-    `sites=["resid_post"]`, `spans=["experiencer"]`, `out`, ...), the model's and the study's,
-    checked as the command line checks them (a bad or unknown one is one line of
-    `ProbekitError` naming the keyword, before any model work). Writes the resumable shards
-    into `out` (default `runs/capture`) and returns everything captured there."""
+    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
+    the capture's options and the model's (below: `layers=[0, -1]`, `sites=["resid_post"]`,
+    `spans=["experiencer"]`, ...) and the study's, checked as the command line checks them (a
+    bad or unknown one is one line of `ProbekitError` naming the keyword, before any model
+    work). Writes the resumable shards into `out` and returns everything captured there.
+
+    Args:
+        options: the study's own options (`probekit capture STUDY --help`)."""
     found = study_object(study)
     loaded, parsed = build(capture_command(found), found, model, options)
-    capture_parsed(found, parsed, loaded, keyword)
+    capture_parsed(found, parsed, loaded)
     return read_activations(parsed[1].out)
 
 
-def capture_parsed(
-    study: Study, parsed: tuple, model: Any = None, spell: Spell = flag
-) -> CaptureResult:
+def capture_parsed(study: Study, parsed: tuple, model: Any = None) -> CaptureResult:
     """The capture as the checked options `parsed` say (`capture_command`'s values), on `model`
     or the one they name: items, the checks that need no model, then the capture."""
     asked, options, own = parsed
-    probe, items = study.mechanism_items(own, context("capture", asked, options, spell))
+    probe, items = study.mechanism_items(own, context("capture", asked, options))
     check_capture(options, items)  # before any model work
     given = options.layers
     layers = sorted(set(given)) if given and min(given) >= 0 else None  # else the model says

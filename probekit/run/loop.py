@@ -65,7 +65,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,8 +76,10 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import check_writable
 from probekit.core.items import PROMPT_ID, Item
 from probekit.core.progress import progress
+from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
-from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer
+from probekit.engines.base import Engine, Scorer
+from probekit.run.options import RunOptions
 from probekit.run.parts import (
     DAMAGED,
     FANOUT,
@@ -126,34 +128,23 @@ flight."""
 Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
 
 
-class LoopOptions(TypedDict, total=False):
-    """`run_probe`'s keywords after its probe, model, folder and manifest, for the runners made
-    in its shape (`probekit.run.ray`): `**options: Unpack[LoopOptions]`."""
-
-    view: str
-    shard: Shard
-    batch_size: int | None
-    epsilon: float
-    chunk_size: int | None
-    limit: int | None
-    hint: str | None
-
-
 def prompt_count(probe: Probe, limit: int | None) -> int:
     """How many prompts a run of `probe` scores: all, or the first `limit`."""
     total = len(probe)
     return total if limit is None else min(total, limit)
 
 
+@public(RunOptions, skip=("shard", "out", "limit"))  # limit: the first N prompts here
 def run_probe(
     probe: Probe,
     model: Engine,
-    out: Path,
+    out: str | Path,
     manifest: dict[str, Any],
-    view: str = "exact",
+    *,
+    view: str,
     shard: Shard = WHOLE,
-    batch_size: int | None = None,
-    epsilon: float = DEFAULT_EPSILON,
+    batch_size: int | None,
+    epsilon: float,
     chunk_size: int | None = None,
     limit: int | None = None,
     hint: str | None = None,
@@ -167,7 +158,7 @@ def run_probe(
     the time the run will take on this device, with `hint` on how to make it smaller."""
     view = check_view(view)
     if limit is not None and limit < 1:
-        raise ProbekitError(f"limit must be at least 1, not {limit}")
+        raise ProbekitError(f"limit must be at least 1 (got {limit})")
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     out = Path(out)

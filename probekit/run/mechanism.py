@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import Command, Spell
+from probekit.core.options import Command, named
 from probekit.engines.options import ModelOptions, loaded_engine
 from probekit.studies.base import Context, Study, get_study
 
 Check = Any
-"""A command's own check of its parsed options: `check(parsed, spell)`, raising one line."""
+"""A command's own check of its parsed options: `check(parsed)`, raising one line."""
 
 
 def mechanism_command(
@@ -23,22 +23,22 @@ def mechanism_command(
     engine), the command's `options` and the study's, checked together (`checks`: the
     command's own, after the engine's and the study's)."""
 
-    def check(parsed: tuple, spell: Spell) -> None:
+    def check(parsed: tuple) -> None:
         model, own, study_options = parsed
         if model.engine != "hf":
             from probekit.engines.base import hooks_unavailable
 
             raise ProbekitError(
-                f"{spell('engine')} {model.engine}: {hooks_unavailable(model.engine)}"
+                f"{named('engine')} {model.engine}: {hooks_unavailable(model.engine)}"
             )
-        study.check(study_options, context(name, model, own, spell))
+        study.check(study_options, context(name, model, own))
 
     return Command(name, (ModelOptions, options, study.options), defaults, (check, *checks))
 
 
-def context(name: str, model: ModelOptions, own: Any, spell: Spell) -> Context:
+def context(name: str, model: ModelOptions, own: Any) -> Context:
     """What the study's methods read of a mechanism command: its seed and device."""
-    return Context(name, own.seed, device=model.device, spell=spell)
+    return Context(name, own.seed, device=model.device)
 
 
 def study_object(study: str | Study) -> Study:

@@ -9,7 +9,7 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
-from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, Spell, option
+from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, named, option
 from probekit.engines.options import EpsilonOption, ModelOptions
 from probekit.studies.base import Context, Study
 
@@ -79,21 +79,21 @@ def run_command(study: Study) -> Command:
     """`probekit run STUDY`'s options: the models', the run's and the study's, with the study's
     output folder and seed as defaults, and the checks that span them."""
 
-    def check(parsed: tuple, spell: Spell) -> None:
+    def check(parsed: tuple) -> None:
         models, run, own = parsed
         if run.view not in study.run_views:
             choices = ", ".join(study.run_views)
             raise ProbekitError(
-                f"{spell('view')}: unknown view '{run.view}'; choose one of {choices}"
+                f"{named('view')}: unknown view '{run.view}'; choose one of {choices}"
             )
         placed = [name for model in models for name in model.placed]
         if run.ray is not None and placed:  # Ray's actors load one engine each
             raise ProbekitError(
-                f"{spell('ray')} loads one engine per actor with {spell('device')} and "
-                f"{spell('dtype')} only; drop {spell(placed[0])} (a device map places one model "
-                f"in one process: run without {spell('ray')})"
+                f"{named('ray')} loads one engine per actor with {named('device')} and "
+                f"{named('dtype')} only; drop {named(placed[0])} (a device map places one model "
+                f"in one process: run without {named('ray')})"
             )
-        study.check(own, run_context(run, models[0], spell))
+        study.check(own, run_context(run, models[0]))
 
     return Command(
         "run",
@@ -103,6 +103,6 @@ def run_command(study: Study) -> Command:
     )
 
 
-def run_context(run: RunOptions, model: ModelOptions, spell: Spell, say: Any = print) -> Context:
+def run_context(run: RunOptions, model: ModelOptions, say: Any = print) -> Context:
     """What the study's methods read of a run: its seed, view and device."""
-    return Context("run", run.seed, run.view, model.device, spell, say)
+    return Context("run", run.seed, run.view, model.device, say)

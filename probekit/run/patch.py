@@ -9,18 +9,24 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.core.options import Command, Spell, flag, keyword
+from probekit.core.options import Command
 from probekit.core.progress import silenced
+from probekit.core.public import public
 from probekit.engines import load_engine
+from probekit.engines.base import Engine
+from probekit.engines.options import ModelOptions
 from probekit.mechanism.api import hookable
 from probekit.mechanism.pipeline import PatchOptions, check_patch, run_patch
 from probekit.run.mechanism import build, context, mechanism_command, study_object
 from probekit.studies.base import Study
 
+DEFAULTS = {"out": "runs/patch"}
+"""`probekit patch`'s own defaults."""
+
 
 def patch_command(study: Study) -> Command:
     """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
-    return mechanism_command("patch", PatchOptions, study, {"out": "runs/patch"})
+    return mechanism_command("patch", PatchOptions, study, DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -34,32 +40,38 @@ class StudyPatch:
     summary: pd.DataFrame
 
 
-def patch_study(study: str | Study, model: Any = "default", **options: Any) -> StudyPatch:
+@public(ModelOptions, PatchOptions, command="patch", defaults=DEFAULTS, wider=("model",))
+def patch_study(
+    study: str | Study,
+    model: str | Path | Engine,
+    **options: Any,
+) -> StudyPatch:
     """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
-    patch's (`probekit.mechanism.pipeline.PatchOptions`: `layers=[0, 14]`,
-    `sites=["resid_pre"]`, `readout="expected"`, `prompt_only=True`, `pairs_per_unit=2`,
-    `out`, ...),
-    the model's (`dtype=torch.bfloat16`, `device_map={...}`, ...) and the study's (`events=2`),
-    checked as the command line checks them (a bad or unknown one is one line of
-    `ProbekitError` naming the keyword, before any model work). Writes what the command writes
-    into `out` (default `runs/patch`) and returns it."""
+    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
+    the patch's options and the model's (below: `layers=[0, 14]`, `sites=["resid_pre"]`,
+    `prompt_only=True`, `dtype=torch.bfloat16`, ...) and the study's (`events=2`), checked as
+    the command line checks them (a bad or unknown one is one line of `ProbekitError` naming
+    the keyword, before any model work). Writes what the command writes into `out` and returns
+    it.
+
+    Args:
+        options: the study's own options (`probekit patch STUDY --help`)."""
     found = study_object(study)
     loaded, parsed = build(patch_command(found), found, model, options)
-    written = patch_parsed(found, parsed, loaded, keyword)
+    written = patch_parsed(found, parsed, loaded)
     folder = Path(parsed[1].out)
     summary = pd.read_csv(folder / "patching_summary.csv")
     return StudyPatch(folder, written, pd.read_parquet(folder / "patching.parquet"), summary)
 
 
-def patch_parsed(study: Study, parsed: tuple, model: Any = None, spell: Spell = flag) -> list[str]:
+def patch_parsed(study: Study, parsed: tuple, model: Any = None) -> list[str]:
     """The patch analysis as the checked options `parsed` say (`patch_command`'s values), on
     `model` or the one they name: items, the checks that need no model, then the analysis; the
     files written."""
     asked, options, own = parsed
-    probe, items = study.mechanism_items(own, context("patch", asked, options, spell))
-    check_patch(options, items, probe.answers, study.mechanism_defaults(), spell)  # no model yet
+    probe, items = study.mechanism_items(own, context("patch", asked, options))
+    check_patch(options, items, probe.answers, study.mechanism_defaults())  # no model yet
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
     with silenced(asked.quiet):
-        return run_patch(hookable(model), study, probe, items, options, options.out, spell=spell)
+        return run_patch(hookable(model), study, probe, items, options, options.out)

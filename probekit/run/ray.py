@@ -36,19 +36,20 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Unpack
+from typing import IO, Any
 
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import given, named, option_error
 from probekit.core.progress import progress
+from probekit.core.public import public
 from probekit.engines import load_engine
-from probekit.engines.base import DEFAULT_EPSILON, Engine
+from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import keep_tier
 from probekit.engines.options import ModelOptions
 from probekit.run.loop import (
     Chunk,
-    LoopOptions,
     chunks,
     open_run,
     pending,
@@ -56,8 +57,9 @@ from probekit.run.loop import (
     row_key,
     run_chunk,
 )
+from probekit.run.options import RunOptions
 from probekit.run.parts import finished_scores, merge_if_complete, say
-from probekit.run.shards import Shard
+from probekit.run.shards import WHOLE, Shard
 from probekit.studies.base import Probe, check_view
 
 SETUP = "./setup.sh --ray"
@@ -78,7 +80,9 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     try:
         import ray
     except ImportError:
-        raise ProbekitError(f"--ray needs Ray, which is not installed here; run {SETUP}") from None
+        raise ProbekitError(
+            f"{named('ray')} needs Ray, which is not installed here; run {SETUP}"
+        ) from None
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -139,8 +143,8 @@ def _check_reachable(address: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise ProbekitError(
-            f"--ray '{address}' is not a cluster address; give HOST:PORT (the head's GCS port, "
-            "6379 by default), ray://HOST:PORT, auto, or nothing for a local instance"
+            f"{given('ray', address)} is not a cluster address; give HOST:PORT (the head's GCS "
+            "port, 6379 by default), ray://HOST:PORT, auto, or nothing for a local instance"
         )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
@@ -184,27 +188,31 @@ class Worker:
         return run_chunk(chunk, probe, self.engine, self.scorer, self.view, None)
 
 
+@public(RunOptions, skip=("shard", "out", "limit"))  # limit: the first N prompts here
 def run_probe_ray(
     probe: Probe,
     load: Loader,
-    out: Path,
+    out: str | Path,
     manifest: dict[str, Any],
     *,
     actors: int | None = None,
-    **options: Unpack[LoopOptions],
+    view: str,
+    shard: Shard = WHOLE,
+    batch_size: int | None,
+    epsilon: float,
+    chunk_size: int | None = None,
+    limit: int | None = None,
+    hint: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
     return the merged scores path once every prompt has a row, as `probekit.run.loop.run_probe`,
-    whose keywords `options` are (`chunk_size` is `CHUNK` here unless given).
+    whose keywords it takes (`chunk_size` is `CHUNK` here unless given).
 
     `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
     import ray
 
-    view = check_view(options.get("view", "exact"))
-    limit = options.get("limit")
-    shard = options.get("shard") or Shard()
-    chunk_size = options.get("chunk_size")
+    view = check_view(view)
     chunk_size = CHUNK if chunk_size is None else chunk_size
     if chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
@@ -218,15 +226,15 @@ def run_probe_ray(
         todo = int(wanted.sum())
         if todo:
             scoring = {
-                "epsilon": options.get("epsilon", DEFAULT_EPSILON),
-                "batch_size": options.get("batch_size"),
+                "epsilon": epsilon,
+                "batch_size": batch_size,
                 "seed": manifest.get("seed", 0),
             }
             pool = _start_pool(ray, load, view, scoring, actors)
             shared = ray.put(probe)
             try:
                 desc = f"{probe.name} (ray, {len(pool)} actors)"
-                with progress(todo, "prompt", desc, options.get("hint")) as bar:
+                with progress(todo, "prompt", desc, hint) as bar:
                     for frame in _stream(ray, pool, shared, chunks(probe, wanted, chunk_size)):
                         if "parsed" in frame:
                             frame["parsed"] = [probe.parse(text) for text in frame["response"]]
@@ -249,7 +257,7 @@ def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path
         model: Engine,
         out: Path,
         manifest: dict[str, Any],
-        **options: Unpack[LoopOptions],
+        **options: Any,
     ) -> Path | None:
         tier = manifest.get("precision") or {}
         load = functools.partial(
@@ -277,7 +285,7 @@ def _start_pool(ray: Any, load: Loader, view: str, options: dict, actors: int | 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     count = actors or gpus or max(1, len(nodes))
     if count < 1:
-        raise ProbekitError(f"--ray-actors must be at least 1, not {count}")
+        raise option_error("ray_actors", f"must be at least 1 (got {count})")
     if gpus:
         spec, threads = {"num_gpus": 1}, None
     else:

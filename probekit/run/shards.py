@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.core.errors import ProbekitError
+from probekit.core.options import option_error
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,9 @@ class Shard:
         try:
             i, n = (int(x) for x in text.split("/"))
         except ValueError:
-            raise ProbekitError(f"--shard '{text}' must look like i/n, e.g. 0/4") from None
+            raise option_error("shard", f"'{text}' must look like i/n, e.g. 0/4") from None
         if n < 1 or not 0 <= i < n:
-            raise ProbekitError(f"--shard '{text}': need 0 <= i < n")
+            raise option_error("shard", f"'{text}': need 0 <= i < n")
         return cls(i, n)
 
     def split(self, rank: int, world: int) -> Shard:

@@ -41,13 +41,16 @@ import pyarrow.parquet as pq
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem
-from probekit.core.options import Command, Spell, flag, keyword
+from probekit.core.options import Command, named, on_command_line
 from probekit.core.progress import progress, silenced
+from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
 from probekit.engines import load_engine
+from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import settle_precision
+from probekit.engines.options import ModelOptions
 from probekit.mechanism import steering, vectors
-from probekit.mechanism.sites import hook_library, layer_indices
+from probekit.mechanism.sites import chosen_layers, hook_library
 from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
@@ -61,17 +64,21 @@ OLD_SETTINGS = "steer.json"
 """Where steering runs of earlier versions kept their settings (not resumed)."""
 
 
-def check_steer(parsed: tuple, spell: Spell) -> None:
+def check_steer(parsed: tuple) -> None:
     """The steer options' checks that need neither data nor model: the vector's name or file,
     and positions the hook library can steer."""
     _, options, _ = parsed
-    vectors.check_vector_name(options.vector, spell)
-    steering.check_hooks(options.hooks, options.positions, spell)
+    vectors.check_vector_name(options.vector)
+    steering.check_hooks(options.hooks, options.positions)
+
+
+DEFAULTS = {"out": "runs/steer"}
+"""`probekit steer`'s own defaults."""
 
 
 def steer_command(study: Study) -> Command:
     """`probekit steer STUDY`'s options: the model's, the steering's and the study's."""
-    return mechanism_command("steer", SteerOptions, study, {"out": "runs/steer"}, (check_steer,))
+    return mechanism_command("steer", SteerOptions, study, DEFAULTS, (check_steer,))
 
 
 @dataclass(frozen=True)
@@ -85,35 +92,43 @@ class StudySteer:
     summary: pd.DataFrame
 
 
-def steer_study(study: str | Study, model: Any = "default", **options: Any) -> StudySteer:
+@public(ModelOptions, SteerOptions, command="steer", defaults=DEFAULTS, wider=("model",))
+def steer_study(
+    study: str | Study,
+    model: str | Path | Engine,
+    **options: Any,
+) -> StudySteer:
     """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. `options`: the
-    steering's (`probekit.mechanism.steering.SteerOptions`: `alphas=[-4, 0, 4]`, `layers=[15]`,
-    `positions="from_span"`, `vector="mean_diff"`, `out`, ...), the model's and the study's
-    (`events=2`), checked as the command line checks them (a bad or unknown one is one line of
-    `ProbekitError` naming the keyword, before any model work). Writes what the command writes
-    into `out` (default `runs/steer`), resumable."""
+    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
+    the steering's options and the model's (below: `alphas=[-4, 0, 4]`, `layers=[15]`,
+    `positions="from_span"`, `vector="mean_diff"`, ...) and the study's (`events=2`), checked
+    as the command line checks them (a bad or unknown one is one line of `ProbekitError`
+    naming the keyword, before any model work). Writes what the command writes into `out`,
+    resumable.
+
+    Args:
+        options: the study's own options (`probekit steer STUDY --help`)."""
     found = study_object(study)
     loaded, parsed = build(steer_command(found), found, model, options)
-    return steer_parsed(found, parsed, loaded, keyword)
+    return steer_parsed(found, parsed, loaded)
 
 
-def steer_parsed(study: Study, parsed: tuple, model: Any = None, spell: Spell = flag) -> StudySteer:
+def steer_parsed(study: Study, parsed: tuple, model: Any = None) -> StudySteer:
     """The steering run as the checked options `parsed` say (`steer_command`'s values), on
     `model` or the one they name."""
     with silenced(parsed[0].quiet):
-        return _steer(study, parsed, model, spell)
+        return _steer(study, parsed, model)
 
 
-def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
+def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     asked, args, own = parsed
     alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
     sites = [steering.steering_site(name) for name in args.sites]
     contrast = study.mechanism_defaults().contrast  # every study declares one
     file = None
     if args.vector not in vectors.VECTORS:
-        file = vectors.read_vector_file(args.vector, spell)  # read and checked before any work
-    probe, items = study.mechanism_items(own, context("steer", asked, args, spell))
+        file = vectors.read_vector_file(args.vector)  # read and checked before any work
+    probe, items = study.mechanism_items(own, context("steer", asked, args))
     span = args.span or contrast.span_of(probe)
     run = RunDir(args.out)
     refuse_old_folder(run.path)
@@ -122,14 +137,14 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     run.check_resume(known, [k for k, v in known.items() if v is None])  # before the model
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
-    layers = layer_indices(model, args.layers) if args.layers else [model.n_layers // 2]
+    layers = chosen_layers(model, args.layers or None, "steer")
     encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
     settle_precision(model, probe.answers, [p.input_ids for p in encoded])
     for prompt in encoded:
         steering.prompt_positions(prompt, args.positions, span)
     targets = [(name, layer) for layer in layers for name in sites]
     if file is not None:
-        found = vectors.file_vectors(model, file, targets, spell)
+        found = vectors.file_vectors(model, file, targets)
     else:
         side = contrast.side(probe)
         found = vectors.contrast_vectors(
@@ -142,14 +157,14 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     }
     steering.check_strength(model.dtype, found, alphas)  # nothing written before this
     manifest = settings(study, probe, ids, args, alphas, file, span, sites, layers, model)
-    manifest["command"] = "probekit steer" if spell is flag else "probekit.steer_study"
+    manifest["command"] = "probekit steer" if on_command_line() else "probekit.steer_study"
     run.start(manifest)  # the first write; a resumed run records what was asked this time
     asked_now = {k: manifest[k] for k in ("alphas", "vector_file", "command")}
     manifest = run.update_manifest(**asked_now)
     key = RowKey.of(manifest, ids)
     report = {**probe.manifest(), "model": model.name, "seed": args.seed, "view": VIEWS[0]}
     steps = [(t, kind, v, a) for t in targets for kind, v in kinds[t].items() for a in alphas]
-    hint = f"fewer {spell('layers')} or {spell('alphas')}, or fewer prompts"
+    hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
     frames, rows = _alpha_rows(
         study, probe, model, encoded, steps, args, span, run, key, report, hint
     )
@@ -188,7 +203,7 @@ def _alpha_rows(
     resumed = sum(frame is not None for frame in done.values())
     if resumed:
         say(f"{run.path}: {resumed} of {len(steps)} α runs already done, read back")
-    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=args.batch_size)
+    scorer = model.scorer(probe.answers, epsilon=args.epsilon, batch_size=args.batch_size)
     todo = sum(done[s] is None and s[3] != 0 for s in steps)
     base: list[Any] | None = None
     unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
@@ -233,7 +248,7 @@ def refuse_old_folder(out: Path) -> None:
         raise ProbekitError(
             f"{out} holds a steering run of an earlier probekit ({OLD_SETTINGS}), which this one "
             "does not resume; its steer.parquet, summary.csv and report.html stay readable: give "
-            "another --out, or delete the folder to run it again"
+            f"another {named('out')}, or delete the folder to run it again"
         )
 
 
@@ -266,7 +281,7 @@ def settings(
         "engine": "hf",
         "probe": probe.config(),
         "view": VIEWS[0],
-        "epsilon": 0.0,
+        "epsilon": args.epsilon,
         "seed": args.seed,
         "vector": "file" if file is not None else args.vector,
         "vector_sha256": file.sha256 if file is not None else "",

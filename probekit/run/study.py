@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import Spell, declaration, flag, keyword, options_of
+from probekit.core.options import declaration, given, named, options_of
 from probekit.core.progress import note, silenced
+from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
+from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, loaded_engine
 from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
@@ -40,7 +42,6 @@ from probekit.run.options import RunOptions, run_command, run_context
 from probekit.studies.base import Probe, Say, Study, get_study
 
 if TYPE_CHECKING:
-    from probekit.engines.base import Engine
     from probekit.run.distributed import Launch
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
@@ -48,6 +49,7 @@ LOADED = ("weights", "model_source", "dtype", "device", "device_map", "columns",
 """Manifest fields that only the loaded model gives (unless asked for, e.g. `--dtype`)."""
 
 
+@public()
 @dataclass
 class Run:
     """A finished (or, on a shard that is not last, unfinished) run of a study on one model.
@@ -99,26 +101,38 @@ class Run:
         return pd.concat(tagged, ignore_index=True)
 
 
-def run_study(study: str | Study, model: str | Path | Engine = "default", **options: Any) -> Run:
+@public(
+    ModelOptions,
+    RunOptions,
+    command="run",
+    defaults={"seed": None},  # the study's (`Study.default_seed`)
+    wider=("model",),
+)
+def run_study(
+    study: str | Study,
+    model: str | Path | Engine,
+    **options: Any,
+) -> Run:
     """Run `study` on `model` as `probekit run` does, and return the `Run`.
 
     `study`: a registered study's name or a `Study` object (used as it is, registered or not);
     `model`: a model spec (hub id, folder, .gguf, `default`) or an engine already loaded (not
     loaded again). `limit=N` makes a smoke run: the whole units of every group that fit in N
-    prompts (`Probe.limited`). `options`: the run's options (`probekit.run.options.RunOptions`:
-    `view`, `out`, `seed`, `shard`, `limit`, `numerics`, `batch_size`, `epsilon`, `ray`,
-    `ray_actors`), the model's (`probekit.engines.options.ModelOptions`: `device`, `dtype`,
-    `device_map`, `quiet`, ...) and the study's own (`events=2`, `setting="P0S1T0"`), as Python
-    values (`dtype=torch.bfloat16`, `device_map={"": "cpu"}`, `genders=["a man", "a woman"]`,
-    `out` a Path), checked as the command line checks them; a bad one is one line of
-    ProbekitError naming the keyword, before anything is written."""
+    prompts (`Probe.limited`). The keywords are the run's options and the model's (below) and
+    the study's own (`events=2`, `setting="P0S1T0"`), as Python values
+    (`dtype=torch.bfloat16`, `device_map={"": "cpu"}`, `genders=["a man", "a woman"]`, `out` a
+    Path; `out` defaults to the study's folder), checked as the command line checks them; a bad
+    one is one line of ProbekitError naming the keyword, before anything is written.
+
+    Args:
+        options: the study's own options (`probekit studies`; `probekit run STUDY --help`)."""
     study = _study(study)
     engine = loaded_engine(model)
     keywords = dict(options) if engine is not None else {**options, "model": model}
     where = f"run_study({study.name!r})"
     parsed = run_command(study).build(keywords, where)
     call = ", ".join([repr(study.name), *(f"{k}={v!r}" for k, v in options.items())])
-    return run_parsed(study, parsed, engine, keyword, f"probekit.run_study({call})")[0]
+    return run_parsed(study, parsed, engine, f"probekit.run_study({call})")[0]
 
 
 def _study(study: Any) -> Study:
@@ -134,13 +148,11 @@ def run_parsed(
     study: Study,
     parsed: tuple[list[ModelOptions], RunOptions, Any],
     engine: Engine | None = None,
-    spell: Spell = flag,
     command: str | None = None,
 ) -> list[Run]:
     """Run `study` as its checked options say (`run_command`'s values: the models, the run's
     options, the study's own), on each model or on `engine`: one `Run` per model (none on a
-    process of a distributed launch that is not the main one). `spell` names options in
-    messages (`flag` or `keyword`)."""
+    process of a distributed launch that is not the main one)."""
     from probekit.engines import load_engine
     from probekit.reporting import write_pages
     from probekit.run.distributed import detect_launch
@@ -156,7 +168,7 @@ def run_parsed(
     launch = detect_launch()
     say: Say = print if launch.is_main else (lambda *a, **k: None)
     command = command or " ".join(sys.argv)
-    probes = study.probes(own, run_context(options, models[0], spell, say))
+    probes = study.probes(own, run_context(options, models[0], say))
     if options.limit is not None:  # whole units of every group, or one line before any work
         probes = [probe.limited(options.limit) for probe in probes]
     if engine is not None:
@@ -292,7 +304,8 @@ def smaller(study: Study) -> str:
     name = f"{study.unit_name}s"
     fields = options_of(study.options)
     takes = any(f.name == name and declaration(f).takes("run") for f in fields)
-    return f"fewer {flag(name)}, or --limit N" if takes else "--limit N"
+    limit = given("limit", "N", placeholder=True)
+    return f"fewer {named(name)}, or {limit}" if takes else limit
 
 
 def settings(

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError, StatisticsError
+from probekit.core.public import public
 from probekit.stats.table import require_columns
 
 METHODS = ("percentile", "normal")
@@ -116,6 +117,7 @@ def mean_ratio(
     return ratio
 
 
+@public()
 def bootstrap_mean(
     df: pd.DataFrame, unit: str, column: str, **options: Unpack[Resampling]
 ) -> BootstrapResult:
@@ -126,6 +128,8 @@ def bootstrap_mean(
     codes, uniques = _unit_codes(df, unit)
     values = df[column].to_numpy(dtype=float)
     present = ~np.isnan(values)
+    if not present.any():
+        raise StatisticsError(f"the column {column!r} has no values (every row is NaN)")
     sums = np.bincount(codes, weights=np.where(present, values, 0.0), minlength=len(uniques))
     counts = np.bincount(codes, weights=present.astype(float), minlength=len(uniques))
 
@@ -136,6 +140,7 @@ def bootstrap_mean(
     return bootstrap_units(len(uniques), mean, batched=True, **options)
 
 
+@public()
 def bootstrap_ci(
     df: pd.DataFrame,
     unit: str,
@@ -156,9 +161,12 @@ def bootstrap_ci(
     sizes = np.bincount(codes)
     starts = np.cumsum(sizes) - sizes
 
+    if np.isnan(whole := float(statistic(df))):
+        raise StatisticsError("the statistic is NaN on the whole table; no interval to give")
+
     def on_rows(drawn: np.ndarray) -> float:
         if np.array_equal(drawn, np.arange(len(uniques))):
-            return float(statistic(df))
+            return whole
         return float(statistic(_resample(df, unit, by_unit, starts[drawn], sizes[drawn])))
 
     return bootstrap_units(len(uniques), on_rows, **options)

@@ -20,15 +20,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from probekit.core.errors import ProbekitError, StatisticsError
+from probekit.core.public import public
 
 # Permuted Δs equal to the observed one up to float rounding count as at least as extreme.
 _TIE_TOLERANCE = 1e-12
 
 
 def _square(Z: np.ndarray) -> np.ndarray:
-    Z = np.asarray(Z, dtype=float)
+    """`Z` as a square float matrix with a value in every cell; one line otherwise (an empty
+    or NaN cell has no mean to compare, and would make Δ NaN without a word)."""
+    try:
+        Z = np.asarray(Z, dtype=float)
+    except (TypeError, ValueError):
+        raise ProbekitError("Z must be a square matrix of numbers") from None
     if Z.ndim != 2 or Z.shape[0] != Z.shape[1]:
         raise ProbekitError(f"expected a square matrix, got shape {Z.shape}")
+    if Z.size == 0:
+        raise StatisticsError("the matrix is empty; the empathy gap needs at least two groups")
+    missing = int((~np.isfinite(Z)).sum())
+    if missing:
+        raise StatisticsError(
+            f"{missing} of the {Z.size} cells of the matrix are NaN or infinite; the empathy gap "
+            "needs a value in every cell"
+        )
     return Z
 
 
@@ -43,6 +57,7 @@ def _in_group(labels: Sequence[str], size: int) -> np.ndarray:
     return inside
 
 
+@public()
 def empathy_gap(Z: np.ndarray, labels: Sequence[str]) -> float:
     """Δ = mean of Z over in-group cells − mean over out-group cells (Z is used as given)."""
     Z = _square(Z)
@@ -76,6 +91,7 @@ class PermutationResult:
         return 1 / len(self.permuted) if self.exact else 1 / (len(self.permuted) + 1)
 
 
+@public()
 def permutation_test(
     Z: np.ndarray, labels: Sequence[str], n: int = 10000, seed: int = 0
 ) -> PermutationResult:

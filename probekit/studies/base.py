@@ -47,7 +47,8 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import Spell, flag
+from probekit.core.options import given
+from probekit.core.public import public
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
@@ -94,14 +95,14 @@ def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
 class Context:
     """What a study's methods read besides its own options: the `command` they serve (run,
     patch, capture or steer), the `seed`, the `view` (a run's; the mechanism commands read the
-    exact view), the `device` asked for, how an option is named to the user (`spell("events")`:
-    `--events` on the command line, `events` from Python) and where to say what happens."""
+    exact view), the `device` asked for and where to say what happens. (A refusal names an
+    option as the user gave it with `probekit.core.options.named`: `--events` on the command
+    line, `events` from Python.)"""
 
     command: str
     seed: int = 0
     view: str = "exact"
     device: str | None = None
-    spell: Spell = flag
     say: Say = print
 
 
@@ -203,9 +204,9 @@ class Probe(ABC):
         if kept < needed:
             unit = self.unit_name if needed == 1 else f"{self.unit_name}s"
             raise ProbekitError(
-                f"--limit {limit} is too small for the statistics of {self.name}: the smallest "
-                f"balanced run is {counts[needed - 1]} prompts ({needed} {unit}, each with "
-                f"{self.unit_prompts()})"
+                f"{given('limit', limit)} is too small for the statistics of {self.name}: the "
+                f"smallest balanced run is {counts[needed - 1]} prompts ({needed} {unit}, each "
+                f"with {self.unit_prompts()})"
             )
         chosen = set(order[:kept])
         in_order = [unit for unit in sizes if unit in chosen]
@@ -288,7 +289,8 @@ class Study(ABC):
 
     def check(self, options: Any, context: Context) -> None:
         """Refuse options that are valid one by one but not together (a ProbekitError naming
-        them with `context.spell`), before any data is read; nothing by default."""
+        them with `probekit.core.options.named`), before any data is read; nothing by
+        default."""
         return None
 
     def data_source(self, root: str | Path | None, say: Say) -> DataSource:
@@ -530,6 +532,7 @@ def register(study: Study) -> Study:
     return study
 
 
+@public()
 def get_study(name: str) -> Study:
     """The registered study `name`; an unknown name lists the known ones."""
     _load_studies()
@@ -539,6 +542,7 @@ def get_study(name: str) -> Study:
     return _REGISTRY[name]
 
 
+@public()
 def list_studies() -> list[Study]:
     """Every registered study, by name."""
     _load_studies()

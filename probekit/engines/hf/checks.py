@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import given
 
 LOAD_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, SafetensorError)
 PROBE_TEXT = "The weather today is"  # a few ordinary tokens every tokenizer knows
@@ -32,5 +33,6 @@ def check_first_forward(hf: Any, tokenizer: Any, label: str, device: torch.devic
         raise ProbekitError(
             f"model '{label}' gives non-finite logits ({bad} of {logits.numel()} NaN or inf) on "
             f"a first probe forward in {str(hf.dtype).removeprefix('torch.')}: its weights are "
-            "damaged, or overflow in this dtype; download them again or try --dtype float32"
+            f"damaged, or overflow in this dtype; download them again or try "
+            f"{given('dtype', 'float32')}"
         )

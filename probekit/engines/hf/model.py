@@ -17,15 +17,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encode_item
-from probekit.core.options import checked
-from probekit.engines.base import ScorerKwargs
+from probekit.core.options import given, named
+from probekit.core.public import public
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
 from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
@@ -47,6 +47,7 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ANSWER_ROOM = 8  # tokens a prompt must leave free in the context for the answer
 
 
+@public()
 @dataclass
 class LoadedModel:
     """The transformers engine (`probekit.engines.base.Engine`): a loaded Hugging Face model
@@ -70,9 +71,9 @@ class LoadedModel:
     _switch: BridgeSwitch | None = field(default=None, init=False, repr=False)
     engine = "hf"
 
-    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> HFScorer:
+    def scorer(self, answers: AnswerSet, **options: Any) -> HFScorer:
         """The exact scorer of `answers` on this model (`probekit.engines.hf.scorer.HFScorer`);
-        `options` are `probekit.engines.base.ScorerOptions`' keywords."""
+        `options` are `probekit.engines.options.ScorerOptions`' fields."""
         from probekit.engines.hf.scorer import HFScorer
 
         return HFScorer(self, answers, **options)
@@ -253,19 +254,20 @@ def pick_dtype(
     return torch.bfloat16
 
 
-@checked(ModelOptions)
+@public(ModelOptions)
 def load_model(
-    spec: str = "default",
-    device: str | None = None,
-    dtype: str | torch.dtype | None = None,
+    model: str | os.PathLike,
+    device: str | None,
+    dtype: str | torch.dtype | None,
+    *,
     fp32_head: bool = True,
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | os.PathLike | None = None,
+    device_map: str | dict[str, Any] | None,
+    max_memory: str | dict[str, Any] | None,
+    offload_folder: str | os.PathLike | None,
     weights: bool = True,
-    tolerance: float | None = None,
+    tolerance: float | None,
 ) -> LoadedModel:
-    """Load `spec` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
+    """Load `model` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
 
     With bfloat16 or float16 weights the final norm and LM head stay in float32 (`fp32_head`,
     `precision.keep_head_fp32`); `fp32_head=False` rounds them too (benchmarks/dtype.py).
@@ -287,6 +289,7 @@ def load_model(
     from probekit.engines.hf.tiers import check_tolerance, initial_record
     from probekit.engines.plan import check_before_load
 
+    spec = str(model)
     if tolerance is not None:
         if dtype is not None:
             raise ProbekitError(
@@ -348,12 +351,12 @@ def load_model(
     hf.generation_config.pad_token_id = tok.pad_token_id
     if weights:
         check_first_forward(hf, tok, spec, dev)
-    model = LoadedModel(
+    loaded = LoadedModel(
         hf=hf, tokenizer=tok, name=spec, source=source, device=dev, dtype=dt, meta=meta
     )
     if weights:
-        meta["precision"] = initial_record(model, dtype is not None, tolerance)
-    return model
+        meta["precision"] = initial_record(loaded, dtype is not None, tolerance)
+    return loaded
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -436,7 +439,8 @@ def _load_pretrained(
         if load.dispatch and "offload" in str(exc):
             raise ProbekitError(
                 f"the device map of '{label}' puts weights on disk: give an offload folder "
-                "(--offload-folder DIR, offload_folder=) or more --max-memory"
+                f"({given('offload_folder', 'DIR', placeholder=True)}) or more "
+                f"{named('max_memory')}"
             ) from None
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         if Path(where).is_dir():

@@ -29,6 +29,8 @@ import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
+from probekit.core.options import SeedOption
+from probekit.core.public import public
 from probekit.engines.base import ScoreResult
 
 if TYPE_CHECKING:
@@ -164,18 +166,20 @@ def reference_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
 
 
+@public(SeedOption)
 def noise_figure(
     model: HFModel,
     prompts: Sequence[Sequence[int]],
     answers: AnswerSet,
     reference: torch.dtype | None = None,
     sample: int = NOISE_SAMPLE,
-    seed: int = 0,
-    epsilon: float = 0.0,
+    *,
+    seed: int,
+    epsilon: float,
     own: Sequence[ScoreResult] | None = None,
 ) -> dict[str, Any]:
     """Score a seeded sample of `prompts` (token ids) in the model's dtype and in `reference`
-    (default `reference_dtype`) at the same `epsilon` (0: every answer exactly, so the
+    (default `reference_dtype`) at the same `epsilon` (a run's; 0: every answer exactly, so the
     difference is the arithmetic's alone); return the dtypes, the sample size, the largest
     differences and the cost.
 

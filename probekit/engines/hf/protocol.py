@@ -5,13 +5,13 @@ imports them to load and score). `LoadedModel` is the implementation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Unpack
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from probekit.core.answers import AnswerSet
-    from probekit.engines.base import Scorer, ScorerKwargs
+    from probekit.engines.base import Scorer
 
 
 class HFModel(Protocol):
@@ -31,6 +31,7 @@ class HFModel(Protocol):
         """Whether a device map placed the model over several devices."""
         ...
 
-    def scorer(self, answers: AnswerSet, **options: Unpack[ScorerKwargs]) -> Scorer:
-        """The exact scorer of `answers` on this model."""
+    def scorer(self, answers: AnswerSet, **options: Any) -> Scorer:
+        """The exact scorer of `answers` on this model (`options`: the fields of
+        `probekit.engines.options.ScorerOptions`)."""
         ...

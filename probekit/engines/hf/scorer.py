@@ -20,20 +20,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.engines.base import (
-    DEFAULT_EPSILON,
-    GenerationKwargs,
-    ScoreResult,
-    ScorerOptions,
-    ScorerStats,
-    windows,
-)
+from probekit.core.public import public
+from probekit.engines.base import ScoreResult, ScorerStats, windows
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.batching import PROMPT_HINT, planned_batch, run_batched
 from probekit.engines.hf.decoding import decode
@@ -41,12 +35,14 @@ from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
 from probekit.engines.hf.trie_pass import AnswerContext, TriePass
+from probekit.engines.options import ScorerOptions
 from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
 
 
+@public(ScorerOptions)
 class HFScorer:
     """Scores prompts (token id lists) against one answer set with one model."""
 
@@ -54,9 +50,13 @@ class HFScorer:
         self,
         model: HFModel,
         answers: AnswerSet,
-        epsilon: float = DEFAULT_EPSILON,
-        batch_size: int | None = None,
-        **generation: Unpack[GenerationKwargs],
+        epsilon,
+        batch_size,
+        *,
+        max_new_tokens,
+        settled,
+        temperature,
+        seed,
     ) -> None:
         """The options are `ScorerOptions`' (`epsilon` and `batch_size` may be positional).
         `max_new_tokens` > 0 also decodes a continuation of every prompt from the same prompt
@@ -66,7 +66,14 @@ class HFScorer:
         its longest prompt plus the answer trie and the generation budget (on CUDA the largest
         the memory plan says fits; 16 on a CPU); `batch_size` is the batch of the last window,
         and after an out-of-memory error no later batch exceeds the halved size."""
-        options = ScorerOptions(epsilon=epsilon, batch_size=batch_size, **generation)
+        options = ScorerOptions(
+            epsilon=epsilon,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            settled=settled,
+            temperature=temperature,
+            seed=seed,
+        )
         self.model = model
         self.answers = answers
         self.options = options

@@ -47,6 +47,7 @@ from probekit.engines.hf.precision import (
     inputs_to_fp32,
     score_differences,
 )
+from probekit.engines.options import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
@@ -58,13 +59,6 @@ LABELS = {
     "tf32": "float32 with TF32 matmuls",
     "float32": "float32",
 }
-DEFAULT_TOLERANCE = 0.005
-"""The tolerance of a run that names none (docs/concepts.md, "The precision tier"): between what
-the two faster tiers were measured to cause on the default model, each by a factor of about 3
-(`benchmarks/results/dtype.json`: TF32 moves an answer probability by at most 1.6e-3 on every
-study's slice, 1.3e-3 on an H100; bfloat16 by at least 0.016, 0.015 on the H100), so that TF32
-is taken where it passes and bfloat16, which moves the intergroup Δ and ISEAR's max_diff by
-several times their 95 % interval's half-width, only when a run asks for it."""
 
 
 def check_tolerance(tolerance: Any) -> float:
@@ -101,7 +95,7 @@ def initial_record(model: HFModel, forced: bool, tolerance: float | None) -> dic
     """The precision record of a model just loaded: the dtype given (`forced`), the one tier
     its device offers, or the tolerance a first score will choose the tier by."""
     if forced:
-        return {"tier": dtype_name(model.dtype), "note": "the dtype given (--dtype)"}
+        return {"tier": dtype_name(model.dtype), "note": "the dtype given"}
     offered = offered_tiers(model)
     record = {
         "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance,

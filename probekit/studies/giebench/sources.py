@@ -22,6 +22,7 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
+from probekit.core.options import given
 from probekit.core.paths import package_path, user_cache_dir
 from probekit.datasets.locate import ENV_VAR, fetch_url, source_url
 from probekit.studies.giebench.judge import OPTIONS
@@ -254,7 +255,7 @@ def resolve_items(
             return ItemSource("official", path, list(read_official(path, prompt_types)))
         if path.is_file():
             return ItemSource("records", path, list(read_records(path)))
-        raise ProbekitError(f"--items {spec}: no such file or folder")
+        raise ProbekitError(f"{given('items', spec)}: no such file or folder")
     roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
     for root in [*roots, user_cache_dir() / "data"]:
         folder = root / OFFICIAL_DIR
@@ -270,7 +271,8 @@ def resolve_items(
             SAMPLE_FILE,
             list(read_records(SAMPLE_FILE)),
             f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
-            "probekit's own sample records, which are NOT GIEBench (pass --items DIR for them)",
+            "probekit's own sample records, which are NOT GIEBench (pass "
+            f"{given('items', 'DIR', placeholder=True)} for them)",
         )
     return ItemSource("official", folder, list(read_official(folder, prompt_types)))
 

@@ -14,7 +14,7 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, positive_int, text
-from probekit.core.options import option
+from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, figure_model
 from probekit.studies.base import MECHANISM, RUN, Context, Study, register
@@ -100,7 +100,7 @@ class GIEBenchStudy(Study):
     def check(self, options: GIEBenchOptions, context: Context) -> None:
         if context.command in MECHANISM and "raw" in options.prompt:
             raise ProbekitError(
-                f"{context.command} swaps identities: {context.spell('prompt')} takes id and/or cot"
+                f"{context.command} swaps identities: {named('prompt')} takes id and/or cot"
             )
 
     def probes(self, options: GIEBenchOptions, context: Context) -> list[GIEBenchProbe]:
@@ -171,8 +171,7 @@ class GIEBenchStudy(Study):
         source = resolve_items(options.items, options.prompt)
         if not all(isinstance(u, Record) for u in source.units):
             raise ProbekitError(
-                f"{context.command} swaps identities, so it needs item records "
-                f"({context.spell('items')})"
+                f"{context.command} swaps identities, so it needs item records ({named('items')})"
             )
         probe = GIEBenchProbe(source.units, options.prompt, chat=not options.no_chat_template)
         units = [u for u in source.units if u.id in probe.swap][: options.events]

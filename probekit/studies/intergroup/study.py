@@ -14,7 +14,7 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import Kind, choice, count_or_all, path, probability, text
-from probekit.core.options import option
+from probekit.core.options import named, option
 from probekit.datasets.crowd_envent import (
     CROWD_ENVENT,
     first_events,
@@ -114,7 +114,7 @@ class IntergroupStudy(Study):
 
     def check(self, options: IntergroupOptions, context: Context) -> None:
         if context.command in MECHANISM and "all" in (options.category, options.setting):
-            category, setting = context.spell("category"), context.spell("setting")
+            category, setting = named("category"), named("setting")
             raise ProbekitError(
                 f"{context.command} takes one {category} and one {setting}, not all"
             )

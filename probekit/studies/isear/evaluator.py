@@ -22,6 +22,7 @@ from pathlib import Path
 import nltk
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import named
 from probekit.core.paths import file_sha256, user_cache_dir
 from probekit.datasets.locate import ENV_VAR, combined_sha256, read_checksums
 
@@ -77,7 +78,7 @@ def locate_punkt(
         raise ProbekitError(
             "generate mode needs NLTK's punkt_tab tables (tokenizers/punkt_tab/english/) and none "
             "were found: set NLTK_DATA to a folder holding them, put "
-            f"them under DATA_ROOT/nltk/ with --data or ${ENV_VAR}, or run "
+            f"them under DATA_ROOT/nltk/ with {named('data')} or ${ENV_VAR}, or run "
             "`python -m nltk.downloader punkt_tab` with internet"
         )
     return PunktTables(root, combined_sha256(root, PUNKT_FILES), _is_pinned(root))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probekit.core.errors import ProbekitError
+from probekit.core.options import given
 from probekit.core.paths import package_path
 from probekit.datasets.locate import combined_sha256
 
@@ -56,7 +57,8 @@ def sample_events(events: list[Event], count: int | None, seed: int) -> list[Eve
         return list(events)
     if not 1 <= count <= len(events):
         raise ProbekitError(
-            f"--events {count}: choose between 1 and the {len(events)} events of the file, or all"
+            f"{given('events', count)}: choose between 1 and the {len(events)} events of the "
+            "file, or all"
         )
     return random.Random(seed).sample(events, count)
 

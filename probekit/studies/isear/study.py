@@ -22,7 +22,7 @@ from probekit.core.kinds import (
     path,
     positive_int,
 )
-from probekit.core.options import option
+from probekit.core.options import given, named, option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
@@ -114,11 +114,11 @@ class IsearStudy(Study):
     def check(self, options: IsearOptions, context: Context) -> None:
         if context.command != "run":
             return
-        temperature, repetitions = context.spell("temperature"), context.spell("repetitions")
+        temperature, repetitions = named("temperature"), named("repetitions")
         if context.view != "generate" and (options.temperature > 0 or options.repetitions > 1):
             raise ProbekitError(
                 f"{temperature} and {repetitions} apply to the generate view only "
-                f"({context.spell('view')} generate)"
+                f"({given('view', 'generate')})"
             )
         if options.repetitions > 1 and options.temperature == 0:
             raise ProbekitError(

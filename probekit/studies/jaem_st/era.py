@@ -6,7 +6,7 @@ or 2; its inputs are lower-cased and each side is truncated to 64 tokens. probek
 model. `--era-model` takes either a folder holding EPITOME's three fine-tuned state dicts (loaded
 by `epitome.py`) or `package.module:factory`, where `factory()` returns any classifier behind
 `PairClassifier` (it owns its tokenizer and truncation). Without one, ERA is skipped with
-`SKIP_MESSAGE`.
+`skip_message()`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,20 @@ import pandas as pd
 
 import probekit.studies.jaem_st.epitome as epitome
 from probekit.core.errors import ProbekitError
+from probekit.core.options import given
 
 ERA_DIMENSIONS = epitome.DIMENSIONS
-SKIP_MESSAGE = (
-    "ERA skipped: no pair classifier given; pass --era-model FOLDER (EPITOME's finetuned_IP.pth, "
-    "finetuned_EX.pth, finetuned_ER.pth) or --era-model package.module:factory (a factory "
-    "returning an object with levels(pairs) -> one {IP, EX, ER: 0-2} dict per pair)"
-)
+
+
+def skip_message() -> str:
+    """The line saying that ERA is skipped, naming the option in the caller's words."""
+    folder = given("era_model", "FOLDER", placeholder=True)
+    factory = given("era_model", "package.module:factory", placeholder=True)
+    return (
+        f"ERA skipped: no pair classifier given; pass {folder} (EPITOME's finetuned_IP.pth, "
+        f"finetuned_EX.pth, finetuned_ER.pth) or {factory} (a factory returning an object with "
+        "levels(pairs) -> one {IP, EX, ER: 0-2} dict per pair)"
+    )
 
 
 class PairClassifier(Protocol):
@@ -41,7 +48,9 @@ def check_spec(spec: str) -> None:
     is built only when the responses are scored)."""
     if Path(spec).is_dir():
         if missing := epitome.missing_files(Path(spec)):
-            raise ProbekitError(f"--era-model {spec}: the folder lacks {', '.join(missing)}")
+            raise ProbekitError(
+                f"{given('era_model', spec)}: the folder lacks {', '.join(missing)}"
+            )
         return
     _factory(spec)
 
@@ -58,13 +67,13 @@ def _factory(spec: str) -> Callable[[], PairClassifier]:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ProbekitError(
-            f"--era-model {spec!r} must be a folder with EPITOME's state dicts or look like "
+            f"{given('era_model', spec)} must be a folder with EPITOME's state dicts or look like "
             "package.module:factory"
         )
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
-        raise ProbekitError(f"--era-model {spec!r} cannot be loaded: {err}") from err
+        raise ProbekitError(f"{given('era_model', spec)} cannot be loaded: {err}") from err
 
 
 def score_pairs(

@@ -19,8 +19,8 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet
 from probekit.core.choices import cyclic_order, letter_of, letters
-from probekit.core.errors import ProbekitError
 from probekit.core.items import CharSpan, Item, fill_template
+from probekit.core.options import option_error
 from probekit.studies.base import Probe
 from probekit.studies.jaem_st.data import EMPATHETIC, JaemData, Template
 from probekit.studies.jaem_st.sampler import TEMPLATE
@@ -74,9 +74,9 @@ class JaemProbe(Probe):
     ) -> None:
         ce = data.prompts.get("CE", [])
         if not 0 <= prompt < len(ce):
-            raise ProbekitError(f"--prompt must be between 0 and {len(ce) - 1}, got {prompt}")
+            raise option_error("prompt", f"must be between 0 and {len(ce) - 1} (got {prompt})")
         if not 1 <= orders <= N_OPTIONS:
-            raise ProbekitError(f"--orders must lie between 1 and {N_OPTIONS}, got {orders}")
+            raise option_error("orders", f"must be between 1 and {N_OPTIONS} (got {orders})")
         self.data, self.rows, self.prompt, self.orders, self.seed = data, rows, prompt, orders, seed
         self.instruction = ce[prompt]
         self.columns = tuple(d.column for d in data.dimensions)

@@ -28,6 +28,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet
 from probekit.core.items import Item, fill_template
+from probekit.core.options import given, named
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.studies.jaem_st.data import JaemData, Template, load_jaem
@@ -37,10 +38,15 @@ RESPONSE_TOKENS = 64
 RESPONSES_FILE = "responses.parquet"
 CHUNK = 32
 SPEAKER = "Jane:"
-AE_SKIP_MESSAGE = (
-    "AE skipped: no VAD lexicon given; pass --vad-lexicon PATH (a word<TAB>valence<TAB>arousal"
-    "<TAB>dominance file such as the NRC VAD lexicon, which probekit does not ship)"
-)
+
+
+def ae_skip_message() -> str:
+    """The line saying that AE is skipped, naming the option in the caller's words."""
+    return (
+        f"AE skipped: no VAD lexicon given; pass {given('vad_lexicon', 'PATH', placeholder=True)} "
+        "(a word<TAB>valence<TAB>arousal<TAB>dominance file such as the NRC VAD lexicon, which "
+        "probekit does not ship)"
+    )
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,7 @@ def generate_missing(
     if manifest.get("data_sha256") not in (None, data.sha256):
         raise ProbekitError(
             f"the JaEm-ST data found now differ from the run's ({run_dir}); give the same "
-            "--data/--templates to write its responses"
+            f"{named('data')} and {named('templates')} to write its responses"
         )
     samples = sample_table(scores, [d.column for d in data.dimensions])
     path = run_dir / RESPONSES_FILE
@@ -186,9 +192,9 @@ def responses_table(
     if options.era_model:
         classifier = era.load_classifier(options.era_model, options.device)
     if lexicon is None:
-        say(AE_SKIP_MESSAGE)
+        say(ae_skip_message())
     if classifier is None:
-        say(era.SKIP_MESSAGE)
+        say(era.skip_message())
     frame = score_responses(frame, conversations, lexicon, classifier)
     write_parquet(run_dir / RESPONSES_FILE, frame)
     return frame

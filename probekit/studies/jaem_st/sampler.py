@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
+from probekit.core.options import option_error
 from probekit.studies.jaem_st.data import Dimension
 
 TEMPLATE = "template_index"
@@ -39,7 +39,7 @@ def sample_rows(
     """One row per sample: `template_index`, then one column per dimension (`Dimension.column`)
     holding its value; the row's position is the sample index."""
     if dataset_size < 1:
-        raise ProbekitError(f"--dataset-size must be at least 1, got {dataset_size}")
+        raise option_error("dataset_size", f"must be at least 1 (got {dataset_size})")
     by_name = {d.name: d for d in dimensions}
     cart_dims = [by_name[name] for name in evaluated]
     drawn = [d for d in dimensions if d.name not in evaluated]

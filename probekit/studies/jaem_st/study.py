@@ -23,7 +23,7 @@ from probekit.core.kinds import (
     positive_int,
     text,
 )
-from probekit.core.options import option
+from probekit.core.options import given, named, option
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.studies.base import MECHANISM, RUN, Context, Probe, Study, register, run_view
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
@@ -143,15 +143,14 @@ class JaemStudy(Study):
     def check(self, options: JaemOptions, context: Context) -> None:
         if context.command != "run":
             return
-        spell = context.spell
         if not 1 <= len(options.groups) <= 2:
             raise ProbekitError(
-                f"{spell('groups')} takes one or two dimension columns, e.g. gender,pronoun"
+                f"{named('groups')} takes one or two dimension columns, e.g. gender,pronoun"
             )
         if not options.responses and (options.vad_lexicon or options.era_model):
             raise ProbekitError(
-                f"{spell('vad_lexicon')} and {spell('era_model')} score responses; add "
-                f"{spell('responses')}"
+                f"{named('vad_lexicon')} and {named('era_model')} score responses; add "
+                f"{named('responses')}"
             )
 
     def probes(self, options: JaemOptions, context: Context) -> list[JaemProbe]:
@@ -161,8 +160,7 @@ class JaemStudy(Study):
         if options.samples is not None:
             if options.samples > len(rows):
                 raise ProbekitError(
-                    f"{context.spell('samples')} must be between 1 and {len(rows)} (got "
-                    f"{options.samples})"
+                    f"{named('samples')} must be between 1 and {len(rows)} (got {options.samples})"
                 )
             rows = rows.head(options.samples)
         extra = _manifest(data, options)
@@ -235,9 +233,7 @@ class JaemStudy(Study):
         dim = data.dimension(options.dimension)
         clean = options.clean if options.clean is not None else dim.values[0]
         if clean not in dim.values:
-            raise ProbekitError(
-                f"{context.spell('clean')} {clean!r} is not a value of {dim.column}"
-            )
+            raise ProbekitError(f"{given('clean', clean)} is not a value of {dim.column}")
         rows = _rows(data, options, context.seed)
         probe = JaemProbe(data, rows, options.prompt, 1, context.seed, _manifest(data, options))
         items = []

@@ -1,0 +1,48 @@
+"""The options every mechanism command reads (`probekit patch`, `capture`, `steer` and their
+functions): `HookOptions`, where activations are read and written, declared once
+(`probekit.core.options`) and extended by each command's own (`probekit.mechanism.pipeline`'s
+`PatchOptions` and `CaptureOptions`, `probekit.mechanism.steering.SteerOptions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from probekit.core.kinds import checked_by, comma_list, int_list
+from probekit.core.options import BatchSizeOption, OutOption, SeedOption, option
+from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, PATCH_LAYERS, library
+
+hook_library = checked_by("hook library", library)
+"""transformer_lens or nnsight."""
+
+
+@dataclass(frozen=True)
+class HookOptions(BatchSizeOption, SeedOption, OutOption):
+    """Where activations are read and written."""
+
+    layers: list[int] | None = option(
+        None,
+        help=f"comma-separated layers, -1 the last (default: patch {PATCH_LAYERS} evenly "
+        "spaced, capture the first, middle and last, steer the middle one)",
+        kind=int_list,
+    )
+    sites: list[str] = option(
+        list(DEFAULT_SITES),
+        help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
+        f"patch: {HEAD_SITE} patches each attention head; steer: residual-width sites only "
+        "(default %(default)s)",
+        kind=comma_list,
+        defaults={"steer": ["hook_resid_post"]},
+    )
+    spans: list[str] | None = option(
+        None,
+        help="span names; patch also from_<span> (everything from the span to the end) and "
+        "<span>@<i> (the i-th of its positions; -1 the last) (default: patch the study's spans, "
+        "capture every span)",
+        kind=comma_list,
+        commands=("patch", "capture"),
+    )
+    hooks: str = option(
+        "transformer_lens",
+        help="hook library that reads and writes activations: transformer_lens or nnsight",
+        kind=hook_library,
+    )
