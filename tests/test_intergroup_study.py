@@ -179,7 +179,6 @@ def test_run_sizes_in_the_study_page():
     its 6,050 events), and the smallest smoke run."""
     from conftest import reference_data_root
 
-    from probekit.core.options import flag
     from probekit.run.options import run_command, run_context
     from probekit.studies import get_study
 
@@ -190,7 +189,7 @@ def test_run_sizes_in_the_study_page():
 
     def probes(*argv: str) -> list:
         models, run, own = run_command(study).parse(["--data", str(root), *argv], "probekit run")
-        return study.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))
+        return study.probes(own, run_context(run, models[0], lambda *a, **k: None))
 
     def prompts(*argv: str) -> list[int]:
         return [len(probe) for probe in probes(*argv)]
