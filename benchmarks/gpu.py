@@ -730,10 +730,10 @@ def default_model(device: torch.device, size: Sizes) -> Any:
     """The default model in float32; in a dry run its tokenizer and chat template (no weights
     read), with random weights of `size.default` in its place."""
     model = load_model("default", device=str(device), dtype="float32", weights=not size.default)
-    if not size.default:
-        return model
-    config = llama_config(len(model.tokenizer), **size.default)
-    return random_weights(config, model.tokenizer, "default", str(device), torch.float32)
+    if size.default:
+        config = llama_config(len(model.tokenizer), **size.default)
+        model = random_weights(config, model.tokenizer, "default", str(device), torch.float32)
+    return model
 
 
 def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list, Any]:

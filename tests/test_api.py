@@ -72,7 +72,7 @@ def test_letter_range_and_prefill(smol):
 @pytest.mark.parametrize(
     "prompts, answers, message",
     [
-        ([3], "0-10", "prompt 0 is a int"),
+        ([3], "0-10", r"prompts must be .* \(got \[3\]\)"),
         ({"role": "user", "content": "x"}, "0-10", "prompts must be"),
         ([[{"role": "robot", "content": "x"}]], "0-10", "role"),
         (["x"], "A", "one answer"),

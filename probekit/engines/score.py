@@ -30,7 +30,9 @@ from probekit.core.signal import prefill_trap, weak_signal
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, ScoreOptions
 
-Prompts = str | Path | Sequence[str] | Sequence[Sequence[Mapping[str, str]]] | Sequence[Item]
+Prompts = str | Path | Sequence[str | Sequence[Mapping[str, str]] | Item]
+"""A prompt file, or prompts: each a string, a chat (a list of messages) or an `Item`; one list
+may mix them."""
 
 
 @public(ScoreOptions, ModelOptions, skip=("model",))
