@@ -387,21 +387,31 @@ def test_the_studys_options_and_the_lens_options_are_checked_in_one_line(minimal
 
 
 @pytest.mark.slow
-def test_the_intergroup_lens_on_the_default_model_reads_the_runs_delta_at_the_last_layer(
-    smol, tmp_path
-):
-    """On the default model and intergroup's 0-10 setting: the Δ after the last layer is the
-    Δ of a plain exact run of the same prompts (the lens is the scorer there)."""
-    options = dict(events=2, setting="P0S1T0", quiet=True)
-    result = probekit.lens_study("intergroup", smol, out=tmp_path / "lens", **options)
+def test_the_intergroup_delta_after_the_last_layer_is_the_scored_delta(smol, tmp_path):
+    """On the default model and intergroup's 0-10 setting: the Δ the lens gives after the last
+    layer is the study's Δ of the same prompts scored exactly (on the same kernels), and every
+    layer read gives a Δ with its interval."""
+    chosen = dict(events=2, setting="P0S1T0")
+    result = probekit.lens_study(
+        "intergroup", smol, out=tmp_path / "lens", layers=[0, 15, -1], quiet=True, **chosen
+    )
     summary = result.summary
-    assert summary["layer"].tolist() == list(range(smol.n_layers))
+    assert summary["layer"].tolist() == [0, 15, smol.n_layers - 1]
     assert summary["value"].notna().all() and (summary["low"] <= summary["high"]).all()
-    last = result.table[result.table["layer"] == smol.n_layers - 1].reset_index(drop=True)
     study = base.get_study("intergroup")
+    options = cli.study_command("lens", study).build(chosen, "f")[2]
+    probe, items = study.mechanism_items(options, base.Context("lens"))
+    encoded = [smol.encode(item) for item in items]
+    scorer = smol.scorer(probe.answers, epsilon=0.0)
     with hook_library(smol, "transformer_lens"):
-        manifest = json.loads((result.path / "manifest.json").read_text())
-        report = {**manifest, "model": smol.name, "view": "exact", "min_valid_mass": 0.0}
-        own = study.headline(last, tmp_path / "own", report)
-    assert summary["value"].iloc[-1] == pytest.approx(own.value)
-    assert summary["mean_valid_mass"].iloc[-1] == pytest.approx(last["valid_mass"].mean())
+        scored = list(scorer.score([e.input_ids for e in encoded]))
+    rows = pd.DataFrame(
+        [
+            {"prompt_id": e.id, **e.item.key, **r.row(probe.answers)}
+            for e, r in zip(encoded, scored, strict=True)
+        ]
+    )
+    report = {**probe.manifest(), "model": smol.name, "seed": 0, "view": "exact"}
+    own = study.headline(rows, tmp_path / "own", {**report, "min_valid_mass": 0.0})
+    assert summary["value"].iloc[-1] == pytest.approx(own.value, abs=1e-4)
+    assert summary["mean_valid_mass"].iloc[-1] == pytest.approx(rows["valid_mass"].mean(), 1e-4)

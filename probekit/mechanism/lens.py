@@ -120,7 +120,8 @@ def layer_results(scorer: HookedScorer, norm: Any, hidden: torch.Tensor) -> list
     fed = ~torch.isnan(hidden).any(-1)
     hidden = torch.where(fed[..., None], hidden, 0)
     if norm is not None:
-        hidden = norm(hidden.to(next(norm.parameters()).device))
+        weight = next(norm.parameters(), None)  # a dispatched model's norm may sit elsewhere
+        hidden = norm(hidden.to(weight.device if weight is not None else hidden.device))
     logp_node, stop_logp, top = node_log_probs(scorer, hidden.to(scorer.model.device))
     unfed = ~fed.to(logp_node.device)
     tables = scorer.trie_pass.tables

@@ -6,7 +6,6 @@ all against depth. From the run's `summary.csv` (one row per layer and headline)
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from probekit.core.io import write_text
-from probekit.reporting.contract import is_sample_data
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
-from probekit.reporting.html import _environment
+from probekit.reporting.html import mechanism_page
 
 SHOWN = ("study", "model", "weights", "dtype", "device", "layers", "hooks", "seed", "prompts")
 SHOWN += ("min_valid_mass",)
@@ -122,45 +120,6 @@ def headline_rows(summary: pd.DataFrame) -> list[dict[str, str]]:
     ]
 
 
-def lens_page_html(
-    summary: pd.DataFrame,
-    gaps: pd.DataFrame | None,
-    figure: str | Path,
-    title: str,
-    manifest: Mapping[str, Any],
-    data: str,
-    difference: float | None,
-) -> str:
-    """The HTML of a lens run's page (`data`: the data as the study describes it;
-    `difference`: the largest |difference| of an answer probability between the lens after the
-    last layer and the scorer, None when the last layer was not read)."""
-    image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
-    settings = [(k, manifest[k]) for k in SHOWN if manifest.get(k) is not None]
-    first = primary(summary)
-    notes = sorted({str(n) for n in summary.get("note", pd.Series(dtype=str)).dropna() if n})
-    return (
-        _environment()
-        .get_template("lens.html")
-        .render(
-            title=title,
-            label=str(first["label"].iloc[0]) if len(first) else "headline",
-            rows=lens_rows(summary, gaps),
-            headlines=headline_rows(summary),
-            several=summary.groupby("layer").size().max() > 1,
-            gaps=gaps is not None,
-            readout=str(gaps["readout"].iloc[0]) if gaps is not None else "",
-            pairs=int(gaps["pairs"].iloc[0]) if gaps is not None else 0,
-            image=image,
-            settings=settings,
-            data=data,
-            sample=is_sample_data(data),
-            notes=notes,
-            prompts=int(summary["prompts"].iloc[0]),
-            difference=None if difference is None else f"{difference:.1e}",
-        )
-    )
-
-
 def write_lens_page(
     path: str | Path,
     summary: pd.DataFrame,
@@ -171,6 +130,26 @@ def write_lens_page(
     data: str,
     difference: float | None,
 ) -> Path:
-    """Write the lens run's page (`report.html`) atomically."""
-    html = lens_page_html(summary, gaps, figure, title, manifest, data, difference)
+    """Write the lens run's page (`report.html`) atomically (`data`: the data as the study
+    describes it; `difference`: the largest |difference| of an answer probability between the
+    lens after the last layer and the scorer, None when the last layer was not read)."""
+    first = primary(summary)
+    html = mechanism_page(
+        "lens.html",
+        summary,
+        figure,
+        manifest,
+        SHOWN,
+        data,
+        title=title,
+        label=str(first["label"].iloc[0]) if len(first) else "headline",
+        rows=lens_rows(summary, gaps),
+        headlines=headline_rows(summary),
+        several=summary.groupby("layer").size().max() > 1,
+        gaps=gaps is not None,
+        readout=str(gaps["readout"].iloc[0]) if gaps is not None else "",
+        pairs=int(gaps["pairs"].iloc[0]) if gaps is not None else 0,
+        prompts=int(summary["prompts"].iloc[0]),
+        difference=None if difference is None else f"{difference:.1e}",
+    )
     return write_text(path, html)

@@ -31,8 +31,6 @@ parts each time.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,7 @@ from probekit.core.io import read_verified, write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item
 from probekit.core.options import Command, Spell, flag, keyword
 from probekit.core.progress import progress, silenced
-from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
+from probekit.core.rundir import RowKey, RunDir
 from probekit.engines import load_engine
 from probekit.engines.base import ScoreResult
 from probekit.engines.hf.tiers import settle_precision
@@ -55,7 +53,13 @@ from probekit.mechanism.lens import LensOptions, LensResult, logit_lens
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import layer_indices
 from probekit.reporting.lens import lens_figure, write_lens_page
-from probekit.run.mechanism import build, context, mechanism_command, study_object
+from probekit.run.mechanism import (
+    build,
+    context,
+    mechanism_command,
+    mechanism_settings,
+    study_object,
+)
 from probekit.run.parts import INDEX, Compactor, DamagedPart, done_mask, say, scan_parts, set_aside
 from probekit.studies.base import VIEWS, Probe, Study
 
@@ -171,30 +175,12 @@ def settings(
     """What defines a lens run (its manifest; undeclared fields are resume keys, see
     `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
     loaded model gives, and layers counted from the end, are None."""
-    described = model.describe() if model is not None else {}
-    manifest = {
-        "results_format": RESULTS_FORMAT,
-        "study": study.name,
-        "model": described.get("model"),
-        "model_source": described.get("model_source"),
-        "weights": described.get("weights"),
-        "dtype": described.get("dtype"),
-        "device": device_kind(described.get("device")),
-        "device_map": described.get("device_map"),
-        "precision": described.get("precision"),
-        "engine": "hf",
-        "probe": probe.config(),
-        "view": VIEWS[0],
-        "epsilon": 0.0,
-        "seed": args.seed,
+    own = {
         "layers": layers,
         "hooks": "transformer_lens",
-        "prompt_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
-        "prompts": len(ids),
         "min_valid_mass": args.min_valid_mass,
-        **probe.manifest(),
     }
-    return json.loads(json.dumps(manifest, default=str))  # as it reads back from the file
+    return mechanism_settings(study, probe, ids, args.seed, model, own)
 
 
 def _scored(
@@ -285,6 +271,7 @@ def layer_summary(
             "mean_error_bound": float(scores["error_bound"].mean()),
         }
         found = study.headlines(viewed, report)
+        first = next((h for h in found if h.primary), found[0] if found else None)
         if not found:
             rows.append({**base, "label": "", "value": np.nan, "primary": True})
             rows[-1]["note"] = f"the study '{study.name}' gives no headline for these rows"
@@ -298,7 +285,7 @@ def layer_summary(
                     "high": h.high,
                     "p_value": h.p_value,
                     "interval": h.interval,
-                    "primary": h.primary or len(found) == 1,
+                    "primary": h is first,
                     "reference": h.reference,
                     "unit": h.unit,
                     "n": h.n,
