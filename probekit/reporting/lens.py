@@ -76,7 +76,7 @@ def lens_figure(
         share.legend(fontsize=6)
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"The logit lens on the exact readout: {title}", fontsize=9)
     return save_figure(fig, path)
 
 

@@ -148,7 +148,7 @@ def _lens(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudyLens:
     if gaps is not None:
         write_text(run.path / GAPS, gaps.to_csv(index=False))
     recovery = _recovery(run.path) if gaps is not None else None
-    title = f"{model.name}, {probe.name}: the logit lens on the exact readout"
+    title = f"{model.name}, {probe.name}"
     figure = lens_figure(summary, gaps, recovery, run.path / "lens.png", title)
     difference = float(wide[DIFFERENCE].max()) if wide[DIFFERENCE].notna().any() else None
     write_lens_page(
