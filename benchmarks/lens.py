@@ -157,7 +157,8 @@ def setting_figures(
     answers = f"{probe.answers.answers[0]}-{probe.answers.answers[-1]}"
     series = f"{len(prompts)} intergroup prompts, {setting} ({answers}), {model.n_layers} layers"
     print(
-        f"{series}: lens / score {over_score:.2f} ({verdict}, target <= {TARGET:g}), "
+        f"{series}: lens / score {over_score:.2f} ({verdict}: at most {TARGET:g} x {bound:.2f}, "
+        "the ratio of their multiply-adds), "
         f"lens / bridged score {over_bridged:.2f}; {nodes} positions read per prompt and layer; "
         f"|lens after the last layer - scorer| {own:.2g} (same forward), {plain:.2g} (plain run)"
     )
@@ -186,12 +187,22 @@ def setting_figures(
         {
             "series": series,
             "figure": name,
-            "value": round(value, 2) if unit in ("s", "ratio") else float(f"{value:.2g}"),
+            "value": shown(value, unit),
             "unit": unit,
             **({"verdict": verdict_} if verdict_ else {}),
         }
         for name, value, unit, verdict_ in rows
     ]
+
+
+def shown(value: float, unit: str) -> float | int:
+    """A figure as the page shows it: seconds and ratios to 2 decimals, probabilities to 2
+    significant digits, counts as they are."""
+    if unit in ("s", "ratio"):
+        return round(float(value), 2)
+    if unit == "probability":
+        return float(f"{value:.2g}")
+    return int(value)
 
 
 if __name__ == "__main__":
