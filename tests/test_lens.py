@@ -255,12 +255,6 @@ def test_one_token_answers_match_transformer_lens_and_nnsight_on_the_default_mod
 # ---------------------------------------------------------------------- the study command
 
 
-@pytest.fixture
-def minimal():
-    yield base.register(minimal_study.STUDY)
-    base._REGISTRY.pop(minimal_study.STUDY.name)
-
-
 def lens_minimal(model, out, **options):
     return probekit.lens_study(
         minimal_study.MinimalStudy(), model, out=out, days=2, quiet=True, **options
