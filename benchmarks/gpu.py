@@ -19,16 +19,25 @@ file, never there):
   float32 on its 0-100 prompts (bfloat16 with the float32 head, TF32 matmuls; TF32 is emulated
   on a CPU) and the tier the default `--tolerance` picks from them; `offload`: the model placed
   by a device map with CPU (and disk) offload, its largest score difference from the whole
-  model;
+  model; `mechanism`: through each hook library installed, `probekit.patch` (a resid_pre/
+  attn_out/mlp_out sweep, then every head at `attn.hook_z`), `probekit.capture` and
+  `probekit.steer` on the device and the same calls on a float32 copy on the CPU, the largest
+  difference of their results and both times;
 - then, the default model freed, on random weights of Llama-3.1-8B's shapes (so each model's
-  peak memory is its own): `exact` for the four answer sets in each precision tier (float32,
-  TF32 matmuls, bfloat16 with the float32 head) at epsilon 0, so every prompt reads the whole
-  answer trie (random weights would prune it to ~14 positions on 0-100; the real default model
-  reads ~140 at the default epsilon, the whole trie has 203); `generate` beside it in
-  bfloat16; `batch_sweep`: bfloat16 0-100 throughput at fixed batches and at the batch the plan
-  picks, and the plan's share of the best (target: at least 90 %); `oom_backoff`: a batch too
-  large for the device, halved until it fits (on the CPU a hook raises the out-of-memory error
-  for batches above one prompt).
+  peak memory is its own): `shape`, its LM head's rows (Llama-3's 128,256: the default
+  tokenizer's 49,152 padded with rows that extend no answer); `exact` for the four answer sets
+  in each precision tier (`TIERS`: float32, TF32 matmuls, bfloat16 with the float32 head) at
+  epsilon 0, so every prompt reads the whole answer trie (random weights would prune it to ~14
+  positions on 0-100; the real default model reads ~140 at the default epsilon, the whole trie
+  has 203); `generate` beside it in the fastest tier; `batch_sweep`: the fastest tier's 0-100
+  throughput at fixed batches and at the batch the plan picks, and the plan's share of the best
+  (target: at least 90 %); `oom_backoff`: a batch too large for the device, halved until it fits
+  (on the CPU a hook raises the out-of-memory error for batches above one prompt); `peers`:
+  probekit's patching sweep beside TransformerLens's `generic_activation_patch`, a plain nnsight
+  loop and nnsight with the KV cache (benchmarks/patching.py's comparison), in TF32; without
+  transformer_lens, one line says so and the nnsight half runs;
+- last, `target`: the speed targets of the trie pass's rewrite, from the run's own figures (on
+  a CPU: "not yet measured (no GPU lent)").
 
 TFLOP/s counts the multiply-adds of the weights (2 x body weights a token-forward, 2 x LM-head
 weights a head row), not attention's (a few per cent at these prompt lengths); the device's peak
@@ -38,9 +47,11 @@ is NVIDIA's dense figure for the tier (`PEAK_TFLOPS`), unknown on a CPU.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,14 +66,28 @@ from common import (
     set_up,
     synchronize,
     tear_down,
+    timed,
     write_results,
 )
-from transformers import LlamaConfig
+from patching import ANSWERS as PATCH_ANSWERS
+from patching import (
+    CLEAN,
+    CORRUPT,
+    METHODS,
+    PEER_SITES,
+    TARGET,
+    TARGET_PEERS,
+    Peer,
+    compare_peers,
+    report_peers,
+)
 
+import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.padding import left_pad
 from probekit.engines.hf.head import parameter_split
+from probekit.engines.hf.hook_libraries import HOOK_PACKAGES, installed, missing_line
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import dtype_name
 from probekit.engines.hf.tiers import (
@@ -70,9 +95,12 @@ from probekit.engines.hf.tiers import (
     LABELS,
     TIERS,
     apply_tier,
+    arithmetic,
     choose_precision,
 )
-from probekit.testing.synthetic import random_weights
+from probekit.engines.trie import extension_masks
+from probekit.mechanism.sites import d_model
+from probekit.testing.synthetic import LLAMA_8B, llama_config, random_weights
 
 ANSWER_SETS = ("0-100", "0-10", "A-D", "A-E")
 PERSONAS = [
@@ -88,23 +116,11 @@ EVENTS = [
     "receives a gift", "is treated rudely by a doctor", "sees a wedding", "breaks a leg",
 ]  # fmt: skip
 CHOICES = ["joy", "anger", "sadness", "fear", "disgust"]
-LLAMA_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    num_hidden_layers=32,
-    max_position_embeddings=8192,
-)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_hidden_layers=2,
-    max_position_embeddings=2048,
-)
+SHAPED = {**LLAMA_8B, "context": 8192}
+"""The large model: Llama-3.1-8B's shape (`probekit.testing.synthetic.LLAMA_8B`, its 128,256-row
+vocabulary padded beyond the default tokenizer's), prompts up to 8,192 tokens."""
+TINY = {"layers": 2, "width": 64, "mlp_width": 128, "heads": 4, "kv_heads": 2, "context": 2048}
+"""The dry run's two-layer stand-in for both models."""
 LONG_LEAD = "Read the whole case carefully before answering. " * 20  # ~200 tokens a prompt
 PEAK_TFLOPS = {
     "H100 PCIe": {"bfloat16": 756.0, "tf32": 378.0, "float32": 51.2},
@@ -134,16 +150,20 @@ class Sizes:
     offload_prompts: int
     precision_sample: int
     simulate_oom: bool
+    head_rows: int  # the large model's LM-head rows: the default tokenizer's, padded
+    mechanism_layers: int  # layers (first to last, evenly spread) of the mechanism's calls
+    peer_layers: int  # layers of the large model's patching beside its peers
 
 
 SIZES = {
     "gpu": Sizes(
-        256, None, "default", LLAMA_8B, "llama-3.1-8b-shaped", 16, 512,
+        256, None, "default", SHAPED, "llama-3.1-8b-shaped", 16, 512,
         (64, 128, 256, 512, 1024), 1024, 2048, "cuda:0=200MiB,cpu=16GiB", 32, 64, False,
+        LLAMA_8B["vocab_rows"], 3, 4,
     ),
     "dry": Sizes(
         2, TINY, "tiny-random-default", TINY, "tiny-random", 4, 2, (1, 2), 4,
-        2, "cpu=24MiB", 2, 2, True,
+        2, "cpu=24MiB", 2, 2, True, 49_280, 2, 1,
     ),
 }  # fmt: skip
 
@@ -208,20 +228,36 @@ HEADLINES = {
     "plan_share": (("share_of_best", "of the best fixed batch's prompts/s"),),
     "oom_backoff": (("batch_size_after", "prompts a batch"),),
     "offload": (("prompts_per_s", "prompts/s"), ("max_abs_diff_expected", "largest |difference|")),
+    "shape": (("head_rows", "LM-head rows"), ("padded_rows", "rows padded past the tokenizer's"),
+              ("padded_rows_extending", "padded rows that extend an answer")),
+    "mechanism": (("max_abs_diff", "largest |difference| from the same call on the CPU"),
+                  ("seconds", "s on the device"), ("cpu_seconds", "s on the CPU")),
+    "peers": (("seconds", "s (CPU time on a CPU, wall on a GPU)"),
+              ("ratio", "probekit's time over this peer's")),
+    "target": (("value", None),),
 }  # fmt: skip
-"""Per step, the numbers that become a figure of the results file (key, unit)."""
+"""Per step, the numbers that become a figure of the results file (key, unit; None: the record's
+own `unit`)."""
 
 
 def as_figures(record: dict[str, Any]) -> list[dict[str, Any]]:
     """One measurement as the results file's figures: one per headline number, each with the
     whole record beside it (a skipped step: one figure saying why)."""
-    keys = ("step", "engine", "model", "answers", "tier", "batch")
+    keys = ("step", "engine", "model", "call", "site", "hooks", "answers", "tier", "batch")
     what = ", ".join(str(record[k]) for k in keys if record.get(k) is not None)
     if "skipped" in record:
         return [{"figure": what, "value": "skipped", "unit": record["skipped"], **record}]
+    if record["step"] == "target":
+        what = f"target: {record['target']}"
     return [
-        {"figure": f"{what}: {key.replace('_', ' ')}", "value": record[key], "unit": unit, **record}
+        {
+            "figure": f"{what}: {key.replace('_', ' ')}",
+            "value": record[key],
+            "unit": unit or record["unit"],
+            **record,
+        }
         for key, unit in HEADLINES[record["step"]]
+        if key in record
     ]
 
 
@@ -236,6 +272,7 @@ def exact_step(
     """The exact scorer's throughput per answer set, at `batch` (None: the plan's), with the
     token-forwards a prompt, the TFLOP/s they make and their share of the device's peak."""
     body, head = parameter_split(model)
+    rows = model.hf.get_output_embeddings().weight.shape[0]
     tier = tier_of(model)
     peak = peak_tflops(model.device, tier)
     figures = []
@@ -267,6 +304,7 @@ def exact_step(
                 "tokens_per_s": sum(len(p) for p in ids) / seconds,
                 "trie_positions": stats.trie_positions,
                 "token_forwards_per_prompt": forwards / len(ids),
+                "head_rows": rows,
                 "tflops": tflops,
                 "peak_tflops": peak,
                 "share_of_peak": tflops / peak if peak else None,
@@ -458,13 +496,244 @@ def oom_step(model: Any, label: str, prompts: list, batch: int, simulate: bool) 
     }
 
 
+def spread(n_layers: int, count: int) -> list[int]:
+    """`count` layers from the first to the last, evenly spread (every layer when fewer)."""
+    count = min(count, n_layers)
+    return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+def hook_libraries() -> list[str]:
+    """The hook libraries whose packages are installed here (TransformerLens first)."""
+    return [name for name in HOOK_PACKAGES if installed(name)]
+
+
+def mechanism_calls(model: Any, layers: list[int], hooks: str) -> dict[str, Callable[[], Any]]:
+    """`probekit.patch` (a resid_pre/attn_out/mlp_out sweep, then every head at `attn.hook_z`),
+    `probekit.capture` and `probekit.steer` of the README's persona pair on `model` through
+    `hooks`, each a call that gives its results as one float64 tensor (patch: the clean, corrupt
+    and patched expected values of 0-10; capture: every activation; steer: every answer
+    probability of the steered and the random-control rows)."""
+    pair = probekit.make_pair(model, CLEAN, CORRUPT, span="Muslim")
+    ask = {"answers": PATCH_ANSWERS, "hooks": hooks}
+    prompts = [CLEAN, CORRUPT]
+
+    def table(frame: Any, columns: list[str]) -> torch.Tensor:
+        return torch.tensor(frame[columns].to_numpy(), dtype=torch.float64)
+
+    def patch(sites: list[str]) -> Callable[[], torch.Tensor]:
+        columns = ["expected_clean", "expected_corrupt", "expected_patched"]
+        return lambda: table(
+            probekit.patch(
+                model, pair, spans=["identity"], sites=sites, layers=layers, progress=False, **ask
+            ),
+            columns,
+        )
+
+    def capture() -> torch.Tensor:
+        acts = probekit.capture(
+            model, prompts, sites=PEER_SITES, layers=layers, hooks=hooks, quiet=True
+        )
+        return torch.cat([acts[hook].flatten() for hook in sorted(acts.tensors)]).double()
+
+    def steer() -> torch.Tensor:
+        vector = torch.randn(d_model(model), generator=torch.Generator().manual_seed(0))
+        rows = probekit.steer(
+            model,
+            prompts,
+            vector,
+            layers=layers[-1:],
+            alphas=[-4.0, 0.0, 4.0],
+            positions="from_span" if hooks == "transformer_lens" else "span",  # nnsight: prompt
+            quiet=True,
+            **ask,
+        )
+        return table(rows, [c for c in rows if c.startswith("p::")])
+
+    return {
+        "patch resid_pre, attn_out, mlp_out": patch(PEER_SITES[:3]),
+        "patch every head (attn.hook_z)": patch(PEER_SITES[3:]),
+        "capture": capture,
+        "steer": steer,
+    }
+
+
+def mechanism_step(model: Any, folder: str, label: str, layers: int) -> list[dict[str, Any]]:
+    """The mechanism on the device against the CPU: each of `mechanism_calls` through each hook
+    library installed, on `model` and on a float32 copy of it on the CPU (read from `folder`),
+    with the largest difference of their results and each call's seconds (after one warm-up
+    call on each model, which pays the one-off costs: the bridge's build, the first launches)."""
+    cpu = load_model(folder, device="cpu", dtype="float32")
+    chosen = spread(model.n_layers, layers)
+    figures = []
+    for hooks in hook_libraries():
+        on_device, on_cpu = (
+            mechanism_calls(model, chosen, hooks),
+            mechanism_calls(cpu, chosen, hooks),
+        )
+        next(iter(on_device.values()))(), next(iter(on_cpu.values()))()  # warm-ups
+        for call, run in on_device.items():
+            got, seconds, _ = timed(model.device, run)
+            expected, cpu_seconds, _ = timed(cpu.device, on_cpu[call])
+            scale = float(expected.abs().max())
+            figures.append(
+                {
+                    "step": "mechanism",
+                    "model": label,
+                    "call": call,
+                    "hooks": hooks,
+                    "tier": tier_of(model),
+                    "layers": chosen,
+                    "values": got.numel(),
+                    "max_abs_diff": float((got - expected).abs().max()),
+                    "max_abs_value": scale,
+                    "seconds": round(seconds, 3),
+                    "cpu_seconds": round(cpu_seconds, 3),
+                }
+            )
+            print(
+                f"mechanism {label} {call} ({hooks}): {got.numel()} values, largest |difference| "
+                f"from the CPU {figures[-1]['max_abs_diff']:.2g} (of {scale:.3g}); {seconds:.2f} s "
+                f"on {model.device.type}, {cpu_seconds:.2f} s on the CPU"
+            )
+    return figures
+
+
+def without_lens() -> dict[str, Any]:  # not-in-dry-run: transformer_lens is installed here
+    """The line (printed, and the figure) saying that TransformerLens's half is skipped."""
+    line = missing_line("transformer_lens")
+    print(f"peers: {line}: TransformerLens's half is skipped, the nnsight half runs")
+    return {"step": "peers", "engine": "transformer_lens", "skipped": line}
+
+
+def peers_step(model: Any, label: str, layers: int) -> list[dict[str, Any]]:
+    """probekit's patching sweep beside TransformerLens's `generic_activation_patch` and a plain
+    nnsight loop (and nnsight with the KV cache), on `layers` spread layers of `model` at each of
+    `PEER_SITES` (benchmarks/patching.py's comparison, imported: `compare_peers`,
+    `report_peers`): each method's seconds, probekit's over each peer's (the target of
+    benchmarks/patching.py, <= 0.5) and the largest difference of their readouts. Without
+    transformer_lens one line says so and the nnsight half runs (probekit through nnsight).
+
+    Every method runs in the model's arithmetic (`tiers.arithmetic` around the whole
+    comparison): float32 weights with TF32 matmuls, the tier the default tolerance picked on the
+    default model on both GPUs measured. Not bfloat16: probekit's bfloat16 tier keeps the LM
+    head in float32 and widens the body's output itself, which TransformerLens's own forward
+    (the bridge's unembedding) does not."""
+    hooks = hook_libraries()[0]
+    methods = [m for m in METHODS if m != "transformer_lens" or hooks == m]
+    figures = [] if hooks == "transformer_lens" else [without_lens()]
+    chosen = spread(model.n_layers, layers)
+    peer = Peer.of(model)
+    with arithmetic(model):
+        results = compare_peers(peer, PEER_SITES, chosen, chosen, methods=methods, hooks=hooks)
+    _, details = report_peers(results, peer, chosen, chosen)
+    for site_name, record in details["sites"].items():
+        for method in methods:
+            entry = {
+                "step": "peers",
+                "engine": method,
+                "model": label,
+                "site": site_name,
+                "hooks": hooks if method == "probekit" else None,
+                "tier": tier_of(model),
+                "layers": chosen,
+                "components": record["components"],
+                "seconds": record["seconds"][method],
+                "wall_seconds": record["wall_seconds"][method],
+            }
+            versus = record.get(method, {})
+            entry |= {key: versus[key] for key in ("ratio", "max_abs_diff") if key in versus}
+            if method in TARGET_PEERS:
+                entry["verdict"] = (
+                    f"{'PASS' if versus['ratio'] <= TARGET else 'FAIL'} (<= {TARGET})"
+                )
+            figures.append(entry)
+    return figures
+
+
+def shape_step(model: Any, label: str) -> dict[str, Any]:
+    """The large model's LM head against its tokenizer: Llama-3's 128,256 rows on the default
+    tokenizer's 49,152, the rest padded with rows that extend no answer (`extension_masks` reads
+    a padded row as the empty text, so the answer trie never enters one; their logits still
+    share the softmax, as a real vocabulary's do)."""
+    rows, words = model.hf.get_output_embeddings().weight.shape[0], len(model.tokenizer)
+    extending = extension_masks(model.tokenizer, rows)[:, words:].any(dim=0).sum()
+    record = {
+        "step": "shape",
+        "model": label,
+        "head_rows": rows,
+        "tokenizer_rows": words,
+        "padded_rows": rows - words,
+        "padded_rows_extending": int(extending),
+    }
+    print(f"{label}: an LM head of {rows:,} rows, {rows - words:,} of them padded past the "
+          f"tokenizer's {words:,} ({int(extending)} of them extend an answer)")  # fmt: skip
+    return record
+
+
+BASELINE = RESULTS / "gpu-h200.json"
+"""The H200 run at commit 16e97c1, before the trie pass was rewritten: the baseline of the
+targets that compare with it, on an H200."""
+
+
+def find(records: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
+    """The first of `records` (a results file's figures or this run's) whose fields are `match`'s
+    (an empty record where none is)."""
+    return next((r for r in records if all(r.get(k) == v for k, v in match.items())), {})
+
+
+def targets_step(
+    figures: list[dict[str, Any]], device: torch.device, size: Sizes
+) -> list[dict[str, Any]]:
+    """The speed targets of the trie pass's rewrite, from this run's figures (and, on an H200,
+    the baseline run's), each on 0-100: on the large model, bfloat16 over the whole trie at
+    >= 50 % of the bfloat16 peak and >= 1.5x generation's prompts/s; the tier the default
+    tolerance picks (on the default model) at >= 2x TF32's prompts/s at 16e97c1; the default
+    model no slower than at 16e97c1. Benchmarks, never tests: on a CPU (a dry run) each is
+    "not yet measured (no GPU lent)"; on a GPU whose peak or baseline run is not known,
+    "unknown here"."""
+    old = json.loads(BASELINE.read_text())
+    old = old["figures"] if old["device"] == device_name(device) else []
+    big = {"step": "exact", "model": size.shaped_label, "answers": "0-100"}
+    small = {"step": "exact", "model": size.default_label, "answers": "0-100", "tier": "float32"}
+    bf16 = find(figures, **big, tier="bfloat16")
+    generated = find(figures, **{**big, "step": "generate"}, engine="transformers")
+    picked = find(figures, step="precision")["picked"]
+
+    def over(new: dict[str, Any], base: dict[str, Any]) -> float | None:
+        return new["prompts_per_s"] / base["prompts_per_s"] if new and base else None
+
+    measured = [
+        ("bfloat16 over the whole trie: share of the bfloat16 peak", bf16.get("share_of_peak"), 0.5,
+         "of the peak"),
+        ("bfloat16 over transformers' generation of the same prompts", over(bf16, generated), 1.5,
+         "x generation"),
+        (f"the tier the default tolerance picks ({picked}) over TF32 at 16e97c1",
+         over(find(figures, **big, tier=picked), find(old, **big, tier="tf32")), 2.0,
+         "x 16e97c1's TF32"),
+        ("the default model over 16e97c1", over(find(figures, **small), find(old, **small)), 1.0,
+         "x 16e97c1's"),
+    ]  # fmt: skip
+    records = []
+    for target, value, limit, unit in measured:
+        verdict = "unknown here" if value is None else "PASS" if value >= limit else "FAIL"
+        if device.type != "cuda":
+            value, verdict = None, "not yet measured (no GPU lent)"
+        records.append(
+            {"step": "target", "target": f"0-100, {target}", "value": value, "unit": unit,
+             "limit": limit, "verdict": f"{verdict} (>= {limit:g})"}
+        )  # fmt: skip
+        print(f"target: 0-100, {target} >= {limit:g}: {verdict}")
+    return records
+
+
 def default_model(device: torch.device, size: Sizes) -> Any:
     """The default model in float32; in a dry run its tokenizer and chat template (no weights
     read), with random weights of `size.default` in its place."""
     model = load_model("default", device=str(device), dtype="float32", weights=not size.default)
-    config = LlamaConfig(**{"vocab_size": len(model.tokenizer), **(size.default or {})})
-    stand_in = (config, model.tokenizer, "default", str(device), torch.float32)
-    return model if not size.default else random_weights(*stand_in)
+    if not size.default:
+        return model
+    config = llama_config(len(model.tokenizer), **size.default)
+    return random_weights(config, model.tokenizer, "default", str(device), torch.float32)
 
 
 def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list, Any]:
@@ -480,27 +749,33 @@ def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list
         model.tokenizer.save_pretrained(folder)
         few = prompts_for(model, "0-10", size.offload_prompts)
         figures.append(offload_step(folder, model, label, few, size.offload_memory))
+        figures += mechanism_step(model, folder, label, size.mechanism_layers)
     return figures, model.tokenizer
 
 
 def shaped_model_steps(device: torch.device, size: Sizes, n: int, tokenizer: Any) -> list:
-    """The large random-weight model's steps, in float32, TF32 and bfloat16."""
-    config = LlamaConfig(**{"vocab_size": len(tokenizer), **size.shaped})
+    """The large random-weight model's steps: its head's rows, then the exact scorer in each
+    precision tier (`TIERS`, float32 first), generation, the batch sweep and the out-of-memory
+    back-off in the fastest tier (`TIERS[0]`), and patching beside its peers in TF32."""
+    config = llama_config(len(tokenizer), **{**size.shaped, "vocab_rows": size.head_rows})
     label = size.shaped_label
     model = random_weights(config, tokenizer, label, str(device), torch.float32)
     prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
-    figures = exact_step(model, label, prompts, epsilon=0.0)
-    undo = apply_tier(model, "tf32")
-    figures += exact_step(model, label, prompts, epsilon=0.0)
-    undo()
-    apply_tier(model, "bfloat16")
-    figures += exact_step(model, label, prompts, epsilon=0.0)
+    figures = [shape_step(model, label)]
+    for tier in reversed(TIERS):
+        undo = apply_tier(model, tier)
+        figures += exact_step(model, label, prompts, epsilon=0.0)
+        if tier != TIERS[0]:
+            undo()
     figures += generate_step(model, label, prompts, size.generate_budget, size.generate_batch)
     sweep = prompts_for(model, "0-100", size.sweep_prompts)
     figures += sweep_step(model, label, sweep, size.sweep)
     long = prompts_for(model, "0-10", size.oom_batch, LONG_LEAD)
     figures.append(oom_step(model, label, long, size.oom_batch, size.simulate_oom))
     print(f"oom back-off: {figures[-1]['batch_size_after']} prompts a batch")
+    undo()  # float32 weights again: the peers run TF32 matmuls (see `peers_step`)
+    apply_tier(model, "tf32")
+    figures += peers_step(model, label, size.peer_layers)
     return figures
 
 
@@ -527,6 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     figures, tokenizer = default_model_steps(device, size, n)
     release(device)  # the default model is gone: the large model's peak memory is its own
     figures += shaped_model_steps(device, size, n, tokenizer)
+    figures += targets_step(figures, device, size)
     load_end = tear_down(device)
     temporary = Path(tempfile.mkdtemp()) / "gpu.json"
     out = args.out or (temporary if args.dry_run else RESULTS / "gpu.json")

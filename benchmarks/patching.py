@@ -111,10 +111,12 @@ class Continuations:
         self.lengths = torch.tensor([len(tokens) for _, tokens in self.forms])
         self.answer = torch.tensor([a for a, _ in self.forms])
         self.values = torch.tensor(answers.values, dtype=torch.float64)
+        for name in ("stop", "tokens", "lengths", "answer", "values"):  # beside the logits
+            setattr(self, name, getattr(self, name).to(model.device))
 
     def rows(self, prompt: Sequence[int]) -> torch.Tensor:
         """[forms, len(prompt) + width] token ids: the prompt, then each form, right-padded."""
-        head = torch.tensor(list(prompt)).expand(len(self.forms), -1)
+        head = torch.tensor(list(prompt), device=self.tokens.device).expand(len(self.forms), -1)
         return torch.cat([head, self.tokens], dim=1)
 
     def expected(self, logits: torch.Tensor) -> float:
@@ -122,12 +124,12 @@ class Continuations:
         form's token j (the last one, after the form, its stop)."""
         logp = logits.double().log_softmax(-1)
         vocab = logp.shape[-1]
-        at = torch.arange(self.width)
+        at = torch.arange(self.width, device=logp.device)
         steps = logp[:, :-1].gather(-1, self.tokens[:, :, None].clamp(max=vocab - 1))[..., 0]
         steps = torch.where(at[None] < self.lengths[:, None], steps, 0.0).sum(-1)
-        after = logp[torch.arange(len(self.forms)), self.lengths]  # [forms, vocab]
+        after = logp[torch.arange(len(self.forms), device=logp.device), self.lengths]
         stop = after.masked_fill(~self.stop[:, :vocab], -torch.inf).logsumexp(-1)
-        probs = torch.zeros(len(self.values), dtype=torch.float64)
+        probs = torch.zeros(len(self.values), dtype=torch.float64, device=logp.device)
         probs.index_add_(0, self.answer, (steps + stop).exp())
         return float(probs @ self.values / probs.sum())
 
@@ -167,13 +169,36 @@ class Sweep:
 
 @dataclass
 class Peer:
-    """What every method is given: the model, the pair, the positions patched, the rows."""
+    """What every method is given: the model, the pair (probekit's, and its token ids), the
+    positions patched, the rows, and probekit's exact scorer and readout."""
 
     model: LoadedModel
-    clean_ids: list[int]
-    corrupt_ids: list[int]
+    pair: Any
     positions: list[int]
     forms: Continuations
+    scorer: HFScorer
+    readout: Any
+
+    @classmethod
+    def of(cls, model: LoadedModel) -> Peer:
+        """The README's persona pair on `model` (any model on the default tokenizer), the
+        expected value of `ANSWERS`."""
+        answers = AnswerSet.parse(ANSWERS)
+        pair = make_pair(model, CLEAN, CORRUPT, span="Muslim")
+        clean_pos, corrupt_pos = aligned_positions(pair, "identity")
+        if clean_pos != corrupt_pos or len(pair[0].input_ids) != len(pair[1].input_ids):
+            raise SystemExit("the peers patch one position list in both prompts: equal shapes only")
+        forms = Continuations(model, answers)
+        scorer = HFScorer(model, answers, epsilon=0.0)
+        return cls(model, pair, corrupt_pos, forms, scorer, parse_readout("expected", answers))
+
+    @property
+    def clean_ids(self) -> list[int]:
+        return self.pair[0].input_ids
+
+    @property
+    def corrupt_ids(self) -> list[int]:
+        return self.pair[1].input_ids
 
     def components(self, name: str, layers: Sequence[int]) -> list[tuple[int, int | None]]:
         heads = range(n_heads(self.model)) if name == HEAD_SITE else [None]
@@ -211,7 +236,8 @@ def run_transformer_lens(peer: Peer, name: str, layers: Sequence[int]) -> Sweep:
             baseline=True,
         )
     clean = peer.forms.from_rows(logits, n)
-    return Sweep(clean, float(result.baseline), result.values.double().numpy(), len(rows) + 2)
+    patched = result.values.double().cpu().numpy()
+    return Sweep(clean, float(result.baseline), patched, len(rows) + 2)
 
 
 def run_nnsight(peer: Peer, name: str, layers: Sequence[int], cached: bool = False) -> Sweep:
@@ -225,8 +251,10 @@ def run_nnsight(peer: Peer, name: str, layers: Sequence[int], cached: bool = Fal
     n, count = len(peer.clean_ids), len(forms.forms)
     width = n_heads(peer.model)
 
+    device = peer.model.device
+
     def inputs(prompt: list[int]) -> dict[str, torch.Tensor]:
-        ids = torch.tensor([prompt]) if cached else forms.rows(prompt)
+        ids = torch.tensor([prompt], device=device) if cached else forms.rows(prompt)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     def expected(out: Any) -> float:
@@ -236,8 +264,8 @@ def run_nnsight(peer: Peer, name: str, layers: Sequence[int], cached: bool = Fal
         cache.batch_repeat_interleave(count)
         more = hf(
             input_ids=forms.tokens,
-            attention_mask=torch.ones((count, n + forms.width), dtype=torch.long),
-            position_ids=torch.arange(n, n + forms.width).expand(count, -1),
+            attention_mask=torch.ones((count, n + forms.width), dtype=torch.long, device=device),
+            position_ids=torch.arange(n, n + forms.width, device=device).expand(count, -1),
             past_key_values=cache,
         ).logits
         root = out.logits[:, -1:].expand(count, -1, -1)
@@ -270,10 +298,15 @@ def run_nnsight(peer: Peer, name: str, layers: Sequence[int], cached: bool = Fal
 
 
 def run_probekit(
-    scorer: HFScorer, pair: Any, readout: Any, name: str, layers: Sequence[int], size: int | None
+    peer: Peer, name: str, layers: Sequence[int], size: int | None, hooks: str = "transformer_lens"
 ) -> Sweep:
-    heads = range(n_heads(scorer.model)) if name == HEAD_SITE else ()
-    df = sweep(scorer, [pair], grid(layers, [name], ["identity"], heads), readout, batch_size=size)
+    """`probekit.mechanism.patching.sweep` of `name` over `layers` at the identity span."""
+    heads = range(n_heads(peer.model)) if name == HEAD_SITE else ()
+    patches = grid(layers, [name], ["identity"], heads)
+    readout = peer.readout
+    df = sweep(
+        peer.scorer, [peer.pair], patches, readout, hooks=hooks, batch_size=size, progress=False
+    )
     m = readout.column
     return Sweep(
         float(df[f"{m}_clean"][0]), float(df[f"{m}_corrupt"][0]), df[f"{m}_patched"].to_numpy()
@@ -350,49 +383,44 @@ def split(stats: ScorerStats, before: ScorerStats, seconds: float) -> dict[str, 
     }
 
 
-def peers(options: argparse.Namespace) -> None:
-    torch.set_num_threads(options.threads)
-    start = load_line("at start")
-    model = load_model("default")
-    answers = AnswerSet.parse(ANSWERS)
-    readout = parse_readout("expected", answers)
-    pair = make_pair(model, CLEAN, CORRUPT, span="Muslim")
-    clean_pos, corrupt_pos = aligned_positions(pair, "identity")
-    if clean_pos != corrupt_pos or len(pair[0].input_ids) != len(pair[1].input_ids):
-        raise SystemExit("the peers patch one position list in both prompts: equal shapes only")
-    forms = Continuations(model, answers)
-    peer = Peer(model, pair[0].input_ids, pair[1].input_ids, corrupt_pos, forms)
-    scorer = HFScorer(model, answers, epsilon=0.0)
-    layers = options.layers or list(range(model.n_layers))
-    sampled = options.peer_layers or layers
-    if not set(sampled) <= set(layers):
-        raise SystemExit("--peer-layers must be some of --layers")
-    names = [site(s).name for s in options.sites]
-    print(
-        f"{len(layers)} layers x {', '.join(names)} at the identity span (position "
-        f"{corrupt_pos}); {len(forms.forms)} continuation rows for the peers, which run layers "
-        f"{sampled}; {torch.get_num_threads()} thread(s)"
-    )
+def compare_peers(
+    peer: Peer,
+    names: Sequence[str],
+    layers: Sequence[int],
+    sampled: Sequence[int],
+    repeats: int = 1,
+    size: int | None = None,
+    methods: Sequence[str] = METHODS,
+    hooks: str = "transformer_lens",
+) -> dict[str, dict[str, Any]]:
+    """Per site of `names`, each of `methods` timed on the same sweep, interleaved site by site
+    (best of `repeats`): probekit on `layers` through `hooks`, the peers on `sampled` with their
+    time scaled to `layers`. The seconds are the process's CPU time on a CPU (other processes'
+    load adds little to it) and wall time on a GPU (whose work the CPU time does not count).
+    Per site: `seconds`, `wall`, `load` and `sweeps` by method, and `split`, where probekit's
+    time went."""
+    model, scorer = peer.model, peer.scorer
     runs: dict[str, Callable[[str], Sweep]] = {
-        "probekit": lambda s: run_probekit(scorer, pair, readout, s, layers, options.batch_size),
+        "probekit": lambda s: run_probekit(peer, s, layers, size, hooks),
         "transformer_lens": lambda s: run_transformer_lens(peer, s, sampled),
         "nnsight": lambda s: run_nnsight(peer, s, sampled),
         "nnsight_cached": lambda s: run_nnsight(peer, s, sampled, cached=True),
     }
-    run_probekit(scorer, pair, readout, names[0], layers[:1], None)  # warm-up: one-off costs
+    run_probekit(peer, names[0], layers[:1], None, hooks)  # warm-up: one-off costs
     results: dict[str, dict[str, Any]] = {}
-    for repeat in range(options.repeats):
+    for repeat in range(repeats):
         for name in names:
             entry = results.setdefault(name, {"seconds": {}, "wall": {}, "load": {}, "sweeps": {}})
             full = len(peer.components(name, layers))
-            for method in METHODS:
+            for method in methods:
                 load = os.getloadavg()[0]
                 before = ScorerStats(**vars(scorer.stats))
-                got, wall, seconds = timed(model.device, lambda m=method, s=name: runs[m](s))
+                got, wall, cpu = timed(model.device, lambda m=method, s=name: runs[m](s))
+                seconds = wall if model.device.type == "cuda" else cpu
                 if method != "probekit":  # on --peer-layers: scaled to every layer
                     seconds, wall = seconds * got.scale(full), wall * got.scale(full)
                 print(
-                    f"  [{repeat + 1}] {name:<15} {method:<17} {seconds:7.1f} s CPU, {wall:7.1f} s"
+                    f"  [{repeat + 1}] {name:<15} {method:<17} {seconds:7.1f} s, {wall:7.1f} s"
                     f" wall, load {load:.1f}"
                 )
                 if seconds < entry["seconds"].get(method, np.inf):
@@ -400,7 +428,26 @@ def peers(options: argparse.Namespace) -> None:
                     entry["sweeps"][method], entry["load"][method] = got, load
                     if method == "probekit":
                         entry["split"] = split(scorer.stats, before, wall)
-    spans = measure_spans(options, scorer, pair, readout, names, sampled)
+    return results
+
+
+def peers(options: argparse.Namespace) -> None:
+    torch.set_num_threads(options.threads)
+    start = load_line("at start")
+    model = load_model("default")
+    peer = Peer.of(model)
+    layers = options.layers or list(range(model.n_layers))
+    sampled = options.peer_layers or layers
+    if not set(sampled) <= set(layers):
+        raise SystemExit("--peer-layers must be some of --layers")
+    names = [site(s).name for s in options.sites]
+    print(
+        f"{len(layers)} layers x {', '.join(names)} at the identity span (position "
+        f"{peer.positions}); {len(peer.forms.forms)} continuation rows for the peers, which run "
+        f"layers {sampled}; {torch.get_num_threads()} thread(s)"
+    )
+    results = compare_peers(peer, names, layers, sampled, options.repeats, options.batch_size)
+    spans = measure_spans(options, peer.scorer, peer.pair, peer.readout, names, sampled)
     end = load_line("at end")
     figures, details = report_peers(results, peer, layers, sampled)
     details["spans"] = spans
@@ -465,8 +512,8 @@ def report_peers(
     details: dict[str, Any] = {"layers": layers, "peer_layers": sampled, "sites": {}}
     scaled = "" if sampled == layers else f" (peers: timed on layers {sampled}, scaled)"
     print(
-        f"\nCPU seconds, best of repeats, {len(layers)} layers{scaled}; ratio = probekit's "
-        "time / the peer's"
+        f"\nseconds (CPU time on a CPU, wall on a GPU), best of repeats, {len(layers)} "
+        f"layers{scaled}; ratio = probekit's time / the peer's"
     )
     for name, entry in results.items():
         seconds, sweeps = entry["seconds"], entry["sweeps"]
@@ -477,7 +524,7 @@ def report_peers(
         record["load"] = entry["load"]
         record["split"] = entry["split"]
         print(f"{name} ({len(every)} components):")
-        for method in METHODS[1:]:
+        for method in [m for m in METHODS[1:] if m in sweeps]:
             ratio = seconds["probekit"] / seconds[method]
             other = sweeps[method]
             diff = max(
@@ -522,7 +569,7 @@ def verdict_line(sites: dict[str, dict[str, Any]]) -> str:
     """One line: whether probekit met the target against each target peer on every site, with
     the largest ratio, and its ratios against the cached nnsight loop (which has no target)."""
     parts = []
-    for method in METHODS[1:]:
+    for method in [m for m in METHODS[1:] if all(m in record for record in sites.values())]:
         ratios = {name: record[method]["ratio"] for name, record in sites.items()}
         worst = max(ratios, key=ratios.get)
         if method in TARGET_PEERS:

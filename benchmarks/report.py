@@ -72,6 +72,12 @@ def render(results: list[dict[str, Any]]) -> str:
     gpus = sorted({r["device"] for r in results if r["device"].startswith("cuda")})
     if gpus:
         lines.append(f"GPU figures below were measured on: {', '.join(gpus)}.\n")
+        if not any(f.get("step") == "target" for r in results for f in r["figures"]):
+            lines.append(
+                "The speed targets `benchmarks/gpu.py` checks on a GPU (step `target`: the trie "
+                "pass at half the bfloat16 peak on the 8B shape, and faster than generation) are "
+                "**not yet measured (no GPU lent)**: no GPU has run it since they were set.\n"
+            )
     else:
         lines.append(
             "**No GPU figure has been measured yet**: every figure below was measured on a CPU. "
@@ -105,7 +111,7 @@ def render(results: list[dict[str, Any]]) -> str:
             if series:
                 lines.append(f"### {series}\n")
             lines += table(figures)
-        lines += SECTIONS.get(r["benchmark"], lambda r: [])(r)
+        lines += SECTIONS.get(r["benchmark"].split("-")[0], lambda r, rs: [])(r, results)
     return "\n".join(lines)
 
 
@@ -139,7 +145,7 @@ PEERS = {
 }
 
 
-def patching_section(result: dict[str, Any]) -> list[str]:
+def patching_section(result: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
     """benchmarks/patching.py: the sweep beside its peers, site by site, and where probekit's
     time went."""
     details = result.get("details", {})
@@ -244,8 +250,150 @@ def spans_section(spans: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-SECTIONS = {"patching": patching_section}
-"""A benchmark's own section after its figures, from its `details`."""
+def fastest(result: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """A GPU run's fastest exact-scorer figure (prompts/s) per (model, tier, answer set), over
+    its fixed and plan-sized batches, among those that count the answer trie's positions they
+    read; `tier` is the arithmetic (`dtype` in runs before the tiers)."""
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for f in result["figures"]:
+        if (
+            f.get("step") in ("exact", "batch_sweep")
+            and f["unit"] == "prompts/s"
+            and (
+                "trie_positions" in f  # what the trie read is known
+            )
+        ):
+            key = (f["model"], f.get("tier") or f["dtype"], f["answers"])
+            if f["value"] > best.get(key, {}).get("value", 0):
+                best[key] = f
+    return best
+
+
+def percent(value: float | None) -> str:
+    return "" if value is None else f" ({value:.0%})"
+
+
+def positions(figure: dict[str, Any]) -> str:
+    """The answer trie's positions a prompt read, where the figure counts them."""
+    if "trie_positions" not in figure:
+        return "—"
+    return f"{figure['trie_positions'] / figure['prompts']:.0f}"
+
+
+def gpu_section(result: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+    """A run of benchmarks/gpu.py with its precision tiers: the exact scorer's prompts/s per
+    model and answer set in each tier, with its share of the tier's dense peak, beside
+    transformers' generation of the same prompts."""
+    best = {key: f for key, f in fastest(result).items() if "tier" in f}
+    if not best:
+        return []
+    tiers = list(dict.fromkeys(tier for _, tier, _ in best))
+    rows = list(dict.fromkeys((model, answers) for model, _, answers in best))
+    generated = {
+        (f["model"], f["answers"]): f["value"]
+        for f in result["figures"]
+        if f.get("step") == "generate" and f.get("engine") == "transformers"
+        and f["unit"] == "prompts/s"
+    }  # fmt: skip
+    lines = [
+        "### Prompts/s by precision tier\n",
+        "The exact scorer's fastest prompts/s per model, answer set and tier (over the plan's "
+        "batch and the sweep's fixed ones), with its share of the tier's dense peak, and "
+        "transformers' greedy generation of the same prompts (16 new tokens). Trie positions: "
+        "the answer trie's positions a prompt read (epsilon 0 reads the whole trie).\n",
+        "| model | answers | epsilon | trie positions a prompt | "
+        + " | ".join(tiers)
+        + " | generation |",
+        "|---" * (5 + len(tiers)) + "|",
+    ]
+    for model, answers in rows:
+        first = next(best[(model, t, answers)] for t in tiers if (model, t, answers) in best)
+        cells = [
+            f"{number(best[key]['value'])}{percent(best[key].get('share_of_peak'))}"
+            if (key := (model, tier, answers)) in best
+            else "—"
+            for tier in tiers
+        ]
+        lines.append(
+            f"| {model} | {answers} | {number(first['epsilon'])} | {positions(first)} | "
+            + " | ".join(cells)
+            + f" | {number(generated.get((model, answers)))} |"
+        )
+    return [*lines, ""]
+
+
+def full_study_section(result: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+    """benchmarks/full_study.py: the grid's prompts per model, the GPU-hours they take at every
+    GPU run's measured prompts/s, and the recipe for N GPUs with Ray."""
+    grid = next(f for f in result["figures"] if f.get("series") == "the full grid")
+    by_answers: dict[str, int] = {}
+    for f in result["figures"]:
+        if f.get("series") != "the full grid":
+            by_answers[f["answers"]] = by_answers.get(f["answers"], 0) + f["value"]
+    sets = " and ".join(f"{n:,} on {spec}" for spec, n in by_answers.items())
+    lines = [
+        "### The full study\n",
+        f"The paper's full grid holds **{grid['value']:,} prompts per model** ({sets}): counted "
+        "by probekit's own probes, the intergroup study's with `--category all --setting all "
+        f"--events all` ({grid['probes']} probes) on crowd-enVent "
+        f"({'its checksum verified' if grid.get('data_verified') else 'not the pinned copy'}), "
+        "by the command above.\n",
+        "**Hours per model on the GPUs measured**, computed from each GPU run's prompts/s above: "
+        "for each model and tier, the fastest exact figure of each answer set the grid uses, "
+        "and hours = the sum over answer sets of their prompts / prompts/s / 3600. The "
+        "Llama-3.1-8B-shaped rows stand in for an 8B model (random weights: at epsilon 0 they "
+        "read the whole answer trie, more than a trained model reads at the default epsilon; a "
+        "run at the default epsilon on random weights reads far fewer, so those hours are too "
+        "low). On N GPUs the grid splits N ways (below): divide by N.\n",
+        "| GPU | model | tier | epsilon | trie positions a prompt (0-100) | prompts/s ("
+        + " / ".join(by_answers)
+        + ") | GPU-hours per model | on 8 GPUs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in results:
+        if not run["device"].startswith("cuda"):
+            continue
+        best = fastest(run)
+        for model, tier in dict.fromkeys((m, t) for m, t, _ in best):
+            figures = [best.get((model, tier, spec)) for spec in by_answers]
+            if None in figures:
+                continue
+            hours = (
+                sum(n / f["value"] for n, f in zip(by_answers.values(), figures, strict=True))
+                / 3600
+            )
+            top = figures[0]
+            lines.append(
+                f"| {run['device'].removeprefix('cuda: ')} ({run['date'][:10]}) | {model} | "
+                f"{tier} | {number(top.get('epsilon'))} | {positions(top)} | "
+                + " / ".join(f"{f['value']:.0f}" for f in figures)
+                + f" | {hours:,.0f} | {hours / 8:,.1f} |"
+            )
+    lines += [
+        "",
+        "**The recipe for N GPUs**: one Ray actor per GPU, each holding the model, fed chunks "
+        "of 64 prompts by the driver, which alone writes the run folder; a run resumes where it "
+        "stopped, and a dead actor costs its chunk only ([Scale: shards and Ray]"
+        "(scale.md#shards-and-ray-many-prompts)). Start Ray on every machine, then run the grid "
+        "from the head (actors default to one per GPU of the cluster):\n",
+        "```bash",
+        "ray start --head --port=6379                 # the first machine",
+        "ray start --address=HEAD:6379                # every other machine",
+        "probekit run intergroup --category all --setting all --events all \\",
+        "    --model meta-llama/Llama-3.1-8B-Instruct --ray --out runs/full-8b",
+        "```\n",
+        "Its tested part: a slice of the grid (every prompt setting of one category, the whole "
+        "units `--limit` keeps) run through `probekit run --ray` on two Ray actors on CPU workers "
+        "writes the rows one process writes (`tests/test_ray.py::"
+        "test_a_slice_of_the_full_grid_on_ray_actors_writes_the_rows_of_one_process`). Several "
+        "GPUs have not run it yet.\n",
+    ]
+    return lines
+
+
+SECTIONS = {"patching": patching_section, "gpu": gpu_section, "full_study": full_study_section}
+"""A benchmark's own section after its figures (by the benchmark's name before any `-`: `gpu`
+for gpu-h100 and gpu-h200), from its figures and `details`, and the other results files."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

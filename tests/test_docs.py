@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, reference_data_root
 from examples import python_blocks, run_examples
 
 import probekit
@@ -57,6 +58,25 @@ def test_the_performance_page_is_generated_from_the_committed_results():
     page = (DOCS / "performance.md").read_text(encoding="utf-8")
     stale = "docs/performance.md is stale: run python benchmarks/report.py"
     assert page == report.render(results), stale
+
+
+def test_the_full_study_counts_the_grid_probekit_run_would_score(monkeypatch):
+    """The performance page's "The full study": its prompts per model are what probekit's own
+    intergroup probes hold for `--category all --setting all --events all` on the real
+    crowd-enVent (checked where that data is here), the spec's (19² + 22² + 6²) pairs x 6,050
+    events x 7 settings."""
+    root = reference_data_root()
+    if root is None:
+        pytest.skip("the real crowd-enVent is not here ($PROBEKIT_DATA)")
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    full_study = importlib.import_module("full_study")
+    probes, data = full_study.grid_probes(str(root))
+    results = json.loads((REPO / "benchmarks/results/full_study.json").read_text("utf-8"))
+    grid = next(f for f in results["figures"] if f["series"] == "the full grid")
+    assert grid["value"] == sum(len(p) for p in probes) == (19**2 + 22**2 + 6**2) * 6050 * 7
+    assert grid["data_sha256"] == data["data_sha256"] and grid["data_verified"]
+    per_probe = {(f["category"], f["setting"]): f["value"] for f in results["figures"][:-1]}
+    assert per_probe == {(p.category.name, p.setting.name): len(p) for p in probes}
 
 
 @pytest.mark.slow

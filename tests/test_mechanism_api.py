@@ -308,3 +308,73 @@ def test_the_transformers_engine_is_a_hooked_scorer(tiny_scorer):
     from probekit.engines.base import HookableModel, HookedScorer
 
     assert isinstance(scorer, HookedScorer) and isinstance(scorer.model, HookableModel)
+
+
+# ---------------------------------------------------------------------- a hook library missing
+def without(monkeypatch, *packages):
+    """Make `packages` (and their submodules, imported or not) fail to import in this test, as
+    on a machine where they are not installed."""
+    import sys
+
+    for name in [m for m in sys.modules if m.split(".")[0] in packages] + list(packages):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def hook_line(text, missing, other):
+    """`text` is one line naming the missing package, its install command and the other one."""
+    assert "\n" not in text.strip() and "Traceback" not in text
+    assert f"the {missing} package is not installed here" in text or (
+        f"the {missing} package cannot be imported here" in text
+    )
+    assert "pip install 'transformer-lens" in text or "pip install 'nnsight" in text
+    assert f"or use the other hook library, {other}" in text
+
+
+@pytest.mark.parametrize(
+    ("missing", "other", "hooks"),
+    [("transformer_lens", "nnsight", []), ("nnsight", "transformer_lens", ["--hooks", "nnsight"])],
+)
+def test_the_commands_say_a_missing_hook_library_in_one_line(
+    monkeypatch, capsys, missing, other, hooks
+):
+    """`probekit patch/capture/steer` without the hook library's package: one line before any
+    model loads (the default hooks, transformer_lens, checked as a given one is)."""
+    from probekit import cli
+
+    without(monkeypatch, missing)
+    for command in ("patch", "capture", "steer"):
+        assert cli.main([command, "intergroup", *hooks]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("probekit: error: --hooks: "), err
+        hook_line(err, missing, other)
+
+
+def test_the_functions_say_a_missing_hook_library_in_one_line(model, monkeypatch):
+    """`probekit.patch`, `capture`, `steer` (and the study functions) without the package, and
+    the TransformerLens and nnsight views of a model built without it: one ProbekitError line,
+    not a ModuleNotFoundError."""
+    import probekit
+    from probekit.testing.synthetic import tiny_model
+
+    pair = api.make_pair(model, "I am a Muslim. Sad?", "I am a Jew. Sad?", span="Muslim")
+    without(monkeypatch, "transformer_lens")
+    calls = {
+        "patch": lambda: probekit.patch(
+            model, pair, spans=["identity"], layers=[0], answers="0-10", progress=False
+        ),
+        "capture": lambda: probekit.capture(model, ["How sad?"], layers=[0]),
+        "steer": lambda: probekit.steer(
+            model, ["How sad?"], np.ones(64), layers=[0], alphas=[1.0], answers="0-10"
+        ),
+        "patch_study": lambda: probekit.patch_study("intergroup", model),
+        "the bridge": lambda: tiny_model().enable_bridge(),
+    }
+    for call in calls.values():
+        with pytest.raises(ProbekitError) as error:
+            call()
+        hook_line(str(error.value), "transformer_lens", "nnsight")
+    without(monkeypatch, "nnsight")
+    with pytest.raises(ProbekitError, match="the nnsight package cannot be imported here"):
+        tiny_model().nnsight  # noqa: B018
+    with pytest.raises(ProbekitError, match=r"also missing: `pip install 'nnsight>=0.8'`"):
+        probekit.capture(model, ["How sad?"], layers=[0])

@@ -164,3 +164,47 @@ def test_unreachable_address_is_one_line(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh `probekit run`
     with pytest.raises(ProbekitError, match="cannot reach the Ray cluster at 127.0.0.1:9"):
         connect("127.0.0.1:9")
+
+
+@pytest.mark.slow
+def test_a_slice_of_the_full_grid_on_ray_actors_writes_the_rows_of_one_process(
+    cluster, tmp_path, monkeypatch
+):
+    """The full study's recipe (docs/performance.md, "The full study": `probekit run intergroup
+    --category all --setting all --events all --ray`) on CPU workers, on a slice of its grid:
+    religion in every prompt setting (seven probes, both answer sets), the whole units `--limit`
+    keeps, a tiny random model read from a folder by each actor. Two Ray actors write every
+    probe's rows, each prompt once, as the same run in one process does."""
+    from probekit.core.rundir import RunDir
+    from probekit.run import ray as pool
+    from probekit.run.study import run_study
+    from probekit.studies.intergroup.probe import SETTINGS
+    from probekit.testing.synthetic import tiny_model
+
+    model = tmp_path / "tiny"
+    tiny = tiny_model()
+    tiny.hf.save_pretrained(model)
+    tiny.tokenizer.save_pretrained(model)
+    grid = {"category": "religion", "setting": "all", "events": 1, "limit": 72}
+    grid |= {"data": SAMPLE_ROOT, "numerics": 0, "quiet": True}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two actors on 2 CPUs
+    try:
+        alone = run_study("intergroup", str(model), out=tmp_path / "one", **grid)
+    finally:
+        torch.set_num_threads(threads)
+    started = []
+    start_pool = pool._start_pool
+    monkeypatch.setattr(
+        pool, "_start_pool", lambda *a: started.append(start_pool(*a)) or started[-1]
+    )
+    ray_run = run_study(
+        "intergroup", str(model), out=tmp_path / "ray", ray="", ray_actors=2, **grid
+    )
+    assert [len(actors) for actors in started] == [2] * len(SETTINGS)  # a pool for each probe
+    probes = [f.relative_to(ray_run.path).as_posix() for f in ray_run.folders]
+    assert probes == [f"religion/{s}" for s in SETTINGS]
+    for one, many in zip(alone.folders, ray_run.folders, strict=True):
+        rows = RunDir(many).scores()
+        assert len(rows) == 72 and rows[INDEX].is_unique
+        same_rows(RunDir(one).scores(), rows)

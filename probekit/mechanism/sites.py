@@ -32,8 +32,9 @@ from typing import Any
 import torch
 
 from probekit.core.errors import ProbekitError
+from probekit.engines.hf.hook_libraries import HOOK_PACKAGES, require
 
-HOOK_LIBRARIES: tuple[str, ...] = ("transformer_lens", "nnsight")
+HOOK_LIBRARIES: tuple[str, ...] = tuple(HOOK_PACKAGES)
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,13 @@ def hook_order(hook: str) -> tuple[int, int]:
 
 
 def library(name: str) -> str:
-    """`name` if it is a hook library (`transformer_lens`, `nnsight`), else one line."""
+    """`name` if it is a hook library (`transformer_lens`, `nnsight`) whose package is installed,
+    else one line (an unknown name; the package missing, how to install it, the other library)."""
     if name not in HOOK_LIBRARIES:
         raise ProbekitError(
             f"unknown hook library {name!r}; choose from {', '.join(HOOK_LIBRARIES)}"
         )
-    return name
+    return require(name)
 
 
 def layer_indices(model: Any, layers: Sequence[Any]) -> list[int]:

@@ -10,6 +10,8 @@
 - `trie_pass`: the answer trie read from the prompt cache, one forward per depth, pruned
 - `decoding`: greedy or sampled continuations with the study's stop rule
 - `head`: the LM head on the positions read, float64-accurate vocabulary sums
+- `hook_libraries`: the packages of the hook libraries (TransformerLens, nnsight); one line where
+  one is missing
 - `forward`: the transformer body's forward and the device-synchronised clock
 - `cache`: the KV-cache operations (truncate, select rows, repeat rows, copy)
 - `attention`: boolean masks as additive masks; grouped-query SDPA on the CPU

@@ -30,6 +30,7 @@ from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
 from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
 from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
+from probekit.engines.hf.hook_libraries import import_from
 from probekit.engines.hf.precision import (
     FP32_MEMORY_SHARE,
     REDUCED,
@@ -165,12 +166,11 @@ class LoadedModel:
     def _bridge_switch(self) -> BridgeSwitch:
         """The bridge and its switch, built on first use (then installed)."""
         if self._switch is None:
-            from transformer_lens.model_bridge import TransformerBridge
-
+            bridges = import_from("transformer_lens", "transformer_lens.model_bridge")
             arch_name = self.meta.get("hf_id") or self.name
 
             def build() -> Any:
-                bridge = TransformerBridge.boot_transformers(
+                bridge = bridges.TransformerBridge.boot_transformers(
                     arch_name,
                     hf_model=self.hf,
                     tokenizer=self.tokenizer,
@@ -201,10 +201,11 @@ class LoadedModel:
     def nnsight(self) -> Any:
         """An nnsight `TransformersModel` over `hf`'s own modules, never the bridge's (its
         `trace(..., remote=True)` runs on NDIF); trace it outside `bridged()`."""
-        from nnsight.modeling.transformers import TransformersModel
-
+        traced = import_from("nnsight", "nnsight.modeling.transformers")
         with self.bridged(False):
-            return TransformersModel(self.hf, task="text-generation", tokenizer=self.tokenizer)
+            return traced.TransformersModel(
+                self.hf, task="text-generation", tokenizer=self.tokenizer
+            )
 
     def weights_fingerprint(self) -> str:
         """The revision or file hash recorded in run manifests."""
