@@ -40,6 +40,8 @@ _API = {
     "patch_study": "probekit.run.patch",
     "steer_study": "probekit.run.steer",
     "capture_study": "probekit.run.capture",
+    "lens": "probekit.mechanism.lens",
+    "lens_study": "probekit.run.lens",
     "read_activations": "probekit.mechanism.capture",
     "Activations": "probekit.mechanism.capture",
     "Readout": "probekit.mechanism.readouts",

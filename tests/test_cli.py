@@ -104,7 +104,7 @@ def test_help_lists_subcommands(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     text = capsys.readouterr().out
-    for command in ("studies", "run", "patch", "capture", "report", "score", "setup"):
+    for command in ("studies", "run", "patch", "capture", "lens", "report", "score", "setup"):
         assert command in text
 
 
@@ -136,6 +136,10 @@ SAMPLES = str(SAMPLE_ROOT)
         (["run", "intergroup", "--mode", "generate"], "unrecognized arguments: --mode"),
         (["patch", "intergroup", "--metric", "expected"], "unrecognized arguments: --metric"),
         (["capture", "intergroup", "--backend", "nnsight"], "unrecognized arguments: --backend"),
+        (["lens", "intergroup", "--layers", "x"], "--layers: 'x' is not"),
+        (["lens", "intergroup", "--min-valid-mass", "2"], "--min-valid-mass must be between 0"),
+        (["lens", "intergroup", "--sites", "resid_pre"], "unrecognized arguments: --sites"),
+        (["lens", "isear", "--events", "0"], "--events must be at least 1"),
         (
             ["score", "--answer", "0-10", "--prompts", "p.jsonl", "--out", "o.parquet"],
             "unrecognized arguments: --answer 0-10; did you mean --answers?",

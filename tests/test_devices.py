@@ -233,7 +233,8 @@ def test_a_device_map_without_room_or_offload_is_refused_before_loading():
     # 250 MiB of CPU without an offload folder cannot hold the 538 MB of float32 weights
     with pytest.raises(
         ProbekitError,
-        match="^default in float32 needs 538 MB of weights; 250 MiB of memory: use device_map='auto'",
+        match="^default in float32 needs 538 MB of weights; 250 MiB of memory: "
+        "use device_map='auto'",
     ):
         load_engine("default", max_memory="cpu=250MiB")
 

@@ -48,7 +48,7 @@ def test_options_are_declared_once_for_every_command():
     """intergroup's --events: one declaration, a count or all, its default per command, read
     the same from flags and keywords."""
     intergroup, giebench = get_study("intergroup"), get_study("giebench")
-    for command, default in (("run", 2), ("patch", 2), ("capture", 3), ("steer", 2)):
+    for command, default in (("run", 2), ("patch", 2), ("capture", 3), ("steer", 2), ("lens", 2)):
         options = cli.study_command(command, intergroup)
         assert options.parse(["--data", str(SAMPLE_ROOT)], "p")[2].events == default
         assert options.parse(["--events", "all"], "p")[2].events is None
@@ -191,10 +191,11 @@ def test_every_registered_study_is_a_contract_case():
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_command_runs_on_every_study(name, tiny, tmp_path):
-    """`run`, `patch`, `capture`, `steer` and `report` on the study through the Python API, on
-    the tiny model: each writes its files; the pairs put the first side of the study's declared
-    contrast against the other within a unit; `mean_diff` steers along that contrast, and each
-    α's headline is the study's own headline of that α's rows."""
+    """`run`, `patch`, `capture`, `steer`, `lens` and `report` on the study through the Python
+    API, on the tiny model: each writes its files; the pairs put the first side of the study's
+    declared contrast against the other within a unit; `mean_diff` steers along that contrast,
+    and each α's headline is the study's own headline of that α's rows, as each layer's is of
+    that layer's rows."""
     study, data = _study_and_data(name)
     run_options, mechanism = CASES[name]
     contrast = study.mechanism_defaults().contrast
@@ -250,6 +251,14 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     # the unsteered rows are reported once; the control's α = 0 holds the same files
     steer0, random0 = (next((tmp_path / "steer" / "alphas").glob(f"*-{k}-a0")) for k in KINDS)
     assert {p.name for p in random0.iterdir()} == {p.name for p in steer0.iterdir()}
+
+    lens = probekit.lens_study(study, tiny, out=tmp_path / "lens", **TINY, **data, **mechanism)
+    probe, items = items_of("lens")
+    assert len(lens.table) == len(items) and set(lens.table["layer"]) == {1}
+    manifest = {**probe.manifest(), "model": tiny.name, "seed": 0, "view": "exact"}
+    first = lens.summary[lens.summary["primary"]].iloc[0]
+    own = study.headline(lens.table, tmp_path / "own-lens", {**manifest, "min_valid_mass": 0.0})
+    assert (first["label"], first["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
 
     markdown = report_runs(run.path, tmp_path / "report", studies=[study])
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")

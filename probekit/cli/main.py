@@ -1,5 +1,5 @@
-"""The `probekit` command: list and run studies, report, capture, patch, steer, score prompt
-files, prepare a model, plan its memory.
+"""The `probekit` command: list and run studies, report, capture, patch, steer, lens, score
+prompt files, prepare a model, plan its memory.
 
 `main` dispatches on the command's name; each command reads its options from the dataclasses
 that declare them (`probekit.core.options.Command`), so a flag is checked by the same rule as
@@ -33,6 +33,7 @@ STUDY_COMMANDS = {
     "patch": "activation patching of a study's counterfactual pairs, and its direction",
     "capture": "activations at the spans of a study's prompts, to safetensors + parquet",
     "steer": "a study's headline with α x a vector added while scoring, beside a random control",
+    "lens": "a study's headlines read after each layer (the logit lens on the exact readout)",
 }
 COMMANDS = {
     "studies": "list the registered studies, one line each",
@@ -113,7 +114,7 @@ def _parser() -> CommandParser:
         prog="probekit",
         description="Exact logit-based bias probes for language models.",
         epilog="Each command's options: probekit COMMAND --help (a study command: probekit run "
-        "STUDY --help, likewise patch, capture, steer).",
+        "STUDY --help, likewise patch, capture, steer, lens).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():

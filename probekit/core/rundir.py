@@ -95,9 +95,9 @@ SETTINGS = (
     Setting("positions", True, "steer: where the vector is added"),
     Setting("span", True, "steer: the span it is added from"),
     Setting("sites", True, "steer, capture: the TransformerLens sites"),
-    Setting("layers", True, "steer, capture: the layers"),
+    Setting("layers", True, "steer, capture, lens: the layers"),
     Setting("hooks", True, "steer, capture: the hook library (its kernels' last digits)"),
-    Setting("prompt_ids_sha256", True, "steer: the SHA-256 of the prompts' ids, in order"),
+    Setting("prompt_ids_sha256", True, "steer, lens: the SHA-256 of the prompts' ids, in order"),
     Setting("alphas", False, "steer: the multiples asked for (each α is a part of its own)"),
 )
 _DECLARED = {s.name: s for s in SETTINGS}

@@ -11,7 +11,7 @@ hooks (vLLM) raises `hooks_unavailable(...)` from `hookable()`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -75,6 +75,19 @@ class ScoreResult:
             row["expected"], row["std"] = self.expected, self.std
         row.update({f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)})
         return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], answers: AnswerSet) -> ScoreResult:
+        """The result a results-table row was written from (`row`'s inverse)."""
+        return cls(
+            probs=np.array([row[f"p::{a}"] for a in answers.answers], dtype=float),
+            valid_mass=float(row["valid_mass"]),
+            error_bound=float(row["error_bound"]),
+            greedy=row["greedy"],
+            most_probable=row["most_probable"],
+            expected=row.get("expected"),
+            std=row.get("std"),
+        )
 
 
 @runtime_checkable

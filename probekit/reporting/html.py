@@ -506,6 +506,36 @@ def _markdown() -> MarkdownIt:
     return MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
+def mechanism_page(
+    template: str,
+    summary: pd.DataFrame,
+    figure: str | Path,
+    manifest: Mapping[str, Any],
+    shown: Sequence[str],
+    data: str,
+    **values: Any,
+) -> str:
+    """The HTML of a mechanism run's page (`probekit steer`, `probekit lens`) from
+    `templates/<template>`: the figure inline (base64 PNG), the manifest's `shown` settings,
+    the summary's notes, the data as the study describes it (and whether it is probekit's
+    sample), and the template's own `values`."""
+    image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
+    settings = [(k, manifest[k]) for k in shown if manifest.get(k) is not None]
+    notes = sorted({str(n) for n in summary.get("note", pd.Series(dtype=str)).dropna() if n})
+    return (
+        _environment()
+        .get_template(template)
+        .render(
+            image=image,
+            settings=settings,
+            notes=notes,
+            data=data,
+            sample=is_sample_data(data),
+            **values,
+        )
+    )
+
+
 def _environment() -> jinja2.Environment:
     """Templates from the package (importlib.resources), HTML autoescaped."""
     root = files("probekit.reporting").joinpath("templates")

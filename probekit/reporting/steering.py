@@ -6,7 +6,6 @@ templates (`templates/steer.html`) like the run pages, self-contained."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,9 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.io import write_text
-from probekit.reporting.contract import is_sample_data
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
-from probekit.reporting.html import _environment
+from probekit.reporting.html import mechanism_page
 
 STEER, RANDOM = "steer", "random"
 """The `vector` column's kinds: the vector given, and the random control of its norm."""
@@ -89,23 +87,17 @@ def steer_page_html(
     summary: pd.DataFrame, figure: str | Path, title: str, manifest: Mapping[str, Any], data: str
 ) -> str:
     """The HTML of a steering run's page (`data`: the data as the study describes it)."""
-    image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
-    settings = [(k, manifest[k]) for k in SHOWN if manifest.get(k) is not None]
-    notes = sorted({str(n) for n in summary.get("note", pd.Series(dtype=str)).dropna() if n})
-    return (
-        _environment()
-        .get_template("steer.html")
-        .render(
-            title=title,
-            label=str(summary["label"].iloc[0]),
-            rows=steer_rows(summary),
-            image=image,
-            settings=settings,
-            data=data,
-            sample=is_sample_data(data),
-            notes=notes,
-            prompts=int(summary["prompts"].iloc[0]),
-        )
+    return mechanism_page(
+        "steer.html",
+        summary,
+        figure,
+        manifest,
+        SHOWN,
+        data,
+        title=title,
+        label=str(summary["label"].iloc[0]),
+        rows=steer_rows(summary),
+        prompts=int(summary["prompts"].iloc[0]),
     )
 
 

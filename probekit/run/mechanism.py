@@ -1,16 +1,20 @@
-"""A study under the mechanism commands (`probekit patch`, `capture`, `steer` and their
-functions `patch_study`, `capture_study`, `steer_study`): the options they take together (the
-model's, the command's and the study's, checked before any work), the study's view of them, and
-the study given by name or as an object."""
+"""A study under the mechanism commands (`probekit patch`, `capture`, `steer`, `lens` and their
+functions `patch_study`, `capture_study`, `steer_study`, `lens_study`): the options they take
+together (the model's, the command's and the study's, checked before any work), the study's view
+of them, the study given by name or as an object, and the manifest fields their run folders share
+(`mechanism_settings`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import Command, named
+from probekit.core.rundir import RESULTS_FORMAT, device_kind
 from probekit.engines.options import ModelOptions, loaded_engine
-from probekit.studies.base import Context, Study, get_study
+from probekit.studies.base import VIEWS, Context, Study, get_study
 
 Check = Any
 """A command's own check of its parsed options: `check(parsed)`, raising one line."""
@@ -19,7 +23,7 @@ Check = Any
 def mechanism_command(
     name: str, options: type, study: Study, defaults: dict, checks: tuple[Check, ...] = ()
 ) -> Command:
-    """A mechanism command's options (`patch`, `capture`, `steer`): the model's (a hookable
+    """A mechanism command's options (`patch`, `capture`, `steer`, `lens`): the model's (a hookable
     engine), the command's `options` and the study's, checked together (`checks`: the
     command's own, after the engine's and the study's)."""
 
@@ -57,3 +61,34 @@ def build(command: Command, study: Study, model: Any, options: dict[str, Any]) -
     loaded = loaded_engine(model)
     keywords = options if loaded is not None else {**options, "model": model}
     return loaded, command.build(keywords, f"{command.name}_study({study.name!r})")
+
+
+def mechanism_settings(
+    study: Study, probe: Any, ids: list[str], seed: int, model: Any, own: dict[str, Any]
+) -> dict[str, Any]:
+    """The manifest of a mechanism run folder (`probekit steer`, `probekit lens`): what changes
+    a number, as it reads back from the file (undeclared fields are resume keys, see
+    `probekit.core.rundir.SETTINGS`). The study, the probe's configuration (exact view, epsilon
+    0 unless `own` gives the command's), the seed, the command's `own` fields, the prompts
+    (their ids' SHA-256, in order) and, from the loaded `model`, the model as given, where it
+    was loaded from, its weights, dtype, kind of device, device map and precision record, each
+    None before it loads (`model` None, so that `RunDir.check_resume` leaves them for after)."""
+    described = model.describe() if model is not None else {}
+    manifest = {
+        "results_format": RESULTS_FORMAT,
+        "study": study.name,
+        **{key: described.get(key) for key in ("model", "model_source", "weights", "dtype")},
+        "device": device_kind(described.get("device")),
+        "device_map": described.get("device_map"),
+        "precision": described.get("precision"),
+        "engine": "hf",
+        "probe": probe.config(),
+        "view": VIEWS[0],
+        "epsilon": 0.0,
+        "seed": seed,
+        **own,
+        "prompt_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
+        "prompts": len(ids),
+        **probe.manifest(),
+    }
+    return json.loads(json.dumps(manifest, default=str))

@@ -22,7 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from probekit.core.rundir import RunDir
@@ -106,25 +105,12 @@ def record_numerics(
                 for item, text in zip(items, rows["explanation"], strict=True)
             ]
         prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
-        own = [_result(row, probe) for row in rows.to_dict("records")]
+        own = [ScoreResult.from_row(row, probe.answers) for row in rows.to_dict("records")]
         epsilon = float(manifest.get("epsilon", 0.0))
         figure = noise_figure(exact, prompts, probe.answers, epsilon=epsilon, own=own)
         figure["fp32_parts"] = exact.meta.get("fp32_parts", [])
     folder.update_manifest(**{FIELD: figure})
     return figure
-
-
-def _result(row: dict[str, Any], probe: Probe) -> ScoreResult:
-    """A run's row back as the `ScoreResult` it was written from."""
-    probs = np.array([row[f"p::{a}"] for a in probe.answers.answers], dtype=float)
-    return ScoreResult(
-        probs=probs,
-        valid_mass=float(row["valid_mass"]),
-        error_bound=float(row["error_bound"]),
-        greedy=row["greedy"],
-        most_probable=row["most_probable"],
-        expected=row.get("expected"),
-    )
 
 
 def _sample(scores: pd.DataFrame, seed: int, count: int) -> list[int]:

@@ -26,7 +26,6 @@ file, its shape, a zero vector, a saturating α) comes before anything is writte
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.options import Command, named, on_command_line
 from probekit.core.progress import progress, silenced
 from probekit.core.public import public
-from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
+from probekit.core.rundir import RowKey, RunDir
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import settle_precision
@@ -54,7 +53,13 @@ from probekit.mechanism.sites import chosen_layers, hook_library
 from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
-from probekit.run.mechanism import build, context, mechanism_command, study_object
+from probekit.run.mechanism import (
+    build,
+    context,
+    mechanism_command,
+    mechanism_settings,
+    study_object,
+)
 from probekit.run.parts import DamagedPart, say, set_aside, set_aside_file, stamped
 from probekit.studies.base import VIEWS, Probe, Study
 
@@ -267,22 +272,8 @@ def settings(
     """What defines a steering run (its manifest; undeclared fields are resume keys, see
     `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
     loaded model gives, and the layers, are None."""
-    described = model.describe() if model is not None else {}
-    manifest = {
-        "results_format": RESULTS_FORMAT,
-        "study": study.name,
-        "model": described.get("model"),
-        "model_source": described.get("model_source"),
-        "weights": described.get("weights"),
-        "dtype": described.get("dtype"),
-        "device": device_kind(described.get("device")),
-        "device_map": described.get("device_map"),
-        "precision": described.get("precision"),
-        "engine": "hf",
-        "probe": probe.config(),
-        "view": VIEWS[0],
+    own = {
         "epsilon": args.epsilon,
-        "seed": args.seed,
         "vector": "file" if file is not None else args.vector,
         "vector_sha256": file.sha256 if file is not None else "",
         "vector_file": str(file.path) if file is not None else None,
@@ -291,16 +282,9 @@ def settings(
         "sites": sites,
         "layers": layers,
         "hooks": args.hooks,
-        "prompt_ids_sha256": _ids_digest(ids),
-        "prompts": len(ids),
         "alphas": alphas,
-        **probe.manifest(),
     }
-    return json.loads(json.dumps(manifest, default=str))  # as it reads back from the file
-
-
-def _ids_digest(ids: list[str]) -> str:
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
+    return mechanism_settings(study, probe, ids, args.seed, model, own)
 
 
 def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path:

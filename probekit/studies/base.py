@@ -4,13 +4,14 @@ A `Probe` is one study configuration whose items can be enumerated in a fixed or
 answers count, how a generated response is parsed, and what defines it (for the run manifest).
 A `Study` is a folder under `probekit/studies/` that declares its options once (`options`: a
 dataclass of `probekit.core.options.option` fields, used by `probekit run`, `patch`, `capture`,
-`steer` and their functions), its data (`dataset`), and implements what every command needs:
+`steer`, `lens` and their functions), its data (`dataset`), and implements what every command needs:
 `probes` (from its options), `report_view` (one view of scored rows: metrics, figures, summary
 rows) with `headlines` (the numbers of those rows, one primary), and `mechanism_defaults` (its
 `Contrast`: the two sides of its gap, and the patch defaults). From these the core gives every
 command on every study: `headline` (the primary number of any set of scored rows: what `probekit
-steer` reports per α), `mechanism_items` (the probe's items) and `pairs` (each first-side prompt
-against each other-side prompt of its unit), which a study may refine. Its methods receive its
+steer` reports per α; `probekit lens` reports every headline of each layer's rows),
+`mechanism_items` (the probe's items) and `pairs` (each first-side prompt against each
+other-side prompt of its unit), which a study may refine. Its methods receive its
 options as typed values
 and a `Context` (the command, the seed, the view, how options are named to the user). The core
 does the rest: parsing and validating options before any work (`check` for those that span
@@ -59,7 +60,7 @@ VIEWS = ("exact", "generate", "explain")
 generation and the study's parse, exact scores beside them), `explain` (generate up to the
 probe's answer cue, then read the answer distribution there exactly)."""
 RUN = ("run",)
-MECHANISM = ("patch", "capture", "steer")
+MECHANISM = ("patch", "capture", "steer", "lens")
 COMMANDS = (*RUN, *MECHANISM)
 """The commands that take a study's options (`option(..., commands=RUN)`: `run` only)."""
 Say = Callable[..., None]
@@ -94,8 +95,8 @@ def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
 @dataclass(frozen=True)
 class Context:
     """What a study's methods read besides its own options: the `command` they serve (run,
-    patch, capture or steer), the `seed`, the `view` (a run's; the mechanism commands read the
-    exact view), the `device` asked for and where to say what happens. (A refusal names an
+    patch, capture, steer or lens), the `seed`, the `view` (a run's; the mechanism commands read
+    the exact view), the `device` asked for and where to say what happens. (A refusal names an
     option as the user gave it with `probekit.core.options.named`: `--events` on the command
     line, `events` from Python.)"""
 
@@ -274,7 +275,7 @@ class LimitedProbe(Probe):
 
 class Study(ABC):
     """A study: options, probes, the report of a view with its headlines, and its contrast.
-    Every command (`run`, `patch`, `capture`, `steer`, `report`) works on every study from
+    Every command (`run`, `patch`, `capture`, `steer`, `lens`, `report`) works on every study from
     these abstract methods; the rest has defaults."""
 
     name: str

@@ -16,6 +16,7 @@ so the two compute the same function of the prompt's activations.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +37,7 @@ def answer_mass(scorer: HFScorer, batch: Sequence[Sequence[int]]) -> torch.Tenso
     """
     model, t = scorer.model, scorer.trie_pass.tables
     dev = model.device
-    n, nodes = len(batch), t.n_nodes
+    n = len(batch)
     ids, mask = left_pad(batch, model.tokenizer.pad_token_id, dev)
     width = ids.shape[1]
     depth = (t.ancestors >= 0).sum(-1) + 1  # below the root; the root's entry is unused
@@ -46,17 +47,34 @@ def answer_mass(scorer: HFScorer, batch: Sequence[Sequence[int]]) -> torch.Tenso
     attend = additive_mask(_tree_mask(mask.bool(), t.ancestors), model.dtype)
     hidden, _ = body(model, tokens, attend, position_ids)
     node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
-    terms = _node_terms(scorer, node_hidden.reshape(n * nodes, -1), t.child_token.repeat(n, 1))
+    logp_node, stop_logp, _ = node_log_probs(scorer, node_hidden)
+    return t.answer_probs(logp_node, stop_logp)
+
+
+def node_log_probs(
+    scorer: HFScorer, node_hidden: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the final hidden state at every trie node ([rows, nodes, d_model]; node 0, the root,
+    is the prompt's last position): log P(node) [rows, nodes] and the stop log-probs [rows,
+    nodes, rule] in float64, which `TrieTables.answer_probs` multiplies into the answers'
+    probabilities, and each node's most likely next token [rows, nodes]. The LM head and the
+    vocabulary sums are the engine's (`lm_head`, `vocabulary_sums`); differentiable in
+    `node_hidden`. What `answer_mass` reads after its one forward, and what the logit lens
+    reads from each layer (`probekit.mechanism.lens`)."""
+    t = scorer.trie_pass.tables
+    n, nodes = node_hidden.shape[:2]
+    flat = node_hidden.reshape(n * nodes, -1)
+    terms, top = _node_terms(scorer, flat, t.child_token.repeat(n, 1))
     terms = terms.view(n, nodes, -1)
     log_z = terms[..., :1]
     stop_logp = terms[..., 1:3] - log_z  # [n, nodes, rule]
     child_logp = terms[..., 3:] - log_z  # [n, nodes, children]
     parent, slot = _parent_slots(scorer)
-    root = torch.zeros(n, 1, dtype=torch.float64, device=dev)
+    root = torch.zeros(n, 1, dtype=torch.float64, device=terms.device)
     edge = torch.cat([root, child_logp[:, parent[1:], slot[1:]]], dim=1)  # log P(node | parent)
     # log P(node) = its own edge + its ancestors' edges (ancestors below the root; -1 -> edge 0 = 0)
     logp_node = edge + edge[:, t.ancestors.clamp(min=0)].sum(-1)
-    return t.answer_probs(logp_node, stop_logp)
+    return logp_node, stop_logp, top.view(n, nodes)
 
 
 def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
@@ -78,30 +96,33 @@ def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
     return attend[:, None]
 
 
-def _node_terms(scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
-    """Float64 [rows, 3 + children]: log Z, log of the stop sums of both rules, child logits."""
+def _node_terms(
+    scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 [rows, 3 + children]: log Z, log of the stop sums of both rules, child logits;
+    and each row's most likely token. Under autograd each chunk is checkpointed."""
+    run = _head_chunk
+    if torch.is_grad_enabled():
+        run = functools.partial(checkpoint, _head_chunk, use_reentrant=False)
     chunks = [
-        checkpoint(
-            _head_chunk,
-            scorer,
-            hidden[i : i + HEAD_CHUNK],
-            child_token[i : i + HEAD_CHUNK],
-            use_reentrant=False,
-        )
+        run(scorer, hidden[i : i + HEAD_CHUNK], child_token[i : i + HEAD_CHUNK])
         for i in range(0, hidden.shape[0], HEAD_CHUNK)
     ]
-    return torch.cat(chunks)
+    return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
 
 
-def _head_chunk(scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor) -> torch.Tensor:
+def _head_chunk(
+    scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's sums for a chunk of rows: exp(logits - max) times the ones and "does not
-    extend" columns; the max is a constant shift, so it carries no gradient."""
+    extend" columns (the max is a constant shift, so it carries no gradient), and the argmax."""
     logits = lm_head(scorer.model, hidden)
-    top = logits.max(-1).values.detach()[:, None]
+    top, token = logits.max(-1)
+    top = top.detach()[:, None]
     blocks = scorer.trie_pass.columns.blocks
     sums = vocabulary_sums((logits - top).exp(), blocks).log() + top.double()
     children = torch.gather(logits, 1, child_token.clamp(min=0)).double()
-    return torch.cat([sums, children], dim=1)
+    return torch.cat([sums, children], dim=1), token
 
 
 def _parent_slots(scorer: HFScorer) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,14 +42,15 @@ class GIEBenchOptions:
     items: str | None = option(
         None,
         help="a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample' "
-        "(run default: the official files, found or downloaded, else the sample; patch, capture "
-        "and steer need records: 'sample' by default)",
+        "(run default: the official files, found or downloaded, else the sample; patch, capture, "
+        "steer and lens need records: 'sample' by default)",
         kind=text,
         defaults={command: "sample" for command in MECHANISM},
     )
     prompt: list[str] = option(
         list(PROMPT_TYPES),
-        help="raw,id,cot or a subset (patch, capture, steer: id and/or cot; default %(default)s)",
+        help="raw,id,cot or a subset (patch, capture, steer, lens: id and/or cot; default "
+        "%(default)s)",
         kind=prompt_types,
         defaults={command: ["cot"] for command in MECHANISM},
     )

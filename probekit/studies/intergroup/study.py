@@ -65,7 +65,7 @@ class IntergroupOptions:
     )
     events: int | None = option(
         DEFAULT_EVENTS,
-        help="run: events per emotion; patch, capture, steer: the first N of one event per "
+        help="run: events per emotion; patch, capture, steer, lens: the first N of one event per "
         "emotion; or all (default %(default)s)",
         kind=count_or_all,
         defaults={"capture": 3},

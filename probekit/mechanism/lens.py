@@ -1,0 +1,208 @@
+"""The logit lens on the exact readout: a prompt's answer distribution as each layer reads it.
+
+The logit lens decodes the residual stream after layer l with the model's own final norm and LM
+head, as if the layers above were not there. Its usual form (TransformerLens's
+`accumulated_resid(apply_ln=True)` through the unembedding, nnterp's `logit_lens`) reads one
+next token. probekit's readouts are distributions over answers of several tokens (0-100 through
+an answer trie, A-E letters, emotion words), so here the lens reads the answer trie: at every
+node the scorer reads (the prompt's last position, then one position per answer prefix) the
+residual stream after layer l goes through the final norm and the LM head, and the answer
+probabilities are multiplied along the trie exactly as the scorer multiplies them (each
+surface form, the stop probability of the answer's kind, the valid mass, the expected value;
+`probekit.engines.hf.differentiable.node_log_probs`, `TrieTables.answer_probs`).
+
+It costs one scoring run: the scorer runs once (prompt pass and trie pass at epsilon 0) while
+hooks read `blocks.{l}.hook_resid_post` at those positions only
+(`probekit.mechanism.interventions.score_with`); the norm and the head then run per layer on
+those rows only. After the last layer the lens is the scorer: the same hidden states through the
+same norm and head (a test holds it to the scorer's own error).
+
+Where it departs from a single-token lens. Every trie node after the first is the answer's
+prefix fed to the whole model: its residual stream at layer l has attended, through the KV
+cache, to the full model's earlier layers at the prompt and at the prefix's earlier tokens
+(position for position, the lens changes the readout, not the forward). So the lens at layer l
+is "what layer l believes at each answer token, given the answer so far", and for a one-token
+answer it is the single-token lens at the prompt's last position times the stop probability that
+layer l reads after the token. A node the full model gives probability 0 (pruned even at
+epsilon 0) is never fed: a layer that puts mass on it cannot say how its answers end, and that
+mass is the row's `error_bound` (pruned mass / valid mass), as in the scorer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from probekit.core.answers import AnswerSet
+from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.kinds import int_list, probability
+from probekit.core.options import BatchSizeOption, OutOption, SeedOption, option
+from probekit.core.progress import progress as track
+from probekit.core.progress import silenced
+from probekit.core.public import public
+from probekit.engines.base import HookedScorer, ScoreResult
+from probekit.engines.hf.differentiable import node_log_probs
+from probekit.engines.hf.precision import final_norm
+from probekit.engines.hf.tiers import settle_precision
+from probekit.engines.options import ModelOptions, ScoreOptions
+from probekit.mechanism.api import encode_prompts, hookable
+from probekit.mechanism.interventions import Loc, answer_nodes, score_with
+from probekit.mechanism.sites import d_model, hook_library, layer_indices
+
+SITE = "hook_resid_post"
+"""The residual stream after each layer: what the lens decodes."""
+READ_BUDGET = 1 << 30
+"""Bytes of residual stream one batch may read (every layer, at every read position): the
+batch is made smaller until it fits."""
+
+
+@dataclass(frozen=True)
+class LensOptions(BatchSizeOption, SeedOption, OutOption):
+    """Lens options: the layers read, and the study's report of each."""
+
+    layers: list[int] | None = option(
+        None,
+        help="comma-separated layers whose residual stream is read, -1 the last (default: every "
+        "layer)",
+        kind=int_list,
+    )
+    min_valid_mass: float = option(
+        0.0,
+        help="the study's exclusion of prompts by valid mass, applied to each layer's "
+        "distributions (default %(default)s: none; a layer's valid mass says how much of its "
+        "lens is on the answers, not that the model refused)",
+        kind=probability,
+    )
+
+
+@dataclass(frozen=True)
+class LensResult:
+    """One prompt read after each of `layers` (`results[k]`: its answer distribution after
+    layer `layers[k]`), and `final`, the scorer's own result of the same forward passes."""
+
+    layers: tuple[int, ...]
+    results: tuple[ScoreResult, ...]
+    final: ScoreResult
+
+
+def lens_batch(
+    scorer: HookedScorer, batch: Sequence[Sequence[int]], layers: Sequence[int]
+) -> list[LensResult]:
+    """The lens of one batch of token-id prompts at `layers`: one scoring run (epsilon 0)
+    reading the residual stream at the prompt's last position and every answer node."""
+    nodes = len(scorer.trie.nodes)
+    locs: list[Loc] = [
+        (row, position)
+        for row, prompt in enumerate(batch)
+        for position in (len(prompt) - 1, *answer_nodes(scorer))
+    ]
+    hooks = {layer: f"blocks.{layer}.{SITE}" for layer in layers}
+    with hook_library(scorer.model, "transformer_lens"):
+        finals, values = score_with(scorer, batch, reads={h: locs for h in hooks.values()})
+        norm = final_norm(scorer.model.hf)  # the bridge's while it is installed: the run's own
+        with torch.inference_mode():
+            read = [
+                layer_results(scorer, norm, values[hooks[layer]].view(len(batch), nodes, -1))
+                for layer in layers
+            ]
+    return [
+        LensResult(tuple(layers), tuple(per_layer[row] for per_layer in read), final)
+        for row, final in enumerate(finals)
+    ]
+
+
+def layer_results(scorer: HookedScorer, norm: Any, hidden: torch.Tensor) -> list[ScoreResult]:
+    """Each row's answer distribution from the residual stream at its trie nodes ([rows, nodes,
+    d_model], node 0 the prompt's last position; NaN at a node the run did not feed)."""
+    fed = ~torch.isnan(hidden).any(-1)
+    hidden = torch.where(fed[..., None], hidden, 0)
+    if norm is not None:
+        weight = next(norm.parameters(), None)  # a dispatched model's norm may sit elsewhere
+        hidden = norm(hidden.to(weight.device if weight is not None else hidden.device))
+    logp_node, stop_logp, top = node_log_probs(scorer, hidden.to(scorer.model.device))
+    unfed = ~fed.to(logp_node.device)
+    tables = scorer.trie_pass.tables
+    parent = tables.ancestors[:, 0].clamp(min=0)  # -1 (the root's children) -> the root, fed
+    logp_node = logp_node.masked_fill(unfed & unfed[:, parent], -torch.inf)  # below a pruned node
+    dropped = logp_node.masked_fill(~unfed, -torch.inf).exp().sum(-1)  # the pruned nodes' mass
+    stop_logp = stop_logp.masked_fill(unfed[..., None], -torch.inf)
+    return scorer.trie_pass._results(logp_node, stop_logp, top.masked_fill(unfed, -1), dropped)
+
+
+def lens_batch_size(scorer: HookedScorer, layers: Sequence[int], asked: int | None) -> int:
+    """Prompts per batch: `asked`, else the scorer's, at most what keeps one batch's reads
+    (every layer at every read position) within `READ_BUDGET`."""
+    size = asked or scorer.batch_size
+    width = d_model(scorer.model) * torch.finfo(scorer.model.dtype).bits // 8
+    per_prompt = len(layers) * len(scorer.trie.nodes) * width
+    return max(1, min(size, READ_BUDGET // per_prompt))
+
+
+def logit_lens(
+    scorer: HookedScorer,
+    prompts: Sequence[Sequence[int]],
+    layers: Sequence[int],
+    batch_size: int | None = None,
+    bar: Any = None,
+) -> list[LensResult]:
+    """The lens of every prompt (token ids), in order, in batches (`lens_batch_size`); `bar`
+    (a progress) is updated per batch."""
+    size = lens_batch_size(scorer, layers, batch_size)
+    out: list[LensResult] = []
+    for start in range(0, len(prompts), size):
+        chunk = [list(p) for p in prompts[start : start + size]]
+        out += lens_batch(scorer, chunk, layers)
+        if bar is not None:
+            bar.update(len(chunk))
+    return out
+
+
+def lens_rows(
+    prompts: Sequence[EncodedItem], found: Sequence[LensResult], answers: AnswerSet
+) -> list[dict[str, Any]]:
+    """One row per (prompt, layer): the prompt's id and key columns, `layer` and the score
+    columns of `probekit.score` for that layer's distribution."""
+    return [
+        {PROMPT_ID: prompt.id, **prompt.item.key, "layer": layer, **result.row(answers)}
+        for prompt, lens in zip(prompts, found, strict=True)
+        for layer, result in zip(lens.layers, lens.results, strict=True)
+    ]
+
+
+@public(LensOptions, ScoreOptions, ModelOptions, command="lens", skip=("model",))
+def lens(
+    model: Any,
+    prompts: Any,
+    *,
+    answers: AnswerSet | str,
+    layers: Sequence[int] | None,
+    batch_size: int | None,
+    quiet: bool,
+) -> pd.DataFrame:
+    """The logit lens on the exact readout: each prompt's answer distribution as read after
+    each layer.
+
+    Args:
+        model: a loaded model or a model spec (`"default"`, a Hugging Face id, ...).
+        prompts: one string, a list of strings, chat-message lists, `Item`s or encoded prompts,
+            or a prompts JSONL path (as `probekit.score` takes them).
+
+    Returns one row per (prompt, layer): `prompt_id`, the item's key columns, `layer`, and the
+    score columns of `probekit.score` (`valid_mass`, `greedy`, `most_probable`, `error_bound`,
+    `expected`, `std`, `p::<answer>`) of the answer distribution read after that layer; after
+    the last layer they are the scorer's.
+    """
+    model = hookable(model)
+    chosen = layer_indices(model, layers if layers is not None else range(model.n_layers))
+    encoded = encode_prompts(model, prompts, "read")
+    answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
+    ids = [e.input_ids for e in encoded]
+    settle_precision(model, answer_set, ids)
+    scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
+    with silenced(quiet), track(len(ids), "prompt", "lens", "fewer layers or prompts") as bar:
+        found = logit_lens(scorer, ids, chosen, batch_size, bar)
+    return pd.DataFrame(lens_rows(encoded, found, answer_set))
