@@ -7,6 +7,8 @@ the keyword of the command's function."""
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -17,7 +19,7 @@ from typing import Any
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
 from probekit.core.options import REQUIRED, Command, CommandParser, OutOption, check_out_dir, option
-from probekit.engines.options import ModelOptions, ScoreOptions
+from probekit.engines.options import ModelOptions, ScoreOptions, check_models
 
 STUDY_COMMANDS = {
     "run": "run a study: exact scores or generation, resumable, then its report",
@@ -61,9 +63,11 @@ def _check_score_out(parsed: tuple, spell: Callable[[str], str]) -> None:
     check_out_dir(parsed[1].out.parent, spell("out"))
 
 
-SCORE = Command("score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(_check_score_out,))
+SCORE = Command(
+    "score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(check_models, _check_score_out)
+)
 REPORT = Command("report", (ReportOptions,))
-SETUP = Command("setup", (ModelOptions,))
+SETUP = Command("setup", (ModelOptions,), checks=(check_models,))
 STUDIES = Command("studies", ())
 
 
@@ -89,11 +93,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in COMMANDS:
             _command(args[0], args[1:])
             return
+        if args and not args[0].startswith("-"):
+            raise unknown_command(args[0])
         parser = _parser()
         parser.parse_args(args)  # --help, or one line naming the commands
         parser.print_help()
 
     return run_script("probekit", body)
+
+
+def unknown_command(name: str) -> ProbekitError:
+    """One line for a command probekit does not have, with the nearest one."""
+    near = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
+    hint = f"did you mean probekit {near[0]}?" if near else f"the commands are {', '.join(COMMANDS)}"
+    return ProbekitError(f"unknown command '{name}'; {hint} (probekit --help)")
 
 
 def _parser() -> CommandParser:
@@ -156,6 +169,7 @@ def study_script(
         from probekit.studies import get_study
 
         study = get_study(study_name)
+        refuse_other_options(command, study, argv or ())
         options = study_command(command, study)
         options = replace(options, defaults={**options.defaults, **defaults})
         _command_module(command).execute(study, options.parse(argv, prog, study.title))
@@ -175,10 +189,21 @@ def _study_command(name: str, argv: list[str]) -> None:
         names = ", ".join(study.name for study in list_studies())
         raise ProbekitError(f"name a study: probekit {name} STUDY (one of {names})")
     study = get_study(argv[0])
+    refuse_other_options(name, study, argv[1:])
     parsed = study_command(name, study).parse(
         argv[1:], f"probekit {name} {study.name}", study.title
     )
     _command_module(name).execute(study, parsed)
+
+
+def refuse_other_options(command: str, study: Any, argv: Sequence[str]) -> None:
+    """One line, before the command's module (and the model library) is imported, for a flag
+    that is another study's option or one of this study's for other commands: what the
+    command's own parser would say after its imports (`Command.not_taken`)."""
+    from probekit.studies.base import other_study_option
+
+    elsewhere = functools.partial(other_study_option, study, command)
+    Command(command, (study.options,), elsewhere=elsewhere).refuse_not_taken(argv)
 
 
 def _command_module(command: str) -> Any:

@@ -31,6 +31,14 @@ ENGINES: dict[str, str] = {
 DEFAULT_EPSILON = 1e-4
 """The pruning bound every scorer and command starts from: the answer distribution's error
 (pruned mass / valid mass) is at most this."""
+DEFAULT_TOLERANCE = 0.005
+"""The tolerance of a run that names none (docs/concepts.md, "The precision tier"), by which the
+hf engine picks its precision tier (`probekit.engines.hf.tiers`): between what
+the two faster tiers were measured to cause on the default model, each by a factor of about 3
+(`benchmarks/results/dtype.json`: TF32 moves an answer probability by at most 1.6e-3 on every
+study's slice, 1.3e-3 on an H100; bfloat16 by at least 0.016, 0.015 on the H100), so that TF32
+is taken where it passes and bfloat16, which moves the intergroup Δ and ISEAR's max_diff by
+several times their 95 % interval's half-width, only when a run asks for it."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,8 +25,8 @@ from probekit.core.kinds import (
     probability,
     text,
 )
-from probekit.core.options import REQUIRED, BatchSizeOption, option
-from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
+from probekit.core.options import REQUIRED, BatchSizeOption, Spell, option
+from probekit.engines.base import DEFAULT_EPSILON, DEFAULT_TOLERANCE, ENGINES, Engine
 from probekit.engines.plan import parse_device_map, parse_devices
 
 
@@ -109,8 +109,8 @@ class ModelOptions:
     tolerance: float | None = option(
         None,
         help="largest change of an answer probability the chosen arithmetic may cause (see "
-        "docs/concepts.md; default 0.005): on a GPU the fastest of bfloat16, TF32 and float32 "
-        "that meets it on the run's prompts; not with --dtype",
+        f"docs/concepts.md; default {DEFAULT_TOLERANCE}): on a GPU the fastest of bfloat16, "
+        "TF32 and float32 that meets it on the run's prompts; not with --dtype",
         kind=probability,
         metavar="T",
     )
@@ -135,11 +135,68 @@ class ModelOptions:
         }
         return {name: value for name, value in given.items() if value is not None}
 
+    def check(self, spell: Spell) -> None:
+        """One line for options valid one by one but not together (`model_conflict`), before
+        any data or model loads."""
+        if conflict := model_conflict(spell, **self.load_keywords()):
+            raise ProbekitError(conflict)
+
+    @property
+    def tolerance_asked(self) -> float | None:
+        """The tolerance the hf engine picks its precision tier by (`DEFAULT_TOLERANCE` when
+        none is given); None where a dtype is given or another engine scores."""
+        if self.dtype is not None or self.engine != "hf":
+            return None
+        return DEFAULT_TOLERANCE if self.tolerance is None else self.tolerance
+
     @property
     def placed(self) -> list[str]:
         """The placement options given (a device map and what implies one, vLLM's sizes)."""
         names = ("device_map", "max_memory", "offload_folder", "tensor_parallel_size")
         return [name for name in names if getattr(self, name) is not None]
+
+
+def check_models(parsed: tuple, spell: Spell) -> None:
+    """A command's check (`probekit.core.options.Command.checks`): every `ModelOptions` among its
+    values (`probekit run` takes several) checked together (`ModelOptions.check`)."""
+    for value in parsed:
+        for model in value if isinstance(value, list) else [value]:
+            if isinstance(model, ModelOptions):
+                model.check(spell)
+
+
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
+"""vLLM's own placement keywords (the hf engine places a model with a device map instead)."""
+DISPATCH = ("device_map", "max_memory", "offload_folder")
+"""The options that place a model with accelerate's device map (`max_memory` and
+`offload_folder` imply `device_map="auto"`)."""
+
+
+def model_conflict(spell: Spell, engine: str = "hf", **given: Any) -> str | None:
+    """Why the model options `given` (`ModelOptions` fields; None: not given) cannot go together,
+    as one line naming them with `spell`, or None. The one rule of `ModelOptions.check` (every
+    command, while its options are parsed) and of `load_engine` and `load_model`."""
+    given = {name: value for name, value in given.items() if value is not None}
+    parallel = [name for name in PARALLEL if name in given]
+    if parallel and engine != "vllm":
+        return (
+            f"{spell(parallel[0])} is vLLM's ({spell('engine')} vllm); the {engine} engine splits "
+            f"a model over devices with {spell('device_map')}"
+        )
+    if "tolerance" in given and engine != "hf":
+        return f"{spell('tolerance')} picks the hf engine's arithmetic, not the {engine}'s"
+    if "tolerance" in given and "dtype" in given:
+        return (
+            f"give {spell('dtype')} or {spell('tolerance')}, not both: the dtype forces the "
+            "arithmetic, the tolerance lets probekit choose it by its measured error"
+        )
+    dispatch = [name for name in DISPATCH if name in given]
+    if dispatch and "device" in given:
+        return (
+            f"give {spell('device')} ({given['device']}) or {spell(dispatch[0])}, not both: a "
+            "device map decides where each layer runs"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from probekit.mechanism.components import Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
-from probekit.mechanism.readouts import Readout, parse_readout
+from probekit.mechanism.readouts import PAIRED, Readout, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, layer_indices, library, n_heads
 from probekit.mechanism.sites import site as find_site
 
@@ -154,6 +154,22 @@ class CaptureOptions(HookOptions):
     """Capture options: which activations are kept."""
 
 
+def check_patch_options(request: PatchOptions, spell: Spell = flag) -> None:
+    """One line for patch options that cannot go together, known from the options alone (the
+    patch command's check while parsing, before any data or model loads): mediation of
+    estimated components, a pair's readout with attribution or mediation."""
+    for name in request.sites:
+        find_site(name)
+    if request.mediation and request.method == "attribution":
+        raise ProbekitError(
+            f"{spell('mediation')} needs exactly measured components: use {spell('method')} "
+            "exact or attribution+verify"
+        )
+    terms = [term.strip() for term in (request.readout or "").split(" - ")]
+    if request.readout and PAIRED in terms:
+        _refuse_paired(request.readout, request, spell)
+
+
 def check_patch(
     request: PatchOptions,
     items: Sequence[Item],
@@ -163,27 +179,26 @@ def check_patch(
 ) -> Readout | None:
     """One line for any bad choice that needs no model (naming options with `spell`); the
     readout when its spec is fixed (None when the study chooses it from the exact scores)."""
-    for name in request.sites:
-        find_site(name)
+    check_patch_options(request, spell)
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
-    method, mediation = spell("method"), spell("mediation")
-    if request.mediation and request.method == "attribution":
-        raise ProbekitError(
-            f"{mediation} needs exactly measured components: use {method} exact or "
-            "attribution+verify"
-        )
     spec = request.readout or defaults.readout
     if not isinstance(spec, str):
         return None
     readout = parse_readout(spec, answers)
-    if readout.paired and (request.method != "exact" or request.mediation):
-        raise ProbekitError(
-            f"the readout {readout.spec} compares a pair's two distributions: use it with "
-            f"{method} exact and without {mediation} (attribution needs a readout linear in one "
-            "distribution, mediation a readout defined per prompt)"
-        )
+    if readout.paired:
+        _refuse_paired(readout.spec, request, spell)
     return readout
+
+
+def _refuse_paired(spec: str, request: PatchOptions, spell: Spell) -> None:
+    """One line for a readout of a pair's two distributions with attribution or mediation."""
+    if request.method != "exact" or request.mediation:
+        raise ProbekitError(
+            f"the readout {spec} compares a pair's two distributions: use it with "
+            f"{spell('method')} exact and without {spell('mediation')} (attribution needs a "
+            "readout linear in one distribution, mediation a readout defined per prompt)"
+        )
 
 
 def run_patch(

@@ -27,7 +27,12 @@ from probekit.studies.base import Study
 def capture_command(study: Study) -> Command:
     """`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
     defaults = {"out": "runs/capture", "batch_size": CAPTURE_BATCH}
-    return mechanism_command("capture", CaptureOptions, study, defaults)
+    return mechanism_command("capture", CaptureOptions, study, defaults, (_check,))
+
+
+def _check(parsed: tuple, spell: Spell) -> None:
+    """The capture's sites, known by name while parsing (no data, no model)."""
+    site_shorts(parsed[1].sites)
 
 
 def capture_study(study: str | Study, model: Any = "default", **options: Any) -> Activations:

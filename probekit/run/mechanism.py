@@ -5,12 +5,13 @@ the study given by name or as an object."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import Command, Spell
-from probekit.engines.options import ModelOptions, loaded_engine
-from probekit.studies.base import Context, Study, get_study
+from probekit.engines.options import ModelOptions, check_models, loaded_engine
+from probekit.studies.base import Context, Study, get_study, other_study_option
 
 Check = Any
 """A command's own check of its parsed options: `check(parsed, spell)`, raising one line."""
@@ -33,7 +34,9 @@ def mechanism_command(
             )
         study.check(study_options, context(name, model, own, spell))
 
-    return Command(name, (ModelOptions, options, study.options), defaults, (check, *checks))
+    groups = (ModelOptions, options, study.options)
+    elsewhere = functools.partial(other_study_option, study, name)
+    return Command(name, groups, defaults, (check_models, check, *checks), elsewhere)
 
 
 def context(name: str, model: ModelOptions, own: Any, spell: Spell) -> Context:

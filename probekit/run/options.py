@@ -4,14 +4,15 @@ model's options and the study's own, and checks them together before any work.""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
 from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, Spell, option
-from probekit.engines.options import EpsilonOption, ModelOptions
-from probekit.studies.base import Context, Study
+from probekit.engines.options import EpsilonOption, ModelOptions, check_models
+from probekit.studies.base import Context, Study, other_study_option
 
 
 def _numerics(value: Any) -> int | str:
@@ -99,7 +100,8 @@ def run_command(study: Study) -> Command:
         "run",
         (ModelOptions, RunOptions, study.options),
         defaults={"out": study.default_out, "seed": study.default_seed},
-        checks=(check,),
+        checks=(check_models, check),
+        elsewhere=functools.partial(other_study_option, study, "run"),
     )
 
 

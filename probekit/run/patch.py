@@ -13,14 +13,19 @@ from probekit.core.options import Command, Spell, flag, keyword
 from probekit.core.progress import silenced
 from probekit.engines import load_engine
 from probekit.mechanism.api import hookable
-from probekit.mechanism.pipeline import PatchOptions, check_patch, run_patch
+from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
 from probekit.run.mechanism import build, context, mechanism_command, study_object
 from probekit.studies.base import Study
 
 
 def patch_command(study: Study) -> Command:
     """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
-    return mechanism_command("patch", PatchOptions, study, {"out": "runs/patch"})
+    return mechanism_command("patch", PatchOptions, study, {"out": "runs/patch"}, (_check,))
+
+
+def _check(parsed: tuple, spell: Spell) -> None:
+    """The patch options that cannot go together, refused while parsing (no data, no model)."""
+    check_patch_options(parsed[1], spell)
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,11 @@ OLD_SETTINGS = "steer.json"
 
 def check_steer(parsed: tuple, spell: Spell) -> None:
     """The steer options' checks that need neither data nor model: the vector's name or file,
-    and positions the hook library can steer."""
+    residual-width sites, and positions the hook library can steer."""
     _, options, _ = parsed
     vectors.check_vector_name(options.vector, spell)
+    for name in options.sites:
+        steering.steering_site(name)
     steering.check_hooks(options.hooks, options.positions, spell)
 
 

@@ -29,6 +29,7 @@ only their light metadata (name, title, options).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import inspect
@@ -47,7 +48,7 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import Spell, flag
+from probekit.core.options import Spell, declaration, flag, options_of
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
@@ -79,6 +80,7 @@ __all__ = [
     "contrast_pairs",
     "get_study",
     "list_studies",
+    "other_study_option",
     "register",
 ]
 
@@ -531,12 +533,29 @@ def register(study: Study) -> Study:
 
 
 def get_study(name: str) -> Study:
-    """The registered study `name`; an unknown name lists the known ones."""
+    """The registered study `name`; an unknown name is one line with the nearest study and the
+    known ones."""
     _load_studies()
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
-        raise ProbekitError(f"unknown study {name!r}; known studies: {known}")
+        near = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ProbekitError(f"unknown study {name!r}; {hint}the studies are {known}")
     return _REGISTRY[name]
+
+
+def other_study_option(study: Study, command: str, name: str, spell: Spell) -> str | None:
+    """One line when `name` is an option of another study and not of `study` (`--category` to
+    isear): whose it is, and the options `study` takes in `command`; None otherwise. What the
+    study commands say of an option they do not take (`probekit.core.options.Command`)."""
+    if any(field.name == name for field in options_of(study.options)):
+        return None
+    owners = [s.name for s in list_studies() if any(f.name == name for f in options_of(s.options))]
+    if not owners:
+        return None
+    own = [spell(f.name) for f in options_of(study.options) if declaration(f).takes(command)]
+    takes = f"takes {', '.join(own)}" if own else "has no options of its own"
+    return f"{spell(name)} is an option of {' and '.join(owners)}; {study.name} {takes}"
 
 
 def list_studies() -> list[Study]:

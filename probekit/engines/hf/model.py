@@ -24,7 +24,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encode_item
-from probekit.core.options import checked
+from probekit.core.options import checked, keyword
 from probekit.engines.base import ScorerKwargs
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
@@ -37,7 +37,7 @@ from probekit.engines.hf.precision import (
     keep_head_fp32,
     parameter_count,
 )
-from probekit.engines.options import ModelOptions, check_device
+from probekit.engines.options import ModelOptions, check_device, model_conflict
 
 if TYPE_CHECKING:
     from probekit.engines.hf.scorer import HFScorer
@@ -285,19 +285,12 @@ def load_model(
     from probekit.engines.hf.tiers import check_tolerance, initial_record
     from probekit.engines.plan import check_before_load, dispatch_options
 
+    given = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
+    if conflict := model_conflict(keyword, device=device, dtype=dtype, tolerance=tolerance, **given):
+        raise ProbekitError(conflict)
     if tolerance is not None:
-        if dtype is not None:
-            raise ProbekitError(
-                "give a dtype or a tolerance, not both: the dtype forces the arithmetic, the "
-                "tolerance lets probekit choose it by its measured error"
-            )
         tolerance = check_tolerance(tolerance)
     dispatch = dispatch_options(device_map, max_memory, offload_folder)
-    if dispatch and device:
-        raise ProbekitError(
-            f"give a device ('{device}') or a device map, not both: the device map decides "
-            "where each layer runs"
-        )
     dev = pick_device(device)  # one line for a device this torch lacks, before the plan
     if weights:  # the memory plan, before anything loads: one line if it cannot fit
         check_before_load(spec, device, dtype, device_map, max_memory, offload_folder)

@@ -40,6 +40,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import probability
 from probekit.core.options import option_message
+from probekit.engines.base import DEFAULT_TOLERANCE
 from probekit.engines.hf.precision import (
     NOISE_SAMPLE,
     dtype_name,
@@ -58,13 +59,6 @@ LABELS = {
     "tf32": "float32 with TF32 matmuls",
     "float32": "float32",
 }
-DEFAULT_TOLERANCE = 0.005
-"""The tolerance of a run that names none (docs/concepts.md, "The precision tier"): between what
-the two faster tiers were measured to cause on the default model, each by a factor of about 3
-(`benchmarks/results/dtype.json`: TF32 moves an answer probability by at most 1.6e-3 on every
-study's slice, 1.3e-3 on an H100; bfloat16 by at least 0.016, 0.015 on the H100), so that TF32
-is taken where it passes and bfloat16, which moves the intergroup Δ and ISEAR's max_diff by
-several times their 95 % interval's half-width, only when a run asks for it."""
 
 
 def check_tolerance(tolerance: Any) -> float:
