@@ -105,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def unknown_command(name: str) -> ProbekitError:
     """One line for a command probekit does not have, with the nearest one."""
     near = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
-    hint = f"did you mean probekit {near[0]}?" if near else f"the commands are {', '.join(COMMANDS)}"
+    listed = f"the commands are {', '.join(COMMANDS)}"
+    hint = f"did you mean probekit {near[0]}?" if near else listed
     return ProbekitError(f"unknown command '{name}'; {hint} (probekit --help)")
 
 

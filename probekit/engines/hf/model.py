@@ -286,7 +286,8 @@ def load_model(
     from probekit.engines.plan import check_before_load, dispatch_options
 
     given = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
-    if conflict := model_conflict(keyword, device=device, dtype=dtype, tolerance=tolerance, **given):
+    given |= {"device": device, "dtype": dtype, "tolerance": tolerance}
+    if conflict := model_conflict(keyword, **given):
         raise ProbekitError(conflict)
     if tolerance is not None:
         tolerance = check_tolerance(tolerance)
