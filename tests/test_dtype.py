@@ -258,11 +258,15 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     assert record["tier"] == fresh.meta["precision"]["tier"] == "bfloat16"
     assert settle_run_precision(fresh, probe, tmp_path / "new") is None  # chosen already
     RunDir(tmp_path / "old").make()
-    RunDir(tmp_path / "old").write_manifest({"precision": {"tier": "bfloat16", "tried": []}})
+    earlier = {"tier": "bfloat16", "tried": [], "tolerance": tiers.DEFAULT_TOLERANCE}
+    RunDir(tmp_path / "old").write_manifest({"precision": earlier})
     resumed = _tiny(pending=True)
     kept = settle_run_precision(resumed, probe, tmp_path / "old")
     assert kept["tier"] == "bfloat16" and kept["note"] == "kept from the run being resumed"
     assert resumed.dtype == torch.bfloat16
+    other = _tiny(pending=True)  # loaded with another tolerance: chosen anew, not kept
+    other.meta["precision"]["tolerance"] = 1e-9
+    assert settle_run_precision(other, probe, tmp_path / "old")["tier"] == "float32"
     assert tiers.keep_tier(_tiny(), {"tier": "bfloat16"}) is None  # a CPU: float32 chosen
 
 

@@ -46,12 +46,15 @@ from probekit.core.progress import progress, silenced
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
 from probekit.engines import load_engine
 from probekit.engines.hf.tiers import settle_precision
+from probekit.engines.options import ModelOptions
 from probekit.mechanism import steering, vectors
 from probekit.mechanism.sites import hook_library, layer_indices
 from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.mechanism import build, context, mechanism_command, study_object
+from probekit.run.numerics import keep_resumed_tier
+from probekit.run.options import precision_settings
 from probekit.run.parts import DamagedPart, say, set_aside, set_aside_file, stamped
 from probekit.studies.base import VIEWS, Probe, Study
 
@@ -120,13 +123,15 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     run = RunDir(args.out)
     refuse_old_folder(run.path)
     ids = [item.id for item in items]
-    known = settings(study, probe, ids, args, alphas, file, span, sites, None, None)
+    asked_for = asked if model is None else None  # a loaded model's tolerance is its own
+    known = settings(study, probe, ids, args, alphas, file, span, sites, None, None, asked_for)
     run.check_resume(known, [k for k, v in known.items() if v is None])  # before the model
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
     layers = layer_indices(model, args.layers) if args.layers else [model.n_layers // 2]
     encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
-    settle_precision(model, probe.answers, [p.input_ids for p in encoded])
+    if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
+        settle_precision(model, probe.answers, [p.input_ids for p in encoded])
     for prompt in encoded:
         steering.prompt_positions(prompt, args.positions, span)
     targets = [(name, layer) for layer in layers for name in sites]
@@ -250,11 +255,13 @@ def settings(
     sites: list[str],
     layers: list[int] | None,
     model: Any,
+    asked: ModelOptions | None = None,
 ) -> dict[str, Any]:
     """What defines a steering run (its manifest; undeclared fields are resume keys, see
     `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
-    loaded model gives, and the layers, are None."""
+    loaded model gives, and the layers, are None, the tolerance that `asked` for."""
     described = model.describe() if model is not None else {}
+    arithmetic = precision_settings(asked, described if model is not None else None)
     manifest = {
         "results_format": RESULTS_FORMAT,
         "study": study.name,
@@ -265,6 +272,7 @@ def settings(
         "device": device_kind(described.get("device")),
         "device_map": described.get("device_map"),
         "precision": described.get("precision"),
+        **arithmetic,
         "engine": "hf",
         "probe": probe.config(),
         "view": VIEWS[0],
