@@ -116,7 +116,7 @@ def test_noise_figure_restores_the_model(smol):
 @pytest.mark.slow
 def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp_path):
     out = tmp_path / "run"
-    probekit.run_study("isear", events=1, out=out, numerics=3)  # 3 prompts: all of them
+    probekit.run_study("isear", events=2, out=out, numerics=3)  # 3 of its 6 prompts
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dtype"] == "float32"
     numerics = manifest["numerics"]

@@ -119,6 +119,7 @@ def _steer(study: Study, parsed: tuple, model: Any, spell: Spell) -> StudySteer:
     if args.vector not in vectors.VECTORS:
         file = vectors.read_vector_file(args.vector, spell)  # read and checked before any work
     probe, items = study.mechanism_items(own, context("steer", asked, args, spell))
+    probe.refuse_too_few_units(items)  # each α's headline has an interval over units
     span = args.span or contrast.span_of(probe)
     run = RunDir(args.out)
     refuse_old_folder(run.path)

@@ -168,6 +168,8 @@ def run_parsed(
     probes = study.probes(own, run_context(options, models[0], spell, say))
     if options.limit is not None:  # whole units of every group, or one line before any work
         probes = [probe.limited(options.limit) for probe in probes]
+    for probe in probes:
+        probe.refuse_too_few_units(probe.items())
     if engine is not None:
         models = [replace(models[0], model=engine.describe()["model"])]
     names = [model.model for model in models]

@@ -35,7 +35,7 @@ import hashlib
 import inspect
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from itertools import accumulate, zip_longest
@@ -182,6 +182,19 @@ class Probe(ABC):
     def whole(self) -> Probe:
         """The probe before any `limited` (itself)."""
         return self
+
+    def refuse_too_few_units(self, items: Iterable[Item]) -> None:
+        """One line, before any scoring, when `items` (a run's or a mechanism command's) cover
+        fewer units than the statistics of the study's headline need (`min_units`: an interval
+        over units needs two), which would report an interval of no width."""
+        count = len({item.unit for item in items})
+        if count < self.min_units:
+            units = f"{self.unit_name}s"
+            raise ProbekitError(
+                f"{count} {self.unit_name if count == 1 else units} is too few for the "
+                f"statistics of {self.name}: its headline's interval is over {units} and needs "
+                f"at least {self.min_units}; give the study {self.min_units} {units} or more"
+            )
 
     def limited(self, limit: int) -> Probe:
         """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
