@@ -17,6 +17,7 @@ options of `probekit patch` and `probekit capture` are checked by the same decla
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,9 @@ def patch(
     Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
     per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
     `<m>_patched`, `gap`, `recovery`, `small_gap`, ..., and `reading`, a line reading a recovery
-    outside [0, 1] (or a gap within the run's noise). Over several pairs each row also holds its
+    outside [0, 1] (or a gap within the run's noise), `valid_mass_patched`. A component whose
+    patched runs keep less than 5 % of their probability in the answer set on average is a
+    weak signal: `df.attrs["weak_signal"]` names them, also as a warning. Over several pairs each row also holds its
     component's recovery over the pairs with its bootstrap interval (`recovery_over_pairs`,
     `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one pair), and
     `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
@@ -142,14 +145,17 @@ def patch(
             progress=progress and not quiet,
             distributions=distributions,
         )
-        return annotate(table)
-    if distributions:
+    elif distributions:
         raise ProbekitError("distributions=True needs method='exact'")
-    with silenced(quiet):
-        table = measure(
-            scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
-        )
-    return annotate(table)
+    else:
+        with silenced(quiet):
+            table = measure(
+                scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
+            )
+    annotated = annotate(table)
+    if weak := annotated.attrs.get("weak_signal"):
+        warnings.warn(weak, UserWarning, stacklevel=3)  # the caller of @checked
+    return annotated
 
 
 def recovery(

@@ -27,6 +27,7 @@ then does the rest:
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,8 @@ def run_patch(
         request.through_answer,
     )
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
+    if weak := df.attrs.get("weak_signal"):
+        print(f"probekit: warning: {weak}", file=sys.stderr)
     write_parquet(folder / "patching.parquet", df)
     title = f"{model.name}, {probe.name}"
     written = ["patching.parquet", *report(df, folder, request, spans, title, say)]

@@ -28,15 +28,35 @@ def _check(parsed: tuple, spell: Spell) -> None:
     check_patch_options(parsed[1], spell)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StudyPatch:
-    """What `patch_study` wrote: the folder, the files, the patching table (one row per pair x
-    component) and its summary (per component over the pairs: effect, recovery with intervals)."""
+    """What `patch_study` wrote: `path`, the folder; `files`, the files written there;
+    `table`, the patching table (`patching.parquet`: one row per pair x component, see
+    `probekit.mechanism.patching.sweep`); `summary`, per component over the pairs
+    (`patching_summary.csv`: `effect`, `recovery` with their intervals, `pairs`,
+    `mean_valid_mass_patched`, `weak_signal`, largest |effect| first). Printed, it is one
+    line."""
 
     path: Path
     files: list[str]
     table: pd.DataFrame
     summary: pd.DataFrame
+
+    def __repr__(self) -> str:
+        pairs = self.table[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+        top = ""
+        if len(self.summary) and "recovery" in self.summary:
+            first = self.summary.iloc[0]
+            head = "" if pd.isna(first["head"]) else f" head {int(first['head'])}"
+            top = (
+                f"; largest effect L{first['layer']} {first['site']}{head} at {first['span']} "
+                f"(recovery {first['recovery']:.3g})"
+            )
+        weak = int(self.summary["weak_signal"].sum()) if "weak_signal" in self.summary else 0
+        return (
+            f"StudyPatch({str(self.path)!r}: {len(self.summary)} components x {len(pairs)} "
+            f"pairs{top}" + (f"; weak signal at {weak} components" if weak else "") + ")"
+        )
 
 
 def patch_study(study: str | Study, model: Any = "default", **options: Any) -> StudyPatch:
