@@ -109,8 +109,9 @@ def patch(
     outside [0, 1] (or a gap within the run's noise), `valid_mass_patched`. A component whose
     patched runs keep less than 5 % of their probability in the answer set on average is a
     weak signal: `df.attrs["weak_signal"]` names them, also as a warning. Over several pairs
-    each row also holds its component's recovery over the pairs with its bootstrap interval (`recovery_over_pairs`,
-    `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one pair), and
+    each row also holds its component's recovery over the pairs with its bootstrap interval
+    (`recovery_over_pairs`, `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one
+    pair), and
     `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
     """
     model = hookable(model)
