@@ -92,3 +92,26 @@ def _fresh_tiny():
     from probekit.testing.synthetic import tiny_model
 
     return tiny_model()
+
+
+def test_score_says_the_tier_it_scored_in(tiny, capsys):
+    with pytest.warns(UserWarning, match="weak signal"):  # random weights
+        table = probekit.score(tiny, ["How sad, 0 to 10?", "How glad, 0 to 10?"], "0-10")
+    record = table.attrs["precision"]
+    assert (record["tier"], record["tolerance"]) == ("float32", 0.005)
+    assert "probekit: precision: float32 for tolerance 0.005" in capsys.readouterr().err
+
+
+def test_the_score_command_says_its_tier_on_stderr_and_in_the_file(loads, tiny, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from probekit import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "How sad, 0 to 10?"}\n')
+    out = tmp_path / "o.parquet"
+    argv = ["score", "--prompts", str(prompts), "--answers", "0-10", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert "precision: float32" in capsys.readouterr().err
+    stored = json.loads(pq.read_schema(out).metadata[b"probekit.precision"])
+    assert stored["tier"] == "float32" == tiny.meta["precision"]["tier"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -218,7 +219,7 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
     from probekit.core.prompts import read_prompts
     from probekit.core.signal import prefill_trap, weak_signal
     from probekit.engines import load_engine
-    from probekit.engines.score import score_frames
+    from probekit.engines.score import PRECISION_KEY, precision_of, score_frames
 
     if trap := prefill_trap(options.prefill):
         print(f"probekit: warning: {trap}", file=sys.stderr)
@@ -241,7 +242,8 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
             batch_size=options.batch_size,
             progress=bar,
         ):
-            out.write(frame)
+            record = json.dumps(precision_of(engine), default=str).encode()
+            out.write(frame, {PRECISION_KEY: record})
             masses += frame["valid_mass"].tolist()
     print(f"wrote {total} rows to {files.out}")
     if masses and (weak := weak_signal(sum(masses) / len(masses))):
