@@ -107,7 +107,7 @@ class StudySteer:
             f"StudySteer({str(self.path)!r}: {label} at α = {alphas} on {where}; "
             f"{len(self.table)} rows, {len(self.summary)} in .summary"
             + (f"; weak signal at {weak} steps" if weak else "")
-            + (f"; data: {self.data}" if self.data else "")
+            + (f"; data: {self.data}" if self.data not in ("", "—") else "")
             + ")"
         )
 
