@@ -267,12 +267,12 @@ def test_a_script_runs_an_unregistered_study_with_a_torch_dtype_and_a_device_map
         "default",
         dtype=torch.float32,
         device_map={"": "cpu"},
-        days=1,
+        days=2,
         out=tmp_path / "run",
         numerics=0,
     )
     assert run.manifest["dtype"] == "float32" and run.manifest["study"] == "minimal"
-    assert "minimal" not in probekit.studies.base._REGISTRY and len(run.scores) == 2
+    assert "minimal" not in probekit.studies.base._REGISTRY and len(run.scores) == 4
 
 
 @pytest.mark.slow

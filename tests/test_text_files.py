@@ -123,3 +123,9 @@ def test_isear_events_and_giebench_records_read_text_the_same_way(tmp_path):
     line = text[: text.index("\\udead")].count("\n") + 1
     with pytest.raises(ProbekitError, match=rf"records.json:{line}: the escape \\udead"):
         read_records(broken)
+
+
+def test_prompt_files_joined_with_their_marks_read_every_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(BOM + b'{"id": "a", "text": "hi"}\n' + BOM + b'{"id": "b", "text": "ho"}\n')
+    assert [item.id for item in read_prompts(path)] == ["a", "b"]

@@ -15,7 +15,8 @@ ROLES = ("system", "user", "assistant")
 
 
 def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
-    """Yield items from a JSONL file (UTF-8), checking each line and rejecting duplicate ids;
+    """Yield items from a JSONL file (UTF-8; a byte-order mark is dropped), checking each line
+    and rejecting duplicate ids and lone surrogates in one line naming the file, line and id;
     `prefill` is forced at the start of every response."""
     path = Path(path)
     if not path.is_file():
@@ -30,8 +31,7 @@ def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
                     f"{path}:{number}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
                     f"{exc.start + 1}); save the file as UTF-8"
                 ) from None
-            if number == 1:
-                line = line.removeprefix(BOM)  # what some editors write first: no part of it
+            line = line.removeprefix(BOM)  # an editor's mark (files joined: on any line), no text
             if not line.strip():
                 continue
             prompt = parse_prompt_line(line, f"{path}:{number}", prefill)
