@@ -122,6 +122,10 @@ def test_command_option_conflicts_are_refused_while_parsing(argv, message, nothi
             "--genders is an option of isear; intergroup takes --category",
         ),
         (["patch", "isear", "--temperature", "1"], "--temperature is an option of run only"),
+        (
+            ["run", "giebench", "--data", "x"],
+            "--data is an option of intergroup, isear and jaem-st;",
+        ),
         (["run", "jaem-st", "--clean", "he"], "--clean is an option of patch, capture and steer"),
         (["steer", "intergroup", "--spans", "x"], "--spans is an option of patch and capture"),
     ],

@@ -139,6 +139,12 @@ def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
         raise ProbekitError(option_message(name, str(error))) from None
 
 
+def spoken(names: Sequence[str]) -> str:
+    """Names as a sentence says them: `a`, `a and b`, `a, b and c`."""
+    *rest, last = names
+    return f"{', '.join(rest)} and {last}" if rest else last
+
+
 def unknown_keyword(key: str, known: Sequence[str], where: str) -> ProbekitError:
     """One line refusing the keyword `key` of `where`, with the nearest known ones."""
     near = difflib.get_close_matches(key, list(known), n=2)
@@ -252,8 +258,7 @@ class Command:
         for group in self.groups:
             for field in options_of(group):
                 if field.name == name and declaration(field).commands:
-                    *rest, last = declaration(field).commands
-                    commands = f"{', '.join(rest)} and {last}" if rest else last
+                    commands = spoken(declaration(field).commands)
                     return f"{spell(name)} is an option of {commands} only"
         return self.elsewhere(name, spell) if self.elsewhere is not None else None
 

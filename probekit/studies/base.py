@@ -48,7 +48,7 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import Spell, declaration, flag, options_of
+from probekit.core.options import Spell, declaration, flag, options_of, spoken
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
@@ -568,7 +568,7 @@ def other_study_option(study: Study, command: str, name: str, spell: Spell) -> s
         return None
     own = [spell(f.name) for f in options_of(study.options) if declaration(f).takes(command)]
     takes = f"takes {', '.join(own)}" if own else "has no options of its own"
-    return f"{spell(name)} is an option of {' and '.join(owners)}; {study.name} {takes}"
+    return f"{spell(name)} is an option of {spoken(owners)}; {study.name} {takes}"
 
 
 def list_studies() -> list[Study]:
