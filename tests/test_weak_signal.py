@@ -73,6 +73,7 @@ def test_a_steering_run_says_each_step_against_the_norms_and_flags_weak_steps(
     assert "(push " in err.out and "weak signal: valid mass" in err.out
     page = (out / "report.html").read_text()
     assert 'id="weak-signal"' in page and "⚠" in page and "<th>push</th>" in page
+    assert "<th>tolerance</th><td><code>0.005</code>" in page
     assert steered.warning.startswith("weak signal under steering at α=0 (steer, L1")
     assert "weak signal under steering at α=0 (steer, L1" in page
     assert pd.read_csv(out / "summary.csv")["weak_signal"].all()
@@ -121,3 +122,18 @@ def test_patching_flags_a_weak_signal_and_its_results_print_as_one_line(tiny, tm
     shown = repr(captured)
     assert shown.startswith("Activations(4 prompts, spans ") and "[" in shown
     assert "\n" not in shown and len(shown) < 300
+
+
+def test_the_steering_page_of_a_run_on_the_sample_says_so_with_its_checksum(tiny, tmp_path):
+    """The issue's steering page had no sample-data banner and said "SHA-256 None"."""
+    from probekit.studies.isear.events import SAMPLE_ROOT
+
+    out = tmp_path / "steer"
+    steered = probekit.steer_study(
+        "isear", tiny, out=out, data=SAMPLE_ROOT, events=2, alphas=[0, 1], layers=[1]
+    )
+    manifest = probekit.RunDir(out).manifest
+    assert len(manifest["data_sha256"]) == 64 and manifest["data_origin"] == "explicit"
+    page = (out / "report.html").read_text()
+    assert 'id="sample-data"' in page and manifest["data_sha256"] in page
+    assert steered.data.startswith("probekit's own sample") and "None" not in steered.data

@@ -23,6 +23,7 @@ STEER, RANDOM = "steer", "random"
 """The `vector` column's kinds: the vector given, and the random control of its norm."""
 SHOWN = ("study", "model", "weights", "dtype", "device", "vector", "vector_file", "vector_sha256")
 SHOWN += ("positions", "span", "sites", "layers", "hooks", "seed", "alphas", "prompts")
+SHOWN += ("tolerance", "tier", "data_sha256")
 
 
 def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
