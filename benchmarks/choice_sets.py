@@ -40,7 +40,6 @@ from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_
 
 from probekit.cli.main import study_command
 from probekit.core.kinds import comma_list
-from probekit.core.options import flag
 from probekit.engines import load_engine
 from probekit.engines.hf.model import LoadedModel
 from probekit.run.options import run_context
@@ -119,7 +118,7 @@ def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe
     if choice.data and data:
         argv += ["--data", data]
     models, run, own = study_command("run", study).parse(argv, "choice_sets.py")
-    return study.probes(own, run_context(run, models[0], flag, lambda *a, **k: None))[0]
+    return study.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
 
 
 def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -> dict[str, Any]:

@@ -48,7 +48,6 @@ from common import set_up, shared_options, tear_down, write_results
 
 from probekit.cli.main import study_command
 from probekit.core.errors import ProbekitError
-from probekit.core.options import flag
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import score_differences
 from probekit.engines.hf.tiers import apply_tier
@@ -129,7 +128,7 @@ def study_args(study: Any, argv: list[str], say: Any) -> tuple[Any, Context]:
     """The study's own options parsed as `probekit run STUDY` would (the exact view), and the
     context its `probes` read."""
     models, run, own = study_command("run", study).parse(argv, f"probekit run {study.name}")
-    return own, run_context(run, models[0], flag, say)
+    return own, run_context(run, models[0], say)
 
 
 def build_slices(args: argparse.Namespace) -> list[Slice]:

@@ -121,7 +121,7 @@ SAMPLES = str(SAMPLE_ROOT)
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "nonesuch"], "unknown study 'nonesuch'; known studies: giebench, intergroup"),
+        (["run", "nonesuch"], "unknown study 'nonesuch'; the studies are giebench, intergroup"),
         (["run"], "name a study"),
         (["patch", "intergroup", "--readout", "p:A", "--data", SAMPLES], "'A' is not an answer"),
         (

@@ -80,11 +80,11 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, no_report_wo
 
 @pytest.mark.slow
 def test_two_real_runs_reported_together_keep_their_own_summaries(smol, tmp_path):
-    """Two ISEAR runs on the default model (one event each), then `probekit report Q1 Q2` with
+    """Two ISEAR runs on the default model (two events each), then `probekit report Q1 Q2` with
     the default --out: each run's summary and page stay its own."""
     runs = [tmp_path / "runs" / "q1", tmp_path / "runs" / "q2"]
     for seed, out in enumerate(runs):
-        args = ["--events", "1", "--seed", str(seed)]
+        args = ["--events", "2", "--seed", str(seed)]
         assert cli.main(["run", "isear", *args, "--out", str(out)]) == 0
     own = {out: (out / "summary.csv").read_bytes() for out in runs}
     assert cli.main(["report", *map(str, runs)]) == 0

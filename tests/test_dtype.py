@@ -115,7 +115,7 @@ def test_noise_figure_restores_the_model(smol):
 @pytest.mark.slow
 def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp_path):
     out = tmp_path / "run"
-    probekit.run_study("isear", events=1, out=out, numerics=3)  # 3 prompts: all of them
+    probekit.run_study("isear", events=2, out=out, numerics=3)  # 3 of its 6 prompts
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dtype"] == "float32"
     numerics = manifest["numerics"]
@@ -258,11 +258,15 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     assert record["tier"] == fresh.meta["precision"]["tier"] == "bfloat16"
     assert settle_run_precision(fresh, probe, tmp_path / "new") is None  # chosen already
     RunDir(tmp_path / "old").make()
-    RunDir(tmp_path / "old").write_manifest({"precision": {"tier": "bfloat16", "tried": []}})
+    earlier = {"tier": "bfloat16", "tried": [], "tolerance": tiers.DEFAULT_TOLERANCE}
+    RunDir(tmp_path / "old").write_manifest({"precision": earlier})
     resumed = _tiny(pending=True)
     kept = settle_run_precision(resumed, probe, tmp_path / "old")
     assert kept["tier"] == "bfloat16" and kept["note"] == "kept from the run being resumed"
     assert resumed.dtype == torch.bfloat16
+    other = _tiny(pending=True)  # loaded with another tolerance: chosen anew, not kept
+    other.meta["precision"]["tolerance"] = 1e-9
+    assert settle_run_precision(other, probe, tmp_path / "old")["tier"] == "float32"
     assert tiers.keep_tier(_tiny(), {"tier": "bfloat16"}) is None  # a CPU: float32 chosen
 
 
@@ -270,7 +274,7 @@ def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
     from probekit import cli
     from probekit.engines import load_engine
 
-    with pytest.raises(ProbekitError, match="^give a dtype or a tolerance, not both"):
+    with pytest.raises(ProbekitError, match="^give dtype or tolerance, not both"):
         load_model("default", dtype="bfloat16", tolerance=0.01)
     with pytest.raises(ProbekitError, match=r"^tolerance must be between 0 and 1 \(got 2\)"):
         load_model("default", tolerance=2)

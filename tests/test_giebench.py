@@ -229,7 +229,7 @@ def test_bad_records_are_refused_in_one_line(tmp_path, record, message):
     [
         (["--prompt", "raw,xyz"], "unknown prompt type 'xyz'"),
         (["--view", "direct"], "unknown view 'direct'"),
-        (["--items", "EDGE"], "is not valid JSON"),
+        (["--items", "EDGE"], "not valid JSON"),
         (["--items", "UNPARSABLE", "--orders", "4"], "cannot be reordered"),
     ],
 )

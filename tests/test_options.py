@@ -57,7 +57,6 @@ def test_python_values_are_taken_as_they_are():
         {
             "dtype": torch.bfloat16,
             "device_map": {"": "cpu"},
-            "device": torch.device("cpu"),
             "shard": (1, 2),
             "out": Path("runs/x"),
             "days": 3,
@@ -65,13 +64,17 @@ def test_python_values_are_taken_as_they_are():
         "run_study",
     )
     (model,) = models
-    assert (model.dtype, model.device_map, model.device) == ("bfloat16", {"": "cpu"}, "cpu")
+    assert (model.dtype, model.device_map) == ("bfloat16", {"": "cpu"})
     assert (run.shard, run.out, own.days) == ((1, 2), Path("runs/x"), 3)
-    argv = ["--dtype", "bf16", "--device-map", '{"": "cpu"}', "--device", "cpu", "--shard", "1/2"]
+    argv = ["--dtype", "bf16", "--device-map", '{"": "cpu"}', "--shard", "1/2"]
     parsed = run_command(minimal_study.STUDY).parse(
         [*argv, "--out", "runs/x", "--days", "3"], "probekit run minimal"
     )
     assert parsed == (models, run, own)
+    ([model], _, _) = run_command(minimal_study.STUDY).build(
+        {"device": torch.device("cpu")}, "run_study"
+    )
+    assert model.device == "cpu"
 
 
 @pytest.mark.parametrize(
@@ -241,7 +244,7 @@ def test_per_command_defaults_and_commands():
     patch = cli.study_command("patch", isear)
     assert "temperature" in run.taken() and "temperature" not in patch.taken()
     assert run.build({}, "f")[2].events is None and patch.build({}, "f")[2].events == 2
-    with pytest.raises(ProbekitError, match=r"^f takes no temperature \(an option of run only\)"):
+    with pytest.raises(ProbekitError, match=r"^f: temperature is an option of run only"):
         patch.build({"temperature": 1.0}, "f")
     with pytest.raises(ProbekitError, match="--genders: needs at least two genders"):
         run.parse(["--genders", "a man"], "probekit run isear")
@@ -268,12 +271,12 @@ def test_a_script_runs_an_unregistered_study_with_a_torch_dtype_and_a_device_map
         "default",
         dtype=torch.float32,
         device_map={"": "cpu"},
-        days=1,
+        days=2,
         out=tmp_path / "run",
         numerics=0,
     )
     assert run.manifest["dtype"] == "float32" and run.manifest["study"] == "minimal"
-    assert "minimal" not in probekit.studies.base._REGISTRY and len(run.scores) == 2
+    assert "minimal" not in probekit.studies.base._REGISTRY and len(run.scores) == 4
 
 
 @pytest.mark.slow

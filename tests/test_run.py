@@ -255,7 +255,7 @@ def test_rows_are_reused_only_for_the_run_they_were_scored_for(tmp_path, capsys)
     --genders scores its prompts again instead of taking the old rows; a finished run whose
     parts are gone is not scored again."""
     out = tmp_path / "isear"
-    common = ["run", "isear", "--events", "1", "--out", str(out)]
+    common = ["run", "isear", "--events", "2", "--out", str(out)]
     assert cli.main(common) == 0
     first = pd.read_parquet(out / "scores.parquet")
 

@@ -288,7 +288,7 @@ def test_resume_with_another_dtype_is_refused_before_loading(minimal, smol, tmp_
 
 def test_every_manifest_field_is_declared_or_a_resume_key(minimal, tiny, tmp_path):
     """A field no declaration names is a resume key, so a new setting cannot be forgotten."""
-    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2)
     keys = resume_keys(run.manifest)
     for name in ("dtype", "model", "weights", "view", "epsilon", "limit", "probe", "seed"):
         assert name in keys
@@ -307,13 +307,13 @@ def test_the_views_are_named_one_way(minimal):
 
 
 def test_a_generate_run_reports_both_views(minimal, tiny, tmp_path):
-    generated = probekit.run_study("minimal", tiny, out=tmp_path / "gen", days=1, view="generate")
+    generated = probekit.run_study("minimal", tiny, out=tmp_path / "gen", days=2, view="generate")
     assert list(generated.summary["view"]) == ["generate", "exact"]
     assert {"response", "parsed", "most_probable"} <= set(generated.scores.columns)
 
 
 def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
-    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=1)
+    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2)
     old = run.scores.rename(columns={"most_probable": "mode", "greedy": "argmax"})
     old.to_parquet(run.path / "scores.parquet")
     manifest = {k: v for k, v in run.manifest.items() if k != "view"}
@@ -324,7 +324,7 @@ def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
     pd.testing.assert_frame_equal(folder.scores(), run.scores)
     assert [r.path for r in RunDir.discover(tmp_path)] == [run.path]
     with pytest.raises(ProbekitError, match="results format 2") as info:
-        probekit.run_study("minimal", tiny, out=run.path, days=1)
+        probekit.run_study("minimal", tiny, out=run.path, days=2)
     assert "\n" not in str(info.value)
 
 

@@ -199,7 +199,7 @@ def data_args() -> list[str]:
 def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, capsys, monkeypatch):
     out = tmp_path / "steer"
     np.save(tmp_path / "v.npy", np.random.default_rng(3).standard_normal(64))
-    argv = ["intergroup", "--events", "1", "--alphas=0,2", "--layers", "3", "--out", str(out)]
+    argv = ["intergroup", "--events", "2", "--alphas=0,2", "--layers", "3", "--out", str(out)]
     argv += ["--setting", "P0S1T0", "--vector", str(tmp_path / "v.npy")]  # 0-10: quick to score
     assert steer_cli(model, *argv, *data_args()) == 0
     for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "manifest.json"):

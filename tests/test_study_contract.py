@@ -163,11 +163,11 @@ def test_listing_and_help_import_no_model_library(argv):
 # sample; intergroup on its 0-10 scale, the quicker to score).
 JAEM_DATA = "jaem_st"
 CASES = {
-    "intergroup": ({"limit": 72, "setting": "P0S1T0"}, {"events": 1, "setting": "P0S1T0"}),
-    "isear": ({"limit": 6}, {"events": 1}),
-    "giebench": ({"items": "sample", "limit": 16}, {"events": 1}),
-    "jaem-st": ({"samples": 4}, {"samples": 1}),
-    "minimal": ({"days": 2}, {"days": 1}),
+    "intergroup": ({"limit": 72, "setting": "P0S1T0"}, {"events": 2, "setting": "P0S1T0"}),
+    "isear": ({"limit": 6}, {"events": 2}),
+    "giebench": ({"items": "sample", "limit": 16}, {"events": 2}),
+    "jaem-st": ({"samples": 4}, {"samples": 2}),
+    "minimal": ({"days": 2}, {"days": 2}),
 }
 TINY = {"layers": [1], "batch_size": 8}
 KINDS = ("steer", "random")
@@ -292,7 +292,7 @@ def test_steer_isear_with_a_vector_file_reports_every_alpha(tiny, tmp_path):
     vector = tmp_path / "v.npy"
     np.save(vector, np.random.default_rng(0).standard_normal(tiny.hf.config.hidden_size))
     steered = probekit.steer_study(
-        "isear", tiny, out=tmp_path / "steer", vector=str(vector), alphas=[-4, 4], events=1, **TINY
+        "isear", tiny, out=tmp_path / "steer", vector=str(vector), alphas=[-4, 4], events=2, **TINY
     )
     assert sorted(steered.summary["alpha"]) == [-4, -4, 0, 0, 4, 4]
     assert steered.summary["label"].str.startswith("max_diff").all()

@@ -7,7 +7,10 @@ the keyword of the command's function."""
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +29,7 @@ from probekit.core.options import (
     option,
     spelled,
 )
-from probekit.engines.options import ModelOptions, ScoreOptions
+from probekit.engines.options import ModelOptions, ScoreOptions, check_models
 
 STUDY_COMMANDS = {
     "run": "run a study: exact scores or generation, resumable, then its report",
@@ -71,9 +74,11 @@ def _check_score_out(parsed: tuple) -> None:
     check_out_dir(parsed[1].out.parent)
 
 
-SCORE = Command("score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(_check_score_out,))
+SCORE = Command(
+    "score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(check_models, _check_score_out)
+)
 REPORT = Command("report", (ReportOptions,))
-SETUP = Command("setup", (ModelOptions,))
+SETUP = Command("setup", (ModelOptions,), checks=(check_models,))
 STUDIES = Command("studies", ())
 
 
@@ -101,11 +106,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in COMMANDS:
             _command(args[0], args[1:])
             return
+        if args and not args[0].startswith("-"):
+            raise unknown_command(args[0])
         parser = _parser()
         parser.parse_args(args)  # --help, or one line naming the commands
         parser.print_help()
 
     return run_script("probekit", body)
+
+
+def unknown_command(name: str) -> ProbekitError:
+    """One line for a command probekit does not have, with the nearest one."""
+    near = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
+    listed = f"the commands are {', '.join(COMMANDS)}"
+    hint = f"did you mean probekit {near[0]}?" if near else listed
+    return ProbekitError(f"unknown command '{name}'; {hint} (probekit --help)")
 
 
 def _parser() -> CommandParser:
@@ -168,6 +183,7 @@ def study_script(
         from probekit.studies import get_study
 
         study = get_study(study_name)
+        refuse_other_options(command, study, argv or ())
         options = study_command(command, study)
         options = replace(options, defaults={**options.defaults, **defaults})
         _command_module(command).execute(study, options.parse(argv, prog, study.title))
@@ -187,10 +203,21 @@ def _study_command(name: str, argv: list[str]) -> None:
         names = ", ".join(study.name for study in list_studies())
         raise ProbekitError(f"name a study: probekit {name} STUDY (one of {names})")
     study = get_study(argv[0])
+    refuse_other_options(name, study, argv[1:])
     parsed = study_command(name, study).parse(
         argv[1:], f"probekit {name} {study.name}", study.title
     )
     _command_module(name).execute(study, parsed)
+
+
+def refuse_other_options(command: str, study: Any, argv: Sequence[str]) -> None:
+    """One line, before the command's module (and the model library) is imported, for a flag
+    that is another study's option or one of this study's for other commands: what the
+    command's own parser would say after its imports (`Command.not_taken`)."""
+    from probekit.studies.base import other_study_option
+
+    elsewhere = functools.partial(other_study_option, study, command)
+    Command(command, (study.options,), elsewhere=elsewhere).refuse_not_taken(argv)
 
 
 def _command_module(command: str) -> Any:
@@ -204,7 +231,7 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
     from probekit.core.prompts import read_prompts
     from probekit.core.signal import prefill_trap, weak_signal
     from probekit.engines import load_engine
-    from probekit.engines.score import score_frames
+    from probekit.engines.score import PRECISION_KEY, precision_of, score_frames
 
     if trap := prefill_trap(options.prefill):
         print(f"probekit: warning: {trap}", file=sys.stderr)
@@ -227,7 +254,8 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
             batch_size=options.batch_size,
             progress=bar,
         ):
-            out.write(frame)
+            record = json.dumps(precision_of(engine), default=str).encode()
+            out.write(frame, {PRECISION_KEY: record})
             masses += frame["valid_mass"].tolist()
     print(f"wrote {total} rows to {files.out}")
     if masses and (weak := weak_signal(sum(masses) / len(masses))):

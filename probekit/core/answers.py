@@ -31,6 +31,7 @@ import numpy as np
 
 from probekit.core.errors import ProbekitError
 from probekit.core.public import public
+from probekit.core.text import read_text, refuse_lone_surrogate
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*-\s*(-?\d+)\s*$")
 _LETTERS = re.compile(r"^\s*([A-Za-z])\s*-\s*([A-Za-z])\s*$")
@@ -100,6 +101,8 @@ class AnswerSet:
             )
         if any(not a or a != a.strip() for a in self.answers):
             raise ProbekitError("answers must be non-empty and carry no leading/trailing spaces")
+        for index, answer in enumerate(self.answers):
+            refuse_lone_surrogate(answer, f"answer {index} ({answer!r})")
         seen: set[str] = set()
         for answer in self.answers:
             if answer in seen:
@@ -245,17 +248,7 @@ def _read_answer_file(path: Path) -> list[str]:
     a missing file or bytes that are not UTF-8."""
     if not path.is_file():
         raise ProbekitError(f"answer file '{path}' does not exist")
-    answers = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        try:
-            line = raw.decode("utf-8").strip()
-        except UnicodeDecodeError as exc:
-            raise ProbekitError(
-                f"{path}:{number}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
-                f"{exc.start + 1}); save the file as UTF-8"
-            ) from None
-        if line:
-            answers.append(line)
+    answers = [line.strip() for line in read_text(path).splitlines() if line.strip()]
     if len(answers) > MAX_ANSWERS:
         raise ProbekitError(
             f"answer file '{path}' has {len(answers)} answers; at most {MAX_ANSWERS} are allowed"

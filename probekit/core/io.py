@@ -124,8 +124,12 @@ class ParquetStream:
         self.tmp = temporary_name(self.path)
         self._writer: pq.ParquetWriter | None = None
 
-    def write(self, frame: pd.DataFrame) -> None:
+    def write(self, frame: pd.DataFrame, metadata: dict[bytes, bytes] | None = None) -> None:
+        """Append `frame`; `metadata` (the file's, given with the first frame) is added to the
+        schema's."""
         table = pa.Table.from_pandas(frame, preserve_index=False)
+        if metadata and self._writer is None:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         try:
             if self._writer is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

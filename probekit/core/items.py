@@ -17,12 +17,13 @@ identities may have different numbers of tokens. Positions index the unpadded to
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from probekit.core.errors import ProbekitError
 from probekit.core.public import public
+from probekit.core.text import refuse_lone_surrogate
 
 ANSWER = "answer"
 """The span every encoded item has: the last token, where the answer is read."""
@@ -60,6 +61,8 @@ class Item:
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
             raise ProbekitError(f"item {self.id!r} needs chat messages or raw text (one of them)")
+        for name, value in self._texts():
+            refuse_lone_surrogate(value, f"item {self.id!r}: its {name}")
         if not self.unit:  # an ad-hoc prompt is its own unit
             object.__setattr__(self, "unit", self.id)
         if isinstance(self.messages, list):
@@ -82,6 +85,15 @@ class Item:
                         f"item {self.id!r}: span '{name}' [{r.start}, {r.end}) lies outside "
                         f"{'the text' if r.message is None else f'message {r.message}'}"
                     )
+
+    def _texts(self) -> Iterator[tuple[str, str]]:
+        """Every text of the prompt with its name (id, text, prefill, message N)."""
+        yield "id", str(self.id)
+        if self.text is not None:
+            yield "text", str(self.text)
+        yield "prefill", str(self.prefill)
+        for number, message in enumerate(self.messages or ()):
+            yield f"message {number}", str(message.get("content", ""))
 
     def _source(self, message: int | None) -> str:
         if message is None:

@@ -215,6 +215,12 @@ def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
         raise ProbekitError(option_message(name, str(error))) from None
 
 
+def spoken(names: Sequence[str]) -> str:
+    """Names as a sentence says them: `a`, `a and b`, `a, b and c`."""
+    *rest, last = names
+    return f"{', '.join(rest)} and {last}" if rest else last
+
+
 def unknown_keyword(key: str, known: Sequence[str], where: str) -> ProbekitError:
     """One line refusing the keyword `key` of `where`, with the nearest known ones."""
     near = difflib.get_close_matches(key, list(known), n=2)
@@ -225,6 +231,9 @@ def unknown_keyword(key: str, known: Sequence[str], where: str) -> ProbekitError
 
 # Commands
 
+Elsewhere = Callable[[str], "str | None"]
+"""Where an option a command does not take belongs (another study's, say), as one line naming
+it with `named`, or None: a command's own hint before the "did you mean"."""
 Check = Callable[[tuple], None]
 """A check spanning several options: the command's values, in the order of its groups -> None,
 or a ProbekitError naming the options with `named`."""
@@ -243,6 +252,7 @@ class Command:
     groups: tuple[type, ...]
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     checks: tuple[Check, ...] = ()
+    elsewhere: Elsewhere | None = None
 
     def taken(self) -> dict[str, tuple[int, dataclasses.Field]]:
         """Option name -> (its group's index, its field), for the options this command takes."""
@@ -306,8 +316,29 @@ class Command:
     def parse(self, argv: Sequence[str] | None, prog: str, description: str | None = None) -> tuple:
         """The command line `argv` read and checked (a refusal is one line naming the flag)."""
         with spelled(flag):
+            self.refuse_not_taken(argv or ())
             given = vars(self.parser(prog, description).parse_args(argv))
             return self._values(given)
+
+    def refuse_not_taken(self, argv: Sequence[str]) -> None:
+        """One line for the first flag of `argv` that this command does not take and that is
+        known elsewhere (`not_taken`): before argparse's "unrecognized arguments"."""
+        taken = self.taken()
+        for arg in argv:
+            name = arg.split("=")[0].removeprefix("--").replace("-", "_")
+            if arg.startswith("--") and name not in taken and (why := self.not_taken(name)):
+                raise ProbekitError(why)
+
+    def not_taken(self, name: str) -> str | None:
+        """Where the option `name`, which this command does not take, belongs: one of its groups'
+        options of other commands, or what `elsewhere` says (another study's); None when
+        nothing is known of it."""
+        for group in self.groups:
+            for field in options_of(group):
+                if field.name == name and declaration(field).commands:
+                    commands = spoken(declaration(field).commands)
+                    return f"{named(name)} is an option of {commands} only"
+        return self.elsewhere(name) if self.elsewhere is not None else None
 
     def build(self, keywords: Mapping[str, Any], where: str) -> tuple:
         """The same values from Python keywords (`batch_size=8`, `dtype=torch.bfloat16`); None
@@ -321,10 +352,8 @@ class Command:
         given: dict[str, Any] = {}
         for key, value in keywords.items():
             if key not in taken:
-                elsewhere = [f for g in self.groups for f in options_of(g) if f.name == key]
-                if elsewhere and declaration(elsewhere[0]).commands:
-                    commands = " and ".join(declaration(elsewhere[0]).commands)
-                    raise ProbekitError(f"{where} takes no {key} (an option of {commands} only)")
+                if why := self.not_taken(key):
+                    raise ProbekitError(f"{where}: {why}")
                 raise unknown_keyword(key, list(taken), where)
             if value is None:
                 continue

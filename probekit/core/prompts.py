@@ -10,13 +10,15 @@ from pathlib import Path
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
+from probekit.core.text import BOM, refuse_lone_surrogate
 
 ROLES = ("system", "user", "assistant")
 
 
 def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
-    """Yield items from a JSONL file (UTF-8), checking each line and rejecting duplicate ids
-    (compared as the JSON values they are: `1` and `1.0` are one id); `prefill` is forced at the
+    """Yield items from a JSONL file (UTF-8; a byte-order mark is dropped), checking each line
+    and rejecting duplicate ids (compared as the JSON values they are: `1` and `1.0` are one id)
+    and lone surrogates in one line naming the file, line and id; `prefill` is forced at the
     start of every response."""
     path = Path(path)
     if not path.is_file():
@@ -31,6 +33,7 @@ def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
                     f"{path}:{number}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
                     f"{exc.start + 1}); save the file as UTF-8"
                 ) from None
+            line = line.removeprefix(BOM)  # an editor's mark (files joined: on any line), no text
             if not line.strip():
                 continue
             prompt = parse_prompt_line(line, f"{path}:{number}", prefill)
@@ -52,12 +55,16 @@ def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
     if "id" not in record:
         raise ProbekitError(f"{where}: missing 'id'")
     pid = prompt_id(record["id"], where)
+    refuse_lone_surrogate(pid, f"{where}: 'id'")
     if "messages" in record:
         messages = parse_messages(record["messages"], where)
+        for number, message in enumerate(messages):
+            refuse_lone_surrogate(message["content"], f"{where}: id {pid!r}: message {number}")
         return Item(pid, key={}, unit=pid, messages=messages, prefill=prefill)
     if "text" in record:
         if not isinstance(record["text"], str):
             raise ProbekitError(f"{where}: 'text' must be a string")
+        refuse_lone_surrogate(record["text"], f"{where}: id {pid!r}: 'text'")
         if not (record["text"] + prefill).strip():
             raise ProbekitError(f"{where}: id '{pid}': the prompt is empty ('text' is blank)")
         return Item(pid, key={}, unit=pid, text=record["text"], prefill=prefill)

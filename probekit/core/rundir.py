@@ -76,6 +76,8 @@ SETTINGS = (
     Setting("prompts", False, "prompts in the run (after any limit)"),
     Setting("prompts_total", False, "prompts of the study's configuration"),
     Setting("numerics", False, "the noise figure, measured after the run"),
+    Setting("tolerance", True, "the largest change of an answer probability the tier may cause"),
+    Setting("tier", True, "the precision tier the rows were scored in (bfloat16, tf32, float32)"),
     Setting("precision", False, "the precision tier, its tolerance and measured errors"),
     Setting("batch_size", False, "prompts a batch of the scorer, as the run ended"),
     Setting("versions", False, "package versions"),
@@ -315,11 +317,18 @@ class RunDir:
             )
         for key in resume_keys({**old, **manifest}):
             new = manifest.get(key)
-            if key not in unknown and old.get(key) != new:
+            if key in unknown or old.get(key) == new:
+                continue
+            if key not in old:
                 raise ProbekitError(
-                    f"{self.path} holds a run with a different {key} ({old.get(key)!r}, now "
-                    f"{new!r}); use another {named('out')}, or delete the folder to run it again"
+                    f"{self.path} holds a run of an earlier probekit, which did not record its "
+                    f"{key} (now {new!r}); use another {named('out')}, or delete the folder to "
+                    "run it again"
                 )
+            raise ProbekitError(
+                f"{self.path} holds a run with a different {key} ({old.get(key)!r}, now "
+                f"{new!r}); use another {named('out')}, or delete the folder to run it again"
+            )
 
     def start(self, manifest: dict[str, Any]) -> None:
         """Write `manifest` into a new run folder, or check it against the run the folder

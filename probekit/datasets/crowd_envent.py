@@ -20,6 +20,7 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.options import option_error
 from probekit.core.paths import package_path
+from probekit.core.text import read_text
 from probekit.datasets.locate import Dataset
 
 EMOTIONS: tuple[str, ...] = (
@@ -54,12 +55,7 @@ def check_rows(path: Path) -> int:
     line: a header without a column of `COLUMNS`, a file cut mid-row, a row whose field count is
     not the header's, or an empty value in a column of `COLUMNS`. Returns the number of rows
     (blank lines are skipped, as pandas does)."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ProbekitError(f"{path} is not UTF-8 text (byte {err.start}): {err.reason}") from None
-    except OSError as err:
-        raise ProbekitError(f"{path} cannot be read: {err.strerror or err}") from None
+    text = read_text(path)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
     header = next(reader, [])
     missing = [c for c in COLUMNS if c not in header]

@@ -17,18 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines.base import ENGINES
-from probekit.engines.options import ModelOptions
+from probekit.engines.options import PARALLEL, ModelOptions, model_conflict
 
 if TYPE_CHECKING:
     from probekit.engines.base import Engine
 
 __all__ = ["ENGINES", "PARALLEL", "load_engine"]
-
-PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
-"""vLLM's own placement keywords (the hf engine places a model with a device map instead)."""
 
 
 @public(ModelOptions)
@@ -69,16 +65,8 @@ def load_engine(
         "tolerance": tolerance,
     }
     placement = {k: v for k, v in placement.items() if v is not None}
-    if engine != "vllm" and any(k in placement for k in PARALLEL):
-        tensor, pipeline = named("tensor_parallel_size"), named("pipeline_parallel_size")
-        raise ProbekitError(
-            f"{tensor} and {pipeline} are vLLM's ({given('engine', 'vllm')}); the hf engine "
-            f"splits a model over devices with {named('device_map')}"
-        )
-    if tolerance is not None and engine != "hf":
-        raise ProbekitError(
-            f"{named('tolerance')} picks the hf engine's arithmetic, not the {engine}'s"
-        )
+    if conflict := model_conflict(engine, device=device, dtype=dtype, **placement):
+        raise ProbekitError(conflict)
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)
     if parallel > 1:  # vLLM's shards (the hf engine's load checks its own plan)
         check_before_load(model, device, dtype, parallel=parallel)

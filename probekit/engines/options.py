@@ -34,6 +34,7 @@ from probekit.core.options import (
     SeedOption,
     check_fields,
     given,
+    named,
     option,
 )
 from probekit.engines.base import ENGINES, Engine
@@ -162,11 +163,69 @@ class ModelOptions(ModelChoice):
         }
         return {name: value for name, value in given.items() if value is not None}
 
+    def check(self) -> None:
+        """One line for options valid one by one but not together (`model_conflict`), before
+        any data or model loads."""
+        if conflict := model_conflict(**self.load_keywords()):
+            raise ProbekitError(conflict)
+
+    @property
+    def tolerance_asked(self) -> float | None:
+        """The tolerance the hf engine picks its precision tier by (`DEFAULT_TOLERANCE` when
+        none is given); None where a dtype is given or another engine scores."""
+        if self.dtype is not None or self.engine != "hf":
+            return None
+        return DEFAULT_TOLERANCE if self.tolerance is None else self.tolerance
+
     @property
     def placed(self) -> list[str]:
         """The placement options given (a device map and what implies one, vLLM's sizes)."""
         names = ("device_map", "max_memory", "offload_folder", "tensor_parallel_size")
         return [name for name in names if getattr(self, name) is not None]
+
+
+def check_models(parsed: tuple) -> None:
+    """A command's check (`probekit.core.options.Command.checks`): every `ModelOptions` among its
+    values (`probekit run` takes several) checked together (`ModelOptions.check`)."""
+    for value in parsed:
+        for model in value if isinstance(value, list) else [value]:
+            if isinstance(model, ModelOptions):
+                model.check()
+
+
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
+"""vLLM's own placement keywords (the hf engine places a model with a device map instead)."""
+DISPATCH = ("device_map", "max_memory", "offload_folder")
+"""The options that place a model with accelerate's device map (`max_memory` and
+`offload_folder` imply `device_map="auto"`)."""
+
+
+def model_conflict(engine: str = "hf", **values: Any) -> str | None:
+    """Why the model options `values` (`ModelOptions` fields; None: not given) cannot go
+    together, as one line naming them in the caller's words (`named`), or None. The one rule of
+    `ModelOptions.check` (every command, while its options are parsed) and of `load_engine` and
+    `load_model`."""
+    values = {name: value for name, value in values.items() if value is not None}
+    parallel = [name for name in PARALLEL if name in values]
+    if parallel and engine != "vllm":
+        return (
+            f"{named(parallel[0])} is vLLM's ({given('engine', 'vllm')}); the {engine} engine "
+            f"splits a model over devices with {named('device_map')}"
+        )
+    if "tolerance" in values and engine != "hf":
+        return f"{named('tolerance')} picks the hf engine's arithmetic, not the {engine}'s"
+    if "tolerance" in values and "dtype" in values:
+        return (
+            f"give {named('dtype')} or {named('tolerance')}, not both: the dtype forces the "
+            "arithmetic, the tolerance lets probekit choose it by its measured error"
+        )
+    dispatch = [name for name in DISPATCH if name in values]
+    if dispatch and "device" in values:
+        return (
+            f"give {given('device', values['device'])} or {named(dispatch[0])}, not both: a "
+            "device map decides where each layer runs"
+        )
+    return None
 
 
 @dataclass(frozen=True)

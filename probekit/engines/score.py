@@ -7,11 +7,16 @@ defaults, checks and help from the declarations the command's flags are made fro
 (`probekit.core.public`), so a bad value is the same one-line ProbekitError from both, naming
 the keyword, and a misspelled keyword gets a "did you mean". A weak
 signal (mean valid mass below `WEAK_SIGNAL_VALID_MASS`) and a prefill ending in whitespace are
-warned about (`warnings.warn`; the command line prints the same line on stderr).
+warned about (`warnings.warn`; the command line prints the same line on stderr). The arithmetic
+the scores were computed in, the precision tier picked by the tolerance (`--tolerance`,
+`load_model(tolerance=)`) or forced by a dtype, is said on stderr and kept with the rows: the
+table's `attrs["precision"]` (`probekit score`: the Parquet file's metadata, key
+`probekit.precision`).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -30,6 +35,8 @@ from probekit.core.signal import prefill_trap, weak_signal
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, ScoreOptions
 
+PRECISION_KEY = b"probekit.precision"
+"""The Parquet metadata key of the precision record in `probekit score`'s output (JSON)."""
 Prompts = str | Path | Sequence[str | Sequence[Mapping[str, str]] | Item]
 """A prompt file, or prompts: each a string, a chat (a list of messages) or an `Item`; one list
 may mix them."""
@@ -66,14 +73,37 @@ def score(
     items = list(as_items(prompts, prefill))
     if not items:
         raise ProbekitError("no prompts to score")
+    engine = scoring_engine(model)
     with silenced(quiet), progress(len(items), "prompt", "score", "fewer prompts") as bar:
         frames = score_frames(
-            model, items, answers, epsilon=epsilon, batch_size=batch_size, progress=bar
+            engine, items, answers, epsilon=epsilon, batch_size=batch_size, progress=bar
         )
         table = pd.concat(list(frames), ignore_index=True)
+    table.attrs["precision"] = precision_of(engine)
     if weak := weak_signal(float(table["valid_mass"].mean())):
         warnings.warn(weak, UserWarning, stacklevel=3)
     return table
+
+
+def scoring_engine(model: Any) -> Any:
+    """The engine `model` names (`load_engine` for a spec) or is; one line for anything else."""
+    from probekit.engines import load_engine
+
+    engine = load_engine(model) if isinstance(model, str | Path) else model
+    if not hasattr(engine, "scorer") or not hasattr(engine, "encode"):
+        raise ProbekitError(
+            f"model must be a loaded model or a model spec (`default`, a hub id, a folder, a "
+            f".gguf file); got {type(model).__name__}"
+        )
+    return engine
+
+
+def precision_of(engine: Any) -> dict[str, Any] | None:
+    """The arithmetic `engine` scored in: its precision record (the tier, the tolerance it was
+    chosen by, what was measured; `probekit.engines.hf.tiers`), None for an engine without."""
+    meta = getattr(engine, "meta", None)
+    record = meta.get("precision") if isinstance(meta, dict) else None
+    return dict(record) if isinstance(record, dict) else None
 
 
 def score_frames(
@@ -88,23 +118,22 @@ def score_frames(
 ) -> Iterator[pd.DataFrame]:
     """`score`'s rows, a DataFrame per `window` items (bounded memory for large files). Before
     the first is scored, a model whose precision tier is not chosen yet gets it on a sample of
-    the first window (`probekit.engines.hf.tiers.settle_precision`)."""
-    from probekit.engines import load_engine
+    the first window (`probekit.engines.hf.tiers.settle_precision`), and the tier it scores in
+    is said in one line on stderr (`describe_precision`; a tier measured now is said by the
+    measurement's own line)."""
     from probekit.engines.base import windows
-    from probekit.engines.hf.tiers import settle_precision
+    from probekit.engines.hf.tiers import describe_precision, settle_precision
 
-    engine = load_engine(model) if isinstance(model, str) else model
-    if not hasattr(engine, "scorer") or not hasattr(engine, "encode"):
-        raise ProbekitError(
-            f"model must be a loaded model or a model spec (`default`, a hub id, a folder, a "
-            f".gguf file); got {type(model).__name__}"
-        )
+    engine = scoring_engine(model)
     answer_set = as_answer_set(answers)
     scorer = None
     for chunk in windows(items, window):
         ids = [engine.encode(item).input_ids for item in chunk]
         if scorer is None:
-            settle_precision(engine, answer_set, ids)
+            chosen = "tier" in (precision_of(engine) or {})
+            record = settle_precision(engine, answer_set, ids)
+            if record is not None and (chosen or not record.get("tried")):  # else said already
+                print(f"probekit: {describe_precision(record)}", file=sys.stderr)
             scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
         results = scorer.score(ids, window=len(ids), progress=progress)
         rows = [

@@ -18,6 +18,7 @@ misspelled keyword gets a "did you mean".
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,12 @@ def patch(
     Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
     per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
     `<m>_patched`, `gap`, `recovery`, `small_gap`, ..., and `reading`, a line reading a recovery
-    outside [0, 1] (or a gap within the run's noise). Over several pairs each row also holds its
-    component's recovery over the pairs with its bootstrap interval (`recovery_over_pairs`,
-    `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one pair), and
+    outside [0, 1] (or a gap within the run's noise), `valid_mass_patched`. A component whose
+    patched runs keep less than 5 % of their probability in the answer set on average is a
+    weak signal: `df.attrs["weak_signal"]` names them, also as a warning. Over several pairs
+    each row also holds its component's recovery over the pairs with its bootstrap interval
+    (`recovery_over_pairs`, `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one
+    pair), and
     `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
     """
     model = hookable(model)
@@ -128,14 +132,17 @@ def patch(
             progress=progress and not quiet,
             distributions=distributions,
         )
-        return annotate(table)
-    if distributions:
+    elif distributions:
         raise ProbekitError("distributions=True needs method='exact'")
-    with silenced(quiet):
-        table = measure(
-            scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
-        )
-    return annotate(table)
+    else:
+        with silenced(quiet):
+            table = measure(
+                scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
+            )
+    annotated = annotate(table)
+    if weak := annotated.attrs.get("weak_signal"):
+        warnings.warn(weak, UserWarning, stacklevel=3)  # the caller of @public
+    return annotated
 
 
 @public(SeedOption)

@@ -74,14 +74,21 @@ Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CaptureResult:
-    """What one `capture` call did."""
+    """What one `capture` call did: the folder, the prompts captured now and those skipped (a
+    finished shard's, on resuming), the shards written. Printed, it is one line."""
 
     out_dir: Path
     captured: int
     skipped: int
     shards: list[Path]
+
+    def __repr__(self) -> str:
+        return (
+            f"CaptureResult({str(self.out_dir)!r}: {self.captured} prompts captured, "
+            f"{self.skipped} already there, {len(self.shards)} shards written)"
+        )
 
 
 def check_request(
@@ -212,7 +219,7 @@ def capture(
 
 
 @public()
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Activations:
     """Captured activations in memory: `index` has a row per (prompt, span) with `prompt_id`,
     `span`, `positions` (unpadded), `n_tokens`, `row_start`, `row_stop` and the item's key
@@ -221,6 +228,17 @@ class Activations:
 
     index: pd.DataFrame
     tensors: dict[str, torch.Tensor]
+
+    def __repr__(self) -> str:
+        """One line: the prompts and spans, each hook with its shape (not the values)."""
+        prompts = self.index[PROMPT_ID].nunique() if PROMPT_ID in self.index else 0
+        spans = sorted(self.index["span"].unique()) if "span" in self.index else []
+        hooks = [f"{hook} {list(tensor.shape)}" for hook, tensor in self.tensors.items()]
+        shown = ", ".join(hooks[:4]) + (f" and {len(hooks) - 4} more" if len(hooks) > 4 else "")
+        return (
+            f"Activations({prompts} prompts, spans {', '.join(spans) or 'none'}; {shown}; "
+            ".index, .tensors, .at(hook, prompt_id, span))"
+        )
 
     def __getitem__(self, hook: str) -> torch.Tensor:
         if hook not in self.tensors:

@@ -47,6 +47,7 @@ import torch
 
 from probekit.core.items import Pair
 from probekit.core.public import public
+from probekit.core.signal import is_weak, weak_under
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.mechanism.components import (
     COMPONENT,
@@ -104,8 +105,10 @@ def sweep(
     `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `readout.column`, e.g. expected), gap (clean -
     corrupt), recovery, ran, metric (the readout's spec), method (`exact` here) and estimate (the
     attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`),
-    noise (the run's numeric noise on the readout, `numeric_noise`) and small_gap (|gap| <=
-    noise: the pair is left out of recovery over pairs, `summarise`).
+    noise (the run's numeric noise on the readout, `numeric_noise`), small_gap (|gap| <=
+    noise: the pair is left out of recovery over pairs, `summarise`) and valid_mass_patched
+    (the patched run's valid mass; the corrupt run's where the patch did not run), whose mean
+    per component below the weak-signal threshold is warned about (`weak_patches`).
     """
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size
@@ -130,6 +133,7 @@ def sweep(
         baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
         bar.update(2 * len(pairs))
         patched: dict[int, float] = {}  # job index -> readout of the patched run
+        masses: dict[int, float] = {}  # job index -> valid mass of the patched run
         kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
         rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
         for start in range(0, len(entries), size):
@@ -150,6 +154,7 @@ def sweep(
             )
             for k, prompt, result in zip(ks, batch, results, strict=False):
                 patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
+                masses[k] = result.valid_mass
                 if distributions:
                     kept[k] = result
             for prompt, result in zip(batch[len(ks) :], results[len(ks) :], strict=True):
@@ -168,6 +173,7 @@ def sweep(
         rows[-1]["ran"] = k in patched
         rows[-1]["noise"] = noise
         rows[-1]["small_gap"] = not abs(m_clean - m_corrupt) > noise
+        rows[-1]["valid_mass_patched"] = masses.get(k, baseline[corrupt.id].valid_mass)
         if distributions:
             runs = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
             runs["patched"] = kept.get(k, runs["corrupt"])
@@ -248,6 +254,9 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
         entry["gap"] = float(gaps[np.isfinite(gaps)].mean()) if np.isfinite(gaps).any() else np.nan
         entry["pairs"] = len(group)
         entry["pairs_in_noise"] = int(group["small_gap"].sum())
+        if "valid_mass_patched" in group:
+            entry["mean_valid_mass_patched"] = float(group["valid_mass_patched"].mean())
+            entry["weak_signal"] = is_weak(entry["mean_valid_mass_patched"])
         rows.append(entry)
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
@@ -311,7 +320,24 @@ def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
         )
     noise = noise_line(df)
     out.attrs = {**df.attrs, "note": f"{note}; {noise}" if noise else note}
+    out.attrs["weak_signal"] = weak_patches(df)
     return out
+
+
+def weak_patches(df: pd.DataFrame) -> str | None:
+    """One line when patching drove a component's mean valid mass (`valid_mass_patched`, over
+    its pairs) below the weak-signal threshold, naming those components; None otherwise (and
+    for a table without the column: attribution estimates patch nothing)."""
+    if "valid_mass_patched" not in df or df["valid_mass_patched"].isna().all():
+        return None
+    masses = df.groupby(COMPONENT, sort=False, dropna=False)["valid_mass_patched"].mean()
+    weak = masses[[is_weak(m) for m in masses]]
+    names = [
+        f"L{layer} {site}{'' if pd.isna(head) else f' head {int(head)}'} at {span}"
+        for layer, site, head, span in weak.index
+    ]
+    lowest = float(weak.min()) if len(weak) else 0.0
+    return weak_under("the patches of", names, lowest)
 
 
 def _tolerance(df: pd.DataFrame, gaps: pd.Series) -> np.ndarray:

@@ -26,6 +26,7 @@ then does the rest:
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,12 +49,8 @@ from probekit.mechanism.defaults import MechanismDefaults
 from probekit.mechanism.options import HookOptions
 from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
-from probekit.mechanism.readouts import Readout, parse_readout
-from probekit.mechanism.sites import (
-    HEAD_SITE,
-    chosen_layers,
-    n_heads,
-)
+from probekit.mechanism.readouts import PAIRED, Readout, parse_readout
+from probekit.mechanism.sites import HEAD_SITE, chosen_layers, n_heads
 from probekit.mechanism.sites import site as find_site
 
 METHODS = attribution.METHODS
@@ -121,6 +118,22 @@ class CaptureOptions(HookOptions):
     """Capture options: which activations are kept."""
 
 
+def check_patch_options(request: PatchOptions) -> None:
+    """One line for patch options that cannot go together, known from the options alone (the
+    patch command's check while parsing, before any data or model loads): mediation of
+    estimated components, a pair's readout with attribution or mediation."""
+    for name in request.sites:
+        find_site(name)
+    if request.mediation and request.method == "attribution":
+        raise ProbekitError(
+            f"{named('mediation')} needs exactly measured components: use {named('method')} "
+            "exact or attribution+verify"
+        )
+    terms = [term.strip() for term in (request.readout or "").split(" - ")]
+    if request.readout and PAIRED in terms:
+        _refuse_paired(request.readout, request)
+
+
 def check_patch(
     request: PatchOptions,
     items: Sequence[Item],
@@ -129,27 +142,26 @@ def check_patch(
 ) -> Readout | None:
     """One line for any bad choice that needs no model (naming options with `named`); the
     readout when its spec is fixed (None when the study chooses it from the exact scores)."""
-    for name in request.sites:
-        find_site(name)
+    check_patch_options(request)
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
-    method, mediation = named("method"), named("mediation")
-    if request.mediation and request.method == "attribution":
-        raise ProbekitError(
-            f"{mediation} needs exactly measured components: use {method} exact or "
-            "attribution+verify"
-        )
     spec = request.readout or defaults.readout
     if not isinstance(spec, str):
         return None
     readout = parse_readout(spec, answers)
-    if readout.paired and (request.method != "exact" or request.mediation):
-        raise ProbekitError(
-            f"the readout {readout.spec} compares a pair's two distributions: use it with "
-            f"{method} exact and without {mediation} (attribution needs a readout linear in one "
-            "distribution, mediation a readout defined per prompt)"
-        )
+    if readout.paired:
+        _refuse_paired(readout.spec, request)
     return readout
+
+
+def _refuse_paired(spec: str, request: PatchOptions) -> None:
+    """One line for a readout of a pair's two distributions with attribution or mediation."""
+    if request.method != "exact" or request.mediation:
+        raise ProbekitError(
+            f"the readout {spec} compares a pair's two distributions: use it with "
+            f"{named('method')} exact and without {named('mediation')} (attribution needs a "
+            "readout linear in one distribution, mediation a readout defined per prompt)"
+        )
 
 
 def run_patch(
@@ -217,6 +229,8 @@ def run_patch(
         request.through_answer,
     )
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
+    if weak := df.attrs.get("weak_signal"):
+        print(f"probekit: warning: {weak}", file=sys.stderr)
     write_parquet(folder / "patching.parquet", df)
     title = f"{model.name}, {probe.name}"
     written = ["patching.parquet", *report(df, folder, request, spans, title, say)]

@@ -30,6 +30,9 @@ from probekit.core.options import given
 from probekit.core.public import public
 from probekit.engines.base import ScoreResult
 
+PAIRED = "tv"
+"""The spec of the readout that reads a pair's two distributions (`clean_overlap`)."""
+
 
 @public()
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def clean_overlap() -> Readout:
             return math.nan
         return 1.0 - 0.5 * float(np.abs(np.asarray(result.probs) - np.asarray(clean.probs)).sum())
 
-    return Readout("tv", "overlap", read, paired=True)
+    return Readout(PAIRED, "overlap", read, paired=True)
 
 
 def difference(first: Readout, second: Readout) -> Readout:
@@ -125,7 +128,7 @@ def parse_readout(spec: str, answers: AnswerSet) -> Readout:
         return expected_value(answers)
     if text == "p_correct":
         return correct_probability(answers)
-    if text == "tv":
+    if text == PAIRED:
         return clean_overlap()
     if text.startswith("p:") and len(text) > 2:
         return answer_probability(answers, text[2:])

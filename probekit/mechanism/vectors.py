@@ -12,7 +12,7 @@ anything is written (`probekit.mechanism.steering.as_vectors`)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,13 +124,16 @@ def contrast_vectors(
     span: str,
     contrast: Callable[[EncodedItem], Any],
     hooks: str = "transformer_lens",
+    means: Mapping[steering.Target, np.ndarray] | None = None,
 ) -> dict[steering.Target, torch.Tensor]:
     """The contrast's mean difference at `span` (`kind` `mean_diff`) or its unit direction
-    (`direction`) at each target, from the prompts' span means."""
+    (`direction`) at each target, from the prompts' span means (`steering.span_means`, read
+    here unless given)."""
     if kind not in VECTORS:
         raise ProbekitError(f"unknown vector kind {kind!r}; choose from {', '.join(VECTORS)}")
     side = [bool(contrast(p)) for p in encoded]
-    means = steering.span_means(model, encoded, targets, span, hooks)
+    if means is None:
+        means = steering.span_means(model, encoded, targets, span, hooks)
     found = {t: steering.mean_difference(means[t], side) for t in targets}
     if kind == "direction":
         found = {t: diff_of_means(means[t], np.asarray(side)) for t in targets}

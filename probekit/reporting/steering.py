@@ -14,13 +14,14 @@ import pandas as pd
 
 from probekit.core.io import write_text
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_number, format_p
+from probekit.reporting.headline import format_number, format_p, missing
 from probekit.reporting.html import mechanism_page
 
 STEER, RANDOM = "steer", "random"
 """The `vector` column's kinds: the vector given, and the random control of its norm."""
 SHOWN = ("study", "model", "weights", "dtype", "device", "vector", "vector_file", "vector_sha256")
 SHOWN += ("positions", "span", "sites", "layers", "hooks", "seed", "alphas", "prompts")
+SHOWN += ("tolerance", "tier", "data_sha256")
 
 
 def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
@@ -54,15 +55,23 @@ def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
 def _cells(row: Mapping[str, Any] | None) -> dict[str, str]:
     """One vector kind's cells at one α (dashes where the kind has no row)."""
     if row is None:
-        return {k: "—" for k in ("value", "interval", "p", "mass", "kl")}
+        return {k: "—" for k in ("value", "interval", "p", "push", "mass", "kl")} | {"weak": False}
     low, high = format_number(row["low"], signed=True), format_number(row["high"], signed=True)
     return {
         "value": format_number(row["value"], signed=True),
         "interval": "—" if low == "—" else f"[{low}, {high}]",
         "p": format_p(row["p_value"]),
-        "mass": format_number(row["mean_valid_mass"]),
+        "push": format_number(row.get("push", float("nan")), 2),
+        "mass": _mass(row["mean_valid_mass"]),
+        "weak": bool(row.get("weak_signal", False)),
         "kl": format_number(row["mean_kl"], 4),
     }
+
+
+def _mass(value: float) -> str:
+    """A mean valid mass: three decimals, or two significant digits below 0.001 (a collapsed
+    mass of 1e-05 is not 0.000)."""
+    return format_number(value) if missing(value) or value >= 1e-3 else f"{value:.2g}"
 
 
 def steer_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
@@ -84,9 +93,15 @@ def steer_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def steer_page_html(
-    summary: pd.DataFrame, figure: str | Path, title: str, manifest: Mapping[str, Any], data: str
+    summary: pd.DataFrame,
+    figure: str | Path,
+    title: str,
+    manifest: Mapping[str, Any],
+    data: str,
+    weak: str | None = None,
 ) -> str:
-    """The HTML of a steering run's page (`data`: the data as the study describes it)."""
+    """The HTML of a steering run's page (`data`: the data as the study describes it; `weak`:
+    the weak-signal line, shown as a banner)."""
     return mechanism_page(
         "steer.html",
         summary,
@@ -98,6 +113,7 @@ def steer_page_html(
         label=str(summary["label"].iloc[0]),
         rows=steer_rows(summary),
         prompts=int(summary["prompts"].iloc[0]),
+        weak=weak,
     )
 
 
@@ -108,6 +124,7 @@ def write_steer_page(
     title: str,
     manifest: Mapping[str, Any],
     data: str,
+    weak: str | None = None,
 ) -> Path:
     """Write the steering run's page (`report.html`) atomically."""
-    return write_text(path, steer_page_html(summary, figure, title, manifest, data))
+    return write_text(path, steer_page_html(summary, figure, title, manifest, data, weak))

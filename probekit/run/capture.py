@@ -33,7 +33,12 @@ DEFAULTS = {"out": "runs/capture"}
 
 def capture_command(study: Study) -> Command:
     """`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
-    return mechanism_command("capture", CaptureOptions, study, DEFAULTS)
+    return mechanism_command("capture", CaptureOptions, study, DEFAULTS, (_check,))
+
+
+def _check(parsed: tuple) -> None:
+    """The capture's sites, known by name while parsing (no data, no model)."""
+    site_shorts(parsed[1].sites)
 
 
 @public(ModelOptions, CaptureOptions, command="capture", defaults=DEFAULTS, wider=("model",))

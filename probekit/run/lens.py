@@ -62,6 +62,7 @@ from probekit.run.mechanism import (
     mechanism_settings,
     study_object,
 )
+from probekit.run.numerics import keep_resumed_tier
 from probekit.run.parts import INDEX, Compactor, DamagedPart, done_mask, say, scan_parts, set_aside
 from probekit.studies.base import VIEWS, Probe, Study
 
@@ -122,7 +123,8 @@ def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
     ids = [item.id for item in items]
     given = args.layers
     layers = sorted(set(given)) if given and min(given) >= 0 else None  # else the model says
-    known = settings(study, probe, ids, args, layers, None)
+    asked_for = asked if model is None else None  # a loaded model's tolerance is its own
+    known = settings(study, probe, ids, args, layers, None, asked_for)
     run.check_resume(known, [k for k, v in known.items() if v is None])  # before the model
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
@@ -130,7 +132,8 @@ def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
     chosen = range(model.n_layers)
     layers = sorted(set(layer_indices(model, given if given else chosen)))
     encoded = [model.encode(item, probe.as_string) for item in items]
-    settle_precision(model, probe.answers, [p.input_ids for p in encoded])
+    if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
+        settle_precision(model, probe.answers, [p.input_ids for p in encoded])
     manifest = settings(study, probe, ids, args, layers, model)
     manifest["command"] = "probekit lens" if on_command_line() else "probekit.lens_study"
     run.make()
@@ -177,16 +180,18 @@ def settings(
     args: LensOptions,
     layers: list[int] | None,
     model: Any,
+    asked: ModelOptions | None = None,
 ) -> dict[str, Any]:
     """What defines a lens run (its manifest; undeclared fields are resume keys, see
     `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
-    loaded model gives, and layers counted from the end, are None."""
+    loaded model gives, and layers counted from the end, are None, the tolerance that `asked`
+    for."""
     own = {
         "layers": layers,
         "hooks": "transformer_lens",
         "min_valid_mass": args.min_valid_mass,
     }
-    return mechanism_settings(study, probe, ids, args.seed, model, own)
+    return mechanism_settings(study, probe, ids, args.seed, model, own, asked)
 
 
 def _scored(

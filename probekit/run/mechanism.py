@@ -6,6 +6,7 @@ of them, the study given by name or as an object, and the manifest fields their 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
@@ -13,8 +14,9 @@ from typing import Any
 from probekit.core.errors import ProbekitError
 from probekit.core.options import Command, named
 from probekit.core.rundir import RESULTS_FORMAT, device_kind
-from probekit.engines.options import ModelOptions, loaded_engine
-from probekit.studies.base import VIEWS, Context, Study, get_study
+from probekit.engines.options import ModelOptions, check_models, loaded_engine
+from probekit.run.options import precision_settings
+from probekit.studies.base import VIEWS, Context, Study, get_study, other_study_option
 
 Check = Any
 """A command's own check of its parsed options: `check(parsed)`, raising one line."""
@@ -37,7 +39,9 @@ def mechanism_command(
             )
         study.check(study_options, context(name, model, own))
 
-    return Command(name, (ModelOptions, options, study.options), defaults, (check, *checks))
+    groups = (ModelOptions, options, study.options)
+    elsewhere = functools.partial(other_study_option, study, name)
+    return Command(name, groups, defaults, (check_models, check, *checks), elsewhere)
 
 
 def context(name: str, model: ModelOptions, own: Any) -> Context:
@@ -64,7 +68,13 @@ def build(command: Command, study: Study, model: Any, options: dict[str, Any]) -
 
 
 def mechanism_settings(
-    study: Study, probe: Any, ids: list[str], seed: int, model: Any, own: dict[str, Any]
+    study: Study,
+    probe: Any,
+    ids: list[str],
+    seed: int,
+    model: Any,
+    own: dict[str, Any],
+    asked: ModelOptions | None = None,
 ) -> dict[str, Any]:
     """The manifest of a mechanism run folder (`probekit steer`, `probekit lens`): what changes
     a number, as it reads back from the file (undeclared fields are resume keys, see
@@ -72,7 +82,9 @@ def mechanism_settings(
     0 unless `own` gives the command's), the seed, the command's `own` fields, the prompts
     (their ids' SHA-256, in order) and, from the loaded `model`, the model as given, where it
     was loaded from, its weights, dtype, kind of device, device map and precision record, each
-    None before it loads (`model` None, so that `RunDir.check_resume` leaves them for after)."""
+    None before it loads (`model` None, so that `RunDir.check_resume` leaves them for after),
+    and the arithmetic's resume keys (`precision_settings`: before the model loads, the
+    tolerance `asked` for)."""
     described = model.describe() if model is not None else {}
     manifest = {
         "results_format": RESULTS_FORMAT,
@@ -81,6 +93,7 @@ def mechanism_settings(
         "device": device_kind(described.get("device")),
         "device_map": described.get("device_map"),
         "precision": described.get("precision"),
+        **precision_settings(asked, described if model is not None else None),
         "engine": "hf",
         "probe": probe.config(),
         "view": VIEWS[0],

@@ -59,14 +59,26 @@ def settle_run_precision(
     exact = model if isinstance(model, LoadedModel) else None
     if exact is None or "tier" in exact.meta.get("precision", {}):
         return None
-    earlier = (RunDir(folder).read_manifest() or {}).get("precision")
-    if isinstance(earlier, dict) and (kept := keep_tier(exact, earlier)):
+    if kept := keep_resumed_tier(exact, folder):
         return kept
     total = len(probe) if limit is None else min(len(probe), limit)
     picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
     items = [item for i, item in enumerate(itertools.islice(probe.items(), total)) if i in picked]
     prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
     return settle_precision(exact, probe.answers, prompts, seed)
+
+
+def keep_resumed_tier(model: Any, folder: Path) -> dict[str, Any] | None:
+    """The precision tier of the run `folder` holds (its manifest's `precision`), put on `model`
+    without measuring (`tiers.keep_tier`), so that a resumed run's rows are all scored in one
+    tier; None where there is no such run, it chose its tier by another tolerance than the one
+    `model` was loaded with (this run chooses anew, and its manifest's `tolerance` refuses the
+    resume), or the tier cannot be kept."""
+    earlier = (RunDir(folder).read_manifest() or {}).get("precision")
+    own = getattr(model, "meta", {}).get("precision", {})
+    if not isinstance(earlier, dict) or earlier.get("tolerance") != own.get("tolerance"):
+        return None
+    return keep_tier(model, earlier)
 
 
 def record_numerics(

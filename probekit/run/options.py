@@ -4,14 +4,16 @@ model's options and the study's own, and checks them together before any work.""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
 from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, named, option
-from probekit.engines.options import EpsilonOption, ModelOptions
-from probekit.studies.base import Context, Study
+from probekit.engines.options import EpsilonOption, ModelOptions, check_models
+from probekit.studies.base import Context, Study, other_study_option
 
 
 def _numerics(value: Any) -> int | str:
@@ -99,8 +101,23 @@ def run_command(study: Study) -> Command:
         "run",
         (ModelOptions, RunOptions, study.options),
         defaults={"out": study.default_out, "seed": study.default_seed},
-        checks=(check,),
+        checks=(check_models, check),
+        elsewhere=functools.partial(other_study_option, study, "run"),
     )
+
+
+def precision_settings(
+    asked: ModelOptions | None, described: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The resume keys of a run's arithmetic (`probekit.core.rundir.SETTINGS`): `tolerance`, by
+    which the hf engine picks its precision tier (None where a dtype forces it or another engine
+    scores), and `tier`, the one picked. From the loaded model's `described` precision record;
+    before it loads (`described` None) the tolerance `asked` for (None for a model loaded
+    already, `asked` None: its own is known once described) and no tier yet."""
+    if described is None:
+        return {"tolerance": None if asked is None else asked.tolerance_asked, "tier": None}
+    record = described.get("precision") or {}
+    return {"tolerance": record.get("tolerance"), "tier": record.get("tier")}
 
 
 def run_context(run: RunOptions, model: ModelOptions, say: Any = print) -> Context:

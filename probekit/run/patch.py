@@ -16,7 +16,7 @@ from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.mechanism.api import hookable
-from probekit.mechanism.pipeline import PatchOptions, check_patch, run_patch
+from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
 from probekit.run.mechanism import build, context, mechanism_command, study_object
 from probekit.studies.base import Study
 
@@ -26,18 +26,43 @@ DEFAULTS = {"out": "runs/patch"}
 
 def patch_command(study: Study) -> Command:
     """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
-    return mechanism_command("patch", PatchOptions, study, DEFAULTS)
+    return mechanism_command("patch", PatchOptions, study, DEFAULTS, (_check,))
 
 
-@dataclass(frozen=True)
+def _check(parsed: tuple) -> None:
+    """The patch options that cannot go together, refused while parsing (no data, no model)."""
+    check_patch_options(parsed[1])
+
+
+@dataclass(frozen=True, repr=False)
 class StudyPatch:
-    """What `patch_study` wrote: the folder, the files, the patching table (one row per pair x
-    component) and its summary (per component over the pairs: effect, recovery with intervals)."""
+    """What `patch_study` wrote: `path`, the folder; `files`, the files written there;
+    `table`, the patching table (`patching.parquet`: one row per pair x component, see
+    `probekit.mechanism.patching.sweep`); `summary`, per component over the pairs
+    (`patching_summary.csv`: `effect`, `recovery` with their intervals, `pairs`,
+    `mean_valid_mass_patched`, `weak_signal`, largest |effect| first). Printed, it is one
+    line."""
 
     path: Path
     files: list[str]
     table: pd.DataFrame
     summary: pd.DataFrame
+
+    def __repr__(self) -> str:
+        pairs = self.table[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+        top = ""
+        if len(self.summary) and "recovery" in self.summary:
+            first = self.summary.iloc[0]
+            head = "" if pd.isna(first["head"]) else f" head {int(first['head'])}"
+            top = (
+                f"; largest effect L{first['layer']} {first['site']}{head} at {first['span']} "
+                f"(recovery {first['recovery']:.3g})"
+            )
+        weak = int(self.summary["weak_signal"].sum()) if "weak_signal" in self.summary else 0
+        return (
+            f"StudyPatch({str(self.path)!r}: {len(self.summary)} components x {len(pairs)} "
+            f"pairs{top}" + (f"; weak signal at {weak} components" if weak else "") + ")"
+        )
 
 
 @public(ModelOptions, PatchOptions, command="patch", defaults=DEFAULTS, wider=("model",))

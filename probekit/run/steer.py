@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from probekit.core.options import Command, named, on_command_line
 from probekit.core.progress import progress, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
+from probekit.core.signal import is_weak
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import settle_precision
@@ -60,6 +62,7 @@ from probekit.run.mechanism import (
     mechanism_settings,
     study_object,
 )
+from probekit.run.numerics import keep_resumed_tier
 from probekit.run.parts import DamagedPart, say, set_aside, set_aside_file, stamped
 from probekit.studies.base import VIEWS, Probe, Study
 
@@ -71,9 +74,11 @@ OLD_SETTINGS = "steer.json"
 
 def check_steer(parsed: tuple) -> None:
     """The steer options' checks that need neither data nor model: the vector's name or file,
-    and positions the hook library can steer."""
+    residual-width sites, and positions the hook library can steer."""
     _, options, _ = parsed
     vectors.check_vector_name(options.vector)
+    for name in options.sites:
+        steering.steering_site(name)
     steering.check_hooks(options.hooks, options.positions)
 
 
@@ -86,15 +91,35 @@ def steer_command(study: Study) -> Command:
     return mechanism_command("steer", SteerOptions, study, DEFAULTS, (check_steer,))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StudySteer:
-    """What `steer_study` wrote: the folder, every steered row (prompt x site x layer x vector
-    kind x α) and the summary (per site, layer, kind and α: the study's headline with its
-    interval, mean valid mass, mean KL from α = 0)."""
+    """What `steer_study` wrote: `path`, the folder (`report.html` in it); `table`, every
+    steered row (prompt x site x layer x vector kind x α: the score columns, `kl`,
+    `valid_mass_change`); `summary`, one row per site, layer, kind and α (`summary.csv`: the
+    study's headline `value` with `low`, `high`, `p_value`, and the step's `norm`,
+    `residual_norm`, `push`, `mean_valid_mass`, `weak_signal`, `mean_kl`); `data`, the data read
+    as the study describes it (probekit's sample says so); `warning`, the weak-signal line
+    (None when every step kept its valid mass). Printed, it is one line."""
 
     path: Path
     table: pd.DataFrame
     summary: pd.DataFrame
+    data: str = ""
+    warning: str | None = None
+
+    def __repr__(self) -> str:
+        alphas = ", ".join(f"{a:g}" for a in sorted(set(self.summary["alpha"])))
+        targets = self.summary[["site", "layer"]].drop_duplicates()
+        where = ", ".join(f"L{layer} {site}" for site, layer in targets.itertuples(index=False))
+        label = self.summary["label"].iloc[0] if "label" in self.summary else "headline"
+        weak = int(self.summary["weak_signal"].sum()) if "weak_signal" in self.summary else 0
+        return (
+            f"StudySteer({str(self.path)!r}: {label} at α = {alphas} on {where}; "
+            f"{len(self.table)} rows, {len(self.summary)} in .summary"
+            + (f"; weak signal at {weak} steps" if weak else "")
+            + (f"; data: {self.data}" if self.data not in ("", "—") else "")
+            + ")"
+        )
 
 
 @public(ModelOptions, SteerOptions, command="steer", defaults=DEFAULTS, wider=("model",))
@@ -134,27 +159,32 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     if args.vector not in vectors.VECTORS:
         file = vectors.read_vector_file(args.vector)  # read and checked before any work
     probe, items = study.mechanism_items(own, context("steer", asked, args))
+    probe.refuse_too_few_units(items)  # each α's headline has an interval over units
     span = args.span or contrast.span_of(probe)
     run = RunDir(args.out)
     refuse_old_folder(run.path)
     ids = [item.id for item in items]
-    known = settings(study, probe, ids, args, alphas, file, span, sites, None, None)
+    asked_for = asked if model is None else None  # a loaded model's tolerance is its own
+    known = settings(study, probe, ids, args, alphas, file, span, sites, None, None, asked_for)
     run.check_resume(known, [k for k, v in known.items() if v is None])  # before the model
     if model is None:
         model = load_engine(asked.model, **asked.load_keywords())
     layers = chosen_layers(model, args.layers or None, "steer")
     encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
-    settle_precision(model, probe.answers, [p.input_ids for p in encoded])
+    if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
+        settle_precision(model, probe.answers, [p.input_ids for p in encoded])
     for prompt in encoded:
         steering.prompt_positions(prompt, args.positions, span)
     targets = [(name, layer) for layer in layers for name in sites]
+    means = steering.span_means(model, encoded, targets, span, args.hooks)
     if file is not None:
         found = vectors.file_vectors(model, file, targets)
     else:
         side = contrast.side(probe)
         found = vectors.contrast_vectors(
-            model, encoded, targets, args.vector, span, side, args.hooks
+            model, encoded, targets, args.vector, span, side, args.hooks, means
         )
+    residual = steering.residual_norms(means)  # what each α·v is said against
     rng = np.random.default_rng(args.seed)
     kinds = {
         t: {steering.STEER: v, steering.RANDOM: steering.random_like(v, rng)}
@@ -171,7 +201,7 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     steps = [(t, kind, v, a) for t in targets for kind, v in kinds[t].items() for a in alphas]
     hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
     frames, rows = _alpha_rows(
-        study, probe, model, encoded, steps, args, span, run, key, report, hint
+        study, probe, model, encoded, steps, args, span, run, key, report, hint, residual
     )
     table = pd.concat(frames, ignore_index=True)
     _write_rows(run.path / ROWS, table, key)
@@ -179,10 +209,12 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     write_text(run.path / "summary.csv", summary.to_csv(index=False))
     title = f"{model.name}, {probe.name}: vector {args.vector}, {args.positions} of {span}"
     figure = steer_figure(summary, run.path / "steer.png", title)
-    write_steer_page(
-        run.report_path, summary, figure, title, manifest, study.describe_data(manifest)
-    )
-    return StudySteer(run.path, table, summary)
+    weak = steering.weak_steps(summary)
+    if weak:
+        print(f"probekit: warning: {weak}", file=sys.stderr)
+    data = study.describe_data(manifest)
+    write_steer_page(run.report_path, summary, figure, title, manifest, data, weak)
+    return StudySteer(run.path, table, summary, data, weak)
 
 
 Step = tuple[steering.Target, str, Any, float]
@@ -201,6 +233,7 @@ def _alpha_rows(
     key: RowKey,
     report: dict[str, Any],
     hint: str,
+    residual: dict[steering.Target, float],
 ) -> tuple[list[pd.DataFrame], list[dict[str, Any]]]:
     """Each step's rows and summary row: read back where its part is finished and verifies,
     else scored (the unsteered base first, once) and written as a part."""
@@ -230,13 +263,17 @@ def _alpha_rows(
             headline = _headline(study, frame, folder, report, twin)
             if alpha == 0:
                 unsteered.setdefault(target, folder)
+            row = {**summary_row(frame, residual[target]), **headline}
             if done[step] is None:
+                weak = f"; weak signal: valid mass {row['mean_valid_mass']:.2g}"
                 print(
-                    f"layer {target[1]} {target[0]}, {kind}, α={alpha:g}: "
-                    f"{headline['label']} {format_number(headline['value'], signed=True)}"
+                    f"layer {target[1]} {target[0]}, {kind}, α={alpha:g} (push "
+                    f"{row['push']:.2g}): {headline['label']} "
+                    f"{format_number(headline['value'], signed=True)}"
+                    + (weak if row["weak_signal"] else "")
                 )
             frames.append(frame)
-            rows.append({**summary_row(frame), **headline})
+            rows.append(row)
     return frames, rows
 
 
@@ -268,10 +305,11 @@ def settings(
     sites: list[str],
     layers: list[int] | None,
     model: Any,
+    asked: ModelOptions | None = None,
 ) -> dict[str, Any]:
     """What defines a steering run (its manifest; undeclared fields are resume keys, see
     `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
-    loaded model gives, and the layers, are None."""
+    loaded model gives, and the layers, are None, the tolerance that `asked` for."""
     own = {
         "epsilon": args.epsilon,
         "vector": "file" if file is not None else args.vector,
@@ -284,7 +322,7 @@ def settings(
         "hooks": args.hooks,
         "alphas": alphas,
     }
-    return mechanism_settings(study, probe, ids, args.seed, model, own)
+    return mechanism_settings(study, probe, ids, args.seed, model, own, asked)
 
 
 def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path:
@@ -407,17 +445,24 @@ def study_headline(
     }
 
 
-def summary_row(frame: pd.DataFrame) -> dict[str, Any]:
-    """The side effects of one α: mean valid mass, its change and the mean KL."""
+def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:
+    """One α's size and side effects: the vector's norm, the residual's typical norm at the
+    span and the push |α|·norm / residual_norm; the mean valid mass, its change, whether it is
+    a weak signal, and the mean KL."""
     first = frame.iloc[0]
+    mass = float(frame["valid_mass"].mean())
+    norm, alpha = float(first["norm"]), float(first["alpha"])
     return {
         "site": first["site"],
         "layer": int(first["layer"]),
         "vector": first["vector"],
-        "alpha": float(first["alpha"]),
-        "norm": float(first["norm"]),
-        "mean_valid_mass": float(frame["valid_mass"].mean()),
+        "alpha": alpha,
+        "norm": norm,
+        "residual_norm": residual_norm,
+        "push": abs(alpha) * norm / residual_norm if residual_norm > 0 else float("nan"),
+        "mean_valid_mass": mass,
         "mean_valid_mass_change": float(frame["valid_mass_change"].mean()),
+        "weak_signal": is_weak(mass),
         "mean_kl": float(frame["kl"].mean()),
         "prompts": len(frame),
     }

@@ -38,14 +38,23 @@ from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, loaded_engine
 from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
-from probekit.run.options import RunOptions, run_command, run_context
+from probekit.run.options import RunOptions, precision_settings, run_command, run_context
 from probekit.studies.base import Probe, Say, Study, get_study
 
 if TYPE_CHECKING:
     from probekit.run.distributed import Launch
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
-LOADED = ("weights", "model_source", "dtype", "device", "device_map", "columns", "vllm_parallel")
+LOADED = (
+    "weights",
+    "model_source",
+    "dtype",
+    "device",
+    "device_map",
+    "columns",
+    "vllm_parallel",
+    "tier",
+)
 """Manifest fields that only the loaded model gives (unless asked for, e.g. `--dtype`)."""
 
 
@@ -171,6 +180,8 @@ def run_parsed(
     probes = study.probes(own, run_context(options, models[0], say))
     if options.limit is not None:  # whole units of every group, or one line before any work
         probes = [probe.limited(options.limit) for probe in probes]
+    for probe in probes:
+        probe.refuse_too_few_units(probe.items())
     if engine is not None:
         models = [replace(models[0], model=engine.describe()["model"])]
     names = [model.model for model in models]
@@ -181,8 +192,9 @@ def run_parsed(
         for probe in probes:
             where = _probe_folder(folders[model.model], probe, len(probes))
             prepare_run_dir(where, shard_)
-            known = settings(study, probe, model, options, None, command)
+            known = settings(study, probe, model, options, None, command, engine is None)
             unknown = [k for k in LOADED if known.get(k) is None]
+            unknown += [] if engine is None else ["tolerance"]  # a loaded model's own
             RunDir(where).check_resume(known, unknown)
     if options.ray is not None:
         from probekit.run.ray import connect
@@ -315,10 +327,13 @@ def settings(
     options: RunOptions,
     described: dict[str, Any] | None,
     command: str,
+    asked_for: bool = True,
 ) -> dict[str, Any]:
     """What defines a run (its manifest; `probekit.core.rundir.SETTINGS` says which fields are
     resume keys). Before the model loads (`described` None) the fields only the loaded model
-    can give are None, the dtype and device those asked for."""
+    can give are None, the dtype, device and tolerance those asked for (`asked_for`; False: a
+    model loaded already, whose tolerance is its own)."""
+    arithmetic = precision_settings(asked if asked_for else None, described)
     described = described or {
         "weights": None,
         "model_source": None,
@@ -336,6 +351,7 @@ def settings(
         "device": device_kind(described.get("device")),
         "device_map": described.get("device_map"),
         "precision": described.get("precision"),
+        **arithmetic,
         "engine": described["engine"],
         **({"columns": described["columns"]} if "columns" in described else {}),
         **({"vllm_parallel": described["vllm_parallel"]} if "vllm_parallel" in described else {}),

@@ -30,12 +30,13 @@ only their light metadata (name, title, options).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import inspect
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from itertools import accumulate, zip_longest
@@ -48,7 +49,7 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import given
+from probekit.core.options import declaration, given, named, options_of, spoken
 from probekit.core.public import public
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
@@ -81,6 +82,7 @@ __all__ = [
     "contrast_pairs",
     "get_study",
     "list_studies",
+    "other_study_option",
     "register",
 ]
 
@@ -182,6 +184,19 @@ class Probe(ABC):
     def whole(self) -> Probe:
         """The probe before any `limited` (itself)."""
         return self
+
+    def refuse_too_few_units(self, items: Iterable[Item]) -> None:
+        """One line, before any scoring, when `items` (a run's or a mechanism command's) cover
+        fewer units than the statistics of the study's headline need (`min_units`: an interval
+        over units needs two), which would report an interval of no width."""
+        count = len({item.unit for item in items})
+        if count < self.min_units:
+            units = f"{self.unit_name}s"
+            raise ProbekitError(
+                f"{count} {self.unit_name if count == 1 else units} is too few for the "
+                f"statistics of {self.name}: its headline's interval is over {units} and needs "
+                f"at least {self.min_units}; give the study {self.min_units} {units} or more"
+            )
 
     def limited(self, limit: int) -> Probe:
         """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
@@ -535,12 +550,29 @@ def register(study: Study) -> Study:
 
 @public()
 def get_study(name: str) -> Study:
-    """The registered study `name`; an unknown name lists the known ones."""
+    """The registered study `name`; an unknown name is one line with the nearest study and the
+    known ones."""
     _load_studies()
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
-        raise ProbekitError(f"unknown study {name!r}; known studies: {known}")
+        near = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ProbekitError(f"unknown study {name!r}; {hint}the studies are {known}")
     return _REGISTRY[name]
+
+
+def other_study_option(study: Study, command: str, name: str) -> str | None:
+    """One line when `name` is an option of another study and not of `study` (`--category` to
+    isear): whose it is, and the options `study` takes in `command`; None otherwise. What the
+    study commands say of an option they do not take (`probekit.core.options.Command`)."""
+    if any(field.name == name for field in options_of(study.options)):
+        return None
+    owners = [s.name for s in list_studies() if any(f.name == name for f in options_of(s.options))]
+    if not owners:
+        return None
+    own = [named(f.name) for f in options_of(study.options) if declaration(f).takes(command)]
+    takes = f"takes {', '.join(own)}" if own else "has no options of its own"
+    return f"{named(name)} is an option of {spoken(owners)}; {study.name} {takes}"
 
 
 @public()

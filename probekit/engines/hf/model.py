@@ -38,7 +38,7 @@ from probekit.engines.hf.precision import (
     keep_head_fp32,
     parameter_count,
 )
-from probekit.engines.options import ModelOptions, check_device
+from probekit.engines.options import ModelOptions, check_device, model_conflict
 
 if TYPE_CHECKING:
     from probekit.engines.hf.scorer import HFScorer
@@ -290,19 +290,13 @@ def load_model(
     from probekit.engines.plan import check_before_load
 
     spec = str(model)
+    values = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
+    values |= {"device": device, "dtype": dtype, "tolerance": tolerance}
+    if conflict := model_conflict(**values):
+        raise ProbekitError(conflict)
     if tolerance is not None:
-        if dtype is not None:
-            raise ProbekitError(
-                "give a dtype or a tolerance, not both: the dtype forces the arithmetic, the "
-                "tolerance lets probekit choose it by its measured error"
-            )
         tolerance = check_tolerance(tolerance)
     dispatch = dispatch_options(device_map, max_memory, offload_folder)
-    if dispatch and device:
-        raise ProbekitError(
-            f"give a device ('{device}') or a device map, not both: the device map decides "
-            "where each layer runs"
-        )
     dev = pick_device(device)  # one line for a device this torch lacks, before the plan
     if weights:  # the memory plan, before anything loads: one line if it cannot fit
         check_before_load(spec, device, dtype, device_map, max_memory, offload_folder)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
 from probekit.core.options import given
 from probekit.core.paths import package_path, user_cache_dir
+from probekit.core.text import read_json
 from probekit.datasets.locate import ENV_VAR, fetch_url, source_url
 from probekit.studies.giebench.judge import OPTIONS
 
@@ -77,20 +77,6 @@ class ItemSource:
 def git_blob_sha1(data: bytes) -> str:
     """The SHA-1 git gives a file with these bytes (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def read_json(path: Path) -> Any:
-    """The JSON in `path`; invalid JSON is refused with one line naming the line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ProbekitError(f"cannot read {path}: {err.strerror or err}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ProbekitError(
-            f"{path} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}"
-        ) from None
 
 
 def category_name(name: str) -> str:

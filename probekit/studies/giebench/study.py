@@ -174,7 +174,11 @@ class GIEBenchStudy(Study):
             raise ProbekitError(
                 f"{context.command} swaps identities, so it needs item records ({named('items')})"
             )
-        probe = GIEBenchProbe(source.units, options.prompt, chat=not options.no_chat_template)
+        if source.origin == "sample":
+            context.say("items: probekit's own sample records (NOT GIEBench). " + source.message)
+        extra = {"items_origin": source.origin, "items_path": str(source.path)}
+        chat = not options.no_chat_template
+        probe = GIEBenchProbe(source.units, options.prompt, chat=chat, extra=extra)
         units = [u for u in source.units if u.id in probe.swap][: options.events]
         if not units:
             raise ProbekitError("no record has another identity of its category to swap in")

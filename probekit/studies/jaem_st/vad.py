@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from probekit.core.errors import ProbekitError
+from probekit.core.text import read_text
 
 DIMENSIONS = ("valence", "arousal", "dominance")
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -43,10 +44,7 @@ class VadLexicon:
 def read_vad_lexicon(path: str | Path) -> VadLexicon:
     """Read an NRC-format VAD lexicon; a malformed line is refused with its number."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProbekitError(f"cannot read the VAD lexicon {path}: {err}") from err
+    lines = read_text(path).splitlines()
     entries: dict[str, tuple[float, float, float]] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():

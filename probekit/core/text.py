@@ -1,0 +1,88 @@
+"""Text from users' files and strings, refused in one line where it cannot be used: bytes that are
+not UTF-8 and lone surrogates (a JSON `"\\ud800"` escape: half of a UTF-16 pair, no character,
+which a tokenizer cannot encode), each named by file, line and column (and by the prompt's id
+where there is one). A UTF-8 byte-order mark at the start of a file (what some editors write) is
+dropped: it is no part of the text."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from probekit.core.errors import ProbekitError
+
+BOM = "\ufeff"
+_SURROGATE_ESCAPE = re.compile(
+    r"(?<!\\)(?:\\\\)*\\u(?P<high>[dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\)(?:\\\\)*(?<![dD][89abAB][0-9a-fA-F]{2})\\u(?P<low>[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+"""A JSON `\\uXXXX` escape of a surrogate that is not one half of a pair (an escaped backslash
+before the `u` is no escape)."""
+
+
+_HALF = (
+    "half of a UTF-16 pair, which is no character; remove it, or write the whole pair "
+    "(\\ud83d\\ude00 is one emoji)"
+)
+
+
+def lone_surrogate(value: str) -> str | None:
+    """Where `value` holds a lone surrogate, as a phrase ("a lone surrogate \\ud800 at
+    character 4"), or None when it is text UTF-8 can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"a lone surrogate \\u{ord(value[err.start]):04x} at character {err.start + 1}"
+    return None
+
+
+def refuse_lone_surrogate(value: str, what: str) -> None:
+    """One line for a string that holds a lone surrogate (`what` names it: its file and line,
+    the prompt's id and field)."""
+    if where := lone_surrogate(value):
+        raise ProbekitError(f"{what} holds {where}: {_HALF}")
+
+
+def read_text(path: str | Path) -> str:
+    """The text of the UTF-8 file `path`, a byte-order mark at its start dropped; one line for a
+    file that cannot be read, or for bytes that are not UTF-8 (naming the line and column)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ProbekitError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)
+        raise ProbekitError(
+            f"{path}:{line}: not UTF-8 (byte {data[err.start]:#04x} at column {column}); save "
+            "the file as UTF-8"
+        ) from None
+    return text.removeprefix(BOM)
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON in the UTF-8 file `path` (`read_text`); invalid JSON and a lone surrogate's
+    escape are refused in one line naming the line and column."""
+    path = Path(path)
+    text = read_text(path)
+    found = _SURROGATE_ESCAPE.search(text)
+    if found:
+        name = found.group("high") or found.group("low")
+        at = text.index("\\u" + name, found.start())
+        line = text.count("\n", 0, at) + 1
+        column = at - text.rfind("\n", 0, at)
+        raise ProbekitError(
+            f"{path}:{line}: the escape \\u{name.lower()} at column {column} is a lone "
+            f"surrogate: {_HALF}"
+        )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProbekitError(
+            f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})"
+        ) from None
