@@ -16,6 +16,7 @@ import pytest
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
+from probekit.core.progress import silenced
 from probekit.engines.base import ScoreResult, ScorerStats
 from probekit.run.loop import INDEX, run_probe
 from probekit.run.parts import scan_parts
@@ -107,7 +108,10 @@ def manifest(probe: GroupProbe, dtype: str = "float32") -> dict[str, Any]:
 
 
 def run(probe: GroupProbe, engine: CountingEngine, out: Path) -> pd.DataFrame:
-    path = run_probe(probe, engine, out, manifest(probe, engine.dtype), chunk_size=4)
+    """The run, quiet: no first line, so no pace sample, and `engine.scored` counts the run's
+    own prompts (the lines about its state are said all the same)."""
+    with silenced():
+        path = run_probe(probe, engine, out, manifest(probe, engine.dtype), chunk_size=4)
     assert path is not None
     return pd.read_parquet(path)
 
