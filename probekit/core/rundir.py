@@ -141,14 +141,18 @@ def id_hashes(ids: Iterable[str]) -> np.ndarray:
 class RowKey:
     """What a row must have been made under to be reused (`probekit.core.store`): the run's
     settings (`scored_under` of its manifest) and, at each prompt index, the prompt's id
-    (`id_hashes`); `ids` None takes rows of any prompts (a capture folder grows with its items)."""
+    (`id_hashes`); `ids` None takes rows of any prompts (a capture folder grows with its items).
+    `made` is how its rows were made, in messages ("scored", "captured", "generated")."""
 
     settings: dict[str, str]
     ids: np.ndarray | None
+    made: str = "scored"
 
     @classmethod
-    def of(cls, manifest: dict[str, Any], ids: Iterable[str] | None) -> RowKey:
-        return cls(scored_under(manifest), None if ids is None else id_hashes(ids))
+    def of(
+        cls, manifest: dict[str, Any], ids: Iterable[str] | None, made: str = "scored"
+    ) -> RowKey:
+        return cls(scored_under(manifest), None if ids is None else id_hashes(ids), made)
 
     def metadata(self) -> dict[bytes, bytes]:
         """The Parquet metadata that records these settings in a table."""
@@ -179,7 +183,7 @@ class RowKey:
         and prompts are this run's."""
         reason = _other_settings(read_settings(metadata), self.settings)
         if reason is not None:
-            return f"scored under {reason}"
+            return f"{self.made} under {reason}"
         if self.ids is None:
             return None
         rows = len(ids) if indices is None else len(indices)
