@@ -17,7 +17,7 @@ from conftest import reference_data_root
 
 import probekit
 from probekit import cli
-from probekit.cli.report import report_runs
+from probekit.run.report import report
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import positive_int
 from probekit.core.options import Command, option
@@ -258,7 +258,7 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     steer0, random0 = (next((tmp_path / "steer" / "alphas").glob(f"*-{k}-a0")) for k in KINDS)
     assert {p.name for p in random0.iterdir()} == {p.name for p in steer0.iterdir()}
 
-    markdown = report_runs(run.path, tmp_path / "report", studies=[study])
+    markdown = report(run.path, tmp_path / "report", studies=[study])
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
     assert markdown and len(summary) == len(run.summary)
 

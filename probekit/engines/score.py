@@ -145,3 +145,52 @@ def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
                 f"prompt {index} is a {type(prompt).__name__}: give a string, a list of "
                 "{'role', 'content'} messages or an Item"
             )
+
+
+def score_file(
+    model: Any,
+    prompts: str | Path,
+    out: str | Path,
+    answers: AnswerSet | str | Sequence[str | float],
+    *,
+    epsilon: float = 1e-4,
+    prefill: str = "",
+    batch_size: int | None = None,
+    quiet: bool = False,
+    **load: Any,
+) -> Path:
+    """`probekit score` as a function: the prompts of a JSONL file (`{"id", "messages"}` or
+    `{"id", "text"}` a line) scored as `score` scores them, their rows streamed to the Parquet
+    file `out` (atomically: it appears whole or not at all; memory stays flat however long the
+    file), the columns of `score`. Every line is checked before the model loads.
+
+    `model`: a loaded model, or a spec loaded with `load` (`load_engine`'s keywords: `device`,
+    `dtype`, ...); the other arguments are `score`'s. A prefill ending in whitespace and a mean
+    valid mass below `WEAK_SIGNAL_VALID_MASS` are warned about (`warnings.warn`). Returns
+    `out`."""
+    from probekit.core.io import ParquetStream
+    from probekit.engines import load_engine
+
+    answer_set = as_answer_set(answers)
+    if trap := prefill_trap(prefill):
+        warnings.warn(trap, UserWarning, stacklevel=2)
+    total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
+    if total == 0:
+        raise ProbekitError(f"prompt file '{prompts}' has no prompts")
+    engine = load_engine(model, **load) if isinstance(model, str | Path) else model
+    masses: list[float] = []
+    with (
+        silenced(quiet),
+        ParquetStream(out) as stream,
+        progress(total, "prompt", "score", "fewer prompts in the file") as bar,
+    ):
+        items = read_prompts(prompts, prefill)
+        frames = score_frames(
+            engine, items, answer_set, epsilon=epsilon, batch_size=batch_size, progress=bar
+        )
+        for frame in frames:
+            stream.write(frame)
+            masses += frame["valid_mass"].tolist()
+    if masses and (weak := weak_signal(sum(masses) / len(masses))):
+        warnings.warn(weak, UserWarning, stacklevel=2)
+    return Path(out)
