@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from probekit import cli
-from probekit.run import report
 from probekit.core.errors import ProbekitError
 from probekit.core.rundir import RunDir
+from probekit.run import report
 
 
 def finished_run(folder: Path, study: str = "isear") -> Path:

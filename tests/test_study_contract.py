@@ -17,11 +17,11 @@ from conftest import reference_data_root
 
 import probekit
 from probekit import cli
-from probekit.run.report import report
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import positive_int
 from probekit.core.options import Command, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
+from probekit.run.report import report
 from probekit.studies import base, get_study, list_studies, register
 from probekit.studies.base import Context
 

@@ -463,6 +463,6 @@ def _write_shard(
     atomic_write(
         out / shard, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
     )
-    index = out / "index" / f"{name}.parquet"
-    write_rows(index, pd.DataFrame(records), RowKey.of(config, None, "captured"), commits=out / shard)
+    key = RowKey.of(config, None, "captured")
+    write_rows(out / "index" / f"{name}.parquet", pd.DataFrame(records), key, commits=out / shard)
     return out / shard
