@@ -147,6 +147,7 @@ def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
             )
 
 
+@checked(ScoreOptions)
 def score_file(
     model: Any,
     prompts: str | Path,
@@ -173,7 +174,7 @@ def score_file(
 
     answer_set = as_answer_set(answers)
     if trap := prefill_trap(prefill):
-        warnings.warn(trap, UserWarning, stacklevel=2)
+        warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @checked
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
@@ -192,5 +193,5 @@ def score_file(
             stream.write(frame)
             masses += frame["valid_mass"].tolist()
     if masses and (weak := weak_signal(sum(masses) / len(masses))):
-        warnings.warn(weak, UserWarning, stacklevel=2)
+        warnings.warn(weak, UserWarning, stacklevel=3)
     return Path(out)
