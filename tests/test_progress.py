@@ -223,3 +223,26 @@ def test_patch_steer_and_capture_say_their_progress_unless_quiet(model, capsys):
     probekit.steer(model, prompts, vector, **steer, quiet=True)
     probekit.capture(model, prompts, **capture, quiet=True)
     assert capsys.readouterr().err == ""
+
+
+def test_a_study_of_several_probes_says_the_whole_run_first(tmp_path, capsys):
+    """`run_study` of a study of several probes (as `--category all --setting all`): its first
+    line, before any probe starts, holds every prompt and the time they take on this device."""
+    from minimal_study import MinimalProbe, MinimalStudy
+
+    from probekit import run_study
+
+    class TwoProbes(MinimalStudy):
+        def probes(self, options, context):
+            probes = [MinimalProbe(1), MinimalProbe(options.days)]
+            for probe, subdir in zip(probes, ("one-day", "more-days"), strict=True):
+                probe.subdir = subdir
+            return probes
+
+    run_study(TwoProbes(), CountingEngine(), out=tmp_path, days=3)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("minimal: 8 prompts in 2 runs, about ")
+    assert "on this device (at the pace measured on a sample of " in lines[0]
+    assert lines[0].endswith(f"model fake -> {tmp_path}")
+    assert lines[1].startswith(f"minimal: 2 prompts to score into {tmp_path / 'one-day'}, about ")
+    assert "measured on a sample of" in lines[1]  # the sample kept for the probe's own line

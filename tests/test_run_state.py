@@ -328,3 +328,20 @@ def test_scores_are_not_read_under_a_manifest_of_other_settings(tmp_path):
     assert "holds rows scored under dtype 'float32', but manifest.json says 'bfloat16'" in str(
         info.value
     )
+
+
+def test_run_probes_limit_is_the_runs_smoke_run(tmp_path):
+    """`limit` means one thing: `run_probe(..., limit=N)` keeps the whole units of every group
+    that fit in N prompts, as `probekit run --limit N` does, and records the limit."""
+    from minimal_study import MinimalProbe
+
+    from probekit.core.errors import ProbekitError
+
+    probe = MinimalProbe(3)  # 3 days (units) of 2 prompts
+    with silenced():
+        path = run_probe(probe, CountingEngine(), tmp_path / "run", manifest(probe), limit=5)
+    scores = pd.read_parquet(path)
+    assert scores["day"].tolist() == [0, 0, 1, 1]  # two whole days, not the first 5 prompts
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["limit"] == 5
+    with pytest.raises(ProbekitError, match="too small for the statistics of minimal"):
+        run_probe(probe, CountingEngine(), tmp_path / "small", manifest(probe), limit=3)
