@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -199,11 +200,11 @@ def read_rows(
     return Rows(path, located, ids, table)
 
 
-def take_rows(path: str | Path, key: RowKey | None, then: str, **options: object) -> Rows | None:
+def take_rows(path: str | Path, key: RowKey | None, then: str, **options: Any) -> Rows | None:
     """`read_rows(path, key, **options)`, or None: when there is no file, and when it is
     unusable (then set aside, one line ending with what happens `then`)."""
     try:
-        return read_rows(path, key, **options)  # type: ignore[arg-type]
+        return read_rows(path, key, **options)
     except FileNotFoundError:
         return None
     except Unusable as unusable:

@@ -33,7 +33,6 @@ from probekit.core.io import atomic_write, write_table
 from probekit.core.items import PROMPT_ID
 from probekit.core.rundir import SCORED_UNDER, RowKey
 from probekit.core.store import (
-    DAMAGED,
     INDEX,
     Damaged,
     Unusable,
@@ -52,8 +51,6 @@ PARTS = "parts"
 SCORES = "scores.parquet"
 REDONE = "its prompts will be scored again"
 _PART_NAME = re.compile(r"^part-L(\d+)-\d+-[0-9a-f]+\.parquet$")
-
-__all__ = ["DAMAGED", "FANOUT", "INDEX", "PARTS", "SCORES", "Compactor", "Part"]
 
 
 @dataclass(frozen=True)
