@@ -52,7 +52,7 @@ from probekit.core.answers import AnswerSet
 from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.engines import load_engine
 from probekit.engines.base import DEFAULT_EPSILON, Engine, Scorer, ScoreResult, ScorerStats
-from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.hf.model import LoadedModel
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
 from probekit.testing.reference import (
@@ -61,7 +61,12 @@ from probekit.testing.reference import (
     generate_greedy,
     shared_prefix,
 )
-from probekit.testing.synthetic import random_weights
+from probekit.testing.synthetic import (
+    LLAMA_8B,
+    default_tokenizer,
+    llama_config,
+    random_weights,
+)
 
 CATEGORY, SETTING = "religion", "P0S0T0"
 
@@ -220,22 +225,10 @@ def build_prompts(model: Engine, events: Any, n: int, setting: str) -> list[list
 
 def random_llama8b() -> LoadedModel:
     """A randomly initialised Llama-3.1-8B-shaped model, bf16 on cuda, with SmolLM2's tokenizer
-    (its ids are < 128256, and random weights make the tokenizer irrelevant to speed)."""
-    from transformers import LlamaConfig
-
-    tokenizer = load_model("default", device="cpu").tokenizer
-    config = LlamaConfig(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    (its ids are < 128256, the rows of the padded vocabulary, and random weights make the
+    tokenizer irrelevant to speed)."""
+    tokenizer = default_tokenizer()
+    config = llama_config(len(tokenizer), **LLAMA_8B, pad_token_id=tokenizer.pad_token_id)
     return random_weights(config, tokenizer, "random-llama-3.1-8b", "cuda", torch.bfloat16)
 
 

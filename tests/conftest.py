@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,22 @@ def tokenizer():
     return default_tokenizer()
 
 
+def tiny_llama(tie: bool = False, seed: int = 0):
+    """A two-layer random-weight Llama of width 32 (transformers' Llama defaults otherwise) on
+    the default model's tokenizer, with the precision record `load_model` writes on a CPU: for
+    the tests of the batch plan and of the precision tiers. `tie`: its LM head shares the input
+    embeddings, as the default model's does."""
+    needs_default_model()
+    from probekit.engines.hf.tiers import initial_record
+    from probekit.testing.synthetic import default_tokenizer, llama_config, random_weights
+
+    tokenizer = default_tokenizer()
+    shape = dict(layers=2, width=32, mlp_width=64, heads=4, kv_heads=2, tie=tie)
+    model = random_weights(llama_config(len(tokenizer), **shape), tokenizer, "tiny", seed=seed)
+    model.meta["precision"] = initial_record(model, False, None)
+    return model
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
@@ -191,9 +208,14 @@ def smol():
 
 
 @pytest.fixture(scope="module")
-def model(smol):
-    """The module's default model with its TransformerLens bridge built (a module may define its
-    own `model` instead)."""
+def model(request: pytest.FixtureRequest):
+    """The module's model: the default model with its TransformerLens bridge built, or the
+    fixture the module names in `MODEL` (`MODEL = "tiny_deep"`: a method's mechanics on the tiny
+    model of the default model's depth and heads; `scorer` then scores it)."""
+    chosen = getattr(request.module, "MODEL", None)
+    if chosen is not None:
+        return request.getfixturevalue(chosen)
+    smol = request.getfixturevalue("smol")
     smol.enable_bridge()
     return smol
 
@@ -204,6 +226,18 @@ def scorer(model):
     from probekit.engines.hf.scorer import HFScorer
 
     return HFScorer(model, ANSWERS, epsilon=0.0)
+
+
+@pytest.fixture
+def minimal():
+    """The minimal study (`tests/minimal_study.py`), registered for this test only (the command
+    line lists four)."""
+    import minimal_study
+
+    from probekit.studies import base, register
+
+    yield register(minimal_study.STUDY)
+    base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
 @pytest.fixture
@@ -222,6 +256,29 @@ def patch_cli(monkeypatch):
 LEAD = "On a scale of 0 to 100, I rate the intensity as"
 """A response start after which the default model writes a number (it answers the bare study
 prompt in words)."""
+
+
+def religion_prompt(
+    model,
+    perceiver: str,
+    experiencer: str,
+    text: str = EVENT,
+    event_id: str = "e1",
+    spans: Collection[str] | None = None,
+):
+    """The intergroup prompt (religion, P0S0T0, anger) of `perceiver` and `experiencer` about
+    `text`, encoded by `model`; `spans`: keep only these of its marked spans."""
+    from probekit.core.items import Item
+    from probekit.studies.intergroup import get_setting
+    from probekit.studies.intergroup.probe import make_item
+
+    item = make_item(
+        get_setting("P0S0T0"), "religion", perceiver, experiencer, event_id, "anger", text
+    )
+    if spans is not None:
+        kept = {k: v for k, v in item.spans.items() if k in spans}
+        item = Item(item.id, item.key, item.unit, item.messages, spans=kept)
+    return model.encode(item)
 
 
 def religion_probe(events: int):

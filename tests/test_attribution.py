@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ANSWERS, EV, EVENT
+from conftest import ANSWERS, EV, religion_prompt
 
 from probekit.core.errors import ProbekitError
 from probekit.engines.hf.differentiable import answer_mass
@@ -18,8 +18,6 @@ from probekit.mechanism.components import Patch, check, make_job
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.readouts import Readout, parse_readout
 from probekit.mechanism.sites import HEAD_SITE
-from probekit.studies.intergroup import get_setting
-from probekit.studies.intergroup.probe import make_item
 from probekit.testing.reference import brute_force
 
 PATCHES = [
@@ -29,27 +27,12 @@ PATCHES = [
 ]
 
 
+MODEL = "tiny_deep"  # the method's mechanics: the tiny model of the default model's depth
+
+
 def _pair(model):
-    def encode(experiencer):
-        item = make_item(
-            get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1", "anger", EVENT
-        )
-        return model.encode(item)
-
-    return encode("a Christian"), encode("a Muslim")
-
-
-@pytest.fixture(scope="module")
-def model(tiny_deep):
-    """The tiny model of the default model's depth and heads: the method's mechanics."""
-    return tiny_deep
-
-
-@pytest.fixture(scope="module")
-def scorer(model):
-    from probekit.engines.hf.scorer import HFScorer
-
-    return HFScorer(model, ANSWERS, epsilon=0.0)
+    clean = religion_prompt(model, "a Christian", "a Christian")
+    return clean, religion_prompt(model, "a Christian", "a Muslim")
 
 
 @pytest.fixture(scope="module")

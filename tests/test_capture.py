@@ -4,6 +4,7 @@ tiny model: capture's mechanics need no trained weights)."""
 import pandas as pd
 import pytest
 import torch
+from conftest import religion_prompt
 from safetensors import safe_open
 
 from probekit.core.errors import ProbekitError
@@ -15,8 +16,6 @@ from probekit.mechanism.capture import (
     read_index,
 )
 from probekit.mechanism.sites import DEFAULT_SITES as SITES
-from probekit.studies.intergroup import get_setting
-from probekit.studies.intergroup.probe import make_item
 from probekit.testing.synthetic import tiny_model
 
 LAYERS = [1, 3]  # of the tiny model's 4
@@ -30,9 +29,8 @@ PROMPTS = [  # different lengths, so a batch is left-padded
 
 @pytest.fixture(scope="module")
 def items(tiny):
-    setting = get_setting("P0S0T0")
     return [
-        tiny.encode(make_item(setting, "religion", perceiver, experiencer, f"e{i}", "anger", event))
+        religion_prompt(tiny, perceiver, experiencer, event, f"e{i}")
         for i, (perceiver, experiencer, event) in enumerate(PROMPTS)
     ]
 

@@ -7,6 +7,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from probekit.core.errors import ProbekitError
 from probekit.datasets.crowd_envent import (
@@ -20,7 +21,6 @@ from probekit.datasets.crowd_envent import (
 )
 from probekit.datasets.locate import read_checksums, resolve_data_root, source_url
 
-REPO = Path(__file__).resolve().parents[1]
 REAL_ROOT = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")
 OUTPUT_COLUMNS = ["event_id", "emotion", "generated_text", "first_person_text", "third_person_text"]
 

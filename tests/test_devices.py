@@ -203,6 +203,30 @@ def test_placement_refusals_are_one_line():
 
 
 @pytest.mark.slow
+def test_a_device_map_naming_a_module_the_model_lacks_is_refused_after_an_unplanned_load(
+    tmp_path, monkeypatch
+):
+    """Where the config cannot be read before loading (as for a hub id not in the local cache),
+    the loaded model's modules are checked instead: a misspelled module is still one line."""
+    from probekit.engines import plan
+    from probekit.engines.hf.model import load_model
+    from probekit.testing.synthetic import tiny_model
+
+    model = tiny_model(layers=2)
+    model.hf.save_pretrained(tmp_path)
+    model.tokenizer.save_pretrained(tmp_path)
+
+    def unreadable(spec):
+        raise ProbekitError(f"cannot read the config of '{spec}'")
+
+    monkeypatch.setattr(plan, "meta_model", unreadable)
+    whole = {"model": "cpu", "lm_head": "cpu"}
+    assert load_model(str(tmp_path), device_map=whole).dispatched
+    with pytest.raises(ProbekitError, match="names model.layer, .* did you mean model.layers"):
+        load_model(str(tmp_path), device_map={**whole, "model.layer": "cpu"})
+
+
+@pytest.mark.slow
 def test_a_device_map_without_room_or_offload_is_refused_before_loading():
     from probekit.engines import load_engine
 

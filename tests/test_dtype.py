@@ -141,7 +141,7 @@ def test_run_records_dtype_precision_batch_and_noise_in_manifest_and_summary(tmp
 def _tiny(tie: bool = False, pending: bool = False):
     """The tiny random model; `pending`: as loaded on a device that offers every tier, its
     tier not chosen yet (a fake GPU: the tiers run on the CPU, TF32 emulated)."""
-    from tiny_models import tiny_llama
+    from conftest import tiny_llama
 
     from probekit.engines.hf.tiers import DEFAULT_TOLERANCE, TIERS
 

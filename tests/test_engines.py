@@ -88,7 +88,7 @@ def test_batches_back_off_on_out_of_memory():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from tiny_models import tiny_llama
+    from conftest import tiny_llama
 
     return tiny_llama()
 

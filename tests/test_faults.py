@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import REPO
 
 from probekit import cli
 from probekit.core.answers import MAX_ANSWERS, AnswerSet
@@ -43,7 +44,6 @@ from probekit.run.loop import (
 )
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "intergroup_gap.py"
 SETTING = "P0S1T0"  # the 10-point scale: a small answer trie, seconds per chunk
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import reference_data_root
+from conftest import needs_default_model, reference_data_root
 
 import probekit
 from probekit import cli
@@ -208,23 +208,15 @@ def test_a_copy_whose_record_names_another_gguf_is_converted_again(
 
 
 @pytest.fixture
-def tiny_folder(smol, tmp_path) -> Path:
+def tiny_folder(tmp_path) -> Path:
     """A two-layer model with the default model's tokenizer, saved as a model folder."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    needs_default_model()
+    from probekit.testing.synthetic import tiny_model
 
-    config = LlamaConfig(
-        vocab_size=len(smol.tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
+    model = tiny_model(layers=2, width=32, mlp_width=64, head_width=8, context=256)
     folder = tmp_path / "tiny"
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    smol.tokenizer.save_pretrained(folder)
+    model.hf.save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
     return folder
 
 

@@ -1,5 +1,6 @@
-"""The package's layers, read from its import graph (every import, function-level ones included;
-`TYPE_CHECKING` blocks excluded): no module imports from a later layer, and no import circle."""
+"""The package's layers, read from its import graph (every import: function-level ones and those
+under `TYPE_CHECKING` included, since a type-only import ties two modules as much as any): no
+module imports from a later layer, and no import circle."""
 
 from __future__ import annotations
 
@@ -29,25 +30,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def type_checking_nodes(tree: ast.AST) -> set[int]:
-    hidden: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            hidden.update(id(inner) for inner in ast.walk(node))
-    return hidden
-
-
 def imports(path: Path, modules: set[str]) -> set[str]:
     """The probekit modules `path` imports: `from package import name` is an import of the
     submodule `package.name` when there is one, else of the package."""
     tree = ast.parse(path.read_text())
-    hidden = type_checking_nodes(tree)
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in hidden:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("probekit"))
         elif isinstance(node, ast.ImportFrom):

@@ -10,27 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ANSWERS, EVENT
+from conftest import ANSWERS, religion_prompt
 
 from probekit.core.errors import ProbekitError
 from probekit.mechanism import api, sites
 from probekit.mechanism.capture import read_index
 from probekit.studies.base import Context
-from probekit.studies.intergroup import get_setting
-from probekit.studies.intergroup.probe import make_item
 
-
-@pytest.fixture(scope="module")
-def model(tiny):
-    """conftest's tiny model: each mechanism call installs its bridge for the call."""
-    return tiny
-
-
-def encode(model, perceiver, experiencer, event_id="e1"):
-    setting = get_setting("P0S0T0")
-    return model.encode(
-        make_item(setting, "religion", perceiver, experiencer, event_id, "anger", EVENT)
-    )
+MODEL = "tiny"  # conftest's tiny model: each mechanism call installs its bridge for the call
 
 
 # ---------------------------------------------------------------------- no model
@@ -208,7 +195,10 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
 
 
 def test_capture_in_memory_equals_the_disk_writer(model, tmp_path):
-    prompts = [encode(model, "a Christian", "a Jew"), encode(model, "a Jew", "a Muslim", "e2")]
+    prompts = [
+        religion_prompt(model, "a Christian", "a Jew"),
+        religion_prompt(model, "a Jew", "a Muslim", event_id="e2"),
+    ]
     kw = dict(sites=["resid_pre", "attn.hook_z"], layers=[1, -1], spans=["experiencer"])
     memory = api.capture(model, prompts, **kw)
     stored = api.capture(model, prompts, out=tmp_path, **kw)
@@ -281,7 +271,8 @@ def test_float64_left_padding_on_the_bridge_is_finite():
 
     wide = tiny_model(dtype=torch.float64)
     scorer = HFScorer(wide, ANSWERS, epsilon=0.0)
-    long, short = encode(wide, "a Jew", "a Hispanic American"), encode(wide, "a Jew", "a Jew")
+    long = religion_prompt(wide, "a Jew", "a Hispanic American")
+    short = religion_prompt(wide, "a Jew", "a Jew")
     assert len(long.input_ids) != len(short.input_ids)
     hook = "blocks.3.hook_resid_post"
     (alone,), _ = score_with(scorer, [short.input_ids])

@@ -4,41 +4,21 @@ direct + indirect add up to the total; bootstrap intervals over pairs and the to
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ANSWERS, EV, EVENT
+from conftest import EV, religion_prompt
 
 from probekit.core.errors import ProbekitError
 from probekit.mechanism import mediation
 from probekit.mechanism.components import Patch
-from probekit.studies.intergroup import get_setting
-from probekit.studies.intergroup.probe import make_item
 
 CUT = Patch(0, "hook_resid_pre", "from_experiencer")  # every path of the identity passes here
 NONE = Patch(4, "hook_resid_post", "perceiver")  # before the identity: carries nothing
-
-
-@pytest.fixture(scope="module")
-def model(tiny_deep):
-    """The tiny model of the default model's depth and heads: the method's mechanics."""
-    return tiny_deep
-
-
-@pytest.fixture(scope="module")
-def scorer(model):
-    from probekit.engines.hf.scorer import HFScorer
-
-    return HFScorer(model, ANSWERS, epsilon=0.0)
+MODEL = "tiny_deep"  # the method's mechanics: the tiny model of the default model's depth
 
 
 @pytest.fixture(scope="module")
 def effects(model, scorer):
-    def encode(experiencer):
-        item = make_item(
-            get_setting("P0S0T0"), "religion", "a Christian", experiencer, "e1", "anger", EVENT
-        )
-        return model.encode(item)
-
-    clean = encode("a Christian")
-    pairs = [(clean, encode(h)) for h in ("a Muslim", "a Jew")]
+    clean = religion_prompt(model, "a Christian", "a Christian")
+    pairs = [(clean, religion_prompt(model, "a Christian", h)) for h in ("a Muslim", "a Jew")]
     return mediation.mediate(scorer, pairs, [CUT, NONE], EV)
 
 

@@ -13,12 +13,12 @@ import probekit
 # ---------------------------------------------------------------------- a tiny random model
 @pytest.fixture(scope="module")
 def tiny():
-    """A 2-layer random-weight Llama with grouped-query attention and a word-level tokenizer."""
+    """A 2-layer random-weight Llama with grouped-query attention, a padded vocabulary and a
+    word-level tokenizer (so that the module needs no model files)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    from probekit.engines.hf.attention import use_grouped_sdpa
-    from probekit.testing.synthetic import random_weights
+    from probekit.testing.synthetic import llama_config, random_weights
 
     words = ["<pad>", "<unk>", *[str(d) for d in range(10)], *"abcdefgh"]
     word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "<unk>"))
@@ -26,19 +26,9 @@ def tiny():
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=word_level, pad_token="<pad>", unk_token="<unk>"
     )
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = random_weights(config, tokenizer, "tiny", device="cpu", dtype=torch.float32)
-    use_grouped_sdpa(model.hf, model.device)  # as load_model does on a CPU
-    return model
+    shape = dict(layers=2, width=16, mlp_width=32, heads=4, kv_heads=2, context=64)
+    config = llama_config(len(tokenizer), vocab_rows=32, **shape)
+    return random_weights(config, tokenizer, "tiny")
 
 
 IDS = torch.tensor([[2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13]])

@@ -93,14 +93,16 @@ def test_three_views_share_weights_and_agree(tiny):
 def test_the_tiny_model_is_seeded_and_has_the_default_tokenizer(tiny, tokenizer):
     """`probekit.testing.synthetic.tiny_model`: the default model's vocabulary and chat template,
     the Llama shape of `TINY_SHAPE` (or another), weights that only the seed decides."""
-    from probekit.testing.synthetic import SMOL_DEPTH, TINY_SHAPE, tiny_model
+    from probekit.testing.synthetic import SHAPE_FIELDS, SMOL_DEPTH, TINY_SHAPE, tiny_model
 
     assert tiny.tokenizer.get_vocab() == tokenizer.get_vocab()
     assert tiny.tokenizer.chat_template == tokenizer.chat_template and tiny.has_chat_template
     assert tiny.tokenizer is not tokenizer and tiny.tokenizer.padding_side == "left"
     config = tiny.hf.config
     assert config.model_type == "llama" and config.vocab_size == len(tokenizer)
-    assert {key: getattr(config, key) for key in TINY_SHAPE} == TINY_SHAPE
+    named = {SHAPE_FIELDS.get(key, key): value for key, value in TINY_SHAPE.items()}
+    assert {key: getattr(config, key) for key in named} == named
+    assert config.tie_word_embeddings  # the rest is the default model's config
     first, same, other = tiny_model(), tiny_model(), tiny_model(seed=1)
     assert first.hf.config._attn_implementation == GROUPED_SDPA  # as load_model sets it
     weights = dict(first.hf.named_parameters())
@@ -109,7 +111,42 @@ def test_the_tiny_model_is_seeded_and_has_the_default_tokenizer(tiny, tokenizer)
     assert first.describe()["weights"] == "random seed 0" != other.describe()["weights"]
     deep = tiny_model(**SMOL_DEPTH)
     assert deep.n_layers == 30 and deep.hf.config.num_attention_heads == 9
-    assert "num_hidden_layers=30" in deep.weights_fingerprint()
+    assert "layers=30" in deep.weights_fingerprint()
+
+
+def test_one_builder_gives_every_random_model_shape():
+    """`llama_config` writes a shape in its own words into the Llama config transformers builds
+    (what the benchmarks wrote out by hand before); `LLAMA_8B` is Llama-3.1-8B (its published
+    parameter count) with the 128,256-row vocabulary padded beyond a smaller tokenizer's; a
+    padding below the vocabulary is refused; `random_weights` draws from its seed alone."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from probekit.testing.synthetic import LLAMA_8B, llama_config, random_weights
+
+    dry_run = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    dry_run |= dict(num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=2048)
+    built = llama_config(49152, layers=2, width=64, mlp_width=128, heads=4, kv_heads=2)
+    assert built.to_dict() == LlamaConfig(vocab_size=49152, **dry_run).to_dict()
+    eight = llama_config(49152, **LLAMA_8B)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(eight)
+    assert sum(p.numel() for p in hf.parameters()) == 8_030_261_248
+    assert hf.get_output_embeddings().weight.shape[0] == eight.vocab_size == 128256
+    with pytest.raises(ValueError, match="fewer than the vocabulary"):
+        llama_config(200_000, **LLAMA_8B)
+    small = llama_config(20, vocab_rows=32, layers=1, width=8, mlp_width=16, heads=2, tie=True)
+    assert small.vocab_size == 32 and small.tie_word_embeddings and small.head_dim == 4
+
+    class Words:
+        pad_token_id = 0
+
+    first, again = (random_weights(small, Words(), seed=5) for _ in range(2))
+    other = random_weights(small, Words(), seed=6)
+    weights = dict(first.hf.named_parameters())
+    assert all(torch.equal(p, weights[n]) for n, p in again.hf.named_parameters())
+    assert not torch.equal(other.hf.lm_head.weight, first.hf.lm_head.weight)
+    assert first.hf.generation_config.eos_token_id is None  # never stops: whole budgets
+    assert first.weights_fingerprint() == "random seed 5"
 
 
 @pytest.mark.slow

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from probekit.datasets.crowd_envent import FILES as SAMPLE_FILES
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "probekit"
 # The files a build needs: the package itself and what pyproject.toml names.
 BUILD_INPUTS = ("pyproject.toml", "README.md", "probekit")

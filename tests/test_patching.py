@@ -6,17 +6,15 @@ import contextlib
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ANSWERS, EV, EVENT
+from conftest import ANSWERS, EV, REPO, religion_prompt
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.items import Item
 from probekit.mechanism import directions, patching
 from probekit.mechanism import pairs as pairing
 from probekit.mechanism.components import Patch, check, grid
@@ -24,45 +22,18 @@ from probekit.mechanism.interventions import score_with
 from probekit.mechanism.readouts import answer_probability, parse_readout
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, n_heads
 from probekit.studies.intergroup import get_category, get_setting
-from probekit.studies.intergroup.probe import make_item
 
-ROOT = Path(__file__).resolve().parents[1]
 SETTING = get_setting("P0S0T0")
 RELIGION = get_category("religion")
 OTHER = "I felt proud when I finished my first marathon."
 TOL = 1e-4  # on the 0-12 scale of the test answer set
-
-
-def prompt(model, perceiver, experiencer, text=EVENT, event_id="e1", spans=None):
-    item = make_item(SETTING, "religion", perceiver, experiencer, event_id, "anger", text)
-    if spans is not None:
-        item = Item(
-            item.id,
-            item.key,
-            item.unit,
-            item.messages,
-            spans={k: v for k, v in item.spans.items() if k in spans},
-        )
-    return model.encode(item)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_deep):
-    """The tiny model of the default model's depth and heads: patching's mechanics."""
-    return tiny_deep
-
-
-@pytest.fixture(scope="module")
-def scorer(model):
-    from probekit.engines.hf.scorer import HFScorer
-
-    return HFScorer(model, ANSWERS, epsilon=0.0)
+MODEL = "tiny_deep"  # patching's mechanics: the tiny model of the default model's depth
 
 
 @pytest.fixture(scope="module")
 def pairs(model):
-    clean = prompt(model, "a Christian", "a Christian")
-    return [(clean, prompt(model, "a Christian", h)) for h in ("a Muslim", "a Jew")]
+    clean = religion_prompt(model, "a Christian", "a Christian")
+    return [(clean, religion_prompt(model, "a Christian", h)) for h in ("a Muslim", "a Jew")]
 
 
 PATCHES = [
@@ -92,8 +63,8 @@ def test_align_is_right_to_left():
 
 
 def test_spans_of_different_lengths_align_last_token_to_last(model):
-    clean = prompt(model, "a Latino", "a Hispanic American")  # 3 experiencer tokens
-    corrupt = prompt(model, "a Latino", "a Latino")  # 2
+    clean = religion_prompt(model, "a Latino", "a Hispanic American")  # 3 experiencer tokens
+    corrupt = religion_prompt(model, "a Latino", "a Latino")  # 2
     c_exp = pairing.span_positions(clean, "experiencer")
     k_exp = pairing.span_positions(corrupt, "experiencer")
     assert (len(c_exp), len(k_exp)) == (3, 2)
@@ -285,10 +256,10 @@ def test_bad_inputs_raise_one_clear_error(model, pairs):
     for message, patches in cases.items():
         with pytest.raises(ProbekitError, match=message):
             check(model, pairs, patches)
-    missing = prompt(model, "a Christian", "a Jew", spans={"perceiver"})
+    missing = religion_prompt(model, "a Christian", "a Jew", spans={"perceiver"})
     with pytest.raises(ProbekitError, match="unknown span 'from_experiencer'"):
         check(model, [(pairs[0][0], missing)], PATCHES[:1])
-    elsewhere = prompt(model, "a Christian", "a Jew", text=OTHER, event_id="e2")
+    elsewhere = religion_prompt(model, "a Christian", "a Jew", text=OTHER, event_id="e2")
     with pytest.raises(ProbekitError, match="must share its unit"):
         check(model, [(pairs[0][0], elsewhere)], PATCHES[:1])
 
@@ -363,10 +334,10 @@ def test_sweep_columns_name_what_differs(lens):
 @pytest.mark.parametrize("flag", [["--layers", "0,30"], ["--sites", "hook_resid_mid"]])
 def test_script_reports_bad_input_in_one_line(model, tmp_path, flag):
     run = subprocess.run(
-        [sys.executable, str(ROOT / "hooks" / "patch_gap.py"), "--out", str(tmp_path), *flag],
+        [sys.executable, str(REPO / "hooks" / "patch_gap.py"), "--out", str(tmp_path), *flag],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=REPO,
     )
     assert run.returncode == 2
     errors = [line for line in run.stderr.splitlines() if line.startswith("patch_gap: error:")]

@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import pytest
 
 import probekit
 from probekit.core.errors import ProbekitError
-from probekit.engines.plan import (
-    MAX_BATCH,
-    batch_for,
-    check_before_load,
+from probekit.engines.devices import (
     dispatch_options,
     format_size,
     parse_device_map,
     parse_devices,
     parse_size,
-    read_shape,
 )
+from probekit.engines.memory import MAX_BATCH, batch_for, prompt_bytes
+from probekit.engines.plan import check_before_load
+from probekit.engines.shapes import read_shape
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -91,15 +91,20 @@ def test_llama_70b_on_one_gpu_is_refused_in_one_line(configs):
     )
 
 
-def test_llama_70b_placements_that_fit(configs):
+def test_llama_70b_placements_that_fit(configs, capsys):
     seventy = str(configs["Llama-3.1-70B"])
-    two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", device_map=True)
+    two = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", dispatched=True)
     assert two.fits and two.placement == "--device-map over cuda:0, cuda:1"
-    offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB", device_map=True)
+    offload = probekit.plan(seventy, "cuda:0=80GiB,cpu=200GiB", dispatched=True)
     assert offload.fits and offload.placement.startswith("--device-map with 64 GB offloaded")
-    assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", device_map=True).fits
-    disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", device_map=True, offload=True)
+    assert not probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True).fits
+    disk = probekit.plan(seventy, "cuda:0=80GiB,cpu=32GiB", dispatched=True, offload=True)
     assert disk.fits and "disk" in disk.placement
+    from probekit import cli
+
+    argv = ["plan", "--model", seventy, "--devices", "cuda:0=80GiB,cpu=200GiB", "--dispatched"]
+    assert cli.main(argv) == 0
+    assert "placement: --device-map with 64 GB offloaded" in capsys.readouterr().out
     vllm = probekit.plan(seventy, "cuda:0=80GiB,cuda:1=80GiB", tensor_parallel_size=2)
     assert vllm.fits and vllm.placement == "vLLM tensor parallel over 2 GPUs"
     assert not probekit.plan(seventy, GPU, tensor_parallel_size=2).fits  # one GPU given
@@ -245,7 +250,7 @@ def test_the_scorer_batch_is_the_plans_counted_in_tokens(configs):
     tokens = 66 + TRIE_0_100  # the H100 run's mean prompt, the 0-100 trie
     # 8B in bfloat16 on 80 GiB: 61 MB a prompt, 61 GB beside the weights -> 1004 -> 512 (the
     # H100 run's best measured batch); float32 halves it; longer prompts, smaller batches
-    assert eight.prompt_bytes("bfloat16", tokens) == 61_037_568
+    assert prompt_bytes(eight, "bfloat16", tokens) == 61_037_568
     assert batch_for(eight, "bfloat16", 80 * GiB, tokens) == 512
     assert batch_for(eight, "float32", 80 * GiB, tokens) == 256
     assert batch_for(eight, "bfloat16", 80 * GiB, 4096) == 64
@@ -288,3 +293,70 @@ def test_the_scorer_plans_from_the_models_shape_and_the_devices_memory(configs, 
     assert batching.planned_batch(model, 66 + TRIE_0_100) == batching.DISPATCHED_BATCH == 64
     model.device = torch.device("cpu")
     assert batching.planned_batch(model, 66 + TRIE_0_100) == batching.CPU_BATCH == 16
+
+
+def test_a_plan_that_fits_no_batch_says_so_and_what_would(configs, capsys):
+    """Three GPUs whose device map holds the 8B weights with 77 MB to spare: no prompt of 512
+    tokens fits beside them. The batch line says none fits (never "none prompts"), the error is
+    one line with the prompt length that would fit, and a plan for that length fits."""
+    from probekit import cli
+
+    eight = str(configs["Llama-3.1-8B"])
+    three = ",".join(f"cuda:{i}=5700MiB" for i in range(3))
+    assert cli.main(["plan", "--model", eight, "--devices", three, "--dtype", "bf16"]) == 2
+    out, err = capsys.readouterr()
+    assert "batch: none fits (the figures below are of one prompt of 512 tokens)" in out
+    assert "none prompts" not in out and "placement: does not fit" in out
+    assert err.count("\n") == 1 and "the weights fit (--device-map over cuda:0, cuda:1" in err
+    longest = int(err.rsplit("at most ", 1)[1].split()[0])
+    assert 0 < longest < 512
+    fitting = probekit.plan(eight, three, dtype="bf16", prompt_tokens=longest)
+    assert fitting.fits and fitting.batch_size == 1
+    assert not probekit.plan(eight, three, dtype="bf16", prompt_tokens=longest + 1).fits
+
+
+@pytest.mark.parametrize(
+    "devices, message",
+    [
+        ("cuda:0=80GiB,cuda:0=40GiB", "cuda:0 is named twice; give each device one size"),
+        ("cuda=80GiB,0=40GiB", "cuda:0 is named twice"),
+        ({"cpu": "1GiB", " CPU": "2GiB"}, "cpu is named twice"),
+        ("cuda:0=0GiB", "cuda:0: a memory size must be more than zero (got '0GiB')"),
+        ("cpu=-1GiB", "cpu: a memory size must be more than zero (got '-1GiB')"),
+        ({"cuda:1": 0}, "cuda:1: a memory size must be more than zero (got 0)"),
+    ],
+)
+def test_devices_named_twice_or_without_memory_are_one_line(configs, devices, message, capsys):
+    eight = str(configs["Llama-3.1-8B"])
+    with pytest.raises(ProbekitError, match=f"^devices: {re.escape(message)}"):
+        probekit.plan(eight, devices)
+    with pytest.raises(ProbekitError, match=re.escape(message)):
+        dispatch_options(max_memory=devices)
+    if isinstance(devices, str):
+        from probekit import cli
+
+        assert cli.main(["plan", "--model", eight, "--devices", devices]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+
+
+def test_a_device_map_is_checked_against_the_models_modules_before_loading(configs):
+    """The module names of a device map, read against the model built on the meta device: a
+    name the model lacks, with the nearest ones, and a module left without a device, are one
+    line each, before any weight is read (here there are none to read)."""
+    eight = str(configs["Llama-3.1-8B"])
+    room = "cpu=64GiB"
+    misspelled = {"model.embed_tokens": "cpu", "model.layer": "cpu", "model.norm": 0}
+    with pytest.raises(ProbekitError, match="^the device map names model.layer, which Llama-3.1"):
+        check_before_load(eight, device_map=misspelled, max_memory=room)
+    with pytest.raises(ProbekitError, match="8B lacks; did you mean model.layers"):
+        probekit.load_model(eight, device_map=json.dumps({**misspelled, "lm_head": "cpu"}))
+    partial = {"model.layers": "cpu", "lm_head": "cpu"}
+    with pytest.raises(
+        ProbekitError,
+        match="^the device map gives no device to model.embed_tokens, model.norm of Llama-3.1-8B",
+    ):
+        check_before_load(eight, device_map=partial, max_memory=room)
+    whole = {"model": "cpu", "lm_head": "cpu"}
+    assert check_before_load(eight, device_map=whole, max_memory=room).fits
+    assert check_before_load(eight, device_map={"": "cpu"}, max_memory=room).fits

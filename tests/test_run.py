@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import REPO
 
 from probekit import cli, run_study
 from probekit.core.errors import ProbekitError
@@ -21,7 +22,6 @@ from probekit.run.loop import INDEX, Shard, run_probe
 from probekit.run.parts import done_mask, scan_parts
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "intergroup_gap.py"
 # The 10-point scale keeps the answer trie small, so these runs take seconds per chunk.
 SETTING = "P0S1T0"

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import minimal_study
 import pandas as pd
 import pytest
+from conftest import REPO
 
 import probekit
 from probekit import cli
@@ -22,15 +22,6 @@ from probekit.core.errors import ProbekitError
 from probekit.core.rundir import RESULTS_FORMAT, SETTINGS, RunDir, resume_keys
 from probekit.run.numerics import sample_size
 from probekit.run.options import run_command
-from probekit.studies import base, register
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def minimal():
-    yield register(minimal_study.STUDY)
-    base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
 def test_run_study_returns_the_run(minimal, tiny, tmp_path):

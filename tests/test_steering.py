@@ -33,12 +33,7 @@ PROMPTS = [
 ]
 LAYER = 2  # of the tiny model's 4
 TOL = 1e-5  # float32 noise on probabilities
-
-
-@pytest.fixture(scope="module")
-def model(tiny_bridged):
-    """The tiny model with its TransformerLens bridge."""
-    return tiny_bridged
+MODEL = "tiny_bridged"  # the tiny model with its TransformerLens bridge
 
 
 @pytest.fixture(scope="module")

@@ -22,15 +22,8 @@ from probekit.core.kinds import positive_int
 from probekit.core.options import Command, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
 from probekit.run.report import report
-from probekit.studies import base, get_study, list_studies, register
+from probekit.studies import base, get_study, list_studies
 from probekit.studies.base import Context
-
-
-@pytest.fixture
-def minimal():
-    """The minimal study, registered for this test only (the command line lists four)."""
-    yield register(minimal_study.STUDY)
-    base._REGISTRY.pop(minimal_study.STUDY.name)
 
 
 @pytest.mark.slow

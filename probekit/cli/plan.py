@@ -24,7 +24,7 @@ def execute(parsed: tuple) -> None:
         dtype=options.dtype,
         prompt_tokens=options.prompt_tokens,
         batch_size=options.batch_size,
-        device_map=options.device_map,
+        dispatched=options.dispatched,
         offload=options.offload,
         tensor_parallel_size=options.tensor_parallel_size,
     )

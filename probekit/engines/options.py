@@ -1,7 +1,7 @@
 """The options of loading and scoring a model, declared once (`probekit.core.options`) for every
 command that loads one and for `load_engine` and `score`: `ModelOptions` (which model, on which
-device, in which dtype, placed how), `EpsilonOption` and `ScoreOptions` (`probekit plan`'s are
-`probekit.engines.plan.PlanOptions`).
+device, in which dtype, placed how), `EpsilonOption` and `ScoreOptions`. `probekit plan`'s
+`probekit.engines.plan.PlanOptions` shares the model and its dtype (`ModelChoice`).
 `check_device` says in one line when a named device is missing from this torch, for the command
 line and the API alike. Nothing here imports a model library."""
 
@@ -27,7 +27,7 @@ from probekit.core.kinds import (
 )
 from probekit.core.options import REQUIRED, BatchSizeOption, option
 from probekit.engines.base import DEFAULT_EPSILON, ENGINES, Engine
-from probekit.engines.plan import parse_device_map, parse_devices
+from probekit.engines.devices import parse_device_map, parse_devices
 
 
 def _engine(value: Any) -> str:
@@ -47,24 +47,32 @@ model_spec = Kind("model", str, _model)
 
 
 @dataclass(frozen=True)
-class ModelOptions:
-    """Model options: which model, on which device, in which dtype, placed how."""
+class ModelChoice:
+    """Which model, in which dtype: the options of every command that loads a model, and of
+    `probekit plan`."""
 
     model: str = option(
         "default",
         help="hub id, model folder, .gguf file or default (default %(default)s); probekit run "
-        "takes it several times: one folder each, summarised side by side",
+        "takes it several times: one folder each, summarised side by side; probekit plan also "
+        "reads a config.json, and a hub id only from the local cache",
         kind=model_spec,
         several=("run",),
-    )
-    device: str | None = option(
-        None, help="cpu, cuda, cuda:N or mps (default: the best there is)", kind=device_name
     )
     dtype: str | None = option(
         None,
         help=f"{', '.join(DTYPES)} (default: float32 on the CPU and wherever the float32 "
         "weights fit in half the accelerator's memory, else bfloat16)",
         kind=floating_dtype,
+    )
+
+
+@dataclass(frozen=True)
+class ModelOptions(ModelChoice):
+    """Model options: which model, on which device, in which dtype, placed how."""
+
+    device: str | None = option(
+        None, help="cpu, cuda, cuda:N or mps (default: the best there is)", kind=device_name
     )
     engine: str = option(
         "hf",

@@ -132,7 +132,7 @@ def _load_exact(
     spec: str, device: str | None, dtype: Any, given: dict[str, Any], parallel: dict[str, int]
 ) -> LoadedModel:
     """The transformers copy of the exact view, placed by `exact_copy_placement`."""
-    from probekit.engines.plan import visible_gpus
+    from probekit.engines.devices import visible_gpus
 
     workers = parallel["tensor_parallel_size"] * parallel["pipeline_parallel_size"]
     placement = exact_copy_placement(given, workers, {} if device else visible_gpus())

@@ -1,5 +1,8 @@
-"""Models with random weights: a tiny one on the default model's tokenizer for the unit tests,
-and models of any shape for speed measurements at shapes no local checkpoint has."""
+"""Models with random weights, built by one pair of functions: `llama_config` (a Llama config of a
+given depth, width, heads and vocabulary, padded or not) and `random_weights` (a seeded model of a
+config, with a tokenizer, as `load_model` would give it). `tiny_model` is the unit tests' model
+(`TINY_SHAPE`, or `SMOL_DEPTH`, on the default model's tokenizer); `LLAMA_8B` is the shape of
+speed measurements at a size no local checkpoint has."""
 
 from __future__ import annotations
 
@@ -13,13 +16,13 @@ from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.model import LoadedModel, load_model
 
 TINY_SHAPE = {
-    "num_hidden_layers": 4,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,  # grouped-query attention, as the default model has (9 over 3)
-    "head_dim": 16,
-    "max_position_embeddings": 2048,
+    "layers": 4,
+    "width": 64,
+    "mlp_width": 128,
+    "heads": 4,
+    "kv_heads": 2,  # grouped-query attention, as the default model has (9 over 3)
+    "head_width": 16,
+    "context": 2048,
     # Weights ~15x wider than a trained model's initialisation: the answer distributions are
     # far from uniform (one answer can hold most of the mass), so an exactness check that
     # reads the wrong position or token shows, while float32 stays ~1e-7 from float64.
@@ -28,17 +31,130 @@ TINY_SHAPE = {
 """The tiny model's shape: Llama (the default model's architecture) with 4 layers of width 64."""
 
 SMOL_DEPTH = {
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "head_dim": 8,
-    "hidden_size": 72,
+    "layers": 30,
+    "heads": 9,
+    "kv_heads": 3,
+    "head_width": 8,
+    "width": 72,
     # Narrower weights than the 4-layer model's: 30 random layers at 0.3 make the metric so
     # curved that a first-order estimate misses a 5 % step by 3 % (the attribution tests).
     "initializer_range": 0.2,
 }
 """The default model's layer and head counts at width 72 (`tiny_model(**SMOL_DEPTH)`), for tests
 that name its layers and heads; about 3x the 4-layer model's time per forward pass."""
+
+LLAMA_8B = {
+    "layers": 32,
+    "width": 4096,
+    "mlp_width": 14336,
+    "heads": 32,
+    "kv_heads": 8,
+    "head_width": 128,
+    "context": 131072,
+    "vocab_rows": 128256,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+}
+"""Llama-3.1-8B's shape (`llama_config(len(tokenizer), **LLAMA_8B)`): its 128,256-row vocabulary
+padded beyond a smaller tokenizer's, its norm and rotary constants (not its rotary scaling)."""
+
+SHAPE_FIELDS = {
+    "layers": "num_hidden_layers",
+    "width": "hidden_size",
+    "mlp_width": "intermediate_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_width": "head_dim",
+    "context": "max_position_embeddings",
+    "tie": "tie_word_embeddings",
+}
+"""`llama_config`'s names of a shape -> the transformers config's."""
+
+
+def llama_config(
+    vocabulary: int,
+    *,
+    layers: int,
+    width: int,
+    mlp_width: int,
+    heads: int,
+    kv_heads: int | None = None,
+    head_width: int | None = None,
+    context: int | None = None,
+    tie: bool | None = None,
+    vocab_rows: int | None = None,
+    base: Any = None,
+    **fields: Any,
+) -> Any:
+    """A Llama config of `layers` blocks of `width` (MLP `mlp_width`), `heads` attention heads
+    over `kv_heads` key/value heads (default `heads`) of `head_width` (default width / heads),
+    and `vocabulary` tokens (the tokenizer's length), padded to `vocab_rows` rows of the
+    embeddings and the LM head when given (a padded vocabulary, as Llama-3.1's). `context`
+    (the longest input) and `tie` (the LM head shares the embeddings), when given, and `fields`
+    (other config fields by their transformers names: `initializer_range`, `rope_parameters`,
+    ...) set the rest; what they leave is `base`'s (a config, copied: e.g. the default model's)
+    or transformers' `LlamaConfig` defaults."""
+    from transformers import LlamaConfig
+
+    rows = vocab_rows or vocabulary
+    if rows < vocabulary:
+        raise ValueError(f"vocab_rows ({rows}) is fewer than the vocabulary ({vocabulary})")
+    shape = {
+        "layers": layers,
+        "width": width,
+        "mlp_width": mlp_width,
+        "heads": heads,
+        "kv_heads": kv_heads or heads,
+        "head_width": head_width or width // heads,
+        "context": context,
+        "tie": tie,
+    }
+    given = {SHAPE_FIELDS[k]: v for k, v in shape.items() if v is not None}
+    given |= {"vocab_size": rows, **fields}
+    if base is None:
+        return LlamaConfig(**given)
+    config = copy.deepcopy(base)
+    config.update(given)
+    return config
+
+
+def random_weights(
+    config: Any,
+    tokenizer: Any,
+    name: str = "tiny-random",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    generation: Any = None,
+) -> LoadedModel:
+    """A causal LM of `config` (a transformers config) with weights drawn from `seed` (the same
+    seed gives the same weights), built on `device` in `dtype`, with `tokenizer` (its ids must
+    lie below `config.vocab_size`) and CPU attention as `load_model` sets it. `generation`: the
+    generation config to copy; without one the model never stops at an end of sequence token,
+    so generation always writes its whole budget."""
+    from transformers import AutoModelForCausalLM
+
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with dev:
+            hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    hf.to(dev).eval()
+    if generation is None:
+        hf.generation_config.pad_token_id = tokenizer.pad_token_id
+        hf.generation_config.eos_token_id = None
+    else:
+        hf.generation_config = copy.deepcopy(generation)
+    use_grouped_sdpa(hf, dev)
+    return LoadedModel(
+        hf=hf,
+        tokenizer=tokenizer,
+        name=name,
+        source="random",
+        device=dev,
+        dtype=dtype,
+        meta={"revision": f"random seed {seed}"},
+    )
 
 
 @functools.cache
@@ -55,55 +171,18 @@ def default_tokenizer() -> Any:
     return copy.deepcopy(_default_files()[0])
 
 
-def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **shape: float) -> LoadedModel:
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **shape: Any) -> LoadedModel:
     """A random-weight causal LM on the default model's tokenizer, built on the CPU in about
     0.2 s (the tokenizer is read once per process, 0.5 s): SmolLM2's config with `TINY_SHAPE`
-    (and `shape`'s overrides, e.g. `num_hidden_layers=6` or `**SMOL_DEPTH`), weights drawn from
-    `seed` (the same seed gives the same weights), CPU attention as `load_model` sets it. The
-    scorers, the TransformerLens bridge and nnsight run on it as on a loaded model; its numbers
-    mean nothing, their agreement does."""
+    (and `shape`'s overrides, `llama_config`'s keywords: e.g. `layers=6` or `**SMOL_DEPTH`),
+    weights drawn from `seed`, SmolLM2's generation config. The scorers, the TransformerLens
+    bridge and nnsight run on it as on a loaded model; its numbers mean nothing, their
+    agreement does."""
     tokenizer, config, generation = _default_files()
-    config = copy.deepcopy(config)
-    config.update({**TINY_SHAPE, **shape})
-    from transformers import AutoModelForCausalLM
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    hf.eval()
-    hf.generation_config = copy.deepcopy(generation)
-    device = torch.device("cpu")
-    use_grouped_sdpa(hf, device)
+    config = llama_config(len(tokenizer), base=config, **{**TINY_SHAPE, **shape})
+    model = random_weights(
+        config, default_tokenizer(), dtype=dtype, seed=seed, generation=generation
+    )
     spec = ",".join(f"{key}={value}" for key, value in sorted(shape.items()))
-    return LoadedModel(
-        hf=hf,
-        tokenizer=copy.deepcopy(tokenizer),
-        name="tiny-random",
-        source="random",
-        device=device,
-        dtype=dtype,
-        meta={"revision": f"random seed {seed}" + (f" ({spec})" if spec else "")},
-    )
-
-
-def random_weights(
-    config: Any,
-    tokenizer: Any,
-    name: str,
-    device: str = "cuda",
-    dtype: torch.dtype = torch.bfloat16,
-) -> LoadedModel:
-    """A causal LM of `config` (a transformers config) with random weights, built on `device`,
-    with `tokenizer` (its ids must lie below `config.vocab_size`). It never stops at an end of
-    sequence token, so generation always writes its whole budget."""
-    from transformers import AutoModelForCausalLM
-
-    dev = torch.device(device)
-    with dev:
-        hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    hf.to(dev).eval()
-    hf.generation_config.pad_token_id = tokenizer.pad_token_id
-    hf.generation_config.eos_token_id = None
-    return LoadedModel(
-        hf=hf, tokenizer=tokenizer, name=name, source="random", device=dev, dtype=dtype
-    )
+    model.meta["revision"] += f" ({spec})" if spec else ""
+    return model

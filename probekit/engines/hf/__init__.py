@@ -2,6 +2,7 @@
 
 - `model`: loading (`load_model`: default, hub id, directory, GGUF) and `LoadedModel`, the engine
   (encode, scorer, decode, hookable, describe; TransformerLens and nnsight views)
+- `protocol`: `HFModel`, what the parts below read of a loaded model (so they import no `model`)
 - `scorer`: `Scorer`, the exact scorer's facade (score, score_batch, generate, stats)
 - `batching`: length-sorted batches that share prefixes; half the batch on CUDA out-of-memory
 - `prefix_cache`: KV caches of recent shared prompt prefixes, computed once at batch size 1

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from probekit.engines.hf.precision import device_memory, dtype_name
+from probekit.engines.memory import batch_for
+from probekit.engines.shapes import shape_of
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 CPU_BATCH = 16
 """Prompts a batch on a CPU or MPS, where the memory plan has no device size to fill (the
@@ -25,20 +27,17 @@ PROMPT_HINT = 128
 prompts is planned again for its longest prompt."""
 
 
-def planned_batch(model: LoadedModel, tokens: int) -> int:
+def planned_batch(model: HFModel, tokens: int) -> int:
     """Prompts a batch of `model` holds when each prompt takes `tokens` positions (prompt, answer
     trie and generated tokens): on a CUDA device holding the whole model, the largest the memory
-    plan says fits beside its weights (`probekit.engines.plan.batch_for`, counted in tokens from
+    plan says fits beside its weights (`probekit.engines.memory.batch_for`, counted in tokens from
     the model's shape and the device's memory); `DISPATCHED_BATCH` for a dispatched model,
     `CPU_BATCH` elsewhere."""
-    from probekit.engines.plan import Shape, batch_for
-
     if model.device.type != "cuda":
         return CPU_BATCH
     if model.dispatched:
         return DISPATCHED_BATCH
-    parameters = sum(p.numel() for p in model.hf.parameters())
-    shape = Shape.of(model.hf.config, model.name, parameters)
+    shape = shape_of(model.hf, model.name)
     return batch_for(shape, dtype_name(model.dtype), device_memory(model.device), tokens)
 
 

@@ -15,11 +15,11 @@ from probekit.engines.hf.head import log_probs
 from probekit.engines.hf.prompt_pass import PromptState
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 
 def decode(
-    model: LoadedModel,
+    model: HFModel,
     state: PromptState,
     max_new_tokens: int,
     settled: Callable[[str], bool] | None = None,

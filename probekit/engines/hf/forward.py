@@ -16,11 +16,11 @@ import torch
 from probekit.engines.hf.tiers import arithmetic
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 
 def body(
-    model: LoadedModel,
+    model: HFModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,

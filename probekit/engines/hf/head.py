@@ -16,18 +16,18 @@ import torch
 from probekit.engines.trie import extension_masks
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 HEAD_CHUNK = 256  # rows of the LM head computed at once (bounds the logits' memory)
 SUM_BLOCK = 128  # vocabulary entries per partial sum of `vocabulary_sums`
 
 
-def vocabulary_size(model: LoadedModel) -> int:
+def vocabulary_size(model: HFModel) -> int:
     """Rows of the LM head (can exceed the tokenizer's vocabulary: padded embeddings)."""
     return int(model.hf.get_output_embeddings().weight.shape[0])
 
 
-def parameter_split(model: LoadedModel) -> tuple[int, int]:
+def parameter_split(model: HFModel) -> tuple[int, int]:
     """Weights of the transformer body (embeddings excluded) and of the LM head: the
     multiply-adds per position of a prompt token (body) and of a trie node (body + head)."""
     embedding = model.hf.get_input_embeddings().weight
@@ -36,7 +36,7 @@ def parameter_split(model: LoadedModel) -> tuple[int, int]:
     return int(body), int(head.numel())
 
 
-def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, in fp32 or wider
     (a float64 model keeps float64 logits, which the float64 references rely on), on
     `model.device` (a dispatched model's head may sit on another device). A hidden state in a
@@ -52,7 +52,7 @@ def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def log_probs(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+def log_probs(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
     """Float64 next-token log-probs of the fp32 logits (normalised as the trie's nodes are)."""
     return lm_head(model, hidden).double().log_softmax(-1)
 
@@ -65,7 +65,7 @@ class VocabularyColumns:
     blocks: torch.Tensor  # `sum_blocks` of [vocab, 1 + rules]: ones, then "does not extend"
 
     @classmethod
-    def build(cls, model: LoadedModel) -> VocabularyColumns:
+    def build(cls, model: HFModel) -> VocabularyColumns:
         extends = extension_masks(model.tokenizer, vocabulary_size(model)).to(model.device)
         stop = (~extends).T.float()
         return cls(extends, sum_blocks(torch.cat([torch.ones_like(stop[:, :1]), stop], dim=1)))

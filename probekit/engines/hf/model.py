@@ -282,8 +282,9 @@ def load_model(
     to the computing device layer by layer); `max_memory` or `offload_folder` alone mean
     `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
     and chat template only; the vllm engine encodes with it and loads weights only for scoring)."""
+    from probekit.engines.devices import check_map_modules, dispatch_options
     from probekit.engines.hf.tiers import check_tolerance, initial_record
-    from probekit.engines.plan import check_before_load, dispatch_options
+    from probekit.engines.plan import check_before_load
 
     if tolerance is not None:
         if dtype is not None:
@@ -326,6 +327,9 @@ def load_model(
         meta["hf_id"] = spec
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
     placed = None
+    if load.dispatch and isinstance(load.dispatch["device_map"], dict):  # the config was unread
+        mapping = load.dispatch["device_map"]
+        check_map_modules(mapping, dict(hf.named_modules()), dict(hf.named_parameters()), spec)
     if load.dispatch:  # a map that fits one device leaves no hf_device_map: say that device
         placed = getattr(hf, "hf_device_map", None) or {"": next(hf.parameters()).device.type}
     if placed:

@@ -32,7 +32,7 @@ from probekit.core.errors import ProbekitError
 from probekit.engines.base import ScoreResult
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 REDUCED = (torch.bfloat16, torch.float16)
 """Weight dtypes whose final norm and LM head `load_model` keeps in float32."""
@@ -139,7 +139,7 @@ def inputs_to_fp32(module: torch.nn.Module, args: tuple) -> tuple:
 
 
 @contextlib.contextmanager
-def as_dtype(model: LoadedModel, dtype: torch.dtype) -> Iterator[LoadedModel]:
+def as_dtype(model: HFModel, dtype: torch.dtype) -> Iterator[HFModel]:
     """`model` with every floating parameter cast to `dtype` in place, restored on exit: the
     model as `load_model(..., dtype=dtype)` gives it (buffers such as the rotary frequencies stay
     float32 there too). Widening and narrowing back is lossless, so no second copy of the model is
@@ -165,7 +165,7 @@ def reference_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def noise_figure(
-    model: LoadedModel,
+    model: HFModel,
     prompts: Sequence[Sequence[int]],
     answers: AnswerSet,
     reference: torch.dtype | None = None,

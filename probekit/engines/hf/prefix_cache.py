@@ -12,7 +12,7 @@ from probekit.engines.base import ScorerStats
 from probekit.engines.hf.forward import body
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 MIN_SHARED_PREFIX = 8  # tokens; shorter shared prefixes are not worth a separate forward
 KEPT = 4  # prefixes kept, least recently used dropped first
@@ -21,7 +21,7 @@ KEPT = 4  # prefixes kept, least recently used dropped first
 class PrefixCache:
     """Least-recently-used KV caches of token prefixes; treat what `get` returns as read-only."""
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: HFModel) -> None:
         self.model = model
         self._kept: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 

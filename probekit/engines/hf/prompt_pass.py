@@ -17,7 +17,7 @@ from probekit.engines.hf.head import log_probs
 from probekit.engines.hf.prefix_cache import MIN_SHARED_PREFIX, PrefixCache
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 
 @dataclass
@@ -37,7 +37,7 @@ class PromptState:
 
 
 def prompt_pass(
-    model: LoadedModel,
+    model: HFModel,
     batch: Sequence[Sequence[int]],
     prefixes: PrefixCache,
     stats: ScorerStats,

@@ -44,7 +44,7 @@ from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 
 class HFScorer:
@@ -52,7 +52,7 @@ class HFScorer:
 
     def __init__(
         self,
-        model: LoadedModel,
+        model: HFModel,
         answers: AnswerSet,
         epsilon: float = DEFAULT_EPSILON,
         batch_size: int | None = None,

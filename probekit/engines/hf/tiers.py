@@ -49,7 +49,7 @@ from probekit.engines.hf.precision import (
 )
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 TIERS = ("bfloat16", "tf32", "float32")
 """The precision tiers, fastest first."""
@@ -75,7 +75,7 @@ def check_tolerance(tolerance: Any) -> float:
         raise ProbekitError(option_message("tolerance", str(error))) from None
 
 
-def offered_tiers(model: LoadedModel) -> tuple[str, ...]:
+def offered_tiers(model: HFModel) -> tuple[str, ...]:
     """The tiers `model` can be scored in, fastest first (see the module's docstring)."""
     if model.dtype != torch.float32:
         return (dtype_name(model.dtype),)
@@ -86,7 +86,7 @@ def offered_tiers(model: LoadedModel) -> tuple[str, ...]:
     return TIERS
 
 
-def _why_one(model: LoadedModel) -> str:
+def _why_one(model: HFModel) -> str:
     """Why `model` is offered a single tier."""
     if model.dtype != torch.float32:
         return f"loaded in {dtype_name(model.dtype)}: the only tier offered"
@@ -97,7 +97,7 @@ def _why_one(model: LoadedModel) -> str:
     return f"float32 is the fastest arithmetic on {model.device.type}: nothing to choose"
 
 
-def initial_record(model: LoadedModel, forced: bool, tolerance: float | None) -> dict[str, Any]:
+def initial_record(model: HFModel, forced: bool, tolerance: float | None) -> dict[str, Any]:
     """The precision record of a model just loaded: the dtype given (`forced`), the one tier
     its device offers, or the tolerance a first score will choose the tier by."""
     if forced:
@@ -142,7 +142,7 @@ def _is_fp32(value: Any) -> bool:
 
 
 @contextlib.contextmanager
-def arithmetic(model: LoadedModel) -> Iterator[None]:
+def arithmetic(model: HFModel) -> Iterator[None]:
     """The tier's arithmetic around one forward of the transformer body (`forward.body`): TF32
     matmuls on CUDA (restored after), emulated elsewhere; nothing for the other tiers, whose
     arithmetic is the weights' dtype."""
@@ -161,7 +161,7 @@ def arithmetic(model: LoadedModel) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def apply_tier(model: LoadedModel, tier: str) -> Callable[[], None]:
+def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
     """Put the float32 `model` in `tier` in place; return the call that puts it back exactly.
 
     `bfloat16` narrows every weight but the final norm and the LM head (a head tied to the input
@@ -211,7 +211,7 @@ def apply_tier(model: LoadedModel, tier: str) -> Callable[[], None]:
 
 
 def choose_precision(
-    model: LoadedModel,
+    model: HFModel,
     prompts: Sequence[Sequence[int]],
     answers: AnswerSet,
     tolerance: float | None = None,
@@ -251,7 +251,7 @@ def choose_precision(
     return record
 
 
-def _exact(model: LoadedModel, prompts: Sequence[Sequence[int]], answers: AnswerSet) -> list:
+def _exact(model: HFModel, prompts: Sequence[Sequence[int]], answers: AnswerSet) -> list:
     return list(model.scorer(answers, epsilon=0.0).score(prompts))
 
 

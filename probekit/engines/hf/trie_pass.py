@@ -30,7 +30,7 @@ from probekit.engines.hf.prompt_pass import PromptState
 from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
-    from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.protocol import HFModel
 
 
 @dataclass
@@ -96,7 +96,7 @@ AnswerContext = Callable[
 class TriePass:
     """The trie pass of one answer set on one model; `run` continues from a prompt pass."""
 
-    def __init__(self, model: LoadedModel, answers: AnswerSet) -> None:
+    def __init__(self, model: HFModel, answers: AnswerSet) -> None:
         self.model = model
         self.answers = answers
         self.trie = AnswerTrie.build(answers, model.tokenizer)

@@ -1,0 +1,193 @@
+"""Devices and sizes: memory sizes (`80GiB`), device names (`cuda:0`), the devices a plan or a
+device map may fill (`cuda:0=80GiB,cpu=150MiB`), device maps (a strategy or module -> device)
+and accelerate's dispatch keywords. Read by the options (`--devices`, `--max-memory`,
+`--device-map`), the memory plan and the loader; nothing here imports a model library."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from probekit.core.errors import ProbekitError
+
+MAP_POLICIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""accelerate's device-map strategies `--device-map` takes by name."""
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size: `80GiB`, `150MiB`, `16GB`, `1.5GiB`, or a number of bytes; a size of
+    zero or less is refused."""
+    if isinstance(text, bool):
+        raise ProbekitError(f"{text!r} is not a memory size; write e.g. 80GiB, 150MiB or 16GB")
+    if isinstance(text, int):
+        size = text
+    else:
+        match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([kmgt]?i?b)?\s*", str(text), re.IGNORECASE)
+        if not match or (match.group(2) or "b").lower() not in UNITS:
+            raise ProbekitError(f"'{text}' is not a memory size; write e.g. 80GiB, 150MiB or 16GB")
+        size = int(float(match.group(1)) * UNITS[(match.group(2) or "b").lower()])
+    if size <= 0:
+        raise ProbekitError(f"a memory size must be more than zero (got {text!r})")
+    return size
+
+
+def format_size(n: float, binary: bool = False) -> str:
+    """`141 GB` (decimal, as model sizes are quoted) or `80 GiB` (binary, as devices are)."""
+    step, units = (
+        (2**10, ("B", "KiB", "MiB", "GiB", "TiB"))
+        if binary
+        else (1000, ("B", "kB", "MB", "GB", "TB"))
+    )
+    for unit in units:
+        if n < step or unit == units[-1]:
+            return f"{n:.0f} {unit}" if n >= 10 or unit == "B" else f"{n:.1f} {unit}"
+        n /= step
+    raise AssertionError  # the loop always returns
+
+
+def device_key(name: str) -> str:
+    """`cuda`, `0`, `cuda:0` -> `cuda:0`; `cpu`, `mps` as they are; anything else one line."""
+    name = name.strip().lower()
+    if name.isdigit():
+        return f"cuda:{name}"
+    if name == "cuda":
+        return "cuda:0"
+    if name in ("cpu", "mps") or re.fullmatch(r"cuda:\d+", name):
+        return name
+    raise ProbekitError(f"unknown device '{name}'; use cuda:N (or N), cpu or mps")
+
+
+def parse_devices(text: str | Mapping[str, Any]) -> dict[str, int]:
+    """`cuda:0=80GiB,cpu=150MiB` (or a mapping of the same) -> {device: bytes}; a device named
+    twice (`cuda` and `0` are both `cuda:0`) or a size of zero or less is one line."""
+    if isinstance(text, Mapping):
+        pairs = [(str(k), v) for k, v in text.items()]
+    else:
+        pairs = []
+        for part in filter(None, (p.strip() for p in str(text).split(","))):
+            name, sep, size = part.partition("=")
+            if not sep:
+                raise ProbekitError(f"'{part}' is not DEVICE=SIZE; write e.g. cuda:0=80GiB")
+            pairs.append((name, size))
+    if not pairs:
+        raise ProbekitError("no devices given; write e.g. cuda:0=80GiB,cpu=64GiB")
+    sizes: dict[str, int] = {}
+    for name, size in pairs:
+        key = device_key(name)
+        if key in sizes:
+            raise ProbekitError(f"{key} is named twice; give each device one size")
+        try:
+            sizes[key] = parse_size(size)
+        except ProbekitError as error:
+            raise ProbekitError(f"{key}: {error}") from None
+    return sizes
+
+
+def parse_device_map(value: str | Mapping[str, Any]) -> str | dict[str, Any]:
+    """A strategy name (`MAP_POLICIES`), or module -> device as a mapping, JSON text or a JSON
+    file; devices `cpu`, `disk`, `mps`, `cuda:N` or `N`."""
+    if isinstance(value, str) and value in MAP_POLICIES:
+        return value
+    mapping: Any = value
+    if isinstance(value, str):
+        text = (
+            Path(value).read_text() if value.endswith(".json") and Path(value).is_file() else value
+        )
+        try:
+            mapping = json.loads(text)
+        except json.JSONDecodeError:
+            mapping = None
+    if not isinstance(mapping, Mapping) or not mapping:
+        raise ProbekitError(
+            f"device map '{value}' is neither {', '.join(MAP_POLICIES)} nor a JSON object of "
+            'module -> device (e.g. {"model.embed_tokens": 0, "model.layers": "cpu", ...})'
+        )
+    placed: dict[str, Any] = {}
+    for module, where in mapping.items():
+        if isinstance(where, int) or str(where) == "disk":
+            placed[str(module)] = where
+        else:
+            placed[str(module)] = device_key(str(where))
+    return placed
+
+
+def check_map_modules(
+    mapping: Mapping[str, Any], modules: Collection[str], parameters: Iterable[str], model: str
+) -> None:
+    """One line when the device map `mapping` (module -> device) names a module that `model`
+    lacks (with the nearest of its `modules`), or leaves one of its `parameters` (full names)
+    without a device: transformers would load such a map without a word."""
+    for name in mapping:
+        if name and name not in modules:
+            near = difflib.get_close_matches(name, list(modules), n=2)
+            hint = f"did you mean {' or '.join(near)}?" if near else "name its modules"
+            raise ProbekitError(f"the device map names {name}, which {model} lacks; {hint}")
+
+    def placed(parameter: str) -> bool:
+        return any(not m or parameter == m or parameter.startswith(m + ".") for m in mapping)
+
+    left = [p.rpartition(".")[0] or p for p in parameters if not placed(p)]
+    if left:
+        shown = ", ".join(dict.fromkeys(left[:3]))
+        raise ProbekitError(
+            f"the device map gives no device to {shown}{', ...' if len(left) > 3 else ''} of "
+            f"{model}; map every module (or a parent of it), or use the auto device map"
+        )
+
+
+def dispatch_options(
+    device_map: str | Mapping[str, Any] | None = None,
+    max_memory: str | Mapping[str, Any] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+) -> dict[str, Any] | None:
+    """The keywords of transformers' `from_pretrained` for accelerate's dispatch (None when the
+    model goes whole onto one device); `max_memory` or `offload_folder` alone mean `auto`."""
+    if device_map is None and max_memory is None and offload_folder is None:
+        return None
+    options: dict[str, Any] = {"device_map": parse_device_map(device_map or "auto")}
+    if max_memory is not None:
+        options["max_memory"] = {
+            int(k.removeprefix("cuda:")) if k.startswith("cuda:") else k: v
+            for k, v in parse_devices(max_memory).items()
+        }
+    if offload_folder is not None:
+        folder = Path(offload_folder).expanduser()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ProbekitError(f"cannot use offload folder '{folder}': {exc.strerror}") from None
+        options["offload_folder"] = str(folder)
+    return options
+
+
+def visible_gpus() -> dict[str, int]:
+    """The CUDA devices torch sees and their memory in bytes ({} without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {
+        f"cuda:{i}": torch.cuda.get_device_properties(i).total_memory
+        for i in range(torch.cuda.device_count())
+    }
+
+
+def physical_memory() -> int:
+    """Bytes of RAM of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
