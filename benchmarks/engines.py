@@ -205,6 +205,7 @@ def ray_overhead(args: argparse.Namespace) -> list[dict]:
     import pandas as pd
     import ray
 
+    from probekit.core.progress import silenced
     from probekit.engines import load_engine
     from probekit.run.loop import run_probe
     from probekit.run.ray import connect, run_probe_ray
@@ -218,7 +219,8 @@ def ray_overhead(args: argparse.Namespace) -> list[dict]:
         start = time.perf_counter()
         engine = load_engine("default")
         loaded = time.perf_counter()
-        single = run_probe(probe, engine, root / "single", manifest, chunk_size=chunk)
+        with silenced():  # no pace sample before it: the Ray runs below take none either
+            single = run_probe(probe, engine, root / "single", manifest, chunk_size=chunk)
         rows.append(("one process", time.perf_counter() - start, loaded - start))
         start = time.perf_counter()
         connect(num_cpus=args.threads)

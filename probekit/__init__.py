@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _API = {
     # scoring
     "score": "probekit.engines.score",
+    "score_file": "probekit.engines.score",
     "load_engine": "probekit.engines",
     "load_model": "probekit.engines.hf.model",
     "plan": "probekit.engines.plan",
@@ -53,6 +54,7 @@ _API = {
     "Run": "probekit.run.study",
     "Headline": "probekit.reporting.headline",
     "RunDir": "probekit.core.rundir",
+    "report": "probekit.run.report",
     "run_probe": "probekit.run.loop",
     "Probe": "probekit.studies.base",
     "Study": "probekit.studies.base",

@@ -78,6 +78,16 @@ def _one_thread_for_a_unit_test(request: pytest.FixtureRequest):
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _a_pace_record_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test reads and writes its own record of measured paces (`probekit.run.pace`), not
+    the user's: what a test's first line says does not depend on the tests run before it."""
+    import probekit.run.pace as pace
+
+    record = tmp_path_factory.mktemp("pace") / pace.RECORD
+    monkeypatch.setattr(pace, "record_path", lambda: record)
+
+
 # The mechanism tests' answer set and event: a small set with one- and two-token answers keeps the
 # trie pass cheap.
 ANSWERS = AnswerSet.range(0, 12)

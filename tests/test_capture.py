@@ -200,7 +200,8 @@ def test_damaged_parts_and_shards_are_set_aside_and_captured_again(tiny, items, 
     capsys.readouterr()
     again = capture(tiny, items, tmp_path, layers=[1], batch_size=1, prompts_per_shard=1)
     err = capsys.readouterr().err
-    assert "is damaged" in err and "indexes a shard that is missing or damaged" in err
+    assert f"{parts[0]} is damaged (" in err
+    assert f"is damaged ({shards[1].name}, which it commits, is missing or not as written)" in err
     assert (again.captured, again.skipped) == (2, 1)
     assert (tmp_path / "index" / f"{parts[0].name}.damaged").is_file()
     assert (tmp_path / "shards" / f"{shards[1].name}.damaged").is_file()
@@ -227,7 +228,9 @@ def test_a_capture_resumes_only_under_its_own_settings(tiny, items, tmp_path, ca
     (tmp_path / "manifest.json").unlink()  # as that line advises; then other settings
     capsys.readouterr()
     again = capture(tiny, items, tmp_path, layers=[1], dtype=torch.float32)
-    assert "captured under other settings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds rows captured under another storage_dtype ('float16', now 'float32')" in err
+    assert "set aside as shard-00000.parquet.mismatched with shard-00000.safetensors" in err
     assert (again.captured, again.skipped) == (3, 0)
     assert set(read_index(tmp_path)["prompt_id"]) == {item.id for item in items}
 

@@ -163,3 +163,33 @@ def test_public_api_names_resolve():
         assert getattr(probekit, name) is not None
     with pytest.raises(AttributeError):
         _ = probekit.no_such_name
+
+
+def test_the_score_command_is_a_function(tmp_path, monkeypatch):
+    """`probekit.score_file` is the score command: its rows are `probekit.score`'s for the same
+    prompts, streamed to the file; every line is checked before the model loads."""
+    from test_run_state import CountingEngine
+
+    import probekit
+    import probekit.engines
+    from probekit.core.errors import ProbekitError
+
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"id": f"d{i}", "text": f"Day {i}?"} for i in range(9)]
+    )
+    out = probekit.score_file(CountingEngine(), prompts, tmp_path / "o.parquet", "0-3", quiet=True)
+    expected = probekit.score(CountingEngine(), [f"Day {i}?" for i in range(9)], "0-3", quiet=True)
+    written = pd.read_parquet(out)
+    assert written["id"].tolist() == [f"d{i}" for i in range(9)]
+    pd.testing.assert_frame_equal(written.drop(columns="id"), expected.drop(columns="id"))
+
+    def no_load(*args, **kwargs):
+        pytest.fail("the model was loaded before the prompt file was checked")
+
+    monkeypatch.setattr(probekit.engines, "load_engine", no_load)
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "text": "ok"}\n{"id": "b"}\n')
+    with pytest.raises(ProbekitError, match=r"bad.jsonl:2: id 'b' has neither"):
+        probekit.score_file("default", tmp_path / "bad.jsonl", tmp_path / "x.parquet", "0-3")
+    with pytest.raises(ProbekitError, match="epsilon"):
+        probekit.score_file("default", prompts, tmp_path / "x.parquet", "0-3", epsilon=-1)
+    assert not (tmp_path / "x.parquet").exists()

@@ -20,11 +20,11 @@ from matplotlib.image import imread
 
 from probekit import cli
 from probekit.core.rundir import RowKey
+from probekit.core.store import stamped as stamped_with
 from probekit.reporting import load_run as load_folder
 from probekit.reporting import run_page_html, runs_page_html
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number
-from probekit.run.parts import stamped as stamped_with
 from probekit.studies import get_study
 from probekit.studies.isear.events import SAMPLE_ROOT
 from probekit.studies.isear.probe import EMOTIONS
@@ -289,7 +289,7 @@ def test_report_of_two_runs_of_one_model_keeps_every_section(isear_run, tmp_path
     manifest = {**json.loads((other / "manifest.json").read_text()), "seed": 7}
     (other / "manifest.json").write_text(json.dumps(manifest))
     table = pq.read_table(other / "scores.parquet")  # its rows say the seed they were run with
-    stamped = stamped_with(table, RowKey.of(manifest, table["prompt_id"].to_pylist()).metadata())
+    stamped = stamped_with(table, RowKey.of(manifest, table["prompt_id"].to_pylist()))
     pq.write_table(stamped, other / "scores.parquet")
     before = (isear_run / "summary.md").read_text()
     assert "## Numerics" in before

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
 
@@ -408,10 +409,12 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
     assert summary.loc[0, "era_IP"] == pytest.approx(frame["era_IP"].mean())
     assert "AE valence" in (out / "summary.md").read_text()
 
-    # Resume: a responses file holding only sample 0 makes the report generate sample 1 only,
-    # and the same greedy text comes back; a complete file needs no model at all.
+    # Resume: a responses file holding only sample 0 (as a run stopped there leaves it, its
+    # record kept) makes the report generate sample 1 only, and the same greedy text comes
+    # back; a complete file needs no model at all.
     first = frame.copy()
-    responses.write_parquet(out / "responses.parquet", frame.head(1))
+    path = out / "responses.parquet"
+    pq.write_table(pq.read_table(path).slice(0, 1), path, write_page_checksum=True)
     calls = []
     real = responses.generate_responses
     monkeypatch.setattr(
@@ -426,6 +429,11 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
     assert again["response"].tolist() == first["response"].tolist()
     STUDY.report(pd.read_parquet(out / "scores.parquet"), out, manifest)
     assert calls == [1]
+    # Responses of another budget are not this run's: set aside and generated again.
+    other = {**manifest, "responses": {**manifest["responses"], "max_new_tokens": 4}}
+    STUDY.report(pd.read_parquet(out / "scores.parquet"), out, other)
+    assert calls == [1, 2] and (out / "responses.parquet.mismatched").is_file()
+    assert (pd.read_parquet(path)["response_tokens"] == 4).all()
 
 
 @needs_data

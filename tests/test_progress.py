@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pandas as pd
 import pytest
 from test_run_state import CountingEngine, FigureStudy, GroupProbe, manifest
 
@@ -89,13 +90,74 @@ def test_durations_read_at_a_glance(seconds, text):
 
 def test_the_run_loop_says_its_estimate_and_progress_in_a_log(tmp_path, capsys):
     probe = GroupProbe(events=30)  # 60 prompts, batches of 4
-    run_probe(probe, CountingEngine(), tmp_path / "run", manifest(probe), hint="--limit N")
+    out = tmp_path / "run"
+    run_probe(probe, CountingEngine(), out, manifest(probe), hint="--limit N")
     err = capsys.readouterr().err  # pytest's capture is not a terminal
     assert "\r" not in err
     lines = err.splitlines()
-    assert lines[0].startswith("groups: 60 prompts to go; the first 4 took ")
-    assert lines[0].endswith("on this device (a smaller run: --limit N)")
+    # Before the first batch: the prompts and the time, at the pace of a sample (no earlier run
+    # of this model here); then the estimate at the pace of the first batch, then the progress.
+    assert lines[0].startswith(f"groups: 60 prompts to score into {out}, about ")
+    assert "on this device (at " in lines[0] and "measured on a sample of 4 prompts" in lines[0]
+    assert lines[0].endswith("; a smaller run: --limit N)")
+    assert lines[1].startswith("groups: 60 prompts to go; the first 4 took ")
+    assert lines[1].endswith("on this device (a smaller run: --limit N)")
     assert lines[-1].startswith("groups: 60 of 60 prompts (100%) in ")
+
+
+def test_the_first_line_takes_the_pace_of_the_last_run_on_this_machine(tmp_path, capsys):
+    """The pace a run measured is kept for the next run of the same model, device, answers and
+    view on this machine, which says its time from it without a sample."""
+    from probekit.run.pace import Pace, pace_key, record_pace, recorded_pace
+
+    probe, engine = GroupProbe(events=30), CountingEngine()
+    key = pace_key(engine.describe(), probe.answers, "exact")
+    run_probe(probe, engine, tmp_path / "first", manifest(probe))
+    kept = recorded_pace(key)
+    assert kept is not None and kept.per_second > 0
+    assert kept.source.startswith("measured by the last run of this model on this machine (60 ")
+    record_pace(key, Pace(2.0, "measured by the last run of this model on this machine"))
+    capsys.readouterr()
+    engine.scored = 0
+    run_probe(probe, engine, tmp_path / "again", manifest(probe))
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "60 prompts to score" in first and "about 30 s on this device (at 2 prompts/s, " in first
+    assert engine.scored == 60  # no sample: the record said the pace
+    other = pace_key({**engine.describe(), "dtype": "bfloat16"}, probe.answers, "exact")
+    assert recorded_pace(other) is None  # another dtype is another pace
+    assert recorded_pace(pace_key(engine.describe(), probe.answers, "generate")) is None
+
+
+def test_a_pace_sample_keeps_no_rows(tmp_path):
+    """The sample's batches are not the run's (which prompts share a batch decides the last
+    digits), so its rows are dropped: the run's rows are those of a quiet run, which samples
+    nothing."""
+    probe = GroupProbe(events=6)
+    said = run_probe(probe, CountingEngine(), tmp_path / "said", manifest(probe), chunk_size=4)
+    with silenced():
+        quiet = run_probe(
+            probe, CountingEngine(), tmp_path / "quiet", manifest(probe), chunk_size=4
+        )
+    pd.testing.assert_frame_equal(pd.read_parquet(said), pd.read_parquet(quiet))
+    names = [
+        sorted(p.name for p in (tmp_path / run / "parts").iterdir()) for run in ("said", "quiet")
+    ]
+    assert names[0] == names[1]  # no part of the sample's
+
+
+def test_a_run_of_several_probes_says_its_prompts_and_time_before_any_work(tmp_path):
+    from probekit.run.pace import Pace, pace_key, record_pace
+    from probekit.run.scoring import forecast_runs
+    from probekit.run.shards import Shard
+
+    probes, engine = [GroupProbe(events=3), GroupProbe(events=9)], CountingEngine()
+    record_pace(pace_key(engine.describe(), probes[0].answers, "exact"), Pace(4.0, "a record"))
+    options = {"epsilon": 0.0, "batch_size": None, "seed": 0}
+    line = forecast_runs(probes, engine, "exact", Shard(), **options)
+    assert line == "24 prompts in 2 runs, about 6 s on this device (at the pace a record)"
+    half = forecast_runs(probes, engine, "exact", Shard(0, 2), **options)
+    assert half.startswith("12 prompts in 2 runs, about 3 s")  # this shard's share
+    assert engine.scored == 0  # a recorded pace: nothing scored to say it
 
 
 def test_a_quiet_run_says_nothing_but_its_results(tmp_path, capsys):
@@ -104,16 +166,16 @@ def test_a_quiet_run_says_nothing_but_its_results(tmp_path, capsys):
     run = run_study(FigureStudy.make(), CountingEngine(), out=tmp_path, days=3, quiet=True)
     assert run.path == tmp_path
     err = capsys.readouterr().err
-    assert "prompts to go" not in err and "6 prompts, model" not in err
+    assert "prompts to go" not in err and "prompts to score" not in err
 
 
 def test_a_run_says_how_many_prompts_and_how_to_make_it_smaller(tmp_path, capsys):
     from probekit import run_study
 
     run_study(FigureStudy.make(), CountingEngine(), out=tmp_path, days=3)
-    err = capsys.readouterr().err
-    assert "minimal: 6 prompts, model fake ->" in err
-    assert "minimal: 6 prompts to go; the first 4 took" in err and "(a smaller run: limit=N)" in err
+    first, *_ = capsys.readouterr().err.splitlines()
+    assert first.startswith(f"minimal: 6 prompts to score into {tmp_path}, about ")
+    assert "on this device (at " in first and first.endswith("; a smaller run: limit=N)")
 
 
 def test_score_says_its_progress_unless_quiet(capsys):
@@ -161,3 +223,26 @@ def test_patch_steer_and_capture_say_their_progress_unless_quiet(model, capsys):
     probekit.steer(model, prompts, vector, **steer, quiet=True)
     probekit.capture(model, prompts, **capture, quiet=True)
     assert capsys.readouterr().err == ""
+
+
+def test_a_study_of_several_probes_says_the_whole_run_first(tmp_path, capsys):
+    """`run_study` of a study of several probes (as `--category all --setting all`): its first
+    line, before any probe starts, holds every prompt and the time they take on this device."""
+    from minimal_study import MinimalProbe, MinimalStudy
+
+    from probekit import run_study
+
+    class TwoProbes(MinimalStudy):
+        def probes(self, options, context):
+            probes = [MinimalProbe(1), MinimalProbe(options.days)]
+            for probe, subdir in zip(probes, ("one-day", "more-days"), strict=True):
+                probe.subdir = subdir
+            return probes
+
+    run_study(TwoProbes(), CountingEngine(), out=tmp_path, days=3)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("minimal: 8 prompts in 2 runs, about ")
+    assert "on this device (at the pace measured on a sample of " in lines[0]
+    assert lines[0].endswith(f"model fake -> {tmp_path}")
+    assert lines[1].startswith(f"minimal: 2 prompts to score into {tmp_path / 'one-day'}, about ")
+    assert "measured on a sample of" in lines[1]  # the sample kept for the probe's own line

@@ -16,6 +16,7 @@ import pytest
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
+from probekit.core.progress import silenced
 from probekit.engines.base import ScoreResult, ScorerStats
 from probekit.run.loop import INDEX, run_probe
 from probekit.run.parts import scan_parts
@@ -107,7 +108,10 @@ def manifest(probe: GroupProbe, dtype: str = "float32") -> dict[str, Any]:
 
 
 def run(probe: GroupProbe, engine: CountingEngine, out: Path) -> pd.DataFrame:
-    path = run_probe(probe, engine, out, manifest(probe, engine.dtype), chunk_size=4)
+    """The run, quiet: no first line, so no pace sample, and `engine.scored` counts the run's
+    own prompts (the lines about its state are said all the same)."""
+    with silenced():
+        path = run_probe(probe, engine, out, manifest(probe, engine.dtype), chunk_size=4)
     assert path is not None
     return pd.read_parquet(path)
 
@@ -324,3 +328,20 @@ def test_scores_are_not_read_under_a_manifest_of_other_settings(tmp_path):
     assert "holds rows scored under dtype 'float32', but manifest.json says 'bfloat16'" in str(
         info.value
     )
+
+
+def test_run_probes_limit_is_the_runs_smoke_run(tmp_path):
+    """`limit` means one thing: `run_probe(..., limit=N)` keeps the whole units of every group
+    that fit in N prompts, as `probekit run --limit N` does, and records the limit."""
+    from minimal_study import MinimalProbe
+
+    from probekit.core.errors import ProbekitError
+
+    probe = MinimalProbe(3)  # 3 days (units) of 2 prompts
+    with silenced():
+        path = run_probe(probe, CountingEngine(), tmp_path / "run", manifest(probe), limit=5)
+    scores = pd.read_parquet(path)
+    assert scores["day"].tolist() == [0, 0, 1, 1]  # two whole days, not the first 5 prompts
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["limit"] == 5
+    with pytest.raises(ProbekitError, match="too small for the statistics of minimal"):
+        run_probe(probe, CountingEngine(), tmp_path / "small", manifest(probe), limit=3)

@@ -331,7 +331,7 @@ def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
 def test_a_format_3_folder_reads_its_argmax_column_as_greedy(minimal, tiny, tmp_path):
     """Results format 3 named the greedy answer's column `argmax` and the noise figure's count
     of changed most probable answers `argmax_changes`: such a folder reads and reports."""
-    from probekit.cli.report import report_runs
+    from probekit.run.report import report
 
     run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2, numerics=2)
     run.scores.rename(columns={"greedy": "argmax"}).to_parquet(run.path / "scores.parquet")
@@ -340,7 +340,7 @@ def test_a_format_3_folder_reads_its_argmax_column_as_greedy(minimal, tiny, tmp_
     figure["argmax_changes"] = figure.pop("most_probable_changes")
     (run.path / "manifest.json").write_text(json.dumps(manifest | {"numerics": figure}))
     pd.testing.assert_frame_equal(RunDir(run.path).scores(), run.scores)
-    report_runs(run.path)
+    report(run.path)
     changes = run.manifest["numerics"]["most_probable_changes"]
     assert f"{changes} most probable answer(s) change" in (run.path / "summary.md").read_text()
 

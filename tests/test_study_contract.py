@@ -17,11 +17,11 @@ from conftest import reference_data_root
 
 import probekit
 from probekit import cli
-from probekit.cli.report import report_runs
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import positive_int
 from probekit.core.options import Command, named, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
+from probekit.run.report import report
 from probekit.studies import base, get_study, list_studies
 from probekit.studies.base import Context
 
@@ -260,7 +260,7 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     own = study.headline(lens.table, tmp_path / "own-lens", {**manifest, "min_valid_mass": 0.0})
     assert (first["label"], first["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
 
-    markdown = report_runs(run.path, tmp_path / "report", studies=[study])
+    markdown = report(run.path, tmp_path / "report", studies=[study])
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
     assert markdown and len(summary) == len(run.summary)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import json
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,13 +23,13 @@ from probekit.core.options import (
     REQUIRED,
     Command,
     CommandParser,
-    OutOption,
     check_out_dir,
     flag,
     option,
     spelled,
 )
 from probekit.engines.options import ModelOptions, ScoreOptions, check_models
+from probekit.run.report import ReportOptions
 
 STUDY_COMMANDS = {
     "run": "run a study: exact scores or generation, resumable, then its report",
@@ -47,19 +47,6 @@ COMMANDS = {
     "setup": "convert the default model once and cache it (later loads take seconds)",
     "plan": "the memory plan of a model on some devices (weights, KV cache, batch, placement)",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions(OutOption):
-    """Report options: the runs, and where a combined summary goes."""
-
-    dir: list[Path] = option(
-        REQUIRED,
-        help="the --out folder of a finished run (or several)",
-        kind=path,
-        positional=True,
-        metavar="DIR",
-    )
 
 
 @dataclass(frozen=True)
@@ -85,9 +72,16 @@ STUDIES = Command("studies", ())
 def run_script(name: str, body: Callable[[], None]) -> int:
     """Run a command's body, naming options as flags (`spelled(flag)`): a ProbekitError becomes
     one line on stderr and exit status 2, an interrupt exit status 130; no traceback for
-    either."""
+    either. A warning of probekit's (a weak signal, a prefill ending in whitespace) is one line
+    on stderr, `NAME: warning: ...`, each time."""
+
+    def one_line(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        print(f"{name}: warning: {message}", file=sys.stderr, flush=True)
+
     try:
-        with spelled(flag):
+        with spelled(flag), warnings.catch_warnings():
+            warnings.filterwarnings("always", category=UserWarning, module="probekit")
+            warnings.showwarning = one_line
             body()
     except ProbekitError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
@@ -145,10 +139,10 @@ def _command(name: str, argv: list[str]) -> None:
         STUDIES.parse(argv, prog, COMMANDS[name])
         _studies()
     elif name == "report":
-        from probekit.cli.report import report_runs
+        from probekit.run.report import report
 
         (options,) = REPORT.parse(argv, prog, COMMANDS[name])
-        print(report_runs([str(d) for d in options.dir], options.out))
+        print(report(options.dir, options.out))
     elif name == "score":
         _score(*SCORE.parse(argv, prog, COMMANDS[name]))
     elif name == "setup":
@@ -226,40 +220,20 @@ def _command_module(command: str) -> Any:
 
 
 def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> None:
-    from probekit.core.io import ParquetStream
-    from probekit.core.progress import progress, silenced
-    from probekit.core.prompts import read_prompts
-    from probekit.core.signal import prefill_trap, weak_signal
-    from probekit.engines import load_engine
-    from probekit.engines.score import PRECISION_KEY, precision_of, score_frames
+    from probekit.engines.score import score_file
 
-    if trap := prefill_trap(options.prefill):
-        print(f"probekit: warning: {trap}", file=sys.stderr)
-    total = sum(1 for _ in read_prompts(files.prompts))  # validates every line before any work
-    if total == 0:
-        raise ProbekitError(f"prompt file '{files.prompts}' has no prompts")
-    engine = load_engine(model.model, **model.load_keywords())
-    items = read_prompts(files.prompts, options.prefill)
-    masses: list[float] = []
-    with (
-        silenced(model.quiet),
-        ParquetStream(files.out) as out,
-        progress(total, "prompt", "score", "fewer prompts in the file") as bar,
-    ):
-        for frame in score_frames(
-            engine,
-            items,
-            options.answers,
-            epsilon=options.epsilon,
-            batch_size=options.batch_size,
-            progress=bar,
-        ):
-            record = json.dumps(precision_of(engine), default=str).encode()
-            out.write(frame, {PRECISION_KEY: record})
-            masses += frame["valid_mass"].tolist()
-    print(f"wrote {total} rows to {files.out}")
-    if masses and (weak := weak_signal(sum(masses) / len(masses))):
-        print(f"probekit: warning: {weak}", file=sys.stderr)
+    written = score_file(
+        model.model,
+        files.prompts,
+        files.out,
+        options.answers,
+        epsilon=options.epsilon,
+        prefill=options.prefill,
+        batch_size=options.batch_size,
+        quiet=model.quiet,
+        **model.load_keywords(),
+    )
+    print(f"wrote {written}")
 
 
 def _setup(model: ModelOptions) -> None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -142,29 +143,61 @@ def id_hashes(ids: Iterable[str]) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class RowKey:
-    """What a row must have been scored under to be reused in a run: the run's settings
-    (`scored_under` of its manifest) and, at each prompt index, the prompt's id (`id_hashes`)."""
+    """What a row must have been made under to be reused (`probekit.core.store`): the run's
+    settings (`scored_under` of its manifest) and, at each prompt index, the prompt's id
+    (`id_hashes`); `ids` None takes rows of any prompts (a capture folder grows with its items).
+    `made` is how its rows were made, in messages ("scored", "captured", "generated")."""
 
     settings: dict[str, str]
-    ids: np.ndarray
+    ids: np.ndarray | None
+    made: str = "scored"
 
     @classmethod
-    def of(cls, manifest: dict[str, Any], ids: Iterable[str]) -> RowKey:
-        return cls(scored_under(manifest), id_hashes(ids))
+    def of(
+        cls, manifest: dict[str, Any], ids: Iterable[str] | None, made: str = "scored"
+    ) -> RowKey:
+        return cls(scored_under(manifest), None if ids is None else id_hashes(ids), made)
 
     def metadata(self) -> dict[bytes, bytes]:
         """The Parquet metadata that records these settings in a table."""
         return {SCORED_UNDER: json.dumps(self.settings, sort_keys=True).encode()}
 
+    def locate(self, ids: Sequence[str]) -> np.ndarray:
+        """The prompt index of each of `ids` (-1 where the key has no such prompt)."""
+        assert self.ids is not None
+        hashes = id_hashes(ids)
+        if np.array_equal(hashes, self.ids):
+            return np.arange(len(hashes))
+        return np.array([self._positions.get(int(h), -1) for h in hashes], dtype=np.int64)
+
+    @cached_property
+    def _positions(self) -> dict[int, int]:
+        assert self.ids is not None
+        positions: dict[int, int] = {}
+        for index, hashed in enumerate(self.ids.tolist()):
+            positions.setdefault(hashed, index)
+        return positions
+
     def mismatch(
-        self, metadata: dict[bytes, bytes] | None, indices: np.ndarray, ids: Iterable[str]
+        self, metadata: dict[bytes, bytes] | None, indices: np.ndarray | None, ids: Sequence[str]
     ) -> str | None:
-        """Why rows at prompt `indices` with prompt `ids`, in a table of Parquet `metadata`, are
-        not rows of this run (a phrase that follows "rows": "scored under another dtype
-        ('float32', now 'bfloat16')"), or None when their settings and prompts are this run's."""
+        """Why rows with prompt `ids` (at prompt `indices`, where the table records them), in a
+        table of Parquet `metadata`, are not rows of this run (a phrase that follows "rows":
+        "scored under another dtype ('float32', now 'bfloat16')"), or None when their settings
+        and prompts are this run's."""
         reason = _other_settings(read_settings(metadata), self.settings)
         if reason is not None:
-            return f"scored under {reason}"
+            return f"{self.made} under {reason}"
+        if self.ids is None:
+            return None
+        rows = len(ids) if indices is None else len(indices)
+        if rows and len(ids) != rows:
+            return "without prompt ids (written by an older probekit)"
+        if indices is None:
+            unknown = np.flatnonzero(self.locate(ids) < 0)
+            if unknown.size:
+                return f"of other prompts (prompt id {ids[int(unknown[0])]!r} is not this run's)"
+            return None
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self.ids)):
             return f"of prompt indices this run of {len(self.ids)} prompts does not have"

@@ -16,6 +16,7 @@ table's `attrs["precision"]` (`probekit score`: the Parquet file's metadata, key
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -169,3 +170,58 @@ def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
                 f"prompt {index} is a {type(prompt).__name__}: give a string, a list of "
                 "{'role', 'content'} messages or an Item"
             )
+
+
+@public(ScoreOptions, ModelOptions, skip=("model",))
+def score_file(
+    model: str | Path | Engine,
+    prompts: str | Path,
+    out: str | Path,
+    answers: AnswerSet | str | Sequence[str | float],
+    *,
+    epsilon: float,
+    prefill: str,
+    batch_size: int | None,
+    quiet: bool,
+    **load: Any,
+) -> Path:
+    """`probekit score` as a function: the prompts of a JSONL file (`{"id", "messages"}` or
+    `{"id", "text"}` a line) scored as `score` scores them, their rows streamed to the Parquet
+    file `out` (atomically: it appears whole or not at all; memory stays flat however long the
+    file), the columns of `score`. Every line is checked before the model loads.
+
+    `model`: a loaded model, or a spec loaded with `load` (`load_engine`'s keywords: `device`,
+    `dtype`, ...); the other arguments are `score`'s. The tier the rows were scored in is said
+    on stderr and recorded in the file's metadata (`PRECISION_KEY`, JSON). A prefill ending in
+    whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are warned about
+    (`warnings.warn`). Returns `out`.
+
+    Args:
+        load: `load_engine`'s keywords for a model spec."""
+    from probekit.core.io import ParquetStream
+    from probekit.engines import load_engine
+
+    if trap := prefill_trap(prefill):
+        warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
+    total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
+    if total == 0:
+        raise ProbekitError(f"prompt file '{prompts}' has no prompts")
+    load = {key: value for key, value in load.items() if value is not None}
+    engine = load_engine(model, **load) if isinstance(model, str | Path) else model
+    masses: list[float] = []
+    with (
+        silenced(quiet),
+        ParquetStream(out) as stream,
+        progress(total, "prompt", "score", "fewer prompts in the file") as bar,
+    ):
+        items = read_prompts(prompts, prefill)
+        frames = score_frames(
+            engine, items, answers, epsilon=epsilon, batch_size=batch_size, progress=bar
+        )
+        for frame in frames:
+            record = json.dumps(precision_of(engine), default=str).encode()
+            stream.write(frame, {PRECISION_KEY: record})
+            masses += frame["valid_mass"].tolist()
+    if masses and (weak := weak_signal(sum(masses) / len(masses))):
+        warnings.warn(weak, UserWarning, stacklevel=3)
+    return Path(out)

@@ -16,11 +16,12 @@ in the run's scores table) and the item's key columns.
 A capture folder is a `RunDir` run: `manifest.json` records what changes a number (the model,
 its weights, dtype and device, the layers, sites, spans, hook library and storage dtype), and a
 re-run with other settings is refused in one line naming the setting. Each index part is written
-atomically with a checksum on every page, the settings its rows were captured under and the
-SHA-256 of its shard; a re-run into the same folder skips the prompt ids of the parts that
-verify, and sets aside (`*.damaged`, `*.mismatched`, one line each) a part that is damaged,
-whose shard is missing or not the one written, or that was captured under other settings (a
-manifest deleted and the folder captured again otherwise): its prompts are captured again.
+as finished work (`probekit.core.store`): atomically, with a checksum on every page, the settings
+its rows were captured under and the SHA-256 of its shard; a re-run into the same folder skips
+the prompt ids of the parts that verify, and sets aside (`*.damaged`, `*.mismatched`, one line
+each) a part that is damaged, whose shard is missing or not the one written, or that was
+captured under other settings (a manifest deleted and the folder captured again otherwise): its
+prompts are captured again.
 Folders of earlier versions (`capture.json`) are read, not resumed. Shards written before this
 layout (tensor `resid_pre.3`, index site `resid_pre`) are still read. Reading the
 TransformerLens hooks builds the model's bridge and installs it for the read only
@@ -29,23 +30,19 @@ TransformerLens hooks builds the model's bridge and installs it for the read onl
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import atomic_write, write_table
+from probekit.core.io import atomic_write
 from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.options import named
 from probekit.core.progress import progress
@@ -55,9 +52,8 @@ from probekit.core.rundir import (
     RowKey,
     RunDir,
     device_kind,
-    read_settings,
-    scored_under,
 )
+from probekit.core.store import Damaged, read_table, take_rows, write_rows
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.options import HookOptions
 from probekit.mechanism.sites import SITES, d_model, layer_indices, library, site
@@ -67,8 +63,6 @@ _FORMAT = 2
 OLD_CONFIG = "capture.json"
 STORAGE_DTYPE = torch.float16
 """The dtype shards store activations in unless `capture(dtype=...)` says otherwise."""
-SHARD_SHA256 = b"probekit.shard_sha256"
-"""The index part's Parquet metadata key of its shard's SHA-256."""
 
 Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
@@ -335,11 +329,11 @@ def read_index(out_dir: str | Path) -> pd.DataFrame:
     frames = []
     for part in parts:
         try:
-            frames.append(pd.read_parquet(part))
-        except (OSError, pa.ArrowException) as exc:
+            frames.append(read_table(part).to_pandas())
+        except Damaged as damaged:
             raise ProbekitError(
-                f"{part} is damaged ({str(exc).splitlines()[0]}); run the same capture again "
-                "to set it aside and capture its prompts anew"
+                f"{part} {damaged.describe()}; run the same capture again to set it aside and "
+                "capture its prompts anew"
             ) from None
     return pd.concat(frames, ignore_index=True)
 
@@ -426,55 +420,17 @@ def open_capture(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def scan_capture(out: Path, manifest: dict[str, Any]) -> set[str]:
-    """The prompt ids of the index parts that verify (page checksums, their shard's SHA-256,
-    the settings they were captured under); the others are set aside, one line each."""
-    settings = scored_under(manifest)
+    """The prompt ids of the index parts that verify (`probekit.core.store`: page checksums,
+    their shard's SHA-256, the settings they were captured under); the others are set aside
+    with their shards, one line each."""
+    key = RowKey.of(manifest, None, "captured")  # a capture folder grows with its items
     seen: set[str] = set()
     for part in sorted((out / "index").glob("shard-*.parquet")):
         shard = out / "shards" / f"{part.stem}.safetensors"
-        try:
-            source = pq.ParquetFile(part, page_checksum_verification=True)
-            ids = source.read()[PROMPT_ID].to_pylist()  # every page verified
-            metadata = source.schema_arrow.metadata or {}
-        except (OSError, pa.ArrowException, KeyError) as exc:
-            _set_aside(part, shard, ".damaged", f"is damaged ({str(exc).splitlines()[0]})")
-            continue
-        if read_settings(metadata) != settings:
-            why = "holds prompts captured under other settings (or by an earlier probekit)"
-            _set_aside(part, shard, ".mismatched", why)
-            continue
-        if not shard.is_file() or _sha256(shard) != metadata.get(SHARD_SHA256, b"").decode():
-            _set_aside(part, shard, ".damaged", "indexes a shard that is missing or damaged")
-            continue
-        seen.update(ids)
+        found = take_rows(part, key, "its prompts are captured again", commits=shard)
+        if found is not None:
+            seen.update(found.ids)
     return seen
-
-
-def _set_aside(part: Path, shard: Path, suffix: str, why: str) -> None:
-    """Rename an index part and its shard with `suffix` and say so: its prompts are captured
-    again."""
-    for path in (part, shard):
-        try:
-            path.replace(path.with_name(path.name + suffix))
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise ProbekitError(
-                f"{path} {why} and cannot be renamed ({exc.strerror}); delete it and run the "
-                "same capture again"
-            ) from None
-    print(
-        f"{part} {why}; set aside as *{suffix} with its shard, its prompts are captured again",
-        file=sys.stderr,
-    )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _next_shard(out: Path) -> int:
@@ -533,8 +489,6 @@ def _write_shard(
     atomic_write(
         out / shard, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
     )
-    table = pa.Table.from_pandas(pd.DataFrame(records), preserve_index=False)
-    metadata = {**RowKey.of(config, []).metadata(), SHARD_SHA256: _sha256(out / shard).encode()}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    write_table(out / "index" / f"{name}.parquet", table)  # commits the shard
+    key = RowKey.of(config, None, "captured")
+    write_rows(out / "index" / f"{name}.parquet", pd.DataFrame(records), key, commits=out / shard)
     return out / shard

@@ -40,8 +40,12 @@ rewritten at most log16 of (rows / rows per chunk) times (3 for 10 million promp
 chunk), a process keeps at most 15 parts per level, and nothing finished is re-read except to
 compact it. A resume reads every part once: linear in the rows, never quadratic.
 
-The part store (naming, checksummed reads, compaction, the merge) is `probekit.run.parts`; the
-shards are `probekit.run.shards`; `probekit.run.study` runs a whole study over this loop.
+The part store (naming, compaction, the merge) is `probekit.run.parts`, over the store of every
+kind of finished work (`probekit.core.store`: checksums, the row key, setting aside); the shards
+are `probekit.run.shards`; how chunks become rows, in this process or on Ray, is
+`probekit.run.scoring` (one loop, `run_rows`, runs both); `probekit.run.study` runs a whole
+study over this loop. Before the first batch a run says how many prompts it will score and how
+long that takes on this device (`probekit.run.pace`).
 
 Damaged and foreign state. A resume reads every part with its page checksums verified; a
 truncated or damaged part is renamed `*.damaged`, one line says so, and its prompts are redone.
@@ -59,49 +63,45 @@ same shard of a run started twice is refused with one line naming the process th
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from itertools import islice
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_writable
-from probekit.core.items import PROMPT_ID, Item
-from probekit.core.progress import progress
+from probekit.core.progress import is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
-from probekit.engines.base import Engine, Scorer
+from probekit.core.store import DAMAGED, INDEX, damage, say, set_aside
+from probekit.engines.base import Engine
 from probekit.run.options import RunOptions
+from probekit.run.pace import forecast, record_pace, run_pace
 from probekit.run.parts import (
-    DAMAGED,
     FANOUT,
-    INDEX,
     PARTS,
+    REDONE,
     Compactor,
-    DamagedPart,
     Part,
     done_mask,
     finished_scores,
     merge_if_complete,
     part_files,
     part_path,
-    say,
     scan_parts,
-    set_aside,
     write_part,
 )
+from probekit.run.scoring import Chunk, LocalScoring, Scoring
 from probekit.run.shards import WHOLE, Shard
-from probekit.studies.base import VIEWS, Probe, check_view
+from probekit.studies.base import Probe, check_view
 
-__all__ = [  # the part store and shards moved to their own modules; these names still import
+__all__ = [  # the part store and shards have modules of their own; these names still import
     "DAMAGED",
     "FANOUT",
     "INDEX",
@@ -116,25 +116,16 @@ __all__ = [  # the part store and shards moved to their own modules; these names
     "prepare_run_dir",
     "release_shard",
     "run_probe",
+    "run_rows",
     "scan_parts",
     "write_part",
 ]
 
-EXPLAIN = VIEWS[2]
-"""Generate until the probe's `answer_cue`, then read the answer distribution there exactly."""
-CHUNK_BATCHES = 2
-"""Scorer batches per chunk (a part): a kill loses at most one finished batch besides the one in
-flight."""
-Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
+ATTEMPTS = 3
+"""Rounds of scoring a run makes: again after its merge set a damaged part aside."""
 
 
-def prompt_count(probe: Probe, limit: int | None) -> int:
-    """How many prompts a run of `probe` scores: all, or the first `limit`."""
-    total = len(probe)
-    return total if limit is None else min(total, limit)
-
-
-@public(RunOptions, skip=("shard", "out", "limit"))  # limit: the first N prompts here
+@public(RunOptions, skip=("shard", "out"))
 def run_probe(
     probe: Probe,
     model: Engine,
@@ -146,59 +137,114 @@ def run_probe(
     batch_size: int | None,
     epsilon: float,
     chunk_size: int | None = None,
-    limit: int | None = None,
+    limit: int | None,
     hint: str | None = None,
 ) -> Path | None:
-    """Run this shard of `probe` (its first `limit` prompts, else all) into `out`, in `view`
-    (exact, generate or explain); return the merged scores path once complete.
+    """Run this shard of `probe` into `out`, in `view` (exact, generate or explain), scored in
+    this process by `model`; return the merged scores path once complete (`run_rows`).
 
-    Each chunk of prompts (`chunk_size`, else `CHUNK_BATCHES` of the scorer's batches) is
-    written as a part once scored; a part found damaged at the merge is set aside and its
-    prompts redone. Progress goes to stderr (`probekit.core.progress`): after the first batch,
-    the time the run will take on this device, with `hint` on how to make it smaller."""
+    `limit`: a smoke run, as `probekit run --limit` makes it: the whole units of every group
+    whose prompts fit in `limit` (`Probe.limited`; recorded in the manifest). Each chunk of
+    prompts (`chunk_size`, else `CHUNK_BATCHES` of the scorer's batches) is written as a part
+    once scored. Progress goes to stderr (`probekit.core.progress`): first how many prompts
+    are to be scored and how long that will take on this device, then the progress, with
+    `hint` on how to make the run smaller."""
     view = check_view(view)
-    if limit is not None and limit < 1:
-        raise ProbekitError(f"limit must be at least 1 (got {limit})")
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
-    out = Path(out)
-    with open_run(out, shard, {**manifest, "limit": limit}) as started:
-        key = row_key(probe, started, prompt_count(probe, limit))
+    probe = limited(probe, limit)
+    start = partial(
+        LocalScoring,
+        probe,
+        model,
+        view,
+        epsilon=epsilon,
+        batch_size=batch_size,
+        seed=manifest.get("seed", 0),
+        chunk_size=chunk_size,
+    )
+    return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
+
+
+def limited(probe: Probe, limit: int | None) -> Probe:
+    """`probe` on the whole units of every group that fit in `limit` prompts (all for None)."""
+    if limit is None:
+        return probe
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ProbekitError(f"limit must be at least 1 (a whole number of prompts), not {limit!r}")
+    return probe.limited(limit)
+
+
+def run_rows(
+    probe: Probe,
+    out: Path,
+    manifest: dict[str, Any],
+    start: Callable[[], Scoring],
+    shard: Shard = WHOLE,
+    hint: str | None = None,
+) -> Path | None:
+    """The run loop of every runner, in one process or on Ray: this shard of `probe` into the
+    run folder `out` (`open_run`), its rows made by the `Scoring` that `start` gives (called
+    only if there is something to score), written as parts as they come, resumed from the parts
+    found, and merged once every prompt has a row; the merged scores path, or None while other
+    shards' prompts are missing.
+
+    A `scores.parquet` that holds every row of the run ends it at once; a part set aside by the
+    merge (damaged) has its prompts scored again (`ATTEMPTS` rounds in all)."""
+    with open_run(out, shard, manifest) as started:
+        key = row_key(probe, started)
         if (finished := finished_scores(out, key)) is not None:
             say(f"{probe.name}: {finished} holds every row of this run; nothing to score")
             return finished
-        scorer = model.scorer(
-            probe.answers,
-            epsilon=epsilon,
-            batch_size=batch_size,
-            max_new_tokens=probe.max_new_tokens if view == "generate" else 0,
-            settled=probe.settled,
-            temperature=probe.temperature,
-            seed=manifest.get("seed", 0),
-        )
-        size = chunk_size or CHUNK_BATCHES * max(1, getattr(scorer, "batch_size", 16))
-        for attempt in range(3):  # again if the merge set a damaged part of this shard aside
-            compactor, wanted = pending(out, shard, key, probe.name)
-            todo = int(wanted.sum())
-            if attempt and not todo:
-                return None  # the part set aside held other shards' rows
-            with progress(todo, "prompt", probe.name, hint) as bar:
-                for chunk in chunks(probe, wanted, size):
-                    compactor.write(run_chunk(chunk, probe, model, scorer, view, bar))
-            batch = getattr(scorer, "batch_size", None)  # the plan's, or --batch-size
-            if todo and batch:
-                RunDir(out).update_manifest(batch_size=batch)
-            aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
-            merged = merge_if_complete(out, len(key.ids))
-            if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
-                return merged  # None: other shards' prompts are still missing
-        return None
+        scoring: Scoring | None = None
+        try:
+            for attempt in range(ATTEMPTS):
+                compactor, wanted = pending(out, shard, key, probe.name)
+                todo = int(wanted.sum())
+                if attempt and not todo:
+                    return None  # the part set aside held other shards' rows
+                if todo:
+                    scoring = scoring or start()
+                    _score(probe, scoring, compactor, wanted, out, hint)
+                    if scoring.batch_size:
+                        RunDir(out).update_manifest(batch_size=scoring.batch_size)
+                aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
+                merged = merge_if_complete(out, len(key.ids))
+                if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
+                    return merged  # None: other shards' prompts are still missing
+            return None
+        finally:
+            if scoring is not None:
+                scoring.close()
 
 
-def row_key(probe: Probe, manifest: dict[str, Any], total: int) -> RowKey:
-    """What the rows of this run of `probe` (its first `total` prompts) must match to be
-    reused: the settings of `manifest` and the prompts' ids."""
-    return RowKey.of(manifest, (item.id for item in islice(probe.items(), total)))
+def _score(
+    probe: Probe,
+    scoring: Scoring,
+    compactor: Compactor,
+    wanted: np.ndarray,
+    out: Path,
+    hint: str | None,
+) -> None:
+    """Score the `wanted` prompts into parts: first one line saying how many and how long they
+    will take on this device, then the progress; the pace they went at is recorded."""
+    todo = int(wanted.sum())
+    if not is_quiet():
+        first = next(chunks(probe, wanted, max(1, scoring.batch_size or 1)))
+        pace = scoring.expected_pace(first)
+        when = forecast(todo, pace, hint) if pace else "its time is said after the first batch"
+        note(f"{probe.name}: {todo} prompts to score into {out}, {when}")
+    started = time.monotonic()
+    with progress(todo, "prompt", scoring.desc, hint) as bar:
+        for frame in scoring.rows(chunks(probe, wanted, scoring.chunk_size), bar):
+            compactor.write(frame)
+    record_pace(scoring.key, run_pace(todo, time.monotonic() - started))
+
+
+def row_key(probe: Probe, manifest: dict[str, Any]) -> RowKey:
+    """What the rows of this run of `probe` must match to be reused: the settings of
+    `manifest` and the prompts' ids."""
+    return RowKey.of(manifest, (item.id for item in probe.items()))
 
 
 @contextmanager
@@ -244,7 +290,7 @@ def prepare_run_dir(out: str | Path, shard: Shard = WHOLE) -> None:
         except FileNotFoundError:
             continue
         except (OSError, pa.ArrowException) as exc:
-            set_aside(DamagedPart(path, str(exc).splitlines()[0]))
+            set_aside(damage(path, exc), REDONE)
 
 
 def pending(out: Path, shard: Shard, key: RowKey, name: str) -> tuple[Compactor, np.ndarray]:
@@ -277,47 +323,3 @@ def chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[Chunk]:
                 chunk = []
     if chunk:
         yield chunk
-
-
-def run_chunk(chunk, probe: Probe, model: Engine, scorer: Scorer, view: str, bar):
-    explained = {}
-    if view == EXPLAIN:
-        chunk, explained = _explain_until_cue(chunk, probe, model, scorer)
-    ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
-    results = list(scorer.score(ids, window=len(ids), progress=bar))  # the bar moves per batch
-    frame = pd.DataFrame(
-        [
-            {INDEX: i, PROMPT_ID: item.id, **item.key, **result.row(probe.answers)}
-            for (i, item), result in zip(chunk, results, strict=True)
-        ]
-    )
-    if view == "generate":
-        responses = model.decode([r.generated for r in results])
-        frame["response"] = responses
-        frame["parsed"] = [probe.parse(r) for r in responses]
-    for column, values in explained.items():
-        frame[column] = values
-    return probe.add_columns(frame)
-
-
-def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
-    """Explain view: generate each response greedily (up to `probe.max_new_tokens`), cut it
-    after the first `probe.answer_cue`, and return the items with that text as their prefill,
-    so that the exact scores are read where the model gives its answer. A response without the
-    cue gets it appended and is flagged `cue_missing`; `explanation` is the text before it."""
-    cue = getattr(probe, "answer_cue", None)
-    if not cue:
-        raise ProbekitError(f"view {EXPLAIN} needs a probe with an answer cue ({probe.name})")
-    writer = copy.copy(scorer)  # same model, answers and settings, with a generation budget
-    writer.max_new_tokens = probe.max_new_tokens
-    ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
-    with progress(len(ids), "prompt", f"{probe.name} explanations") as bar:
-        generated = writer.generate(ids, progress=bar)
-    responses = model.decode(generated)
-    cut = [r.find(cue) for r in responses]
-    explanations = [r if at < 0 else r[:at] for r, at in zip(responses, cut, strict=True)]
-    items = [
-        (i, replace(item, prefill=item.prefill + text + cue))
-        for (i, item), text in zip(chunk, explanations, strict=True)
-    ]
-    return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}

@@ -16,7 +16,6 @@ manifest says so (`numerics=N` measures N prompts anyway; `numerics=0` always sk
 
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -49,11 +48,11 @@ def sample_size(prompts: int, requested: int | str = "auto") -> int:
 
 
 def settle_run_precision(
-    model: Any, probe: Probe, folder: Path, seed: int = 0, limit: int | None = None
+    model: Any, probe: Probe, folder: Path, seed: int = 0
 ) -> dict[str, Any] | None:
-    """Before a run of `probe` (its first `limit` prompts) scores: the precision tier of the run
-    being resumed in `folder` (its manifest's `precision`, kept without measuring), else the
-    tier `tiers.settle_precision` chooses on the run's numerics sample: `NOISE_SAMPLE` of its
+    """Before a run of `probe` scores: the precision tier of the run being resumed in `folder`
+    (its manifest's `precision`, kept without measuring), else the tier
+    `tiers.settle_precision` chooses on the run's numerics sample: `NOISE_SAMPLE` of its
     prompts, seeded by the run's seed. The record, or None where nothing is chosen (another
     engine, or a tier chosen already)."""
     exact = model if isinstance(model, LoadedModel) else None
@@ -61,9 +60,9 @@ def settle_run_precision(
         return None
     if kept := keep_resumed_tier(exact, folder):
         return kept
-    total = len(probe) if limit is None else min(len(probe), limit)
+    total = len(probe)
     picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
-    items = [item for i, item in enumerate(itertools.islice(probe.items(), total)) if i in picked]
+    items = [item for i, item in enumerate(probe.items()) if i in picked]
     prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
     return settle_precision(exact, probe.answers, prompts, seed)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,22 +29,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import atomic_write, read_verified, write_table
+from probekit.core.io import atomic_write, write_table
 from probekit.core.items import PROMPT_ID
 from probekit.core.rundir import SCORED_UNDER, RowKey
+from probekit.core.store import (
+    INDEX,
+    Damaged,
+    Unusable,
+    damage,
+    read_rows,
+    read_table,
+    row_groups,
+    set_aside,
+    set_aside_all,
+    take_rows,
+    write_rows,
+)
 
-INDEX = "prompt_index"
 FANOUT = 16  # parts of one level that a process merges into one part a level up
 PARTS = "parts"
-DAMAGED = ".damaged"
-MISMATCHED = ".mismatched"
 SCORES = "scores.parquet"
+REDONE = "its prompts will be scored again"
 _PART_NAME = re.compile(r"^part-L(\d+)-\d+-[0-9a-f]+\.parquet$")
-
-
-def say(message: str) -> None:
-    """A line about the run's state (resumed, part set aside) on stderr, beside the progress."""
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,8 @@ def part_path(out: str | Path, indices: Iterable[int], level: int = 0) -> Path:
 
 def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0) -> Path:
     """Write the rows of `frame` (one per prompt index, column `prompt_index`) as a finished
-    part of the run in `out`, atomically, rows in prompt order, recording the settings of `key`
-    (the run's) that they were scored under.
+    part of the run in `out` (`probekit.core.store.write_rows`), rows in prompt order, recording
+    the settings of `key` (the run's) that they were scored under.
 
     Idempotent: the same prompt indices always give the same file, so a batch written twice
     (a retried worker) leaves one part and no duplicate rows. Workers that score batches of
@@ -82,14 +87,7 @@ def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0
     if len(np.unique(indices)) != len(indices):
         raise ProbekitError("a part holds each prompt index once; this batch repeats some")
     frame = frame.sort_values(INDEX, kind="stable")
-    path = part_path(out, indices, level)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    return write_table(path, stamped(table, key.metadata()))
-
-
-def stamped(table: pa.Table, metadata: dict[bytes, bytes]) -> pa.Table:
-    """`table` with `metadata` added to its schema's (pandas' own record kept)."""
-    return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    return write_rows(part_path(out, indices, level), frame, key)
 
 
 def _level(path: Path) -> int:
@@ -101,111 +99,25 @@ def part_files(out: Path) -> list[Path]:
     return sorted((out / PARTS).glob("part-*.parquet"))
 
 
-class DamagedPart(Exception):
-    """A part that cannot be read back whole (truncated, a checksum that does not match)."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-def _read_part(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """A part read with its page checksums verified; DamagedPart if it cannot be."""
-    try:
-        table = read_verified(path, columns)
-    except FileNotFoundError:
-        raise
-    except (OSError, pa.ArrowException) as exc:
-        raise DamagedPart(path, str(exc).splitlines()[0]) from None
-    if INDEX not in table.column_names:
-        raise DamagedPart(path, f"no {INDEX} column")
-    return table
-
-
-def _part_rows(path: Path) -> tuple[np.ndarray, list[str], dict[bytes, bytes] | None]:
-    """The prompt indices, prompt ids and Parquet metadata of a part, read row group by row
-    group so that every page is verified with flat memory; DamagedPart if it cannot be read."""
-    try:
-        source = pq.ParquetFile(path, page_checksum_verification=True)
-        groups = [source.read_row_group(k) for k in range(source.num_row_groups)]
-        metadata = source.schema_arrow.metadata
-    except FileNotFoundError:
-        raise
-    except (OSError, pa.ArrowException) as exc:
-        raise DamagedPart(path, str(exc).splitlines()[0]) from None
-    if groups and INDEX not in groups[0].column_names:
-        raise DamagedPart(path, f"no {INDEX} column")
-    indices = [g.column(INDEX).to_numpy() for g in groups]
-    has_ids = groups and PROMPT_ID in groups[0].column_names
-    ids = [i for g in groups for i in g.column(PROMPT_ID).to_pylist()] if has_ids else []
-    return np.concatenate(indices or [np.zeros(0, np.int64)]), ids, metadata
-
-
-def set_aside(damage: DamagedPart) -> Path:
-    """Rename a damaged part `*.damaged` (kept for inspection, no longer read) and say so."""
-    target = damage.path.with_name(damage.path.name + DAMAGED)
-    try:
-        damage.path.replace(target)
-    except FileNotFoundError:
-        return target
-    except OSError as exc:
-        raise ProbekitError(
-            f"{damage.path} is damaged ({damage.reason}) and cannot be renamed ({exc.strerror}); "
-            "delete it and run the same command again to redo its prompts"
-        ) from None
-    say(
-        f"{damage.path} is damaged ({damage.reason}); set aside as {target.name}, its prompts "
-        "will be scored again"
-    )
-    return target
-
-
-def set_aside_mismatched(out: Path, found: list[tuple[Path, str, int]]) -> None:
-    """Rename parts that are not rows of this run (path, why, rows) `*.mismatched` and say so
-    in one line: their prompts are scored again."""
-    if not found:
-        return
-    for path, _, _ in found:
-        try:
-            path.replace(path.with_name(path.name + MISMATCHED))
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise ProbekitError(
-                f"{path} holds rows that are not this run's and cannot be renamed "
-                f"({exc.strerror}); delete it and run the same command again"
-            ) from None
-    rows = sum(count for _, _, count in found)
-    what = "1 part holds" if len(found) == 1 else f"{len(found)} parts hold"
-    say(
-        f"{out / PARTS}: {what} {rows} rows {found[0][1]}; set aside as *{MISMATCHED}, their "
-        "prompts will be scored again"
-    )
-
-
 def scan_parts(out: str | Path, key: RowKey | None = None) -> list[Part]:
-    """Every finished part of the run in `out`, each read once with its checksums verified.
+    """Every finished part of the run in `out`, each read once with its checksums verified
+    (`probekit.core.store.read_rows`).
 
     A damaged part is set aside (one line), and so are parts whose settings or prompt ids are
     not those of `key` (one line for all of them); a part whose rows all sit in a part of a
     higher level (a compaction cut short) is deleted. Linear in the rows held."""
     out = Path(out)
-    found, mismatched = [], []
+    found, unusable = [], []
     for path in part_files(out):
         try:
-            indices, ids, metadata = _part_rows(path)
+            indices = read_rows(path, key, require=(INDEX,)).indices
         except FileNotFoundError:
             continue  # compacted away by the shard that wrote it: its rows are in a newer part
-        except DamagedPart as damage:
-            set_aside(damage)
+        except Unusable as why:
+            unusable.append(why)
             continue
-        reason = None if key is None else key.mismatch(metadata, indices, ids)
-        if reason is not None:
-            mismatched.append((path, reason, len(indices)))
-        else:
-            found.append(Part(path, _level(path), indices))
-    set_aside_mismatched(out, mismatched)
+        found.append(Part(path, _level(path), np.asarray(indices, dtype=np.int64)))
+    set_aside_all(out / PARTS, unusable, REDONE)
     return _drop_superseded(found)
 
 
@@ -215,37 +127,9 @@ def finished_scores(out: str | Path, key: RowKey) -> Path | None:
     None, with a `scores.parquet` that does not match set aside (`*.mismatched` or `*.damaged`,
     one line), so that the folder never shows a finished run whose rows are not its own."""
     path = Path(out) / SCORES
-    if not path.is_file():
-        return None
-    try:
-        source = pq.ParquetFile(path, page_checksum_verification=True)
-        table = source.read(columns=[INDEX, PROMPT_ID])
-        metadata = source.schema_arrow.metadata
-    except (OSError, pa.ArrowException, KeyError) as exc:
-        set_aside(DamagedPart(path, str(exc).splitlines()[0]))
-        return None
-    indices = table[INDEX].to_numpy()
-    reason = key.mismatch(metadata, indices, table[PROMPT_ID].to_pylist())
-    if reason is None and not np.array_equal(indices, np.arange(len(key.ids))):
-        reason = f"that are not one for each of the {len(key.ids)} prompts ({len(indices)} rows)"
-    if reason is None:
-        return path
-    set_aside_file(path, reason, "the run goes on from its parts")
-    return None
-
-
-def set_aside_file(path: Path, reason: str, then: str) -> None:
-    """Rename a finished file whose rows are not this run's (`reason`) `*.mismatched` and say
-    so in one line, with what happens `then`."""
-    target = path.with_name(path.name + MISMATCHED)
-    try:
-        path.replace(target)
-    except OSError as exc:
-        raise ProbekitError(
-            f"{path} holds rows that are not this run's ({reason}) and cannot be renamed "
-            f"({exc.strerror}); delete it and run the same command again"
-        ) from None
-    say(f"{path} holds rows {reason}; set aside as {target.name}, {then}")
+    columns = [INDEX, PROMPT_ID]
+    found = take_rows(path, key, "the run goes on from its parts", columns=columns, complete=True)
+    return None if found is None else path
 
 
 def _drop_superseded(parts: list[Part]) -> list[Part]:
@@ -306,9 +190,9 @@ class Compactor:
         while group:
             try:
                 return self._write(group, level)
-            except DamagedPart as damage:
-                set_aside(damage)
-                group = [p for p in group if p.path != damage.path]
+            except Damaged as damaged:
+                set_aside(damaged, REDONE)
+                group = [p for p in group if p.path != damaged.path]
         return None
 
     def _write(self, group: list[Part], level: int) -> Part:
@@ -319,20 +203,15 @@ class Compactor:
             try:
                 schemas.append(pq.read_schema(part.path))
             except (OSError, pa.ArrowException) as exc:
-                raise DamagedPart(part.path, str(exc).splitlines()[0]) from None
+                raise damage(part.path, exc) from None
         schema = pa.unify_schemas(schemas, promote_options="permissive")
         schema = schema.with_metadata({**(schema.metadata or {}), **self.key.metadata()})
 
         def write(tmp: Path) -> None:
             with pq.ParquetWriter(tmp, schema, write_page_checksum=True) as writer:
                 for part in group:
-                    try:
-                        source = pq.ParquetFile(part.path, page_checksum_verification=True)
-                        tables = (source.read_row_group(k) for k in range(source.num_row_groups))
-                        for table in tables:
-                            writer.write_table(table.select(schema.names).cast(schema))
-                    except (OSError, pa.ArrowException) as exc:
-                        raise DamagedPart(part.path, str(exc).splitlines()[0]) from None
+                    for table in row_groups(part.path):
+                        writer.write_table(table.select(schema.names).cast(schema))
 
         atomic_write(target, write)
         for part in group:
@@ -371,11 +250,14 @@ def merge_if_complete(out: Path, total: int) -> Path | None:
     tables = []
     for path in files:
         try:
-            tables.append(_read_part(path))
+            tables.append(read_table(path))
         except FileNotFoundError:
             return None
-        except DamagedPart as damage:
-            set_aside(damage)
+        except Damaged as damaged:
+            set_aside(damaged, REDONE)
+            return None
+        if INDEX not in tables[-1].column_names:
+            set_aside(Damaged(path, f"no {INDEX} column"), REDONE)
             return None
     records = {(t.schema.metadata or {}).get(SCORED_UNDER) for t in tables}
     if len(records) != 1:
@@ -383,8 +265,6 @@ def merge_if_complete(out: Path, total: int) -> Path | None:
             f"the parts in {out / PARTS} were scored under different settings; run the same "
             "command again to set aside those that are not this run's"
         )
-    record = records.pop()
-    recorded = {} if record is None else {SCORED_UNDER: record}
     plain = [t.replace_schema_metadata(tables[0].schema.metadata) for t in tables]
     table = pa.concat_tables(plain, promote_options="permissive").sort_by(INDEX)
     indices = table[INDEX].to_numpy()
@@ -393,4 +273,4 @@ def merge_if_complete(out: Path, total: int) -> Path | None:
     table = table.filter(pa.array(first))
     if table.num_rows != total:
         return None
-    return write_table(target, stamped(table, recorded))
+    return write_table(target, table)  # the parts' record of their settings kept

@@ -42,23 +42,15 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import given, named, option_error
-from probekit.core.progress import progress
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import keep_tier
 from probekit.engines.options import ModelOptions
-from probekit.run.loop import (
-    Chunk,
-    chunks,
-    open_run,
-    pending,
-    prompt_count,
-    row_key,
-    run_chunk,
-)
+from probekit.run.loop import limited, run_rows
 from probekit.run.options import RunOptions
-from probekit.run.parts import finished_scores, merge_if_complete, say
+from probekit.run.pace import pace_key
+from probekit.run.scoring import Chunk, LocalScoring, Scoring
 from probekit.run.shards import WHOLE, Shard
 from probekit.studies.base import Probe, check_view
 
@@ -170,25 +162,50 @@ class Worker:
         self.view = view
         self.options = options
         self.engine = load()
-        self.scorer: Any = None
+        self.scoring: LocalScoring | None = None
 
     def run(self, probe: Probe, chunk: Chunk) -> pd.DataFrame:
         """The rows of one chunk of (prompt index, item), as the run loop makes them, except
         `parsed`: the driver parses, since a study may set its parser up in the driver's process
         only (ISEAR's NLTK tables)."""
         probe.parse = _unparsed  # this actor's own copy of the probe
-        if self.scorer is None:
-            self.scorer = self.engine.scorer(
-                probe.answers,
-                settled=probe.settled,
-                temperature=probe.temperature,
-                max_new_tokens=probe.max_new_tokens if self.view == "generate" else 0,
-                **self.options,
-            )
-        return run_chunk(chunk, probe, self.engine, self.scorer, self.view, None)
+        if self.scoring is None:
+            self.scoring = LocalScoring(probe, self.engine, self.view, **self.options)
+        return next(self.scoring.rows(iter([chunk]), None))
 
 
-@public(RunOptions, skip=("shard", "out", "limit"))  # limit: the first N prompts here
+class RayScoring(Scoring):
+    """A run's chunks scored by a pool of Ray actors (`Worker`), streamed with back-pressure;
+    the driver parses generated responses. Its pace is the one recorded for Ray runs of the
+    model on this machine, if any."""
+
+    def __init__(
+        self, probe: Probe, load: Loader, view: str, options: dict[str, Any], actors: int | None
+    ) -> None:
+        import ray
+
+        self.ray, self.probe = ray, probe
+        self.pool = _start_pool(ray, load, view, options, actors)
+        self.shared = ray.put(probe)
+        self.desc = f"{probe.name} (ray, {len(self.pool)} actors)"
+        self.chunk_size = options["chunk_size"]
+        loads = repr(load.args) if isinstance(load, functools.partial) else repr(load)
+        described = {"engine": "ray", "model": loads, "device": f"{len(self.pool)} actors"}
+        self.key = pace_key(described, probe.answers, view)
+
+    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
+        for frame in _stream(self.ray, self.pool, self.shared, chunks):
+            if "parsed" in frame:
+                frame["parsed"] = [self.probe.parse(text) for text in frame["response"]]
+            bar.update(len(frame))
+            yield frame
+
+    def close(self) -> None:
+        for actor in self.pool:
+            self.ray.kill(actor)
+
+
+@public(RunOptions, skip=("shard", "out"))
 def run_probe_ray(
     probe: Probe,
     load: Loader,
@@ -201,49 +218,29 @@ def run_probe_ray(
     batch_size: int | None,
     epsilon: float,
     chunk_size: int | None = None,
-    limit: int | None = None,
+    limit: int | None,
     hint: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
-    return the merged scores path once every prompt has a row, as `probekit.run.loop.run_probe`,
-    whose keywords it takes (`chunk_size` is `CHUNK` here unless given).
+    return the merged scores path once every prompt has a row, as `probekit.run.loop.run_probe`
+    (the same loop, `run_rows`), whose keywords it takes (`chunk_size` is `CHUNK` here unless
+    given).
 
     `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
-    import ray
-
     view = check_view(view)
     chunk_size = CHUNK if chunk_size is None else chunk_size
     if chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
-    out = Path(out)
-    with open_run(out, shard, {**manifest, "limit": limit}) as started:
-        key = row_key(probe, started, prompt_count(probe, limit))
-        if (finished := finished_scores(out, key)) is not None:
-            say(f"{probe.name}: {finished} holds every row of this run; nothing to score")
-            return finished
-        compactor, wanted = pending(out, shard, key, probe.name)
-        todo = int(wanted.sum())
-        if todo:
-            scoring = {
-                "epsilon": epsilon,
-                "batch_size": batch_size,
-                "seed": manifest.get("seed", 0),
-            }
-            pool = _start_pool(ray, load, view, scoring, actors)
-            shared = ray.put(probe)
-            try:
-                desc = f"{probe.name} (ray, {len(pool)} actors)"
-                with progress(todo, "prompt", desc, hint) as bar:
-                    for frame in _stream(ray, pool, shared, chunks(probe, wanted, chunk_size)):
-                        if "parsed" in frame:
-                            frame["parsed"] = [probe.parse(text) for text in frame["response"]]
-                        compactor.write(frame)
-                        bar.update(len(frame))
-            finally:
-                for actor in pool:
-                    ray.kill(actor)
-        return merge_if_complete(out, len(key.ids))
+    probe = limited(probe, limit)
+    scoring = {
+        "epsilon": epsilon,
+        "batch_size": batch_size,
+        "seed": manifest.get("seed", 0),
+        "chunk_size": chunk_size,
+    }
+    start = functools.partial(RayScoring, probe, load, view, scoring, actors)
+    return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 
 
 def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path | None]:

@@ -17,7 +17,7 @@ probe, the model's weights, dtype and device, the vector's kind and, for a file,
 its content, the positions, span, sites, layers, hooks and seed), and a folder holding another
 run is refused in one line naming the setting, before the model loads where it can be known
 then. Each α's rows are one checksummed part stamped with those settings and carrying each
-row's prompt id (`probekit.core.rundir.RowKey`): a finished α is read back, not scored again; a
+row's prompt id (`probekit.core.store`): a finished α is read back, not scored again; a
 damaged one is set aside (`*.damaged`) and one scored under other settings (a manifest deleted
 and the folder run again otherwise) is set aside (`*.mismatched`), one line each, and scored
 again; a damaged `headline.json` is computed again from the rows. Every check of the vector (its
@@ -35,17 +35,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import write_table, write_text
-from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.io import write_text
+from probekit.core.items import EncodedItem
 from probekit.core.options import Command, named, on_command_line
 from probekit.core.progress import progress, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
 from probekit.core.signal import is_weak
+from probekit.core.store import say, take_rows, write_rows
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import settle_precision
@@ -63,7 +62,6 @@ from probekit.run.mechanism import (
     study_object,
 )
 from probekit.run.numerics import keep_resumed_tier
-from probekit.run.parts import DamagedPart, say, set_aside, set_aside_file, stamped
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "steer.parquet"
@@ -204,7 +202,7 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
         study, probe, model, encoded, steps, args, span, run, key, report, hint, residual
     )
     table = pd.concat(frames, ignore_index=True)
-    _write_rows(run.path / ROWS, table, key)
+    write_rows(run.path / ROWS, table, key)
     summary = pd.DataFrame(rows)
     write_text(run.path / "summary.csv", summary.to_csv(index=False))
     title = f"{model.name}, {probe.name}: vector {args.vector}, {args.positions} of {span}"
@@ -258,7 +256,7 @@ def _alpha_rows(
                 frame = probe.add_columns(
                     steer_frame(scorer, encoded, base, target, kind, vector, alpha, args, span, bar)
                 )
-                _write_rows(folder / ROWS, frame, key)
+                write_rows(folder / ROWS, frame, key)
             twin = unsteered.get(target) if alpha == 0 else None
             headline = _headline(study, frame, folder, report, twin)
             if alpha == 0:
@@ -275,12 +273,6 @@ def _alpha_rows(
             frames.append(frame)
             rows.append(row)
     return frames, rows
-
-
-def _write_rows(path: Path, frame: pd.DataFrame, key: RowKey) -> Path:
-    """Rows as a checksummed Parquet file recording the settings they were scored under."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    return write_table(path, stamped(table, key.metadata()))
 
 
 def refuse_old_folder(out: Path) -> None:
@@ -330,28 +322,11 @@ def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path
 
 
 def _finished(folder: Path, key: RowKey) -> pd.DataFrame | None:
-    """The α's rows when its part holds one row per prompt of the run, scored under its
-    settings; else None, with a damaged or foreign part set aside (one line)."""
-    path = folder / ROWS
-    if not path.is_file():
-        return None
-    try:
-        source = pq.ParquetFile(path, page_checksum_verification=True)
-        table = source.read()
-        metadata = source.schema_arrow.metadata
-    except (OSError, pa.ArrowException) as exc:
-        set_aside(DamagedPart(path, str(exc).splitlines()[0]))
-        return None
-    if PROMPT_ID not in table.column_names:
-        reason = "without prompt ids"
-    else:
-        reason = key.mismatch(metadata, np.arange(table.num_rows), table[PROMPT_ID].to_pylist())
-    if reason is None and table.num_rows != len(key.ids):
-        reason = f"that are not one for each of the {len(key.ids)} prompts ({table.num_rows})"
-    if reason is None:
-        return table.to_pandas()
-    set_aside_file(path, reason, "its α is scored again")
-    return None
+    """The α's rows when its part holds one row per prompt of the run, in prompt order, scored
+    under its settings (`probekit.core.store`); else None, with a damaged or foreign part set
+    aside (one line)."""
+    found = take_rows(folder / ROWS, key, "its α is scored again", keep=True, complete=True)
+    return None if found is None or found.table is None else found.table.to_pandas()
 
 
 def _headline(

@@ -31,7 +31,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
-from probekit.core.progress import note, silenced
+from probekit.core.progress import is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import Engine
@@ -43,6 +43,7 @@ from probekit.studies.base import Probe, Say, Study, get_study
 
 if TYPE_CHECKING:
     from probekit.run.distributed import Launch
+    from probekit.run.shards import Shard
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
 LOADED = (
@@ -207,6 +208,8 @@ def run_parsed(
             name = asked.model
             device = launch.device(asked.device)
             model = engine or load_engine(name, **asked.load_keywords(device=device))
+            if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
+                note(_forecast(study, probes, model, options, shard_, folders[name], name))
             run_rows: list[dict[str, Any]] = []
             manifests: dict[str, dict[str, Any]] = {}
             done = True
@@ -265,14 +268,11 @@ def _run(
 ) -> tuple[dict[str, Any], list[dict]] | None:
     """One probe on one model: score (this process's shard), merge, and report when complete:
     its manifest and summary rows (None while other shards are missing)."""
-    from probekit.run.loop import merge_if_complete, prompt_count, run_probe
+    from probekit.run.loop import merge_if_complete, run_probe
     from probekit.run.numerics import record_numerics, settle_run_precision
     from probekit.run.shards import Shard
 
-    total = prompt_count(probe, options.limit)
-    if launch.is_main:
-        note(f"{probe.name}: {total} prompts, model {asked.model} -> {run_dir}")
-    settle_run_precision(model, probe, run_dir, options.seed, options.limit)
+    settle_run_precision(model, probe, run_dir, options.seed)
     manifest = settings(study, probe, asked, options, model.describe(), command)
     partial = describe_limit(manifest)
     if partial is not None:
@@ -297,7 +297,7 @@ def _run(
     )
     launch.barrier()
     if launch.is_main and scores_path is None and launch.world > 1:
-        scores_path = merge_if_complete(run_dir, total)
+        scores_path = merge_if_complete(run_dir, len(probe))
     if not launch.is_main:
         return None
     if scores_path is None:
@@ -309,6 +309,36 @@ def _run(
     study.after_run(probe, model, scores, run_dir, manifest)
     rows = study.summary_rows(scores, run_dir, manifest)
     return folder.manifest, rows
+
+
+def _forecast(
+    study: Study,
+    probes: list[Probe],
+    model: Engine,
+    options: RunOptions,
+    shard: Shard,
+    folder: Path,
+    name: str,
+) -> str:
+    """The first line of a run of several probes: how many prompts it holds and how long they
+    will take on this device (`probekit.run.scoring.forecast_runs`), in the precision tier the
+    run will score in (chosen first: it decides the pace)."""
+    from probekit.run.numerics import settle_run_precision
+    from probekit.run.scoring import forecast_runs
+
+    settle_run_precision(
+        model, probes[0], _probe_folder(folder, probes[0], len(probes)), options.seed
+    )
+    held = forecast_runs(
+        probes,
+        model,
+        options.view,
+        shard,
+        epsilon=options.epsilon,
+        batch_size=options.batch_size,
+        seed=options.seed,
+    )
+    return f"{study.name}: {held}, model {name} -> {folder}"
 
 
 def smaller(study: Study) -> str:

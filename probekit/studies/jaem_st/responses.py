@@ -8,9 +8,12 @@ stopping at end of sequence.
 
 AE is the per-dimension VAD distance (`vad.py`) between the filled conversation and the response;
 ERA scores the pair (Jane's last utterance, the response) with a pair classifier (`era.py`).
-`responses.parquet` holds the sample's key columns, `response`, `response_tokens` (the budget),
-`vad_*` and `era_*`; it is written every `CHUNK` samples, so a run stopped while generating
-resumes from the samples it already holds.
+`responses.parquet` holds the sample's key columns, `prompt_id` (the response prompt's id),
+`response`, `response_tokens` (the budget), `vad_*` and `era_*`. It is finished work
+(`probekit.core.store`): checksummed, stamped with the run's settings and the budget, written
+every `CHUNK` samples, so a run stopped while generating resumes from the responses it holds; a
+damaged file, or one generated under other settings or for other samples, is set aside (one
+line) and its responses generated again.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -26,9 +29,10 @@ import probekit.studies.jaem_st.era as era
 import probekit.studies.jaem_st.vad as vad
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.io import write_parquet
-from probekit.core.items import Item, fill_template
+from probekit.core.items import PROMPT_ID, Item, fill_template
 from probekit.core.options import given, named
+from probekit.core.rundir import RowKey
+from probekit.core.store import take_rows, write_rows
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.studies.jaem_st.data import JaemData, Template, load_jaem
@@ -145,15 +149,26 @@ def score_responses(
     return out
 
 
+class Responses(NamedTuple):
+    """The free responses of a run: its options, data and samples, the table (one row per
+    sample, in sample order) and the key its rows are kept under."""
+
+    options: ResponseOptions
+    data: Any
+    samples: pd.DataFrame
+    frame: pd.DataFrame
+    key: RowKey
+
+
 def generate_missing(
     scores: pd.DataFrame,
     run_dir: Path,
     manifest: dict[str, Any],
     say: Callable[..., None],
     model: Engine | None = None,
-) -> tuple[ResponseOptions, Any, pd.DataFrame, pd.DataFrame]:
+) -> Responses:
     """Generate the responses `responses.parquet` lacks (with `model`, else the run's model
-    loaded again) and save them; return the options, the data, the samples and the table."""
+    loaded again) and save them as they come."""
     options = ResponseOptions.from_manifest(manifest["responses"])
     data = load_jaem(options.data, options.templates)
     if manifest.get("data_sha256") not in (None, data.sha256):
@@ -162,28 +177,31 @@ def generate_missing(
             f"{named('data')} and {named('templates')} to write its responses"
         )
     samples = sample_table(scores, [d.column for d in data.dimensions])
+    items = response_items(data, samples)
+    budget = options.max_new_tokens
+    key = RowKey.of({**manifest, "response_tokens": budget}, [i.id for i in items], "generated")
     path = run_dir / RESPONSES_FILE
-    frame = _resume(path, samples, options.max_new_tokens)
+    frame = _resume(path, samples, items, key, budget)
     todo = frame["response"].isna().to_numpy()
     if todo.any():
-        items = [i for i, t in zip(response_items(data, samples), todo, strict=True) if t]
-        say(f"responses: {len(items)} free continuations ({options.max_new_tokens} new tokens)")
+        missing = [i for i, t in zip(items, todo, strict=True) if t]
+        say(f"responses: {len(missing)} free continuations ({budget} new tokens)")
         model = model or load_engine(manifest["model"], device=options.device)
         where = frame.index[todo]
 
         def save(done: list[str]) -> None:
             frame.loc[where[: len(done)], "response"] = done
-            write_parquet(path, frame)
+            write_rows(path, frame, key)
 
-        generate_responses(model, items, options.max_new_tokens, save)
-    return options, data, samples, frame
+        generate_responses(model, missing, budget, save)
+    return Responses(options, data, samples, frame, key)
 
 
 def responses_table(
     scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], say: Callable[..., None]
 ) -> pd.DataFrame:
     """Every response (generated first where missing), scored; written and returned."""
-    options, data, samples, frame = generate_missing(scores, run_dir, manifest, say)
+    options, data, samples, frame, key = generate_missing(scores, run_dir, manifest, say)
     by_name = {t.name: t for t in data.templates}
     records = samples.to_dict("records")
     conversations = [conversation_text(data, by_name[r["template"]], r) for r in records]
@@ -196,21 +214,24 @@ def responses_table(
     if classifier is None:
         say(era.skip_message())
     frame = score_responses(frame, conversations, lexicon, classifier)
-    write_parquet(run_dir / RESPONSES_FILE, frame)
+    write_rows(run_dir / RESPONSES_FILE, frame, key)
     return frame
 
 
-def _resume(path: Path, samples: pd.DataFrame, budget: int) -> pd.DataFrame:
-    """`samples` with `response_tokens` and `response`, the latter taken from an earlier
-    `responses.parquet` where the sample's key columns and budget match (else missing)."""
+def _resume(
+    path: Path, samples: pd.DataFrame, items: Sequence[Item], key: RowKey, budget: int
+) -> pd.DataFrame:
+    """`samples` with `prompt_id`, `response_tokens` and `response`, the latter taken from the
+    rows of an earlier `responses.parquet` that are this run's (`probekit.core.store`; else
+    missing)."""
     empty = pd.Series([None] * len(samples), dtype=object)
-    frame = samples.assign(response_tokens=budget, response=empty)
-    if not path.is_file():
+    ids = [item.id for item in items]
+    frame = samples.assign(**{PROMPT_ID: ids}, response_tokens=budget, response=empty)
+    found = take_rows(path, key, "its responses are generated again", keep=True)
+    if found is None or found.table is None or "response" not in found.table.column_names:
         return frame
-    old = pd.read_parquet(path)
-    keys = [*samples.columns, "response_tokens"]
-    if not set(keys) | {"response"} <= set(old.columns):
-        return frame
-    old = old[old["response"].notna()].drop_duplicates(keys)
-    merged = frame.drop(columns="response").merge(old[[*keys, "response"]], on=keys, how="left")
-    return merged.astype({"response": object})
+    old = found.table.column("response").to_pylist()
+    for index, response in zip(found.indices, old, strict=True):
+        if response is not None:
+            frame.at[int(index), "response"] = response
+    return frame

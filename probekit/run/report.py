@@ -1,0 +1,186 @@
+"""`probekit.report` and `probekit report DIR [DIR ...]`: re-write finished runs' metrics,
+figures, summary and pages from their `scores.parquet` and `manifest.json` (one run, a folder of
+runs as `probekit run` writes them for several probes or models, or several such folders, of one
+study or several).
+
+Every run folder gets its `report.html`; the runs' summary goes to `out`, one per study
+(`OUT/<study>/`) when the runs mix studies, and `OUT/report.html` is the page across the runs:
+each model's bias profile and the models side by side per study.
+
+`out` defaults to the one folder given, and for several folders to `combined/` in their common
+parent, so that a combined summary never replaces a run's own: an `out` that holds a run is
+refused when several runs are reported. The folder is checked (writable, not a run) before any
+work. A folder holds one report: `report.json` records the runs a report covers and the files
+it wrote there, and the next report into the folder removes those first, so that no summary of
+an earlier report stays beside the pages of the next.
+
+The command line's parser reads `ReportOptions` from here, so the rest is imported on use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probekit.core.errors import ProbekitError
+from probekit.core.kinds import path
+from probekit.core.options import REQUIRED, OutOption, option
+
+if TYPE_CHECKING:
+    from probekit.core.rundir import RunDir
+    from probekit.studies.base import Study
+
+COMBINED = "combined"
+"""The folder, in the given folders' common parent, of a report across several of them."""
+RECORD = "report.json"
+"""A report folder's record: the runs its report covers and the files it wrote there."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions(OutOption):
+    """Report options: the runs, and where a combined summary goes."""
+
+    dir: list[Path] = option(
+        REQUIRED,
+        help="the --out folder of a finished run (or several)",
+        kind=path,
+        positional=True,
+        metavar="DIR",
+    )
+
+
+def report(
+    runs: str | Path | Sequence[str | Path],
+    out: str | Path | None = None,
+    studies: Sequence[Study] = (),
+) -> str:
+    """Report every finished run under `runs` (a folder or several, e.g. one per model or one
+    per study), write each study's summary and the pages into `out` (`report_folder`), and
+    return the summaries' Markdown. A run's study is the one its manifest names: one of
+    `studies` (`Study` objects, registered or not, as `run_study` takes them), else the
+    registered one."""
+    import pandas as pd
+
+    from probekit.core.io import write_text
+    from probekit.core.rundir import RunDir
+    from probekit.reporting import load_run, write_run_page, write_runs_page
+    from probekit.studies.base import get_study
+
+    folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
+    found = discover_runs(folders)
+    by_study: dict[str, list[tuple[RunDir, dict[str, Any]]]] = {}
+    for run in found:
+        manifest = run.manifest
+        name = manifest.get("study", manifest.get("probe", {}).get("study"))
+        if name is None:
+            raise ProbekitError(f"{run.manifest_path} names no study; report it from its own run")
+        by_study.setdefault(name, []).append((run, manifest))
+    target = report_folder(folders, out, found)
+    given = {study.name: study for study in studies}
+    study_of = {name: given[name] if name in given else get_study(name) for name in by_study}
+    own = RunDir(target) in found  # a run re-reported into its own folder
+    before = set() if own else clear_report(target)
+    pages, markdown = [], []
+    for name, members in by_study.items():
+        study = study_of[name]
+        rows: list[dict[str, Any]] = []
+        for run, manifest in members:
+            run_rows = study.summary_rows(run.scores(), run.path, manifest)
+            rows += run_rows
+            pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
+        where = target if len(by_study) == 1 else target / name
+        folders_of = [run.path for run, _ in members]
+        markdown.append(study.write_summary(rows, where, runs=folders_of).markdown)
+    for page in pages:
+        write_run_page(page)
+    if len(pages) == 1:
+        if pages[0].folder.resolve() != target.resolve():
+            write_run_page(pages[0], target)
+    else:
+        write_runs_page(pages, target)
+    if not own:
+        written = sorted(p.as_posix() for p in report_files(target) - before)
+        record = {"runs": [str(run.path) for run in found], "files": written}
+        write_text(target / RECORD, json.dumps(record, indent=1))
+    return "\n".join(markdown)
+
+
+def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
+    """Every finished run under `folders` (each itself included; `RunDir.discover`), each once;
+    one line for a folder that is not one or holds none."""
+    from probekit.core.rundir import RunDir
+
+    runs: list[RunDir] = []
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise ProbekitError(f"{folder} is not a folder; give the --out folder of a run")
+        found = RunDir.discover(folder)
+        if not found:
+            raise ProbekitError(
+                f"{folder} holds no finished run (no manifest.json beside scores.parquet)"
+            )
+        runs += [run for run in found if run not in runs]
+    return runs
+
+
+def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequence[RunDir]) -> Path:
+    """Where the summary and page of `runs` go: `out`, else the one folder given, else
+    `combined/` in the folders' common parent. Checked before any work: writable, and not the
+    folder of a run other than the one reported (its own summary and page would be replaced)."""
+    from probekit.core.io import check_writable
+    from probekit.core.rundir import RunDir
+
+    if out is not None:
+        target = Path(out)
+    elif len(folders) == 1:
+        target = folders[0]
+    else:
+        common = Path(os.path.commonpath([f.resolve() for f in folders]))
+        target = common / COMBINED
+    if RunDir(target).read_manifest() is not None and (len(runs) > 1 or runs[0] != RunDir(target)):
+        what = (
+            f"the combined summary and page of {len(runs)} runs"
+            if len(runs) > 1
+            else (f"the summary and page of {runs[0].path}")
+        )
+        raise ProbekitError(
+            f"{target} holds a run of its own: {what} would replace its own; give another --out"
+        )
+    check_writable(target)
+    return target
+
+
+def report_files(folder: Path) -> set[Path]:
+    """The files under `folder` (relative to it) that are not inside a run folder, nor the
+    record: those a report writes there."""
+    if not folder.is_dir():
+        return set()
+    runs = {p.parent for p in folder.rglob("manifest.json")}
+    return {
+        p.relative_to(folder)
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != RECORD and not runs.intersection(p.parents)
+    }
+
+
+def clear_report(folder: Path) -> set[Path]:
+    """Remove the files the report recorded in `folder` wrote (and the folders they leave
+    empty); the report files left after (written by something else, e.g. `probekit run`)."""
+    try:
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        files = [folder / name for name in record["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        files = []
+    for file in files:
+        if folder.resolve() not in file.resolve().parents:
+            continue  # a record edited to name files elsewhere: left alone
+        file.unlink(missing_ok=True)
+        for parent in file.parents:
+            if parent == folder or not parent.is_dir() or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    return report_files(folder)

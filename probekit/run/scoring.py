@@ -1,0 +1,201 @@
+"""How a run's chunks of prompts become rows (`Scoring`): in this process (`LocalScoring`), or
+on a pool of Ray actors (`probekit.run.ray.RayScoring`); the run loop around them is one
+(`probekit.run.loop.run_rows`). Each also says the pace it expects, before the first batch: the
+pace recorded for the run's model, device and answers on this machine
+(`probekit.run.pace`), else a short sample (`sample_pace`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from itertools import islice
+from typing import Any
+
+import pandas as pd
+
+from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
+from probekit.core.items import PROMPT_ID, Item
+from probekit.core.progress import duration, progress
+from probekit.core.store import INDEX
+from probekit.engines.base import Engine, Scorer
+from probekit.run.pace import Pace, pace_key, record_pace, recorded_pace
+from probekit.run.shards import Shard
+from probekit.studies.base import VIEWS, Probe
+
+EXPLAIN = VIEWS[2]
+"""Generate until the probe's `answer_cue`, then read the answer distribution there exactly."""
+CHUNK_BATCHES = 2
+"""Scorer batches per chunk (a part): a kill loses at most one finished batch besides the one in
+flight."""
+SAMPLE_SECONDS = 1.0
+"""A pace sample's batches double until one takes this long (or is a whole batch)."""
+Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
+
+
+class Scoring(ABC):
+    """Turns chunks of a run's prompts into rows (one per prompt: `prompt_index`, `prompt_id`,
+    the probe's key columns, the scores), and says the pace it expects."""
+
+    desc: str
+    """The run's name in progress lines."""
+    chunk_size: int
+    """Prompts a chunk: a part of the run."""
+    key: str
+    """What its pace is the pace of (`probekit.run.pace.pace_key`)."""
+    batch_size: int | None = None
+    """The scorer's batch, recorded in the run's manifest (None: not one batch)."""
+
+    @abstractmethod
+    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
+        """Each chunk's rows, as it is scored (`bar`, the progress, moved as prompts are)."""
+
+    def expected_pace(self, first: Chunk) -> Pace | None:
+        """The pace recorded for this run's key; None when there is none."""
+        return recorded_pace(self.key)
+
+    def close(self) -> None:  # noqa: B027 (most scorings hold nothing to let go of)
+        """Let go of what scoring held (Ray's actors)."""
+
+
+class LocalScoring(Scoring):
+    """A run's chunks scored in this process by one scorer of `model`."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        model: Engine,
+        view: str,
+        *,
+        epsilon: float,
+        batch_size: int | None,
+        seed: int,
+        chunk_size: int | None = None,
+    ) -> None:
+        self.probe, self.model, self.view = probe, model, view
+        self.scorer = model.scorer(
+            probe.answers,
+            epsilon=epsilon,
+            batch_size=batch_size,
+            max_new_tokens=probe.max_new_tokens if view == "generate" else 0,
+            settled=probe.settled,
+            temperature=probe.temperature,
+            seed=seed,
+        )
+        self.batch_size = getattr(self.scorer, "batch_size", None)  # the plan's, or batch_size
+        self.chunk_size = chunk_size or CHUNK_BATCHES * max(1, self.batch_size or 16)
+        self.desc = probe.name
+        self.key = pace_key(model.describe(), probe.answers, view)
+
+    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
+        for chunk in chunks:
+            yield run_chunk(chunk, self.probe, self.model, self.scorer, self.view, bar)
+
+    def expected_pace(self, first: Chunk) -> Pace:
+        """The recorded pace, else one measured on the prompts of `first` (and recorded)."""
+        found = recorded_pace(self.key)
+        if found is None:
+            found = sample_pace(lambda chunk: self.rows(iter([chunk]), None), first)
+            record_pace(self.key, found)
+        return found
+
+
+def sample_pace(score: Callable[[Chunk], Iterator[pd.DataFrame]], prompts: Chunk) -> Pace:
+    """The pace of `score` on batches of 1, 2, 4, ... of `prompts` (their rows not kept: which
+    prompts share a batch decides the last digits of every number), up to all of them or until
+    a batch takes `SAMPLE_SECONDS`: the pace of the last batch, the earlier ones having warmed
+    the device up."""
+    if not prompts:
+        raise ProbekitError("a pace sample needs at least one prompt")
+    size = 1
+    while True:
+        batch = prompts[:size]
+        started = time.monotonic()
+        for _ in score(batch):
+            pass
+        seconds = max(time.monotonic() - started, 1e-6)
+        if seconds >= SAMPLE_SECONDS or size >= len(prompts):
+            unit = "prompt" if len(batch) == 1 else "prompts"
+            return Pace(len(batch) / seconds, f"measured on a sample of {len(batch)} {unit}")
+        size *= 2
+
+
+def run_chunk(chunk: Chunk, probe: Probe, model: Engine, scorer: Scorer, view: str, bar: Any):
+    """The rows of one chunk of (prompt index, item), scored by `scorer` in `view`."""
+    explained = {}
+    if view == EXPLAIN:
+        chunk, explained = _explain_until_cue(chunk, probe, model, scorer)
+    ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
+    results = list(scorer.score(ids, window=len(ids), progress=bar))  # the bar moves per batch
+    frame = pd.DataFrame(
+        [
+            {INDEX: i, PROMPT_ID: item.id, **item.key, **result.row(probe.answers)}
+            for (i, item), result in zip(chunk, results, strict=True)
+        ]
+    )
+    if view == "generate":
+        responses = model.decode([r.generated for r in results])
+        frame["response"] = responses
+        frame["parsed"] = [probe.parse(r) for r in responses]
+    for column, values in explained.items():
+        frame[column] = values
+    return probe.add_columns(frame)
+
+
+def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
+    """Explain view: generate each response greedily (up to `probe.max_new_tokens`), cut it
+    after the first `probe.answer_cue`, and return the items with that text as their prefill,
+    so that the exact scores are read where the model gives its answer. A response without the
+    cue gets it appended and is flagged `cue_missing`; `explanation` is the text before it."""
+    cue = getattr(probe, "answer_cue", None)
+    if not cue:
+        raise ProbekitError(f"view {EXPLAIN} needs a probe with an answer cue ({probe.name})")
+    writer = copy.copy(scorer)  # same model, answers and settings, with a generation budget
+    writer.max_new_tokens = probe.max_new_tokens
+    ids = [model.encode(item, probe.as_string).input_ids for _, item in chunk]
+    with progress(len(ids), "prompt", f"{probe.name} explanations") as bar:
+        generated = writer.generate(ids, progress=bar)
+    responses = model.decode(generated)
+    cut = [r.find(cue) for r in responses]
+    explanations = [r if at < 0 else r[:at] for r, at in zip(responses, cut, strict=True)]
+    items = [
+        (i, replace(item, prefill=item.prefill + text + cue))
+        for (i, item), text in zip(chunk, explanations, strict=True)
+    ]
+    return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
+
+
+def forecast_runs(
+    probes: Sequence[Probe],
+    model: Engine,
+    view: str,
+    shard: Shard,
+    *,
+    epsilon: float,
+    batch_size: int | None,
+    seed: int,
+) -> str:
+    """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
+    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
+    gives for its answer set (measured once per answer set where none is recorded)."""
+    paces: dict[AnswerSet, Pace] = {}
+    prompts, seconds = 0, 0.0
+    for probe in probes:
+        count = int(shard.mask(len(probe)).sum())
+        if probe.answers not in paces:
+            scoring = LocalScoring(
+                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
+            )
+            first = list(islice(enumerate(probe.items()), max(1, scoring.batch_size or 1)))
+            paces[probe.answers] = scoring.expected_pace(first)
+        prompts += count
+        seconds += paces[probe.answers].seconds(count)
+    sources = sorted({pace.source for pace in paces.values()})
+    return (
+        f"{prompts} prompts in {len(probes)} runs, about {duration(seconds)} on this device "
+        f"(at the pace {'; '.join(sources)})"
+    )
