@@ -18,6 +18,7 @@ module per job:
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, Unpack
@@ -40,6 +41,7 @@ from probekit.engines.hf.decoding import decode
 from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
+from probekit.engines.hf.tiers import fall_back, overflowed
 from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.trie import AnswerTrie
 
@@ -78,6 +80,7 @@ class HFScorer:
         self.stats = ScorerStats()
         self._ceiling = batch_size  # the batch given, or the size an out-of-memory error left
         self._planned = batch_size is None
+        self._overflow_said = False
         self.batch_size = batch_size or self._plan(PROMPT_HINT)
 
     @property
@@ -114,7 +117,32 @@ class HFScorer:
         position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`.
         `answer_context(rows, nodes, valid)` wraps each forward of the trie pass: the answer
         positions it feeds are the trie nodes `nodes` of the batch rows `rows`
-        (`probekit.engines.hf.trie_pass.TriePass.run`)."""
+        (`probekit.engines.hf.trie_pass.TriePass.run`).
+
+        A batch whose scores are not finite (float16 overflowed) is scored again in the
+        fallback its precision tier measured (`tiers.fall_back`); without one, one line says
+        how many prompts overflowed."""
+        results = self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
+        bad = overflowed(results)
+        if bad and fall_back(self.model, bad):
+            self._prefixes.clear()  # its caches are in the old tier
+            return self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
+        if bad and not self._overflow_said and "tier" in self.model.meta.get("precision", {}):
+            self._overflow_said = True
+            print(
+                f"probekit: the scores of {bad} prompt(s) are not finite: {self.model.dtype} "
+                "overflowed (use --dtype float32 or bfloat16, or choose by --tolerance)",
+                file=sys.stderr,
+            )
+        return results
+
+    def _score_batch(
+        self,
+        batch: Sequence[Sequence[int]],
+        reuse_prefix: bool,
+        prompt_context: Callable[[], contextlib.AbstractContextManager] | None,
+        answer_context: AnswerContext | None,
+    ) -> list[ScoreResult]:
         device = self.model.device
         with torch.inference_mode():
             start = clock(device)
