@@ -352,23 +352,31 @@ def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
 @pytest.mark.slow
 def test_the_tiers_errors_on_the_default_model_and_the_pick():
     """The default model on this CPU is offered float32 alone (nothing measured); on a device
-    offering every tier (TF32 emulated here), its measured errors on 0-100 intergroup prompts
-    put TF32 within the default tolerance and bfloat16 above it, so the default picks TF32,
-    and a tolerance of 0.05 bfloat16 (the H100 measured 1.3e-3 and 0.015 on 72 prompts)."""
+    offering every tier (TF32 and the 16-bit heads emulated here), its measured errors on 0-100
+    intergroup prompts put float16 with its LM head in float16 within the default tolerance and
+    bfloat16 above it, so the default picks float16+head, with TF32 (head included) as the
+    measured fallback; a tolerance of 0.05 takes bfloat16+head as the fallback (the H100
+    measured TF32 at 1.3e-3 and bfloat16 at 0.015 on 72 prompts)."""
     from probekit.engines.hf import tiers
 
     model = load_model("default")
     assert model.meta["precision"]["tier"] == "float32" and model.meta["precision"]["tried"] == []
     probe, prompts = _prompts(model, "intergroup", ["--events", "1"], 2)
     record = tiers.choose_precision(model, prompts, probe.answers, None, tiers.TIERS)
-    bf16, tf32 = record["tried"]
-    assert record["tier"] == "tf32" and record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
-    # benchmarks/results/dtype.json on 72 prompts: TF32 1.5e-3, bfloat16 0.018
-    assert 0 < tf32["max_prob_diff"] <= 0.002 and 0.005 < bf16["max_prob_diff"] <= 0.05
-    assert tf32["max_abs_diff"] <= 0.3 and bf16["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
-    model.meta.pop("matmul")
+    tried = {t["tier"]: t for t in record["tried"]}
+    assert record["tier"] == "float16+head" and record["fallback"] == "tf32+head"
+    assert list(tried) == ["float16+head", "bfloat16+head", "tf32+head"]
+    assert record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
+    # measured here on 2 prompts: float16+head 9.3e-4, bfloat16+head 0.013, tf32+head 8.0e-4
+    assert 0 < tried["float16+head"]["max_prob_diff"] <= 0.002
+    assert 0 < tried["tf32+head"]["max_prob_diff"] <= 0.002
+    assert 0.005 < tried["bfloat16+head"]["max_prob_diff"] <= 0.05
+    assert tried["float16+head"]["max_abs_diff"] <= 0.3
+    assert tried["bfloat16+head"]["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
+    assert model.dtype == torch.float16 and model.meta["head"] == "float16"
+    model.meta.pop(tiers.UNDO)()  # back to float32
     record = tiers.choose_precision(model, prompts, probe.answers, 0.05, tiers.TIERS)
-    assert record["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+    assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
 
 
 def test_steering_chooses_the_tier_before_it_scores():

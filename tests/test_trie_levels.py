@@ -85,10 +85,12 @@ class HostCopies(TorchFunctionMode):
 
 
 def per_level(scorer: HFScorer, batch: list, epsilon: float) -> tuple[list[list[str]], int]:
-    """One trie pass of `batch` after its prompt pass: the reads logged before each level's
+    """One trie pass of `batch` after its prompt pass, as on an accelerator (the LM head runs
+    on padding columns too, `TriePass.skip_padding`): the reads logged before each level's
     forward (from the previous level's forward on), then those after the last one, and the
     results' count."""
     model = scorer.model
+    scorer.trie_pass.skip_padding = False
     state = prompt_pass(model, batch, PrefixCache(model), ScorerStats())
     log: list[str] = []
 
@@ -134,6 +136,22 @@ def test_no_read_from_the_device_inside_the_trie_levels(tiny, spec):
     second, _ = per_level(pruned, batch[::-1], DEFAULT_EPSILON)
     assert len(second) > 1 and all(s == [] for s in second[:-1]), second
     assert second[-1] == end  # the same reads at the batch's end
+
+
+def test_on_the_cpu_the_head_skips_the_padding_columns(tiny):
+    """On the CPU (where the device is the host) the LM head reads only the fed columns; the
+    results are those of the head over every column."""
+    answers = AnswerSet.range(0, 100)
+    texts = [f"Case {i}: how intense, from 0 to 100? Answer with a number." for i in range(6)]
+    prompts = [tiny.tokenizer.encode(t) for t in texts]
+    skipping = HFScorer(tiny, answers, batch_size=3)
+    assert skipping.trie_pass.skip_padding
+    every = HFScorer(tiny, answers, batch_size=3)
+    every.trie_pass.skip_padding = False
+    for a, b in zip(skipping.score(prompts), every.score(prompts), strict=True):
+        assert np.abs(a.probs - b.probs).max() <= 1e-9 and a.greedy == b.greedy
+        assert a.error_bound == pytest.approx(b.error_bound, rel=1e-9, abs=1e-15)
+    assert skipping.stats.padding == every.stats.padding > 0
 
 
 def test_learned_widths_keep_the_pruning_bound(tiny):

@@ -128,6 +128,10 @@ class TriePass:
         self.widths: dict[float, list[int]] = {}
         """Per epsilon > 0, the width each depth feeds (index: the depth): the most candidates a
         row of the last batch kept there."""
+        self.skip_padding = model.device.type == "cpu"
+        """Whether the LM head skips the padding columns. On the CPU the device is the host, so
+        finding them waits for nothing; on an accelerator it would, and the head runs on every
+        column instead."""
 
     def run(
         self,
@@ -203,8 +207,12 @@ class TriePass:
                 )
             placed = torch.cat([placed, sel], dim=1)
             head.start()
-            at = torch.arange(n, device=dev).repeat_interleave(width)
-            self._expand(hidden.flatten(0, 1), at, sel.flatten(), logp_node, stop_logp, top_token)
+            at = torch.arange(n, device=dev)[:, None].expand(n, width)
+            nodes = (logp_node, stop_logp, top_token)
+            if self.skip_padding:
+                self._expand(hidden[valid], at[valid], sel[valid], *nodes)
+            else:
+                self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), *nodes)
             head.stop()
         # The batch's reads, after its last level: the results and the counts, in two copies.
         probs = t.answer_probs(logp_node[:, :none], stop_logp[:, :none])
