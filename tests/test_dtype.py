@@ -246,10 +246,12 @@ def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_al
     assert kept.hf.get_input_embeddings().weight.dtype == torch.bfloat16 and "head" not in kept.meta
 
 
-def test_the_narrow_head_is_16_bit_products_summed_in_float32():
+def test_the_narrow_head_is_16_bit_products_summed_in_float32(monkeypatch):
     """`narrow_linear`: the hidden state rounded to the weights' 16 bits, every product exact,
     the sums float32 (against a float64 sum of the same rounded values); the LM head in float32
-    differs from it by the rounding alone."""
+    differs from it by the rounding alone. A model whose weights are widened for its noise
+    figure's reference runs its head in the wider dtype."""
+    from probekit.engines.hf.arithmetic import apply_tier
     from probekit.engines.hf.head import narrow_linear
 
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
@@ -261,6 +263,21 @@ def test_the_narrow_head_is_16_bit_products_summed_in_float32():
         assert torch.allclose(out.double(), exact, rtol=0, atol=1e-5)
         wide = hidden @ weight.T
         assert 0 < (out - wide).abs().max() < 64 * 2.0**-mantissa * 4
+    model = _tiny()  # a float16+head model's noise figure: its head widened for the reference
+    apply_tier(model, "float16+head")
+    answers = probekit.AnswerSet.parse("0-10")
+    figure = precision.noise_figure(model, _tiny_prompts(model), answers, sample=2)
+    assert figure["dtype"] == "float16" and figure["reference_dtype"] == "float32"
+    assert 0 < figure["max_abs_diff"] < 0.01
+    assert model.hf.get_output_embeddings().weight.dtype == torch.float16
+    from probekit.engines.hf import head
+
+    def refused(*args):
+        raise AssertionError("a widened head ran as a 16-bit one")
+
+    with precision.as_dtype(model, torch.float32):
+        monkeypatch.setattr(head, "narrow_linear", refused)
+        assert head.lm_head(model, hidden[:, :32]).dtype == torch.float32
 
 
 def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):

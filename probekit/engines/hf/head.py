@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from probekit.engines.hf.arithmetic import NARROW, head_arithmetic, tf32_matmuls
+from probekit.engines.hf.precision import dtype_name
 from probekit.engines.trie import extension_masks
 
 if TYPE_CHECKING:
@@ -52,16 +53,17 @@ def lm_head(model: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, as float32 logits
     (float64 for a float64 model, which the float64 references rely on) on `model.device` (a
     dispatched model's head may sit on another device), in the head arithmetic of the model's
-    precision tier (`tiers.head_arithmetic`):
+    precision tier (`arithmetic.head_arithmetic`):
 
     - `float32`: the head's weights as loaded; a hidden state in a narrower dtype than them (a
       bfloat16 body under the TransformerLens bridge, whose final norm is its own) is widened;
     - `tf32`: the same float32 weights, the product's inputs in TF32;
     - `float16` or `bfloat16`: the hidden state rounded to the head's 16-bit weights, the products
-      summed and returned in float32 (`narrow_linear`)."""
+      summed and returned in float32 (`narrow_linear`); weights widened since (the noise
+      figure's reference, `precision.as_dtype`) are used as the first case."""
     head = model.hf.get_output_embeddings()
     arithmetic = head_arithmetic(model)
-    if arithmetic in NARROW:
+    if arithmetic in NARROW and dtype_name(head.weight.dtype) == arithmetic:  # not widened
         logits = narrow_linear(hidden, head.weight, head.bias)
     else:
         wide = torch.promote_types(hidden.dtype, head.weight.dtype)  # a float32 head, bf16 body
