@@ -436,3 +436,26 @@ def test_the_tiers_a_device_offers(monkeypatch):
     assert offered_tiers(narrow) == ("bfloat16",)
     cpu = LoadedModel(None, None, "m", "random", torch.device("cpu"), torch.float32)
     assert offered_tiers(cpu) == ("float32",)
+
+
+def test_16_bit_products_sum_in_float32_on_cuda():
+    """A 16-bit model's matrix products on CUDA add their partial sums in float32, as the CPU
+    that measures the tiers does (cuBLAS's reduced-precision reductions off, restored after);
+    nothing changes for a float32 model (a fake CUDA device: nothing runs on it)."""
+    from probekit.engines.hf.arithmetic import arithmetic
+    from probekit.engines.hf.model import LoadedModel
+
+    matmul = torch.backends.cuda.matmul
+    flags = lambda: (  # noqa: E731
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+    )
+    before = flags()
+    for dtype in (torch.float16, torch.bfloat16):
+        narrow = LoadedModel(None, None, "m", "random", torch.device("cuda"), dtype)
+        with arithmetic(narrow):
+            assert flags() == (False, False)
+        assert flags() == before
+    wide = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
+    with arithmetic(wide):
+        assert flags() == before

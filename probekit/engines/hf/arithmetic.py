@@ -103,10 +103,35 @@ def tf32_matmuls(device: torch.device) -> Iterator[None]:
 
 def arithmetic(model: LoadedModel) -> contextlib.AbstractContextManager:
     """The tier's arithmetic around one forward of the transformer body (`forward.body`): TF32
-    matmuls in a TF32 tier; nothing for the others, whose arithmetic is the weights' dtype."""
+    matmuls in a TF32 tier; for 16-bit weights on CUDA, matrix products whose partial sums stay
+    in float32 (`float32_sums`); nothing else, the arithmetic being the weights' dtype."""
     if model.meta.get("matmul") == "tf32":
         return tf32_matmuls(model.device)
+    if model.device.type == "cuda" and dtype_name(model.dtype) in NARROW:
+        return float32_sums()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def float32_sums() -> Iterator[None]:
+    """CUDA matrix products of 16-bit inputs without cuBLAS's reduced-precision reductions (a
+    split-K product may otherwise add its partial sums in 16 bits), the flags restored after:
+    the products are summed in float32 as the CPU computes them, where the tiers' errors are
+    measured outside a run."""
+    matmul = torch.backends.cuda.matmul
+    saved = (
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+    )
+    matmul.allow_fp16_reduced_precision_reduction = False
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        (
+            matmul.allow_fp16_reduced_precision_reduction,
+            matmul.allow_bf16_reduced_precision_reduction,
+        ) = saved
 
 
 def head_arithmetic(model: LoadedModel) -> str:
