@@ -100,7 +100,8 @@ def per_level(scorer: HFScorer, batch: list, epsilon: float) -> tuple[list[list[
 
     reads = DeviceReads(log)
     with torch.inference_mode(), HostCopies(reads), reads:
-        results = scorer.trie_pass.run(state, epsilon, scorer.stats, context=mark)
+        results, cut = scorer.trie_pass.run(state, epsilon, scorer.stats, context=mark)
+    assert cut == []  # no row keeps more than the widths learned from these prompts
     segments: list[list[str]] = [[]]
     for entry in log:
         if entry == LEVEL:
@@ -154,24 +155,41 @@ def test_on_the_cpu_the_head_skips_the_padding_columns(tiny):
     assert skipping.stats.padding == every.stats.padding > 0
 
 
-def test_learned_widths_keep_the_pruning_bound(tiny):
+def cut_rows(scorer: HFScorer) -> list[int]:
+    """The rows the scorer's trie pass reports cut from here on (a list it keeps extending)."""
+    cut: list[int] = []
+    run = scorer.trie_pass.run
+
+    def counting(*args, **kwargs):
+        results, rows = run(*args, **kwargs)
+        cut.extend(rows)
+        return results, rows
+
+    scorer.trie_pass.run = counting
+    return cut
+
+
+def test_learned_widths_leave_each_row_as_it_is_alone(tiny):
     """Batches of 2 prompts: every batch after the first feeds the widths the previous one
-    wanted; rows that wanted more keep their most likely candidates and count the rest as
-    dropped, and each result's true error stays within its bound (and the bound within epsilon,
-    by the exact redo)."""
+    kept; a row that keeps more is cut and runs again with its own widths, so that every result
+    is the one its prompt gets alone (batch 1, widths read), within its bound of the exact one."""
     answers = AnswerSet.range(0, 100)
     texts = [f"Case {i}: how intense, from 0 to 100? Answer with a number." for i in range(8)]
+    texts += ["Q: How intense was it, from 0 to 100?\nA:", "Rate it:", "Score the anger:"]
     prompts = [tiny.tokenizer.encode(t) for t in texts]
     exact = list(HFScorer(tiny, answers, epsilon=0.0).score(prompts))
     for epsilon in (1e-3, 1e-2):
+        alone = [HFScorer(tiny, answers, epsilon, 1).score_batch([p])[0] for p in prompts]
         scorer = HFScorer(tiny, answers, epsilon=epsilon, batch_size=2)
+        cut = cut_rows(scorer)
         pruned = list(scorer.score(prompts))
+        assert cut, "no row kept more than the previous batch's widths"
         widths = scorer.trie_pass.widths[epsilon]
-        assert len(widths) == scorer.trie.max_depth + 1 and widths[0] == 0
         levels = [len(scorer.trie.level(d)) for d in range(len(widths))]
-        assert all(0 <= w <= size for w, size in zip(widths, levels, strict=True))
-        assert any(0 < w < size for w, size in zip(widths, levels, strict=True))
-        for e, p in zip(exact, pruned, strict=True):
+        assert widths[0] == 0 and any(0 < w < size for w, size in zip(widths, levels, strict=True))
+        for e, p, a in zip(exact, pruned, alone, strict=True):
+            assert np.abs(p.probs - a.probs).max() <= 1e-6
+            assert p.error_bound == pytest.approx(a.error_bound, rel=1e-4, abs=1e-12)
             true_error = np.abs(e.probs * e.valid_mass - p.probs * p.valid_mass).sum()
             assert true_error / e.valid_mass <= p.error_bound + 1e-5
             assert p.error_bound <= epsilon

@@ -8,9 +8,10 @@ module per job:
   prompt, the same template head) compute it once at batch size 1 and reuse its KV cache; the
   rest is left-padded, and the LM head runs on the last position only;
 - `trie_pass`: one forward per trie depth over every prompt's kept nodes, pruned so that the
-  dropped mass relative to the valid mass (`error_bound`) stays within `epsilon`; a prompt whose
-  bound still exceeds `epsilon` (the budget is set against an upper bound of its valid mass) is
-  re-expanded exactly, so every reported bound is at most `epsilon`;
+  dropped mass relative to the valid mass (`error_bound`) stays within `epsilon`, nothing read
+  from the device inside its levels; a prompt the learned widths cut runs again with its own,
+  and one whose bound still exceeds `epsilon` (the budget is set against an upper bound of its
+  valid mass) is re-expanded exactly, so every reported bound is at most `epsilon`;
 - `decoding`: the generated continuation (generate mode), from the same prompt pass;
 - `head`: the LM head and the float64-accurate vocabulary sums; `cache`: the KV-cache operations.
 """
@@ -150,18 +151,13 @@ class HFScorer:
                 state = prompt_pass(self.model, batch, self._prefixes, self.stats, reuse_prefix)
             prompt_columns = state.mask.shape[1]
             prompt_done = clock(device)
-            results = self.trie_pass.run(state, self.epsilon, self.stats, answer_context)
-            # Rows whose bound exceeds epsilon are redone exactly, on a copy of their prompt
-            # cache: decoding below needs every row's.
+            results, cut = self.trie_pass.run(state, self.epsilon, self.stats, answer_context)
             kv.truncate(state.cache, prompt_columns)
+            # Rows the learned widths cut run again with the widths they keep; rows whose bound
+            # exceeds epsilon, exactly.
+            self._again(state, results, cut, self.epsilon, answer_context)
             redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
-            if redo:
-                index = torch.tensor(redo, device=device)
-                sub = state.rows(index)
-                again = self.trie_pass.run(sub, 0.0, self.stats, answer_context, index)
-                for i, result in zip(redo, again, strict=True):
-                    results[i] = result
-                del sub
+            self._again(state, results, redo, 0.0, answer_context)
             trie_done = clock(device)
             if self.max_new_tokens:
                 for result, tokens in zip(results, self._decode(state), strict=True):
@@ -171,6 +167,25 @@ class HFScorer:
             self.stats.trie_seconds += trie_done - prompt_done
             self.stats.decode_seconds += clock(device) - trie_done
             return results
+
+    def _again(
+        self,
+        state: PromptState,
+        results: list[ScoreResult],
+        redo: list[int],
+        epsilon: float,
+        answer_context: AnswerContext | None,
+    ) -> None:
+        """The trie pass of the rows `redo` again at `epsilon`, each depth as wide as its rows
+        keep, on a copy of their prompt cache (decoding needs every row's); their results
+        replaced."""
+        if not redo:
+            return
+        index = torch.tensor(redo, device=self.model.device)
+        sub = state.rows(index)
+        again, _ = self.trie_pass.run(sub, epsilon, self.stats, answer_context, index, True)
+        for i, result in zip(redo, again, strict=True):
+            results[i] = result
 
     def _generate_batch(self, batch: Sequence[Sequence[int]]) -> list[list[int]]:
         with torch.inference_mode():

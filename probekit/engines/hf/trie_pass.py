@@ -10,14 +10,14 @@ answers resolved so far plus all the mass still open at this depth), halved as a
 mass that later leaves the answer set; the dropped mass over the valid mass is the result's
 `error_bound`.
 
-Nothing is read back from the device inside a batch's trie levels (a read makes the host wait for
+Nothing is read back from the device inside a batch's levels (a read makes the host wait for
 the device, which then idles while the next forward is issued): each depth feeds a width known
 on the host, and every index is built on the device. At epsilon 0 the width is the trie level's
 size. With pruning it is the most candidates a row of the previous batch kept at that depth
 (`TriePass.widths`, which each batch's one read at its end updates); a row that would keep more
-keeps its most likely ones and counts the rest as dropped, so that its bound stays honest (and
-the scorer redoes exactly a row whose bound exceeds epsilon). A scorer's first pruned batch reads
-each depth's width instead, once per depth.
+is marked cut, and the scorer runs the cut rows again with the widths they keep, read from the
+device once per depth (as a scorer's first pruned batch does), so that every row keeps what it
+would keep alone: the results do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -116,6 +116,24 @@ AnswerContext = Callable[
 """`context(rows, nodes, valid)` around one trie depth's forward (see `TriePass.run`)."""
 
 
+class _Pass:
+    """The device state of one trie pass over n rows: per node (and the padding node, the last
+    column) its log-prob, stop log-probs and most likely next token; per row the dropped mass and
+    whether a width cut its candidates; the node of each trie column; the counts."""
+
+    def __init__(self, n: int, none: int, depth: int, device: torch.device) -> None:
+        f64, long = torch.float64, torch.long
+        self.logp_node = torch.full((n, none + 1), -torch.inf, dtype=f64, device=device)
+        self.stop_logp = torch.full((n, none + 1, 2), -torch.inf, dtype=f64, device=device)
+        self.top_token = torch.full((n, none + 1), -1, dtype=long, device=device)
+        self.dropped = torch.zeros(n, dtype=f64, device=device)
+        self.cut = torch.zeros(n, dtype=torch.bool, device=device)
+        self.placed = torch.empty((n, 0), dtype=long, device=device)
+        self.wanted = torch.zeros(depth + 1, dtype=long, device=device)  # most kept per depth
+        self.fed = torch.zeros((), dtype=long, device=device)
+        self.slots = 0  # columns fed, padding included (known on the host)
+
+
 class TriePass:
     """The trie pass of one answer set on one model; `run` continues from a prompt pass."""
 
@@ -127,7 +145,7 @@ class TriePass:
         self.tables = TrieTables.build(self.trie, model.device)
         self.widths: dict[float, list[int]] = {}
         """Per epsilon > 0, the width each depth feeds (index: the depth): the most candidates a
-        row of the last batch kept there."""
+        row of the last batch kept there (its cut rows' run included)."""
         self.skip_padding = model.device.type == "cpu"
         """Whether the LM head skips the padding columns. On the CPU the device is the host, so
         finding them waits for nothing; on an accelerator it would, and the head runs on every
@@ -140,61 +158,38 @@ class TriePass:
         stats: ScorerStats,
         context: AnswerContext | None = None,
         rows: torch.Tensor | None = None,
-    ) -> list[ScoreResult]:
-        """One result per row of `state`; its cache is extended by the trie's columns.
+        read_widths: bool = False,
+    ) -> tuple[list[ScoreResult], list[int]]:
+        """One result per row of `state`, whose cache is extended by the trie's columns, and the
+        rows whose candidates the learned widths cut (`TriePass.widths`; their results are not
+        final: run them again with `read_widths`, which feeds each depth the width its rows keep,
+        read from the device).
 
         `context(rows, nodes, valid)` wraps each depth's forward (e.g. hooks that read or write
         activations at answer positions): column k of state row i holds trie node `nodes[i, k]`
         where `valid[i, k]`, and `rows[i]` is that row's index in the scored batch (`rows`
         defaults to 0..n-1)."""
-        t = self.tables
-        n = state.mask.shape[0]
-        dev = self.model.device
+        t, n, dev = self.tables, state.mask.shape[0], self.model.device
         none = t.n_nodes  # the node of a padding column
-        logp_node = torch.full((n, none + 1), -torch.inf, dtype=torch.float64, device=dev)
-        stop_logp = torch.full((n, none + 1, 2), -torch.inf, dtype=torch.float64, device=dev)
-        top_token = torch.full((n, none + 1), -1, dtype=torch.long, device=dev)
-        top_token[:, 0] = state.root_logp.argmax(-1)
+        pass_ = _Pass(n, none, t.max_depth, dev)
+        pass_.top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
-        logp_node[:, level1] = state.root_logp[:, t.token[level1]]
-        dropped = torch.zeros(n, dtype=torch.float64, device=dev)
-        wanted = torch.zeros(t.max_depth + 1, dtype=torch.long, device=dev)
-        fed = torch.zeros((), dtype=torch.long, device=dev)
-        placed = torch.empty((n, 0), dtype=torch.long, device=dev)  # the node of each column
-        widths = self.widths.get(epsilon) if epsilon > 0 else None
-        cache, slots, head = state.cache, 0, Stopwatch(dev)
+        pass_.logp_node[:, level1] = state.root_logp[:, t.token[level1]]
+        learned = self.widths.get(epsilon) if epsilon > 0 and not read_widths else None
+        cache, head = state.cache, Stopwatch(dev)
         if rows is None:
             rows = torch.arange(n, device=dev)
         for depth in range(1, t.max_depth + 1):
             cand = t.levels[depth]
-            p = logp_node[:, cand].exp()
-            budget = torch.zeros_like(dropped)
-            if epsilon > 0:
-                # Upper bound of the valid mass: answers already resolved + all mass still open.
-                upper = t.answer_probs(logp_node[:, :none], stop_logp[:, :none]).sum(-1)
-                budget = 0.5 * epsilon * (upper + p.sum(-1)) - dropped
-            order, keep = prune(p, budget)
-            wanted[depth] = keep.sum(-1).max()
-            if epsilon == 0:
-                width = len(cand)
-            elif widths is None:
-                width = int(wanted[depth])  # the first pruned batch: read once per depth
-            else:
-                width = min(widths[depth], len(cand))
-            gone = keep.logical_not()
-            gone[:, : len(cand) - width] = True
-            dropped += torch.where(gone, p.gather(1, order), 0).sum(-1)
-            if width == 0:
+            width = len(cand) if epsilon == 0 else None if learned is None else learned[depth]
+            valid, sel = self._choose(pass_, depth, epsilon, width)
+            if sel.shape[1] == 0:
                 break
-            # The `width` most likely candidates of each row; a padding column where not kept.
-            valid = keep[:, len(cand) - width :]
-            sel = torch.where(valid, cand[order[:, len(cand) - width :]], none)
-            fed += valid.sum()
-            slots += n * width
+            width = sel.shape[1]
             attend = torch.cat(
                 [
                     state.mask[:, None, :].expand(n, width, -1),
-                    t.is_ancestor[sel[:, :, None], placed[:, None, :]],
+                    t.is_ancestor[sel[:, :, None], pass_.placed[:, None, :]],
                     torch.eye(width, dtype=torch.bool, device=dev).expand(n, width, width),
                 ],
                 dim=-1,
@@ -205,28 +200,64 @@ class TriePass:
                 hidden, cache = body(
                     self.model, ids, additive_mask(attend, self.model.dtype), positions, cache
                 )
-            placed = torch.cat([placed, sel], dim=1)
+            pass_.placed = torch.cat([pass_.placed, sel], dim=1)
             head.start()
             at = torch.arange(n, device=dev)[:, None].expand(n, width)
-            nodes = (logp_node, stop_logp, top_token)
             if self.skip_padding:
-                self._expand(hidden[valid], at[valid], sel[valid], *nodes)
+                self._expand(hidden[valid], at[valid], sel[valid], pass_)
             else:
-                self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), *nodes)
+                self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), pass_)
             head.stop()
         # The batch's reads, after its last level: the results and the counts, in two copies.
-        probs = t.answer_probs(logp_node[:, :none], stop_logp[:, :none])
-        floats = torch.cat([probs, dropped[:, None]], dim=1).cpu().numpy()
-        ints = torch.cat([top_token[:, :none].flatten(), wanted, fed[None]]).cpu().numpy()
-        counts = ints[n * none :].tolist()
+        probs = t.answer_probs(pass_.logp_node[:, :none], pass_.stop_logp[:, :none])
+        floats = torch.cat([probs, pass_.dropped[:, None]], dim=1).cpu().numpy()
+        counts = torch.cat([pass_.wanted, pass_.fed[None], pass_.cut.long()])
+        ints = torch.cat([pass_.top_token[:, :none].flatten(), counts]).cpu().numpy()
+        wanted, fed, cut = np.split(ints[n * none :], [t.max_depth + 1, t.max_depth + 2])
         if epsilon > 0:
-            self.widths[epsilon] = counts[:-1]
-        stats.trie_positions += counts[-1]
-        stats.padding += slots - counts[-1]
+            old = self.widths.get(epsilon) if read_widths else None
+            self.widths[epsilon] = (
+                wanted.tolist() if old is None else np.maximum(old, wanted).tolist()
+            )
+        stats.trie_positions += int(fed[0])
+        stats.padding += pass_.slots - int(fed[0])
         stats.head_seconds += head.seconds()
-        return self._results(floats[:, :-1], floats[:, -1], ints[: n * none].reshape(n, none))
+        top_token = ints[: n * none].reshape(n, none)
+        results = self._results(floats[:, :-1], floats[:, -1], top_token)
+        return results, np.flatnonzero(cut).tolist()
 
-    def _expand(self, hidden, rows, nodes, logp_node, stop_logp, top_token) -> None:
+    def _choose(
+        self, pass_: _Pass, depth: int, epsilon: float, width: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The columns of one depth, [n, width] each: which are fed (`valid`) and their nodes
+        (the padding node where not), each row's most likely kept candidates. The mass of the
+        rest joins the rows' dropped mass; a row that keeps more than `width` is marked cut.
+        `width` None: the most any row keeps, read from the device."""
+        t = self.tables
+        cand = t.levels[depth]
+        p = pass_.logp_node[:, cand].exp()
+        budget = torch.zeros_like(pass_.dropped)
+        if epsilon > 0:
+            # Upper bound of the valid mass: answers already resolved + all mass still open.
+            none = t.n_nodes
+            upper = t.answer_probs(pass_.logp_node[:, :none], pass_.stop_logp[:, :none])
+            budget = 0.5 * epsilon * (upper.sum(-1) + p.sum(-1)) - pass_.dropped
+        order, keep = prune(p, budget)
+        kept = keep.sum(-1)
+        pass_.wanted[depth] = kept.max()
+        if width is None:
+            width = int(pass_.wanted[depth])  # read once per depth
+        width = min(width, len(cand))
+        pass_.cut |= kept > width
+        gone = keep.logical_not()
+        gone[:, : len(cand) - width] = True
+        pass_.dropped += torch.where(gone, p.gather(1, order), 0).sum(-1)
+        valid = keep[:, len(cand) - width :]
+        pass_.fed += valid.sum()
+        pass_.slots += valid.numel()
+        return valid, torch.where(valid, cand[order[:, len(cand) - width :]], t.n_nodes)
+
+    def _expand(self, hidden, rows, nodes, pass_: _Pass) -> None:
         """From each fed node's next-token distribution: children, stop mass, greedy token.
         `nodes` may hold the padding node, whose writes land in its own column.
 
@@ -235,6 +266,7 @@ class TriePass:
         rules at once (`vocabulary_sums`, accurate to a float64 sum). The rows go through the
         LM head in chunks of `head_rows`."""
         t = self.tables
+        logp_node, stop_logp, top_token = pass_.logp_node, pass_.stop_logp, pass_.top_token
         step = head_rows(logp_node.shape[0])
         for start in range(0, hidden.shape[0], step):
             r, i = rows[start : start + step], nodes[start : start + step]
