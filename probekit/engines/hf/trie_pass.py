@@ -180,8 +180,9 @@ class TriePass:
         if rows is None:
             rows = torch.arange(n, device=dev)
         for depth in range(1, t.max_depth + 1):
-            cand = t.levels[depth]
-            width = len(cand) if epsilon == 0 else None if learned is None else learned[depth]
+            width = len(t.levels[depth])  # exact: every candidate
+            if epsilon > 0:
+                width = learned[depth] if learned else None  # None: read it
             valid, sel = self._choose(pass_, depth, epsilon, width)
             if sel.shape[1] == 0:
                 break
