@@ -2,10 +2,14 @@
 
 Scores the same prompts of a real slice of every study in float64 (the reference), float32,
 bfloat16 and float16, each reduced dtype twice: rounded throughout, and with the final norm and
-LM head kept in float32 (`+fp32 head`, what `load_model` does by default), and in float32 with
-TF32 matmuls (`tf32`, the precision tier; on a CPU emulated by rounding the inputs of the body's
-matrix products to TF32, `probekit.engines.hf.tiers.tf32_rounding`). Prints per study and
-dtype, with the device beside every figure:
+LM head kept in float32 (`+fp32head`, what `load_model` does by default and the `bfloat16` and
+`float16` precision tiers are); and in the other precision tiers (`probekit.engines.hf.arithmetic.
+TIERS`), each put on the float32 model: `tf32` (the body's matrix products with TF32 inputs; on a
+CPU emulated by rounding them, `arithmetic.tf32_rounding`), and the `+head` tiers, whose LM head
+runs in the body's arithmetic (`tf32+head`; `float16+head` and `bfloat16+head`: the hidden state
+rounded to 16 bits, the products summed in float32, emulated on a CPU exactly as a tensor core
+computes them, `head.narrow_linear`). Prints per study and dtype, with the device beside every
+figure:
 
   per prompt, against float64: max |Δp| over all answers, max |Δ expected value| (numeric
   answers), max relative Δ valid mass, prompts whose most probable answer changes, the
@@ -48,9 +52,9 @@ from common import set_up, shared_options, tear_down, write_results
 
 from probekit.cli.main import study_command
 from probekit.core.errors import ProbekitError
+from probekit.engines.hf.arithmetic import apply_tier
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import score_differences
-from probekit.engines.hf.tiers import apply_tier
 from probekit.run.options import run_context
 from probekit.studies.base import Context, Probe, get_study
 
@@ -58,15 +62,24 @@ VARIANTS: dict[str, tuple[str, bool]] = {
     "float64": ("float64", False),
     "float32": ("float32", False),
     "tf32": ("float32", False),
+    "tf32+head": ("float32", False),
     "bfloat16": ("bfloat16", False),
     "bfloat16+fp32head": ("bfloat16", True),
+    "bfloat16+head": ("float32", False),
     "float16": ("float16", False),
     "float16+fp32head": ("float16", True),
+    "float16+head": ("float32", False),
 }
-"""Benchmark label -> (weight dtype, final norm and LM head kept in float32); `tf32` is float32
-put in the TF32 tier (`tiers.apply_tier`)."""
-TIER_OF = {"float32": "float32", "tf32": "tf32", "bfloat16+fp32head": "bfloat16"}
-"""The precision tiers among the labels (`probekit.engines.hf.tiers.TIERS`)."""
+"""Benchmark label -> (weight dtype, final norm and LM head kept in float32); the labels of
+`PUT_IN_TIER` are float32 put in that precision tier (`arithmetic.apply_tier`)."""
+PUT_IN_TIER = ("tf32", "tf32+head", "bfloat16+head", "float16+head")
+TIER_OF = {
+    "float32": "float32",
+    "bfloat16+fp32head": "bfloat16",
+    "float16+fp32head": "float16",
+    **{label: label for label in PUT_IN_TIER},
+}
+"""The precision tiers among the labels (`probekit.engines.hf.arithmetic.TIERS`)."""
 STUDIES = ("intergroup", "isear", "giebench", "jaem-st")
 
 
@@ -273,8 +286,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for label in args.dtypes:
         dtype, head = VARIANTS[label]
         model = load_model(args.model, device=args.device, dtype=dtype, fp32_head=head)
-        if label == "tf32":
-            apply_tier(model, "tf32")
+        if label in PUT_IN_TIER:
+            apply_tier(model, label)
         memory[label] = weight_mib(model)
         for s in slices:
             start = time.perf_counter()

@@ -179,7 +179,7 @@ def test_a_cpu_offers_float32_alone_and_measures_nothing():
 
 
 def test_tf32_rounding_is_to_nearest_with_ties_to_even():
-    from probekit.engines.hf.tiers import round_tf32
+    from probekit.engines.hf.arithmetic import round_tf32
 
     ulp = 2.0**-10  # TF32's mantissa step at 1
     cases = {
@@ -199,9 +199,11 @@ def test_tf32_rounding_is_to_nearest_with_ties_to_even():
 
 
 def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_all():
-    """A fake device offering bfloat16, TF32 and float32: tolerance 0 keeps float32 and puts
-    the model back bit for bit (its tied head included); a tolerance between the two measured
-    errors takes TF32; a large one bfloat16 with the final norm and head in float32."""
+    """A fake device offering every tier: tolerance 0 measures them all, keeps float32 and puts
+    the model back bit for bit (its tied head included); the measured errors order as the
+    mantissas do; a tolerance between two of them takes the fastest tier below it; a large one
+    float16 with its LM head in float16 (float32 sums), bfloat16's the fallback; bfloat16 with
+    the head in float32 gives the tied head its own float32 copy."""
     from probekit.engines.hf import tiers
 
     answers = probekit.AnswerSet.parse("0-10")
@@ -209,32 +211,114 @@ def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_al
     prompts = _tiny_prompts(model)
     before = {n: p.detach().clone() for n, p in model.hf.named_parameters()}
     record = tiers.choose_precision(model, prompts, answers, 0.0, tiers.TIERS)
-    assert record["tier"] == "float32" and record["sample"] == 3
-    (bf16, tf32) = record["tried"]
-    assert (bf16["tier"], tf32["tier"]) == ("bfloat16", "tf32")
-    assert not bf16["accepted"] and not tf32["accepted"]
-    assert 0 < tf32["max_prob_diff"] < bf16["max_prob_diff"]
-    assert model.dtype == torch.float32 and "matmul" not in model.meta
+    assert record["tier"] == "float32" and record["sample"] == 3 and "fallback" not in record
+    error = {t["tier"]: t["max_prob_diff"] for t in record["tried"]}
+    assert list(error) == list(tiers.TIERS[:-1])
+    assert not any(t["accepted"] for t in record["tried"])
+    assert 0 < error["tf32"] < error["float16"] < error["bfloat16"]
+    assert error["tf32+head"] < error["float16+head"] < error["bfloat16+head"]
+    assert model.dtype == torch.float32 and not {"matmul", "head"} & set(model.meta)
     after = dict(model.hf.named_parameters())
     assert before.keys() == after.keys()
     assert all(torch.equal(before[n], after[n]) for n in before)
     assert model.hf.get_output_embeddings().weight is model.hf.get_input_embeddings().weight
-    middle = (tf32["max_prob_diff"] + bf16["max_prob_diff"]) / 2
-    model.meta["precision"] = {"tolerance": middle, "offered": list(tiers.TIERS)}
+    between = (error["tf32+head"] + error["float16+head"]) / 2
+    model.meta["precision"] = {"tolerance": between, "offered": list(tiers.TIERS)}
     record = tiers.settle_precision(model, answers, prompts)
-    assert record["tier"] == "tf32" and model.meta["matmul"] == "tf32"
-    assert [t["accepted"] for t in record["tried"]] == [False, True]
+    assert record["tier"] == "tf32+head" and model.meta["matmul"] == model.meta["head"] == "tf32"
+    assert [t["accepted"] for t in record["tried"]] == [False, False, True]
     wide = _tiny(tie=True, pending=True)
     record = tiers.choose_precision(wide, prompts, answers, 1.0, tiers.TIERS)
-    assert record["tier"] == "bfloat16" and len(record["tried"]) == 1
-    assert wide.dtype == torch.bfloat16 and wide.meta["fp32_parts"] == ["final norm", "LM head"]
-    assert wide.hf.get_output_embeddings().weight.dtype == torch.float32
-    assert wide.hf.get_input_embeddings().weight.dtype == torch.bfloat16
-    assert wide.hf.model.norm.weight.dtype == torch.float32
-    assert wide.describe()["dtype"] == "bfloat16" and wide.describe()["precision"] is record
-    assert "bfloat16 (float32 final norm and LM head) for tolerance 1" in (
-        tiers.describe_precision(record)
-    )
+    assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
+    assert [t["tier"] for t in record["tried"]] == ["float16+head", "bfloat16+head"]
+    assert wide.dtype == torch.float16 and wide.meta["fp32_parts"] == ["final norm"]
+    assert wide.meta["head"] == "float16" and wide.hf.model.norm.weight.dtype == torch.float32
+    head = wide.hf.get_output_embeddings().weight
+    assert head is wide.hf.get_input_embeddings().weight and head.dtype == torch.float16
+    assert wide.describe()["dtype"] == "float16" and wide.describe()["precision"] is record
+    line = tiers.describe_precision(record)
+    assert "float16, LM head included (float32 final norm and sums) for tolerance 1" in line
+    assert line.endswith("on overflow: bfloat16, LM head included (float32 final norm and sums)")
+    kept = _tiny(tie=True, pending=True)  # bfloat16 with the head in float32: its own copy
+    record = tiers.choose_precision(kept, prompts, answers, 1.0, ("bfloat16", "float32"))
+    assert record["tier"] == "bfloat16" and kept.meta["fp32_parts"] == ["final norm", "LM head"]
+    assert kept.hf.get_output_embeddings().weight.dtype == torch.float32
+    assert kept.hf.get_input_embeddings().weight.dtype == torch.bfloat16 and "head" not in kept.meta
+
+
+def test_the_narrow_head_is_16_bit_products_summed_in_float32(monkeypatch):
+    """`narrow_linear`: the hidden state rounded to the weights' 16 bits, every product exact,
+    the sums float32 (against a float64 sum of the same rounded values); the LM head in float32
+    differs from it by the rounding alone. A model whose weights are widened for its noise
+    figure's reference runs its head in the wider dtype."""
+    from probekit.engines.hf.arithmetic import apply_tier
+    from probekit.engines.hf.head import narrow_linear
+
+    hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    weight = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
+    for dtype, mantissa in ((torch.float16, 11), (torch.bfloat16, 8)):
+        out = narrow_linear(hidden, weight.to(dtype), None)
+        exact = hidden.to(dtype).double() @ weight.to(dtype).double().T
+        assert out.dtype == torch.float32
+        assert torch.allclose(out.double(), exact, rtol=0, atol=1e-5)
+        wide = hidden @ weight.T
+        assert 0 < (out - wide).abs().max() < 64 * 2.0**-mantissa * 4
+    model = _tiny()  # a float16+head model's noise figure: its head widened for the reference
+    apply_tier(model, "float16+head")
+    answers = probekit.AnswerSet.parse("0-10")
+    figure = precision.noise_figure(model, _tiny_prompts(model), answers, sample=2)
+    assert figure["dtype"] == "float16" and figure["reference_dtype"] == "float32"
+    assert 0 < figure["max_abs_diff"] < 0.01
+    assert model.hf.get_output_embeddings().weight.dtype == torch.float16
+    from probekit.engines.hf import head
+
+    def refused(*args):
+        raise AssertionError("a widened head ran as a 16-bit one")
+
+    with precision.as_dtype(model, torch.float32):
+        monkeypatch.setattr(head, "narrow_linear", refused)
+        assert head.lm_head(model, hidden[:, :32]).dtype == torch.float32
+
+
+def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):
+    """A token whose embedding is beyond float16's range: in the sample, the float16 tiers are
+    refused (the overflow counted); outside it, the float16 tier is taken with its fallback, and
+    the batch that overflows is scored again in the fallback, with one line, the same scores as
+    the fallback tier gives."""
+    from probekit.engines.hf import tiers
+
+    answers = probekit.AnswerSet.parse("0-10")
+
+    def overflowing():
+        model = _tiny(pending=True)
+        with torch.no_grad():
+            model.hf.get_input_embeddings().weight[1000] *= 1e8  # float16 ends at 65504
+        return model
+
+    model = overflowing()
+    prompts = _tiny_prompts(model)
+    hot = prompts[0] + [1000]
+    record = tiers.choose_precision(model, [*prompts, hot], answers, 1.0, tiers.TIERS)
+    assert record["tried"][0] == {"tier": "float16+head", "overflow": 1, "accepted": False}
+    assert record["tier"] == "bfloat16+head" and "fallback" not in record
+    assert "overflowed on 1 prompt(s)" in tiers.describe_precision(record)
+
+    model = overflowing()
+    record = tiers.choose_precision(model, prompts, answers, 1.0, tiers.TIERS)
+    assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
+    capsys.readouterr()
+    scored = model.scorer(answers, epsilon=0.0).score_batch([prompts[1], hot])
+    assert "overflowed on 1 prompt(s)" in capsys.readouterr().err
+    assert all(np.isfinite(r.valid_mass) for r in scored)
+    assert model.dtype == torch.bfloat16 and model.meta["head"] == "bfloat16"
+    assert record["tier"] == "bfloat16+head" and record["fell_back_from"] == "float16+head"
+    assert "fallback" not in record and tiers.UNDO not in model.meta
+    direct = overflowing()
+    tiers.apply_tier(direct, "bfloat16+head")
+    for ours, theirs in zip(
+        scored, direct.scorer(answers, epsilon=0.0).score_batch([prompts[1], hot]), strict=True
+    ):
+        assert np.array_equal(ours.probs, theirs.probs)
 
 
 def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
@@ -249,13 +333,13 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     texts = [f"Case {i}: how intense, from 0 to 10? Answer with a number." for i in range(3)]
     with pytest.warns(UserWarning, match="weak signal"):  # random weights
         table = probekit.score(model, texts, "0-10")
-    assert len(table) == 3 and model.meta["precision"]["tier"] == "bfloat16"
+    assert len(table) == 3 and model.meta["precision"]["tier"] == "float16+head"
     probe, _ = _prompts(model, "isear", ["--events", "1"], 0)
     fresh = _tiny(pending=True)
     record = settle_run_precision(fresh, probe, tmp_path / "new", seed=0)
     assert record["sample"] == min(precision.NOISE_SAMPLE, len(probe))
-    # the tiny model's errors (~1e-4) are within the default tolerance: the fastest tier
-    assert record["tier"] == fresh.meta["precision"]["tier"] == "bfloat16"
+    # the tiny model's errors (~1e-5) are within the default tolerance: the fastest tier
+    assert record["tier"] == fresh.meta["precision"]["tier"] == "float16+head"
     assert settle_run_precision(fresh, probe, tmp_path / "new") is None  # chosen already
     RunDir(tmp_path / "old").make()
     earlier = {"tier": "bfloat16", "tried": [], "tolerance": tiers.DEFAULT_TOLERANCE}
@@ -289,28 +373,36 @@ def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
 @pytest.mark.slow
 def test_the_tiers_errors_on_the_default_model_and_the_pick():
     """The default model on this CPU is offered float32 alone (nothing measured); on a device
-    offering every tier (TF32 emulated here), its measured errors on 0-100 intergroup prompts
-    put TF32 within the default tolerance and bfloat16 above it, so the default picks TF32,
-    and a tolerance of 0.05 bfloat16 (the H100 measured 1.3e-3 and 0.015 on 72 prompts)."""
+    offering every tier (TF32 and the 16-bit heads emulated here), its measured errors on 0-100
+    intergroup prompts put float16 with its LM head in float16 within the default tolerance and
+    bfloat16 above it, so the default picks float16+head, with TF32 (head included) as the
+    measured fallback; a tolerance of 0.05 takes bfloat16+head as the fallback (the H100
+    measured TF32 at 1.3e-3 and bfloat16 at 0.015 on 72 prompts)."""
     from probekit.engines.hf import tiers
 
     model = load_model("default")
     assert model.meta["precision"]["tier"] == "float32" and model.meta["precision"]["tried"] == []
     probe, prompts = _prompts(model, "intergroup", ["--events", "1"], 2)
     record = tiers.choose_precision(model, prompts, probe.answers, None, tiers.TIERS)
-    bf16, tf32 = record["tried"]
-    assert record["tier"] == "tf32" and record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
-    # benchmarks/results/dtype.json on 72 prompts: TF32 1.5e-3, bfloat16 0.018
-    assert 0 < tf32["max_prob_diff"] <= 0.002 and 0.005 < bf16["max_prob_diff"] <= 0.05
-    assert tf32["max_abs_diff"] <= 0.3 and bf16["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
-    model.meta.pop("matmul")
+    tried = {t["tier"]: t for t in record["tried"]}
+    assert record["tier"] == "float16+head" and record["fallback"] == "tf32+head"
+    assert list(tried) == ["float16+head", "bfloat16+head", "tf32+head"]
+    assert record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
+    # measured here on 2 prompts: float16+head 9.3e-4, bfloat16+head 0.013, tf32+head 8.0e-4
+    assert 0 < tried["float16+head"]["max_prob_diff"] <= 0.002
+    assert 0 < tried["tf32+head"]["max_prob_diff"] <= 0.002
+    assert 0.005 < tried["bfloat16+head"]["max_prob_diff"] <= 0.05
+    assert tried["float16+head"]["max_abs_diff"] <= 0.3
+    assert tried["bfloat16+head"]["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
+    assert model.dtype == torch.float16 and model.meta["head"] == "float16"
+    model.meta.pop(tiers.UNDO)()  # back to float32
     record = tiers.choose_precision(model, prompts, probe.answers, 0.05, tiers.TIERS)
-    assert record["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+    assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
 
 
 def test_steering_chooses_the_tier_before_it_scores():
     """The mechanism's `steer` settles the tier first (fake device offering every tier, the
-    tolerance loose enough for bfloat16), and scores in it under the TransformerLens bridge."""
+    tolerance loose enough for float16), and scores in it under the TransformerLens bridge."""
     model = _tiny(pending=True)
     model.meta["precision"]["tolerance"] = 1.0
     texts = ["Case 1: how intense, from 0 to 10?", "Case 2: how sad, from 0 to 10?"]
@@ -320,24 +412,54 @@ def test_steering_chooses_the_tier_before_it_scores():
         positions="span", control=False,
     )  # fmt: skip
     assert len(rows) == 4 and rows["valid_mass"].gt(0).all()
-    assert model.meta["precision"]["tier"] == "bfloat16" and model.dtype == torch.bfloat16
+    assert model.meta["precision"]["tier"] == "float16+head" and model.dtype == torch.float16
 
 
 def test_the_tiers_a_device_offers(monkeypatch):
-    """Every tier on a CUDA device of compute capability 8 or more; float32 alone on an older
-    one, on a dispatched model and on a CPU; the loaded dtype alone on a model loaded in
-    bfloat16 (a fake CUDA device: nothing runs on it)."""
+    """Every tier on a CUDA device of compute capability 8 or more; the float16 tiers and float32
+    on a 7.x one (float16 tensor cores only); float32 alone on an older one, on a dispatched
+    model and on a CPU; the loaded dtype alone on a model loaded in bfloat16 (a fake CUDA
+    device: nothing runs on it)."""
     from probekit.engines.hf.model import LoadedModel
     from probekit.engines.hf.tiers import TIERS, offered_tiers
 
     cuda = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    assert offered_tiers(cuda) == TIERS == ("bfloat16", "tf32", "float32")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 0))
+    assert offered_tiers(cuda) == TIERS
+    assert TIERS == (
+        "float16+head", "bfloat16+head", "tf32+head", "float16", "bfloat16", "tf32", "float32"
+    )  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
+    assert offered_tiers(cuda) == ("float16+head", "float16", "float32")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (6, 1))
     assert offered_tiers(cuda) == ("float32",)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     cuda.meta["device_map"] = "model.layers.0-15: cuda:0; model.layers.16-31: cpu"
     assert offered_tiers(cuda) == ("float32",)
     narrow = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.bfloat16)
     assert offered_tiers(narrow) == ("bfloat16",)
     cpu = LoadedModel(None, None, "m", "random", torch.device("cpu"), torch.float32)
     assert offered_tiers(cpu) == ("float32",)
+
+
+def test_16_bit_products_sum_in_float32_on_cuda():
+    """A 16-bit model's matrix products on CUDA add their partial sums in float32, as the CPU
+    that measures the tiers does (cuBLAS's reduced-precision reductions off, restored after);
+    nothing changes for a float32 model (a fake CUDA device: nothing runs on it)."""
+    from probekit.engines.hf.arithmetic import arithmetic
+    from probekit.engines.hf.model import LoadedModel
+
+    matmul = torch.backends.cuda.matmul
+    flags = lambda: (  # noqa: E731
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+    )
+    before = flags()
+    for dtype in (torch.float16, torch.bfloat16):
+        narrow = LoadedModel(None, None, "m", "random", torch.device("cuda"), dtype)
+        with arithmetic(narrow):
+            assert flags() == (False, False)
+        assert flags() == before
+    wide = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
+    with arithmetic(wide):
+        assert flags() == before

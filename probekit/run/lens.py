@@ -40,12 +40,13 @@ import pandas as pd
 import pyarrow as pa
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import read_verified, write_table, write_text
+from probekit.core.io import write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item
 from probekit.core.options import Command, named, on_command_line
 from probekit.core.progress import progress, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
+from probekit.core.store import INDEX, say, take_rows
 from probekit.engines import load_engine
 from probekit.engines.base import Engine, ScoreResult
 from probekit.engines.hf.tiers import settle_precision
@@ -63,7 +64,7 @@ from probekit.run.mechanism import (
     study_object,
 )
 from probekit.run.numerics import keep_resumed_tier
-from probekit.run.parts import INDEX, Compactor, DamagedPart, done_mask, say, scan_parts, set_aside
+from probekit.run.parts import Compactor, done_mask, scan_parts
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "lens.parquet"
@@ -229,14 +230,13 @@ def _scored(
         parts = scan_parts(run.path, key)
     frames = []
     for part in parts:
-        try:
-            frames.append(read_verified(part.path).to_pandas())
-        except (OSError, pa.ArrowException) as exc:
-            set_aside(DamagedPart(part.path, str(exc).splitlines()[0]))
+        found = take_rows(part.path, key, "its prompts are scored again next time", keep=True)
+        if found is None or found.table is None:
             raise ProbekitError(
                 f"a part of {run.path} was damaged while the run read it; run the same command "
                 "again to read its prompts anew"
-            ) from None
+            )
+        frames.append(found.table.to_pandas())
     wide = pd.concat(frames, ignore_index=True).sort_values(INDEX, kind="stable")
     return wide.reset_index(drop=True)
 

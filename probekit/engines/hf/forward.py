@@ -3,7 +3,9 @@
 Every pass of the scorer (prompt, shared prefix, trie depth, decoding step) is one call of
 `body`: the hidden states of all positions and the KV cache, which the caller extends. The LM
 head runs separately (`head.py`), only on the positions whose distribution is read. The body
-runs in the model's precision tier (`tiers.arithmetic`: TF32 matmuls when that tier was chosen).
+runs in the model's precision tier (`arithmetic.arithmetic`: TF32 matmuls in a TF32 tier).
+`clock` times a phase of a batch (it waits for the device); `Stopwatch` times spans inside the
+trie levels without waiting for it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from probekit.engines.hf.tiers import arithmetic
+from probekit.engines.hf.arithmetic import arithmetic
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
@@ -47,3 +49,37 @@ def clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+class Stopwatch:
+    """Seconds of device work inside marked spans, read once when the batch is done (`seconds`).
+
+    On CUDA each span is a pair of recorded events, which does not wait for the device (`clock`
+    would, and the trie pass reads nothing from the device inside its levels); elsewhere the
+    host's clock, since the work runs as it is issued."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._spans: list[tuple[Any, Any]] = []
+        self._start: Any = None
+
+    def start(self) -> None:
+        self._start = self._mark()
+
+    def stop(self) -> None:
+        self._spans.append((self._start, self._mark()))
+
+    def seconds(self) -> float:
+        """The spans' total (on CUDA, after the last span's work is done)."""
+        if not self.cuda:
+            return sum(end - begin for begin, end in self._spans)
+        if self._spans:
+            self._spans[-1][1].synchronize()
+        return sum(begin.elapsed_time(end) for begin, end in self._spans) / 1000
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event

@@ -1,4 +1,5 @@
-"""The LM head on the positions that are read, and float64-accurate sums over the vocabulary.
+"""The LM head on the positions that are read, in its tier's arithmetic, and float64-accurate
+sums over the vocabulary.
 
 Every trie node's distribution needs two numbers from the whole vocabulary: its normaliser and,
 per answer rule, the stop mass (the probability of a token that does not extend the answer).
@@ -8,18 +9,30 @@ fp32 blocks added in float64.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from probekit.engines.hf.arithmetic import NARROW, head_arithmetic, tf32_matmuls
+from probekit.engines.hf.precision import dtype_name
 from probekit.engines.trie import extension_masks
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
 
-HEAD_CHUNK = 256  # rows of the LM head computed at once (bounds the logits' memory)
+HEAD_CHUNK = 256  # the fewest rows of the LM head computed at once
 SUM_BLOCK = 128  # vocabulary entries per partial sum of `vocabulary_sums`
+
+
+def head_rows(batch: int) -> int:
+    """Rows of the LM head the trie pass computes at once for a batch of `batch` prompts: half
+    of them, at least HEAD_CHUNK. The memory plan (`engines/plan.py`) keeps 12 bytes a
+    vocabulary entry for each prompt; the root's float64 log-probs hold 8 of them through the
+    trie pass, and a chunk's float32 logits (4 bytes an entry) are copied once by
+    `vocabulary_sums`."""
+    return max(HEAD_CHUNK, batch // 2)
 
 
 def vocabulary_size(model: HFModel) -> int:
@@ -37,19 +50,50 @@ def parameter_split(model: HFModel) -> tuple[int, int]:
 
 
 def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head (and any final soft-capping) on the given positions only, in fp32 or wider
-    (a float64 model keeps float64 logits, which the float64 references rely on), on
-    `model.device` (a dispatched model's head may sit on another device). A hidden state in a
-    narrower dtype than the head's weights (a bfloat16 body under the TransformerLens bridge,
-    whose final norm is its own) is widened to them first."""
+    """The LM head (and any final soft-capping) on the given positions only, as float32 logits
+    (float64 for a float64 model, which the float64 references rely on) on `model.device` (a
+    dispatched model's head may sit on another device), in the head arithmetic of the model's
+    precision tier (`arithmetic.head_arithmetic`):
+
+    - `float32`: the head's weights as loaded; a hidden state in a narrower dtype than them (a
+      bfloat16 body under the TransformerLens bridge, whose final norm is its own) is widened;
+    - `tf32`: the same float32 weights, the product's inputs in TF32;
+    - `float16` or `bfloat16`: the hidden state rounded to the head's 16-bit weights, the products
+      summed and returned in float32 (`narrow_linear`); weights widened since (the noise
+      figure's reference, `precision.as_dtype`) are used as the first case."""
     head = model.hf.get_output_embeddings()
-    wide = torch.promote_types(hidden.dtype, head.weight.dtype)  # a float32 head, bf16 body
-    logits = head(hidden.to(wide)).to(model.device)
+    arithmetic = head_arithmetic(model)
+    if arithmetic in NARROW and dtype_name(head.weight.dtype) == arithmetic:  # not widened
+        logits = narrow_linear(hidden, head.weight, head.bias)
+    else:
+        wide = torch.promote_types(hidden.dtype, head.weight.dtype)  # a float32 head, bf16 body
+        tf32 = tf32_matmuls(model.device) if arithmetic == "tf32" else contextlib.nullcontext()
+        with tf32:
+            logits = head(hidden.to(wide))
+    logits = logits.to(model.device)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     cap = getattr(model.hf.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+def narrow_linear(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`hidden @ weight.T (+ bias)` in float32 from `hidden` rounded to the 16-bit dtype of
+    `weight`: the products of two 16-bit values are exact in float32 and summed there, as a
+    tensor core does. On CUDA one 16-bit GEMM with a float32 output (`torch.mm(out_dtype=)`);
+    elsewhere the same arithmetic emulated in float32, so the CPU measures what a GPU computes
+    (up to the order of the sums)."""
+    flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
+    if flat.device.type == "cuda":
+        logits = torch.mm(flat, weight.T, out_dtype=torch.float32)
+    else:
+        logits = flat.float() @ weight.float().T
+    if bias is not None:
+        logits = logits + bias.float()
+    return logits.view(*hidden.shape[:-1], -1)
 
 
 def log_probs(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,10 @@ module per job:
   prompt, the same template head) compute it once at batch size 1 and reuse its KV cache; the
   rest is left-padded, and the LM head runs on the last position only;
 - `trie_pass`: one forward per trie depth over every prompt's kept nodes, pruned so that the
-  dropped mass relative to the valid mass (`error_bound`) stays within `epsilon`; a prompt whose
-  bound still exceeds `epsilon` (the budget is set against an upper bound of its valid mass) is
-  re-expanded exactly, so every reported bound is at most `epsilon`;
+  dropped mass relative to the valid mass (`error_bound`) stays within `epsilon`, nothing read
+  from the device inside its levels; a prompt the learned widths cut runs again with its own,
+  and one whose bound still exceeds `epsilon` (the budget is set against an upper bound of its
+  valid mass) is re-expanded exactly, so every reported bound is at most `epsilon`;
 - `decoding`: the generated continuation (generate mode), from the same prompt pass;
 - `head`: the LM head and the float64-accurate vocabulary sums; `cache`: the KV-cache operations.
 """
@@ -18,6 +19,7 @@ module per job:
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,7 @@ from probekit.engines.hf.decoding import decode
 from probekit.engines.hf.forward import clock
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
+from probekit.engines.hf.tiers import fall_back, overflowed
 from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.options import ScorerOptions
 from probekit.engines.trie import AnswerTrie
@@ -85,6 +88,7 @@ class HFScorer:
         self.stats = ScorerStats()
         self._ceiling = batch_size  # the batch given, or the size an out-of-memory error left
         self._planned = batch_size is None
+        self._overflow_said = False
         self.batch_size = batch_size or self._plan(PROMPT_HINT)
 
     @property
@@ -121,7 +125,32 @@ class HFScorer:
         position p sits at padded column `max(len(b) for b in batch) - len(batch[row]) + p`.
         `answer_context(rows, nodes, valid)` wraps each forward of the trie pass: the answer
         positions it feeds are the trie nodes `nodes` of the batch rows `rows`
-        (`probekit.engines.hf.trie_pass.TriePass.run`)."""
+        (`probekit.engines.hf.trie_pass.TriePass.run`).
+
+        A batch whose scores are not finite (float16 overflowed) is scored again in the
+        fallback its precision tier measured (`tiers.fall_back`); without one, one line says
+        how many prompts overflowed."""
+        results = self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
+        bad = overflowed(results)
+        if bad and fall_back(self.model, bad):
+            self._prefixes.clear()  # its caches are in the old tier
+            return self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
+        if bad and not self._overflow_said and "tier" in self.model.meta.get("precision", {}):
+            self._overflow_said = True
+            print(
+                f"probekit: the scores of {bad} prompt(s) are not finite: {self.model.dtype} "
+                "overflowed (use --dtype float32 or bfloat16, or choose by --tolerance)",
+                file=sys.stderr,
+            )
+        return results
+
+    def _score_batch(
+        self,
+        batch: Sequence[Sequence[int]],
+        reuse_prefix: bool,
+        prompt_context: Callable[[], contextlib.AbstractContextManager] | None,
+        answer_context: AnswerContext | None,
+    ) -> list[ScoreResult]:
         device = self.model.device
         with torch.inference_mode():
             start = clock(device)
@@ -129,18 +158,13 @@ class HFScorer:
                 state = prompt_pass(self.model, batch, self._prefixes, self.stats, reuse_prefix)
             prompt_columns = state.mask.shape[1]
             prompt_done = clock(device)
-            results = self.trie_pass.run(state, self.epsilon, self.stats, answer_context)
-            # Rows whose bound exceeds epsilon are redone exactly, on a copy of their prompt
-            # cache: decoding below needs every row's.
+            results, cut = self.trie_pass.run(state, self.epsilon, self.stats, answer_context)
             kv.truncate(state.cache, prompt_columns)
+            # Rows the learned widths cut run again with the widths they keep; rows whose bound
+            # exceeds epsilon, exactly.
+            self._again(state, results, cut, self.epsilon, answer_context)
             redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
-            if redo:
-                index = torch.tensor(redo, device=device)
-                sub = state.rows(index)
-                again = self.trie_pass.run(sub, 0.0, self.stats, answer_context, index)
-                for i, result in zip(redo, again, strict=True):
-                    results[i] = result
-                del sub
+            self._again(state, results, redo, 0.0, answer_context)
             trie_done = clock(device)
             if self.max_new_tokens:
                 for result, tokens in zip(results, self._decode(state), strict=True):
@@ -150,6 +174,25 @@ class HFScorer:
             self.stats.trie_seconds += trie_done - prompt_done
             self.stats.decode_seconds += clock(device) - trie_done
             return results
+
+    def _again(
+        self,
+        state: PromptState,
+        results: list[ScoreResult],
+        redo: list[int],
+        epsilon: float,
+        answer_context: AnswerContext | None,
+    ) -> None:
+        """The trie pass of the rows `redo` again at `epsilon`, each depth as wide as its rows
+        keep, on a copy of their prompt cache (decoding needs every row's); their results
+        replaced."""
+        if not redo:
+            return
+        index = torch.tensor(redo, device=self.model.device)
+        sub = state.rows(index)
+        again, _ = self.trie_pass.run(sub, epsilon, self.stats, answer_context, index, True)
+        for i, result in zip(redo, again, strict=True):
+            results[i] = result
 
     def _generate_batch(self, batch: Sequence[Sequence[int]]) -> list[list[int]]:
         with torch.inference_mode():

@@ -1,64 +1,61 @@
 """Precision tiers: the arithmetic a model scores in, chosen by the error it is measured to cause.
 
 A run states the largest change of an answer probability it accepts (`tolerance`, `--tolerance`)
-and gets the fastest tier that meets it on its own prompts. The tiers, fastest first:
+and gets the fastest tier that meets it on its own prompts. The tiers (`arithmetic.TIERS`, fastest
+first) pair the transformer body's arithmetic with the LM head's:
 
-- `bfloat16`: bfloat16 weights, the final norm and the LM head in float32 (as
-  `load_model(dtype="bfloat16")` gives them);
-- `tf32`: float32 weights, the transformer body's matrix products with TF32 inputs (10 mantissa
-  bits, float32 sums); the LM head, the log-softmax and the vocabulary sums stay float32;
-- `float32`: the reference of the other two (its own error against float64 is every run's
-  noise figure, `precision.noise_figure`).
+- `float16+head`, `bfloat16+head`: 16-bit weights and activations, the final norm in float32, the
+  LM head on the hidden state rounded to 16 bits with its products summed in float32;
+- `tf32+head`: float32 weights, every matrix product (the LM head's too) with TF32 inputs (10
+  mantissa bits, float32 sums);
+- `float16`, `bfloat16`, `tf32`: the same bodies with the LM head in float32 (`bfloat16` as
+  `load_model(dtype="bfloat16")` gives it);
+- `float32`: the reference of the others (its own error against float64 is every run's noise
+  figure, `precision.noise_figure`).
 
-A CUDA device of compute capability 8 or more (Ampere and later) offers all three; any other
-device, a model dispatched by a device map, and a model whose float32 weights did not fit (loaded
-in bfloat16 by the memory policy) offer one, which is then taken without measuring anything: on a
-CPU float32 is the fastest arithmetic there is. Where the tiers are offered, `choose_precision`
-scores a seeded sample of the run's prompts exactly (epsilon 0) in float32, then in each faster
-tier, fastest first, and keeps the first whose largest |difference| of an answer probability is at
-most the tolerance; the record (`LoadedModel.meta["precision"]`, in `describe()` and so in every
-run manifest) says what was offered, tried, measured and picked.
+The log-softmax and the vocabulary sums are float64-accurate in every tier. A CUDA device of
+compute capability 8 or more (Ampere and later) offers all of them, one of 7.x (Volta, Turing:
+float16 tensor cores only) the float16 tiers and float32; any other device, a model dispatched by
+a device map, and a model whose float32 weights did not fit (loaded in bfloat16 by the memory
+policy) offer one, which is then taken without measuring anything: on a CPU float32 is the
+fastest arithmetic there is. Where tiers are offered, `choose_precision` scores a seeded sample
+of the run's prompts exactly (epsilon 0) in float32, then in each faster tier, fastest first, and
+keeps the first whose largest |difference| of an answer probability is at most the tolerance; the
+record (`LoadedModel.meta["precision"]`, in `describe()` and so in every run manifest) says what
+was offered, tried, measured and picked.
 
-Where the device has no TF32 (a CPU), `tf32` is emulated by rounding the inputs of the body's
-matrix products to TF32 (`tf32_rounding`): no run is offered it there, but measurements and tests
-of the choice run on a CPU.
+float16 has 5 exponent bits: an activation beyond 65504 overflows. A float16 tier whose sample
+overflows (non-finite scores) is not taken; when one is taken, the next measured tier that meets
+the tolerance and is not float16 is its `fallback`, to which the scorer switches, with one line,
+if a later batch overflows (`fall_back`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import math
 import random
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import probability
 from probekit.core.options import option_message
-from probekit.engines.hf.precision import (
-    NOISE_SAMPLE,
-    dtype_name,
-    final_norm,
-    inputs_to_fp32,
-    score_differences,
-)
+from probekit.engines.base import ScoreResult
+from probekit.engines.hf.arithmetic import LABELS, TIERS, apply_tier, body_of
+from probekit.engines.hf.precision import NOISE_SAMPLE, dtype_name, score_differences
 from probekit.engines.options import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
 
-TIERS = ("bfloat16", "tf32", "float32")
-"""The precision tiers, fastest first."""
-LABELS = {
-    "bfloat16": "bfloat16 (float32 final norm and LM head)",
-    "tf32": "float32 with TF32 matmuls",
-    "float32": "float32",
-}
+
+UNDO = "undo_tier"
+"""`LoadedModel.meta` key of the call that puts a model with a fallback back in float32."""
 
 
 def check_tolerance(tolerance: Any) -> float:
@@ -75,8 +72,11 @@ def offered_tiers(model: HFModel) -> tuple[str, ...]:
         return (dtype_name(model.dtype),)
     if model.dispatched or model.device.type != "cuda":
         return ("float32",)
-    if torch.cuda.get_device_capability(model.device) < (8, 0):
+    capability = torch.cuda.get_device_capability(model.device)
+    if capability < (7, 0):
         return ("float32",)
+    if capability < (8, 0):
+        return tuple(t for t in TIERS if body_of(t) in ("float16", "float32"))
     return TIERS
 
 
@@ -87,7 +87,7 @@ def _why_one(model: HFModel) -> str:
     if model.dispatched:
         return "a model dispatched by a device map is scored in float32"
     if model.device.type == "cuda":
-        return "this GPU has no bfloat16 or TF32 tensor cores: float32 only"
+        return "this GPU has no tensor cores: float32 only"
     return f"float32 is the fastest arithmetic on {model.device.type}: nothing to choose"
 
 
@@ -106,104 +106,6 @@ def initial_record(model: HFModel, forced: bool, tolerance: float | None) -> dic
     return record
 
 
-def round_tf32(x: torch.Tensor) -> torch.Tensor:
-    """A float32 tensor rounded to the nearest TF32 value (10 mantissa bits, ties to even)."""
-    bits = x.contiguous().view(torch.int32)
-    bits = (bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF
-    return bits.view(torch.float32)
-
-
-class tf32_rounding(TorchFunctionMode):  # noqa: N801 - used as a context manager, like torch's
-    """TF32 matmuls emulated: the float32 inputs of linear layers, matrix products and attention
-    (queries, keys, values) rounded to TF32 before the float32 product. An approximation of a
-    GPU's TF32: the attention probabilities are not rounded, and the GPU's sums run in its own
-    order."""
-
-    LINEAR = {torch.nn.functional.linear, torch.matmul, torch.bmm, torch.Tensor.matmul}
-    ATTENTION = {torch.nn.functional.scaled_dot_product_attention}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        count = 2 if func in self.LINEAR else 3 if func in self.ATTENTION else 0
-        if count:
-            args = tuple(
-                round_tf32(a) if i < count and _is_fp32(a) else a for i, a in enumerate(args)
-            )
-        return func(*args, **(kwargs or {}))
-
-
-def _is_fp32(value: Any) -> bool:
-    return torch.is_tensor(value) and value.dtype == torch.float32
-
-
-@contextlib.contextmanager
-def arithmetic(model: HFModel) -> Iterator[None]:
-    """The tier's arithmetic around one forward of the transformer body (`forward.body`): TF32
-    matmuls on CUDA (restored after), emulated elsewhere; nothing for the other tiers, whose
-    arithmetic is the weights' dtype."""
-    if model.meta.get("matmul") != "tf32":
-        yield
-        return
-    if model.device.type != "cuda":
-        with tf32_rounding():
-            yield
-        return
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
-def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
-    """Put the float32 `model` in `tier` in place; return the call that puts it back exactly.
-
-    `bfloat16` narrows every weight but the final norm and the LM head (a head tied to the input
-    embeddings first gets its own float32 copy), keeping a host copy of the float32 weights for
-    the undo; `tf32` marks the model for `arithmetic`; `float32` changes nothing."""
-    if tier not in TIERS:
-        raise ProbekitError(f"unknown precision tier '{tier}'; use {', '.join(TIERS)}")
-    if tier == "float32":
-        return lambda: None
-    if model.dtype != torch.float32:
-        raise ProbekitError(f"the {tier} tier needs a float32 model, not {model.dtype}")
-    if tier == "tf32":
-        model.meta["matmul"] = "tf32"
-        return lambda: model.meta.pop("matmul", None)
-    hf = model.hf
-    head, tied = hf.get_output_embeddings(), hf.config.tie_word_embeddings
-    norm = final_norm(hf)
-    if head.weight is hf.get_input_embeddings().weight:
-        own = torch.nn.Linear(
-            head.in_features, head.out_features, bias=head.bias is not None, device=model.device
-        )
-        own.load_state_dict(head.state_dict())
-        hf.set_output_embeddings(own)
-        hf.config.tie_word_embeddings = False
-    kept = {
-        id(p) for m in (hf.get_output_embeddings(), norm) if m is not None for p in m.parameters()
-    }
-    narrowed = [p for p in hf.parameters() if p.is_floating_point() and id(p) not in kept]
-    saved = [p.data.to("cpu", copy=True) for p in narrowed]
-    for p in narrowed:
-        p.data = p.data.to(torch.bfloat16)
-    hook = norm.register_forward_pre_hook(inputs_to_fp32) if norm is not None else None
-    model.dtype = torch.bfloat16
-    model.meta["fp32_parts"] = ["final norm", "LM head"] if norm is not None else ["LM head"]
-
-    def undo() -> None:
-        for p, data in zip(narrowed, saved, strict=True):
-            p.data = data.to(model.device)
-        if hook is not None:
-            hook.remove()
-        hf.set_output_embeddings(head)
-        hf.config.tie_word_embeddings = tied
-        model.dtype = torch.float32
-        model.meta.pop("fp32_parts", None)
-
-    return undo
-
-
 def choose_precision(
     model: HFModel,
     prompts: Sequence[Sequence[int]],
@@ -215,38 +117,110 @@ def choose_precision(
     largest |difference| of an answer probability from float32, on `prompts` (token ids,
     scored exactly), is at most `tolerance` (default `DEFAULT_TOLERANCE`); float32 when none
     is. Return the record, also kept as `model.meta["precision"]`: `tier`, `tolerance`,
-    `offered`, `tried` (each measured tier's differences, `score_differences`' fields, and
-    `accepted`), `sample` and `reference`. A single offered tier is taken without measuring."""
+    `offered`, `tried` (per measured tier `score_differences`' fields, or `overflow` (the
+    prompts whose scores were not finite) or `failed` (why it did not run), and `accepted`),
+    `sample`, `reference`, and for a float16 tier its `fallback` (see the module's docstring).
+    A single offered tier is taken without measuring."""
     tolerance = DEFAULT_TOLERANCE if tolerance is None else check_tolerance(tolerance)
     offered = tuple(offered or offered_tiers(model))
     record: dict[str, Any] = {"tolerance": tolerance, "offered": list(offered), "tried": []}
     if len(offered) == 1:
         record |= {"tier": offered[0], "note": _why_one(model)}
-    else:
-        if not prompts:
-            raise ProbekitError("choosing a precision tier needs at least one prompt")
-        reference = _exact(model, prompts, answers)
-        record |= {"tier": "float32", "sample": len(prompts), "reference": "float32"}
-        for tier in offered:
-            if tier == "float32":
-                break
-            undo = apply_tier(model, tier)
-            measured = score_differences(
-                _exact(model, prompts, answers), reference, answers.numeric
-            )
-            accepted = measured["max_prob_diff"] <= tolerance
-            record["tried"].append({"tier": tier, **measured, "accepted": accepted})
-            if accepted:
-                record["tier"] = tier
-                break
-            undo()
-        print(f"probekit: {describe_precision(record)}", file=sys.stderr)
-    model.meta["precision"] = record
+        model.meta["precision"] = record
+        return record
+    if not prompts:
+        raise ProbekitError("choosing a precision tier needs at least one prompt")
+    reference = _exact(model, prompts, answers)
+    record |= {"tier": "float32", "sample": len(prompts), "reference": "float32"}
+    picked = None
+    for tier in offered:
+        if tier == "float32":
+            break
+        if picked and overflows(tier):
+            continue  # a fallback must not overflow where its tier did
+        trial = _trial(model, tier, prompts, answers, reference, tolerance)
+        record["tried"].append(trial)
+        if not trial["accepted"]:
+            continue
+        if picked:
+            record["fallback"] = tier
+            break
+        picked = record["tier"] = tier
+        if not overflows(tier):
+            break
+    if picked and overflows(picked):
+        record.setdefault("fallback", "float32")
+    print(f"probekit: {describe_precision(record)}", file=sys.stderr)
+    _put(model, record)
     return record
+
+
+def overflows(tier: str) -> bool:
+    """Whether `tier` can overflow where float32 does not (a float16 body)."""
+    return body_of(tier) == "float16"
+
+
+def _trial(
+    model: HFModel,
+    tier: str,
+    prompts: Sequence[Sequence[int]],
+    answers: AnswerSet,
+    reference: list[ScoreResult],
+    tolerance: float,
+) -> dict[str, Any]:
+    """`tier`'s differences from `reference` on `prompts`, the model put back in float32 after.
+    A tier that does not run (a kernel this device lacks) is refused with the first line of its
+    error, and one whose scores are not finite (float16 overflow) with the count."""
+    undo = apply_tier(model, tier)
+    try:
+        scored = _exact(model, prompts, answers)
+    except RuntimeError as error:
+        return {"tier": tier, "failed": str(error).splitlines()[0], "accepted": False}
+    finally:
+        undo()
+    bad = overflowed(scored)
+    if bad:
+        return {"tier": tier, "overflow": bad, "accepted": False}
+    measured = score_differences(scored, reference, answers.numeric)
+    return {"tier": tier, **measured, "accepted": measured["max_prob_diff"] <= tolerance}
+
+
+def overflowed(results: Sequence[ScoreResult]) -> int:
+    """How many of `results` are not finite (their activations overflowed)."""
+    return sum(not math.isfinite(r.valid_mass) for r in results)
 
 
 def _exact(model: HFModel, prompts: Sequence[Sequence[int]], answers: AnswerSet) -> list:
     return list(model.scorer(answers, epsilon=0.0).score(prompts))
+
+
+def _put(model: HFModel, record: dict[str, Any]) -> None:
+    """Put the float32 `model` in `record`'s tier and keep the record; with a fallback, keep the
+    way back to float32 too (`fall_back`)."""
+    undo = apply_tier(model, record["tier"])
+    if "fallback" in record:
+        model.meta[UNDO] = undo
+    model.meta["precision"] = record
+
+
+def fall_back(model: HFModel, overflowed: int) -> bool:
+    """After `overflowed` prompts of a batch overflowed: put a model in the fallback its record
+    measured, say so in one line on stderr and return True; False where there is none (a tier
+    without one, or the model already fell back)."""
+    undo = model.meta.pop(UNDO, None)
+    if undo is None:
+        return False
+    undo()
+    record = model.meta["precision"]
+    old, new = record["tier"], record.pop("fallback")
+    apply_tier(model, new)
+    record |= {"tier": new, "fell_back_from": old}
+    print(
+        f"probekit: {LABELS[old]} overflowed on {overflowed} prompt(s) (activations beyond "
+        f"its range); scoring in {LABELS[new]} from here on",
+        file=sys.stderr,
+    )
+    return True
 
 
 def settle_precision(
@@ -282,9 +256,8 @@ def keep_tier(engine: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
     tier = record.get("tier")
     if "tier" in pending or tier not in pending.get("offered", offered_tiers(engine)):
         return None
-    apply_tier(engine, tier)
     kept = {**record, "note": "kept from the run being resumed"}
-    engine.meta["precision"] = kept
+    _put(engine, kept)
     return kept
 
 
@@ -297,9 +270,18 @@ def describe_precision(record: Mapping[str, Any]) -> str:
     tried = record.get("tried") or []
     if not tried:
         return f"{head} ({record.get('note', 'nothing measured')})"
-    parts = [
-        f"{LABELS[t['tier']]} moves an answer probability by {t['max_prob_diff']:.2g}"
-        f" ({'accepted' if t['accepted'] else 'over the tolerance'})"
-        for t in tried
-    ]
-    return f"{head}; on {record['sample']} prompts against float32: {'; '.join(parts)}"
+    parts = [f"{LABELS[t['tier']]} {_outcome(t)}" for t in tried]
+    line = f"{head}; on {record['sample']} prompts against float32: {'; '.join(parts)}"
+    if "fallback" in record:
+        line += f"; on overflow: {LABELS[record['fallback']]}"
+    return line
+
+
+def _outcome(trial: Mapping[str, Any]) -> str:
+    """What one tier's measurement found, for `describe_precision`."""
+    if "failed" in trial:
+        return f"did not run ({trial['failed']})"
+    if "overflow" in trial:
+        return f"overflowed on {trial['overflow']} prompt(s)"
+    verdict = "accepted" if trial["accepted"] else "over the tolerance"
+    return f"moves an answer probability by {trial['max_prob_diff']:.2g} ({verdict})"

@@ -9,6 +9,15 @@ dropped while the dropped mass stays within `epsilon` x (an upper bound of the v
 answers resolved so far plus all the mass still open at this depth), halved as a margin for the
 mass that later leaves the answer set; the dropped mass over the valid mass is the result's
 `error_bound`.
+
+Nothing is read back from the device inside a batch's levels (a read makes the host wait for
+the device, which then idles while the next forward is issued): each depth feeds a width known
+on the host, and every index is built on the device. At epsilon 0 the width is the trie level's
+size. With pruning it is the most candidates a row of the previous batch kept at that depth
+(`TriePass.widths`, which each batch's one read at its end updates); a row that would keep more
+is marked cut, and the scorer runs the cut rows again with the widths they keep, read from the
+device once per depth (as a scorer's first pruned batch does), so that every row keeps what it
+would keep alone: the results do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -24,8 +33,8 @@ import torch
 from probekit.core.answers import ANSWER_KINDS, AnswerSet
 from probekit.engines.base import ScoreResult, ScorerStats
 from probekit.engines.hf.attention import additive_mask
-from probekit.engines.hf.forward import body, clock
-from probekit.engines.hf.head import HEAD_CHUNK, VocabularyColumns, lm_head, vocabulary_sums
+from probekit.engines.hf.forward import Stopwatch, body
+from probekit.engines.hf.head import VocabularyColumns, head_rows, lm_head, vocabulary_sums
 from probekit.engines.hf.prompt_pass import PromptState
 from probekit.engines.trie import AnswerTrie
 
@@ -35,7 +44,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class TrieTables:
-    """The trie as tensors for vectorised expansion."""
+    """The trie as tensors for vectorised expansion. The `slot_` tables have one more row, for
+    `n_nodes` itself: the node of a padding column, which has no children and is no ancestor,
+    so that a padding column's writes land in a column of their own instead of being masked."""
 
     n_nodes: int
     max_depth: int
@@ -45,6 +56,10 @@ class TrieTables:
     child_token: torch.Tensor  # [nodes, max_children], -1 padded
     child_index: torch.Tensor
     terminal: list[torch.Tensor]  # per rule: float64 [nodes, answers] incidence
+    slot_token: torch.Tensor  # [nodes + 1]: the token a node feeds (0 for padding)
+    slot_child_token: torch.Tensor  # [nodes + 1, max_children]: child tokens, 0 padded
+    slot_child: torch.Tensor  # [nodes + 1, max_children]: children, `n_nodes` padded
+    is_ancestor: torch.Tensor  # bool [nodes + 1, nodes + 1]: column j is an ancestor of row i
 
     @classmethod
     def build(cls, trie: AnswerTrie, device: torch.device) -> TrieTables:
@@ -56,25 +71,33 @@ class TrieTables:
         child_index = torch.full((n, width), -1, dtype=torch.long)
         kinds = range(len(ANSWER_KINDS))
         terminal = [torch.zeros(n, len(trie.answers), dtype=torch.float64) for _ in kinds]
+        is_ancestor = torch.zeros(n + 1, n + 1, dtype=torch.bool)
         for i, node in enumerate(nodes):
             j, k = node.parent, 0
             while j > 0:
                 ancestors[i, k] = j
+                is_ancestor[i, j] = True
                 j, k = nodes[j].parent, k + 1
             for c, (tok, child) in enumerate(node.children.items()):
                 child_token[i, c], child_index[i, c] = tok, child
             for a in node.terminal_for:
                 terminal[trie.rules[a]][i, a] = 1.0
         levels = [torch.tensor(trie.level(d), dtype=torch.long) for d in range(depth + 1)]
+        token = torch.tensor([max(node.token, 0) for node in nodes])
+        padding = torch.full((1, width), n, dtype=torch.long)  # the padding node's row
         return cls(
             n_nodes=n,
             max_depth=depth,
-            token=torch.tensor([max(node.token, 0) for node in nodes]).to(device),
+            token=token.to(device),
             levels=[lv.to(device) for lv in levels],
             ancestors=ancestors.to(device),
             child_token=child_token.to(device),
             child_index=child_index.to(device),
             terminal=[m.to(device) for m in terminal],
+            slot_token=torch.cat([token, token.new_zeros(1)]).to(device),
+            slot_child_token=torch.cat([child_token.clamp(min=0), padding * 0]).to(device),
+            slot_child=torch.cat([child_index.where(child_index >= 0, n), padding]).to(device),
+            is_ancestor=is_ancestor.to(device),
         )
 
     def answer_probs(self, logp_node: torch.Tensor, stop_logp: torch.Tensor) -> torch.Tensor:
@@ -93,6 +116,24 @@ AnswerContext = Callable[
 """`context(rows, nodes, valid)` around one trie depth's forward (see `TriePass.run`)."""
 
 
+class _Pass:
+    """The device state of one trie pass over n rows: per node (and the padding node, the last
+    column) its log-prob, stop log-probs and most likely next token; per row the dropped mass and
+    whether a width cut its candidates; the node of each trie column; the counts."""
+
+    def __init__(self, n: int, none: int, depth: int, device: torch.device) -> None:
+        f64, long = torch.float64, torch.long
+        self.logp_node = torch.full((n, none + 1), -torch.inf, dtype=f64, device=device)
+        self.stop_logp = torch.full((n, none + 1, 2), -torch.inf, dtype=f64, device=device)
+        self.top_token = torch.full((n, none + 1), -1, dtype=long, device=device)
+        self.dropped = torch.zeros(n, dtype=f64, device=device)
+        self.cut = torch.zeros(n, dtype=torch.bool, device=device)
+        self.placed = torch.empty((n, 0), dtype=long, device=device)
+        self.wanted = torch.zeros(depth + 1, dtype=long, device=device)  # most kept per depth
+        self.fed = torch.zeros((), dtype=long, device=device)
+        self.slots = 0  # columns fed, padding included (known on the host)
+
+
 class TriePass:
     """The trie pass of one answer set on one model; `run` continues from a prompt pass."""
 
@@ -102,6 +143,13 @@ class TriePass:
         self.trie = AnswerTrie.build(answers, model.tokenizer)
         self.columns = VocabularyColumns.build(model)
         self.tables = TrieTables.build(self.trie, model.device)
+        self.widths: dict[float, list[int]] = {}
+        """Per epsilon > 0, the width each depth feeds (index: the depth): the most candidates a
+        row of the last batch kept there (its cut rows' run included)."""
+        self.skip_padding = model.device.type == "cpu"
+        """Whether the LM head skips the padding columns. On the CPU the device is the host, so
+        finding them waits for nothing; on an accelerator it would, and the head runs on every
+        column instead."""
 
     def run(
         self,
@@ -110,106 +158,137 @@ class TriePass:
         stats: ScorerStats,
         context: AnswerContext | None = None,
         rows: torch.Tensor | None = None,
-    ) -> list[ScoreResult]:
-        """One result per row of `state`; its cache is extended by the trie's columns.
+        read_widths: bool = False,
+    ) -> tuple[list[ScoreResult], list[int]]:
+        """One result per row of `state`, whose cache is extended by the trie's columns, and the
+        rows whose candidates the learned widths cut (`TriePass.widths`; their results are not
+        final: run them again with `read_widths`, which feeds each depth the width its rows keep,
+        read from the device).
 
         `context(rows, nodes, valid)` wraps each depth's forward (e.g. hooks that read or write
         activations at answer positions): column k of state row i holds trie node `nodes[i, k]`
         where `valid[i, k]`, and `rows[i]` is that row's index in the scored batch (`rows`
         defaults to 0..n-1)."""
-        t = self.tables
-        n = state.mask.shape[0]
-        dev = self.model.device
-        logp_node = torch.full((n, t.n_nodes), -torch.inf, dtype=torch.float64, device=dev)
-        stop_logp = torch.full((n, t.n_nodes, 2), -torch.inf, dtype=torch.float64, device=dev)
-        top_token = torch.full((n, t.n_nodes), -1, dtype=torch.long, device=dev)
-        column = torch.full((n, t.n_nodes), -1, dtype=torch.long, device=dev)
-        top_token[:, 0] = state.root_logp.argmax(-1)
+        t, n, dev = self.tables, state.mask.shape[0], self.model.device
+        none = t.n_nodes  # the node of a padding column
+        pass_ = _Pass(n, none, t.max_depth, dev)
+        pass_.top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
-        logp_node[:, level1] = state.root_logp[:, t.token[level1]]
-        dropped = torch.zeros(n, dtype=torch.float64, device=dev)
-        visible = state.mask
-        cache = state.cache
+        pass_.logp_node[:, level1] = state.root_logp[:, t.token[level1]]
+        learned = self.widths.get(epsilon) if epsilon > 0 and not read_widths else None
+        cache, head = state.cache, Stopwatch(dev)
         if rows is None:
             rows = torch.arange(n, device=dev)
         for depth in range(1, t.max_depth + 1):
-            cand = t.levels[depth]
-            p = logp_node[:, cand].exp()
-            # Upper bound of the valid mass: answers already resolved + all mass still open.
-            upper = t.answer_probs(logp_node, stop_logp).sum(-1) + p.sum(-1)
-            keep = prune(p, 0.5 * epsilon * upper - dropped)
-            dropped += (p * ~keep).sum(-1)
-            count = keep.sum(-1)
-            width = int(count.max())
-            if width == 0:
+            width = len(t.levels[depth])  # exact: every candidate
+            if epsilon > 0:
+                width = learned[depth] if learned else None  # None: read it
+            valid, sel = self._choose(pass_, depth, epsilon, width)
+            if sel.shape[1] == 0:
                 break
-            fed = int(count.sum())
-            stats.trie_positions += fed
-            stats.padding += n * width - fed
-            # Compact kept candidates to the left: sel[b, k] = k-th kept node of row b.
-            order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[:, :width]
-            sel = cand[order]
-            valid = torch.arange(width, device=dev)[None, :] < count[:, None]
-            past = visible.shape[1]
-            at = torch.arange(n, device=dev)[:, None].expand(n, width)
-            offsets = torch.arange(width, device=dev).expand(n, -1)
-            column[at[valid], sel[valid]] = past + offsets[valid]
-            attend = self._tree_mask(visible, column, sel, valid, past)
-            ids = torch.where(valid, t.token[sel], self.model.tokenizer.pad_token_id)
+            width = sel.shape[1]
+            attend = torch.cat(
+                [
+                    state.mask[:, None, :].expand(n, width, -1),
+                    t.is_ancestor[sel[:, :, None], pass_.placed[:, None, :]],
+                    torch.eye(width, dtype=torch.bool, device=dev).expand(n, width, width),
+                ],
+                dim=-1,
+            )[:, None]
+            ids = torch.where(valid, t.slot_token[sel], self.model.tokenizer.pad_token_id)
             positions = (state.lengths[:, None] + depth - 1).expand(n, width)
             with context(rows, sel, valid) if context else contextlib.nullcontext():
                 hidden, cache = body(
                     self.model, ids, additive_mask(attend, self.model.dtype), positions, cache
                 )
-            visible = torch.cat([visible, torch.zeros_like(valid)], dim=1)
-            head_start = clock(dev)
-            self._expand(hidden[valid], at[valid], sel[valid], logp_node, stop_logp, top_token)
-            stats.head_seconds += clock(dev) - head_start
-        return self._results(logp_node, stop_logp, top_token, dropped)
+            pass_.placed = torch.cat([pass_.placed, sel], dim=1)
+            head.start()
+            at = torch.arange(n, device=dev)[:, None].expand(n, width)
+            if self.skip_padding:
+                self._expand(hidden[valid], at[valid], sel[valid], pass_)
+            else:
+                self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), pass_)
+            head.stop()
+        # The batch's reads, after its last level: the results and the counts, in two copies.
+        probs = t.answer_probs(pass_.logp_node[:, :none], pass_.stop_logp[:, :none])
+        floats = torch.cat([probs, pass_.dropped[:, None]], dim=1).cpu().numpy()
+        counts = torch.cat([pass_.wanted, pass_.fed[None], pass_.cut.long()])
+        ints = torch.cat([pass_.top_token[:, :none].flatten(), counts]).cpu().numpy()
+        wanted, fed, cut = np.split(ints[n * none :], [t.max_depth + 1, t.max_depth + 2])
+        if epsilon > 0:
+            old = self.widths.get(epsilon) if read_widths else None
+            self.widths[epsilon] = (
+                wanted.tolist() if old is None else np.maximum(old, wanted).tolist()
+            )
+        stats.trie_positions += int(fed[0])
+        stats.padding += pass_.slots - int(fed[0])
+        stats.head_seconds += head.seconds()
+        top_token = ints[: n * none].reshape(n, none)
+        results = self._results(floats[:, :-1], floats[:, -1], top_token)
+        return results, np.flatnonzero(cut).tolist()
 
-    def _tree_mask(self, visible, column, sel, valid, past) -> torch.Tensor:
-        """Bool [n, 1, width, past + width]: prompt tokens, ancestors and the node itself."""
-        n, width = sel.shape
-        attend = visible[:, None, :].expand(n, width, past).clone()
-        anc = self.tables.ancestors[sel]  # [n, width, max_depth]
-        anc_col = torch.gather(column, 1, anc.clamp(min=0).view(n, -1)).view_as(anc)
-        anc_col = torch.where((anc >= 0) & valid[..., None], anc_col, -1)
-        hit = anc_col >= 0
-        b, k, _ = torch.nonzero(hit, as_tuple=True)
-        attend[b, k, anc_col[hit]] = True
-        own = torch.eye(width, dtype=torch.bool, device=sel.device).expand(n, width, width)
-        return torch.cat([attend, own], dim=-1)[:, None]
+    def _choose(
+        self, pass_: _Pass, depth: int, epsilon: float, width: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The columns of one depth, [n, width] each: which are fed (`valid`) and their nodes
+        (the padding node where not), each row's most likely kept candidates. The mass of the
+        rest joins the rows' dropped mass; a row that keeps more than `width` is marked cut.
+        `width` None: the most any row keeps, read from the device."""
+        t = self.tables
+        cand = t.levels[depth]
+        p = pass_.logp_node[:, cand].exp()
+        budget = torch.zeros_like(pass_.dropped)
+        if epsilon > 0:
+            # Upper bound of the valid mass: answers already resolved + all mass still open.
+            none = t.n_nodes
+            upper = t.answer_probs(pass_.logp_node[:, :none], pass_.stop_logp[:, :none])
+            budget = 0.5 * epsilon * (upper.sum(-1) + p.sum(-1)) - pass_.dropped
+        order, keep = prune(p, budget)
+        kept = keep.sum(-1)
+        pass_.wanted[depth] = kept.max()
+        if width is None:
+            width = int(pass_.wanted[depth])  # read once per depth
+        width = min(width, len(cand))
+        pass_.cut |= kept > width
+        gone = keep.logical_not()
+        gone[:, : len(cand) - width] = True
+        pass_.dropped += torch.where(gone, p.gather(1, order), 0).sum(-1)
+        valid = keep[:, len(cand) - width :]
+        pass_.fed += valid.sum()
+        pass_.slots += valid.numel()
+        return valid, torch.where(valid, cand[order[:, len(cand) - width :]], t.n_nodes)
 
-    def _expand(self, hidden, rows, nodes, logp_node, stop_logp, top_token) -> None:
+    def _expand(self, hidden, rows, nodes, pass_: _Pass) -> None:
         """From each fed node's next-token distribution: children, stop mass, greedy token.
+        `nodes` may hold the padding node, whose writes land in its own column.
 
         One pass over the vocabulary per row: exp(logits - max) times a matrix whose columns are
         all ones and the "does not extend" masks gives the normaliser and the stop mass of both
-        rules at once (`vocabulary_sums`, accurate to a float64 sum)."""
+        rules at once (`vocabulary_sums`, accurate to a float64 sum). The rows go through the
+        LM head in chunks of `head_rows`."""
         t = self.tables
-        for start in range(0, hidden.shape[0], HEAD_CHUNK):
-            sl = slice(start, start + HEAD_CHUNK)
-            logits = lm_head(self.model, hidden[sl])
-            top, top_token[rows[sl], nodes[sl]] = logits.max(-1)
-            child_tok = t.child_token[nodes[sl]]  # [k, max_children]
-            child_logit = torch.gather(logits, 1, child_tok.clamp(min=0)).double()
+        logp_node, stop_logp, top_token = pass_.logp_node, pass_.stop_logp, pass_.top_token
+        step = head_rows(logp_node.shape[0])
+        for start in range(0, hidden.shape[0], step):
+            r, i = rows[start : start + step], nodes[start : start + step]
+            logits = lm_head(self.model, hidden[start : start + step])
+            top, top_token[r, i] = logits.max(-1)
+            child_logit = torch.gather(logits, 1, t.slot_child_token[i]).double()
             weights = logits.sub_(top[:, None]).exp_()  # in place: bounds the chunk's memory
             sums = vocabulary_sums(weights, self.columns.blocks).clamp(min=1e-300).log()
             del logits, weights
-            top = top.double()
             log_z = sums[:, :1]
-            r, i = rows[sl], nodes[sl]
             stop_logp[r, i] = sums[:, 1:] - log_z
-            child_idx = t.child_index[i]
-            has = child_idx >= 0
-            child_lp = child_logit - top[:, None] - log_z
-            rr = r[:, None].expand_as(child_idx)
-            logp_node[rr[has], child_idx[has]] = (logp_node[r, i][:, None] + child_lp)[has]
+            child_lp = child_logit - top.double()[:, None] - log_z
+            logp_node[r[:, None], t.slot_child[i]] = logp_node[r, i][:, None] + child_lp
 
-    def _results(self, logp_node, stop_logp, top_token, dropped) -> list[ScoreResult]:
-        probs = self.tables.answer_probs(logp_node, stop_logp).cpu().numpy()
+    def _results(
+        self, probs: np.ndarray, dropped: np.ndarray, top_token: np.ndarray
+    ) -> list[ScoreResult]:
+        """Per row, from its unnormalised answer probabilities, dropped mass and nodes' most
+        likely next tokens (on the host)."""
         valid = probs.sum(-1)
-        greedy = self._greedy(top_token.cpu().numpy())
+        greedy = self._greedy(top_token)
         results = []
         for row in range(probs.shape[0]):
             mass = float(valid[row])
@@ -249,10 +328,10 @@ class TriePass:
         return out
 
 
-def prune(p: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
-    """Keep mask: drop the smallest candidates while their summed mass fits in the budget."""
+def prune(p: torch.Tensor, budget: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidates of each row from least to most likely (`order`, indices into `p`'s last
+    dimension) and which of them are kept (`keep`, in that order): the smallest are dropped
+    while their summed mass fits in the row's budget, and every candidate of probability 0."""
     sorted_p, order = p.sort(dim=-1)
-    drop_sorted = (sorted_p.cumsum(-1) <= budget[:, None]) | (sorted_p == 0)
-    keep = torch.ones_like(p, dtype=torch.bool)
-    keep.scatter_(1, order, ~drop_sorted)
-    return keep
+    drop = (sorted_p.cumsum(-1) <= budget[:, None]) | (sorted_p == 0)
+    return order, drop.logical_not()
