@@ -245,7 +245,7 @@ def test_per_position_estimates_add_up_to_the_span(scorer, pair):
 
 
 def test_patch_command_per_position(model, tmp_path, patch_cli, capsys):
-    """`--positions`: one component per aligned position of each span, a layer x position map."""
+    """`--per-position`: one component per aligned position of each span, a layer x position map."""
     base = [
         "intergroup",
         "--events",
@@ -261,7 +261,7 @@ def test_patch_command_per_position(model, tmp_path, patch_cli, capsys):
         "--skip-direction",
     ]
     out = tmp_path / "ok"
-    argv = [*base, "--spans", "experiencer", "--positions", "--method", "attribution"]
+    argv = [*base, "--spans", "experiencer", "--per-position", "--method", "attribution"]
     assert patch_cli(model, *argv, "--out", str(out)) == 0
     df = pd.read_parquet(out / "patching.parquet")
     spans = list(dict.fromkeys(df["span"]))

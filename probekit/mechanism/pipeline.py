@@ -13,7 +13,7 @@ then does the rest:
    exactly (`attribution+verify`, mechanism.attribution). Writes patching.parquet,
    patching_summary.csv (each component's mean effect and estimate with bootstrap intervals over
    pairs), patching.png (layer x site, a panel per span), heads.png (layer x head) or
-   positions.png (with `positions`), and prints the five components with the largest effect.
+   positions.png (with `per_position`), and prints the five components with the largest effect.
    `mediation` adds the total, direct and indirect effects of the exactly measured components
    (mediation.parquet, mediation_summary.csv; mechanism.mediation).
 3. Direction (studies that define one; not with `skip_direction`): per layer, the difference of
@@ -86,7 +86,7 @@ class PatchOptions(HookOptions):
         help="pairs patched per unit (event, item), largest gap first (default %(default)s)",
         kind=positive_int,
     )
-    positions: bool = option(
+    per_position: bool = option(
         False,
         help="patch each position of each span on its own (span@-k ... span@-1, aligned at the "
         "span's end; a layer x position heatmap per site)",
@@ -182,7 +182,7 @@ def run_patch(
     encoded = [model.encode(item) for item in items]
     settle_precision(model, probe.answers, [e.input_ids for e in encoded])
     pairs = study.pairs(probe, encoded)
-    if request.positions:
+    if request.per_position:
         spans = single_positions(spans, pairs)
     patches = grid(layers, request.sites, spans, heads)
     check(model, pairs, patches)  # fail on bad input before any scoring
@@ -312,7 +312,7 @@ def report(
     names = [find_site(s).name for s in request.sites]
     sites = [s for s in names if s != HEAD_SITE]
     plain = summary[summary["head"].isna() & summary[value].notna()]
-    if request.positions:  # one column per position: a layer x position map per site and span
+    if request.per_position:  # one column per position: a layer x position map per site and span
         shown = summary[summary[value].notna()]
         position_heatmap(shown, out / "positions.png", value, names, title)
         written.append("positions.png")
@@ -321,7 +321,7 @@ def report(
         patching_heatmap(shown, out / "patching.png", sites, spans, title)
         written.append("patching.png")
     heads = summary[summary["head"].notna() & summary[value].notna()]
-    if not heads.empty and not request.positions:
+    if not heads.empty and not request.per_position:
         head_heatmap(heads, out / "heads.png", value, spans, title)
         written.append("heads.png")
     what = "attribution estimate" if attributed else "exact effect"
