@@ -52,7 +52,7 @@ def test_bridge_and_nnsight_agree(tiny, items, tmp_path):
     # kernel so the sums match.
     plain = tiny_model()
     plain.hf.set_attn_implementation("eager")
-    kw = dict(layers=LAYERS, batch_size=2, dtype=torch.float32)
+    kw = dict(layers=LAYERS, batch_size=2, storage_dtype=torch.float32)
     capture(tiny, items, tmp_path / "bridge", hooks="transformer_lens", **kw)
     assert tiny.bridge_enabled  # the bridge backend builds it itself
     capture(plain, items, tmp_path / "nnsight", hooks="nnsight", **kw)
@@ -219,7 +219,7 @@ def test_damaged_parts_and_shards_are_set_aside_and_captured_again(tiny, items, 
 def test_a_capture_resumes_only_under_its_own_settings(tiny, items, tmp_path, capsys):
     capture(tiny, items[:2], tmp_path, layers=[1])
     with pytest.raises(ProbekitError) as error:
-        capture(tiny, items, tmp_path, layers=[1], dtype=torch.float32)
+        capture(tiny, items, tmp_path, layers=[1], storage_dtype=torch.float32)
     assert "a different storage_dtype ('float16', now 'float32')" in one_line(error)
     (tmp_path / "manifest.json").write_text("[")
     with pytest.raises(ProbekitError) as error:
@@ -227,7 +227,7 @@ def test_a_capture_resumes_only_under_its_own_settings(tiny, items, tmp_path, ca
     assert "manifest.json is damaged" in one_line(error)
     (tmp_path / "manifest.json").unlink()  # as that line advises; then other settings
     capsys.readouterr()
-    again = capture(tiny, items, tmp_path, layers=[1], dtype=torch.float32)
+    again = capture(tiny, items, tmp_path, layers=[1], storage_dtype=torch.float32)
     err = capsys.readouterr().err
     assert "holds rows captured under another storage_dtype ('float16', now 'float32')" in err
     assert "set aside as shard-00000.parquet.mismatched with shard-00000.safetensors" in err

@@ -160,7 +160,7 @@ def recovery(table: pd.DataFrame, n: int = 1000, *, seed: int, level: float = 0.
     return out
 
 
-@public(CaptureOptions, ModelOptions, command="capture", skip=("model", "dtype"))
+@public(CaptureOptions, ModelOptions, command="capture", skip=("model",))
 def capture(
     model: Any,
     prompts: Any,
@@ -171,7 +171,7 @@ def capture(
     out: str | Path | None,
     hooks: str,
     batch_size: int,
-    dtype: torch.dtype = disk.STORAGE_DTYPE,
+    storage_dtype: torch.dtype = disk.STORAGE_DTYPE,
     quiet: bool,
 ) -> disk.Activations:
     """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
@@ -181,9 +181,10 @@ def capture(
         prompts: one string, a list of strings, chat-message lists, `Item`s or encoded prompts,
             or a prompts JSONL path (as `probekit.score` takes them); a plain string has one
             span, `answer` (its last token). With `out`, resumable safetensors shards are
-            written there too (`probekit capture`'s format in `dtype`), and the activations
+            written there too (`probekit capture`'s format, in `storage_dtype`), and the activations
             returned are read back from it.
-        dtype: the storage dtype of the shards written to `out`.
+        storage_dtype: the dtype the shards written to `out` store activations in (the
+            model's own dtype is the model's).
 
     Returns `Activations`: `acts["blocks.3.hook_resid_pre"]` is [rows, d_model] (float32 in
     memory), `acts.at(hook, prompt_id, span)` one prompt's span, `acts.index` the rows.
@@ -196,7 +197,9 @@ def capture(
     with silenced(quiet):
         if out is None:
             return disk.collect(model, encoded, chosen, names, kept, hooks, batch_size)
-        disk.capture(model, encoded, out, chosen, names, kept, hooks, batch_size, dtype=dtype)
+        disk.capture(
+            model, encoded, out, chosen, names, kept, hooks, batch_size, storage_dtype=storage_dtype
+        )
     wanted = {item.id for item in encoded}
     stored = disk.read_activations(out)
     return _subset(stored, wanted)

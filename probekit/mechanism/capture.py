@@ -62,7 +62,7 @@ _FORMAT = 2
 """The capture folder's layout: 2 keeps its settings in `manifest.json` (1: `capture.json`)."""
 OLD_CONFIG = "capture.json"
 STORAGE_DTYPE = torch.float16
-"""The dtype shards store activations in unless `capture(dtype=...)` says otherwise."""
+"""The dtype shards store activations in unless `capture(storage_dtype=...)` says otherwise."""
 
 Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
@@ -169,19 +169,20 @@ def capture(
     hooks: str,
     batch_size: int,
     prompts_per_shard: int = 256,
-    dtype: torch.dtype = STORAGE_DTYPE,
+    storage_dtype: torch.dtype = STORAGE_DTYPE,
 ) -> CaptureResult:
     """Capture `sites` at `layers` for the `spans` of each prompt (all if None) into `out_dir`.
 
     Items are consumed lazily and written a shard at a time, so an interrupted run keeps every
     finished shard; running again with the same settings skips prompt ids already captured (and
-    repeated ids). `dtype` is the storage type (fp16 by default; use float32 for exact checks).
+    repeated ids). `storage_dtype` is the dtype the shards store (float16 by default; float32
+    for exact checks).
     """
     layers, shorts = check_request(model, layers, sites, hooks)
     if batch_size < 1 or prompts_per_shard < 1:
         raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
     out = Path(out_dir)
-    storage = str(dtype).removeprefix("torch.")
+    storage = str(storage_dtype).removeprefix("torch.")
     manifest = capture_manifest(model, layers, shorts, spans, hooks, storage)
     config = open_capture(out, manifest)
     seen = scan_capture(out, config)
@@ -193,7 +194,7 @@ def capture(
     def flush() -> None:
         nonlocal shard_no, captured
         written.append(
-            _write_shard(model, pending, out, shard_no, config, hooks, batch_size, dtype)
+            _write_shard(model, pending, out, shard_no, config, hooks, batch_size, storage_dtype)
         )
         captured += len(pending)
         shard_no += 1
@@ -446,7 +447,7 @@ def _write_shard(
     config: dict[str, Any],
     hooks: str,
     batch_size: int,
-    dtype: torch.dtype,
+    storage_dtype: torch.dtype,
 ) -> Path:
     """Capture `items` batch by batch; write the tensors, then the index part that commits them."""
     name = f"shard-{number:05d}"
@@ -477,14 +478,14 @@ def _write_shard(
                 )
             start += len(at)
     tensors = {
-        site(short).hook(layer): torch.cat(parts).to(dtype)
+        site(short).hook(layer): torch.cat(parts).to(storage_dtype)
         for (layer, short), parts in blocks.items()
     }
     for key, tensor in tensors.items():
         if not torch.isfinite(tensor).all():
             raise ProbekitError(
                 f"activations at {key} overflow {config['storage_dtype']}; capture with "
-                "dtype=torch.bfloat16 or torch.float32"
+                "storage_dtype=torch.bfloat16 or torch.float32"
             )
     atomic_write(
         out / shard, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
