@@ -34,7 +34,8 @@ def test_score_equals_the_command(smol, tmp_path):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "o.parquet"
     assert (
-        cli.main(["score", "--prompts", str(prompts), "--answers", "0-10", "--out", str(out)]) == 0
+        cli.main(["score", "--prompts", str(prompts), "--answers", "0-10", "--scores", str(out)])
+        == 0
     )
     command = pd.read_parquet(out)
     script = probekit.score(smol, prompts, "0-10")

@@ -61,7 +61,7 @@ def test_model_option_conflicts_are_refused_while_parsing(
     command, options, message, nothing_loads, tmp_path, capsys
 ):
     study = [] if command in ("score", "setup") else ["isear"]
-    files = ["--prompts", "p.jsonl", "--answers", "A,B", "--out", str(tmp_path / "o.parquet")]
+    files = ["--prompts", "p.jsonl", "--answers", "A,B", "--scores", str(tmp_path / "o.parquet")]
     extra = files if command == "score" else []
     assert message in refused([command, *study, *options, *extra], capsys)
 

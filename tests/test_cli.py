@@ -25,7 +25,7 @@ def run(tmp_path, lines, answers="0-10", extra=()):
     prompts.write_text(lines)
     out = tmp_path / "o.parquet"
     code = cli.main(
-        ["score", "--prompts", str(prompts), "--answers", answers, "--out", str(out), *extra]
+        ["score", "--prompts", str(prompts), "--answers", answers, "--scores", str(out), *extra]
     )
     return code, out
 
@@ -141,10 +141,18 @@ SAMPLES = str(SAMPLE_ROOT)
         (["lens", "intergroup", "--sites", "resid_pre"], "unrecognized arguments: --sites"),
         (["lens", "isear", "--events", "0"], "--events must be at least 1"),
         (
-            ["score", "--answer", "0-10", "--prompts", "p.jsonl", "--out", "o.parquet"],
+            ["score", "--answer", "0-10", "--prompts", "p.jsonl", "--scores", "o.parquet"],
             "unrecognized arguments: --answer 0-10; did you mean --answers?",
         ),
-        (["score", "--prompts", "p.jsonl", "--out", "o.parquet"], "required: --answers"),
+        (["score", "--prompts", "p.jsonl", "--scores", "o.parquet"], "required: --answers"),
+        (
+            ["score", "--prompts", "p.jsonl", "--answers", "0-10", "--out", "o.parquet"],
+            "--out names a run folder; probekit score writes one Parquet file: --scores FILE",
+        ),
+        (
+            ["score", "--prompts", "p.jsonl", "--answers", "0-10", "--scores", "/dev/null/o.pq"],
+            "--scores /dev/null is a file, not a folder",
+        ),
         (["plan", "--model", "default", "--devices", "cpu=1GiB", "--dtype", "int8"], "'int8'"),
         (["report", "/nonexistent/run"], "is not a folder"),
     ],

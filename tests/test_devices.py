@@ -96,7 +96,7 @@ def test_the_score_command_places_the_model_as_told(whole, tmp_path, capfd):
     out = tmp_path / "scores.parquet"
     argv = ["score", "--prompts", str(prompts), "--answers", "0-10", "--epsilon", "0"]
     placement = ["--max-memory", SPLIT_MEMORY, "--offload-folder", str(tmp_path / "spill")]
-    assert cli.main([*argv, "--out", str(out), *placement]) == 0
+    assert cli.main([*argv, "--scores", str(out), *placement]) == 0
     assert (
         "placed by device map: model.embed_tokens, lm_head, model.layers.0-"
         in capfd.readouterr().err

@@ -305,7 +305,7 @@ def test_read_only_out_is_one_line(tmp_path, capsys):
             prepare_run_dir(ro / "run")
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text('{"id": "a", "text": "Hello"}\n')
-        args = ["--prompts", str(prompts), "--answers", "0-10", "--out", str(ro / "o.parquet")]
+        args = ["--prompts", str(prompts), "--answers", "0-10", "--scores", str(ro / "o.parquet")]
         code = cli.main(["score", *args])
         assert code == 2 and str(ro) in one_line(capsys.readouterr().err)
         assert sorted(p.name for p in ro.iterdir()) == ["existing.txt"]
@@ -445,7 +445,9 @@ def test_prompts_that_are_not_utf8_name_the_line(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "caf\xe9"}\n')
     out = tmp_path / "o.parquet"
-    code, err = score(["--prompts", str(prompts), "--answers", "0-10", "--out", str(out)], capsys)
+    code, err = score(
+        ["--prompts", str(prompts), "--answers", "0-10", "--scores", str(out)], capsys
+    )
     assert code == 2 and f"{prompts}:2: not UTF-8" in one_line(err)
     assert not out.exists()
 
@@ -487,7 +489,7 @@ def test_a_huge_answer_range_is_refused_before_any_work(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "Hello"}\n')
     out = tmp_path / "o.parquet"
-    args = ["--prompts", str(prompts), "--answers", "0-1000000", "--out", str(out)]
+    args = ["--prompts", str(prompts), "--answers", "0-1000000", "--scores", str(out)]
     code, err = score(args, capsys)
     assert code == 2 and "at most 1000" in one_line(err) and not out.exists()
 
@@ -500,7 +502,7 @@ def test_a_folder_that_is_not_a_model(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "Hello"}\n')
     args = ["--model", str(folder), "--prompts", str(prompts), "--answers", "0-10"]
-    code, err = score([*args, "--out", str(tmp_path / "o.parquet")], capsys)
+    code, err = score([*args, "--scores", str(tmp_path / "o.parquet")], capsys)
     assert code == 2 and "is not a model folder" in one_line(err)
 
 
@@ -514,7 +516,7 @@ def test_a_truncated_gguf(tmp_path, capsys, monkeypatch):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "text": "Hello"}\n')
     args = ["--model", str(gguf), "--prompts", str(prompts), "--answers", "0-10"]
-    code, err = score([*args, "--out", str(tmp_path / "o.parquet")], capsys)
+    code, err = score([*args, "--scores", str(tmp_path / "o.parquet")], capsys)
     assert code == 2 and "truncated, damaged or not a GGUF model" in one_line(err)
     assert not list((tmp_path / "cache" / "models").glob("cut-*"))
 

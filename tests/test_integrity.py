@@ -234,7 +234,7 @@ def test_folder_weights_with_nan_are_one_line(tiny_folder, capsys):
     prompts.write_text('{"id": "a", "text": "Hello"}\n')
     out = tiny_folder.parent / "o.parquet"
     args = ["score", "--model", str(tiny_folder), "--prompts", str(prompts)]
-    assert cli.main([*args, "--answers", "0-3", "--out", str(out)]) == 2
+    assert cli.main([*args, "--answers", "0-3", "--scores", str(out)]) == 2
     assert "non-finite logits" in one_line(capsys.readouterr().err) and not out.exists()
 
 
@@ -321,7 +321,7 @@ def cli_score(tmp_path: Path, capsys, *options: str) -> tuple[int, str]:
         prompts.write_text(
             "".join(json.dumps({"id": i, "text": p}) + "\n" for i, p in enumerate(PROMPTS))
         )
-    argv = ["score", "--prompts", str(prompts), "--out", str(tmp_path / "o.parquet"), *options]
+    argv = ["score", "--prompts", str(prompts), "--scores", str(tmp_path / "o.parquet"), *options]
     code = cli.main(argv)
     return code, capsys.readouterr().err
 
@@ -393,7 +393,7 @@ def test_a_weak_signal_is_said_in_the_api_and_on_the_command_line(smol, tmp_path
     assert fits["valid_mass"].mean() >= WEAK_SIGNAL_VALID_MASS
     prompts = tmp_path / "letters.jsonl"
     prompts.write_text(json.dumps({"id": "q", "text": question[0]}) + "\n")
-    argv = ["score", "--prompts", str(prompts), "--answers", "1-7", "--out", str(tmp_path / "o")]
+    argv = ["score", "--prompts", str(prompts), "--answers", "1-7", "--scores", str(tmp_path / "o")]
     capsys.readouterr()
     assert cli.main([*argv, "--quiet"]) == 0  # no progress line: the warning still says itself
     assert "probekit: warning: weak signal" in one_line(capsys.readouterr().err)
@@ -429,7 +429,8 @@ def test_options_are_matched_exactly_with_a_did_you_mean(tmp_path, capsys, argv,
     if argv[0] == "score":
         prompts = tmp_path / "p.jsonl"
         prompts.write_text('{"id": "a", "text": "Hi"}\n')
-        argv = [*argv, "--prompts", str(prompts), "--answers", "0-3", "--out", str(tmp_path / "o")]
+        files = ["--prompts", str(prompts), "--answers", "0-3", "--scores", str(tmp_path / "o")]
+        argv = [*argv, *files]
     assert cli.main(argv) == 2
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"probekit: error: {message}")

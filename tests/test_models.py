@@ -214,7 +214,7 @@ def test_cli_bad_model_is_one_line_without_traceback(tmp_path):
             str(prompts),
             "--answers",
             "0-10",
-            "--out",
+            "--scores",
             str(tmp_path / "o.parquet"),
         ],
         capture_output=True,

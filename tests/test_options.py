@@ -128,7 +128,7 @@ BAD_BATCH = [
     ["patch", "intergroup"],
     ["capture", "intergroup"],
     ["steer", "intergroup"],
-    ["score", "--prompts", "p.jsonl", "--answers", "0-10", "--out", "o.parquet"],
+    ["score", "--prompts", "p.jsonl", "--answers", "0-10", "--scores", "o.parquet"],
     ["plan", "--model", "default", "--devices", "cpu=1GiB"],
 ]
 

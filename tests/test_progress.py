@@ -196,7 +196,7 @@ def test_the_score_command_takes_quiet(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(probekit.engines, "load_engine", lambda *a, **k: CountingEngine())
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(f'{{"id": "{i}", "text": "Day {i}? 0 to 3."}}\n' for i in range(9)))
-    args = ["score", "--prompts", str(prompts), "--answers", "0-3", "--out", str(tmp_path / "s")]
+    args = ["score", "--prompts", str(prompts), "--answers", "0-3", "--scores", str(tmp_path / "s")]
     assert cli.main([*args, "--quiet"]) == 0
     assert capsys.readouterr().err == ""
     assert cli.main(args) == 0

@@ -215,7 +215,8 @@ def test_kept_probabilities_equal_probekit_score(smol, tmp_path):
     prompts.write_text("\n".join(lines[:8]) + "\n")
     out = tmp_path / "score.parquet"
     assert (
-        cli.main(["score", "--prompts", str(prompts), "--answers", "0-10", "--out", str(out)]) == 0
+        cli.main(["score", "--prompts", str(prompts), "--answers", "0-10", "--scores", str(out)])
+        == 0
     )
     scored = pd.read_parquet(out).set_index("id")
     mine = run.set_index("prompt_id").loc[scored.index]

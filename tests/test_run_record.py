@@ -110,7 +110,7 @@ def test_the_score_command_says_its_tier_on_stderr_and_in_the_file(loads, tiny, 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "How sad, 0 to 10?"}\n')
     out = tmp_path / "o.parquet"
-    argv = ["score", "--prompts", str(prompts), "--answers", "0-10", "--out", str(out)]
+    argv = ["score", "--prompts", str(prompts), "--answers", "0-10", "--scores", str(out)]
     assert cli.main(argv) == 0
     assert "precision: float32" in capsys.readouterr().err
     stored = json.loads(pq.read_schema(out).metadata[b"probekit.precision"])

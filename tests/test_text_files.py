@@ -78,7 +78,7 @@ def test_the_score_command_refuses_a_lone_surrogate_before_loading(tmp_path, mon
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "q1", "text": "How sad?\\ud83d"}\n')
     argv = ["score", "--prompts", str(prompts), "--answers", "0-10"]
-    assert cli.main([*argv, "--out", str(tmp_path / "o.parquet")]) == 2
+    assert cli.main([*argv, "--scores", str(tmp_path / "o.parquet")]) == 2
     err = capsys.readouterr().err
     assert f"p.jsonl:1: id 'q1': 'text' {LONE} \\ud83d at character 9" in err
     assert err.count("\n") == 1

@@ -54,15 +54,26 @@ class ScoreFiles:
     """Files: the prompts read and the table written."""
 
     prompts: Path = option(REQUIRED, help='JSONL: {"id", "messages"} or {"id", "text"}', kind=path)
-    out: Path = option(REQUIRED, help="output .parquet (written atomically)", kind=path)
+    scores: Path = option(REQUIRED, help="the Parquet file written (atomically)", kind=path)
 
 
-def _check_score_out(parsed: tuple) -> None:
-    check_out_dir(parsed[1].out.parent)
+def _check_scores_file(parsed: tuple) -> None:
+    check_out_dir(parsed[1].scores.parent, "scores")
+
+
+def _not_score_options(name: str) -> str | None:
+    """One line for `--out` (score's file until it was named `--scores`): `--out` is a run
+    folder in every other command."""
+    if name == "out":
+        return "--out names a run folder; probekit score writes one Parquet file: --scores FILE"
+    return None
 
 
 SCORE = Command(
-    "score", (ModelOptions, ScoreFiles, ScoreOptions), checks=(check_models, _check_score_out)
+    "score",
+    (ModelOptions, ScoreFiles, ScoreOptions),
+    checks=(check_models, _check_scores_file),
+    elsewhere=_not_score_options,
 )
 REPORT = Command("report", (ReportOptions,))
 SETUP = Command("setup", (ModelOptions,), checks=(check_models,))
@@ -225,7 +236,7 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
     written = score_file(
         model.model,
         files.prompts,
-        files.out,
+        files.scores,
         options.answers,
         epsilon=options.epsilon,
         prefill=options.prefill,

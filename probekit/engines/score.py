@@ -176,7 +176,7 @@ def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
 def score_file(
     model: str | Path | Engine,
     prompts: str | Path,
-    out: str | Path,
+    scores: str | Path,
     answers: AnswerSet | str | Sequence[str | float],
     *,
     epsilon: float,
@@ -187,14 +187,14 @@ def score_file(
 ) -> Path:
     """`probekit score` as a function: the prompts of a JSONL file (`{"id", "messages"}` or
     `{"id", "text"}` a line) scored as `score` scores them, their rows streamed to the Parquet
-    file `out` (atomically: it appears whole or not at all; memory stays flat however long the
+    file `scores` (atomically: it appears whole or not at all; memory stays flat however long the
     file), the columns of `score`. Every line is checked before the model loads.
 
     `model`: a loaded model, or a spec loaded with `load` (`load_engine`'s keywords: `device`,
     `dtype`, ...); the other arguments are `score`'s. The tier the rows were scored in is said
     on stderr and recorded in the file's metadata (`PRECISION_KEY`, JSON). A prefill ending in
     whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are warned about
-    (`warnings.warn`). Returns `out`.
+    (`warnings.warn`). Returns `scores`.
 
     Args:
         load: `load_engine`'s keywords for a model spec."""
@@ -211,7 +211,7 @@ def score_file(
     masses: list[float] = []
     with (
         silenced(quiet),
-        ParquetStream(out) as stream,
+        ParquetStream(scores) as stream,
         progress(total, "prompt", "score", "fewer prompts in the file") as bar,
     ):
         items = read_prompts(prompts, prefill)
@@ -224,4 +224,4 @@ def score_file(
             masses += frame["valid_mass"].tolist()
     if masses and (weak := weak_signal(sum(masses) / len(masses))):
         warnings.warn(weak, UserWarning, stacklevel=3)
-    return Path(out)
+    return Path(scores)
