@@ -1,7 +1,7 @@
 """A run's record is its identity: the tolerance a run picks its precision tier by, and the tier
-picked, are resume keys (`probekit.core.rundir.SETTINGS`), so a folder resumed with another
-tolerance is refused before the model loads, and rows of two tiers never mix in one run (on the
-tiny random model; the run loads no model, `load_engine` hands it over)."""
+picked, are resume keys (`probekit.core.rundir.MANIFEST_FIELDS`), so a folder resumed with
+another tolerance is refused before the model loads, and rows of two tiers never mix in one run
+(on the tiny random model; the run loads no model, `load_engine` hands it over)."""
 
 from __future__ import annotations
 

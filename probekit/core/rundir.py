@@ -2,11 +2,11 @@
 `manifest.json`), its scores and summary, its shard locks, and the discovery of finished runs.
 
 What a run was is its manifest. Every field that changes a number is declared once, in
-`SETTINGS`, with `resume_key=True`: resuming a folder whose manifest differs in one of them is
-refused in one line naming it. A field that no declaration names (a study's new option) is a
-resume key too, so a new setting cannot be forgotten; only the fields declared
-`resume_key=False` (where the data or the command came from, versions, the noise figure, report
-options) may differ. `check_resume` takes the settings known before the model loads (a field
+`MANIFEST_FIELDS` (a `ManifestField` each), with `resume_key=True`: resuming a folder whose manifest
+differs in one of them is refused in one line naming it. A field that no declaration names (a
+study's new option) is a resume key too, so a new setting cannot be forgotten; only the fields
+declared `resume_key=False` (where the data or the command came from, versions, the noise figure,
+report options) may differ. `check_resume` takes the settings known before the model loads (a field
 set to None is not known yet), so that most mismatches are refused before any loading.
 
 What rows were scored under travels with them: every part of a run and its `scores.parquet` carry
@@ -47,7 +47,7 @@ RENAMED_COLUMNS = {2: {"mode": "most_probable"}, 3: {"argmax": "greedy"}}
 
 
 @dataclass(frozen=True)
-class Setting:
+class ManifestField:
     """One manifest field: whether it changes a number (a resume key) and what it records."""
 
     name: str
@@ -55,55 +55,55 @@ class Setting:
     about: str
 
 
-SETTINGS = (
-    Setting("results_format", True, "version of the scores table"),
-    Setting("study", True, "the study's name"),
-    Setting("model", True, "the model as given (hub id, path, default)"),
-    Setting("weights", True, "fingerprint of the weights (revision or file hash)"),
-    Setting("dtype", True, "the dtype the exact scores are computed in"),
-    Setting("device", True, "the kind of device (cpu, cuda, mps): its kernels' last digits"),
-    Setting("device_map", True, "how the model's layers are placed over devices"),
-    Setting("engine", True, "the engine (hf, vllm)"),
-    Setting("columns", True, "which engine wrote which columns"),
-    Setting("probe", True, "what defines the prompts, answers and parse rule"),
-    Setting("view", True, "exact, generate or explain"),
-    Setting("epsilon", True, "the pruning bound of the exact scores"),
-    Setting("max_new_tokens", True, "the generation budget"),
-    Setting("temperature", True, "sampling temperature of generation"),
-    Setting("seed", True, "sampling of items, generation and statistics"),
-    Setting("limit", True, "a smoke run: the whole units whose prompts fit in N (None: all)"),
-    Setting("data_sha256", True, "checksum of the data read"),
-    Setting("model_source", False, "where the model was loaded from"),
-    Setting("prompts", False, "prompts in the run (after any limit)"),
-    Setting("prompts_total", False, "prompts of the study's configuration"),
-    Setting("numerics", False, "the noise figure, measured after the run"),
-    Setting("tolerance", True, "the largest change of an answer probability the tier may cause"),
-    Setting("tier", True, "the precision tier the rows were scored in (bfloat16, tf32, float32)"),
-    Setting("precision", False, "the precision tier, its tolerance and measured errors"),
-    Setting("batch_size", False, "prompts a batch of the scorer, as the run ended"),
-    Setting("versions", False, "package versions"),
-    Setting("command", False, "the command (or call) that ran it"),
-    Setting("data_origin", False, "where the data came from (env, cache, sample, ...)"),
-    Setting("data_path", False, "the data's folder"),
-    Setting("items_origin", False, "GIEBench: where the items came from"),
-    Setting("items_path", False, "GIEBench: the items' file or folder"),
-    Setting("punkt_root", False, "ISEAR: the folder of NLTK's punkt tables"),
-    Setting("min_valid_mass", False, "report option: the exclusion threshold"),
-    Setting("outlier_z", False, "report option: JaEm-ST's outlier bound"),
-    Setting("groups", False, "report option: JaEm-ST's group columns"),
-    Setting("responses", False, "JaEm-ST: free responses generated after the run"),
-    Setting("vector", True, "steer: mean_diff, direction or file"),
-    Setting("vector_sha256", True, "steer: the SHA-256 of the vector file's content"),
-    Setting("vector_file", False, "steer: the vector file as given (known by its content)"),
-    Setting("positions", True, "steer: where the vector is added"),
-    Setting("span", True, "steer: the span it is added from"),
-    Setting("sites", True, "steer, capture: the TransformerLens sites"),
-    Setting("layers", True, "steer, capture, lens: the layers"),
-    Setting("hooks", True, "steer, capture: the hook library (its kernels' last digits)"),
-    Setting("prompt_ids_sha256", True, "steer, lens: the SHA-256 of the prompts' ids, in order"),
-    Setting("alphas", False, "steer: the multiples asked for (each α is a part of its own)"),
+MANIFEST_FIELDS = (
+    ManifestField("results_format", True, "version of the scores table"),
+    ManifestField("study", True, "the study's name"),
+    ManifestField("model", True, "the model as given (hub id, path, default)"),
+    ManifestField("weights", True, "fingerprint of the weights (revision or file hash)"),
+    ManifestField("dtype", True, "the dtype the exact scores are computed in"),
+    ManifestField("device", True, "the kind of device (cpu, cuda, mps): its kernels' last digits"),
+    ManifestField("device_map", True, "how the model's layers are placed over devices"),
+    ManifestField("engine", True, "the engine (hf, vllm)"),
+    ManifestField("columns", True, "which engine wrote which columns"),
+    ManifestField("probe", True, "what defines the prompts, answers and parse rule"),
+    ManifestField("view", True, "exact, generate or explain"),
+    ManifestField("epsilon", True, "the pruning bound of the exact scores"),
+    ManifestField("max_new_tokens", True, "the generation budget"),
+    ManifestField("temperature", True, "sampling temperature of generation"),
+    ManifestField("seed", True, "sampling of items, generation and statistics"),
+    ManifestField("limit", True, "a smoke run: the whole units whose prompts fit in N (None: all)"),
+    ManifestField("data_sha256", True, "checksum of the data read"),
+    ManifestField("model_source", False, "where the model was loaded from"),
+    ManifestField("prompts", False, "prompts in the run (after any limit)"),
+    ManifestField("prompts_total", False, "prompts of the study's configuration"),
+    ManifestField("numerics", False, "the noise figure, measured after the run"),
+    ManifestField("tolerance", True, "the most the tier may change an answer probability"),
+    ManifestField("tier", True, "the precision tier of the rows (bfloat16, tf32, float32)"),
+    ManifestField("precision", False, "the precision tier, its tolerance and measured errors"),
+    ManifestField("batch_size", False, "prompts a batch of the scorer, as the run ended"),
+    ManifestField("versions", False, "package versions"),
+    ManifestField("command", False, "the command (or call) that ran it"),
+    ManifestField("data_origin", False, "where the data came from (env, cache, sample, ...)"),
+    ManifestField("data_path", False, "the data's folder"),
+    ManifestField("items_origin", False, "GIEBench: where the items came from"),
+    ManifestField("items_path", False, "GIEBench: the items' file or folder"),
+    ManifestField("punkt_root", False, "ISEAR: the folder of NLTK's punkt tables"),
+    ManifestField("min_valid_mass", False, "report option: the exclusion threshold"),
+    ManifestField("outlier_z", False, "report option: JaEm-ST's outlier bound"),
+    ManifestField("groups", False, "report option: JaEm-ST's group columns"),
+    ManifestField("responses", False, "JaEm-ST: free responses generated after the run"),
+    ManifestField("vector", True, "steer: mean_diff, direction or file"),
+    ManifestField("vector_sha256", True, "steer: the SHA-256 of the vector file's content"),
+    ManifestField("vector_file", False, "steer: the vector file as given (known by its content)"),
+    ManifestField("positions", True, "steer: where the vector is added"),
+    ManifestField("span", True, "steer: the span it is added from"),
+    ManifestField("sites", True, "steer, capture: the TransformerLens sites"),
+    ManifestField("layers", True, "steer, capture, lens: the layers"),
+    ManifestField("hooks", True, "steer, capture: the hook library (its kernels' last digits)"),
+    ManifestField("prompt_ids_sha256", True, "steer, lens: SHA-256 of the prompt ids, in order"),
+    ManifestField("alphas", False, "steer: the multiples asked for (each α is a part of its own)"),
 )
-_DECLARED = {s.name: s for s in SETTINGS}
+_DECLARED = {s.name: s for s in MANIFEST_FIELDS}
 
 
 def resume_keys(manifest: dict[str, Any]) -> list[str]:

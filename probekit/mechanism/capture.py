@@ -374,9 +374,9 @@ def capture_manifest(
     hooks: str,
     storage: str,
 ) -> dict[str, Any]:
-    """What defines a capture (its manifest; `probekit.core.rundir.SETTINGS` says which fields
-    are resume keys); with `model` None (before it loads) the fields it gives, and `layers`
-    when they need it, are None."""
+    """What defines a capture (its manifest; `probekit.core.rundir.MANIFEST_FIELDS` says which
+    fields are resume keys); with `model` None (before it loads) the fields it gives, and
+    `layers` when they need it, are None."""
     described = model.describe() if model is not None else {}
     manifest = {
         "results_format": RESULTS_FORMAT,

@@ -77,7 +77,7 @@ MODEL_FIELDS = frozenset(
     }
 )
 # Manifest fields shown first, in this order, with their names on the page.
-MANIFEST_FIELDS = {
+SHOWN_FIELDS = {
     "study": "study",
     "model": "model",
     "model_source": "model source",
@@ -443,7 +443,7 @@ def summary_table(rows: pd.DataFrame) -> dict[str, list]:
 def manifest_table(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """The manifest's main fields (those present) as (name, text) pairs, in a fixed order."""
     shown = []
-    for key, name in MANIFEST_FIELDS.items():
+    for key, name in SHOWN_FIELDS.items():
         if key in manifest and not missing(manifest[key]):
             value = manifest[key]
             shown.append((name, value if isinstance(value, str) else json.dumps(value)))
@@ -452,7 +452,7 @@ def manifest_table(manifest: dict[str, Any]) -> list[tuple[str, str]]:
 
 def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
     """The nested parts of the manifest: numerics (noise figure), versions, the probe, the rest."""
-    rest = {k: v for k, v in manifest.items() if k not in MANIFEST_FIELDS}
+    rest = {k: v for k, v in manifest.items() if k not in SHOWN_FIELDS}
     parts = {}
     for key in ("numerics", "versions", "probe"):
         if key in rest:

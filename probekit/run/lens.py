@@ -184,9 +184,9 @@ def settings(
     asked: ModelOptions | None = None,
 ) -> dict[str, Any]:
     """What defines a lens run (its manifest; undeclared fields are resume keys, see
-    `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
-    loaded model gives, and layers counted from the end, are None, the tolerance that `asked`
-    for."""
+    `probekit.core.rundir.MANIFEST_FIELDS`). Before the model loads (`model` None) the fields
+    only the loaded model gives, and layers counted from the end, are None, the tolerance that
+    `asked` for."""
     own = {
         "layers": layers,
         "hooks": "transformer_lens",

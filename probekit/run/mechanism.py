@@ -78,8 +78,8 @@ def mechanism_settings(
 ) -> dict[str, Any]:
     """The manifest of a mechanism run folder (`probekit steer`, `probekit lens`): what changes
     a number, as it reads back from the file (undeclared fields are resume keys, see
-    `probekit.core.rundir.SETTINGS`). The study, the probe's configuration (exact view, epsilon
-    0 unless `own` gives the command's), the seed, the command's `own` fields, the prompts
+    `probekit.core.rundir.MANIFEST_FIELDS`). The study, the probe's configuration (exact view,
+    epsilon 0 unless `own` gives the command's), the seed, the command's `own` fields, the prompts
     (their ids' SHA-256, in order) and, from the loaded `model`, the model as given, where it
     was loaded from, its weights, dtype, kind of device, device map and precision record, each
     None before it loads (`model` None, so that `RunDir.check_resume` leaves them for after),

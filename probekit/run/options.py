@@ -109,11 +109,11 @@ def run_command(study: Study) -> Command:
 def precision_settings(
     asked: ModelOptions | None, described: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """The resume keys of a run's arithmetic (`probekit.core.rundir.SETTINGS`): `tolerance`, by
-    which the hf engine picks its precision tier (None where a dtype forces it or another engine
+    """The resume keys of a run's arithmetic (`probekit.core.rundir.MANIFEST_FIELDS`): `tolerance`,
+    by which the hf engine picks its precision tier (None where a dtype forces it or another engine
     scores), and `tier`, the one picked. From the loaded model's `described` precision record;
-    before it loads (`described` None) the tolerance `asked` for (None for a model loaded
-    already, `asked` None: its own is known once described) and no tier yet."""
+    before it loads (`described` None) the tolerance `asked` for (None for a model loaded already,
+    `asked` None: its own is known once described) and no tier yet."""
     if described is None:
         return {"tolerance": None if asked is None else asked.tolerance_asked, "tier": None}
     record = described.get("precision") or {}

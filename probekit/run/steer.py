@@ -300,8 +300,8 @@ def settings(
     asked: ModelOptions | None = None,
 ) -> dict[str, Any]:
     """What defines a steering run (its manifest; undeclared fields are resume keys, see
-    `probekit.core.rundir.SETTINGS`). Before the model loads (`model` None) the fields only the
-    loaded model gives, and the layers, are None, the tolerance that `asked` for."""
+    `probekit.core.rundir.MANIFEST_FIELDS`). Before the model loads (`model` None) the fields
+    only the loaded model gives, and the layers, are None, the tolerance that `asked` for."""
     own = {
         "epsilon": args.epsilon,
         "vector": "file" if file is not None else args.vector,

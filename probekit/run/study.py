@@ -359,8 +359,8 @@ def settings(
     command: str,
     asked_for: bool = True,
 ) -> dict[str, Any]:
-    """What defines a run (its manifest; `probekit.core.rundir.SETTINGS` says which fields are
-    resume keys). Before the model loads (`described` None) the fields only the loaded model
+    """What defines a run (its manifest; `probekit.core.rundir.MANIFEST_FIELDS` says which fields
+    are resume keys). Before the model loads (`described` None) the fields only the loaded model
     can give are None, the dtype, device and tolerance those asked for (`asked_for`; False: a
     model loaded already, whose tolerance is its own)."""
     arithmetic = precision_settings(asked if asked_for else None, described)
