@@ -312,8 +312,9 @@ def test_report_of_two_runs_of_one_model_keeps_every_section(isear_run, tmp_path
     assert "2 events, fewer than 30" in own
 
 
-def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
-    gie = [
+def giebench_rows(folder: Path) -> list[dict]:
+    """Summary rows as the GIEBench study writes them for the run in `folder`."""
+    return [
         {
             "model": "default",
             "view": "direct",
@@ -323,15 +324,17 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
             "accuracy": 0.25 + k / 100,
             "ci_low": 0.2,
             "ci_high": 0.3 + k / 100,
+            "run": str(folder),
         }
         for k, (orders, kind) in enumerate(
             [(o, t) for o in ("own order", "averaged over orders") for t in ("raw", "id", "cot")]
         )
     ]
+
+
+def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
     folder = tmp_path / "gie"
-    for row in gie:
-        row["run"] = str(folder)
-    run = load_run(finished_run(folder, "giebench", gie, items_origin="sample"))
+    run = load_run(finished_run(folder, "giebench", giebench_rows(folder), data_origin="sample"))
     assert [h.label for h in run.headlines if h.primary] == [
         "accuracy, id prompt (averaged over orders)"
     ]
@@ -360,6 +363,52 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
     assert [h.key for h in run.headlines if h.primary] == ["CE score (all) (exact)"]
     text = page_text(run_page_html(run))
     assert "0.188 probability [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
+
+
+def earlier_run(folder: Path, study: str, rows: list[dict], **old: object) -> dict:
+    """`finished_run` as an earlier probekit wrote it: its manifest's `view` and `data_origin`
+    replaced by the fields `old`; returns that manifest."""
+    finished_run(folder, study, rows)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = {k: v for k, v in manifest.items() if k not in ("view", "data_origin")} | old
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_an_earlier_versions_manifest_and_summary_read_in_this_versions_words(tmp_path):
+    """A manifest of an earlier probekit (`mode`, not `view`; GIEBench's `items_origin` and
+    `items_path`, not `data_origin` and `data_path`) and a `summary.csv` with a `mode` column
+    read back in today's fields, in one place (`probekit.core.rundir.upgrade_manifest`), and
+    the pages show them."""
+    from probekit.core.rundir import RunDir
+
+    folder = tmp_path / "gie"
+    items = {"items_origin": "official", "items_path": "/data/giebench.jsonl"}
+    written = earlier_run(folder, "giebench", giebench_rows(folder), mode="direct", **items)
+    read = RunDir(folder).manifest
+    assert (read["view"], read["data_origin"], read["data_path"]) == (
+        "direct",
+        "official",
+        "/data/giebench.jsonl",
+    )
+    assert not {"mode", "items_origin", "items_path"} & set(read)
+    assert len(read) == len(written)  # each renamed field once, under its new name
+    text = page_text(run_page_html(load_run(folder)))
+    assert "data origin official" in text and "data path /data/giebench.jsonl" in text
+    assert "GIEBench items (official: /data/giebench.jsonl)" in text and "view direct" in text
+    assert not re.search(r"\bmode\b|items_", text)
+
+    rows = [{**row, "mode": "ev"} for row in intergroup_rows("default")]
+    for row in rows:
+        del row["view"]
+    folder = tmp_path / "intergroup"
+    earlier_run(folder, "intergroup", rows, mode="ev", data_origin="sample")
+    assert RunDir(folder).manifest["view"] == "exact"
+    assert list(RunDir(folder).summary()["view"]) == ["exact"]
+    run = load_run(folder)
+    assert [h.view for h in run.headlines if h.primary] == ["exact"]
+    text = page_text(run_page_html(run))
+    assert "view exact" in text and not re.search(r"\bmode\b|\bev\b", text)
 
 
 def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):

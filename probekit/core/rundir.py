@@ -17,7 +17,8 @@ it says (a manifest can be deleted and written anew by another run).
 Results format: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`; 3 renames the
 most probable answer's column `mode` to `most_probable`; 4 renames the greedy answer's column
 `argmax` to `greedy`. Folders of formats 2 and 3 are still read (`scores` renames the columns);
-resuming one is refused.
+resuming one is refused. Manifest fields renamed since are renamed when a manifest is read, in
+one place (`upgrade_manifest`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,28 @@ MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
 RENAMED_COLUMNS = {2: {"mode": "most_probable"}, 3: {"argmax": "greedy"}}
 """Score columns renamed since a results format: old name -> new, applied when reading."""
+RENAMED_FIELDS = {"mode": "view", "items_origin": "data_origin", "items_path": "data_path"}
+"""Manifest fields earlier versions wrote under another name: old name -> new (`mode` before
+the view vocabulary; GIEBench's `items_origin`/`items_path` beside every other study's
+`data_origin`/`data_path`)."""
+RENAMED_VIEWS = {"ev": "exact"}
+"""Views earlier versions named otherwise: old name -> new."""
+
+
+def upgrade_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` in this version's words: each field of `RENAMED_FIELDS` under its new name, in
+    its place (where both are there, the new one's value is kept), and an old view's name
+    replaced (`RENAMED_VIEWS`). The one reading of older manifests: `RunDir.read_manifest`
+    applies it, so every reader of a manifest gets the new names only (and `RunDir.summary` to
+    the rows of an older `summary.csv`, whose `mode` column was the view too)."""
+    upgraded: dict[str, Any] = {}
+    for key, value in manifest.items():
+        new = RENAMED_FIELDS.get(key, key)
+        if new != key and new in manifest:
+            continue
+        renamed_view = new == "view" and isinstance(value, str) and value in RENAMED_VIEWS
+        upgraded[new] = RENAMED_VIEWS[value] if renamed_view else value
+    return upgraded
 
 
 @dataclass(frozen=True)
@@ -84,9 +107,7 @@ MANIFEST_FIELDS = (
     ManifestField("versions", False, "package versions"),
     ManifestField("command", False, "the command (or call) that ran it"),
     ManifestField("data_origin", False, "where the data came from (env, cache, sample, ...)"),
-    ManifestField("data_path", False, "the data's folder"),
-    ManifestField("items_origin", False, "GIEBench: where the items came from"),
-    ManifestField("items_path", False, "GIEBench: the items' file or folder"),
+    ManifestField("data_path", False, "the data's file or folder"),
     ManifestField("punkt_root", False, "ISEAR: the folder of NLTK's punkt tables"),
     ManifestField("min_valid_mass", False, "report option: the exclusion threshold"),
     ManifestField("outlier_z", False, "report option: JaEm-ST's outlier bound"),
@@ -295,7 +316,8 @@ class RunDir:
     # ------------------------------------------------------------------ manifest
 
     def read_manifest(self) -> dict[str, Any] | None:
-        """The manifest, None if the folder has none; one line if it is damaged."""
+        """The manifest in this version's words (`upgrade_manifest`), None if the folder has
+        none; one line if it is damaged."""
         path = self.manifest_path
         if not path.is_file():
             return None
@@ -312,9 +334,7 @@ class RunDir:
                 f"run: if {self.path} holds this same run, delete {path.name} and run again to "
                 f"resume it; otherwise give another {named('out')} or delete the folder"
             )
-        if "view" not in manifest and "mode" in manifest:  # before the view vocabulary
-            manifest["view"] = "exact" if manifest["mode"] == "ev" else manifest["mode"]
-        return manifest
+        return upgrade_manifest(manifest)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -396,8 +416,14 @@ class RunDir:
         return frame
 
     def summary(self) -> pd.DataFrame | None:
-        """`summary.csv`, None if the folder has none."""
-        return pd.read_csv(self.summary_path) if self.summary_path.is_file() else None
+        """`summary.csv` in this version's words (`upgrade_manifest` on each row of an older
+        one), None if the folder has none."""
+        if not self.summary_path.is_file():
+            return None
+        frame = pd.read_csv(self.summary_path)
+        if RENAMED_FIELDS.keys() & set(frame.columns):  # written by an earlier version
+            frame = pd.DataFrame([upgrade_manifest(row) for row in frame.to_dict("records")])
+        return frame
 
     @classmethod
     def discover(cls, folder: str | Path) -> list[RunDir]:

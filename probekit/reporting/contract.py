@@ -60,8 +60,8 @@ class RunFacts:
 
     @property
     def view(self) -> str:
-        """The run's own view (`view`, else the older `mode` field)."""
-        return str(self.manifest.get("view") or self.manifest.get("mode") or "?")
+        """The run's own view."""
+        return str(self.manifest.get("view") or "?")
 
 
 @runtime_checkable
@@ -110,7 +110,7 @@ class NoStudy:
         return []
 
     def describe_data(self, manifest: Mapping[str, Any]) -> str:
-        return str(manifest.get("data_origin") or manifest.get("items_origin") or "—")
+        return str(manifest.get("data_origin") or "—")
 
 
 def is_sample_data(data: Any) -> bool:

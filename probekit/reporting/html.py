@@ -66,7 +66,6 @@ MODEL_FIELDS = frozenset(
         "versions",
         "command",
         "data_path",
-        "items_path",
         "results_format",
         "dtype",
         "device",
@@ -83,12 +82,9 @@ SHOWN_FIELDS = {
     "model_source": "model source",
     "weights": "weight hash (sha256)",
     "data_origin": "data origin",
-    "items_origin": "data origin",
     "data_path": "data path",
-    "items_path": "data path",
     "data_sha256": "data hash (sha256)",
     "view": "view",
-    "mode": "view",
     "limit": "limit (a smoke run: whole units of every group)",
     "answers": "answers",
     "dtype": "dtype",
@@ -163,8 +159,7 @@ class RunPage:
     @property
     def sample(self) -> bool:
         """True when the run used probekit's own sample data, not the study's data set."""
-        origins = (self.manifest.get("data_origin"), self.manifest.get("items_origin"))
-        return "sample" in origins or is_sample_data(self.data_text)
+        return self.manifest.get("data_origin") == "sample" or is_sample_data(self.data_text)
 
     @property
     def prompts(self) -> int | None:
@@ -211,8 +206,8 @@ def load_run(
     folder = Path(folder)
     manifest = read_manifest(folder)
     if rows is None:
-        summary = folder / "summary.csv"
-        rows = pd.read_csv(summary) if summary.is_file() else pd.DataFrame()
+        summary = RunDir(folder).summary()
+        rows = pd.DataFrame() if summary is None else summary
     name = str(manifest.get("study") or manifest.get("probe", {}).get("study"))
     run = RunPage(
         folder, manifest, rows, study or NoStudy(name), answers=run_answers(folder, manifest)

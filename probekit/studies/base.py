@@ -450,7 +450,7 @@ class Study(ABC):
         """The data a run read as a reader knows it: the data set's name and whether its files
         are the pinned ones (`data_verified` in the manifest, else its `data_sha256` against the
         pinned sums), or probekit's own sample standing in for it."""
-        origin = manifest.get("data_origin") or manifest.get("items_origin")
+        origin = manifest.get("data_origin")
         if self.dataset is None:
             return str(origin or "—")
         name, digest = self.dataset.name, manifest.get("data_sha256")

@@ -118,7 +118,7 @@ class GIEBenchStudy(Study):
             chat=not options.no_chat_template,
             mismatch=not options.no_mismatch,
             max_new_tokens=options.max_new_tokens,
-            extra={"items_origin": source.origin, "items_path": str(source.path)},
+            extra={"data_origin": source.origin, "data_path": str(source.path)},
         )
         for _ in probe.items():  # refuse an unparsable official prompt before the model loads
             pass
@@ -156,10 +156,10 @@ class GIEBenchStudy(Study):
 
     def describe_data(self, manifest: Mapping[str, Any]) -> str:
         """GIEBench's items (official or a local file), or probekit's sample records."""
-        origin = manifest.get("items_origin")
+        origin = manifest.get("data_origin")
         if origin == "sample":
             return f"{SAMPLE_DATA} records, not GIEBench"
-        return f"GIEBench items ({origin}: {manifest.get('items_path', '?')})"
+        return f"GIEBench items ({origin}: {manifest.get('data_path', '?')})"
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(contrast=OWN_IDENTITY, spans=("identity",), readout="p_correct")
@@ -176,7 +176,7 @@ class GIEBenchStudy(Study):
             )
         if source.origin == "sample":
             context.say("items: probekit's own sample records (NOT GIEBench). " + source.message)
-        extra = {"items_origin": source.origin, "items_path": str(source.path)}
+        extra = {"data_origin": source.origin, "data_path": str(source.path)}
         chat = not options.no_chat_template
         probe = GIEBenchProbe(source.units, options.prompt, chat=chat, extra=extra)
         units = [u for u in source.units if u.id in probe.swap][: options.events]

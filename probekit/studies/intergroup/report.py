@@ -257,8 +257,8 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def view_of(row: dict[str, Any]) -> str:
-    """The view of a summary row (`view`, or `mode` in older rows)."""
-    return str(row.get("view", row.get("mode")))
+    """The view of a summary row (older rows read through `RunDir.summary` name it `view`)."""
+    return str(row.get("view"))
 
 
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
