@@ -103,7 +103,7 @@ def sweep(
     clean_prompt, corrupt_prompt (rendered text), layer, site (hook name), head (at
     `attn.hook_z`; else null), span, clean_positions, corrupt_positions (aligned, unpadded),
     `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `readout.column`, e.g. expected), gap (clean -
-    corrupt), recovery, ran, metric (the readout's spec), method (`exact` here) and estimate (the
+    corrupt), recovery, ran, readout (the readout's spec), method (`exact` here) and estimate (the
     attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`),
     noise (the run's numeric noise on the readout, `numeric_noise`), small_gap (|gap| <=
     noise: the pair is left out of recovery over pairs, `summarise`) and valid_mass_patched
