@@ -49,8 +49,8 @@ def refused(argv, capsys) -> str:
 
 CONFLICTS = [
     (["--dtype", "float32", "--tolerance", "0.01"], "give --dtype or --tolerance, not both"),
-    (["--device", "cpu", "--device-map", "auto"], "give --device (cpu) or --device-map, not both"),
-    (["--device", "cpu", "--max-memory", "cpu=1GiB"], "give --device (cpu) or --max-memory"),
+    (["--device", "cpu", "--device-map", "auto"], "give --device cpu or --device-map, not both"),
+    (["--device", "cpu", "--max-memory", "cpu=1GiB"], "give --device cpu or --max-memory"),
     (["--engine", "vllm", "--tolerance", "0.01"], "--tolerance picks the hf engine's arithmetic"),
 ]
 
@@ -126,7 +126,10 @@ def test_command_option_conflicts_are_refused_while_parsing(argv, message, nothi
             ["run", "giebench", "--data", "x"],
             "--data is an option of intergroup, isear and jaem-st;",
         ),
-        (["run", "jaem-st", "--clean", "he"], "--clean is an option of patch, capture and steer"),
+        (
+            ["run", "jaem-st", "--clean", "he"],
+            "--clean is an option of patch, capture, steer and lens only",
+        ),
         (["steer", "intergroup", "--spans", "x"], "--spans is an option of patch and capture"),
     ],
 )

@@ -372,7 +372,7 @@ def test_the_command_line_writes_the_folder(tiny, tmp_path, monkeypatch, capsys,
 def test_the_studys_options_and_the_lens_options_are_checked_in_one_line(minimal):
     for options, message in (
         (dict(layerz=[0]), "unknown keyword layerz for lens_study('minimal'); did you mean"),
-        (dict(min_valid_mass=2), "min_valid_mass must be between 0 and 1"),
+        (dict(min_valid_mass=0.1), "min_valid_mass is an option of intergroup; minimal takes"),
         (dict(days=0), "days must be at least 1"),
         (dict(sites=["resid_pre"]), "unknown keyword sites"),
     ):

@@ -234,15 +234,15 @@ def test_a_study_of_several_probes_says_the_whole_run_first(tmp_path, capsys):
 
     class TwoProbes(MinimalStudy):
         def probes(self, options, context):
-            probes = [MinimalProbe(1), MinimalProbe(options.days)]
-            for probe, subdir in zip(probes, ("one-day", "more-days"), strict=True):
+            probes = [MinimalProbe(2), MinimalProbe(options.days)]  # two units at least
+            for probe, subdir in zip(probes, ("two-days", "more-days"), strict=True):
                 probe.subdir = subdir
             return probes
 
     run_study(TwoProbes(), CountingEngine(), out=tmp_path, days=3)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("minimal: 8 prompts in 2 runs, about ")
+    assert lines[0].startswith("minimal: 10 prompts in 2 runs, about ")
     assert "on this device (at the pace measured on a sample of " in lines[0]
     assert lines[0].endswith(f"model fake -> {tmp_path}")
-    assert lines[1].startswith(f"minimal: 2 prompts to score into {tmp_path / 'one-day'}, about ")
+    assert lines[1].startswith(f"minimal: 4 prompts to score into {tmp_path / 'two-days'}, about ")
     assert "measured on a sample of" in lines[1]  # the sample kept for the probe's own line

@@ -92,7 +92,7 @@ def test_items_answers_and_python_prompts_refuse_lone_surrogates(tmp_path):
     with pytest.raises(ProbekitError, match=rf"answer 1 \('b\\ud800'\) {LONE}"):
         AnswerSet(("a", "b\ud800"))
     with pytest.raises(ProbekitError, match=rf"item '0': its message 0 {LONE}"):
-        probekit.score(object(), ["caf\ud800"], "A,B")  # refused before the model is used
+        probekit.score("default", ["caf\ud800"], "A,B")  # refused before the model loads
     answers = tmp_path / "answers.txt"
     answers.write_bytes(BOM + b"yes\nno\n")
     assert as_answer_set(f"@{answers}").answers == ("yes", "no")

@@ -46,8 +46,9 @@ def refuse_lone_surrogate(value: str, what: str) -> None:
 
 
 def read_text(path: str | Path) -> str:
-    """The text of the UTF-8 file `path`, a byte-order mark at its start dropped; one line for a
-    file that cannot be read, or for bytes that are not UTF-8 (naming the line and column)."""
+    """The text of the UTF-8 file `path`, a byte-order mark at its start dropped and line endings
+    read as Python's text files read them (`\r\n` and `\r` as `\n`); one line for a file that
+    cannot be read, or for bytes that are not UTF-8 (naming the line and column)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -62,7 +63,7 @@ def read_text(path: str | Path) -> str:
             f"{path}:{line}: not UTF-8 (byte {data[err.start]:#04x} at column {column}); save "
             "the file as UTF-8"
         ) from None
-    return text.removeprefix(BOM)
+    return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_json(path: str | Path) -> Any:

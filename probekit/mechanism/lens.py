@@ -39,7 +39,7 @@ import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.items import PROMPT_ID, EncodedItem
-from probekit.core.kinds import int_list, probability
+from probekit.core.kinds import int_list
 from probekit.core.options import BatchSizeOption, OutOption, SeedOption, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
@@ -62,20 +62,13 @@ batch is made smaller until it fits."""
 
 @dataclass(frozen=True)
 class LensOptions(BatchSizeOption, SeedOption, OutOption):
-    """Lens options: the layers read, and the study's report of each."""
+    """Lens options: the layers read."""
 
     layers: list[int] | None = option(
         None,
         help="comma-separated layers whose residual stream is read, -1 the last (default: every "
         "layer)",
         kind=int_list,
-    )
-    min_valid_mass: float = option(
-        0.0,
-        help="the study's exclusion of prompts by valid mass, applied to each layer's "
-        "distributions (default %(default)s: none; a layer's valid mass says how much of its "
-        "lens is on the answers, not that the model refused)",
-        kind=probability,
     )
 
 
@@ -130,7 +123,9 @@ def layer_results(scorer: HookedScorer, norm: Any, hidden: torch.Tensor) -> list
     logp_node = logp_node.masked_fill(unfed & unfed[:, parent], -torch.inf)  # below a pruned node
     dropped = logp_node.masked_fill(~unfed, -torch.inf).exp().sum(-1)  # the pruned nodes' mass
     stop_logp = stop_logp.masked_fill(unfed[..., None], -torch.inf)
-    return scorer.trie_pass._results(logp_node, stop_logp, top.masked_fill(unfed, -1), dropped)
+    probs = tables.answer_probs(logp_node, stop_logp).cpu().numpy()
+    top = top.masked_fill(unfed, -1).cpu().numpy()
+    return scorer.trie_pass.row_results(probs, dropped.cpu().numpy(), top)
 
 
 def lens_batch_size(scorer: HookedScorer, layers: Sequence[int], asked: int | None) -> int:

@@ -6,8 +6,8 @@ Each layer's rows are shaped like a run's scores (the item's key columns and the
 of that layer's answer distributions), and the study's own report reads them
 (`Study.report_view`, then `Study.headlines`): intergroup's Δ in z-scores with its interval,
 ISEAR's max_diff, GIEBench's accuracies, JaEm-ST's accuracy by group, a new study's whatever it
-declares. The study's exclusion by valid mass is `min_valid_mass` (default 0: a layer's lens puts
-little mass on the answers long before the model would refuse).
+declares. Intergroup's exclusion by valid mass, `min_valid_mass`, is 0 for the lens (a layer's
+lens puts little mass on the answers long before the model would refuse).
 
 Files in `out`: `lens.parquet` (one row per prompt and layer: `prompt_index`, `prompt_id`, the
 item's key columns, `layer`, the score columns), `summary.csv` (one row per layer and headline:
@@ -98,7 +98,7 @@ class StudyLens:
 def lens_study(study: str | Study, model: str | Path | Engine, **options: Any) -> StudyLens:
     """`probekit lens STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the lens's options and the model's (below: `layers=[0, 14, -1]`, `min_valid_mass`, ...) and
+    the lens's options and the model's (below: `layers=[0, 14, -1]`, ...) and
     the study's (`events=2`), checked as the command line checks them (a bad or unknown one is
     one line of `ProbekitError` naming the keyword, before any model work). Writes what the
     command writes into `out`, resumable.
@@ -150,7 +150,6 @@ def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
         "model": model.name,
         "seed": args.seed,
         "view": VIEWS[0],
-        "min_valid_mass": args.min_valid_mass,
     }
     summary = layer_summary(study, table, run.path, report)
     write_text(run.path / "summary.csv", summary.to_csv(index=False))
@@ -190,7 +189,6 @@ def settings(
     own = {
         "layers": layers,
         "hooks": "transformer_lens",
-        "min_valid_mass": args.min_valid_mass,
     }
     return mechanism_settings(study, probe, ids, args.seed, model, own, asked)
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
-from probekit.core.options import REQUIRED, OutOption, option
+from probekit.core.options import REQUIRED, OutOption, named, option
+from probekit.core.public import public
 
 if TYPE_CHECKING:
     from probekit.core.rundir import RunDir
@@ -53,9 +54,10 @@ class ReportOptions(OutOption):
     )
 
 
+@public(ReportOptions, command="report")
 def report(
     runs: str | Path | Sequence[str | Path],
-    out: str | Path | None = None,
+    out: str | Path | None,
     studies: Sequence[Study] = (),
 ) -> str:
     """Report every finished run under `runs` (a folder or several, e.g. one per model or one
@@ -117,7 +119,9 @@ def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
     runs: list[RunDir] = []
     for folder in map(Path, folders):
         if not folder.is_dir():
-            raise ProbekitError(f"{folder} is not a folder; give the --out folder of a run")
+            raise ProbekitError(
+                f"{folder} is not a folder; give the {named('out')} folder of a run"
+            )
         found = RunDir.discover(folder)
         if not found:
             raise ProbekitError(
@@ -148,7 +152,8 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
             else (f"the summary and page of {runs[0].path}")
         )
         raise ProbekitError(
-            f"{target} holds a run of its own: {what} would replace its own; give another --out"
+            f"{target} holds a run of its own: {what} would replace its own; give another "
+            f"{named('out')}"
         )
     check_writable(target)
     return target

@@ -224,7 +224,7 @@ class TriePass:
         stats.padding += pass_.slots - int(fed[0])
         stats.head_seconds += head.seconds()
         top_token = ints[: n * none].reshape(n, none)
-        results = self._results(floats[:, :-1], floats[:, -1], top_token)
+        results = self.row_results(floats[:, :-1], floats[:, -1], top_token)
         return results, np.flatnonzero(cut).tolist()
 
     def _choose(
@@ -282,7 +282,7 @@ class TriePass:
             child_lp = child_logit - top.double()[:, None] - log_z
             logp_node[r[:, None], t.slot_child[i]] = logp_node[r, i][:, None] + child_lp
 
-    def _results(
+    def row_results(
         self, probs: np.ndarray, dropped: np.ndarray, top_token: np.ndarray
     ) -> list[ScoreResult]:
         """Per row, from its unnormalised answer probabilities, dropped mass and nodes' most

@@ -85,9 +85,11 @@ class IntergroupOptions:
     min_valid_mass: float = option(
         DEFAULT_MIN_VALID_MASS,
         help="exact view: an event is excluded when any pair's valid mass is below this "
-        "(default %(default)s)",
+        "(default %(default)s; lens: 0, since a layer's valid mass says how much of its lens is "
+        "on the answers, not that the model refused)",
         kind=probability,
-        commands=RUN,
+        commands=(*RUN, "lens"),
+        defaults={"lens": 0.0},
     )
 
 
@@ -187,7 +189,10 @@ class IntergroupStudy(Study):
         source = self.data_source(options.data, context.say)
         events = first_events(source.path, options.events, context.seed)
         patching = context.command == "patch"
-        extra = CROWD_ENVENT.manifest(source)  # the data's origin and checksum, for the pages
+        extra = {  # the data's origin and checksum, for the pages; the report's exclusion
+            **CROWD_ENVENT.manifest(source),
+            "min_valid_mass": options.min_valid_mass,
+        }
         probe = IntergroupProbe(category, setting, events, named_only=patching, extra=extra)
         order = {event: k for k, event in enumerate(events["event_id"].astype(str))}
         items = sorted(probe.items(), key=lambda item: order[item.unit])
