@@ -86,18 +86,13 @@ import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.padding import left_pad
+from probekit.engines.hf.arithmetic import LABELS, TIERS, apply_tier, arithmetic
 from probekit.engines.hf.head import parameter_split
 from probekit.engines.hf.hook_libraries import HOOK_PACKAGES, installed, missing_line
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import dtype_name
-from probekit.engines.hf.tiers import (
-    DEFAULT_TOLERANCE,
-    LABELS,
-    TIERS,
-    apply_tier,
-    arithmetic,
-    choose_precision,
-)
+from probekit.engines.hf.tiers import choose_precision
+from probekit.engines.options import DEFAULT_TOLERANCE
 from probekit.engines.trie import extension_masks
 from probekit.mechanism.sites import d_model
 from probekit.testing.synthetic import LLAMA_8B, llama_config, random_weights
