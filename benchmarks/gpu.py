@@ -98,6 +98,9 @@ from probekit.mechanism.sites import d_model
 from probekit.testing.synthetic import LLAMA_8B, llama_config, random_weights
 
 ANSWER_SETS = ("0-100", "0-10", "A-D", "A-E")
+PLAIN = next(tier for tier in TIERS if not tier.endswith("+head"))
+"""The fastest tier whose LM head is a plain module: a `+head` tier's 16-bit head takes a float32
+hidden state through `narrow_linear`, which transformers' `generate` does not call."""
 PERSONAS = [
     "a Muslim woman", "a Jewish man", "a Christian teenager", "a Hindu grandmother",
     "a Buddhist monk", "an atheist student", "a Black nurse", "a white farmer",
@@ -750,8 +753,9 @@ def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list
 
 def shaped_model_steps(device: torch.device, size: Sizes, n: int, tokenizer: Any) -> list:
     """The large random-weight model's steps: its head's rows, then the exact scorer in each
-    precision tier (`TIERS`, float32 first), generation, the batch sweep and the out-of-memory
-    back-off in the fastest tier (`TIERS[0]`), and patching beside its peers in TF32."""
+    precision tier (`TIERS`, float32 first), generation in the fastest tier whose LM head
+    transformers runs as it is (`PLAIN`), the batch sweep and the out-of-memory back-off in the
+    fastest tier (`TIERS[0]`), and patching beside its peers in TF32."""
     config = llama_config(len(tokenizer), **{**size.shaped, "vocab_rows": size.head_rows})
     label = size.shaped_label
     model = random_weights(config, tokenizer, label, str(device), torch.float32)
@@ -760,9 +764,11 @@ def shaped_model_steps(device: torch.device, size: Sizes, n: int, tokenizer: Any
     for tier in reversed(TIERS):
         undo = apply_tier(model, tier)
         figures += exact_step(model, label, prompts, epsilon=0.0)
-        if tier != TIERS[0]:
-            undo()
+        undo()
+    undo = apply_tier(model, PLAIN)
     figures += generate_step(model, label, prompts, size.generate_budget, size.generate_batch)
+    undo()
+    undo = apply_tier(model, TIERS[0])
     sweep = prompts_for(model, "0-100", size.sweep_prompts)
     figures += sweep_step(model, label, sweep, size.sweep)
     long = prompts_for(model, "0-10", size.oom_batch, LONG_LEAD)
