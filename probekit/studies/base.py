@@ -542,6 +542,28 @@ def _pinned_match(dataset: Dataset, digest: Any) -> bool | None:
 _REGISTRY: dict[str, Study] = {}
 
 
+class ReportedStudy(Study):
+    """A study in its own folder whose summary, headlines and view facts are the functions of the
+    same names in the folder's `report` module (`summary_markdown(table)`,
+    `headlines(table, manifest)`, `view_facts(table, run)`), imported on first use so that
+    listing the studies stays light."""
+
+    def report_module(self) -> Any:
+        """The `report` module beside the study's own."""
+        import importlib
+
+        return importlib.import_module(type(self).__module__.rpartition(".")[0] + ".report")
+
+    def summary_markdown(self, table: pd.DataFrame) -> str:
+        return self.report_module().summary_markdown(table)
+
+    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
+        return self.report_module().headlines(table, dict(manifest))
+
+    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
+        return self.report_module().view_facts(table, run)
+
+
 def register(study: Study) -> Study:
     """Make `study` available to `probekit studies/run/patch/capture/report`."""
     _REGISTRY[study.name] = study

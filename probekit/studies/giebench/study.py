@@ -17,15 +17,14 @@ from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, posit
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, figure_model
-from probekit.studies.base import MECHANISM, RUN, Context, Study, register
+from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
 from probekit.studies.giebench.sources import Record, resolve_items
 
 if TYPE_CHECKING:
-    from probekit.reporting.contract import RunFacts
-    from probekit.reporting.headline import Headline, ViewFacts
+    pass
 
 prompt_types = Kind(
     "prompt types",
@@ -79,7 +78,7 @@ class GIEBenchOptions:
     )
 
 
-class GIEBenchStudy(Study):
+class GIEBenchStudy(ReportedStudy):
     name = "giebench"
     title = "GIEBench (Wang et al. 2024): identity-based empathy verdicts over four answers"
     run_views = ("exact", "explain", "generate")
@@ -137,22 +136,6 @@ class GIEBenchStudy(Study):
         model = figure_model(manifest, data)
         rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0), model, data)
         return [{"model": manifest["model"], **row} for row in rows]
-
-    def summary_markdown(self, table: pd.DataFrame) -> str:
-        """The summary, followed by each run's details."""
-        import probekit.studies.giebench.report as report
-
-        return report.summary_markdown(table)
-
-    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        import probekit.studies.giebench.report as report
-
-        return report.headlines(table, dict(manifest))
-
-    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        import probekit.studies.giebench.report as report
-
-        return report.view_facts(table, run)
 
     def describe_data(self, manifest: Mapping[str, Any]) -> str:
         """GIEBench's items (official or a local file), or probekit's sample records."""

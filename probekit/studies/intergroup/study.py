@@ -3,7 +3,7 @@ the per-run report (both views of a generate run), and the in-group/out-group pa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -24,7 +24,7 @@ from probekit.datasets.crowd_envent import (
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import MECHANISM, RUN, Context, Study, register
+from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -35,8 +35,7 @@ from probekit.studies.intergroup.probe import (
 )
 
 if TYPE_CHECKING:
-    from probekit.reporting.contract import RunFacts
-    from probekit.reporting.headline import Headline, ViewFacts
+    pass
 
 # Events per emotion of the default run: religion's 6 x 6 pairs x 24 events = 864 prompts,
 # which fit in 10 minutes on 2 CPU cores with the default model.
@@ -93,7 +92,7 @@ class IntergroupOptions:
     )
 
 
-class IntergroupStudy(Study):
+class IntergroupStudy(ReportedStudy):
     name = "intergroup"
     title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): rated intensity"
     default_out = "runs/intergroup"
@@ -150,27 +149,12 @@ class IntergroupStudy(Study):
         )
         return [row]
 
-    def summary_markdown(self, table: pd.DataFrame) -> str:
-        import probekit.studies.intergroup.report as report
-
-        return report.summary_markdown(table)
-
     def summary_tables(self, table: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
         """The paper's tables with the models side by side (`paper_tables.csv`/`.md`)."""
         import probekit.studies.intergroup.report as report
 
         tables = report.paper_tables(table)
         return {"paper_tables": (tables, report.paper_tables_markdown(tables))}
-
-    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        import probekit.studies.intergroup.report as report
-
-        return report.headlines(table, dict(manifest))
-
-    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        import probekit.studies.intergroup.report as report
-
-        return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(

@@ -3,7 +3,7 @@ report of both views, and the gender patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -27,7 +27,7 @@ from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import figure_model
-from probekit.studies.base import RUN, Context, Study, register
+from probekit.studies.base import RUN, Context, ReportedStudy, register
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
 from probekit.studies.isear.probe import (
@@ -39,8 +39,7 @@ from probekit.studies.isear.probe import (
 )
 
 if TYPE_CHECKING:
-    from probekit.reporting.contract import RunFacts
-    from probekit.reporting.headline import Headline, ViewFacts
+    pass
 
 
 def widest_emotion(
@@ -96,7 +95,7 @@ class IsearOptions:
     )
 
 
-class IsearStudy(Study):
+class IsearStudy(ReportedStudy):
     name = "isear"
     title = "GenderBench's ISEAR probe: P(emotion | gender) for real events, max_diff and marks"
     default_out = "runs/isear"
@@ -156,21 +155,6 @@ class IsearStudy(Study):
 
         model = figure_model(manifest, self.describe_data(manifest))
         return report.report_run(scores, run_dir, manifest, model, views=[view], suffix=suffix)
-
-    def summary_markdown(self, table: pd.DataFrame) -> str:
-        import probekit.studies.isear.report as report
-
-        return report.summary_markdown(table)
-
-    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        import probekit.studies.isear.report as report
-
-        return report.headlines(table, dict(manifest))
-
-    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        import probekit.studies.isear.report as report
-
-        return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(

@@ -3,7 +3,7 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -25,14 +25,21 @@ from probekit.core.kinds import (
 )
 from probekit.core.options import given, named, option
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
-from probekit.studies.base import MECHANISM, RUN, Context, Probe, Study, register, run_view
+from probekit.studies.base import (
+    MECHANISM,
+    RUN,
+    Context,
+    Probe,
+    ReportedStudy,
+    register,
+    run_view,
+)
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
 
 if TYPE_CHECKING:
-    from probekit.reporting.contract import RunFacts
-    from probekit.reporting.headline import Headline, ViewFacts
+    pass
 
 DEFAULT_PATCH_SAMPLES = 2
 
@@ -119,7 +126,7 @@ class JaemOptions:
     )
 
 
-class JaemStudy(Study):
+class JaemStudy(ReportedStudy):
     name = "jaem-st"
     title = "JaEm-ST (seed 002): intersectional cognitive empathy, exact A–E choices"
     default_out = "runs/jaem-st"
@@ -203,21 +210,6 @@ class JaemStudy(Study):
         import probekit.studies.jaem_st.report as report
 
         return pd.DataFrame(list(rows)).reindex(columns=list(report.SUMMARY_COLUMNS))
-
-    def summary_markdown(self, table: pd.DataFrame) -> str:
-        import probekit.studies.jaem_st.report as report
-
-        return report.summary_markdown(table)
-
-    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        import probekit.studies.jaem_st.report as report
-
-        return report.headlines(table, dict(manifest))
-
-    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        import probekit.studies.jaem_st.report as report
-
-        return report.view_facts(table, run)
 
     def mechanism_defaults(self) -> MechanismDefaults:
         # readout P(Empathetic): the item's key 'correct'
