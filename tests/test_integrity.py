@@ -399,7 +399,7 @@ def test_a_weak_signal_is_said_in_the_api_and_on_the_command_line(smol, tmp_path
     lines = capsys.readouterr().err.splitlines()  # and the tier the rows were scored in
     warned = [line for line in lines if line.startswith("probekit: warning: ")]
     assert len(warned) == 1 and "weak signal" in warned[0]
-    assert [line for line in lines if line not in warned][0].startswith("precision: ")
+    assert [line for line in lines if line not in warned][0].startswith("probekit: precision: ")
     assert weak_signal(0.2) is None and WEAK_SIGNAL_VALID_MASS in (0.05,)
 
 
