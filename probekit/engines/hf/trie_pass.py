@@ -146,10 +146,12 @@ class TriePass:
         self.widths: dict[float, list[int]] = {}
         """Per epsilon > 0, the width each depth feeds (index: the depth): the most candidates a
         row of the last batch kept there (its cut rows' run included)."""
-        self.skip_padding = model.device.type == "cpu"
-        """Whether the LM head skips the padding columns. On the CPU the device is the host, so
-        finding them waits for nothing; on an accelerator it would, and the head runs on every
-        column instead."""
+        self.on_host = model.device.type == "cpu"
+        """Whether the device is the host (the CPU), where reading a count waits for nothing:
+        each depth then feeds the width this batch's rows keep (not the widths learned from an
+        earlier batch, whose extra columns the body would compute for nothing) and the LM head
+        skips the padding columns. On an accelerator a read would stall the queue: learned widths
+        and the head on every column instead."""
 
     def run(
         self,
@@ -175,7 +177,8 @@ class TriePass:
         pass_.top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
         pass_.logp_node[:, level1] = state.root_logp[:, t.token[level1]]
-        learned = self.widths.get(epsilon) if epsilon > 0 and not read_widths else None
+        reads = read_widths or self.on_host
+        learned = self.widths.get(epsilon) if epsilon > 0 and not reads else None
         cache, head = state.cache, Stopwatch(dev)
         if rows is None:
             rows = torch.arange(n, device=dev)
@@ -204,7 +207,7 @@ class TriePass:
             pass_.placed = torch.cat([pass_.placed, sel], dim=1)
             head.start()
             at = torch.arange(n, device=dev)[:, None].expand(n, width)
-            if self.skip_padding:
+            if self.on_host:
                 self._expand(hidden[valid], at[valid], sel[valid], pass_)
             else:
                 self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), pass_)
