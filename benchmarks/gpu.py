@@ -86,7 +86,14 @@ import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.padding import left_pad
-from probekit.engines.hf.arithmetic import LABELS, TIERS, apply_tier, arithmetic
+from probekit.engines.hf.arithmetic import (
+    LABELS,
+    TIERS,
+    apply_tier,
+    arithmetic,
+    body_of,
+    head_arithmetic,
+)
 from probekit.engines.hf.head import parameter_split
 from probekit.engines.hf.hook_libraries import HOOK_PACKAGES, installed, missing_line
 from probekit.engines.hf.model import load_model
@@ -205,14 +212,18 @@ def clock(device: torch.device) -> float:
 
 
 def tier_of(model: Any) -> str:
-    """The precision tier `model` is in now."""
-    return "tf32" if model.meta.get("matmul") == "tf32" else dtype_name(model.dtype)
+    """The precision tier `model` is in now: its body's arithmetic, `+head` where the LM head
+    computes in the same one."""
+    body = "tf32" if model.meta.get("matmul") == "tf32" else dtype_name(model.dtype)
+    return f"{body}+head" if body != "float32" and head_arithmetic(model) == body else body
 
 
 def peak_tflops(device: torch.device, tier: str) -> float | None:
-    """The device's dense peak for `tier` (`PEAK_TFLOPS`), None where unknown (a CPU)."""
+    """The device's dense peak for `tier`'s body (`PEAK_TFLOPS`; float16 runs at bfloat16's
+    rate), None where unknown (a CPU)."""
     name = device_name(device)
-    return next((peaks[tier] for part, peaks in PEAK_TFLOPS.items() if part in name), None)
+    rate = {"float16": "bfloat16"}.get(body_of(tier), body_of(tier))
+    return next((peaks[rate] for part, peaks in PEAK_TFLOPS.items() if part in name), None)
 
 
 HEADLINES = {

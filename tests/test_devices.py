@@ -423,7 +423,7 @@ def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
     full = next(f for f in exact if f["model"] == "tiny-random" and f["answers"] == "0-100")
     assert full["token_forwards_per_prompt"] >= 203  # epsilon 0: the whole 0-100 trie
     precision = [f for f in figures if f["step"] == "precision"]  # every faster tier measured
-    assert list(dict.fromkeys(f["tier"] for f in precision)) == ["bfloat16", "tf32"]
+    assert list(dict.fromkeys(f["tier"] for f in precision)) == list(TIERS[:-1])
     assert all(0 < f["max_prob_diff"] < 0.01 for f in precision)  # random weights: tiny
     share = next(f for f in figures if f["step"] == "plan_share")
     assert share["share_of_best"] > 0 and share["verdict"] in ("PASS", "FAIL")
