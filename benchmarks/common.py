@@ -2,7 +2,7 @@
 `--dtype`, `--batch-size`, `--seed` and `--epsilon` from their one declaration) and the data root,
 the set-up (threads,
 load averages, a warm-up forward) and its end, the first prompts of a probe, timing a call, a
-target's verdict.
+target's verdict, steps that fail or are interrupted without losing what was measured.
 
 The scripts run as `python benchmarks/NAME.py`, so this folder is on `sys.path` and they import
 this module as `common`."""
@@ -10,6 +10,7 @@ this module as `common`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -18,7 +19,8 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -123,6 +125,41 @@ def print_targets(targets: list[Target], heading: str) -> None:
     for t in targets:
         value = "-" if t.value is None else f"{t.value:.3g}"
         print(f"  {t.name:<34} {value:>10}  {t.verdict}  {t.note}".rstrip())
+
+
+def step_names(allowed: Sequence[str]) -> Callable[[str], set[str]]:
+    """An argparse type: comma-separated names, each one of `allowed`."""
+
+    def parse(text: str) -> set[str]:
+        names = set(text.split(","))
+        if names - set(allowed):
+            unknown = ", ".join(sorted(names - set(allowed)))
+            raise argparse.ArgumentTypeError(f"no step {unknown} (steps: {', '.join(allowed)})")
+        return names
+
+    return parse
+
+
+def measured(name: str, measure: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
+    """The records of step `name`, `measure(*args)` (a record or a list of them); where it
+    raises, its traceback printed and one record that says so (the figure's unit: `failed: ...`),
+    so that a run goes on to its other steps."""
+    try:
+        got = measure(*args)
+    except Exception as error:
+        traceback.print_exc()
+        print(f"{name}: failed ({type(error).__name__}); the run goes on")
+        return [{"step": name, "skipped": f"failed: {type(error).__name__}: {error}"}]
+    return got if isinstance(got, list) else [got]
+
+
+@contextlib.contextmanager
+def until_interrupted(then: str) -> Iterator[None]:
+    """Run the block until it ends or Ctrl-C (`timeout -s INT`) stops it, which says `then`."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"interrupted: {then}")
 
 
 def synchronize(device: torch.device) -> None:

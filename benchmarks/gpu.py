@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py                 # on a CUDA machine (a few minutes on one H100)
     python benchmarks/gpu.py --dry-run       # the same code, at tiny sizes, on the CPU (CI)
+    python benchmarks/gpu.py --only mechanism,peers   # those steps again
 
 The dry run is not a separate path: it runs every line a GPU run runs, imports included, with
 the sizes of `SIZES["dry"]` on the CPU: 2 prompts an answer set, and two-layer random models
@@ -39,6 +40,10 @@ file, never there):
 - last, `target`: the speed targets of the trie pass's rewrite, from the run's own figures (on
   a CPU: "not yet measured (no GPU lent)").
 
+The results file is written after every step, so a run cut short keeps what it measured: a step
+that raises is recorded as failed, with its error, and the run goes on; Ctrl-C (or
+`timeout -s INT`) ends the steps and the targets are read from those done.
+
 TFLOP/s counts the multiply-adds of the weights (2 x body weights a token-forward, 2 x LM-head
 weights a head row), not attention's (a few per cent at these prompt lengths); the device's peak
 is NVIDIA's dense figure for the tier (`PEAK_TFLOPS`), unknown on a CPU.
@@ -60,13 +65,16 @@ import torch
 from common import (
     RESULTS,
     device_name,
+    measured,
     peak_memory,
     release,
     reset_peak,
     set_up,
+    step_names,
     synchronize,
     tear_down,
     timed,
+    until_interrupted,
     write_results,
 )
 from patching import ANSWERS as PATCH_ANSWERS
@@ -493,6 +501,7 @@ def oom_step(model: Any, label: str, prompts: list, batch: int, simulate: bool) 
         seconds = clock(model.device) - start
     finally:
         handle.remove()
+    print(f"oom back-off: {scorer.batch_size} prompts a batch")
     return {
         "step": "oom_backoff",
         "model": label,
@@ -566,44 +575,41 @@ def mechanism_calls(model: Any, layers: list[int], hooks: str) -> dict[str, Call
     }
 
 
-def mechanism_step(model: Any, folder: str, label: str, layers: int) -> list[dict[str, Any]]:
-    """The mechanism on the device against the CPU: each of `mechanism_calls` through each hook
-    library installed, on `model` and on a float32 copy of it on the CPU (read from `folder`),
-    with the largest difference of their results and each call's seconds (after one warm-up
-    call on each model, which pays the one-off costs: the bridge's build, the first launches)."""
-    cpu = load_model(folder, device="cpu", dtype="float32")
+def mechanism_step(
+    model: Any, cpu: Any, label: str, layers: int, hooks: str
+) -> list[dict[str, Any]]:
+    """The mechanism on the device against the CPU: each of `mechanism_calls` through `hooks`,
+    on `model` and on `cpu` (a float32 copy of it on the CPU), with the largest difference of
+    their results and each call's seconds (after one warm-up call on each model, which pays the
+    one-off costs: the bridge's build, the first launches)."""
     chosen = spread(model.n_layers, layers)
+    on_device, on_cpu = mechanism_calls(model, chosen, hooks), mechanism_calls(cpu, chosen, hooks)
+    next(iter(on_device.values()))(), next(iter(on_cpu.values()))()  # warm-ups
     figures = []
-    for hooks in hook_libraries():
-        on_device, on_cpu = (
-            mechanism_calls(model, chosen, hooks),
-            mechanism_calls(cpu, chosen, hooks),
+    for call, run in on_device.items():
+        got, seconds, _ = timed(model.device, run)
+        expected, cpu_seconds, _ = timed(cpu.device, on_cpu[call])
+        scale = float(expected.abs().max())
+        figures.append(
+            {
+                "step": "mechanism",
+                "model": label,
+                "call": call,
+                "hooks": hooks,
+                "tier": tier_of(model),
+                "layers": chosen,
+                "values": got.numel(),
+                "max_abs_diff": float((got - expected).abs().max()),
+                "max_abs_value": scale,
+                "seconds": round(seconds, 3),
+                "cpu_seconds": round(cpu_seconds, 3),
+            }
         )
-        next(iter(on_device.values()))(), next(iter(on_cpu.values()))()  # warm-ups
-        for call, run in on_device.items():
-            got, seconds, _ = timed(model.device, run)
-            expected, cpu_seconds, _ = timed(cpu.device, on_cpu[call])
-            scale = float(expected.abs().max())
-            figures.append(
-                {
-                    "step": "mechanism",
-                    "model": label,
-                    "call": call,
-                    "hooks": hooks,
-                    "tier": tier_of(model),
-                    "layers": chosen,
-                    "values": got.numel(),
-                    "max_abs_diff": float((got - expected).abs().max()),
-                    "max_abs_value": scale,
-                    "seconds": round(seconds, 3),
-                    "cpu_seconds": round(cpu_seconds, 3),
-                }
-            )
-            print(
-                f"mechanism {label} {call} ({hooks}): {got.numel()} values, largest |difference| "
-                f"from the CPU {figures[-1]['max_abs_diff']:.2g} (of {scale:.3g}); {seconds:.2f} s "
-                f"on {model.device.type}, {cpu_seconds:.2f} s on the CPU"
-            )
+        print(
+            f"mechanism {label} {call} ({hooks}): {got.numel()} values, largest |difference| "
+            f"from the CPU {figures[-1]['max_abs_diff']:.2g} (of {scale:.3g}); {seconds:.2f} s "
+            f"on {model.device.type}, {cpu_seconds:.2f} s on the CPU"
+        )
     return figures
 
 
@@ -679,7 +685,7 @@ def shape_step(model: Any, label: str) -> dict[str, Any]:
     return record
 
 
-BASELINE = RESULTS / "gpu-h200.json"
+BASELINE = RESULTS / "gpu-h200-16e97c1.json"
 """The H200 run at commit 16e97c1, before the trie pass was rewritten: the baseline of the
 targets that compare with it, on an H200."""
 
@@ -706,7 +712,7 @@ def targets_step(
     small = {"step": "exact", "model": size.default_label, "answers": "0-100", "tier": "float32"}
     bf16 = find(figures, **big, tier="bfloat16")
     generated = find(figures, **{**big, "step": "generate"}, engine="transformers")
-    picked = find(figures, step="precision")["picked"]
+    picked = find(figures, step="precision").get("picked")
 
     def over(new: dict[str, Any], base: dict[str, Any]) -> float | None:
         return new["prompts_per_s"] / base["prompts_per_s"] if new and base else None
@@ -745,50 +751,102 @@ def default_model(device: torch.device, size: Sizes) -> Any:
     return model
 
 
-def default_model_steps(device: torch.device, size: Sizes, n: int) -> tuple[list, Any]:
-    """The default model's steps; the figures and its tokenizer."""
+STEPS = ("exact", "generate", "precision", "offload", "mechanism", "shape", "oom_backoff", "peers",
+         "batch_sweep")  # fmt: skip
+"""The steps a run measures (besides `target`, read from them), in the order they run."""
+
+
+class Results:
+    """The run's records, written to the results file after every step, so that a run cut short
+    keeps what it measured: a step that raises is recorded as failed (its error in the figure)
+    and the run goes on; Ctrl-C (or `timeout -s INT`) ends the steps, and the targets are read
+    from those measured. A file written before the last step says where it stopped
+    (`details.stopped_after`)."""
+
+    def __init__(
+        self, path: Path, device: torch.device, threads: int | None, dry_run: bool, steps: set
+    ):
+        self.path, self.device, self.threads, self.dry_run = path, device, threads, dry_run
+        self.steps = steps | {"target"}
+        self.records: list[dict[str, Any]] = []
+        self.load_start = set_up(threads)
+
+    def record(self, name: str, measure: Callable[..., Any], *args: Any) -> None:
+        """Run the step `name` (`measure(*args)`, a record or a list of them; `common.measured`),
+        keep its records and write the file; a step not asked for (`--only`) is passed over."""
+        if name in self.steps:
+            self.records += measured(name, measure, *args)
+            self.write(self.load_start, {"stopped_after": name})
+
+    def write(self, load_end: tuple[float, float, float], details: dict | None = None) -> None:
+        """The records so far as the results file (`details`: None once the run is over)."""
+        rows = [row | {"dry_run": self.dry_run} for rec in self.records for row in as_figures(rec)]
+        write_results(
+            "gpu",
+            rows,
+            device=self.device,
+            threads=self.threads,
+            load_start=self.load_start,
+            load_end=load_end,
+            path=self.path,
+            details=details,
+        )
+
+
+def in_tier(model: Any, tier: str, measure: Callable[..., Any], *args: Any) -> Any:
+    """`measure(*args)` with `model` in the precision tier `tier`, put back after."""
+    undo = apply_tier(model, tier)
+    try:
+        return measure(*args)
+    finally:
+        undo()
+
+
+def default_model_steps(device: torch.device, size: Sizes, n: int, results: Results) -> Any:
+    """The default model's steps, into `results`; its tokenizer."""
     model, label = default_model(device, size), size.default_label
     prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
-    figures = exact_step(model, label, prompts)
-    figures += generate_step(model, label, prompts, size.generate_budget, 64)
-    figures += vllm_step(prompts, size.generate_budget)
-    figures += precision_step(model, label, prompts["0-100"][: size.precision_sample], "0-100")
+    results.record("exact", exact_step, model, label, prompts)
+    results.record("generate", generate_step, model, label, prompts, size.generate_budget, 64)
+    results.record("generate", vllm_step, prompts, size.generate_budget)
+    sample = prompts["0-100"][: size.precision_sample]
+    results.record("precision", precision_step, model, label, sample, "0-100")
     with tempfile.TemporaryDirectory() as folder:
         model.hf.save_pretrained(folder)
         model.tokenizer.save_pretrained(folder)
         few = prompts_for(model, "0-10", size.offload_prompts)
-        figures.append(offload_step(folder, model, label, few, size.offload_memory))
-        figures += mechanism_step(model, folder, label, size.mechanism_layers)
-    return figures, model.tokenizer
+        results.record("offload", offload_step, folder, model, label, few, size.offload_memory)
+        cpu = load_model(folder, device="cpu", dtype="float32")
+        for hooks in hook_libraries():
+            mechanism = (model, cpu, label, size.mechanism_layers, hooks)
+            results.record("mechanism", mechanism_step, *mechanism)
+    return model.tokenizer
 
 
-def shaped_model_steps(device: torch.device, size: Sizes, n: int, tokenizer: Any) -> list:
-    """The large random-weight model's steps: its head's rows, then the exact scorer in each
-    precision tier (`TIERS`, float32 first), generation in the fastest tier whose LM head
-    transformers runs as it is (`PLAIN`), the batch sweep and the out-of-memory back-off in the
-    fastest tier (`TIERS[0]`), and patching beside its peers in TF32."""
+def shaped_model_steps(
+    device: torch.device, size: Sizes, n: int, tokenizer: Any, results: Results
+) -> None:
+    """The large random-weight model's steps, into `results`: its head's rows, then the exact
+    scorer in each precision tier (`TIERS`, float32 first), generation in the fastest tier whose
+    LM head transformers runs as it is (`PLAIN`), the out-of-memory back-off in the fastest tier
+    (`TIERS[0]`), patching beside its peers in TF32, and the batch sweep in
+    the fastest tier."""
     config = llama_config(len(tokenizer), **{**size.shaped, "vocab_rows": size.head_rows})
     label = size.shaped_label
     model = random_weights(config, tokenizer, label, str(device), torch.float32)
     prompts = {spec: prompts_for(model, spec, n) for spec in ANSWER_SETS}
-    figures = [shape_step(model, label)]
+    results.record("shape", shape_step, model, label)
     for tier in reversed(TIERS):
-        undo = apply_tier(model, tier)
-        figures += exact_step(model, label, prompts, epsilon=0.0)
-        undo()
-    undo = apply_tier(model, PLAIN)
-    figures += generate_step(model, label, prompts, size.generate_budget, size.generate_batch)
-    undo()
-    undo = apply_tier(model, TIERS[0])
-    sweep = prompts_for(model, "0-100", size.sweep_prompts)
-    figures += sweep_step(model, label, sweep, size.sweep)
+        results.record("exact", in_tier, model, tier, exact_step, model, label, prompts, None, 0.0)
+    gen = (model, label, prompts, size.generate_budget, size.generate_batch)
+    results.record("generate", in_tier, model, PLAIN, generate_step, *gen)
+    fastest = (model, TIERS[0])
     long = prompts_for(model, "0-10", size.oom_batch, LONG_LEAD)
-    figures.append(oom_step(model, label, long, size.oom_batch, size.simulate_oom))
-    print(f"oom back-off: {figures[-1]['batch_size_after']} prompts a batch")
-    undo()  # float32 weights again: the peers run TF32 matmuls (see `peers_step`)
-    apply_tier(model, "tf32")
-    figures += peers_step(model, label, size.peer_layers)
-    return figures
+    oom = (model, label, long, size.oom_batch, size.simulate_oom)
+    results.record("oom_backoff", in_tier, *fastest, oom_step, *oom)
+    results.record("peers", in_tier, model, "tf32", peers_step, model, label, size.peer_layers)
+    sweep = prompts_for(model, "0-100", size.sweep_prompts)
+    results.record("batch_sweep", in_tier, *fastest, sweep_step, model, label, sweep, size.sweep)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -803,31 +861,29 @@ def main(argv: list[str] | None = None) -> int:
         help=f"JSON (default {RESULTS}/gpu.json; a dry run: a temporary file)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--only",
+        type=step_names(STEPS),
+        default=set(STEPS),
+        help="comma-separated steps to run, e.g. mechanism,peers to measure those again "
+        f"(default: every step: {', '.join(STEPS)}; the targets are always read)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cpu" if args.dry_run else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry-run")  # not-in-dry-run: a GPU run has one
     size = SIZES["dry" if args.dry_run else "gpu"]
     n = args.prompts or size.prompts
-    load_start = set_up(args.threads)
-    started = time.perf_counter()
-    figures, tokenizer = default_model_steps(device, size, n)
-    release(device)  # the default model is gone: the large model's peak memory is its own
-    figures += shaped_model_steps(device, size, n, tokenizer)
-    figures += targets_step(figures, device, size)
-    load_end = tear_down(device)
     temporary = Path(tempfile.mkdtemp()) / "gpu.json"
     out = args.out or (temporary if args.dry_run else RESULTS / "gpu.json")
-    rows = [row | {"dry_run": args.dry_run} for record in figures for row in as_figures(record)]
-    write_results(
-        "gpu",
-        rows,
-        device=device,
-        threads=args.threads,
-        load_start=load_start,
-        load_end=load_end,
-        path=out,
-    )
+    results = Results(out, device, args.threads, args.dry_run, args.only)
+    started = time.perf_counter()
+    with until_interrupted("the targets from the steps measured so far"):
+        tokenizer = default_model_steps(device, size, n, results)
+        release(device)  # the default model is gone: the large model's peak memory is its own
+        shaped_model_steps(device, size, n, tokenizer, results)
+    results.record("target", targets_step, results.records, device, size)
+    results.write(tear_down(device))
     print(f"{time.perf_counter() - started:.0f} s")
     return 0
 

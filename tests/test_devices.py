@@ -405,6 +405,8 @@ def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
     assert {"threads", "commit", "date", "machine", "load_average"} <= set(report)
     figures = report["figures"]
     assert all(f["dry_run"] and {"figure", "value", "unit"} <= set(f) for f in figures)
+    assert not [f for f in figures if str(f["unit"]).startswith("failed")]  # no step raised
+    assert "details" not in report  # the finished run's file, not one written after a step
     steps = {f["step"] for f in figures}
     assert steps == {
         "exact", "generate", "precision", "offload", "batch_sweep", "plan_share",
@@ -462,3 +464,57 @@ def test_ray_refuses_a_device_map(tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--ray loads one engine per actor" in err and "drop --max-memory" in err
+
+
+def test_the_nnsight_view_leaves_the_model_where_it_was_placed(monkeypatch):
+    """nnsight wraps the model in a transformers pipeline, which, left to choose, moves a model
+    no device map placed to the first GPU (seen on an H200: the CPU copy of a model ended up on
+    cuda:0 and the engine's next forward failed). Here the pipeline is made to believe a GPU is
+    there: the view is built and every weight stays on the model's device."""
+    pytest.importorskip("nnsight")
+    import transformers.pipelines.base as pipelines
+
+    from probekit.testing.synthetic import tiny_model
+
+    model = tiny_model()
+    monkeypatch.setattr(pipelines, "is_torch_cuda_available", lambda: True)
+    assert model.nnsight is not None
+    assert {p.device for p in model.hf.parameters()} == {model.device}
+    result = next(iter(model.scorer(probekit.AnswerSet.parse("0-10")).score([[1, 2, 3]])))
+    assert 0 < result.valid_mass <= 1
+
+
+def test_a_gpu_run_keeps_what_it_measured_when_a_step_fails_or_is_not_asked_for(
+    monkeypatch, tmp_path
+):
+    """benchmarks/gpu.py's `Results` (through `common.measured`): a step that raises is recorded
+    as failed, with its error, and the run goes on (the nnsight half of the mechanism failed so on an H200 while the rest
+    measured); the file is written after every step and says which came last; a step left out
+    of `--only` is not run at all; an unknown step name is refused."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    gpu = pytest.importorskip("gpu")
+    path = tmp_path / "gpu.json"
+    results = gpu.Results(path, torch.device("cpu"), None, True, {"shape", "mechanism"})
+    ran = []
+    results.record("peers", lambda: ran.append("peers"))
+
+    def broken() -> None:
+        raise RuntimeError("index is on cpu, different from other tensors on cuda:0")
+
+    results.record("mechanism", broken)
+    written = json.loads(path.read_text())
+    assert ran == [] and written["details"] == {"stopped_after": "mechanism"}
+    (figure,) = written["figures"]
+    assert figure["step"] == "mechanism" and figure["value"] == "skipped"
+    assert figure["unit"] == (
+        "failed: RuntimeError: index is on cpu, different from other tensors on cuda:0"
+    )
+    results.record("shape", lambda: {"step": "shape", "model": "m", "head_rows": 7})
+    results.write((0.0, 0.0, 0.0))
+    final = json.loads(path.read_text())
+    assert "details" not in final
+    assert [f["step"] for f in final["figures"]] == ["mechanism", "shape"]
+    with pytest.raises(SystemExit):
+        gpu.main(["--dry-run", "--only", "mechanism,warp_drive"])

@@ -201,11 +201,16 @@ class LoadedModel:
     @cached_property
     def nnsight(self) -> Any:
         """An nnsight `TransformersModel` over `hf`'s own modules, never the bridge's (its
-        `trace(..., remote=True)` runs on NDIF); trace it outside `bridged()`."""
+        `trace(..., remote=True)` runs on NDIF); trace it outside `bridged()`.
+
+        Its transformers pipeline is told the model's device: left to choose, a pipeline moves
+        a model that no device map placed to the first GPU, so a model on the CPU (or on
+        cuda:1) of a GPU machine would end up on cuda:0 behind the engine's back."""
         traced = import_from("nnsight", "nnsight.modeling.transformers")
+        placed = {} if getattr(self.hf, "hf_device_map", None) else {"device": self.device}
         with self.bridged(False):
             return traced.TransformersModel(
-                self.hf, task="text-generation", tokenizer=self.tokenizer
+                self.hf, task="text-generation", tokenizer=self.tokenizer, **placed
             )
 
     def weights_fingerprint(self) -> str:
