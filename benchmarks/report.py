@@ -364,7 +364,8 @@ def full_study_section(result: dict[str, Any], results: list[dict[str, Any]]) ->
             )
             top = figures[0]
             lines.append(
-                f"| {run['device'].removeprefix('cuda: ')} ({run['date'][:10]}) | {model} | "
+                f"| {run['device'].removeprefix('cuda: ')} ({run['benchmark']}, "
+                f"{run['date'][:10]}) | {model} | "
                 f"{tier} | {number(top.get('epsilon'))} | {positions(top)} | "
                 + " / ".join(f"{f['value']:.0f}" for f in figures)
                 + f" | {hours:,.0f} | {hours / 8:,.1f} |"
