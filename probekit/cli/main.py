@@ -26,6 +26,7 @@ from probekit.core.options import (
     check_out_dir,
     flag,
     option,
+    option_values,
     spelled,
 )
 from probekit.engines.options import ModelOptions, ScoreOptions, check_models
@@ -235,12 +236,8 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
 
     written = score_file(
         model.model,
-        files.prompts,
-        files.scores,
-        options.answers,
-        epsilon=options.epsilon,
-        prefill=options.prefill,
-        batch_size=options.batch_size,
+        **option_values(files),
+        **option_values(options),
         quiet=model.quiet,
         **model.load_keywords(),
     )
