@@ -11,6 +11,7 @@ import difflib
 import functools
 import importlib
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -102,6 +103,19 @@ def run_script(name: str, body: Callable[[], None]) -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def timed(execute: Callable[[Any, tuple], str]) -> Callable[[Any, tuple], None]:
+    """A study command's `execute` that returns what it wrote, as the command prints it:
+    `wrote ...`, then the wall time."""
+
+    @functools.wraps(execute)
+    def printed(study: Any, parsed: tuple) -> None:
+        start = time.monotonic()
+        print(f"wrote {execute(study, parsed)}")
+        print(f"wall time {time.monotonic() - start:.0f} s")
+
+    return printed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
