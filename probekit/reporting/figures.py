@@ -175,6 +175,19 @@ def heatmap_figure(
     return fig
 
 
+def heatmap(
+    Z: np.ndarray,
+    labels: Sequence[str],
+    mask: np.ndarray | None = None,
+    blocks: Blocks | None = None,
+    *,
+    path: str | Path,
+    **options: object,
+) -> Path:
+    """Save the heatmap of `heatmap_figure` (same options) as a PNG at `path`."""
+    return save_figure(heatmap_figure(Z, labels, mask, blocks, **options), path)  # type: ignore[arg-type]
+
+
 def embed_rows(Z_rows: np.ndarray, seed: int = 0, perplexity: float | None = None) -> np.ndarray:
     """2-D t-SNE coordinates of the rows of a matrix (scikit-learn's TSNE, PCA initialisation).
 

@@ -88,17 +88,17 @@ def report_gap(
         f"{category.name} — Z of mean intensity\n{model or model_name(out)}, view {mode}, "
         f"N = {summary.heatmap_n_kept} events"
     )
-    heatmap = plots.heatmap_figure(
+    plots.heatmap(
         summary.Z,
         category.identities,
         summary.shown,
         in_group_blocks(category),
         title=title,
         separators=(1,),
+        path=out / f"heatmap{suffix}.png",
         mask_label="hidden, not significant (paired t-tests vs the diagonal, Bonferroni α/k²)",
         block_label="in-group cells (perceiver and experiencer of one label), those Δ averages",
     )
-    plots.save_figure(heatmap, out / f"heatmap{suffix}.png")
     if category.regions:  # as the authors' tsne.py: rows of the named-only Z, perplexity 5
         names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
         regions = [category.regions[i] for i in category.named]
