@@ -91,8 +91,8 @@ def report_gap(
     plots.heatmap(
         summary.Z,
         category.identities,
-        summary.shown,
-        in_group_blocks(category),
+        mask=summary.shown,
+        blocks=in_group_blocks(category),
         title=title,
         separators=(1,),
         path=out / f"heatmap{suffix}.png",
