@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import time
-
-from probekit.core.options import Command
+from probekit.cli.main import timed
 from probekit.run.lens import lens_command, lens_parsed
 from probekit.studies.base import Study
 
-
-def command(study: Study) -> Command:
-    """`probekit lens STUDY`'s options: the model's, the lens's and the study's."""
-    return lens_command(study)
+command = lens_command
+"""`probekit lens STUDY`'s options: the model's, the lens's and the study's."""
 
 
-def execute(study: Study, parsed: tuple) -> None:
-    start = time.monotonic()
+@timed
+def execute(study: Study, parsed: tuple) -> str:
+    """The command's work on the parsed options; what it wrote (printed by `timed`)."""
     result = lens_parsed(study, parsed)
-    print(f"wrote {result.path}/lens.parquet, summary.csv, lens.png, report.html")
-    print(f"wall time {time.monotonic() - start:.0f} s")
+    return f"{result.path}/lens.parquet, summary.csv, lens.png, report.html"

@@ -11,6 +11,7 @@ import difflib
 import functools
 import importlib
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from probekit.core.options import (
     check_out_dir,
     flag,
     option,
+    option_values,
     spelled,
 )
 from probekit.engines.options import ModelOptions, ScoreOptions, check_models
@@ -101,6 +103,19 @@ def run_script(name: str, body: Callable[[], None]) -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def timed(execute: Callable[[Any, tuple], str]) -> Callable[[Any, tuple], None]:
+    """A study command's `execute` that returns what it wrote, as the command prints it:
+    `wrote ...`, then the wall time."""
+
+    @functools.wraps(execute)
+    def printed(study: Any, parsed: tuple) -> None:
+        start = time.monotonic()
+        print(f"wrote {execute(study, parsed)}")
+        print(f"wall time {time.monotonic() - start:.0f} s")
+
+    return printed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,12 +250,8 @@ def _score(model: ModelOptions, files: ScoreFiles, options: ScoreOptions) -> Non
 
     written = score_file(
         model.model,
-        files.prompts,
-        files.scores,
-        options.answers,
-        epsilon=options.epsilon,
-        prefill=options.prefill,
-        batch_size=options.batch_size,
+        **option_values(files),
+        **option_values(options),
         quiet=model.quiet,
         **model.load_keywords(),
     )

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import time
-
-from probekit.core.options import Command
+from probekit.cli.main import timed
 from probekit.run.patch import patch_command, patch_parsed
 from probekit.studies.base import Study
 
-
-def command(study: Study) -> Command:
-    """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
-    return patch_command(study)
+command = patch_command
+"""`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
 
 
-def execute(study: Study, parsed: tuple) -> None:
-    start = time.monotonic()
+@timed
+def execute(study: Study, parsed: tuple) -> str:
+    """The command's work on the parsed options; what it wrote (printed by `timed`)."""
     written = patch_parsed(study, parsed)
-    print(f"wrote {parsed[1].out}/{', '.join(written)}")
-    print(f"wall time {time.monotonic() - start:.0f} s")
+    return f"{parsed[1].out}/{', '.join(written)}"

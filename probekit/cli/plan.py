@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import Command
+from probekit.core.options import Command, option_values
 from probekit.engines.plan import PlanOptions
 
 HELP = "the memory plan of a model on some devices (weights, KV cache, batch, placement)"
@@ -18,16 +18,7 @@ def execute(parsed: tuple) -> None:
     from probekit.engines.plan import plan
 
     (options,) = parsed
-    result = plan(
-        options.model,
-        options.devices,
-        dtype=options.dtype,
-        prompt_tokens=options.prompt_tokens,
-        batch_size=options.batch_size,
-        dispatched=options.dispatched,
-        offload=options.offload,
-        tensor_parallel_size=options.tensor_parallel_size,
-    )
+    result = plan(**option_values(options, leave=("json",)))
     print(json.dumps(result.to_dict(), indent=1) if options.json else "\n".join(result.lines()))
     if not result.fits:
         raise ProbekitError(result.advice)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import time
-
-from probekit.core.options import Command
+from probekit.cli.main import timed
 from probekit.run.steer import steer_command, steer_parsed
 from probekit.studies.base import Study
 
-
-def command(study: Study) -> Command:
-    """`probekit steer STUDY`'s options: the model's, the steering's and the study's."""
-    return steer_command(study)
+command = steer_command
+"""`probekit steer STUDY`'s options: the model's, the steering's and the study's."""
 
 
-def execute(study: Study, parsed: tuple) -> None:
-    start = time.monotonic()
+@timed
+def execute(study: Study, parsed: tuple) -> str:
+    """The command's work on the parsed options; what it wrote (printed by `timed`)."""
     result = steer_parsed(study, parsed)
-    print(f"wrote {result.path}/steer.parquet, summary.csv, steer.png, report.html")
-    print(f"wall time {time.monotonic() - start:.0f} s")
+    return f"{result.path}/steer.parquet, summary.csv, steer.png, report.html"

@@ -169,12 +169,8 @@ class AnswerSet:
                     "one range or a list; write every answer of the list out"
                 )
             answers = cls(tuple(items))
-        if len(answers) == 1:
-            raise ProbekitError(
-                f"answer spec '{spec}' gives one answer ({answers.answers[0]!r}), whose "
-                "probability is always 1; give a range (0-100, A-E), a list (A,B,C) or @file"
-            )
-        return answers
+        said = f"answer spec '{spec}' gives one answer ({answers.answers[0]!r})"
+        return _several(answers, said, "give a range (0-100, A-E), a list (A,B,C) or @file")
 
     @classmethod
     def range(cls, lo: int, hi: int) -> AnswerSet:
@@ -218,13 +214,17 @@ def as_answer_set(answers: object) -> AnswerSet:
             f"strings or numbers; got {type(answers).__name__}"
         )
     texts = [_answer_text(value, index) for index, value in enumerate(answers)]
-    found = AnswerSet(tuple(texts))
-    if len(found) == 1:
-        raise ProbekitError(
-            f"the answer list {texts!r} has one answer, whose probability is always 1; give two "
-            "or more"
-        )
-    return found
+    return _several(
+        AnswerSet(tuple(texts)), f"the answer list {texts!r} has one answer", "give two or more"
+    )
+
+
+def _several(answers: AnswerSet, said: str, hint: str) -> AnswerSet:
+    """`answers`, or one line (`said`, then `hint`) when it is a single answer: its probability
+    is always 1, so it measures nothing."""
+    if len(answers) == 1:
+        raise ProbekitError(f"{said}, whose probability is always 1; {hint}")
+    return answers
 
 
 def _answer_text(value: object, index: int) -> str:

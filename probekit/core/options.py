@@ -184,6 +184,14 @@ def options_of(group: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(group) if "option" in f.metadata]
 
 
+def option_values(options: Any, leave: Sequence[str] = ()) -> dict[str, Any]:
+    """The options of a parsed options dataclass instance by name, as a command hands them to
+    its function as keywords (`leave`: those the function does not take, e.g. `json`)."""
+    return {
+        f.name: getattr(options, f.name) for f in options_of(type(options)) if f.name not in leave
+    }
+
+
 def default_of(group: type, name: str, command: str | None = None) -> Any:
     """The declared default of the option `name` of `group` (as `command` has it)."""
     for field in options_of(group):

@@ -65,6 +65,17 @@ model_spec = Kind("model", str, _model)
 """A model: `default`, a Hugging Face id, a model folder or a `.gguf` file (text or a Path)."""
 
 
+def _vllm_gpus(split: str) -> Any:
+    """The option of a vLLM parallel size: vLLM splits `split` over N GPUs (`probekit run`)."""
+    return option(
+        None,
+        help=f"vLLM splits {split} over N GPUs (--engine vllm only)",
+        kind=positive_int,
+        commands=("run",),
+        metavar="N",
+    )
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     """Which model, in which dtype: the options of every command that loads a model, and of
@@ -119,20 +130,8 @@ class ModelOptions(ModelChoice):
         kind=path,
         metavar="DIR",
     )
-    tensor_parallel_size: int | None = option(
-        None,
-        help="vLLM splits every layer over N GPUs (--engine vllm only)",
-        kind=positive_int,
-        commands=("run",),
-        metavar="N",
-    )
-    pipeline_parallel_size: int | None = option(
-        None,
-        help="vLLM splits the layers over N GPUs (--engine vllm only)",
-        kind=positive_int,
-        commands=("run",),
-        metavar="N",
-    )
+    tensor_parallel_size: int | None = _vllm_gpus("every layer")
+    pipeline_parallel_size: int | None = _vllm_gpus("the layers")
     tolerance: float | None = option(
         None,
         help="largest change of an answer probability the chosen arithmetic may cause (see "

@@ -254,6 +254,7 @@ class VllmScorer:
         self.engine = engine
         self.answers = answers
         self.options = options
+        self.epsilon = options.epsilon
         self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
         self._requests = 0  # sampled requests so far: request k is seeded `seed + k`
         self._exact: Any = None
@@ -267,10 +268,6 @@ class VllmScorer:
                 self.answers, epsilon=self.options.epsilon, batch_size=self.options.batch_size
             )
         return self._exact
-
-    @property
-    def epsilon(self) -> float:
-        return self.options.epsilon
 
     @property
     def stats(self) -> ScorerStats:

@@ -30,8 +30,9 @@ TransformerLens hooks builds the model's bridge and installs it for the read onl
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ STORAGE_DTYPE = torch.float16
 
 Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
+Gathered = tuple[list[Row], dict[Key, torch.Tensor]]  # a batch's rows and values (`gather`)
 
 
 @dataclass(frozen=True, repr=False)
@@ -112,7 +114,7 @@ def gather(
     sites: Sequence[str],
     spans: Sequence[str] | None,
     hooks: str,
-) -> tuple[list[Row], dict[Key, torch.Tensor]]:
+) -> Gathered:
     """Run one left-padded batch and return its span rows and, per (layer, short site), the
     float32 values [rows, ...].
 
@@ -140,20 +142,14 @@ def gather(
 
 
 def batches(
-    model: Any,
-    items: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    hooks: str,
-    batch_size: int,
+    items: Sequence[EncodedItem], batch_size: int, read: Callable[[list[EncodedItem]], Gathered]
 ) -> Iterator[tuple[list[EncodedItem], list[Row], dict[Key, torch.Tensor]]]:
-    """`gather` over `items` a batch at a time: (the batch, its rows, its values), with the
-    progress of the prompts (`probekit.core.progress`)."""
+    """`read` (a `gather` of the sites wanted) over `items` a batch at a time: (the batch, its
+    rows, its values), with the progress of the prompts (`probekit.core.progress`)."""
     with progress(len(items), "prompt", "capture") as bar:
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
-            rows, acts = gather(model, batch, layers, sites, spans, hooks)
+            rows, acts = read(batch)
             bar.update(len(batch))
             yield batch, rows, acts
 
@@ -263,7 +259,8 @@ def collect(
     records: list[dict[str, Any]] = []
     parts: dict[Key, list[torch.Tensor]] = {}
     start = 0
-    for batch, rows, acts in batches(model, items, layers, shorts, spans, hooks, batch_size):
+    read = functools.partial(gather, model, layers=layers, sites=shorts, spans=spans, hooks=hooks)
+    for batch, rows, acts in batches(items, batch_size, read):
         for key, tensor in acts.items():
             parts.setdefault(key, []).append(tensor)
         for b, span, at in rows:
@@ -455,8 +452,9 @@ def _write_shard(
     blocks: dict[Key, list[torch.Tensor]] = {}
     records: list[dict[str, Any]] = []
     start = 0
-    layers, sites, spans = config["layers"], config["sites"], config["spans"]
-    for batch, rows, acts in batches(model, items, layers, sites, spans, hooks, batch_size):
+    wanted = {name: config[name] for name in ("layers", "sites", "spans")}
+    read = functools.partial(gather, model, hooks=hooks, **wanted)
+    for batch, rows, acts in batches(items, batch_size, read):
         for key, tensor in acts.items():
             blocks.setdefault(key, []).append(tensor)
         for b, span, at in rows:

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -175,17 +176,10 @@ def heatmap_figure(
     return fig
 
 
-def heatmap(
-    Z: np.ndarray,
-    labels: Sequence[str],
-    mask: np.ndarray | None = None,
-    blocks: Blocks | None = None,
-    *,
-    path: str | Path,
-    **options: object,
-) -> Path:
-    """Save the heatmap of `heatmap_figure` (same options) as a PNG at `path`."""
-    return save_figure(heatmap_figure(Z, labels, mask, blocks, **options), path)  # type: ignore[arg-type]
+def heatmap(Z: np.ndarray, labels: Sequence[str], *, path: str | Path, **options: Any) -> Path:
+    """Save the heatmap of `heatmap_figure` (its options as keywords: `mask`, `blocks`, ...)
+    as a PNG at `path`."""
+    return save_figure(heatmap_figure(Z, labels, **options), path)
 
 
 def embed_rows(Z_rows: np.ndarray, seed: int = 0, perplexity: float | None = None) -> np.ndarray:

@@ -501,34 +501,39 @@ def _markdown() -> MarkdownIt:
     return MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
-def mechanism_page(
+def write_mechanism_page(
+    path: str | Path,
     template: str,
+    shown: Sequence[str],
     summary: pd.DataFrame,
     figure: str | Path,
+    title: str,
     manifest: Mapping[str, Any],
-    shown: Sequence[str],
     data: str,
-    **values: Any,
-) -> str:
-    """The HTML of a mechanism run's page (`probekit steer`, `probekit lens`) from
-    `templates/<template>`: the figure inline (base64 PNG), the manifest's `shown` settings,
-    the summary's notes, the data as the study describes it (and whether it is probekit's
-    sample), and the template's own `values`."""
+    values: Mapping[str, Any],
+) -> Path:
+    """Write a mechanism run's page (`probekit steer`, `probekit lens`) from
+    `templates/<template>` atomically: the `title`, the figure inline (base64 PNG), the
+    manifest's `shown` settings, the summary's notes and prompts, the data as the study
+    describes it (and whether it is probekit's sample), and the template's own `values`."""
     image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
     settings = [(k, manifest[k]) for k in shown if manifest.get(k) is not None]
     notes = sorted({str(n) for n in summary.get("note", pd.Series(dtype=str)).dropna() if n})
-    return (
+    html = (
         _environment()
         .get_template(template)
         .render(
+            title=title,
             image=image,
             settings=settings,
             notes=notes,
+            prompts=int(summary["prompts"].iloc[0]),
             data=data,
             sample=is_sample_data(data),
             **values,
         )
     )
+    return write_text(path, html)
 
 
 def _environment() -> jinja2.Environment:

@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from probekit.core.io import write_text
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p
-from probekit.reporting.html import mechanism_page
+from probekit.reporting.html import write_mechanism_page
 
 SHOWN = ("study", "model", "weights", "dtype", "device", "layers", "hooks", "seed", "prompts")
 SHOWN += ("min_valid_mass",)
@@ -134,22 +133,16 @@ def write_lens_page(
     describes it; `difference`: the largest |difference| of an answer probability between the
     lens after the last layer and the scorer, None when the last layer was not read)."""
     first = primary(summary)
-    html = mechanism_page(
-        "lens.html",
-        summary,
-        figure,
-        manifest,
-        SHOWN,
-        data,
-        title=title,
-        label=str(first["label"].iloc[0]) if len(first) else "headline",
-        rows=lens_rows(summary, gaps),
-        headlines=headline_rows(summary),
-        several=summary.groupby("layer").size().max() > 1,
-        gaps=gaps is not None,
-        readout=str(gaps["readout"].iloc[0]) if gaps is not None else "",
-        pairs=int(gaps["pairs"].iloc[0]) if gaps is not None else 0,
-        prompts=int(summary["prompts"].iloc[0]),
-        difference=None if difference is None else f"{difference:.1e}",
+    own = {
+        "label": str(first["label"].iloc[0]) if len(first) else "headline",
+        "rows": lens_rows(summary, gaps),
+        "headlines": headline_rows(summary),
+        "several": summary.groupby("layer").size().max() > 1,
+        "gaps": gaps is not None,
+        "readout": str(gaps["readout"].iloc[0]) if gaps is not None else "",
+        "pairs": int(gaps["pairs"].iloc[0]) if gaps is not None else 0,
+        "difference": None if difference is None else f"{difference:.1e}",
+    }
+    return write_mechanism_page(
+        path, "lens.html", SHOWN, summary, figure, title, manifest, data, own
     )
-    return write_text(path, html)

@@ -12,10 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.core.io import write_text
 from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, format_p, missing
-from probekit.reporting.html import mechanism_page
+from probekit.reporting.html import write_mechanism_page
 
 STEER, RANDOM = "steer", "random"
 """The `vector` column's kinds: the vector given, and the random control of its norm."""
@@ -92,31 +91,6 @@ def steer_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def steer_page_html(
-    summary: pd.DataFrame,
-    figure: str | Path,
-    title: str,
-    manifest: Mapping[str, Any],
-    data: str,
-    weak: str | None = None,
-) -> str:
-    """The HTML of a steering run's page (`data`: the data as the study describes it; `weak`:
-    the weak-signal line, shown as a banner)."""
-    return mechanism_page(
-        "steer.html",
-        summary,
-        figure,
-        manifest,
-        SHOWN,
-        data,
-        title=title,
-        label=str(summary["label"].iloc[0]),
-        rows=steer_rows(summary),
-        prompts=int(summary["prompts"].iloc[0]),
-        weak=weak,
-    )
-
-
 def write_steer_page(
     path: str | Path,
     summary: pd.DataFrame,
@@ -126,5 +100,9 @@ def write_steer_page(
     data: str,
     weak: str | None = None,
 ) -> Path:
-    """Write the steering run's page (`report.html`) atomically."""
-    return write_text(path, steer_page_html(summary, figure, title, manifest, data, weak))
+    """Write the steering run's page (`report.html`) atomically (`data`: the data as the study
+    describes it; `weak`: the weak-signal line, shown as a banner)."""
+    own = {"label": str(summary["label"].iloc[0]), "rows": steer_rows(summary), "weak": weak}
+    return write_mechanism_page(
+        path, "steer.html", SHOWN, summary, figure, title, manifest, data, own
+    )

@@ -24,7 +24,8 @@ from probekit.mechanism.capture import (
     site_shorts,
 )
 from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_capture
-from probekit.run.mechanism import build, context, mechanism_command, study_object
+from probekit.run.mechanism import context, mechanism_command
+from probekit.run.options import build
 from probekit.studies.base import Study
 
 DEFAULTS = {"out": "runs/capture"}
@@ -42,11 +43,7 @@ def _check(parsed: tuple) -> None:
 
 
 @public(ModelOptions, CaptureOptions, command="capture", defaults=DEFAULTS, wider=("model",))
-def capture_study(
-    study: str | Study,
-    model: str | Path | Engine,
-    **options: Any,
-) -> Activations:
+def capture_study(study: str | Study, model: str | Path | Engine, **options: Any) -> Activations:
     """`probekit capture STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the capture's options and the model's (below: `layers=[0, -1]`, `sites=["resid_post"]`,
@@ -56,8 +53,7 @@ def capture_study(
 
     Args:
         options: the study's own options (`probekit capture STUDY --help`)."""
-    found = study_object(study)
-    loaded, parsed = build(capture_command(found), found, model, options)
+    found, loaded, parsed = build(capture_command, study, model, options)
     capture_parsed(found, parsed, loaded)
     return read_activations(parsed[1].out)
 

@@ -57,13 +57,12 @@ from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import layer_indices
 from probekit.reporting.lens import lens_figure, write_lens_page
 from probekit.run.mechanism import (
-    build,
     context,
     mechanism_command,
     mechanism_settings,
-    study_object,
 )
 from probekit.run.numerics import keep_resumed_tier
+from probekit.run.options import build
 from probekit.run.parts import Compactor, done_mask, scan_parts
 from probekit.studies.base import VIEWS, Probe, Study
 
@@ -105,8 +104,7 @@ def lens_study(study: str | Study, model: str | Path | Engine, **options: Any) -
 
     Args:
         options: the study's own options (`probekit lens STUDY --help`)."""
-    found = study_object(study)
-    loaded, parsed = build(lens_command(found), found, model, options)
+    found, loaded, parsed = build(lens_command, study, model, options)
     return lens_parsed(found, parsed, loaded)
 
 

@@ -149,20 +149,41 @@ def run_probe(
     once scored. Progress goes to stderr (`probekit.core.progress`): first how many prompts
     are to be scored and how long that will take on this device, then the progress, with
     `hint` on how to make the run smaller."""
+
+    def local(probe: Probe, view: str) -> Scoring:
+        seed = manifest.get("seed", 0)
+        return LocalScoring(
+            probe,
+            model,
+            view,
+            epsilon=epsilon,
+            batch_size=batch_size,
+            seed=seed,
+            chunk_size=chunk_size,
+        )
+
+    return run_scoring(probe, out, manifest, local, view, limit, chunk_size, shard, hint)
+
+
+def run_scoring(
+    probe: Probe,
+    out: str | Path,
+    manifest: dict[str, Any],
+    scoring: Callable[[Probe, str], Scoring],
+    view: str,
+    limit: int | None,
+    chunk_size: int | None,
+    shard: Shard = WHOLE,
+    hint: str | None = None,
+) -> Path | None:
+    """The front of every runner (`run_probe`, `probekit.run.ray.run_probe_ray`): the view and
+    the chunk size checked, `probe` cut to `limit` (recorded in the manifest), then `run_rows`
+    with the `Scoring` that `scoring(probe, view)` starts."""
     view = check_view(view)
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     probe = limited(probe, limit)
-    start = partial(
-        LocalScoring,
-        probe,
-        model,
-        view,
-        epsilon=epsilon,
-        batch_size=batch_size,
-        seed=manifest.get("seed", 0),
-        chunk_size=chunk_size,
-    )
+    start = partial(scoring, probe, view)
     return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 
 

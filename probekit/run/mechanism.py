@@ -1,8 +1,8 @@
 """A study under the mechanism commands (`probekit patch`, `capture`, `steer`, `lens` and their
 functions `patch_study`, `capture_study`, `steer_study`, `lens_study`): the options they take
-together (the model's, the command's and the study's, checked before any work), the study's view
-of them, the study given by name or as an object, and the manifest fields their run folders share
-(`mechanism_settings`)."""
+together (the model's, the command's and the study's, checked before any work; their functions'
+front is `probekit.run.options.build`), the study's view of them, and the manifest fields their
+run folders share (`mechanism_settings`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 from probekit.core.errors import ProbekitError
 from probekit.core.options import Command, named
 from probekit.core.rundir import RESULTS_FORMAT, device_kind
-from probekit.engines.options import ModelOptions, check_models, loaded_engine
+from probekit.engines.options import ModelOptions, check_models
 from probekit.run.options import precision_settings
-from probekit.studies.base import VIEWS, Context, Study, get_study, other_study_option
+from probekit.studies.base import VIEWS, Context, Study, other_study_option
 
 Check = Any
 """A command's own check of its parsed options: `check(parsed)`, raising one line."""
@@ -47,24 +47,6 @@ def mechanism_command(
 def context(name: str, model: ModelOptions, own: Any) -> Context:
     """What the study's methods read of a mechanism command: its seed and device."""
     return Context(name, own.seed, device=model.device)
-
-
-def study_object(study: str | Study) -> Study:
-    """A registered study's name or a `Study` object (used as it is, registered or not)."""
-    if isinstance(study, str):
-        return get_study(study)
-    if not isinstance(study, Study):
-        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
-    return study
-
-
-def build(command: Command, study: Study, model: Any, options: dict[str, Any]) -> tuple[Any, tuple]:
-    """The loaded engine `model` is (None for a spec) and the options of a call of the command's
-    function (`patch_study(study, model, **options)`), checked as the command line checks them
-    (one line naming the keyword)."""
-    loaded = loaded_engine(model)
-    keywords = options if loaded is not None else {**options, "model": model}
-    return loaded, command.build(keywords, f"{command.name}_study({study.name!r})")
 
 
 def mechanism_settings(

@@ -1,19 +1,21 @@
 """The options of a study run (`probekit run STUDY`, `probekit.run_study`), declared once
 (`probekit.core.options`): `RunOptions`, and `run_command`, the command that takes them with the
-model's options and the study's own, and checks them together before any work."""
+model's options and the study's own, and checks them together before any work; `build`, the
+front every study command's function shares (the study by name or as an object, the model
+loaded or a spec, the keywords checked as the command line checks them)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
 from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, named, option
-from probekit.engines.options import EpsilonOption, ModelOptions, check_models
-from probekit.studies.base import Context, Study, other_study_option
+from probekit.engines.options import EpsilonOption, ModelOptions, check_models, loaded_engine
+from probekit.studies.base import Context, Study, get_study, other_study_option
 
 
 def _numerics(value: Any) -> int | str:
@@ -123,3 +125,26 @@ def precision_settings(
 def run_context(run: RunOptions, model: ModelOptions, say: Any = print) -> Context:
     """What the study's methods read of a run: its seed, view and device."""
     return Context("run", run.seed, run.view, model.device, say)
+
+
+def study_object(study: str | Study) -> Study:
+    """A registered study's name or a `Study` object (used as it is, registered or not)."""
+    if isinstance(study, str):
+        return get_study(study)
+    if not isinstance(study, Study):
+        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
+    return study
+
+
+def build(
+    command: Callable[[Study], Command], study: str | Study, model: Any, options: dict[str, Any]
+) -> tuple[Study, Any, tuple]:
+    """The front of a study command's function (`run_study`, `patch_study(study, model,
+    **options)`, ...): the study `study` names (`study_object`), the loaded engine `model` is
+    (None for a spec) and the options of the call, checked by `command(study)` as the command
+    line checks them (one line naming the keyword)."""
+    found = study_object(study)
+    loaded = loaded_engine(model)
+    asked = command(found)
+    keywords = options if loaded is not None else {**options, "model": model}
+    return found, loaded, asked.build(keywords, f"{asked.name}_study({found.name!r})")

@@ -17,7 +17,8 @@ from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.mechanism.api import hookable
 from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
-from probekit.run.mechanism import build, context, mechanism_command, study_object
+from probekit.run.mechanism import context, mechanism_command
+from probekit.run.options import build
 from probekit.studies.base import Study
 
 DEFAULTS = {"out": "runs/patch"}
@@ -66,11 +67,7 @@ class StudyPatch:
 
 
 @public(ModelOptions, PatchOptions, command="patch", defaults=DEFAULTS, wider=("model",))
-def patch_study(
-    study: str | Study,
-    model: str | Path | Engine,
-    **options: Any,
-) -> StudyPatch:
+def patch_study(study: str | Study, model: str | Path | Engine, **options: Any) -> StudyPatch:
     """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the patch's options and the model's (below: `layers=[0, 14]`, `sites=["resid_pre"]`,
@@ -81,8 +78,7 @@ def patch_study(
 
     Args:
         options: the study's own options (`probekit patch STUDY --help`)."""
-    found = study_object(study)
-    loaded, parsed = build(patch_command(found), found, model, options)
+    found, loaded, parsed = build(patch_command, study, model, options)
     written = patch_parsed(found, parsed, loaded)
     folder = Path(parsed[1].out)
     summary = pd.read_csv(folder / "patching_summary.csv")

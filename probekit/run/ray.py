@@ -47,12 +47,12 @@ from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import keep_tier
 from probekit.engines.options import ModelOptions
-from probekit.run.loop import limited, run_rows
+from probekit.run.loop import run_scoring
 from probekit.run.options import RunOptions
 from probekit.run.pace import pace_key
 from probekit.run.scoring import Chunk, LocalScoring, Scoring
 from probekit.run.shards import WHOLE, Shard
-from probekit.studies.base import Probe, check_view
+from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"
 CHUNK = 64  # prompts per chunk: 4 CPU batches; the most work a dead worker loses
@@ -228,19 +228,18 @@ def run_probe_ray(
 
     `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
-    view = check_view(view)
     chunk_size = CHUNK if chunk_size is None else chunk_size
-    if chunk_size < 1:
-        raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
-    probe = limited(probe, limit)
-    scoring = {
+    options = {
         "epsilon": epsilon,
         "batch_size": batch_size,
         "seed": manifest.get("seed", 0),
         "chunk_size": chunk_size,
     }
-    start = functools.partial(RayScoring, probe, load, view, scoring, actors)
-    return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
+
+    def on_ray(probe: Probe, view: str) -> Scoring:
+        return RayScoring(probe, load, view, options, actors)
+
+    return run_scoring(probe, out, manifest, on_ray, view, limit, chunk_size, shard, hint)
 
 
 def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path | None]:

@@ -55,13 +55,12 @@ from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.mechanism import (
-    build,
     context,
     mechanism_command,
     mechanism_settings,
-    study_object,
 )
 from probekit.run.numerics import keep_resumed_tier
+from probekit.run.options import build
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "steer.parquet"
@@ -121,11 +120,7 @@ class StudySteer:
 
 
 @public(ModelOptions, SteerOptions, command="steer", defaults=DEFAULTS, wider=("model",))
-def steer_study(
-    study: str | Study,
-    model: str | Path | Engine,
-    **options: Any,
-) -> StudySteer:
+def steer_study(study: str | Study, model: str | Path | Engine, **options: Any) -> StudySteer:
     """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the steering's options and the model's (below: `alphas=[-4, 0, 4]`, `layers=[15]`,
@@ -136,8 +131,7 @@ def steer_study(
 
     Args:
         options: the study's own options (`probekit steer STUDY --help`)."""
-    found = study_object(study)
-    loaded, parsed = build(steer_command(found), found, model, options)
+    found, loaded, parsed = build(steer_command, study, model, options)
     return steer_parsed(found, parsed, loaded)
 
 

