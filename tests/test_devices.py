@@ -488,9 +488,9 @@ def test_a_gpu_run_keeps_what_it_measured_when_a_step_fails_or_is_not_asked_for(
     monkeypatch, tmp_path
 ):
     """benchmarks/gpu.py's `Results` (through `common.measured`): a step that raises is recorded
-    as failed, with its error, and the run goes on (the nnsight half of the mechanism failed so on an H200 while the rest
-    measured); the file is written after every step and says which came last; a step left out
-    of `--only` is not run at all; an unknown step name is refused."""
+    as failed, with its error, and the run goes on (the nnsight half of the mechanism failed so
+    on an H200 while the rest measured); the file is written after every step and says which
+    came last; a step left out of `--only` is not run at all; an unknown step name is refused."""
     import torch
 
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
