@@ -131,7 +131,9 @@ def step_names(allowed: Sequence[str]) -> Callable[[str], set[str]]:
     """An argparse type: comma-separated names, each one of `allowed`."""
 
     def parse(text: str) -> set[str]:
-        names = set(text.split(","))
+        names = {name for name in text.split(",") if name}
+        if not names:
+            raise argparse.ArgumentTypeError(f"name at least one step ({', '.join(allowed)})")
         if names - set(allowed):
             unknown = ", ".join(sorted(names - set(allowed)))
             raise argparse.ArgumentTypeError(f"no step {unknown} (steps: {', '.join(allowed)})")

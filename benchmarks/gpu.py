@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import tempfile
 import time
@@ -764,19 +765,25 @@ class Results:
     (`details.stopped_after`)."""
 
     def __init__(
-        self, path: Path, device: torch.device, threads: int | None, dry_run: bool, steps: set
+        self,
+        path: Path,
+        device: torch.device,
+        threads: int | None,
+        dry_run: bool,
+        steps: set,
+        load_start: tuple[float, float, float],
     ):
         self.path, self.device, self.threads, self.dry_run = path, device, threads, dry_run
         self.steps = steps | {"target"}
         self.records: list[dict[str, Any]] = []
-        self.load_start = set_up(threads)
+        self.load_start = load_start
 
     def record(self, name: str, measure: Callable[..., Any], *args: Any) -> None:
         """Run the step `name` (`measure(*args)`, a record or a list of them; `common.measured`),
         keep its records and write the file; a step not asked for (`--only`) is passed over."""
         if name in self.steps:
             self.records += measured(name, measure, *args)
-            self.write(self.load_start, {"stopped_after": name})
+            self.write(os.getloadavg(), {"stopped_after": name})
 
     def write(self, load_end: tuple[float, float, float], details: dict | None = None) -> None:
         """The records so far as the results file (`details`: None once the run is over)."""
@@ -876,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.prompts or size.prompts
     temporary = Path(tempfile.mkdtemp()) / "gpu.json"
     out = args.out or (temporary if args.dry_run else RESULTS / "gpu.json")
-    results = Results(out, device, args.threads, args.dry_run, args.only)
+    results = Results(out, device, args.threads, args.dry_run, args.only, set_up(args.threads))
     started = time.perf_counter()
     with until_interrupted("the targets from the steps measured so far"):
         tokenizer = default_model_steps(device, size, n, results)

@@ -496,7 +496,8 @@ def test_a_gpu_run_keeps_what_it_measured_when_a_step_fails_or_is_not_asked_for(
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     gpu = pytest.importorskip("gpu")
     path = tmp_path / "gpu.json"
-    results = gpu.Results(path, torch.device("cpu"), None, True, {"shape", "mechanism"})
+    load = (0.0, 0.0, 0.0)
+    results = gpu.Results(path, torch.device("cpu"), None, True, {"shape", "mechanism"}, load)
     ran = []
     results.record("peers", lambda: ran.append("peers"))
 
@@ -512,9 +513,10 @@ def test_a_gpu_run_keeps_what_it_measured_when_a_step_fails_or_is_not_asked_for(
         "failed: RuntimeError: index is on cpu, different from other tensors on cuda:0"
     )
     results.record("shape", lambda: {"step": "shape", "model": "m", "head_rows": 7})
-    results.write((0.0, 0.0, 0.0))
+    results.write(load)
     final = json.loads(path.read_text())
     assert "details" not in final
     assert [f["step"] for f in final["figures"]] == ["mechanism", "shape"]
-    with pytest.raises(SystemExit):
-        gpu.main(["--dry-run", "--only", "mechanism,warp_drive"])
+    for junk in ("mechanism,warp_drive", ""):
+        with pytest.raises(SystemExit):
+            gpu.main(["--dry-run", "--only", junk])

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def run_in_vllm_env(argv: Sequence[str]) -> None:
     print(f"probekit: vLLM is not in this Python; running in {vllm_env()}", file=sys.stderr)
     sys.stderr.flush()
     env = dict(os.environ)
-    source = Path(__file__).resolve().parents[2]  # the folder this probekit is imported from
+    source = Path(str(files("probekit"))).resolve().parent  # where this probekit is imported from
     installed = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())}
     if source not in installed:  # a checkout: this very probekit, not the one set up last
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
