@@ -208,7 +208,7 @@ def ray_overhead(args: argparse.Namespace) -> list[dict]:
     from probekit.core.progress import silenced
     from probekit.engines import load_engine
     from probekit.run.loop import run_probe
-    from probekit.run.ray import connect, run_probe_ray
+    from probekit.run.ray import RayPool, connect
 
     probe = intergroup_probe(args.data, args.ray_events)
     manifest = {"model": "default", "probe": probe.config(), "view": "exact", "epsilon": 1e-4}
@@ -232,8 +232,9 @@ def ray_overhead(args: argparse.Namespace) -> list[dict]:
         outputs = {}
         for actors in (1, 2):
             start = time.perf_counter()
-            outputs[actors] = run_probe_ray(
-                probe, load, root / f"ray{actors}", manifest, actors=actors, chunk_size=chunk
+            pool = RayPool(load, actors)
+            outputs[actors] = run_probe(
+                probe, pool, root / f"ray{actors}", manifest, chunk_size=chunk
             )
             rows.append((f"Ray, {actors} actor(s)", time.perf_counter() - start, None))
         ray.shutdown()

@@ -74,14 +74,15 @@ def test_exclusion_rejects_unknown_view_and_missing_columns():
         )
 
 
-def test_intensity_matrix_rows_are_perceivers_over_kept_events():
+def test_event_cube_rows_are_perceivers_over_kept_events():
     cube = np.random.default_rng(9).uniform(0, 100, size=(3, 3, 5))
     scores = scores_frame(cube, GROUPS, column="expected").sample(frac=1, random_state=0)
-    np.testing.assert_allclose(metrics.intensity_matrix(scores, GROUPS), cube.mean(axis=2))
+    every_event = metrics.event_cube(scores, GROUPS)  # the paper's M is its mean over events
+    np.testing.assert_allclose(every_event.mean(axis=2), cube.mean(axis=2))
     kept = ["e4", "e1"]
     np.testing.assert_allclose(metrics.event_cube(scores, GROUPS, events=kept), cube[:, :, [4, 1]])
-    reordered = metrics.intensity_matrix(scores, GROUPS[::-1], events=kept)
-    np.testing.assert_allclose(reordered, cube[::-1, ::-1][:, :, [4, 1]].mean(axis=2))
+    reordered = metrics.event_cube(scores, GROUPS[::-1], events=kept)
+    np.testing.assert_allclose(reordered, cube[::-1, ::-1][:, :, [4, 1]])
 
 
 def test_event_cube_is_the_generic_cube_with_intergroup_columns():
@@ -130,7 +131,8 @@ def test_summarize_generate_mode():
     assert summary.heatmap_exclusion_rate == pytest.approx(2 / 30)
     assert (summary.n_events, summary.n_kept, summary.heatmap_n_kept) == (30, 29, 28)
     named_events = [f"e{e}" for e in range(30) if e != 0]
-    gap_Z = stats.zscore(metrics.intensity_matrix(scores, RELIGION, "parsed", named_events))
+    gap_M = metrics.event_cube(scores, RELIGION, "parsed", named_events).mean(axis=2)
+    gap_Z = stats.zscore(gap_M)
     assert summary.delta == pytest.approx(stats.empathy_gap(gap_Z, RELIGION))
     assert summary.delta > summary.high and summary.significant
     assert summary.Z.shape == summary.shown.shape == (6, 6)
@@ -149,9 +151,8 @@ def test_summarize_ev_mode_accepts_labels_with_or_without_reference():
     named_only = metrics.summarize(scores, groups, labels=RELIGION, n_permutations=200)
     assert with_reference.to_dict() == named_only.to_dict()
     assert with_reference.n_kept == 29
-    full_matrix = metrics.intensity_matrix(
-        scores, groups, events=[f"e{e}" for e in range(30) if e != 5]
-    )
+    kept = [f"e{e}" for e in range(30) if e != 5]
+    full_matrix = metrics.event_cube(scores, groups, events=kept).mean(axis=2)
     assert with_reference.mean == pytest.approx(full_matrix.mean())
     assert with_reference.std == pytest.approx(full_matrix.std())
 
@@ -179,7 +180,7 @@ def test_delta_has_a_bootstrap_interval_over_events_and_an_exact_p():
     assert wide.delta_high - wide.delta_low > narrow
     row = summary.to_dict()
     assert {"delta_ci_low", "delta_ci_high", "null_low", "null_high", "p_exact"} <= set(row)
-    named = stats.zscore(metrics.intensity_matrix(scores, RELIGION, "parsed"))
+    named = stats.zscore(metrics.event_cube(scores, RELIGION, "parsed").mean(axis=2))
     np.testing.assert_allclose(summary.gap_Z, named)  # what Δ and the embedding read
 
 

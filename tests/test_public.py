@@ -34,7 +34,7 @@ NOT_CALLED = {
 NAMES = [name for name in probekit.__all__ if name not in NOT_CALLED]
 MORE = [  # public functions outside `__all__` whose options are declared
     "probekit.run.loop:run_probe",
-    "probekit.run.ray:run_probe_ray",
+    "probekit.run.ray:RayPool",
     "probekit.engines.hf.precision:noise_figure",
     "probekit.mechanism.capture:capture",
     "probekit.mechanism.capture:collect",

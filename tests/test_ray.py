@@ -22,7 +22,7 @@ from probekit.core.errors import ProbekitError  # noqa: E402
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent  # noqa: E402
 from probekit.engines import load_engine  # noqa: E402
 from probekit.run.loop import INDEX, run_probe  # noqa: E402
-from probekit.run.ray import connect, run_probe_ray  # noqa: E402
+from probekit.run.ray import RayPool, connect  # noqa: E402
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting  # noqa: E402
 from probekit.studies.isear.events import SAMPLE_ROOT as ISEAR_SAMPLES  # noqa: E402
 from probekit.studies.isear.events import load_events, sample_events  # noqa: E402
@@ -83,11 +83,19 @@ def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
     assert a[others].equals(b[others])
 
 
+def test_a_pool_of_no_actors_or_no_loader_is_refused_in_one_line():
+    with pytest.raises(ProbekitError, match="actors must be at least 1, not 0"):
+        RayPool(LOAD, actors=0)
+    with pytest.raises(ProbekitError, match="load"):
+        RayPool("default")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("make", [intergroup_probe, isear_probe])
 def test_two_actors_write_the_rows_of_one_process(cluster, single, make, tmp_path):
     probe = make()
-    path = run_probe_ray(probe, LOAD, tmp_path / "ray", manifest(probe), actors=2, chunk_size=CHUNK)
+    pool = RayPool(LOAD, actors=2)
+    path = run_probe(probe, pool, tmp_path / "ray", manifest(probe), chunk_size=CHUNK)
     assert path is not None
     same_rows(single[make.__name__], pd.read_parquet(path))
 
@@ -117,7 +125,8 @@ def test_a_killed_worker_loses_no_row(cluster, single, tmp_path):
     victim = list(probe.items())[20].id  # in the fourth chunk, after others finished
     marker = tmp_path / "died"
     load = functools.partial(DiesOnce, victim, str(marker))
-    path = run_probe_ray(probe, load, tmp_path / "ray", manifest(probe), actors=2, chunk_size=CHUNK)
+    pool = RayPool(load, actors=2)
+    path = run_probe(probe, pool, tmp_path / "ray", manifest(probe), chunk_size=CHUNK)
     assert marker.exists(), "the worker was not killed"
     scores = pd.read_parquet(path)
     assert scores[INDEX].is_unique and len(scores) == len(probe)

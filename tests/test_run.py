@@ -20,6 +20,7 @@ from probekit.core.errors import ProbekitError
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
 from probekit.run.loop import INDEX, Shard, run_probe
 from probekit.run.parts import done_mask, scan_parts
+from probekit.run.scoring import EnginePool, LocalScoring
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 SCRIPT = REPO / "experiments" / "intergroup_gap.py"
@@ -49,6 +50,30 @@ def test_shards_merge_into_the_single_run(tiny, tmp_path):
     keys = ["perceiver", "experiencer", "event_id", "emotion", "greedy"]
     assert a[keys].equals(b[keys])
     assert np.allclose(a["expected"], b["expected"], atol=1e-5)
+
+
+class ElsewherePool(EnginePool):
+    """A pool whose engine happens to be in this process: what `run_probe` asks of any pool."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.asked = engine, []
+
+    def scoring(self, probe, view, **settings):
+        self.asked.append(settings)
+        return LocalScoring(probe, self.engine, view, **settings)
+
+
+def test_a_pool_in_place_of_the_engine_runs_the_same_loop(tiny, tmp_path):
+    """`run_probe` takes an `EnginePool` where it takes an engine (Ray's `RayPool` is one):
+    the pool gets the scorer's settings and the run writes the rows the engine writes."""
+    probe = small_probe(1)
+    alone = run_probe(probe, tiny, tmp_path / "alone", manifest(probe), chunk_size=12)
+    pool = ElsewherePool(tiny)
+    pooled = run_probe(probe, pool, tmp_path / "pool", manifest(probe), chunk_size=12)
+    assert pool.asked == [{"epsilon": 1e-4, "batch_size": None, "seed": 0, "chunk_size": 12}]
+    a, b = pd.read_parquet(alone), pd.read_parquet(pooled)
+    assert len(a) == len(probe) and a[INDEX].equals(b[INDEX])
+    np.testing.assert_allclose(a["expected"], b["expected"], atol=1e-6)
 
 
 @pytest.mark.slow

@@ -66,7 +66,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,7 @@ from probekit.run.parts import (
     scan_parts,
     write_part,
 )
-from probekit.run.scoring import Chunk, LocalScoring, Scoring
+from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring
 from probekit.run.shards import WHOLE, Shard
 from probekit.studies.base import Probe, check_view
 
@@ -128,7 +127,7 @@ ATTEMPTS = 3
 @public(RunOptions, skip=("shard", "out"))
 def run_probe(
     probe: Probe,
-    model: Engine,
+    model: Engine | EnginePool,
     out: str | Path,
     manifest: dict[str, Any],
     *,
@@ -140,50 +139,32 @@ def run_probe(
     limit: int | None,
     hint: str | None = None,
 ) -> Path | None:
-    """Run this shard of `probe` into `out`, in `view` (exact, generate or explain), scored in
-    this process by `model`; return the merged scores path once complete (`run_rows`).
+    """Run this shard of `probe` into `out`, in `view` (exact, generate or explain), scored by
+    `model`: an engine of this process, or a pool of engines elsewhere (`EnginePool`, e.g.
+    `probekit.run.ray.RayPool`); return the merged scores path once complete (`run_rows`).
 
     `limit`: a smoke run, as `probekit run --limit` makes it: the whole units of every group
     whose prompts fit in `limit` (`Probe.limited`; recorded in the manifest). Each chunk of
-    prompts (`chunk_size`, else `CHUNK_BATCHES` of the scorer's batches) is written as a part
-    once scored. Progress goes to stderr (`probekit.core.progress`): first how many prompts
-    are to be scored and how long that will take on this device, then the progress, with
-    `hint` on how to make the run smaller."""
-
-    def local(probe: Probe, view: str) -> Scoring:
-        seed = manifest.get("seed", 0)
-        return LocalScoring(
-            probe,
-            model,
-            view,
-            epsilon=epsilon,
-            batch_size=batch_size,
-            seed=seed,
-            chunk_size=chunk_size,
-        )
-
-    return run_scoring(probe, out, manifest, local, view, limit, chunk_size, shard, hint)
-
-
-def run_scoring(
-    probe: Probe,
-    out: str | Path,
-    manifest: dict[str, Any],
-    scoring: Callable[[Probe, str], Scoring],
-    view: str,
-    limit: int | None,
-    chunk_size: int | None,
-    shard: Shard = WHOLE,
-    hint: str | None = None,
-) -> Path | None:
-    """The front of every runner (`run_probe`, `probekit.run.ray.run_probe_ray`): the view and
-    the chunk size checked, `probe` cut to `limit` (recorded in the manifest), then `run_rows`
-    with the `Scoring` that `scoring(probe, view)` starts."""
+    prompts (`chunk_size`, else the scoring's own: `CHUNK_BATCHES` of the scorer's batches in
+    this process) is written as a part once scored. Progress goes to stderr
+    (`probekit.core.progress`): first how many prompts are to be scored and how long that will
+    take on this device, then the progress, with `hint` on how to make the run smaller."""
     view = check_view(view)
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
     probe = limited(probe, limit)
-    start = partial(scoring, probe, view)
+    settings = {
+        "epsilon": epsilon,
+        "batch_size": batch_size,
+        "seed": manifest.get("seed", 0),
+        "chunk_size": chunk_size,
+    }
+
+    def start() -> Scoring:
+        if isinstance(model, EnginePool):
+            return model.scoring(probe, view, **settings)
+        return LocalScoring(probe, model, view, **settings)
+
     return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 
 

@@ -35,23 +35,20 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import IO, Any
 
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.options import given, named, option_error
+from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.hf.tiers import keep_tier
 from probekit.engines.options import ModelOptions
-from probekit.run.loop import run_scoring
-from probekit.run.options import RunOptions
 from probekit.run.pace import pace_key
-from probekit.run.scoring import Chunk, LocalScoring, Scoring
-from probekit.run.shards import WHOLE, Shard
+from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring
 from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"
@@ -205,63 +202,39 @@ class RayScoring(Scoring):
             self.ray.kill(actor)
 
 
-@public(RunOptions, skip=("shard", "out"))
-def run_probe_ray(
-    probe: Probe,
-    load: Loader,
-    out: str | Path,
-    manifest: dict[str, Any],
-    *,
-    actors: int | None = None,
-    view: str,
-    shard: Shard = WHOLE,
-    batch_size: int | None,
-    epsilon: float,
-    chunk_size: int | None = None,
-    limit: int | None,
-    hint: str | None = None,
-) -> Path | None:
-    """Run this shard of `probe` into `out` on the connected Ray cluster (`connect` first);
-    return the merged scores path once every prompt has a row, as `probekit.run.loop.run_probe`
-    (the same loop, `run_rows`), whose keywords it takes (`chunk_size` is `CHUNK` here unless
-    given).
+@public()
+@dataclass(frozen=True)
+class RayPool(EnginePool):
+    """Engines on the connected Ray cluster (`connect` first), one per actor, each made by
+    `load` inside its actor: give it to `probekit.run.loop.run_probe` in place of an engine to
+    score the run there (the same run loop, `run_rows`; its chunk is `CHUNK` prompts unless
+    `chunk_size` is given).
 
     `actors`: how many engines to load (default: one per GPU of the cluster, else one per node);
     on GPUs each actor takes one GPU, on CPUs an equal share of the CPUs as torch threads."""
-    chunk_size = CHUNK if chunk_size is None else chunk_size
-    options = {
-        "epsilon": epsilon,
-        "batch_size": batch_size,
-        "seed": manifest.get("seed", 0),
-        "chunk_size": chunk_size,
-    }
 
-    def on_ray(probe: Probe, view: str) -> Scoring:
-        return RayScoring(probe, load, view, options, actors)
+    load: Loader
+    actors: int | None = None
 
-    return run_scoring(probe, out, manifest, on_ray, view, limit, chunk_size, shard, hint)
+    def __post_init__(self) -> None:
+        if self.actors is not None and self.actors < 1:
+            raise ProbekitError(f"actors must be at least 1, not {self.actors}")
+
+    def scoring(self, probe: Probe, view: str, **settings: Any) -> Scoring:
+        if settings.get("chunk_size") is None:
+            settings["chunk_size"] = CHUNK
+        return RayScoring(probe, self.load, view, settings, self.actors)
 
 
-def runner(asked: ModelOptions, actors: int | None = None) -> Callable[..., Path | None]:
-    """`run_probe_ray` in the shape of `probekit.run.loop.run_probe`, for `probekit run --ray`: its
-    `model` argument (the driver's engine) is not used for scoring, since every actor loads the
-    model `asked` (its engine, device and dtype) itself, in the precision tier the driver chose
-    for the run."""
-
-    def run(
-        probe: Probe,
-        model: Engine,
-        out: Path,
-        manifest: dict[str, Any],
-        **options: Any,
-    ) -> Path | None:
-        tier = manifest.get("precision") or {}
-        load = functools.partial(
-            load_in_tier, asked.model, asked.engine, asked.device, asked.dtype, tier
-        )
-        return run_probe_ray(probe, load, out, manifest, actors=actors, **options)
-
-    return run
+def run_pool(asked: ModelOptions, manifest: dict[str, Any], actors: int | None) -> RayPool:
+    """The pool `probekit run --ray` scores on: every actor loads the model `asked` (its engine,
+    device and dtype) itself, in the precision tier the driver chose for the run (`manifest`'s
+    `precision`)."""
+    tier = manifest.get("precision") or {}
+    load = functools.partial(
+        load_in_tier, asked.model, asked.engine, asked.device, asked.dtype, tier
+    )
+    return RayPool(load, actors)
 
 
 def load_in_tier(
@@ -280,8 +253,6 @@ def _start_pool(ray: Any, load: Loader, view: str, options: dict, actors: int | 
     gpus = int(resources.get("GPU", 0))
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     count = actors or gpus or max(1, len(nodes))
-    if count < 1:
-        raise option_error("ray_actors", f"must be at least 1 (got {count})")
     if gpus:
         spec, threads = {"num_gpus": 1}, None
     else:

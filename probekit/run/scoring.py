@@ -1,5 +1,6 @@
 """How a run's chunks of prompts become rows (`Scoring`): in this process (`LocalScoring`), or
-on a pool of Ray actors (`probekit.run.ray.RayScoring`); the run loop around them is one
+on a pool of engines loaded elsewhere (`EnginePool`: `probekit.run.ray.RayPool`, whose
+`RayScoring` streams chunks to Ray actors); the run loop around them is one
 (`probekit.run.loop.run_rows`). Each also says the pace it expects, before the first batch: the
 pace recorded for the run's model, device and answers on this machine
 (`probekit.run.pace`), else a short sample (`sample_pace`).
@@ -60,6 +61,17 @@ class Scoring(ABC):
 
     def close(self) -> None:  # noqa: B027 (most scorings hold nothing to let go of)
         """Let go of what scoring held (Ray's actors)."""
+
+
+class EnginePool(ABC):
+    """Engines loaded somewhere else (Ray actors), given to `probekit.run.loop.run_probe` in
+    place of an engine of this process: the run is the same, its chunks are scored there."""
+
+    @abstractmethod
+    def scoring(self, probe: Probe, view: str, **settings: Any) -> Scoring:
+        """The `Scoring` of `probe`'s run in `view` on this pool's engines; `settings`: the
+        scorer's, as `LocalScoring` takes them (`epsilon`, `batch_size`, `seed`,
+        `chunk_size`)."""
 
 
 class LocalScoring(Scoring):

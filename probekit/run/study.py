@@ -257,6 +257,7 @@ def _run(
     its manifest and summary rows (None while other shards are missing)."""
     from probekit.run.loop import merge_if_complete, run_probe
     from probekit.run.numerics import record_numerics, settle_run_precision
+    from probekit.run.scoring import EnginePool
     from probekit.run.shards import Shard
 
     settle_run_precision(model, probe, run_dir, options.seed)
@@ -265,14 +266,14 @@ def _run(
     if partial is not None:
         say(partial)
     shard_ = Shard(*options.shard).split(launch.rank, launch.world)
-    run = run_probe
+    scorer: Engine | EnginePool = model
     if options.ray is not None:  # the same run loop's parts, scored by Ray actors
-        from probekit.run.ray import runner
+        from probekit.run.ray import run_pool
 
-        run = runner(asked, options.ray_actors)
-    scores_path = run(
+        scorer = run_pool(asked, manifest, options.ray_actors)
+    scores_path = run_probe(
         probe,
-        model,
+        scorer,
         run_dir,
         manifest,
         view=options.view,

@@ -83,22 +83,13 @@ def event_cube(
     value: str = "expected",
     events: Sequence[str] | None = None,
 ) -> np.ndarray:
-    """Per-event scores X[i, j, e]: perceiver i, experiencer j, event e (default: all events).
+    """Per-event scores X[i, j, e]: perceiver i, experiencer j, event e (default: all events);
+    the paper's intensity matrix M is its mean over events, `event_cube(...).mean(axis=2)`.
 
     Every (perceiver, experiencer, event) must have exactly one score, so that cell means and
     paired tests run over the same events.
     """
     return score_cube(df, value, "perceiver", "experiencer", "event_id", groups, units=events)
-
-
-def intensity_matrix(
-    df: pd.DataFrame,
-    groups: Sequence[str],
-    value: str = "expected",
-    events: Sequence[str] | None = None,
-) -> np.ndarray:
-    """M[i, j] = mean score of perceiver i for experiencer j over `events` (default: all)."""
-    return event_cube(df, groups, value, events).mean(axis=2)
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,7 +25,7 @@ from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
-from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, intensity_matrix
+from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, event_cube
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
     SETTINGS,
@@ -213,7 +213,7 @@ def _gap_statistic(probe: IntergroupProbe) -> Callable[[pd.DataFrame, str], floa
     """Δ of the named groups (z-scored matrix) from per-prompt values in a column."""
     named, labels = list(probe.category.named), list(probe.category.named_labels)
     return lambda frame, value: empathy_gap(
-        zscore(intensity_matrix(frame, named, value=value)), labels
+        zscore(event_cube(frame, named, value).mean(axis=2)), labels
     )
 
 
