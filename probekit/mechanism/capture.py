@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ STORAGE_DTYPE = torch.float16
 Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
 Gathered = tuple[list[Row], dict[Key, torch.Tensor]]  # a batch's rows and values (`gather`)
+Span = tuple[EncodedItem, str, list[int], int]  # (prompt, span name, positions, first row)
 
 
 @dataclass(frozen=True, repr=False)
@@ -141,17 +142,26 @@ def gather(
     return rows, {key: values[hook[key]].float() for key in keys}
 
 
-def batches(
+def read_spans(
     items: Sequence[EncodedItem], batch_size: int, read: Callable[[list[EncodedItem]], Gathered]
-) -> Iterator[tuple[list[EncodedItem], list[Row], dict[Key, torch.Tensor]]]:
-    """`read` (a `gather` of the sites wanted) over `items` a batch at a time: (the batch, its
-    rows, its values), with the progress of the prompts (`probekit.core.progress`)."""
+) -> tuple[list[Span], dict[Key, list[torch.Tensor]]]:
+    """`read` (a `gather` of the sites wanted) over `items` a batch at a time, with the progress
+    of the prompts (`probekit.core.progress`): every span read, in order, with its first row in
+    the values, and each (layer, site)'s values, a tensor a batch."""
+    spans: list[Span] = []
+    values: dict[Key, list[torch.Tensor]] = {}
+    start = 0
     with progress(len(items), "prompt", "capture") as bar:
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
             rows, acts = read(batch)
+            for key, tensor in acts.items():
+                values.setdefault(key, []).append(tensor)
+            for b, span, at in rows:
+                spans.append((batch[b], span, at, start))
+                start += len(at)
             bar.update(len(batch))
-            yield batch, rows, acts
+    return spans, values
 
 
 @public(HookOptions, command="capture", skip=("layers",))
@@ -256,17 +266,9 @@ def collect(
 ) -> Activations:
     """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
     layers, shorts = check_request(model, layers, sites, hooks)
-    records: list[dict[str, Any]] = []
-    parts: dict[Key, list[torch.Tensor]] = {}
-    start = 0
     read = functools.partial(gather, model, layers=layers, sites=shorts, spans=spans, hooks=hooks)
-    for batch, rows, acts in batches(items, batch_size, read):
-        for key, tensor in acts.items():
-            parts.setdefault(key, []).append(tensor)
-        for b, span, at in rows:
-            item = batch[b]
-            records.append(_record(item, span, at, start))
-            start += len(at)
+    found, parts = read_spans(items, batch_size, read)
+    records = [_record(*span) for span in found]
     tensors = {site(short).hook(layer): torch.cat(v) for (layer, short), v in parts.items()}
     return Activations(pd.DataFrame(records), tensors)
 
@@ -449,32 +451,25 @@ def _write_shard(
     """Capture `items` batch by batch; write the tensors, then the index part that commits them."""
     name = f"shard-{number:05d}"
     shard = Path("shards") / f"{name}.safetensors"
-    blocks: dict[Key, list[torch.Tensor]] = {}
-    records: list[dict[str, Any]] = []
-    start = 0
-    wanted = {name: config[name] for name in ("layers", "sites", "spans")}
-    read = functools.partial(gather, model, hooks=hooks, **wanted)
-    for batch, rows, acts in batches(items, batch_size, read):
-        for key, tensor in acts.items():
-            blocks.setdefault(key, []).append(tensor)
-        for b, span, at in rows:
-            item = batch[b]
-            for layer, short in acts:
-                records.append(
-                    {
-                        **item.item.key,
-                        PROMPT_ID: item.id,
-                        "span": span,
-                        "layer": layer,
-                        "site": site(short).name,
-                        "shard": shard.as_posix(),
-                        "row_start": start,
-                        "row_stop": start + len(at),
-                        "positions": at,
-                        "n_tokens": len(item.input_ids),
-                    }
-                )
-            start += len(at)
+    layers, sites, spans = config["layers"], config["sites"], config["spans"]
+    read = functools.partial(gather, model, layers=layers, sites=sites, spans=spans, hooks=hooks)
+    found, blocks = read_spans(items, batch_size, read)
+    records = [
+        {
+            **item.item.key,
+            PROMPT_ID: item.id,
+            "span": span,
+            "layer": layer,
+            "site": site(short).name,
+            "shard": shard.as_posix(),
+            "row_start": start,
+            "row_stop": start + len(at),
+            "positions": at,
+            "n_tokens": len(item.input_ids),
+        }
+        for item, span, at, start in found
+        for layer, short in blocks
+    ]
     tensors = {
         site(short).hook(layer): torch.cat(parts).to(storage_dtype)
         for (layer, short), parts in blocks.items()
