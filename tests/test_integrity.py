@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import needs_default_model, reference_data_root
+from conftest import reference_data_root
 
 import probekit
 from probekit import cli
@@ -210,7 +210,6 @@ def test_a_copy_whose_record_names_another_gguf_is_converted_again(
 @pytest.fixture
 def tiny_folder(tmp_path) -> Path:
     """A two-layer model with the default model's tokenizer, saved as a model folder."""
-    needs_default_model()
     from probekit.testing.synthetic import tiny_model
 
     model = tiny_model(layers=2, width=32, mlp_width=64, head_width=8, context=256)
@@ -221,6 +220,7 @@ def tiny_folder(tmp_path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.default_model
 def test_folder_weights_with_nan_are_one_line(tiny_folder, capsys):
     assert load_model(str(tiny_folder)).n_layers == 2  # sound weights load
     from safetensors.torch import load_file, save_file
@@ -239,6 +239,7 @@ def test_folder_weights_with_nan_are_one_line(tiny_folder, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.default_model
 def test_truncated_folder_weights_are_one_line(tiny_folder):
     truncate(tiny_folder / "model.safetensors")
     with pytest.raises(ProbekitError, match="is not a model folder transformers can read"):

@@ -43,6 +43,11 @@ def smol_tok(tokenizer):
     return tokenizer
 
 
+GEMMA = pytest.mark.slow
+"""The tests on Gemma's tokenizer are slow ones: its first read assembles a 250 MB GGUF in the
+user cache and parses its 262,144 tokens (20-40 s a process)."""
+
+
 @pytest.fixture(scope="module")
 def gemma():
     """The Gemma 3 tokenizer, read once from the GGUF and then from a saved copy (seconds)."""
@@ -77,7 +82,12 @@ def gemma():
     return AutoTokenizer.from_pretrained(str(saved))
 
 
-@pytest.fixture(params=["smol", "gemma"])
+@pytest.fixture(
+    params=[
+        pytest.param("smol", marks=pytest.mark.default_model),
+        pytest.param("gemma", marks=GEMMA),
+    ]
+)
 def tok_render(request):
     """(tokenizer, render): SmolLM2 with its chat template, Gemma 3 with hand-written turns."""
     if request.param == "smol":
@@ -242,6 +252,7 @@ def test_tokens_merged_across_the_boundary(tok_render):
         assert any(s < a < e or s < b < e for s, e in tokens)  # a token straddles an edge
 
 
+@GEMMA
 def test_gemma_bos_is_written_once_and_counted(gemma):
     p = located((gemma, gemma_turns), "a Muslim", "a Jew", "My bus was late.")
     assert p.input_ids[0] == gemma.bos_token_id
@@ -249,6 +260,7 @@ def test_gemma_bos_is_written_once_and_counted(gemma):
     assert gemma.decode([p.input_ids[i] for i in p.positions["experiencer"]]).strip() == "a Jew"
 
 
+@GEMMA
 def test_raw_text_gets_the_tokenizer_bos_once(gemma):
     text = "You are a Christian."
     added = encode_item(gemma, Item("t", {}, "u", text=text))
@@ -364,6 +376,7 @@ def test_check_span_names_names_the_declared_spans():
     assert "perceiver, experiencer, emotion, event, answer" in str(err.value)
 
 
+@GEMMA
 def test_saved_gemma_tokenizer_matches_the_gguf_one(gemma):
     # The fixture's saved copy must tokenize like the GGUF tokenizer it came from.
     assert Path(gemma.name_or_path).name.startswith("gemma-3-270m")

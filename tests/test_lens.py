@@ -50,6 +50,7 @@ def masses(result):
 # ---------------------------------------------------------------- the scorer after the last layer
 
 
+@pytest.mark.default_model
 @pytest.mark.parametrize(
     ("dtype", "tolerance", "relative"), [(torch.float64, 1e-12, 1e-12), (torch.float32, 1e-6, 1e-5)]
 )

@@ -262,6 +262,7 @@ def test_wrong_types_are_one_line(model):
         api.capture(model, [1, 2], layers=[0])
 
 
+@pytest.mark.default_model
 def test_float64_left_padding_on_the_bridge_is_finite():
     """The bridge's float32 softmax turned float64's mask minimum into -inf, so the pad rows of a
     left-padded batch were NaN and leaked into the real rows; `sites.bridged` clamps."""

