@@ -17,7 +17,7 @@ from probekit.mechanism.readouts import expected_value
 REPO = Path(__file__).resolve().parents[1]
 
 
-CROWD_ENVENT = Path("crowd-enVent", "crowd-enVent_joy.tsv")
+REAL_CROWD_ENVENT = Path("crowd-enVent", "crowd-enVent_joy.tsv")
 """The file that says a data root holds the real crowd-enVent."""
 
 DATA_ROOT = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")
@@ -162,7 +162,7 @@ ETHNICITY_LABELS = [block for block, names in ETHNICITY.items() for _ in names]
 def reference_data_root() -> Path | None:
     """`DATA_ROOT` if it holds the real crowd-enVent, else None (the tests that take the real
     data where it is there, and the sample otherwise)."""
-    return DATA_ROOT if (DATA_ROOT / CROWD_ENVENT).is_file() else None
+    return DATA_ROOT if (DATA_ROOT / REAL_CROWD_ENVENT).is_file() else None
 
 
 @pytest.fixture(scope="session")

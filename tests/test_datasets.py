@@ -1,13 +1,12 @@
 """Data root resolution, the pinned download, and the crowd-enVent loader and sampler."""
 
 import hashlib
-import os
 import shutil
 import urllib.error
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import DATA_ROOT, REAL_CROWD_ENVENT
 
 from probekit.core.errors import ProbekitError
 from probekit.datasets.crowd_envent import (
@@ -21,7 +20,6 @@ from probekit.datasets.crowd_envent import (
 )
 from probekit.datasets.locate import read_checksums, resolve_data_root, source_url
 
-REAL_ROOT = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")
 OUTPUT_COLUMNS = ["event_id", "emotion", "generated_text", "first_person_text", "third_person_text"]
 
 
@@ -57,12 +55,9 @@ def test_sample_loads():
     assert events["generated_text"].str.contains('"Happy birthday!"', regex=False).sum() == 1
 
 
-@pytest.mark.skipif(
-    not (REAL_ROOT / "crowd-enVent").is_dir(),
-    reason="real crowd-enVent not found: set $PROBEKIT_DATA or provide ../shared/data",
-)
+@pytest.mark.reference_data(REAL_CROWD_ENVENT)
 def test_real_data_counts_and_checksum():
-    events = load_crowd_envent(REAL_ROOT)
+    events = load_crowd_envent(DATA_ROOT)
     counts = events.groupby("emotion", sort=False).size().to_dict()
     assert list(counts) == list(EMOTIONS)
     assert counts == {e: 275 if e in ("guilt", "shame") else 550 for e in EMOTIONS}
@@ -76,7 +71,7 @@ def test_real_data_counts_and_checksum():
     assert texts.apply(lambda column: column.str.contains('"', regex=False)).any(axis=1).sum() == 55
     pinned = read_checksums()
     lines = "".join(f"{pinned[rel]}  {rel}\n" for rel in sorted(FILES))
-    assert data_sha256(REAL_ROOT) == hashlib.sha256(lines.encode()).hexdigest()
+    assert data_sha256(DATA_ROOT) == hashlib.sha256(lines.encode()).hexdigest()
 
 
 def test_quoted_fields_are_unescaped_as_pandas_reads_them(tmp_path):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, reference_data_root
+from conftest import DATA_ROOT, REAL_CROWD_ENVENT, REPO
 from examples import python_blocks, run_examples
 
 import probekit
@@ -60,14 +60,13 @@ def test_the_performance_page_is_generated_from_the_committed_results():
     assert page == report.render(results), stale
 
 
+@pytest.mark.reference_data(REAL_CROWD_ENVENT)
 def test_the_full_study_counts_the_grid_probekit_run_would_score(monkeypatch):
     """The performance page's "The full study": its prompts per model are what probekit's own
     intergroup probes hold for `--category all --setting all --events all` on the real
     crowd-enVent (checked where that data is here), the spec's (19² + 22² + 6²) pairs x 6,050
     events x 7 settings."""
-    root = reference_data_root()
-    if root is None:
-        pytest.skip("the real crowd-enVent is not here ($PROBEKIT_DATA)")
+    root = DATA_ROOT
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     full_study = importlib.import_module("full_study")
     probes, data = full_study.grid_probes(str(root))

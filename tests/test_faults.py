@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import DATA_ROOT, REPO
 
 from probekit import cli
 from probekit.core.answers import MAX_ANSWERS, AnswerSet
@@ -43,6 +43,7 @@ from probekit.run.loop import (
     write_part,
 )
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
+from probekit.studies.isear.evaluator import PUNKT_FILES
 
 SCRIPT = REPO / "experiments" / "intergroup_gap.py"
 SETTING = "P0S1T0"  # the 10-point scale: a small answer trie, seconds per chunk
@@ -543,14 +544,13 @@ def test_an_unreachable_hub_id_is_one_line_without_retries(tmp_path):
 # ---------------------------------------------------------------------- pinned downloads
 
 
+@pytest.mark.reference_data(*(f"nltk/{rel}" for rel in PUNKT_FILES))
 def test_a_punkt_download_is_used_only_if_it_is_the_pinned_one(tmp_path, monkeypatch):
     import nltk
 
-    from probekit.studies.isear.evaluator import PUNKT_FILES, locate_punkt
+    from probekit.studies.isear.evaluator import locate_punkt
 
-    shared = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data") / "nltk"
-    if not all((shared / rel).is_file() for rel in PUNKT_FILES):
-        pytest.skip("../shared/data/nltk (the pinned tables) is not here")
+    shared = DATA_ROOT / "nltk"
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "nowhere")])
     monkeypatch.delenv("PROBEKIT_DATA", raising=False)
     monkeypatch.delenv("NLTK_DATA", raising=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import DATA_ROOT
 
 from probekit import cli
 from probekit.core.errors import ProbekitError
@@ -33,8 +34,8 @@ from probekit.studies.giebench.sources import (
 )
 from probekit.testing.reference import brute_force
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-EDGE_CASES = SHARED / "giebench" / "edge_cases.json"
+EDGE_CASES = DATA_ROOT / "giebench" / "edge_cases.json"
+NEEDS_EDGE_CASES = pytest.mark.reference_data("giebench/edge_cases.json")
 GIEBENCH_REGEX = r"\[\[([A-Z])\]\](?!(?:[^\[]*\[\[[A-Z]\]\])+[^\[]*\[\[\1\]\])"  # eval.py
 
 # The appendix-A example (seed paper 003), its paragraphs as printed.
@@ -130,17 +131,15 @@ def test_sample_records_are_balanced_and_labelled():
     assert len(mismatch_identities(records)) == len(records)
 
 
+@NEEDS_EDGE_CASES
 def test_edge_cases_refused_with_line_and_column():
-    if not EDGE_CASES.is_file():
-        pytest.skip("the published edge cases are not in ../shared/data")
     with pytest.raises(ProbekitError, match=r":10: not valid JSON \(.* at column 5\)") as err:
         read_records(EDGE_CASES)
     assert "\n" not in str(err.value)
 
 
+@NEEDS_EDGE_CASES
 def test_edge_cases_reader_once_the_stray_brace_is_removed(tmp_path):
-    if not EDGE_CASES.is_file():
-        pytest.skip("the published edge cases are not in ../shared/data")
     lines = EDGE_CASES.read_text(encoding="utf-8").split("\n")
     assert lines[9].strip() == "{"
     fixed = tmp_path / "edge.json"
@@ -151,9 +150,8 @@ def test_edge_cases_reader_once_the_stray_brace_is_removed(tmp_path):
     assert records[0].answers[0].startswith("While attracting foreign capital")
 
 
+@NEEDS_EDGE_CASES
 def test_git_blob_sha1_matches_git():
-    if not EDGE_CASES.is_file():
-        pytest.skip("the published edge cases are not in ../shared/data")
     assert git_blob_sha1(EDGE_CASES.read_bytes()) == "fd2fdc107e72bee7294634e5cdd8dbfc62cd17c6"
     assert git_blob_sha1(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
@@ -229,7 +227,7 @@ def test_bad_records_are_refused_in_one_line(tmp_path, record, message):
     [
         (["--prompt", "raw,xyz"], "unknown prompt type 'xyz'"),
         (["--view", "direct"], "unknown view 'direct'"),
-        (["--items", "EDGE"], "not valid JSON"),
+        pytest.param(["--items", "EDGE"], "not valid JSON", marks=NEEDS_EDGE_CASES),
         (["--items", "UNPARSABLE", "--orders", "4"], "cannot be reordered"),
     ],
 )
@@ -239,8 +237,6 @@ def test_cli_bad_input_exit_2_nothing_written(tmp_path, capsys, extra, message):
     table["sample-02"]["prompt"] = "no answer blocks here"
     (official / "Raw-Prompt.json").write_text(json.dumps(table))
     paths = {"EDGE": str(EDGE_CASES), "UNPARSABLE": str(official)}
-    if "EDGE" in extra and not EDGE_CASES.is_file():
-        pytest.skip("the published edge cases are not in ../shared/data")
     out = tmp_path / "out"
     argv = ["run", "giebench", "--out", str(out), *[paths.get(x, x) for x in extra]]
     if "--items" not in argv:

@@ -1,7 +1,7 @@
 """The intergroup study definition: groups, settings and byte-exact prompts (PROTOCOLS.md §1)."""
 
 import pytest
-from conftest import ETHNICITY, ETHNICITY_LABELS, ETHNICITY_NAMES
+from conftest import DATA_ROOT, ETHNICITY, ETHNICITY_LABELS, ETHNICITY_NAMES, REAL_CROWD_ENVENT
 
 from probekit.core.errors import ProbekitError
 from probekit.datasets import crowd_envent
@@ -174,17 +174,14 @@ def test_emotions_match_the_dataset():
     assert len(EMOTIONS) == 12
 
 
+@pytest.mark.reference_data(REAL_CROWD_ENVENT)
 def test_run_sizes_in_the_study_page():
     """The prompt counts docs/studies/intergroup.md gives for each command (real crowd-enVent:
     its 6,050 events), and the smallest smoke run."""
-    from conftest import reference_data_root
-
     from probekit.run.options import run_command, run_context
     from probekit.studies import get_study
 
-    root = reference_data_root()
-    if root is None:
-        pytest.skip("real crowd-enVent not found: set $PROBEKIT_DATA or provide ../shared/data")
+    root = DATA_ROOT
     study = get_study("intergroup")
 
     def probes(*argv: str) -> list:

