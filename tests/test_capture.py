@@ -1,7 +1,6 @@
 """Activation capture at spans: bridge and nnsight agree, shards resume, bad requests fail (on the
 tiny model: capture's mechanics need no trained weights)."""
 
-import pandas as pd
 import pytest
 import torch
 from conftest import religion_prompt
@@ -107,23 +106,6 @@ def test_resume_skips_captured_prompts(tiny, items, tmp_path):
     # Positions are into the unpadded prompt and match the encoded span.
     p1 = index[(index["prompt_id"] == items[1].id) & (index["span"] == "experiencer")]
     assert list(p1["positions"].iloc[0]) == items[1].positions["experiencer"]
-
-
-def test_shards_of_the_old_layout_are_still_read(tiny, items, tmp_path):
-    """Shards once keyed their tensors `resid_pre.1` and indexed the short site name."""
-    from safetensors.torch import load_file, save_file
-
-    from probekit.mechanism.capture import read_activations
-
-    capture(tiny, items[:1], tmp_path, layers=[1], sites=["resid_pre"])
-    new = read_activations(tmp_path)["blocks.1.hook_resid_pre"]
-    (shard,) = (tmp_path / "shards").glob("*.safetensors")
-    save_file({"resid_pre.1": load_file(shard)["blocks.1.hook_resid_pre"]}, shard)
-    (part,) = (tmp_path / "index").glob("*.parquet")
-    pd.read_parquet(part).assign(site="resid_pre").to_parquet(part)
-    assert torch.equal(read_activations(tmp_path)["blocks.1.hook_resid_pre"], new)
-    rows, tensors = load_activations(tmp_path, 1, "hook_resid_pre", "experiencer")
-    assert len(rows) == 1 and tensors[0].shape[0] == len(items[0].positions["experiencer"])
 
 
 def test_repeated_ids_are_captured_once(tiny, items, tmp_path):
@@ -233,17 +215,6 @@ def test_a_capture_resumes_only_under_its_own_settings(tiny, items, tmp_path, ca
     assert "set aside as shard-00000.parquet.mismatched with shard-00000.safetensors" in err
     assert (again.captured, again.skipped) == (3, 0)
     assert set(read_index(tmp_path)["prompt_id"]) == {item.id for item in items}
-
-
-def test_an_old_capture_folder_is_read_and_not_resumed(tiny, items, tmp_path):
-    from probekit.mechanism.capture import read_activations
-
-    capture(tiny, items[:1], tmp_path, layers=[1])
-    (tmp_path / "manifest.json").rename(tmp_path / "capture.json")
-    assert len(read_activations(tmp_path).index) == len(items[0].positions)
-    with pytest.raises(ProbekitError) as error:
-        capture(tiny, items, tmp_path, layers=[1])
-    assert "a capture of an earlier probekit (capture.json)" in one_line(error)
 
 
 def test_capture_study_refuses_another_capture_before_the_model(tiny, tmp_path):

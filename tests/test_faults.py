@@ -27,21 +27,18 @@ from probekit.core.answers import MAX_ANSWERS, AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
 from probekit.core.rundir import RowKey
+from probekit.core.store import DAMAGED, INDEX
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
-from probekit.run.loop import (
-    DAMAGED,
+from probekit.run.loop import prepare_run_dir, release_shard, run_probe
+from probekit.run.parts import (
     FANOUT,
-    INDEX,
     Compactor,
-    Shard,
     merge_if_complete,
     part_path,
-    prepare_run_dir,
-    release_shard,
-    run_probe,
     scan_parts,
     write_part,
 )
+from probekit.run.shards import Shard
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 from probekit.studies.isear.evaluator import PUNKT_FILES
 
@@ -361,7 +358,8 @@ def test_full_disk_during_a_run(tiny, tmp_path, monkeypatch):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from probekit.run.loop import Shard, hold_shard
+from probekit.run.loop import hold_shard
+from probekit.run.shards import Shard
 hold_shard(Path(sys.argv[1]), Shard(0, 2))
 print("held", flush=True)
 time.sleep(600)

@@ -365,52 +365,6 @@ def test_giebench_and_jaem_pages_name_their_headlines(tmp_path):
     assert "0.188 probability [0.168, 0.208]" in text and "Lesbian/they 0.313" in text
 
 
-def earlier_run(folder: Path, study: str, rows: list[dict], **old: object) -> dict:
-    """`finished_run` as an earlier probekit wrote it: its manifest's `view` and `data_origin`
-    replaced by the fields `old`; returns that manifest."""
-    finished_run(folder, study, rows)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest = {k: v for k, v in manifest.items() if k not in ("view", "data_origin")} | old
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return manifest
-
-
-def test_an_earlier_versions_manifest_and_summary_read_in_this_versions_words(tmp_path):
-    """A manifest of an earlier probekit (`mode`, not `view`; GIEBench's `items_origin` and
-    `items_path`, not `data_origin` and `data_path`) and a `summary.csv` with a `mode` column
-    read back in today's fields, in one place (`probekit.core.rundir.upgrade_manifest`), and
-    the pages show them."""
-    from probekit.core.rundir import RunDir
-
-    folder = tmp_path / "gie"
-    items = {"items_origin": "official", "items_path": "/data/giebench.jsonl"}
-    written = earlier_run(folder, "giebench", giebench_rows(folder), mode="direct", **items)
-    read = RunDir(folder).manifest
-    assert (read["view"], read["data_origin"], read["data_path"]) == (
-        "direct",
-        "official",
-        "/data/giebench.jsonl",
-    )
-    assert not {"mode", "items_origin", "items_path"} & set(read)
-    assert len(read) == len(written)  # each renamed field once, under its new name
-    text = page_text(run_page_html(load_run(folder)))
-    assert "data origin official" in text and "data path /data/giebench.jsonl" in text
-    assert "GIEBench items (official: /data/giebench.jsonl)" in text and "view direct" in text
-    assert not re.search(r"\bmode\b|items_", text)
-
-    rows = [{**row, "mode": "ev"} for row in intergroup_rows("default")]
-    for row in rows:
-        del row["view"]
-    folder = tmp_path / "intergroup"
-    earlier_run(folder, "intergroup", rows, mode="ev", data_origin="sample")
-    assert RunDir(folder).manifest["view"] == "exact"
-    assert list(RunDir(folder).summary()["view"]) == ["exact"]
-    run = load_run(folder)
-    assert [h.view for h in run.headlines if h.primary] == ["exact"]
-    text = page_text(run_page_html(run))
-    assert "view exact" in text and not re.search(r"\bmode\b|\bev\b", text)
-
-
 def test_write_pages_splits_the_summary_rows_over_the_run_folders(tmp_path):
     from probekit.reporting import write_pages
 

@@ -179,20 +179,6 @@ def test_a_gguf_is_hashed_once_until_it_changes(fake_conversion, tmp_path, monke
     assert index[str(path.resolve())][2] == real(path)
 
 
-def test_a_copy_converted_by_an_earlier_probekit_is_adopted(fake_conversion, tmp_path, capsys):
-    path = gguf_file(tmp_path / "model.gguf")
-    cache, _ = gguf.ensure_converted(path)
-    legacy = cache.with_name("model-0123456789ab")  # an earlier probekit keyed it by path
-    cache.rename(legacy)
-    adopted, record = gguf.ensure_converted(path)
-    assert adopted == cache and fake_conversion.count == 1  # no second conversion
-    assert (adopted / "model.safetensors").stat().st_ino == (
-        legacy / "model.safetensors"
-    ).stat().st_ino  # hard links: one copy on the disk
-    assert gguf.verify_cache(adopted) is None and record["gguf_sha256"] == gguf.file_sha256(path)
-    assert capsys.readouterr().err == ""
-
-
 def test_a_copy_whose_record_names_another_gguf_is_converted_again(
     fake_conversion, tmp_path, capsys
 ):

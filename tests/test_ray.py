@@ -19,9 +19,10 @@ import torch
 ray = pytest.importorskip("ray", reason="Ray is not installed here (./setup.sh --ray installs it)")
 
 from probekit.core.errors import ProbekitError  # noqa: E402
+from probekit.core.store import INDEX  # noqa: E402
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent  # noqa: E402
 from probekit.engines import load_engine  # noqa: E402
-from probekit.run.loop import INDEX, run_probe  # noqa: E402
+from probekit.run.loop import run_probe  # noqa: E402
 from probekit.run.ray import RayPool, connect  # noqa: E402
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting  # noqa: E402
 from probekit.studies.isear.events import SAMPLE_ROOT as ISEAR_SAMPLES  # noqa: E402

@@ -17,8 +17,9 @@ import pytest
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.progress import silenced
+from probekit.core.store import INDEX
 from probekit.engines.base import ScoreResult, ScorerStats
-from probekit.run.loop import INDEX, run_probe
+from probekit.run.loop import run_probe
 from probekit.run.parts import scan_parts
 from probekit.studies.base import Probe
 

@@ -1,6 +1,6 @@
 """`probekit.run_study`: a study run from Python as `probekit run` does it, with the same checks
 (one line, nothing written), `limit`, the scaled noise figure, the view vocabulary, resume keys
-refused before the model loads, older run folders, and SIGTERM."""
+refused before the model loads, and SIGTERM."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import probekit
 from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.options import flag, spelled
-from probekit.core.rundir import MANIFEST_FIELDS, RESULTS_FORMAT, RunDir, resume_keys
+from probekit.core.rundir import MANIFEST_FIELDS, RESULTS_FORMAT, resume_keys
 from probekit.run.numerics import sample_size
 from probekit.run.options import run_command
 
@@ -306,39 +306,6 @@ def test_a_generate_run_reports_both_views(minimal, tiny, tmp_path):
     generated = probekit.run_study("minimal", tiny, out=tmp_path / "gen", days=2, view="generate")
     assert list(generated.summary["view"]) == ["generate", "exact"]
     assert {"response", "parsed", "most_probable"} <= set(generated.scores.columns)
-
-
-def test_a_format_2_folder_reads_and_is_not_resumed(minimal, tiny, tmp_path):
-    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2)
-    old = run.scores.rename(columns={"most_probable": "mode", "greedy": "argmax"})
-    old.to_parquet(run.path / "scores.parquet")
-    manifest = {k: v for k, v in run.manifest.items() if k != "view"}
-    manifest |= {"results_format": 2, "mode": "ev"}
-    (run.path / "manifest.json").write_text(json.dumps(manifest))
-    folder = RunDir(run.path)
-    assert folder.manifest["view"] == "exact"
-    pd.testing.assert_frame_equal(folder.scores(), run.scores)
-    assert [r.path for r in RunDir.discover(tmp_path)] == [run.path]
-    with pytest.raises(ProbekitError, match="results format 2") as info:
-        probekit.run_study("minimal", tiny, out=run.path, days=2)
-    assert "\n" not in str(info.value)
-
-
-def test_a_format_3_folder_reads_its_argmax_column_as_greedy(minimal, tiny, tmp_path):
-    """Results format 3 named the greedy answer's column `argmax` and the noise figure's count
-    of changed most probable answers `argmax_changes`: such a folder reads and reports."""
-    from probekit.run.report import report
-
-    run = probekit.run_study("minimal", tiny, out=tmp_path / "run", days=2, numerics=2)
-    run.scores.rename(columns={"greedy": "argmax"}).to_parquet(run.path / "scores.parquet")
-    manifest = dict(run.manifest, results_format=3)
-    figure = dict(manifest["numerics"])
-    figure["argmax_changes"] = figure.pop("most_probable_changes")
-    (run.path / "manifest.json").write_text(json.dumps(manifest | {"numerics": figure}))
-    pd.testing.assert_frame_equal(RunDir(run.path).scores(), run.scores)
-    report(run.path)
-    changes = run.manifest["numerics"]["most_probable_changes"]
-    assert f"{changes} most probable answer(s) change" in (run.path / "summary.md").read_text()
 
 
 SIGTERM_RUN = """

@@ -444,16 +444,6 @@ def test_damaged_parts_are_set_aside_and_scored_again(model, tmp_path, capsys):
     )
 
 
-def test_an_old_steering_folder_is_one_line(model, tmp_path):
-    out = tmp_path / "steer"
-    out.mkdir()
-    (out / "steer.json").write_text("{}")
-    np.save(tmp_path / "v.npy", np.ones(64))
-    with pytest.raises(ProbekitError) as error:
-        steer_days(model, out, vector=str(tmp_path / "v.npy"))
-    assert "a steering run of an earlier probekit" in one_line(error)
-
-
 def test_the_page_shows_each_alpha_beside_the_control(model, tmp_path, capsys):
     np.save(tmp_path / "v.npy", np.random.default_rng(8).standard_normal(64))
     done = steer_days(model, tmp_path / "steer", vector=str(tmp_path / "v.npy"))

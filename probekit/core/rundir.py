@@ -14,11 +14,8 @@ the run's resume keys (`scored_under`, in the Parquet metadata) and each row its
 row is reused only where both match the run asked for (`RowKey`), whatever the manifest beside
 it says (a manifest can be deleted and written anew by another run).
 
-Results format: 1 dropped the `p::` columns; 2 keeps them and adds `prompt_id`; 3 renames the
-most probable answer's column `mode` to `most_probable`; 4 renames the greedy answer's column
-`argmax` to `greedy`. Folders of formats 2 and 3 are still read (`scores` renames the columns);
-resuming one is refused. Manifest fields renamed since are renamed when a manifest is read, in
-one place (`upgrade_manifest`).
+The results format (`RESULTS_FORMAT`, in every manifest) names the layout of the scores table; a
+folder of another format is not resumed.
 """
 
 from __future__ import annotations
@@ -43,30 +40,6 @@ from probekit.core.public import public
 RESULTS_FORMAT = 4
 MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
-RENAMED_COLUMNS = {2: {"mode": "most_probable"}, 3: {"argmax": "greedy"}}
-"""Score columns renamed since a results format: old name -> new, applied when reading."""
-RENAMED_FIELDS = {"mode": "view", "items_origin": "data_origin", "items_path": "data_path"}
-"""Manifest fields earlier versions wrote under another name: old name -> new (`mode` before
-the view vocabulary; GIEBench's `items_origin`/`items_path` beside every other study's
-`data_origin`/`data_path`)."""
-RENAMED_VIEWS = {"ev": "exact"}
-"""Views earlier versions named otherwise: old name -> new."""
-
-
-def upgrade_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    """`manifest` in this version's words: each field of `RENAMED_FIELDS` under its new name, in
-    its place (where both are there, the new one's value is kept), and an old view's name
-    replaced (`RENAMED_VIEWS`). The one reading of older manifests: `RunDir.read_manifest`
-    applies it, so every reader of a manifest gets the new names only (and `RunDir.summary` to
-    the rows of an older `summary.csv`, whose `mode` column was the view too)."""
-    upgraded: dict[str, Any] = {}
-    for key, value in manifest.items():
-        new = RENAMED_FIELDS.get(key, key)
-        if new != key and new in manifest:
-            continue
-        renamed_view = new == "view" and isinstance(value, str) and value in RENAMED_VIEWS
-        upgraded[new] = RENAMED_VIEWS[value] if renamed_view else value
-    return upgraded
 
 
 @dataclass(frozen=True)
@@ -316,8 +289,7 @@ class RunDir:
     # ------------------------------------------------------------------ manifest
 
     def read_manifest(self) -> dict[str, Any] | None:
-        """The manifest in this version's words (`upgrade_manifest`), None if the folder has
-        none; one line if it is damaged."""
+        """The manifest, None if the folder has none; one line if it is damaged."""
         path = self.manifest_path
         if not path.is_file():
             return None
@@ -334,7 +306,7 @@ class RunDir:
                 f"run: if {self.path} holds this same run, delete {path.name} and run again to "
                 f"resume it; otherwise give another {named('out')} or delete the folder"
             )
-        return upgrade_manifest(manifest)
+        return manifest
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -394,9 +366,8 @@ class RunDir:
     # ------------------------------------------------------------------ results
 
     def scores(self) -> pd.DataFrame:
-        """`scores.parquet`, with the columns of older results formats renamed; one line when
-        its rows record settings other than the manifest's (a manifest written anew beside
-        them; scores of older versions record none and are read as they are)."""
+        """`scores.parquet`; one line when its rows record settings other than the manifest's (a
+        manifest written anew beside them)."""
         if not self.scores_path.is_file():
             raise ProbekitError(f"{self.path} holds no {SCORES}: the run is not finished")
         manifest = self.read_manifest() or {}
@@ -408,22 +379,13 @@ class RunDir:
                 f"{self.scores_path} holds rows scored under {key} {rows}, but {MANIFEST} says "
                 f"{says}: run the same command again to score them anew, or delete the folder"
             )
-        frame = pd.read_parquet(self.scores_path)
-        fmt = manifest.get("results_format", RESULTS_FORMAT)
-        for version, renamed in RENAMED_COLUMNS.items():
-            if fmt <= version:
-                frame = frame.rename(columns={k: v for k, v in renamed.items() if k in frame})
-        return frame
+        return pd.read_parquet(self.scores_path)
 
     def summary(self) -> pd.DataFrame | None:
-        """`summary.csv` in this version's words (`upgrade_manifest` on each row of an older
-        one), None if the folder has none."""
+        """`summary.csv`, None if the folder has none."""
         if not self.summary_path.is_file():
             return None
-        frame = pd.read_csv(self.summary_path)
-        if RENAMED_FIELDS.keys() & set(frame.columns):  # written by an earlier version
-            frame = pd.DataFrame([upgrade_manifest(row) for row in frame.to_dict("records")])
-        return frame
+        return pd.read_csv(self.summary_path)
 
     @classmethod
     def discover(cls, folder: str | Path) -> list[RunDir]:

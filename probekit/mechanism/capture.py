@@ -21,11 +21,8 @@ its rows were captured under and the SHA-256 of its shard; a re-run into the sam
 the prompt ids of the parts that verify, and sets aside (`*.damaged`, `*.mismatched`, one line
 each) a part that is damaged, whose shard is missing or not the one written, or that was
 captured under other settings (a manifest deleted and the folder captured again otherwise): its
-prompts are captured again.
-Folders of earlier versions (`capture.json`) are read, not resumed. Shards written before this
-layout (tensor `resid_pre.3`, index site `resid_pre`) are still read. Reading the
-TransformerLens hooks builds the model's bridge and installs it for the read only
-(`model.bridged()`; see `probekit.engines.hf.model`).
+prompts are captured again. Reading the TransformerLens hooks builds the model's bridge and
+installs it for the read only (`model.bridged()`; see `probekit.engines.hf.model`).
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ from safetensors.torch import save_file
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
 from probekit.core.items import PROMPT_ID, EncodedItem
-from probekit.core.options import named
 from probekit.core.progress import progress
 from probekit.core.public import public
 from probekit.core.rundir import (
@@ -59,9 +55,6 @@ from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.options import HookOptions
 from probekit.mechanism.sites import SITES, d_model, layer_indices, library, site
 
-_FORMAT = 2
-"""The capture folder's layout: 2 keeps its settings in `manifest.json` (1: `capture.json`)."""
-OLD_CONFIG = "capture.json"
 STORAGE_DTYPE = torch.float16
 """The dtype shards store activations in unless `capture(storage_dtype=...)` says otherwise."""
 
@@ -287,7 +280,7 @@ def read_activations(out_dir: str | Path) -> Activations:
     for shard, rows in index.groupby("shard", sort=True):
         with safe_open(out / shard, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
-                parts.setdefault(_hook_of(name), []).append(f.get_tensor(name))
+                parts.setdefault(name, []).append(f.get_tensor(name))
         first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
         for record in first.to_dict("records"):
             keep = {k: v for k, v in record.items() if k not in ("layer", "site", "shard")}
@@ -298,15 +291,6 @@ def read_activations(out_dir: str | Path) -> Activations:
             )
         start += int(first["row_stop"].max())
     return Activations(pd.DataFrame(records), {k: torch.cat(v) for k, v in parts.items()})
-
-
-def _hook_of(key: str) -> str:
-    """The full hook name of a shard's tensor key (`blocks.3.hook_resid_pre`; shards written
-    before it was used there hold `resid_pre.3`)."""
-    if key.startswith("blocks."):
-        return key
-    short, layer = key.rsplit(".", 1)
-    return site(short).hook(int(layer))
 
 
 def _record(item: EncodedItem, span: str, at: list[int], start: int) -> dict[str, Any]:
@@ -346,8 +330,9 @@ def load_activations(
     out = Path(out_dir)
     index = read_index(out)
     found = site(name)
-    names = {found.name, found.short}  # older shards' index holds the short form
-    rows = index[(index["layer"] == layer) & index["site"].isin(names) & (index["span"] == span)]
+    rows = index[
+        (index["layer"] == layer) & (index["site"] == found.name) & (index["span"] == span)
+    ]
     if rows.empty:
         raise ProbekitError(
             f"nothing captured in {out} for layer {layer}, site {name}, span {span}"
@@ -358,9 +343,7 @@ def load_activations(
     for shard, a, b in zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True):
         if shard not in blocks:
             with safe_open(out / shard, framework="pt") as f:
-                key = found.hook(layer)
-                keys = set(f.keys())
-                blocks[shard] = f.get_tensor(key if key in keys else f"{found.short}.{layer}")
+                blocks[shard] = f.get_tensor(found.hook(layer))
         tensors.append(blocks[shard][a:b])
     return rows, tensors
 
@@ -379,7 +362,6 @@ def capture_manifest(
     described = model.describe() if model is not None else {}
     manifest = {
         "results_format": RESULTS_FORMAT,
-        "capture_format": _FORMAT,
         "model": described.get("model"),
         "weights": described.get("weights"),
         "dtype": described.get("dtype"),
@@ -395,17 +377,9 @@ def capture_manifest(
 
 
 def check_capture_folder(out: str | Path, manifest: dict[str, Any]) -> None:
-    """Refuse, in one line and writing nothing, a folder of an earlier probekit's capture or
-    one holding a capture with other settings (the fields of `manifest` that are None are not
-    known yet and not compared)."""
-    run = RunDir(out)
-    if (run.path / OLD_CONFIG).is_file() and not run.manifest_path.is_file():
-        raise ProbekitError(
-            f"{run.path} holds a capture of an earlier probekit ({OLD_CONFIG}), which this one "
-            f"reads (read_activations) but does not resume: give another {named('out')}, or "
-            "delete the folder to capture again"
-        )
-    run.check_resume(manifest, [k for k, v in manifest.items() if v is None])
+    """Refuse, in one line and writing nothing, a folder holding a capture with other settings
+    (the fields of `manifest` that are None are not known yet and not compared)."""
+    RunDir(out).check_resume(manifest, [k for k, v in manifest.items() if v is None])
 
 
 def open_capture(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from probekit.core.items import Pair
 from probekit.core.public import public
 from probekit.mechanism.pairs import aligned_positions, check_pairs, split_position
 from probekit.mechanism.readouts import Readout
-from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, parse_hook, site
+from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, site
 
 COMPONENT = ["layer", "site", "head", "span"]
 """The columns naming one patched component."""
@@ -198,9 +198,7 @@ def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def from_row(record: pd.Series) -> Patch:
     """The patch a table row (or a summary row) names."""
     head = None if pd.isna(record["head"]) else int(record["head"])
-    name = str(record["site"])  # older tables hold the full hook name `blocks.3.hook_resid_pre`
-    layer = int(record["layer"])
-    found = parse_hook(name)[1] if name.startswith("blocks.") else site(name)
+    found = site(str(record["site"]))
     if head is not None and not found.per_head:
         raise ProbekitError(f"a head index on the site {found.name}")
-    return Patch(layer, found.name, record["span"], head)
+    return Patch(int(record["layer"]), found.name, record["span"], head)

@@ -78,47 +78,23 @@ from probekit.core.io import check_writable
 from probekit.core.progress import is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
-from probekit.core.store import DAMAGED, INDEX, damage, say, set_aside
+from probekit.core.store import DAMAGED, damage, say, set_aside
 from probekit.engines.base import Engine
 from probekit.run.options import RunOptions
 from probekit.run.pace import forecast, record_pace, run_pace
 from probekit.run.parts import (
-    FANOUT,
     PARTS,
     REDONE,
     Compactor,
-    Part,
     done_mask,
     finished_scores,
     merge_if_complete,
     part_files,
-    part_path,
     scan_parts,
-    write_part,
 )
 from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring
 from probekit.run.shards import WHOLE, Shard
 from probekit.studies.base import Probe, check_view
-
-__all__ = [  # the part store and shards have modules of their own; these names still import
-    "DAMAGED",
-    "FANOUT",
-    "INDEX",
-    "PARTS",
-    "RESULTS_FORMAT",
-    "Compactor",
-    "Part",
-    "Shard",
-    "hold_shard",
-    "merge_if_complete",
-    "part_path",
-    "prepare_run_dir",
-    "release_shard",
-    "run_probe",
-    "run_rows",
-    "scan_parts",
-    "write_part",
-]
 
 ATTEMPTS = 3
 """Rounds of scoring a run makes: again after its merge set a damaged part aside."""

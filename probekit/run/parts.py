@@ -91,12 +91,13 @@ def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0
 
 
 def _level(path: Path) -> int:
-    found = _PART_NAME.match(path.name)
-    return int(found.group(1)) if found else 0  # parts of older probekit versions: level 0
+    """The compaction level in the name of a part (`part_files`)."""
+    return int(path.name.split("-")[1].removeprefix("L"))
 
 
 def part_files(out: Path) -> list[Path]:
-    return sorted((out / PARTS).glob("part-*.parquet"))
+    """The files named as `part_path` names them, in name order."""
+    return sorted(p for p in (out / PARTS).glob("part-*.parquet") if _PART_NAME.match(p.name))
 
 
 def scan_parts(out: str | Path, key: RowKey | None = None) -> list[Part]:

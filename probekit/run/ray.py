@@ -6,7 +6,7 @@ a run in one process resumes), cuts them into fixed chunks of prompt indices and
 the actors with back-pressure (at most `IN_FLIGHT` chunks queued per actor, so no actor waits
 and the driver never holds more than that many chunks). An actor scores a chunk with the run
 loop's own chunk function and returns its rows; the driver writes them as a finished part
-(`probekit.run.loop.write_part`: the part's name comes from its prompt indices, so a chunk scored
+(`probekit.run.parts.write_part`: the part's name comes from its prompt indices, so a chunk scored
 twice writes the same file once), compacts parts as the run loop does, and merges
 `scores.parquet` at the end. Only the driver touches the run directory: workers need probekit,
 the model and nothing of the run's files.

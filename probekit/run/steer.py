@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.core.errors import ProbekitError
 from probekit.core.io import write_text
 from probekit.core.items import EncodedItem
 from probekit.core.options import Command, named, on_command_line
@@ -65,8 +64,6 @@ from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "steer.parquet"
 HEADLINE = "headline.json"
-OLD_SETTINGS = "steer.json"
-"""Where steering runs of earlier versions kept their settings (not resumed)."""
 
 
 def check_steer(parsed: tuple) -> None:
@@ -154,7 +151,6 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     probe.refuse_too_few_units(items)  # each α's headline has an interval over units
     span = args.span or contrast.span_of(probe)
     run = RunDir(args.out)
-    refuse_old_folder(run.path)
     ids = [item.id for item in items]
     asked_for = asked if model is None else None  # a loaded model's tolerance is its own
     known = settings(study, probe, ids, args, alphas, file, span, sites, None, None, asked_for)
@@ -267,17 +263,6 @@ def _alpha_rows(
             frames.append(frame)
             rows.append(row)
     return frames, rows
-
-
-def refuse_old_folder(out: Path) -> None:
-    """One line for a folder of a steering run of an earlier probekit (`steer.json`, no
-    manifest): its files stay readable, it is not resumed."""
-    if (out / OLD_SETTINGS).is_file() and not (out / "manifest.json").is_file():
-        raise ProbekitError(
-            f"{out} holds a steering run of an earlier probekit ({OLD_SETTINGS}), which this one "
-            "does not resume; its steer.parquet, summary.csv and report.html stay readable: give "
-            f"another {named('out')}, or delete the folder to run it again"
-        )
 
 
 def settings(

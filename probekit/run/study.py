@@ -255,8 +255,9 @@ def _run(
 ) -> tuple[dict[str, Any], list[dict]] | None:
     """One probe on one model: score (this process's shard), merge, and report when complete:
     its manifest and summary rows (None while other shards are missing)."""
-    from probekit.run.loop import merge_if_complete, run_probe
+    from probekit.run.loop import run_probe
     from probekit.run.numerics import record_numerics, settle_run_precision
+    from probekit.run.parts import merge_if_complete
     from probekit.run.scoring import EnginePool
     from probekit.run.shards import Shard
 

@@ -51,7 +51,6 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import declaration, given, named, options_of, spoken
 from probekit.core.public import public
-from probekit.core.rundir import RENAMED_VIEWS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
@@ -61,8 +60,6 @@ VIEWS = ("exact", "generate", "explain")
 """Every view a run can be in: `exact` (the scores from the logits), `generate` (greedy
 generation and the study's parse, exact scores beside them), `explain` (generate up to the
 probe's answer cue, then read the answer distribution there exactly)."""
-EXACT_VIEWS = ("exact", *(old for old, new in RENAMED_VIEWS.items() if new == "exact"))
-"""The exact view's names in summary rows: this version's and earlier versions' (`ev`)."""
 RUN = ("run",)
 MECHANISM = ("patch", "capture", "steer", "lens")
 COMMANDS = (*RUN, *MECHANISM)
@@ -71,7 +68,6 @@ Say = Callable[..., None]
 
 __all__ = [
     "COMMANDS",
-    "EXACT_VIEWS",
     "MECHANISM",
     "LimitedProbe",
     "RUN",

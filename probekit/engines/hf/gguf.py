@@ -4,8 +4,7 @@ dequantised safetensors copy of a GGUF kept in the user cache (converted once, u
 The copy is keyed by the GGUF's content (its SHA-256), not its path: every environment on a
 machine that loads the same file shares one folder. The digest of a GGUF is kept in a small
 index (`models/gguf-sha256.json`: path -> size, mtime, sha256), so a file is hashed once, and
-again only after it changed. A folder converted by an earlier probekit (keyed by the GGUF's
-path) that holds this GGUF is adopted by hard links (no second copy, no conversion).
+again only after it changed.
 
 The copy is verified before every use (`verify_cache`): its record `probekit.json` holds the
 sha256 of the GGUF it came from and the size and sha256 of every file it holds. Sizes are
@@ -100,9 +99,9 @@ def converted_cache_dir(gguf: Path) -> Path:
 
 def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[str, Any]]:
     """The verified converted copy of `gguf` (default: in `converted_cache_dir`) and its
-    record, with `gguf` the path given here. Absent, it is adopted from a folder an earlier
-    probekit converted, else converted; damaged, or holding another GGUF, it is converted again
-    with one stderr line; one line refusing a damaged copy whose GGUF is gone."""
+    record, with `gguf` the path given here. Absent, it is converted; damaged, or holding another
+    GGUF, it is converted again with one stderr line; one line refusing a damaged copy whose GGUF
+    is gone."""
     cache = converted_cache_dir(gguf) if cache is None else cache
     if (cache / MARKER).is_file():
         problem = verify_cache(cache)
@@ -173,8 +172,7 @@ def _write_stamp(cache: Path, stats: dict[str, list[int]]) -> None:
 
 
 def convert_gguf(gguf: Path, cache: Path) -> None:
-    """Dequantise `gguf` into `cache` (safetensors + tokenizer + `probekit.json`), or adopt a
-    verified copy of the same GGUF that an earlier probekit converted (`adopt`).
+    """Dequantise `gguf` into `cache` (safetensors + tokenizer + `probekit.json`).
 
     Under a lock beside the cache, so that two first loads of the same file (two shards, two
     users of one cache) cannot delete what the other writes or reads: the second waits, then
@@ -194,8 +192,7 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
             shutil.rmtree(left, ignore_errors=True)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         try:
-            if not adopt(digest, cache, tmp):
-                _convert(gguf, digest, tmp)
+            _convert(gguf, digest, tmp)
             if cache.exists():  # damaged: take its marker away first, so nobody reads it
                 (cache / MARKER).unlink(missing_ok=True)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -220,33 +217,6 @@ def _convert(gguf: Path, digest: str, tmp: Path) -> None:
     stats = {name: [(tmp / name).stat().st_size, (tmp / name).stat().st_mtime_ns] for name in files}
     (tmp / STAMP).write_text(json.dumps(stats))
     (tmp / MARKER).write_text(json.dumps(info, indent=1))
-
-
-def adopt(digest: str, cache: Path, tmp: Path) -> bool:
-    """Fill the new folder `tmp` from a verified folder of this cache format that holds the GGUF
-    of sha256 `digest` under another name (one an earlier probekit keyed by the GGUF's path):
-    hard links where the filesystem allows them, else copies. False when there is none."""
-    for other in sorted(cache.parent.glob(f"*/{MARKER}")):
-        folder = other.parent
-        if folder == cache or ".tmp" in folder.name:
-            continue
-        try:
-            record = json.loads(other.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(record, dict) or record.get("gguf_sha256") != digest:
-            continue
-        if verify_cache(folder) is not None:
-            continue
-        tmp.mkdir()
-        for name in [*record["files"], STAMP, MARKER]:
-            if (folder / name).is_file():
-                try:
-                    os.link(folder / name, tmp / name)
-                except OSError:
-                    shutil.copy2(folder / name, tmp / name)
-        return True
-    return False
 
 
 def read_gguf(gguf: Path) -> tuple[Any, Any]:

@@ -248,11 +248,5 @@ def describe_noise(figure: dict[str, Any]) -> str:
         f"{figure['reference_dtype']} on {figure['sample']} seeded prompts the {what} moves by "
         f"at most {figure['max_abs_diff']:.2g}, the valid mass by "
         f"{figure['max_valid_mass_rel_diff']:.2g} (relative); "
-        f"{_changes(figure)} most probable answer(s) change"
+        f"{figure['most_probable_changes']} most probable answer(s) change"
     )
-
-
-def _changes(figure: dict[str, Any]) -> Any:
-    """The figure's count of changed most probable answers (`argmax_changes` in the manifests of
-    results format 3 and earlier)."""
-    return figure.get("most_probable_changes", figure.get("argmax_changes"))

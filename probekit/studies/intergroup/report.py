@@ -19,7 +19,6 @@ from probekit.reporting import figures as plots
 from probekit.reporting.contract import model_label
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
-from probekit.studies.base import EXACT_VIEWS
 from probekit.studies.intergroup.probe import Category
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
@@ -257,7 +256,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def view_of(row: dict[str, Any]) -> str:
-    """The view of a summary row (older rows read through `RunDir.summary` name it `view`)."""
+    """The view of a summary row, as text."""
     return str(row.get("view"))
 
 
@@ -289,7 +288,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 p_exact=bool(r.get("p_exact")) and not missing(r.get("p_exact")),
                 note=note,
                 signed=True,
-                primary=view_of(r) in EXACT_VIEWS,
+                primary=view_of(r) == "exact",
                 reference=0.0,
                 reference_label="no gap (Δ = 0)",
                 n=None if missing(kept) else int(kept),

@@ -16,7 +16,7 @@ from probekit.reporting.contract import model_label
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import missing
 from probekit.reporting.html import model_name
-from probekit.studies.base import EXACT_VIEWS, run_view
+from probekit.studies.base import run_view
 from probekit.studies.isear.probe import EMOTIONS
 
 VIEW_TITLES = {
@@ -127,7 +127,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             if view == "generate"
             else "—"
         )
-        valid = f"{rows.loc['mean_valid_mass', 'value']:.3f}" if view in EXACT_VIEWS else "—"
+        valid = f"{rows.loc['mean_valid_mass', 'value']:.3f}" if view == "exact" else "—"
         agreement = _rate(rows.loc[metrics.AGREEMENT, "value"]) if view == "generate" else "—"
         lines.append(
             f"| {name.removesuffix(view)}{VIEW_TITLES[view]} | {md['value']:.3f} | "
@@ -187,7 +187,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 interval=INTERVAL,
                 mark=f"{_letter(md['mark'])} (interval) / {_letter(md['mark_of_value'])} (value)",
                 note=f"widest: {widest.removeprefix('max_diff_')}" if widest else "",
-                primary=view in EXACT_VIEWS,
+                primary=view == "exact",
                 reference=0.0,
                 reference_label="no difference (0)",
                 n=None if missing(events) else int(events),

@@ -25,7 +25,6 @@ from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
 from probekit.reporting.headline import row_headlines
-from probekit.studies.base import EXACT_VIEWS
 from probekit.studies.jaem_st.probe import N_OPTIONS
 
 SUMMARY_COLUMNS = (
@@ -341,7 +340,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         rows,
         label=lambda r: f"CE score ({r['template']})",
         note=lambda r: f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
-        primary=lambda r: r["view"] in EXACT_VIEWS and r["template"] == "all",
+        primary=lambda r: r["view"] == "exact" and r["template"] == "all",
         interval="95% bootstrap CI over samples",
         value="accuracy",
         low="low",
