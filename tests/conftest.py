@@ -1,6 +1,8 @@
 """Shared test helpers: the tiny random-weight model on the default model's tokenizer (the unit
 tests' model), the real default model (with its bridge and an exact 0-12 scorer for the mechanism
-tests), and the reference data when it is present."""
+tests), and the reference data when it is present; one torch thread in every test process; the
+markers `default_model` and `reference_data` (`pyproject.toml`) that skip a test, with the
+reason, where what it needs is absent."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from probekit.core.answers import AnswerSet
 from probekit.mechanism.readouts import expected_value
 
 REPO = Path(__file__).resolve().parents[1]
-
 
 REAL_CROWD_ENVENT = Path("crowd-enVent", "crowd-enVent_joy.tsv")
 """The file that says a data root holds the real crowd-enVent."""
@@ -32,14 +33,22 @@ DEFAULT_MODEL_FIXTURES = {"tokenizer", "tiny", "tiny_deep", "smol", "model"}
 `default_model` when collected."""
 
 
+SLOW_TEST_THREADS = 1
+"""The torch threads of a slow test: its process's share of torch's count (`pytest_configure`)."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One torch thread in every test process, from the start, so that module- and
     session-scoped fixtures run at one thread too: the tiny models gain nothing from a second,
     and with another process on the cores (the next xdist worker, another job) a thread
-    waiting for a core made them 3-100x slower. A slow test runs at its process's share of the
-    cores instead (`_threads_of_a_slow_test`)."""
+    waiting for a core made them 3-100x slower. A slow test (a real model's forward passes)
+    runs at its process's share of torch's own count instead (`_threads_of_a_slow_test`): all
+    of it with `-n 0`, one thread where the xdist workers are as many as the cores."""
     import torch
 
+    global SLOW_TEST_THREADS
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    SLOW_TEST_THREADS = max(1, torch.get_num_threads() // workers)
     torch.set_num_threads(1)
 
 
@@ -63,7 +72,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("reference_data"):
         missing = [path for path in mark.args if not (DATA_ROOT / path).exists()]
         if missing:
-            pytest.skip(f"needs the reference data {missing[0]} ($PROBEKIT_DATA, ../shared/data)")
+            pytest.skip(f"needs {missing[0]} of the reference data, not in {DATA_ROOT}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -103,17 +112,13 @@ def _unit_loop(request: pytest.FixtureRequest):
 
 @pytest.fixture(autouse=True)
 def _threads_of_a_slow_test(request: pytest.FixtureRequest):
-    """A slow test (a real model's forward passes) runs at its process's share of the cores:
-    all of them with `-n 0`, one each where the xdist workers are as many as the cores; every
-    other test, and every fixture, at the one thread `pytest_configure` set."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    share = (os.cpu_count() or 1) // workers
-    if not request.node.get_closest_marker("slow") or share <= 1:
+    """A slow test runs at `SLOW_TEST_THREADS`, then back to one."""
+    if not request.node.get_closest_marker("slow") or SLOW_TEST_THREADS == 1:
         yield
         return
     import torch
 
-    torch.set_num_threads(share)
+    torch.set_num_threads(SLOW_TEST_THREADS)
     yield
     torch.set_num_threads(1)
 
