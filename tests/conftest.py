@@ -149,7 +149,7 @@ def tiny_llama(tie: bool = False, seed: int = 0):
     the tests of the batch plan and of the precision tiers. `tie`: its LM head shares the input
     embeddings, as the default model's does."""
     needs_default_model()
-    from probekit.engines.hf.tiers import initial_record
+    from probekit.engines.hf.precision import initial_record
     from probekit.testing.synthetic import default_tokenizer, llama_config, random_weights
 
     tokenizer = default_tokenizer()

@@ -82,12 +82,13 @@ def describe_numerics(figure: dict[str, Any]) -> str:
         note = figure.get("note", "not measured")
         return f"numerics: scored in {figure.get('dtype')}; noise {note}"
     what = "expected value" if figure["score"] == "expected" else "answer probability"
+    changes = figure.get("most_probable_changes", figure.get("argmax_changes"))  # format 3's name
     return (
         f"numerics: scored in {figure['dtype']} on {figure['device']}; against "
         f"{figure['reference_dtype']} on {figure['sample']} seeded prompts the {what} moves by "
         f"at most {figure['max_abs_diff']:.2g}, the valid mass by "
         f"{figure['max_valid_mass_rel_diff']:.2g} (relative); "
-        f"{figure['most_probable_changes']} most probable answer(s) change"
+        f"{changes} most probable answer(s) change"
     )
 
 
