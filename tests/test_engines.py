@@ -1,10 +1,18 @@
 """The engine seam: the transformers engine satisfies the protocol, engines are picked by name,
-and bad engine names or an engine without hooks give one line."""
+a new engine is one module and one registration (docs/extending.md's, run on a study without
+the transformers engine), and bad engine names or an engine without hooks give one line."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+import pandas as pd
 import pytest
 import torch
+from conftest import REPO
+from examples import python_blocks
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
@@ -66,6 +74,51 @@ def test_registered_engine_is_loaded_by_name_and_refuses_hooks(monkeypatch):
     with pytest.raises(ProbekitError) as err:
         engine.hookable()
     assert "fake" in str(err.value) and "\n" not in str(err.value)
+
+
+ENGINE_MODULE = "# probekit/engines/uniform.py"
+"""The first line of docs/extending.md's example engine, a module of its own."""
+UNIFORM_RUN = """
+import json, sys
+sys.path[:0] = sys.argv[1:3]
+import minimal_study
+import probekit
+from probekit.engines import ENGINES
+
+ENGINES["uniform"] = "uniform:load_uniform"
+engine = probekit.load_engine("null", engine="uniform")
+run = probekit.run_study(minimal_study.STUDY, engine, out=sys.argv[3], days=2, numerics=2)
+own = ("probekit.engines.hf", "probekit.engines.vllm")
+engines = sorted(m for m in sys.modules if m.startswith(own))
+print(json.dumps({"gap": run.summary["gap"].tolist(), "engine_modules": engines}))
+"""
+
+
+def test_a_new_engine_is_one_module_and_one_registration(tmp_path):
+    """docs/extending.md's uniform engine, written as its own module and registered by one line
+    of `ENGINES`, loads through `load_engine` and runs a study's exact scoring through the
+    protocol alone: the transformers engine is never imported, every answer scores 1/11, the
+    gap is 0, and the manifest says there was no tier to choose and no noise figure."""
+    (module,) = [
+        b.code
+        for b in python_blocks(REPO / "docs" / "extending.md")
+        if b.code.startswith(ENGINE_MODULE)
+    ]
+    (tmp_path / "uniform.py").write_text(module)
+    out = tmp_path / "run"
+    argv = [str(tmp_path), str(REPO / "tests"), str(out)]
+    done = subprocess.run(
+        [sys.executable, "-c", UNIFORM_RUN, *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found == {"gap": [0.0], "engine_modules": []}
+    scores = pd.read_parquet(out / "scores.parquet")
+    probs = scores[[f"p::{k}" for k in range(11)]].to_numpy()
+    assert len(scores) == 4 and (probs == 1 / 11).all() and (scores["expected"] == 5).all()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["engine"] == "uniform" and manifest["precision"] is manifest["tier"] is None
+    assert manifest["numerics"] == {"dtype": "none", "note": "not measured"}
 
 
 def test_batches_back_off_on_out_of_memory():
