@@ -48,7 +48,7 @@ def load_engine(
     its options (a bad one is one line naming the keyword): `dtype` a name (`bfloat16`, `bf16`)
     or a `torch.dtype`, `device` a name or a `torch.device`.
     `tolerance`: the largest change of an answer probability the arithmetic may cause, by which
-    the hf engine picks its precision tier on a GPU (`probekit.engines.hf.tiers`; default
+    the hf engine picks its precision tier on a GPU (`probekit.engines.hf.precision`; default
     `DEFAULT_TOLERANCE`); `dtype` forces one instead.
 
     `device_map`, `max_memory` and `offload_folder` place the model over several devices with

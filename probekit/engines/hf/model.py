@@ -324,8 +324,6 @@ def load_model(
     values |= {"device": device, "dtype": dtype, "tolerance": tolerance}
     if conflict := model_conflict(**values):
         raise ProbekitError(conflict)
-    if tolerance is not None:
-        tolerance = precision.check_tolerance(tolerance)
     dispatch = dispatch_options(device_map, max_memory, offload_folder)
     dev = pick_device(device)  # one line for a device this torch lacks, before the plan
     if weights:  # the memory plan, before anything loads: one line if it cannot fit

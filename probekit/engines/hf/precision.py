@@ -36,7 +36,6 @@ difference in the results is larger than the arithmetic.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import random
@@ -51,8 +50,7 @@ from torch.overrides import TorchFunctionMode
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.kinds import probability
-from probekit.core.options import SeedOption, option_message
+from probekit.core.options import SeedOption
 from probekit.core.public import public
 from probekit.engines.base import TIER_LABELS, ScoreResult, describe_precision
 from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE
@@ -88,14 +86,6 @@ def head_arithmetic(model: HFModel) -> str:
     """The LM head's arithmetic (`head.lm_head`): `tf32`, a 16-bit dtype, or `float32` (the
     head's weights as loaded)."""
     return model.meta.get("head", "float32")
-
-
-def check_tolerance(tolerance: Any) -> float:
-    """`tolerance` as a probability in [0, 1], else one line naming the keyword."""
-    try:
-        return probability.check(tolerance)
-    except argparse.ArgumentTypeError as error:
-        raise ProbekitError(option_message("tolerance", str(error))) from None
 
 
 # ------------------------------------------------------------------ what each tier computes in
@@ -336,7 +326,7 @@ def choose_precision(
     prompts whose scores were not finite) or `failed` (why it did not run), and `accepted`),
     `sample`, `reference`, and for a float16 tier its `fallback`. A single offered tier is
     taken without measuring."""
-    tolerance = DEFAULT_TOLERANCE if tolerance is None else check_tolerance(tolerance)
+    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
     record: dict[str, Any] = {
         "tolerance": tolerance,
         "offered": list(offered or offered_tiers(model)),
