@@ -4,8 +4,8 @@ the transformers engine), and bad engine names or an engine without hooks give o
 
 from __future__ import annotations
 
+import importlib.abc
 import json
-import subprocess
 import sys
 
 import pandas as pd
@@ -14,6 +14,7 @@ import torch
 from conftest import REPO
 from examples import python_blocks
 
+import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
@@ -78,41 +79,35 @@ def test_registered_engine_is_loaded_by_name_and_refuses_hooks(monkeypatch):
 
 ENGINE_MODULE = "# probekit/engines/uniform.py"
 """The first line of docs/extending.md's example engine, a module of its own."""
-UNIFORM_RUN = """
-import json, sys
-sys.path[:0] = sys.argv[1:3]
-import minimal_study
-import probekit
-from probekit.engines import ENGINES
-
-ENGINES["uniform"] = "uniform:load_uniform"
-engine = probekit.load_engine("null", engine="uniform")
-run = probekit.run_study(minimal_study.STUDY, engine, out=sys.argv[3], days=2, numerics=2)
-own = ("probekit.engines.hf", "probekit.engines.vllm")
-engines = sorted(m for m in sys.modules if m.startswith(own))
-print(json.dumps({"gap": run.summary["gap"].tolist(), "engine_modules": engines}))
-"""
+ENGINE_PACKAGES = ("probekit.engines.hf", "probekit.engines.vllm")
 
 
-def test_a_new_engine_is_one_module_and_one_registration(tmp_path):
+class EngineImportRefused(importlib.abc.MetaPathFinder):
+    """Refuses to import the engines' own modules (`ENGINE_PACKAGES`)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.startswith(ENGINE_PACKAGES):
+            raise ImportError(f"{name} imported by a run on another engine")
+
+
+def test_a_new_engine_is_one_module_and_one_registration(tmp_path, monkeypatch, minimal):
     """docs/extending.md's uniform engine, written as its own module and registered by one line
     of `ENGINES`, loads through `load_engine` and runs a study's exact scoring through the
-    protocol alone: the transformers engine is never imported, every answer scores 1/11, the
-    gap is 0, and the manifest says there was no tier to choose and no noise figure."""
-    (module,) = [
-        b.code
-        for b in python_blocks(REPO / "docs" / "extending.md")
-        if b.code.startswith(ENGINE_MODULE)
-    ]
-    (tmp_path / "uniform.py").write_text(module)
+    protocol alone (an import of the transformers or vLLM engine's modules is refused here):
+    every answer scores 1/11, the gap is 0, and the manifest says there was no tier to choose
+    and no noise figure."""
+    page = REPO / "docs" / "extending.md"
+    (module,) = [b.code for b in python_blocks(page) if b.code.startswith(ENGINE_MODULE)]
+    (tmp_path / "uniform_engine.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(ENGINES, "uniform", "uniform_engine:load_uniform")
+    for name in [m for m in sys.modules if m.startswith(ENGINE_PACKAGES)]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [EngineImportRefused(), *sys.meta_path])
+    engine = load_engine("null", engine="uniform")
     out = tmp_path / "run"
-    argv = [str(tmp_path), str(REPO / "tests"), str(out)]
-    done = subprocess.run(
-        [sys.executable, "-c", UNIFORM_RUN, *argv], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.splitlines()[-1])
-    assert found == {"gap": [0.0], "engine_modules": []}
+    run = probekit.run_study(minimal, engine, out=out, days=2, numerics=2, quiet=True)
+    assert run.summary["gap"].tolist() == [0.0]
     scores = pd.read_parquet(out / "scores.parquet")
     probs = scores[[f"p::{k}" for k in range(11)]].to_numpy()
     assert len(scores) == 4 and (probs == 1 / 11).all() and (scores["expected"] == 5).all()
