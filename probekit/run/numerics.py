@@ -47,9 +47,8 @@ def settle_run_precision(
     (`keep_resumed_tier`), else the tier `model` chooses on the run's numerics sample:
     `NOISE_SAMPLE` of its prompts, seeded by the run's seed. The record, or None where nothing
     is chosen (an engine without tiers, or a tier chosen already)."""
-    record = model.precision
-    if record is None or "tier" in record:
-        return None  # no tiers, or chosen already
+    if "tier" in (model.precision or {}):
+        return None  # chosen already
     if kept := keep_resumed_tier(model, folder):
         return kept
     total = len(probe)
