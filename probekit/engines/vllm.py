@@ -198,16 +198,11 @@ class VllmEngine(Engine):
         return VllmScorer(self, answers, ScorerOptions(**options))
 
     def noise_figure(
-        self,
-        prompts: Sequence[Sequence[int]],
-        answers: AnswerSet,
-        *,
-        seed: int,
-        epsilon: float,
-        own: Sequence[ScoreResult] | None = None,
+        self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
     ) -> dict[str, Any]:
-        """The exact scores' noise figure: the transformers copy's."""
-        return self.exact.noise_figure(prompts, answers, seed=seed, epsilon=epsilon, own=own)
+        """The exact scores' noise figure: the transformers copy's (`options`:
+        `Engine.noise_figure`'s keywords)."""
+        return self.exact.noise_figure(prompts, answers, **options)
 
     def describe(self) -> dict[str, Any]:
         """The transformers engine's fields, the engine named `vllm`, vLLM's parallel sizes and

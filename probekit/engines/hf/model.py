@@ -26,7 +26,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.core.options import given, named
 from probekit.core.public import public
-from probekit.engines.base import Engine, ScoreResult
+from probekit.engines.base import Engine
 from probekit.engines.devices import device_memory
 from probekit.engines.hf import precision
 from probekit.engines.hf.attention import use_grouped_sdpa
@@ -101,16 +101,11 @@ class LoadedModel(Engine):
         return precision.keep_tier(self, record)
 
     def noise_figure(
-        self,
-        prompts: Sequence[Sequence[int]],
-        answers: AnswerSet,
-        *,
-        seed: int,
-        epsilon: float,
-        own: Sequence[ScoreResult] | None = None,
+        self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
     ) -> dict[str, Any]:
-        """Against float64 (float32 for a 16-bit model): `precision.noise_figure`."""
-        return precision.noise_figure(self, prompts, answers, seed=seed, epsilon=epsilon, own=own)
+        """Against float64 (float32 for a 16-bit model): `precision.noise_figure`, `options` its
+        keywords (`Engine.noise_figure`'s)."""
+        return precision.noise_figure(self, prompts, answers, **options)
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
