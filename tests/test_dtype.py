@@ -248,8 +248,8 @@ def test_the_narrow_head_is_16_bit_products_summed_in_float32(monkeypatch):
     the sums float32 (against a float64 sum of the same rounded values); the LM head in float32
     differs from it by the rounding alone. A model whose weights are widened for its noise
     figure's reference runs its head in the wider dtype."""
-    from probekit.engines.hf.precision import apply_tier
     from probekit.engines.hf.head import narrow_linear
+    from probekit.engines.hf.precision import apply_tier
 
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     weight = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
@@ -438,8 +438,8 @@ def test_16_bit_products_sum_in_float32_on_cuda():
     """A 16-bit model's matrix products on CUDA add their partial sums in float32, as the CPU
     that measures the tiers does (cuBLAS's reduced-precision reductions off, restored after);
     nothing changes for a float32 model (a fake CUDA device: nothing runs on it)."""
-    from probekit.engines.hf.precision import arithmetic
     from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.precision import arithmetic
 
     matmul = torch.backends.cuda.matmul
     flags = lambda: (  # noqa: E731
