@@ -3,9 +3,9 @@
 Scores the same prompts of a real slice of every study in float64 (the reference), float32,
 bfloat16 and float16, each reduced dtype twice: rounded throughout, and with the final norm and
 LM head kept in float32 (`+fp32head`, what `load_model` does by default and the `bfloat16` and
-`float16` precision tiers are); and in the other precision tiers (`probekit.engines.hf.arithmetic.
+`float16` precision tiers are); and in the other precision tiers (`probekit.engines.hf.precision.
 TIERS`), each put on the float32 model: `tf32` (the body's matrix products with TF32 inputs; on a
-CPU emulated by rounding them, `arithmetic.tf32_rounding`), and the `+head` tiers, whose LM head
+CPU emulated by rounding them, `precision.tf32_rounding`), and the `+head` tiers, whose LM head
 runs in the body's arithmetic (`tf32+head`; `float16+head` and `bfloat16+head`: the hidden state
 rounded to 16 bits, the products summed in float32, emulated on a CPU exactly as a tensor core
 computes them, `head.narrow_linear`). Prints per study and dtype, with the device beside every
@@ -52,9 +52,8 @@ from common import set_up, shared_options, tear_down, write_results
 
 from probekit.cli.main import study_command
 from probekit.core.errors import ProbekitError
-from probekit.engines.hf.arithmetic import apply_tier
 from probekit.engines.hf.model import load_model
-from probekit.engines.hf.precision import score_differences
+from probekit.engines.hf.precision import apply_tier, score_differences
 from probekit.run.options import run_context
 from probekit.studies.base import Context, Probe, get_study
 
@@ -71,7 +70,7 @@ VARIANTS: dict[str, tuple[str, bool]] = {
     "float16+head": ("float32", False),
 }
 """Benchmark label -> (weight dtype, final norm and LM head kept in float32); the labels of
-`PUT_IN_TIER` are float32 put in that precision tier (`arithmetic.apply_tier`)."""
+`PUT_IN_TIER` are float32 put in that precision tier (`precision.apply_tier`)."""
 PUT_IN_TIER = ("tf32", "tf32+head", "bfloat16+head", "float16+head")
 TIER_OF = {
     "float32": "float32",
@@ -79,7 +78,7 @@ TIER_OF = {
     "float16+fp32head": "float16",
     **{label: label for label in PUT_IN_TIER},
 }
-"""The precision tiers among the labels (`probekit.engines.hf.arithmetic.TIERS`)."""
+"""The precision tiers among the labels (`probekit.engines.hf.precision.TIERS`)."""
 STUDIES = ("intergroup", "isear", "giebench", "jaem-st")
 
 

@@ -95,19 +95,19 @@ import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.padding import left_pad
-from probekit.engines.hf.arithmetic import (
-    LABELS,
+from probekit.engines.base import TIER_LABELS
+from probekit.engines.hf.head import parameter_split
+from probekit.engines.hf.model import load_model
+from probekit.engines.hf.precision import (
     TIERS,
     apply_tier,
     arithmetic,
     body_of,
+    choose_precision,
+    dtype_name,
     head_arithmetic,
 )
-from probekit.engines.hf.head import parameter_split
-from probekit.engines.hf.hook_libraries import HOOK_PACKAGES, installed, missing_line
-from probekit.engines.hf.model import load_model
-from probekit.engines.hf.precision import dtype_name
-from probekit.engines.hf.tiers import choose_precision
+from probekit.engines.hook_libraries import HOOK_PACKAGES, installed, missing_line
 from probekit.engines.options import DEFAULT_TOLERANCE
 from probekit.engines.trie import extension_masks
 from probekit.mechanism.sites import d_model
@@ -312,7 +312,7 @@ def exact_step(
                 "model": label,
                 "answers": spec,
                 "tier": tier,
-                "dtype": LABELS[tier],
+                "dtype": TIER_LABELS[tier],
                 "epsilon": epsilon,
                 "prompts": len(ids),
                 "batch_size": scorer.batch_size,
@@ -629,7 +629,7 @@ def peers_step(model: Any, label: str, layers: int) -> list[dict[str, Any]]:
     benchmarks/patching.py, <= 0.5) and the largest difference of their readouts. Without
     transformer_lens one line says so and the nnsight half runs (probekit through nnsight).
 
-    Every method runs in the model's arithmetic (`tiers.arithmetic` around the whole
+    Every method runs in the model's arithmetic (`precision.arithmetic` around the whole
     comparison): float32 weights with TF32 matmuls, the tier the default tolerance picked on the
     default model on both GPUs measured. Not bfloat16: probekit's bfloat16 tier keeps the LM
     head in float32 and widens the body's output itself, which TransformerLens's own forward

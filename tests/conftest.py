@@ -184,7 +184,7 @@ def tiny_llama(tie: bool = False, seed: int = 0):
     the default model's tokenizer, with the precision record `load_model` writes on a CPU: for
     the tests of the batch plan and of the precision tiers. `tie`: its LM head shares the input
     embeddings, as the default model's does."""
-    from probekit.engines.hf.tiers import initial_record
+    from probekit.engines.hf.precision import initial_record
     from probekit.testing.synthetic import default_tokenizer, llama_config, random_weights
 
     tokenizer = default_tokenizer()

@@ -11,7 +11,6 @@ import torch
 from conftest import ANSWERS, EV, religion_prompt
 
 from probekit.core.errors import ProbekitError
-from probekit.engines.hf.differentiable import answer_mass
 from probekit.mechanism import attribution, patching
 from probekit.mechanism import pairs as pairing
 from probekit.mechanism.components import Patch, check, make_job
@@ -68,7 +67,7 @@ def test_the_differentiable_distribution_is_the_exact_one(model, scorer, pair):
     """Row 0 against the brute force; row 1 (shorter, so left-padded) against the engine."""
     ids = pair[1].input_ids
     with torch.no_grad():
-        mass = answer_mass(scorer, [ids, ids[4:]]).numpy()
+        mass = scorer.answer_mass([ids, ids[4:]]).numpy()
     np.testing.assert_allclose(mass[0], brute_force(model, ids, ANSWERS), atol=1e-5, rtol=0)
     for row, result in enumerate(scorer.score_batch([ids, ids[4:]], reuse_prefix=False)):
         np.testing.assert_allclose(mass[row] / mass[row].sum(), result.probs, atol=1e-5)

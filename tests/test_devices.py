@@ -371,8 +371,8 @@ def test_gpu_benchmark_dry_run_runs_every_line_a_gpu_run_runs(tmp_path):
     the speed targets not yet measured."""
     import os
 
-    from probekit.engines.hf.hook_libraries import HOOK_PACKAGES
-    from probekit.engines.hf.tiers import TIERS
+    from probekit.engines.hf.precision import TIERS
+    from probekit.engines.hook_libraries import HOOK_PACKAGES
 
     script = REPO / "benchmarks" / "gpu.py"
     out, seen_at = tmp_path / "gpu.json", tmp_path / "lines.json"

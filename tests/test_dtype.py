@@ -14,6 +14,7 @@ import torch
 
 import probekit
 from probekit.core.errors import ProbekitError
+from probekit.engines.base import describe_precision
 from probekit.engines.hf import precision
 from probekit.engines.hf.model import load_model, pick_dtype
 
@@ -142,7 +143,7 @@ def _tiny(tie: bool = False, pending: bool = False):
     tier not chosen yet (a fake GPU: the tiers run on the CPU, TF32 emulated)."""
     from conftest import tiny_llama
 
-    from probekit.engines.hf.tiers import TIERS
+    from probekit.engines.hf.precision import TIERS
     from probekit.engines.options import DEFAULT_TOLERANCE
 
     model = tiny_llama(tie=tie)
@@ -158,29 +159,27 @@ def _tiny_prompts(model, count: int = 3):
 
 @pytest.mark.default_model
 def test_a_cpu_offers_float32_alone_and_measures_nothing():
-    from probekit.engines.hf import tiers
-
     model = _tiny()
     record = model.meta["precision"]
-    assert tiers.offered_tiers(model) == ("float32",)
+    assert precision.offered_tiers(model) == ("float32",)
     assert record == {
-        "tolerance": tiers.DEFAULT_TOLERANCE,
+        "tolerance": precision.DEFAULT_TOLERANCE,
         "offered": ["float32"],
         "tier": "float32",
         "tried": [],
         "note": "float32 is the fastest arithmetic on cpu: nothing to choose",
     }
     answers = probekit.AnswerSet.parse("0-10")
-    assert tiers.settle_precision(model, answers, _tiny_prompts(model)) is record
+    assert model.settle_precision(answers, _tiny_prompts(model)) is record
     assert model.describe()["precision"] is record
-    assert tiers.describe_precision(record) == (
+    assert describe_precision(record) == (
         "precision: float32 for tolerance 0.005 (float32 is the fastest arithmetic on cpu: "
         "nothing to choose)"
     )
 
 
 def test_tf32_rounding_is_to_nearest_with_ties_to_even():
-    from probekit.engines.hf.arithmetic import round_tf32
+    from probekit.engines.hf.precision import round_tf32
 
     ulp = 2.0**-10  # TF32's mantissa step at 1
     cases = {
@@ -206,16 +205,14 @@ def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_al
     mantissas do; a tolerance between two of them takes the fastest tier below it; a large one
     float16 with its LM head in float16 (float32 sums), bfloat16's the fallback; bfloat16 with
     the head in float32 gives the tied head its own float32 copy."""
-    from probekit.engines.hf import tiers
-
     answers = probekit.AnswerSet.parse("0-10")
     model = _tiny(tie=True, pending=True)
     prompts = _tiny_prompts(model)
     before = {n: p.detach().clone() for n, p in model.hf.named_parameters()}
-    record = tiers.choose_precision(model, prompts, answers, 0.0, tiers.TIERS)
+    record = precision.choose_precision(model, prompts, answers, 0.0, precision.TIERS)
     assert record["tier"] == "float32" and record["sample"] == 3 and "fallback" not in record
     error = {t["tier"]: t["max_prob_diff"] for t in record["tried"]}
-    assert list(error) == list(tiers.TIERS[:-1])
+    assert list(error) == list(precision.TIERS[:-1])
     assert not any(t["accepted"] for t in record["tried"])
     assert 0 < error["tf32"] < error["float16"] < error["bfloat16"]
     assert error["tf32+head"] < error["float16+head"] < error["bfloat16+head"]
@@ -225,12 +222,12 @@ def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_al
     assert all(torch.equal(before[n], after[n]) for n in before)
     assert model.hf.get_output_embeddings().weight is model.hf.get_input_embeddings().weight
     between = (error["tf32+head"] + error["float16+head"]) / 2
-    model.meta["precision"] = {"tolerance": between, "offered": list(tiers.TIERS)}
-    record = tiers.settle_precision(model, answers, prompts)
+    model.meta["precision"] = {"tolerance": between, "offered": list(precision.TIERS)}
+    record = model.settle_precision(answers, prompts)
     assert record["tier"] == "tf32+head" and model.meta["matmul"] == model.meta["head"] == "tf32"
     assert [t["accepted"] for t in record["tried"]] == [False, False, True]
     wide = _tiny(tie=True, pending=True)
-    record = tiers.choose_precision(wide, prompts, answers, 1.0, tiers.TIERS)
+    record = precision.choose_precision(wide, prompts, answers, 1.0, precision.TIERS)
     assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
     assert [t["tier"] for t in record["tried"]] == ["float16+head", "bfloat16+head"]
     assert wide.dtype == torch.float16 and wide.meta["fp32_parts"] == ["final norm"]
@@ -238,11 +235,11 @@ def test_the_tier_is_the_fastest_within_the_tolerance_on_a_device_that_offers_al
     head = wide.hf.get_output_embeddings().weight
     assert head is wide.hf.get_input_embeddings().weight and head.dtype == torch.float16
     assert wide.describe()["dtype"] == "float16" and wide.describe()["precision"] is record
-    line = tiers.describe_precision(record)
+    line = describe_precision(record)
     assert "float16, LM head included (float32 final norm and sums) for tolerance 1" in line
     assert line.endswith("on overflow: bfloat16, LM head included (float32 final norm and sums)")
     kept = _tiny(tie=True, pending=True)  # bfloat16 with the head in float32: its own copy
-    record = tiers.choose_precision(kept, prompts, answers, 1.0, ("bfloat16", "float32"))
+    record = precision.choose_precision(kept, prompts, answers, 1.0, ("bfloat16", "float32"))
     assert record["tier"] == "bfloat16" and kept.meta["fp32_parts"] == ["final norm", "LM head"]
     assert kept.hf.get_output_embeddings().weight.dtype == torch.float32
     assert kept.hf.get_input_embeddings().weight.dtype == torch.bfloat16 and "head" not in kept.meta
@@ -254,8 +251,8 @@ def test_the_narrow_head_is_16_bit_products_summed_in_float32(monkeypatch):
     the sums float32 (against a float64 sum of the same rounded values); the LM head in float32
     differs from it by the rounding alone. A model whose weights are widened for its noise
     figure's reference runs its head in the wider dtype."""
-    from probekit.engines.hf.arithmetic import apply_tier
     from probekit.engines.hf.head import narrow_linear
+    from probekit.engines.hf.precision import apply_tier
 
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     weight = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
@@ -289,8 +286,6 @@ def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):
     refused (the overflow counted); outside it, the float16 tier is taken with its fallback, and
     the batch that overflows is scored again in the fallback, with one line, the same scores as
     the fallback tier gives."""
-    from probekit.engines.hf import tiers
-
     answers = probekit.AnswerSet.parse("0-10")
 
     def overflowing():
@@ -302,13 +297,13 @@ def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):
     model = overflowing()
     prompts = _tiny_prompts(model)
     hot = prompts[0] + [1000]
-    record = tiers.choose_precision(model, [*prompts, hot], answers, 1.0, tiers.TIERS)
+    record = precision.choose_precision(model, [*prompts, hot], answers, 1.0, precision.TIERS)
     assert record["tried"][0] == {"tier": "float16+head", "overflow": 1, "accepted": False}
     assert record["tier"] == "bfloat16+head" and "fallback" not in record
-    assert "overflowed on 1 prompt(s)" in tiers.describe_precision(record)
+    assert "overflowed on 1 prompt(s)" in describe_precision(record)
 
     model = overflowing()
-    record = tiers.choose_precision(model, prompts, answers, 1.0, tiers.TIERS)
+    record = precision.choose_precision(model, prompts, answers, 1.0, precision.TIERS)
     assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
     capsys.readouterr()
     scored = model.scorer(answers, epsilon=0.0).score_batch([prompts[1], hot])
@@ -316,9 +311,9 @@ def test_float16_overflow_is_refused_in_the_sample_and_falls_back_later(capsys):
     assert all(np.isfinite(r.valid_mass) for r in scored)
     assert model.dtype == torch.bfloat16 and model.meta["head"] == "bfloat16"
     assert record["tier"] == "bfloat16+head" and record["fell_back_from"] == "float16+head"
-    assert "fallback" not in record and tiers.UNDO not in model.meta
+    assert "fallback" not in record and precision.UNDO not in model.meta
     direct = overflowing()
-    tiers.apply_tier(direct, "bfloat16+head")
+    precision.apply_tier(direct, "bfloat16+head")
     for ours, theirs in zip(
         scored, direct.scorer(answers, epsilon=0.0).score_batch([prompts[1], hot]), strict=True
     ):
@@ -330,7 +325,6 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     """`probekit.score` chooses on its first window; a run on its numerics sample, or keeps
     the tier of the run it resumes (fake device offering every tier, as above)."""
     from probekit.core.rundir import RunDir
-    from probekit.engines.hf import tiers
     from probekit.run.numerics import settle_run_precision
 
     model = _tiny(pending=True)
@@ -347,7 +341,7 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     assert record["tier"] == fresh.meta["precision"]["tier"] == "float16+head"
     assert settle_run_precision(fresh, probe, tmp_path / "new") is None  # chosen already
     RunDir(tmp_path / "old").make()
-    earlier = {"tier": "bfloat16", "tried": [], "tolerance": tiers.DEFAULT_TOLERANCE}
+    earlier = {"tier": "bfloat16", "tried": [], "tolerance": precision.DEFAULT_TOLERANCE}
     RunDir(tmp_path / "old").write_manifest({"precision": earlier})
     resumed = _tiny(pending=True)
     kept = settle_run_precision(resumed, probe, tmp_path / "old")
@@ -356,7 +350,7 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     other = _tiny(pending=True)  # loaded with another tolerance: chosen anew, not kept
     other.meta["precision"]["tolerance"] = 1e-9
     assert settle_run_precision(other, probe, tmp_path / "old")["tier"] == "float32"
-    assert tiers.keep_tier(_tiny(), {"tier": "bfloat16"}) is None  # a CPU: float32 chosen
+    assert _tiny().keep_precision({"tier": "bfloat16"}) is None  # a CPU: float32 chosen
 
 
 def test_dtype_and_tolerance_are_refused_together_before_loading(capsys):
@@ -384,16 +378,14 @@ def test_the_tiers_errors_on_the_default_model_and_the_pick():
     bfloat16 above it, so the default picks float16+head, with TF32 (head included) as the
     measured fallback; a tolerance of 0.05 takes bfloat16+head as the fallback (the H100
     measured TF32 at 1.3e-3 and bfloat16 at 0.015 on 72 prompts)."""
-    from probekit.engines.hf import tiers
-
     model = load_model("default")
     assert model.meta["precision"]["tier"] == "float32" and model.meta["precision"]["tried"] == []
     probe, prompts = _prompts(model, "intergroup", ["--events", "1"], 2)
-    record = tiers.choose_precision(model, prompts, probe.answers, None, tiers.TIERS)
+    record = precision.choose_precision(model, prompts, probe.answers, None, precision.TIERS)
     tried = {t["tier"]: t for t in record["tried"]}
     assert record["tier"] == "float16+head" and record["fallback"] == "tf32+head"
     assert list(tried) == ["float16+head", "bfloat16+head", "tf32+head"]
-    assert record["tolerance"] == tiers.DEFAULT_TOLERANCE == 0.005
+    assert record["tolerance"] == precision.DEFAULT_TOLERANCE == 0.005
     # measured here on 2 prompts: float16+head 9.3e-4, bfloat16+head 0.013, tf32+head 8.0e-4
     assert 0 < tried["float16+head"]["max_prob_diff"] <= 0.002
     assert 0 < tried["tf32+head"]["max_prob_diff"] <= 0.002
@@ -401,8 +393,8 @@ def test_the_tiers_errors_on_the_default_model_and_the_pick():
     assert tried["float16+head"]["max_abs_diff"] <= 0.3
     assert tried["bfloat16+head"]["max_abs_diff"] <= BF16_MAX_EXPECTED_DIFF
     assert model.dtype == torch.float16 and model.meta["head"] == "float16"
-    model.meta.pop(tiers.UNDO)()  # back to float32
-    record = tiers.choose_precision(model, prompts, probe.answers, 0.05, tiers.TIERS)
+    model.meta.pop(precision.UNDO)()  # back to float32
+    record = precision.choose_precision(model, prompts, probe.answers, 0.05, precision.TIERS)
     assert record["tier"] == "float16+head" and record["fallback"] == "bfloat16+head"
 
 
@@ -428,7 +420,7 @@ def test_the_tiers_a_device_offers(monkeypatch):
     model and on a CPU; the loaded dtype alone on a model loaded in bfloat16 (a fake CUDA
     device: nothing runs on it)."""
     from probekit.engines.hf.model import LoadedModel
-    from probekit.engines.hf.tiers import TIERS, offered_tiers
+    from probekit.engines.hf.precision import TIERS, offered_tiers
 
     cuda = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
@@ -453,8 +445,8 @@ def test_16_bit_products_sum_in_float32_on_cuda():
     """A 16-bit model's matrix products on CUDA add their partial sums in float32, as the CPU
     that measures the tiers does (cuBLAS's reduced-precision reductions off, restored after);
     nothing changes for a float32 model (a fake CUDA device: nothing runs on it)."""
-    from probekit.engines.hf.arithmetic import arithmetic
     from probekit.engines.hf.model import LoadedModel
+    from probekit.engines.hf.precision import arithmetic
 
     matmul = torch.backends.cuda.matmul
     flags = lambda: (  # noqa: E731

@@ -1,11 +1,20 @@
 """The engine seam: the transformers engine satisfies the protocol, engines are picked by name,
-and bad engine names or an engine without hooks give one line."""
+a new engine is one module and one registration (docs/extending.md's, run on a study without
+the transformers engine), and bad engine names or an engine without hooks give one line."""
 
 from __future__ import annotations
 
+import importlib.abc
+import json
+import sys
+
+import pandas as pd
 import pytest
 import torch
+from conftest import REPO
+from examples import python_blocks
 
+import probekit
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
@@ -66,6 +75,45 @@ def test_registered_engine_is_loaded_by_name_and_refuses_hooks(monkeypatch):
     with pytest.raises(ProbekitError) as err:
         engine.hookable()
     assert "fake" in str(err.value) and "\n" not in str(err.value)
+
+
+ENGINE_MODULE = "# probekit/engines/uniform.py"
+"""The first line of docs/extending.md's example engine, a module of its own."""
+ENGINE_PACKAGES = ("probekit.engines.hf", "probekit.engines.vllm")
+
+
+class EngineImportRefused(importlib.abc.MetaPathFinder):
+    """Refuses to import the engines' own modules (`ENGINE_PACKAGES`)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.startswith(ENGINE_PACKAGES):
+            raise ImportError(f"{name} imported by a run on another engine")
+
+
+def test_a_new_engine_is_one_module_and_one_registration(tmp_path, monkeypatch, minimal):
+    """docs/extending.md's uniform engine, written as its own module and registered by one line
+    of `ENGINES`, loads through `load_engine` and runs a study's exact scoring through the
+    protocol alone (an import of the transformers or vLLM engine's modules is refused here):
+    every answer scores 1/11, the gap is 0, and the manifest says there was no tier to choose
+    and no noise figure."""
+    page = REPO / "docs" / "extending.md"
+    (module,) = [b.code for b in python_blocks(page) if b.code.startswith(ENGINE_MODULE)]
+    (tmp_path / "uniform_engine.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(ENGINES, "uniform", "uniform_engine:load_uniform")
+    for name in [m for m in sys.modules if m.startswith(ENGINE_PACKAGES)]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [EngineImportRefused(), *sys.meta_path])
+    engine = load_engine("null", engine="uniform")
+    out = tmp_path / "run"
+    run = probekit.run_study(minimal, engine, out=out, days=2, numerics=2, quiet=True)
+    assert run.summary["gap"].tolist() == [0.0]
+    scores = pd.read_parquet(out / "scores.parquet")
+    probs = scores[[f"p::{k}" for k in range(11)]].to_numpy()
+    assert len(scores) == 4 and (probs == 1 / 11).all() and (scores["expected"] == 5).all()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["engine"] == "uniform" and manifest["precision"] is manifest["tier"] is None
+    assert manifest["numerics"] == {"dtype": "none", "note": "not measured"}
 
 
 def test_batches_back_off_on_out_of_memory():

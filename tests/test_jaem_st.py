@@ -348,10 +348,10 @@ def word_count_classifier() -> WordCountClassifier:
 
 @needs_data
 @pytest.mark.slow
-def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch, data):
+def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch, data, capsys):
     """The CE run end to end, plus free responses scored by a hand-made lexicon and a fake ERA
-    classifier (8 new tokens keep it quick); then the resume of responses.parquet."""
-    monkeypatch.setattr(responses, "load_engine", lambda *a, **k: smol)
+    classifier (8 new tokens keep it quick); then the resume of responses.parquet by the run,
+    which the report only reads."""
     lexicon = _handmade_lexicon(tmp_path / "handmade_vad.txt")
     out = tmp_path / "run"
     code = run_jaem(
@@ -406,8 +406,9 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
     assert "AE valence" in (out / "summary.md").read_text()
 
     # Resume: a responses file holding only sample 0 (as a run stopped there leaves it, its
-    # record kept) makes the report generate sample 1 only, and the same greedy text comes
-    # back; a complete file needs no model at all.
+    # record kept): the report generates nothing and says so in one line, reporting the one it
+    # has; the run generates sample 1 only, and the same greedy text comes back; a complete
+    # file needs no model at all.
     first = frame.copy()
     path = out / "responses.parquet"
     pq.write_table(pq.read_table(path).slice(0, 1), path, write_page_checksum=True)
@@ -419,15 +420,23 @@ def test_run_with_responses_ae_era_report_and_resume(tmp_path, smol, monkeypatch
         lambda m, items, *a: calls.append(len(items)) or real(m, items, *a),
     )
     manifest = json.loads((out / "manifest.json").read_text())
-    STUDY.report(pd.read_parquet(out / "scores.parquet"), out, manifest)
+    scores = pd.read_parquet(out / "scores.parquet")
+    capsys.readouterr()
+    rows = STUDY.report(scores, out, manifest)
+    said = [line for line in capsys.readouterr().out.splitlines() if "responses" in line]
+    assert calls == [] and said == [
+        "responses: 1 of 2 samples have none yet; run the same command again to generate them"
+    ]
+    assert rows[0]["n_responses"] == 1
+    STUDY.after_run(None, smol, scores, out, manifest)
     assert calls == [1]
     again = pd.read_parquet(out / "responses.parquet")
     assert again["response"].tolist() == first["response"].tolist()
-    STUDY.report(pd.read_parquet(out / "scores.parquet"), out, manifest)
+    STUDY.after_run(None, smol, scores, out, manifest)
     assert calls == [1]
     # Responses of another budget are not this run's: set aside and generated again.
     other = {**manifest, "responses": {**manifest["responses"], "max_new_tokens": 4}}
-    STUDY.report(pd.read_parquet(out / "scores.parquet"), out, other)
+    STUDY.after_run(None, smol, scores, out, other)
     assert calls == [1, 2] and (out / "responses.parquet.mismatched").is_file()
     assert (pd.read_parquet(path)["response_tokens"] == 4).all()
 

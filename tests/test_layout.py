@@ -1,6 +1,7 @@
 """The package's layers, read from its import graph (every import: function-level ones and those
 under `TYPE_CHECKING` included, since a type-only import ties two modules as much as any): no
-module imports from a later layer, and no import circle."""
+module imports from a later layer, nothing outside `probekit.engines` imports an engine's own
+modules, and no import circle."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ LAYERS = [
 ]
 """probekit's subpackages, lowest first: a module imports only from its own layer or earlier
 ones (`testing` holds oracles for tests and may import anything; nothing imports it)."""
+ENGINE_LAYERS = ("probekit.engines.hf", "probekit.engines.vllm")
+"""The engines' own modules, a layer of their own inside `engines`: only `probekit.engines` (its
+registry and loaders, another engine) imports them; everything above talks to the engine
+protocol (`probekit.engines.base`) and loads an engine by name (`load_engine`)."""
 TOP_LEVEL = {"__init__.py"}
 
 
@@ -87,6 +92,24 @@ def test_no_module_imports_from_a_later_layer():
             if target.startswith("probekit.testing") or (theirs is not None and theirs > mine):
                 upward.append(f"{module} -> {target}")
     assert not upward, "imports from a later layer:\n" + "\n".join(sorted(upward))
+
+
+def in_engine_layer(module: str) -> bool:
+    return any(module == name or module.startswith(f"{name}.") for name in ENGINE_LAYERS)
+
+
+def test_only_the_engines_package_imports_an_engine():
+    through = [
+        f"{module} -> {target}"
+        for module, targets in graph().items()
+        if not module.startswith(("probekit.engines.", "probekit.testing"))
+        and module != "probekit.engines"
+        for target in targets
+        if in_engine_layer(target)
+    ]
+    assert not through, "imports of an engine from outside probekit.engines:\n" + "\n".join(
+        sorted(through)
+    )
 
 
 def test_the_import_graph_has_no_circle():

@@ -20,8 +20,6 @@ from probekit import cli
 from probekit.core.answers import ANSWER_KINDS, AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
-from probekit.engines.hf.differentiable import node_log_probs
-from probekit.engines.hf.precision import final_norm
 from probekit.engines.trie import extension_masks
 from probekit.mechanism import lens as lens_module
 from probekit.mechanism.interventions import answer_nodes, score_with
@@ -117,17 +115,16 @@ def test_a_node_the_run_did_not_feed_is_dropped_mass(tiny):
     locs = [(0, len(prompt) - 1), *((0, node) for node in answer_nodes(scorer))]
     with hook_library(tiny, "transformer_lens"):
         _, values = score_with(scorer, [prompt], reads={hook: locs})
-        norm = final_norm(tiny.hf)
         hidden = values[hook].view(1, len(trie.nodes), -1)
         with torch.inference_mode():
-            (whole,) = layer_results(scorer, norm, hidden)
+            (whole,) = layer_results(scorer, hidden)
             # node "1" (its answers: 1, 10, 11, 12) left unfed, with everything below it
             node = trie.nodes[0].children[tiny.tokenizer.encode("1", add_special_tokens=False)[0]]
             below = {node} | {i for i, n in enumerate(trie.nodes) if _under(trie, i, node)}
             cut = hidden.clone()
             cut[0, sorted(below)] = torch.nan
-            (pruned,) = layer_results(scorer, norm, cut)
-            logp_node, _, _ = node_log_probs(scorer, norm(hidden))
+            (pruned,) = layer_results(scorer, cut)
+            logp_node, _, _ = scorer.read_nodes(hidden)
     lost = [a for a, answer in enumerate(ANSWERS.answers) if answer in ("1", "10", "11", "12")]
     kept = [a for a in range(len(ANSWERS)) if a not in lost]
     # the variant " 1" still reaches the lost answers through its own node

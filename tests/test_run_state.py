@@ -18,7 +18,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.items import Item
 from probekit.core.progress import silenced
 from probekit.core.store import INDEX
-from probekit.engines.base import ScoreResult, ScorerStats
+from probekit.engines.base import Engine, ScoreResult, ScorerStats
 from probekit.run.loop import run_probe
 from probekit.run.parts import scan_parts
 from probekit.studies.base import Probe
@@ -55,9 +55,10 @@ class GroupProbe(Probe):
         return {"events": self.events, **({} if self.forgetful else {"groups": self.groups})}
 
 
-class CountingEngine:
+class CountingEngine(Engine):
     """Scores every prompt with one fixed distribution that depends on `dtype` (so rows scored
-    under one dtype are told from another's), counting the prompts it scores."""
+    under one dtype are told from another's), counting the prompts it scores; an engine without
+    precision tiers (`Engine`'s answers)."""
 
     engine = name = "fake"
 

@@ -13,6 +13,7 @@ checks that it fits and refuses in one line naming the options that would.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from probekit.engines.options import PARALLEL, ModelOptions, model_conflict
 if TYPE_CHECKING:
     from probekit.engines.base import Engine
 
-__all__ = ["ENGINES", "PARALLEL", "load_engine"]
+__all__ = ["ENGINES", "PARALLEL", "load_engine", "run_in_engine_env"]
 
 
 @public(ModelOptions)
@@ -47,7 +48,7 @@ def load_engine(
     its options (a bad one is one line naming the keyword): `dtype` a name (`bfloat16`, `bf16`)
     or a `torch.dtype`, `device` a name or a `torch.device`.
     `tolerance`: the largest change of an answer probability the arithmetic may cause, by which
-    the hf engine picks its precision tier on a GPU (`probekit.engines.hf.tiers`; default
+    the hf engine picks its precision tier on a GPU (`probekit.engines.hf.precision`; default
     `DEFAULT_TOLERANCE`); `dtype` forces one instead.
 
     `device_map`, `max_memory` and `offload_folder` place the model over several devices with
@@ -73,3 +74,13 @@ def load_engine(
     module, loader = ENGINES[engine].split(":")
     load = getattr(importlib.import_module(module), loader)
     return load(model, device=device, dtype=dtype, **placement)
+
+
+def run_in_engine_env(engine: str, argv: Sequence[str]) -> None:
+    """Where `engine` lives in a Python environment of its own and not in this one (vLLM:
+    `./setup.sh --vllm`), run this same command line (`sys.argv`) there: the process is
+    replaced, so this returns only when there is nothing to do."""
+    if engine == "vllm":
+        from probekit.engines.vllm import run_in_vllm_env
+
+        run_in_vllm_env(argv)

@@ -5,8 +5,11 @@ An `Engine` encodes items into token ids, builds a `Scorer` for an answer set (i
 prompts exactly and, given a token budget, generates continuations: the paper-faithful view; its
 options are the fields of `probekit.engines.options.ScorerOptions`), decodes tokens back to
 text, describes itself for run manifests, and, where it has one, hands out the hookable model
-the mechanism needs. The transformers engine (`engines/hf/`) does all of it; an engine without
-hooks (vLLM) raises `hooks_unavailable(...)` from `hookable()`.
+the mechanism needs. Its arithmetic stays behind the seam too (`Precision`): the precision tier,
+chosen once by the error it causes or kept from a resumed run, and the noise figure a run
+reports. The transformers engine (`engines/hf/`) does all of it; an engine without hooks (vLLM)
+raises `hooks_unavailable(...)` from `hookable()`, and one without tiers inherits `Engine`'s
+answers (nothing to choose, no noise figure).
 """
 
 from __future__ import annotations
@@ -114,8 +117,48 @@ class Scorer(Protocol):
         ...
 
 
+TIER_LABELS = {
+    "float16+head": "float16, LM head included (float32 final norm and sums)",
+    "bfloat16+head": "bfloat16, LM head included (float32 final norm and sums)",
+    "tf32+head": "float32 with TF32 matmuls, LM head included",
+    "float16": "float16 (float32 final norm and LM head)",
+    "bfloat16": "bfloat16 (float32 final norm and LM head)",
+    "tf32": "float32 with TF32 matmuls",
+    "float32": "float32",
+}
+"""The precision tiers' names in words (`probekit.engines.hf.precision.TIERS`); a tier of
+another engine reads as its name."""
+
+
 @runtime_checkable
-class HookableModel(Protocol):
+class Precision(Protocol):
+    """The arithmetic a model scores in, chosen behind the seam. The bodies here are the answers
+    of a model without tiers (it scores as loaded: no record, nothing to choose or keep); the
+    transformers engine chooses among its tiers (`probekit.engines.hf.precision`)."""
+
+    @property
+    def precision(self) -> dict[str, Any] | None:
+        """The precision record (the tier, the tolerance it was chosen by, what was offered,
+        measured and tried; in the run manifest), None where there is none."""
+        return None
+
+    def settle_precision(
+        self, answers: AnswerSet, prompts: Sequence[Sequence[int]], seed: int = 0
+    ) -> dict[str, Any] | None:
+        """The tier, chosen once before scoring on a seeded sample of `prompts` (token ids) by
+        the tolerance the model was loaded with: the record (kept, and the same on a later
+        call), None for a model without tiers."""
+        return None
+
+    def keep_precision(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Put a model whose tier is not chosen yet in the tier of `record` (the run it resumes,
+        a Ray driver's choice) without measuring: the record kept, None where that does not
+        apply (no tiers, a tier chosen already, a tier this device does not offer)."""
+        return None
+
+
+@runtime_checkable
+class HookableModel(Precision, Protocol):
     """What the mechanism asks of a hookable model (`Engine.hookable()`; the transformers
     engine's `LoadedModel`): its layers, device and dtype, the tokenizer, the Hugging Face module
     (`hf`, for the head count, the width and nnsight's block layout), the two hook libraries'
@@ -173,10 +216,23 @@ class HookedScorer(Scorer, Protocol):
         """The results of one batch (one left-padded row per prompt without `reuse_prefix`)."""
         ...
 
+    def answer_mass(self, batch: Sequence[Sequence[int]]) -> Any:
+        """The unnormalised answer probabilities [rows, answers] of a batch (a float64 tensor),
+        differentiable in every activation of the prompts: what attribution differentiates."""
+        ...
+
+    def read_nodes(self, hidden: Any) -> tuple[Any, Any, Any]:
+        """The residual stream at the trie's nodes ([rows, nodes, d_model]; node 0 the prompt's
+        last position) through the model's final norm and LM head: log P(node) [rows, nodes],
+        the stop log-probs [rows, nodes, rule] (what `TrieTables.answer_probs` multiplies) and
+        each node's most likely next token; what the logit lens reads at every layer."""
+        ...
+
 
 @runtime_checkable
-class Engine(Protocol):
-    """One loaded model behind one engine."""
+class Engine(Precision, Protocol):
+    """One loaded model behind one engine. An engine class may subclass this protocol to take
+    its bodies: those of `Precision` and `noise_figure` (an engine without tiers)."""
 
     engine: str  # the registry name: "hf", "vllm", ...
     name: str  # the model spec it was loaded from (`default`, a hub id, a path)
@@ -204,6 +260,21 @@ class Engine(Protocol):
         """Manifest fields: engine, model, model_source, weights, device, dtype."""
         ...
 
+    def noise_figure(
+        self,
+        prompts: Sequence[Sequence[int]],
+        answers: AnswerSet,
+        *,
+        seed: int,
+        epsilon: float,
+        own: Sequence[ScoreResult] | None = None,
+    ) -> dict[str, Any]:
+        """How far the exact scores of `prompts` (token ids) move when scored again in a wider
+        arithmetic at `epsilon`; `own`: the run's results of these prompts, not scored again.
+        The manifest's `numerics`: the dtypes and the largest differences, or a `note` saying
+        why there are none."""
+        return {"dtype": str(self.describe().get("dtype")), "note": "not measured"}
+
 
 def windows(prompts: Iterable[Sequence[int]], size: int) -> Iterator[list[Sequence[int]]]:
     """`prompts` in consecutive lists of `size` (the last one shorter), read as they are needed:
@@ -224,3 +295,29 @@ def hooks_unavailable(engine: str) -> ProbekitError:
         f"the {engine} engine has no hookable model, and capture, patching and attribution need "
         "one; load the model with the hf engine"
     )
+
+
+def describe_precision(record: Mapping[str, Any]) -> str:
+    """One line about a precision record: the tier, the tolerance, what was measured and tried."""
+    tier = TIER_LABELS.get(record.get("tier", ""), str(record.get("tier")))
+    if "tolerance" not in record:
+        return f"precision: {tier} ({record.get('note', 'given')})"
+    head = f"precision: {tier} for tolerance {record['tolerance']:g}"
+    tried = record.get("tried") or []
+    if not tried:
+        return f"{head} ({record.get('note', 'nothing measured')})"
+    parts = [f"{TIER_LABELS.get(t['tier'], t['tier'])} {_outcome(t)}" for t in tried]
+    line = f"{head}; on {record['sample']} prompts against float32: {'; '.join(parts)}"
+    if "fallback" in record:
+        line += f"; on overflow: {TIER_LABELS.get(record['fallback'], record['fallback'])}"
+    return line
+
+
+def _outcome(trial: Mapping[str, Any]) -> str:
+    """What one tier's measurement found, for `describe_precision`."""
+    if "failed" in trial:
+        return f"did not run ({trial['failed']})"
+    if "overflow" in trial:
+        return f"overflowed on {trial['overflow']} prompt(s)"
+    verdict = "accepted" if trial["accepted"] else "over the tolerance"
+    return f"moves an answer probability by {trial['max_prob_diff']:.2g} ({verdict})"

@@ -183,9 +183,19 @@ def visible_gpus() -> dict[str, int]:
     if not torch.cuda.is_available():
         return {}
     return {
-        f"cuda:{i}": torch.cuda.get_device_properties(i).total_memory
+        f"cuda:{i}": device_memory(torch.device("cuda", i))
         for i in range(torch.cuda.device_count())
     }
+
+
+def device_memory(device: Any) -> int | None:
+    """Bytes of memory of an accelerator (a `torch.device`; None where torch cannot say, e.g.
+    MPS)."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return None
 
 
 def physical_memory() -> int:

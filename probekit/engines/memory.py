@@ -24,6 +24,9 @@ sweeps it), and the scorer's window of prompts stays several batches long."""
 BATCH_SIZES = tuple(MAX_BATCH >> k for k in range(MAX_BATCH.bit_length()))
 """Batch sizes the plan tries, largest first: the powers of two from `MAX_BATCH` down to 1 (the
 scorer halves a batch that runs out of memory)."""
+FP32_MEMORY_SHARE = 0.5
+"""An accelerator runs a model in float32 by default when its float32 weights take at most this
+share of its memory (the rest holds the KV caches of the prompt and trie passes)."""
 LOGIT_BYTES = 12
 """Bytes per vocabulary entry of a prompt's answer position: float32 logits, float64
 log-probabilities."""
@@ -85,8 +88,6 @@ def plan_dtype(shape: Shape, sizes: Mapping[str, int], dtype: str | None) -> str
     """`dtype` by its name, else the policy's pick: float32 on the CPU and where its weights
     take at most `FP32_MEMORY_SHARE` of the first accelerator, else bfloat16."""
     if dtype is None:
-        from probekit.engines.hf.precision import FP32_MEMORY_SHARE
-
         first = next((b for d, b in sizes.items() if d != "cpu"), None)
         fits = first is None or 4 * shape.parameters <= FP32_MEMORY_SHARE * first
         dtype = "float32" if fits else "bfloat16"

@@ -47,6 +47,9 @@ the two faster tiers were measured to cause on the default model, each by a fact
 study's slice, 1.3e-3 on an H100; bfloat16 by at least 0.016, 0.015 on the H100), so that TF32
 is taken where it passes and bfloat16, which moves the intergroup Δ and ISEAR's max_diff by
 several times their 95 % interval's half-width, only when a run asks for it."""
+NOISE_SAMPLE = 8
+"""The most prompts a precision tier is chosen on (a seeded sample of the run's), and a run's
+noise figure measured on."""
 
 
 def _engine(value: Any) -> str:

@@ -26,6 +26,7 @@ from probekit.core.public import public
 from probekit.engines.devices import (
     check_map_modules,
     device_key,
+    device_memory,
     format_size,
     parse_device_map,
     parse_devices,
@@ -211,7 +212,7 @@ def check_before_load(
             devices["cpu"] = physical_memory()
     else:
         key = device_key(str(target))
-        devices = {key: torch.cuda.get_device_properties(torch.device(key)).total_memory}
+        devices = {key: device_memory(torch.device(key))}
     if not devices:
         return None
     try:

@@ -33,8 +33,8 @@ from probekit.core.progress import progress, silenced
 from probekit.core.prompts import parse_messages, read_prompts
 from probekit.core.public import public
 from probekit.core.signal import prefill_trap, weak_signal
-from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions, ScoreOptions
+from probekit.engines.base import Engine, describe_precision, windows
+from probekit.engines.options import ModelOptions, ScoreOptions, loaded_engine
 
 PRECISION_KEY = b"probekit.precision"
 """The Parquet metadata key of the precision record in `probekit score`'s output (JSON)."""
@@ -86,25 +86,19 @@ def score(
     return table
 
 
-def scoring_engine(model: Any) -> Any:
-    """The engine `model` names (`load_engine` for a spec) or is; one line for anything else."""
+def scoring_engine(model: Any, **load: Any) -> Engine:
+    """The engine `model` is, or the one it names loaded (`load_engine` with `load`); one line
+    for anything else."""
     from probekit.engines import load_engine
 
-    engine = load_engine(model) if isinstance(model, str | Path) else model
-    if not hasattr(engine, "scorer") or not hasattr(engine, "encode"):
-        raise ProbekitError(
-            f"model must be a loaded model or a model spec (`default`, a hub id, a folder, a "
-            f".gguf file); got {type(model).__name__}"
-        )
-    return engine
+    return loaded_engine(model) or load_engine(model, **load)
 
 
-def precision_of(engine: Any) -> dict[str, Any] | None:
-    """The arithmetic `engine` scored in: its precision record (the tier, the tolerance it was
-    chosen by, what was measured; `probekit.engines.hf.tiers`), None for an engine without."""
-    meta = getattr(engine, "meta", None)
-    record = meta.get("precision") if isinstance(meta, dict) else None
-    return dict(record) if isinstance(record, dict) else None
+def precision_of(engine: Engine) -> dict[str, Any] | None:
+    """A copy of the arithmetic `engine` scored in: its precision record (the tier, the tolerance
+    it was chosen by, what was measured), None for an engine without."""
+    record = engine.precision
+    return None if record is None else dict(record)
 
 
 def score_frames(
@@ -119,20 +113,17 @@ def score_frames(
 ) -> Iterator[pd.DataFrame]:
     """`score`'s rows, a DataFrame per `window` items (bounded memory for large files). Before
     the first is scored, a model whose precision tier is not chosen yet gets it on a sample of
-    the first window (`probekit.engines.hf.tiers.settle_precision`), and the tier it scores in
-    is said in one line on stderr (`describe_precision`; a tier measured now is said by the
-    measurement's own line)."""
-    from probekit.engines.base import windows
-    from probekit.engines.hf.tiers import describe_precision, settle_precision
-
+    the first window (`Engine.settle_precision`), and the tier it scores in is said in one line
+    on stderr (`describe_precision`; a tier measured now is said by the measurement's own
+    line)."""
     engine = scoring_engine(model)
     answer_set = as_answer_set(answers)
     scorer = None
     for chunk in windows(items, window):
         ids = [engine.encode(item).input_ids for item in chunk]
         if scorer is None:
-            chosen = "tier" in (precision_of(engine) or {})
-            record = settle_precision(engine, answer_set, ids)
+            chosen = "tier" in (engine.precision or {})
+            record = engine.settle_precision(answer_set, ids)
             if record is not None and (chosen or not record.get("tried")):  # else said already
                 print(f"probekit: {describe_precision(record)}", file=sys.stderr)
             scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
@@ -199,15 +190,13 @@ def score_file(
     Args:
         load: `load_engine`'s keywords for a model spec."""
     from probekit.core.io import ParquetStream
-    from probekit.engines import load_engine
 
     if trap := prefill_trap(prefill):
         warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
-    load = {key: value for key, value in load.items() if value is not None}
-    engine = load_engine(model, **load) if isinstance(model, str | Path) else model
+    engine = scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
     masses: list[float] = []
     with (
         silenced(quiet),

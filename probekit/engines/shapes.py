@@ -87,6 +87,31 @@ def meta_model(model: str) -> tuple[Any, str]:
     return hf, name
 
 
+def parameter_count(spec: str) -> int | None:
+    """Weights of model `spec` (as `load_model` takes it) without loading them: a GGUF's tensor
+    shapes, else the config's model built on the meta device; None when neither can be read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from probekit.engines.hf.gguf import converted_cache_dir, default_gguf_path
+
+    try:
+        path = default_gguf_path() if spec == "default" else Path(spec).expanduser()
+        if path.suffix == ".gguf":
+            converted = converted_cache_dir(path)  # after the first load; else read the GGUF
+            if not (converted / "config.json").is_file():
+                from gguf import GGUFReader
+
+                return sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors)
+            spec = str(converted)
+        config = AutoConfig.from_pretrained(spec)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, ImportError, ProbekitError):
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
 def shape_of(hf: Any, name: str) -> Shape:
     """The shape of a transformers model (on any device, the meta device included)."""
     return Shape.of(hf.config, name, sum(p.numel() for p in hf.parameters()))

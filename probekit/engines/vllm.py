@@ -42,7 +42,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
 from probekit.core.paths import user_cache_dir
-from probekit.engines.base import ScoreResult, ScorerStats, hooks_unavailable, windows
+from probekit.engines.base import Engine, ScoreResult, ScorerStats, hooks_unavailable, windows
 from probekit.engines.hf.model import LoadedModel, load_model
 from probekit.engines.options import ScorerOptions
 
@@ -151,8 +151,9 @@ def exact_copy_placement(
 
 
 @dataclass
-class VllmEngine:
-    """vLLM for generation, the transformers engine `exact` for encoding and exact scores.
+class VllmEngine(Engine):
+    """vLLM for generation, the transformers engine `exact` for encoding and exact scores (and
+    their noise figure; the precision tiers are the hf engine's alone: `Engine`'s answers).
 
     `text` is the transformers engine's model as far as encoding needs it (tokenizer, config,
     chat template; built without weights by `load_vllm`); `load_exact` loads the copy with the
@@ -195,6 +196,13 @@ class VllmEngine:
         """Exact scores from the transformers engine (its copy loads at the first score);
         continuations from vLLM (`options` are `ScorerOptions`' keywords)."""
         return VllmScorer(self, answers, ScorerOptions(**options))
+
+    def noise_figure(
+        self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
+    ) -> dict[str, Any]:
+        """The exact scores' noise figure: the transformers copy's (`options`:
+        `Engine.noise_figure`'s keywords)."""
+        return self.exact.noise_figure(prompts, answers, **options)
 
     def describe(self) -> dict[str, Any]:
         """The transformers engine's fields, the engine named `vllm`, vLLM's parallel sizes and

@@ -32,7 +32,6 @@ from probekit.core.items import EncodedItem, Item
 from probekit.core.options import SeedOption, default_of
 from probekit.core.progress import silenced
 from probekit.core.public import public
-from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
@@ -117,7 +116,7 @@ def patch(
         heads or range(n_heads(model)),
     )
     check(model, pairs, patches)
-    settle_precision(model, answers, [p.input_ids for pair in pairs for p in pair])
+    model.settle_precision(answers, [p.input_ids for pair in pairs for p in pair])
     epsilon = default_of(EpsilonOption, "epsilon", "patch")  # exact distributions
     scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
     if method == "exact":

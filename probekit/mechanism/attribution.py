@@ -32,7 +32,6 @@ from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import given
 from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer, ScoreResult
-from probekit.engines.hf.differentiable import answer_mass
 from probekit.mechanism.components import (
     COMPONENT,
     Job,
@@ -179,7 +178,7 @@ def _pass(
     )
     with bridged(scorer.model) as bridge:  # the backward recomputes the head: bridge installed
         with torch.set_grad_enabled(grad), bridge.hooks(fwd_hooks=[(h, hook_fn(h)) for h in hooks]):
-            mass = answer_mass(scorer, batch)
+            mass = scorer.answer_mass(batch)
             values = (mass / mass.sum(-1, keepdim=True) * weights).sum(-1)
         missing = [h for h in hooks if h not in seen]
         if missing:

@@ -45,9 +45,6 @@ from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
 from probekit.core.public import public
 from probekit.engines.base import HookedScorer, ScoreResult
-from probekit.engines.hf.differentiable import node_log_probs
-from probekit.engines.hf.precision import final_norm
-from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.interventions import Loc, answer_nodes, score_with
@@ -96,10 +93,9 @@ def lens_batch(
     hooks = {layer: f"blocks.{layer}.{SITE}" for layer in layers}
     with hook_library(scorer.model, "transformer_lens"):
         finals, values = score_with(scorer, batch, reads={h: locs for h in hooks.values()})
-        norm = final_norm(scorer.model.hf)  # the bridge's while it is installed: the run's own
-        with torch.inference_mode():
+        with torch.inference_mode():  # read in the bridge: its final norm, the run's own
             read = [
-                layer_results(scorer, norm, values[hooks[layer]].view(len(batch), nodes, -1))
+                layer_results(scorer, values[hooks[layer]].view(len(batch), nodes, -1))
                 for layer in layers
             ]
     return [
@@ -108,15 +104,12 @@ def lens_batch(
     ]
 
 
-def layer_results(scorer: HookedScorer, norm: Any, hidden: torch.Tensor) -> list[ScoreResult]:
+def layer_results(scorer: HookedScorer, hidden: torch.Tensor) -> list[ScoreResult]:
     """Each row's answer distribution from the residual stream at its trie nodes ([rows, nodes,
     d_model], node 0 the prompt's last position; NaN at a node the run did not feed)."""
     fed = ~torch.isnan(hidden).any(-1)
     hidden = torch.where(fed[..., None], hidden, 0)
-    if norm is not None:
-        weight = next(norm.parameters(), None)  # a dispatched model's norm may sit elsewhere
-        hidden = norm(hidden.to(weight.device if weight is not None else hidden.device))
-    logp_node, stop_logp, top = node_log_probs(scorer, hidden.to(scorer.model.device))
+    logp_node, stop_logp, top = scorer.read_nodes(hidden)
     unfed = ~fed.to(logp_node.device)
     tables = scorer.trie_pass.tables
     parent = tables.ancestors[:, 0].clamp(min=0)  # -1 (the root's children) -> the root, fed
@@ -196,7 +189,7 @@ def lens(
     encoded = encode_prompts(model, prompts, "read")
     answer_set = answers if isinstance(answers, AnswerSet) else AnswerSet.parse(answers)
     ids = [e.input_ids for e in encoded]
-    settle_precision(model, answer_set, ids)
+    model.settle_precision(answer_set, ids)
     scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
     with silenced(quiet), track(len(ids), "prompt", "lens", "fewer layers or prompts") as bar:
         found = logit_lens(scorer, ids, chosen, batch_size, bar)

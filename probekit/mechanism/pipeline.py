@@ -41,7 +41,6 @@ from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_n
 from probekit.core.kinds import choice, int_list, positive_int, text
 from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
-from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import EpsilonOption
 from probekit.mechanism import attribution, capture, directions, mediation, patching
 from probekit.mechanism.components import Patch, check, grid
@@ -180,7 +179,7 @@ def run_patch(
     layers = chosen_layers(model, request.layers or None, "patch")
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     encoded = [model.encode(item) for item in items]
-    settle_precision(model, probe.answers, [e.input_ids for e in encoded])
+    model.settle_precision(probe.answers, [e.input_ids for e in encoded])
     pairs = study.pairs(probe, encoded)
     if request.per_position:
         spans = single_positions(spans, pairs)

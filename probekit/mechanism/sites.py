@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from probekit.core.errors import ProbekitError
-from probekit.engines.hf.hook_libraries import HOOK_PACKAGES, require
+from probekit.engines.hook_libraries import HOOK_PACKAGES, require
 
 HOOK_LIBRARIES: tuple[str, ...] = tuple(HOOK_PACKAGES)
 

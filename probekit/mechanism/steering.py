@@ -50,7 +50,6 @@ from probekit.core.progress import silenced
 from probekit.core.public import public
 from probekit.core.signal import is_weak, weak_under
 from probekit.engines.base import ScoreResult
-from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
@@ -466,7 +465,7 @@ def steer(
     vectors = as_vectors(model, vector, targets)
     check_strength(model.dtype, vectors, alphas)
     encoded = encode_prompts(model, prompts, "steer")
-    settle_precision(model, answers, [e.input_ids for e in encoded])
+    model.settle_precision(answers, [e.input_ids for e in encoded])
     scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
     with silenced(quiet):
         table = steering_table(

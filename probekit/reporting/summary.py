@@ -16,6 +16,7 @@ from typing import Any
 from probekit.core.options import given
 from probekit.core.rundir import RunDir
 from probekit.core.signal import weak_signal
+from probekit.engines.base import describe_precision
 
 SAMPLE_LINE = (
     "**SAMPLE DATA, not the study's data set.** The rows whose `data` says \"probekit's own "
@@ -37,8 +38,6 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
             partial.append(f"- {where}: {line}")
         precision = manifest.get("precision")
         if isinstance(precision, dict) and "tier" in precision:
-            from probekit.engines.hf.tiers import describe_precision
-
             numerics.append(f"- {where}: {describe_precision(precision)}")
         figure = manifest.get("numerics")
         if isinstance(figure, dict):
@@ -77,12 +76,20 @@ def describe_limit(manifest: Mapping[str, Any]) -> str | None:
 
 
 def describe_numerics(figure: dict[str, Any]) -> str:
-    """One line about a run's noise figure (`manifest["numerics"]`)."""
-    if "max_abs_diff" in figure:
-        from probekit.engines.hf.precision import describe_noise
-
-        return describe_noise(figure)
-    return f"numerics: scored in {figure.get('dtype')}; noise {figure.get('note', 'not measured')}"
+    """One line about a run's noise figure (`manifest["numerics"]`): the dtype, the reference
+    and the largest differences, or why there are none."""
+    if "max_abs_diff" not in figure:
+        note = figure.get("note", "not measured")
+        return f"numerics: scored in {figure.get('dtype')}; noise {note}"
+    what = "expected value" if figure["score"] == "expected" else "answer probability"
+    changes = figure["most_probable_changes"]
+    return (
+        f"numerics: scored in {figure['dtype']} on {figure['device']}; against "
+        f"{figure['reference_dtype']} on {figure['sample']} seeded prompts the {what} moves by "
+        f"at most {figure['max_abs_diff']:.2g}, the valid mass by "
+        f"{figure['max_valid_mass_rel_diff']:.2g} (relative); "
+        f"{changes} most probable answer(s) change"
+    )
 
 
 def mean_valid_mass(folder: Path) -> float | None:

@@ -49,7 +49,6 @@ from probekit.core.rundir import RowKey, RunDir
 from probekit.core.store import INDEX, say, take_rows
 from probekit.engines import load_engine
 from probekit.engines.base import Engine, ScoreResult
-from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import ModelOptions
 from probekit.mechanism.api import hookable
 from probekit.mechanism.lens import LensOptions, LensResult, logit_lens
@@ -132,7 +131,7 @@ def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
     layers = sorted(set(layer_indices(model, given if given else chosen)))
     encoded = [model.encode(item, probe.as_string) for item in items]
     if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
-        settle_precision(model, probe.answers, [p.input_ids for p in encoded])
+        model.settle_precision(probe.answers, [p.input_ids for p in encoded])
     manifest = settings(study, probe, ids, args, layers, model)
     manifest["command"] = "probekit lens" if on_command_line() else "probekit.lens_study"
     run.make()

@@ -1,8 +1,8 @@
 """Every run states its arithmetic and its numeric noise: the precision tier it scores in, chosen
 before scoring by the error it was measured to cause (`settle_run_precision`, manifest field
-`precision`), the dtype its exact scores were computed in, and how far a seeded sample of its
-prompts moves when re-scored in a wider dtype (`probekit.engines.hf.precision.noise_figure`).
-`probekit run` records both in each run's `manifest.json` (fields `precision` and `numerics`);
+`precision`), and how far a seeded sample of its prompts moves when scored again in a wider
+dtype (`Engine.noise_figure`, manifest field `numerics`). The engine does both (the engine
+protocol's `Precision`); this module picks the run's prompts and keeps the records.
 `Study.write_summary` adds one line per run to `summary.md` (`probekit.reporting.summary`).
 
 The sample scales with the run (`sample_size`): one prompt per `PROMPTS_PER_SAMPLE` (200) of the
@@ -24,15 +24,8 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.rundir import RunDir
-from probekit.engines.base import ScoreResult
-from probekit.engines.hf.model import LoadedModel
-from probekit.engines.hf.precision import (
-    NOISE_SAMPLE,
-    dtype_name,
-    noise_figure,
-    reference_dtype,
-)
-from probekit.engines.hf.tiers import keep_tier, settle_precision
+from probekit.engines.base import Engine, HookableModel, ScoreResult
+from probekit.engines.options import NOISE_SAMPLE
 from probekit.studies.base import Probe
 
 FIELD = "numerics"
@@ -48,61 +41,51 @@ def sample_size(prompts: int, requested: int | str = "auto") -> int:
 
 
 def settle_run_precision(
-    model: Any, probe: Probe, folder: Path, seed: int = 0
+    model: Engine, probe: Probe, folder: Path, seed: int = 0
 ) -> dict[str, Any] | None:
     """Before a run of `probe` scores: the precision tier of the run being resumed in `folder`
-    (its manifest's `precision`, kept without measuring), else the tier
-    `tiers.settle_precision` chooses on the run's numerics sample: `NOISE_SAMPLE` of its
-    prompts, seeded by the run's seed. The record, or None where nothing is chosen (another
-    engine, or a tier chosen already)."""
-    exact = model if isinstance(model, LoadedModel) else None
-    if exact is None or "tier" in exact.meta.get("precision", {}):
-        return None
-    if kept := keep_resumed_tier(exact, folder):
+    (`keep_resumed_tier`), else the tier `model` chooses on the run's numerics sample:
+    `NOISE_SAMPLE` of its prompts, seeded by the run's seed. The record, or None where nothing
+    is chosen (an engine without tiers, or a tier chosen already)."""
+    if "tier" in (model.precision or {}):
+        return None  # chosen already
+    if kept := keep_resumed_tier(model, folder):
         return kept
     total = len(probe)
     picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
     items = [item for i, item in enumerate(probe.items()) if i in picked]
-    prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
-    return settle_precision(exact, probe.answers, prompts, seed)
+    prompts = [model.encode(item, probe.as_string).input_ids for item in items]
+    return model.settle_precision(probe.answers, prompts, seed)
 
 
-def keep_resumed_tier(model: Any, folder: Path) -> dict[str, Any] | None:
+def keep_resumed_tier(model: Engine | HookableModel, folder: Path) -> dict[str, Any] | None:
     """The precision tier of the run `folder` holds (its manifest's `precision`), put on `model`
-    without measuring (`tiers.keep_tier`), so that a resumed run's rows are all scored in one
+    without measuring (`keep_precision`), so that a resumed run's rows are all scored in one
     tier; None where there is no such run, it chose its tier by another tolerance than the one
     `model` was loaded with (this run chooses anew, and its manifest's `tolerance` refuses the
     resume), or the tier cannot be kept."""
     earlier = (RunDir(folder).read_manifest() or {}).get("precision")
-    own = getattr(model, "meta", {}).get("precision", {})
+    own = model.precision or {}
     if not isinstance(earlier, dict) or earlier.get("tolerance") != own.get("tolerance"):
         return None
-    return keep_tier(model, earlier)
+    return model.keep_precision(earlier)
 
 
 def record_numerics(
-    model: Any, probe: Probe, scores: pd.DataFrame, folder: RunDir, sample: int | str = "auto"
+    model: Engine, probe: Probe, scores: pd.DataFrame, folder: RunDir, sample: int | str = "auto"
 ) -> dict[str, Any]:
     """Measure the run's noise figure on `sample_size` of its prompts (seeded by the run's
     seed), store it in the manifest of the run in `folder` (field `numerics`) and return it.
 
     The sample's rows are compared with the same prompts (in explain mode with their
-    explanation and answer cue) scored in `reference_dtype` at the run's epsilon. An engine
-    without a transformers model for its exact view, or a float64 reference the device lacks
-    (MPS), records the dtype and why no figure is given; so does a sample of 0 prompts."""
+    explanation and answer cue) scored again in a wider dtype at the run's epsilon
+    (`Engine.noise_figure`, which says why where it gives none); a sample of 0 prompts records
+    the dtype and why."""
     manifest = folder.manifest
     count = sample_size(len(scores), sample)
-    exact = model if isinstance(model, LoadedModel) else getattr(model, "exact", None)
     if count == 0:
         why = "skipped (numerics=0)" if sample != "auto" else "skipped: under 200 prompts"
         figure: dict[str, Any] = {"dtype": str(model.describe().get("dtype")), "note": why}
-    elif not isinstance(exact, LoadedModel):
-        figure = {
-            "dtype": str(model.describe().get("dtype")),
-            "note": "not measured",
-        }
-    elif exact.device.type == "mps" and reference_dtype(exact.dtype).itemsize == 8:
-        figure = {"dtype": dtype_name(exact.dtype), "note": "MPS has no float64 to measure against"}
     else:
         picked = _sample(scores, manifest.get("seed", 0), count)
         rows = scores.set_index("prompt_index").loc[picked]
@@ -115,11 +98,11 @@ def record_numerics(
                 replace(item, prefill=item.prefill + text + cue)
                 for item, text in zip(items, rows["explanation"], strict=True)
             ]
-        prompts = [exact.encode(item, probe.as_string).input_ids for item in items]
+        prompts = [model.encode(item, probe.as_string).input_ids for item in items]
         own = [ScoreResult.from_row(row, probe.answers) for row in rows.to_dict("records")]
         epsilon = float(manifest.get("epsilon", 0.0))
-        figure = noise_figure(exact, prompts, probe.answers, epsilon=epsilon, own=own)
-        figure["fp32_parts"] = exact.meta.get("fp32_parts", [])
+        seed = manifest.get("seed", 0)
+        figure = model.noise_figure(prompts, probe.answers, seed=seed, epsilon=epsilon, own=own)
     folder.update_manifest(**{FIELD: figure})
     return figure
 

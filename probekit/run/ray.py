@@ -45,7 +45,6 @@ from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.engines.hf.tiers import keep_tier
 from probekit.engines.options import ModelOptions
 from probekit.run.pace import pace_key
 from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring
@@ -243,7 +242,7 @@ def load_in_tier(
     """An actor's engine: `spec` loaded on `engine`, put in the tier of `precision` (the run's
     manifest field, chosen by the driver) where the actor's device offers it."""
     loaded = load_engine(spec, engine=engine, device=device, dtype=dtype)
-    keep_tier(loaded, precision)
+    loaded.keep_precision(precision)
     return loaded
 
 

@@ -46,7 +46,6 @@ from probekit.core.signal import is_weak
 from probekit.core.store import say, take_rows, write_rows
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import ModelOptions
 from probekit.mechanism import steering, vectors
 from probekit.mechanism.sites import chosen_layers, hook_library
@@ -160,7 +159,7 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     layers = chosen_layers(model, args.layers or None, "steer")
     encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
     if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
-        settle_precision(model, probe.answers, [p.input_ids for p in encoded])
+        model.settle_precision(probe.answers, [p.input_ids for p in encoded])
     for prompt in encoded:
         steering.prompt_positions(prompt, args.positions, span)
     targets = [(name, layer) for layer in layers for name in sites]

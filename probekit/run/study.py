@@ -150,17 +150,15 @@ def run_parsed(
     """Run `study` as its checked options say (`run_command`'s values: the models, the run's
     options, the study's own), on each model or on `engine`: one `Run` per model (none on a
     process of a distributed launch that is not the main one)."""
-    from probekit.engines import load_engine
+    from probekit.engines import load_engine, run_in_engine_env
     from probekit.reporting import write_pages
     from probekit.run.distributed import detect_launch
     from probekit.run.loop import prepare_run_dir
     from probekit.run.shards import Shard
 
     models, options, own = parsed
-    if models[0].engine == "vllm" and engine is None:
-        from probekit.engines.vllm import run_in_vllm_env
-
-        run_in_vllm_env(sys.argv)  # vLLM lives in its own environment (./setup.sh --vllm)
+    if engine is None:
+        run_in_engine_env(models[0].engine, sys.argv)  # vLLM's (./setup.sh --vllm)
     started = time.time()
     launch = detect_launch()
     say: Say = print if launch.is_main else (lambda *a, **k: None)

@@ -12,16 +12,15 @@
 - `decoding`: greedy or sampled continuations with the study's stop rule
 - `head`: the LM head on the positions read, in its tier's arithmetic; float64-accurate
   vocabulary sums
-- `hook_libraries`: the packages of the hook libraries (TransformerLens, nnsight); one line where
-  one is missing
 - `forward`: the transformer body's forward, the device-synchronised clock and the event
   stopwatch
 - `cache`: the KV-cache operations (truncate, select rows, repeat rows, copy)
 - `attention`: boolean masks as additive masks; grouped-query SDPA on the CPU
-- `precision`: the float32 answer head under reduced-precision weights; the noise figure
-- `arithmetic`: what each precision tier computes in (TF32, 16-bit heads), putting a model in one
-- `tiers`: the tier a run scores in, chosen by its measured error; float16's fallback
-- `differentiable`: the same answer distribution in one pass with autograd (attribution)
+- `precision`: the precision tiers (what each computes in, putting a model in one), the tier a
+  run scores in (chosen by its measured error, or kept from the run it resumes; float16's
+  fallback), the float32 head under 16-bit weights, and the noise figure
+- `differentiable`: the same answer distribution in one pass with autograd (attribution), and
+  the final norm and LM head on any layer's residual stream (the logit lens)
 - `reference`: slow references (brute force, shared-prefix peer, loglik, transformers generate)
 - `synthetic`: random-weight models for speed measurements
 """

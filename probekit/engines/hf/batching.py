@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from probekit.engines.hf.precision import device_memory, dtype_name
+from probekit.engines.devices import device_memory
+from probekit.engines.hf.precision import dtype_name
 from probekit.engines.memory import batch_for
 from probekit.engines.shapes import shape_of
 

@@ -12,6 +12,10 @@ so the float64 vocabulary-wide sums are recomputed in the backward pass instead 
 A patch in the engine acts on the prompt pass, and the trie pass reads the patched KV cache;
 here an edit of a prompt column is seen by the node columns through attention in the same way,
 so the two compute the same function of the prompt's activations.
+
+`read_nodes` is the same head on any residual stream at the trie's nodes (the logit lens's, at
+every layer). `HFScorer.answer_mass` and `HFScorer.read_nodes` are these, behind the engine
+protocol's `HookedScorer`.
 """
 
 from __future__ import annotations
@@ -26,16 +30,17 @@ from probekit.core.padding import left_pad, positions
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import HEAD_CHUNK, lm_head, vocabulary_sums
-from probekit.engines.hf.scorer import HFScorer
+from probekit.engines.hf.precision import final_norm
+from probekit.engines.hf.trie_pass import TriePass
 
 
-def answer_mass(scorer: HFScorer, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+def answer_mass(trie_pass: TriePass, batch: Sequence[Sequence[int]]) -> torch.Tensor:
     """Unnormalised P(answer) [rows, answers] (float64, differentiable) of each prompt.
 
     Prompts are left-padded to the batch width W: position p of a prompt of length n sits at
     column W - n + p of every activation in the forward (the trie nodes follow from column W).
     """
-    model, t = scorer.model, scorer.trie_pass.tables
+    model, t = trie_pass.model, trie_pass.tables
     dev = model.device
     n = len(batch)
     ids, mask = left_pad(batch, model.tokenizer.pad_token_id, dev)
@@ -47,12 +52,24 @@ def answer_mass(scorer: HFScorer, batch: Sequence[Sequence[int]]) -> torch.Tenso
     attend = additive_mask(_tree_mask(mask.bool(), t.ancestors), model.dtype)
     hidden, _ = body(model, tokens, attend, position_ids)
     node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
-    logp_node, stop_logp, _ = node_log_probs(scorer, node_hidden)
+    logp_node, stop_logp, _ = node_log_probs(trie_pass, node_hidden)
     return t.answer_probs(logp_node, stop_logp)
 
 
+def read_nodes(
+    trie_pass: TriePass, hidden: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`node_log_probs` of the residual stream at the trie's nodes ([rows, nodes, d_model]) after
+    the model's final norm: the one `hf` runs now (the bridge's while it is installed)."""
+    norm = final_norm(trie_pass.model.hf)
+    if norm is not None:
+        weight = next(norm.parameters(), None)  # a dispatched model's norm may sit elsewhere
+        hidden = norm(hidden.to(weight.device if weight is not None else hidden.device))
+    return node_log_probs(trie_pass, hidden.to(trie_pass.model.device))
+
+
 def node_log_probs(
-    scorer: HFScorer, node_hidden: torch.Tensor
+    trie_pass: TriePass, node_hidden: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the final hidden state at every trie node ([rows, nodes, d_model]; node 0, the root,
     is the prompt's last position): log P(node) [rows, nodes] and the stop log-probs [rows,
@@ -60,16 +77,16 @@ def node_log_probs(
     probabilities, and each node's most likely next token [rows, nodes]. The LM head and the
     vocabulary sums are the engine's (`lm_head`, `vocabulary_sums`); differentiable in
     `node_hidden`. What `answer_mass` reads after its one forward, and what the logit lens
-    reads from each layer (`probekit.mechanism.lens`)."""
-    t = scorer.trie_pass.tables
+    reads from each layer (`read_nodes`)."""
+    t = trie_pass.tables
     n, nodes = node_hidden.shape[:2]
     flat = node_hidden.reshape(n * nodes, -1)
-    terms, top = _node_terms(scorer, flat, t.child_token.repeat(n, 1))
+    terms, top = _node_terms(trie_pass, flat, t.child_token.repeat(n, 1))
     terms = terms.view(n, nodes, -1)
     log_z = terms[..., :1]
     stop_logp = terms[..., 1:3] - log_z  # [n, nodes, rule]
     child_logp = terms[..., 3:] - log_z  # [n, nodes, children]
-    parent, slot = _parent_slots(scorer)
+    parent, slot = _parent_slots(trie_pass)
     root = torch.zeros(n, 1, dtype=torch.float64, device=terms.device)
     edge = torch.cat([root, child_logp[:, parent[1:], slot[1:]]], dim=1)  # log P(node | parent)
     # log P(node) = its own edge + its ancestors' edges (ancestors below the root; -1 -> edge 0 = 0)
@@ -97,7 +114,7 @@ def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
 
 
 def _node_terms(
-    scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor
+    trie_pass: TriePass, hidden: torch.Tensor, child_token: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 [rows, 3 + children]: log Z, log of the stop sums of both rules, child logits;
     and each row's most likely token. Under autograd each chunk is checkpointed."""
@@ -105,29 +122,29 @@ def _node_terms(
     if torch.is_grad_enabled():
         run = functools.partial(checkpoint, _head_chunk, use_reentrant=False)
     chunks = [
-        run(scorer, hidden[i : i + HEAD_CHUNK], child_token[i : i + HEAD_CHUNK])
+        run(trie_pass, hidden[i : i + HEAD_CHUNK], child_token[i : i + HEAD_CHUNK])
         for i in range(0, hidden.shape[0], HEAD_CHUNK)
     ]
     return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
 
 
 def _head_chunk(
-    scorer: HFScorer, hidden: torch.Tensor, child_token: torch.Tensor
+    trie_pass: TriePass, hidden: torch.Tensor, child_token: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's sums for a chunk of rows: exp(logits - max) times the ones and "does not
     extend" columns (the max is a constant shift, so it carries no gradient), and the argmax."""
-    logits = lm_head(scorer.model, hidden)
+    logits = lm_head(trie_pass.model, hidden)
     top, token = logits.max(-1)
     top = top.detach()[:, None]
-    blocks = scorer.trie_pass.columns.blocks
+    blocks = trie_pass.columns.blocks
     sums = vocabulary_sums((logits - top).exp(), blocks).log() + top.double()
     children = torch.gather(logits, 1, child_token.clamp(min=0)).double()
     return torch.cat([sums, children], dim=1), token
 
 
-def _parent_slots(scorer: HFScorer) -> tuple[torch.Tensor, torch.Tensor]:
+def _parent_slots(trie_pass: TriePass) -> tuple[torch.Tensor, torch.Tensor]:
     """Per node, its parent and its slot among the parent's children (root: 0, 0)."""
-    t = scorer.trie_pass.tables
+    t = trie_pass.tables
     parent = torch.zeros(t.n_nodes, dtype=torch.long, device=t.child_index.device)
     slot = torch.zeros_like(parent)
     rows, cols = torch.nonzero(t.child_index >= 0, as_tuple=True)

@@ -3,7 +3,7 @@
 Every pass of the scorer (prompt, shared prefix, trie depth, decoding step) is one call of
 `body`: the hidden states of all positions and the KV cache, which the caller extends. The LM
 head runs separately (`head.py`), only on the positions whose distribution is read. The body
-runs in the model's precision tier (`arithmetic.arithmetic`: TF32 matmuls in a TF32 tier).
+runs in the model's precision tier (`precision.arithmetic`: TF32 matmuls in a TF32 tier).
 `clock` times a phase of a batch (it waits for the device); `Stopwatch` times spans inside the
 trie levels without waiting for it.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from probekit.engines.hf.arithmetic import arithmetic
+from probekit.engines.hf.precision import arithmetic
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probekit.engines.hf.arithmetic import NARROW, head_arithmetic, tf32_matmuls
-from probekit.engines.hf.precision import dtype_name
+from probekit.engines.hf.precision import NARROW, dtype_name, head_arithmetic, tf32_matmuls
 from probekit.engines.trie import extension_masks
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, as float32 logits
     (float64 for a float64 model, which the float64 references rely on) on `model.device` (a
     dispatched model's head may sit on another device), in the head arithmetic of the model's
-    precision tier (`arithmetic.head_arithmetic`):
+    precision tier (`precision.head_arithmetic`):
 
     - `float32`: the head's weights as loaded; a hidden state in a narrower dtype than them (a
       bfloat16 body under the TransformerLens bridge, whose final norm is its own) is widened;

@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,19 +26,17 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encode_item
 from probekit.core.options import given, named
 from probekit.core.public import public
+from probekit.engines.base import Engine
+from probekit.engines.devices import device_memory
+from probekit.engines.hf import precision
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
 from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
 from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
-from probekit.engines.hf.hook_libraries import import_from
-from probekit.engines.hf.precision import (
-    FP32_MEMORY_SHARE,
-    REDUCED,
-    device_memory,
-    keep_head_fp32,
-    parameter_count,
-)
+from probekit.engines.hook_libraries import import_from
+from probekit.engines.memory import FP32_MEMORY_SHARE
 from probekit.engines.options import ModelOptions, check_device, model_conflict
+from probekit.engines.shapes import parameter_count
 
 if TYPE_CHECKING:
     from probekit.engines.hf.scorer import HFScorer
@@ -49,9 +47,10 @@ ANSWER_ROOM = 8  # tokens a prompt must leave free in the context for the answer
 
 @public()
 @dataclass
-class LoadedModel:
+class LoadedModel(Engine):
     """The transformers engine (`probekit.engines.base.Engine`): a loaded Hugging Face model
-    with its tokenizer, plus TransformerLens and nnsight views for the mechanism.
+    with its tokenizer, plus TransformerLens and nnsight views for the mechanism, scoring in the
+    precision tier of `probekit.engines.hf.precision`.
 
     The views wrap `hf` itself, so no second copy of the weights is made. The TransformerLens
     view changes `hf` while it is installed: it swaps `hf`'s blocks for hookable bridge
@@ -86,10 +85,32 @@ class LoadedModel:
         """This model: the mechanism reads `hf`, `bridged()` and `nnsight` from it."""
         return self
 
+    @property
+    def precision(self) -> dict[str, Any] | None:
+        """The precision record (`probekit.engines.hf.precision`), kept in `meta`."""
+        return self.meta.get("precision")
+
+    def settle_precision(
+        self, answers: AnswerSet, prompts: Sequence[Sequence[int]], seed: int = 0
+    ) -> dict[str, Any]:
+        """The tier, chosen once (`precision.settle_precision`)."""
+        return precision.settle_precision(self, answers, prompts, seed)
+
+    def keep_precision(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+        """`record`'s tier, kept without measuring (`precision.keep_tier`)."""
+        return precision.keep_tier(self, record)
+
+    def noise_figure(
+        self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
+    ) -> dict[str, Any]:
+        """Against float64 (float32 for a 16-bit model): `precision.noise_figure`, `options` its
+        keywords (`Engine.noise_figure`'s)."""
+        return precision.noise_figure(self, prompts, answers, **options)
+
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
         for a model dispatched over several devices, where its layers went (`device_map`), and
-        the precision record (`tiers`: the tier, the tolerance, what was measured)."""
+        the precision record (the tier, the tolerance, what was measured)."""
         fields = {
             "engine": self.engine,
             "model": self.name,
@@ -277,11 +298,11 @@ def load_model(
     With bfloat16 or float16 weights the final norm and LM head stay in float32 (`fp32_head`,
     `precision.keep_head_fp32`); `fp32_head=False` rounds them too (benchmarks/dtype.py).
 
-    `tolerance` (default `tiers.DEFAULT_TOLERANCE`): the largest change of an answer probability
-    the arithmetic may cause; where the device offers faster tiers than float32 (a GPU),
-    the first `probekit.score`, `run_study`, `patch` or `steer` picks the fastest that meets it
-    on its own prompts (`tiers.settle_precision`). `dtype` forces the arithmetic instead; the
-    two are refused together.
+    `tolerance` (default `probekit.engines.options.DEFAULT_TOLERANCE`): the largest change of an
+    answer probability the arithmetic may cause; where the device offers faster tiers than
+    float32 (a GPU), the first `probekit.score`, `run_study`, `patch` or `steer` picks the
+    fastest that meets it on its own prompts (`LoadedModel.settle_precision`). `dtype` forces
+    the arithmetic instead; the two are refused together.
 
     `device_map` (`auto`, `balanced`, `balanced_low_0`, `sequential`, or a module -> device
     mapping or its JSON), `max_memory` (`{"cpu": "150MiB"}` or `cpu=150MiB,cuda:0=70GiB`) and
@@ -291,7 +312,6 @@ def load_model(
     `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
     and chat template only; the vllm engine encodes with it and loads weights only for scoring)."""
     from probekit.engines.devices import check_map_modules, dispatch_options
-    from probekit.engines.hf.tiers import check_tolerance, initial_record
     from probekit.engines.plan import check_before_load
 
     spec = str(model)
@@ -299,8 +319,6 @@ def load_model(
     values |= {"device": device, "dtype": dtype, "tolerance": tolerance}
     if conflict := model_conflict(**values):
         raise ProbekitError(conflict)
-    if tolerance is not None:
-        tolerance = check_tolerance(tolerance)
     dispatch = dispatch_options(device_map, max_memory, offload_folder)
     dev = pick_device(device)  # one line for a device this torch lacks, before the plan
     if weights:  # the memory plan, before anything loads: one line if it cannot fit
@@ -342,8 +360,8 @@ def load_model(
     elif weights:
         hf.to(dev)
     hf.eval()
-    if fp32_head and dt in REDUCED and weights:
-        meta["fp32_parts"] = keep_head_fp32(hf)
+    if fp32_head and dt in precision.REDUCED and weights:
+        meta["fp32_parts"] = precision.keep_head_fp32(hf)
     if weights:
         use_grouped_sdpa(hf, dev)
     _prepare_tokenizer(tok)
@@ -354,7 +372,7 @@ def load_model(
         hf=hf, tokenizer=tok, name=spec, source=source, device=dev, dtype=dt, meta=meta
     )
     if weights:
-        meta["precision"] = initial_record(loaded, dtype is not None, tolerance)
+        meta["precision"] = precision.initial_record(loaded, dtype is not None, tolerance)
     return loaded
 
 

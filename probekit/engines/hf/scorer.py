@@ -31,12 +31,13 @@ from probekit.core.errors import ProbekitError
 from probekit.core.public import public
 from probekit.engines.base import ScoreResult, ScorerStats, windows
 from probekit.engines.hf import cache as kv
+from probekit.engines.hf import differentiable
 from probekit.engines.hf.batching import PROMPT_HINT, planned_batch, run_batched
 from probekit.engines.hf.decoding import decode
 from probekit.engines.hf.forward import clock
+from probekit.engines.hf.precision import fall_back, overflowed
 from probekit.engines.hf.prefix_cache import PrefixCache
 from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
-from probekit.engines.hf.tiers import fall_back, overflowed
 from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.options import ScorerOptions
 from probekit.engines.trie import AnswerTrie
@@ -104,6 +105,16 @@ class HFScorer:
         for chunk in windows(map(token_ids, prompts), window):
             yield from self._batched(chunk, self.score_batch, progress)
 
+    def answer_mass(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The batch's unnormalised answer probabilities in one differentiable forward
+        (`differentiable.answer_mass`)."""
+        return differentiable.answer_mass(self.trie_pass, batch)
+
+    def read_nodes(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The final norm and LM head on the residual stream at the trie's nodes
+        (`differentiable.read_nodes`)."""
+        return differentiable.read_nodes(self.trie_pass, hidden)
+
     def generate(self, prompts: Sequence[Sequence[int]], progress: Any = None) -> list[list[int]]:
         """The continuation `score` would decode for each prompt (the same prompt pass and
         decoding; `max_new_tokens` > 0), without the exact answer pass: for text after which
@@ -128,7 +139,7 @@ class HFScorer:
         (`probekit.engines.hf.trie_pass.TriePass.run`).
 
         A batch whose scores are not finite (float16 overflowed) is scored again in the
-        fallback its precision tier measured (`tiers.fall_back`); without one, one line says
+        fallback its precision tier measured (`precision.fall_back`); without one, one line says
         how many prompts overflowed."""
         results = self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
         bad = overflowed(results)

@@ -9,11 +9,13 @@ stopping at end of sequence.
 AE is the per-dimension VAD distance (`vad.py`) between the filled conversation and the response;
 ERA scores the pair (Jane's last utterance, the response) with a pair classifier (`era.py`).
 `responses.parquet` holds the sample's key columns, `prompt_id` (the response prompt's id),
-`response`, `response_tokens` (the budget), `vad_*` and `era_*`. It is finished work
+`response`, `response_tokens` (the budget), `vad_*` and `era_*`. The run writes it with its
+loaded model (`write_responses`, the study's `after_run`); the report only reads it
+(`read_responses`), and says in one line what it lacks. It is finished work
 (`probekit.core.store`): checksummed, stamped with the run's settings and the budget, written
 every `CHUNK` samples, so a run stopped while generating resumes from the responses it holds; a
-damaged file, or one generated under other settings or for other samples, is set aside (one
-line) and its responses generated again.
+damaged file, or one generated under other settings or for other samples, is set aside by the
+run (one line) and its responses generated again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
 
@@ -32,8 +34,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import PROMPT_ID, Item, fill_template
 from probekit.core.options import given, named
 from probekit.core.rundir import RowKey
-from probekit.core.store import take_rows, write_rows
-from probekit.engines import load_engine
+from probekit.core.store import Unusable, read_rows, take_rows, write_rows
 from probekit.engines.base import Engine
 from probekit.studies.jaem_st.data import JaemData, Template, load_jaem
 from probekit.studies.jaem_st.probe import LETTERS
@@ -97,6 +98,11 @@ def sample_table(scores: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     return scores.drop_duplicates("sample")[keys].sort_values("sample").reset_index(drop=True)
 
 
+def response_id(sample: dict[str, Any]) -> str:
+    """The id of a sample's response prompt (`prompt_id` in `responses.parquet`)."""
+    return f"{sample['template']}|{sample['sample']}|response"
+
+
 def response_items(data: JaemData, samples: pd.DataFrame) -> list[Item]:
     """The response prompt of every sample, as one user message."""
     by_name = {t.name: t for t in data.templates}
@@ -104,9 +110,16 @@ def response_items(data: JaemData, samples: pd.DataFrame) -> list[Item]:
     for row in samples.to_dict("records"):
         text = response_text(data, by_name[row["template"]], row)
         message = {"role": "user", "content": text}
-        item_id = f"{row['template']}|{row['sample']}|response"
-        items.append(Item(id=item_id, key=row, unit=str(row["sample"]), messages=(message,)))
+        item = Item(id=response_id(row), key=row, unit=str(row["sample"]), messages=(message,))
+        items.append(item)
     return items
+
+
+def response_key(manifest: dict[str, Any], ids: Sequence[str]) -> RowKey:
+    """The settings and prompts the rows of `responses.parquet` are kept under: the run's, and
+    the generation budget."""
+    budget = ResponseOptions.from_manifest(manifest["responses"]).max_new_tokens
+    return RowKey.of({**manifest, "response_tokens": budget}, ids, "generated")
 
 
 def generate_responses(
@@ -149,26 +162,16 @@ def score_responses(
     return out
 
 
-class Responses(NamedTuple):
-    """The free responses of a run: its options, data and samples, the table (one row per
-    sample, in sample order) and the key its rows are kept under."""
-
-    options: ResponseOptions
-    data: Any
-    samples: pd.DataFrame
-    frame: pd.DataFrame
-    key: RowKey
-
-
-def generate_missing(
+def write_responses(
+    model: Engine,
     scores: pd.DataFrame,
     run_dir: Path,
     manifest: dict[str, Any],
     say: Callable[..., None],
-    model: Engine | None = None,
-) -> Responses:
-    """Generate the responses `responses.parquet` lacks (with `model`, else the run's model
-    loaded again) and save them as they come."""
+) -> pd.DataFrame:
+    """The run's step: generate with `model` the responses `responses.parquet` lacks (saved as
+    they come), score every response (AE and ERA where enabled, one line where not) and write
+    the table; returned."""
     options = ResponseOptions.from_manifest(manifest["responses"])
     data = load_jaem(options.data, options.templates)
     if manifest.get("data_sha256") not in (None, data.sha256):
@@ -179,14 +182,13 @@ def generate_missing(
     samples = sample_table(scores, [d.column for d in data.dimensions])
     items = response_items(data, samples)
     budget = options.max_new_tokens
-    key = RowKey.of({**manifest, "response_tokens": budget}, [i.id for i in items], "generated")
+    key = response_key(manifest, [i.id for i in items])
     path = run_dir / RESPONSES_FILE
     frame = _resume(path, samples, items, key, budget)
     todo = frame["response"].isna().to_numpy()
     if todo.any():
         missing = [i for i, t in zip(items, todo, strict=True) if t]
         say(f"responses: {len(missing)} free continuations ({budget} new tokens)")
-        model = model or load_engine(manifest["model"], device=options.device)
         where = frame.index[todo]
 
         def save(done: list[str]) -> None:
@@ -194,14 +196,6 @@ def generate_missing(
             write_rows(path, frame, key)
 
         generate_responses(model, missing, budget, save)
-    return Responses(options, data, samples, frame, key)
-
-
-def responses_table(
-    scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], say: Callable[..., None]
-) -> pd.DataFrame:
-    """Every response (generated first where missing), scored; written and returned."""
-    options, data, samples, frame, key = generate_missing(scores, run_dir, manifest, say)
     by_name = {t.name: t for t in data.templates}
     records = samples.to_dict("records")
     conversations = [conversation_text(data, by_name[r["template"]], r) for r in records]
@@ -214,8 +208,32 @@ def responses_table(
     if classifier is None:
         say(era.skip_message())
     frame = score_responses(frame, conversations, lexicon, classifier)
-    write_rows(run_dir / RESPONSES_FILE, frame, key)
+    write_rows(path, frame, key)
     return frame
+
+
+def read_responses(
+    scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], say: Callable[..., None]
+) -> pd.DataFrame | None:
+    """The report's view of the responses the run wrote: the rows of `responses.parquet` that
+    hold one (None when none does), with one line saying what is missing (the run generates
+    them: the same command again resumes it)."""
+    ids = [response_id(row) for row in sample_table(scores, []).to_dict("records")]
+    again = "run the same command again to generate them"
+    try:
+        key = response_key(manifest, ids)
+        found = read_rows(run_dir / RESPONSES_FILE, key, keep=True, require=["response"])
+    except FileNotFoundError:
+        say(f"responses: none written yet; {again}")
+        return None
+    except Unusable as unusable:
+        say(f"responses: {RESPONSES_FILE} {unusable.describe()}; {again}")
+        return None
+    frame = found.table.to_pandas()
+    frame = frame[frame["response"].notna()].reset_index(drop=True)
+    if len(frame) < len(ids):
+        say(f"responses: {len(ids) - len(frame)} of {len(ids)} samples have none yet; {again}")
+    return frame if len(frame) else None
 
 
 def _resume(

@@ -178,20 +178,24 @@ class JaemStudy(ReportedStudy):
     def after_run(
         self, probe: Probe, model: Any, scores: pd.DataFrame, run_dir: Path, manifest: dict
     ) -> None:
-        """Generate the free responses with the run's model (the report scores them)."""
+        """Generate the free responses with the run's model and score them (the report reads
+        them)."""
         if manifest.get("responses"):
             import probekit.studies.jaem_st.responses as responses
 
-            responses.generate_missing(scores, run_dir, manifest, print, model)
+            responses.write_responses(model, scores, run_dir, manifest, print)
 
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
-        """Every view's rows; the run's own view also gets its free responses' scores."""
+        """Every view's rows; the run's own view also gets its free responses' scores (those the
+        run wrote)."""
         rows = super().report(scores, run_dir, manifest)
         if manifest.get("responses"):
             import probekit.studies.jaem_st.report as report
             import probekit.studies.jaem_st.responses as responses
 
-            frame = responses.responses_table(scores, run_dir, manifest, print)
+            frame = responses.read_responses(scores, run_dir, manifest, print)
+            if frame is None:
+                return rows
             fields = report.report_responses(frame, run_dir, manifest)
             for row in rows:
                 if row["view"] == run_view(manifest):
