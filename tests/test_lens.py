@@ -351,7 +351,10 @@ def test_the_patching_run_in_the_folder_is_drawn_beside(tiny_deep, tmp_path):
     patched = pd.read_parquet(out / "patching.parquet")
     assert (gaps["pairs"] == 2).all() and gaps["readout"].eq("expected").all()
     assert gaps["full_gap"].iloc[0] == pytest.approx(patched["gap"].drop_duplicates().mean())
-    assert gaps["share"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
+    # after the last layer the lens is the scorer: the pairs' whole gap; but the tiny random
+    # model puts almost no mass on the answers, so no layer has a share of the gap (weak signal)
+    assert gaps["gap"].iloc[-1] == pytest.approx(gaps["full_gap"].iloc[-1], abs=1e-4)
+    assert gaps["share"].isna().all() and result.summary["weak_signal"].all()
     table = result.table
     last = table[table["layer"] == 29].set_index("prompt_id")["expected"]
     pairs = [("0|Alice", "0|Bob"), ("1|Alice", "1|Bob")]

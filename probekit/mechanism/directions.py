@@ -49,7 +49,7 @@ SITE = site("resid_post")  # the states are read and edited at blocks.{layer}.ho
 VALUE = "value"  # the readout's column in `States.frame`
 Statistic = Callable[[pd.DataFrame, str], float]  # (frame, value column) -> e.g. Δ
 FOLDS = 5
-"""The most folds of units the causal check is cross-fitted on (fewer units: one fold each)."""
+"""The most folds of units a direction or vector is cross-fitted on (fewer units: one each)."""
 
 
 @dataclass(frozen=True)
@@ -205,18 +205,10 @@ def causal_check(
     """The cross-fitted causal check of the module's docstring, with `controls` random
     directions, folds and random directions drawn from `seed`, `n` bootstrap resamples."""
     frame = states.frame.copy()
-    units = frame["unit"].to_numpy()
-    names = list(pd.unique(units))
-    if len(names) < 2:
-        raise ProbekitError(
-            "the causal check fits the direction on units held out from those it ablates, so "
-            f"it needs at least two units; these prompts have {len(names)}"
-        )
+    units = list(frame["unit"])
+    fold = unit_folds(units, seed)
+    folds = int(fold.max()) + 1
     rng = np.random.default_rng(seed)
-    folds = min(FOLDS, len(names))
-    order = rng.permutation(len(names))
-    fold_of = {names[i]: k % folds for k, i in enumerate(order)}
-    fold = np.array([fold_of[u] for u in units])
     contrast = frame["contrast"].to_numpy()
     randoms = rng.standard_normal((controls, states.acts.shape[-1]))
     columns = ["ablated", *(f"random{c + 1}" for c in range(controls))]
@@ -243,7 +235,7 @@ def causal_check(
             ablated[row, held] = project_out(
                 scorer, chosen, states.span, layer, vector, readout, batch_size
             )
-        layers |= {u: layer for u in names if fold_of[u] == k}
+        layers |= {u: layer for u, f in zip(units, fold, strict=True) if f == k}
     frame = frame.assign(**dict(zip(columns, ablated, strict=True)))
     found = {
         c: bootstrap_ci(frame, "unit", lambda d, c=c: statistic(d, c), n=n, seed=seed)
@@ -268,6 +260,21 @@ def causal_check(
         [found[c].estimate for c in columns[1:]],
         _interval(float(np.mean([w for w, _ in controlled])), random_drawn),
     )
+
+
+def unit_folds(units: Sequence[str], seed: int) -> np.ndarray:
+    """Each prompt's fold: its unit's, the units dealt in a seeded order into at most `FOLDS`
+    folds (a direction or vector is fitted on the other folds); one line with fewer than two
+    units."""
+    names = list(dict.fromkeys(units))
+    if len(names) < 2:
+        raise ProbekitError(
+            "a direction is fitted on units held out from those it is used on, so it needs at "
+            f"least two units; these prompts have {len(names)}"
+        )
+    order = np.random.default_rng(seed).permutation(len(names))
+    fold_of = {names[i]: k % min(FOLDS, len(names)) for k, i in enumerate(order)}
+    return np.array([fold_of[u] for u in units])
 
 
 def _interval(value: float, resampled: np.ndarray) -> tuple[float, float, float]:
