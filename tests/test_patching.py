@@ -3,6 +3,7 @@ backends, batching, reproducibility from the stored columns, attention heads, ba
 gap direction."""
 
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -417,6 +418,14 @@ def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
     assert set(df["span"]) == {"experiencer", "perceiver", "from_experiencer"}
     assert df["clean_prompt_id"].str.startswith("religion|P0S1T0|").all()
     assert set(df["selection"]) == {"random 1 per event, seed 0"}
+    assert set(df["contrast"]) == {"interaction"} and set(df["sign"]) == {1, -1}
+    summary = pd.read_csv(tmp_path / "patching_summary.csv")  # what a reader needs to redo it
+    record = summary[["contrast", "resampled", "selection", "adjustment"]].drop_duplicates()
+    assert record.values.tolist() == [
+        ["interaction", "event", "random 1 per event, seed 0", "holm"]
+    ]
+    check = json.loads((tmp_path / "causal_check.json").read_text())
+    assert check["folds"] == 2 and check["controls"] == 2 and "shrink_low" in check
     for name in ("patching.png", "directions.parquet", "causal_check.json"):
         assert (tmp_path / name).is_file()
     printed = capsys.readouterr().out

@@ -350,3 +350,57 @@ def test_sets_are_drawn_at_random_per_unit_never_by_their_gap(model):
     seeds = {tuple(s.name for s in draw_sets(found, 1, seed)) for seed in range(8)}
     assert len(seeds) > 1
     assert "gap" not in draw_sets.__code__.co_varnames
+
+
+# ---------------------------------------------------------------------- the direction check
+def test_the_direction_is_cross_fitted_with_several_controls(monkeypatch):
+    """Each fold's direction and layer come from the other folds' units only; every prompt is
+    ablated once per direction (the study's and each control), and each effect has its
+    interval over units."""
+    from probekit.mechanism import directions
+
+    rng = np.random.default_rng(1)
+    units = [f"e{k}" for k in range(6)]
+    rows = [
+        {"unit": u, "event_id": u, "group": g, "contrast": g == 0} for u in units for g in (0, 1)
+    ]
+    frame = pd.DataFrame(rows)
+    frame["value"] = 10 + 2 * frame["contrast"] + rng.normal(0, 0.5, len(frame))
+    frame["gap"] = frame["value"] - frame.groupby("unit")["value"].transform("mean")
+    acts = rng.normal(size=(len(frame), 3, 8)) + frame["value"].to_numpy()[:, None, None]
+    states = directions.States(frame, acts, [4, 5, 6], "experiencer")
+    prompts = list(range(len(frame)))  # stand-ins: project_out is recorded, not run
+    calls = []
+
+    def project_out(scorer, chosen, span, layer, direction, readout, batch_size=None):
+        calls.append((list(chosen), layer, np.asarray(direction)))
+        return [
+            float(frame.loc[i, "value"]) * (0.5 if len(calls) % 4 == 1 else 1.0) for i in chosen
+        ]
+
+    monkeypatch.setattr(directions, "project_out", project_out)
+
+    def statistic(table, column):
+        means = table.groupby("contrast")[column].mean()
+        return float(means[True] - means[False])
+
+    found = directions.causal_check(None, prompts, states, None, statistic, ["unit"], 3, 0, 200)
+    fold = directions.unit_folds(list(frame["unit"]), 0)
+    assert found.folds == 5 and len(calls) == 5 * 4  # 5 folds x (the direction + 3 controls)
+    for k in range(5):
+        held = np.flatnonzero(fold == k)
+        mine = [c for c in calls if c[0] == held.tolist()]
+        assert len(mine) == 4 and len({c[1] for c in mine}) == 1
+        layer = mine[0][1]
+        train = fold != k
+        at = states.layers.index(layer)
+        want = directions.diff_of_means(acts[train, at], frame["contrast"].to_numpy()[train])
+        np.testing.assert_allclose(mine[0][2], want)  # fitted without the held-out units
+        assert all(found.layers[frame.loc[i, "unit"]] == layer for i in held)
+    assert len(found.random) == 3
+    for value, low, high in (found.delta, found.ablated, found.shrink):
+        assert low <= value <= high
+    assert found.shrink[0] == pytest.approx(0.5)  # the direction halved every readout
+    assert found.random_shrink[0] == pytest.approx(0.0)
+    with pytest.raises(ProbekitError, match="needs at least two units"):
+        directions.unit_folds(["e1", "e1"], 0)

@@ -514,3 +514,18 @@ def test_a_vector_file_is_checked_and_known_by_its_content(tmp_path):
     a, b, pt = (read_vector_file(tmp_path / n) for n in ("a.npy", "b.npy", "a.pt"))
     assert a.sha256 == b.sha256 != pt.sha256  # the same bytes, another name; other bytes
     assert np.array_equal(a.values, pt.values)
+
+
+def test_several_random_controls_by_default_pooled_on_the_page(model, tmp_path):
+    out = tmp_path / "steer"
+    steered = probekit.steer_study(DAYS, model, out=out, layers=[LAYER], alphas=[2], quiet=True)
+    summary = steered.summary
+    assert set(summary["vector"]) == {"steer", "random", "random2", "random3"}
+    norms = summary[summary["alpha"] == 2].set_index("vector")["norm"]
+    assert norms.drop("steer").to_numpy() == pytest.approx([norms["steer"]] * 3, rel=1e-9)
+    at_two = summary[(summary["alpha"] == 2) & summary["vector"].str.startswith("random")]
+    assert at_two["value"].nunique() == 3  # three different directions
+    page = (out / "report.html").read_text()
+    assert "random controls (mean; range)" in page
+    low, high = at_two["value"].min(), at_two["value"].max()
+    assert f"[{low:+.3f}, {high:+.3f}]" in page
