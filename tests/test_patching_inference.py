@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import EV, religion_prompt
+from test_patching import _table
 
 from probekit.core.errors import ProbekitError
 from probekit.mechanism import components, patching
@@ -172,40 +173,11 @@ def test_the_heatmap_hatches_known_cells_and_holds_every_value():
 
 
 # ---------------------------------------------------------------------- inference by unit
-def _synthetic(effects_by_unit, gaps_by_unit, noise=1e-9):
+def _synthetic(effects_by_unit, gaps_by_unit):
     """A patching table of one component: unit u has one single-pair set per (effect, gap)."""
-    rows = []
-    for u, (effects, gaps) in enumerate(zip(effects_by_unit, gaps_by_unit, strict=True)):
-        for k, (effect, gap) in enumerate(zip(effects, gaps, strict=True)):
-            rows.append(
-                {
-                    "unit": f"u{u}",
-                    "set": f"u{u}s{k}",
-                    "sign": 1,
-                    "swapped": "x",
-                    "status": "measured",
-                    "clean_prompt_id": f"c{u}{k}",
-                    "corrupt_prompt_id": f"k{u}{k}",
-                    "layer": 1,
-                    "site": "hook_resid_pre",
-                    "head": None,
-                    "span": "x",
-                    "expected_clean": gap,
-                    "expected_corrupt": 0.0,
-                    "expected_patched": effect,
-                    "gap": gap,
-                    "recovery": effect / gap,
-                    "ran": True,
-                    "method": "exact",
-                    "estimate": np.nan,
-                    "noise": noise,
-                    "small_gap": False,
-                    "valid_mass_patched": 0.5,
-                }
-            )
-    df = pd.DataFrame(rows)
-    df["head"] = df["head"].astype("Int64")
-    return df
+    units = [f"u{u}" for u, effects in enumerate(effects_by_unit) for _ in effects]
+    df = _table(sum(gaps_by_unit, []), sum(effects_by_unit, []), noise=1e-9)
+    return df.assign(unit=units, layer=1, span="x", swapped="x", valid_mass_patched=0.5)
 
 
 EFFECTS = [[0.2, 0.4], [0.9, 0.7, 0.8], [0.1]]
