@@ -36,7 +36,7 @@ from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
-from probekit.mechanism.pairs import check_pairs, make_pair
+from probekit.mechanism.pairs import as_sets, make_pair
 from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
 from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
 from probekit.mechanism.readouts import Readout, parse_readout
@@ -82,8 +82,9 @@ def patch(
 
     Parameters:
         model: a loaded model or a model spec (see `hookable`).
-        pairs: (clean, corrupt) pairs of encoded prompts (`make_pair`, a study's `pairs`), or
-            one such pair; without `spans`, every span their prompts declare is patched.
+        pairs: (clean, corrupt) pairs of encoded prompts (`make_pair`, a study's `pairs`), one
+            such pair, or a study's sets of pairs (`probekit.mechanism.pairs.PairSet`); without
+            `spans`, every span their prompts declare is patched.
         readout: the per-prompt readout (`expected`, `p:<answer>`, `p_correct`, `X - Y`, `tv`)
             or a `Readout`.
         through_answer: a span that runs to the end (`from_<span>`, `answer`) also patches
@@ -108,7 +109,8 @@ def patch(
     and `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
     """
     model = hookable(model)
-    pairs = check_pairs(_as_pairs(model, pairs))
+    sets = as_sets(_as_pairs(model, pairs))
+    pairs = [pair for found in sets for pair in found.pairs]
     measured = readout if isinstance(readout, Readout) else parse_readout(readout, answers)
     spans = spans or pairs[0][0].item.span_names
     patches = grid(
@@ -124,7 +126,7 @@ def patch(
     if method == "exact":
         table = sweep(
             scorer,
-            pairs,
+            sets,
             patches,
             measured,
             hooks=hooks,
@@ -138,7 +140,7 @@ def patch(
     else:
         with silenced(quiet):
             table = measure(
-                scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
+                scorer, sets, patches, measured, method, top_k, hooks, batch_size, say=_quiet
             )
     annotated = annotate(table)
     if weak := annotated.attrs.get("weak_signal"):

@@ -243,7 +243,7 @@ def run_patch(
         request.through_answer,
     )
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
-    df["selection"] = selection
+    df.attrs["selection"] = selection
     if weak := df.attrs.get("weak_signal"):
         print(f"probekit: warning: {weak}", file=sys.stderr)
     write_parquet(folder / "patching.parquet", df)
