@@ -71,9 +71,9 @@ from probekit.engines.hf.scorer import HFScorer
 from probekit.engines.trie import AnswerTrie, answer_variants, extension_masks
 from probekit.mechanism import attribution
 from probekit.mechanism.components import grid
-from probekit.mechanism.pairs import aligned_positions, make_pair, pick_pairs
+from probekit.mechanism.pairs import aligned_positions, difference_sets, draw_sets, make_pair
 from probekit.mechanism.patching import sweep
-from probekit.mechanism.pipeline import measure, readout_gaps
+from probekit.mechanism.pipeline import measure
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import HEAD_SITE, n_heads, site
 from probekit.studies.base import Context, get_study
@@ -591,20 +591,11 @@ MIN_HEAD_SPEEDUP = 10.0
 MIN_RECALL = 0.8
 
 
-def select_pairs(
-    scorer: Any,
-    study: Any,
-    probe: Any,
-    encoded: Sequence[Any],
-    readout: Any,
-    per_unit: int,
-) -> list:
-    """The study's pairs of `encoded`, the `per_unit` of each unit with the largest |gap|."""
-    pairs = study.pairs(probe, encoded)
-    results = dict(
-        zip([e.id for e in encoded], scorer.score([e.input_ids for e in encoded]), strict=True)
-    )
-    return pick_pairs(pairs, readout_gaps(readout, pairs, results), per_unit)
+def select_pairs(study: Any, probe: Any, encoded: Sequence[Any], per_unit: int) -> list:
+    """The study's pairs of `encoded`, `per_unit` of each unit drawn at random (seed 0), never
+    by the size of their gap."""
+    sets = draw_sets(difference_sets(study.pairs(probe, encoded)), per_unit, seed=0)
+    return [pair for found in sets for pair in found.pairs]
 
 
 def against_attribution(options: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -617,7 +608,7 @@ def against_attribution(options: argparse.Namespace, parser: argparse.ArgumentPa
     layers = options.layers or list(range(model.n_layers))
     encoded = [model.encode(item) for item in items]
     scorer = HFScorer(model, probe.answers, epsilon=0.0, batch_size=options.batch_size)
-    pairs = select_pairs(scorer, study, probe, encoded, readout, 2)[: options.pairs]
+    pairs = select_pairs(study, probe, encoded, 2)[: options.pairs]
     print(f"{len(pairs)} pairs, layers {layers[0]}..{layers[-1]} ({len(layers)}), spans {spans}")
     heads = range(n_heads(model))
     unknown = sorted(set(options.grids) - set(GRIDS))

@@ -1,11 +1,14 @@
 """Trace the intergroup empathy gap inside the model: activation patching and a gap direction.
 
-For a few crowd-enVent events, score every named perceiver x experiencer prompt of one category
-exactly (expected intensity from the logits), keeping the experiencer-span states of every layer.
-Then patch the clean in-group activation into the out-group run at each (layer, site, span) of
-the pairs with the largest gap (patching.parquet, patching.png, the top five printed), and fit
-the in-group/out-group direction at the experiencer span, project it out at the best layer and
-recompute Δ (directions.parquet, causal_check.json). The same as `probekit patch intergroup`.
+For a few crowd-enVent events, take every named perceiver x experiencer prompt of one category
+and patch the interaction Δ measures: for every two identities of different groups, the 2x2
+sets of their cells (one swapping the experiencer, one the perceiver), the clean activation
+patched into the corrupt run at each (layer, site, span), recovery of the
+difference-in-differences with intervals over events (patching.parquet,
+patching_summary.csv, patching.png, the top five measured components printed); then fit the
+in-group/out-group direction at the experiencer span, cross-fitted over events, project it out
+and recompute Δ beside random directions (directions.parquet, causal_check.json). The same as
+`probekit patch intergroup`.
 
     python hooks/patch_gap.py --out runs/patch_gap
 """

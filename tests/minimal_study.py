@@ -22,7 +22,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.items import CharSpan, EncodedItem, Item
 from probekit.core.kinds import positive_int
 from probekit.core.options import option
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.headline import Headline
 from probekit.studies.base import Context, Probe, Study
 
@@ -86,7 +86,7 @@ class MinimalStudy(Study):
         ]
 
     def mechanism_defaults(self) -> MechanismDefaults:
-        return MechanismDefaults(contrast=Contrast("Alice vs Bob", "name", _alice))
+        return MechanismDefaults(Contrast("Alice vs Bob", "name", _alice), Difference())
 
 
 def _alice(probe: MinimalProbe) -> Callable[[EncodedItem], bool]:

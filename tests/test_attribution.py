@@ -203,17 +203,20 @@ def test_patch_command_attribution_verify_and_bad_input(smol, tmp_path, patch_cl
         "--bootstrap",
         "50",
         "--skip-direction",
+        "--sets-per-unit",
+        "1",
     ]
     out = tmp_path / "ok"
     argv = [*base, "--method", "attribution+verify", "--top-k", "2", "--out", str(out)]
     assert patch_cli(model, *argv) == 0
     df = pd.read_parquet(out / "patching.parquet")
-    assert len(df) == 3 and df["ran"].sum() == 2
+    # one identity pair's two 2x2 sets: 8 pairs x 3 components, the top 2 verified on each pair
+    assert len(df) == 8 * 3 and df["ran"].sum() == 2 * 8
     assert {"head", "method", "estimate"} <= set(df.columns)
     for name in ("patching_summary.csv", "patching.png", "heads.png"):
         assert (out / name).is_file()
     printed = capsys.readouterr().out
-    assert "Spearman rho" in printed and "top 2 of 3 components (layer, site, span)" in printed
+    assert "Spearman rho" in printed and " of 6 components (layer, site, span)" in printed
     for flag, message in (
         (["--heads", "9"], "head 9 is out of range"),
         (["--top-k", "4"], "--top-k must lie between 1"),

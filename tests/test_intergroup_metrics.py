@@ -1,5 +1,7 @@
 """Intergroup metrics composed from probekit.stats, on synthetic scores with known answers."""
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -254,3 +256,53 @@ def test_no_power_figure_on_a_smoke_size_sample():
         scores_frame(cube, groups), groups, mode="generate", n_bootstrap=50, n_power=20
     )
     assert enough.power is not None and enough.power.needed is not None
+
+
+def test_delta_comes_with_its_raw_gap_effect_size_test_and_valid_mass():
+    """Beside Δ in z: the raw gap in the scale's points with its interval over events, d_z and
+    the sign-flip p of the events' gaps, and the valid mass of each side, each against a
+    direct computation; the summary, summary.md and the headline carry them."""
+    from probekit.studies.intergroup import report
+
+    groups = ["a person", *RELIGION]
+    rng = np.random.default_rng(2)
+    cube = 50 + 1.5 * np.eye(6)[:, :, None] + rng.normal(0, 1, (6, 6, 6))
+    scores = scores_frame(cube, groups, column="expected")
+    inside = scores["perceiver"] == scores["experiencer"]
+    scores["valid_mass"] = np.where(inside, 0.4, 0.3)
+    summary = metrics.summarize(scores, groups, mode="exact", seed=0, n_bootstrap=400)
+    named = cube[1:, 1:]
+    gaps = np.array(
+        [
+            named[..., e][np.eye(5, dtype=bool)].mean()
+            - named[..., e][~np.eye(5, dtype=bool)].mean()
+            for e in range(6)
+        ]
+    )
+    row = summary.to_dict()
+    assert row["raw_gap"] == pytest.approx(gaps.mean())
+    assert row["d_z"] == pytest.approx(gaps.mean() / gaps.std(ddof=1))
+    flips = np.array(list(itertools.product((1, -1), repeat=6)))
+    direct = np.mean(np.abs(flips @ gaps) / 6 >= abs(gaps.mean()) - 1e-12)
+    assert row["p_events"] == pytest.approx(direct) == pytest.approx(2 / 64)
+    draws = np.random.default_rng(0).integers(6, size=(400, 6))
+    low, high = np.percentile(gaps[draws].mean(1), [2.5, 97.5])
+    assert (row["raw_gap_ci_low"], row["raw_gap_ci_high"]) == pytest.approx((low, high))
+    assert (row["valid_mass_in_group"], row["valid_mass_out_group"]) == pytest.approx((0.4, 0.3))
+    line = {
+        **row,
+        "category": "religion",
+        "setting": "P0S0T0",
+        "view": "exact",
+        "model": "m",
+        "mean_valid_mass": 0.32,
+        "refusal_rate": 0.68,
+    }
+    (headline,) = report.headlines(pd.DataFrame([line]))
+    assert headline.context.startswith(f"raw gap {gaps.mean():+.2f} [")
+    assert "points on 0–100; d_z" in headline.context and "sign-flip p 0.0312" in headline.context
+    assert "valid mass 0.320 (in-group 0.400, out-group 0.300)" in headline.context
+    assert headline.context in str(headline)
+    table = report.summary_markdown(pd.DataFrame([line]))
+    assert "| raw gap (points) [95% CI] | d_z | p over events (sign-flip) |" in table
+    assert f"| {gaps.mean():+.2f} [" in table and "| 0.400 / 0.300 |" in table

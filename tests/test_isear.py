@@ -298,8 +298,6 @@ def test_patch_isear_end_to_end(model, tmp_path, patch_cli, capsys, metric):
         "hook_resid_pre",
         "--spans",
         "gender",
-        "--pairs-per-unit",
-        "3",
     ]
     assert patch_cli(model, "isear", *argv, "--out", str(tmp_path), *metric) == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")

@@ -349,7 +349,10 @@ def test_the_patching_run_in_the_folder_is_drawn_beside(tiny_deep, tmp_path):
     patched = pd.read_parquet(out / "patching.parquet")
     assert (gaps["pairs"] == 2).all() and gaps["readout"].eq("expected").all()
     assert gaps["full_gap"].iloc[0] == pytest.approx(patched["gap"].drop_duplicates().mean())
-    assert gaps["share"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
+    # after the last layer the lens is the scorer: the pairs' whole gap; but the tiny random
+    # model puts almost no mass on the answers, so no layer has a share of the gap (weak signal)
+    assert gaps["gap"].iloc[-1] == pytest.approx(gaps["full_gap"].iloc[-1], abs=1e-4)
+    assert gaps["share"].isna().all() and result.summary["weak_signal"].all()
     table = result.table
     last = table[table["layer"] == 29].set_index("prompt_id")["expected"]
     pairs = [("0|Alice", "0|Bob"), ("1|Alice", "1|Bob")]
@@ -407,3 +410,88 @@ def test_the_intergroup_delta_after_the_last_layer_is_the_scored_delta(smol, tmp
     own = study.headline(rows, tmp_path / "own", {**report, "min_valid_mass": 0.0})
     assert summary["value"].iloc[-1] == pytest.approx(own.value, abs=1e-4)
     assert summary["mean_valid_mass"].iloc[-1] == pytest.approx(rows["valid_mass"].mean(), 1e-4)
+
+
+# ---------------------------------------------------------------------- the page's statistics
+def _layers(masses, p_values, notes=None):
+    """A lens summary of one headline per layer (layers 0, 1, ...)."""
+    n = len(masses)
+    return pd.DataFrame(
+        {
+            "layer": range(n),
+            "prompts": 4,
+            "mean_valid_mass": masses,
+            "mean_error_bound": 0.0,
+            "label": "Δ",
+            "value": np.linspace(-1, 1, n),
+            "low": -2.0,
+            "high": 2.0,
+            "p_value": p_values,
+            "primary": True,
+            "reference": 0.0,
+            "note": notes or [f"note {k}" for k in range(n)],
+        }
+    )
+
+
+def test_layers_get_holm_adjusted_p_and_no_p_or_share_where_weak():
+    from probekit.reporting.lens import adjust_layers
+    from probekit.stats import holm
+
+    summary = _layers([0.3, 2e-7, 0.4, 0.2], [0.01, 0.001, 0.04, 0.5])
+    gaps = pd.DataFrame({"layer": range(4), "gap": 0.1, "full_gap": 0.2, "share": 0.5})
+    out, shares = adjust_layers(summary, gaps)
+    assert out["weak_signal"].tolist() == [False, True, False, False]
+    assert np.isnan(out["p_value"][1]) and np.isnan(out["p_adjusted"][1])
+    kept = [0, 2, 3]
+    np.testing.assert_allclose(out["p_adjusted"][kept], holm(np.array([0.01, 0.04, 0.5])))
+    np.testing.assert_allclose(out["p_adjusted"][kept], [0.03, 0.08, 0.5])
+    assert out["note"][1].startswith("weak signal") and out["note"][0] == "note 0"
+    assert np.isnan(shares["share"][1]) and shares["share"][[0, 2, 3]].eq(0.5).all()
+    assert shares["gap"][1] == 0.1  # the lens's gap itself stays
+
+
+def test_the_lens_is_drawn_at_the_residual_stream_it_reads():
+    """The lens after layer l reads resid_post l = resid_pre l + 1: drawn at x = l + 1, where
+    patching at resid_pre l + 1 and resid_post l are; a site inside a block half way through."""
+    from probekit.reporting.lens import depth, lens_figure_of
+
+    summary = _layers([0.3, 0.3, 0.3], [0.1, 0.1, 0.1])
+    gaps = pd.DataFrame({"layer": [0, 1, 2], "gap": 0.1, "full_gap": 0.2, "share": 0.5})
+    recovery = pd.DataFrame(
+        {
+            "layer": [0, 1, 0, 1, 1],
+            "site": ["hook_resid_pre"] * 2 + ["hook_resid_post"] * 2 + ["hook_attn_out"],
+            "span": "x",
+            "swapped": "x",
+            "status": ["trivial", "measured", "measured", "measured", "measured"],
+            "recovery": [1.0, 0.5, 0.4, 0.3, 0.2],
+        }
+    )
+    fig = lens_figure_of(summary, gaps, recovery, "model")
+    headline, mass, share = fig.axes[:3]
+    assert list(headline.lines[0].get_xdata()) == [1, 2, 3]
+    assert list(mass.lines[0].get_xdata()) == [1, 2, 3]
+    by_label = {line.get_label(): list(np.asarray(line.get_xdata())) for line in share.lines}
+    assert by_label["lens"] == [1, 2, 3]
+    assert by_label["resid_pre x (x)"] == [0, 1]
+    assert by_label["resid_pre x (x): trivial"] == [0, 1]  # grey, dashed, labelled
+    assert by_label["resid_post x (x)"] == [1, 2]
+    assert by_label["attn_out x (x)"] == [1.5]
+    assert depth(3, "blocks.3.hook_resid_post") == depth(4, "hook_resid_pre") == 4
+    assert headline.get_xlabel() == "depth: the residual stream before layer x"
+
+
+def test_the_notes_carry_their_layer_in_layer_order(tmp_path):
+    from probekit.reporting.html import summary_notes
+    from probekit.reporting.lens import write_lens_page
+
+    layers = [0, 2, 10, 11]
+    summary = _layers([0.3] * 4, [0.1] * 4, ["b", "a", "c", ""]).assign(layer=layers)
+    assert summary_notes(summary) == ["L0: b", "L2: a", "L10: c"]  # not sorted as strings
+    figure = tmp_path / "f.png"
+    figure.write_bytes(b"png")
+    page = write_lens_page(tmp_path / "r.html", summary, None, figure, "m", {}, "data", None)
+    html = page.read_text()
+    found = [html.index(f"L{layer}: {note}") for layer, note in zip(layers[:3], "bac", strict=True)]
+    assert found == sorted(found)

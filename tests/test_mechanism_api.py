@@ -142,9 +142,10 @@ def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
 
 
 def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
-    """`probekit patch intergroup` and `api.patch` on the pairs the command chose: equal rows;
+    """`probekit patch intergroup` and `api.patch` on the sets the command drew: equal rows;
     `--layers 0,-1` is the first and the last layer."""
     from probekit import cli
+    from probekit.mechanism.pairs import interaction_sets
     from probekit.studies.intergroup import STUDY
 
     argv = [
@@ -161,6 +162,8 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
         "--skip-direction",
         "--bootstrap",
         "20",
+        "--sets-per-unit",
+        "1",
     ]
     assert patch_cli(model, "intergroup", *argv, "--out", str(tmp_path)) == 0
     command = pd.read_parquet(tmp_path / "patching.parquet")
@@ -169,15 +172,14 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
         ["--events", "1", "--setting", "P0S1T0"], "probekit patch intergroup"
     )
     probe, items = STUDY.mechanism_items(own, Context("patch", options.seed))
-    by_id = {item.id: model.encode(item) for item in items}
-    chosen = command.drop_duplicates(["clean_prompt_id", "corrupt_prompt_id"])
-    pairs = [
-        (by_id[a], by_id[b])
-        for a, b in zip(chosen["clean_prompt_id"], chosen["corrupt_prompt_id"], strict=True)
-    ]
+    encoded = [model.encode(item) for item in items]
+    drawn = set(command["set"])
+    found = interaction_sets(STUDY.mechanism_defaults().effect, probe, encoded)
+    sets = [s for s in found if s.name in drawn]
+    assert len(sets) == 2  # one identity pair: its two sets
     script = api.patch(
         model,
-        pairs,
+        sets,
         spans=["experiencer", "from_experiencer"],
         sites=["hook_resid_pre", "mlp_out"],
         layers=[0, -1],

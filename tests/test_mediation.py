@@ -1,5 +1,5 @@
 """Mediation effects: on a component that carries the whole effect, and on one that carries none,
-direct + indirect add up to the total; bootstrap intervals over pairs and the top share."""
+direct + indirect add up to the total; bootstrap intervals over units and the top share."""
 
 import numpy as np
 import pandas as pd
@@ -17,8 +17,10 @@ MODEL = "tiny_deep"  # the method's mechanics: the tiny model of the default mod
 
 @pytest.fixture(scope="module")
 def effects(model, scorer):
-    clean = religion_prompt(model, "a Christian", "a Christian")
-    pairs = [(clean, religion_prompt(model, "a Christian", h)) for h in ("a Muslim", "a Jew")]
+    pairs = [  # on two events: the intervals resample events
+        tuple(religion_prompt(model, "a Christian", e, event_id=event) for e in ("a Christian", h))
+        for event, h in (("e1", "a Muslim"), ("e2", "a Jew"))
+    ]
     return mediation.mediate(scorer, pairs, [CUT, NONE], EV)
 
 
@@ -54,10 +56,14 @@ def test_summary_intervals_and_the_top_share(effects):
 
 
 def test_bootstrap_over_pairs_on_known_effects():
-    """Four pairs, two components: the interval is over pairs, and the share sums the top ones."""
+    """Four pairs on four units, two components: the interval is over units, and the share
+    sums the top ones."""
     rows = [
         {
             "pair": p,
+            "unit": f"u{p}",
+            "set": f"s{p}",
+            "sign": 1,
             "layer": 1,
             "site": "attn.hook_z",
             "head": h,

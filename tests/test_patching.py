@@ -3,6 +3,7 @@ backends, batching, reproducibility from the stored columns, attention heads, ba
 gap direction."""
 
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -408,17 +409,28 @@ def test_score_with_reads_before_editing(scorer, pairs):
 def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup` on one event: the patching table, its figure, the direction
     and the causal check; prompt ids are the study's item ids."""
-    argv = ["intergroup", "--events", "1", "--layers", "0,29", "--out", str(tmp_path)]
+    argv = ["intergroup", "--events", "2", "--layers", "0,29", "--out", str(tmp_path)]
+    argv += ["--sets-per-unit", "1", "--controls", "2", "--bootstrap", "50"]
     assert patch_cli(model, *argv, "--sites", "hook_resid_pre", "--setting", "P0S1T0") == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")
-    assert len(df) == 1 * 2 * 3  # one pair (the largest gap of the event) x layers x spans
+    # one identity pair per event drawn at random: its two 2x2 sets, 8 pairs x layers x spans
+    assert len(df) == 2 * 8 * 2 * 3
     assert set(df["span"]) == {"experiencer", "perceiver", "from_experiencer"}
     assert df["clean_prompt_id"].str.startswith("religion|P0S1T0|").all()
+    assert set(df["contrast"]) == {"interaction"} and set(df["sign"]) == {1, -1}
+    assert df.attrs["selection"] == "random 1 per event, seed 0"
+    summary = pd.read_csv(tmp_path / "patching_summary.csv")  # what a reader needs to redo it
+    record = summary[["contrast", "resampled", "selection", "adjustment"]].drop_duplicates()
+    assert record.values.tolist() == [
+        ["interaction", "event", "random 1 per event, seed 0", "holm"]
+    ]
+    check = json.loads((tmp_path / "causal_check.json").read_text())
+    assert check["folds"] == 2 and check["controls"] == 2 and "shrink_low" in check
     for name in ("patching.png", "directions.parquet", "causal_check.json"):
         assert (tmp_path / name).is_file()
     printed = capsys.readouterr().out
-    assert "6 components (2 layers) x 1 pairs" in printed
-    assert "top 5 of 6 components (layer, site, span)" in printed
+    assert "6 components (2 layers) x 16 pairs in 4 interaction sets on 2 events" in printed
+    assert "of 12 components (layer, site, span)" in printed
 
 
 def test_patch_study_is_the_command_as_a_function(model, tmp_path):
@@ -435,11 +447,12 @@ def test_patch_study_is_the_command_as_a_function(model, tmp_path):
         setting="P0S1T0",
         skip_direction=True,
         bootstrap=50,
+        sets_per_unit=1,
     )
     assert result.path == tmp_path and "patching.parquet" in result.files
-    assert len(result.table) == 2 and set(result.table["site"]) == {"hook_resid_pre"}
+    assert len(result.table) == 8 * 2 and set(result.table["site"]) == {"hook_resid_pre"}
     assert {"recovery", "recovery_low", "recovery_high", "pairs_in_noise"} <= set(result.summary)
-    assert len(result.summary) == 2 and (result.summary["pairs"] == 1).all()
+    assert len(result.summary) == 2 * 2 and (result.summary["pairs"] == 4).all()
 
 
 def test_patch_study_refuses_bad_options_in_one_line():
@@ -582,6 +595,11 @@ def _table(gaps, effects, noise=1e-6):
     for i, (gap, effect) in enumerate(zip(gaps, effects, strict=True)):
         rows.append(
             {
+                "unit": f"u{i}",
+                "set": f"s{i}",
+                "sign": 1,
+                "swapped": "identity",
+                "status": "measured",
                 "clean_prompt_id": f"c{i}",
                 "corrupt_prompt_id": f"k{i}",
                 "layer": 3,

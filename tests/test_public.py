@@ -231,7 +231,10 @@ def test_a_deep_refusal_says_the_flag_on_the_command_line_and_the_keyword_from_p
             lambda: probekit.make_pair("m", "a", "b", chat="no"),
             "chat must be True or False",
         ),
-        (lambda: probekit.patch_study("intergroup", control="no"), "control must be True or False"),
+        (
+            lambda: probekit.patch_study("intergroup", skip_direction="no"),
+            "skip_direction must be True or False",
+        ),
         (
             lambda: probekit.run_study("isear", quiet="yes"),
             "quiet must be True or False",

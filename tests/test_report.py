@@ -47,14 +47,14 @@ def test_summary_markdown_reports_both_views_and_generation_agreement():
     lines = text.splitlines()
     assert (
         "| HuggingFaceTB/SmolLM2-135M-Instruct | religion | P0S0T0 | generate | — | — | — | — | — "
-        "| 99.4% | 100.0% | 100.0% | 0/300 | — | — |" in lines
+        "| — | — | — | — | 99.4% | 100.0% | 100.0% | 0/300 | — | — |" in lines
     )
     # the refusal rate is the run's own: 1 - the mean valid mass (0.0878) in the exact view,
     # beside the paper's per-event rate, which a valid mass above the threshold keeps at 2 %
     assert (
         "| HuggingFaceTB/SmolLM2-135M-Instruct | religion | P0S0T0 | exact | +1.429 | "
-        "[+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | 12 events | 91.2% | 2.0% | 0.0% | "
-        "300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
+        "[+1.100, +1.700] | [-0.520, +0.788] | =0.0083 | — | — | — | — / — | 12 events | 91.2% | "
+        "2.0% | 0.0% | 300/300 | 29.29 ± 0.85 | (-1.61, 2.28) |" in lines
     )
     assert "| Δ (z-scores) |" in lines[0]  # Δ's unit beside it
     assert "| refusal rate | events failed (all groups; the paper's refusal rate) |" in lines[0]

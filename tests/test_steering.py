@@ -201,6 +201,7 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     np.save(tmp_path / "v.npy", np.random.default_rng(3).standard_normal(64))
     argv = ["intergroup", "--events", "2", "--alphas=0,2", "--layers", "3", "--out", str(out)]
     argv += ["--setting", "P0S1T0", "--vector", str(tmp_path / "v.npy")]  # 0-10: quick to score
+    argv += ["--controls", "1"]
     assert steer_cli(model, *argv, *data_args()) == 0
     for name in ("steer.parquet", "summary.csv", "steer.png", "report.html", "manifest.json"):
         assert (out / name).is_file(), name
@@ -240,8 +241,13 @@ def _no_scoring(*args, **kwargs):
 
 
 def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
-    encoded = [model.encode(item) for item in as_items(PROMPTS + ["I am a Christian. How sad?"])]
-    side = [True, False, True]
+    """Cross-fitted: each unit's prompts get the contrast of the other units' span means."""
+    from probekit.core.items import Item
+
+    texts = PROMPTS + ["I am a Christian. How sad?", "My aunt, a Hindu, lost her cat. How sad?"]
+    items = [Item(f"p{i}", {}, f"u{i // 2}", text=t) for i, t in enumerate(texts)]
+    encoded = [model.encode(item) for item in items]
+    side = [True, False, True, False]  # each unit has both sides
     targets = [("hook_resid_post", 1), ("hook_mlp_out", 3)]
     args = (encoded, targets)
     diff = contrast_vectors(model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)])
@@ -251,10 +257,14 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
     )
     for name, layer in targets:
         last = acts[f"blocks.{layer}.{name}"].double().numpy()  # one row per prompt: its last token
-        expected = (last[0] + last[2]) / 2 - last[1]
-        assert np.allclose(diff[(name, layer)].numpy(), expected, atol=1e-5)
-        found = unit[(name, layer)].numpy()
-        assert np.allclose(found, expected / np.linalg.norm(expected), atol=1e-5)
+        held_out = {0: last[2] - last[3], 1: last[0] - last[1]}  # the other unit's contrast
+        for i in range(4):
+            expected = held_out[i // 2]
+            assert np.allclose(diff[(name, layer)][i].numpy(), expected, atol=1e-5)
+            found = unit[(name, layer)][i].numpy()
+            assert np.allclose(found, expected / np.linalg.norm(expected), atol=1e-5)
+    with pytest.raises(ProbekitError, match="at least two units; these prompts have 1"):
+        contrast_vectors(model, encoded[:2], targets, "mean_diff", "answer", lambda p: True)
 
 
 def test_a_vector_file_is_read_per_layer(model, tmp_path):
@@ -325,8 +335,8 @@ DAYS = Days()
 
 
 def steer_days(model, out, **options):
-    """A steering run of `DAYS` (4 prompts, α 0 and 2, the vector and its control: 4 parts)."""
-    options = {"layers": [LAYER], "alphas": [2], "quiet": True, **options}
+    """A steering run of `DAYS` (4 prompts, α 0 and 2, the vector and one control: 4 parts)."""
+    options = {"layers": [LAYER], "alphas": [2], "controls": 1, "quiet": True, **options}
     return probekit.steer_study(DAYS, model, out=out, **options)
 
 
@@ -494,3 +504,18 @@ def test_a_vector_file_is_checked_and_known_by_its_content(tmp_path):
     a, b, pt = (read_vector_file(tmp_path / n) for n in ("a.npy", "b.npy", "a.pt"))
     assert a.sha256 == b.sha256 != pt.sha256  # the same bytes, another name; other bytes
     assert np.array_equal(a.values, pt.values)
+
+
+def test_several_random_controls_by_default_pooled_on_the_page(model, tmp_path):
+    out = tmp_path / "steer"
+    steered = probekit.steer_study(DAYS, model, out=out, layers=[LAYER], alphas=[2], quiet=True)
+    summary = steered.summary
+    assert set(summary["vector"]) == {"steer", "random", "random2", "random3"}
+    norms = summary[summary["alpha"] == 2].set_index("vector")["norm"]
+    assert norms.drop("steer").to_numpy() == pytest.approx([norms["steer"]] * 3, rel=1e-9)
+    at_two = summary[(summary["alpha"] == 2) & summary["vector"].str.startswith("random")]
+    assert at_two["value"].nunique() == 3  # three different directions
+    page = (out / "report.html").read_text()
+    assert "random controls (mean; range)" in page
+    low, high = at_two["value"].min(), at_two["value"].max()
+    assert f"[{low:+.3f}, {high:+.3f}]" in page

@@ -60,7 +60,7 @@ def test_a_steering_run_says_each_step_against_the_norms_and_flags_weak_steps(
 ):
     out = tmp_path / "steer"
     steered = probekit.steer_study(
-        minimal_study.MinimalStudy(), tiny, out=out, alphas=[0, 2], layers=[1], days=2
+        minimal_study.MinimalStudy(), tiny, out=out, alphas=[0, 2], layers=[1], days=2, controls=1
     )
     summary = steered.summary
     expected = summary["alpha"].abs() * summary["norm"] / summary["residual_norm"]

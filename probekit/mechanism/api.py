@@ -35,7 +35,7 @@ from probekit.core.public import public
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
-from probekit.mechanism.pairs import check_pairs, make_pair
+from probekit.mechanism.pairs import as_sets, make_pair
 from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
 from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
 from probekit.mechanism.readouts import Readout, parse_readout
@@ -81,8 +81,9 @@ def patch(
 
     Parameters:
         model: a loaded model or a model spec (see `hookable`).
-        pairs: (clean, corrupt) pairs of encoded prompts (`make_pair`, a study's `pairs`), or
-            one such pair; without `spans`, every span their prompts declare is patched.
+        pairs: (clean, corrupt) pairs of encoded prompts (`make_pair`, a study's `pairs`), one
+            such pair, or a study's sets of pairs (`probekit.mechanism.pairs.PairSet`); without
+            `spans`, every span their prompts declare is patched.
         readout: the per-prompt readout (`expected`, `p:<answer>`, `p_correct`, `X - Y`, `tv`)
             or a `Readout`.
         through_answer: a span that runs to the end (`from_<span>`, `answer`) also patches
@@ -95,18 +96,20 @@ def patch(
             terminal, lines in a log); `quiet` is the same as `progress=False`.
 
     Returns the columns of `patching.parquet` (see `probekit.mechanism.patching.sweep`), one row
-    per (pair, component): `layer`, `site`, `head`, `span`, `<m>_clean`, `<m>_corrupt`,
-    `<m>_patched`, `gap`, `recovery`, `small_gap`, ..., and `reading`, a line reading a recovery
-    outside [0, 1] (or a gap within the run's noise), `valid_mass_patched`. A component whose
+    per (pair, component): `unit`, `layer`, `site`, `head`, `span`, `status` (`measured`, or
+    `not run` / `trivial`: known by construction), `<m>_clean`, `<m>_corrupt`, `<m>_patched`,
+    `gap`, `recovery`, `small_gap`, ..., and `reading`, a line reading a recovery outside
+    [0, 1] beyond the run's noise (or a gap within it), `valid_mass_patched`. A component whose
     patched runs keep less than 5 % of their probability in the answer set on average is a
     weak signal: `df.attrs["weak_signal"]` names them, also as a warning. Over several pairs
     each row also holds its component's recovery over the pairs with its bootstrap interval
-    (`recovery_over_pairs`, `recovery_over_pairs_low`, `recovery_over_pairs_high`; NaN for one
-    pair), and
-    `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
+    over the pairs' units (`recovery_over_pairs`, `recovery_over_pairs_low`,
+    `recovery_over_pairs_high`; no interval for pairs on one unit, no recovery for one pair),
+    and `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
     """
     model = hookable(model)
-    pairs = check_pairs(_as_pairs(model, pairs))
+    sets = as_sets(_as_pairs(model, pairs))
+    pairs = [pair for found in sets for pair in found.pairs]
     measured = readout if isinstance(readout, Readout) else parse_readout(readout, answers)
     spans = spans or pairs[0][0].item.span_names
     patches = grid(
@@ -122,7 +125,7 @@ def patch(
     if method == "exact":
         table = sweep(
             scorer,
-            pairs,
+            sets,
             patches,
             measured,
             hooks=hooks,
@@ -136,7 +139,7 @@ def patch(
     else:
         with silenced(quiet):
             table = measure(
-                scorer, pairs, patches, measured, method, top_k, hooks, batch_size, say=_quiet
+                scorer, sets, patches, measured, method, top_k, hooks, batch_size, say=_quiet
             )
     annotated = annotate(table)
     if weak := annotated.attrs.get("weak_signal"):
@@ -147,10 +150,12 @@ def patch(
 @public(SeedOption)
 def recovery(table: pd.DataFrame, n: int = 1000, *, seed: int, level: float = 0.95) -> pd.DataFrame:
     """Each component's recovery over the pairs of a `patch` table: the mean patched effect over
-    the mean gap, with its bootstrap interval over pairs (`recovery_low`, `recovery_high`), the
-    mean effect with its interval, `pairs`, and `pairs_in_noise` (pairs whose gap is within the
-    run's numeric noise, left out of the ratio; the line saying so is `df.attrs["note"]`), and
-    `reading`, a line reading a recovery outside [0, 1]."""
+    the mean gap, with its bootstrap interval over the pairs' units (`recovery_low`,
+    `recovery_high`; none with one unit), the mean effect with its interval, the sign-flip p
+    over units and its Holm adjustment over the components (`p_value`, `p_adjusted`), `status`,
+    `pairs`, `units`, and `pairs_in_noise` (pairs whose gap is within the run's numeric noise,
+    left out of the ratio; the line saying so is `df.attrs["note"]`), and `reading`, a line
+    reading a recovery whose interval lies outside [0, 1] (`probekit.mechanism.patching`)."""
     if not isinstance(table, pd.DataFrame) or "gap" not in table:
         raise ProbekitError("recovery takes the table probekit.patch returns")
     out = summarise(table, n=n, seed=seed, level=level)

@@ -34,15 +34,19 @@ from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.mechanism.components import (
     COMPONENT,
+    MEASURED,
+    NOT_RUN,
     Job,
     Patch,
     check,
     from_row,
     key_columns,
     make_job,
+    pair_columns,
     row,
     table,
 )
+from probekit.mechanism.pairs import PairSet, as_sets
 from probekit.mechanism.patching import sweep
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import bridged, hf_module, hook_order
@@ -74,20 +78,29 @@ def linear_weights(readout: Readout, scorer: HookedScorer, item: Item) -> np.nda
 
 def attribute(
     scorer: HookedScorer,
-    pairs: Sequence[Pair],
+    pairs: Sequence[Pair] | Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
     batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The attribution estimate of every patch on every pair: the columns of `patching.sweep`
     with method `attribution`, `estimate` (of m_patched - m_corrupt) filled, `<m>_clean` and
-    `<m>_corrupt` from the differentiable pass, `<m>_patched` and recovery NaN, ran False."""
+    `<m>_corrupt` from the differentiable pass, `<m>_patched` and recovery NaN, ran False.
+    Spans of unequal token counts (patched exactly as a block) have no estimate: refused."""
+    pairs, about = pair_columns(as_sets(pairs))
     check(scorer.model, pairs, patches)
     check_gradients(scorer)
     size = batch_size or max(1, scorer.batch_size // 4)  # the pass keeps every node's graph
     # the estimate is the linear term of a patch of prompt positions (the gradient pass does not
     # reach the answer positions); `verify` measures the same patch exactly
     jobs = [make_job(i, pair, patch, False) for i, pair in enumerate(pairs) for patch in patches]
+    if blocks := [job for job in jobs if job.block]:
+        clean, corrupt = pairs[blocks[0].pair]
+        raise ProbekitError(
+            f"attribution estimates a patch position by position, and '{blocks[0].patch.span}' "
+            f"has unequal token counts in {clean.id} and {corrupt.id}: patch it exactly "
+            f"({given('method', 'exact')}) or give pairs of equal token counts"
+        )
     hooks = sorted({patch.hook for patch in patches}, key=hook_order)
     want: dict[str, tuple[EncodedItem, set[int]]] = {}
     for job in jobs:
@@ -111,7 +124,8 @@ def attribute(
     rows = []
     for job in jobs:
         clean, corrupt = pairs[job.pair]
-        estimate = 0.0 if job.noop else _estimate(job, acts, grads, clean.id, corrupt.id)
+        noop = job.status == NOT_RUN
+        estimate = 0.0 if noop else _estimate(job, acts, grads, clean.id, corrupt.id)
         m_clean, m_corrupt = value[clean.id], value[corrupt.id]
         rows.append(
             row(
@@ -122,6 +136,7 @@ def attribute(
                 m_clean,
                 m_corrupt,
                 np.nan,
+                about[job.pair],
                 method="attribution",
                 estimate=estimate,
             )
@@ -233,8 +248,9 @@ def effects(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def top_components(df: pd.DataFrame, k: int) -> list[Patch]:
-    """The k components with the largest |mean estimate| over pairs, largest first."""
-    per = effects(df)
+    """The k components with the largest |mean estimate| over pairs, largest first, among
+    those measured (not those known by construction: `mechanism.components`)."""
+    per = effects(df[df["status"] == MEASURED])
     if not 1 <= k <= len(per):
         raise ProbekitError(
             f"top-k must lie between 1 and the number of components ({len(per)}), got {k}"
@@ -245,7 +261,7 @@ def top_components(df: pd.DataFrame, k: int) -> list[Patch]:
 
 def verify(
     scorer: HookedScorer,
-    pairs: Sequence[Pair],
+    pairs: Sequence[Pair] | Sequence[PairSet],
     estimated: pd.DataFrame,
     k: int,
     readout: Readout,

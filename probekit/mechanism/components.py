@@ -1,13 +1,30 @@
 """Components (a site at a layer over a span, or one attention head) and the patching table.
 
 A patch (layer, site, span[, head]) copies the clean run's activation at the TransformerLens hook
-`blocks.{layer}.{site}` into the corrupt run at the span's aligned positions. `make_job` aligns one
+`blocks.{layer}.{site}` into the corrupt run at the span's positions. `make_job` aligns one
 patch on one pair; `row` writes one row of the patching table that exact patching
 (`mechanism.patching`) and attribution patching (`mechanism.attribution`) both return.
 
-No-op patches. A patch lying entirely in the prefix both prompts share, at the same positions,
-writes values equal to the corrupt run's own (a causal model cannot see later tokens), so it is
-not run: `m_patched = m_corrupt` and `ran = False`.
+Status (the `status` column). A patch is `measured`, unless its result is known by construction:
+- `not run`: it writes the values already there (the patched run is the corrupt run): a span
+  lying in the prefix both prompts share, at the same positions (a causal model cannot see later
+  tokens; intergroup's perceiver in pairs that share it), or at layer 0's `hook_resid_pre` (the
+  token embeddings) the same tokens at the same positions. It is not run (`ran` False,
+  `m_patched = m_corrupt`) unless asked.
+- `trivial`: the patched run is the clean run, so its recovery is 1: at a residual-stream site,
+  every position from the first one where the prompts differ to the end, answer positions
+  included (`from_<span>` through the answer), or at layer 0's `hook_resid_pre` every token
+  that differs. It is run, and left out of rankings like a component not run.
+
+Blocks. Clean and corrupt spans of different token counts have no position-by-position match.
+At a residual-stream site (`hook_resid_pre`, `hook_resid_post`) the patched state is still
+defined: the corrupt run's states with its span replaced by the clean span's, as a block (the
+prompts are equal before the span and, counted from the end, after it). It is computed in the
+clean run, into which the corrupt run's states after the span (and at the answer positions,
+unless the span runs through them) are written (`Job.block`); what a layer >= l computes depends
+on the states at layer l alone, so this is the corrupt run patched with the clean span. The
+states after the span sit as many positions later as the clean span is longer. At other sites a
+whole span of unequal counts is refused in one line.
 """
 
 from __future__ import annotations
@@ -22,12 +39,16 @@ import pandas as pd
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
 from probekit.core.public import public
-from probekit.mechanism.pairs import aligned_positions, check_pairs, split_position
+from probekit.mechanism.pairs import PairSet, aligned_positions, check_pairs, split_position
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import HEAD_SITE, layer_indices, n_heads, site
 
 COMPONENT = ["layer", "site", "head", "span"]
 """The columns naming one patched component."""
+MEASURED, NOT_RUN, TRIVIAL = "measured", "not run", "trivial"
+"""A patch's `status` (see the module)."""
+RESIDUAL = ("hook_resid_pre", "hook_resid_post")
+"""The residual-stream sites, where a span of unequal token counts is patched as a block."""
 
 
 @public()
@@ -93,32 +114,92 @@ def check(model: Any, pairs: Sequence[Pair], patches: Sequence[Patch]) -> None:
                 f"(0 to {heads - 1})"
             )
     check_pairs(pairs, [patch.span for patch in patches])
+    for i, pair in enumerate(pairs):
+        for patch in patches:
+            make_job(
+                i, pair, patch
+            )  # refuses a whole span of unequal token counts off the residual stream
 
 
 @dataclass(frozen=True)
 class Job:
-    """One patch on one pair (the pair's index): the aligned positions it copies between, and
-    whether it is a no-op (see the module's docstring)."""
+    """One patch on one pair (the pair's index): the span's positions in the clean and corrupt
+    prompts, its `status` (see the module), whether the span runs through the answer positions
+    (`answer`), and what the run writes: at `target` positions of the host run (the corrupt
+    one; the clean one for a `block`), the source run's values at `source` positions, and at
+    every answer position too where `nodes`."""
 
     pair: int
     patch: Patch
     clean_positions: list[int]
     corrupt_positions: list[int]
-    noop: bool
-    answer: bool = False
+    status: str
+    answer: bool
+    source: list[int]
+    target: list[int]
+    nodes: bool
+    block: bool = False
 
 
 def make_job(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> Job:
     """The job of `patch` on pair number `i`; with `through_answer`, a span that runs to the
     end of both prompts (`from_<span>`, `answer`; not one position `<span>@<i>`) also patches
-    every answer position."""
-    clean, corrupt = pair
+    every answer position. Spans of unequal token counts make a block (see the module)."""
     clean_pos, corrupt_pos = aligned_positions(pair, patch.span)
-    last = max(corrupt_pos) + 1
-    noop = clean_pos == corrupt_pos and clean.input_ids[:last] == corrupt.input_ids[:last]
     whole = split_position(patch.span)[1] is None
     answer = through_answer and whole and runs_to_end(pair, clean_pos, corrupt_pos)
-    return Job(i, patch, clean_pos, corrupt_pos, noop, answer)
+    if len(clean_pos) != len(corrupt_pos):
+        return _block(i, pair, patch, clean_pos, corrupt_pos, answer)
+    status = _status(pair, patch, clean_pos, corrupt_pos, answer)
+    return Job(i, patch, clean_pos, corrupt_pos, status, answer, clean_pos, corrupt_pos, answer)
+
+
+def _status(
+    pair: Pair, patch: Patch, clean_pos: list[int], corrupt_pos: list[int], answer: bool
+) -> str:
+    """`not run`, `trivial` or `measured` (see the module)."""
+    a, b = pair[0].input_ids, pair[1].input_ids
+    if clean_pos != corrupt_pos:
+        return MEASURED
+    embedding = patch.layer == 0 and patch.site == RESIDUAL[0]
+    if embedding:
+        same = all(a[k] == b[k] for k in corrupt_pos)
+    else:
+        same = a[: max(corrupt_pos) + 1] == b[: max(corrupt_pos) + 1]
+    if same:
+        return NOT_RUN
+    if patch.site not in RESIDUAL or len(a) != len(b):
+        return MEASURED
+    differ = [k for k in range(len(a)) if a[k] != b[k]]
+    needed = set(differ) if embedding else set(range(differ[0], len(a)))
+    return TRIVIAL if needed <= set(corrupt_pos) and (embedding or answer) else MEASURED
+
+
+def _block(
+    i: int, pair: Pair, patch: Patch, clean_pos: list[int], corrupt_pos: list[int], answer: bool
+) -> Job:
+    """The block job of spans of unequal token counts (see the module); one line where it
+    cannot be done."""
+    clean, corrupt = pair
+    a, b = clean.input_ids, corrupt.input_ids
+    where = (
+        f"'{patch.span}' has {len(clean_pos)} tokens in {clean.id} and {len(corrupt_pos)} in "
+        f"{corrupt.id}"
+    )
+    if patch.site not in RESIDUAL:
+        raise ProbekitError(
+            f"{where}: at {patch.site} a whole span of unequal token counts has no "
+            "position-by-position match; patch it at the residual stream (resid_pre, "
+            "resid_post: as a block), one position (<span>@-1), or pairs of equal token counts"
+        )
+    after_clean, after_corrupt = clean_pos[-1] + 1, corrupt_pos[-1] + 1
+    if a[: clean_pos[0]] != b[: corrupt_pos[0]] or a[after_clean:] != b[after_corrupt:]:
+        raise ProbekitError(
+            f"{where}, and the prompts differ outside it, so the span cannot be patched as a block"
+        )
+    source, target = list(range(after_corrupt, len(b))), list(range(after_clean, len(a)))
+    status = TRIVIAL if not source and answer else MEASURED
+    return Job(i, patch, clean_pos, corrupt_pos, status, answer, source, target, not answer, True)
 
 
 def runs_to_end(pair: Pair, clean_positions: list[int], corrupt_positions: list[int]) -> bool:
@@ -129,6 +210,25 @@ def runs_to_end(pair: Pair, clean_positions: list[int], corrupt_positions: list[
         clean_positions[-1] == len(clean.input_ids) - 1
         and corrupt_positions[-1] == len(corrupt.input_ids) - 1
     )
+
+
+def pair_columns(sets: list[PairSet]) -> tuple[list[Pair], list[dict[str, Any]]]:
+    """The sets' pairs, flat, and each pair's columns of the table: its unit, set, sign in the
+    set, the key column(s) it swaps, and the contrast the set reads."""
+    pairs, about = [], []
+    for found in sets:
+        for pair, sign in zip(found.pairs, found.signs, strict=True):
+            pairs.append(pair)
+            about.append(
+                {
+                    "unit": found.unit,
+                    "set": found.name,
+                    "sign": sign,
+                    "swapped": found.swapped,
+                    "contrast": found.contrast,
+                }
+            )
+    return pairs, about
 
 
 def key_columns(pairs: Sequence[Pair]) -> dict[str, bool]:
@@ -149,11 +249,12 @@ def row(
     m_clean: float,
     m_corrupt: float,
     m_patched: float,
+    about: dict[str, Any],
     method: str = "exact",
     estimate: float = np.nan,
 ) -> dict[str, Any]:
-    """One row of the patching table (columns: see `patching.sweep`); `ran` is False until the
-    caller sets it."""
+    """One row of the patching table (columns: see `patching.sweep`; `about`, the pair's from
+    `pair_columns`); `ran` is False until the caller sets it."""
     clean, corrupt = pair
     out: dict[str, Any] = {}
     for column, differs in keys.items():
@@ -166,6 +267,7 @@ def row(
     m = readout.column
     return {
         **out,
+        **about,
         "clean_prompt_id": clean.id,
         "corrupt_prompt_id": corrupt.id,
         "clean_prompt": clean.text,
@@ -176,6 +278,8 @@ def row(
         "span": job.patch.span,
         "clean_positions": job.clean_positions,
         "corrupt_positions": job.corrupt_positions,
+        "alignment": "block" if job.block else "position",
+        "status": job.status,
         f"{m}_clean": m_clean,
         f"{m}_corrupt": m_corrupt,
         f"{m}_patched": m_patched,

@@ -1,18 +1,20 @@
-"""What a study tells the mechanism commands: the spans to patch, the readout, its contrast and
-its direction.
+"""What a study tells the mechanism commands: the effect its headline measures, the spans to
+patch, the readout, its contrast and its direction.
 
 A study returns one `MechanismDefaults` from `Study.mechanism_defaults()`; `probekit patch` and
 `probekit steer` use it where the command line leaves a choice open. Every study declares its
 `Contrast` (the two sides its gap compares: intergroup's in-group and out-group prompts, ISEAR's
-first gender and the others), which `probekit steer --vector mean_diff` steers along. This module
-imports nothing heavy, so that studies can name it at import time.
+first gender and the others), which `probekit steer --vector mean_diff` steers along, and its
+`effect`: a `Difference` of the contrast's two sides, or an `Interaction` of two identities
+(intergroup's perceiver x experiencer), which patching recovers (`probekit.mechanism.pairs`
+builds its sets). This module imports nothing heavy, so that studies can name it at import time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -65,11 +67,41 @@ class Direction:
 
 
 @dataclass(frozen=True)
+class Difference:
+    """The headline is a difference between the contrast's two sides (ISEAR's genders,
+    GIEBench's own against a swapped identity, JaEm-ST's clean value against the others):
+    patching reads it on the study's pairs (`Study.pairs`), each pair a set of its own whose
+    gap is readout(clean) - readout(corrupt)."""
+
+    name: ClassVar[str] = "difference"
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """The headline is an interaction of two identities, one in the key column `rows` and one in
+    `columns` (intergroup: perceiver x experiencer; Δ compares the cells where both are of one
+    group with the others). Patching reads it on 2x2 sets: for two identities g, h of different
+    groups (`same(probe)(g, h)` False) on one unit, the cells (g,g), (g,h), (h,g), (h,h), each
+    patched from the cell that swaps one identity (see `probekit.mechanism.pairs`)."""
+
+    rows: str
+    columns: str
+    same: Callable[[Any], Callable[[str, str], bool]]
+    name: ClassVar[str] = "interaction"
+
+
+Effect = Difference | Interaction
+"""What a study's headline measures, and so what patching recovers."""
+
+
+@dataclass(frozen=True)
 class MechanismDefaults:
     """A study's defaults for `probekit patch`, `capture` and `steer`.
 
     `contrast`: the two sides of the study's gap (every study declares one: `probekit steer
     --vector mean_diff` and `direction` steer along it).
+    `effect`: what the headline measures (every study declares it: a `Difference` or an
+    `Interaction`), the sets `probekit patch` patches and the recovery it reports.
     `spans`: the spans patched when `--spans` is not given (None: every span of the items).
     `readout`: the readout spec (`expected`, `p_correct`, ...) or a function (probe, encoded
     prompts, their exact results) -> spec, whose docstring's first sentence names it in `--help`.
@@ -78,6 +110,7 @@ class MechanismDefaults:
     value; None skips that analysis."""
 
     contrast: Contrast
+    effect: Effect
     spans: tuple[str, ...] | None = None
     readout: str | ReadoutChooser = "expected"
     direction: Direction | None = None

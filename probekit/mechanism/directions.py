@@ -13,18 +13,24 @@ The direction that scores a unit's prompts is fitted on the other units (leave o
 a prompt never helps to define the direction it is scored on; with a single unit the fit is
 in-sample (`cross_validated`).
 
-Causal check. At the layer with the largest r, the direction fitted on all units is projected out
-of the residual stream (x <- x - (x.u) u) at every token of the span during the prompt pass, every
-prompt is scored again, and the study's statistic (intergroup: the empathy gap Δ) is recomputed.
-A random unit direction at the same place is the control. The statistic is computed on every
-prompt's readout, without the study's exclusion rules: the check compares the same prompts before
-and after.
+Causal check, cross-fitted. The units are split into folds (at most `FOLDS`, seeded); for each
+fold the layer is chosen (largest r) and the direction fitted on the other folds' units only, and
+projected out of the residual stream (x <- x - (x.u) u) at every token of the span of the held-out
+fold's prompts during the prompt pass; so no prompt is ablated along a direction, or at a layer,
+chosen on its own unit. Every prompt is scored again and the study's statistic (intergroup: the
+empathy gap Δ) recomputed on the ablated readouts. `controls` random unit directions, each
+projected out at the same fold's layer, are the control. Each statistic, the share it shrinks
+by, and the controls' mean share have percentile bootstrap intervals over units (every drawn unit
+relabelled, `probekit.stats.bootstrap_ci`; the statistic reads the `unit` column). The statistic
+is computed on every prompt's readout, without the study's exclusion rules: the check compares
+the same prompts before and after.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,10 +43,13 @@ from probekit.engines.base import HookedScorer
 from probekit.mechanism.interventions import score_with
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import site
+from probekit.stats import bootstrap_ci
 
 SITE = site("resid_post")  # the states are read and edited at blocks.{layer}.hook_resid_post
 VALUE = "value"  # the readout's column in `States.frame`
 Statistic = Callable[[pd.DataFrame, str], float]  # (frame, value column) -> e.g. Δ
+FOLDS = 5
+"""The most folds of units a direction or vector is cross-fitted on (fewer units: one each)."""
 
 
 @dataclass(frozen=True)
@@ -56,18 +65,26 @@ class States:
 
 @dataclass(frozen=True)
 class CausalCheck:
-    """The statistic before and after projecting the direction out at `layer` (and for a
-    random one)."""
+    """The statistic before (`delta`) and after projecting the cross-fitted direction out
+    (`ablated`), the share it shrinks by, and the random controls' statistics and mean share,
+    each with its interval over units (`as_dict`); `layers`: each unit's layer, chosen on the
+    other folds."""
 
-    layer: int
-    delta: float
-    delta_ablated: float
-    delta_random: float | None
+    layers: dict[str, int]
+    folds: int
+    delta: tuple[float, float, float]
+    ablated: tuple[float, float, float]
+    shrink: tuple[float, float, float]
+    random: list[float]
+    random_shrink: tuple[float, float, float]
 
-    @property
-    def shrink(self) -> float:
-        """Share of the statistic removed by the ablation: (Δ - Δ_ablated) / Δ."""
-        return (self.delta - self.delta_ablated) / self.delta if self.delta else float("nan")
+    def as_dict(self) -> dict[str, Any]:
+        """The fields flat, each interval as `<name>_low` and `<name>_high`."""
+        out: dict[str, Any] = {"folds": self.folds, "layers": self.layers}
+        for name in ("delta", "ablated", "shrink", "random_shrink"):
+            value, low, high = getattr(self, name)
+            out |= {name: value, f"{name}_low": low, f"{name}_high": high}
+        return out | {"delta_random": self.random, "controls": len(self.random)}
 
 
 def span_states(
@@ -99,6 +116,7 @@ def span_states(
             rows.append(
                 {
                     PROMPT_ID: prompt.id,
+                    "unit": prompt.item.unit,
                     **prompt.item.key,
                     "contrast": contrast(prompt),
                     VALUE: readout(result, prompt.item),
@@ -176,35 +194,93 @@ def causal_check(
     scorer: HookedScorer,
     prompts: Sequence[EncodedItem],
     states: States,
-    fit: pd.DataFrame,
     readout: Readout,
     statistic: Statistic,
-    control: bool = True,
+    centre: Sequence[str],
+    controls: int = 5,
     seed: int = 0,
+    n: int = 1000,
     batch_size: int | None = None,
 ) -> CausalCheck:
-    """Project the best layer's direction out at the states' span; the statistic before and
-    after (and after projecting out a random direction, with `control`)."""
-    if fit["r"].isna().all():
-        raise ProbekitError("no layer has a defined correlation; the causal check has no layer")
-    layer = int(fit.loc[fit["r"].idxmax(), "layer"])
-    k = states.layers.index(layer)
-    direction = diff_of_means(states.acts[:, k], states.frame["contrast"].to_numpy())
-    if not np.linalg.norm(direction):
-        raise ProbekitError(f"the two sides of the contrast have equal means at layer {layer}")
+    """The cross-fitted causal check of the module's docstring, with `controls` random
+    directions, folds and random directions drawn from `seed`, `n` bootstrap resamples."""
     frame = states.frame.copy()
-    base = statistic(frame, VALUE)
-    frame["ablated"] = project_out(
-        scorer, prompts, states.span, layer, direction, readout, batch_size
+    units = list(frame["unit"])
+    fold = unit_folds(units, seed)
+    folds = int(fold.max()) + 1
+    rng = np.random.default_rng(seed)
+    contrast = frame["contrast"].to_numpy()
+    randoms = rng.standard_normal((controls, states.acts.shape[-1]))
+    columns = ["ablated", *(f"random{c + 1}" for c in range(controls))]
+    ablated = np.full((len(columns), len(frame)), np.nan)
+    layers: dict[str, int] = {}
+    for k in range(folds):
+        held, train = fold == k, fold != k
+        fits = [
+            _pearson(
+                _centred(
+                    acts[train] @ diff_of_means(acts[train], contrast[train]), frame[train], centre
+                ),
+                frame["gap"].to_numpy()[train],
+            )
+            for acts in np.moveaxis(states.acts, 1, 0)
+        ]
+        if np.isnan(fits).all():
+            raise ProbekitError("no layer has a defined correlation; the causal check has no layer")
+        at = int(np.nanargmax(fits))
+        layer = states.layers[at]
+        direction = diff_of_means(states.acts[train, at], contrast[train])
+        chosen = [prompts[i] for i in np.flatnonzero(held)]
+        for row, vector in enumerate([direction, *randoms]):
+            ablated[row, held] = project_out(
+                scorer, chosen, states.span, layer, vector, readout, batch_size
+            )
+        layers |= {u: layer for u, f in zip(units, fold, strict=True) if f == k}
+    frame = frame.assign(**dict(zip(columns, ablated, strict=True)))
+    found = {
+        c: bootstrap_ci(frame, "unit", lambda d, c=c: statistic(d, c), n=n, seed=seed)
+        for c in [VALUE, *columns]
+    }
+    base = found[VALUE]
+
+    def share(column: str) -> tuple[float, np.ndarray]:
+        whole = (base.estimate - found[column].estimate) / base.estimate
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return whole, (base.resampled - found[column].resampled) / base.resampled
+
+    shrink, drawn = share("ablated")
+    controlled = [share(c) for c in columns[1:]]
+    random_drawn = np.mean([d for _, d in controlled], axis=0)
+    return CausalCheck(
+        layers,
+        folds,
+        _interval(base.estimate, base.resampled),
+        _interval(found["ablated"].estimate, found["ablated"].resampled),
+        _interval(shrink, drawn),
+        [found[c].estimate for c in columns[1:]],
+        _interval(float(np.mean([w for w, _ in controlled])), random_drawn),
     )
-    random = None
-    if control:
-        vector = np.random.default_rng(seed).standard_normal(direction.shape)
-        frame["random"] = project_out(
-            scorer, prompts, states.span, layer, vector, readout, batch_size
+
+
+def unit_folds(units: Sequence[str], seed: int) -> np.ndarray:
+    """Each prompt's fold: its unit's, the units dealt in a seeded order into at most `FOLDS`
+    folds (a direction or vector is fitted on the other folds); one line with fewer than two
+    units."""
+    names = list(dict.fromkeys(units))
+    if len(names) < 2:
+        raise ProbekitError(
+            "a direction is fitted on units held out from those it is used on, so it needs at "
+            f"least two units; these prompts have {len(names)}"
         )
-        random = statistic(frame, "random")
-    return CausalCheck(layer, base, statistic(frame, "ablated"), random)
+    order = np.random.default_rng(seed).permutation(len(names))
+    fold_of = {names[i]: k % min(FOLDS, len(names)) for k, i in enumerate(order)}
+    return np.array([fold_of[u] for u in units])
+
+
+def _interval(value: float, resampled: np.ndarray) -> tuple[float, float, float]:
+    """A value and the 2.5-97.5 percentiles of its resampled values (NaN-aware)."""
+    low, high = np.nanpercentile(resampled, [2.5, 97.5])
+    return float(value), float(low), float(high)
 
 
 def _span(prompt: EncodedItem, span: str) -> list[int]:

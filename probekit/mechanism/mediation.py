@@ -10,12 +10,14 @@ span, or one attention head), on the per-prompt readout m:
 IE is exact activation patching (`mechanism.patching.sweep`); DE is the same sweep with the two
 prompts swapped. A component that carries the whole effect has IE = TE and DE = 0, one that
 carries none IE = 0 and DE = TE; TE - IE - DE is what the two paths do together (interaction).
-Intervals are bootstrap intervals over pairs (`probekit.stats.bootstrap_units`).
+Over a study's sets of pairs (`mechanism.pairs.PairSet`) each effect on a set is the signed sum
+of its pairs', as patching's; intervals are bootstrap intervals over units, as patching's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TypedDict, Unpack
 
 import numpy as np
@@ -25,9 +27,9 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import Pair
 from probekit.engines.base import HookedScorer
 from probekit.mechanism.components import COMPONENT, Patch
-from probekit.mechanism.patching import sweep
+from probekit.mechanism.pairs import PairSet, as_sets
+from probekit.mechanism.patching import over_units, sweep
 from probekit.mechanism.readouts import Readout
-from probekit.stats import bootstrap_units, mean_ratio
 
 EFFECTS = ("total", "indirect", "direct")
 
@@ -42,45 +44,54 @@ class SweepKwargs(TypedDict, total=False):
 
 def mediate(
     scorer: HookedScorer,
-    pairs: Sequence[Pair],
+    pairs: Sequence[Pair] | Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
     **options: Unpack[SweepKwargs],
 ) -> pd.DataFrame:
-    """One row per (pair, component): pair (its index), clean_prompt_id, corrupt_prompt_id,
-    layer, site, head, span, total, indirect, direct, readout. `options` go to both sweeps
-    (`patching.sweep`: `hooks`, `batch_size`, `through_answer`)."""
-    forward = sweep(scorer, pairs, patches, readout, **options)
-    swapped = [(corrupt, clean) for clean, corrupt in pairs]
+    """One row per (pair, component): pair (its index), unit, set, sign, clean_prompt_id,
+    corrupt_prompt_id, layer, site, head, span, total, indirect, direct, readout. `options` go
+    to both sweeps (`patching.sweep`: `hooks`, `batch_size`, `through_answer`)."""
+    sets = as_sets(pairs)
+    forward = sweep(scorer, sets, patches, readout, **options)
+    swapped = [replace(s, pairs=tuple((k, c) for c, k in s.pairs)) for s in sets]
     reverse = sweep(scorer, swapped, patches, readout, **options)
     m = readout.column
     corrupt = forward[f"{m}_corrupt"]
-    out = forward[["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]].copy()
-    out.insert(0, "pair", np.repeat(np.arange(len(pairs)), len(patches)))
-    out["total"] = forward[f"{m}_clean"] - corrupt
-    out["indirect"] = forward[f"{m}_patched"] - corrupt
-    out["direct"] = reverse[f"{m}_patched"].to_numpy() - corrupt
-    out["readout"] = readout.spec
+    out = forward[
+        ["unit", "set", "sign", "clean_prompt_id", "corrupt_prompt_id", *COMPONENT]
+    ].copy()
+    out.insert(0, "pair", np.repeat(np.arange(len(out) // len(patches)), len(patches)))
+    out = out.assign(
+        total=forward[f"{m}_clean"] - corrupt,
+        indirect=forward[f"{m}_patched"] - corrupt,
+        direct=reverse[f"{m}_patched"].to_numpy() - corrupt,
+        readout=readout.spec,
+    )
     return out
+
+
+def _sets(group: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Per set: its unit and the signed sum of each of `columns` over its pairs."""
+    signed = group[list(columns)].mul(group["sign"], axis=0).assign(set=group["set"])
+    sums = signed.groupby("set", sort=False).sum()
+    return sums.assign(unit=group.groupby("set", sort=False)["unit"].first())
 
 
 def summarise(
     effects: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
 ) -> pd.DataFrame:
-    """Per component: the mean over pairs of each effect with its bootstrap interval over pairs
+    """Per component: the mean over sets of each effect with its bootstrap interval over units
     (`<effect>`, `<effect>_low`, `<effect>_high`) and `share` = mean IE / mean TE; largest
     |indirect| first."""
     rows = []
     for key, group in effects.groupby(COMPONENT, sort=False, dropna=False):
         row = dict(zip(COMPONENT, key, strict=True))
+        sets = _sets(group, EFFECTS)
         for effect in EFFECTS:
-            values = group.sort_values("pair")[effect].to_numpy()
-            ci = bootstrap_units(
-                len(values), lambda d, v=values: v[d].mean(-1), n, seed, level, batched=True
-            )
-            row |= {effect: ci.estimate, f"{effect}_low": ci.low, f"{effect}_high": ci.high}
+            row |= over_units(sets, effect, None, effect, n, seed, level)
         row["share"] = row["indirect"] / row["total"] if row["total"] != 0 else np.nan
-        row["pairs"] = len(group)
+        row |= {"pairs": len(group), "sets": len(sets)}
         rows.append(row)
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
@@ -92,14 +103,12 @@ def top_share(
     effects: pd.DataFrame, top: int, n: int = 1000, seed: int = 0, level: float = 0.95
 ) -> dict[str, float]:
     """The summed mean indirect effect of the `top` components (largest |mean IE|, chosen once on
-    all pairs) as a share of the mean total effect, with its bootstrap interval over pairs."""
+    all sets) as a share of the mean total effect, with its bootstrap interval over units."""
     per = summarise(effects, n=1, seed=seed)
     if not 1 <= top <= len(per):
         raise ProbekitError(f"top must lie between 1 and {len(per)} components, got {top}")
-    chosen = per.head(top)[COMPONENT]
-    inside = effects.merge(chosen, on=COMPONENT)
-    indirect = inside.groupby("pair")["indirect"].sum().sort_index().to_numpy()
-    total = effects.groupby("pair")["total"].first().sort_index().to_numpy()
-
-    ci = bootstrap_units(len(total), mean_ratio(indirect, total), n, seed, level, batched=True)
-    return {"top": top, "share": ci.estimate, "low": ci.low, "high": ci.high}
+    inside = effects.merge(per.head(top)[COMPONENT], on=COMPONENT)
+    first = effects.drop_duplicates("pair")
+    sets = _sets(first, ["total"]).join(_sets(inside, ["indirect"])["indirect"])
+    ci = over_units(sets, "indirect", "total", "share", n, seed, level)
+    return {"top": top, "share": ci["share"], "low": ci["share_low"], "high": ci["share_high"]}

@@ -1,33 +1,171 @@
-"""Counterfactual pairs: building them, choosing them, and aligning their spans.
+"""Counterfactual pairs and the sets of them a study's effect is read on: building them,
+drawing them, and aligning their spans.
 
 A pair is two encoded prompts on the same unit (event, question) that differ in one identity,
 (clean, corrupt). A study builds its pairs (`Study.pairs`); `make_pair` builds one from two
 strings with the identity given as text.
 
+Sets. Patching reads the effect a study's headline measures (`MechanismDefaults.effect`) on
+sets of pairs, each pair with a sign: a set's gap is the signed sum of its pairs' gaps
+readout(clean) - readout(corrupt), and a patch's effect on it the signed sum of the pairs'
+readout(patched) - readout(corrupt). A `Difference` makes each pair a set of its own (sign +1).
+An `Interaction` of identities in the key columns `rows` x `columns` (intergroup: perceiver x
+experiencer) makes, for two identities g, h of different groups on one unit, two sets of the
+cells (g,g), (g,h), (h,g), (h,h) with R(p, e) the readout of the cell: one swapping the column
+identity (each cell is the clean prompt of a pair whose corrupt prompt has the other column
+identity: (g,g) -> (g,h), (g,h) -> (g,g), (h,g) -> (h,h), (h,h) -> (h,g)) and one swapping
+the row identity ((g,g) -> (h,g), ...). The sign is +1 for a cell whose two identities are
+one (in-group), -1 otherwise, so the set's clean value sum_c sign(c) R(c) is the
+difference-in-differences DiD = [R(g,g) - R(g,h)] - [R(h,g) - R(h,h)], its corrupt value
+(each cell read with the other identity) is -DiD, and the set's gap is 2 DiD. Its recovery
+is (DiD_patched - DiD_corrupt) / (DiD_clean - DiD_corrupt): 1 when the patch gives every cell
+its clean readout, 0 when it changes nothing.
+
+Which sets: every one by default, or `draw_sets` draws some per unit at random (seeded); never
+by the size of their gap.
+
 Spans: any span the items declare (intergroup: `experiencer`, `perceiver`, ...), `from_<span>`
 (every token from the span's first to the prompt's last, the answer position included) and
 `<span>@<i>` (the i-th of the span's aligned positions; negative from its end).
 
-Alignment. The clean and corrupt spans may differ in length ("a Buddhist" can be three tokens,
-"a Jew" two). They are aligned right to left: the last k = min(len_clean, len_corrupt) positions
-of each, last token to last token; the longer span's leading tokens are not patched. A name is
-complete at its last token, and the text after it is the same in both prompts, so for
-`from_<span>` this pairs identical tokens counted from the end of the sequence.
+Alignment. Clean and corrupt spans of equal token counts are patched position by position.
+Spans of different counts ("a Buddhist" can be three tokens, "a Jew" two) are patched as a block
+(`probekit.mechanism.components`): the patched run is the corrupt run with its span replaced by
+the clean span, at a residual-stream site, where every position outside the span can be mapped
+(the prompts are equal before the span and after it); at other sites a whole span of unequal
+counts has no position-by-position match and is refused in one line. A single position
+`<span>@<i>` of such spans is counted from the span's end (the last tokens aligned).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
+
+import numpy as np
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import CharSpan, EncodedItem, Item, Pair
 from probekit.core.public import public
+from probekit.mechanism.defaults import Difference, Effect, Interaction
 
 FROM = "from_"  # `from_<span>`: the span's first token to the prompt's end
 AT = "@"  # `<span>@<i>`: the i-th of the span's aligned positions (negative: from its end)
+
+
+@dataclass(frozen=True)
+class PairSet:
+    """Pairs on one unit whose signed sum of gaps is the study's effect there (see the module):
+    `name`, the `contrast` it reads (`difference`, `interaction`), the key column(s) its pairs
+    swap (`swapped`), and `draw`, the key `draw_sets` draws by (the two sets of one identity
+    pair share it)."""
+
+    name: str
+    contrast: str
+    pairs: tuple[Pair, ...]
+    signs: tuple[int, ...]
+    swapped: str
+    draw: str
+
+    @property
+    def unit(self) -> str:
+        return self.pairs[0][0].item.unit
+
+
+def swapped_columns(pair: Pair) -> str:
+    """The key columns on which a pair's two prompts differ, joined by commas."""
+    clean, corrupt = pair[0].item.key, pair[1].item.key
+    return ",".join(c for c in clean if clean[c] != corrupt.get(c)) or "none"
+
+
+def difference_sets(pairs: Sequence[Pair]) -> list[PairSet]:
+    """Each pair a set of its own, sign +1 (a `Difference`)."""
+    out = []
+    for clean, corrupt in pairs:
+        name = f"{clean.id} > {corrupt.id}"
+        out.append(
+            PairSet(
+                name,
+                Difference.name,
+                ((clean, corrupt),),
+                (1,),
+                swapped_columns((clean, corrupt)),
+                name,
+            )
+        )
+    return out
+
+
+def interaction_sets(
+    effect: Interaction, probe: Any, encoded: Sequence[EncodedItem]
+) -> list[PairSet]:
+    """The 2x2 sets of an `Interaction` (see the module), per unit in the prompts' order, for
+    every two identities of different groups whose four cells are all among the prompts."""
+    same = effect.same(probe)
+    cells = {(e.item.unit, e.item.key[effect.rows], e.item.key[effect.columns]): e for e in encoded}
+    out = []
+    for unit in dict.fromkeys(e.item.unit for e in encoded):
+        names = list(dict.fromkeys(r for u, r, c in cells if u == unit and r == c))
+        for g, h in combinations(names, 2):
+            four = [(p, e) for p in (g, h) for e in (g, h)]
+            if same(g, h) or any((unit, *cell) not in cells for cell in four):
+                continue
+            other = {g: h, h: g}
+            for column, swapped in (
+                (effect.columns, [(p, other[e]) for p, e in four]),
+                (effect.rows, [(other[p], e) for p, e in four]),
+            ):
+                pairs = tuple(
+                    (cells[(unit, *c)], cells[(unit, *k)])
+                    for c, k in zip(four, swapped, strict=True)
+                )
+                signs = tuple(1 if p == e else -1 for p, e in four)
+                draw = f"{unit}|{g}|{h}"
+                out.append(
+                    PairSet(f"{draw}|{column}", Interaction.name, pairs, signs, column, draw)
+                )
+    return out
+
+
+def effect_sets(
+    effect: Effect, probe: Any, encoded: Sequence[EncodedItem], pairs: Sequence[Pair]
+) -> list[PairSet]:
+    """The sets a study's `effect` is read on: its `pairs` one by one (`Difference`) or the
+    2x2 sets of its prompts (`Interaction`); one line when there are none."""
+    if isinstance(effect, Interaction):
+        found = interaction_sets(effect, probe, encoded)
+    else:
+        found = difference_sets(pairs)
+    if not found:
+        raise ProbekitError(
+            f"no {effect.name} sets among these prompts: patching needs two identities of "
+            "different groups on one unit"
+        )
+    return found
+
+
+def draw_sets(sets: Sequence[PairSet], per_unit: int | None, seed: int) -> list[PairSet]:
+    """Every set (`per_unit` None), or `per_unit` draws (`PairSet.draw`) per unit chosen at
+    random with `seed`, in their order: never by the size of their gap."""
+    if per_unit is None:
+        return list(sets)
+    rng = np.random.default_rng(seed)
+    kept: set[str] = set()
+    for unit in dict.fromkeys(s.unit for s in sets):
+        keys = list(dict.fromkeys(s.draw for s in sets if s.unit == unit))
+        chosen = rng.choice(len(keys), size=min(per_unit, len(keys)), replace=False)
+        kept.update(keys[i] for i in chosen)
+    return [s for s in sets if s.draw in kept]
+
+
+def as_sets(pairs: Any) -> list[PairSet]:
+    """Pair sets as they are, or pairs (checked, `check_pairs`) each a set of its own."""
+    if isinstance(pairs, Sequence) and pairs and all(isinstance(s, PairSet) for s in pairs):
+        return list(pairs)
+    return difference_sets(check_pairs(pairs))
 
 
 def split_position(span: str) -> tuple[str, int | None]:
@@ -63,19 +201,23 @@ def span_positions(prompt: EncodedItem, span: str) -> list[int]:
 
 
 def align(clean: Sequence[int], corrupt: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Right-to-left alignment: the last min(len) positions of each, last to last."""
+    """Right-to-left alignment: the last min(len) positions of each, last to last (the single
+    positions `<span>@<i>` of spans of different token counts)."""
     k = min(len(clean), len(corrupt))
     return list(clean[len(clean) - k :]), list(corrupt[len(corrupt) - k :])
 
 
 def aligned_positions(pair: Pair, span: str) -> tuple[list[int], list[int]]:
-    """The clean and corrupt positions a patch of `span` copies between, aligned (one of each
-    with `@i`; an index beyond the aligned span is refused)."""
+    """The clean and corrupt positions a patch of `span` copies between: the whole span of each
+    (of different lengths where their token counts differ: a block, see the module), or one
+    position of each with `@i` (counted from the end of spans of different counts; an index
+    beyond them is refused)."""
     clean, corrupt = pair
-    clean_pos, corrupt_pos = align(span_positions(clean, span), span_positions(corrupt, span))
+    clean_pos, corrupt_pos = span_positions(clean, span), span_positions(corrupt, span)
     index = split_position(span)[1]
     if index is None:
         return clean_pos, corrupt_pos
+    clean_pos, corrupt_pos = align(clean_pos, corrupt_pos)
     if not -len(clean_pos) <= index < len(clean_pos):
         raise ProbekitError(
             f"{span}: the span has {len(clean_pos)} aligned positions in pair "
@@ -85,14 +227,15 @@ def aligned_positions(pair: Pair, span: str) -> tuple[list[int], list[int]]:
 
 
 def single_positions(spans: Iterable[str], pairs: Sequence[Pair]) -> list[str]:
-    """Each span as its single positions `span@-k` ... `span@-1`, k the fewest aligned positions
-    of any pair: the same index is the same place relative to the span's end in every pair."""
+    """Each span as its single positions `span@-k` ... `span@-1`, k the fewest positions of the
+    span in any prompt: the same index is the same place relative to the span's end in every
+    pair."""
     out = []
     for span in spans:
         if split_position(span)[1] is not None:
             out.append(span)
             continue
-        k = min(len(aligned_positions(pair, span)[0]) for pair in pairs)
+        k = min(min(map(len, aligned_positions(pair, span))) for pair in pairs)
         out += [f"{span}{AT}{i}" for i in range(-k, 0)]
     return out
 
@@ -126,19 +269,6 @@ def check_pairs(pairs: Any, spans: Iterable[str] = ()) -> list[Pair]:
             aligned_positions((clean, corrupt), span)
         out.append((clean, corrupt))
     return out
-
-
-def pick_pairs(pairs: Sequence[Pair], gaps: Sequence[float], per_unit: int) -> list[Pair]:
-    """The `per_unit` pairs of each unit with the largest |gap| (readout(clean) -
-    readout(corrupt), one per pair)."""
-    size = [abs(g) if math.isfinite(g) else -1.0 for g in gaps]
-    chosen: dict[str, list[Pair]] = {}
-    for i in sorted(range(len(pairs)), key=size.__getitem__, reverse=True):
-        pair = pairs[i]
-        group = chosen.setdefault(pair[0].item.unit, [])
-        if len(group) < per_unit:
-            group.append(pair)
-    return [pair for group in chosen.values() for pair in group]
 
 
 @public()

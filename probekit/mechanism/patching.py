@@ -1,35 +1,48 @@
 """Exact activation patching of counterfactual pairs, measured with the exact scoring engine.
 
 A patch (layer, site, span[, head]; `mechanism.components`) copies the clean run's activation at
-the TransformerLens hook `blocks.{layer}.{site}` into the corrupt run at the span's aligned
-positions (`mechanism.pairs`). It acts during the engine's prompt pass only; the engine then
+the TransformerLens hook `blocks.{layer}.{site}` into the corrupt run at the span's positions
+(`mechanism.pairs`). It acts during the engine's prompt pass only; the engine then
 expands the answer trie from the patched KV cache, so the patch reaches every answer token
 (`mechanism.interventions.score_with`). The effect is read on a per-prompt readout
 (`probekit.mechanism.readouts`: expected value, P(answer), P(correct), a difference; TransformerLens
-calls it the patching metric): `recovery = (m_patched - m_corrupt) / (m_clean - m_corrupt)` (NaN
-when the denominator is 0).
+calls it the patching metric): a pair's `recovery = (m_patched - m_corrupt) / (m_clean -
+m_corrupt)` (NaN when the denominator is 0).
 
-Which positions a patch writes. A span writes its aligned prompt positions (`mechanism.pairs`).
+Which positions a patch writes. A span writes its prompt positions (`mechanism.pairs`).
 A span that runs to the end of both prompts (`from_<span>`, `answer`, or a span that ends at the
 last token) also writes every answer position (`through_answer=True`, the default with
 `hooks="transformer_lens"`; nnsight's hooks reach the prompt pass only): the engine
 reads a multi-token answer at positions after the prompt (its trie of answer tokens), and each
 gets the clean run's activation at the same continuation. Patching `from_<span>` at
-`hook_resid_pre` then gives the clean run exactly, at every layer (when the clean and corrupt
-spans have the same number of tokens). With `through_answer=False` the answer positions are left
+`hook_resid_pre` then gives the clean run exactly, at every layer: its status is `trivial`
+(`mechanism.components`). With `through_answer=False` the answer positions are left
 alone and read the patched prompt through the KV cache of layers >= l only, so at late layers
 the answer's later tokens mix patched and corrupt values and recovery can leave [0, 1].
 
-No-op patches (in the prefix both prompts share) are not run unless `run_noops=True`.
+Patches known to change nothing (`not run`) are not run unless `run_noops=True`.
+
+Over sets and units (`summarise`). The pairs come in sets (`mechanism.pairs.PairSet`: a pair
+alone for a study's difference, the four pairs of a 2x2 interaction), each pair with a sign. A
+component's effect on a set is the signed sum of its pairs' effects (m_patched - m_corrupt),
+the set's gap the signed sum of their gaps; its recovery is the mean effect over the mean gap
+across sets (a ratio of means, so one set with a tiny gap cannot blow it up). Intervals are
+percentile bootstrap intervals that resample the study's units (events, items, samples: the
+pairs' `Item.unit`), each drawn unit bringing all its sets, since the sets of one unit share
+its content; with one unit there is none. Each measured component's p value is the two-sided
+sign-flip test over units of its mean effect (`probekit.stats.sign_flip_test`), adjusted with
+Holm's method over the family of components tested in the table (`p_adjusted`); a component
+not run, trivial or whose patched runs are a weak signal is not tested.
 
 Reading a table (`annotate`, what `probekit.patch` returns): each row's `reading` says what a
 recovery outside [0, 1] means (above 1: the patch overshoots; below 0: it moves the readout away
-from the clean run), or that the pair's gap is within the run's numeric noise; over several
-pairs each row also carries its component's recovery over the pairs with its bootstrap interval
-(`summarise`), and one pair is said to have none.
+from the clean run) where its interval lies outside (one pair's: its recovery give or take the
+run's numeric noise), or that its set's gap is within that noise; each row also carries its
+component's recovery over the sets with its interval over units (`summarise`).
 
-Batching. Each row of a forward is the corrupt prompt of one (pair, patch); rows of one batch
-carry different patches (any layer, site, span), so a sweep runs `batch_size` patches a forward.
+Batching. Each row of a forward is the host prompt (the corrupt one; the clean one for a block)
+of one (pair, patch); rows of one batch carry different patches (any layer, site, span), so a
+sweep runs `batch_size` patches a forward.
 
 Heads. The site `attn.hook_z` is the attention's per-head output before the output projection
 ([positions, heads, d_head], TransformerLens naming); a patch there with `head = h` copies head h
@@ -51,11 +64,15 @@ from probekit.core.signal import is_weak, weak_under
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.mechanism.components import (
     COMPONENT,
+    MEASURED,
+    NOT_RUN,
+    TRIVIAL,
     Job,
     Patch,
     check,
     key_columns,
     make_job,
+    pair_columns,
     row,
     table,
 )
@@ -69,15 +86,21 @@ from probekit.mechanism.interventions import (
     score_with,
 )
 from probekit.mechanism.options import HookOptions
+from probekit.mechanism.pairs import PairSet, as_sets
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import hook_library, hook_order, library
-from probekit.stats import bootstrap_units, mean_ratio
+from probekit.stats import bootstrap_units, holm, mean_ratio, sign_flip_test
+
+SUMMARY = [*COMPONENT, "swapped"]
+"""The columns naming one row of a summary: a component, and the identity its pairs swap."""
+ADJUSTMENT = "holm"
+"""How a table's p values are adjusted for the family of components tested (`p_adjusted`)."""
 
 
 @public(HookOptions)
 def sweep(
     scorer: HookedScorer,
-    pairs: Sequence[Pair],
+    pairs: Sequence[Pair] | Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
     *,
@@ -91,6 +114,7 @@ def sweep(
 ) -> pd.DataFrame:
     """Run every patch on every pair; one row per (pair, patch), pair-major.
 
+    `pairs`: (clean, corrupt) pairs, each a set of its own, or a study's `PairSet`s.
     `through_answer`: a span that runs to the end also patches the answer positions (see the
     module's docstring); None: yes with `transformer_lens`, no with `nnsight` (whose hooks reach
     the prompt pass only). `progress`: the progress of the runs (`probekit.core.progress`: a
@@ -99,17 +123,22 @@ def sweep(
     set, in `scorer.answers` order) of the clean, corrupt and patched runs.
 
     Columns: the items' key columns (a column on which clean and corrupt differ in some pair
-    comes twice, as `clean_<col>` and `corrupt_<col>`), clean_prompt_id, corrupt_prompt_id,
-    clean_prompt, corrupt_prompt (rendered text), layer, site (hook name), head (at
-    `attn.hook_z`; else null), span, clean_positions, corrupt_positions (aligned, unpadded),
+    comes twice, as `clean_<col>` and `corrupt_<col>`), unit, set, sign (the pair's sign in its
+    set), swapped (the key column(s) the pair swaps), contrast (`difference`, `interaction`),
+    clean_prompt_id, corrupt_prompt_id, clean_prompt, corrupt_prompt (rendered text), layer,
+    site (hook name), head (at `attn.hook_z`; else null), span, clean_positions,
+    corrupt_positions (the span's, unpadded), alignment (`position`, or `block` for spans of
+    unequal token counts), status (`measured`, `not run`, `trivial`: `mechanism.components`),
     `<m>_clean`, `<m>_corrupt`, `<m>_patched` (m = `readout.column`, e.g. expected), gap (clean -
     corrupt), recovery, ran, readout (the readout's spec), method (`exact` here) and estimate (the
     attribution estimate of m_patched - m_corrupt; NaN here, see `probekit.mechanism.attribution`),
-    noise (the run's numeric noise on the readout, `numeric_noise`), small_gap (|gap| <=
-    noise: the pair is left out of recovery over pairs, `summarise`) and valid_mass_patched
-    (the patched run's valid mass; the corrupt run's where the patch did not run), whose mean
-    per component below the weak-signal threshold is warned about (`weak_patches`).
+    noise (the run's numeric noise on the readout, `numeric_noise`), small_gap (the |signed gap|
+    of the pair's set is within that noise, per pair: the set is left out of recovery,
+    `summarise`) and valid_mass_patched (the patched run's valid mass; the corrupt run's where
+    the patch did not run), whose mean per component below the weak-signal threshold is warned
+    about (`weak_patches`).
     """
+    pairs, about = pair_columns(as_sets(pairs))
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size
     if through_answer is None:
@@ -119,7 +148,7 @@ def sweep(
         for i, pair in enumerate(pairs)
         for patch in patches
     ]
-    todo = [k for k, job in enumerate(jobs) if run_noops or not job.noop]
+    todo = [k for k, job in enumerate(jobs) if run_noops or job.status != NOT_RUN]
     runs = [jobs[k] for k in todo]
     read = sorted({job.patch.hook for job in runs}, key=hook_order)
     nodes = answer_nodes(scorer)
@@ -130,11 +159,9 @@ def sweep(
     entries: list[int | str] = [*todo, *again]
     prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
     with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
-        baseline, clean_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
+        baseline, source_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
         bar.update(2 * len(pairs))
-        patched: dict[int, float] = {}  # job index -> readout of the patched run
-        masses: dict[int, float] = {}  # job index -> valid mass of the patched run
-        kept: dict[int, ScoreResult] = {}  # job index -> the patched run's result
+        patched: dict[int, ScoreResult] = {}  # job index -> the patched run's result
         rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
         for start in range(0, len(entries), size):
             chunk = entries[start : start + size]
@@ -145,18 +172,14 @@ def sweep(
                         [prompts[key].input_ids], reuse_prefix=False
                     )
                 continue
-            edits = _edits(jobs, ks, pairs, clean_acts, nodes)
-            batch = [pairs[jobs[k].pair][1] for k in ks] + [
+            edits = _edits(jobs, ks, pairs, source_acts, nodes)
+            batch = [_host(pairs[jobs[k].pair], jobs[k]) for k in ks] + [
                 prompts[key] for key in chunk[len(ks) :]
             ]
             results, _ = score_with(
                 scorer, [p.input_ids for p in batch], edits=edits, hooks=hooks, remote=remote
             )
-            for k, prompt, result in zip(ks, batch, results, strict=False):
-                patched[k] = readout(result, prompt.item, baseline[pairs[jobs[k].pair][0].id])
-                masses[k] = result.valid_mass
-                if distributions:
-                    kept[k] = result
+            patched |= dict(zip(ks, results, strict=False))
             for prompt, result in zip(batch[len(ks) :], results[len(ks) :], strict=True):
                 rescored[prompt.id] = result
             bar.update(len(ks))
@@ -166,23 +189,40 @@ def sweep(
     rows = []
     for k, job in enumerate(jobs):
         clean, corrupt = pairs[job.pair]
-        m_clean = readout(baseline[clean.id], clean.item, baseline[clean.id])
-        m_corrupt = readout(baseline[corrupt.id], corrupt.item, baseline[clean.id])
-        m_patched = patched.get(k, m_corrupt)
-        rows.append(row(pairs[job.pair], keys, job, readout, m_clean, m_corrupt, m_patched))
-        rows[-1]["ran"] = k in patched
-        rows[-1]["noise"] = noise
-        rows[-1]["small_gap"] = not abs(m_clean - m_corrupt) > noise
-        rows[-1]["valid_mass_patched"] = masses.get(k, baseline[corrupt.id].valid_mass)
+        found = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
+        found["patched"] = patched.get(k, found["corrupt"])
+        m_clean = readout(found["clean"], clean.item, found["clean"])
+        m_corrupt, m_patched = (
+            readout(found[name], corrupt.item, found["clean"]) for name in ("corrupt", "patched")
+        )
+        values = (m_clean, m_corrupt, m_patched)
+        rows.append(row(pairs[job.pair], keys, job, readout, *values, about[job.pair]))
+        rows[-1] |= {"ran": k in patched, "noise": noise}
+        rows[-1]["valid_mass_patched"] = found["patched"].valid_mass
         if distributions:
-            runs = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
-            runs["patched"] = kept.get(k, runs["corrupt"])
-            for name, result in runs.items():
+            for name, result in found.items():
                 rows[-1][f"valid_mass_{name}"] = result.valid_mass
                 rows[-1][f"probs_{name}"] = np.asarray(result.probs, dtype=float)
     out = table(rows)
+    out["small_gap"] = _sets_in_noise(out)
     out.attrs["answers"] = list(scorer.answers.answers)
     return out
+
+
+def _host(pair: Pair, job: Job) -> Any:
+    """The prompt a job's patched run scores: the corrupt one, the clean one for a block."""
+    return pair[0] if job.block else pair[1]
+
+
+def _sets_in_noise(df: pd.DataFrame) -> pd.Series:
+    """Per row: whether the |signed sum of gaps| of its set (per component) is within the
+    run's numeric noise times the set's pairs."""
+    signed = (df["sign"] * df["gap"]).groupby(
+        [df["set"], *(df[c] for c in COMPONENT)], dropna=False
+    )
+    total = signed.transform("sum").abs()
+    count = signed.transform("size")
+    return ~(total > df["noise"] * count)
 
 
 NOISE_FACTOR = 10.0
@@ -219,51 +259,107 @@ def numeric_noise(
 
 
 def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
-    """Per component (layer, site, head, span), over the pairs: the mean exact effect
-    (m_patched - m_corrupt, where measured) and the mean attribution estimate, each with its
-    bootstrap interval over pairs (`<x>_low`, `<x>_high`); `recovery`, the mean effect over the
-    mean gap (a ratio of means, so one pair with a tiny gap cannot blow it up) with its
-    bootstrap interval over pairs, and `estimated_recovery` the same of the estimate; `pairs`,
-    and `pairs_in_noise`, the pairs whose gap is within the run's numeric noise (`small_gap`),
-    left out of both recoveries; `gap`, their mean gap; `reading`, a line reading a recovery
-    outside [0, 1] beyond the run's noise (`reading`). Largest |effect| (else |estimate|) first."""
-    patched = next(c for c in df.columns if c.endswith("_patched"))
+    """Per component (layer, site, head, span) and swapped identity, over the sets of pairs (see
+    the module): `status` (`measured`, `not run`, `trivial`); the mean exact effect on a set
+    (the signed sum of m_patched - m_corrupt, where measured) and the mean attribution estimate,
+    each with its bootstrap interval over units (`<x>_low`, `<x>_high`); `recovery`, the mean
+    effect over the mean gap (a ratio of means) with its interval, and `estimated_recovery` the
+    same of the estimate; `p_value`, the sign-flip test over units of the mean effect, and
+    `p_adjusted`, Holm's over the components tested (measured, not a weak signal); `gap`, the
+    mean set gap; `pairs`, `sets`, `units`, and `pairs_in_noise` (the pairs of sets whose gap is
+    within the run's numeric noise, left out of both recoveries); `reading`, a line reading a
+    recovery whose interval lies outside [0, 1]. Intervals are NaN with one unit. Measured
+    components first, largest |effect| (else |estimate|) first."""
+    patched = next(c for c in df.columns if c.endswith("_patched") and c != "valid_mass_patched")
     corrupt = patched.removesuffix("_patched") + "_corrupt"
-    small = df["small_gap"] if "small_gap" in df else pd.Series(False, index=df.index)
+    measured = df["ran"] | (df["method"] == "exact")
     frame = df.assign(
-        effect=(df[patched] - df[corrupt]).where(df["ran"] | (df["method"] == "exact")),
-        small_gap=small.astype(bool),
+        small_gap=df.get("small_gap", False),
+        effect=(df[patched] - df[corrupt]).where(measured) * df["sign"],
+        estimate=df["estimate"] * df["sign"],
+        gap=df["gap"] * df["sign"],
     )
     rows = []
-    for key, group in frame.groupby(COMPONENT, sort=False, dropna=False):
-        entry: dict[str, Any] = dict(zip(COMPONENT, key, strict=True))
+    for key, group in frame.groupby(SUMMARY, sort=False, dropna=False):
+        entry: dict[str, Any] = dict(zip(SUMMARY, key, strict=True))
+        entry["status"] = _status(group["status"])
+        sets = group.groupby("set", sort=False).agg(
+            unit=("unit", "first"),
+            effect=("effect", lambda v: v.sum(min_count=len(v))),
+            estimate=("estimate", lambda v: v.sum(min_count=len(v))),
+            gap=("gap", "sum"),
+            pairs=("gap", "size"),
+            small=("small_gap", "any"),
+        )
         for column in ("effect", "estimate"):
-            values = group[column].dropna().to_numpy()
-            if len(values) == 0:
-                entry |= {column: np.nan, f"{column}_low": np.nan, f"{column}_high": np.nan}
-                continue
-            ci = bootstrap_units(
-                len(values), lambda d, v=values: v[d].mean(-1), n, seed, level, batched=True
-            )
-            entry |= {column: ci.estimate, f"{column}_low": ci.low, f"{column}_high": ci.high}
-        kept = group[~group["small_gap"]]
-        for column, name in (("effect", "recovery"), ("estimate", "estimated_recovery")):
-            effect, gap = kept[column].to_numpy(float), kept["gap"].to_numpy(float)
-            entry |= _ratio(effect, gap, name, n, seed, level)
-        gaps = kept["gap"].to_numpy(float)
-        entry["gap"] = float(gaps[np.isfinite(gaps)].mean()) if np.isfinite(gaps).any() else np.nan
-        entry["pairs"] = len(group)
-        entry["pairs_in_noise"] = int(group["small_gap"].sum())
+            entry |= over_units(sets, column, None, column, n, seed, level)
+        kept = sets[~sets["small"]]
+        entry |= over_units(kept, "effect", "gap", "recovery", n, seed, level)
+        entry |= over_units(kept, "estimate", "gap", "estimated_recovery", n, seed, level)
+        means = sets.groupby("unit", sort=False)["effect"].mean()
+        entry["p_value"] = sign_flip_test(means.to_numpy(), seed=seed)
+        entry["gap"] = float(kept["gap"].mean()) if len(kept) else np.nan
+        entry |= {"pairs": len(group), "sets": len(sets), "units": sets["unit"].nunique()}
+        entry["pairs_in_noise"] = int(sets.loc[sets["small"], "pairs"].sum())
         if "valid_mass_patched" in group:
             entry["mean_valid_mass_patched"] = float(group["valid_mass_patched"].mean())
             entry["weak_signal"] = is_weak(entry["mean_valid_mass_patched"])
         rows.append(entry)
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
+    untested = (out["status"] != MEASURED) | out.get("weak_signal", False)
+    out["p_value"] = out["p_value"].mask(untested)
+    out["p_adjusted"] = holm(out["p_value"].to_numpy())
     slack = _tolerance(df, out["gap"])
-    out["reading"] = [reading(r, tolerance=t) for r, t in zip(out["recovery"], slack, strict=True)]
-    size = out["effect"].abs().fillna(out["estimate"].abs())
-    return out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
+    out["reading"] = [
+        "" if status != MEASURED else reading(r, False, t, low, high)
+        for status, r, t, low, high in zip(
+            out["status"],
+            out["recovery"],
+            slack,
+            out["recovery_low"],
+            out["recovery_high"],
+            strict=True,
+        )
+    ]
+    size = out["effect"].abs().fillna(out["estimate"].abs()).where(out["status"] == MEASURED, -1)
+    out = out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
+    out.attrs |= {"adjustment": ADJUSTMENT, "level": level, "bootstrap": n, "seed": seed}
+    return out
+
+
+def _status(statuses: pd.Series) -> str:
+    """A component's status from its rows': measured where any row is, else trivial where any
+    is, else not run."""
+    found = set(statuses)
+    return next((s for s in (MEASURED, TRIVIAL) if s in found), NOT_RUN)
+
+
+def over_units(
+    sets: pd.DataFrame,
+    column: str,
+    below: str | None,
+    name: str,
+    n: int,
+    seed: int,
+    level: float,
+) -> dict[str, float]:
+    """sum(sets[column]) / sum(sets[below]) (the mean over sets without `below`) over the sets
+    where both are finite, with its percentile bootstrap interval over their units (each drawn
+    unit brings all its sets; NaN with one unit, or where a resample's denominator is 0)."""
+    top = sets[column].to_numpy(float)
+    bottom = np.ones(len(sets)) if below is None else sets[below].to_numpy(float)
+    ok = np.isfinite(top) & np.isfinite(bottom)
+    nan = {name: np.nan, f"{name}_low": np.nan, f"{name}_high": np.nan}
+    if not ok.any() or bottom[ok].sum() == 0:
+        return nan
+    units = pd.Series(sets["unit"].to_numpy()[ok])
+    upper = pd.Series(top[ok]).groupby(units, sort=False).sum().to_numpy()
+    lower = pd.Series(bottom[ok]).groupby(units, sort=False).sum().to_numpy()
+    ci = bootstrap_units(len(upper), mean_ratio(upper, lower), n, seed, level, batched=True)
+    if len(upper) < 2:
+        return nan | {name: ci.estimate}
+    return {name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high}
 
 
 OVERSHOOT = (
@@ -274,32 +370,43 @@ AWAY = "below 0: the patch moves the readout away from the clean run"
 IN_NOISE = "the gap is within the run's numeric noise (small_gap): the recovery says nothing"
 
 
-def reading(recovery: float, small_gap: bool = False, tolerance: float = 0.0) -> str:
-    """One line reading a recovery outside [0, 1] by more than `tolerance` (the run's numeric
-    noise over the gap: a recovery of 1.000002 is 1) — above 1: an overshoot; below 0: away
-    from clean — or saying that its gap is within the run's noise; empty otherwise."""
+def reading(
+    recovery: float,
+    small_gap: bool = False,
+    tolerance: float = 0.0,
+    low: float = np.nan,
+    high: float = np.nan,
+) -> str:
+    """One line reading a recovery whose interval lies outside [0, 1] by more than `tolerance`
+    (the run's numeric noise over the gap: a recovery of 1.000002 is 1) — above 1: an
+    overshoot; below 0: away from clean — or saying that its gap is within the run's noise;
+    empty otherwise. The interval is [`low`, `high`] where given (over units), else the
+    recovery itself (one pair's, whose only uncertainty is the noise)."""
     if small_gap:
         return IN_NOISE
-    if np.isfinite(recovery) and recovery > 1 + tolerance:
+    if not np.isfinite(low) or not np.isfinite(high):
+        low = high = recovery
+    if np.isfinite(low) and low > 1 + tolerance:
         return OVERSHOOT
-    if np.isfinite(recovery) and recovery < -tolerance:
+    if np.isfinite(high) and high < -tolerance:
         return AWAY
     return ""
 
 
 def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
-    """The patching table with each row's `reading` (see `reading`) and, over several pairs,
-    each component's recovery over the pairs with its bootstrap interval
-    (`recovery_over_pairs`, `_low`, `_high`: `summarise`'s ratio of means; NaN with one pair,
-    which has no interval). `attrs["note"]` says which, and names the pairs left out as
-    numeric noise."""
-    out = df.copy()
-    small = out["small_gap"] if "small_gap" in out else pd.Series(False, index=out.index)
+    """The patching table with each row's `reading` of its own pair (see `reading`) and each
+    component's recovery over the sets with its bootstrap interval over units
+    (`recovery_over_pairs`, `_low`, `_high`: `summarise`'s ratio of means; the interval NaN
+    with one unit, the recovery too with one pair). `attrs["note"]` says which, and names the
+    pairs left out as numeric noise."""
+    out = df.assign(small_gap=df.get("small_gap", False))
     slack = _tolerance(out, out["gap"])
     out["reading"] = [
-        reading(r, bool(g), t) for r, g, t in zip(out["recovery"], small, slack, strict=True)
+        reading(r, bool(g), t)
+        for r, g, t in zip(out["recovery"], out["small_gap"], slack, strict=True)
     ]
     ids = out[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    units = out["unit"].nunique()
     columns = ["recovery_over_pairs", "recovery_over_pairs_low", "recovery_over_pairs_high"]
     if len(ids) < 2:
         for column in columns:
@@ -311,12 +418,16 @@ def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
     else:
         summary = summarise(out, n=n, seed=seed, level=level)
         names = dict(zip(["recovery", "recovery_low", "recovery_high"], columns, strict=True))
-        summary = summary[[*COMPONENT, *names]].rename(columns=names)
-        out = out.merge(summary, on=COMPONENT, how="left")
+        summary = summary[[*SUMMARY, *names]].rename(columns=names)
+        out = out.merge(summary, on=SUMMARY, how="left")
+        over = (
+            f"its {level:.0%} bootstrap interval over the {units} units"
+            if units > 1
+            else "no interval: the pairs share one unit (give pairs on several)"
+        )
         note = (
             f"recovery_over_pairs: each component's mean effect over its mean gap across the "
-            f"{len(ids)} pairs, with its {level:.0%} bootstrap interval over pairs "
-            "(recovery_over_pairs_low, recovery_over_pairs_high)"
+            f"{len(ids)} pairs, with {over} (recovery_over_pairs_low, recovery_over_pairs_high)"
         )
     noise = noise_line(df)
     out.attrs = {**df.attrs, "note": f"{note}; {noise}" if noise else note}
@@ -347,24 +458,9 @@ def _tolerance(df: pd.DataFrame, gaps: pd.Series) -> np.ndarray:
         return noise / np.abs(gaps.to_numpy(float))
 
 
-def _ratio(
-    effect: np.ndarray, gap: np.ndarray, name: str, n: int, seed: int, level: float
-) -> dict[str, float]:
-    """mean(effect) / mean(gap) over the pairs where both are finite, with its bootstrap
-    interval over those pairs (NaN where a resample's mean gap is 0)."""
-    ok = np.isfinite(effect) & np.isfinite(gap)
-    effect, gap = effect[ok], gap[ok]
-    nan = {name: np.nan, f"{name}_low": np.nan, f"{name}_high": np.nan}
-    if len(effect) == 0 or gap.mean() == 0:
-        return nan
-
-    ci = bootstrap_units(len(effect), mean_ratio(effect, gap), n, seed, level, batched=True)
-    return {name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high}
-
-
 def noise_line(df: pd.DataFrame) -> str | None:
-    """One line naming the pairs left out of recovery because their gap is within the run's
-    numeric noise (None when there are none)."""
+    """One line naming the pairs left out of recovery because their set's gap is within the
+    run's numeric noise (None when there are none)."""
     if "small_gap" not in df or not df["small_gap"].any():
         return None
     ids = df.loc[df["small_gap"], ["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
@@ -379,11 +475,12 @@ def _edits(
     jobs: list[Job],
     ks: list[int],
     pairs: Sequence[Pair],
-    clean_acts: dict,
+    source_acts: dict,
     nodes: list[AnswerNode],
 ) -> dict[str, Edit]:
-    """The edits of one batch whose first rows run the jobs `ks`: at each hook, the clean run's
-    values at the aligned positions (answer positions too for a job through the answer)."""
+    """The edits of one batch whose first rows run the jobs `ks`: at each hook, the source
+    run's values (`_source`) at the job's target positions (answer positions too where the job
+    writes them)."""
     edits: dict[str, Edit] = {}
     for hook in {jobs[k].patch.hook for k in ks}:
         locs: list[Loc] = []
@@ -391,16 +488,25 @@ def _edits(
         for at, k in enumerate(ks):
             job = jobs[k]
             if job.patch.hook == hook:
-                sources: list[Position] = list(job.clean_positions)
-                targets: list[Position] = list(job.corrupt_positions)
-                if job.answer:
+                sources: list[Position] = list(job.source)
+                targets: list[Position] = list(job.target)
+                if job.nodes:
                     sources, targets = sources + nodes, targets + nodes
+                if not targets:
+                    continue
                 locs += [(at, p) for p in targets]
-                acts, where = clean_acts[pairs[job.pair][0].id]
+                acts, where = source_acts[_source(pairs[job.pair], job).id]
                 values.append(acts[hook][[where[p] for p in sources]])
                 heads += [job.patch.head] * len(targets)
-        edits[hook] = (locs, copy_values(torch.cat(values), heads))
+        if locs:
+            edits[hook] = (locs, copy_values(torch.cat(values), heads))
     return edits
+
+
+def _source(pair: Pair, job: Job) -> Any:
+    """The prompt whose run a job's values are read from: the clean one, the corrupt one for
+    a block."""
+    return pair[1] if job.block else pair[0]
 
 
 def _bar(progress: Any, total: int) -> Any:
@@ -424,15 +530,16 @@ def _baselines(
     remote: bool,
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
-    """The exact result of every clean and corrupt prompt (by prompt id); for clean prompts with
-    patches to run, their activations at the hooks `read` on the positions those patches copy,
-    answer positions `nodes` included where a patch runs through the answer ({hook: [n, d]},
-    position index)."""
+    """The exact result of every clean and corrupt prompt (by prompt id); for the prompts whose
+    values patches copy (`_source`), their activations at the hooks `read` on the positions
+    those patches copy, answer positions `nodes` included where a patch writes them ({hook:
+    [n, d]}, position index)."""
     needed: dict[str, set[Position]] = {}
     for job in todo:
-        needed.setdefault(pairs[job.pair][0].id, set()).update(job.clean_positions)
-        if job.answer:
-            needed[pairs[job.pair][0].id].update(nodes)
+        found = needed.setdefault(_source(pairs[job.pair], job).id, set())
+        found.update(job.source)
+        if job.nodes:
+            found.update(nodes)
     prompts = {p.id: p for pair in pairs for p in pair}
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}

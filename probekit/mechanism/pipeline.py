@@ -5,21 +5,25 @@ The options of `probekit patch` and `capture` are declared here once (`probekit.
 (`probekit.mechanism.options`; `probekit.mechanism.steering.SteerOptions` is steer's).
 `check_patch` validates patch options against the items before any model is loaded; `run_patch`
 then does the rest:
-1. Pairs: the study's counterfactual pairs (intergroup: in-group (g, g) vs out-group (g, h) on
-   the same event), the `pairs_per_unit` with the largest readout gap (`pick_pairs`).
+1. Sets: the sets of pairs the study's effect is read on (`MechanismDefaults.effect`,
+   mechanism.pairs: intergroup's 2x2 interaction sets of perceiver x experiencer on one event,
+   another study's pairs one by one), all of them, or `sets_per_unit` per unit drawn at random
+   with `seed`.
 2. Patching (`measure`): the clean activation is patched into the corrupt run at each (layer,
    site, span), and each head at `attn.hook_z` (`method="exact"`, mechanism.patching); or every
    component is estimated by attribution patching (`attribution`) and the `top_k` re-measured
    exactly (`attribution+verify`, mechanism.attribution). Writes patching.parquet,
-   patching_summary.csv (each component's mean effect and estimate with bootstrap intervals over
-   pairs), patching.png (layer x site, a panel per span), heads.png (layer x head) or
-   positions.png (with `per_position`), and prints the five components with the largest effect.
-   `mediation` adds the total, direct and indirect effects of the exactly measured components
-   (mediation.parquet, mediation_summary.csv; mechanism.mediation).
+   patching_summary.csv (each component's status, mean effect and estimate, recovery with
+   bootstrap intervals over units, p values adjusted over the components), patching.png (layer
+   x site, a panel per span), heads.png (layer x head) or positions.png (with `per_position`),
+   and prints the five measured components with the largest effect. `mediation` adds the total,
+   direct and indirect effects of the exactly measured components (mediation.parquet,
+   mediation_summary.csv; mechanism.mediation).
 3. Direction (studies that define one; not with `skip_direction`): per layer, the difference of
    means across the contrast at one span and how well a prompt's projection predicts its gap
-   (directions.parquet); at the best layer the direction is projected out and the study's
-   statistic recomputed (causal_check.json).
+   (directions.parquet); cross-fitted by units, each fold's direction (at the layer chosen on
+   the other units) is projected out of its held-out units' prompts and the study's statistic
+   recomputed, beside `controls` random directions (causal_check.json).
 `run_capture` writes a study's activations (mechanism.capture).
 """
 
@@ -37,20 +41,28 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
-from probekit.core.items import PROMPT_ID, EncodedItem, Item, Pair, check_span_names
+from probekit.core.items import EncodedItem, Item, check_span_names
 from probekit.core.kinds import choice, int_list, positive_int, text
 from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
 from probekit.engines.options import EpsilonOption
 from probekit.mechanism import attribution, capture, directions, mediation, patching
-from probekit.mechanism.components import Patch, check, grid
+from probekit.mechanism.components import MEASURED, Patch, check, grid
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.mechanism.options import HookOptions
-from probekit.mechanism.pairs import base_span, pick_pairs, single_positions
+from probekit.mechanism.pairs import (
+    PairSet,
+    base_span,
+    draw_sets,
+    effect_sets,
+    single_positions,
+)
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.mechanism.readouts import PAIRED, Readout, parse_readout
 from probekit.mechanism.sites import HEAD_SITE, chosen_layers, n_heads
 from probekit.mechanism.sites import site as find_site
+from probekit.reporting.contract import describe_model
+from probekit.reporting.headline import format_p
 
 METHODS = attribution.METHODS
 Say = Callable[[str], None]
@@ -80,10 +92,12 @@ class PatchOptions(HookOptions):
         help="components re-measured by attribution+verify (default %(default)s)",
         kind=positive_int,
     )
-    pairs_per_unit: int = option(
-        1,
-        help="pairs patched per unit (event, item), largest gap first (default %(default)s)",
+    sets_per_unit: int | None = option(
+        None,
+        help="sets of pairs patched per unit (event, item), drawn at random with --seed (a set: "
+        "one pair, or the four pairs of an interaction) (default: every set)",
         kind=positive_int,
+        metavar="N",
     )
     per_position: bool = option(
         False,
@@ -95,7 +109,7 @@ class PatchOptions(HookOptions):
     )
     bootstrap: int = option(
         1000,
-        help="resamples of the pairs for the intervals (default %(default)s)",
+        help="resamples of the units (events, items) for the intervals (default %(default)s)",
         kind=positive_int,
     )
     prompt_only: bool = option(
@@ -103,7 +117,12 @@ class PatchOptions(HookOptions):
         help="patch prompt positions only (by default a span that runs to the end, such as "
         "from_<span>, also patches every answer position; nnsight patches the prompt only)",
     )
-    control: bool = option(False, help="also project out a random direction (slower)")
+    controls: int = option(
+        5,
+        help="random directions projected out beside the study's, as controls (default "
+        "%(default)s)",
+        kind=positive_int,
+    )
     skip_direction: bool = option(False, help="patching (and mediation) only")
 
     @property
@@ -180,7 +199,9 @@ def run_patch(
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     encoded = [model.encode(item) for item in items]
     model.settle_precision(probe.answers, [e.input_ids for e in encoded])
-    pairs = study.pairs(probe, encoded)
+    found = effect_sets(defaults.effect, probe, encoded, study.pairs(probe, encoded))
+    sets = draw_sets(found, request.sets_per_unit, request.seed)
+    pairs = [pair for s in sets for pair in s.pairs]
     if request.per_position:
         spans = single_positions(spans, pairs)
     patches = grid(layers, request.sites, spans, heads)
@@ -194,30 +215,23 @@ def run_patch(
     scorer = model.scorer(probe.answers, epsilon=epsilon, batch_size=request.batch_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-
-    direction = None if request.skip_direction else defaults.direction
-    if direction and readout is not None and readout.paired:
-        say(f"no direction analysis: it needs a readout of one prompt, and {readout.spec} is not")
-        direction = None
-    if direction:  # one scoring pass gives the readout of every prompt and the span's states
-        states = directions.span_states(
-            scorer, encoded, direction.span, readout, direction.contrast(probe), direction.centre
-        )
-        value = dict(zip(states.frame[PROMPT_ID], states.frame[directions.VALUE], strict=True))
-        gaps = [value[clean.id] - value[corrupt.id] for clean, corrupt in pairs]
+    if readout is None:  # the study chooses it from the exact scores
+        results = list(scorer.score([e.input_ids for e in encoded]))
+        readout = parse_readout(defaults.readout(probe, encoded, results), probe.answers)
+        say(f"readout {readout.spec}: the study's default, read from the exact scores")
+    unit = study.unit_name
+    if request.sets_per_unit is None:
+        selection = "all"
     else:
-        results = list(scorer.score([e.input_ids for e in encoded]))  # batched and windowed
-        if readout is None:
-            readout = parse_readout(defaults.readout(probe, encoded, results), probe.answers)
-            say(f"readout {readout.spec}: the study's default, read from the exact scores")
-        gaps = readout_gaps(
-            readout, pairs, dict(zip([e.id for e in encoded], results, strict=True))
-        )
-    chosen = pick_pairs(pairs, gaps, request.pairs_per_unit)
-    say(f"{len(patches)} components ({len(layers)} layers) x {len(chosen)} pairs")
+        selection = f"random {request.sets_per_unit} per {unit}, seed {request.seed}"
+    units = len({s.unit for s in sets})
+    say(
+        f"{len(patches)} components ({len(layers)} layers) x {len(pairs)} pairs in {len(sets)} "
+        f"{defaults.effect.name} sets on {units} {unit}s ({selection})"
+    )
     df = measure(
         scorer,
-        chosen,
+        sets,
         patches,
         readout,
         request.method,
@@ -228,34 +242,30 @@ def run_patch(
         request.through_answer,
     )
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
+    df.attrs["selection"] = selection
     if weak := df.attrs.get("weak_signal"):
         print(f"probekit: warning: {weak}", file=sys.stderr)
     write_parquet(folder / "patching.parquet", df)
-    title = f"{model.name}, {probe.name}"
-    written = ["patching.parquet", *report(df, folder, request, spans, title, say)]
+    title = f"{describe_model(model.describe())}, {probe.name}"
+    record = {"contrast": defaults.effect.name, "resampled": unit, "selection": selection}
+    written = ["patching.parquet", *report(df, folder, request, spans, title, say, record)]
     if request.mediation:
         exact = request.method == "exact"
         measured = patches if exact else attribution.top_components(df, request.top_k)
-        written += mediate(scorer, chosen, measured, readout, folder, request, say)
-    if direction:
+        written += mediate(scorer, sets, measured, readout, folder, request, say)
+    direction = None if request.skip_direction else defaults.direction
+    if direction and readout.paired:
+        say(f"no direction analysis: it needs a readout of one prompt, and {readout.spec} is not")
+    elif direction:
         written += direction_check(
-            scorer, study, probe, encoded, states, direction, readout, folder, request, say
+            scorer, study, probe, encoded, direction, readout, folder, request, say
         )
     return written
 
 
-def readout_gaps(readout: Readout, pairs: Sequence[Pair], results: dict[str, Any]) -> list[float]:
-    """readout(clean) - readout(corrupt) of each pair, from the exact results by prompt id."""
-    return [
-        readout(results[clean.id], clean.item, results[clean.id])
-        - readout(results[corrupt.id], corrupt.item, results[clean.id])
-        for clean, corrupt in pairs
-    ]
-
-
 def measure(
     scorer: HookedScorer,
-    pairs: Sequence[Pair],
+    pairs: Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
     method: str = "exact",
@@ -299,53 +309,73 @@ def report(
     spans: list[str],
     name: str,
     say: Say = print,
+    record: dict[str, str] | None = None,
 ) -> list[str]:
-    """patching_summary.csv, the heatmaps and the top five components; the files written."""
+    """patching_summary.csv (with the `record` columns: the contrast, the unit resampled, how
+    the sets were chosen, and the p values' adjustment), the heatmaps and the top five measured
+    components; the files written."""
     summary = patching.summarise(df, n=request.bootstrap, seed=request.seed)
+    summary = summary.assign(**(record or {}), adjustment=summary.attrs["adjustment"])
     write_text(out / "patching_summary.csv", summary.to_csv(index=False))
     written = ["patching_summary.csv"]
     attributed = request.method == "attribution"
     value = "estimated_recovery" if attributed else "recovery"
-    pairs = df["clean_prompt_id"].str.cat(df["corrupt_prompt_id"]).nunique()
+    pairs = df[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates().shape[0]
     title = f"{name}, {df['readout'].iloc[0]}: {pairs} pairs, {request.method}"
     names = [find_site(s).name for s in request.sites]
     sites = [s for s in names if s != HEAD_SITE]
-    plain = summary[summary["head"].isna() & summary[value].notna()]
+    plain = summary[summary["head"].isna()]
     if request.per_position:  # one column per position: a layer x position map per site and span
-        shown = summary[summary[value].notna()]
-        position_heatmap(shown, out / "positions.png", value, names, title)
+        position_heatmap(summary, out / "positions.png", value, names, title)
         written.append("positions.png")
-    elif sites and not plain.empty:
-        shown = plain[["layer", "site", "span"]].assign(recovery=plain[value])
-        patching_heatmap(shown, out / "patching.png", sites, spans, title)
+    elif sites and plain[value].notna().any():
+        patching_heatmap(plain, out / "patching.png", sites, spans, title, value)
         written.append("patching.png")
-    heads = summary[summary["head"].notna() & summary[value].notna()]
-    if not heads.empty and not request.per_position:
+    heads = summary[summary["head"].notna()]
+    if heads[value].notna().any() and not request.per_position:
         head_heatmap(heads, out / "heads.png", value, spans, title)
         written.append("heads.png")
-    what = "attribution estimate" if attributed else "exact effect"
-    column = "estimate" if attributed else "effect"
-    ranked = summary.dropna(subset=[column])
     line = patching.noise_line(df)
     if line:
         say(line)
     say(
-        f"top {min(5, len(ranked))} of {len(summary)} components (layer, site, span) by mean "
-        f"{what} on {df['readout'].iloc[0]} over {pairs} pairs:"
+        top_components(
+            summary, "estimate" if attributed else "effect", pairs, df["readout"].iloc[0]
+        )
     )
+    return written
+
+
+def top_components(summary: pd.DataFrame, column: str, pairs: int, readout: str) -> str:
+    """The five measured components with the largest mean `column` (effect or estimate), each
+    with its interval over units and adjusted p, and a line for those left out (known by
+    construction, or a weak signal)."""
+    measured = summary["status"] == MEASURED
+    weak = summary["weak_signal"].astype(bool) if "weak_signal" in summary else False
+    ranked = summary[measured & ~weak].dropna(subset=[column])
+    what = "attribution estimate" if column == "estimate" else "exact effect"
+    lines = [
+        f"top {min(5, len(ranked))} of {len(summary)} components (layer, site, span) by mean "
+        f"{what} on {readout} over {pairs} pairs (interval over units, Holm-adjusted p):"
+    ]
     for row in ranked.head(5).itertuples():
         where = row.site if pd.isna(row.head) else f"{row.site} head {row.head}"
         low, high = getattr(row, f"{column}_low"), getattr(row, f"{column}_high")
-        say(
-            f"  {row.layer:>3}  {where:<34} {row.span:<17} {getattr(row, column):+.4f} "
-            f"[{low:+.4f}, {high:+.4f}]"
+        lines.append(
+            f"  {row.layer:>3}  {where:<34} {row.span:<17} {row.swapped:<12} "
+            f"{getattr(row, column):+.4f} [{low:+.4f}, {high:+.4f}] p {format_p(row.p_adjusted)}"
         )
-    return written
+    left = summary.loc[~measured, "status"].value_counts()
+    if len(left) or (measured & weak).any():
+        parts = [f"{count} {status}" for status, count in left.items()]
+        parts += [f"{int((measured & weak).sum())} weak signal"] if (measured & weak).any() else []
+        lines.append(f"  left out: {', '.join(parts)} (see status, weak_signal)")
+    return "\n".join(lines)
 
 
 def mediate(
     scorer: HookedScorer,
-    pairs: list[Pair],
+    pairs: list[PairSet],
     patches: list[Patch],
     readout: Readout,
     out: Path,
@@ -364,7 +394,7 @@ def mediate(
     share = mediation.top_share(effects, top, n=request.bootstrap, seed=request.seed)
     say(
         f"mediation: the top {top} components' indirect effects carry {share['share']:.1%} "
-        f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect"
+        f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect (interval over units)"
     )
     return ["mediation.parquet", "mediation_summary.csv"]
 
@@ -374,50 +404,60 @@ def direction_check(
     study: Any,
     probe: Any,
     encoded: Sequence[EncodedItem],
-    states: directions.States,
     direction: Any,
     readout: Readout,
     out: Path,
     request: PatchOptions,
     say: Say = print,
 ) -> list[str]:
-    """directions.parquet (the fit per layer) and causal_check.json (the statistic before and
-    after projecting the best layer's direction out)."""
+    """directions.parquet (the fit per layer, leave one unit out) and causal_check.json (the
+    statistic before and after projecting the cross-fitted direction out, beside the random
+    controls, with intervals over units; not with one unit, said in one line)."""
+    states = directions.span_states(
+        scorer, encoded, direction.span, readout, direction.contrast(probe), direction.centre
+    )
     fit = directions.projection_fit(states, [e.item.unit for e in encoded], direction.centre)
     write_parquet(out / "directions.parquet", fit)
+    unit = study.unit_name
+    if states.frame["unit"].nunique() < 2:
+        say(
+            f"no causal check of the direction: it is fitted on {unit}s held out from those it "
+            f"ablates, and this run has one {unit}"
+        )
+        return ["directions.parquet"]
     found = directions.causal_check(
         scorer,
         encoded,
         states,
-        fit,
         readout,
         direction.statistic(probe),
-        control=request.control,
+        direction.centre,
+        controls=request.controls,
         seed=request.seed,
+        n=request.bootstrap,
     )
-    best = fit.loc[fit["layer"] == found.layer].iloc[0]
     result = {
-        "layer": found.layer,
         "site": directions.SITE.name,
         "span": direction.span,
         "readout": readout.spec,
-        "r": float(best["r"]),
-        "cross_validated": bool(best["cross_validated"]),
-        "delta": found.delta,
-        "delta_ablated": found.delta_ablated,
-        "delta_random": found.delta_random,
-        "shrink": found.shrink,
-        f"{study.unit_name}s": len({e.item.unit for e in encoded}),
+        "interval": f"95% bootstrap interval over {unit}s",
+        **found.as_dict(),
+        f"{unit}s": states.frame["unit"].nunique(),
     }
     write_text(out / "causal_check.json", json.dumps(result, indent=1))
-    how = f"leave one {study.unit_name} out" if result["cross_validated"] else "in-sample"
+    layers = sorted(set(found.layers.values()))
+
+    def said(name: str) -> str:
+        value, low, high = getattr(found, name)
+        return f"{value:+.3f} [{low:+.3f}, {high:+.3f}]"
+
     say(
-        f"direction at '{direction.span}': best layer {found.layer} (r = {result['r']:.3f}, "
-        f"{how}); projecting it out: Δ {found.delta:+.3f} -> {found.delta_ablated:+.3f} "
-        f"(shrinks by {100 * found.shrink:.1f}%)"
+        f"direction at '{direction.span}', cross-fitted over {found.folds} folds of {unit}s "
+        f"(layers chosen on the other folds: {', '.join(map(str, layers))}); projecting it out: "
+        f"Δ {said('delta')} -> {said('ablated')}, shrinks by {said('shrink')}; "
+        f"{len(found.random)} random directions: shrink {said('random_shrink')} (intervals over "
+        f"{unit}s)"
     )
-    if found.delta_random is not None:
-        say(f"  control, a random direction there: Δ -> {found.delta_random:+.3f}")
     return ["directions.parquet", "causal_check.json"]
 
 

@@ -11,7 +11,9 @@ Answer tokens are the positions of the scorer's trie passes, so an answer of sev
 steered at each of its tokens, as the model would be while writing it.
 
 Beside the given vector (`vector` column `steer`) a random direction of the same norm is the
-control (`random`), drawn from `seed`. α = 0 is plain scoring (no hook at all), and each row
+control (`random`; `probekit steer STUDY` steers `--controls` of them, `random`, `random2`,
+..., and cross-fits a contrast's vector by units: `probekit.mechanism.vectors`), drawn from
+`seed`. α = 0 is plain scoring (no hook at all), and each row
 carries its side effects against it: `kl`, the KL divergence KL(P_α ‖ P_0) of the prompt's answer
 distribution (normalised over the answer set) from the unsteered one, and `valid_mass_change`,
 the valid mass at α minus that at 0.
@@ -43,7 +45,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
-from probekit.core.kinds import checked_by, float_list
+from probekit.core.kinds import checked_by, float_list, positive_int
 from probekit.core.options import given, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
@@ -105,6 +107,12 @@ class SteerOptions(HookOptions, EpsilonOption):
     span: str | None = option(
         None, help="the span steered from (default: the study's contrast span, else answer)"
     )
+    controls: int = option(
+        3,
+        help="random directions of the vector's norm steered beside it, as controls (default "
+        "%(default)s)",
+        kind=positive_int,
+    )
     vector: str = option(
         "mean_diff",
         help="mean_diff (contrast mean difference at the span), direction (the same, unit "
@@ -135,7 +143,7 @@ def check_strength(
     (`SATURATED`)."""
     limit = min(SATURATED, float(torch.finfo(dtype).max)) if dtype.is_floating_point else SATURATED
     for (name, layer), vector in vectors.items():
-        largest = float(vector.norm())
+        largest = float(vector.norm(dim=-1).max())
         for alpha in alphas:
             if abs(alpha) * largest > limit:
                 raise ProbekitError(
@@ -255,9 +263,20 @@ def mean_difference(means: np.ndarray, contrast: Sequence[bool]) -> np.ndarray:
 
 
 def random_like(vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """A random direction (Gaussian, so uniform on the sphere) with the norm of `vector`."""
-    draw = torch.as_tensor(rng.standard_normal(vector.shape[0]))
-    return draw * (vector.norm() / draw.norm())
+    """A random direction (Gaussian, so uniform on the sphere) with the norm of `vector` (of
+    each row of a [prompts, d_model] vector: its fold's, `vectors.contrast_vectors`)."""
+    draw = torch.as_tensor(rng.standard_normal(vector.shape[-1]))
+    return draw * (vector.norm(dim=-1, keepdim=True) / draw.norm())
+
+
+def control_name(index: int) -> str:
+    """The `vector` column of random control `index`: `random`, then `random2`, `random3`, ..."""
+    return RANDOM if index == 0 else f"{RANDOM}{index + 1}"
+
+
+def norm_of(vector: torch.Tensor) -> float:
+    """A vector's norm; of a [prompts, d_model] vector (one per fold), the mean of its rows'."""
+    return float(vector.norm(dim=-1).mean())
 
 
 def prompt_positions(prompt: EncodedItem, positions: str, span: str) -> list[int]:
@@ -284,7 +303,27 @@ def steered_results(
     progress: Any = None,
 ) -> list[ScoreResult]:
     """Every prompt's result with `added` summed into `blocks.{layer}.{site}` at `positions`
-    (`progress`, if given, is updated per batch)."""
+    (`added`: one [d_model] vector, or one row per prompt, [prompts, d_model]: each group of
+    prompts with one row is steered on its own; `progress`, if given, is updated per batch)."""
+    if added.dim() == 2:
+        rows, which = torch.unique(added, dim=0, return_inverse=True)
+        ordered: list[Any] = [None] * len(prompts)
+        for k, row in enumerate(rows):
+            chosen = torch.nonzero(which == k).flatten().tolist()
+            found = steered_results(
+                scorer,
+                [prompts[i] for i in chosen],
+                target,
+                row,
+                positions,
+                span,
+                hooks,
+                batch_size,
+                progress,
+            )
+            for i, result in zip(chosen, found, strict=True):
+                ordered[i] = result
+        return ordered
     hook = site(target[0]).hook(target[1])
     model = scorer.model
     delta = added.to(model.device, model.dtype)

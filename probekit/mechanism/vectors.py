@@ -4,6 +4,11 @@ each prompt's activation averaged over a span, at each (site, layer); `direction
 unit vector, the contrast direction of `probekit.mechanism.directions`), or read from a file
 (.npy, .pt, .safetensors: one [d_model] vector, or one per layer [n_layers, d_model]).
 
+A contrast's vector is cross-fitted: the units are split into folds (`directions.unit_folds`),
+and the prompts of each fold are steered along the vector fitted on the other folds' units only,
+so no prompt is steered along a vector made from its own unit (`contrast_vectors` gives one row
+per prompt, its fold's vector).
+
 A file is read and checked before any model loads (readable, one tensor, finite, not zero) and
 known by its content (`VectorFile.sha256`), so a steering run resumes only with the same numbers
 whatever the file is called; its shape is checked against the model once it is loaded, before
@@ -24,7 +29,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem
 from probekit.core.options import given, named
 from probekit.mechanism import steering
-from probekit.mechanism.directions import diff_of_means
+from probekit.mechanism.directions import diff_of_means, unit_folds
 
 VECTORS = ("mean_diff", "direction")
 FILE_TYPES = (".npy", ".pt", ".safetensors")
@@ -125,16 +130,25 @@ def contrast_vectors(
     contrast: Callable[[EncodedItem], Any],
     hooks: str = "transformer_lens",
     means: Mapping[steering.Target, np.ndarray] | None = None,
+    seed: int = 0,
 ) -> dict[steering.Target, torch.Tensor]:
     """The contrast's mean difference at `span` (`kind` `mean_diff`) or its unit direction
-    (`direction`) at each target, from the prompts' span means (`steering.span_means`, read
-    here unless given)."""
+    (`direction`) at each target, cross-fitted (see the module): one row per prompt, [prompts,
+    d_model], each its fold's vector, from the prompts' span means (`steering.span_means`, read
+    here unless given). One line with fewer than two units."""
     if kind not in VECTORS:
         raise ProbekitError(f"unknown vector kind {kind!r}; choose from {', '.join(VECTORS)}")
-    side = [bool(contrast(p)) for p in encoded]
+    fold = unit_folds([p.item.unit for p in encoded], seed)
+    side = np.array([bool(contrast(p)) for p in encoded])
     if means is None:
         means = steering.span_means(model, encoded, targets, span, hooks)
-    found = {t: steering.mean_difference(means[t], side) for t in targets}
-    if kind == "direction":
-        found = {t: diff_of_means(means[t], np.asarray(side)) for t in targets}
-    return steering.as_vectors(model, found, targets)
+    fit = diff_of_means if kind == "direction" else steering.mean_difference
+    out = {}
+    for target in targets:
+        rows = np.empty_like(means[target])
+        for k in np.unique(fold):
+            train = fold != k
+            rows[fold == k] = fit(means[target][train], side[train])
+        out[target] = torch.as_tensor(rows)
+        steering.as_vectors(model, {target: rows[0]}, [target])  # its width and values, checked
+    return out

@@ -34,10 +34,15 @@ def missing(value: Any) -> bool:
 
 
 def format_number(value: Any, digits: int = 3, signed: bool = False) -> str:
-    """A number as the page prints it (fixed `digits`, a sign when `signed`); a dash if missing."""
+    """A number as the page prints it (fixed `digits`, a sign when `signed`), in scientific
+    notation where fixed digits would show it as 0 (a valid mass of 2e-07 is not 0.000); a
+    dash if missing."""
     if missing(value):
         return "—"
-    return f"{float(value):+.{digits}f}" if signed else f"{float(value):.{digits}f}"
+    number, sign = float(value), "+" if signed else ""
+    if number != 0 and abs(number) < 0.5 * 10.0**-digits:
+        return f"{number:{sign}.1e}"
+    return f"{number:{sign}.{digits}f}"
 
 
 def format_rate(value: Any) -> str:
@@ -61,7 +66,9 @@ class Headline:
     `key` identifies the same quantity across runs (models side by side); `reference` is the
     value that means no bias (0 for a gap; chance for an accuracy), named by `reference_label`,
     and the page across runs marks it; `n` counts the units (events, items) the number rests on,
-    so that the pages flag a tiny sample."""
+    so that the pages flag a tiny sample; `context` is what a reader needs beside the number
+    (the raw gap in the answer scale, an effect size and test over units, the valid mass
+    overall and by group), one line."""
 
     label: str
     view: str
@@ -81,6 +88,7 @@ class Headline:
     n: int | None = None
     unit: str = ""  # what the value is measured in (z-scores, probability)
     meaning: str = ""  # what the number says, in one sentence
+    context: str = ""  # beside the number: raw gap, effect size and test, valid mass
 
     def __str__(self) -> str:
         """One line: label and view, value, unit, interval, p, mark; then what it means."""
@@ -93,7 +101,8 @@ class Headline:
             parts.append(f"p {self.p_text}")
         if self.mark:
             parts.append(f"mark {self.mark}")
-        return " ".join(parts) + (f". {self.meaning}" if self.meaning else "")
+        line = " ".join(parts) + (f"; {self.context}" if self.context else "")
+        return line + (f". {self.meaning}" if self.meaning else "")
 
     @property
     def key(self) -> str:

@@ -518,7 +518,7 @@ def write_mechanism_page(
     describes it (and whether it is probekit's sample), and the template's own `values`."""
     image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
     settings = [(k, manifest[k]) for k in shown if manifest.get(k) is not None]
-    notes = sorted({str(n) for n in summary.get("note", pd.Series(dtype=str)).dropna() if n})
+    notes = list(dict.fromkeys(summary_notes(summary)))
     html = (
         _environment()
         .get_template(template)
@@ -534,6 +534,18 @@ def write_mechanism_page(
         )
     )
     return write_text(path, html)
+
+
+def summary_notes(summary: pd.DataFrame) -> list[str]:
+    """The summary's notes in its row order (a lens's: by layer), each after its layer (`L3:`)
+    where the summary has one, the empty ones left out."""
+    notes = summary.get("note", pd.Series("", index=summary.index))
+    layers = summary.get("layer", pd.Series(None, index=summary.index))
+    return [
+        f"L{int(layer)}: {note}" if pd.notna(layer) else str(note)
+        for layer, note in zip(layers, notes, strict=True)
+        if isinstance(note, str) and note
+    ]
 
 
 def _environment() -> jinja2.Environment:

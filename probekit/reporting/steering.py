@@ -1,8 +1,9 @@
 """The page and figure of a steering run (`probekit steer STUDY`): the study's headline at each
-α along the vector and along the random control of the same norm, side by side, with the side
-effects (mean valid mass, mean KL from α = 0) and the figure, from the run's summary rows
-(`summary.csv`: one row per site, layer, vector kind and α). Rendered from the package's
-templates (`templates/steer.html`) like the run pages, self-contained."""
+α along the vector and along the random controls of the same norm (`random`, `random2`, ...:
+their mean and range), side by side, with the side effects (mean valid mass, mean KL from α =
+0) and the figure, from the run's summary rows (`summary.csv`: one row per site, layer, vector
+kind and α). Rendered from the package's templates (`templates/steer.html`) like the run pages,
+self-contained."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from typing import Any
 import pandas as pd
 
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_number, format_p, missing
+from probekit.reporting.headline import format_number, format_p
 from probekit.reporting.html import write_mechanism_page
 
 STEER, RANDOM = "steer", "random"
-"""The `vector` column's kinds: the vector given, and the random control of its norm."""
+"""The `vector` column's kinds: the vector given, and (as a prefix) the random controls."""
 SHOWN = ("study", "model", "weights", "dtype", "device", "vector", "vector_file", "vector_sha256")
-SHOWN += ("positions", "span", "sites", "layers", "hooks", "seed", "alphas", "prompts")
+SHOWN += ("positions", "span", "sites", "layers", "hooks", "seed", "alphas", "controls", "prompts")
 SHOWN += ("tolerance", "tier", "data_sha256")
 
 
@@ -34,7 +35,10 @@ def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
         style = "-" if kind == STEER else "--"
         label = f"L{layer} {site} {kind}"
         x = group["alpha"].to_numpy(float)
-        line = headline.plot(x, group["value"].to_numpy(float), style, marker="o", label=label)[0]
+        grey = {} if kind == STEER else {"color": "grey"}
+        line = headline.plot(
+            x, group["value"].to_numpy(float), style, marker="o", label=label, **grey
+        )[0]
         low, high = group["low"].to_numpy(float), group["high"].to_numpy(float)
         headline.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
         effects.plot(x, group["mean_valid_mass"], style, marker="o", label=f"{label} mass")
@@ -61,31 +65,40 @@ def _cells(row: Mapping[str, Any] | None) -> dict[str, str]:
         "interval": "—" if low == "—" else f"[{low}, {high}]",
         "p": format_p(row["p_value"]),
         "push": format_number(row.get("push", float("nan")), 2),
-        "mass": _mass(row["mean_valid_mass"]),
+        "mass": format_number(row["mean_valid_mass"]),
         "weak": bool(row.get("weak_signal", False)),
         "kl": format_number(row["mean_kl"], 4),
     }
 
 
-def _mass(value: float) -> str:
-    """A mean valid mass: three decimals, or two significant digits below 0.001 (a collapsed
-    mass of 1e-05 is not 0.000)."""
-    return format_number(value) if missing(value) or value >= 1e-3 else f"{value:.2g}"
+_POOLED = ("value", "push", "mean_valid_mass", "mean_kl")
+"""The cells of the random controls shown as their mean."""
 
 
 def steer_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
     """The page's table: one row per (site, layer, α) with the vector's cells and the random
-    control's beside them."""
+    controls' beside them (their mean; the interval from the lowest to the highest control)."""
     rows = []
     for (site, layer, alpha), group in summary.groupby(["site", "layer", "alpha"], sort=True):
         kinds = {r["vector"]: r for r in group.to_dict("records")}
+        controls = group[group["vector"].str.startswith(RANDOM)]
+        pooled = None
+        if len(controls):
+            mean = {k: controls[k].astype(float).mean() for k in _POOLED if k in controls}
+            pooled = mean | {
+                "low": controls["value"].astype(float).min(),
+                "high": controls["value"].astype(float).max(),
+                "p_value": float("nan"),
+                "weak_signal": bool(controls["weak_signal"].any()),
+            }
         rows.append(
             {
                 "site": site,
                 "layer": int(layer),
                 "alpha": f"{alpha:g}",
                 "steer": _cells(kinds.get(STEER)),
-                "random": _cells(kinds.get(RANDOM)),
+                "random": _cells(pooled),
+                "controls": len(controls),
             }
         )
     return rows

@@ -54,7 +54,8 @@ from probekit.mechanism.api import hookable
 from probekit.mechanism.lens import LensOptions, LensResult, logit_lens
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import layer_indices
-from probekit.reporting.lens import lens_figure, write_lens_page
+from probekit.reporting.contract import describe_model
+from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
 from probekit.run.mechanism import (
     context,
     mechanism_command,
@@ -148,13 +149,14 @@ def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
         "seed": args.seed,
         "view": VIEWS[0],
     }
-    summary = layer_summary(study, table, run.path, report)
-    write_text(run.path / "summary.csv", summary.to_csv(index=False))
     gaps = patching_gaps(run.path, table, items, probe)
+    # p adjusted over the layers; no p and no share of the gap at a weak layer
+    summary, gaps = adjust_layers(layer_summary(study, table, run.path, report), gaps)
+    write_text(run.path / "summary.csv", summary.to_csv(index=False))
     if gaps is not None:
         write_text(run.path / GAPS, gaps.to_csv(index=False))
     recovery = _recovery(run.path) if gaps is not None else None
-    title = f"{model.name}, {probe.name}"
+    title = f"{describe_model(manifest)}, {probe.name}"
     figure = lens_figure(summary, gaps, recovery, run.path / "lens.png", title)
     difference = float(wide[DIFFERENCE].max()) if wide[DIFFERENCE].notna().any() else None
     write_lens_page(
@@ -306,13 +308,14 @@ def patching_gaps(
 ) -> pd.DataFrame | None:
     """With a patching run in `out` (`patching.parquet`): per layer, the mean gap of its pairs
     (readout of the clean prompt minus that of the corrupt one, with the patching run's
-    readout) in the lens's distributions after that layer, and its `share` of the pairs' mean
-    gap in the full model (patching's `gap`, the denominator of its recovery). None without a
+    readout, each signed as in its set) in the lens's distributions after that layer, and its
+    `share` of the pairs' mean gap in the full model (patching's `gap`, the denominator of its
+    recovery). None without a
     patching run, or when none of its pairs are prompts of this run (said in one line)."""
     path = out / PATCHING
     if not path.is_file():
         return None
-    columns = ["clean_prompt_id", "corrupt_prompt_id", "readout", "gap"]
+    columns = ["clean_prompt_id", "corrupt_prompt_id", "readout", "gap", "sign"]
     patched = pd.read_parquet(path, columns=columns)
     pairs = patched.drop_duplicates(columns[:2])
     by_id = {item.id: item for item in items}
@@ -321,7 +324,8 @@ def patching_gaps(
         say(f"{path} patched other prompts than this run's: no lens gaps of its pairs")
         return None
     readout = parse_readout(str(pairs["readout"].iloc[0]), probe.answers)
-    full = float(pairs["gap"].mean())
+    signs = pairs["sign"].to_numpy(float)  # an interaction's set gap is a signed sum
+    full = float((pairs["gap"] * signs).mean())
     rows = []
     for layer, frame in table.groupby("layer", sort=True):
         read = {
@@ -329,9 +333,14 @@ def patching_gaps(
             for row in frame.to_dict("records")
         }
         gaps = [
-            readout(read[clean], by_id[clean], read[clean])
-            - readout(read[corrupt], by_id[corrupt], read[clean])
-            for clean, corrupt in zip(pairs[columns[0]], pairs[columns[1]], strict=True)
+            sign
+            * (
+                readout(read[clean], by_id[clean], read[clean])
+                - readout(read[corrupt], by_id[corrupt], read[clean])
+            )
+            for clean, corrupt, sign in zip(
+                pairs[columns[0]], pairs[columns[1]], signs, strict=True
+            )
         ]
         gap = float(np.nanmean(gaps))
         rows.append(

@@ -40,9 +40,9 @@ class StudyPatch:
     """What `patch_study` wrote: `path`, the folder; `files`, the files written there;
     `table`, the patching table (`patching.parquet`: one row per pair x component, see
     `probekit.mechanism.patching.sweep`); `summary`, per component over the pairs
-    (`patching_summary.csv`: `effect`, `recovery` with their intervals, `pairs`,
-    `mean_valid_mass_patched`, `weak_signal`, largest |effect| first). Printed, it is one
-    line."""
+    (`patching_summary.csv`: `status`, `effect`, `recovery` with their intervals over units,
+    `p_value`, `p_adjusted`, `pairs`, `mean_valid_mass_patched`, `weak_signal`, the measured
+    components first, largest |effect| first). Printed, it is one line."""
 
     path: Path
     files: list[str]
@@ -52,8 +52,11 @@ class StudyPatch:
     def __repr__(self) -> str:
         pairs = self.table[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
         top = ""
-        if len(self.summary) and "recovery" in self.summary:
-            first = self.summary.iloc[0]
+        measured = self.summary[
+            self.summary["status"] == "measured"
+        ]  # not those known by construction
+        if len(measured) and "recovery" in measured:
+            first = measured.iloc[0]
             head = "" if pd.isna(first["head"]) else f" head {int(first['head'])}"
             top = (
                 f"; largest effect L{first['layer']} {first['site']}{head} at {first['span']} "

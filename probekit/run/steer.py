@@ -50,6 +50,7 @@ from probekit.engines.options import ModelOptions
 from probekit.mechanism import steering, vectors
 from probekit.mechanism.sites import chosen_layers, hook_library
 from probekit.mechanism.steering import SteerOptions
+from probekit.reporting.contract import describe_model
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.mechanism import (
@@ -168,13 +169,14 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
         found = vectors.file_vectors(model, file, targets)
     else:
         side = contrast.side(probe)
-        found = vectors.contrast_vectors(
-            model, encoded, targets, args.vector, span, side, args.hooks, means
+        found = vectors.contrast_vectors(  # cross-fitted: each prompt's fold's vector
+            model, encoded, targets, args.vector, span, side, args.hooks, means, args.seed
         )
     residual = steering.residual_norms(means)  # what each α·v is said against
     rng = np.random.default_rng(args.seed)
-    kinds = {
-        t: {steering.STEER: v, steering.RANDOM: steering.random_like(v, rng)}
+    kinds = {  # the vector, and `controls` random directions of its norm
+        t: {steering.STEER: v}
+        | {steering.control_name(c): steering.random_like(v, rng) for c in range(args.controls)}
         for t, v in found.items()
     }
     steering.check_strength(model.dtype, found, alphas)  # nothing written before this
@@ -194,7 +196,8 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     write_rows(run.path / ROWS, table, key)
     summary = pd.DataFrame(rows)
     write_text(run.path / "summary.csv", summary.to_csv(index=False))
-    title = f"{model.name}, {probe.name}: vector {args.vector}, {args.positions} of {span}"
+    title = f"{describe_model(manifest)}, {probe.name}: vector {args.vector}, {args.positions}"
+    title += f" of {span}"
     figure = steer_figure(summary, run.path / "steer.png", title)
     weak = steering.weak_steps(summary)
     if weak:
@@ -286,6 +289,7 @@ def settings(
         "vector_sha256": file.sha256 if file is not None else "",
         "vector_file": str(file.path) if file is not None else None,
         "positions": args.positions,
+        "controls": args.controls,
         "span": span,
         "sites": sites,
         "layers": layers,
@@ -376,7 +380,7 @@ def steer_frame(
         "site": target[0],
         "layer": target[1],
         "vector": kind,
-        "norm": float(vector.norm()),
+        "norm": steering.norm_of(vector),
         "alpha": alpha,
     }
     return pd.DataFrame(steering.steer_rows(encoded, results, base, scorer.answers, columns))

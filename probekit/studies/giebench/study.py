@@ -15,7 +15,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, positive_int, text
 from probekit.core.options import named, option
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, figure_model
 from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
@@ -145,7 +145,9 @@ class GIEBenchStudy(ReportedStudy):
         return f"GIEBench items ({origin}: {manifest.get('data_path', '?')})"
 
     def mechanism_defaults(self) -> MechanismDefaults:
-        return MechanismDefaults(contrast=OWN_IDENTITY, spans=("identity",), readout="p_correct")
+        return MechanismDefaults(
+            effect=Difference(), contrast=OWN_IDENTITY, spans=("identity",), readout="p_correct"
+        )
 
     def mechanism_items(
         self, options: GIEBenchOptions, context: Context

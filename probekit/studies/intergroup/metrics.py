@@ -22,11 +22,13 @@ from probekit.stats import (
     empathy_gap,
     exclude_units,
     low_valid_mass,
+    paired_effect_size,
     permutation_test,
     require_columns,
     score_cube,
     select_rows,
     shown_mask,
+    sign_flip_test,
     units_for_power,
     unparsed,
     zscore,
@@ -100,6 +102,12 @@ class GapSummary:
     Δ over events (`delta_low`, `delta_high`) and the exclusion over the named groups come from
     the matrix without `a person`; Z, the mask, mean ± std of M and (min, max) of Z describe the
     heatmap matrix with `a person`, whose exclusion is computed over all groups.
+
+    Beside Δ, on the same kept events and named groups (`event_context`): `raw_gap`, the mean
+    in-group minus out-group rating in points of the answer scale, with its bootstrap 95 % CI
+    over events; `d_z`, that gap's effect size over events (mean / standard deviation of the
+    events' gaps); `p_events`, the two-sided sign-flip test of the events' gaps; and the mean
+    valid mass of the in-group and out-group prompts.
     """
 
     identities: tuple[str, ...]
@@ -123,6 +131,7 @@ class GapSummary:
     shown: np.ndarray
     gap_Z: np.ndarray  # the named-only z-scored matrix Δ is computed on
     power: PowerCurve | None = None  # events needed for Δ to be significant (None: not run)
+    context: dict[str, float] | None = None  # `event_context`: the raw gap, d_z, p, valid mass
 
     @property
     def significant(self) -> bool:
@@ -154,7 +163,45 @@ class GapSummary:
             if self.power is None or self.power.needed is None
             else self.power.needed,
             "power": self.power.describe("event") if self.power is not None else _no_power(self),
+            **(self.context or {}),
         }
+
+
+def event_gaps(X: np.ndarray, labels: Sequence[str]) -> np.ndarray:
+    """Each event's raw in-group minus out-group mean of a cube X[perceiver, experiencer,
+    event] (in the answer scale's points)."""
+    inside = np.asarray(labels)[:, None] == np.asarray(labels)[None, :]
+    return X[inside].mean(axis=0) - X[~inside].mean(axis=0)
+
+
+def event_context(
+    X: np.ndarray,
+    labels: Sequence[str],
+    df: pd.DataFrame,
+    groups: Sequence[str],
+    events: Sequence[str],
+    seed: int = 0,
+    n_bootstrap: int = 1000,
+) -> dict[str, float]:
+    """What a reader needs beside Δ (see `GapSummary`), from the kept events' cube `X` of the
+    named `groups` (with their in-group `labels`) and the scores `df`."""
+    gaps = event_gaps(X, labels)
+    raw = bootstrap_units(len(gaps), lambda d: gaps[d].mean(-1), n_bootstrap, seed, batched=True)
+    out = {
+        "raw_gap": raw.estimate,
+        "raw_gap_ci_low": raw.low if len(gaps) > 1 else np.nan,
+        "raw_gap_ci_high": raw.high if len(gaps) > 1 else np.nan,
+        "d_z": paired_effect_size(gaps),
+        "p_events": sign_flip_test(gaps, seed=seed),
+    }
+    if "valid_mass" in df:
+        rows = select_rows(df, {"perceiver": groups, "experiencer": groups})
+        rows = rows[rows["event_id"].isin(events)]
+        label = dict(zip(groups, labels, strict=True))
+        inside = rows["perceiver"].map(label) == rows["experiencer"].map(label)
+        out["valid_mass_in_group"] = float(rows.loc[inside, "valid_mass"].mean())
+        out["valid_mass_out_group"] = float(rows.loc[~inside, "valid_mass"].mean())
+    return out
 
 
 def _no_power(summary: GapSummary) -> str:
@@ -253,4 +300,5 @@ def summarize(
         shown=shown_mask(X, reference=0),
         gap_Z=gap_Z,
         power=power,
+        context=event_context(gap_X, named_labels, df, named, gap_events.kept, seed, n_bootstrap),
     )

@@ -17,9 +17,9 @@ from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
 from probekit.reporting.contract import model_label
-from probekit.reporting.headline import missing
+from probekit.reporting.headline import format_number, missing
 from probekit.reporting.html import model_name
-from probekit.studies.intergroup.probe import Category
+from probekit.studies.intergroup.probe import Category, get_setting
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
 VIEWS = {
@@ -191,10 +191,11 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     per-event refusal rate, exclusion, mean ± std of M, (min, max) of Z."""
     lines = [
         f"| model | category | setting | view | Δ ({DELTA_UNIT}) | 95% CI of Δ (bootstrap) | "
-        "null 2.5–97.5% | p (one-sided) | events for 80% power | refusal rate | "
+        "null 2.5–97.5% | p (one-sided) | raw gap (points) [95% CI] | d_z | p over events "
+        "(sign-flip) | valid mass (in-group / out-group) | events for 80% power | refusal rate | "
         "events failed (all groups; the paper's refusal rate) | excluded for Δ (named) | "
         "events kept | mean ± std | (min, max) of Z |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for r in frame.to_dict("records"):
@@ -219,13 +220,14 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"{r['exclusion_rate']:.1%} | {r['n_kept']}/{r['n_events']} |"
         )
         if pd.isna(r.get("delta", np.nan)):
-            lines.append(f"{run} — | — | — | — | — | {rates} — | — |")
+            lines.append(f"{run} — | — | — | — | — | — | — | — | — | {rates} — | — |")
             continue
         lines.append(
             f"{run} {r['delta']:+.3f} | [{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}] | "
             f"[{r['null_low']:+.3f}, {r['null_high']:+.3f}] | "
-            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | {r.get('power', '—')} | "
-            f"{rates} {r['mean']:.2f} ± {r['std']:.2f} | ({r['z_min']:.2f}, {r['z_max']:.2f}) |"
+            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | {_context_cells(r)} | "
+            f"{r.get('power', '—')} | {rates} {r['mean']:.2f} ± {r['std']:.2f} | "
+            f"({r['z_min']:.2f}, {r['z_max']:.2f}) |"
         )
     legend = (
         f"Δ: the mean z-scored intensity of in-group minus out-group pairs, in {DELTA_UNIT} "
@@ -240,9 +242,46 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         "when marked =. Events for 80% power: the smallest number of events at which 80% of "
         "bootstrap resamples of this run's kept events give a significant Δ (outside the null "
         f"interval); not computed below {metrics.MIN_POWER_EVENTS} kept events, where resamples "
-        "of a smoke-size sample say nothing about a study's size."
+        "of a smoke-size sample say nothing about a study's size. Raw gap: the same in-group "
+        "minus out-group difference before z-scoring, in points of the answer scale, with its "
+        "bootstrap 95% CI over events; d_z: its mean over events over their standard deviation "
+        "(an effect size, not a test); p over events: the two-sided sign-flip test of the "
+        "events' gaps; valid mass: the mean over the in-group and the out-group prompts of the "
+        "kept events (a difference means the two sides' expected values rest on different "
+        "shares of the model's output)."
     )
     return "\n".join(lines + [""] + notes + ([""] if notes else []) + [legend]) + "\n"
+
+
+def _context_cells(r: dict[str, Any]) -> str:
+    """The summary's cells beside Δ: raw gap [CI], d_z, p over events, valid mass in / out."""
+    low, high = (format_number(r.get(k), 2, True) for k in ("raw_gap_ci_low", "raw_gap_ci_high"))
+    interval = "" if low == "—" else f" [{low}, {high}]"
+    masses = " / ".join(format_number(r.get(f"valid_mass_{g}_group")) for g in ("in", "out"))
+    return (
+        f"{format_number(r.get('raw_gap'), 2, True)}{interval} | "
+        f"{format_number(r.get('d_z'), 2, True)} | {format_number(r.get('p_events'), 4)} | "
+        f"{masses}"
+    )
+
+
+def context_line(r: dict[str, Any]) -> str:
+    """What a reader needs beside Δ, in one line (`Headline.context`): the raw gap in the
+    answer scale's points, d_z and the sign-flip p over events, the valid mass overall and by
+    group; empty without them."""
+    if missing(r.get("raw_gap")):
+        return ""
+    scale = f"0–{get_setting(r['setting']).scale_max}" if r.get("setting") else "the scale"
+    low, high = (format_number(r.get(k), 2, True) for k in ("raw_gap_ci_low", "raw_gap_ci_high"))
+    interval = "" if low == "—" else f" [{low}, {high}]"
+    return (
+        f"raw gap {format_number(r['raw_gap'], 2, True)}{interval} points on {scale}; "
+        f"d_z {format_number(r.get('d_z'), 2, True)}, sign-flip p "
+        f"{format_number(r.get('p_events'), 4)} over {r.get('n_kept')} events (two-sided); "
+        f"valid mass {format_number(r.get('mean_valid_mass'))} (in-group "
+        f"{format_number(r.get('valid_mass_in_group'))}, out-group "
+        f"{format_number(r.get('valid_mass_out_group'))})"
+    )
 
 
 def _rate(value: Any) -> str:
@@ -271,9 +310,8 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         else:
             where = "outside" if bool(r.get("significant")) else "inside"
             note = (
-                f"{where} the null interval [{r['null_low']:+.3f}, {r['null_high']:+.3f}] "
-                f"(significant: {'yes' if where == 'outside' else 'no'}); "
-                f"events kept {r['n_kept']}/{r['n_events']}"
+                f"{where} the null interval [{r['null_low']:+.3f}, {r['null_high']:+.3f}] (the "
+                f"paper's criterion); events kept {r['n_kept']}/{r['n_events']}"
             )
         kept = r.get("n_kept")
         found.append(
@@ -294,6 +332,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 n=None if missing(kept) else int(kept),
                 unit=DELTA_UNIT,
                 meaning=DELTA_MEANING,
+                context=context_line(r),
             )
         )
     return found

@@ -21,7 +21,7 @@ from probekit.datasets.crowd_envent import (
     load_crowd_envent,
     sample_events,
 )
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import Contrast, Interaction, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
 from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
@@ -159,6 +159,7 @@ class IntergroupStudy(ReportedStudy):
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(
             contrast=IN_GROUP,
+            effect=PERCEIVER_BY_EXPERIENCER,
             spans=("experiencer", "perceiver", "from_experiencer"),
             readout="expected",
             direction=IN_GROUP.direction(("event_id", "perceiver"), _gap_statistic),
@@ -209,11 +210,20 @@ IN_GROUP = Contrast("in-group vs out-group", "experiencer", _in_group)
 experiencer."""
 
 
+PERCEIVER_BY_EXPERIENCER = Interaction(
+    "perceiver", "experiencer", lambda probe: lambda a, b: probe.in_group(a, b)
+)
+"""Δ is an interaction: patching reads it on 2x2 sets of two identities of different groups,
+perceiver x experiencer on one event (`probekit.mechanism.pairs`)."""
+
+
 def _gap_statistic(probe: IntergroupProbe) -> Callable[[pd.DataFrame, str], float]:
-    """Δ of the named groups (z-scored matrix) from per-prompt values in a column."""
+    """Δ of the named groups (z-scored matrix) from per-prompt values in a column, over the
+    frame's `unit`s (the events, relabelled in a bootstrap resample)."""
     named, labels = list(probe.category.named), list(probe.category.named_labels)
     return lambda frame, value: empathy_gap(
-        zscore(event_cube(frame, named, value).mean(axis=2)), labels
+        zscore(event_cube(frame.assign(event_id=frame["unit"]), named, value).mean(axis=2)),
+        labels,
     )
 
 

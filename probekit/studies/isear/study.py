@@ -25,7 +25,7 @@ from probekit.core.kinds import (
 from probekit.core.options import given, named, option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.studies.base import RUN, Context, ReportedStudy, register
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
@@ -158,7 +158,10 @@ class IsearStudy(ReportedStudy):
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(
-            contrast=FIRST_GENDER, spans=("gender", "from_gender"), readout=widest_emotion
+            contrast=FIRST_GENDER,
+            effect=Difference(),
+            spans=("gender", "from_gender"),
+            readout=widest_emotion,
         )
 
     def mechanism_items(

@@ -24,7 +24,7 @@ from probekit.core.kinds import (
     text,
 )
 from probekit.core.options import given, named, option
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.studies.base import (
     MECHANISM,
     RUN,
@@ -217,7 +217,7 @@ class JaemStudy(ReportedStudy):
 
     def mechanism_defaults(self) -> MechanismDefaults:
         # readout P(Empathetic): the item's key 'correct'
-        return MechanismDefaults(contrast=CLEAN_VALUE, readout="p_correct")
+        return MechanismDefaults(effect=Difference(), contrast=CLEAN_VALUE, readout="p_correct")
 
     def mechanism_items(
         self, options: JaemOptions, context: Context
