@@ -2,7 +2,7 @@
 Python value (`check`: the API's value as given, or what `parse` read), so that both front ends
 apply one rule; a refusal is a phrase that reads after the option's name ("must be at least 1
 (got 0)"), raised as `argparse.ArgumentTypeError`, which `probekit.core.options` words with the
-flag or the keyword. Calling a kind reads and checks text: the command line's reader
+option's name. Calling a kind reads and checks text: the command line's reader
 (`positive_int("8")`). This module imports no model library: a `torch.dtype` or a
 `torch.device` is named by its text."""
 
@@ -33,8 +33,7 @@ def _refuse(phrase: str) -> NoReturn:
 class Kind:
     """An option's type. `parse` reads the command line's text; `check` takes a Python value
     (the API's as given, or what `parse` read) and returns it as the option holds it. Both raise
-    `argparse.ArgumentTypeError` with a phrase that reads after the option's name ("must be at
-    least 1 (got 0)"). Calling a kind reads and checks text: the command line's reader."""
+    `argparse.ArgumentTypeError` with a phrase that reads after the option's name."""
 
     name: str
     parse: Callable[[str], Any]
@@ -63,18 +62,19 @@ def _int_value(value: Any) -> int:
 def _float_value(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _refuse(f"'{value}' is not a number")
-    value = float(value)
-    if not math.isfinite(value):
+    if not math.isfinite(value := float(value)):
         _refuse(f"must be a finite number (got {value:g})")
     return value
 
 
-def _ranged(value: Callable[[Any], Any], spec: str, low: Any, high: Any) -> Callable[[Any], Any]:
-    """The check of a value (read by `value`) in [low, high] (no upper bound when `high` is
-    None); bounds and value shown with the format `spec`."""
+def _ranged(integral: bool, low: float, high: float | None = None, above: bool = False) -> Kind:
+    """A number in [low, high] (no upper bound when `high` is None; above `low` if `above`)."""
+    value, spec = (_int_value, "") if integral else (_float_value, "g")
 
     def check(given: Any) -> Any:
         number = value(given)
+        if above and number <= low:
+            _refuse(f"must be above {low:{spec}} (got {number:{spec}})")
         if number < low or (high is not None and number > high):
             bound = (
                 f"at least {low:{spec}}"
@@ -84,41 +84,25 @@ def _ranged(value: Callable[[Any], Any], spec: str, low: Any, high: Any) -> Call
             _refuse(f"must be {bound} (got {number:{spec}})")
         return number
 
-    return check
-
-
-integer = Kind("integer", _read(int, "an integer"), _int_value)
-finite_float = Kind("number", _read(float, "a number"), _float_value)
+    if integral:
+        return Kind("integer", _read(int, "an integer"), check)
+    return Kind("number", _read(float, "a number"), check)
 
 
 def int_range(low: int, high: int | None = None) -> Kind:
     """An integer in [low, high] (no upper bound when `high` is None)."""
-    return Kind("integer", integer.parse, _ranged(_int_value, "", low, high))
-
-
-def float_range(low: float, high: float | None = None) -> Kind:
-    """A finite number in [low, high] (no upper bound when `high` is None)."""
-    return Kind("number", finite_float.parse, _ranged(_float_value, "g", low, high))
+    return _ranged(True, low, high)
 
 
 positive_int = int_range(1)
 """An integer >= 1 (batch sizes, counts)."""
 non_negative_int = int_range(0)
 """An integer >= 0 (seeds)."""
-non_negative_float = float_range(0.0)
+non_negative_float = _ranged(False, 0.0)
 """A finite number >= 0 (epsilon, temperature)."""
-probability = float_range(0.0, 1.0)
+probability = _ranged(False, 0.0, 1.0)
 """A number in [0, 1]."""
-
-
-def _positive_float(value: Any) -> float:
-    number = _float_value(value)
-    if number <= 0:
-        _refuse(f"must be above 0 (got {number:g})")
-    return number
-
-
-positive_float = Kind("number", finite_float.parse, _positive_float)
+positive_float = _ranged(False, 0.0, above=True)
 """A finite number > 0."""
 
 
@@ -154,15 +138,6 @@ def choice(kind: str, names: Sequence[str]) -> Kind:
     return Kind(kind, str, check)
 
 
-def _parse_count(value: str) -> int | str:
-    if value == "all":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        _refuse(f"'{value}' must be a positive number or 'all'")
-
-
 def _count_value(value: Any) -> int | None:
     if value == "all":
         return None
@@ -173,21 +148,22 @@ def _count_value(value: Any) -> int | None:
     return int(value)
 
 
+def _parse_count(value: str) -> int | str:
+    if value == "all" or re.fullmatch(r"-?\d+", value):
+        return value if value == "all" else int(value)
+    _refuse(f"'{value}' must be a positive number or 'all'")
+
+
 count_or_all = Kind("count", _parse_count, _count_value)
 """A positive count, or `all` (held as None)."""
 
 
-def _parse_shard(value: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in value.split("/"))
-    except ValueError:
-        _refuse(f"'{value}' must look like i/n, e.g. 0/4")
-    return index, count
-
-
 def _shard_value(value: Any) -> tuple[int, int]:
     if isinstance(value, str):
-        value = _parse_shard(value)
+        try:
+            value = [int(x) for x in value.split("/")]
+        except ValueError:
+            _refuse(f"'{value}' must look like i/n, e.g. 0/4")
     if not isinstance(value, Sequence) or len(value) != 2:
         _refuse(f"{value!r} must look like i/n, e.g. 0/4 (or a pair (i, n))")
     index, count = (_int_value(x) for x in value)
@@ -196,76 +172,59 @@ def _shard_value(value: Any) -> tuple[int, int]:
     return index, count
 
 
-shard = Kind("shard", _parse_shard, _shard_value)
+shard = Kind("shard", str, _shard_value)
 """`i/n` (or a pair from Python): every n-th prompt from the i-th (0 <= i < n)."""
 
 
-def _items(value: Any, what: str) -> list[Any]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence | range):
-        _refuse(f"must be a list of {what} (got {value!r})")
-    return list(value)
+def _listed(read: Callable[[str], Any], element: Callable[[Any], Any], what: str) -> Kind:
+    """A comma-separated list on the command line (each item read by `read`), a list (or a
+    range) from Python (each item checked by `element`)."""
 
-
-def _parse_list(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
     def parse(value: str) -> list[Any]:
+        items = [x.strip() for x in value.split(",")]
         try:
-            return [kind(x) for x in value.split(",") if x.strip()]
+            return [read(x) for x in items if x or _refuse(f"{value!r} has an empty item")]
         except ValueError:
             _refuse(f"{value!r} is not a comma-separated list of {what}")
 
-    return parse
+    def check(value: Any) -> list[Any]:
+        if isinstance(value, str | bytes) or not isinstance(value, Sequence | range):
+            _refuse(f"must be a list of {what} (got {value!r})")
+        return [element(x) for x in value]
+
+    return Kind(what, parse, check)
 
 
-int_list = Kind(
-    "integers",
-    _parse_list(int, "integers"),
-    lambda value: [_int_value(x) for x in _items(value, "integers")],
-)
+int_list = _listed(int, _int_value, "integers")
 """Integers: `--layers 0,6,12`; from Python a list or a range."""
-float_list = Kind(
-    "numbers",
-    _parse_list(float, "numbers"),
-    lambda value: [_float_value(x) for x in _items(value, "numbers")],
-)
+float_list = _listed(float, _float_value, "numbers")
 """Finite numbers: `--alphas -4,-2,0,2,4`; from Python a list."""
 
 
-def _parse_names(value: str) -> list[str]:
-    items = [x.strip() for x in value.split(",")]
-    if not all(items):
-        _refuse(f"{value!r} has an empty item")
-    return items
-
-
-def _names_value(value: Any) -> list[str]:
-    items = _items(value, "names")
-    if not items or not all(isinstance(x, str) and x for x in items):
+def _names(value: Any) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        _refuse(f"must be a list of names (got {value!r})")
+    if not value or not all(isinstance(x, str) and x for x in value):
         _refuse(f"must be a non-empty list of names (got {value!r})")
-    return items
+    return list(value)
 
 
-comma_list = Kind("names", _parse_names, _names_value)
-"""Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a list."""
-
-
-def parse_dtype(value: str) -> str:
-    """A floating-point dtype's name from text (aliases fp32, bf16, fp16, half accepted)."""
-    name = DTYPE_ALIASES.get(value, value)
-    if name not in DTYPES:
-        _refuse(f"'{value}' is not a dtype; choose {', '.join(DTYPES)}")
-    return name
+comma_list = Kind("names", _listed(str, str, "names").parse, _names)
+"""Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a non-empty list."""
 
 
 def _dtype_value(value: Any) -> str:
     if type(value).__module__ == "torch":  # a torch.dtype: named without importing torch here
         value = str(value).removeprefix("torch.")
-    if not isinstance(value, str):
+    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in DTYPES:
         _refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
-    return parse_dtype(value)
+    return name
 
 
-floating_dtype = Kind("dtype", parse_dtype, _dtype_value)
-"""A floating-point dtype, held by its name (`bfloat16`): text, or a `torch.dtype`."""
+floating_dtype = Kind("dtype", str, _dtype_value)
+"""A floating-point dtype, held by its name (`bfloat16`; aliases fp32, bf16, fp16, half): text,
+or a `torch.dtype`."""
 
 
 def _device_value(value: Any) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from probekit.core.kinds import checked_by, comma_list, int_list
-from probekit.core.options import BatchSizeOption, OutOption, SeedOption, option
+from probekit.core.options import BatchSizeOption, LimitOption, OutOption, SeedOption, option
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, PATCH_LAYERS, library
 
 hook_library = checked_by("hook library", library)
@@ -16,7 +16,7 @@ hook_library = checked_by("hook library", library)
 
 
 @dataclass(frozen=True)
-class HookOptions(BatchSizeOption, SeedOption, OutOption):
+class HookOptions(LimitOption, BatchSizeOption, SeedOption, OutOption):
     """Where activations are read and written."""
 
     layers: list[int] | None = option(
@@ -26,12 +26,12 @@ class HookOptions(BatchSizeOption, SeedOption, OutOption):
         kind=int_list,
     )
     sites: list[str] = option(
-        list(DEFAULT_SITES),
+        DEFAULT_SITES,
         help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
         f"patch: {HEAD_SITE} patches each attention head; steer: residual-width sites only "
         "(default %(default)s)",
         kind=comma_list,
-        defaults={"steer": ["hook_resid_post"]},
+        defaults={"steer": ("hook_resid_post",)},
     )
     spans: list[str] | None = option(
         None,

@@ -57,7 +57,7 @@ class ReportOptions(OutOption):
 @public(ReportOptions, command="report")
 def report(
     runs: str | Path | Sequence[str | Path],
-    out: str | Path | None,
+    out: str | Path | None = None,
     studies: Sequence[Study] = (),
 ) -> str:
     """Report every finished run under `runs` (a folder or several, e.g. one per model or one

@@ -174,7 +174,7 @@ def noise_figure(
     reference: torch.dtype | None = None,
     sample: int = NOISE_SAMPLE,
     *,
-    seed: int,
+    seed: int = 0,
     epsilon: float,
     own: Sequence[ScoreResult] | None = None,
 ) -> dict[str, Any]:
