@@ -180,7 +180,9 @@ def test_no_library_error_names_a_flag():
 
 def test_an_option_is_named_in_the_callers_words():
     """A message names an option once; Python reads the keyword, the command line the flag."""
-    message = f"use {named('max_memory')} or {given('device', 'cuda:3')} ({given('limit', 'N', True)})"
+    message = (
+        f"use {named('max_memory')} or {given('device', 'cuda:3')} ({given('limit', 'N', True)})"
+    )
     assert str(ProbekitError(message)) == "use max_memory or device='cuda:3' (limit=N)"
     assert as_flags(message) == "use --max-memory or --device cuda:3 (--limit N)"
     error = option_error("events", "must be at least 1 (got 0)")
@@ -196,7 +198,7 @@ def test_a_deep_refusal_says_the_flag_on_the_command_line_and_the_keyword_from_p
     from probekit import cli
     from probekit.datasets.crowd_envent import SAMPLE_ROOT
 
-    line = "events must be between 1 and 3, the events of 'anger', or all (got 40)"
+    line = "events must be at most 3, the events of 'anger', or all (got 40)"
     with pytest.raises(ProbekitError) as error:
         probekit.capture_study("intergroup", "no/such-model", events=40, data=SAMPLE_ROOT)
     assert str(error.value) == line

@@ -86,6 +86,8 @@ class Flagged:
     """A stream whose lines name probekit's options as flags (`as_flags`): the command line's
     edge, where `--events` replaces the `events` a Python caller reads."""
 
+    names_flags = True
+
     def __init__(self, stream: Any) -> None:
         self.stream = stream
 

@@ -181,9 +181,8 @@ def _listed(read: Callable[[str], Any], element: Callable[[Any], Any], what: str
     range) from Python (each item checked by `element`)."""
 
     def parse(value: str) -> list[Any]:
-        items = [x.strip() for x in value.split(",")]
         try:
-            return [read(x) for x in items if x or _refuse(f"{value!r} has an empty item")]
+            return [read(x.strip()) for x in value.split(",") if x.strip()]
         except ValueError:
             _refuse(f"{value!r} is not a comma-separated list of {what}")
 
@@ -201,6 +200,13 @@ float_list = _listed(float, _float_value, "numbers")
 """Finite numbers: `--alphas -4,-2,0,2,4`; from Python a list."""
 
 
+def _parse_names(value: str) -> list[str]:
+    items = [x.strip() for x in value.split(",")]
+    if not all(items):
+        _refuse(f"{value!r} has an empty item")
+    return items
+
+
 def _names(value: Any) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         _refuse(f"must be a list of names (got {value!r})")
@@ -209,7 +215,7 @@ def _names(value: Any) -> list[str]:
     return list(value)
 
 
-comma_list = Kind("names", _listed(str, str, "names").parse, _names)
+comma_list = Kind("names", _parse_names, _names)
 """Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a non-empty list."""
 
 

@@ -277,8 +277,11 @@ class Command:
 
     def parse(self, argv: Sequence[str] | None, prog: str, description: str | None = None) -> tuple:
         """The command line `argv` read and checked (a refusal is one line naming the flag)."""
-        self.refuse_not_taken(argv or ())
-        return self._values(vars(self.parser(prog, description).parse_args(argv)))
+        try:
+            self.refuse_not_taken(argv or ())
+            return self._values(vars(self.parser(prog, description).parse_args(argv)))
+        except ProbekitError as error:
+            raise type(error)(as_flags(error.marked)) from None
 
     def refuse_not_taken(self, argv: Sequence[str]) -> None:
         """One line for the first flag of `argv` that this command does not take and that is
@@ -406,13 +409,10 @@ class CommandParser(argparse.ArgumentParser):
 def _unknown(old: str, value: str, shown: str, parser: argparse.ArgumentParser) -> str:
     """The line refusing the unknown option `old` (with `value`, as the command line `shown`
     gave it): its new spelling if it was renamed, else the nearest of `parser`'s options."""
-    if old in RENAMED:
+    if old in RENAMED:  # "unrecognized arguments: --mode ev; it is now --view exact"
         new, values = RENAMED[old]
-        return (
-            f"{old} {value} is now {new} {values.get(value, value)}"
-            if value
-            else f"{old} is now {new}"
-        )
+        now = f"{new} {values.get(value, value)}" if value else new
+        return f"unrecognized arguments: {shown.strip()}; it is now {now}"
     known = [name for name in parser._option_string_actions if name.startswith("--")]
     near = difflib.get_close_matches(old, known, n=1, cutoff=0.6)
     return f"unrecognized arguments: {shown.strip()}" + (

@@ -80,7 +80,7 @@ def _checked(
     required = [n for n in listed if body[n].default is body[n].empty]
 
     @functools.cache
-    def annotations() -> tuple[dict[str, Any], dict[str, Any]]:
+    def annotations() -> tuple[dict[str, Any], dict[str, Any], bool]:
         """Each parameter's hint (those of a `**options: Unpack[...]` by keyword) and its check,
         made on the first call (every module is loaded by then)."""
         resolved = hints(function, owner)
@@ -88,16 +88,15 @@ def _checked(
             for name, value in getattr(owner, "__annotations__", {}).items():
                 resolved.setdefault(name, resolve(value, owner))
         hint = resolved.pop(extra, None) if extra else None
-        if typing.get_origin(hint) is typing.Unpack:
+        unpacked = typing.get_origin(hint) is typing.Unpack
+        if unpacked:
             (typed,) = typing.get_args(hint)
             resolved |= {k: resolve(v, typed) for k, v in typing.get_type_hints(typed).items()}
-        return resolved, {name: checker(hint) for name, hint in resolved.items()}
-
-    unpacked = extra is not None and "Unpack" in str(body[extra].annotation)
+        return resolved, {name: checker(hint) for name, hint in resolved.items()}, unpacked
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        known, checks = annotations()
+        known, checks, unpacked = annotations()
         for key, value in kwargs.items():
             if key not in listed and not (unpacked and key in known):
                 missing = [n for n in required if n not in kwargs]

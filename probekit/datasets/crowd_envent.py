@@ -139,11 +139,13 @@ def sample_events(df: pd.DataFrame, per_emotion: int | None, seed: int) -> pd.Da
     if per_emotion is None:
         return df.reset_index(drop=True)
     counts = df.groupby("emotion", sort=False).size()
-    if not 1 <= per_emotion <= counts.min():
+    if per_emotion < 1:
+        raise option_error("events", f"must be at least 1 (got {per_emotion})")
+    if per_emotion > counts.min():
         raise option_error(
             "events",
-            f"must be between 1 and {counts.min()}, the events of {counts.idxmin()!r}, or all "
-            f"(got {per_emotion})",
+            f"must be at most {counts.min()}, the events of {counts.idxmin()!r}, or all (got "
+            f"{per_emotion})",
         )
     emotions = df["emotion"].to_numpy()
     keep = []

@@ -31,7 +31,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
-from probekit.core.progress import is_quiet, note, silenced
+from probekit.core.progress import echo, is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import Engine
@@ -183,7 +183,7 @@ def run_parsed(
         run_in_vllm_env(sys.argv)  # vLLM lives in its own environment (./setup.sh --vllm)
     started = time.time()
     launch = detect_launch()
-    say: Say = print if launch.is_main else (lambda *a, **k: None)
+    say: Say = echo if launch.is_main else (lambda *a, **k: None)
     command = command or " ".join(sys.argv)
     probes = study.probes(own, run_context(options, models[0], say))
     if options.limit is not None:  # whole units of every group, or one line before any work

@@ -50,6 +50,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import FIRST_UNITS, declaration, given, named, options_of, spoken
+from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.rundir import RENAMED_VIEWS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
@@ -111,7 +112,7 @@ class Context:
     seed: int = 0
     view: str = "exact"
     device: str | None = None
-    say: Say = print
+    say: Say = echo
     limit: int | None = None
 
 

@@ -24,6 +24,7 @@ from probekit.core.kinds import (
     text,
 )
 from probekit.core.options import given, named, option
+from probekit.core.progress import echo
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.studies.base import (
     MECHANISM,
@@ -190,7 +191,7 @@ class JaemStudy(ReportedStudy):
             import probekit.studies.jaem_st.report as report
             import probekit.studies.jaem_st.responses as responses
 
-            frame = responses.responses_table(scores, run_dir, manifest, print)
+            frame = responses.responses_table(scores, run_dir, manifest, echo)
             fields = report.report_responses(frame, run_dir, manifest)
             for row in rows:
                 if row["view"] == run_view(manifest):
