@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,7 +195,7 @@ def test_public_functions_check_their_keywords(call, message):
 
 def test_seed_batch_size_and_out_are_declared_once():
     """Every command's seed, batch size and out folder come from one declaration each."""
-    from probekit.core.options import BatchSizeOption, OutOption, SeedOption
+    from probekit.core.shared_options import BatchSizeOption, OutOption, SeedOption
 
     intergroup = get_study("intergroup")
     commands = [
@@ -338,3 +339,58 @@ def test_each_public_default_is_its_declarations(name):
         wanted = declaration(field).default_for(facts.command)
         wanted = inspect.Parameter.empty if wanted is REQUIRED else wanted
         assert shown[option].default == wanted, (name, option, shown[option].default, wanted)
+
+
+# One meaning per option name, and the spelling of options of earlier versions
+
+
+def _option_help(argv: list[str], name: str, capsys) -> str:
+    """The help text of the option `name` in `probekit ARGV --help`, on one line."""
+    with pytest.raises(SystemExit) as done:
+        cli.main([*argv, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    block = re.search(rf"\n  {name}\b[^\n]*\n((?:\s{{20,}}[^\n]*\n)*)", text)
+    assert block is not None, (argv, name)
+    return " ".join(block.group(0).split())
+
+
+def test_each_command_states_only_its_own_meaning_of_events_and_limit(capsys):
+    """`--events` is intergroup's events per emotion on every command; `--limit` the smallest
+    balanced slice everywhere, each command's help giving its own default only."""
+    run, patch = ["run", "intergroup"], ["patch", "intergroup"]
+    events = {tuple(argv): _option_help(argv, "--events", capsys) for argv in (run, patch)}
+    assert len(set(events.values())) == 1 and "events per emotion" in events[tuple(run)]
+    assert not re.search(r"\b(run|patch|capture|steer|lens)\b", events[tuple(run)])
+    run_limit, patch_limit = (_option_help(argv, "--limit N", capsys) for argv in (run, patch))
+    for text in (run_limit, patch_limit):
+        assert "smallest balanced slice" in text
+        assert not re.search(r"\b(run|patch|capture|steer|lens)\b", text)
+    assert "every prompt" in run_limit and "first 2 units" not in run_limit
+    assert "first 2 units" in patch_limit and "every prompt" not in patch_limit
+
+
+@pytest.mark.parametrize(
+    ("argv", "new"),
+    [
+        (["run", "isear", "--mode", "ev"], "; it is now --view exact"),
+        (["patch", "intergroup", "--metric=ev"], "; it is now --readout expected"),
+        (["capture", "intergroup", "--backend", "tl"], "; it is now --hooks transformer_lens"),
+        (["patch", "intergroup", "--pairs", "2"], "; it is now --pairs-per-unit 2"),
+    ],
+)
+def test_a_renamed_option_names_its_new_spelling(argv, new, capsys):
+    """`--mode ev` answered "did you mean --model?": an option of an earlier version gets its
+    new spelling (`probekit.core.options.RENAMED`), before the model library is imported."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("probekit: error: unrecognized arguments: ") and err.endswith(new + "\n")
+    assert "did you mean" not in err
+
+
+def test_tolerance_help_lists_every_precision_tier(capsys):
+    """`--tolerance` lists the tiers that exist (the float16 and +head tiers too), in order."""
+    from probekit.engines.hf.arithmetic import TIERS
+
+    text = _option_help(["score"], "--tolerance T", capsys)
+    assert ", ".join(TIERS) in text

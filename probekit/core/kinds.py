@@ -4,7 +4,7 @@ apply one rule; a refusal is a phrase that reads after the option's name ("must 
 (got 0)"), raised as `argparse.ArgumentTypeError`, which `probekit.core.options` words with the
 option's name. Calling a kind reads and checks text: the command line's reader
 (`positive_int("8")`). This module imports no model library: a `torch.dtype` or a
-`torch.device` is named by its text."""
+`torch.device` is named by its text (`probekit.engines.options`)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,9 @@ from typing import Any, NoReturn
 
 from probekit.core.errors import ProbekitError
 
-DTYPES = ("float32", "bfloat16", "float16", "float64")
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 
-
-def _refuse(phrase: str) -> NoReturn:
+def refuse(phrase: str) -> NoReturn:
+    """Refuse a value with a phrase that reads after the option's name."""
     raise argparse.ArgumentTypeError(phrase)
 
 
@@ -40,7 +37,11 @@ class Kind:
     check: Callable[[Any], Any]
 
     def __call__(self, text: str) -> Any:
-        return self.check(self.parse(text))
+        """The command line's reader (argparse's `type`): a refusal is argparse's one line."""
+        try:
+            return self.check(self.parse(text))
+        except ProbekitError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _read(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
@@ -48,40 +49,40 @@ def _read(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
         try:
             return kind(text)
         except ValueError:
-            _refuse(f"{text!r} is not {what}")
+            refuse(f"{text!r} is not {what}")
 
     return parse
 
 
-def _int_value(value: Any) -> int:
+def int_value(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        _refuse(f"'{value}' is not an integer")
+        refuse(f"'{value}' is not an integer")
     return int(value)
 
 
 def _float_value(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        _refuse(f"'{value}' is not a number")
+        refuse(f"'{value}' is not a number")
     if not math.isfinite(value := float(value)):
-        _refuse(f"must be a finite number (got {value:g})")
+        refuse(f"must be a finite number (got {value:g})")
     return value
 
 
 def _ranged(integral: bool, low: float, high: float | None = None, above: bool = False) -> Kind:
     """A number in [low, high] (no upper bound when `high` is None; above `low` if `above`)."""
-    value, spec = (_int_value, "") if integral else (_float_value, "g")
+    value, spec = (int_value, "") if integral else (_float_value, "g")
 
     def check(given: Any) -> Any:
         number = value(given)
         if above and number <= low:
-            _refuse(f"must be above {low:{spec}} (got {number:{spec}})")
+            refuse(f"must be above {low:{spec}} (got {number:{spec}})")
         if number < low or (high is not None and number > high):
             bound = (
                 f"at least {low:{spec}}"
                 if high is None
                 else f"between {low:{spec}} and {high:{spec}}"
             )
-            _refuse(f"must be {bound} (got {number:{spec}})")
+            refuse(f"must be {bound} (got {number:{spec}})")
         return number
 
     if integral:
@@ -108,7 +109,7 @@ positive_float = _ranged(False, 0.0, above=True)
 
 def _text_value(value: Any) -> str:
     if not isinstance(value, str):
-        _refuse(f"must be text (got {value!r})")
+        refuse(f"must be text (got {value!r})")
     return value
 
 
@@ -118,7 +119,7 @@ text = Kind("text", str, _text_value)
 
 def _path_value(value: Any) -> Path:
     if not isinstance(value, str | os.PathLike) or not str(value):
-        _refuse(f"must be a path (got {value!r})")
+        refuse(f"must be a path (got {value!r})")
     return Path(value)
 
 
@@ -132,7 +133,7 @@ def choice(kind: str, names: Sequence[str]) -> Kind:
     def check(value: Any) -> str:
         if value not in names:
             shown = value if isinstance(value, str) else repr(value)
-            _refuse(f"unknown {kind} '{shown}'; choose one of {', '.join(names)}")
+            refuse(f"unknown {kind} '{shown}'; choose one of {', '.join(names)}")
         return value
 
     return Kind(kind, str, check)
@@ -142,38 +143,20 @@ def _count_value(value: Any) -> int | None:
     if value == "all":
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        _refuse(f"'{value}' must be a positive number or 'all'")
+        refuse(f"'{value}' must be a positive number or 'all'")
     if value < 1:
-        _refuse(f"must be at least 1 (got {value}), or 'all'")
+        refuse(f"must be at least 1 (got {value}), or 'all'")
     return int(value)
 
 
 def _parse_count(value: str) -> int | str:
     if value == "all" or re.fullmatch(r"-?\d+", value):
         return value if value == "all" else int(value)
-    _refuse(f"'{value}' must be a positive number or 'all'")
+    refuse(f"'{value}' must be a positive number or 'all'")
 
 
 count_or_all = Kind("count", _parse_count, _count_value)
 """A positive count, or `all` (held as None)."""
-
-
-def _shard_value(value: Any) -> tuple[int, int]:
-    if isinstance(value, str):
-        try:
-            value = [int(x) for x in value.split("/")]
-        except ValueError:
-            _refuse(f"'{value}' must look like i/n, e.g. 0/4")
-    if not isinstance(value, Sequence) or len(value) != 2:
-        _refuse(f"{value!r} must look like i/n, e.g. 0/4 (or a pair (i, n))")
-    index, count = (_int_value(x) for x in value)
-    if count < 1 or not 0 <= index < count:
-        _refuse(f"'{index}/{count}': need 0 <= i < n")
-    return index, count
-
-
-shard = Kind("shard", str, _shard_value)
-"""`i/n` (or a pair from Python): every n-th prompt from the i-th (0 <= i < n)."""
 
 
 def _listed(read: Callable[[str], Any], element: Callable[[Any], Any], what: str) -> Kind:
@@ -184,17 +167,17 @@ def _listed(read: Callable[[str], Any], element: Callable[[Any], Any], what: str
         try:
             return [read(x.strip()) for x in value.split(",") if x.strip()]
         except ValueError:
-            _refuse(f"{value!r} is not a comma-separated list of {what}")
+            refuse(f"{value!r} is not a comma-separated list of {what}")
 
     def check(value: Any) -> list[Any]:
         if isinstance(value, str | bytes) or not isinstance(value, Sequence | range):
-            _refuse(f"must be a list of {what} (got {value!r})")
+            refuse(f"must be a list of {what} (got {value!r})")
         return [element(x) for x in value]
 
     return Kind(what, parse, check)
 
 
-int_list = _listed(int, _int_value, "integers")
+int_list = _listed(int, int_value, "integers")
 """Integers: `--layers 0,6,12`; from Python a list or a range."""
 float_list = _listed(float, _float_value, "numbers")
 """Finite numbers: `--alphas -4,-2,0,2,4`; from Python a list."""
@@ -203,15 +186,15 @@ float_list = _listed(float, _float_value, "numbers")
 def _parse_names(value: str) -> list[str]:
     items = [x.strip() for x in value.split(",")]
     if not all(items):
-        _refuse(f"{value!r} has an empty item")
+        refuse(f"{value!r} has an empty item")
     return items
 
 
 def _names(value: Any) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence):
-        _refuse(f"must be a list of names (got {value!r})")
+        refuse(f"must be a list of names (got {value!r})")
     if not value or not all(isinstance(x, str) and x for x in value):
-        _refuse(f"must be a non-empty list of names (got {value!r})")
+        refuse(f"must be a non-empty list of names (got {value!r})")
     return list(value)
 
 
@@ -219,35 +202,9 @@ comma_list = Kind("names", _parse_names, _names)
 """Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a non-empty list."""
 
 
-def _dtype_value(value: Any) -> str:
-    if type(value).__module__ == "torch":  # a torch.dtype: named without importing torch here
-        value = str(value).removeprefix("torch.")
-    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
-    if name not in DTYPES:
-        _refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
-    return name
-
-
-floating_dtype = Kind("dtype", str, _dtype_value)
-"""A floating-point dtype, held by its name (`bfloat16`; aliases fp32, bf16, fp16, half): text,
-or a `torch.dtype`."""
-
-
-def _device_value(value: Any) -> str:
-    if type(value).__module__ == "torch":  # a torch.device
-        value = str(value)
-    if not isinstance(value, str) or not DEVICE.fullmatch(value):
-        _refuse(f"'{value}' is not a device; use cpu, cuda, cuda:N or mps")
-    return value
-
-
-device_name = Kind("device", str, _device_value)
-"""cpu, cuda, cuda:N or mps: text, or a `torch.device`."""
-
-
 def _function_value(value: Any) -> Any:
     if not callable(value):
-        _refuse(f"must be a function (got {value!r})")
+        refuse(f"must be a function (got {value!r})")
     return value
 
 
@@ -265,6 +222,6 @@ def checked_by(
         try:
             return function(value)
         except ProbekitError as error:
-            _refuse(str(error))
+            refuse(str(error))
 
     return Kind(kind, parse, check)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from probekit.core.errors import MARK, ProbekitError
-from probekit.core.kinds import Kind, non_negative_int, path, positive_int, text
+from probekit.core.kinds import Kind, text
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that must be given (`option(REQUIRED, ...)`)."""
@@ -41,8 +41,6 @@ RENAMED = {
 }
 """Flags of earlier versions: old flag -> (its new spelling, old values -> new ones), for the
 line refusing one (`--mode ev is now --view exact`)."""
-FIRST_UNITS = {"patch": 2, "steer": 2, "lens": 2, "capture": 3}
-"""The units (events, items, samples) a mechanism command reads when given no `limit`."""
 _MARKED = re.compile(f"{MARK}(\\w+)(?:=(.*?))?{MARK}")
 
 
@@ -120,7 +118,7 @@ class Declaration:
 
     def help_for(self, command: str, default: Any) -> str:
         """The command's help line, `%(default)s` written as `default`."""
-        line = self.help if isinstance(self.help, str) else self.help.get(command, self.help[""])
+        line = self.help if isinstance(self.help, str) else self.help.get(command) or self.help[""]
         shown = self.none if default is None else default
         if isinstance(shown, list | tuple):
             shown = ",".join(str(v) for v in shown)
@@ -251,20 +249,21 @@ class Command:
                 section = parser.add_argument_group(title)
             for field in fields:
                 if declaration(field).positional:
-                    arguments = self._argument(field)
+                    arguments = self.argument(field)
                     del arguments["dest"], arguments["default"]
                     section.add_argument(field.name, nargs="+", **arguments)
                 else:
-                    section.add_argument(flag(field.name), **self._argument(field))
+                    section.add_argument(flag(field.name), **self.argument(field))
         return parser
 
-    def _argument(self, field: dataclasses.Field) -> dict[str, Any]:
+    def argument(self, field: dataclasses.Field) -> dict[str, Any]:
+        """`add_argument`'s keywords for the option `field` in this command."""
         declared, default = declaration(field), self.default(field)
         help_line = declared.help_for(self.name, default)
         arguments = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_line}
         if declared.kind is None:
             return arguments | {"action": "store_true"}
-        arguments["type"] = _reader(declared.kind)
+        arguments["type"] = declared.kind
         if self.name in declared.several:
             arguments["action"] = "append"
         if declared.const is not None:
@@ -345,36 +344,12 @@ class Command:
                 values.append(group(**fields))
             else:
                 values.append([group(**{**fields, several: v}) for v in fields[several]])
-        for value in values:
-            if isinstance(value, OutOption) and value.out is not None:
+        for value in values:  # an output folder (`out`) first
+            if getattr(value, "out", None) is not None:
                 check_out_dir(value.out)
         for check in self.checks:
             check(tuple(values))
         return tuple(values)
-
-    def add_to(self, parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
-        """Add the options `names` of this command to a script's own argparse parser (the
-        benchmarks): the flag, kind, help and default of probekit's commands."""
-        for name in names:
-            field = self.taken()[name][1]
-            default = self.default(field)
-            arguments = self._argument(field) | {
-                "default": None if default is REQUIRED else default
-            }
-            parser.add_argument(flag(name), **arguments)
-
-
-def _reader(kind: Kind) -> Callable[[str], Any]:
-    """argparse's `type` for `kind`: a ProbekitError of its check becomes argparse's refusal."""
-
-    def read(value: str) -> Any:
-        try:
-            return kind(value)
-        except ProbekitError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    read.__name__ = kind.name
-    return read
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -440,75 +415,3 @@ def check_out_dir(folder: str | Path, option: str = "out") -> None:
         raise ProbekitError(
             f"{name} {folder}: cannot write in {existing} ({err.strerror})"
         ) from None
-
-
-# Options every command that has them shares: declared here once
-
-
-@dataclass(frozen=True)
-class OutOption:
-    """Output."""
-
-    out: Path | None = option(
-        None,
-        help={
-            "report": "where the summary and pages go (default: the one folder given, else "
-            "combined/ in the folders' common parent)",
-            "": "output folder (default %(default)s)",
-        },
-        kind=path,
-        metavar="DIR",
-        defaults={c: f"runs/{c}" for c in FIRST_UNITS},
-        none="the study's",
-    )
-
-
-@dataclass(frozen=True)
-class SeedOption:
-    """Seed."""
-
-    seed: int | None = option(
-        0,
-        help="seed of everything drawn at random: the items, the statistics' resamples, random "
-        "controls (default %(default)s)",
-        kind=non_negative_int,
-        defaults={"run": None},
-        none="the study's",
-    )
-
-
-@dataclass(frozen=True)
-class BatchSizeOption:
-    """Batch size."""
-
-    batch_size: int | None = option(
-        None,
-        help="prompts per forward pass (default %(default)s)",
-        kind=positive_int,
-        defaults={"capture": 8},
-        metavar="N",
-        none="the engine's choice for the device",
-    )
-
-
-_SLICE = (
-    "at most N prompts: the smallest balanced slice of that size, whole units (events, items, "
-    "samples) taken in turn from each group while their prompts fit"
-)
-
-
-@dataclass(frozen=True)
-class LimitOption:
-    """Slice."""
-
-    limit: int | None = option(
-        None,
-        help={
-            "run": f"{_SLICE}; too few units for the statistics is refused with the smallest N "
-            "(default: every prompt)",
-            "capture": f"{_SLICE} (default: the first {FIRST_UNITS['capture']} units)",
-            "": f"{_SLICE} (default: the first {FIRST_UNITS['patch']} units)",
-        },
-        kind=positive_int,
-        metavar="N",
-    )

@@ -13,12 +13,12 @@ annotation (`probekit.core.typecheck`).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from probekit.core.errors import ProbekitError
@@ -27,15 +27,6 @@ from probekit.core.typecheck import checker, hints, refusal, resolve
 
 T = TypeVar("T")
 Parameter = inspect.Parameter
-
-
-@dataclasses.dataclass(frozen=True)
-class Public:
-    """What `public` checks of a function (its `__public__`): the option fields of its
-    parameters and the command whose defaults they have."""
-
-    fields: dict[str, dataclasses.Field]
-    command: str | None
 
 
 def public(*groups: type, command: str | None = None, skip: Sequence[str] = ()) -> Callable[[T], T]:
@@ -66,7 +57,7 @@ def _checked(
 ) -> Callable[..., Any]:
     signature = inspect.signature(function)
     body = signature.parameters
-    fields = {
+    fields = {  # the parameters that are options, checked by their kinds
         f.name: f
         for group in groups
         for f in options_of(group)
@@ -74,9 +65,8 @@ def _checked(
     }
     first = next(iter(body), None) if owner is not function else None  # self / cls
     extra = next((p.name for p in body.values() if p.kind is p.VAR_KEYWORD), None)
-    listed = [n for n, p in body.items() if n not in (first, extra)]
+    listed = [n for n in body if n not in (first, extra)]
     positional = [n for n, p in body.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
-
     required = [n for n in listed if body[n].default is body[n].empty]
 
     @functools.cache
@@ -122,7 +112,8 @@ def _checked(
                 raise ProbekitError(f"{where}: {refusal(name, value, known[name])}")
         return function(**values)
 
-    call.__public__ = Public(fields, command)  # type: ignore[attr-defined]
+    # what the tests read: the option fields of its parameters, the command of their defaults
+    call.__public__ = SimpleNamespace(fields=fields, command=command)  # type: ignore[attr-defined]
     return call
 
 

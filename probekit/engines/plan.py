@@ -21,8 +21,9 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import checked_by, positive_int
-from probekit.core.options import REQUIRED, BatchSizeOption, as_keywords, option
+from probekit.core.options import REQUIRED, as_keywords, option
 from probekit.core.public import public
+from probekit.core.shared_options import BatchSizeOption
 from probekit.engines.devices import (
     check_map_modules,
     device_key,

@@ -29,9 +29,10 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
-from probekit.core.options import SeedOption, default_of
+from probekit.core.options import default_of
 from probekit.core.progress import silenced
 from probekit.core.public import public
+from probekit.core.shared_options import SeedOption
 from probekit.engines.hf.tiers import settle_precision
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk

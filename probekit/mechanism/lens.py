@@ -40,10 +40,11 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.kinds import int_list
-from probekit.core.options import BatchSizeOption, LimitOption, OutOption, SeedOption, option
+from probekit.core.options import option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
 from probekit.core.public import public
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.engines.hf.differentiable import node_log_probs
 from probekit.engines.hf.precision import final_norm

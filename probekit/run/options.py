@@ -8,24 +8,35 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
-from probekit.core.options import (
-    BatchSizeOption,
-    Command,
-    LimitOption,
-    OutOption,
-    SeedOption,
-    named,
-    option,
-)
+from probekit.core.kinds import Kind, int_value, non_negative_int, positive_int, refuse, text
+from probekit.core.options import Command, named, option
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.engines.base import Engine
 from probekit.engines.options import EpsilonOption, ModelOptions, check_models, loaded_engine
 from probekit.studies.base import Context, Study, get_study, other_study_option
+
+
+def _shard_value(value: Any) -> tuple[int, int]:
+    if isinstance(value, str):
+        try:
+            value = [int(x) for x in value.split("/")]
+        except ValueError:
+            refuse(f"'{value}' must look like i/n, e.g. 0/4")
+    if not isinstance(value, Sequence) or len(value) != 2:
+        refuse(f"{value!r} must look like i/n, e.g. 0/4 (or a pair (i, n))")
+    index, count = (int_value(x) for x in value)
+    if count < 1 or not 0 <= index < count:
+        refuse(f"'{index}/{count}': need 0 <= i < n")
+    return index, count
+
+
+shard_kind = Kind("shard", str, _shard_value)
+"""`i/n` (or a pair from Python): every n-th prompt from the i-th (0 <= i < n)."""
 
 
 def _numerics(value: Any) -> int | str:
@@ -57,7 +68,7 @@ class RunOptions(LimitOption, EpsilonOption, BatchSizeOption, SeedOption, OutOpt
         kind=text,
     )
     shard: tuple[int, int] = option(
-        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard
+        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard_kind
     )
     numerics: int | str = option(
         "auto",

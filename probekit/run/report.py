@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
-from probekit.core.options import REQUIRED, OutOption, named, option
+from probekit.core.options import REQUIRED, named, option
 from probekit.core.public import public
+from probekit.core.shared_options import OutOption
 
 if TYPE_CHECKING:
     from probekit.core.rundir import RunDir

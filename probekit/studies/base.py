@@ -49,10 +49,11 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import FIRST_UNITS, declaration, given, named, options_of, spoken
+from probekit.core.options import declaration, given, named, options_of, spoken
 from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.rundir import RENAMED_VIEWS
+from probekit.core.shared_options import FIRST_UNITS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data

@@ -29,8 +29,8 @@ import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.options import SeedOption
 from probekit.core.public import public
+from probekit.core.shared_options import SeedOption
 from probekit.engines.base import ScoreResult
 
 if TYPE_CHECKING:

@@ -41,22 +41,28 @@ prompt_types = Kind(
 """Some of GIEBench's prompt types (raw, id, cot)."""
 
 
+_ITEMS = "a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample'"
+
+
 @dataclass(frozen=True)
 class GIEBenchOptions:
     """giebench options."""
 
     items: str | None = option(
         None,
-        help="a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample' "
-        "(run default: the official files, found or downloaded, else the sample; patch, capture, "
-        "steer and lens need records: 'sample' by default)",
+        help={
+            "run": f"{_ITEMS} (default: the official files, found or downloaded, else the sample)",
+            "": f"{_ITEMS}; records, which swap identities (default %(default)s)",
+        },
         kind=text,
         defaults={command: "sample" for command in MECHANISM},
     )
     prompt: list[str] = option(
         tuple(PROMPT_TYPES),
-        help="raw,id,cot or a subset (patch, capture, steer, lens: id and/or cot; default "
-        "%(default)s)",
+        help={
+            "run": "raw,id,cot or a subset (default %(default)s)",
+            "": "id,cot or a subset: the prompt types that name an identity (default %(default)s)",
+        },
         kind=prompt_types,
         defaults={command: ("cot",) for command in MECHANISM},
     )

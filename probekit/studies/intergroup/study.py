@@ -49,12 +49,18 @@ class IntergroupOptions:
 
     category: str = option(
         "religion",
-        help="ethnicity, nationality, religion, or all (run only) (default %(default)s)",
+        help={
+            "run": "ethnicity, nationality, religion, or all (default %(default)s)",
+            "": "ethnicity, nationality or religion (default %(default)s)",
+        },
         kind=choice("category", (*CATEGORIES, "all")),
     )
     setting: str = option(
         "P0S0T0",
-        help="P0S0T0 (origin), ..., or all (run only) (default %(default)s)",
+        help={
+            "run": "P0S0T0 (origin), ..., or all (default %(default)s)",
+            "": "P0S0T0 (origin), ... (default %(default)s)",
+        },
         kind=Kind("setting", str, _setting),
     )
     events: int | None = option(
@@ -76,9 +82,13 @@ class IntergroupOptions:
     )
     min_valid_mass: float = option(
         DEFAULT_MIN_VALID_MASS,
-        help="exact view: an event is excluded when any pair's valid mass is below this "
-        "(default %(default)s; lens: 0, since a layer's valid mass says how much of its lens is "
-        "on the answers, not that the model refused)",
+        help={
+            "run": "exact view: an event is excluded when any pair's valid mass is below this "
+            "(default %(default)s)",
+            "lens": "an event is excluded when any pair's valid mass is below this (default "
+            "%(default)s: a layer's valid mass says how much of its lens is on the answers, not "
+            "that the model refused)",
+        },
         kind=probability,
         commands=(*RUN, "lens"),
         defaults={"lens": 0.0},
