@@ -290,7 +290,7 @@ def test_capture_and_patch_take_an_unregistered_study_object(smol, tmp_path):
         study,
         smol,
         out=tmp_path / "capture",
-        events=1,
+        limit=36,  # one event
         layers=[0],
         sites=["resid_pre"],
         spans=["experiencer"],
@@ -301,7 +301,7 @@ def test_capture_and_patch_take_an_unregistered_study_object(smol, tmp_path):
         study,
         smol,
         out=tmp_path / "patch",
-        events=1,
+        limit=25,  # one event: its 5 x 5 named pairs
         layers=range(1),
         sites=["resid_pre"],
         spans=["experiencer"],
