@@ -305,6 +305,8 @@ class LimitedProbe(Probe):
         return self._size
 
     def __getattr__(self, name: str) -> Any:  # the probe's own attributes (a study's contrast)
+        if "probe" not in self.__dict__:  # not made yet (a copy, a pickle)
+            raise AttributeError(name)
         return getattr(self.__dict__["probe"], name)
 
 
