@@ -367,10 +367,7 @@ class CommandParser(argparse.ArgumentParser):
                 following = given[index + 1 : index + 2]
                 value = value or next((v for v in following if v[:1] != "-"), "")
                 self.error(_unknown(old, value, arg if "=" in arg else f"{arg} {value}", self))
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed
+        return super().parse_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Raise one line (a ProbekitError, which the command line prints with exit status 2)
