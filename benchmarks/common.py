@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
-from probekit.core.options import BatchSizeOption, Command, SeedOption
+from probekit.core.options import REQUIRED, Command, flag
+from probekit.core.shared_options import BatchSizeOption, SeedOption
 from probekit.engines.options import EpsilonOption, ModelOptions
 
 if TYPE_CHECKING:
@@ -57,7 +58,10 @@ def shared_options(parser: argparse.ArgumentParser, *names: str, **defaults: Any
     `epsilon`) to a benchmark's parser with the commands' flag, kind, help and default (one
     declaration each); `defaults`: the benchmark's own, where it differs."""
     command = Command(SHARED.name, SHARED.groups, defaults=defaults)
-    command.add_to(parser, names)
+    for name in names:
+        field = command.taken()[name][1]
+        default = None if command.default(field) is REQUIRED else command.default(field)
+        parser.add_argument(flag(name), **command.argument(field) | {"default": default})
 
 
 def argument_parser(

@@ -663,10 +663,12 @@ def against_attribution(options: argparse.Namespace, parser: argparse.ArgumentPa
 
 
 def _study_items(study: Any, pairs: int, data: str | None) -> tuple[Any, list[Any]]:
-    """The intergroup study's patch probe and items, enough events to give `pairs` pairs."""
-    keywords = {"events": max(1, (pairs + 1) // 2), "data": data}
+    """The intergroup study's patch probe and items, enough events to give `pairs` pairs (its
+    default religion: 25 named perceiver x experiencer prompts an event)."""
+    keywords = {"limit": 25 * max(1, (pairs + 1) // 2), "data": data}
     _, options, own = study_command("patch", study).build(keywords, "benchmarks/patching.py")
-    return study.mechanism_items(own, Context("patch", options.seed, say=lambda *a, **k: None))
+    quiet = Context("patch", options.seed, say=lambda *a, **k: None, limit=options.limit)
+    return study.mechanism_items(own, quiet)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,7 +11,7 @@ import pytest
 import probekit
 from probekit import cli
 from probekit.core.errors import ProbekitError
-from probekit.core.options import options_of
+from probekit.core.options import as_keywords, options_of
 from probekit.studies import list_studies
 
 COMMANDS = importlib.import_module("probekit.cli.main")
@@ -184,7 +184,7 @@ def test_a_misspelled_command_or_study_is_named_with_the_nearest(argv, message, 
 def test_other_study_option_names_the_owner_and_what_the_study_takes():
     from probekit.studies.base import get_study, other_study_option
 
-    line = other_study_option(get_study("isear"), "steer", "category")
+    line = as_keywords(other_study_option(get_study("isear"), "steer", "category"))
     assert line == "category is an option of intergroup; isear takes events, data, genders"
     assert other_study_option(get_study("isear"), "steer", "events") is None
     assert other_study_option(get_study("isear"), "steer", "nothing_at_all") is None

@@ -152,11 +152,11 @@ def test_intergroup_capture_items_carry_setting_and_side():
     from probekit.studies.intergroup.study import IntergroupOptions
 
     options = IntergroupOptions(category="religion", setting="P0S0T0", events=1, data=SAMPLE_ROOT)
-    probe, items = STUDY.mechanism_items(options, Context("capture", seed=0))
+    probe, items = STUDY.mechanism_items(options, Context("capture", seed=0, limit=36))
     assert len(items) == 36 and {item.key["setting"] for item in items} == {"P0S0T0"}
     sides = {(i.key["perceiver"], i.key["experiencer"]): i.key["in_group"] for i in items}
     assert sides[("a Jew", "a Jew")] and not sides[("a Jew", "a Muslim")]
-    _, patch_items = STUDY.mechanism_items(options, Context("patch", seed=0))
+    _, patch_items = STUDY.mechanism_items(options, Context("patch", seed=0, limit=25))
     assert len(patch_items) == 25 and "in_group" not in patch_items[0].key
 
 

@@ -386,7 +386,7 @@ def test_patch_pairs_swap_the_identity(tiny):
     from probekit.studies.base import Context
     from probekit.studies.giebench.study import STUDY, GIEBenchOptions
 
-    options = GIEBenchOptions(items="sample", prompt=["cot"], events=2)
+    options = GIEBenchOptions(items="sample", prompt=["cot"])  # patch: its first 2 items
     probe, items = STUDY.mechanism_items(options, Context("patch"))
     pairs = STUDY.pairs(probe, [tiny.encode(i) for i in items])
     assert len(pairs) == 2

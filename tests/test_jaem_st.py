@@ -16,7 +16,7 @@ from conftest import DATA_ROOT
 
 from probekit.cli.main import main
 from probekit.core.errors import ProbekitError
-from probekit.core.options import flag, spelled
+from probekit.core.options import as_flags
 from probekit.studies.base import Context
 from probekit.studies.jaem_st import epitome, era, metrics, responses
 from probekit.studies.jaem_st.data import REQUIRED, load_jaem, parse_template
@@ -458,9 +458,8 @@ def test_responses_skip_lines_and_bad_lexicon(tmp_path, capsys):
     assert list(scored) == ["response"]  # nothing enabled, nothing added
     assert "vad_lexicon=PATH" in responses.ae_skip_message()
     assert "era_model=FOLDER" in era.skip_message()
-    with spelled(flag):
-        assert "--vad-lexicon PATH" in responses.ae_skip_message()
-        assert "--era-model FOLDER" in era.skip_message()
+    assert "--vad-lexicon PATH" in as_flags(responses.ae_skip_message())
+    assert "--era-model FOLDER" in as_flags(era.skip_message())
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ command line reads the same declarations and names the flag; every option is dec
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,6 @@ import probekit
 from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.options import REQUIRED, Command, declaration, options_of
-from probekit.core.public import public
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
 from probekit.run.options import run_command
 from probekit.studies import get_study
@@ -196,7 +195,7 @@ def test_public_functions_check_their_keywords(call, message):
 
 def test_seed_batch_size_and_out_are_declared_once():
     """Every command's seed, batch size and out folder come from one declaration each."""
-    from probekit.core.options import BatchSizeOption, OutOption, SeedOption
+    from probekit.core.shared_options import BatchSizeOption, OutOption, SeedOption
 
     intergroup = get_study("intergroup")
     commands = [
@@ -243,7 +242,9 @@ def test_per_command_defaults_and_commands():
     run = cli.study_command("run", isear)
     patch = cli.study_command("patch", isear)
     assert "temperature" in run.taken() and "temperature" not in patch.taken()
-    assert run.build({}, "f")[2].events is None and patch.build({}, "f")[2].events == 2
+    giebench = get_study("giebench")
+    assert cli.study_command("run", giebench).build({}, "f")[2].prompt == ["raw", "id", "cot"]
+    assert cli.study_command("patch", giebench).build({}, "f")[2].prompt == ["cot"]
     with pytest.raises(ProbekitError, match=r"^f: temperature is an option of run only"):
         patch.build({"temperature": 1.0}, "f")
     with pytest.raises(ProbekitError, match="--genders: needs at least two genders"):
@@ -289,7 +290,7 @@ def test_capture_and_patch_take_an_unregistered_study_object(smol, tmp_path):
         study,
         smol,
         out=tmp_path / "capture",
-        events=1,
+        limit=36,  # one event
         layers=[0],
         sites=["resid_pre"],
         spans=["experiencer"],
@@ -300,7 +301,7 @@ def test_capture_and_patch_take_an_unregistered_study_object(smol, tmp_path):
         study,
         smol,
         out=tmp_path / "patch",
-        events=1,
+        limit=25,  # one event: its 5 x 5 named pairs
         layers=range(1),
         sites=["resid_pre"],
         spans=["experiencer"],
@@ -324,87 +325,72 @@ def test_checks_that_need_the_items_name_the_keyword_too(no_model, capsys):
     )
 
 
-# One home per default: the signatures of the public functions are made from the declarations
+# One home per default: each public signature's option defaults are their declarations'
 
 
 @pytest.mark.parametrize("name", OPTIONED)
-def test_each_default_is_the_declarations(name):
-    """A public signature's option defaults are their declarations' (as the function's
-    command has them), or its own stated override, never a copy: the function's source gives
-    none."""
+def test_each_public_default_is_its_declarations(name):
+    """A public signature's option defaults, written in its source, are their declarations'
+    (as the function's command has them): an IDE shows the default the command line uses."""
     function = target(name)
     facts = function.__public__
     shown = inspect.signature(function).parameters
-    source = inspect.signature(inspect.unwrap(function)).parameters
     for option, field in facts.fields.items():
-        wanted = facts.own.get(option, declaration(field).default_for(facts.command))
-        if option in facts.own:  # an override means something else than the declaration
-            assert facts.own[option] != declaration(field).default_for(facts.command), option
-        assert shown[option].default == (
-            inspect.Parameter.empty if wanted is REQUIRED else wanted
-        ), (name, option)
-        if option in source:
-            assert source[option].default is inspect.Parameter.empty, (name, option)
+        wanted = declaration(field).default_for(facts.command)
+        wanted = inspect.Parameter.empty if wanted is REQUIRED else wanted
+        assert shown[option].default == wanted, (name, option, shown[option].default, wanted)
 
 
-def test_a_restated_default_is_refused_on_import():
-    @dataclasses.dataclass(frozen=True)
-    class Counted:
-        """Counted."""
-
-        n: int = probekit.core.options.option(3, help="a count")
-
-    with pytest.raises(TypeError, match="the default of n is its declaration's"):
-
-        @public(Counted)
-        def f(n=3):
-            return n
-
-    with pytest.raises(TypeError, match="the docstring describes n"):
-
-        @public(Counted)
-        def g(n):
-            """G.
-
-            Args:
-                n: a count, restated.
-            """
-
-    @public(Counted)
-    def h(n):
-        """H."""
-        return n
-
-    assert h() == 3 and inspect.signature(h).parameters["n"].default == 3
-    assert "n: a count" in h.__doc__
+# One meaning per option name, and the spelling of options of earlier versions
 
 
-NO_DEFAULT_ANYWHERE = ("epsilon",)
-"""Options whose default lives in their declaration only: no function gives one."""
+def _option_help(argv: list[str], name: str, capsys) -> str:
+    """The help text of the option `name` in `probekit ARGV --help`, on one line."""
+    with pytest.raises(SystemExit) as done:
+        cli.main([*argv, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    block = re.search(rf"\n  {name}\b[^\n]*\n((?:\s{{20,}}[^\n]*\n)*)", text)
+    assert block is not None, (argv, name)
+    return " ".join(block.group(0).split())
 
 
-def test_epsilon_and_batch_size_have_one_home():
-    """No function of the package gives `epsilon` a default, nor `batch_size` one other than
-    None (the engine's choice): each comes from its declaration (`testing/` holds oracles)."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.parts[-2] == "testing":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            args = node.args
-            pos = args.posonlyargs + args.args
-            pairs = list(zip(pos[len(pos) - len(args.defaults) :], args.defaults, strict=True))
-            pairs += [
-                (a, d)
-                for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
-                if d is not None
-            ]
-            for arg, default in pairs:
-                literal = ast.unparse(default)
-                if arg.arg in NO_DEFAULT_ANYWHERE or (
-                    arg.arg == "batch_size" and literal != "None"
-                ):
-                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {arg.arg}={literal}")
-    assert not found, found
+def test_each_command_states_only_its_own_meaning_of_events_and_limit(capsys):
+    """`--events` is intergroup's events per emotion on every command; `--limit` the smallest
+    balanced slice everywhere, each command's help giving its own default only."""
+    run, patch = ["run", "intergroup"], ["patch", "intergroup"]
+    events = {tuple(argv): _option_help(argv, "--events", capsys) for argv in (run, patch)}
+    assert len(set(events.values())) == 1 and "events per emotion" in events[tuple(run)]
+    assert not re.search(r"\b(run|patch|capture|steer|lens)\b", events[tuple(run)])
+    run_limit, patch_limit = (_option_help(argv, "--limit N", capsys) for argv in (run, patch))
+    for text in (run_limit, patch_limit):
+        assert "smallest balanced slice" in text
+        assert not re.search(r"\b(run|patch|capture|steer|lens)\b", text)
+    assert "every prompt" in run_limit and "first 2 units" not in run_limit
+    assert "first 2 units" in patch_limit and "every prompt" not in patch_limit
+
+
+@pytest.mark.parametrize(
+    ("argv", "new"),
+    [
+        (["run", "isear", "--mode", "ev"], "; it is now --view exact"),
+        (["patch", "intergroup", "--metric=ev"], "; it is now --readout expected"),
+        (["capture", "intergroup", "--backend", "tl"], "; it is now --hooks transformer_lens"),
+        (["patch", "intergroup", "--pairs", "2"], "; it is now --pairs-per-unit 2"),
+    ],
+)
+def test_a_renamed_option_names_its_new_spelling(argv, new, capsys):
+    """`--mode ev` answered "did you mean --model?": an option of an earlier version gets its
+    new spelling (`probekit.core.options.RENAMED`), before the model library is imported."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("probekit: error: unrecognized arguments: ") and err.endswith(new + "\n")
+    assert "did you mean" not in err
+
+
+def test_tolerance_help_lists_every_precision_tier(capsys):
+    """`--tolerance` lists the tiers that exist (the float16 and +head tiers too), in order."""
+    from probekit.engines.hf.arithmetic import TIERS
+
+    text = _option_help(["score"], "--tolerance T", capsys)
+    assert ", ".join(TIERS) in text

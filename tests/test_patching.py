@@ -409,7 +409,7 @@ def test_score_with_reads_before_editing(scorer, pairs):
 def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup` on one event: the patching table, its figure, the direction
     and the causal check; prompt ids are the study's item ids."""
-    argv = ["intergroup", "--events", "2", "--layers", "0,29", "--out", str(tmp_path)]
+    argv = ["intergroup", "--layers", "0,29", "--out", str(tmp_path)]  # the first 2 events
     argv += ["--sets-per-unit", "1", "--controls", "2", "--bootstrap", "50"]
     assert patch_cli(model, *argv, "--sites", "hook_resid_pre", "--setting", "P0S1T0") == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")
@@ -440,7 +440,7 @@ def test_patch_study_is_the_command_as_a_function(model, tmp_path):
         "intergroup",
         model,
         out=tmp_path,
-        events=1,
+        limit=25,  # one event: 5 x 5 named pairs
         layers=[0],
         sites=["resid_pre"],
         spans=["from_experiencer", "experiencer"],

@@ -45,12 +45,12 @@ def test_minimal_study_runs_end_to_end(minimal, tmp_path, capsys):
 
 
 def test_options_are_declared_once_for_every_command():
-    """intergroup's --events: one declaration, a count or all, its default per command, read
-    the same from flags and keywords."""
+    """intergroup's --events: one declaration, a count or all, one meaning and default on every
+    command, read the same from flags and keywords."""
     intergroup, giebench = get_study("intergroup"), get_study("giebench")
-    for command, default in (("run", 2), ("patch", 2), ("capture", 3), ("steer", 2), ("lens", 2)):
+    for command in ("run", "patch", "capture", "steer", "lens"):
         options = cli.study_command(command, intergroup)
-        assert options.parse(["--data", str(SAMPLE_ROOT)], "p")[2].events == default
+        assert options.parse(["--data", str(SAMPLE_ROOT)], "p")[2].events == 2
         assert options.parse(["--events", "all"], "p")[2].events is None
         assert options.build({"events": "all"}, "f")[2].events is None
         assert options.build({"events": 4}, "f") == options.parse(["--events", "4"], "p")
@@ -112,17 +112,23 @@ def test_checks_run_after_every_option_passed_with_each_front_ends_names():
     seen = []
 
     def check(parsed):
-        seen.append((parsed[0].n, named("n")))
+        seen.append(parsed[0].n)
+        if parsed[0].n == 3:
+            raise ProbekitError(f"{named('n')} must not be 3")
 
     command = Command("count", (Counted,), checks=(check,))
     assert command.parse(["--n", "4"], "p") == (Counted(n=4),)
     assert command.build({"n": 5}, "f()") == (Counted(n=5),)
-    assert seen == [(4, "--n"), (5, "n")]
+    with pytest.raises(ProbekitError, match=r"^--n must not be 3$"):
+        command.parse(["--n", "3"], "p")
+    with pytest.raises(ProbekitError, match=r"^n must not be 3$"):
+        command.build({"n": 3}, "f()")
+    assert seen == [4, 5, 3, 3]
     with pytest.raises(ProbekitError, match=r"^--n must be at least 1 \(got 0\)$"):
         command.parse(["--n", "0"], "p")
     with pytest.raises(ProbekitError, match=r"^n must be at least 1 \(got 0\)$"):
         command.build({"n": 0}, "f()")
-    assert len(seen) == 2
+    assert len(seen) == 4
 
 
 def test_run_help_lists_the_studies(capsys):
@@ -164,7 +170,7 @@ def test_listing_and_help_import_no_model_library(argv):
 CASES = {
     "intergroup": ({"limit": 72, "setting": "P0S1T0"}, {"events": 2, "setting": "P0S1T0"}),
     "isear": ({"limit": 6}, {"events": 2}),
-    "giebench": ({"items": "sample", "limit": 16}, {"events": 2}),
+    "giebench": ({"items": "sample", "limit": 16}, {}),
     "jaem-st": ({"samples": 4}, {"samples": 2}),
     "minimal": ({"days": 2}, {"days": 2}),
 }
@@ -284,7 +290,8 @@ def test_a_study_must_declare_its_report_and_its_contrast():
 
 def test_default_pairs_put_the_contrasts_first_side_against_the_other_in_each_unit(tiny):
     study = minimal_study.MinimalStudy()
-    probe, items = study.mechanism_items(minimal_study.MinimalOptions(days=3), Context("patch"))
+    options = minimal_study.MinimalOptions(days=3)
+    probe, items = study.mechanism_items(options, Context("patch", limit=6))  # every day
     encoded = [tiny.encode(item) for item in items]
     pairs = [(clean.item.id, corrupt.item.id) for clean, corrupt in study.pairs(probe, encoded)]
     assert pairs == [(f"{day}|Alice", f"{day}|Bob") for day in range(3)]

@@ -1,14 +1,10 @@
 """`probekit capture STUDY`: the command line of `probekit.capture_study`
-(`probekit.run.capture`)."""
+(`probekit.run.capture`): `command(study)`, its options (the model's, the capture's and the
+study's), and `execute(study, parsed)`."""
 
 from __future__ import annotations
 
-from probekit.run.capture import capture_command, capture_parsed
-from probekit.studies.base import Study
+from probekit.run.capture import capture_command as command
+from probekit.run.capture import capture_parsed as execute
 
-command = capture_command
-"""`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
-
-
-def execute(study: Study, parsed: tuple) -> None:
-    capture_parsed(study, parsed)
+__all__ = ["command", "execute"]

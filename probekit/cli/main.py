@@ -14,6 +14,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,10 @@ from probekit.core.options import (
     REQUIRED,
     Command,
     CommandParser,
+    as_flags,
     check_out_dir,
-    flag,
     option,
     option_values,
-    spelled,
 )
 from probekit.engines.options import ModelOptions, ScoreOptions, check_models
 from probekit.run.report import ReportOptions
@@ -82,22 +82,39 @@ SETUP = Command("setup", (ModelOptions,), checks=(check_models,))
 STUDIES = Command("studies", ())
 
 
+class Flagged:
+    """A stream whose lines name probekit's options as flags (`as_flags`): the command line's
+    edge, where `--events` replaces the `events` a Python caller reads."""
+
+    names_flags = True
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(as_flags(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def run_script(name: str, body: Callable[[], None]) -> int:
-    """Run a command's body, naming options as flags (`spelled(flag)`): a ProbekitError becomes
-    one line on stderr and exit status 2, an interrupt exit status 130; no traceback for
-    either. A warning of probekit's (a weak signal, a prefill ending in whitespace) is one line
-    on stderr, `NAME: warning: ...`, each time."""
+    """Run a command's body with its options named as flags (in errors, warnings and lines): a
+    ProbekitError becomes one line on stderr and exit status 2, an interrupt exit status 130; no
+    traceback for either. A warning of probekit's (a weak signal, a prefill ending in
+    whitespace) is one line on stderr, `NAME: warning: ...`, each time."""
 
     def one_line(message: Warning | str, *args: Any, **kwargs: Any) -> None:
         print(f"{name}: warning: {message}", file=sys.stderr, flush=True)
 
     try:
-        with spelled(flag), warnings.catch_warnings():
+        out, err = redirect_stdout(Flagged(sys.stdout)), redirect_stderr(Flagged(sys.stderr))
+        with out, err, warnings.catch_warnings():
             warnings.filterwarnings("always", category=UserWarning, module="probekit")
             warnings.showwarning = one_line
             body()
     except ProbekitError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {as_flags(exc.marked)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)

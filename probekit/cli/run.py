@@ -10,20 +10,7 @@ stays fast.
 
 from __future__ import annotations
 
-from probekit.core.options import Command
-from probekit.run.options import run_command
-from probekit.run.study import Run, run_parsed
-from probekit.studies.base import Study
+from probekit.run.options import run_command as command
+from probekit.run.study import run_parsed as execute
 
 __all__ = ["command", "execute"]
-
-
-def command(study: Study) -> Command:
-    """`probekit run STUDY`'s options."""
-    return run_command(study)
-
-
-def execute(study: Study, parsed: tuple) -> list[Run]:
-    """Run `study` as its checked options say: one `Run` per model (none on a process of a
-    distributed launch that is not the main one)."""
-    return run_parsed(study, parsed)

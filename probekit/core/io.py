@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import MARK, ProbekitError
 from probekit.core.options import named
 
 
@@ -87,8 +87,9 @@ def read_verified(path: str | Path, columns: list[str] | None = None) -> pa.Tabl
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` atomically."""
-    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    """Write `text` (UTF-8) to `path` atomically; a file names options as Python keywords
+    (`probekit.core.errors.MARK` dropped)."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text.replace(MARK, ""), encoding="utf-8"))
 
 
 def check_writable(folder: str | Path) -> Path:

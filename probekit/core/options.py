@@ -2,42 +2,46 @@
 
 An option is a field of a frozen dataclass declared with `option(default, help=..., kind=...)`.
 Its kind (`probekit.core.kinds`) reads the command line's text and checks a Python value, so
-both front ends apply one rule and word a refusal the same way, naming the flag (`--batch-size
-must be at least 1 (got 0)`) or the keyword (`batch_size must be at least 1 (got 0)`). A
-`Command` is one command's options: the dataclasses it takes, its own defaults and the checks
-that span several options; `Command.parse` reads argv through the parser it generates,
-`Command.build` makes the same values from keywords, and both refuse before any work
-(`probekit.core.public` gives every public function and class the same checks, and its
-signature from the declarations). An unknown option or keyword is one line with a "did you
-mean"; options are matched exactly (no prefixes).
+both front ends apply one rule. A `Command` is one command's options: the dataclasses it takes,
+its own defaults and the checks that span several options; `Command.parse` reads argv through
+the parser it generates, `Command.build` makes the same values from keywords, and both refuse
+before any work, in one line. An unknown option or keyword gets a "did you mean" (a renamed
+option its new spelling, `RENAMED`); options are matched exactly (no prefixes).
 
-An error about an option, wherever it is raised, names it as the caller gave it: `named("events")`
-is `--events` while the command line runs (`spelled(flag)`, which it sets) and `events` from
-Python; `given("device", "cuda:3")` is `--device cuda:3` or `device='cuda:3'`; `option_error`
-words a refusal with it. This module imports no model library, so `--help` stays fast.
+A message names an option with `named("events")` or `given("device", "cuda:3")`: marked text
+that reads as Python's words (`events`, `device='cuda:3'`; `ProbekitError` drops the marks) and
+that the command line's edge writes as flags (`as_flags`: `--events`, `--device cuda:3`). This
+module imports no model library, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import difflib
+import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from probekit.core.errors import ProbekitError
-from probekit.core.kinds import Kind, non_negative_int, path, positive_int, text
+from probekit.core.errors import MARK, ProbekitError
+from probekit.core.kinds import Kind, text
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that must be given (`option(REQUIRED, ...)`)."""
-Spell = Callable[[str], str]
-"""An option's name as a front end shows it: `flag` (the command line) or `keyword` (Python)."""
+RENAMED = {
+    "--mode": ("--view", {"ev": "exact"}),
+    "--metric": ("--readout", {"ev": "expected"}),
+    "--backend": ("--hooks", {"tl": "transformer_lens", "bridge": "transformer_lens"}),
+    "--pairs": ("--pairs-per-unit", {}),
+}
+"""Flags of earlier versions: old flag -> (its new spelling, old values -> new ones), for the
+line refusing one (`--mode ev is now --view exact`)."""
+_MARKED = re.compile(f"{MARK}(\\w+)(?:=(.*?))?{MARK}")
 
 
 def flag(name: str) -> str:
@@ -45,132 +49,92 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def keyword(name: str) -> str:
-    """An option's name in the Python API: the field's own."""
-    return name
-
-
-_SPELLING: ContextVar[Spell] = ContextVar("probekit_spelling", default=keyword)
-
-
-@contextmanager
-def spelled(spell: Spell) -> Iterator[None]:
-    """Name options with `spell` inside the block: the command line runs in `spelled(flag)`;
-    outside any, options are named as Python keywords."""
-    token = _SPELLING.set(spell)
-    try:
-        yield
-    finally:
-        _SPELLING.reset(token)
-
-
 def named(name: str) -> str:
-    """The option `name` as the caller gave it: `--events` on the command line, `events` from
-    Python (`spelled`)."""
-    return _SPELLING.get()(name)
+    """The option `name` in a message: `events` from Python, `--events` on the command line."""
+    return f"{MARK}{name}{MARK}"
 
 
 def given(name: str, value: Any, placeholder: bool = False) -> str:
-    """The option `name` with a value, as the caller would write it: `--device cuda:3` on the
-    command line, `device='cuda:3'` from Python (a `placeholder` such as `N` is not quoted:
-    `--limit N`, `limit=N`)."""
-    if on_command_line():
-        return f"{flag(name)} {value}"
-    return f"{name}={value}" if placeholder else f"{name}={value!r}"
+    """The option `name` with a value in a message: `device='cuda:3'` from Python, `--device
+    cuda:3` on the command line (a `placeholder` such as `N` is not quoted: `limit=N`)."""
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
+    return f"{MARK}{name}={value if placeholder else repr(value)}{MARK}"
 
 
-def on_command_line() -> bool:
-    """Whether the caller is the command line (inside `spelled(flag)`)."""
-    return _SPELLING.get() is flag
+def as_flags(message: str) -> str:
+    """A message with its options (`named`, `given`) written as the command line's flags."""
+
+    def spelled(match: re.Match) -> str:
+        if match[2] is None:
+            return flag(match[1])
+        try:
+            value = ast.literal_eval(match[2])
+        except (ValueError, SyntaxError):
+            value = match[2]
+        return f"{flag(match[1])} {value}"
+
+    return _MARKED.sub(spelled, message)
+
+
+def as_keywords(message: str) -> str:
+    """A message with its options written as Python's keywords (the marks dropped)."""
+    return message.replace(MARK, "")
 
 
 def option_message(name: str, phrase: str) -> str:
-    """One line refusing a value of the option `name` (a flag or a keyword) with its kind's
-    phrase: `--epsilon must be at least 0 (got -1)`, `epsilon: 'x' is not a number`."""
+    """One line refusing a value of the option `name` with its kind's phrase: `epsilon must be
+    at least 0 (got -1)`, `epsilon: 'x' is not a number`."""
     if phrase.startswith(f"{name} "):  # the phrase names the option itself
         return phrase
     return f"{name} {phrase}" if phrase.startswith("must") else f"{name}: {phrase}"
 
 
 def option_error(name: str, phrase: str) -> ProbekitError:
-    """The one way to refuse an option's value, in the caller's words (`named`):
-    `--events must be between 1 and 12 (got 40)` on the command line, `events must be ...` from
-    Python."""
+    """The one way to refuse an option's value, naming it in the caller's words (`named`)."""
     return ProbekitError(option_message(named(name), phrase))
-
-
-# Declarations
 
 
 @dataclass(frozen=True)
 class Declaration:
-    """An option as `option` declared it (kept in its dataclass field's metadata)."""
+    """An option as `option` declared it (kept in its dataclass field's metadata): see `option`."""
 
-    help: str
-    kind: Kind | None  # None: a switch (True when the flag is given)
-    default: Any
-    commands: tuple[str, ...] | None  # None: every command that takes its dataclass
-    defaults: Mapping[str, Any]  # command -> its own default
-    const: Any  # the value of a flag given without one (`--ray`)
-    several: tuple[str, ...]  # commands where the flag may be repeated (one value each)
-    metavar: str | None
-    positional: bool  # the command line gives its values (one or more) without a flag
-    none: str  # what a default of None means, in help ("all", "the engine's choice")
+    help: str | Mapping[str, str]
+    default: Any = REQUIRED
+    kind: Kind | None = text  # None: a switch (True when the flag is given)
+    commands: Sequence[str] | None = None  # None: every command that takes its dataclass
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    const: Any = None
+    several: Sequence[str] = ()
+    metavar: str | None = None
+    positional: bool = False
+    none: str = "all"
 
     def default_for(self, command: str | None) -> Any:
-        return self.default if command is None else self.defaults.get(command, self.default)
+        return self.defaults.get(command, self.default)  # type: ignore[arg-type]
 
     def takes(self, command: str | None) -> bool:
         """Whether `command` takes the option (None: a Python function, which takes any)."""
         return self.commands is None or command is None or command in self.commands
 
-    def shown(self, value: Any) -> str:
-        """A default as help shows it."""
-        if value is None:
-            return self.none
-        if isinstance(value, list | tuple):
-            return ",".join(str(v) for v in value)
-        return str(value)
+    def help_for(self, command: str, default: Any) -> str:
+        """The command's help line, `%(default)s` written as `default`."""
+        line = self.help if isinstance(self.help, str) else self.help.get(command) or self.help[""]
+        shown = self.none if default is None else default
+        if isinstance(shown, list | tuple):
+            shown = ",".join(str(v) for v in shown)
+        return line.replace("%(default)s", str(shown)).replace("%", "%%")
 
 
-def option(
-    default: Any = REQUIRED,
-    *,
-    help: str,
-    kind: Kind | None = None,
-    commands: Sequence[str] | None = None,
-    defaults: Mapping[str, Any] | None = None,
-    const: Any = None,
-    several: Sequence[str] = (),
-    metavar: str | None = None,
-    positional: bool = False,
-    none: str = "all",
-) -> Any:
-    """A dataclass field that is an option: `default` (REQUIRED: it must be given), `help`
-    (`%(default)s` shows the command's default), `kind` (default text; a bool default makes a
-    switch), the `commands` that take it (None: all that take its dataclass) and their own
-    `defaults`, `const` (the flag alone gives this value), `several` (commands in which the
-    flag may be repeated: one instance of its dataclass per value), `metavar` (the value's name
-    in `--help`), `positional` (the command line gives one or more values without a flag: a
-    list of values of `kind`), `none` (what a default of None means, for `%(default)s`)."""
-    switch = isinstance(default, bool)
-    declared = Declaration(
-        help=help,
-        kind=None if switch else (kind or text),
-        default=default,
-        commands=None if commands is None else tuple(commands),
-        defaults=dict(defaults or {}),
-        const=const,
-        several=tuple(several),
-        metavar=metavar,
-        positional=positional,
-        none=none,
-    )
-    metadata = {"option": declared}
-    if default is REQUIRED:
-        return dataclasses.field(metadata=metadata)
-    if isinstance(default, list | dict | set):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+def option(default: Any = REQUIRED, **declared: Any) -> Any:
+    """A dataclass field that is an option: `default` (REQUIRED: it must be given; a bool makes
+    a switch), `help` (one line, or one per command with "" for the others; `%(default)s` shows
+    the command's default), `kind` (default text), the `commands` that take it (None: all that
+    take its dataclass) and their own `defaults`, `const` (the flag alone gives this value),
+    `several` (commands in which the flag may be repeated: one instance of its dataclass per
+    value), `metavar` (the value's name in `--help`), `positional` (the command line gives one
+    or more values without a flag), `none` (what a default of None means, in help)."""
+    kind = None if isinstance(default, bool) else declared.pop("kind", text)
+    metadata = {"option": Declaration(default=default, kind=kind, **declared)}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -185,8 +149,8 @@ def options_of(group: type) -> list[dataclasses.Field]:
 
 
 def option_values(options: Any, leave: Sequence[str] = ()) -> dict[str, Any]:
-    """The options of a parsed options dataclass instance by name, as a command hands them to
-    its function as keywords (`leave`: those the function does not take, e.g. `json`)."""
+    """The options of an options dataclass instance by name, as keywords of its function
+    (`leave`: those the function does not take, e.g. `json`)."""
     return {
         f.name: getattr(options, f.name) for f in options_of(type(options)) if f.name not in leave
     }
@@ -194,15 +158,13 @@ def option_values(options: Any, leave: Sequence[str] = ()) -> dict[str, Any]:
 
 def default_of(group: type, name: str, command: str | None = None) -> Any:
     """The declared default of the option `name` of `group` (as `command` has it)."""
-    for field in options_of(group):
-        if field.name == name:
-            return declaration(field).default_for(command)
-    raise KeyError(f"{group.__name__} declares no option {name}")
+    field = next(f for f in options_of(group) if f.name == name)
+    return declaration(field).default_for(command)
 
 
 def check_fields(options: Any) -> None:
-    """Check each option of a dataclass instance made in code (not by a `Command`) by its kind:
-    for an options dataclass's `__post_init__`. None is left alone (a default)."""
+    """Check each option of a dataclass instance made in code by its kind (for its
+    `__post_init__`); None is left alone (a default)."""
     for field in options_of(type(options)):
         value = getattr(options, field.name)
         if value is not None and value is not REQUIRED:
@@ -211,7 +173,7 @@ def check_fields(options: Any) -> None:
 
 def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
     """`value` checked by the option's kind, as the option holds it; a refusal is one line
-    naming the option `name` (its flag or its keyword)."""
+    naming the option `name`."""
     kind = declaration(field).kind
     try:
         if kind is None:
@@ -237,11 +199,9 @@ def unknown_keyword(key: str, known: Sequence[str], where: str) -> ProbekitError
     return ProbekitError(f"unknown keyword {key} for {where}; {hint}")
 
 
-# Commands
-
 Elsewhere = Callable[[str], "str | None"]
 """Where an option a command does not take belongs (another study's, say), as one line naming
-it with `named`, or None: a command's own hint before the "did you mean"."""
+it with `named`, or None."""
 Check = Callable[[tuple], None]
 """A check spanning several options: the command's values, in the order of its groups -> None,
 or a ProbekitError naming the options with `named`."""
@@ -275,42 +235,35 @@ class Command:
 
     def default(self, field: dataclasses.Field) -> Any:
         """The option's default in this command."""
-        if field.name in self.defaults:
-            return self.defaults[field.name]
-        return declaration(field).default_for(self.name)
+        return self.defaults.get(field.name, declaration(field).default_for(self.name))
 
     def parser(self, prog: str, description: str | None = None) -> CommandParser:
         """The command's argument parser, generated from its option dataclasses (one argument
         group each, titled by the first line of its docstring)."""
-        parser = CommandParser(prog=prog, description=description)
+        parser = CommandParser(prog=prog, description=description, allow_abbrev=False)
         taken = self.taken()
         for index, group in enumerate(self.groups):
             fields = [f for i, f in taken.values() if i == index]
-            if not fields:
-                continue
-            title = (group.__doc__ or group.__name__).strip().splitlines()[0].rstrip(".:")
-            section = parser.add_argument_group(title)
+            if fields:
+                title = (group.__doc__ or group.__name__).strip().splitlines()[0].rstrip(".:")
+                section = parser.add_argument_group(title)
             for field in fields:
-                arguments = self._argument(field)
                 if declaration(field).positional:
+                    arguments = self.argument(field)
                     del arguments["dest"], arguments["default"]
                     section.add_argument(field.name, nargs="+", **arguments)
                 else:
-                    section.add_argument(flag(field.name), **arguments)
+                    section.add_argument(flag(field.name), **self.argument(field))
         return parser
 
-    def _argument(self, field: dataclasses.Field) -> dict[str, Any]:
-        declared = declaration(field)
-        default = self.default(field)
-        shown = declared.shown(default)
-        arguments: dict[str, Any] = {
-            "dest": field.name,
-            "default": argparse.SUPPRESS,
-            "help": declared.help.replace("%(default)s", shown).replace("%", "%%"),
-        }
+    def argument(self, field: dataclasses.Field) -> dict[str, Any]:
+        """`add_argument`'s keywords for the option `field` in this command."""
+        declared, default = declaration(field), self.default(field)
+        help_line = declared.help_for(self.name, default)
+        arguments = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_line}
         if declared.kind is None:
             return arguments | {"action": "store_true"}
-        arguments["type"] = _reader(declared.kind)
+        arguments["type"] = declared.kind
         if self.name in declared.several:
             arguments["action"] = "append"
         if declared.const is not None:
@@ -323,10 +276,11 @@ class Command:
 
     def parse(self, argv: Sequence[str] | None, prog: str, description: str | None = None) -> tuple:
         """The command line `argv` read and checked (a refusal is one line naming the flag)."""
-        with spelled(flag):
+        try:
             self.refuse_not_taken(argv or ())
-            given = vars(self.parser(prog, description).parse_args(argv))
-            return self._values(given)
+            return self._values(vars(self.parser(prog, description).parse_args(argv)))
+        except ProbekitError as error:
+            raise type(error)(as_flags(error.marked)) from None
 
     def refuse_not_taken(self, argv: Sequence[str]) -> None:
         """One line for the first flag of `argv` that this command does not take and that is
@@ -339,12 +293,11 @@ class Command:
 
     def not_taken(self, name: str) -> str | None:
         """Where the option `name`, which this command does not take, belongs: one of its groups'
-        options of other commands, or what `elsewhere` says (another study's); None when
-        nothing is known of it."""
+        options of other commands, or what `elsewhere` says; None when nothing is known."""
         for group in self.groups:
             for field in options_of(group):
                 if field.name == name and declaration(field).commands:
-                    commands = spoken(declaration(field).commands)
+                    commands = spoken(declaration(field).commands)  # type: ignore[arg-type]
                     return f"{named(name)} is an option of {commands} only"
         return self.elsewhere(name) if self.elsewhere is not None else None
 
@@ -352,10 +305,6 @@ class Command:
         """The same values from Python keywords (`batch_size=8`, `dtype=torch.bfloat16`); None
         leaves an option at its default. A refusal is one line naming the keyword; an unknown
         keyword gets the nearest known ones; `where` names the function in messages."""
-        with spelled(keyword):
-            return self._build(keywords, where)
-
-    def _build(self, keywords: Mapping[str, Any], where: str) -> tuple:
         taken = self.taken()
         given: dict[str, Any] = {}
         for key, value in keywords.items():
@@ -363,14 +312,10 @@ class Command:
                 if why := self.not_taken(key):
                     raise ProbekitError(f"{where}: {why}")
                 raise unknown_keyword(key, list(taken), where)
-            if value is None:
-                continue
-            field = taken[key][1]
-            if self.name in declaration(field).several:
-                value = [check_option(field, value, key)]
-            else:
-                value = check_option(field, value, key)
-            given[key] = value
+            if value is not None:
+                value = check_option(taken[key][1], value, key)
+                several = self.name in declaration(taken[key][1]).several
+                given[key] = [value] if several else value
         for key, (_, field) in taken.items():
             if key not in given and self.default(field) is REQUIRED:
                 raise ProbekitError(f"{where} needs {key}")
@@ -399,71 +344,30 @@ class Command:
                 values.append(group(**fields))
             else:
                 values.append([group(**{**fields, several: v}) for v in fields[several]])
-        parsed = tuple(values)
-        for value in parsed:
-            if isinstance(value, OutOption) and value.out is not None:
+        for value in values:  # an output folder (`out`) first
+            if getattr(value, "out", None) is not None:
                 check_out_dir(value.out)
         for check in self.checks:
-            check(parsed)
-        return parsed
-
-    def add_to(self, parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
-        """Add the options `names` of this command to a script's own argparse parser (the
-        benchmarks): the flag, kind, help and default of probekit's commands."""
-        taken = self.taken()
-        for name in names:
-            field = taken[name][1]
-            arguments = self._argument(field)
-            default = self.default(field)
-            arguments["default"] = None if default is REQUIRED else default
-            parser.add_argument(flag(name), **arguments)
-
-
-def _reader(kind: Kind) -> Callable[[str], Any]:
-    """argparse's `type` for `kind`: a ProbekitError of its check becomes argparse's refusal."""
-
-    def read(value: str) -> Any:
-        try:
-            return kind(value)
-        except ProbekitError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    read.__name__ = kind.name
-    return read
+            check(tuple(values))
+        return tuple(values)
 
 
 class CommandParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (a ProbekitError: the command line prints
-    it, exit status 2). Options are matched exactly (`allow_abbrev` off: a prefix of an option
-    is refused, not taken for it), with a "did you mean"."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
+    it, exit status 2): an unknown option with its new spelling (`RENAMED`) or a "did you
+    mean"; options are matched exactly (a prefix of an option is refused, not taken for it)."""
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         given = list(args or ())
         for index, arg in enumerate(given):  # before argparse's errors (a required option)
-            if arg.startswith("--") and arg.split("=")[0] not in self._option_string_actions:
-                value = given[index + 1 : index + 2]
-                shown = [arg, *value] if "=" not in arg and value and value[0][:1] != "-" else [arg]
-                self.error(f"unrecognized arguments: {' '.join(shown)}{_did_you_mean([arg], self)}")
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:
-            hint = _did_you_mean(extras, self._chosen(parsed))
-            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
-        return parsed
-
-    def _chosen(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
-        """The parser whose options `parsed` was read with: the chosen subcommand's, if any."""
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                sub = action.choices.get(getattr(parsed, action.dest, None) or "")
-                if isinstance(sub, CommandParser):
-                    return sub._chosen(parsed)
-        return self
+            old, _, value = arg.partition("=")
+            if arg.startswith("--") and old not in self._option_string_actions:
+                following = given[index + 1 : index + 2]
+                value = value or next((v for v in following if v[:1] != "-"), "")
+                self.error(_unknown(old, value, arg if "=" in arg else f"{arg} {value}", self))
+        return super().parse_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Raise one line (a ProbekitError, which the command line prints with exit status 2)
@@ -474,15 +378,18 @@ class CommandParser(argparse.ArgumentParser):
         raise ProbekitError(" ".join(message.split()))
 
 
-def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
-    """ "; did you mean --events?" for the first unknown option close to one of `parser`'s."""
+def _unknown(old: str, value: str, shown: str, parser: argparse.ArgumentParser) -> str:
+    """The line refusing the unknown option `old` (with `value`, as the command line `shown`
+    gave it): its new spelling if it was renamed, else the nearest of `parser`'s options."""
+    if old in RENAMED:  # "unrecognized arguments: --mode ev; it is now --view exact"
+        new, values = RENAMED[old]
+        now = f"{new} {values.get(value, value)}" if value else new
+        return f"unrecognized arguments: {shown.strip()}; it is now {now}"
     known = [name for name in parser._option_string_actions if name.startswith("--")]
-    for extra in extras:
-        if extra.startswith("--"):
-            close = difflib.get_close_matches(extra.split("=")[0], known, n=1, cutoff=0.6)
-            if close:
-                return f"; did you mean {close[0]}?"
-    return ""
+    near = difflib.get_close_matches(old, known, n=1, cutoff=0.6)
+    return f"unrecognized arguments: {shown.strip()}" + (
+        f"; did you mean {near[0]}?" if near else ""
+    )
 
 
 def check_out_dir(folder: str | Path, option: str = "out") -> None:
@@ -505,42 +412,3 @@ def check_out_dir(folder: str | Path, option: str = "out") -> None:
         raise ProbekitError(
             f"{name} {folder}: cannot write in {existing} ({err.strerror})"
         ) from None
-
-
-# Options every command that has them shares: declared here once
-
-
-@dataclass(frozen=True)
-class OutOption:
-    """Output."""
-
-    out: Path | None = option(
-        None, help="output folder (default %(default)s)", kind=path, metavar="DIR"
-    )
-
-
-@dataclass(frozen=True)
-class SeedOption:
-    """Seed."""
-
-    seed: int = option(
-        0,
-        help="seed of everything drawn at random: the items, the statistics' resamples, random "
-        "controls (default %(default)s)",
-        kind=non_negative_int,
-        none="the study's",
-    )
-
-
-@dataclass(frozen=True)
-class BatchSizeOption:
-    """Batch size."""
-
-    batch_size: int | None = option(
-        None,
-        help="prompts per forward pass (default %(default)s)",
-        kind=positive_int,
-        defaults={"capture": 8},
-        metavar="N",
-        none="the engine's choice for the device",
-    )

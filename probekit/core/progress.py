@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import IO, Any
 
+from probekit.core.options import as_keywords
+
 LOG_STEP = 0.1
 """Fraction of the work between two progress lines in a log."""
 LOG_SECONDS = 30.0
@@ -47,11 +49,24 @@ def is_quiet() -> bool:
     return _QUIET.get()
 
 
+def shown(text: str, stream: IO[str]) -> str:
+    """`text` as `stream` shows it: the command line's streams write the options a line names
+    as flags themselves (`names_flags`, `probekit.cli.main.Flagged`); any other stream gets
+    Python's keywords."""
+    return text if getattr(stream, "names_flags", False) else as_keywords(text)
+
+
+def echo(*values: Any, file: IO[str] | None = None, **kwargs: Any) -> None:
+    """`print`, with the options its line names as the stream shows them (`shown`)."""
+    stream = file or sys.stdout
+    print(shown(" ".join(str(v) for v in values), stream), file=stream, **kwargs)
+
+
 def note(message: str) -> None:
     """A line about the work ahead (what a call will score, how to make it smaller) on stderr,
     unless quiet."""
     if not is_quiet():
-        print(message, file=sys.stderr, flush=True)
+        echo(message, file=sys.stderr, flush=True)
 
 
 def duration(seconds: float) -> str:
@@ -122,9 +137,9 @@ class Progress:
 
     def _write(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.write(text, file=self.stream)
+            self.bar.write(shown(text, self.stream), file=self.stream)
         else:
-            print(text, file=self.stream, flush=True)
+            echo(text, file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -32,6 +32,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import write_table
 from probekit.core.items import PROMPT_ID
 from probekit.core.paths import file_sha256
+from probekit.core.progress import echo
 from probekit.core.rundir import RowKey
 
 INDEX = "prompt_index"
@@ -44,7 +45,7 @@ COMMITTED_SHA256 = b"probekit.shard_sha256"
 
 def say(message: str) -> None:
     """A line about the state of finished work (resumed, set aside) on stderr, quiet or not."""
-    print(message, file=sys.stderr, flush=True)
+    echo(message, file=sys.stderr, flush=True)
 
 
 class Unusable(Exception):

@@ -138,13 +138,14 @@ def sample_events(df: pd.DataFrame, per_emotion: int | None, seed: int) -> pd.Da
     """
     if per_emotion is None:
         return df.reset_index(drop=True)
-    if per_emotion < 1:
-        raise ProbekitError(f"events per emotion must be at least 1, got {per_emotion}")
     counts = df.groupby("emotion", sort=False).size()
+    if per_emotion < 1:
+        raise option_error("events", f"must be at least 1 (got {per_emotion})")
     if per_emotion > counts.min():
-        raise ProbekitError(
-            f"{per_emotion} events per emotion is more than the {counts.min()} of "
-            f"{counts.idxmin()!r}; use at most {counts.min()}, or all events"
+        raise option_error(
+            "events",
+            f"must be at most {counts.min()}, the events of {counts.idxmin()!r}, or all (got "
+            f"{per_emotion})",
         )
     emotions = df["emotion"].to_numpy()
     keep = []
@@ -160,10 +161,7 @@ def data_sha256(root: str | Path) -> str:
     return CROWD_ENVENT.sha256(root)
 
 
-def first_events(root: str | Path, count: int | None, seed: int) -> pd.DataFrame:
-    """`count` events (None: all 12), one per emotion, from the data root `root` (what the
-    mechanism commands patch and capture)."""
-    events = sample_events(load_crowd_envent(root), per_emotion=1, seed=seed)
-    if count is not None and not 1 <= count <= len(events):
-        raise option_error("events", f"must be between 1 and {len(events)} (got {count})")
-    return events if count is None else events.head(count)
+def first_events(root: str | Path, count: int, seed: int) -> pd.DataFrame:
+    """The first `count` of one event per emotion (seeded) from the data root `root` (at most
+    12): a few events of different emotions, as tests read them."""
+    return sample_events(load_crowd_envent(root), per_emotion=1, seed=seed).head(count)

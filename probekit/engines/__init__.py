@@ -30,17 +30,17 @@ __all__ = ["ENGINES", "PARALLEL", "load_engine", "run_in_engine_env"]
 
 @public(ModelOptions)
 def load_engine(
-    model: str | Path,
-    engine: str,
-    device: str | None,
-    dtype: Any,
+    model: str | Path = "default",
+    engine: str = "hf",
+    device: str | None = None,
+    dtype: Any = None,
     *,
-    device_map: str | dict[str, Any] | None,
-    max_memory: str | dict[str, Any] | None,
-    offload_folder: str | Path | None,
-    tensor_parallel_size: int | None,
-    pipeline_parallel_size: int | None,
-    tolerance: float | None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    tolerance: float | None = None,
 ) -> Engine:
     """Load `model` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
 

@@ -8,6 +8,7 @@ words (`probekit.core.options.given`). Nothing here imports a model library."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,30 +16,52 @@ from typing import Any
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import (
-    DTYPES,
     Kind,
     checked_by,
-    device_name,
-    floating_dtype,
     function,
     non_negative_float,
     non_negative_int,
     path,
     positive_int,
     probability,
+    refuse,
     text,
 )
-from probekit.core.options import (
-    REQUIRED,
-    BatchSizeOption,
-    SeedOption,
-    check_fields,
-    given,
-    named,
-    option,
-)
+from probekit.core.options import REQUIRED, check_fields, given, named, option
+from probekit.core.shared_options import BatchSizeOption, SeedOption
 from probekit.engines.base import ENGINES, Engine
 from probekit.engines.devices import parse_device_map, parse_devices
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+DEVICE_NAME = re.compile(r"cpu|mps|cuda(:\d+)?")
+
+
+def _dtype_value(value: Any) -> str:
+    if type(value).__module__ == "torch":  # a torch.dtype: named without importing torch here
+        value = str(value).removeprefix("torch.")
+    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in DTYPES:
+        refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
+    return name
+
+
+floating_dtype = Kind("dtype", str, _dtype_value)
+"""A floating-point dtype, held by its name (`bfloat16`; aliases fp32, bf16, fp16, half): text,
+or a `torch.dtype`."""
+
+
+def _device_value(value: Any) -> str:
+    if type(value).__module__ == "torch":  # a torch.device
+        value = str(value)
+    if not isinstance(value, str) or not DEVICE_NAME.fullmatch(value):
+        refuse(f"'{value}' is not a device; use cpu, cuda, cuda:N or mps")
+    return value
+
+
+device_name = Kind("device", str, _device_value)
+"""cpu, cuda, cuda:N or mps: text, or a `torch.device`."""
+
 
 DEFAULT_TOLERANCE = 0.005
 """The tolerance of a run that names none (docs/concepts.md, "The precision tier"): between what
@@ -79,6 +102,9 @@ def _vllm_gpus(split: str) -> Any:
     )
 
 
+_MODEL = "hub id, model folder, .gguf file or default (default %(default)s)"
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     """Which model, in which dtype: the options of every command that loads a model, and of
@@ -86,9 +112,11 @@ class ModelChoice:
 
     model: str = option(
         "default",
-        help="hub id, model folder, .gguf file or default (default %(default)s); probekit run "
-        "takes it several times: one folder each, summarised side by side; probekit plan also "
-        "reads a config.json, and a hub id only from the local cache",
+        help={
+            "run": f"{_MODEL}; give it several times for one folder each, summarised side by side",
+            "plan": f"{_MODEL}, or a config.json; a hub id only from the local cache",
+            "": _MODEL,
+        },
         kind=model_spec,
         several=("run",),
     )
@@ -109,8 +137,11 @@ class ModelOptions(ModelChoice):
     )
     engine: str = option(
         "hf",
-        help="hf (transformers, the default) or vllm (probekit run only: generation through "
-        "vLLM; the exact view stays hf's)",
+        help={
+            "run": "hf (transformers, the default) or vllm (generation through vLLM; the exact "
+            "view stays hf's)",
+            "": "hf (transformers, the default; the only engine with hooks)",
+        },
         kind=checked_by("engine", _engine),
     )
     device_map: str | dict[str, Any] | None = option(
@@ -138,8 +169,10 @@ class ModelOptions(ModelChoice):
     tolerance: float | None = option(
         None,
         help="largest change of an answer probability the chosen arithmetic may cause (see "
-        "docs/concepts.md; default %(default)s): on a GPU the fastest of bfloat16, TF32 and "
-        "float32 that meets it on the run's prompts; not with --dtype",
+        "docs/concepts.md; default %(default)s): on a GPU the fastest precision tier that meets "
+        "it on the run's prompts, of float16+head, bfloat16+head, tf32+head, float16, bfloat16, "
+        "tf32, float32 (fastest first; a +head tier runs the LM head in its arithmetic too); not "
+        "with --dtype",
         kind=probability,
         metavar="T",
         none=f"{DEFAULT_TOLERANCE:g}",

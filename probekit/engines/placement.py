@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from probekit.core.options import given, named, on_command_line
+from probekit.core.options import given, named
 from probekit.engines.devices import format_size
 from probekit.engines.memory import (
     USABLE_SHARE,
@@ -145,8 +145,7 @@ def refusal(shape: Shape, dtype: str, sizes: Mapping[str, int], per_prompt: int)
     if dtype in ("float32", "float64") and weights / 2 + per_prompt <= max(usable.values()):
         options.insert(0, given("dtype", "bfloat16"))
     if shards:
-        both = " " if on_command_line() else ", "
-        options.append(given("engine", "vllm") + both + given("tensor_parallel_size", shards))
+        options.append(given("engine", "vllm") + ", " + given("tensor_parallel_size", shards))
     return (
         f"{shape.name} in {dtype} needs {format_size(weights)} of weights; {have}: use "
         f"{', '.join(options[:-1]) + ', or ' if len(options) > 1 else ''}{options[-1]}"

@@ -14,15 +14,16 @@ none does, and says so when the weights fit but the batch or the prompt length d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import checked_by, positive_int
-from probekit.core.options import REQUIRED, BatchSizeOption, option
+from probekit.core.options import REQUIRED, as_keywords, option
 from probekit.core.public import public
+from probekit.core.shared_options import BatchSizeOption
 from probekit.engines.devices import (
     check_map_modules,
     device_key,
@@ -97,6 +98,17 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def worded(self, words: Callable[[str], str]) -> MemoryPlan:
+        """The plan with the options its lines name worded by `words` (`as_keywords`,
+        `as_flags`: `probekit.core.options`)."""
+        texts = {"placement": self.placement, "advice": self.advice}
+        lines = {"notes": self.notes, "tried": self.tried}
+        return replace(
+            self,
+            **{k: words(v) for k, v in texts.items()},
+            **{k: [words(v) for v in vs] for k, vs in lines.items()},
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class PlanOptions(BatchSizeOption, ModelChoice):
@@ -121,16 +133,16 @@ class PlanOptions(BatchSizeOption, ModelChoice):
     json: bool = option(False, help="print the plan as JSON")
 
 
-@public(PlanOptions, defaults={"model": REQUIRED}, wider=("model",))  # model first, devices next
+@public(PlanOptions, skip=("model",))
 def plan(
     model: str | Path | Shape,
     devices: str | Mapping[str, Any],
-    dtype: str | None,
-    prompt_tokens: int,
-    batch_size: int | None,
-    dispatched: bool,
-    offload: bool,
-    tensor_parallel_size: int,
+    dtype: str | None = None,
+    prompt_tokens: int = PROMPT_TOKENS,
+    batch_size: int | None = None,
+    dispatched: bool = False,
+    offload: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> MemoryPlan:
     """The memory plan of `model` (see `probekit.engines.shapes.meta_model`) on `devices`
     (`cuda:0=80GiB,...` or a mapping): the dtype the policy picks unless `dtype`, the weights,
@@ -144,6 +156,21 @@ def plan(
     the accelerators and the CPU (with `offload` also to disk); `tensor_parallel_size`: vLLM
     shards the weights that many ways. `fits` False comes with `advice`, the one line the load
     refuses with."""
+    return marked_plan(**locals()).worded(as_keywords)
+
+
+def marked_plan(
+    model: str | Path | Shape,
+    devices: str | Mapping[str, Any],
+    dtype: str | None,
+    prompt_tokens: int,
+    batch_size: int | None,
+    dispatched: bool,
+    offload: bool,
+    tensor_parallel_size: int,
+) -> MemoryPlan:
+    """`plan` with the options its lines name marked (`probekit.core.options.named`): the
+    command line words them as flags."""
     shape = model if isinstance(model, Shape) else read_shape(str(model))
     sizes = parse_devices(devices)
     dtype = plan_dtype(shape, sizes, dtype)
@@ -222,13 +249,15 @@ def check_before_load(
     mapping = None if device_map is None else parse_device_map(device_map)
     if isinstance(mapping, dict):
         check_map_modules(mapping, dict(hf.named_modules()), dict(hf.named_parameters()), name)
-    result = plan(
+    result = marked_plan(
         shape_of(hf, name),
-        devices,
-        dtype=None if dtype is None else str(dtype).removeprefix("torch."),
-        dispatched=dispatched,
-        offload=offload_folder is not None,
-        tensor_parallel_size=parallel,
+        parse_devices(devices),
+        None if dtype is None else str(dtype).removeprefix("torch."),
+        PROMPT_TOKENS,
+        None,
+        dispatched,
+        offload_folder is not None,
+        parallel,
     )
     if not result.fits:
         raise ProbekitError(result.advice)

@@ -49,10 +49,10 @@ def score(
     prompts: Prompts,
     answers: AnswerSet | str | Sequence[str | float],
     *,
-    epsilon: float,
-    prefill: str,
-    batch_size: int | None,
-    quiet: bool,
+    epsilon: float = 1e-4,
+    prefill: str = "",
+    batch_size: int | None = None,
+    quiet: bool = False,
 ) -> pd.DataFrame:
     """Exact probability of every answer for every prompt, one row per prompt in input order.
 
@@ -170,10 +170,10 @@ def score_file(
     scores: str | Path,
     answers: AnswerSet | str | Sequence[str | float],
     *,
-    epsilon: float,
-    prefill: str,
-    batch_size: int | None,
-    quiet: bool,
+    epsilon: float = 1e-4,
+    prefill: str = "",
+    batch_size: int | None = None,
+    quiet: bool = False,
     **load: Any,
 ) -> Path:
     """`probekit score` as a function: the prompts of a JSONL file (`{"id", "messages"}` or

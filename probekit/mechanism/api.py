@@ -29,9 +29,10 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
-from probekit.core.options import SeedOption, default_of
+from probekit.core.options import default_of
 from probekit.core.progress import silenced
 from probekit.core.public import public
+from probekit.core.shared_options import SeedOption
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk
 from probekit.mechanism.components import check, grid
@@ -39,7 +40,7 @@ from probekit.mechanism.pairs import as_sets, make_pair
 from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
 from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
 from probekit.mechanism.readouts import Readout, parse_readout
-from probekit.mechanism.sites import chosen_layers, n_heads, site
+from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers, n_heads, site
 
 __all__ = ["capture", "hookable", "make_pair", "patch", "recovery"]
 
@@ -62,20 +63,20 @@ def patch(
     model: Any,
     pairs: Sequence[Any],
     *,
-    spans: Sequence[str] | None,
-    sites: Sequence[str],
-    layers: Sequence[int] | range | None,
-    readout: str | Readout = "expected",
     answers: AnswerSet | str | Sequence[str | float],
-    method: str,
-    heads: Sequence[int] | None,
-    top_k: int,
-    hooks: str,
-    batch_size: int | None,
+    spans: Sequence[str] | None = None,
+    sites: Sequence[str] = DEFAULT_SITES,
+    layers: Sequence[int] | range | None = None,
+    readout: str | Readout = "expected",
+    method: str = "exact",
+    heads: Sequence[int] | None = None,
+    top_k: int = 20,
+    hooks: str = "transformer_lens",
+    batch_size: int | None = None,
     through_answer: bool | None = None,
     distributions: bool = False,
     progress: bool = True,
-    quiet: bool,
+    quiet: bool = False,
 ) -> pd.DataFrame:
     """The patching table of `probekit patch` for these pairs: one row per (pair, component).
 
@@ -148,7 +149,9 @@ def patch(
 
 
 @public(SeedOption)
-def recovery(table: pd.DataFrame, n: int = 1000, *, seed: int, level: float = 0.95) -> pd.DataFrame:
+def recovery(
+    table: pd.DataFrame, n: int = 1000, *, seed: int = 0, level: float = 0.95
+) -> pd.DataFrame:
     """Each component's recovery over the pairs of a `patch` table: the mean patched effect over
     the mean gap, with its bootstrap interval over the pairs' units (`recovery_low`,
     `recovery_high`; none with one unit), the mean effect with its interval, the sign-flip p
@@ -164,19 +167,19 @@ def recovery(table: pd.DataFrame, n: int = 1000, *, seed: int, level: float = 0.
     return out
 
 
-@public(CaptureOptions, ModelOptions, command="capture", skip=("model",))
+@public(CaptureOptions, ModelOptions, command="capture", skip=("model", "out"))
 def capture(
     model: Any,
     prompts: Any,
     *,
-    sites: Sequence[str],
-    layers: Sequence[int] | range | None,
-    spans: Sequence[str] | None,
-    out: str | Path | None,
-    hooks: str,
-    batch_size: int,
+    sites: Sequence[str] = DEFAULT_SITES,
+    layers: Sequence[int] | range | None = None,
+    spans: Sequence[str] | None = None,
+    out: str | Path | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
     storage_dtype: torch.dtype = disk.STORAGE_DTYPE,
-    quiet: bool,
+    quiet: bool = False,
 ) -> disk.Activations:
     """Activations of `prompts` at `sites` and `layers` over their spans, in memory.
 

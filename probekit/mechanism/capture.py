@@ -53,7 +53,7 @@ from probekit.core.rundir import (
 from probekit.core.store import Damaged, read_table, take_rows, write_rows
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.options import HookOptions
-from probekit.mechanism.sites import SITES, d_model, layer_indices, library, site
+from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
 
 STORAGE_DTYPE = torch.float16
 """The dtype shards store activations in unless `capture(storage_dtype=...)` says otherwise."""
@@ -105,9 +105,9 @@ def gather(
     model: Any,
     prompts: Sequence[EncodedItem],
     layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    hooks: str,
+    sites: Sequence[str] = DEFAULT_SITES,
+    spans: Sequence[str] | None = None,
+    hooks: str = "transformer_lens",
 ) -> Gathered:
     """Run one left-padded batch and return its span rows and, per (layer, short site), the
     float32 values [rows, ...].
@@ -163,10 +163,10 @@ def capture(
     items: Iterable[EncodedItem],
     out_dir: str | Path,
     layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    hooks: str,
-    batch_size: int,
+    sites: Sequence[str] = DEFAULT_SITES,
+    spans: Sequence[str] | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
     prompts_per_shard: int = 256,
     storage_dtype: torch.dtype = STORAGE_DTYPE,
 ) -> CaptureResult:
@@ -252,10 +252,10 @@ def collect(
     model: Any,
     items: Sequence[EncodedItem],
     layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    hooks: str,
-    batch_size: int,
+    sites: Sequence[str] = DEFAULT_SITES,
+    spans: Sequence[str] | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
 ) -> Activations:
     """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
     layers, shorts = check_request(model, layers, sites, hooks)

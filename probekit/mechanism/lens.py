@@ -40,10 +40,11 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.kinds import int_list
-from probekit.core.options import BatchSizeOption, OutOption, SeedOption, option
+from probekit.core.options import option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
 from probekit.core.public import public
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.engines.options import ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
@@ -58,7 +59,7 @@ batch is made smaller until it fits."""
 
 
 @dataclass(frozen=True)
-class LensOptions(BatchSizeOption, SeedOption, OutOption):
+class LensOptions(LimitOption, BatchSizeOption, SeedOption, OutOption):
     """Lens options: the layers read."""
 
     layers: list[int] | None = option(
@@ -167,9 +168,9 @@ def lens(
     prompts: Any,
     *,
     answers: AnswerSet | str,
-    layers: Sequence[int] | None,
-    batch_size: int | None,
-    quiet: bool,
+    layers: Sequence[int] | None = None,
+    batch_size: int | None = None,
+    quiet: bool = False,
 ) -> pd.DataFrame:
     """The logit lens on the exact readout: each prompt's answer distribution as read after
     each layer.

@@ -8,36 +8,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from probekit.core.kinds import checked_by, comma_list, int_list
-from probekit.core.options import BatchSizeOption, OutOption, SeedOption, option
+from probekit.core.options import option
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, PATCH_LAYERS, library
 
 hook_library = checked_by("hook library", library)
 """transformer_lens or nnsight."""
 
 
+_SITES = "comma-separated TransformerLens sites (short forms such as resid_pre accepted)"
+
+
 @dataclass(frozen=True)
-class HookOptions(BatchSizeOption, SeedOption, OutOption):
+class HookOptions(LimitOption, BatchSizeOption, SeedOption, OutOption):
     """Where activations are read and written."""
 
     layers: list[int] | None = option(
         None,
-        help=f"comma-separated layers, -1 the last (default: patch {PATCH_LAYERS} evenly "
-        "spaced, capture the first, middle and last, steer the middle one)",
+        help={
+            "patch": f"comma-separated layers, -1 the last (default: {PATCH_LAYERS} evenly spaced)",
+            "capture": "comma-separated layers, -1 the last (default: the first, middle and last)",
+            "": "comma-separated layers, -1 the last (default: the middle one)",
+        },
         kind=int_list,
     )
     sites: list[str] = option(
-        list(DEFAULT_SITES),
-        help=f"comma-separated TransformerLens sites (short forms such as resid_pre accepted); "
-        f"patch: {HEAD_SITE} patches each attention head; steer: residual-width sites only "
-        "(default %(default)s)",
+        DEFAULT_SITES,
+        help={
+            "patch": f"{_SITES}; {HEAD_SITE} patches each attention head (default %(default)s)",
+            "steer": f"{_SITES}, of the residual stream's width (default %(default)s)",
+            "": f"{_SITES} (default %(default)s)",
+        },
         kind=comma_list,
-        defaults={"steer": ["hook_resid_post"]},
+        defaults={"steer": ("hook_resid_post",)},
     )
     spans: list[str] | None = option(
         None,
-        help="span names; patch also from_<span> (everything from the span to the end) and "
-        "<span>@<i> (the i-th of its positions; -1 the last) (default: patch the study's spans, "
-        "capture every span)",
+        help={
+            "patch": "span names, from_<span> (everything from the span to the end) or "
+            "<span>@<i> (the i-th of its positions; -1 the last) (default: the study's spans)",
+            "": "span names (default: every span)",
+        },
         kind=comma_list,
         commands=("patch", "capture"),
     )

@@ -94,7 +94,7 @@ class SteerOptions(HookOptions, EpsilonOption):
     """Steer options: the vector, its strengths and where it is added."""
 
     alphas: list[float] = option(
-        [-4.0, -2.0, 0.0, 2.0, 4.0],
+        (-4.0, -2.0, 0.0, 2.0, 4.0),
         help="multiples of the vector (default %(default)s)",
         kind=checked_by("alphas", check_alphas, float_list.parse),
     )
@@ -215,8 +215,8 @@ def span_means(
     prompts: Sequence[EncodedItem],
     targets: Sequence[Target],
     span: str,
-    hooks: str,
-    batch_size: int,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
 ) -> dict[Target, np.ndarray]:
     """Each prompt's activation at each target averaged over the tokens of `span`, read by
     `probekit.mechanism.capture` in batches as a capture reads them (float64 [prompts, d_model]
@@ -467,18 +467,18 @@ def steer(
     prompts: Any,
     vector: Any,
     *,
-    sites: Sequence[str],
-    layers: Sequence[int] | range | None,
-    alphas: Sequence[float],
     answers: AnswerSet | str | Sequence[str | float],
-    positions: str,
-    span: str | None,
-    hooks: str,
+    sites: Sequence[str] = ("hook_resid_post",),
+    layers: Sequence[int] | range | None = None,
+    alphas: Sequence[float] = (-4.0, -2.0, 0.0, 2.0, 4.0),
+    positions: str = "from_span",
+    span: str | None = None,
+    hooks: str = "transformer_lens",
     control: bool = True,
-    seed: int,
-    epsilon: float,
-    batch_size: int | None,
-    quiet: bool,
+    seed: int = 0,
+    epsilon: float = 0.0,
+    batch_size: int | None = None,
+    quiet: bool = False,
 ) -> pd.DataFrame:
     """Score `prompts` with α·`vector` added at each (site, layer), for every α.
 

@@ -4,6 +4,7 @@ items, as fp16 safetensors shards plus an index whose `prompt_id` joins the run'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,15 @@ from probekit.mechanism.capture import (
     site_shorts,
 )
 from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_capture
+from probekit.mechanism.sites import DEFAULT_SITES
 from probekit.run.mechanism import context, mechanism_command
 from probekit.run.options import build
 from probekit.studies.base import Study
 
-DEFAULTS = {"out": "runs/capture"}
-"""`probekit capture`'s own defaults."""
-
 
 def capture_command(study: Study) -> Command:
     """`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
-    return mechanism_command("capture", CaptureOptions, study, DEFAULTS, (_check,))
+    return mechanism_command("capture", CaptureOptions, study, (_check,))
 
 
 def _check(parsed: tuple) -> None:
@@ -42,18 +41,37 @@ def _check(parsed: tuple) -> None:
     site_shorts(parsed[1].sites)
 
 
-@public(ModelOptions, CaptureOptions, command="capture", defaults=DEFAULTS, wider=("model",))
-def capture_study(study: str | Study, model: str | Path | Engine, **options: Any) -> Activations:
+@public(ModelOptions, CaptureOptions, command="capture", skip=("model",))
+def capture_study(
+    study: str | Study,
+    model: str | Path | Engine = "default",
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    engine: str = "hf",
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    tolerance: float | None = None,
+    quiet: bool = False,
+    out: str | Path = "runs/capture",
+    seed: int = 0,
+    batch_size: int | None = 8,
+    limit: int | None = None,
+    layers: Sequence[int] | range | None = None,
+    sites: Sequence[str] = DEFAULT_SITES,
+    hooks: str = "transformer_lens",
+    spans: Sequence[str] | None = None,
+    **options: Any,
+) -> Activations:
     """`probekit capture STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the capture's options and the model's (below: `layers=[0, -1]`, `sites=["resid_post"]`,
     `spans=["experiencer"]`, ...) and the study's, checked as the command line checks them (a
     bad or unknown one is one line of `ProbekitError` naming the keyword, before any model
     work). Writes the resumable shards into `out` and returns everything captured there.
-
-    Args:
-        options: the study's own options (`probekit capture STUDY --help`)."""
-    found, loaded, parsed = build(capture_command, study, model, options)
+    `options`: the study's own (`probekit capture STUDY --help`)."""
+    found, loaded, parsed = build(capture_command, dict(locals()))
     capture_parsed(found, parsed, loaded)
     return read_activations(parsed[1].out)
 

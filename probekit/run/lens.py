@@ -31,6 +31,7 @@ parts each time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ import pyarrow as pa
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item
-from probekit.core.options import Command, named, on_command_line
+from probekit.core.options import Command, named
 from probekit.core.progress import progress, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
@@ -69,7 +70,6 @@ from probekit.studies.base import VIEWS, Probe, Study
 ROWS = "lens.parquet"
 GAPS = "lens_gaps.csv"
 PATCHING, PATCHING_SUMMARY = "patching.parquet", "patching_summary.csv"
-DEFAULTS = {"out": "runs/lens"}
 DIFFERENCE = "scorer_difference"
 """A part's column: the largest |difference| of an answer probability between the lens after
 the last layer and the scorer, per prompt (NaN when the last layer is not read)."""
@@ -77,7 +77,7 @@ the last layer and the scorer, per prompt (NaN when the last layer is not read).
 
 def lens_command(study: Study) -> Command:
     """`probekit lens STUDY`'s options: the model's, the lens's and the study's."""
-    return mechanism_command("lens", LensOptions, study, DEFAULTS)
+    return mechanism_command("lens", LensOptions, study)
 
 
 @dataclass(frozen=True)
@@ -93,29 +93,47 @@ class StudyLens:
     gaps: pd.DataFrame | None
 
 
-@public(ModelOptions, LensOptions, command="lens", defaults=DEFAULTS, wider=("model",))
-def lens_study(study: str | Study, model: str | Path | Engine, **options: Any) -> StudyLens:
+@public(ModelOptions, LensOptions, command="lens", skip=("model",))
+def lens_study(
+    study: str | Study,
+    model: str | Path | Engine = "default",
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    engine: str = "hf",
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    tolerance: float | None = None,
+    quiet: bool = False,
+    out: str | Path = "runs/lens",
+    seed: int = 0,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    layers: Sequence[int] | range | None = None,
+    **options: Any,
+) -> StudyLens:
     """`probekit lens STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the lens's options and the model's (below: `layers=[0, 14, -1]`, ...) and
     the study's (`events=2`), checked as the command line checks them (a bad or unknown one is
     one line of `ProbekitError` naming the keyword, before any model work). Writes what the
-    command writes into `out`, resumable.
-
-    Args:
-        options: the study's own options (`probekit lens STUDY --help`)."""
-    found, loaded, parsed = build(lens_command, study, model, options)
-    return lens_parsed(found, parsed, loaded)
+    command writes into `out`, resumable. `options`: the study's own (`probekit lens STUDY
+    --help`)."""
+    found, loaded, parsed = build(lens_command, dict(locals()))
+    return lens_parsed(found, parsed, loaded, "probekit.lens_study")
 
 
-def lens_parsed(study: Study, parsed: tuple, model: Any = None) -> StudyLens:
+def lens_parsed(
+    study: Study, parsed: tuple, model: Any = None, command: str = "probekit lens"
+) -> StudyLens:
     """The lens run as the checked options `parsed` say (`lens_command`'s values), on `model` or
-    the one they name."""
+    the one they name; its manifest records `command`."""
     with silenced(parsed[0].quiet):
-        return _lens(study, parsed, model)
+        return _lens(study, parsed, model, command)
 
 
-def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
+def _lens(study: Study, parsed: tuple, model: Any, command: str) -> StudyLens:
     asked, args, own = parsed
     probe, items = study.mechanism_items(own, context("lens", asked, args))
     run = RunDir(args.out)
@@ -134,7 +152,7 @@ def _lens(study: Study, parsed: tuple, model: Any) -> StudyLens:
     if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
         model.settle_precision(probe.answers, [p.input_ids for p in encoded])
     manifest = settings(study, probe, ids, args, layers, model)
-    manifest["command"] = "probekit lens" if on_command_line() else "probekit.lens_study"
+    manifest["command"] = command
     run.make()
     run.start(manifest)  # the first write; a resumed run records what was asked this time
     manifest = run.update_manifest(command=manifest["command"])

@@ -107,12 +107,12 @@ def run_probe(
     out: str | Path,
     manifest: dict[str, Any],
     *,
-    view: str,
+    view: str = "exact",
     shard: Shard = WHOLE,
-    batch_size: int | None,
-    epsilon: float,
+    batch_size: int | None = None,
+    epsilon: float = 1e-4,
     chunk_size: int | None = None,
-    limit: int | None,
+    limit: int | None = None,
     hint: str | None = None,
 ) -> Path | None:
     """Run this shard of `probe` into `out`, in `view` (exact, generate or explain), scored by

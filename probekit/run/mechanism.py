@@ -23,7 +23,7 @@ Check = Any
 
 
 def mechanism_command(
-    name: str, options: type, study: Study, defaults: dict, checks: tuple[Check, ...] = ()
+    name: str, options: type, study: Study, checks: tuple[Check, ...] = ()
 ) -> Command:
     """A mechanism command's options (`patch`, `capture`, `steer`, `lens`): the model's (a hookable
     engine), the command's `options` and the study's, checked together (`checks`: the
@@ -41,12 +41,12 @@ def mechanism_command(
 
     groups = (ModelOptions, options, study.options)
     elsewhere = functools.partial(other_study_option, study, name)
-    return Command(name, groups, defaults, (check_models, check, *checks), elsewhere)
+    return Command(name, groups, {}, (check_models, check, *checks), elsewhere)
 
 
 def context(name: str, model: ModelOptions, own: Any) -> Context:
-    """What the study's methods read of a mechanism command: its seed and device."""
-    return Context(name, own.seed, device=model.device)
+    """What the study's methods read of a mechanism command: its seed, device and limit."""
+    return Context(name, own.seed, device=model.device, limit=own.limit)
 
 
 def mechanism_settings(

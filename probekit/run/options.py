@@ -7,15 +7,36 @@ loaded or a spec, the keywords checked as the command line checks them)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.kinds import Kind, non_negative_int, positive_int, shard, text
-from probekit.core.options import BatchSizeOption, Command, OutOption, SeedOption, named, option
+from probekit.core.kinds import Kind, int_value, non_negative_int, positive_int, refuse, text
+from probekit.core.options import Command, named, option
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
+from probekit.engines.base import Engine
 from probekit.engines.options import EpsilonOption, ModelOptions, check_models, loaded_engine
 from probekit.studies.base import Context, Study, get_study, other_study_option
+
+
+def _shard_value(value: Any) -> tuple[int, int]:
+    if isinstance(value, str):
+        try:
+            value = [int(x) for x in value.split("/")]
+        except ValueError:
+            refuse(f"'{value}' must look like i/n, e.g. 0/4")
+    if not isinstance(value, Sequence) or len(value) != 2:
+        refuse(f"{value!r} must look like i/n, e.g. 0/4 (or a pair (i, n))")
+    index, count = (int_value(x) for x in value)
+    if count < 1 or not 0 <= index < count:
+        refuse(f"'{index}/{count}': need 0 <= i < n")
+    return index, count
+
+
+shard_kind = Kind("shard", str, _shard_value)
+"""`i/n` (or a pair from Python): every n-th prompt from the i-th (0 <= i < n)."""
 
 
 def _numerics(value: Any) -> int | str:
@@ -37,7 +58,7 @@ ray_address = Kind("address", str, _ray)
 
 
 @dataclass(frozen=True)
-class RunOptions(EpsilonOption, BatchSizeOption, SeedOption, OutOption):
+class RunOptions(LimitOption, EpsilonOption, BatchSizeOption, SeedOption, OutOption):
     """Run options: the view, which prompts, how they are scored, where."""
 
     view: str = option(
@@ -47,14 +68,7 @@ class RunOptions(EpsilonOption, BatchSizeOption, SeedOption, OutOption):
         kind=text,
     )
     shard: tuple[int, int] = option(
-        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard
-    )
-    limit: int | None = option(
-        None,
-        help="a smoke run: whole units (events, items) taken in turn from every group while "
-        "their prompts fit in N; too small for the statistics is refused with the smallest N",
-        kind=positive_int,
-        metavar="N",
+        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard_kind
     )
     numerics: int | str = option(
         "auto",
@@ -137,14 +151,30 @@ def study_object(study: str | Study) -> Study:
 
 
 def build(
-    command: Callable[[Study], Command], study: str | Study, model: Any, options: dict[str, Any]
-) -> tuple[Study, Any, tuple]:
+    command: Callable[[Study], Command], arguments: Mapping[str, Any]
+) -> tuple[Study, Engine | None, tuple]:
     """The front of a study command's function (`run_study`, `patch_study(study, model,
-    **options)`, ...): the study `study` names (`study_object`), the loaded engine `model` is
-    (None for a spec) and the options of the call, checked by `command(study)` as the command
-    line checks them (one line naming the keyword)."""
-    found = study_object(study)
-    loaded = loaded_engine(model)
+    **options)`, ...) from its `arguments` (its `locals()` before any other line: `study`, `model`,
+    its own options and the study's `options`): the study `study` names (`study_object`), the
+    loaded engine `model` is (None for a spec) and the options of the call, checked by
+    `command(study)` as the command line checks them (one line naming the keyword)."""
+    keywords = {k: v for k, v in arguments.items() if k not in ("study", "options")}
+    found, loaded = study_object(arguments["study"]), loaded_engine(arguments["model"])
+    if loaded is not None:
+        del keywords["model"]
     asked = command(found)
-    keywords = options if loaded is not None else {**options, "model": model}
-    return found, loaded, asked.build(keywords, f"{asked.name}_study({found.name!r})")
+    where = f"{asked.name}_study({found.name!r})"
+    return found, loaded, asked.build({**keywords, **arguments["options"]}, where)
+
+
+def call_line(function: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
+    """A study function's call as its run records it (`probekit.run_study('isear', limit=6)`):
+    the study, each keyword not at its default and the study's options."""
+    defaults = {n: p.default for n, p in inspect.signature(function).parameters.items()}
+    keywords = {
+        k: v for k, v in arguments.items() if k not in ("study", "options") and v != defaults[k]
+    }
+    study = arguments["study"]
+    shown = [repr(getattr(study, "name", study))]
+    shown += [f"{k}={v!r}" for k, v in {**keywords, **arguments["options"]}.items()]
+    return f"probekit.{function.__name__}({', '.join(shown)})"

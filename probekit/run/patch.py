@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,17 +18,15 @@ from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.mechanism.api import hookable
 from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
+from probekit.mechanism.sites import DEFAULT_SITES
 from probekit.run.mechanism import context, mechanism_command
 from probekit.run.options import build
 from probekit.studies.base import Study
 
-DEFAULTS = {"out": "runs/patch"}
-"""`probekit patch`'s own defaults."""
-
 
 def patch_command(study: Study) -> Command:
     """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
-    return mechanism_command("patch", PatchOptions, study, DEFAULTS, (_check,))
+    return mechanism_command("patch", PatchOptions, study, (_check,))
 
 
 def _check(parsed: tuple) -> None:
@@ -69,19 +68,48 @@ class StudyPatch:
         )
 
 
-@public(ModelOptions, PatchOptions, command="patch", defaults=DEFAULTS, wider=("model",))
-def patch_study(study: str | Study, model: str | Path | Engine, **options: Any) -> StudyPatch:
+@public(ModelOptions, PatchOptions, command="patch", skip=("model",))
+def patch_study(
+    study: str | Study,
+    model: str | Path | Engine = "default",
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    engine: str = "hf",
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    tolerance: float | None = None,
+    quiet: bool = False,
+    out: str | Path = "runs/patch",
+    seed: int = 0,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    layers: Sequence[int] | range | None = None,
+    sites: Sequence[str] = DEFAULT_SITES,
+    hooks: str = "transformer_lens",
+    spans: Sequence[str] | None = None,
+    heads: Sequence[int] | None = None,
+    readout: str | None = None,
+    method: str = "exact",
+    top_k: int = 20,
+    pairs_per_unit: int = 1,
+    per_position: bool = False,
+    mediation: bool = False,
+    bootstrap: int = 1000,
+    prompt_only: bool = False,
+    control: bool = False,
+    skip_direction: bool = False,
+    **options: Any,
+) -> StudyPatch:
     """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the patch's options and the model's (below: `layers=[0, 14]`, `sites=["resid_pre"]`,
     `prompt_only=True`, `dtype=torch.bfloat16`, ...) and the study's (`events=2`), checked as
     the command line checks them (a bad or unknown one is one line of `ProbekitError` naming
     the keyword, before any model work). Writes what the command writes into `out` and returns
-    it.
-
-    Args:
-        options: the study's own options (`probekit patch STUDY --help`)."""
-    found, loaded, parsed = build(patch_command, study, model, options)
+    it. `options`: the study's own (`probekit patch STUDY --help`)."""
+    found, loaded, parsed = build(patch_command, dict(locals()))
     written = patch_parsed(found, parsed, loaded)
     folder = Path(parsed[1].out)
     summary = pd.read_csv(folder / "patching_summary.csv")

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
-from probekit.core.options import REQUIRED, OutOption, named, option
+from probekit.core.options import REQUIRED, named, option
 from probekit.core.public import public
+from probekit.core.shared_options import OutOption
 
 if TYPE_CHECKING:
     from probekit.core.rundir import RunDir
@@ -57,7 +58,7 @@ class ReportOptions(OutOption):
 @public(ReportOptions, command="report")
 def report(
     runs: str | Path | Sequence[str | Path],
-    out: str | Path | None,
+    out: str | Path | None = None,
     studies: Sequence[Study] = (),
 ) -> str:
     """Report every finished run under `runs` (a folder or several, e.g. one per model or one

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probekit.core.options import option_error
-
 
 @dataclass(frozen=True)
 class Shard:
@@ -16,16 +14,6 @@ class Shard:
 
     index: int = 0
     count: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        try:
-            i, n = (int(x) for x in text.split("/"))
-        except ValueError:
-            raise option_error("shard", f"'{text}' must look like i/n, e.g. 0/4") from None
-        if n < 1 or not 0 <= i < n:
-            raise option_error("shard", f"'{text}': need 0 <= i < n")
-        return cls(i, n)
 
     def split(self, rank: int, world: int) -> Shard:
         """Subdivide this shard among the `world` processes of a distributed launch."""

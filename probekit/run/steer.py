@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ import pandas as pd
 
 from probekit.core.io import write_text
 from probekit.core.items import EncodedItem
-from probekit.core.options import Command, named, on_command_line
+from probekit.core.options import Command, named
 from probekit.core.progress import progress, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
@@ -76,13 +77,9 @@ def check_steer(parsed: tuple) -> None:
     steering.check_hooks(options.hooks, options.positions)
 
 
-DEFAULTS = {"out": "runs/steer"}
-"""`probekit steer`'s own defaults."""
-
-
 def steer_command(study: Study) -> Command:
     """`probekit steer STUDY`'s options: the model's, the steering's and the study's."""
-    return mechanism_command("steer", SteerOptions, study, DEFAULTS, (check_steer,))
+    return mechanism_command("steer", SteerOptions, study, (check_steer,))
 
 
 @dataclass(frozen=True, repr=False)
@@ -116,30 +113,54 @@ class StudySteer:
         )
 
 
-@public(ModelOptions, SteerOptions, command="steer", defaults=DEFAULTS, wider=("model",))
-def steer_study(study: str | Study, model: str | Path | Engine, **options: Any) -> StudySteer:
+@public(ModelOptions, SteerOptions, command="steer", skip=("model",))
+def steer_study(
+    study: str | Study,
+    model: str | Path | Engine = "default",
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    engine: str = "hf",
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    tolerance: float | None = None,
+    quiet: bool = False,
+    out: str | Path = "runs/steer",
+    seed: int = 0,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    layers: Sequence[int] | range | None = None,
+    sites: Sequence[str] = ("hook_resid_post",),
+    hooks: str = "transformer_lens",
+    epsilon: float = 0.0,
+    alphas: Sequence[float] = (-4.0, -2.0, 0.0, 2.0, 4.0),
+    positions: str = "from_span",
+    span: str | None = None,
+    vector: str = "mean_diff",
+    **options: Any,
+) -> StudySteer:
     """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
     object (used as it is); `model`: a model spec or an already loaded model. The keywords are
     the steering's options and the model's (below: `alphas=[-4, 0, 4]`, `layers=[15]`,
     `positions="from_span"`, `vector="mean_diff"`, ...) and the study's (`events=2`), checked
     as the command line checks them (a bad or unknown one is one line of `ProbekitError`
     naming the keyword, before any model work). Writes what the command writes into `out`,
-    resumable.
-
-    Args:
-        options: the study's own options (`probekit steer STUDY --help`)."""
-    found, loaded, parsed = build(steer_command, study, model, options)
-    return steer_parsed(found, parsed, loaded)
+    resumable. `options`: the study's own (`probekit steer STUDY --help`)."""
+    found, loaded, parsed = build(steer_command, dict(locals()))
+    return steer_parsed(found, parsed, loaded, "probekit.steer_study")
 
 
-def steer_parsed(study: Study, parsed: tuple, model: Any = None) -> StudySteer:
+def steer_parsed(
+    study: Study, parsed: tuple, model: Any = None, command: str = "probekit steer"
+) -> StudySteer:
     """The steering run as the checked options `parsed` say (`steer_command`'s values), on
-    `model` or the one they name."""
+    `model` or the one they name; its manifest records `command`."""
     with silenced(parsed[0].quiet):
-        return _steer(study, parsed, model)
+        return _steer(study, parsed, model, command)
 
 
-def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
+def _steer(study: Study, parsed: tuple, model: Any, command: str) -> StudySteer:
     asked, args, own = parsed
     alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
     sites = [steering.steering_site(name) for name in args.sites]
@@ -181,7 +202,7 @@ def _steer(study: Study, parsed: tuple, model: Any) -> StudySteer:
     }
     steering.check_strength(model.dtype, found, alphas)  # nothing written before this
     manifest = settings(study, probe, ids, args, alphas, file, span, sites, layers, model)
-    manifest["command"] = "probekit steer" if on_command_line() else "probekit.steer_study"
+    manifest["command"] = command
     run.start(manifest)  # the first write; a resumed run records what was asked this time
     asked_now = {k: manifest[k] for k in ("alphas", "vector_file", "command")}
     manifest = run.update_manifest(**asked_now)

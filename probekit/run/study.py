@@ -31,14 +31,21 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
-from probekit.core.progress import is_quiet, note, silenced
+from probekit.core.progress import echo, is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
-from probekit.run.options import RunOptions, build, precision_settings, run_command, run_context
+from probekit.run.options import (
+    RunOptions,
+    build,
+    call_line,
+    precision_settings,
+    run_command,
+    run_context,
+)
 from probekit.studies.base import Probe, Say, Study
 
 if TYPE_CHECKING:
@@ -111,34 +118,47 @@ class Run:
         return pd.concat(tagged, ignore_index=True)
 
 
-@public(
-    ModelOptions,
-    RunOptions,
-    command="run",
-    defaults={"seed": None},  # the study's (`Study.default_seed`)
-    wider=("model",),
-)
+@public(ModelOptions, RunOptions, command="run", skip=("model",))
 def run_study(
     study: str | Study,
-    model: str | Path | Engine,
+    model: str | Path | Engine = "default",
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    engine: str = "hf",
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    tolerance: float | None = None,
+    quiet: bool = False,
+    out: str | Path | None = None,
+    seed: int | None = None,
+    batch_size: int | None = None,
+    epsilon: float = 1e-4,
+    limit: int | None = None,
+    view: str = "exact",
+    shard: tuple[int, int] | str = (0, 1),
+    numerics: int | str = "auto",
+    ray: str | bool | None = None,
+    ray_actors: int | None = None,
     **options: Any,
 ) -> Run:
     """Run `study` on `model` as `probekit run` does, and return the `Run`.
 
     `study`: a registered study's name or a `Study` object (used as it is, registered or not);
     `model`: a model spec (hub id, folder, .gguf, `default`) or an engine already loaded (not
-    loaded again). `limit=N` makes a smoke run: the whole units of every group that fit in N
-    prompts (`Probe.limited`). The keywords are the run's options and the model's (below) and
-    the study's own (`events=2`, `setting="P0S1T0"`), as Python values
-    (`dtype=torch.bfloat16`, `device_map={"": "cpu"}`, `genders=["a man", "a woman"]`, `out` a
-    Path; `out` defaults to the study's folder), checked as the command line checks them; a bad
-    one is one line of ProbekitError naming the keyword, before anything is written.
-
-    Args:
-        options: the study's own options (`probekit studies`; `probekit run STUDY --help`)."""
-    study, engine, parsed = build(run_command, study, model, options)
-    call = ", ".join([repr(study.name), *(f"{k}={v!r}" for k, v in options.items())])
-    return run_parsed(study, parsed, engine, f"probekit.run_study({call})")[0]
+    loaded again). The keywords are the model's options (`probekit.engines.options.ModelOptions`:
+    `dtype=torch.bfloat16`, `device_map={"": "cpu"}`, ...), the run's (`RunOptions`: `out`, the
+    study's folder by default; `seed`, the study's; `limit=N`, a smoke run of the whole units of
+    every group that fit in N prompts, `Probe.limited`) and, in `options`, the study's own
+    (`events=2`, `setting="P0S1T0"`, `genders=["a man", "a woman"]`; `probekit studies`,
+    `probekit run STUDY --help`), each checked as the command line checks it: a bad one is one
+    line of ProbekitError naming the keyword, before anything is written."""
+    arguments = dict(locals())
+    found, loaded, parsed = build(run_command, arguments)
+    return run_parsed(found, parsed, loaded, call_line(run_study, arguments))[0]
 
 
 def run_parsed(
@@ -161,7 +181,7 @@ def run_parsed(
         run_in_engine_env(models[0].engine, sys.argv)  # vLLM's (./setup.sh --vllm)
     started = time.time()
     launch = detect_launch()
-    say: Say = print if launch.is_main else (lambda *a, **k: None)
+    say: Say = echo if launch.is_main else (lambda *a, **k: None)
     command = command or " ".join(sys.argv)
     probes = study.probes(own, run_context(options, models[0], say))
     if options.limit is not None:  # whole units of every group, or one line before any work

@@ -50,7 +50,9 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.options import declaration, given, named, options_of, spoken
+from probekit.core.progress import echo
 from probekit.core.public import public
+from probekit.core.shared_options import FIRST_UNITS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
@@ -82,6 +84,7 @@ __all__ = [
     "contrast_pairs",
     "get_study",
     "list_studies",
+    "mechanism_slice",
     "other_study_option",
     "register",
 ]
@@ -98,15 +101,16 @@ def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
 class Context:
     """What a study's methods read besides its own options: the `command` they serve (run,
     patch, capture, steer or lens), the `seed`, the `view` (a run's; the mechanism commands read
-    the exact view), the `device` asked for and where to say what happens. (A refusal names an
-    option as the user gave it with `probekit.core.options.named`: `--events` on the command
-    line, `events` from Python.)"""
+    the exact view), the `device` asked for, where to say what happens and a mechanism
+    command's `limit` (`Study.mechanism_slice`). (A refusal names an option with
+    `probekit.core.options.named`: `--events` on the command line, `events` from Python.)"""
 
     command: str
     seed: int = 0
     view: str = "exact"
     device: str | None = None
-    say: Say = print
+    say: Say = echo
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -198,25 +202,29 @@ class Probe(ABC):
                 f"at least {self.min_units}; give the study {self.min_units} {units} or more"
             )
 
-    def limited(self, limit: int) -> Probe:
-        """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
-        `unit_group` in the probe's order (the probe itself when all fit). Fewer than
-        `min_units` units is refused with the smallest limit that works (a ProbekitError,
-        before any scoring)."""
+    def balanced(self) -> tuple[list[str], dict[str, int], int]:
+        """Its units in the order a limited run takes them (in turn from each `unit_group`,
+        each group in the probe's order), each unit's prompt count, and the number of groups."""
         sizes: dict[str, int] = {}
         groups: dict[Hashable, list[str]] = {}
         for item in self.items():
             if item.unit not in sizes:
                 groups.setdefault(self.unit_group(item), []).append(item.unit)
             sizes[item.unit] = sizes.get(item.unit, 0) + 1
+        order = [u for turn in zip_longest(*groups.values()) for u in turn if u is not None]
+        return order, sizes, len(groups)
+
+    def limited(self, limit: int, fewest: int | None = None) -> Probe:
+        """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
+        `unit_group` in the probe's order (the probe itself when all fit). Fewer than `fewest`
+        units (default `min_units`) is refused with the smallest limit that works (a
+        ProbekitError, before any scoring)."""
+        order, sizes, groups = self.balanced()
         if limit >= sum(sizes.values()):
             return self
-        order = [
-            unit for turn in zip_longest(*groups.values()) for unit in turn if unit is not None
-        ]
         counts = list(accumulate(sizes[unit] for unit in order))
         kept = sum(1 for count in counts if count <= limit)
-        needed = min(self.min_units, len(order))
+        needed = min(self.min_units if fewest is None else fewest, len(order))
         if kept < needed:
             unit = self.unit_name if needed == 1 else f"{self.unit_name}s"
             raise ProbekitError(
@@ -226,7 +234,12 @@ class Probe(ABC):
             )
         chosen = set(order[:kept])
         in_order = [unit for unit in sizes if unit in chosen]
-        return LimitedProbe(self, in_order, len(sizes), len(groups))
+        return LimitedProbe(self, in_order, len(sizes), groups)
+
+    def first_units(self, count: int) -> Probe:
+        """The smallest balanced slice of `count` units (`limited`)."""
+        order, sizes, _ = self.balanced()
+        return self.limited(sum(sizes[unit] for unit in order[:count]), fewest=1)
 
 
 class LimitedProbe(Probe):
@@ -286,6 +299,11 @@ class LimitedProbe(Probe):
 
     def __len__(self) -> int:
         return self._size
+
+    def __getattr__(self, name: str) -> Any:  # the probe's own attributes (a study's contrast)
+        if "probe" not in self.__dict__:  # not made yet (a copy, a pickle)
+            raise AttributeError(name)
+        return getattr(self.__dict__["probe"], name)
 
 
 class Study(ABC):
@@ -465,14 +483,15 @@ class Study(ABC):
 
     def mechanism_items(self, options: Any, context: Context) -> tuple[Probe, list[Item]]:
         """The probe and items the mechanism command `context.command` works on: by default the
-        study's one probe (`probes`) and all its items."""
+        study's one probe (`probes`) and the items of its slice (`mechanism_slice`)."""
         probes = self.probes(options, context)
         if len(probes) != 1:
             raise ProbekitError(
                 f"{context.command} works on one probe; the options give the study "
                 f"'{self.name}' {len(probes)}"
             )
-        return probes[0], list(probes[0].items())
+        probe = mechanism_slice(probes[0], context)
+        return probe, list(probe.items())
 
     def pairs(self, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
         """Counterfactual (clean, corrupt) pairs: by default, within each unit, every prompt on
@@ -483,6 +502,15 @@ class Study(ABC):
     def mechanism_defaults(self) -> MechanismDefaults:
         """The study's contrast and the mechanism commands' defaults (spans, readout,
         direction; see `probekit.mechanism.defaults`)."""
+
+
+def mechanism_slice(probe: Probe, context: Context) -> Probe:
+    """The slice of `probe` a mechanism command reads: the smallest balanced slice of
+    `context.limit` prompts (`Probe.limited`, one unit at least), else of its command's
+    `FIRST_UNITS` units."""
+    if context.limit is None:
+        return probe.first_units(FIRST_UNITS[context.command])
+    return probe.limited(context.limit, fewest=1)
 
 
 def contrast_pairs(contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:

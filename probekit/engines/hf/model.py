@@ -282,16 +282,16 @@ def pick_dtype(
 
 @public(ModelOptions)
 def load_model(
-    model: str | os.PathLike,
-    device: str | None,
-    dtype: str | torch.dtype | None,
+    model: str | os.PathLike = "default",
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
     *,
     fp32_head: bool = True,
-    device_map: str | dict[str, Any] | None,
-    max_memory: str | dict[str, Any] | None,
-    offload_folder: str | os.PathLike | None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[str, Any] | None = None,
+    offload_folder: str | os.PathLike | None = None,
     weights: bool = True,
-    tolerance: float | None,
+    tolerance: float | None = None,
 ) -> LoadedModel:
     """Load `model` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
 

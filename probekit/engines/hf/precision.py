@@ -50,8 +50,8 @@ from torch.overrides import TorchFunctionMode
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.options import SeedOption
 from probekit.core.public import public
+from probekit.core.shared_options import SeedOption
 from probekit.engines.base import TIER_LABELS, ScoreResult, describe_precision
 from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE
 
@@ -486,7 +486,7 @@ def noise_figure(
     reference: torch.dtype | None = None,
     sample: int = NOISE_SAMPLE,
     *,
-    seed: int,
+    seed: int = 0,
     epsilon: float,
     own: Sequence[ScoreResult] | None = None,
 ) -> dict[str, Any]:

@@ -54,13 +54,13 @@ class HFScorer:
         self,
         model: HFModel,
         answers: AnswerSet,
-        epsilon,
-        batch_size,
+        epsilon: float = 1e-4,
+        batch_size: int | None = None,
         *,
-        max_new_tokens,
-        settled,
-        temperature,
-        seed,
+        max_new_tokens: int = 0,
+        settled: Any = None,
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> None:
         """The options are `ScorerOptions`' (`epsilon` and `batch_size` may be positional).
         `max_new_tokens` > 0 also decodes a continuation of every prompt from the same prompt

@@ -13,11 +13,18 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.kinds import Kind, comma_list, count_or_all, int_range, positive_int, text
+from probekit.core.kinds import Kind, comma_list, int_range, positive_int, text
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, figure_model
-from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
+from probekit.studies.base import (
+    MECHANISM,
+    RUN,
+    Context,
+    ReportedStudy,
+    mechanism_slice,
+    register,
+)
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
@@ -34,24 +41,30 @@ prompt_types = Kind(
 """Some of GIEBench's prompt types (raw, id, cot)."""
 
 
+_ITEMS = "a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample'"
+
+
 @dataclass(frozen=True)
 class GIEBenchOptions:
     """giebench options."""
 
     items: str | None = option(
         None,
-        help="a folder with the official Raw/ID/COT-Prompt.json, a records file, or 'sample' "
-        "(run default: the official files, found or downloaded, else the sample; patch, capture, "
-        "steer and lens need records: 'sample' by default)",
+        help={
+            "run": f"{_ITEMS} (default: the official files, found or downloaded, else the sample)",
+            "": f"{_ITEMS}; records, which swap identities (default %(default)s)",
+        },
         kind=text,
         defaults={command: "sample" for command in MECHANISM},
     )
     prompt: list[str] = option(
-        list(PROMPT_TYPES),
-        help="raw,id,cot or a subset (patch, capture, steer, lens: id and/or cot; default "
-        "%(default)s)",
+        tuple(PROMPT_TYPES),
+        help={
+            "run": "raw,id,cot or a subset (default %(default)s)",
+            "": "id,cot or a subset: the prompt types that name an identity (default %(default)s)",
+        },
         kind=prompt_types,
-        defaults={command: ["cot"] for command in MECHANISM},
+        defaults={command: ("cot",) for command in MECHANISM},
     )
     orders: int = option(
         1,
@@ -68,13 +81,6 @@ class GIEBenchOptions:
         help="explain/generate: generation budget per prompt (default %(default)s)",
         kind=positive_int,
         commands=RUN,
-    )
-    events: int | None = option(
-        2,
-        help="the first N records with a mismatch identity, or all (default %(default)s)",
-        kind=count_or_all,
-        commands=MECHANISM,
-        defaults={"capture": 3},
     )
 
 
@@ -152,8 +158,9 @@ class GIEBenchStudy(ReportedStudy):
     def mechanism_items(
         self, options: GIEBenchOptions, context: Context
     ) -> tuple[GIEBenchProbe, list[Item]]:
-        """The first `events` records that have a mismatch identity, each with its own
-        identity and the swapped one, in the exact (prefilled) view of the prompt types."""
+        """The slice (`mechanism_slice`) of the records that have a mismatch identity, each
+        with its own identity and the swapped one, in the exact (prefilled) view of the prompt
+        types."""
         source = resolve_items(options.items, options.prompt)
         if not all(isinstance(u, Record) for u in source.units):
             raise ProbekitError(
@@ -164,15 +171,15 @@ class GIEBenchStudy(ReportedStudy):
         extra = {"data_origin": source.origin, "data_path": str(source.path)}
         chat = not options.no_chat_template
         probe = GIEBenchProbe(source.units, options.prompt, chat=chat, extra=extra)
-        units = [u for u in source.units if u.id in probe.swap][: options.events]
-        if not units:
+        probe.units = [u for u in source.units if u.id in probe.swap]
+        if not probe.units:
             raise ProbekitError("no record has another identity of its category to swap in")
-        probe.units = units
+        sliced = mechanism_slice(probe, context)
         items = [
             replace(item, key={k: v for k, v in item.key.items() if k != "prompt"})
-            for item in probe.items()
+            for item in sliced.items()
         ]
-        return probe, items
+        return sliced, items  # type: ignore[return-value]
 
     def pairs(self, probe: GIEBenchProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
         """Each item with its own identity (clean) and with the swapped one (corrupt)."""

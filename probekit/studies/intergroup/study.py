@@ -15,12 +15,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import Kind, choice, count_or_all, path, probability, text
 from probekit.core.options import named, option
-from probekit.datasets.crowd_envent import (
-    CROWD_ENVENT,
-    first_events,
-    load_crowd_envent,
-    sample_events,
-)
+from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.mechanism.defaults import Contrast, Interaction, MechanismDefaults
 from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
@@ -54,20 +49,24 @@ class IntergroupOptions:
 
     category: str = option(
         "religion",
-        help="ethnicity, nationality, religion, or all (run only) (default %(default)s)",
+        help={
+            "run": "ethnicity, nationality, religion, or all (default %(default)s)",
+            "": "ethnicity, nationality or religion (default %(default)s)",
+        },
         kind=choice("category", (*CATEGORIES, "all")),
     )
     setting: str = option(
         "P0S0T0",
-        help="P0S0T0 (origin), ..., or all (run only) (default %(default)s)",
+        help={
+            "run": "P0S0T0 (origin), ..., or all (default %(default)s)",
+            "": "P0S0T0 (origin), ... (default %(default)s)",
+        },
         kind=Kind("setting", str, _setting),
     )
     events: int | None = option(
         DEFAULT_EVENTS,
-        help="run: events per emotion; patch, capture, steer, lens: the first N of one event per "
-        "emotion; or all (default %(default)s)",
+        help="events per emotion, drawn with the seed, or all (default %(default)s)",
         kind=count_or_all,
-        defaults={"capture": 3},
     )
     data: Path | None = option(
         None,
@@ -83,9 +82,13 @@ class IntergroupOptions:
     )
     min_valid_mass: float = option(
         DEFAULT_MIN_VALID_MASS,
-        help="exact view: an event is excluded when any pair's valid mass is below this "
-        "(default %(default)s; lens: 0, since a layer's valid mass says how much of its lens is "
-        "on the answers, not that the model refused)",
+        help={
+            "run": "exact view: an event is excluded when any pair's valid mass is below this "
+            "(default %(default)s)",
+            "lens": "an event is excluded when any pair's valid mass is below this (default "
+            "%(default)s: a layer's valid mass says how much of its lens is on the answers, not "
+            "that the model refused)",
+        },
         kind=probability,
         commands=(*RUN, "lens"),
         defaults={"lens": 0.0},
@@ -127,6 +130,7 @@ class IntergroupStudy(ReportedStudy):
         events = sample_events(load_crowd_envent(source.path), options.events, context.seed)
         extra = {**CROWD_ENVENT.manifest(source), "min_valid_mass": options.min_valid_mass}
         given = {"extra": extra, "authors_input": options.authors_input}
+        given["named_only"] = context.command == "patch"  # `a person` has no in-group pairs
         return [
             IntergroupProbe(get_category(c), get_setting(s), events, **given)
             for c in categories
@@ -168,27 +172,20 @@ class IntergroupStudy(ReportedStudy):
     def mechanism_items(
         self, options: IntergroupOptions, context: Context
     ) -> tuple[IntergroupProbe, list[Item]]:
-        """Every perceiver x experiencer prompt of the first `events` events (one per emotion),
-        event-major; `a person` is left out of patching (its pairs are not in-group/out-group)."""
-        category, setting = get_category(options.category), get_setting(options.setting)
-        source = self.data_source(options.data, context.say)
-        events = first_events(source.path, options.events, context.seed)
-        patching = context.command == "patch"
-        extra = {  # the data's origin and checksum, for the pages; the report's exclusion
-            **CROWD_ENVENT.manifest(source),
-            "min_valid_mass": options.min_valid_mass,
-        }
-        probe = IntergroupProbe(category, setting, events, named_only=patching, extra=extra)
-        order = {event: k for k, event in enumerate(events["event_id"].astype(str))}
-        items = sorted(probe.items(), key=lambda item: order[item.unit])
-        if context.command == "capture":  # the capture index also says which setting and side it is
+        """The study's slice (`mechanism_slice`), event-major; patching leaves `a person` out
+        (its pairs are not in-group/out-group); capture's index also says the setting and the
+        side of each prompt."""
+        probe, items = super().mechanism_items(options, context)
+        order = {str(event): k for k, event in enumerate(probe.events["event_id"])}
+        items = sorted(items, key=lambda item: order[item.unit])
+        if context.command == "capture":
 
             def key(item: Item) -> dict[str, Any]:
                 inside = probe.in_group(item.key["perceiver"], item.key["experiencer"])
-                return {**item.key, "setting": setting.name, "in_group": inside}
+                return {**item.key, "setting": probe.setting.name, "in_group": inside}
 
             items = [replace(item, key=key(item)) for item in items]
-        return probe, items
+        return probe, items  # type: ignore[return-value]
 
     def pairs(self, probe: IntergroupProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
         """Each in-group prompt (g, g) paired with every out-group prompt (g, h) of its event."""

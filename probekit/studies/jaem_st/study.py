@@ -24,6 +24,7 @@ from probekit.core.kinds import (
     text,
 )
 from probekit.core.options import given, named, option
+from probekit.core.progress import echo
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.studies.base import (
     MECHANISM,
@@ -65,8 +66,7 @@ class JaemOptions:
     )
     samples: int | None = option(
         None,
-        help="run: only the first N rows of the sampled data set (quick runs); patch, capture, "
-        "steer, lens: the first N sampled rows, one unit each (default %(default)s)",
+        help="only the first N rows of the sampled data set, one unit each (default %(default)s)",
         kind=positive_int,
         defaults={command: DEFAULT_PATCH_SAMPLES for command in MECHANISM},
     )
@@ -77,7 +77,7 @@ class JaemOptions:
         commands=RUN,
     )
     groups: list[str] = option(
-        list(metrics.DEFAULT_GROUPS),
+        tuple(metrics.DEFAULT_GROUPS),
         help="dimension columns forming the intersectional groups, one or two (default "
         "%(default)s)",
         kind=comma_list,
@@ -193,7 +193,7 @@ class JaemStudy(ReportedStudy):
             import probekit.studies.jaem_st.report as report
             import probekit.studies.jaem_st.responses as responses
 
-            frame = responses.read_responses(scores, run_dir, manifest, print)
+            frame = responses.read_responses(scores, run_dir, manifest, echo)
             if frame is None:
                 return rows
             fields = report.report_responses(frame, run_dir, manifest)
@@ -222,21 +222,28 @@ class JaemStudy(ReportedStudy):
     def mechanism_items(
         self, options: JaemOptions, context: Context
     ) -> tuple[JaemProbe, list[Item]]:
-        """For each of the first `samples` rows whose template shows `dimension`: one prompt
-        (order 0) per value of that dimension, the rest of the row unchanged; each declares one
-        span, the dimension's filled mask positions."""
+        """For each of the first `samples` rows whose template shows `dimension` (while their
+        prompts fit in the command's `limit`): one prompt (order 0) per value of that
+        dimension, the rest of the row unchanged; each declares one span, the dimension's
+        filled mask positions."""
         data = load_jaem(self.data_source(options.data, context.say), options.templates)
         dim = data.dimension(options.dimension)
         clean = options.clean if options.clean is not None else dim.values[0]
         if clean not in dim.values:
             raise ProbekitError(f"{given('clean', clean)} is not a value of {dim.column}")
+        if context.limit is not None and context.limit < len(dim.values):
+            raise ProbekitError(
+                f"{given('limit', context.limit)} is too small: a sample has {len(dim.values)} "
+                f"prompts, one per value of {dim.column}"
+            )
         rows = _rows(data, options, context.seed)
         probe = JaemProbe(data, rows, options.prompt, 1, context.seed, _manifest(data, options))
         items = []
         for sample, row in enumerate(rows.to_dict("records")):
             if dim not in data.shown_dimensions(data.templates[int(row[TEMPLATE])]):
                 continue
-            if len({i.unit for i in items}) == options.samples:
+            full = context.limit is not None and len(items) + len(dim.values) > context.limit
+            if len({i.unit for i in items}) == options.samples or full:
                 break
             order = answer_order(context.seed, sample)
             for value in dim.values:
