@@ -149,8 +149,8 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     from probekit.studies.intergroup import STUDY
 
     argv = [
-        "--events",
-        "1",
+        "--limit",
+        "25",
         "--layers",
         "0,-1",
         "--setting",
@@ -169,9 +169,10 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     command = pd.read_parquet(tmp_path / "patching.parquet")
     assert sorted(set(command["layer"])) == [0, model.n_layers - 1]
     _, options, own = cli.study_command("patch", STUDY).parse(
-        ["--events", "1", "--setting", "P0S1T0"], "probekit patch intergroup"
+        ["--limit", "25", "--setting", "P0S1T0"], "probekit patch intergroup"
     )
-    probe, items = STUDY.mechanism_items(own, Context("patch", options.seed))
+    context = Context("patch", options.seed, limit=options.limit)
+    probe, items = STUDY.mechanism_items(own, context)
     encoded = [model.encode(item) for item in items]
     drawn = set(command["set"])
     found = interaction_sets(STUDY.mechanism_defaults().effect, probe, encoded)

@@ -390,7 +390,7 @@ def test_a_renamed_option_names_its_new_spelling(argv, new, capsys):
 
 def test_tolerance_help_lists_every_precision_tier(capsys):
     """`--tolerance` lists the tiers that exist (the float16 and +head tiers too), in order."""
-    from probekit.engines.hf.arithmetic import TIERS
+    from probekit.engines.hf.precision import TIERS
 
     text = _option_help(["score"], "--tolerance T", capsys)
     assert ", ".join(TIERS) in text

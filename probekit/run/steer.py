@@ -137,6 +137,7 @@ def steer_study(
     alphas: Sequence[float] = (-4.0, -2.0, 0.0, 2.0, 4.0),
     positions: str = "from_span",
     span: str | None = None,
+    controls: int = 3,
     vector: str = "mean_diff",
     **options: Any,
 ) -> StudySteer:
