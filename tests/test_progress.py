@@ -98,7 +98,7 @@ def test_the_run_loop_says_its_estimate_and_progress_in_a_log(tmp_path, capsys):
     # Before the first batch: the prompts and the time, at the pace of a sample (no earlier run
     # of this model here); then the estimate at the pace of the first batch, then the progress.
     assert lines[0].startswith(f"groups: 60 prompts to score into {out}, about ")
-    assert "on this device (at " in lines[0] and "measured on a sample of 4 prompts" in lines[0]
+    assert "on this device (at " in lines[0] and "measured on 4 prompts after a warm-up" in lines[0]
     assert lines[0].endswith("; a smaller run: --limit N)")
     assert lines[1].startswith("groups: 60 prompts to go; the first 4 took ")
     assert lines[1].endswith("on this device (a smaller run: --limit N)")
@@ -242,7 +242,27 @@ def test_a_study_of_several_probes_says_the_whole_run_first(tmp_path, capsys):
     run_study(TwoProbes(), CountingEngine(), out=tmp_path, days=3)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("minimal: 10 prompts in 2 runs, about ")
-    assert "on this device (at the pace measured on a sample of " in lines[0]
+    assert "on this device (at the pace measured on " in lines[0]
     assert lines[0].endswith(f"model fake -> {tmp_path}")
     assert lines[1].startswith(f"minimal: 4 prompts to score into {tmp_path / 'two-days'}, about ")
-    assert "measured on a sample of" in lines[1]  # the sample kept for the probe's own line
+    assert "after a warm-up" in lines[1]  # the sample kept for the probe's own line
+
+
+def test_the_first_estimate_leaves_the_warm_up_out_and_holds_within_twice_the_real_time():
+    """On a fake clock: a first call that pays 20 s of warm-up, then 0.05 s a prompt (a busy
+    machine's pace). The estimate for 10,000 prompts, measured on one batch of 16, lies within
+    2x of the real time (a pace from the first prompt alone would say 56 h for 8 min)."""
+    from probekit.run.scoring import sample_pace
+
+    now, calls = [0.0], []
+
+    def score(batch):
+        now[0] += (20.0 if not calls else 0.0) + 0.05 * len(batch)
+        calls.append(len(batch))
+        yield from ()
+
+    pace = sample_pace(score, [(i, None) for i in range(16)], clock=lambda: now[0])
+    real = 20.0 + 0.05 * 10_000
+    assert calls == [1, 16]  # the warm-up on one prompt, then the batch timed
+    assert real / 2 <= pace.seconds(10_000) <= 2 * real
+    assert pace.source == "measured on 16 prompts after a warm-up"

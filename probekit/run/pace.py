@@ -37,8 +37,8 @@ def record_path() -> Path:
 @dataclass(frozen=True)
 class Pace:
     """Prompts scored a second, and where that figure comes from (a phrase: "measured by the last
-    run of this model on this machine (432 prompts, 2026-11-28)", "measured on a sample of 4
-    prompts")."""
+    run of this model on this machine (432 prompts, 2026-11-28)", "measured on 16 prompts after
+    a warm-up")."""
 
     per_second: float
     source: str

@@ -33,8 +33,9 @@ EXPLAIN = VIEWS[2]
 CHUNK_BATCHES = 2
 """Scorer batches per chunk (a part): a kill loses at most one finished batch besides the one in
 flight."""
-SAMPLE_SECONDS = 1.0
-"""A pace sample's batches double until one takes this long (or is a whole batch)."""
+SAMPLE_PROMPTS = 16
+"""A pace sample's prompts where the scorer sizes its batches itself: enough to fill a batch of
+the small models' plans on a CPU."""
 Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
 
 
@@ -116,24 +117,25 @@ class LocalScoring(Scoring):
         return found
 
 
-def sample_pace(score: Callable[[Chunk], Iterator[pd.DataFrame]], prompts: Chunk) -> Pace:
-    """The pace of `score` on batches of 1, 2, 4, ... of `prompts` (their rows not kept: which
-    prompts share a batch decides the last digits of every number), up to all of them or until
-    a batch takes `SAMPLE_SECONDS`: the pace of the last batch, the earlier ones having warmed
-    the device up."""
+def sample_pace(
+    score: Callable[[Chunk], Iterator[pd.DataFrame]],
+    prompts: Chunk,
+    clock: Callable[[], float] = time.monotonic,
+) -> Pace:
+    """The pace of `score` on a batch of `prompts` (a whole batch of the run's), timed after a
+    warm-up call on the first prompt: the first call pays for loading kernels and filling caches,
+    which a pace from it alone multiplies by the run's length. The rows are not kept (which
+    prompts share a batch decides the last digits of every number)."""
     if not prompts:
         raise ProbekitError("a pace sample needs at least one prompt")
-    size = 1
-    while True:
-        batch = prompts[:size]
-        started = time.monotonic()
-        for _ in score(batch):
-            pass
-        seconds = max(time.monotonic() - started, 1e-6)
-        if seconds >= SAMPLE_SECONDS or size >= len(prompts):
-            unit = "prompt" if len(batch) == 1 else "prompts"
-            return Pace(len(batch) / seconds, f"measured on a sample of {len(batch)} {unit}")
-        size *= 2
+    for _ in score(prompts[:1]):  # the warm-up, not timed
+        pass
+    started = clock()
+    for _ in score(prompts):
+        pass
+    seconds = max(clock() - started, 1e-6)
+    unit = "prompt" if len(prompts) == 1 else "prompts"
+    return Pace(len(prompts) / seconds, f"measured on {len(prompts)} {unit} after a warm-up")
 
 
 def run_chunk(chunk: Chunk, probe: Probe, model: Engine, scorer: Scorer, view: str, bar: Any):
@@ -202,7 +204,8 @@ def forecast_runs(
             scoring = LocalScoring(
                 probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
             )
-            first = list(islice(enumerate(probe.items()), max(1, scoring.batch_size or 1)))
+            size = scoring.batch_size or SAMPLE_PROMPTS
+            first = list(islice(enumerate(probe.items()), max(1, size)))
             paces[probe.answers] = scoring.expected_pace(first)
         prompts += count
         seconds += paces[probe.answers].seconds(count)
