@@ -20,7 +20,6 @@ tensor added, and the gradient with respect to that zero is the gradient at the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,6 +38,7 @@ from probekit.mechanism.components import (
     Job,
     Patch,
     check,
+    exact_effect,
     from_row,
     key_columns,
     make_job,
@@ -46,12 +46,15 @@ from probekit.mechanism.components import (
     row,
     table,
 )
+from probekit.mechanism.interventions import bridge_hooks
 from probekit.mechanism.pairs import PairSet, as_sets
 from probekit.mechanism.patching import sweep
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import bridged, hf_module, hook_order
 
 METHODS = ("exact", "attribution", "attribution+verify")
+Found = dict[str, tuple[dict[str, torch.Tensor], dict[int, int]]]
+"""Per prompt id: {hook: values [positions, ...]} and each position's row in them."""
 
 
 def linear_weights(readout: Readout, scorer: HookedScorer, item: Item) -> np.ndarray:
@@ -64,10 +67,9 @@ def linear_weights(readout: Readout, scorer: HookedScorer, item: Item) -> np.nda
 
     def at(probs: np.ndarray) -> float:
         expected = float(probs @ values) if values is not None else None
-        result = ScoreResult(probs, 1.0, 0.0, None, None, expected=expected)
-        return readout(result, item)
+        return readout(ScoreResult(probs, 1.0, 0.0, None, None, expected=expected), item)
 
-    weights = np.array([at(np.eye(len(answers))[a]) for a in range(len(answers))])
+    weights = np.array([at(point) for point in np.eye(len(answers))])
     mix = np.random.default_rng(0).dirichlet(np.ones(len(answers)))
     if not np.isclose(at(mix), mix @ weights, rtol=1e-9, atol=1e-9):
         raise ProbekitError(
@@ -108,42 +110,26 @@ def attribute(
         want.setdefault(clean.id, (clean, set()))[1].update(job.clean_positions)
         want.setdefault(corrupt.id, (corrupt, set()))[1].update(job.corrupt_positions)
     corrupt_ids = {corrupt.id for _, corrupt in pairs}
-    clean_only = [key for key in want if key not in corrupt_ids]
-    value, acts, grads = {}, {}, {}
-    bar = progress(len(want), "prompt", "attribution")
-    for keys, grad in ((clean_only, False), (list(corrupt_ids & want.keys()), True)):
-        for start in range(0, len(keys), size):
-            chunk = [want[key] for key in keys[start : start + size]]
-            v, a, g = _pass(scorer, chunk, hooks, readout, grad)
-            value.update(v)
-            acts.update(a)
-            grads.update(g)
-            bar.update(len(chunk))
-    bar.close()
+    value: dict[str, float] = {}
+    acts: Found = {}
+    grads: Found = {}
+    with progress(len(want), "prompt", "attribution") as bar:
+        for grad in (False, True):  # the clean prompts alone, then the corrupt ones' gradients
+            keys = [key for key in want if (key in corrupt_ids) == grad]
+            for start in range(0, len(keys), size):
+                chunk = [want[key] for key in keys[start : start + size]]
+                _pass(scorer, chunk, hooks, readout, value, acts, grads if grad else None)
+                bar.update(len(chunk))
     keys = key_columns(pairs)
     rows = []
     for job in jobs:
         clean, corrupt = pairs[job.pair]
         noop = job.status == NOT_RUN
         estimate = 0.0 if noop else _estimate(job, acts, grads, clean.id, corrupt.id)
-        m_clean, m_corrupt = value[clean.id], value[corrupt.id]
-        rows.append(
-            row(
-                pairs[job.pair],
-                keys,
-                job,
-                readout,
-                m_clean,
-                m_corrupt,
-                np.nan,
-                about[job.pair],
-                method="attribution",
-                estimate=estimate,
-            )
-        )
-    df = table(rows)
-    df["recovery"] = np.nan
-    return df
+        found = (value[clean.id], value[corrupt.id], np.nan)
+        rows.append(row(pairs[job.pair], keys, job, readout, *found, about[job.pair]))
+        rows[-1] |= {"method": "attribution", "estimate": estimate}
+    return table(rows)
 
 
 def check_gradients(scorer: HookedScorer) -> None:
@@ -163,69 +149,59 @@ def _pass(
     prompts: list[tuple[EncodedItem, set[int]]],
     hooks: list[str],
     readout: Readout,
-    grad: bool,
-) -> tuple[dict[str, float], dict[str, dict], dict[str, dict]]:
-    """Readout of each prompt; its activations at `hooks` on the wanted positions; with `grad`,
-    the readout's gradient there. Per prompt id: {hook: (values [k, ...], position -> row)}."""
+    value: dict[str, float],
+    acts: Found,
+    grads: Found | None,
+) -> None:
+    """Into `value`, the readout of each prompt; into `acts`, its activations at `hooks` on the
+    wanted positions; into `grads` (unless None), the readout's gradient there. The gradient at
+    a location is the gradient at a zero added there (`interventions.bridge_hooks`)."""
     batch = [p.input_ids for p, _ in prompts]
-    width = max(len(ids) for ids in batch)
-    locs = [(at, p) for at, (_, ps) in enumerate(prompts) for p in sorted(ps)]
-    rows = torch.tensor([r for r, _ in locs], dtype=torch.long)
-    cols = torch.tensor([width - len(batch[r]) + p for r, p in locs], dtype=torch.long)
-    seen: dict[str, torch.Tensor] = {}
+    ordered = [sorted(ps) for _, ps in prompts]
+    locs = [(at, p) for at, ps in enumerate(ordered) for p in ps]
     zeros: dict[str, torch.Tensor] = {}
 
-    def hook_fn(name: str) -> Callable:
-        def fn(value: Any, hook: Any) -> Any:
-            tensor = value[0] if isinstance(value, tuple) else value
-            seen[name] = tensor[rows.to(tensor.device), cols.to(tensor.device)].detach().cpu()
-            if not grad:
-                return None
-            zeros[name] = torch.zeros_like(tensor, requires_grad=True)
-            tensor = tensor + zeros[name]
-            return (tensor, *value[1:]) if isinstance(value, tuple) else tensor
+    def add_zero(hook: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        def fn(old: torch.Tensor) -> torch.Tensor:
+            zeros[hook] = torch.zeros_like(old, requires_grad=True)
+            return old + zeros[hook]
 
         return fn
 
-    weights = torch.tensor(
-        np.stack([linear_weights(readout, scorer, p.item) for p, _ in prompts]),
-        device=scorer.model.device,
-    )
+    edits = {hook: (locs, add_zero(hook)) for hook in hooks} if grads is not None else {}
+    fwd, read = bridge_hooks(scorer.model, batch, {hook: locs for hook in hooks}, edits)
+    weights = [linear_weights(readout, scorer, p.item) for p, _ in prompts]
+    weights = torch.tensor(np.stack(weights), device=scorer.model.device)
     with bridged(scorer.model) as bridge:  # the backward recomputes the head: bridge installed
-        with torch.set_grad_enabled(grad), bridge.hooks(fwd_hooks=[(h, hook_fn(h)) for h in hooks]):
+        with torch.set_grad_enabled(grads is not None), bridge.hooks(fwd_hooks=fwd):
             mass = scorer.answer_mass(batch)
             values = (mass / mass.sum(-1, keepdim=True) * weights).sum(-1)
-        missing = [h for h in hooks if h not in seen]
-        if missing:
-            raise ProbekitError(f"the bridge did not reach {', '.join(missing)}; no gradient there")
-        found: dict[str, torch.Tensor] = {}
-        if grad:
+        seen = read()
+        got = []
+        if grads is not None:
             got = torch.autograd.grad(values.sum(), [zeros[h] for h in hooks], allow_unused=True)
-            for hook, g in zip(hooks, got, strict=True):
-                if g is None:
-                    raise ProbekitError(
-                        f"the readout has no gradient at {hook}; use {given('method', 'exact')}"
-                    )
-                found[hook] = g[rows.to(g.device), cols.to(g.device)].cpu()
-    acts, grads, at = {}, {}, 0
-    for prompt, ps in prompts:
-        index = {p: at + i for i, p in enumerate(sorted(ps))}
-        acts[prompt.id] = ({h: seen[h] for h in hooks}, index)
-        if grad:
-            grads[prompt.id] = ({h: found[h] for h in hooks}, index)
+    for hook, g in zip(hooks, got, strict=False):
+        if g is None:
+            raise ProbekitError(
+                f"the readout has no gradient at {hook}; use {given('method', 'exact')}"
+            )
+    at = 0
+    for (prompt, _), ps, v in zip(prompts, ordered, values.detach().cpu(), strict=True):
+        index = {p: at + i for i, p in enumerate(ps)}
+        value[prompt.id], acts[prompt.id] = float(v), (seen, index)
+        if grads is not None:
+            grads[prompt.id] = ({h: g.cpu() for h, g in zip(hooks, got, strict=True)}, index)
         at += len(ps)
-    value = {p.id: float(v) for (p, _), v in zip(prompts, values.detach().cpu(), strict=True)}
-    return value, acts, grads
 
 
-def _estimate(job: Job, acts: dict, grads: dict, clean_id: str, corrupt_id: str) -> float:
+def _estimate(job: Job, acts: Found, grads: Found, clean_id: str, corrupt_id: str) -> float:
     """(a_clean - a_corrupt) . grad at the job's aligned positions (its head only, if any)."""
     hook = job.patch.hook
     (clean, c_at), (corrupt, k_at) = acts[clean_id], acts[corrupt_id]
-    grad, _ = grads[corrupt_id]
     c_rows = [c_at[p] for p in job.clean_positions]
     k_rows = [k_at[p] for p in job.corrupt_positions]
-    term = (clean[hook][c_rows].double() - corrupt[hook][k_rows].double()) * grad[hook][k_rows]
+    grad = grads[corrupt_id][0][hook][k_rows]
+    term = (clean[hook][c_rows].double() - corrupt[hook][k_rows].double()) * grad
     if job.patch.head is not None:
         term = term[:, job.patch.head]
     return float(term.sum())
@@ -235,15 +211,10 @@ def _estimate(job: Job, acts: dict, grads: dict, clean_id: str, corrupt_id: str)
 def effects(df: pd.DataFrame) -> pd.DataFrame:
     """Per component (layer, site, head, span): the mean over pairs of the estimate and of the
     exact effect (m_patched - m_corrupt, where measured), and the pairs counted."""
-    m = df["readout"].iloc[0]
-    column = next(c for c in df.columns if c.endswith("_patched"))
-    base = column.removesuffix("_patched")
-    exact = (df[column] - df[f"{base}_corrupt"]).where(df["ran"] | (df["method"] == "exact"))
-    frame = df[COMPONENT].assign(estimate=df["estimate"], exact=exact)
+    frame = df[COMPONENT].assign(estimate=df["estimate"], exact=exact_effect(df))
     out = frame.groupby(COMPONENT, sort=False, dropna=False).agg(
         estimate=("estimate", "mean"), exact=("exact", "mean"), pairs=("estimate", "size")
     )
-    out.attrs["readout"] = m
     return out.reset_index()
 
 
@@ -277,17 +248,14 @@ def verify(
     )
     m = readout.column
     join = ["clean_prompt_id", "corrupt_prompt_id", *COMPONENT]
-    merged = estimated.drop(columns=[f"{m}_patched", "recovery", "ran"]).merge(
-        exact[[*join, f"{m}_clean", f"{m}_corrupt", f"{m}_patched", "recovery", "ran"]],
-        on=join,
-        how="left",
-        suffixes=("", "_exact"),
+    measured = [f"{m}_clean", f"{m}_corrupt", f"{m}_patched", "recovery", "ran"]
+    merged = estimated.drop(columns=measured[2:]).merge(
+        exact[[*join, *measured]], on=join, how="left", suffixes=("", "_exact")
     )
     hit = merged["ran"].notna()  # the verified components' rows
     # exact baselines replace the differentiable pass's (equal to ~1e-5) where verified
     for side in ("clean", "corrupt"):
-        merged[f"{m}_{side}"] = merged[f"{m}_{side}_exact"].where(hit, merged[f"{m}_{side}"])
-        merged = merged.drop(columns=f"{m}_{side}_exact")
+        merged[f"{m}_{side}"] = merged.pop(f"{m}_{side}_exact").where(hit, merged[f"{m}_{side}"])
     merged["ran"] = merged["ran"].fillna(False).astype(bool)
     merged["method"] = "attribution+verify"
     return merged[estimated.columns]

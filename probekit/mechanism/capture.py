@@ -27,9 +27,9 @@ installs it for the read only (`model.bridged()`; see `probekit.engines.hf.model
 
 from __future__ import annotations
 
-import functools
+import itertools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,16 +44,20 @@ from probekit.core.io import atomic_write
 from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.progress import progress
 from probekit.core.public import public
-from probekit.core.rundir import (
-    RESULTS_FORMAT,
-    RowKey,
-    RunDir,
-    device_kind,
-)
+from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
 from probekit.core.store import Damaged, read_table, take_rows, write_rows
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.options import HookOptions
-from probekit.mechanism.sites import DEFAULT_SITES, SITES, d_model, layer_indices, library, site
+from probekit.mechanism.pairs import positions_of
+from probekit.mechanism.sites import (
+    DEFAULT_SITES,
+    SITES,
+    d_model,
+    layer_indices,
+    library,
+    parse_hook,
+    site,
+)
 
 STORAGE_DTYPE = torch.float16
 """The dtype shards store activations in unless `capture(storage_dtype=...)` says otherwise."""
@@ -61,7 +65,6 @@ STORAGE_DTYPE = torch.float16
 Key = tuple[int, str]  # (layer, short site name)
 Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
 Gathered = tuple[list[Row], dict[Key, torch.Tensor]]  # a batch's rows and values (`gather`)
-Span = tuple[EncodedItem, str, list[int], int]  # (prompt, span name, positions, first row)
 
 
 @dataclass(frozen=True, repr=False)
@@ -116,45 +119,50 @@ def gather(
     """
     layers, shorts = check_request(model, layers, sites, hooks)
     rows: list[Row] = []
-    locs = []
     for b, prompt in enumerate(prompts):
         names = prompt.positions if spans is None else spans
-        for name in names:
-            if name not in prompt.positions:
-                raise ProbekitError(
-                    f"unknown span {name!r}: the prompts have {', '.join(prompt.positions)}"
-                )
-            at = prompt.positions[name]
-            rows.append((b, name, at))
-            locs += [(b, p) for p in at]
-    keys = [(layer, short) for layer in layers for short in shorts]
-    hook = {key: site(key[1]).hook(key[0]) for key in keys}
+        rows += [(b, name, positions_of(prompt, name)) for name in names]
+    locs = [(b, p) for b, _, at in rows for p in at]
+    hook = {(layer, short): site(short).hook(layer) for layer in layers for short in shorts}
     values = read_forward(
-        model, [p.input_ids for p in prompts], {hook[key]: locs for key in keys}, hooks
+        model, [p.input_ids for p in prompts], dict.fromkeys(hook.values(), locs), hooks
     )
-    return rows, {key: values[hook[key]].float() for key in keys}
+    return rows, {key: values[name].float() for key, name in hook.items()}
 
 
 def read_spans(
-    items: Sequence[EncodedItem], batch_size: int, read: Callable[[list[EncodedItem]], Gathered]
-) -> tuple[list[Span], dict[Key, list[torch.Tensor]]]:
-    """`read` (a `gather` of the sites wanted) over `items` a batch at a time, with the progress
-    of the prompts (`probekit.core.progress`): every span read, in order, with its first row in
-    the values, and each (layer, site)'s values, a tensor a batch."""
-    spans: list[Span] = []
+    model: Any,
+    items: Sequence[EncodedItem],
+    layers: Sequence[int],
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    hooks: str,
+    batch_size: int,
+) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """`gather` over `items` a batch at a time, with the progress of the prompts
+    (`probekit.core.progress`): a record per (prompt, span) in order (`Activations.index`'s
+    columns), and each hook's values."""
+    records: list[dict[str, Any]] = []
     values: dict[Key, list[torch.Tensor]] = {}
-    start = 0
     with progress(len(items), "prompt", "capture") as bar:
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
-            rows, acts = read(batch)
+            rows, acts = gather(model, batch, layers, sites, spans, hooks)
             for key, tensor in acts.items():
                 values.setdefault(key, []).append(tensor)
             for b, span, at in rows:
-                spans.append((batch[b], span, at, start))
-                start += len(at)
+                start = records[-1]["row_stop"] if records else 0
+                item = batch[b]
+                records.append(
+                    {**item.item.key, PROMPT_ID: item.id, "span": span, "positions": at}
+                    | {
+                        "n_tokens": len(item.input_ids),
+                        "row_start": start,
+                        "row_stop": start + len(at),
+                    }
+                )
             bar.update(len(batch))
-    return spans, values
+    return records, {site(short).hook(layer): torch.cat(v) for (layer, short), v in values.items()}
 
 
 @public(HookOptions, command="capture", skip=("layers",))
@@ -182,33 +190,24 @@ def capture(
         raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
     out = Path(out_dir)
     storage = str(storage_dtype).removeprefix("torch.")
-    manifest = capture_manifest(model, layers, shorts, spans, hooks, storage)
-    config = open_capture(out, manifest)
+    config = open_capture(out, capture_manifest(model, layers, shorts, spans, hooks, storage))
     seen = scan_capture(out, config)
-    shard_no = _next_shard(out)
-    captured = skipped = 0
+    numbers = [int(p.stem.split("-")[1]) for p in (out / "index").glob("shard-*.parquet")]
     written: list[Path] = []
     pending: list[EncodedItem] = []
-
-    def flush() -> None:
-        nonlocal shard_no, captured
-        written.append(
-            _write_shard(model, pending, out, shard_no, config, hooks, batch_size, storage_dtype)
-        )
-        captured += len(pending)
-        shard_no += 1
-        pending.clear()
-
-    for item in items:
-        if item.id in seen:
-            skipped += 1
-            continue
-        seen.add(item.id)
-        pending.append(item)
-        if len(pending) >= prompts_per_shard:
-            flush()
-    if pending:
-        flush()
+    captured = skipped = 0
+    for item in itertools.chain(items, [None]):  # None: the end, where the last shard is written
+        if item is not None:
+            if item.id in seen:
+                skipped += 1
+                continue
+            seen.add(item.id)
+            pending.append(item)
+        if pending and (item is None or len(pending) >= prompts_per_shard):
+            number = max(numbers, default=-1) + 1 + len(written)
+            shard = (number, config, hooks, batch_size, storage_dtype)
+            written.append(_write_shard(model, pending, out, *shard))
+            captured, pending = captured + len(pending), []
     return CaptureResult(out, captured, skipped, written)
 
 
@@ -259,10 +258,7 @@ def collect(
 ) -> Activations:
     """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
     layers, shorts = check_request(model, layers, sites, hooks)
-    read = functools.partial(gather, model, layers=layers, sites=shorts, spans=spans, hooks=hooks)
-    found, parts = read_spans(items, batch_size, read)
-    records = [_record(*span) for span in found]
-    tensors = {site(short).hook(layer): torch.cat(v) for (layer, short), v in parts.items()}
+    records, tensors = read_spans(model, items, layers, shorts, spans, hooks, batch_size)
     return Activations(pd.DataFrame(records), tensors)
 
 
@@ -274,35 +270,20 @@ def read_activations(out_dir: str | Path) -> Activations:
     index = read_index(out)
     if index.empty:
         raise ProbekitError(f"nothing captured in {out}")
-    records: list[dict[str, Any]] = []
-    parts: dict[str, list[torch.Tensor]] = {}
-    start = 0
+    records, parts, start = [], {}, 0
     for shard, rows in index.groupby("shard", sort=True):
         with safe_open(out / shard, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
                 parts.setdefault(name, []).append(f.get_tensor(name))
         first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
-        for record in first.to_dict("records"):
-            keep = {k: v for k, v in record.items() if k not in ("layer", "site", "shard")}
-            keep["positions"] = [int(p) for p in keep["positions"]]
-            records.append(
-                keep
-                | {"row_start": start + record["row_start"], "row_stop": start + record["row_stop"]}
-            )
+        first = first.drop(columns=["layer", "site", "shard"])
+        records.append(
+            first.assign(row_start=first["row_start"] + start, row_stop=first["row_stop"] + start)
+        )
         start += int(first["row_stop"].max())
-    return Activations(pd.DataFrame(records), {k: torch.cat(v) for k, v in parts.items()})
-
-
-def _record(item: EncodedItem, span: str, at: list[int], start: int) -> dict[str, Any]:
-    return {
-        **item.item.key,
-        PROMPT_ID: item.id,
-        "span": span,
-        "positions": at,
-        "n_tokens": len(item.input_ids),
-        "row_start": start,
-        "row_stop": start + len(at),
-    }
+    index = pd.concat(records, ignore_index=True)
+    index["positions"] = [[int(p) for p in at] for at in index["positions"]]
+    return Activations(index, {k: torch.cat(v) for k, v in parts.items()})
 
 
 def read_index(out_dir: str | Path) -> pd.DataFrame:
@@ -327,9 +308,8 @@ def load_activations(
 ) -> tuple[pd.DataFrame, list[torch.Tensor]]:
     """The index rows of one (layer, site, span) and, for each, its [positions, ...] tensor (the
     site by its TransformerLens name or short form)."""
-    out = Path(out_dir)
+    out, found = Path(out_dir), site(name)
     index = read_index(out)
-    found = site(name)
     rows = index[
         (index["layer"] == layer) & (index["site"] == found.name) & (index["span"] == span)
     ]
@@ -337,15 +317,12 @@ def load_activations(
         raise ProbekitError(
             f"nothing captured in {out} for layer {layer}, site {name}, span {span}"
         )
-    rows = rows.reset_index(drop=True)
     blocks: dict[str, torch.Tensor] = {}
-    tensors = []
-    for shard, a, b in zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True):
-        if shard not in blocks:
-            with safe_open(out / shard, framework="pt") as f:
-                blocks[shard] = f.get_tensor(found.hook(layer))
-        tensors.append(blocks[shard][a:b])
-    return rows, tensors
+    for shard in rows["shard"].unique():
+        with safe_open(out / shard, framework="pt") as f:
+            blocks[shard] = f.get_tensor(found.hook(layer))
+    spans = zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True)
+    return rows.reset_index(drop=True), [blocks[shard][a:b] for shard, a, b in spans]
 
 
 def capture_manifest(
@@ -362,9 +339,7 @@ def capture_manifest(
     described = model.describe() if model is not None else {}
     manifest = {
         "results_format": RESULTS_FORMAT,
-        "model": described.get("model"),
-        "weights": described.get("weights"),
-        "dtype": described.get("dtype"),
+        **{field: described.get(field) for field in ("model", "weights", "dtype")},
         "device": device_kind(described.get("device")),
         "d_model": d_model(model) if model is not None else None,
         "layers": None if layers is None else list(layers),
@@ -407,11 +382,6 @@ def scan_capture(out: Path, manifest: dict[str, Any]) -> set[str]:
     return seen
 
 
-def _next_shard(out: Path) -> int:
-    numbers = [int(p.stem.split("-")[1]) for p in (out / "index").glob("shard-*.parquet")]
-    return max(numbers, default=-1) + 1
-
-
 def _write_shard(
     model: Any,
     items: list[EncodedItem],
@@ -426,32 +396,18 @@ def _write_shard(
     name = f"shard-{number:05d}"
     shard = Path("shards") / f"{name}.safetensors"
     layers, sites, spans = config["layers"], config["sites"], config["spans"]
-    read = functools.partial(gather, model, layers=layers, sites=sites, spans=spans, hooks=hooks)
-    found, blocks = read_spans(items, batch_size, read)
+    read, tensors = read_spans(model, items, layers, sites, spans, hooks, batch_size)
+    where = {"shard": shard.as_posix()}
     records = [
-        {
-            **item.item.key,
-            PROMPT_ID: item.id,
-            "span": span,
-            "layer": layer,
-            "site": site(short).name,
-            "shard": shard.as_posix(),
-            "row_start": start,
-            "row_stop": start + len(at),
-            "positions": at,
-            "n_tokens": len(item.input_ids),
-        }
-        for item, span, at, start in found
-        for layer, short in blocks
+        {**record, "layer": layer, "site": hook_site.name} | where
+        for record in read
+        for layer, hook_site in map(parse_hook, tensors)
     ]
-    tensors = {
-        site(short).hook(layer): torch.cat(parts).to(storage_dtype)
-        for (layer, short), parts in blocks.items()
-    }
-    for key, tensor in tensors.items():
+    tensors = {hook: values.to(storage_dtype) for hook, values in tensors.items()}
+    for hook, tensor in tensors.items():
         if not torch.isfinite(tensor).all():
             raise ProbekitError(
-                f"activations at {key} overflow {config['storage_dtype']}; capture with "
+                f"activations at {hook} overflow {config['storage_dtype']}; capture with "
                 "storage_dtype=torch.bfloat16 or torch.float32"
             )
     atomic_write(

@@ -114,11 +114,9 @@ def check(model: Any, pairs: Sequence[Pair], patches: Sequence[Patch]) -> None:
                 f"(0 to {heads - 1})"
             )
     check_pairs(pairs, [patch.span for patch in patches])
-    for i, pair in enumerate(pairs):
-        for patch in patches:
-            make_job(
-                i, pair, patch
-            )  # refuses a whole span of unequal token counts off the residual stream
+    for i, pair in enumerate(pairs):  # refuses a whole span of unequal token counts off the
+        for patch in patches:  # residual stream
+            make_job(i, pair, patch)
 
 
 @dataclass(frozen=True)
@@ -217,17 +215,10 @@ def pair_columns(sets: list[PairSet]) -> tuple[list[Pair], list[dict[str, Any]]]
     set, the key column(s) it swaps, and the contrast the set reads."""
     pairs, about = [], []
     for found in sets:
+        swapped = {"swapped": found.swapped, "contrast": found.contrast}
         for pair, sign in zip(found.pairs, found.signs, strict=True):
             pairs.append(pair)
-            about.append(
-                {
-                    "unit": found.unit,
-                    "set": found.name,
-                    "sign": sign,
-                    "swapped": found.swapped,
-                    "contrast": found.contrast,
-                }
-            )
+            about.append({"unit": found.unit, "set": found.name, "sign": sign} | swapped)
     return pairs, about
 
 
@@ -250,11 +241,10 @@ def row(
     m_corrupt: float,
     m_patched: float,
     about: dict[str, Any],
-    method: str = "exact",
-    estimate: float = np.nan,
 ) -> dict[str, Any]:
     """One row of the patching table (columns: see `patching.sweep`; `about`, the pair's from
-    `pair_columns`); `ran` is False until the caller sets it."""
+    `pair_columns`) of exact patching (`method`, `estimate`: the caller's where it estimates);
+    `ran` is False until the caller sets it."""
     clean, corrupt = pair
     out: dict[str, Any] = {}
     for column, differs in keys.items():
@@ -287,8 +277,8 @@ def row(
         "recovery": (m_patched - m_corrupt) / gap if gap != 0 else np.nan,
         "ran": False,
         "readout": readout.spec,
-        "method": method,
-        "estimate": estimate,
+        "method": "exact",
+        "estimate": np.nan,
     }
 
 
@@ -297,6 +287,14 @@ def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["head"] = df["head"].astype("Int64")
     return df
+
+
+def exact_effect(df: pd.DataFrame) -> pd.Series:
+    """Each row's exact effect m_patched - m_corrupt where it was measured (ran, or exact
+    patching's row), else NaN."""
+    patched = next(c for c in df.columns if c.endswith("_patched") and c != "valid_mass_patched")
+    effect = df[patched] - df[patched.removesuffix("_patched") + "_corrupt"]
+    return effect.where(df["ran"] | (df["method"] == "exact"))
 
 
 def from_row(record: pd.Series) -> Patch:

@@ -28,6 +28,7 @@ the same prompts before and after.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,14 +41,15 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import PROMPT_ID, EncodedItem
 from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer
-from probekit.mechanism.interventions import score_with
+from probekit.mechanism.defaults import Statistic
+from probekit.mechanism.interventions import score_edited, score_with
+from probekit.mechanism.pairs import positions_of
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import site
 from probekit.stats import bootstrap_ci
 
 SITE = site("resid_post")  # the states are read and edited at blocks.{layer}.hook_resid_post
 VALUE = "value"  # the readout's column in `States.frame`
-Statistic = Callable[[pd.DataFrame, str], float]  # (frame, value column) -> e.g. Δ
 FOLDS = 5
 """The most folds of units a direction or vector is cross-fitted on (fewer units: one each)."""
 
@@ -101,40 +103,39 @@ def span_states(
     layers = list(range(scorer.model.n_layers)) if layers is None else list(layers)
     size = batch_size or scorer.batch_size
     rows, acts = [], []
-    bar = progress(len(prompts), "prompt", "directions")
-    for start in range(0, len(prompts), size):
-        chunk = prompts[start : start + size]
-        spans = [_span(p, span) for p in chunk]
-        locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
-        reads = {SITE.hook(layer): locs for layer in layers}
-        results, values = score_with(scorer, [p.input_ids for p in chunk], reads=reads)
-        stacked = torch.stack([values[hook] for hook in reads], dim=1).double()  # [locs, L, d]
-        at = 0
-        for prompt, positions, result in zip(chunk, spans, results, strict=True):
-            acts.append(stacked[at : at + len(positions)].mean(dim=0).numpy())
-            at += len(positions)
-            rows.append(
-                {
-                    PROMPT_ID: prompt.id,
-                    "unit": prompt.item.unit,
-                    **prompt.item.key,
-                    "contrast": contrast(prompt),
-                    VALUE: readout(result, prompt.item),
-                }
-            )
-        bar.update(len(chunk))
-    bar.close()
+    with progress(len(prompts), "prompt", "directions") as bar:
+        for start in range(0, len(prompts), size):
+            chunk = prompts[start : start + size]
+            spans = [positions_of(p, span) for p in chunk]
+            locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
+            reads = {SITE.hook(layer): locs for layer in layers}
+            results, values = score_with(scorer, [p.input_ids for p in chunk], reads=reads)
+            stacked = torch.stack([values[hook] for hook in reads], dim=1).double()  # [locs, L, d]
+            at = 0
+            for prompt, positions, result in zip(chunk, spans, results, strict=True):
+                acts.append(stacked[at : at + len(positions)].mean(dim=0).numpy())
+                at += len(positions)
+                rows.append(
+                    {PROMPT_ID: prompt.id, "unit": prompt.item.unit, **prompt.item.key}
+                    | {"contrast": contrast(prompt), VALUE: readout(result, prompt.item)}
+                )
+            bar.update(len(chunk))
     frame = pd.DataFrame(rows)
     frame["gap"] = _centred(frame[VALUE].to_numpy(), frame, centre)
     return States(frame, np.stack(acts), layers, span)
 
 
-def diff_of_means(acts: np.ndarray, contrast: np.ndarray) -> np.ndarray:
-    """Unit vector along mean(contrast) - mean(not contrast) of `acts[prompt, d]`."""
-    contrast = np.asarray(contrast, dtype=bool)
-    if contrast.all() or not contrast.any():
+def mean_difference(acts: np.ndarray, contrast: Sequence[bool]) -> np.ndarray:
+    """mean(prompts where `contrast`) - mean(the others) of `acts[prompt, d]`."""
+    side = np.asarray(contrast, dtype=bool)
+    if side.all() or not side.any():
         raise ProbekitError("a difference of means needs prompts on both sides of the contrast")
-    direction = acts[contrast].mean(axis=0) - acts[~contrast].mean(axis=0)
+    return acts[side].mean(axis=0) - acts[~side].mean(axis=0)
+
+
+def diff_of_means(acts: np.ndarray, contrast: Sequence[bool]) -> np.ndarray:
+    """`mean_difference` as a unit vector."""
+    direction = mean_difference(acts, contrast)
     norm = np.linalg.norm(direction)
     return direction / norm if norm > 0 else direction
 
@@ -143,8 +144,7 @@ def projection_fit(states: States, units: Sequence[str], centre: Sequence[str]) 
     """Per layer: Pearson r between each prompt's centred projection and its gap.
 
     `units[i]` is prompt i's unit (event, question): the leave-one-unit-out folds."""
-    frame = states.frame
-    units = np.asarray(units)
+    frame, units = states.frame, np.asarray(units)
     folds = pd.unique(units)
     contrast = frame["contrast"].to_numpy()
     rows = []
@@ -178,16 +178,9 @@ def project_out(
     def remove(x: torch.Tensor) -> torch.Tensor:
         return x - (x @ unit)[:, None] * unit
 
-    size = batch_size or scorer.batch_size
-    out = []
-    for start in range(0, len(prompts), size):
-        chunk = prompts[start : start + size]
-        locs = [(row, pos) for row, p in enumerate(chunk) for pos in _span(p, span)]
-        results, _ = score_with(
-            scorer, [p.input_ids for p in chunk], edits={SITE.hook(layer): (locs, remove)}
-        )
-        out += [readout(r, p.item) for r, p in zip(results, chunk, strict=True)]
-    return out
+    where = functools.partial(positions_of, span=span)
+    results = score_edited(scorer, prompts, SITE.hook(layer), where, remove, batch_size=batch_size)
+    return [readout(r, p.item) for r, p in zip(results, prompts, strict=True)]
 
 
 def causal_check(
@@ -207,58 +200,47 @@ def causal_check(
     frame = states.frame.copy()
     units = list(frame["unit"])
     fold = unit_folds(units, seed)
-    folds = int(fold.max()) + 1
-    rng = np.random.default_rng(seed)
-    contrast = frame["contrast"].to_numpy()
-    randoms = rng.standard_normal((controls, states.acts.shape[-1]))
+    contrast, gap = frame["contrast"].to_numpy(), frame["gap"].to_numpy()
+    randoms = np.random.default_rng(seed).standard_normal((controls, states.acts.shape[-1]))
     columns = ["ablated", *(f"random{c + 1}" for c in range(controls))]
     ablated = np.full((len(columns), len(frame)), np.nan)
     layers: dict[str, int] = {}
-    for k in range(folds):
+    for k in range(int(fold.max()) + 1):
         held, train = fold == k, fold != k
-        fits = [
-            _pearson(
-                _centred(
-                    acts[train] @ diff_of_means(acts[train], contrast[train]), frame[train], centre
-                ),
-                frame["gap"].to_numpy()[train],
-            )
-            for acts in np.moveaxis(states.acts, 1, 0)
-        ]
+        fits = []
+        for acts in np.moveaxis(states.acts[train], 1, 0):  # each layer's, in-sample on train
+            projection = acts @ diff_of_means(acts, contrast[train])
+            fits.append(_pearson(_centred(projection, frame[train], centre), gap[train]))
         if np.isnan(fits).all():
             raise ProbekitError("no layer has a defined correlation; the causal check has no layer")
         at = int(np.nanargmax(fits))
-        layer = states.layers[at]
         direction = diff_of_means(states.acts[train, at], contrast[train])
         chosen = [prompts[i] for i in np.flatnonzero(held)]
         for row, vector in enumerate([direction, *randoms]):
             ablated[row, held] = project_out(
-                scorer, chosen, states.span, layer, vector, readout, batch_size
+                scorer, chosen, states.span, states.layers[at], vector, readout, batch_size
             )
-        layers |= {u: layer for u, f in zip(units, fold, strict=True) if f == k}
+        layers |= {u: states.layers[at] for u, f in zip(units, fold, strict=True) if f == k}
     frame = frame.assign(**dict(zip(columns, ablated, strict=True)))
     found = {
         c: bootstrap_ci(frame, "unit", lambda d, c=c: statistic(d, c), n=n, seed=seed)
         for c in [VALUE, *columns]
     }
     base = found[VALUE]
-
-    def share(column: str) -> tuple[float, np.ndarray]:
-        whole = (base.estimate - found[column].estimate) / base.estimate
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return whole, (base.resampled - found[column].resampled) / base.resampled
-
-    shrink, drawn = share("ablated")
-    controlled = [share(c) for c in columns[1:]]
-    random_drawn = np.mean([d for _, d in controlled], axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shares = {c: ((base.estimate - found[c].estimate) / base.estimate) for c in columns}
+        drawn = {c: (base.resampled - found[c].resampled) / base.resampled for c in columns}
+    controlled = columns[1:]
     return CausalCheck(
         layers,
-        folds,
+        int(fold.max()) + 1,
         _interval(base.estimate, base.resampled),
         _interval(found["ablated"].estimate, found["ablated"].resampled),
-        _interval(shrink, drawn),
-        [found[c].estimate for c in columns[1:]],
-        _interval(float(np.mean([w for w, _ in controlled])), random_drawn),
+        _interval(shares["ablated"], drawn["ablated"]),
+        [found[c].estimate for c in controlled],
+        _interval(
+            np.mean([shares[c] for c in controlled]), np.mean([drawn[c] for c in controlled], 0)
+        ),
     )
 
 
@@ -281,14 +263,6 @@ def _interval(value: float, resampled: np.ndarray) -> tuple[float, float, float]
     """A value and the 2.5-97.5 percentiles of its resampled values (NaN-aware)."""
     low, high = np.nanpercentile(resampled, [2.5, 97.5])
     return float(value), float(low), float(high)
-
-
-def _span(prompt: EncodedItem, span: str) -> list[int]:
-    if span not in prompt.positions:
-        raise ProbekitError(
-            f"unknown span {span!r}: the prompts have {', '.join(prompt.positions)}"
-        )
-    return prompt.positions[span]
 
 
 def _centred(values: np.ndarray, frame: pd.DataFrame, centre: Sequence[str]) -> np.ndarray:

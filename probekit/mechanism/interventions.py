@@ -12,9 +12,11 @@ values asked for are read first, then edited.
 prompt pass, answer positions in each forward of its trie pass (a node the pass prunes is not
 fed: a read there is NaN, a write does nothing). An edit of prompt positions alone reaches the
 answer only through the KV cache. This is the one intervention layer of the mechanism:
-patching writes the clean run's values, steering adds a vector, directions project one out.
-`read_forward` reads prompt positions in a plain forward that stops after the last layer read
-(for capture).
+patching writes the clean run's values, steering adds a vector, directions project one out
+(`score_edited`: one edit at each prompt's positions, batch by batch). `read_forward` reads
+prompt positions in a plain forward that stops after the last layer read (for capture);
+`bridge_hooks` gives the same hooks for any other forward on the bridge (attribution's
+differentiable pass).
 
 `transformer_lens`: hooks of the model's TransformerBridge, which fire inside `model.hf`'s
 forward while the bridge's blocks are installed in place, for the call only
@@ -76,16 +78,16 @@ class LocationValues:
     keeping theirs; a NaN value, e.g. read at an answer node the clean run pruned, keeps the
     old value). Called on the locations written now (`at`: their indices in the edit's list)."""
 
-    def __init__(self, values: torch.Tensor, heads: Sequence[int | None] | None = None) -> None:
+    def __init__(self, values: torch.Tensor, heads: Sequence[int | None] = ()) -> None:
         self.values = values
         self.own = None
-        if heads is not None and any(head is not None for head in heads):
+        if any(head is not None for head in heads):
             self.own = torch.zeros(values.shape[:2], dtype=torch.bool)
             for i, head in enumerate(heads):
                 self.own[i, slice(None) if head is None else head] = True
 
-    def __call__(self, old: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
-        at = torch.arange(len(self.values)) if at is None else at.cpu()
+    def __call__(self, old: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        at = at.cpu()
         new = self.values[at].to(old.device, old.dtype)
         keep = torch.isnan(new)
         if self.own is not None:
@@ -105,60 +107,79 @@ def score_with(
     edits: dict[str, Edit] | None = None,
     hooks: str = "transformer_lens",
     remote: bool = False,
-    answer_edits: dict[str, EditFn] | None = None,
 ) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """Score one batch with the engine while reading and editing activations at prompt and
     answer positions.
 
     `reads[hook]` lists the locations whose values come back as one [locs, ...] CPU tensor per
     hook (in the model's dtype; NaN at answer nodes the trie pass did not feed);
-    `edits[hook] = (locs, fn)` replaces the values at `locs` by `fn(old values)`;
-    `answer_edits[hook] = fn` replaces every value of each trie-pass forward (all answer
-    positions fed, [rows, nodes, ...]) by `fn(old values)`, the same as an edit at every
-    `AnswerNode` of every row. Returns the engine's results and the values read."""
+    `edits[hook] = (locs, fn)` replaces the values at `locs` by `fn(old values)`. Returns the
+    engine's results and the values read."""
     chosen = library(hooks)
     split = _Split(batch, reads or {}, edits or {}, scorer.model.device)
-    everywhere = [(hook, _answer_hook(fn)) for hook, fn in (answer_edits or {}).items()]
-    for hook, _ in everywhere:
-        parse_hook(hook)
+    sink: dict[str, list] = {}
     if chosen == "nnsight":
-        if split.answers or everywhere:
+        if split.answers:
             raise ProbekitError(
                 "answer positions are read and written with hooks='transformer_lens' only (with "
                 "nnsight, patch the prompt only: through_answer=False)"
             )
+        ids, mask = left_pad(list(batch), scorer.model.tokenizer.pad_token_id)
+        scored: list[list[Any]] = []
+
+        def score(*args: Any, **kwargs: Any) -> None:
+            scored.append(scorer.score_batch(batch, reuse_prefix=False))
+
+        inputs = {"input_ids": ids, "attention_mask": mask}
         with hook_library(scorer.model, chosen):
-            results, out = _score_nnsight(scorer, batch, split.prompt_ops(), remote)
-        return results, split.gather(out)
+            sink = _trace(scorer.model, inputs, split.ops(split.prompt), fn=score, remote=remote)
+        return scored[0], split.gather(sink)
     if remote:
         raise ProbekitError("remote execution goes through nnsight; use hooks='nnsight'")
     with hook_library(scorer.model, chosen) as bridge:
-        return _score_lens(scorer, bridge, batch, split, everywhere)
+        fwd = _hooks(split.ops(split.prompt), sink)
 
+        def at_depth(rows: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor) -> Any:
+            found = _hooks(split.answer_ops(rows, nodes, valid), sink)
+            return bridge.hooks(fwd_hooks=found) if found else contextlib.nullcontext()
 
-def _score_lens(scorer: Any, bridge: Any, batch: Any, split: _Split, everywhere: list) -> tuple:
-    """`score_with` through the TransformerBridge's hooks (installed)."""
-    sink: dict[str, list] = {}
-    fwd = [(hook, _lens_hook(hook, read, edit, sink)) for hook, read, edit in split.prompt_ops()]
-
-    def at_depth(rows: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor) -> Any:
-        ops = split.answer_ops(rows, nodes, valid)
-        found = [(hook, _lens_hook(hook, read, edit, sink)) for hook, read, edit in ops]
-        found = sorted(found + everywhere, key=lambda op: hook_order(op[0]))
-        return bridge.hooks(fwd_hooks=found) if found else contextlib.nullcontext()
-
-    results = scorer.score_batch(
-        batch,
-        reuse_prefix=False,
-        prompt_context=lambda: bridge.hooks(fwd_hooks=fwd),
-        answer_context=at_depth if split.answers or everywhere else None,
-    )
+        results = scorer.score_batch(
+            batch,
+            reuse_prefix=False,
+            prompt_context=lambda: bridge.hooks(fwd_hooks=fwd),
+            answer_context=at_depth if split.answers else None,
+        )
     return results, split.gather(sink)
 
 
+def score_edited(
+    scorer: Any,
+    prompts: Sequence[Any],
+    hook: str,
+    where: Callable[[Any], Sequence[Position]],
+    fn: EditFn,
+    hooks: str = "transformer_lens",
+    batch_size: int | None = None,
+    progress: Any = None,
+) -> list[Any]:
+    """Every encoded prompt's result with `fn` applied at `hook` to its positions `where(prompt)`
+    (answer nodes included), `batch_size` prompts a batch (`progress`, if given, updated per
+    batch)."""
+    size = batch_size or scorer.batch_size
+    out: list[Any] = []
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start : start + size]
+        locs = [(row, pos) for row, prompt in enumerate(chunk) for pos in where(prompt)]
+        ids = [p.input_ids for p in chunk]
+        out += score_with(scorer, ids, edits={hook: (locs, fn)}, hooks=hooks)[0]
+        if progress is not None:
+            progress.update(len(chunk))
+    return out
+
+
 class _Split:
-    """The reads and edits of one batch, split into prompt locations (one padded index per
-    hook) and answer locations (looked up at each trie depth)."""
+    """The reads and edits of one batch by hook: prompt locations (padded columns) and answer
+    locations (looked up at each trie depth)."""
 
     def __init__(
         self,
@@ -168,9 +189,7 @@ class _Split:
         device: Any,
     ) -> None:
         width = max(len(p) for p in batch)
-        self.offsets = [width - len(p) for p in batch]
-        self.device = device
-        self.reads, self.edits = reads, edits
+        self.device, self.edits = device, edits
         self.sizes = {hook: len(locs) for hook, locs in reads.items()}
         self.hooks = sorted(set(reads) | set(edits), key=hook_order)
         self.prompt: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
@@ -182,37 +201,23 @@ class _Split:
                         where = self.answers.setdefault((hook, kind), {})
                         where.setdefault((row, pos.node), []).append(i)
                     else:
-                        self.prompt.setdefault((hook, kind), []).append((i, row, pos))
+                        column = width - len(batch[row]) + pos
+                        self.prompt.setdefault((hook, kind), []).append((i, row, column))
 
-    def _index(self, entries: list[tuple[int, int, int]]) -> Index:
-        at, rows, cols = zip(*entries, strict=True) if entries else ((), (), ())
-        return (
-            torch.tensor(at, dtype=torch.long),
-            torch.tensor(rows, dtype=torch.long, device=self.device),
-            torch.tensor(cols, dtype=torch.long, device=self.device),
-        )
-
-    def _ops(self, entries: dict[tuple[str, str], list[tuple[int, int, int]]]) -> list[Op]:
-        ops = []
+    def ops(self, entries: dict[tuple[str, str], list[tuple[int, int, int]]]) -> list[Op]:
+        """Each hook's read and edit of `entries` (location index, row, column), in the order a
+        forward reaches the hooks."""
+        out: list[Op] = []
         for hook in self.hooks:
             read, edit = entries.get((hook, "read")), entries.get((hook, "edit"))
             if read or edit:
-                ops.append(
-                    (
-                        hook,
-                        self._index(read) if read else None,
-                        (self._index(edit), self.edits[hook][1]) if edit else None,
-                    )
-                )
-        return ops
+                edited = (self._index(edit), self.edits[hook][1]) if edit else None
+                out.append((hook, self._index(read) if read else None, edited))
+        return out
 
-    def prompt_ops(self) -> list[Op]:
-        """Each hook's read and edit at prompt positions, as padded columns."""
-        padded = {
-            key: [(i, row, self.offsets[row] + pos) for i, row, pos in entries]
-            for key, entries in self.prompt.items()
-        }
-        return self._ops(padded)
+    def _index(self, entries: list[tuple[int, int, int]]) -> Index:
+        at, rows, cols = (torch.tensor(v, dtype=torch.long) for v in zip(*entries, strict=True))
+        return at, rows.to(self.device), cols.to(self.device)
 
     def answer_ops(self, rows: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor) -> list:
         """Each hook's read and edit at the answer nodes one trie depth feeds (`TriePass.run`)."""
@@ -225,28 +230,46 @@ class _Split:
             strict=True,
         )
         where = {(row, node): (r, c) for row, node, r, c in slots}
-        found: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        found = {}
         for key, wanted in self.answers.items():
             entries = [
                 (i, *where[loc]) for loc, indices in wanted.items() if loc in where for i in indices
             ]
             if entries:
                 found[key] = entries
-        return self._ops(found)
+        return self.ops(found)
 
-    def gather(self, sink: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """The values read, one [locs, ...] tensor per hook in the order of its locations."""
+    def gather(self, sink: dict[str, Any], library: str | None = None) -> dict[str, torch.Tensor]:
+        """The values read, one [locs, ...] tensor per hook in the order of its locations; with
+        `library`, one line for a hook read that never fired."""
         out = {}
         for hook, size in self.sizes.items():
             pieces = sink.get(hook, [])
-            if not pieces:
-                continue
-            first = pieces[0][1]
-            full = torch.full((size, *first.shape[1:]), torch.nan, dtype=first.dtype)
-            for at, values in pieces:
-                full[at] = values
-            out[hook] = full
+            if pieces:
+                first = pieces[0][1]
+                out[hook] = torch.full((size, *first.shape[1:]), torch.nan, dtype=first.dtype)
+                for at, values in pieces:
+                    out[hook][at] = values
+        missing = [hook for hook in self.sizes if hook not in out]
+        if library and missing:
+            raise ProbekitError(f"the {library} hooks did not reach {', '.join(missing)}")
         return out
+
+
+def bridge_hooks(
+    model: Any,
+    batch: Sequence[Sequence[int]],
+    reads: dict[str, list[Loc]],
+    edits: dict[str, Edit] | None = None,
+) -> tuple[list, Callable[[], dict[str, torch.Tensor]]]:
+    """TransformerLens hooks reading and editing prompt positions of the left-padded `batch` (as
+    `score_with`) in whatever forward they are attached to, and the function giving the values
+    read afterwards."""
+    split = _Split(batch, reads, edits or {}, model.device)
+    if split.answers:
+        raise ProbekitError("a plain forward has no answer positions; use score_with")
+    sink: dict[str, list] = {}
+    return _hooks(split.ops(split.prompt), sink), lambda: split.gather(sink, "transformer_lens")
 
 
 def read_forward(
@@ -260,40 +283,25 @@ def read_forward(
     they are (the bridge is not built)."""
     chosen = library(hooks)
     ids, mask = left_pad(list(batch), model.tokenizer.pad_token_id)
-    inputs = {
-        "input_ids": ids.to(model.device),
-        "attention_mask": mask.to(model.device),
-        "position_ids": positions(mask).to(model.device),
-    }
-    split = _Split(batch, reads, {}, model.device)
-    if split.answers:
-        raise ProbekitError("a plain forward has no answer positions; use score_with")
-    ops = split.prompt_ops()
-    last = max(parse_hook(hook)[0] for hook, _, _ in ops)
-    sink: dict[str, list] = {}
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask)}
+    inputs = {name: value.to(model.device) for name, value in inputs.items()}
+    last = max(parse_hook(hook)[0] for hook in reads) + 1
     with torch.no_grad(), hook_library(model, chosen) as bridge:
-        if chosen == "nnsight":
-            sink = _trace(model, model.nnsight, inputs, ops, stop=True)
-        else:
+        if chosen == "transformer_lens":
+            fwd, values = bridge_hooks(model, batch, reads)
+            stop = last if last < model.n_layers else None
             bridge.run_with_hooks(
-                inputs["input_ids"],
-                fwd_hooks=[(hook, _lens_hook(hook, read, None, sink)) for hook, read, _ in ops],
-                stop_at_layer=last + 1 if last + 1 < model.n_layers else None,
+                inputs.pop("input_ids"),
+                fwd_hooks=fwd,
+                stop_at_layer=stop,
                 return_type=None,
-                attention_mask=inputs["attention_mask"],
-                position_ids=inputs["position_ids"],
+                **inputs,
             )
-    out = split.gather(sink)
-    missing = [hook for hook in reads if hook not in out]
-    if missing:
-        raise ProbekitError(f"the {chosen} hooks did not reach {', '.join(missing)}")
-    return out
-
-
-def copy_values(values: torch.Tensor, heads: Sequence[int | None]) -> LocationValues:
-    """The edit writing `values` (one row per location); where a location's head is set, only
-    that head's slice ([locs, heads, d_head] values) is written, the others keep their value."""
-    return LocationValues(values, heads)
+            return values()
+        split = _Split(batch, reads, {}, model.device)
+        if split.answers:
+            raise ProbekitError("a plain forward has no answer positions; use score_with")
+        return split.gather(_trace(model, inputs, split.ops(split.prompt), stop=True), chosen)
 
 
 def _apply(tensor: torch.Tensor, read: Any, edit: Any, sink: dict, hook: str) -> None:
@@ -309,57 +317,32 @@ def _apply(tensor: torch.Tensor, read: Any, edit: Any, sink: dict, hook: str) ->
         tensor[rows, cols] = new.to(tensor.device, tensor.dtype)
 
 
-def _lens_hook(name: str, read: Any, edit: Any, out: dict) -> Callable:
-    def fn(value: Any, hook: Any) -> Any:
-        tensor = value[0] if isinstance(value, tuple) else value
-        if edit is not None:
-            tensor = tensor.clone()
-        _apply(tensor, read, edit, out, name)
-        if edit is None:
-            return None
-        return (tensor, *value[1:]) if isinstance(value, tuple) else tensor
+def _hooks(ops: list[Op], sink: dict) -> list[tuple[str, Callable]]:
+    """A TransformerLens hook per op, applying it (`_apply`) to a copy where it edits."""
 
-    return fn
+    def hook_of(name: str, read: Any, edit: Any) -> Callable:
+        def fn(value: Any, hook: Any) -> Any:
+            tensor = value[0] if isinstance(value, tuple) else value
+            if edit is not None:
+                tensor = tensor.clone()
+            _apply(tensor, read, edit, sink, name)
+            if edit is None:
+                return None
+            return (tensor, *value[1:]) if isinstance(value, tuple) else tensor
 
+        return fn
 
-def _answer_hook(fn: EditFn) -> Callable:
-    """A hook replacing its whole value (every position of a trie-pass forward) by `fn(value)`."""
-
-    def hook_fn(value: Any, hook: Any) -> Any:
-        tensor = value[0] if isinstance(value, tuple) else value
-        new = fn(tensor).to(tensor.device, tensor.dtype)
-        return (new, *value[1:]) if isinstance(value, tuple) else new
-
-    return hook_fn
-
-
-def _score_nnsight(scorer: Any, batch: Any, ops: list[Op], remote: bool) -> tuple[list, dict]:
-    """The engine's results and the values read (`_apply`'s sink), in an nnsight trace."""
-    model = scorer.model
-    ids, mask = left_pad(list(batch), model.tokenizer.pad_token_id)
-    scored: dict[str, list] = {}
-
-    def score(*args: Any, **kwargs: Any) -> None:
-        scored["results"] = scorer.score_batch(batch, reuse_prefix=False)
-
-    out = _trace(
-        model,
-        model.nnsight,
-        {"input_ids": ids, "attention_mask": mask},
-        ops,
-        fn=score,
-        remote=remote,
-    )
-    return scored["results"], out
+    return [(hook, hook_of(hook, read, edit)) for hook, read, edit in ops]
 
 
 def _trace(
-    model: Any, lm: Any, inputs: dict, ops: list[Op], stop: bool = False, **trace: Any
-) -> dict[str, torch.Tensor]:
-    """Apply `ops` to the site values of an nnsight trace; the values read, as `_apply`'s sink
-    (`stop`: end the forward after the last op)."""
+    model: Any, inputs: dict, ops: list[Op], stop: bool = False, **trace: Any
+) -> dict[str, list]:
+    """Apply `ops` to the site values of an nnsight trace of `model.nnsight`; the values read,
+    as `_apply`'s sink (`stop`: end the forward after the last op)."""
     import nnsight
 
+    lm = model.nnsight
     where = layout(hf_module(model))
     blocks = walk(lm, where.blocks)
     heads = n_heads(model)
@@ -367,8 +350,7 @@ def _trace(
         sink: dict[str, list] = {}
         for hook, read, edit in ops:
             layer, found = parse_hook(hook)
-            value = found.nnsight(blocks[layer], where, heads)
-            _apply(value, read, edit, sink, hook)
+            _apply(found.nnsight(blocks[layer], where, heads), read, edit, sink, hook)
         sink = nnsight.save(sink)
         if stop:
             tracer.stop()

@@ -28,7 +28,7 @@ from probekit.core.items import Pair
 from probekit.engines.base import HookedScorer
 from probekit.mechanism.components import COMPONENT, Patch
 from probekit.mechanism.pairs import PairSet, as_sets
-from probekit.mechanism.patching import over_units, sweep
+from probekit.mechanism.patching import over_units, set_sums, sweep
 from probekit.mechanism.readouts import Readout
 
 EFFECTS = ("total", "indirect", "direct")
@@ -58,24 +58,15 @@ def mediate(
     reverse = sweep(scorer, swapped, patches, readout, **options)
     m = readout.column
     corrupt = forward[f"{m}_corrupt"]
-    out = forward[
-        ["unit", "set", "sign", "clean_prompt_id", "corrupt_prompt_id", *COMPONENT]
-    ].copy()
-    out.insert(0, "pair", np.repeat(np.arange(len(out) // len(patches)), len(patches)))
+    out = forward[["unit", "set", "sign", "clean_prompt_id", "corrupt_prompt_id", *COMPONENT]]
     out = out.assign(
         total=forward[f"{m}_clean"] - corrupt,
         indirect=forward[f"{m}_patched"] - corrupt,
         direct=reverse[f"{m}_patched"].to_numpy() - corrupt,
         readout=readout.spec,
     )
+    out.insert(0, "pair", np.arange(len(out)) // len(patches))
     return out
-
-
-def _sets(group: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """Per set: its unit and the signed sum of each of `columns` over its pairs."""
-    signed = group[list(columns)].mul(group["sign"], axis=0).assign(set=group["set"])
-    sums = signed.groupby("set", sort=False).sum()
-    return sums.assign(unit=group.groupby("set", sort=False)["unit"].first())
 
 
 def summarise(
@@ -87,14 +78,12 @@ def summarise(
     rows = []
     for key, group in effects.groupby(COMPONENT, sort=False, dropna=False):
         row = dict(zip(COMPONENT, key, strict=True))
-        sets = _sets(group, EFFECTS)
+        sets = set_sums(group, EFFECTS)
         for effect in EFFECTS:
             row |= over_units(sets, effect, None, effect, n, seed, level)
         row["share"] = row["indirect"] / row["total"] if row["total"] != 0 else np.nan
-        row |= {"pairs": len(group), "sets": len(sets)}
-        rows.append(row)
-    out = pd.DataFrame(rows)
-    out["head"] = out["head"].astype("Int64")
+        rows.append(row | {"pairs": len(group), "sets": len(sets)})
+    out = pd.DataFrame(rows).astype({"head": "Int64"})
     order = out["indirect"].abs().sort_values(ascending=False, kind="stable").index
     return out.loc[order].reset_index(drop=True)
 
@@ -108,7 +97,7 @@ def top_share(
     if not 1 <= top <= len(per):
         raise ProbekitError(f"top must lie between 1 and {len(per)} components, got {top}")
     inside = effects.merge(per.head(top)[COMPONENT], on=COMPONENT)
-    first = effects.drop_duplicates("pair")
-    sets = _sets(first, ["total"]).join(_sets(inside, ["indirect"])["indirect"])
+    sets = set_sums(effects.drop_duplicates("pair"), ["total"])
+    sets = sets.join(set_sums(inside, ["indirect"])["indirect"])
     ci = over_units(sets, "indirect", "total", "share", n, seed, level)
     return {"top": top, "share": ci["share"], "low": ci["share_low"], "high": ci["share_high"]}

@@ -39,6 +39,7 @@ counts has no position-by-position match and is refused in one line. A single po
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -85,17 +86,8 @@ def difference_sets(pairs: Sequence[Pair]) -> list[PairSet]:
     """Each pair a set of its own, sign +1 (a `Difference`)."""
     out = []
     for clean, corrupt in pairs:
-        name = f"{clean.id} > {corrupt.id}"
-        out.append(
-            PairSet(
-                name,
-                Difference.name,
-                ((clean, corrupt),),
-                (1,),
-                swapped_columns((clean, corrupt)),
-                name,
-            )
-        )
+        pair, name = (clean, corrupt), f"{clean.id} > {corrupt.id}"
+        out.append(PairSet(name, Difference.name, (pair,), (1,), swapped_columns(pair), name))
     return out
 
 
@@ -113,7 +105,8 @@ def interaction_sets(
             four = [(p, e) for p in (g, h) for e in (g, h)]
             if same(g, h) or any((unit, *cell) not in cells for cell in four):
                 continue
-            other = {g: h, h: g}
+            other, draw = {g: h, h: g}, f"{unit}|{g}|{h}"
+            signs = tuple(1 if p == e else -1 for p, e in four)
             for column, swapped in (
                 (effect.columns, [(p, other[e]) for p, e in four]),
                 (effect.rows, [(other[p], e) for p, e in four]),
@@ -122,11 +115,8 @@ def interaction_sets(
                     (cells[(unit, *c)], cells[(unit, *k)])
                     for c, k in zip(four, swapped, strict=True)
                 )
-                signs = tuple(1 if p == e else -1 for p, e in four)
-                draw = f"{unit}|{g}|{h}"
-                out.append(
-                    PairSet(f"{draw}|{column}", Interaction.name, pairs, signs, column, draw)
-                )
+                name = f"{draw}|{column}"
+                out.append(PairSet(name, Interaction.name, pairs, signs, column, draw))
     return out
 
 
@@ -184,6 +174,15 @@ def split_position(span: str) -> tuple[str, int | None]:
 def base_span(span: str) -> str:
     """The declared span a span spec refers to (`from_experiencer@-1` -> `experiencer`)."""
     return split_position(span)[0].removeprefix(FROM)
+
+
+def positions_of(prompt: EncodedItem, span: str) -> list[int]:
+    """The token positions of a span the prompt declares; one line naming those it has."""
+    if span not in prompt.positions:
+        raise ProbekitError(
+            f"unknown span {span!r}: the prompts have {', '.join(prompt.positions)}"
+        )
+    return list(prompt.positions[span])
 
 
 def span_positions(prompt: EncodedItem, span: str) -> list[int]:
@@ -250,11 +249,8 @@ def check_pairs(pairs: Any, spans: Iterable[str] = ()) -> list[Pair]:
         )
     out = []
     for i, pair in enumerate(pairs):
-        if not (
-            isinstance(pair, tuple | list)
-            and len(pair) == 2
-            and all(isinstance(p, EncodedItem) for p in pair)
-        ):
+        encoded = isinstance(pair, tuple | list) and len(pair) == 2
+        if not (encoded and all(isinstance(p, EncodedItem) for p in pair)):
             raise ProbekitError(
                 f"pair {i} is {_what(pair)}, not a (clean, corrupt) pair of encoded prompts "
                 "(model.encode(item), or make_pair(model, clean_text, corrupt_text))"
@@ -293,48 +289,28 @@ def make_pair(
     text). The key column `name` holds each side's span text; the unit is the clean prompt with
     the span replaced by `{name}`. Two prompts whose tokens differ outside the span (the
     tokenizer merged the span with its neighbours) are refused, saying where."""
-    clean_messages, corrupt_messages = _messages(clean, chat), _messages(corrupt, chat)
-    if clean_messages is None or corrupt_messages is None:
-        if clean_messages is not None or corrupt_messages is not None:
-            raise ProbekitError("make_pair takes two texts or two message lists, not one of each")
-        sources, at = ([clean], [corrupt]), None
+    sides = [_messages(prompt, chat) for prompt in (clean, corrupt)]
+    if (sides[0] is None) != (sides[1] is None):
+        raise ProbekitError("make_pair takes two texts or two message lists, not one of each")
+    texts = sides[0] is None
+    if texts:  # a text is one user message (sent through the chat template unless not `chat`)
+        sides, at = [[{"role": "user", "content": p}] for p in (clean, corrupt)], 0
     else:
-        sources, at = (
-            (clean_messages, corrupt_messages),
-            _differing(clean_messages, corrupt_messages),
-        )
-    index = 0 if at is None else at
-    first = sources[0][index] if at is None else sources[0][index]["content"]
-    second = sources[1][index] if at is None else sources[1][index]["content"]
+        at = _differing(*sides)
+    first, second = sides[0][at]["content"], sides[1][at]["content"]
     (a, b), (c, d) = _locate(first, second, span)
-    unit_text = f"{first[:a]}{{{name}}}{first[b:]}"
-    unit = (
-        unit_text
-        if at is None
-        else " | ".join(unit_text if i == at else m["content"] for i, m in enumerate(sources[0]))
-    )
+    unit = f"{first[:a]}{{{name}}}{first[b:]}"
+    unit = " | ".join(unit if i == at else m["content"] for i, m in enumerate(sides[0]))
     items = []
-    for side, text, start, end in ((0, first, a, b), (1, second, c, d)):
+    for messages, text, start, end in ((sides[0], first, a, b), (sides[1], second, c, d)):
         key = {name: text[start:end]}
-        if at is None:
-            where = CharSpan(0 if chat else None, start, end)
-            messages = ({"role": "user", "content": text},) if chat else None
-            items.append(
-                Item(
-                    text,
-                    key,
-                    unit,
-                    messages=messages,
-                    text=None if chat else text,
-                    spans={name: (where,)},
-                )
-            )
+        if texts and not chat:
+            where = {name: (CharSpan(None, start, end),)}
+            items.append(Item(text, key, unit, text=text, spans=where))
         else:
-            listed = tuple(dict(m) for m in sources[side])
-            ident = " | ".join(m["content"] for m in listed)
-            items.append(
-                Item(ident, key, unit, messages=listed, spans={name: (CharSpan(at, start, end),)})
-            )
+            ident = " | ".join(m["content"] for m in messages)
+            where = {name: (CharSpan(at, start, end),)}
+            items.append(Item(ident, key, unit, messages=tuple(messages), spans=where))
     pair = model.encode(items[0]), model.encode(items[1])
     check_alignment(pair, name, getattr(getattr(model, "tokenizer", None), "decode", repr))
     return pair
@@ -347,20 +323,17 @@ def check_alignment(pair: Pair, span: str, decode: Any = repr) -> None:
     clean, corrupt = pair
     p, q = clean.positions[span], corrupt.positions[span]
     a, b = clean.input_ids, corrupt.input_ids
-    where = None
-    for k in range(max(p[0], q[0])):
-        if k >= min(p[0], q[0]) or a[k] != b[k]:
-            where = (k, k, "before")
-            break
-    if where is None:
-        tail_a, tail_b = len(a) - 1 - p[-1], len(b) - 1 - q[-1]
-        for k in range(1, max(tail_a, tail_b) + 1):
-            if k > min(tail_a, tail_b) or a[-k] != b[-k]:
-                where = (len(a) - k, len(b) - k, "after")
-                break
-    if where is None:
+    before = [k for k in range(max(p[0], q[0])) if k >= min(p[0], q[0]) or a[k] != b[k]]
+    tail_a, tail_b = len(a) - 1 - p[-1], len(b) - 1 - q[-1]
+    after = [
+        k for k in range(1, max(tail_a, tail_b) + 1) if k > min(tail_a, tail_b) or a[-k] != b[-k]
+    ]
+    if before:
+        i, j, side = before[0], before[0], "before"
+    elif after:
+        i, j, side = len(a) - after[0], len(b) - after[0], "after"
+    else:
         return
-    i, j, side = where
 
     def show(ids: Sequence[int], at: int) -> str:
         return repr(decode([ids[at]])) if 0 <= at < len(ids) else "nothing"
@@ -410,9 +383,9 @@ def _differing(clean: list[dict[str, str]], corrupt: list[dict[str, str]]) -> in
         raise ProbekitError(
             f"the two message lists differ in messages {differ}; a pair differs in one place"
         )
-    if differ:
-        return differ[0]
-    raise ProbekitError("the two prompts are equal: a pair needs a difference to patch")
+    if not differ:
+        raise ProbekitError("the two prompts are equal: a pair needs a difference to patch")
+    return differ[0]
 
 
 def _locate(
@@ -424,19 +397,18 @@ def _locate(
         if len(span) != 2 or not all(isinstance(s, str) and s for s in span):
             raise bad
         return _find(clean, span[0], "clean"), _find(corrupt, span[1], "corrupt")
-    if span is not None and (not isinstance(span, str) or not span):
-        raise bad
-    if span is None:
-        pre = len(_common_prefix(clean, corrupt))
-        post = len(_common_prefix(clean[pre:][::-1], corrupt[pre:][::-1]))
+    shift = len(corrupt) - len(clean)
+    if span is None:  # where the texts differ, widened to whole words
+        pre = len(os.path.commonprefix([clean, corrupt]))
+        post = len(os.path.commonprefix([clean[pre:][::-1], corrupt[pre:][::-1]]))
         if pre + post == len(clean) and pre + post == len(corrupt):
             raise ProbekitError("the two texts are equal: a pair needs a difference to patch")
-        a = _word_start(clean, pre)
-        b = _word_end(clean, len(clean) - post)
-        shift = len(corrupt) - len(clean)
+        a = pre - len(re.search(r"\w*$", clean[:pre])[0])
+        b = len(clean) - post + len(re.match(r"\w*", clean[len(clean) - post :])[0])
         return (a, b), (a, b + shift)
+    if not isinstance(span, str) or not span:
+        raise bad
     a, b = _find(clean, span, "clean")
-    shift = len(corrupt) - len(clean)
     if clean[:a] != corrupt[:a] or clean[b:] != corrupt[b + shift :] or b + shift <= a:
         raise ProbekitError(
             f"the texts differ outside {span!r}; give span=(clean text, corrupt text)"
@@ -449,23 +421,6 @@ def _find(text: str, part: str, side: str) -> tuple[int, int]:
     if at < 0:
         raise ProbekitError(f"the span {part!r} is not in the {side} text {text!r}")
     return at, at + len(part)
-
-
-def _common_prefix(a: str, b: str) -> str:
-    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return a[:n]
-
-
-def _word_start(text: str, at: int) -> int:
-    while at > 0 and re.match(r"\w", text[at - 1]):
-        at -= 1
-    return at
-
-
-def _word_end(text: str, at: int) -> int:
-    while at < len(text) and re.match(r"\w", text[at]):
-        at += 1
-    return at
 
 
 def _what(value: Any) -> str:

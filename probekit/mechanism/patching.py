@@ -59,6 +59,8 @@ import pandas as pd
 import torch
 
 from probekit.core.items import Pair
+from probekit.core.progress import Silent
+from probekit.core.progress import progress as track
 from probekit.core.public import public
 from probekit.core.signal import is_weak, weak_under
 from probekit.engines.base import HookedScorer, ScoreResult
@@ -70,6 +72,7 @@ from probekit.mechanism.components import (
     Job,
     Patch,
     check,
+    exact_effect,
     key_columns,
     make_job,
     pair_columns,
@@ -79,10 +82,9 @@ from probekit.mechanism.components import (
 from probekit.mechanism.interventions import (
     AnswerNode,
     Edit,
-    Loc,
+    LocationValues,
     Position,
     answer_nodes,
-    copy_values,
     score_with,
 )
 from probekit.mechanism.options import HookOptions
@@ -149,17 +151,18 @@ def sweep(
         for patch in patches
     ]
     todo = [k for k, job in enumerate(jobs) if run_noops or job.status != NOT_RUN]
-    runs = [jobs[k] for k in todo]
-    read = sorted({job.patch.hook for job in runs}, key=hook_order)
     nodes = answer_nodes(scorer)
-    bar = _bar(progress, len(todo) + 2 * len(pairs))
+    prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
     # After the patched runs, each pair's prompts are scored again, unpatched, in another batch
     # shape than their baselines: the run's numeric noise (`numeric_noise`).
-    again = [] if remote else list(dict.fromkeys(p.id for pair in pairs for p in pair))
+    again = [] if remote else list(prompts)
     entries: list[int | str] = [*todo, *again]
-    prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
+    bar = progress if hasattr(progress, "update") else Silent()
+    if progress is True:
+        bar = track(len(todo) + 2 * len(pairs), "run", "patching")
     with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
-        baseline, source_acts = _baselines(scorer, pairs, runs, read, size, hooks, remote, nodes)
+        runs = [jobs[k] for k in todo]
+        baseline, source_acts = _baselines(scorer, pairs, runs, size, hooks, remote, nodes)
         bar.update(2 * len(pairs))
         patched: dict[int, ScoreResult] = {}  # job index -> the patched run's result
         rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
@@ -168,20 +171,16 @@ def sweep(
             ks = [k for k in chunk if isinstance(k, int)]
             if not ks:  # no patched run to share a batch with: each prompt alone, unpadded
                 for key in chunk:
-                    (rescored[key],) = scorer.score_batch(
-                        [prompts[key].input_ids], reuse_prefix=False
-                    )
+                    ids = [prompts[key].input_ids]
+                    (rescored[key],) = scorer.score_batch(ids, reuse_prefix=False)
                 continue
             edits = _edits(jobs, ks, pairs, source_acts, nodes)
-            batch = [_host(pairs[jobs[k].pair], jobs[k]) for k in ks] + [
-                prompts[key] for key in chunk[len(ks) :]
-            ]
-            results, _ = score_with(
-                scorer, [p.input_ids for p in batch], edits=edits, hooks=hooks, remote=remote
-            )
+            batch = [_host(pairs[jobs[k].pair], jobs[k]) for k in ks]
+            batch += [prompts[key] for key in chunk[len(ks) :]]
+            ids = [p.input_ids for p in batch]
+            results, _ = score_with(scorer, ids, edits=edits, hooks=hooks, remote=remote)
             patched |= dict(zip(ks, results, strict=False))
-            for prompt, result in zip(batch[len(ks) :], results[len(ks) :], strict=True):
-                rescored[prompt.id] = result
+            rescored |= {p.id: r for p, r in zip(batch[len(ks) :], results[len(ks) :], strict=True)}
             bar.update(len(ks))
         bar.close()
     noise = numeric_noise(scorer.model, pairs if again else [], readout, baseline, rescored)
@@ -191,18 +190,16 @@ def sweep(
         clean, corrupt = pairs[job.pair]
         found = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
         found["patched"] = patched.get(k, found["corrupt"])
-        m_clean = readout(found["clean"], clean.item, found["clean"])
-        m_corrupt, m_patched = (
-            readout(found[name], corrupt.item, found["clean"]) for name in ("corrupt", "patched")
-        )
-        values = (m_clean, m_corrupt, m_patched)
+        values = [
+            readout(found[name], p.item, found["clean"])
+            for name, p in zip(found, (clean, corrupt, corrupt), strict=True)
+        ]
         rows.append(row(pairs[job.pair], keys, job, readout, *values, about[job.pair]))
         rows[-1] |= {"ran": k in patched, "noise": noise}
         rows[-1]["valid_mass_patched"] = found["patched"].valid_mass
-        if distributions:
-            for name, result in found.items():
-                rows[-1][f"valid_mass_{name}"] = result.valid_mass
-                rows[-1][f"probs_{name}"] = np.asarray(result.probs, dtype=float)
+        for name, result in found.items() if distributions else ():
+            rows[-1][f"valid_mass_{name}"] = result.valid_mass
+            rows[-1][f"probs_{name}"] = np.asarray(result.probs, dtype=float)
     out = table(rows)
     out["small_gap"] = _sets_in_noise(out)
     out.attrs["answers"] = list(scorer.answers.answers)
@@ -214,15 +211,19 @@ def _host(pair: Pair, job: Job) -> Any:
     return pair[0] if job.block else pair[1]
 
 
+def _source(pair: Pair, job: Job) -> Any:
+    """The prompt whose run a job's values are read from: the clean one, the corrupt one for
+    a block."""
+    return pair[1] if job.block else pair[0]
+
+
 def _sets_in_noise(df: pd.DataFrame) -> pd.Series:
     """Per row: whether the |signed sum of gaps| of its set (per component) is within the
     run's numeric noise times the set's pairs."""
     signed = (df["sign"] * df["gap"]).groupby(
         [df["set"], *(df[c] for c in COMPONENT)], dropna=False
     )
-    total = signed.transform("sum").abs()
-    count = signed.transform("size")
-    return ~(total > df["noise"] * count)
+    return ~(signed.transform("sum").abs() > df["noise"] * signed.transform("size"))
 
 
 NOISE_FACTOR = 10.0
@@ -242,20 +243,25 @@ def numeric_noise(
     the sweep's last patched runs, or alone), and at least `NOISE_FACTOR` x the dtype's
     resolution at the readouts' scale (the resolution alone without pairs, as for a remote
     model, which is not scored again)."""
-    worst = 0.0
-    values = []
+    worst, scale = 0.0, 1.0
     for clean, corrupt in pairs:
+        first = readout(baseline[clean.id], clean.item, baseline[clean.id])
+        before = first - readout(baseline[corrupt.id], corrupt.item, baseline[clean.id])
         c, k = again[clean.id], again[corrupt.id]
-        before = readout(baseline[clean.id], clean.item, baseline[clean.id]) - readout(
-            baseline[corrupt.id], corrupt.item, baseline[clean.id]
-        )
         after = readout(c, clean.item, c) - readout(k, corrupt.item, c)
         if np.isfinite(before) and np.isfinite(after):
-            worst = max(worst, abs(after - before))
-            values.append(abs(readout(baseline[clean.id], clean.item, baseline[clean.id])))
-    scale = max([1.0, *values])
-    resolution = float(torch.finfo(model.dtype).eps) * scale
-    return NOISE_FACTOR * max(worst, resolution)
+            worst, scale = max(worst, abs(after - before)), max(scale, abs(first))
+    return NOISE_FACTOR * max(worst, float(torch.finfo(model.dtype).eps) * scale)
+
+
+def set_sums(rows: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Per set of pairs, in order: its unit, its pairs and the signed sum of each of `columns`
+    over them (NaN where a pair's value is)."""
+    signed = rows[list(columns)].mul(rows["sign"], axis=0)
+    by = rows["set"]
+    sums = signed.groupby(by, sort=False).sum().where(~signed.isna().groupby(by, sort=False).any())
+    first = rows.groupby(by, sort=False)
+    return sums.assign(unit=first["unit"].first(), pairs=first.size())
 
 
 def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
@@ -270,69 +276,44 @@ def summarise(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.9
     within the run's numeric noise, left out of both recoveries); `reading`, a line reading a
     recovery whose interval lies outside [0, 1]. Intervals are NaN with one unit. Measured
     components first, largest |effect| (else |estimate|) first."""
-    patched = next(c for c in df.columns if c.endswith("_patched") and c != "valid_mass_patched")
-    corrupt = patched.removesuffix("_patched") + "_corrupt"
-    measured = df["ran"] | (df["method"] == "exact")
-    frame = df.assign(
-        small_gap=df.get("small_gap", False),
-        effect=(df[patched] - df[corrupt]).where(measured) * df["sign"],
-        estimate=df["estimate"] * df["sign"],
-        gap=df["gap"] * df["sign"],
-    )
+    frame = df.assign(small_gap=df.get("small_gap", False), effect=exact_effect(df))
     rows = []
     for key, group in frame.groupby(SUMMARY, sort=False, dropna=False):
         entry: dict[str, Any] = dict(zip(SUMMARY, key, strict=True))
-        entry["status"] = _status(group["status"])
-        sets = group.groupby("set", sort=False).agg(
-            unit=("unit", "first"),
-            effect=("effect", lambda v: v.sum(min_count=len(v))),
-            estimate=("estimate", lambda v: v.sum(min_count=len(v))),
-            gap=("gap", "sum"),
-            pairs=("gap", "size"),
-            small=("small_gap", "any"),
+        entry["status"] = next(
+            (s for s in (MEASURED, TRIVIAL) if s in set(group["status"])), NOT_RUN
         )
+        sets = set_sums(group, ["effect", "estimate", "gap"])
+        small = group.groupby("set", sort=False)["small_gap"].any()
         for column in ("effect", "estimate"):
             entry |= over_units(sets, column, None, column, n, seed, level)
-        kept = sets[~sets["small"]]
+        kept = sets[~small]
         entry |= over_units(kept, "effect", "gap", "recovery", n, seed, level)
         entry |= over_units(kept, "estimate", "gap", "estimated_recovery", n, seed, level)
-        means = sets.groupby("unit", sort=False)["effect"].mean()
-        entry["p_value"] = sign_flip_test(means.to_numpy(), seed=seed)
+        entry["p_value"] = sign_flip_test(
+            sets.groupby("unit", sort=False)["effect"].mean().to_numpy(), seed=seed
+        )
         entry["gap"] = float(kept["gap"].mean()) if len(kept) else np.nan
         entry |= {"pairs": len(group), "sets": len(sets), "units": sets["unit"].nunique()}
-        entry["pairs_in_noise"] = int(sets.loc[sets["small"], "pairs"].sum())
+        entry["pairs_in_noise"] = int(sets.loc[small, "pairs"].sum())
         if "valid_mass_patched" in group:
             entry["mean_valid_mass_patched"] = float(group["valid_mass_patched"].mean())
             entry["weak_signal"] = is_weak(entry["mean_valid_mass_patched"])
         rows.append(entry)
-    out = pd.DataFrame(rows)
-    out["head"] = out["head"].astype("Int64")
+    out = pd.DataFrame(rows).astype({"head": "Int64"})
     untested = (out["status"] != MEASURED) | out.get("weak_signal", False)
     out["p_value"] = out["p_value"].mask(untested)
     out["p_adjusted"] = holm(out["p_value"].to_numpy())
-    slack = _tolerance(df, out["gap"])
     out["reading"] = [
-        "" if status != MEASURED else reading(r, False, t, low, high)
-        for status, r, t, low, high in zip(
-            out["status"],
-            out["recovery"],
-            slack,
-            out["recovery_low"],
-            out["recovery_high"],
-            strict=True,
-        )
+        reading(r.recovery, False, slack, r.recovery_low, r.recovery_high)
+        if r.status == MEASURED
+        else ""
+        for r, slack in zip(out.itertuples(), _tolerance(df, out["gap"]), strict=True)
     ]
     size = out["effect"].abs().fillna(out["estimate"].abs()).where(out["status"] == MEASURED, -1)
     out = out.loc[size.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
     out.attrs |= {"adjustment": ADJUSTMENT, "level": level, "bootstrap": n, "seed": seed}
     return out
-
-
-def _status(statuses: pd.Series) -> str:
-    """A component's status from its rows': measured where any row is, else trivial where any
-    is, else not run."""
-    found = set(statuses)
-    return next((s for s in (MEASURED, TRIVIAL) if s in found), NOT_RUN)
 
 
 def over_units(
@@ -350,15 +331,15 @@ def over_units(
     top = sets[column].to_numpy(float)
     bottom = np.ones(len(sets)) if below is None else sets[below].to_numpy(float)
     ok = np.isfinite(top) & np.isfinite(bottom)
-    nan = {name: np.nan, f"{name}_low": np.nan, f"{name}_high": np.nan}
+    out = {name: np.nan, f"{name}_low": np.nan, f"{name}_high": np.nan}
     if not ok.any() or bottom[ok].sum() == 0:
-        return nan
-    units = pd.Series(sets["unit"].to_numpy()[ok])
+        return out
+    units = sets["unit"].to_numpy()[ok]
     upper = pd.Series(top[ok]).groupby(units, sort=False).sum().to_numpy()
     lower = pd.Series(bottom[ok]).groupby(units, sort=False).sum().to_numpy()
     ci = bootstrap_units(len(upper), mean_ratio(upper, lower), n, seed, level, batched=True)
     if len(upper) < 2:
-        return nan | {name: ci.estimate}
+        return out | {name: ci.estimate}
     return {name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high}
 
 
@@ -405,21 +386,21 @@ def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
         reading(r, bool(g), t)
         for r, g, t in zip(out["recovery"], out["small_gap"], slack, strict=True)
     ]
-    ids = out[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    pairs = len(out[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates())
     units = out["unit"].nunique()
-    columns = ["recovery_over_pairs", "recovery_over_pairs_low", "recovery_over_pairs_high"]
-    if len(ids) < 2:
-        for column in columns:
-            out[column] = np.nan
+    names = {
+        c: c.replace("recovery", "recovery_over_pairs")
+        for c in ("recovery", "recovery_low", "recovery_high")
+    }
+    if pairs < 2:
+        out = out.assign(**dict.fromkeys(names.values(), np.nan))
         note = (
             "one pair: each recovery is that pair's alone, with no interval over pairs (give "
             "several pairs for recovery_over_pairs and its interval)"
         )
     else:
-        summary = summarise(out, n=n, seed=seed, level=level)
-        names = dict(zip(["recovery", "recovery_low", "recovery_high"], columns, strict=True))
-        summary = summary[[*SUMMARY, *names]].rename(columns=names)
-        out = out.merge(summary, on=SUMMARY, how="left")
+        summary = summarise(out, n=n, seed=seed, level=level)[[*SUMMARY, *names]]
+        out = out.merge(summary.rename(columns=names), on=SUMMARY, how="left")
         over = (
             f"its {level:.0%} bootstrap interval over the {units} units"
             if units > 1
@@ -427,7 +408,7 @@ def annotate(df: pd.DataFrame, n: int = 1000, seed: int = 0, level: float = 0.95
         )
         note = (
             f"recovery_over_pairs: each component's mean effect over its mean gap across the "
-            f"{len(ids)} pairs, with {over} (recovery_over_pairs_low, recovery_over_pairs_high)"
+            f"{pairs} pairs, with {over} (recovery_over_pairs_low, recovery_over_pairs_high)"
         )
     noise = noise_line(df)
     out.attrs = {**df.attrs, "note": f"{note}; {noise}" if noise else note}
@@ -447,8 +428,7 @@ def weak_patches(df: pd.DataFrame) -> str | None:
         f"L{layer} {site}{'' if pd.isna(head) else f' head {int(head)}'} at {span}"
         for layer, site, head, span in weak.index
     ]
-    lowest = float(weak.min()) if len(weak) else 0.0
-    return weak_under("the patches of", names, lowest)
+    return weak_under("the patches of", names, float(weak.min()) if len(weak) else 0.0)
 
 
 def _tolerance(df: pd.DataFrame, gaps: pd.Series) -> np.ndarray:
@@ -463,10 +443,10 @@ def noise_line(df: pd.DataFrame) -> str | None:
     run's numeric noise (None when there are none)."""
     if "small_gap" not in df or not df["small_gap"].any():
         return None
-    ids = df.loc[df["small_gap"], ["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
-    total = df[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+    ids = ["clean_prompt_id", "corrupt_prompt_id"]
     return (
-        f"{len(ids)} of {len(total)} pairs have a gap within the run's numeric noise "
+        f"{len(df.loc[df['small_gap'], ids].drop_duplicates())} of "
+        f"{len(df[ids].drop_duplicates())} pairs have a gap within the run's numeric noise "
         f"(|gap| <= {df['noise'].iloc[0]:.2g}) and are left out of recovery"
     )
 
@@ -483,82 +463,57 @@ def _edits(
     writes them)."""
     edits: dict[str, Edit] = {}
     for hook in {jobs[k].patch.hook for k in ks}:
-        locs: list[Loc] = []
+        locs: list = []
         values, heads = [], []
-        for at, k in enumerate(ks):
-            job = jobs[k]
-            if job.patch.hook == hook:
-                sources: list[Position] = list(job.source)
-                targets: list[Position] = list(job.target)
-                if job.nodes:
-                    sources, targets = sources + nodes, targets + nodes
-                if not targets:
-                    continue
+        for at, job in ((at, jobs[k]) for at, k in enumerate(ks) if jobs[k].patch.hook == hook):
+            extra: list[Position] = list(nodes) if job.nodes else []
+            targets = [*job.target, *extra]
+            if targets:
                 locs += [(at, p) for p in targets]
                 acts, where = source_acts[_source(pairs[job.pair], job).id]
-                values.append(acts[hook][[where[p] for p in sources]])
+                values.append(acts[hook][[where[p] for p in [*job.source, *extra]]])
                 heads += [job.patch.head] * len(targets)
         if locs:
-            edits[hook] = (locs, copy_values(torch.cat(values), heads))
+            edits[hook] = (locs, LocationValues(torch.cat(values), heads))
     return edits
-
-
-def _source(pair: Pair, job: Job) -> Any:
-    """The prompt whose run a job's values are read from: the clean one, the corrupt one for
-    a block."""
-    return pair[1] if job.block else pair[0]
-
-
-def _bar(progress: Any, total: int) -> Any:
-    """The progress of `total` patched runs (`progress`: True for `probekit.core.progress`'s,
-    False for none, or a bar to reuse)."""
-    from probekit.core.progress import Silent
-    from probekit.core.progress import progress as track
-
-    if progress is None or isinstance(progress, bool):
-        return track(total, "run", "patching") if progress else Silent()
-    return progress
 
 
 def _baselines(
     scorer: HookedScorer,
     pairs: Sequence[Pair],
     todo: list[Job],
-    read: list[str],
     size: int,
     hooks: str,
     remote: bool,
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
     """The exact result of every clean and corrupt prompt (by prompt id); for the prompts whose
-    values patches copy (`_source`), their activations at the hooks `read` on the positions
-    those patches copy, answer positions `nodes` included where a patch writes them ({hook:
-    [n, d]}, position index)."""
+    values patches copy (`_source`), their activations at the hooks the jobs `todo` patch, on
+    the positions those patches copy, answer positions `nodes` included where a patch writes
+    them ({hook: [n, d]}, position index)."""
+    read = sorted({job.patch.hook for job in todo}, key=hook_order)
     needed: dict[str, set[Position]] = {}
     for job in todo:
         found = needed.setdefault(_source(pairs[job.pair], job).id, set())
-        found.update(job.source)
-        if job.nodes:
-            found.update(nodes)
+        found.update([*job.source, *(nodes if job.nodes else [])])
     prompts = {p.id: p for pair in pairs for p in pair}
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}
-    acts: dict[str, tuple[dict[str, torch.Tensor], dict[int, int]]] = {}
+    acts: dict[str, tuple[dict[str, torch.Tensor], dict[Position, int]]] = {}
     for start in range(0, len(keys), size):
         chunk = keys[start : start + size]
-        positions = {at: _ordered(needed.get(key, ())) for at, key in enumerate(chunk)}
-        locs = [(at, p) for at, ps in positions.items() for p in ps]
+        positions = [_ordered(needed.get(key, ())) for key in chunk]
+        locs = [(at, p) for at, ps in enumerate(positions) for p in ps]
         reads = {hook: locs for hook in read} if locs else None
         batch = [prompts[k].input_ids for k in chunk]
         results, values = score_with(scorer, batch, reads=reads, hooks=hooks, remote=remote)
         at = 0
-        for i, (key, result) in enumerate(zip(chunk, results, strict=True)):
+        for key, result, ps in zip(chunk, results, positions, strict=True):
             baseline[key] = result
-            n = len(positions[i])
-            if n:
-                block = {hook: values[hook][at : at + n] for hook in read}
-                acts[key] = (block, {p: j for j, p in enumerate(positions[i])})
-            at += n
+            if ps:
+                block = {hook: values[hook][at : at + len(ps)] for hook in read}
+                acts[key] = (block, {p: j for j, p in enumerate(ps)})
+            at += len(ps)
     return baseline, acts
 
 

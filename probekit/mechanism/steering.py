@@ -34,7 +34,7 @@ describe almost none of the model's output: `weak_steps` names those steps (a wa
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,30 +55,29 @@ from probekit.engines.base import ScoreResult
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import gather
-from probekit.mechanism.interventions import score_with
+from probekit.mechanism.interventions import answer_nodes, score_edited
 from probekit.mechanism.options import HookOptions
+from probekit.mechanism.pairs import positions_of
 from probekit.mechanism.sites import chosen_layers, d_model, hook_library, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
 STEER, RANDOM = "steer", "random"
 Target = tuple[str, int]
 """(site, layer): one intervention."""
-Progress = Callable[[str], None]
 
 
 def check_alphas(alphas: Any) -> list[float]:
     """The alphas as floats, in the given order; one line for an empty or non-numeric list."""
     if isinstance(alphas, str | bytes) or not isinstance(alphas, Sequence | np.ndarray | range):
         raise ProbekitError(f"alphas must be a list of numbers, got {alphas!r}")
-    values = list(alphas)
-    if not values:
+    if not len(alphas):
         raise ProbekitError("no alphas given; give at least one, e.g. [-4, 0, 4]")
     try:
-        out = [float(a) for a in values]
+        out = [float(a) for a in alphas]
     except (TypeError, ValueError):
-        raise ProbekitError(f"alphas must be numbers, got {values!r}") from None
+        raise ProbekitError(f"alphas must be numbers, got {list(alphas)!r}") from None
     if not all(np.isfinite(out)):
-        raise ProbekitError(f"alphas must be finite numbers, got {values!r}")
+        raise ProbekitError(f"alphas must be finite numbers, got {list(alphas)!r}")
     return out
 
 
@@ -143,28 +142,13 @@ def check_strength(
     (`SATURATED`)."""
     limit = min(SATURATED, float(torch.finfo(dtype).max)) if dtype.is_floating_point else SATURATED
     for (name, layer), vector in vectors.items():
-        largest = float(vector.norm(dim=-1).max())
-        for alpha in alphas:
-            if abs(alpha) * largest > limit:
-                raise ProbekitError(
-                    f"α={alpha:g} saturates the model: |α·v| at layer {layer} ({name}) "
-                    f"is {abs(alpha) * largest:.3g}, beyond {limit:.3g} (what its layers compute "
-                    f"in {str(dtype).removeprefix('torch.')}); use a smaller |α|"
-                )
-
-
-def check_finite(results: Sequence[ScoreResult], where: str) -> None:
-    """One line for steered scores that are not finite (the activations overflowed)."""
-    bad = sum(
-        1
-        for r in results
-        if not (np.isfinite(r.valid_mass) and np.isfinite(np.asarray(r.probs, dtype=float)).all())
-    )
-    if bad:
-        raise ProbekitError(
-            f"{where}: the scores of {bad} of {len(results)} prompts are not finite (the steered "
-            "activations overflow); use a smaller |α|"
-        )
+        step = max(abs(a) for a in alphas) * float(vector.norm(dim=-1).max())
+        if step > limit:
+            raise ProbekitError(
+                f"α={max(alphas, key=abs):g} saturates the model: |α·v| at layer {layer} "
+                f"({name}) is {step:.3g}, beyond {limit:.3g} (what its layers compute in "
+                f"{str(dtype).removeprefix('torch.')}); use a smaller |α|"
+            )
 
 
 def steering_site(name: str) -> str:
@@ -185,12 +169,11 @@ def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Targe
     width = d_model(model)
     out = {}
     for target in targets:
+        value = vector
         if isinstance(vector, Mapping):
             value = vector.get(target, vector.get(target[1]))
             if value is None:
                 raise ProbekitError(f"the vectors have none for layer {target[1]} ({target[0]})")
-        else:
-            value = vector
         try:
             tensor = torch.as_tensor(np.asarray(value, dtype=np.float64))
         except (TypeError, ValueError):
@@ -200,13 +183,17 @@ def as_vectors(model: Any, vector: Any, targets: Sequence[Target]) -> dict[Targe
                 f"the vector has shape {tuple(tensor.shape)}; steering this model needs "
                 f"({width},), one number per residual-stream dimension"
             )
-        where = f"layer {target[1]} ({target[0]})"
-        if not torch.isfinite(tensor).all():
-            raise ProbekitError(f"the vector at {where} has non-finite values (inf or NaN)")
-        if not tensor.any():
-            raise ProbekitError(f"the vector at {where} is zero; steering along it changes nothing")
+        check_values(tensor.numpy(), f"the vector at layer {target[1]} ({target[0]})")
         out[target] = tensor
     return out
+
+
+def check_values(values: np.ndarray, what: str) -> None:
+    """One line for a vector (`what` names it) whose values are not finite, or all zero."""
+    if not np.isfinite(values).all():
+        raise ProbekitError(f"{what} has non-finite values (inf or NaN)")
+    if not values.any():
+        raise ProbekitError(f"{what} is zero; steering along it changes nothing")
 
 
 @public(HookOptions, command="capture")
@@ -225,13 +212,13 @@ def span_means(
     sites = sorted({name for name, _ in targets})
     out: dict[Target, list[np.ndarray]] = {target: [] for target in targets}
     for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        rows, values = gather(model, chunk, layers, sites, [span], hooks)
+        rows, values = gather(
+            model, prompts[start : start + batch_size], layers, sites, [span], hooks
+        )
         sizes = [len(positions) for _, _, positions in rows]
         for name, layer in targets:
-            acts = values[(layer, site(name).short)].double()
-            for part in torch.split(acts, sizes):
-                out[(name, layer)].append(part.mean(dim=0).numpy())
+            parts = torch.split(values[(layer, site(name).short)].double(), sizes)
+            out[(name, layer)] += [part.mean(dim=0).numpy() for part in parts]
     return {target: np.stack(means) for target, means in out.items()}
 
 
@@ -243,8 +230,8 @@ def residual_norms(means: Mapping[Target, np.ndarray]) -> dict[Target, float]:
 
 def weak_steps(table: pd.DataFrame) -> str | None:
     """One line when the mean valid mass of a (site, layer, vector kind, α) of a steering table
-    (`steering_table`'s rows, or one summary row each) fell below the weak-signal threshold,
-    naming them, the lowest mean and the unsteered one; None otherwise."""
+    (`steer`'s rows, or one summary row each) fell below the weak-signal threshold, naming them,
+    the lowest mean and the unsteered one; None otherwise."""
     column = "mean_valid_mass" if "mean_valid_mass" in table else "valid_mass"
     steps = table.groupby(["site", "layer", "vector", "alpha"], sort=False)[column].mean()
     weak = steps[[is_weak(m) for m in steps]]
@@ -252,14 +239,6 @@ def weak_steps(table: pd.DataFrame) -> str | None:
     unsteered = steps[steps.index.get_level_values("alpha") == 0]
     reference = f"{unsteered.mean():.3g} unsteered" if len(unsteered) else ""
     return weak_under("steering at", names, float(weak.min()) if len(weak) else 0, reference)
-
-
-def mean_difference(means: np.ndarray, contrast: Sequence[bool]) -> np.ndarray:
-    """mean(prompts where `contrast`) - mean(the others) of `means[prompt, d]`."""
-    side = np.asarray(contrast, dtype=bool)
-    if side.all() or not side.any():
-        raise ProbekitError("a mean difference needs prompts on both sides of the contrast")
-    return means[side].mean(axis=0) - means[~side].mean(axis=0)
 
 
 def random_like(vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -281,14 +260,10 @@ def norm_of(vector: torch.Tensor) -> float:
 
 def prompt_positions(prompt: EncodedItem, positions: str, span: str) -> list[int]:
     """The prompt positions `positions` steers in this prompt (answer tokens aside)."""
-    if span not in prompt.positions:
-        raise ProbekitError(
-            f"unknown span {span!r}: the prompts have {', '.join(prompt.positions)}"
-        )
+    declared = positions_of(prompt, span)
     if positions == "span":
-        return list(prompt.positions[span])
-    start = 0 if positions == "all" else min(prompt.positions[span])
-    return list(range(start, len(prompt.input_ids)))
+        return declared
+    return list(range(0 if positions == "all" else min(declared), len(prompt.input_ids)))
 
 
 def steered_results(
@@ -304,54 +279,34 @@ def steered_results(
 ) -> list[ScoreResult]:
     """Every prompt's result with `added` summed into `blocks.{layer}.{site}` at `positions`
     (`added`: one [d_model] vector, or one row per prompt, [prompts, d_model]: each group of
-    prompts with one row is steered on its own; `progress`, if given, is updated per batch)."""
+    prompts with one row is steered on its own; `progress`, if given, is updated per batch).
+    One line for steered scores that are not finite (the activations overflowed)."""
+    groups = [(added, list(range(len(prompts))))]
     if added.dim() == 2:
         rows, which = torch.unique(added, dim=0, return_inverse=True)
-        ordered: list[Any] = [None] * len(prompts)
-        for k, row in enumerate(rows):
-            chosen = torch.nonzero(which == k).flatten().tolist()
-            found = steered_results(
-                scorer,
-                [prompts[i] for i in chosen],
-                target,
-                row,
-                positions,
-                span,
-                hooks,
-                batch_size,
-                progress,
-            )
-            for i, result in zip(chosen, found, strict=True):
-                ordered[i] = result
-        return ordered
-    hook = site(target[0]).hook(target[1])
-    model = scorer.model
-    delta = added.to(model.device, model.dtype)
-
-    def add(old: torch.Tensor) -> torch.Tensor:
-        return old + delta
-
-    answer = None if positions == "span" else {hook: add}
-    size = batch_size or scorer.batch_size
-    out: list[ScoreResult] = []
-    for start in range(0, len(prompts), size):
-        chunk = prompts[start : start + size]
-        locs = [
-            (row, pos)
-            for row, prompt in enumerate(chunk)
-            for pos in prompt_positions(prompt, positions, span)
-        ]
-        results, _ = score_with(
+        groups = [(row, torch.nonzero(which == k).flatten().tolist()) for k, row in enumerate(rows)]
+    answer = [] if positions == "span" else answer_nodes(scorer)
+    model, out = scorer.model, [None] * len(prompts)
+    for vector, chosen in groups:
+        delta = vector.to(model.device, model.dtype)
+        found = score_edited(
             scorer,
-            [p.input_ids for p in chunk],
-            edits={hook: (locs, add)},
-            hooks=hooks,
-            answer_edits=answer,
+            [prompts[i] for i in chosen],
+            site(target[0]).hook(target[1]),
+            lambda p: [*prompt_positions(p, positions, span), *answer],
+            lambda old, delta=delta: old + delta,
+            hooks,
+            batch_size,
+            progress,
         )
-        check_finite(results, f"steering at layer {target[1]} ({target[0]})")
-        out += results
-        if progress is not None:
-            progress.update(len(chunk))
+        for i, result in zip(chosen, found, strict=True):
+            out[i] = result
+    bad = sum(not np.isfinite([r.valid_mass, *np.asarray(r.probs, dtype=float)]).all() for r in out)
+    if bad:
+        raise ProbekitError(
+            f"steering at layer {target[1]} ({target[0]}): the scores of {bad} of {len(out)} "
+            "prompts are not finite (the steered activations overflow); use a smaller |α|"
+        )
     return out
 
 
@@ -377,88 +332,13 @@ def steer_rows(
     """One row per prompt: its id and key columns, `columns`, the score columns and the side
     effects against its unsteered result (`kl`, `valid_mass_change`)."""
     return [
-        {
-            PROMPT_ID: prompt.id,
-            **prompt.item.key,
-            **columns,
-            **result.row(answers),
+        {PROMPT_ID: prompt.id, **prompt.item.key, **columns, **result.row(answers)}
+        | {
             "kl": kl_divergence(result, zero),
             "valid_mass_change": result.valid_mass - zero.valid_mass,
         }
         for prompt, result, zero in zip(prompts, results, base, strict=True)
     ]
-
-
-def steering_table(
-    scorer: Any,
-    prompts: Sequence[EncodedItem],
-    vectors: Mapping[Target, torch.Tensor],
-    alphas: Sequence[float],
-    *,
-    positions: str = "from_span",
-    span: str = ANSWER,
-    hooks: str = "transformer_lens",
-    control: bool = True,
-    seed: int = 0,
-    batch_size: int | None = None,
-    base: Sequence[ScoreResult] | None = None,
-    say: Progress | None = None,
-) -> pd.DataFrame:
-    """The steering table: one row per (target, vector kind, α, prompt), see the module.
-
-    `base` are the prompts' unsteered results if already scored (else scored here)."""
-    answers: AnswerSet = scorer.answers
-    check_positions(positions)
-    # every row, α = 0 included, on the same kernels; the model is left as it was found
-    with hook_library(scorer.model, hooks):
-        for prompt in prompts:
-            prompt_positions(prompt, positions, span)  # one line for a missing span, before scoring
-        if base is None:
-            base = list(scorer.score([p.input_ids for p in prompts]))
-        rng = np.random.default_rng(seed)
-        rows = []
-        total = len(vectors) * (2 if control else 1) * sum(a != 0 for a in alphas)
-        bar = track(total * len(prompts), "prompt", "steering", "fewer layers, alphas or prompts")
-        done = 0
-        for target, vector in vectors.items():
-            kinds = {STEER: vector}
-            if control:
-                kinds[RANDOM] = random_like(vector, rng)
-            for kind, v in kinds.items():
-                norm = float(v.norm())
-                for alpha in alphas:
-                    if alpha == 0:
-                        results = list(base)
-                    else:
-                        results = steered_results(
-                            scorer,
-                            prompts,
-                            target,
-                            alpha * v,
-                            positions,
-                            span,
-                            hooks,
-                            batch_size,
-                            bar,
-                        )
-                        done += 1
-                        if say:
-                            say(
-                                f"steered {done}/{total}: layer {target[1]} {target[0]}, {kind}, "
-                                f"α={alpha:g}"
-                            )
-                    columns = {
-                        "site": target[0],
-                        "layer": target[1],
-                        "vector": kind,
-                        "norm": norm,
-                        "alpha": float(alpha),
-                        "positions": positions,
-                        "span": span,
-                    }
-                    rows += steer_rows(prompts, results, base, answers, columns)
-        bar.close()
-        return pd.DataFrame(rows)
 
 
 @public(SteerOptions, ScoreOptions, ModelOptions, command="steer", skip=("vector", "model"))
@@ -499,26 +379,34 @@ def steer(
     names = [steering_site(name) for name in sites]
     check_hooks(hooks, positions)
     model = hookable(model)
-    layers = chosen_layers(model, layers, "steer")
-    targets = [(name, layer) for layer in layers for name in names]
+    targets = [(name, layer) for layer in chosen_layers(model, layers, "steer") for name in names]
     vectors = as_vectors(model, vector, targets)
     check_strength(model.dtype, vectors, alphas)
     encoded = encode_prompts(model, prompts, "steer")
+    span = ANSWER if span is None else span
+    for prompt in encoded:  # one line for a missing span, before any scoring
+        prompt_positions(prompt, positions, span)
     model.settle_precision(answers, [e.input_ids for e in encoded])
     scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
-    with silenced(quiet):
-        table = steering_table(
-            scorer,
-            encoded,
-            vectors,
-            alphas,
-            positions=positions,
-            span=ANSWER if span is None else span,
-            hooks=hooks,
-            control=control,
-            seed=seed,
-            batch_size=batch_size,
-        )
+    rng = np.random.default_rng(seed)
+    kinds = {
+        t: {STEER: v} | ({RANDOM: random_like(v, rng)} if control else {})
+        for t, v in vectors.items()
+    }
+    steps = [(t, kind, w, a) for t in vectors for kind, w in kinds[t].items() for a in alphas]
+    rows = []
+    # every row, α = 0 included, on the same kernels; the model is left as it was found
+    with silenced(quiet), hook_library(model, hooks):
+        base = list(scorer.score([p.input_ids for p in encoded]))
+        total = sum(a != 0 for *_, a in steps) * len(encoded)
+        with track(total, "prompt", "steering", "fewer layers, alphas or prompts") as bar:
+            for (name, layer), kind, w, alpha in steps:
+                steered = (scorer, encoded, (name, layer), alpha * w, positions, span, hooks)
+                results = steered_results(*steered, batch_size, bar) if alpha != 0 else base
+                columns = {"site": name, "layer": layer, "vector": kind, "norm": float(w.norm())}
+                columns |= {"alpha": float(alpha), "positions": positions, "span": span}
+                rows += steer_rows(encoded, results, base, scorer.answers, columns)
+    table = pd.DataFrame(rows)
     if weak := weak_steps(table):
         warnings.warn(weak, UserWarning, stacklevel=3)  # the caller of @public
     return table

@@ -29,7 +29,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem
 from probekit.core.options import given, named
 from probekit.mechanism import steering
-from probekit.mechanism.directions import diff_of_means, unit_folds
+from probekit.mechanism.directions import diff_of_means, mean_difference, unit_folds
 
 VECTORS = ("mean_diff", "direction")
 FILE_TYPES = (".npy", ".pt", ".safetensors")
@@ -85,10 +85,7 @@ def read_vector_file(vector: str | Path) -> VectorFile:
             f"{name}: shape {values.shape}; give one [d_model] vector or one per layer "
             "([n_layers, d_model])"
         )
-    if not np.isfinite(values).all():
-        raise ProbekitError(f"{name}: the vector has non-finite values (inf or NaN)")
-    if not values.any():
-        raise ProbekitError(f"{name}: the vector is zero; steering along it changes nothing")
+    steering.check_values(values, f"{name}: the vector")
     return VectorFile(path, values, hashlib.sha256(content).hexdigest())
 
 
@@ -142,7 +139,7 @@ def contrast_vectors(
     side = np.array([bool(contrast(p)) for p in encoded])
     if means is None:
         means = steering.span_means(model, encoded, targets, span, hooks)
-    fit = diff_of_means if kind == "direction" else steering.mean_difference
+    fit = diff_of_means if kind == "direction" else mean_difference
     out = {}
     for target in targets:
         rows = np.empty_like(means[target])
