@@ -49,7 +49,8 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import declaration, given, named, options_of, spoken
+from probekit.core.kinds import path
+from probekit.core.options import declaration, given, named, option, options_of, spoken
 from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.shared_options import FIRST_UNITS
@@ -68,6 +69,11 @@ MECHANISM = ("patch", "capture", "steer", "lens")
 COMMANDS = (*RUN, *MECHANISM)
 """The commands that take a study's options (`option(..., commands=RUN)`: `run` only)."""
 Say = Callable[..., None]
+
+
+def data_option(holding: str) -> Any:
+    """The `--data ROOT` option of a study whose data root holds `holding` (a folder)."""
+    return option(None, help=f"data root holding {holding}", kind=path, metavar="ROOT")
 
 
 def check_view(view: str, views: Sequence[str] = VIEWS) -> str:

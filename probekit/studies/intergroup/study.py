@@ -13,12 +13,12 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.kinds import Kind, choice, count_or_all, path, probability, text
+from probekit.core.kinds import Kind, choice, count_or_all, probability, text
 from probekit.core.options import named, option
 from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.mechanism.defaults import Contrast, Interaction, MechanismDefaults
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
+from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, data_option, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, event_cube
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -64,11 +64,8 @@ class IntergroupOptions:
         help="events per emotion, drawn with the seed, or all (default %(default)s)",
         kind=count_or_all,
     )
-    data: Path | None = option(
-        None,
-        help="data root holding crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)",
-        kind=path,
-        metavar="ROOT",
+    data: Path | None = data_option(
+        "crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)"
     )
     authors_input: bool = option(
         False,
