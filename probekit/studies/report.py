@@ -14,7 +14,6 @@ import pandas as pd
 
 from probekit.core.io import atomic_write
 from probekit.reporting.contract import figure_model
-from probekit.reporting.figures import CATEGORICAL
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,8 @@ def side_by_side(ax: Any, series: Sequence[tuple[str, Any, Any, Any]], colour: i
     """Bars of several series side by side at x = 0, 1, ... on `ax`, each `(label, values, lows,
     highs)` (lows and highs None for bars without an interval), coloured in turn from the
     palette's `colour`-th; each series' x positions."""
+    from probekit.reporting.figures import CATEGORICAL  # matplotlib: only when drawing
+
     width = 0.8 / len(series)
     positions = []
     for k, (label, values, lows, highs) in enumerate(series):
