@@ -171,8 +171,8 @@ def build_slices(args: argparse.Namespace) -> list[Slice]:
                 )
                 return {
                     "Δ": s.delta,
-                    "Δ CI low": s.delta_low,
-                    "Δ CI high": s.delta_high,
+                    "Δ CI low": s.delta_ci_low,
+                    "Δ CI high": s.delta_ci_high,
                     "p": s.p_value,
                 }
 

@@ -136,7 +136,7 @@ def test_summarize_generate_mode():
     gap_M = metrics.event_cube(scores, RELIGION, "parsed", named_events).mean(axis=2)
     gap_Z = stats.zscore(gap_M)
     assert summary.delta == pytest.approx(stats.empathy_gap(gap_Z, RELIGION))
-    assert summary.delta > summary.high and summary.significant
+    assert summary.delta > summary.null_high and summary.significant
     assert summary.Z.shape == summary.shown.shape == (6, 6)
     assert summary.Z.mean() == pytest.approx(0, abs=1e-12)
     assert summary.Z.std() == pytest.approx(1)
@@ -173,13 +173,16 @@ def test_delta_has_a_bootstrap_interval_over_events_and_an_exact_p():
     scores = scores_frame(np.rint(cube), groups)
     summary = metrics.summarize(scores, groups, mode="generate", seed=0, n_bootstrap=300)
     assert summary.p_exact and summary.p_value == pytest.approx(1 / 120)
-    assert summary.delta_low < summary.delta < summary.delta_high
+    assert summary.delta_ci_low < summary.delta < summary.delta_ci_high
     again = metrics.summarize(scores, groups, mode="generate", seed=0, n_bootstrap=300)
-    assert (again.delta_low, again.delta_high) == (summary.delta_low, summary.delta_high)
+    assert (again.delta_ci_low, again.delta_ci_high) == (
+        summary.delta_ci_low,
+        summary.delta_ci_high,
+    )
     few = scores[scores["event_id"].isin([f"e{e}" for e in range(1, 8)])]
-    narrow = summary.delta_high - summary.delta_low
+    narrow = summary.delta_ci_high - summary.delta_ci_low
     wide = metrics.summarize(few, groups, mode="generate", seed=0, n_bootstrap=300)
-    assert wide.delta_high - wide.delta_low > narrow
+    assert wide.delta_ci_high - wide.delta_ci_low > narrow
     row = summary.to_dict()
     assert {"delta_ci_low", "delta_ci_high", "null_low", "null_high", "p_exact"} <= set(row)
     named = stats.zscore(metrics.event_cube(scores, RELIGION, "parsed").mean(axis=2))

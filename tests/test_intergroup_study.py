@@ -5,7 +5,7 @@ from conftest import DATA_ROOT, ETHNICITY, ETHNICITY_LABELS, ETHNICITY_NAMES, RE
 
 from probekit.core.errors import ProbekitError
 from probekit.datasets import crowd_envent
-from probekit.studies.intergroup import (
+from probekit.studies.intergroup.probe import (
     CATEGORIES,
     EMOTIONS,
     SETTINGS,

@@ -14,10 +14,10 @@ from conftest import DATA_ROOT
 from probekit import cli
 from probekit.engines.hf.scorer import HFScorer
 from probekit.studies import get_study
-from probekit.studies.isear import EMOTIONS, GENDERS, evaluate, load_events, locate_punkt
 from probekit.studies.isear import metrics as isear_metrics
-from probekit.studies.isear.events import SAMPLE_ROOT, sample_events
-from probekit.studies.isear.probe import ANSWERS, IsearProbe
+from probekit.studies.isear.evaluator import evaluate, locate_punkt
+from probekit.studies.isear.events import SAMPLE_ROOT, load_events, sample_events
+from probekit.studies.isear.probe import ANSWERS, EMOTIONS, GENDERS, IsearProbe
 from probekit.testing.reference import brute_force
 
 SHARED = DATA_ROOT

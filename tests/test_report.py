@@ -236,7 +236,7 @@ def isear_run_rows(model: str, run: str, value: float) -> list[dict]:
         for name in ["max_diff", *(f"max_diff_{e}" for e in EMOTIONS)]
     ]
     rows.append({"metric": "mean_valid_mass", "value": 0.13, "low": 0.1, "high": 0.2})
-    return [{"model": model, "events": 2, "view": "ev", **r, "run": run} for r in rows]
+    return [{"model": model, "events": 2, "view": "exact", **r, "run": run} for r in rows]
 
 
 def test_isear_summary_of_two_runs_of_one_model(tmp_path):
@@ -249,7 +249,7 @@ def test_isear_summary_of_two_runs_of_one_model(tmp_path):
     lines = summary.markdown.splitlines()
     assert any(line.startswith("| default [sample]: exact distributions | 0.100") for line in lines)
     assert any(line.startswith("| default [real]: exact distributions | 0.200") for line in lines)
-    assert "| emotion | max_diff (default [sample]: ev) | max_diff (default [real]: ev) |" in lines
+    assert "| emotion | max_diff (default [sample]: exact) | max_diff (default [real]: exact) |" in lines
     assert len(pd.read_csv(tmp_path / "summary.csv")) == len(rows)
 
 

@@ -49,7 +49,8 @@ import pandas as pd
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.options import declaration, given, named, options_of, spoken
+from probekit.core.kinds import path
+from probekit.core.options import declaration, given, named, option, options_of, spoken
 from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.shared_options import FIRST_UNITS
@@ -57,6 +58,7 @@ from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import Headline, ViewFacts
+from probekit.studies.report import ReportView, markdown_table, write_csv
 
 VIEWS = ("exact", "generate", "explain")
 """Every view a run can be in: `exact` (the scores from the logits), `generate` (greedy
@@ -68,26 +70,10 @@ COMMANDS = (*RUN, *MECHANISM)
 """The commands that take a study's options (`option(..., commands=RUN)`: `run` only)."""
 Say = Callable[..., None]
 
-__all__ = [
-    "COMMANDS",
-    "MECHANISM",
-    "LimitedProbe",
-    "RUN",
-    "VIEWS",
-    "Context",
-    "NoOptions",
-    "Probe",
-    "Say",
-    "Study",
-    "Summary",
-    "check_view",
-    "contrast_pairs",
-    "get_study",
-    "list_studies",
-    "mechanism_slice",
-    "other_study_option",
-    "register",
-]
+
+def data_option(holding: str) -> Any:
+    """The `--data ROOT` option of a study whose data root holds `holding` (a folder)."""
+    return option(None, help=f"data root holding {holding}", kind=path, metavar="ROOT")
 
 
 def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
@@ -242,22 +228,21 @@ class Probe(ABC):
         return self.limited(sum(sizes[unit] for unit in order[:count]), fewest=1)
 
 
-class LimitedProbe(Probe):
+class LimitedProbe:
     """A probe's prompts on some of its whole units (`Probe.limited`), in the probe's order;
-    everything else is the probe's. `config()` records the units kept, so that the manifest
-    says which ones."""
+    everything else is the probe's (a `Probe` by registration). `config()` records the units
+    kept, so that the manifest says which ones; limiting it again limits its own units."""
 
     def __init__(self, probe: Probe, units: Sequence[str], units_total: int, groups: int) -> None:
-        self.probe = probe
-        self.units = tuple(units)
-        self.units_total = units_total
-        self.groups = groups
-        self.name, self.answers, self.key_columns = probe.name, probe.answers, probe.key_columns
-        self.max_new_tokens, self.temperature = probe.max_new_tokens, probe.temperature
-        self.subdir, self.as_string = probe.subdir, probe.as_string
-        self.answer_cue, self.unit_name = probe.answer_cue, probe.unit_name
-        self.min_units, self.group_name = probe.min_units, probe.group_name
+        self.probe, self.units, self.units_total, self.groups = (
+            probe,
+            tuple(units),
+            units_total,
+            groups,
+        )
         self._size = sum(1 for _ in self.items())
+
+    balanced, limited, first_units = Probe.balanced, Probe.limited, Probe.first_units
 
     @property
     def whole(self) -> Probe:
@@ -267,43 +252,21 @@ class LimitedProbe(Probe):
         kept = set(self.units)
         return (item for item in self.probe.items() if item.unit in kept)
 
-    def parse(self, response: str) -> Any:
-        return self.probe.parse(response)
-
-    def settled(self, response: str) -> bool:
-        return self.probe.settled(response)
-
     def config(self) -> dict[str, Any]:
-        return {
-            **self.probe.config(),
-            "limit": {
-                "units": list(self.units),
-                "units_total": self.units_total,
-                "unit_name": self.unit_name,
-                "groups": self.groups,
-                "group_name": self.group_name,
-            },
-        }
-
-    def manifest(self) -> dict[str, Any]:
-        return self.probe.manifest()
-
-    def add_columns(self, frame: pd.DataFrame) -> pd.DataFrame:
-        return self.probe.add_columns(frame)
-
-    def unit_group(self, item: Item) -> Hashable:
-        return self.probe.unit_group(item)
-
-    def unit_prompts(self) -> str:
-        return self.probe.unit_prompts()
+        names = ("units_total", "unit_name", "groups", "group_name")
+        limit = {"units": list(self.units), **{name: getattr(self, name) for name in names}}
+        return {**self.probe.config(), "limit": limit}
 
     def __len__(self) -> int:
         return self._size
 
-    def __getattr__(self, name: str) -> Any:  # the probe's own attributes (a study's contrast)
+    def __getattr__(self, name: str) -> Any:  # the rest is the probe's (a study's contrast too)
         if "probe" not in self.__dict__:  # not made yet (a copy, a pickle)
             raise AttributeError(name)
         return getattr(self.__dict__["probe"], name)
+
+
+Probe.register(LimitedProbe)
 
 
 class Study(ABC):
@@ -386,7 +349,12 @@ class Study(ABC):
         as `describe_data` says it, so that `summary.csv` tells probekit's sample apart. What
         `probekit run` and `probekit report` write."""
         data = self.describe_data(manifest)
-        return [_with_data(row, data) for row in self.report(scores, run_dir, manifest)]
+        rows = []
+        for row in self.report(scores, run_dir, manifest):
+            keys = list(row)
+            at = keys.index("model") + 1 if "model" in row else len(keys)
+            rows.append({**{k: row[k] for k in keys[:at]}, "data": data, **row})
+        return rows
 
     def write_summary(
         self, rows: Sequence[dict[str, Any]], out: Path, runs: Sequence[Path] | None = None
@@ -396,24 +364,21 @@ class Study(ABC):
         tables (`write_tables`) in `out`; `runs`: the run folders the rows come from (default:
         every finished run under `out`). The one writer of the summary files: nothing is written
         unless all of it could be made."""
-        from probekit.core.io import atomic_write, write_text
+        from probekit.core.io import write_text
         from probekit.reporting.html import find_runs
         from probekit.reporting.summary import SAMPLE_LINE, run_sections
 
         table = self.summary_table(rows)
-        folders = list(runs) if runs is not None else find_runs(out)
         markdown = self.summary_markdown(table)
         if "data" in table and any(is_sample_data(d) for d in table["data"]):
             markdown = SAMPLE_LINE + "\n\n" + markdown
-        sections = run_sections(folders, out)
+        sections = run_sections(list(runs) if runs is not None else find_runs(out), out)
         if sections:
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
-        extra = self.summary_tables(table)
+        tables = {"summary": (table, markdown), **self.summary_tables(table)}
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "summary.csv", lambda tmp: table.to_csv(tmp, index=False))
-        write_text(out / "summary.md", markdown)
-        for name, (frame, text) in extra.items():
-            atomic_write(out / f"{name}.csv", lambda tmp, f=frame: f.to_csv(tmp, index=False))
+        for name, (frame, text) in tables.items():
+            write_csv(out / f"{name}.csv", frame)
             write_text(out / f"{name}.md", text)
         return Summary(table, markdown)
 
@@ -423,10 +388,8 @@ class Study(ABC):
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
         """`summary.md`: the title and the summary table."""
-        header = "| " + " | ".join(map(str, table.columns)) + " |"
-        rule = "|" + "---|" * len(table.columns)
-        body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.to_numpy()]
-        return "\n".join([f"# {self.title}", "", header, rule, *body]) + "\n"
+        cells = [[f"{v:.4g}" if isinstance(v, float) else v for v in row] for row in table.values]
+        return f"# {self.title}\n\n{markdown_table(table.columns, cells)}\n"
 
     def summary_tables(self, table: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
         """Further tables beside the summary (name -> (csv table, Markdown)), e.g. a paper's own
@@ -529,22 +492,9 @@ def contrast_pairs(contrast: Contrast, probe: Probe, encoded: Sequence[EncodedIt
     ]
 
 
-def run_view(manifest: dict[str, Any]) -> str:
+def run_view(manifest: Mapping[str, Any]) -> str:
     """The view of the run a manifest describes."""
     return manifest.get("view", "exact")
-
-
-def _with_data(row: dict[str, Any], data: str) -> dict[str, Any]:
-    """`row` with `data` right after `model` (at the end without one)."""
-    if "model" not in row:
-        return {**row, "data": data}
-    keys = list(row)
-    at = keys.index("model") + 1
-    return {**{k: row[k] for k in keys[:at]}, "data": data, **{k: row[k] for k in keys[at:]}}
-
-
-def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @functools.cache
@@ -571,9 +521,9 @@ _REGISTRY: dict[str, Study] = {}
 
 
 class ReportedStudy(Study):
-    """A study in its own folder whose summary, headlines and view facts are the functions of the
-    same names in the folder's `report` module (`summary_markdown(table)`,
-    `headlines(table, manifest)`, `view_facts(table, run)`), imported on first use so that
+    """A study in its own folder whose report is the functions of the folder's `report` module:
+    `report_view(scores, view)` (with `view` a `ReportView`), `summary_markdown(table)`,
+    `headlines(table, manifest)` and `view_facts(table, run)`, imported on first use so that
     listing the studies stays light."""
 
     def report_module(self) -> Any:
@@ -581,6 +531,12 @@ class ReportedStudy(Study):
         import importlib
 
         return importlib.import_module(type(self).__module__.rpartition(".")[0] + ".report")
+
+    def report_view(
+        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
+    ) -> list[dict]:
+        reported = ReportView(run_dir, manifest, view, suffix, self.describe_data(manifest))
+        return self.report_module().report_view(scores, reported)
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
         return self.report_module().summary_markdown(table)

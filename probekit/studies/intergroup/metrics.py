@@ -8,7 +8,7 @@ answer).
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -96,12 +96,15 @@ def event_cube(
 
 @dataclass(frozen=True, eq=False)
 class GapSummary:
-    """Everything a report needs for one (model, category, setting).
+    """Everything a report needs for one (model, category, setting); its scalar fields, in
+    order, are the columns of its summary row (`to_dict`).
 
-    Δ, its permutation null interval (`low`, `high`), the one-sided p, the bootstrap 95 % CI of
-    Δ over events (`delta_low`, `delta_high`) and the exclusion over the named groups come from
-    the matrix without `a person`; Z, the mask, mean ± std of M and (min, max) of Z describe the
-    heatmap matrix with `a person`, whose exclusion is computed over all groups.
+    Δ, its permutation null interval (`null_low`, `null_high`), the one-sided p, the bootstrap
+    95 % CI of Δ over events (`delta_ci_low`, `delta_ci_high`) and the exclusion over the named
+    groups come from the matrix without `a person`; `significant` is the paper's criterion (Δ
+    outside the null interval; the p is reported beside it, not used for this flag). Z, the
+    mask, mean ± std of M and (min, max) of Z describe the heatmap matrix with `a person`, whose
+    exclusion is computed over all groups.
 
     Beside Δ, on the same kept events and named groups (`event_context`): `raw_gap`, the mean
     in-group minus out-group rating in points of the answer scale, with its bootstrap 95 % CI
@@ -110,14 +113,14 @@ class GapSummary:
     valid mass of the in-group and out-group prompts.
     """
 
-    identities: tuple[str, ...]
     delta: float
-    low: float
-    high: float
+    delta_ci_low: float
+    delta_ci_high: float
+    null_low: float
+    null_high: float
     p_value: float
     p_exact: bool
-    delta_low: float
-    delta_high: float
+    significant: bool
     exclusion_rate: float
     n_events: int
     n_kept: int
@@ -127,44 +130,21 @@ class GapSummary:
     std: float
     z_min: float
     z_max: float
+    identities: tuple[str, ...]
     Z: np.ndarray
     shown: np.ndarray
     gap_Z: np.ndarray  # the named-only z-scored matrix Δ is computed on
     power: PowerCurve | None = None  # events needed for Δ to be significant (None: not run)
     context: dict[str, float] | None = None  # `event_context`: the raw gap, d_z, p, valid mass
 
-    @property
-    def significant(self) -> bool:
-        """The paper's criterion: Δ lies outside the null interval (2.5–97.5 percentiles of the
-        permuted Δs). The one-sided p is reported beside it, not used for this flag."""
-        return not self.low <= self.delta <= self.high
-
-    def to_dict(self) -> dict[str, float | int | bool]:
+    def to_dict(self) -> dict[str, float | int | bool | str]:
         """The scalar fields, one row of summary.csv / summary.md."""
-        return {
-            "delta": self.delta,
-            "delta_ci_low": self.delta_low,
-            "delta_ci_high": self.delta_high,
-            "null_low": self.low,
-            "null_high": self.high,
-            "p_value": self.p_value,
-            "p_exact": self.p_exact,
-            "significant": self.significant,
-            "exclusion_rate": self.exclusion_rate,
-            "n_events": self.n_events,
-            "n_kept": self.n_kept,
-            "heatmap_exclusion_rate": self.heatmap_exclusion_rate,
-            "heatmap_n_kept": self.heatmap_n_kept,
-            "mean": self.mean,
-            "std": self.std,
-            "z_min": self.z_min,
-            "z_max": self.z_max,
-            "events_for_power": np.nan
-            if self.power is None or self.power.needed is None
-            else self.power.needed,
-            "power": self.power.describe("event") if self.power is not None else _no_power(self),
-            **(self.context or {}),
-        }
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        row = {name: value for name, value in row.items() if np.isscalar(value)}
+        needed = None if self.power is None else self.power.needed
+        row["events_for_power"] = np.nan if needed is None else needed
+        row["power"] = _no_power(self) if self.power is None else self.power.describe("event")
+        return {**row, **(self.context or {})}
 
 
 def event_gaps(X: np.ndarray, labels: Sequence[str]) -> np.ndarray:
@@ -253,27 +233,21 @@ def summarize(
     gap_X = event_cube(df, named, value, gap_events.kept)
     gap_Z = zscore(gap_X.mean(axis=2))
     test = permutation_test(gap_Z, named_labels, n_permutations, seed)
-    interval = bootstrap_units(
-        gap_X.shape[2],
-        lambda events: empathy_gap(zscore(gap_X[:, :, events].mean(axis=2)), named_labels),
-        n=n_bootstrap,
-        seed=seed,
-    )
+    n_kept = gap_X.shape[2]
+
+    def z_of(events: np.ndarray) -> np.ndarray:  # Z of a resample of the kept events
+        return zscore(gap_X[:, :, events].mean(axis=2))
+
+    def gap(events: np.ndarray) -> float:
+        return empathy_gap(z_of(events), named_labels)
+
+    def significant(events: np.ndarray) -> bool:
+        return permutation_test(z_of(events), named_labels, n_power_permutations, seed).significant
+
+    interval = bootstrap_units(n_kept, gap, n=n_bootstrap, seed=seed)
     power = None
-    if n_power and gap_X.shape[2] >= max(2, MIN_POWER_EVENTS):
-        power = units_for_power(
-            gap_X.shape[2],
-            lambda events: (
-                permutation_test(
-                    zscore(gap_X[:, :, events].mean(axis=2)),
-                    named_labels,
-                    n_power_permutations,
-                    seed,
-                ).significant
-            ),
-            n_resamples=n_power,
-            seed=seed,
-        )
+    if n_power and n_kept >= max(2, MIN_POWER_EVENTS):
+        power = units_for_power(n_kept, significant, n_resamples=n_power, seed=seed)
     heatmap_events = exclude_events(df, groups, mode, min_valid_mass)
     X = event_cube(df, groups, value, heatmap_events.kept)
     M = X.mean(axis=2)
@@ -281,12 +255,13 @@ def summarize(
     return GapSummary(
         identities=tuple(groups),
         delta=test.delta,
-        low=test.low,
-        high=test.high,
+        null_low=test.low,
+        null_high=test.high,
         p_value=test.p_value,
         p_exact=test.exact,
-        delta_low=interval.low,
-        delta_high=interval.high,
+        significant=test.significant,
+        delta_ci_low=interval.low,
+        delta_ci_high=interval.high,
         exclusion_rate=gap_events.rate,
         n_events=gap_events.n_units,
         n_kept=len(gap_events.kept),

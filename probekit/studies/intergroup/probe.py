@@ -8,6 +8,7 @@ renders the chat messages byte for byte as the authors did.
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate, groupby
 from typing import Any
 
 import pandas as pd
@@ -51,13 +52,8 @@ class Category:
     @property
     def blocks(self) -> list[tuple[int, int]]:
         """(start, stop) index ranges of consecutive equal labels over all identities."""
-        blocks: list[tuple[int, int]] = []
-        start = 0
-        for i in range(1, len(self.labels) + 1):
-            if i == len(self.labels) or self.labels[i] != self.labels[start]:
-                blocks.append((start, i))
-                start = i
-        return blocks
+        ends = list(accumulate(len(list(run)) for _, run in groupby(self.labels)))
+        return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 EMOTIONS: tuple[str, ...] = tuple(_STUDY["emotions"])
@@ -90,25 +86,14 @@ class Setting:
     text_column: str
 
 
-def _settings(study: dict[str, Any]) -> dict[str, Setting]:
-    settings = {}
-    for row in study["settings"]:
-        name = row["persona"] + row["scale"] + row["template"]
-        scale = study["scales"][row["scale"]]
-        template = study["templates"][row["template"]]
-        settings[name] = Setting(
-            name=name,
-            alias=row["alias"],
-            persona=study["personas"][row["persona"]],
-            scale=scale["text"],
-            template=template["text"],
-            scale_max=scale["max"],
-            text_column=template["text_column"],
-        )
-    return settings
+def _setting(row: dict[str, str]) -> Setting:
+    scale, template = _STUDY["scales"][row["scale"]], _STUDY["templates"][row["template"]]
+    texts = (_STUDY["personas"][row["persona"]], scale["text"], template["text"])
+    name = row["persona"] + row["scale"] + row["template"]
+    return Setting(name, row["alias"], *texts, scale["max"], template["text_column"])
 
 
-_SETTINGS = _settings(_STUDY)
+_SETTINGS = {setting.name: setting for setting in map(_setting, _STUDY["settings"])}
 SETTINGS: tuple[str, ...] = tuple(_SETTINGS)
 
 

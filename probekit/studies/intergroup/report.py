@@ -5,7 +5,6 @@ scale labelled from the run's own answer set)."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,13 +16,12 @@ from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
 from probekit.reporting.contract import model_label
-from probekit.reporting.headline import format_number, missing
-from probekit.reporting.html import model_name
-from probekit.studies.intergroup.probe import Category, get_setting
+from probekit.reporting.headline import format_number, format_rate, missing
+from probekit.studies.intergroup.probe import Category, get_category, get_setting
+from probekit.studies.report import ReportView, markdown_table
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
 VIEWS = {
-    "ev": "exact expected intensity ({scale}) from the logits",
     "exact": "exact expected intensity ({scale}) from the logits",
     "generate": "greedy generation + the authors' parse rule ({scale})",
 }
@@ -36,83 +34,54 @@ DELTA_MEANING = (
 )
 
 
-def report_gap(
-    scores: pd.DataFrame,
-    category: Category,
-    mode: str,
-    out: Path,
-    seed: int = 0,
-    min_valid_mass: float = metrics.DEFAULT_MIN_VALID_MASS,
-    suffix: str = "",
-    model: str | None = None,
-) -> dict[str, Any]:
-    """Statistics of one run (read in `mode`: the exact `expected` or the generated `parsed`)
-    plus its figures in `out` (`heatmap{suffix}.png`, ...; titled with `model`, default the
-    model of the run's manifest); returns one summary row."""
-    row: dict[str, Any] = {"view": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
+def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
+    """Statistics of one view (the exact `expected` or the generated `parsed`) and its figures
+    (`heatmap.png`, `embedding.png` for nationality, `Z.npy`): one summary row."""
+    manifest, mode = out.manifest, out.view
+    category = get_category(manifest["category"])
+    row = {"model": manifest["model"], "category": category.name, "setting": manifest["setting"]}
+    row |= {"view": mode, "mean_valid_mass": float(scores["valid_mass"].mean())}
     if "parsed" in scores:
         answered = scores[scores["parsed"] >= 0]
+        agree = (answered["greedy"] == answered["parsed"].astype(str)).mean()
         row["answered_rate"] = len(answered) / len(scores)
-        row["ev_generate_agreement"] = (
-            float((answered["greedy"] == answered["parsed"].astype(str)).mean())
-            if len(answered)
-            else float("nan")
-        )
-    row["refusal_rate"] = 1 - (
-        row["answered_rate"] if mode == "generate" else row["mean_valid_mass"]
-    )
+        row["ev_generate_agreement"] = float(agree) if len(answered) else float("nan")
+    row["refusal_rate"] = 1 - row["answered_rate" if mode == "generate" else "mean_valid_mass"]
+    groups, labels = category.identities, category.labels
+    min_mass = manifest.get("min_valid_mass", metrics.DEFAULT_MIN_VALID_MASS)
     try:
-        summary = metrics.summarize(
-            scores,
-            category.identities,
-            category.labels,
-            mode,
-            seed,
-            min_valid_mass=min_valid_mass,
-        )
+        summary = metrics.summarize(scores, groups, labels, mode, out.seed, min_valid_mass=min_mass)
     except ProbekitError as exc:  # e.g. every event excluded
-        n_events = scores["event_id"].nunique()
-        excluded = metrics.exclude_events(scores, category.named, mode, min_valid_mass)
-        everyone = metrics.exclude_events(scores, category.identities, mode, min_valid_mass)
-        row.update(
-            n_events=n_events,
-            n_kept=len(excluded.kept),
-            exclusion_rate=excluded.rate,
-            heatmap_exclusion_rate=everyone.rate,
-        )
-        row["note"] = str(exc)
-        return row
+        named = metrics.exclude_events(scores, category.named, mode, min_mass)
+        everyone = metrics.exclude_events(scores, groups, mode, min_mass)
+        row |= {"n_events": scores["event_id"].nunique(), "n_kept": len(named.kept)}
+        row |= {"exclusion_rate": named.rate, "heatmap_exclusion_rate": everyone.rate}
+        return [{**row, "note": str(exc)}]
     row.update(summary.to_dict())
-    title = (
-        f"{category.name} — Z of mean intensity\n{model or model_name(out)}, view {mode}, "
-        f"N = {summary.heatmap_n_kept} events"
-    )
     plots.heatmap(
         summary.Z,
-        category.identities,
+        groups,
         mask=summary.shown,
         blocks=in_group_blocks(category),
-        title=title,
+        title=f"{category.name} — Z of mean intensity\n{out.model}, view {mode}, "
+        f"N = {summary.heatmap_n_kept} events",
         separators=(1,),
-        path=out / f"heatmap{suffix}.png",
+        path=out.path("heatmap.png"),
         mask_label="hidden, not significant (paired t-tests vs the diagonal, Bonferroni α/k²)",
         block_label="in-group cells (perceiver and experiencer of one label), those Δ averages",
     )
     if category.regions:  # as the authors' tsne.py: rows of the named-only Z, perplexity 5
         names = [i.removeprefix("a person from ").removeprefix("the ") for i in category.named]
         regions = [category.regions[i] for i in category.named]
+        title = "perceivers by their row of the named-only Z (t-SNE, perplexity 5, random_state "
+        path, title = out.path("embedding.png"), title + "42, as the authors)"
         plots.embedding_plot(
-            summary.gap_Z,
-            names,
-            regions,
-            out / f"embedding{suffix}.png",
-            seed=AUTHORS_TSNE_SEED,
-            perplexity=5,
-            title="perceivers by their row of the named-only Z (t-SNE, perplexity 5, "
-            "random_state 42, as the authors)",
+            summary.gap_Z, names, regions, path, AUTHORS_TSNE_SEED, title=title, perplexity=5
         )
-    atomic_write(out / f"Z{suffix}.npy", lambda tmp: tmp.write_bytes(_npy_bytes(summary.Z)))
-    return row
+    buffer = io.BytesIO()
+    np.save(buffer, summary.Z)
+    atomic_write(out.path("Z.npy"), lambda tmp: tmp.write_bytes(buffer.getvalue()))
+    return [row]
 
 
 def in_group_blocks(category: Category) -> list[tuple[int, int]]:
@@ -139,16 +108,13 @@ def paper_tables(frame: pd.DataFrame) -> pd.DataFrame:
     for r in frame.to_dict("records"):
         key = {k: r.get(k) for k in ("category", "setting", "view")}
         key["model"] = model_label(r.get("model"), r.get("data"))
-        has_gap = pd.notna(r.get("delta", np.nan))
+        gap = pd.notna(r.get("delta", np.nan))
         values = {
-            "gap": f"{r['delta']:+.3f} [{r['null_low']:+.3f}, {r['null_high']:+.3f}] "
-            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f}"
-            if has_gap
-            else "—",
-            "refusal": _rate(r.get("heatmap_exclusion_rate")),
-            "no_answer": _rate(r.get("refusal_rate")),
-            "intensity": f"{r['mean']:.2f} ± {r['std']:.2f}" if has_gap else "—",
-            "z_range": f"({r['z_min']:.2f}, {r['z_max']:.2f})" if has_gap else "—",
+            "gap": f"{r['delta']:+.3f} {_null(r)} {_p(r)}" if gap else "—",
+            "refusal": format_rate(r.get("heatmap_exclusion_rate")),
+            "no_answer": format_rate(r.get("refusal_rate")),
+            "intensity": f"{r['mean']:.2f} ± {r['std']:.2f}" if gap else "—",
+            "z_range": f"({r['z_min']:.2f}, {r['z_max']:.2f})" if gap else "—",
         }
         cells += [{"table": name, **key, "value": values[name]} for name in PAPER_TABLES]
     return pd.DataFrame(cells, columns=["table", "category", "setting", "view", "model", "value"])
@@ -162,25 +128,43 @@ def paper_tables_markdown(tables: pd.DataFrame) -> str:
         part = tables[tables["table"] == name]
         if part.empty:
             continue
+        index = ["category", "setting", "view"]
         wide = part.pivot_table(
-            index=["category", "setting", "view"],
-            columns="model",
-            values="value",
-            aggfunc="first",
-            sort=False,
+            index=index, columns="model", values="value", aggfunc="first", sort=False
         )
-        models = list(wide.columns)
-        lines = [
-            f"### {title}",
-            "",
-            "| category | setting | view | " + " | ".join(models) + " |",
-            "|---|---|---|" + "---|" * len(models),
-        ]
-        for (category, setting, mode), row in wide.iterrows():
-            values = " | ".join("—" if pd.isna(v) else str(v) for v in row)
-            lines.append(f"| {category} | {setting} | {mode} | {values} |")
-        parts.append("\n".join(lines))
+        rows = [[*key, *("—" if pd.isna(v) else v for v in row)] for key, row in wide.iterrows()]
+        parts.append(f"### {title}\n\n" + markdown_table([*index, *wide.columns], rows))
     return "\n\n".join(parts) + "\n"
+
+
+SUMMARY_HEADER = (
+    f"model | category | setting | view | Δ ({DELTA_UNIT}) | 95% CI of Δ (bootstrap) | null "
+    "2.5–97.5% | p (one-sided) | raw gap (points) [95% CI] | d_z | p over events (sign-flip) | "
+    "valid mass (in-group / out-group) | events for 80% power | refusal rate | events failed "
+    "(all groups; the paper's refusal rate) | excluded for Δ (named) | events kept | mean ± std | "
+    "(min, max) of Z"
+).split(" | ")
+SUMMARY_LEGEND = (
+    f"Δ: the mean z-scored intensity of in-group minus out-group pairs, in {DELTA_UNIT} "
+    "(standard deviations of the perceiver × experiencer matrix of mean intensities). "
+    "Refusal rate: the share of the run's answers that are not on the scale, 1 − the mean "
+    "valid mass in the exact view (the probability of answering with anything but a number), "
+    "the responses without a parseable number in the generate view. Events failed: the "
+    "paper's refusal rate (its Table 6), the share of events with a failed answer for any "
+    "pair of all groups, `a person` included; in the exact view a failed answer is a valid "
+    "mass below --min-valid-mass, so it can be 0 while the refusal rate is high. Excluded "
+    "for Δ: the same over the named groups only, the events Δ is computed without. p: exact "
+    "when marked =. Events for 80% power: the smallest number of events at which 80% of "
+    "bootstrap resamples of this run's kept events give a significant Δ (outside the null "
+    f"interval); not computed below {metrics.MIN_POWER_EVENTS} kept events, where resamples "
+    "of a smoke-size sample say nothing about a study's size. Raw gap: the same in-group "
+    "minus out-group difference before z-scoring, in points of the answer scale, with its "
+    "bootstrap 95% CI over events; d_z: its mean over events over their standard deviation "
+    "(an effect size, not a test); p over events: the two-sided sign-flip test of the "
+    "events' gaps; valid mass: the mean over the in-group and the out-group prompts of the "
+    "kept events (a difference means the two sides' expected values rest on different "
+    "shares of the model's output)."
+)
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
@@ -189,80 +173,49 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     when marked =, else sampled with the +1 correction), the events Δ needs for 80 % power (not
     computed on a smoke-size sample), the refusal rate of the run's own answers, the paper's
     per-event refusal rate, exclusion, mean ± std of M, (min, max) of Z."""
-    lines = [
-        f"| model | category | setting | view | Δ ({DELTA_UNIT}) | 95% CI of Δ (bootstrap) | "
-        "null 2.5–97.5% | p (one-sided) | raw gap (points) [95% CI] | d_z | p over events "
-        "(sign-flip) | valid mass (in-group / out-group) | events for 80% power | refusal rate | "
-        "events failed (all groups; the paper's refusal rate) | excluded for Δ (named) | "
-        "events kept | mean ± std | (min, max) of Z |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    notes = []
+    rows, notes = [], []
     for r in frame.to_dict("records"):
         where = f"- {r['category']}/{r['setting']} ({r['view']}):"
         if isinstance(r.get("note"), str):
             notes.append(f"{where} {r['note']}")
         if r["view"] == "generate" and pd.notna(r.get("answered_rate", np.nan)):
             agreement = r["ev_generate_agreement"]
+            agrees = "— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}"
             notes.append(
-                f"{where} a parseable number in "
-                f"{r['answered_rate']:.1%} of the responses; the exact greedy answer (`greedy`) "
-                "equals it in "
-                + ("— (none parsed)" if pd.isna(agreement) else f"{agreement:.1%}")
-                + f" of those; mean valid mass {r['mean_valid_mass']:.3f}"
+                f"{where} a parseable number in {r['answered_rate']:.1%} of the responses; the "
+                f"exact greedy answer (`greedy`) equals it in {agrees} of those; mean valid mass "
+                f"{r['mean_valid_mass']:.3f}"
             )
-        run = (
-            f"| {model_label(r.get('model'), r.get('data'))} | {r['category']} | {r['setting']} "
-            f"| {r['view']} |"
-        )
-        rates = (
-            f"{_rate(r.get('refusal_rate'))} | {_rate(r.get('heatmap_exclusion_rate'))} | "
-            f"{r['exclusion_rate']:.1%} | {r['n_kept']}/{r['n_events']} |"
-        )
+        run = [model_label(r.get("model"), r.get("data")), r["category"], r["setting"], r["view"]]
+        rates = [format_rate(r.get("refusal_rate")), format_rate(r.get("heatmap_exclusion_rate"))]
+        rates += [f"{r['exclusion_rate']:.1%}", f"{r['n_kept']}/{r['n_events']}"]
         if pd.isna(r.get("delta", np.nan)):
-            lines.append(f"{run} — | — | — | — | — | — | — | — | — | {rates} — | — |")
+            rows.append([*run, *["—"] * 9, *rates, "—", "—"])
             continue
-        lines.append(
-            f"{run} {r['delta']:+.3f} | [{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}] | "
-            f"[{r['null_low']:+.3f}, {r['null_high']:+.3f}] | "
-            f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f} | {_context_cells(r)} | "
-            f"{r.get('power', '—')} | {rates} {r['mean']:.2f} ± {r['std']:.2f} | "
-            f"({r['z_min']:.2f}, {r['z_max']:.2f}) |"
-        )
-    legend = (
-        f"Δ: the mean z-scored intensity of in-group minus out-group pairs, in {DELTA_UNIT} "
-        "(standard deviations of the perceiver × experiencer matrix of mean intensities). "
-        "Refusal rate: the share of the run's answers that are not on the scale, 1 − the mean "
-        "valid mass in the exact view (the probability of answering with anything but a number), "
-        "the responses without a parseable number in the generate view. Events failed: the "
-        "paper's refusal rate (its Table 6), the share of events with a failed answer for any "
-        "pair of all groups, `a person` included; in the exact view a failed answer is a valid "
-        "mass below --min-valid-mass, so it can be 0 while the refusal rate is high. Excluded "
-        "for Δ: the same over the named groups only, the events Δ is computed without. p: exact "
-        "when marked =. Events for 80% power: the smallest number of events at which 80% of "
-        "bootstrap resamples of this run's kept events give a significant Δ (outside the null "
-        f"interval); not computed below {metrics.MIN_POWER_EVENTS} kept events, where resamples "
-        "of a smoke-size sample say nothing about a study's size. Raw gap: the same in-group "
-        "minus out-group difference before z-scoring, in points of the answer scale, with its "
-        "bootstrap 95% CI over events; d_z: its mean over events over their standard deviation "
-        "(an effect size, not a test); p over events: the two-sided sign-flip test of the "
-        "events' gaps; valid mass: the mean over the in-group and the out-group prompts of the "
-        "kept events (a difference means the two sides' expected values rest on different "
-        "shares of the model's output)."
-    )
-    return "\n".join(lines + [""] + notes + ([""] if notes else []) + [legend]) + "\n"
+        masses = " / ".join(format_number(r.get(f"valid_mass_{g}_group")) for g in ("in", "out"))
+        delta = [f"{r['delta']:+.3f}", f"[{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}]"]
+        context = [_raw_gap(r), format_number(r.get("d_z"), 2, True)]
+        context += [format_number(r.get("p_events"), 4), masses, r.get("power", "—")]
+        spread = [f"{r['mean']:.2f} ± {r['std']:.2f}", f"({r['z_min']:.2f}, {r['z_max']:.2f})"]
+        rows.append([*run, *delta, _null(r), _p(r), *context, *rates, *spread])
+    lines = [markdown_table(SUMMARY_HEADER, rows), ""] + notes + ([""] if notes else [])
+    return "\n".join([*lines, SUMMARY_LEGEND]) + "\n"
 
 
-def _context_cells(r: dict[str, Any]) -> str:
-    """The summary's cells beside Δ: raw gap [CI], d_z, p over events, valid mass in / out."""
+def _null(r: dict[str, Any]) -> str:
+    """Δ's permutation null interval (2.5–97.5 %)."""
+    return f"[{r['null_low']:+.3f}, {r['null_high']:+.3f}]"
+
+
+def _p(r: dict[str, Any]) -> str:
+    return f"{'=' if r.get('p_exact') else ''}{r['p_value']:.4f}"
+
+
+def _raw_gap(r: dict[str, Any]) -> str:
+    """The raw gap in the scale's points with its interval (none when it has none)."""
     low, high = (format_number(r.get(k), 2, True) for k in ("raw_gap_ci_low", "raw_gap_ci_high"))
     interval = "" if low == "—" else f" [{low}, {high}]"
-    masses = " / ".join(format_number(r.get(f"valid_mass_{g}_group")) for g in ("in", "out"))
-    return (
-        f"{format_number(r.get('raw_gap'), 2, True)}{interval} | "
-        f"{format_number(r.get('d_z'), 2, True)} | {format_number(r.get('p_events'), 4)} | "
-        f"{masses}"
-    )
+    return f"{format_number(r.get('raw_gap'), 2, True)}{interval}"
 
 
 def context_line(r: dict[str, Any]) -> str:
@@ -272,31 +225,13 @@ def context_line(r: dict[str, Any]) -> str:
     if missing(r.get("raw_gap")):
         return ""
     scale = f"0–{get_setting(r['setting']).scale_max}" if r.get("setting") else "the scale"
-    low, high = (format_number(r.get(k), 2, True) for k in ("raw_gap_ci_low", "raw_gap_ci_high"))
-    interval = "" if low == "—" else f" [{low}, {high}]"
     return (
-        f"raw gap {format_number(r['raw_gap'], 2, True)}{interval} points on {scale}; "
-        f"d_z {format_number(r.get('d_z'), 2, True)}, sign-flip p "
-        f"{format_number(r.get('p_events'), 4)} over {r.get('n_kept')} events (two-sided); "
-        f"valid mass {format_number(r.get('mean_valid_mass'))} (in-group "
+        f"raw gap {_raw_gap(r)} points on {scale}; d_z {format_number(r.get('d_z'), 2, True)}, "
+        f"sign-flip p {format_number(r.get('p_events'), 4)} over {r.get('n_kept')} events "
+        f"(two-sided); valid mass {format_number(r.get('mean_valid_mass'))} (in-group "
         f"{format_number(r.get('valid_mass_in_group'))}, out-group "
         f"{format_number(r.get('valid_mass_out_group'))})"
     )
-
-
-def _rate(value: Any) -> str:
-    return "—" if value is None or pd.isna(value) else f"{value:.1%}"
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-def view_of(row: dict[str, Any]) -> str:
-    """The view of a summary row, as text."""
-    return str(row.get("view"))
 
 
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
@@ -305,19 +240,17 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     significance)."""
     found = []
     for r in rows.to_dict("records"):
+        kept, view = r.get("n_kept"), str(r.get("view"))
         if missing(r.get("delta")):
-            note = str(r.get("note")) if not missing(r.get("note")) else "no Δ"
+            note = "no Δ" if missing(r.get("note")) else str(r.get("note"))
         else:
             where = "outside" if bool(r.get("significant")) else "inside"
-            note = (
-                f"{where} the null interval [{r['null_low']:+.3f}, {r['null_high']:+.3f}] (the "
-                f"paper's criterion); events kept {r['n_kept']}/{r['n_events']}"
-            )
-        kept = r.get("n_kept")
+            note = f"{where} the null interval {_null(r)} (the paper's criterion); events kept "
+            note += f"{kept}/{r['n_events']}"
         found.append(
             Headline(
                 label=f"Δ, empathy gap ({r['category']}, {r['setting']})",
-                view=view_of(r),
+                view=view,
                 value=r.get("delta"),
                 low=r.get("delta_ci_low"),
                 high=r.get("delta_ci_high"),
@@ -326,7 +259,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 p_exact=bool(r.get("p_exact")) and not missing(r.get("p_exact")),
                 note=note,
                 signed=True,
-                primary=view_of(r) == "exact",
+                primary=view == "exact",
                 reference=0.0,
                 reference_label="no gap (Δ = 0)",
                 n=None if missing(kept) else int(kept),
@@ -344,17 +277,11 @@ def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
     is the run's own answer set (0–10 in P0S1T0)."""
     facts = []
     for r in rows.to_dict("records"):
-        view = view_of(r)
-        kept = f"events kept for Δ: {r.get('n_kept')}/{r.get('n_events')}"
-        facts.append(
-            ViewFacts(
-                view,
-                VIEWS.get(view, view).format(scale=run.scale),
-                valid_mass=r.get("mean_valid_mass"),
-                answered=r.get("answered_rate") if view == "generate" else None,
-                answered_label="hold a parseable number",
-                agreement=r.get("ev_generate_agreement") if view == "generate" else None,
-                note=kept,
-            )
-        )
+        view, generate = str(r.get("view")), r.get("view") == "generate"
+        answered = r.get("answered_rate") if generate else None
+        agreement = r.get("ev_generate_agreement") if generate else None
+        described = VIEWS.get(view, view).format(scale=run.scale)
+        note = f"events kept for Δ: {r.get('n_kept')}/{r.get('n_events')}"
+        mass, label = r.get("mean_valid_mass"), "hold a parseable number"
+        facts.append(ViewFacts(view, described, mass, answered, label, agreement, note))
     return facts

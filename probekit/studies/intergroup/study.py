@@ -7,19 +7,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
-from probekit.core.kinds import Kind, choice, count_or_all, path, probability, text
+from probekit.core.kinds import Kind, choice, count_or_all, probability, text
 from probekit.core.options import named, option
 from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.mechanism.defaults import Contrast, Interaction, MechanismDefaults
-from probekit.reporting.contract import figure_model
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, register
+from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, data_option, register
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, event_cube
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -28,9 +27,6 @@ from probekit.studies.intergroup.probe import (
     get_category,
     get_setting,
 )
-
-if TYPE_CHECKING:
-    pass
 
 # Events per emotion of the default run: religion's 6 x 6 pairs x 24 events = 864 prompts,
 # which fit in 10 minutes on 2 CPU cores with the default model.
@@ -68,11 +64,8 @@ class IntergroupOptions:
         help="events per emotion, drawn with the seed, or all (default %(default)s)",
         kind=count_or_all,
     )
-    data: Path | None = option(
-        None,
-        help="data root holding crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)",
-        kind=path,
-        metavar="ROOT",
+    data: Path | None = data_option(
+        "crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)"
     )
     authors_input: bool = option(
         False,
@@ -137,28 +130,10 @@ class IntergroupStudy(ReportedStudy):
             for s in settings
         ]
 
-    def report_view(
-        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
-    ) -> list[dict]:
-        import probekit.studies.intergroup.report as report
-
-        category = get_category(manifest["category"])
-        row = {"model": manifest["model"], "category": category.name}
-        row["setting"] = manifest["setting"]
-        seed = manifest.get("seed", 0)
-        min_mass = manifest.get("min_valid_mass", DEFAULT_MIN_VALID_MASS)
-        model = figure_model(manifest, self.describe_data(manifest))
-        row |= report.report_gap(
-            scores, category, view, run_dir, seed, min_mass, suffix=suffix, model=model
-        )
-        return [row]
-
     def summary_tables(self, table: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
         """The paper's tables with the models side by side (`paper_tables.csv`/`.md`)."""
-        import probekit.studies.intergroup.report as report
-
-        tables = report.paper_tables(table)
-        return {"paper_tables": (tables, report.paper_tables_markdown(tables))}
+        tables = self.report_module().paper_tables(table)
+        return {"paper_tables": (tables, self.report_module().paper_tables_markdown(tables))}
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(

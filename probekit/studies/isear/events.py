@@ -16,7 +16,6 @@ from probekit.core.errors import ProbekitError
 from probekit.core.options import given
 from probekit.core.paths import package_path
 from probekit.core.text import read_text
-from probekit.datasets.locate import combined_sha256
 
 FILE = "isear/isear_samples.txt"
 SAMPLE_ROOT = package_path("probekit.studies.isear", "sample")
@@ -57,8 +56,3 @@ def sample_events(events: list[Event], count: int | None, seed: int) -> list[Eve
             "file, or all"
         )
     return random.Random(seed).sample(events, count)
-
-
-def data_sha256(root: str | Path) -> str:
-    """The sha256 line of the events file under `root` (as `sha256sum isear/* | sha256sum`)."""
-    return combined_sha256(root, [FILE])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
@@ -19,15 +19,13 @@ from probekit.core.kinds import (
     comma_list,
     count_or_all,
     non_negative_float,
-    path,
     positive_int,
 )
 from probekit.core.options import given, named, option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
-from probekit.reporting.contract import figure_model
-from probekit.studies.base import RUN, Context, ReportedStudy, register
+from probekit.studies.base import RUN, Context, ReportedStudy, data_option, register, run_view
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
 from probekit.studies.isear.probe import (
@@ -37,9 +35,7 @@ from probekit.studies.isear.probe import (
     IsearProbe,
     check_genders,
 )
-
-if TYPE_CHECKING:
-    pass
+from probekit.studies.report import ReportView
 
 
 def widest_emotion(
@@ -72,13 +68,9 @@ class IsearOptions:
         "or all (default %(default)s)",
         kind=count_or_all,
     )
-    data: Path | None = option(
-        None, help="data root holding isear/ (and nltk/)", kind=path, metavar="ROOT"
-    )
+    data: Path | None = data_option("isear/ (and nltk/)")
     genders: list[str] = option(
-        tuple(GENDERS),
-        help="comma-separated, at least two of: " + ", ".join(GENDERS),
-        kind=genders,
+        GENDERS, help="comma-separated, at least two of: " + ", ".join(GENDERS), kind=genders
     )
     temperature: float = option(
         0.0,
@@ -136,24 +128,14 @@ class IsearStudy(ReportedStudy):
                     f"note: the punkt tables in {punkt.root} differ from the pinned English ones"
                 )
             extra |= {"punkt_root": str(punkt.root), "punkt_sha256": punkt.sha256}
-        genders = tuple(options.genders)
-        return [IsearProbe(events, genders, options.temperature, options.repetitions, extra)]
+        repeated = (options.temperature, options.repetitions)
+        return [IsearProbe(events, tuple(options.genders), *repeated, extra)]
 
     def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
         """Both views of a generate run in one report (one figure with a panel per view)."""
-        import probekit.studies.isear.report as report
-
-        model = figure_model(manifest, self.describe_data(manifest))
-        return report.report_run(scores, run_dir, manifest, model)
-
-    def report_view(
-        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
-    ) -> list[dict]:
-        """One view's rows and its own figure (`emotions<suffix>.png`)."""
-        import probekit.studies.isear.report as report
-
-        model = figure_model(manifest, self.describe_data(manifest))
-        return report.report_run(scores, run_dir, manifest, model, views=[view], suffix=suffix)
+        own = run_view(manifest)
+        reported = ReportView(run_dir, manifest, own, data=self.describe_data(manifest))
+        return self.report_module().report_views(scores, reported, self.views(own))
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(
