@@ -249,7 +249,8 @@ def test_isear_summary_of_two_runs_of_one_model(tmp_path):
     lines = summary.markdown.splitlines()
     assert any(line.startswith("| default [sample]: exact distributions | 0.100") for line in lines)
     assert any(line.startswith("| default [real]: exact distributions | 0.200") for line in lines)
-    assert "| emotion | max_diff (default [sample]: exact) | max_diff (default [real]: exact) |" in lines
+    header = "| emotion | max_diff (default [sample]: exact) | max_diff (default [real]: exact) |"
+    assert header in lines
     assert len(pd.read_csv(tmp_path / "summary.csv")) == len(rows)
 
 
