@@ -194,9 +194,9 @@ def _integer_range(spec: str, low: str, high: str) -> list[str]:
         raise ProbekitError(
             f"answer range '{spec}' has {hi - lo + 1} answers; at most {MAX_ANSWERS} are allowed"
         )
-    padded = any(len(b.lstrip("-")) > 1 and b.lstrip("-")[0] == "0" for b in (low, high))
-    width = max(len(low), len(high)) if padded else 0
-    return [f"{v:0{width}d}" if width else str(v) for v in range(lo, hi + 1)]
+    digits = [b.lstrip("-") for b in (low, high)]
+    width = max(map(len, digits)) if any(len(d) > 1 and d[0] == "0" for d in digits) else 0
+    return [f"{'-' * (v < 0)}{abs(v):0{width}d}" for v in range(lo, hi + 1)]
 
 
 def as_answer_set(answers: object) -> AnswerSet:
