@@ -376,7 +376,8 @@ def test_each_command_states_only_its_own_meaning_of_events_and_limit(capsys):
         (["run", "isear", "--mode", "ev"], "; it is now --view exact"),
         (["patch", "intergroup", "--metric=ev"], "; it is now --readout expected"),
         (["capture", "intergroup", "--backend", "tl"], "; it is now --hooks transformer_lens"),
-        (["patch", "intergroup", "--pairs", "2"], "; it is now --pairs-per-unit 2"),
+        (["patch", "intergroup", "--pairs", "2"], "; it is now --sets-per-unit 2"),
+        (["patch", "intergroup", "--pairs-per-unit", "2"], "; it is now --sets-per-unit 2"),
     ],
 )
 def test_a_renamed_option_names_its_new_spelling(argv, new, capsys):

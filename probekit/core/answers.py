@@ -1,9 +1,10 @@
-"""Finite answer sets: integer ranges (`0-100`), letter ranges (`A-E`), explicit lists
-(`A,B,C,D`) and files (`@path`, one answer a line), of 2 to `MAX_ANSWERS` (1,000) answers.
+"""Finite answer sets: integer ranges (`0-100`, `00-09` zero-padded as written), letter ranges
+(`A-E`), explicit lists (`A,B,C,D`) and files (`@path`, one answer a line), of 2 to
+`MAX_ANSWERS` (1,000) answers.
 
-A spec that yields one answer is refused rather than read as that one answer (`Yes-No` is not a
-range, and a one-answer set has probability 1 whatever the model says); so is a larger set,
-which the exact scorer would spend minutes building a trie for.
+A set of one answer is refused however it is given (a spec, a list or an `AnswerSet`): `Yes-No`
+is not a range, and a one-answer set has probability 1 whatever the model says; so is a larger
+set, which the exact scorer would spend minutes building a trie for.
 
 An answer may have aliases, other surface forms that count as the same answer (`Joy` for `joy`):
 `AnswerSet(("joy", "fear"), aliases={"joy": ("Joy",), "fear": ("Fear",)})`, or
@@ -35,9 +36,9 @@ from probekit.core.text import read_text, refuse_lone_surrogate
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*-\s*(-?\d+)\s*$")
 _LETTERS = re.compile(r"^\s*([A-Za-z])\s*-\s*([A-Za-z])\s*$")
+_INTEGER = re.compile(r"^-?\d+$")
 MAX_ANSWERS = 1000
 """The most answers a set may hold."""
-_INTEGER = re.compile(r"^-?\d+$")
 
 
 @public()
@@ -58,28 +59,17 @@ class AnswerKind:
         return self.value is not None
 
 
-def _is_integer(answer: str) -> bool:
-    return bool(_INTEGER.match(answer))
-
-
-def _starts_with_digit(text: str) -> bool:
-    return text[:1].isdigit()
-
-
-def _starts_with_letter_or_digit(text: str) -> bool:
-    return text[:1].isdigit() or text[:1].isalpha()
-
-
-def _any(answer: str) -> bool:
-    return True
-
-
-INTEGER = AnswerKind("integer", _is_integer, _starts_with_digit, float)
+INTEGER = AnswerKind("integer", lambda a: bool(_INTEGER.match(a)), lambda t: t[:1].isdigit(), float)
 """Whole numbers (`0-100`): a number ends where no digit follows."""
-WORD = AnswerKind("word", _any, _starts_with_letter_or_digit)
+WORD = AnswerKind("word", lambda a: True, lambda t: t[:1].isdigit() or t[:1].isalpha())
 """Words and letters (`A-E`, `joy,fear`): an answer ends where no letter or digit follows."""
 ANSWER_KINDS = (INTEGER, WORD)
 """Every kind, in the order a set's kind is chosen: the first that accepts all its answers."""
+
+
+def _one_answer(said: str, hint: str = "give two or more") -> ProbekitError:
+    """One line for a set of one answer: its probability is always 1, so it measures nothing."""
+    return ProbekitError(f"{said}, whose probability is always 1; {hint}")
 
 
 @public()
@@ -95,6 +85,8 @@ class AnswerSet:
             raise ProbekitError(
                 "the answer set is empty; give a range like 0-100 or a list A,B,C,D"
             )
+        if len(self.answers) == 1:
+            raise _one_answer(f"the answer set {self.answers!r} has one answer")
         if len(self.answers) > MAX_ANSWERS:
             raise ProbekitError(
                 f"the answer set has {len(self.answers)} answers; at most {MAX_ANSWERS} are allowed"
@@ -136,41 +128,34 @@ class AnswerSet:
     @classmethod
     @public()
     def parse(cls, spec: str) -> AnswerSet:
-        """`lo-hi` (integers), `A-E` (letters of one case), `a,b,c` (a list) or `@file` (one
-        answer a line, UTF-8); one line refusing a spec that yields a single answer or more
-        than `MAX_ANSWERS`."""
+        """`lo-hi` (integers, zero-padded when a bound is written so: `00-09`), `A-E` (letters
+        of one case), `a,b,c` (a list) or `@file` (one answer a line, UTF-8); one line refusing
+        a spec that yields a single answer or more than `MAX_ANSWERS`."""
         if spec.startswith("@"):
-            answers = cls(tuple(_read_answer_file(Path(spec[1:]))))
+            found = _read_answer_file(Path(spec[1:]))
         elif match := _RANGE.match(spec):
-            lo, hi = int(match.group(1)), int(match.group(2))
-            if lo > hi:
-                raise ProbekitError(f"answer range '{spec}' has lo > hi; write it as {hi}-{lo}")
-            if hi - lo + 1 > MAX_ANSWERS:
-                raise ProbekitError(
-                    f"answer range '{spec}' has {hi - lo + 1} answers; at most {MAX_ANSWERS} are "
-                    "allowed"
-                )
-            answers = cls.range(lo, hi)
+            found = _integer_range(spec, *match.groups())
         elif match := _LETTERS.match(spec):
-            lo, hi = match.group(1), match.group(2)
+            lo, hi = match.groups()
             if lo.isupper() != hi.isupper():
                 raise ProbekitError(f"letter range '{spec}' mixes cases; write A-E or a-e")
             if lo > hi:
                 raise ProbekitError(f"letter range '{spec}' has lo > hi; write it as {hi}-{lo}")
-            answers = cls(tuple(chr(c) for c in range(ord(lo), ord(hi) + 1)))
+            found = [chr(c) for c in range(ord(lo), ord(hi) + 1)]
         else:
-            items = [item.strip() for item in spec.split(",")]
-            if any(not item for item in items):
+            found = [item.strip() for item in spec.split(",")]
+            if not all(found):
                 raise ProbekitError(f"answer list '{spec}' has an empty item")
-            ranged = [item for item in items if _RANGE.match(item) or _LETTERS.match(item)]
-            if len(items) > 1 and ranged:
+            ranged = [item for item in found if _RANGE.match(item) or _LETTERS.match(item)]
+            if len(found) > 1 and ranged:
                 raise ProbekitError(
                     f"answer list '{spec}' holds '{ranged[0]}', which reads as a range: a spec is "
                     "one range or a list; write every answer of the list out"
                 )
-            answers = cls(tuple(items))
-        said = f"answer spec '{spec}' gives one answer ({answers.answers[0]!r})"
-        return _several(answers, said, "give a range (0-100, A-E), a list (A,B,C) or @file")
+        if len(found) == 1:
+            said = f"answer spec '{spec}' gives one answer ({found[0]!r})"
+            raise _one_answer(said, "give a range (0-100, A-E), a list (A,B,C) or @file")
+        return cls(tuple(found))
 
     @classmethod
     def range(cls, lo: int, hi: int) -> AnswerSet:
@@ -199,11 +184,26 @@ class AnswerSet:
         return len(self.answers)
 
 
+def _integer_range(spec: str, low: str, high: str) -> list[str]:
+    """The answers of `lo-hi`, each as wide as the wider bound where a bound is written with a
+    leading zero (`00-09`: `00` ... `09`), else as Python writes the number."""
+    lo, hi = int(low), int(high)
+    if lo > hi:
+        raise ProbekitError(f"answer range '{spec}' has lo > hi; write it as {hi}-{lo}")
+    if hi - lo + 1 > MAX_ANSWERS:
+        raise ProbekitError(
+            f"answer range '{spec}' has {hi - lo + 1} answers; at most {MAX_ANSWERS} are allowed"
+        )
+    digits = [b.lstrip("-") for b in (low, high)]
+    width = max(map(len, digits)) if any(len(d) > 1 and d[0] == "0" for d in digits) else 0
+    return [f"{'-' * (v < 0)}{abs(v):0{width}d}" for v in range(lo, hi + 1)]
+
+
 def as_answer_set(answers: object) -> AnswerSet:
     """The answer set `answers` names: an `AnswerSet`, a spec (`AnswerSet.parse`: `0-100`,
     `A-E`, `A,B,C`, `@file`), or a list or tuple of strings or numbers (each answer as
-    written), checked like a spec (two or more distinct answers); one
-    line for anything else."""
+    written), checked like a spec (two or more distinct answers); one line for anything
+    else."""
     if isinstance(answers, AnswerSet):
         return answers
     if isinstance(answers, str):
@@ -214,17 +214,9 @@ def as_answer_set(answers: object) -> AnswerSet:
             f"strings or numbers; got {type(answers).__name__}"
         )
     texts = [_answer_text(value, index) for index, value in enumerate(answers)]
-    return _several(
-        AnswerSet(tuple(texts)), f"the answer list {texts!r} has one answer", "give two or more"
-    )
-
-
-def _several(answers: AnswerSet, said: str, hint: str) -> AnswerSet:
-    """`answers`, or one line (`said`, then `hint`) when it is a single answer: its probability
-    is always 1, so it measures nothing."""
-    if len(answers) == 1:
-        raise ProbekitError(f"{said}, whose probability is always 1; {hint}")
-    return answers
+    if len(texts) == 1:
+        raise _one_answer(f"the answer list {texts!r} has one answer")
+    return AnswerSet(tuple(texts))
 
 
 def _answer_text(value: object, index: int) -> str:
@@ -234,10 +226,8 @@ def _answer_text(value: object, index: int) -> str:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return str(int(value))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        number = float(value)
-        if math.isfinite(number):
-            return str(int(number)) if number.is_integer() else repr(number)
+    if isinstance(value, numbers.Real) and math.isfinite(number := float(value)):
+        return str(int(number)) if number.is_integer() else repr(number)
     raise ProbekitError(
         f"answer {index} is {value!r}: answers in a list must be strings or finite numbers"
     )
@@ -245,9 +235,10 @@ def _answer_text(value: object, index: int) -> str:
 
 def _read_answer_file(path: Path) -> list[str]:
     """The non-empty lines of an answer file, stripped; one line naming the file and line for
-    a missing file or bytes that are not UTF-8."""
+    a missing file, a folder or bytes that are not UTF-8."""
     if not path.is_file():
-        raise ProbekitError(f"answer file '{path}' does not exist")
+        why = "is a folder, not a file of one answer a line" if path.is_dir() else "does not exist"
+        raise ProbekitError(f"answer file '{path}' {why}")
     answers = [line.strip() for line in read_text(path).splitlines() if line.strip()]
     if len(answers) > MAX_ANSWERS:
         raise ProbekitError(

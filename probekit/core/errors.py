@@ -1,9 +1,25 @@
-"""The one exception type users see: a single line saying what is wrong and what to do."""
+"""The one exception type users see: a single line saying what is wrong and what to do, naming an
+option in the caller's words (`named`, `given`)."""
+
+import os
+from typing import Any
 
 MARK = "\u2060"
-"""Around an option's name in a message (`probekit.core.options.named`, `given`): an invisible
-word joiner, so that the message reads in Python's words as it is (`events`, `device='cuda:3'`)
-and the command line's edge can write the flags instead (`probekit.core.options.as_flags`)."""
+"""Around an option's name in a message (`named`, `given`): an invisible word joiner, so that the
+message reads in Python's words as it is (`events`, `device='cuda:3'`) and the command line's edge
+can write the flags instead (`probekit.core.options.as_flags`)."""
+
+
+def named(name: str) -> str:
+    """The option `name` in a message: `events` from Python, `--events` on the command line."""
+    return f"{MARK}{name}{MARK}"
+
+
+def given(name: str, value: Any, placeholder: bool = False) -> str:
+    """The option `name` with a value in a message: `device='cuda:3'` from Python, `--device
+    cuda:3` on the command line (a `placeholder` such as `N` is not quoted: `limit=N`)."""
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
+    return f"{MARK}{name}={value if placeholder else repr(value)}{MARK}"
 
 
 class ProbekitError(Exception):

@@ -1,7 +1,7 @@
 """Writing result files so that a reader never sees half of one, and every write failure as one
 line: a hidden temporary name in the same folder, renamed into place once complete
 (`atomic_write`, `ParquetStream`); a full disk or a read-only folder is a `ProbekitError` naming
-the file, and leaves nothing behind. `check_writable` tries a folder before any long work, and
+the file, and leaves nothing behind. `check_writable` tries an output folder before any work, and
 `FileLock` keeps two processes out of the same work (a run's shard, a model conversion)."""
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ import socket
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from types import TracebackType
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probekit.core.errors import MARK, ProbekitError
-from probekit.core.options import named
+from probekit.core.errors import MARK, ProbekitError, named
 
 
 def temporary_name(path: Path) -> Path:
@@ -41,6 +39,8 @@ def write_error(path: Path, exc: OSError) -> ProbekitError:
         )
     elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
         hint = f"the folder is not writable; give a writable {named('out')}"
+    elif code in (errno.EEXIST, errno.ENOTDIR):
+        hint = f"a file stands where a folder must be; move it, or give another {named('out')}"
     else:
         hint = "check the path and the disk"
     return ProbekitError(f"cannot write {path}: {reason}; {hint}")
@@ -75,15 +75,9 @@ def write_parquet(path: str | Path, frame: pd.DataFrame) -> Path:
 
 
 def write_table(path: str | Path, table: pa.Table) -> Path:
-    """Write an Arrow table to `path` atomically, with a CRC checksum on every page (a reader
-    that asks for verification, `read_verified`, detects a damaged page)."""
+    """Write an Arrow table to `path` atomically, with a CRC checksum on every page (and the
+    Arrow schema, which `probekit.core.store` checks the file's schema against)."""
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp, write_page_checksum=True))
-
-
-def read_verified(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """Read a Parquet file checking its page checksums; a truncated or damaged file raises
-    (`pyarrow.ArrowInvalid` or `OSError`)."""
-    return pq.read_table(path, columns=columns, page_checksum_verification=True)
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -92,24 +86,24 @@ def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text.replace(MARK, ""), encoding="utf-8"))
 
 
-def check_writable(folder: str | Path) -> Path:
-    """Prove that files can be written in `folder` (or, if it does not exist yet, created under
-    its nearest existing parent) without leaving anything behind; a ProbekitError (one line)
-    otherwise. Run before a model loads, so that a bad --out fails in seconds."""
-    folder = Path(folder)
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+def check_writable(folder: str | Path, option: str = "out") -> Path:
+    """Refuse, in one line naming the `option` that gives it, an output folder that cannot be
+    created or written: a real write in its nearest existing folder (permissions alone miss
+    read-only file systems), removed at once. Run before any work, so a bad folder fails in
+    seconds."""
+    target = Path(folder).expanduser()
+    existing = next(p for p in (target, *target.parents) if p.exists())
     if not existing.is_dir():
-        raise ProbekitError(f"cannot write {folder}: {existing} is a file, not a folder")
+        where = "" if existing == target else f": {existing}"
+        raise ProbekitError(f"{named(option)} {folder}{where} is a file, not a folder")
     probe = temporary_name(existing / ".write-check")
     try:
-        probe.write_bytes(b"probekit")
+        probe.write_bytes(b"")
     except OSError as exc:
-        raise write_error(folder, exc) from None
+        raise ProbekitError(f"{named(option)} {folder}: {write_error(existing, exc)}") from None
     finally:
         _discard(probe)
-    return folder
+    return target
 
 
 class ParquetStream:
@@ -142,30 +136,21 @@ class ParquetStream:
     def __enter__(self) -> ParquetStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, failed: type[BaseException] | None, *rest: object) -> None:
         try:
             if self._writer is not None:
                 self._writer.close()
-            if exc_type is None and self._writer is not None:
-                os.replace(self.tmp, self.path)
+                if failed is None:
+                    os.replace(self.tmp, self.path)
         except OSError as err:
-            if exc_type is None:
+            if failed is None:
                 raise write_error(self.path, err) from None
         finally:
             _discard(self.tmp)
 
 
 class LockHeld(ProbekitError):
-    """Another live process holds the lock; `holder` says which (`PID 123 on host h`)."""
-
-    def __init__(self, message: str, holder: str) -> None:
-        super().__init__(message)
-        self.holder = holder
+    """Another live process holds the lock; its message says which (`PID 123 on host h`)."""
 
 
 class FileLock:
@@ -194,7 +179,7 @@ class FileLock:
         try:
             holder = _holder(fd)
             if holder and holder[1] != socket.gethostname() and not self.blocking:
-                raise self._held(holder)
+                raise _held(holder)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         except BaseException:
@@ -212,11 +197,10 @@ class FileLock:
         except OSError as exc:
             raise write_error(self.path, exc) from None
         try:
-            flags = fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB)
             try:
-                fcntl.flock(fd, flags)
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
             except BlockingIOError:
-                raise self._held(_holder(fd)) from None
+                raise _held(_holder(fd)) from None
         except BaseException:
             os.close(fd)
             raise
@@ -231,10 +215,6 @@ class FileLock:
             return os.path.samestat(os.fstat(fd), os.stat(self.path))
         except OSError:
             return False
-
-    def _held(self, holder: tuple[str, str] | None) -> LockHeld:
-        who = f"PID {holder[0]} on host {holder[1]}" if holder else "another process"
-        return LockHeld(f"{who} holds {self.path}", who)
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
@@ -252,3 +232,7 @@ def _holder(fd: int) -> tuple[str, str] | None:
     """(pid, host) written in a lock file, or None when it is empty or unreadable."""
     text = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
     return (text[0], text[1]) if len(text) >= 2 else None
+
+
+def _held(holder: tuple[str, str] | None) -> LockHeld:
+    return LockHeld(f"PID {holder[0]} on host {holder[1]}" if holder else "another process")

@@ -30,8 +30,31 @@ ANSWER = "answer"
 PROMPT_ID = "prompt_id"
 """The column holding an item's id in every result table (scores, capture index, directions)."""
 
+ROLES = ("system", "user", "assistant")
+"""The chat roles a message may have."""
+
 Message = dict[str, str]
 Renderer = Callable[[Sequence[Message]], str]
+
+
+def parse_messages(messages: object, where: str) -> tuple[Message, ...]:
+    """Checked chat messages (a non-empty list of {role, content}, a role of `ROLES`): the one
+    rule of an `Item`'s messages, whichever front end made them; `where` prefixes errors."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
+        raise ProbekitError(f"{where}: 'messages' must be a non-empty list")
+    if not all(_is_message(m) for m in messages):
+        raise ProbekitError(f"{where}: each message needs a role in {ROLES} and a string content")
+    if not any(m["content"].strip() for m in messages):
+        raise ProbekitError(f"{where}: the prompt is empty (no message has any content)")
+    return tuple({"role": m["role"], "content": m["content"]} for m in messages)  # type: ignore[index]
+
+
+def _is_message(message: object) -> bool:
+    return (
+        isinstance(message, Mapping)
+        and message.get("role") in ROLES
+        and isinstance(message.get("content"), str)
+    )
 
 
 @public()
@@ -59,41 +82,32 @@ class Item:
     spans: Mapping[str, tuple[CharSpan, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        where = f"item {self.id!r}"
         if (self.messages is None) == (self.text is None):
-            raise ProbekitError(f"item {self.id!r} needs chat messages or raw text (one of them)")
+            raise ProbekitError(f"{where} needs chat messages or raw text (one of them)")
+        if self.messages is not None:
+            object.__setattr__(self, "messages", parse_messages(self.messages, where))
+        elif not (self.text + self.prefill).strip():  # type: ignore[operator]
+            raise ProbekitError(f"{where}: the prompt is empty (its text is blank)")
         for name, value in self._texts():
-            refuse_lone_surrogate(value, f"item {self.id!r}: its {name}")
+            refuse_lone_surrogate(value, f"{where}: its {name}")
         if not self.unit:  # an ad-hoc prompt is its own unit
             object.__setattr__(self, "unit", self.id)
-        if isinstance(self.messages, list):
-            object.__setattr__(self, "messages", tuple(self.messages))
-        if self.text is not None and not (self.text + self.prefill).strip():
-            raise ProbekitError(f"item {self.id!r}: the prompt is empty (its text is blank)")
-        if self.messages is not None and not any(
-            str(m.get("content", "")).strip() for m in self.messages
-        ):
-            raise ProbekitError(
-                f"item {self.id!r}: the prompt is empty (no message has any content)"
-            )
         for name, ranges in self.spans.items():
             if name == ANSWER:
-                raise ProbekitError(f"item {self.id!r}: the span name '{ANSWER}' is reserved")
+                raise ProbekitError(f"{where}: the span name '{ANSWER}' is reserved")
             for r in ranges:
-                content = self._source(r.message)
-                if not 0 <= r.start < r.end <= len(content):
+                if not 0 <= r.start < r.end <= len(self._source(r.message)):
                     raise ProbekitError(
-                        f"item {self.id!r}: span '{name}' [{r.start}, {r.end}) lies outside "
+                        f"{where}: span '{name}' [{r.start}, {r.end}) lies outside "
                         f"{'the text' if r.message is None else f'message {r.message}'}"
                     )
 
     def _texts(self) -> Iterator[tuple[str, str]]:
         """Every text of the prompt with its name (id, text, prefill, message N)."""
-        yield "id", str(self.id)
-        if self.text is not None:
-            yield "text", str(self.text)
-        yield "prefill", str(self.prefill)
+        yield from (("id", self.id), ("text", self.text or ""), ("prefill", self.prefill))
         for number, message in enumerate(self.messages or ()):
-            yield f"message {number}", str(message.get("content", ""))
+            yield f"message {number}", message["content"]
 
     def _source(self, message: int | None) -> str:
         if message is None:
@@ -220,8 +234,7 @@ def message_starts(text: str, messages: Sequence[Message]) -> list[int]:
     Searching in order keeps a system prompt that the template puts before the first message, or
     a content repeated in an earlier message, from being taken for a later message.
     """
-    starts = []
-    at = 0
+    starts, at = [], 0
     for i, message in enumerate(messages):
         content = message["content"]
         found = text.find(content, at)
@@ -242,21 +255,23 @@ def fill_template(template: str, **values: str) -> tuple[str, dict[str, list[tup
     Returns the text (equal to `template.format(**values)`) and, per field, the (start, end)
     character ranges of its values in template order.
     """
-    parts: list[str] = []
-    where: dict[str, list[tuple[int, int]]] = {}
-    length = 0
-    for literal, name, spec, conversion in string.Formatter().parse(template):
-        parts.append(literal)
-        length += len(literal)
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as error:  # a lone brace
+        raise ProbekitError(
+            f"template {template!r} is not a str.format template: {error}"
+        ) from None
+    text, where = "", {}
+    for literal, name, spec, conversion in fields:
+        text += literal
         if name is None:
             continue
         if spec or conversion or name not in values:
             raise ProbekitError(f"template field {{{name}}} is not a plain field with a value")
         value = str(values[name])
-        where.setdefault(name, []).append((length, length + len(value)))
-        parts.append(value)
-        length += len(value)
-    return "".join(parts), where
+        where.setdefault(name, []).append((len(text), len(text) + len(value)))
+        text += value
+    return text, where
 
 
 def check_span_names(items: Sequence[Item], names: Sequence[str]) -> None:

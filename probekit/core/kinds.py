@@ -1,10 +1,10 @@
 """Kinds: the types of options. A `Kind` reads the command line's text (`parse`) and checks a
 Python value (`check`: the API's value as given, or what `parse` read), so that both front ends
 apply one rule; a refusal is a phrase that reads after the option's name ("must be at least 1
-(got 0)"), raised as `argparse.ArgumentTypeError`, which `probekit.core.options` words with the
-option's name. Calling a kind reads and checks text: the command line's reader
-(`positive_int("8")`). This module imports no model library: a `torch.dtype` or a
-`torch.device` is named by its text (`probekit.engines.options`)."""
+(got 0)"), raised as `argparse.ArgumentTypeError` (or a one-line `ProbekitError`), which
+`probekit.core.options` words with the option's name. Calling a kind reads and checks text: the
+command line's reader (`positive_int("8")`). This module imports no model library: a
+`torch.dtype` or a `torch.device` is named by its text (`probekit.engines.options`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import argparse
 import math
 import numbers
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,9 @@ def refuse(phrase: str) -> NoReturn:
 @dataclass(frozen=True)
 class Kind:
     """An option's type. `parse` reads the command line's text; `check` takes a Python value
-    (the API's as given, or what `parse` read) and returns it as the option holds it. Both raise
-    `argparse.ArgumentTypeError` with a phrase that reads after the option's name."""
+    (the API's as given, or what `parse` read) and returns it as the option holds it. Both
+    refuse with a phrase that reads after the option's name (`refuse`), or a one-line
+    `ProbekitError` (a parser of a lower module such as `parse_device_map`)."""
 
     name: str
     parse: Callable[[str], Any]
@@ -42,6 +42,14 @@ class Kind:
             return self.check(self.parse(text))
         except ProbekitError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def checked_by(
+    kind: str, function: Callable[[Any], Any], parse: Callable[[str], Any] = str
+) -> Kind:
+    """A kind whose check is `function`, which raises a one-line `ProbekitError`: its line
+    becomes the kind's phrase."""
+    return Kind(kind, parse, function)
 
 
 def _read(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
@@ -77,17 +85,12 @@ def _ranged(integral: bool, low: float, high: float | None = None, above: bool =
         if above and number <= low:
             refuse(f"must be above {low:{spec}} (got {number:{spec}})")
         if number < low or (high is not None and number > high):
-            bound = (
-                f"at least {low:{spec}}"
-                if high is None
-                else f"between {low:{spec}} and {high:{spec}}"
-            )
-            refuse(f"must be {bound} (got {number:{spec}})")
+            bound = f"between {low:{spec}} and {high:{spec}}" if high is not None else ""
+            refuse(f"must be {bound or f'at least {low:{spec}}'} (got {number:{spec}})")
         return number
 
-    if integral:
-        return Kind("integer", _read(int, "an integer"), check)
-    return Kind("number", _read(float, "a number"), check)
+    what = "an integer" if integral else "a number"
+    return Kind(what.split()[1], _read(int if integral else float, what), check)
 
 
 def int_range(low: int, high: int | None = None) -> Kind:
@@ -107,24 +110,30 @@ positive_float = _ranged(False, 0.0, above=True)
 """A finite number > 0."""
 
 
-def _text_value(value: Any) -> str:
+def _text(value: Any) -> str:
     if not isinstance(value, str):
         refuse(f"must be text (got {value!r})")
     return value
 
 
-text = Kind("text", str, _text_value)
-"""Any text."""
-
-
-def _path_value(value: Any) -> Path:
+def _path(value: Any) -> Path:
     if not isinstance(value, str | os.PathLike) or not str(value):
         refuse(f"must be a path (got {value!r})")
     return Path(value)
 
 
-path = Kind("path", Path, _path_value)
+def _function(value: Any) -> Any:
+    if not callable(value):
+        refuse(f"must be a function (got {value!r})")
+    return value
+
+
+text = Kind("text", str, _text)
+"""Any text."""
+path = Kind("path", Path, _path)
 """A file or folder (a `str` or a `Path` from Python; held as a `Path`)."""
+function = Kind("function", str, _function)
+"""A Python function (an option of the API only: no command line reads one)."""
 
 
 def choice(kind: str, names: Sequence[str]) -> Kind:
@@ -139,29 +148,32 @@ def choice(kind: str, names: Sequence[str]) -> Kind:
     return Kind(kind, str, check)
 
 
-def _count_value(value: Any) -> int | None:
+def _parse_count(value: str) -> int | str:
+    try:
+        return value if value == "all" else int(value)
+    except ValueError:
+        refuse(f"'{value}' must be a positive number or 'all'")
+
+
+def _count(value: Any) -> int | None:
     if value == "all":
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         refuse(f"'{value}' must be a positive number or 'all'")
-    if value < 1:
+    if int_value(value) < 1:  # 2.0 is not a count: "'2.0' is not an integer"
         refuse(f"must be at least 1 (got {value}), or 'all'")
     return int(value)
 
 
-def _parse_count(value: str) -> int | str:
-    if value == "all" or re.fullmatch(r"-?\d+", value):
-        return value if value == "all" else int(value)
-    refuse(f"'{value}' must be a positive number or 'all'")
-
-
-count_or_all = Kind("count", _parse_count, _count_value)
+count_or_all = Kind("count", _parse_count, _count)
 """A positive count, or `all` (held as None)."""
 
 
 def _listed(read: Callable[[str], Any], element: Callable[[Any], Any], what: str) -> Kind:
     """A comma-separated list on the command line (each item read by `read`), a list (or a
-    range) from Python (each item checked by `element`)."""
+    range) from Python (each item checked by `element`): one rule for both, that the list names
+    something (an empty one is refused: leave the option out for its default) and nothing
+    twice (`--layers 3,3` would read layer 3 twice)."""
 
     def parse(value: str) -> list[Any]:
         try:
@@ -172,13 +184,18 @@ def _listed(read: Callable[[str], Any], element: Callable[[Any], Any], what: str
     def check(value: Any) -> list[Any]:
         if isinstance(value, str | bytes) or not isinstance(value, Sequence | range):
             refuse(f"must be a list of {what} (got {value!r})")
-        return [element(x) for x in value]
+        items = [element(x) for x in value]
+        if not items:
+            refuse(f"must name one or more {what}; leave it out for its default (got [])")
+        if twice := [x for i, x in enumerate(items) if x in items[:i]]:
+            refuse(f"must name each once (got {items}: {twice[0]} twice)")
+        return items
 
     return Kind(what, parse, check)
 
 
 int_list = _listed(int, int_value, "integers")
-"""Integers: `--layers 0,6,12`; from Python a list or a range."""
+"""Integers (layers, heads): `--layers 0,6,12`; from Python a list or a range."""
 float_list = _listed(float, _float_value, "numbers")
 """Finite numbers: `--alphas -4,-2,0,2,4`; from Python a list."""
 
@@ -200,28 +217,3 @@ def _names(value: Any) -> list[str]:
 
 comma_list = Kind("names", _parse_names, _names)
 """Names: `--sites hook_resid_pre,hook_mlp_out`; from Python a non-empty list."""
-
-
-def _function_value(value: Any) -> Any:
-    if not callable(value):
-        refuse(f"must be a function (got {value!r})")
-    return value
-
-
-function = Kind("function", str, _function_value)
-"""A Python function (an option of the API only: no command line reads one)."""
-
-
-def checked_by(
-    kind: str, function: Callable[[Any], Any], parse: Callable[[str], Any] = str
-) -> Kind:
-    """A kind whose check is `function`, which raises a one-line `ProbekitError` (e.g. a
-    parser of a lower module such as `parse_device_map`): its line becomes the kind's phrase."""
-
-    def check(value: Any) -> Any:
-        try:
-            return function(value)
-        except ProbekitError as error:
-            refuse(str(error))
-
-    return Kind(kind, parse, check)

@@ -8,10 +8,11 @@ the parser it generates, `Command.build` makes the same values from keywords, an
 before any work, in one line. An unknown option or keyword gets a "did you mean" (a renamed
 option its new spelling, `RENAMED`); options are matched exactly (no prefixes).
 
-A message names an option with `named("events")` or `given("device", "cuda:3")`: marked text
-that reads as Python's words (`events`, `device='cuda:3'`; `ProbekitError` drops the marks) and
-that the command line's edge writes as flags (`as_flags`: `--events`, `--device cuda:3`). This
-module imports no model library, so `--help` stays fast.
+A message names an option with `named("events")` or `given("device", "cuda:3")`
+(`probekit.core.errors`): marked text that reads as Python's words (`events`,
+`device='cuda:3'`; `ProbekitError` drops the marks) and that the command line's edge writes as
+flags (`as_flags`: `--events`, `--device cuda:3`). This module imports no model library, so
+`--help` stays fast.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ import argparse
 import ast
 import dataclasses
 import difflib
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
-from probekit.core.errors import MARK, ProbekitError
+from probekit.core.errors import MARK, ProbekitError, named
+from probekit.core.errors import given as given  # re-exported: options are named from here
+from probekit.core.io import check_writable
 from probekit.core.kinds import Kind, text
 
 REQUIRED: Any = dataclasses.MISSING
@@ -37,28 +37,18 @@ RENAMED = {
     "--mode": ("--view", {"ev": "exact"}),
     "--metric": ("--readout", {"ev": "expected"}),
     "--backend": ("--hooks", {"tl": "transformer_lens", "bridge": "transformer_lens"}),
-    "--pairs": ("--pairs-per-unit", {}),
+    "--pairs": ("--sets-per-unit", {}),
+    "--pairs-per-unit": ("--sets-per-unit", {}),
 }
 """Flags of earlier versions: old flag -> (its new spelling, old values -> new ones), for the
 line refusing one (`--mode ev is now --view exact`)."""
 _MARKED = re.compile(f"{MARK}(\\w+)(?:=(.*?))?{MARK}")
+check_out_dir = check_writable  # cross-package: cli/main.py's name; the lead renames its caller
 
 
 def flag(name: str) -> str:
     """An option's name on the command line: `batch_size` -> `--batch-size`."""
     return "--" + name.replace("_", "-")
-
-
-def named(name: str) -> str:
-    """The option `name` in a message: `events` from Python, `--events` on the command line."""
-    return f"{MARK}{name}{MARK}"
-
-
-def given(name: str, value: Any, placeholder: bool = False) -> str:
-    """The option `name` with a value in a message: `device='cuda:3'` from Python, `--device
-    cuda:3` on the command line (a `placeholder` such as `N` is not quoted: `limit=N`)."""
-    value = os.fspath(value) if isinstance(value, os.PathLike) else value
-    return f"{MARK}{name}={value if placeholder else repr(value)}{MARK}"
 
 
 def as_flags(message: str) -> str:
@@ -68,10 +58,9 @@ def as_flags(message: str) -> str:
         if match[2] is None:
             return flag(match[1])
         try:
-            value = ast.literal_eval(match[2])
+            return f"{flag(match[1])} {ast.literal_eval(match[2])}"
         except (ValueError, SyntaxError):
-            value = match[2]
-        return f"{flag(match[1])} {value}"
+            return f"{flag(match[1])} {match[2]}"
 
     return _MARKED.sub(spelled, message)
 
@@ -151,9 +140,8 @@ def options_of(group: type) -> list[dataclasses.Field]:
 def option_values(options: Any, leave: Sequence[str] = ()) -> dict[str, Any]:
     """The options of an options dataclass instance by name, as keywords of its function
     (`leave`: those the function does not take, e.g. `json`)."""
-    return {
-        f.name: getattr(options, f.name) for f in options_of(type(options)) if f.name not in leave
-    }
+    names = [f.name for f in options_of(type(options)) if f.name not in leave]
+    return {name: getattr(options, name) for name in names}
 
 
 def default_of(group: type, name: str, command: str | None = None) -> Any:
@@ -176,11 +164,11 @@ def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
     naming the option `name`."""
     kind = declaration(field).kind
     try:
-        if kind is None:
-            if not isinstance(value, bool):
-                raise argparse.ArgumentTypeError(f"must be True or False (got {value!r})")
-            return value
-        return kind.check(value)
+        if kind is not None:
+            return kind.check(value)
+        if not isinstance(value, bool):
+            raise argparse.ArgumentTypeError(f"must be True or False (got {value!r})")
+        return value
     except (argparse.ArgumentTypeError, ProbekitError) as error:
         raise ProbekitError(option_message(name, str(error))) from None
 
@@ -248,12 +236,12 @@ class Command:
                 title = (group.__doc__ or group.__name__).strip().splitlines()[0].rstrip(".:")
                 section = parser.add_argument_group(title)
             for field in fields:
+                arguments = self.argument(field)
                 if declaration(field).positional:
-                    arguments = self.argument(field)
                     del arguments["dest"], arguments["default"]
                     section.add_argument(field.name, nargs="+", **arguments)
                 else:
-                    section.add_argument(flag(field.name), **self.argument(field))
+                    section.add_argument(flag(field.name), **arguments)
         return parser
 
     def argument(self, field: dataclasses.Field) -> dict[str, Any]:
@@ -294,11 +282,10 @@ class Command:
     def not_taken(self, name: str) -> str | None:
         """Where the option `name`, which this command does not take, belongs: one of its groups'
         options of other commands, or what `elsewhere` says; None when nothing is known."""
-        for group in self.groups:
-            for field in options_of(group):
-                if field.name == name and declaration(field).commands:
-                    commands = spoken(declaration(field).commands)  # type: ignore[arg-type]
-                    return f"{named(name)} is an option of {commands} only"
+        for field in (f for group in self.groups for f in options_of(group)):
+            if field.name == name and declaration(field).commands:
+                commands = spoken(declaration(field).commands)  # type: ignore[arg-type]
+                return f"{named(name)} is an option of {commands} only"
         return self.elsewhere(name) if self.elsewhere is not None else None
 
     def build(self, keywords: Mapping[str, Any], where: str) -> tuple:
@@ -327,26 +314,25 @@ class Command:
         values: list[Any] = []
         for group in self.groups:
             fields: dict[str, Any] = {}
-            several: str | None = None
+            several = None
             for field in options_of(group):
-                declared = declaration(field)
+                declared, name = declaration(field), field.name
                 taken = declared.takes(self.name)
-                if taken and self.name in declared.several:
-                    several = field.name
-                if taken and field.name in given:
-                    fields[field.name] = given[field.name]
+                several = name if taken and self.name in declared.several else several
+                if taken and name in given:
+                    fields[name] = given[name]
                     continue
                 default = self.default(field)
                 if default is not None and default is not REQUIRED:
-                    default = check_option(field, default, named(field.name))
-                fields[field.name] = [default] if field.name == several else default
+                    default = check_option(field, default, named(name))
+                fields[name] = [default] if name == several else default
             if several is None:
                 values.append(group(**fields))
             else:
                 values.append([group(**{**fields, several: v}) for v in fields[several]])
         for value in values:  # an output folder (`out`) first
             if getattr(value, "out", None) is not None:
-                check_out_dir(value.out)
+                check_writable(value.out)
         for check in self.checks:
             check(tuple(values))
         return tuple(values)
@@ -366,8 +352,19 @@ class CommandParser(argparse.ArgumentParser):
             if arg.startswith("--") and old not in self._option_string_actions:
                 following = given[index + 1 : index + 2]
                 value = value or next((v for v in following if v[:1] != "-"), "")
-                self.error(_unknown(old, value, arg if "=" in arg else f"{arg} {value}", self))
+                shown = arg if "=" in arg else f"{arg} {value}".strip()
+                self.error(f"unrecognized arguments: {shown}{self._hint(old, value)}")
         return super().parse_args(args, namespace)
+
+    def _hint(self, old: str, value: str) -> str:
+        """What an unknown option `old` (given `value`) is now: its new spelling if it was
+        renamed, else the nearest of this parser's options."""
+        if old in RENAMED:  # "unrecognized arguments: --mode ev; it is now --view exact"
+            new, values = RENAMED[old]
+            return f"; it is now {new} {values.get(value, value)}".rstrip()
+        known = [name for name in self._option_string_actions if name.startswith("--")]
+        near = difflib.get_close_matches(old, known, n=1, cutoff=0.6)
+        return f"; did you mean {near[0]}?" if near else ""
 
     def error(self, message: str) -> NoReturn:
         """Raise one line (a ProbekitError, which the command line prints with exit status 2)
@@ -376,39 +373,3 @@ class CommandParser(argparse.ArgumentParser):
         if match:  # "argument --epsilon: must be ..." -> "--epsilon must be ..."
             message = option_message(match.group(1).split("/")[-1], match.group(2))
         raise ProbekitError(" ".join(message.split()))
-
-
-def _unknown(old: str, value: str, shown: str, parser: argparse.ArgumentParser) -> str:
-    """The line refusing the unknown option `old` (with `value`, as the command line `shown`
-    gave it): its new spelling if it was renamed, else the nearest of `parser`'s options."""
-    if old in RENAMED:  # "unrecognized arguments: --mode ev; it is now --view exact"
-        new, values = RENAMED[old]
-        now = f"{new} {values.get(value, value)}" if value else new
-        return f"unrecognized arguments: {shown.strip()}; it is now {now}"
-    known = [name for name in parser._option_string_actions if name.startswith("--")]
-    near = difflib.get_close_matches(old, known, n=1, cutoff=0.6)
-    return f"unrecognized arguments: {shown.strip()}" + (
-        f"; did you mean {near[0]}?" if near else ""
-    )
-
-
-def check_out_dir(folder: str | Path, option: str = "out") -> None:
-    """Refuse an output folder that cannot be created or written (`option`: the option that
-    names it, in the caller's words in the refusal); leaves nothing behind (a temporary file in
-    the nearest existing folder is created and removed)."""
-    name = named(option)
-    target = Path(folder).expanduser()
-    if target.exists() and not target.is_dir():
-        raise ProbekitError(f"{name} {folder} is a file, not a folder")
-    existing = target
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ProbekitError(f"{name} {folder}: {existing} is a file, not a folder")
-    try:  # a real write: permissions alone miss read-only file systems and /proc
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".probekit-write-check-"):
-            pass
-    except OSError as err:
-        raise ProbekitError(
-            f"{name} {folder}: cannot write in {existing} ({err.strerror})"
-        ) from None

@@ -82,18 +82,22 @@ def duration(seconds: float) -> str:
 class Progress:
     """The progress of one call: `bar`, a live tqdm bar (a terminal), or None (a log), where
     it writes one line per `LOG_STEP` of the work or `LOG_SECONDS`, and one at the end; after
-    the first batch, either way, the estimate."""
+    the first batch, either way, the estimate. With no `stream` it writes nothing."""
 
     def __init__(
-        self, total: int, unit: str, desc: str, hint: str | None, stream: IO[str], live: Any
+        self,
+        total: int,
+        unit: str = "prompt",
+        desc: str = "",
+        hint: str | None = None,
+        stream: IO[str] | None = None,
+        live: Any = None,
     ) -> None:
-        self.total, self.unit, self.desc, self.hint = total, unit, desc, hint
-        self.stream = stream
+        self.total, self.desc, self.hint, self.stream = total, desc, hint, stream
+        self.units = unit if total == 1 else f"{unit}s"
         self.bar = live  # a tqdm bar on a terminal, None in a log
-        self.done = 0
-        self.started = time.monotonic()
-        self.last_time = self.started
-        self.last_done = 0
+        self.done = self.last_done = 0
+        self.started = self.last_time = time.monotonic()
 
     def update(self, n: int = 1) -> None:
         first = self.done == 0 and n > 0
@@ -115,30 +119,25 @@ class Progress:
         """How long the whole call takes at the pace of its first `done` units (`seconds`)."""
         whole = seconds * self.total / max(self.done, 1)
         text = (
-            f"{self.desc}: {self.total} {self._units(self.total)} to go; the first "
-            f"{self.done} took {duration(seconds)}, so about {duration(whole)} in all on this "
-            "device"
+            f"{self.desc}: {self.total} {self.units} to go; the first {self.done} took "
+            f"{duration(seconds)}, so about {duration(whole)} in all on this device"
         )
         return text + (f" (a smaller run: {self.hint})" if self.hint else "")
 
     def line(self, now: float) -> str:
         elapsed = now - self.started
         text = (
-            f"{self.desc}: {self.done} of {self.total} {self._units(self.total)} "
+            f"{self.desc}: {self.done} of {self.total} {self.units} "
             f"({100 * self.done / max(self.total, 1):.0f}%) in {duration(elapsed)}"
         )
         if self.done < self.total and self.done:
-            left = elapsed * (self.total - self.done) / self.done
-            text += f", about {duration(left)} left"
+            text += f", about {duration(elapsed * (self.total - self.done) / self.done)} left"
         return text
-
-    def _units(self, count: int) -> str:
-        return self.unit if count == 1 else f"{self.unit}s"
 
     def _write(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.write(shown(text, self.stream), file=self.stream)
-        else:
+            self.bar.write(shown(text, self.stream), file=self.stream)  # type: ignore[arg-type]
+        elif self.stream is not None:
             echo(text, file=self.stream, flush=True)
 
     def close(self) -> None:
@@ -155,20 +154,11 @@ class Progress:
         self.close()
 
 
-class Silent:
+class Silent(Progress):
     """Progress that writes nothing (quiet, or no work)."""
 
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> Silent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
+    def __init__(self) -> None:
+        super().__init__(0)
 
 
 def progress(
@@ -177,7 +167,7 @@ def progress(
     desc: str = "",
     hint: str | None = None,
     stream: IO[str] | None = None,
-) -> Progress | Silent:
+) -> Progress:
     """The progress of a call that does `total` units of work (`desc` names it in every line;
     `hint` says how to make it smaller, in the estimate): a live bar on a terminal or in a
     notebook, plain lines in a log, nothing when quiet or when there is nothing to do."""
@@ -185,16 +175,8 @@ def progress(
     if is_quiet() or total <= 0:
         return Silent()
     bar = None
-    if _live(stream):
-        from tqdm.auto import tqdm
+    if "ipykernel" in sys.modules or getattr(stream, "isatty", lambda: False)():
+        from tqdm.auto import tqdm  # a bar redraws itself: a terminal, or a Jupyter kernel
 
         bar = tqdm(total=total, unit=unit, desc=desc, file=stream, mininterval=0.1)
     return Progress(total, unit, desc, hint, stream, bar)
-
-
-def _live(stream: IO[str]) -> bool:
-    """Whether a bar can redraw itself: a terminal, or a Jupyter kernel."""
-    if "ipykernel" in sys.modules:
-        return True
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())

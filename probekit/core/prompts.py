@@ -1,53 +1,69 @@
 """Prompt files for `probekit score`: JSONL records of chat messages or raw text, validated and
-read as items (tokenized by the one encoder, `LoadedModel.encode`)."""
+read as items (tokenized by the one encoder, `LoadedModel.encode`), each id once (`unique_ids`,
+the rule for prompts given in Python too)."""
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
 from pathlib import Path
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import Item
+from probekit.core.items import Item, parse_messages
 from probekit.core.text import BOM, refuse_lone_surrogate
-
-ROLES = ("system", "user", "assistant")
 
 
 def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
-    """Yield items from a JSONL file (UTF-8; a byte-order mark is dropped), checking each line
-    and rejecting duplicate ids (compared as the JSON values they are: `1` and `1.0` are one id)
-    and lone surrogates in one line naming the file, line and id; `prefill` is forced at the
-    start of every response."""
+    """Yield items from a JSONL file (UTF-8; a byte-order mark is dropped; lines end in `\\n`,
+    `\\r\\n` or `\\r`), checking each line and rejecting duplicate ids (compared as the JSON
+    values they are: `1` and `1.0` are one id) and lone surrogates in one line naming the file,
+    line and id; `prefill` is forced at the start of every response."""
     path = Path(path)
     if not path.is_file():
-        raise ProbekitError(f"prompt file '{path}' does not exist")
+        raise ProbekitError(
+            f"prompt file '{path}' {'is a folder' if path.is_dir() else 'does not exist'}"
+        )
+    yield from unique_ids(_records(path, prefill), f"{path}:{{}}", "line {}")
+
+
+def _records(path: Path, prefill: str) -> Iterator[tuple[int, Item]]:
+    """Each record of the file with its line number, read a line at a time (flat memory)."""
+    number = 0
+    with path.open("rb") as lines:
+        for raw in lines:
+            for piece in raw.removesuffix(b"\n").removesuffix(b"\r").split(b"\r"):
+                number += 1
+                try:
+                    line = piece.decode("utf-8").removeprefix(BOM)  # a BOM: files joined
+                except UnicodeDecodeError as exc:
+                    raise ProbekitError(
+                        f"{path}:{number}: not UTF-8 (byte {piece[exc.start]:#04x} at column "
+                        f"{exc.start + 1}); save the file as UTF-8"
+                    ) from None
+                if line.strip():
+                    yield number, parse_prompt_line(line, f"{path}:{number}", prefill)
+
+
+def unique_ids(
+    numbered: Iterable[tuple[int, Item]], place: str = "prompt {}", first: str = "prompt {}"
+) -> Iterator[Item]:
+    """The items, each id once, from a file or a Python list alike: a repeated id would be two
+    rows under one `prompt_id`, so it is refused in one line naming where the item is (`place`
+    formatted with its number) and where the id came first (`first`)."""
     seen: dict[str, int] = {}
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ProbekitError(
-                    f"{path}:{number}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
-                    f"{exc.start + 1}); save the file as UTF-8"
-                ) from None
-            line = line.removeprefix(BOM)  # an editor's mark (files joined: on any line), no text
-            if not line.strip():
-                continue
-            prompt = parse_prompt_line(line, f"{path}:{number}", prefill)
-            if prompt.id in seen:
-                raise ProbekitError(
-                    f"{path}:{number}: duplicate id '{prompt.id}' (line {seen[prompt.id]} has it)"
-                )
-            seen[prompt.id] = number
-            yield prompt
+    for number, item in numbered:
+        if item.id in seen:
+            at = first.format(seen[item.id])
+            raise ProbekitError(f"{place.format(number)}: duplicate id '{item.id}' ({at} has it)")
+        seen[item.id] = number
+        yield item
 
 
 def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
+    """One JSONL record as an item: `id`, and `messages` or `text` (one of them)."""
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_float=Decimal)  # a number id as written
     except json.JSONDecodeError as exc:
         raise ProbekitError(f"{where}: not valid JSON ({exc.msg})") from None
     if not isinstance(record, dict):
@@ -56,56 +72,39 @@ def parse_prompt_line(line: str, where: str, prefill: str = "") -> Item:
         raise ProbekitError(f"{where}: missing 'id'")
     pid = prompt_id(record["id"], where)
     refuse_lone_surrogate(pid, f"{where}: 'id'")
-    if "messages" in record:
+    given = [name for name in ("messages", "text") if name in record]
+    if len(given) != 1:
+        has = "both 'messages' and 'text'; give one" if given else "neither 'messages' nor 'text'"
+        raise ProbekitError(f"{where}: id '{pid}' has {has}")
+    where = f"{where}: id {pid!r}"
+    if given == ["messages"]:
         messages = parse_messages(record["messages"], where)
         for number, message in enumerate(messages):
-            refuse_lone_surrogate(message["content"], f"{where}: id {pid!r}: message {number}")
-        return Item(pid, key={}, unit=pid, messages=messages, prefill=prefill)
-    if "text" in record:
-        if not isinstance(record["text"], str):
-            raise ProbekitError(f"{where}: 'text' must be a string")
-        refuse_lone_surrogate(record["text"], f"{where}: id {pid!r}: 'text'")
-        if not (record["text"] + prefill).strip():
-            raise ProbekitError(f"{where}: id '{pid}': the prompt is empty ('text' is blank)")
-        return Item(pid, key={}, unit=pid, text=record["text"], prefill=prefill)
-    raise ProbekitError(f"{where}: id '{pid}' has neither 'messages' nor 'text'")
+            refuse_lone_surrogate(message["content"], f"{where}: message {number}")
+        return Item(pid, unit=pid, messages=messages, prefill=prefill)
+    if not isinstance(text := record["text"], str):
+        raise ProbekitError(f"{where}: 'text' must be a string")
+    refuse_lone_surrogate(text, f"{where}: 'text'")
+    if not (text + prefill).strip():
+        raise ProbekitError(f"{where}: the prompt is empty ('text' is blank)")
+    return Item(pid, unit=pid, text=text, prefill=prefill)
 
 
 def prompt_id(value: object, where: str) -> str:
-    """A prompt's id as text: a non-empty string, or a number written as JSON writes the value
-    (`1`, `1.0` and `1e0` are the id `1`; `2.5` is `2.5`), so that one JSON value is one id;
-    `null`, true/false, NaN, infinities, lists and objects are refused (a null id would become
-    the text "None" and clash with the next)."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        shown = (
-            json.dumps(value)
-            if value is None or isinstance(value, bool)
-            else "a " + ("list" if isinstance(value, list) else type(value).__name__)
-        )
+    """A prompt's id as text: a non-empty string, or a number written as the exact value the
+    JSON text gives (`1`, `1.0` and `1e0` are the id `1`; `2.5` is `2.5`; `1e300` is 1 and 300
+    zeros, never a float's binary digits), so that one JSON value is one id; `null`,
+    true/false, NaN, infinities, lists and objects are refused (a null id would become the text
+    "None" and clash with the next)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        kind = "a " + ("list" if isinstance(value, list) else type(value).__name__)
+        shown = json.dumps(value) if value is None or isinstance(value, bool) else kind
         raise ProbekitError(f"{where}: 'id' is {shown}; give a string or a number")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ProbekitError(f"{where}: 'id' is {value}; give a string or a finite number")
-        value = int(value) if value.is_integer() else value
-    text = str(value)
-    if not text.strip():
+    if isinstance(value, float):  # NaN or an infinity: every other number is a Decimal
+        raise ProbekitError(f"{where}: 'id' is {value}; give a string or a finite number")
+    if isinstance(value, Decimal):
+        whole = value == value.to_integral_value()
+        value = int(value) if whole else format(value.normalize(), "f")
+    if not (text := str(value)).strip():
         raise ProbekitError(f"{where}: 'id' is empty; give a string or a number")
     return text
-
-
-def parse_messages(messages: object, where: str) -> tuple[dict[str, str], ...]:
-    """Checked chat messages (a non-empty list of {role, content}); `where` prefixes errors."""
-    if not isinstance(messages, list) or not messages:
-        raise ProbekitError(f"{where}: 'messages' must be a non-empty list")
-    for message in messages:
-        if (
-            not isinstance(message, dict)
-            or message.get("role") not in ROLES
-            or not isinstance(message.get("content"), str)
-        ):
-            raise ProbekitError(
-                f"{where}: each message needs a role in {ROLES} and a string content"
-            )
-    if not any(m["content"].strip() for m in messages):
-        raise ProbekitError(f"{where}: the prompt is empty (no message has any content)")
-    return tuple({"role": m["role"], "content": m["content"]} for m in messages)

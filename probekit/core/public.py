@@ -36,7 +36,9 @@ def public(*groups: type, command: str | None = None, skip: Sequence[str] = ()) 
         if not isinstance(target, type):
             return _checked(target, f"{target.__qualname__}()", groups, command, skip, target)
         name = (
-            "__init__" if "__init__" in vars(target) or "__new__" not in vars(target) else "__new__"
+            "__new__"
+            if "__new__" in vars(target) and "__init__" not in vars(target)
+            else "__init__"
         )
         found = inspect.getattr_static(target, name)
         function = getattr(found, "__func__", found)
@@ -90,7 +92,7 @@ def _checked(
         for key, value in kwargs.items():
             if key not in listed and not (unpacked and key in known):
                 missing = [n for n in required if n not in kwargs]
-                if extra is None or unpacked or _close(key, missing):
+                if extra is None or unpacked or difflib.get_close_matches(key, missing, 1, 0.75):
                     raise unknown_keyword(key, [*dict.fromkeys([*listed, *known])], where)
             elif key in fields and value is not None:  # the caller's words before any other
                 kwargs[key] = check_option(fields[key], value, key)
@@ -123,8 +125,3 @@ def _bind(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any], whe
         signature.bind(*args, **kwargs)
     except TypeError as error:
         raise ProbekitError(f"{where}: {error}") from None
-
-
-def _close(key: str, names: Sequence[str]) -> bool:
-    """Whether `key` reads as a misspelling of one of `names`."""
-    return bool(difflib.get_close_matches(key, list(names), n=1, cutoff=0.75))

@@ -1,13 +1,13 @@
 """A run folder as one object (`RunDir`): its paths, its manifest (the only reader and writer of
 `manifest.json`), its scores and summary, its shard locks, and the discovery of finished runs.
 
-What a run was is its manifest. Every field that changes a number is declared once, in
-`MANIFEST_FIELDS` (a `ManifestField` each), with `resume_key=True`: resuming a folder whose manifest
-differs in one of them is refused in one line naming it. A field that no declaration names (a
-study's new option) is a resume key too, so a new setting cannot be forgotten; only the fields
-declared `resume_key=False` (where the data or the command came from, versions, the noise figure,
-report options) may differ. `check_resume` takes the settings known before the model loads (a field
-set to None is not known yet), so that most mismatches are refused before any loading.
+What a run was is its manifest. Every field of it that changes a number is a resume key:
+resuming a folder whose manifest differs in one of them is refused in one line naming it. Only
+the fields of `RECORDED_ONLY` (where the data or the command came from, versions, the noise
+figure, report options) may differ; any other field is a resume key, a study's new option
+included, so a new setting cannot be forgotten. `check_resume` takes the settings known before
+the model loads (a field set to None is not known yet), so that most mismatches are refused
+before any loading.
 
 What rows were scored under travels with them: every part of a run and its `scores.parquet` carry
 the run's resume keys (`scored_under`, in the Parquet metadata) and each row its prompt id, so a
@@ -32,83 +32,45 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, named
 from probekit.core.io import FileLock, LockHeld, write_error, write_text
-from probekit.core.options import named
 from probekit.core.public import public
 
 RESULTS_FORMAT = 4
 MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
-
-
-@dataclass(frozen=True)
-class ManifestField:
-    """One manifest field: whether it changes a number (a resume key) and what it records."""
-
-    name: str
-    resume_key: bool
-    about: str
-
-
-MANIFEST_FIELDS = (
-    ManifestField("results_format", True, "version of the scores table"),
-    ManifestField("study", True, "the study's name"),
-    ManifestField("model", True, "the model as given (hub id, path, default)"),
-    ManifestField("weights", True, "fingerprint of the weights (revision or file hash)"),
-    ManifestField("dtype", True, "the dtype the exact scores are computed in"),
-    ManifestField("device", True, "the kind of device (cpu, cuda, mps): its kernels' last digits"),
-    ManifestField("device_map", True, "how the model's layers are placed over devices"),
-    ManifestField("engine", True, "the engine (hf, vllm)"),
-    ManifestField("columns", True, "which engine wrote which columns"),
-    ManifestField("probe", True, "what defines the prompts, answers and parse rule"),
-    ManifestField("view", True, "exact, generate or explain"),
-    ManifestField("epsilon", True, "the pruning bound of the exact scores"),
-    ManifestField("max_new_tokens", True, "the generation budget"),
-    ManifestField("temperature", True, "sampling temperature of generation"),
-    ManifestField("seed", True, "sampling of items, generation and statistics"),
-    ManifestField("limit", True, "a smoke run: the whole units whose prompts fit in N (None: all)"),
-    ManifestField("data_sha256", True, "checksum of the data read"),
-    ManifestField("model_source", False, "where the model was loaded from"),
-    ManifestField("prompts", False, "prompts in the run (after any limit)"),
-    ManifestField("prompts_total", False, "prompts of the study's configuration"),
-    ManifestField("numerics", False, "the noise figure, measured after the run"),
-    ManifestField("tolerance", True, "the most the tier may change an answer probability"),
-    ManifestField("tier", True, "the precision tier of the rows (bfloat16, tf32, float32)"),
-    ManifestField("precision", False, "the precision tier, its tolerance and measured errors"),
-    ManifestField("batch_size", False, "prompts a batch of the scorer, as the run ended"),
-    ManifestField("versions", False, "package versions"),
-    ManifestField("command", False, "the command (or call) that ran it"),
-    ManifestField("data_origin", False, "where the data came from (env, cache, sample, ...)"),
-    ManifestField("data_path", False, "the data's file or folder"),
-    ManifestField("punkt_root", False, "ISEAR: the folder of NLTK's punkt tables"),
-    ManifestField("min_valid_mass", False, "report option: the exclusion threshold"),
-    ManifestField("outlier_z", False, "report option: JaEm-ST's outlier bound"),
-    ManifestField("groups", False, "report option: JaEm-ST's group columns"),
-    ManifestField("responses", False, "JaEm-ST: free responses generated after the run"),
-    ManifestField("vector", True, "steer: mean_diff, direction or file"),
-    ManifestField("vector_sha256", True, "steer: the SHA-256 of the vector file's content"),
-    ManifestField("vector_file", False, "steer: the vector file as given (known by its content)"),
-    ManifestField("positions", True, "steer: where the vector is added"),
-    ManifestField("span", True, "steer: the span it is added from"),
-    ManifestField("sites", True, "steer, capture: the TransformerLens sites"),
-    ManifestField("layers", True, "steer, capture, lens: the layers"),
-    ManifestField("hooks", True, "steer, capture: the hook library (its kernels' last digits)"),
-    ManifestField("prompt_ids_sha256", True, "steer, lens: SHA-256 of the prompt ids, in order"),
-    ManifestField("alphas", False, "steer: the multiples asked for (each α is a part of its own)"),
+RECORDED_ONLY = frozenset(
+    {
+        *("model_source", "prompts", "prompts_total", "numerics", "precision", "batch_size"),
+        *("versions", "command", "data_origin", "data_path", "punkt_root", "min_valid_mass"),
+        *("outlier_z", "groups", "responses", "vector_file", "alphas"),
+    }
 )
-_DECLARED = {s.name: s for s in MANIFEST_FIELDS}
+"""The manifest fields that are recorded, not resume keys: where the model was loaded from
+(`model_source`), the prompts in the run and in the study's configuration (`prompts`,
+`prompts_total`), the noise figure measured after the run (`numerics`), the precision tier with
+its tolerance and measured errors (`precision`), the batch size as the run ended, package
+versions, the command (or call) that ran it, where the data came from and its file
+(`data_origin`, `data_path`), ISEAR's punkt tables (`punkt_root`), the report options
+(`min_valid_mass`, JaEm-ST's `outlier_z` and `groups`), JaEm-ST's free responses generated
+after the run, a steering vector file as given (`vector_file`: it is known by its content,
+`vector_sha256`) and the α's asked for (each α is a part of its own).
+
+Every other field is a resume key: `results_format`, `study`, `model` (as given), `weights`
+(their fingerprint), `dtype`, `device` (its kind: its kernels' last digits), `device_map`,
+`engine`, `columns` (which engine wrote which), `probe` (the prompts, answers and parse rule),
+`view`, `epsilon`, `max_new_tokens`, `temperature`, `seed`, `limit`, `data_sha256`,
+`tolerance`, `tier`, and the mechanism commands' `vector`, `vector_sha256`, `positions`,
+`span`, `sites`, `layers`, `hooks` and `prompt_ids_sha256`."""
 
 
 def resume_keys(manifest: dict[str, Any]) -> list[str]:
-    """The fields of `manifest` that must match for a folder to be resumed: those declared
-    `resume_key=True` and every field that no declaration names."""
-    return [k for k in manifest if k not in _DECLARED or _DECLARED[k].resume_key]
+    """The fields of `manifest` that must match for a folder to be resumed."""
+    return [key for key in manifest if key not in RECORDED_ONLY]
 
 
 SCORED_UNDER = b"probekit.settings"
 """The Parquet metadata key of the settings a table's rows were scored under (`scored_under`)."""
-_LONGEST_SHOWN = 200
 
 
 def scored_under(manifest: dict[str, Any]) -> dict[str, str]:
@@ -118,21 +80,18 @@ def scored_under(manifest: dict[str, Any]) -> dict[str, str]:
     settings = {}
     for key in sorted(resume_keys(manifest)):
         text = json.dumps(manifest[key], sort_keys=True, default=str)
-        if len(text) > _LONGEST_SHOWN:
-            text = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-        settings[key] = text
+        settings[key] = text if len(text) <= 200 else f"sha256:{_sha256(text)}"
     return settings
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def id_hashes(ids: Iterable[str]) -> np.ndarray:
     """A 64-bit hash of each prompt id (8 bytes a prompt, however long the id)."""
-    return np.fromiter(
-        (
-            int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=8).digest(), "little")
-            for i in ids
-        ),
-        dtype=np.uint64,
-    )
+    digests = (hashlib.blake2b(str(i).encode(), digest_size=8).digest() for i in ids)
+    return np.fromiter((int.from_bytes(d, "little") for d in digests), dtype=np.uint64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,7 +117,6 @@ class RowKey:
 
     def locate(self, ids: Sequence[str]) -> np.ndarray:
         """The prompt index of each of `ids` (-1 where the key has no such prompt)."""
-        assert self.ids is not None
         hashes = id_hashes(ids)
         if np.array_equal(hashes, self.ids):
             return np.arange(len(hashes))
@@ -166,9 +124,8 @@ class RowKey:
 
     @cached_property
     def _positions(self) -> dict[int, int]:
-        assert self.ids is not None
         positions: dict[int, int] = {}
-        for index, hashed in enumerate(self.ids.tolist()):
+        for index, hashed in enumerate(self.ids.tolist()):  # type: ignore[union-attr]
             positions.setdefault(hashed, index)
         return positions
 
@@ -179,9 +136,11 @@ class RowKey:
         table of Parquet `metadata`, are not rows of this run (a phrase that follows "rows":
         "scored under another dtype ('float32', now 'bfloat16')"), or None when their settings
         and prompts are this run's."""
-        reason = _other_settings(read_settings(metadata), self.settings)
-        if reason is not None:
-            return f"{self.made} under {reason}"
+        stored = read_settings(metadata)
+        if stored is None:
+            return f"{self.made} under settings they do not record (written by an older probekit)"
+        if differ := _difference(stored, self.settings):
+            return f"{self.made} under another {differ[0]} ({differ[1]}, now {differ[2]})"
         if self.ids is None:
             return None
         rows = len(ids) if indices is None else len(indices)
@@ -208,14 +167,6 @@ def read_settings(metadata: dict[bytes, bytes] | None) -> dict[str, str] | None:
     except (KeyError, ValueError):
         return None
     return settings if isinstance(settings, dict) else None
-
-
-def _other_settings(stored: dict[str, str] | None, current: dict[str, str]) -> str | None:
-    """The first setting in which `stored` differs from `current`, as a phrase, or None."""
-    if stored is None:
-        return "settings they do not record (written by an older probekit)"
-    differ = _difference(stored, current)
-    return None if differ is None else f"another {differ[0]} ({differ[1]}, now {differ[2]})"
 
 
 def _difference(a: dict[str, str], b: dict[str, str]) -> tuple[str, str, str] | None:
@@ -251,6 +202,9 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.manifest_path = self.path / MANIFEST
+        self.scores_path = self.path / SCORES
+        self.report_path = self.path / "report.html"
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -260,31 +214,6 @@ class RunDir:
 
     def __hash__(self) -> int:
         return hash(self.path.resolve())
-
-    @property
-    def manifest_path(self) -> Path:
-        return self.path / MANIFEST
-
-    @property
-    def scores_path(self) -> Path:
-        return self.path / SCORES
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / "summary.csv"
-
-    @property
-    def report_path(self) -> Path:
-        return self.path / "report.html"
-
-    @property
-    def parts_path(self) -> Path:
-        return self.path / "parts"
-
-    @property
-    def complete(self) -> bool:
-        """A finished run: its manifest beside its scores."""
-        return self.manifest_path.is_file() and self.scores_path.is_file()
 
     # ------------------------------------------------------------------ manifest
 
@@ -344,15 +273,14 @@ class RunDir:
             new = manifest.get(key)
             if key in unknown or old.get(key) == new:
                 continue
-            if key not in old:
-                raise ProbekitError(
-                    f"{self.path} holds a run of an earlier probekit, which did not record its "
-                    f"{key} (now {new!r}); use another {named('out')}, or delete the folder to "
-                    "run it again"
-                )
+            what = (
+                f"a run of an earlier probekit, which did not record its {key} (now {new!r})"
+                if key not in old
+                else f"a run with a different {key} ({old[key]!r}, now {new!r})"
+            )
             raise ProbekitError(
-                f"{self.path} holds a run with a different {key} ({old.get(key)!r}, now "
-                f"{new!r}); use another {named('out')}, or delete the folder to run it again"
+                f"{self.path} holds {what}; use another {named('out')}, or delete the folder to "
+                "run it again"
             )
 
     def start(self, manifest: dict[str, Any]) -> None:
@@ -367,7 +295,7 @@ class RunDir:
 
     def scores(self) -> pd.DataFrame:
         """`scores.parquet`; one line when its rows record settings other than the manifest's (a
-        manifest written anew beside them)."""
+        manifest edited, or written anew beside them)."""
         if not self.scores_path.is_file():
             raise ProbekitError(f"{self.path} holds no {SCORES}: the run is not finished")
         manifest = self.read_manifest() or {}
@@ -375,28 +303,28 @@ class RunDir:
         differ = _difference(recorded, scored_under(manifest)) if recorded and manifest else None
         if differ is not None:
             key, rows, says = differ
+            held = f"that record no {key}" if rows == "not set" else f"scored under {key} {rows}"
+            says = f"records no {key}" if says == "not set" else f"says {says}"
             raise ProbekitError(
-                f"{self.scores_path} holds rows scored under {key} {rows}, but {MANIFEST} says "
-                f"{says}: run the same command again to score them anew, or delete the folder"
+                f"{self.scores_path} holds rows {held}, but {MANIFEST} {says}: if the "
+                f"rows are this run's, delete {MANIFEST} and run the same command again (rows "
+                "are reused only where they match it); otherwise delete the folder"
             )
         return pd.read_parquet(self.scores_path)
 
     def summary(self) -> pd.DataFrame | None:
         """`summary.csv`, None if the folder has none."""
-        if not self.summary_path.is_file():
-            return None
-        return pd.read_csv(self.summary_path)
+        path = self.path / "summary.csv"
+        return pd.read_csv(path) if path.is_file() else None
 
     @classmethod
+    @public()
     def discover(cls, folder: str | Path) -> list[RunDir]:
         """Every finished run under `folder` (itself included), sorted by path."""
         found = sorted(p.parent for p in Path(folder).rglob(MANIFEST))
         return [cls(p) for p in found if (p / SCORES).is_file()]
 
     # ------------------------------------------------------------------ locks
-
-    def lock_path(self, index: int, count: int) -> Path:
-        return self.path / f".lock-shard-{index}-of-{count}"
 
     def hold(self, index: int, count: int) -> None:
         """Take the lock of shard `index`/`count` for this process (kept until `release` or
@@ -405,13 +333,13 @@ class RunDir:
         key = (self.path.resolve(), index, count)
         if key in self._locks:
             return
-        lock = FileLock(self.lock_path(index, count))
+        lock = FileLock(self.path / f".lock-shard-{index}-of-{count}")
         try:
             lock.__enter__()
         except LockHeld as held:
             raise ProbekitError(
                 f"shard {index}/{count} of the run in {self.path} is already running "
-                f"({held.holder}); wait for it or stop it (a lock left by a process that has died "
+                f"({held}); wait for it or stop it (a lock left by a process that has died "
                 f"on this host is taken over; one from another host: delete {lock.path})"
             ) from None
         self._locks[key] = lock
@@ -424,16 +352,16 @@ class RunDir:
     @classmethod
     def release_all(cls) -> list[Path]:
         """Release every shard lock this process holds (on SIGTERM); return their folders."""
-        folders = []
-        for (path, _, _), lock in list(cls._locks.items()):
+        for lock in cls._locks.values():
             lock.__exit__(None, None, None)
-            folders.append(path)
+        folders = [path for path, _, _ in cls._locks]
         cls._locks.clear()
         return folders
 
     def make(self) -> None:
         """Create the folder and its parts folder (one line if it cannot be)."""
+        parts = self.path / "parts"
         try:
-            self.parts_path.mkdir(parents=True, exist_ok=True)
+            parts.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise write_error(self.path, exc) from None
+            raise write_error(parts, exc) from None

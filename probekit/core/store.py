@@ -7,16 +7,20 @@ Its schema records the settings its rows were made under (`probekit.core.rundir.
 where the table commits another file (a capture's tensor shard), that file's SHA-256; every row
 carries its prompt id (`prompt_id`), a run's rows their prompt index as well.
 
-Read back (`read_rows`), a file is used only if every page verifies, the file it commits is the
-one written, its settings are the run's and its rows are the run's prompts (at their prompt
-index, or located by their ids). A file that fails is set aside, never deleted: renamed
-`*.damaged` (it cannot be read whole) or `*.mismatched` (its rows are not this run's), with one
-line on stderr saying so and what happens next (`set_aside`, `set_aside_all`); its work is done
-again. A resume is then the rows that were taken (`take_rows`).
+Read back (`read_rows`), a file is used only if every page verifies, its schema is the one
+written (its columns' names and types and its records, as the Arrow schema the writer stored
+beside them says: the pages' checksums do not cover them), the file it commits is the one
+written, its settings are the run's and its rows are the run's prompts (at their prompt index,
+or located by their ids). A file that fails is set aside, never deleted: renamed `*.damaged` (it
+cannot be read whole) or `*.mismatched` (its rows are not this run's), with one line on stderr
+saying so and what happens next (`set_aside`, `set_aside_all`); its work is done again. A resume
+is then the rows that were taken (`take_rows`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +45,10 @@ DAMAGED = ".damaged"
 MISMATCHED = ".mismatched"
 COMMITTED_SHA256 = b"probekit.shard_sha256"
 """The Parquet metadata key of the SHA-256 of the file a table commits (a capture's shard)."""
+ARROW_SCHEMA = b"ARROW:schema"
+"""The Parquet metadata key under which pyarrow's writer stores the Arrow schema it wrote."""
+READ_ERRORS = (OSError, pa.ArrowException, KeyError, ValueError, binascii.Error)
+"""What reading a file that is not whole raises."""
 
 
 def say(message: str) -> None:
@@ -49,38 +57,30 @@ def say(message: str) -> None:
 
 
 class Unusable(Exception):
-    """A finished file that cannot be used: `Damaged` or `Mismatched`."""
+    """A finished file that cannot be used: `Damaged` or `Mismatched`; `describe` is a phrase
+    that follows the file's name."""
 
-    suffix = ""
+    suffix, phrase = "", "{}"
 
     def __init__(self, path: Path, reason: str, rows: int = 0) -> None:
         super().__init__(f"{path}: {reason}")
-        self.path = Path(path)
-        self.reason = reason
-        self.rows = rows
+        self.path, self.reason, self.rows = Path(path), reason, rows
 
     def describe(self) -> str:
-        """What is wrong, as a phrase that follows the file's name."""
-        raise NotImplementedError
+        return self.phrase.format(self.reason)
 
 
 class Damaged(Unusable):
-    """A file that cannot be read whole: truncated, a page or committed file that does not
-    match its checksum, a column missing."""
+    """A file that cannot be read whole: truncated, a page, its schema or a committed file that
+    does not match what was written, a column missing."""
 
-    suffix = DAMAGED
-
-    def describe(self) -> str:
-        return f"is damaged ({self.reason})"
+    suffix, phrase = DAMAGED, "is damaged ({})"
 
 
 class Mismatched(Unusable):
     """A whole file whose rows are not this run's: other settings, other prompts."""
 
-    suffix = MISMATCHED
-
-    def describe(self) -> str:
-        return f"holds rows {self.reason}"
+    suffix, phrase = MISMATCHED, "holds rows {}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +118,27 @@ def damage(path: Path, exc: BaseException) -> Damaged:
     return Damaged(path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
+def schema_of(path: Path) -> pa.Schema:
+    """The schema of a finished file, verified against the Arrow schema its writer stored beside
+    it (column names, types and the file's records: one changed byte of them is caught);
+    `Damaged` if they differ or cannot be read. A missing file raises FileNotFoundError."""
+    try:
+        footer = pq.read_metadata(path)
+        records = dict(footer.metadata or {})
+        stored = records.pop(ARROW_SCHEMA, None)
+        schema = footer.schema.to_arrow_schema()
+        written = stored and pa.ipc.read_schema(pa.py_buffer(base64.b64decode(stored)))
+    except FileNotFoundError:
+        raise
+    except READ_ERRORS as exc:
+        raise damage(path, exc) from None
+    if not written or written.names != schema.names or (written.metadata or {}) != records:
+        raise Damaged(path, "its schema is not the one written")
+    if not written.equals(schema):
+        raise Damaged(path, "its columns' types are not the ones written")
+    return schema
+
+
 def row_groups(path: Path, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
     """The row groups of a finished file, each with its page checksums verified (flat memory);
     `Damaged` if one cannot be read. A missing file raises FileNotFoundError."""
@@ -127,28 +148,19 @@ def row_groups(path: Path, columns: Sequence[str] | None = None) -> Iterator[pa.
             yield source.read_row_group(k, columns=list(columns) if columns else None)
     except FileNotFoundError:
         raise
-    except (OSError, pa.ArrowException, KeyError) as exc:
+    except READ_ERRORS as exc:
         raise damage(path, exc) from None
 
 
 def read_table(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
-    """A finished file read whole (or its `columns`), every page verified; `Damaged` if it
-    cannot be. A missing file raises FileNotFoundError."""
-    schema = _schema(path)
+    """A finished file read whole (or its `columns`), its schema and every page verified;
+    `Damaged` if it cannot be. A missing file raises FileNotFoundError."""
+    schema = schema_of(path)
     groups = list(row_groups(path, columns))
     if not groups:
         names = list(columns) if columns else schema.names
         return pa.schema([schema.field(n) for n in names], schema.metadata).empty_table()
     return pa.concat_tables(groups).replace_schema_metadata(schema.metadata)
-
-
-def _schema(path: Path) -> pa.Schema:
-    try:
-        return pq.read_schema(path)
-    except FileNotFoundError:
-        raise
-    except (OSError, pa.ArrowException) as exc:
-        raise damage(path, exc) from None
 
 
 def read_rows(
@@ -161,23 +173,22 @@ def read_rows(
     require: Sequence[str] = (),
     commits: Path | None = None,
 ) -> Rows:
-    """The rows of a finished file, verified: every page read (or only `columns`'), the
-    `require`d columns present and the file it `commits` as written (else `Damaged`), its
+    """The rows of a finished file, verified: its schema, every page read (or only `columns`'),
+    the `require`d columns present and the file it `commits` as written (else `Damaged`), its
     settings those of `key` and its rows the key's prompts (else `Mismatched`); with `complete`,
     one row for each of the key's prompts, in prompt order. `keep` keeps the rows
     (`Rows.table`). A row's prompt index is its `prompt_index` where the file has one, else
     where its prompt id is in the key. `key` None checks the file only. A missing file raises
     FileNotFoundError."""
     path = Path(path)
+    schema = schema_of(path)
     table = read_table(path, columns) if keep else None
-    groups = [table] if table is not None else row_groups(path, columns)
-    schema = _schema(path)
     missing = [c for c in require if c not in schema.names]
     if missing:
         raise Damaged(path, f"no {missing[0]} column")
     indices, ids = [], []
-    for group in groups:  # one row group at a time: flat memory where the rows are not kept
-        if INDEX in group.column_names:
+    for group in [table] if table is not None else row_groups(path, columns):
+        if INDEX in group.column_names:  # one row group at a time: flat memory
             indices.append(group.column(INDEX).to_numpy())
         if PROMPT_ID in group.column_names:
             ids += group.column(PROMPT_ID).to_pylist()
@@ -245,13 +256,12 @@ def set_aside(unusable: Unusable, then: str, together: Sequence[Path] = ()) -> N
 def set_aside_all(folder: Path, found: Sequence[Unusable], then: str) -> None:
     """Set aside many files of `folder` (a run's parts) in one line per kind: damaged ones each
     by name, foreign ones together, by the first one's reason."""
-    foreign = [u for u in found if isinstance(u, Mismatched)]
     for unusable in found:
         if not isinstance(unusable, Mismatched):
             set_aside(unusable, then)
+    foreign = [u for u in found if isinstance(u, Mismatched)]
     renamed = [u for u in foreign if _rename(u.path, MISMATCHED, u.describe())]
-    if not renamed:
-        return
-    rows = sum(u.rows for u in renamed)
-    what = "1 part holds" if len(renamed) == 1 else f"{len(renamed)} parts hold"
-    say(f"{folder}: {what} {rows} rows {renamed[0].reason}; set aside as *{MISMATCHED}, {then}")
+    if renamed:
+        rows = sum(u.rows for u in renamed)
+        what = "1 part holds" if len(renamed) == 1 else f"{len(renamed)} parts hold"
+        say(f"{folder}: {what} {rows} rows {renamed[0].reason}; set aside as *{MISMATCHED}, {then}")

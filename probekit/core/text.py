@@ -20,29 +20,25 @@ _SURROGATE_ESCAPE = re.compile(
 )
 """A JSON `\\uXXXX` escape of a surrogate that is not one half of a pair (an escaped backslash
 before the `u` is no escape)."""
-
-
 _HALF = (
     "half of a UTF-16 pair, which is no character; remove it, or write the whole pair "
     "(\\ud83d\\ude00 is one emoji)"
 )
 
 
-def lone_surrogate(value: str) -> str | None:
-    """Where `value` holds a lone surrogate, as a phrase ("a lone surrogate \\ud800 at
-    character 4"), or None when it is text UTF-8 can hold."""
+def refuse_lone_surrogate(value: str, what: str) -> None:
+    """One line for a string that holds a lone surrogate (`what` names it: its file and line,
+    the prompt's id and field), naming the character it is at."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as err:
-        return f"a lone surrogate \\u{ord(value[err.start]):04x} at character {err.start + 1}"
-    return None
+        found = f"\\u{ord(value[err.start]):04x} at character {err.start + 1}"
+        raise ProbekitError(f"{what} holds a lone surrogate {found}: {_HALF}") from None
 
 
-def refuse_lone_surrogate(value: str, what: str) -> None:
-    """One line for a string that holds a lone surrogate (`what` names it: its file and line,
-    the prompt's id and field)."""
-    if where := lone_surrogate(value):
-        raise ProbekitError(f"{what} holds {where}: {_HALF}")
+def _line_and_column(data: str | bytes, at: int) -> tuple[int, int]:
+    newline = b"\n" if isinstance(data, bytes) else "\n"
+    return data.count(newline, 0, at) + 1, at - data.rfind(newline, 0, at)  # type: ignore[arg-type]
 
 
 def read_text(path: str | Path) -> str:
@@ -57,8 +53,7 @@ def read_text(path: str | Path) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        column = err.start - data.rfind(b"\n", 0, err.start)
+        line, column = _line_and_column(data, err.start)
         raise ProbekitError(
             f"{path}:{line}: not UTF-8 (byte {data[err.start]:#04x} at column {column}); save "
             "the file as UTF-8"
@@ -69,14 +64,10 @@ def read_text(path: str | Path) -> str:
 def read_json(path: str | Path) -> Any:
     """The JSON in the UTF-8 file `path` (`read_text`); invalid JSON and a lone surrogate's
     escape are refused in one line naming the line and column."""
-    path = Path(path)
     text = read_text(path)
-    found = _SURROGATE_ESCAPE.search(text)
-    if found:
+    if found := _SURROGATE_ESCAPE.search(text):
         name = found.group("high") or found.group("low")
-        at = text.index("\\u" + name, found.start())
-        line = text.count("\n", 0, at) + 1
-        column = at - text.rfind("\n", 0, at)
+        line, column = _line_and_column(text, text.index("\\u" + name, found.start()))
         raise ProbekitError(
             f"{path}:{line}: the escape \\u{name.lower()} at column {column} is a lone "
             f"surrogate: {_HALF}"

@@ -29,16 +29,15 @@ from typing import Any
 ELEMENTS = 4
 """Elements of a list or mapping checked (the first ones): a wrong list is wrong from its start,
 and a public constructor (an `EncodedItem` of a long prompt) must stay cheap."""
-SEQUENCES = (list, tuple, abc.Sequence, abc.MutableSequence, abc.Collection, abc.Container)
-SETS = (set, frozenset, abc.Set, abc.MutableSet)
+SEQUENCES = (list, tuple, abc.Sequence, abc.MutableSequence, abc.Collection)
 MAPPINGS = (dict, abc.Mapping, abc.MutableMapping)
 ITERABLES = (abc.Iterable, abc.Iterator, abc.Generator)
+UNIONS = (typing.Union, types.UnionType)
 WORDS = {
     int: ("an integer", "integers"),
     float: ("a number", "numbers"),
     str: ("a str", "strings"),
     bool: ("True or False", "booleans"),
-    bytes: ("bytes", "bytes"),
 }
 Check = Callable[[Any], bool]
 
@@ -60,10 +59,11 @@ def resolve(annotation: Any, owner: Any) -> Any:
 
 def hints(function: Callable[..., Any], owner: Any = None) -> dict[str, Any]:
     """Each parameter's resolved hint (`resolve`), by name."""
+    parameters = inspect.signature(function).parameters.items()
     return {
-        name: resolve(parameter.annotation, owner or function)
-        for name, parameter in inspect.signature(function).parameters.items()
-        if parameter.annotation is not parameter.empty
+        n: resolve(p.annotation, owner or function)
+        for n, p in parameters
+        if p.annotation is not p.empty
     }
 
 
@@ -86,73 +86,64 @@ def _anything(value: Any) -> bool:
 
 def _made(hint: Any) -> Check:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is inspect.Parameter.empty or isinstance(hint, typing.TypeVar):
+    if hint in (Any, inspect.Parameter.empty) or isinstance(hint, typing.TypeVar):
         return _anything
     if hint is None or hint is type(None):
         return lambda value: value is None
-    if origin is typing.Annotated:
-        return checker(args[0])
-    if origin in (typing.Union, types.UnionType):
+    if origin in UNIONS:
         members = [checker(arg) for arg in args]
         return _anything if _anything in members else lambda v: any(m(v) for m in members)
-    if origin is typing.Literal:
-        return lambda value: value in args
-    if origin is abc.Callable or hint is abc.Callable:
+    if abc.Callable in (origin, hint):
         return callable
     if origin in MAPPINGS:
         key, item = (checker(a) for a in (args or (Any, Any)))
-        return lambda v: (
-            isinstance(v, abc.Mapping)
-            and all(key(k) and item(x) for k, x in islice(v.items(), ELEMENTS))
-        )
+        return functools.partial(_mapping, key, item)
     if origin is tuple and args and args[-1] is not Ellipsis:  # a fixed-length tuple
         fixed = [checker(a) for a in args]
-        return lambda v: _sequence(v, False) and len(v) == len(fixed) and all(map(_call, fixed, v))
-    if origin in SEQUENCES or origin in SETS:
-        element, sets = checker(args[0] if args else Any), origin in SETS
-        return lambda v: _sequence(v, sets) and all(map(element, islice(v, ELEMENTS)))
+        return lambda v: _sequence(v) and len(v) == len(fixed) and all(map(_fits, fixed, v))
+    if origin in SEQUENCES:
+        element = checker(args[0] if args else Any)
+        return lambda v: _sequence(v) and all(map(element, islice(v, ELEMENTS)))
     return _plain(origin or hint)
 
 
-def _call(check: Check, value: Any) -> bool:
+def _fits(check: Check, value: Any) -> bool:
     return check(value)
 
 
+def _mapping(key: Check, item: Check, value: Any) -> bool:
+    pairs = islice(value.items(), ELEMENTS) if isinstance(value, abc.Mapping) else None
+    return pairs is not None and all(key(k) and item(x) for k, x in pairs)
+
+
 def _plain(hint: Any) -> Check:
-    if hint is type:
-        return lambda value: isinstance(value, type)
-    if not isinstance(hint, type):
-        return _anything  # a NewType, a ParamSpec, ...: nothing to check
+    protocol = getattr(hint, "_is_protocol", False)
+    if not isinstance(hint, type) or (protocol and not getattr(hint, "_is_runtime_protocol", 0)):
+        return _anything  # a NewType, a ParamSpec, a protocol: nothing to check
     if hint is bool:
         return lambda value: isinstance(value, bool) or type(value).__name__ == "bool_"
-    if hint in (int, float, complex):
-        number = {int: numbers.Integral, float: numbers.Real, complex: numbers.Number}[hint]
+    if hint in (int, float):
+        number = numbers.Integral if hint is int else numbers.Real
         return lambda value: isinstance(value, number) and not isinstance(value, bool)
     if issubclass(hint, PurePath) or hint is os.PathLike:
         return lambda value: isinstance(value, str | os.PathLike)
-    if hint in SEQUENCES or hint in SETS:
-        return lambda value: _sequence(value, hint in SETS)
-    if hint in MAPPINGS or typing.is_typeddict(hint):
+    if hint in SEQUENCES:
+        return _sequence
+    if hint in MAPPINGS:
         return lambda value: isinstance(value, abc.Mapping)
     if hint in ITERABLES:
         return lambda value: hasattr(value, "__iter__") and not isinstance(value, str | bytes)
     if issubclass(hint, tuple) and hasattr(hint, "_fields"):  # any tuple of its length will do
-        return lambda value: _sequence(value, False) and len(value) == len(hint._fields)
-    if getattr(hint, "_is_protocol", False) and not getattr(hint, "_is_runtime_protocol", False):
-        return _anything
+        return lambda value: _sequence(value) and len(value) == len(hint._fields)
     if hint.__module__ == "numpy" and hint.__name__ == "ndarray":
-        return lambda value: isinstance(value, hint) or _sequence(value, False)
+        return lambda value: isinstance(value, hint) or _sequence(value)
     return lambda value: isinstance(value, hint)
 
 
-def _sequence(value: Any, sets: bool) -> bool:
-    if type(value) in (list, tuple):
-        return True
+def _sequence(value: Any) -> bool:
     if isinstance(value, str | bytes):
         return False
-    if sets and isinstance(value, abc.Set):
-        return True
-    return isinstance(value, abc.Sequence) or type(value).__name__ == "ndarray"
+    return isinstance(value, list | tuple | abc.Sequence) or type(value).__name__ == "ndarray"
 
 
 def described(hint: Any, plural: bool = False) -> str:
@@ -161,18 +152,14 @@ def described(hint: Any, plural: bool = False) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is None or hint is type(None):
         return "None"
-    if origin is typing.Annotated:
-        return described(args[0], plural)
-    if origin in (typing.Union, types.UnionType):
+    if origin in UNIONS:
         words = list(dict.fromkeys(described(arg, plural) for arg in args))
         return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin is abc.Callable or hint is abc.Callable:
+    if abc.Callable in (origin, hint):
         return "functions" if plural else "a function"
     if origin in MAPPINGS or hint in MAPPINGS:
         return "dicts" if plural else "a dict"
-    if any(t in (*SEQUENCES, *SETS) for t in (origin, hint)):
+    if origin in SEQUENCES or hint in SEQUENCES:
         of = "" if not args or args[0] is Any else f" of {described(args[0], plural=True)}"
         return ("lists" if plural else "a list") + of
     if origin in ITERABLES or hint in ITERABLES:
