@@ -20,9 +20,7 @@ from probekit.engines.devices import (
     parse_devices,
     parse_size,
 )
-from probekit.engines.memory import MAX_BATCH, batch_for, prompt_bytes
-from probekit.engines.plan import check_before_load
-from probekit.engines.shapes import read_shape
+from probekit.engines.plan import MAX_BATCH, batch_for, check_before_load, prompt_bytes, read_shape
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],

@@ -11,8 +11,7 @@ import torch
 
 from probekit.engines.devices import device_memory
 from probekit.engines.hf.precision import dtype_name
-from probekit.engines.memory import batch_for
-from probekit.engines.shapes import shape_of
+from probekit.engines.plan import batch_for, shape_of
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
