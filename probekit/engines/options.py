@@ -47,6 +47,8 @@ def dtype_name(value: Any) -> str | None:
 
 
 def _dtype_value(value: Any) -> str:
+    if type(value).__module__ == "torch":  # named as `dtype_name` reads it: int8, not torch.int8
+        value = str(value).removeprefix("torch.")
     return dtype_name(value) or refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
 
 

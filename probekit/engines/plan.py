@@ -411,12 +411,12 @@ def plan(
 def marked_plan(
     model: str | Path | Shape,
     devices: str | Mapping[str, Any],
-    dtype: str | None = None,
-    prompt_tokens: int = PROMPT_TOKENS,
-    batch_size: int | None = None,
-    dispatched: bool = False,
-    offload: bool = False,
-    tensor_parallel_size: int = 1,
+    dtype: str | None,
+    prompt_tokens: int,
+    batch_size: int | None,
+    dispatched: bool,
+    offload: bool,
+    tensor_parallel_size: int,
 ) -> MemoryPlan:
     """`plan` with the options its lines name marked (`probekit.core.options.named`): the
     command line words them as flags."""
