@@ -11,7 +11,7 @@ One run prints the prompts/s of
       each row stopped once its parse is fixed),
 
 with their ratios to (a); the optional cross-check of the exact scores through vLLM (0-10 and
-0-100 read node by node from vLLM's log-probabilities, `probekit.engines.vllm_check`): its
+0-100 read node by node from vLLM's log-probabilities, `probekit.engines.vllm.cross_check`): its
 agreement with (a) at epsilon 0 and its cost; then the Ray overhead: the same study run (ev
 mode) in one process, on Ray with one actor holding all the threads, and with two actors of half
 the threads each (Ray's start and the actors' model loads included, and apart); and the projected
@@ -180,7 +180,7 @@ def engine_rates(args: argparse.Namespace) -> dict[str, float]:
 def vllm_cross_check(engine, ids: list) -> None:
     """Table 1b: number answers scored exactly through vLLM against the hf engine (epsilon 0)."""
     from probekit.core.answers import AnswerSet
-    from probekit.engines.vllm_check import cross_check
+    from probekit.engines.vllm import cross_check
 
     print(f"\nTable 1b: exact scores through vLLM's log-probabilities, {len(ids)} prompts")
     print("| answers | requests | vLLM s/prompt | hf s/prompt | max |dp| | max |dE| | valid mass |")

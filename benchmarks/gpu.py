@@ -104,11 +104,9 @@ from probekit.engines.hf.precision import (
     arithmetic,
     body_of,
     choose_precision,
-    dtype_name,
-    head_arithmetic,
 )
 from probekit.engines.hook_libraries import HOOK_PACKAGES, installed, missing_line
-from probekit.engines.options import DEFAULT_TOLERANCE
+from probekit.engines.options import DEFAULT_TOLERANCE, dtype_name
 from probekit.engines.trie import extension_masks
 from probekit.mechanism.sites import d_model
 from probekit.testing.synthetic import LLAMA_8B, llama_config, random_weights
@@ -224,7 +222,7 @@ def tier_of(model: Any) -> str:
     """The precision tier `model` is in now: its body's arithmetic, `+head` where the LM head
     computes in the same one."""
     body = "tf32" if model.meta.get("matmul") == "tf32" else dtype_name(model.dtype)
-    return f"{body}+head" if body != "float32" and head_arithmetic(model) == body else body
+    return f"{body}+head" if body != "float32" and model.meta.get("head") == body else body
 
 
 def peak_tflops(device: torch.device, tier: str) -> float | None:

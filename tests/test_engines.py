@@ -20,7 +20,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.items import Item
 from probekit.engines import ENGINES, load_engine
 from probekit.engines.base import Engine, Scorer, ScoreResult, hooks_unavailable
-from probekit.engines.hf.batching import run_batched
+from probekit.engines.hf.scorer import run_batched
 
 
 def test_hf_engine_satisfies_the_protocol(tiny):
@@ -144,7 +144,7 @@ def tiny():
 def test_the_scorer_plans_each_windows_batch_and_keeps_a_halved_one(tiny, monkeypatch):
     """Without a batch size the scorer asks the plan for each window's longest prompt plus the
     answer positions; an out-of-memory error caps every later batch; a given size is kept."""
-    from probekit.engines.hf.batching import PROMPT_HINT
+    from probekit.engines.hf.scorer import PROMPT_HINT
 
     asked = []
 

@@ -20,9 +20,7 @@ from probekit.engines.devices import (
     parse_devices,
     parse_size,
 )
-from probekit.engines.memory import MAX_BATCH, batch_for, prompt_bytes
-from probekit.engines.plan import check_before_load
-from probekit.engines.shapes import read_shape
+from probekit.engines.plan import MAX_BATCH, batch_for, check_before_load, prompt_bytes, read_shape
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -281,21 +279,21 @@ def test_the_scorer_plans_from_the_models_shape_and_the_devices_memory(configs, 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from probekit.engines.hf import batching
+    from probekit.engines.hf import scorer
     from probekit.engines.hf.model import LoadedModel
 
     config = AutoConfig.from_pretrained(str(configs["Llama-3.1-8B"]))
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = LoadedModel(hf, None, "8b", "random", torch.device("cuda"), torch.bfloat16)
-    monkeypatch.setattr(batching, "device_memory", lambda device: 80 * GiB)
-    assert batching.planned_batch(model, 66 + TRIE_0_100) == 512
-    monkeypatch.setattr(batching, "device_memory", lambda device: 24 * GiB)
-    assert batching.planned_batch(model, 66 + TRIE_0_100) == 64
+    monkeypatch.setattr(scorer, "device_memory", lambda device: 80 * GiB)
+    assert scorer.planned_batch(model, 66 + TRIE_0_100) == 512
+    monkeypatch.setattr(scorer, "device_memory", lambda device: 24 * GiB)
+    assert scorer.planned_batch(model, 66 + TRIE_0_100) == 64
     model.meta["device_map"] = "model.layers.0-15: cuda:0; model.layers.16-31: cuda:1"
-    assert batching.planned_batch(model, 66 + TRIE_0_100) == batching.DISPATCHED_BATCH == 64
+    assert scorer.planned_batch(model, 66 + TRIE_0_100) == scorer.DISPATCHED_BATCH == 64
     model.device = torch.device("cpu")
-    assert batching.planned_batch(model, 66 + TRIE_0_100) == batching.CPU_BATCH == 16
+    assert scorer.planned_batch(model, 66 + TRIE_0_100) == scorer.CPU_BATCH == 16
 
 
 def test_a_plan_that_fits_no_batch_says_so_and_what_would(configs, capsys):

@@ -16,8 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from probekit.core.answers import AnswerSet
 from probekit.core.options import default_of
 from probekit.engines.base import ScorerStats
-from probekit.engines.hf.prefix_cache import PrefixCache
-from probekit.engines.hf.prompt_pass import prompt_pass
+from probekit.engines.hf.prompt_pass import PrefixCache, prompt_pass
 from probekit.engines.hf.scorer import HFScorer
 from probekit.engines.options import EpsilonOption
 

@@ -26,8 +26,7 @@ from conftest import DATA_ROOT, REPO, answering_prompts, religion_probe
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.engines import load_engine
-from probekit.engines.vllm import VllmEngine, vllm_env
-from probekit.engines.vllm_check import cross_check, vllm_answer_mass
+from probekit.engines.vllm import VllmEngine, cross_check, vllm_answer_mass, vllm_env
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 VLLM_REASON = "vLLM is not installed here (it is in the ./setup.sh --vllm environment)"

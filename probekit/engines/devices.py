@@ -9,7 +9,7 @@ import difflib
 import json
 import os
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,8 @@ from probekit.core.errors import ProbekitError
 
 MAP_POLICIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's device-map strategies `--device-map` takes by name."""
-UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
+UNITS = {"b": 1} | {f"{p}b": 1000 ** (k + 1) for k, p in enumerate("kmgt")}
+UNITS |= {f"{p}ib": 1024 ** (k + 1) for k, p in enumerate("kmgt")}
 
 
 def parse_size(text: str | int) -> int:
@@ -127,12 +118,11 @@ def parse_device_map(value: str | Mapping[str, Any]) -> str | dict[str, Any]:
     return placed
 
 
-def check_map_modules(
-    mapping: Mapping[str, Any], modules: Collection[str], parameters: Iterable[str], model: str
-) -> None:
-    """One line when the device map `mapping` (module -> device) names a module that `model`
-    lacks (with the nearest of its `modules`), or leaves one of its `parameters` (full names)
-    without a device: transformers would load such a map without a word."""
+def check_map_modules(mapping: Mapping[str, Any], hf: Any, model: str) -> None:
+    """One line when the device map `mapping` (module -> device) names a module that the
+    transformers model `hf` (of `model`) lacks (with the nearest of its modules), or leaves one
+    of its parameters without a device: transformers would load such a map without a word."""
+    modules = dict(hf.named_modules())
     for name in mapping:
         if name and name not in modules:
             near = difflib.get_close_matches(name, list(modules), n=2)
@@ -142,7 +132,7 @@ def check_map_modules(
     def placed(parameter: str) -> bool:
         return any(not m or parameter == m or parameter.startswith(m + ".") for m in mapping)
 
-    left = [p.rpartition(".")[0] or p for p in parameters if not placed(p)]
+    left = [p.rpartition(".")[0] or p for p, _ in hf.named_parameters() if not placed(p)]
     if left:
         shown = ", ".join(dict.fromkeys(left[:3]))
         raise ProbekitError(

@@ -2,14 +2,13 @@
 command that loads one and for `load_engine`, `score` and the engines' scorers: `ModelOptions`
 (which model, on which device, in which dtype, placed how), `EpsilonOption`, `ScoreOptions` and
 `ScorerOptions` (what an engine's scorer is asked to do). `probekit plan`'s
-`probekit.engines.plan.PlanOptions` shares the model and its dtype (`ModelChoice`).
-`check_device` says in one line when a named device is missing from this torch, in the caller's
-words (`probekit.core.options.given`). Nothing here imports a model library."""
+`probekit.engines.plan.PlanOptions` shares the model and its dtype (`ModelChoice`). Nothing
+here imports a model library."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +36,24 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half
 DEVICE_NAME = re.compile(r"cpu|mps|cuda(:\d+)?")
 
 
-def _dtype_value(value: Any) -> str:
+def dtype_name(value: Any) -> str | None:
+    """The name of a floating-point dtype (`bfloat16`) given by a name, an alias (fp32, bf16,
+    fp16, half) or a `torch.dtype`; None for anything else. The one reading of a dtype: the
+    options', the loader's and the memory plan's."""
     if type(value).__module__ == "torch":  # a torch.dtype: named without importing torch here
         value = str(value).removeprefix("torch.")
-    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
-    if name not in DTYPES:
-        refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
-    return name
+    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else None
+    return name if name in DTYPES else None
+
+
+def _dtype_value(value: Any) -> str:
+    if type(value).__module__ == "torch":  # named as `dtype_name` reads it: int8, not torch.int8
+        value = str(value).removeprefix("torch.")
+    return dtype_name(value) or refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
 
 
 floating_dtype = Kind("dtype", str, _dtype_value)
-"""A floating-point dtype, held by its name (`bfloat16`; aliases fp32, bf16, fp16, half): text,
-or a `torch.dtype`."""
+"""A floating-point dtype, held by its name (`dtype_name`): text, or a `torch.dtype`."""
 
 
 def _device_value(value: Any) -> str:
@@ -184,19 +189,8 @@ class ModelOptions(ModelChoice):
     def load_keywords(self, **changes: Any) -> dict[str, Any]:
         """`load_engine`'s keywords after the model: the options given, updated by `changes`
         (e.g. a distributed launch's own device)."""
-        given = {
-            "engine": self.engine,
-            "device": self.device,
-            "dtype": self.dtype,
-            "device_map": self.device_map,
-            "max_memory": self.max_memory,
-            "offload_folder": self.offload_folder,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "pipeline_parallel_size": self.pipeline_parallel_size,
-            "tolerance": self.tolerance,
-            **changes,
-        }
-        return {name: value for name, value in given.items() if value is not None}
+        given = {f.name: getattr(self, f.name) for f in fields(self)} | changes
+        return {k: v for k, v in given.items() if v is not None and k not in ("model", "quiet")}
 
     def check(self) -> None:
         """One line for options valid one by one but not together (`model_conflict`), before
@@ -330,28 +324,3 @@ def loaded_engine(model: Any) -> Engine | None:
             f"loaded model, not {model!r}"
         )
     return model
-
-
-def check_device(name: str) -> str:
-    """`name` if this torch can use that device (`cuda`, `cuda:N`, `mps`; anything else is left
-    to torch), else one line saying what is missing, before a model is read."""
-    import torch
-
-    kind, _, index = name.partition(":")
-    asked, cpu = given("device", name), given("device", "cpu")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            built = "sees no CUDA device" if torch.backends.cuda.is_built() else "lacks CUDA"
-            raise ProbekitError(f"{asked}: this torch ({torch.__version__}) {built}; use {cpu}")
-        count = torch.cuda.device_count()
-        if index.isdigit() and int(index) >= count:
-            raise ProbekitError(
-                f"{asked}: there are {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-            )
-    if kind == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise ProbekitError(
-                f"{asked}: MPS (Apple silicon) is not available in this torch; use {cpu}"
-            )
-    return name

@@ -8,7 +8,7 @@ rendered template tokenized with the tokenizer's special tokens, as vLLM tokeniz
 prompt), the token ids go to vLLM as they are, and the exact answer distribution of the same ids
 comes from the transformers engine, which vLLM gives only at great cost (its log-probabilities
 cover at most 128 given tokens per position, so a trie of answers needs one request per node:
-`vllm_check` does that for number answers, as a cross-check of the two engines). So in a run's
+`cross_check` does that for number answers, as a cross-check of the two engines). So in a run's
 table `response`, `parsed` (and an explain run's `explanation`) are vLLM's, every other column the
 transformers engine's; the manifest says so under `columns`.
 
@@ -26,11 +26,13 @@ load instead of ~4 min) with `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache (default h
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import importlib.util
+import math
 import os
 import site
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -38,13 +40,17 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from probekit.core.answers import AnswerSet
+import numpy as np
+
+from probekit.core.answers import ANSWER_KINDS, AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
 from probekit.core.paths import user_cache_dir
 from probekit.engines.base import Engine, ScoreResult, ScorerStats, hooks_unavailable, windows
 from probekit.engines.hf.model import LoadedModel, load_model
+from probekit.engines.hf.prompt_pass import stop_ids
 from probekit.engines.options import ScorerOptions
+from probekit.engines.trie import AnswerTrie, extension_masks
 
 SETUP = "./setup.sh --vllm"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set: SmolLM2 needs 46 KB per cached token
@@ -96,42 +102,35 @@ def load_vllm(
     spec: str = "default",
     device: str | None = None,
     dtype: Any = None,
-    device_map: Any = None,
-    max_memory: Any = None,
-    offload_folder: Any = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
+    **placement: Any,
 ) -> VllmEngine:
     """Load `spec` for the vllm engine: its tokenizer and config now, vLLM at the first
     generation (with `tensor_parallel_size` x `pipeline_parallel_size` GPUs), the transformers
-    copy at the first exact score (on `device`, or placed by `device_map`, `max_memory` and
-    `offload_folder`; `exact_copy_placement` says where it goes by default); one line naming
-    the set-up command when vLLM is missing."""
+    copy at the first exact score (on `device`, or placed by `placement`: `device_map`,
+    `max_memory` and `offload_folder`; `exact_copy_placement` says where it goes by default);
+    one line naming the set-up command when vLLM is missing."""
     if not vllm_available():
         raise ProbekitError(
             f"the vllm engine needs vLLM, which is neither in this Python nor in {vllm_env()}; "
             f"run {SETUP} (it makes that second environment)"
         )
     text = load_model(spec, device=device, dtype=dtype, weights=False)
-    given = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
-    given = {k: v for k, v in given.items() if v is not None}
+    placement = {name: value for name, value in placement.items() if value is not None}
     parallel = {
         "tensor_parallel_size": tensor_parallel_size or 1,
         "pipeline_parallel_size": pipeline_parallel_size or 1,
     }
-    load = functools.partial(_load_exact, spec, device, text.dtype, given, parallel)
-    return VllmEngine(text, load, parallel)
 
+    def load_exact() -> LoadedModel:
+        from probekit.engines.devices import visible_gpus
 
-def _load_exact(
-    spec: str, device: str | None, dtype: Any, given: dict[str, Any], parallel: dict[str, int]
-) -> LoadedModel:
-    """The transformers copy of the exact view, placed by `exact_copy_placement`."""
-    from probekit.engines.devices import visible_gpus
+        workers = math.prod(parallel.values())
+        where = exact_copy_placement(placement, workers, {} if device else visible_gpus())
+        return load_model(spec, device=device, dtype=text.dtype, **where)
 
-    workers = parallel["tensor_parallel_size"] * parallel["pipeline_parallel_size"]
-    placement = exact_copy_placement(given, workers, {} if device else visible_gpus())
-    return load_model(spec, device=device, dtype=dtype, **placement)
+    return VllmEngine(text, load_exact, parallel)
 
 
 def exact_copy_placement(
@@ -230,6 +229,13 @@ class VllmEngine(Engine):
             self._llm = LLM(**llm_options(self))
         return self._llm
 
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[Any]:
+        """vLLM's outputs of token-id `prompts`, each with its `SamplingParams`, in one call."""
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        return self.llm().generate(requests, list(params), use_tqdm=False)
+
 
 def llm_options(engine: VllmEngine) -> dict[str, Any]:
     """The keywords `VllmEngine.llm` starts vLLM's `LLM` with: the model (the same revision or
@@ -288,41 +294,35 @@ class VllmScorer:
         """The exact results in input order, each with vLLM's continuation when
         `max_new_tokens` > 0 (one vLLM call per window of prompts)."""
         for chunk in windows(prompts, window):
-            yield from self._score_window(chunk, progress)
-
-    def _score_window(self, prompts: list[Sequence[int]], progress: Any) -> list[ScoreResult]:
-        results = list(self.exact.score(prompts, window=len(prompts), progress=progress))
-        if self.max_new_tokens:
-            for result, tokens in zip(results, self.generate(prompts), strict=True):
-                result.generated = tokens
-        return results
+            results = list(self.exact.score(chunk, window=len(chunk), progress=progress))
+            if self.max_new_tokens:
+                for result, tokens in zip(results, self.generate(chunk), strict=True):
+                    result.generated = tokens
+            yield from results
 
     def generate(self, prompts: Sequence[Sequence[int]], progress: Any = None) -> list[list[int]]:
         """vLLM's continuation of every prompt (greedy, or sampled at `temperature` with one seed
-        per request), cut where `settled` first holds; it ends with the end-of-sequence token
-        when the model wrote one, as the transformers engine's does."""
+        per request), cut after the first token at which `settled` holds; it ends with the
+        end-of-sequence token when the model wrote one, as the transformers engine's does."""
         if not self.max_new_tokens:
             raise ValueError("generate needs max_new_tokens > 0")
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
-        llm = self.engine.llm()
+        temperature, stops = self.options.temperature, sorted(stop_ids(self.engine.text))
         params = []
         for _ in prompts:
-            seed = None
-            if self.options.temperature > 0:
-                seed, self._requests = self.options.seed + self._requests, self._requests + 1
+            seed = self.options.seed + self._requests if temperature > 0 else None
+            self._requests += temperature > 0
             params.append(
                 SamplingParams(
-                    temperature=self.options.temperature,
+                    temperature=temperature,
                     max_tokens=self.max_new_tokens,
                     seed=seed,
-                    stop_token_ids=sorted(_stop_ids(self.engine.text)),
+                    stop_token_ids=stops,
                     detokenize=False,
                 )
             )
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = llm.generate(requests, params, use_tqdm=False)
+        outputs = self.engine.generate(prompts, params)
         if progress is not None:
             progress.update(len(prompts))
         return [self._cut(list(out.outputs[0].token_ids)) for out in outputs]
@@ -330,27 +330,102 @@ class VllmScorer:
     def _cut(self, tokens: list[int]) -> list[int]:
         """`tokens` up to the first one after which `settled` holds for the decoded text (the
         row the transformers engine's early stop would have produced)."""
-        settled = self.options.settled
-        if settled is None:
-            return tokens
-        decode = self.engine.tokenizer.decode
-        for end in range(1, len(tokens)):
-            if settled(decode(tokens[:end], skip_special_tokens=True)):
-                return tokens[:end]
+        settled, decode = self.options.settled, self.engine.tokenizer.decode
+        if settled is not None:
+            for end in range(1, len(tokens)):
+                if settled(decode(tokens[:end], skip_special_tokens=True)):
+                    return tokens[:end]
         return tokens
-
-
-def _stop_ids(model: LoadedModel) -> set[int]:
-    """The end-of-sequence ids the transformers engine stops at."""
-    eos = model.hf.generation_config.eos_token_id
-    return {eos} if isinstance(eos, int) else set(eos or [])
 
 
 def _vllm_version() -> str:
     """The installed vLLM distribution and version (`vllm-cpu 0.32.0`, `vllm 0.x`)."""
     for distribution in ("vllm", "vllm-cpu"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             return f"{distribution} {version(distribution)}"
-        except PackageNotFoundError:
-            continue
     return "unknown"
+
+
+# ------------------------------------------------------------------ the cross-check
+
+MAX_IDS = 128  # vLLM's bound on `logprob_token_ids` per request
+
+
+def vllm_answer_mass(
+    engine: VllmEngine, answers: AnswerSet, prompts: Sequence[Sequence[int]]
+) -> np.ndarray:
+    """Unnormalised P(answer) [prompts, answers] of number answers, read from vLLM's
+    log-probabilities (`SamplingParams.logprob_token_ids`, at most `MAX_IDS` given ids per
+    position, nothing from inside a prompt): each node of the answer trie is one request, the
+    prompt followed by the node's tokens, asking for the log-probs of the node's children and
+    of the tokens that would extend a number (SmolLM2's digit class: 14 tokens). P(answer) is
+    the product along its path times the stop probability at its last node (1 minus the
+    extending tokens' mass), summed over its surface forms: the definition of the transformers
+    engine's trie pass, with no pruning. Letter and word answers cannot be checked this way
+    (the tokens that extend a word are tens of thousands). One request per node and prompt
+    (24 nodes for 0-10, 204 for 0-100 with SmolLM2's tokenizer), all in one call: a check of the
+    engine, not a way to run a study (`benchmarks/engines.py --vllm-check N` measures it)."""
+    if not answers.numeric:
+        raise ProbekitError(
+            "vLLM's cross-check scores number answers only (a word's extending tokens are more "
+            f"than the {MAX_IDS} ids vLLM returns log-probabilities for)"
+        )
+    from vllm import SamplingParams
+
+    tokenizer = engine.tokenizer
+    trie = AnswerTrie.build(answers, tokenizer)
+    rule = ANSWER_KINDS.index(answers.kind)
+    extend = extension_masks(tokenizer, len(tokenizer))[rule].nonzero().flatten().tolist()
+    paths: list[tuple[int, ...]] = [()]
+    for node in trie.nodes[1:]:
+        paths.append((*paths[node.parent], node.token))
+    asked = [sorted(set(extend) | set(node.children)) for node in trie.nodes]
+    if max(len(ids) for ids in asked) > MAX_IDS:
+        raise ProbekitError(f"a trie node needs more than {MAX_IDS} log-probabilities from vLLM")
+    requests = [[*prompt, *path] for prompt in prompts for path in paths]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=1, logprob_token_ids=ids, detokenize=False)
+        for _ in prompts
+        for ids in asked
+    ]
+    outputs = engine.generate(requests, params)
+    n = len(trie.nodes)
+    mass = np.zeros((len(prompts), len(answers)))
+    for row in range(len(prompts)):
+        node_logp = np.zeros(n)
+        for i, node in enumerate(trie.nodes):
+            logprobs = outputs[row * n + i].outputs[0].logprobs[0]
+            for token, child in node.children.items():
+                node_logp[child] = node_logp[i] + logprobs[token].logprob
+            stop = 1.0 - sum(np.exp(logprobs[t].logprob) for t in extend)
+            for answer in node.terminal_for:
+                mass[row, answer] += np.exp(node_logp[i]) * stop
+    return mass
+
+
+def cross_check(engine: VllmEngine, answers: AnswerSet, prompts: Sequence[Sequence[int]]) -> Any:
+    """The transformers engine's exact scores (epsilon 0) against vLLM's, per prompt, as a
+    DataFrame: both valid masses, the largest |difference| of the normalised probabilities and
+    of the expected value; `attrs` holds each engine's seconds and vLLM's request count."""
+    import pandas as pd
+
+    start = time.perf_counter()
+    exact = list(engine.exact.scorer(answers, epsilon=0.0).score(prompts))
+    hf_seconds, start = time.perf_counter() - start, time.perf_counter()
+    mass = vllm_answer_mass(engine, answers, prompts)
+    valid = mass.sum(axis=1)
+    pairs = list(zip(exact, mass / valid[:, None], strict=True))
+    table = pd.DataFrame(
+        {
+            "valid_mass_hf": [r.valid_mass for r in exact],
+            "valid_mass_vllm": valid,
+            "max_abs_dp": [np.abs(r.probs - p).max() for r, p in pairs],
+            "abs_d_expected": [abs(r.expected - float(p @ answers.values)) for r, p in pairs],
+        }
+    )
+    table.attrs.update(
+        hf_seconds=hf_seconds,
+        vllm_seconds=time.perf_counter() - start,
+        vllm_requests=len(prompts) * len(AnswerTrie.build(answers, engine.tokenizer).nodes),
+    )
+    return table

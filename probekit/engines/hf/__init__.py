@@ -3,13 +3,13 @@
 - `model`: loading (`load_model`: default, hub id, directory, GGUF) and `LoadedModel`, the engine
   (encode, scorer, decode, hookable, describe; TransformerLens and nnsight views)
 - `protocol`: `HFModel`, what the parts below read of a loaded model (so they import no `model`)
-- `scorer`: `Scorer`, the exact scorer's facade (score, score_batch, generate, stats)
-- `batching`: length-sorted batches that share prefixes; half the batch on CUDA out-of-memory
-- `prefix_cache`: KV caches of recent shared prompt prefixes, computed once at batch size 1
-- `prompt_pass`: the prompts' forward, left-padded after a cached shared prefix
+- `scorer`: `HFScorer`, the exact scorer's facade (score, score_batch, generate, stats), and its
+  batches: length-sorted batches that share prefixes; half the batch on CUDA out-of-memory
+- `prompt_pass`: the prompts' forward, left-padded after a cached shared prefix (the KV caches
+  of recent shared prompt prefixes, computed once at batch size 1); the decoding of greedy or
+  sampled continuations with the study's stop rule
 - `trie_pass`: the answer trie read from the prompt cache, one forward per depth, pruned, with
   nothing read back from the device inside a batch's levels
-- `decoding`: greedy or sampled continuations with the study's stop rule
 - `head`: the LM head on the positions read, in its tier's arithmetic; float64-accurate
   vocabulary sums
 - `forward`: the transformer body's forward, the device-synchronised clock and the event

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probekit.engines.hf.precision import NARROW, dtype_name, head_arithmetic, tf32_matmuls
+from probekit.engines.hf.precision import NARROW, tf32_matmuls
+from probekit.engines.options import dtype_name
 from probekit.engines.trie import extension_masks
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, as float32 logits
     (float64 for a float64 model, which the float64 references rely on) on `model.device` (a
     dispatched model's head may sit on another device), in the head arithmetic of the model's
-    precision tier (`precision.head_arithmetic`):
+    precision tier (`meta["head"]`, set by `precision.apply_tier`; float32 when not set):
 
     - `float32`: the head's weights as loaded; a hidden state in a narrower dtype than them (a
       bfloat16 body under the TransformerLens bridge, whose final norm is its own) is widened;
@@ -61,7 +62,7 @@ def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
       summed and returned in float32 (`narrow_linear`); weights widened since (the noise
       figure's reference, `precision.as_dtype`) are used as the first case."""
     head = model.hf.get_output_embeddings()
-    arithmetic = head_arithmetic(model)
+    arithmetic = model.meta.get("head", "float32")
     if arithmetic in NARROW and dtype_name(head.weight.dtype) == arithmetic:  # not widened
         logits = narrow_linear(hidden, head.weight, head.bias)
     else:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
@@ -31,12 +32,10 @@ from probekit.engines.devices import device_memory
 from probekit.engines.hf import precision
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
-from probekit.engines.hf.checks import LOAD_ERRORS, check_first_forward
 from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
 from probekit.engines.hook_libraries import import_from
-from probekit.engines.memory import FP32_MEMORY_SHARE
-from probekit.engines.options import ModelOptions, check_device, model_conflict
-from probekit.engines.shapes import parameter_count
+from probekit.engines.options import ModelOptions, model_conflict
+from probekit.engines.plan import on_meta, plan_dtype
 
 if TYPE_CHECKING:
     from probekit.engines.hf.scorer import HFScorer
@@ -240,44 +239,48 @@ class LoadedModel(Engine):
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    """cuda > mps > cpu unless `device` names one."""
-    if device:
-        return torch.device(check_device(device))
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """`device` if this torch can use it (`cuda`, `cuda:N`, `mps`; anything else is left to
+    torch), else one line saying what is missing, before a model is read; without one, the
+    best there is (cuda > mps > cpu)."""
+    mps = getattr(torch.backends, "mps", None)
+    has_mps = mps is not None and mps.is_available()
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu")
+    kind, _, index = device.partition(":")
+    asked, cpu = given("device", device), f"use {given('device', 'cpu')}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        built = "sees no CUDA device" if torch.backends.cuda.is_built() else "lacks CUDA"
+        raise ProbekitError(f"{asked}: this torch ({torch.__version__}) {built}; {cpu}")
+    if kind == "cuda" and index.isdigit() and int(index) >= (n := torch.cuda.device_count()):
+        raise ProbekitError(f"{asked}: there are {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+    if kind == "mps" and not has_mps:
+        raise ProbekitError(f"{asked}: MPS (Apple silicon) is not available in this torch; {cpu}")
+    return torch.device(device)
 
 
 def pick_dtype(
-    device: torch.device,
-    dtype: str | torch.dtype | None = None,
-    n_parameters: int | None = None,
+    device: torch.device, dtype: str | torch.dtype | None = None, n_parameters: int | None = None
 ) -> torch.dtype:
     """The dtype `dtype` names ("float32", "bf16", ...); else the default, chosen so that the
     exact scores stay exact (`benchmarks/dtype.py`: float32 is within ~3e-6 of float64 in every
     answer probability, bfloat16 moves them by up to ~2e-2 and each study's headline by ~1e-2):
     float32 on the CPU, and on an accelerator wherever the float32 weights (`n_parameters` x 4
     bytes) fit in `FP32_MEMORY_SHARE` of its memory; else bfloat16, whose final norm and LM head
-    `load_model` keeps in float32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype:
-        aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
-        name = aliases.get(dtype, dtype)
-        value = getattr(torch, name, None)
-        if not isinstance(value, torch.dtype):
-            raise ProbekitError(
-                f"unknown dtype '{dtype}'; use float32, bfloat16, float16 or float64"
-            )
-        return value
-    if device.type == "cpu":
-        return torch.float32
-    memory = device_memory(device)
-    if n_parameters is not None and memory and 4 * n_parameters <= FP32_MEMORY_SHARE * memory:
-        return torch.float32
-    return torch.bfloat16
+    `load_model` keeps in float32 (`probekit.engines.plan.plan_dtype`, the plan's policy)."""
+    memory = None if device.type == "cpu" or dtype else device_memory(device) or 0
+    return getattr(torch, plan_dtype(n_parameters, memory, dtype))
+
+
+def parameter_count(where: str, local_only: bool = False) -> int | None:
+    """Weights of the model in `where` (a folder or a hub id) without loading them: its config's
+    model built on the meta device; None when the config cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(where, local_files_only=local_only)
+    except (OSError, ValueError, KeyError):
+        return None
+    return sum(p.numel() for p in on_meta(config).parameters())
 
 
 @public(ModelOptions)
@@ -315,69 +318,74 @@ def load_model(
     from probekit.engines.plan import check_before_load
 
     spec = str(model)
-    values = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
-    values |= {"device": device, "dtype": dtype, "tolerance": tolerance}
-    if conflict := model_conflict(**values):
+    placed = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
+    if conflict := model_conflict(device=device, dtype=dtype, tolerance=tolerance, **placed):
         raise ProbekitError(conflict)
-    dispatch = dispatch_options(device_map, max_memory, offload_folder)
+    dispatch = dispatch_options(**placed) if weights else None
     dev = pick_device(device)  # one line for a device this torch lacks, before the plan
     if weights:  # the memory plan, before anything loads: one line if it cannot fit
-        check_before_load(spec, device, dtype, device_map, max_memory, offload_folder)
-    count = parameter_count(spec) if dtype is None and dev.type != "cpu" else None
-    dt = pick_dtype(dev, dtype, count)
-    load = _Load(dt, dispatch if weights else None, weights)
+        check_before_load(spec, device, dtype, **placed)
     meta: dict[str, Any] = {}
-    if spec == "default":
-        gguf = default_gguf_path()
-        meta["hf_id"] = DEFAULT_MODEL_ID
-        hf, tok, source = _load_gguf(gguf, load, meta)
-    elif spec.endswith(".gguf"):
-        gguf = Path(spec).expanduser()
-        if not gguf.is_file():
-            raise ProbekitError(f"model file '{spec}' does not exist; check the path")
-        hf, tok, source = _load_gguf(gguf, load, meta)
-    elif _looks_like_path(spec):
-        path = Path(spec).expanduser()
-        if not path.is_dir():
-            raise ProbekitError(f"model directory '{spec}' does not exist; check the path")
-        hf, tok = _load_pretrained(str(path), load, spec)
-        source = str(path)
-    else:
-        hf, tok = _load_hub(spec, load)
-        source = "hub"
-        meta["hf_id"] = spec
+    where, source, label = _source(spec, meta)
+    local_only = source == "hub" and not _hub_reachable()
+    count = parameter_count(where, local_only) if dtype is None and dev.type != "cpu" else None
+    dt = pick_dtype(dev, dtype, count)
+    try:
+        hf, tok = _load_pretrained(where, label, dt, dispatch, weights, local_only)
+    except ProbekitError:
+        if not local_only:
+            raise
+        raise ProbekitError(
+            f"could not load model '{spec}': it is not in the local Hugging Face cache and "
+            f"{_hub_host()[0]} cannot be reached (offline, or HF_HUB_OFFLINE set); connect, or "
+            "give a local directory, a .gguf file or `default`"
+        ) from None
+    if source == "hub":
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
-    placed = None
-    if load.dispatch and isinstance(load.dispatch["device_map"], dict):  # the config was unread
-        mapping = load.dispatch["device_map"]
-        check_map_modules(mapping, dict(hf.named_modules()), dict(hf.named_parameters()), spec)
-    if load.dispatch:  # a map that fits one device leaves no hf_device_map: say that device
-        placed = getattr(hf, "hf_device_map", None) or {"": next(hf.parameters()).device.type}
-    if placed:
-        dev = execution_device(placed)
-        meta["device_map"] = placement_summary(placed)
+    if dispatch and isinstance(dispatch["device_map"], dict):  # the config was unread before
+        check_map_modules(dispatch["device_map"], hf, spec)
+    if dispatch:  # a map that fits one device leaves no hf_device_map: say that device
+        mapped = getattr(hf, "hf_device_map", None) or {"": next(hf.parameters()).device.type}
+        dev = execution_device(mapped)
+        meta["device_map"] = placement_summary(mapped)
         print(f"probekit: {spec} placed by device map: {meta['device_map']}", file=sys.stderr)
     elif weights:
         hf.to(dev)
     hf.eval()
-    if fp32_head and dt in precision.REDUCED and weights:
-        meta["fp32_parts"] = precision.keep_head_fp32(hf)
-    if weights:
-        use_grouped_sdpa(hf, dev)
-    _prepare_tokenizer(tok)
+    tok.padding_side = "left"  # the last position is the answer position
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     hf.generation_config.pad_token_id = tok.pad_token_id
+    loaded = LoadedModel(hf, tok, spec, source, dev, dt, meta)
     if weights:
+        if fp32_head and dt in precision.REDUCED:
+            meta["fp32_parts"] = precision.keep_head_fp32(hf)
+        use_grouped_sdpa(hf, dev)
         check_first_forward(hf, tok, spec, dev)
-    loaded = LoadedModel(
-        hf=hf, tokenizer=tok, name=spec, source=source, device=dev, dtype=dt, meta=meta
-    )
-    if weights:
         meta["precision"] = precision.initial_record(loaded, dtype is not None, tolerance)
     return loaded
 
 
-def _looks_like_path(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or (os.sep in spec and Path(spec).exists())
+def _source(spec: str, meta: dict[str, Any]) -> tuple[str, str, str]:
+    """Where transformers reads model `spec` from (a GGUF's verified converted copy, converted
+    on first use; a folder; a hub id), the `source` the manifest records and the label of its
+    load errors; the GGUF's or the hub id's fields go into `meta`."""
+    if spec == "default" or spec.endswith(".gguf"):
+        gguf = default_gguf_path() if spec == "default" else Path(spec).expanduser()
+        if spec == "default":
+            meta["hf_id"] = DEFAULT_MODEL_ID
+        elif not gguf.is_file():
+            raise ProbekitError(f"model file '{spec}' does not exist; check the path")
+        cache, record = ensure_converted(gguf)
+        meta.update({key: record[key] for key in ("gguf", "gguf_sha256")})
+        return str(cache), str(cache), str(gguf)
+    if spec.startswith((".", "/", "~")) or (os.sep in spec and Path(spec).exists()):
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            raise ProbekitError(f"model directory '{spec}' does not exist; check the path")
+        return str(path), str(path), spec
+    meta["hf_id"] = spec
+    return spec, "hub", spec
 
 
 def execution_device(device_map: dict[str, Any]) -> torch.device:
@@ -395,65 +403,48 @@ def placement_summary(device_map: dict[str, Any]) -> str:
     `model.embed_tokens, lm_head, model.layers.0-20: cpu; model.layers.21-29, model.norm: disk`."""
     runs: dict[str, list[str]] = {}
     for module, where in device_map.items():
-        key = f"cuda:{where}" if isinstance(where, int) else str(where)
-        names = runs.setdefault(key, [])
+        names = runs.setdefault(f"cuda:{where}" if isinstance(where, int) else str(where), [])
         head, _, number = module.rpartition(".")
-        if names and number.isdigit():
-            last_head, _, last = names[-1].rpartition(".")
-            first, _, end = last.partition("-")
-            if (
-                last_head == head
-                and (end or first).isdigit()
-                and int(end or first) + 1 == int(number)
-            ):
-                names[-1] = f"{head}.{first}-{number}"
-                continue
+        last_head, _, last = names[-1].rpartition(".") if names else ("", "", "")
+        first, _, end = last.partition("-")
+        run = number.isdigit() and last_head == head and (end or first).isdigit()
+        if run and int(end or first) + 1 == int(number):
+            names[-1] = f"{head}.{first}-{number}"
+            continue
         names.append(module or "(whole model)")
     return "; ".join(f"{', '.join(names)}: {where}" for where, names in runs.items())
 
 
-@dataclass(frozen=True)
-class _Load:
-    """How `_load_pretrained` loads: the dtype, accelerate's dispatch keywords (None: one
-    device) and whether to read the weights at all."""
-
-    dtype: torch.dtype
-    dispatch: dict[str, Any] | None = None
-    weights: bool = True
-
-
-def _load_gguf(gguf: Path, load: _Load, meta: dict[str, Any]) -> tuple[Any, Any, str]:
-    """Load a GGUF through its verified safetensors cache, converting it on first use."""
-    cache, record = ensure_converted(gguf)
-    meta.update({key: record[key] for key in ("gguf", "gguf_sha256")})
-    hf, tok = _load_pretrained(str(cache), load, str(gguf))
-    return hf, tok, str(cache)
+LOAD_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, SafetensorError)
+"""The exceptions a load raises for weights that cannot be read (a truncated safetensors file
+raises `SafetensorError`, which is neither an OSError nor a ValueError)."""
 
 
 def _load_pretrained(
-    where: str, load: _Load, label: str, local_only: bool = False
+    where: str, label: str, dtype: torch.dtype, dispatch: Any, weights: bool, local_only: bool
 ) -> tuple[Any, Any]:
-    """Tokenizer and model from a folder or a hub id; one line for anything that is not a
-    model transformers can load (a folder of other files raises ValueError there)."""
+    """Tokenizer and model from a folder or a hub id (in `dtype`, placed by accelerate's
+    `dispatch` keywords; built on the meta device without `weights`); one line for anything
+    that is not a model transformers can load (a folder of other files raises ValueError)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a progress bar per load is noise in every run log
-
     try:
         tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
-        if not load.weights:
-            config = AutoConfig.from_pretrained(where, local_files_only=local_only)
-            with torch.device("meta"):
-                hf = AutoModelForCausalLM.from_config(config, dtype=load.dtype)
-            with contextlib.suppress(OSError):  # the stop tokens a generation_config.json sets
-                hf.generation_config = GenerationConfig.from_pretrained(where)
+        if weights:
+            hf = AutoModelForCausalLM.from_pretrained(
+                where, dtype=dtype, local_files_only=local_only, **(dispatch or {})
+            )
             return hf, tok
-        hf = AutoModelForCausalLM.from_pretrained(
-            where, dtype=load.dtype, local_files_only=local_only, **(load.dispatch or {})
-        )
+        config = AutoConfig.from_pretrained(where, local_files_only=local_only)
+        with torch.device("meta"):
+            hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with contextlib.suppress(OSError):  # the stop tokens a generation_config.json sets
+            hf.generation_config = GenerationConfig.from_pretrained(where)
+        return hf, tok
     except LOAD_ERRORS as exc:
-        if load.dispatch and "offload" in str(exc):
+        if dispatch and "offload" in str(exc):
             raise ProbekitError(
                 f"the device map of '{label}' puts weights on disk: give an offload folder "
                 f"({given('offload_folder', 'DIR', placeholder=True)}) or more "
@@ -470,26 +461,31 @@ def _load_pretrained(
             "Face Hub (a wrong id, or a gated model without a token?); give a local directory, "
             "a .gguf file or `default`"
         ) from None
-    return hf, tok
+
+
+PROBE_TEXT = "The weather today is"  # a few ordinary tokens every tokenizer knows
+
+
+def check_first_forward(hf: Any, tokenizer: Any, label: str, device: torch.device) -> None:
+    """Run `PROBE_TEXT` through `hf` once, its inputs on `device` (where a model placed by a
+    device map computes first); one line if any logit is NaN or infinite (damaged weights, or a
+    dtype too narrow for them), so that damaged weights stop the load instead of giving NaN
+    scores (a folder or hub model has no record to verify its files against)."""
+    ids = tokenizer(PROBE_TEXT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = hf(input_ids=ids.to(device)).logits
+    if not bool(torch.isfinite(logits).all()):
+        bad = int((~torch.isfinite(logits)).sum())
+        raise ProbekitError(
+            f"model '{label}' gives non-finite logits ({bad} of {logits.numel()} NaN or inf) on "
+            f"a first probe forward in {str(hf.dtype).removeprefix('torch.')}: its weights are "
+            f"damaged, or overflow in this dtype; download them again or try "
+            f"{given('dtype', 'float32')}"
+        )
 
 
 HUB_TIMEOUT_S = 5.0
 """How long `load_model` waits to learn whether the Hugging Face Hub can be reached."""
-
-
-def _load_hub(spec: str, load: _Load) -> tuple[Any, Any]:
-    """A hub id: from the Hub when it can be reached, else from the local cache only, so that
-    an offline machine fails (or loads its cached copy) at once, not after a minute of retries."""
-    if _hub_reachable():
-        return _load_pretrained(spec, load, spec)
-    try:
-        return _load_pretrained(spec, load, spec, local_only=True)
-    except ProbekitError:
-        raise ProbekitError(
-            f"could not load model '{spec}': it is not in the local Hugging Face cache and "
-            f"{_hub_host()[0]} cannot be reached (offline, or HF_HUB_OFFLINE set); connect, or "
-            "give a local directory, a .gguf file or `default`"
-        ) from None
 
 
 def _hub_host() -> tuple[str, int]:
@@ -501,26 +497,18 @@ def _hub_host() -> tuple[str, int]:
 
 def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the Hub (or the proxy) opens within `timeout` seconds, name
-    lookup included (run in a thread: a lookup has no timeout of its own)."""
+    lookup included (run in a thread: a lookup has no timeout of its own), so that an offline
+    machine fails (or loads its cached copy) at once, not after a minute of retries."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return False
     opened: list[bool] = []
 
     def connect() -> None:
-        try:
+        with contextlib.suppress(OSError):
             socket.create_connection(_hub_host(), timeout=timeout).close()
             opened.append(True)
-        except OSError:
-            pass
 
     worker = threading.Thread(target=connect, daemon=True)
     worker.start()
     worker.join(timeout)
     return bool(opened)
-
-
-def _prepare_tokenizer(tok: Any) -> None:
-    """Left padding (so the last position is the answer position) and a pad token."""
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token

@@ -53,7 +53,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.public import public
 from probekit.core.shared_options import SeedOption
 from probekit.engines.base import TIER_LABELS, ScoreResult, describe_precision
-from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE
+from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE, dtype_name
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
@@ -72,20 +72,9 @@ UNDO = "undo_tier"
 """`LoadedModel.meta` key of the call that puts a model with a fallback back in float32."""
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.bfloat16` -> `bfloat16`."""
-    return str(dtype).removeprefix("torch.")
-
-
 def body_of(tier: str) -> str:
     """The body's arithmetic of `tier`: float16, bfloat16, tf32 or float32."""
     return tier.removesuffix("+head")
-
-
-def head_arithmetic(model: HFModel) -> str:
-    """The LM head's arithmetic (`head.lm_head`): `tf32`, a 16-bit dtype, or `float32` (the
-    head's weights as loaded)."""
-    return model.meta.get("head", "float32")
 
 
 # ------------------------------------------------------------------ what each tier computes in
@@ -148,7 +137,7 @@ def arithmetic(model: HFModel) -> contextlib.AbstractContextManager:
     bits), summed in float32 as the CPU that measures the tiers sums them; else nothing."""
     if model.meta.get("matmul") == "tf32":
         return tf32_matmuls(model.device)
-    if model.device.type == "cuda" and dtype_name(model.dtype) in NARROW:
+    if model.device.type == "cuda" and model.dtype in REDUCED:
         cuda = torch.backends.cuda.matmul
         reduced = (
             "allow_fp16_reduced_precision_reduction",
@@ -306,8 +295,16 @@ def initial_record(model: HFModel, forced: bool, tolerance: float | None) -> dic
     its device offers, or the tolerance a first score will choose the tier by."""
     if forced:
         return {"tier": dtype_name(model.dtype), "note": "the dtype given"}
+    return _pending(model, tolerance)
+
+
+def _pending(
+    model: HFModel, tolerance: float | None, offered: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The record of a tier to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among
+    `offered` (default `offered_tiers`); the one tier offered taken without measuring."""
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    record = {"tolerance": tolerance, "offered": list(offered_tiers(model))}
+    record = {"tolerance": tolerance, "offered": list(offered or offered_tiers(model))}
     return _one_tier(model, record) if len(record["offered"]) == 1 else record
 
 
@@ -326,13 +323,9 @@ def choose_precision(
     prompts whose scores were not finite) or `failed` (why it did not run), and `accepted`),
     `sample`, `reference`, and for a float16 tier its `fallback`. A single offered tier is
     taken without measuring."""
-    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    record: dict[str, Any] = {
-        "tolerance": tolerance,
-        "offered": list(offered or offered_tiers(model)),
-    }
-    if len(record["offered"]) == 1:
-        model.meta["precision"] = record = _one_tier(model, record)
+    record = _pending(model, tolerance, offered)
+    if "tier" in record:
+        model.meta["precision"] = record
         return record
     if not prompts:
         raise ProbekitError("choosing a precision tier needs at least one prompt")
@@ -344,7 +337,7 @@ def choose_precision(
             break
         if picked and body_of(tier) == "float16":
             continue  # a fallback must not overflow where its tier did
-        trial = _trial(model, tier, prompts, answers, reference, tolerance)
+        trial = _trial(model, tier, prompts, answers, reference, record["tolerance"])
         record["tried"].append(trial)
         if not trial["accepted"]:
             continue
@@ -432,10 +425,14 @@ def settle_precision(
     record = model.meta.get("precision", {})
     if "tier" in record:
         return record
-    count = min(NOISE_SAMPLE, len(prompts))
-    picked = sorted(random.Random(seed).sample(range(len(prompts)), count))
-    sample = [prompts[i] for i in picked]
+    sample = seeded_sample(prompts, NOISE_SAMPLE, seed)
     return choose_precision(model, sample, answers, record.get("tolerance"), record.get("offered"))
+
+
+def seeded_sample(prompts: Sequence[Sequence[int]], count: int, seed: int) -> list[Sequence[int]]:
+    """At most `count` of `prompts`, drawn with `seed`, in their order."""
+    picked = random.Random(seed).sample(range(len(prompts)), min(count, len(prompts)))
+    return [prompts[i] for i in sorted(picked)]
 
 
 def keep_tier(model: HFModel, record: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -472,12 +469,6 @@ def as_dtype(model: HFModel, dtype: torch.dtype) -> Iterator[HFModel]:
         model.dtype = old
 
 
-def reference_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a run's noise is measured against: float64 for a float32 (or wider) run,
-    float32 for a reduced-precision one."""
-    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
-
-
 @public(SeedOption)
 def noise_figure(
     model: HFModel,
@@ -491,8 +482,9 @@ def noise_figure(
     own: Sequence[ScoreResult] | None = None,
 ) -> dict[str, Any]:
     """Score a seeded sample of `prompts` (token ids) in the model's dtype and in `reference`
-    (default `reference_dtype`) at the same `epsilon` (a run's; 0: every answer exactly, so the
-    difference is the arithmetic's alone); return the dtypes, the sample size, the largest
+    (default: float64 for a float32 or wider model, float32 for a narrower one) at the same
+    `epsilon` (a run's; 0: every answer exactly, so the difference is the arithmetic's alone);
+    return the dtypes, the sample size, the largest
     differences, the cost and the parts kept in float32 (`fp32_parts`). A float64 reference on
     MPS, which has none, is a `note` instead.
 
@@ -502,7 +494,8 @@ def noise_figure(
     (`score: "expected"`), else the answer probabilities (`score: "probability"`);
     `max_valid_mass_rel_diff` is of the valid mass relative to the reference's;
     `most_probable_changes` counts prompts whose most probable answer differs."""
-    reference = reference or reference_dtype(model.dtype)
+    wider = model.dtype in (torch.float32, torch.float64)
+    reference = reference or (torch.float64 if wider else torch.float32)
     if model.device.type == "mps" and reference.itemsize == 8:
         return {"dtype": dtype_name(model.dtype), "note": "MPS has no float64 to measure against"}
     if not prompts:
@@ -511,9 +504,7 @@ def noise_figure(
         raise ProbekitError(f"got {len(own)} results for {len(prompts)} prompts")
     started, cpu = time.perf_counter(), time.process_time()
     if own is None:
-        count = min(sample, len(prompts))
-        picked = sorted(random.Random(seed).sample(range(len(prompts)), count))
-        prompts = [prompts[i] for i in picked]
+        prompts = seeded_sample(prompts, sample, seed)
         own = list(model.scorer(answers, epsilon=epsilon).score(prompts))
     with as_dtype(model, reference):
         wide = list(model.scorer(answers, epsilon=epsilon).score(prompts))

@@ -1,9 +1,17 @@
-"""The prompt pass: a batch of token-id prompts through the model once, left-padded, the shared
-prefix (if long enough) taken from the prefix cache; the LM head on the last position only."""
+"""The prompt pass and what continues from it: a batch of token-id prompts through the model
+once, left-padded, the shared prefix (if long enough) taken from the prefix cache, the LM head on
+the last position only; then, in generate mode, the decoding of every row.
+
+`PrefixCache` keeps the KV caches of recently seen shared prompt prefixes (a persona's system
+prompt, a template's head), computed once at batch size 1 and reused by the next batches that
+share them. `decode` continues every prompt greedy or sampled until the row's stop rule holds:
+the same continuation `transformers`' `generate` gives, without its padding of finished rows (a
+finished row leaves the batch and its cache rows are dropped)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +22,35 @@ from probekit.engines.base import ScorerStats
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import log_probs
-from probekit.engines.hf.prefix_cache import MIN_SHARED_PREFIX, PrefixCache
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
+
+MIN_SHARED_PREFIX = 8  # tokens; shorter shared prefixes are not worth a separate forward
+KEPT = 4  # prefixes kept, least recently used dropped first
+
+
+class PrefixCache:
+    """Least-recently-used KV caches of token prefixes; treat what `get` returns as read-only."""
+
+    def __init__(self, model: HFModel) -> None:
+        self.model = model
+        self._kept: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+
+    def get(self, prefix: tuple[int, ...], stats: ScorerStats) -> Any:
+        """The batch-1 KV cache of `prefix`, computed on a miss (counted in `prompt_tokens`)."""
+        if prefix in self._kept:
+            self._kept.move_to_end(prefix)
+            return self._kept[prefix]
+        ids = torch.tensor([prefix], device=self.model.device)
+        stats.prompt_tokens += len(prefix)
+        _, self._kept[prefix] = body(self.model, ids)
+        while len(self._kept) > KEPT:
+            self._kept.popitem(last=False)
+        return self._kept[prefix]
+
+    def clear(self) -> None:
+        self._kept.clear()
 
 
 @dataclass
@@ -81,3 +114,61 @@ def common_prefix_length(batch: Sequence[Sequence[int]]) -> int:
             k += 1
         length = k
     return length
+
+
+def stop_ids(model: HFModel) -> set[int]:
+    """The end-of-sequence ids a continuation stops at (the model's generation config)."""
+    eos = model.hf.generation_config.eos_token_id
+    return {eos} if isinstance(eos, int) else set(eos or [])
+
+
+def decode(
+    model: HFModel,
+    state: PromptState,
+    max_new_tokens: int,
+    settled: Callable[[str], bool] | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """The continuation of every row of `state` (token ids; consumes its cache), one token per
+    step for the rows still running: greedy, or sampled at `temperature` > 0 from `generator`.
+    A row stops at end of sequence (its tokens end with that token), once `settled(its text so
+    far)` holds, or at `max_new_tokens`."""
+    stops, text = stop_ids(model), model.tokenizer.decode
+    out: list[list[int]] = [[] for _ in range(state.mask.shape[0])]
+    rows = list(range(len(out)))  # result row of each batch row still running
+    mask, lengths, cache = state.mask.long(), state.lengths, state.cache
+    token = next_token(state.root_logp, temperature, generator)
+    for step in range(1, max_new_tokens + 1):
+        keep = []
+        for k, (row, t) in enumerate(zip(rows, token.tolist(), strict=True)):
+            out[row].append(t)
+            finished = (
+                t in stops
+                or step == max_new_tokens
+                or (settled is not None and settled(text(out[row], skip_special_tokens=True)))
+            )
+            if not finished:
+                keep.append(k)
+        if not keep:
+            break
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, device=mask.device)
+            kv.select_rows(cache, index)
+            rows = [rows[k] for k in keep]
+            mask, lengths, token = mask[index], lengths[index], token[index]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        position = (lengths + step - 1)[:, None]
+        hidden, cache = body(model, token[:, None], mask, position, cache)
+        token = next_token(log_probs(model, hidden[:, -1]), temperature, generator)
+    return out
+
+
+def next_token(
+    logp: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The greedy token of each row, or one sampled at `temperature` from `generator`."""
+    if temperature == 0:
+        return logp.argmax(-1)
+    probs = (logp / temperature).softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

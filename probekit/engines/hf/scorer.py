@@ -1,18 +1,19 @@
 """Exact answer probabilities from logits: one prompt pass, then the answer trie from its KV cache.
 
 `HFScorer` is the transformers engine's scorer (`probekit.engines.base.Scorer`), a facade over one
-module per job:
-- `batching`: the batch size (on CUDA the memory plan's, for the longest prompt of each window
-  plus the answer trie), length-sorted batches that share prefixes, halved on out-of-memory;
-- `prefix_cache` and `prompt_pass`: prompts that share a token prefix (the same persona system
-  prompt, the same template head) compute it once at batch size 1 and reuse its KV cache; the
-  rest is left-padded, and the LM head runs on the last position only;
+module per pass, and the batches it feeds them:
+- batches: the batch size (on CUDA the memory plan's, for the longest prompt of each window plus
+  the answer trie; `planned_batch`), length-sorted batches that share prefixes (`batch_order`),
+  halved on CUDA out-of-memory (`run_batched`);
+- `prompt_pass`: prompts that share a token prefix (the same persona system prompt, the same
+  template head) compute it once at batch size 1 and reuse its KV cache; the rest is
+  left-padded, and the LM head runs on the last position only; in generate mode the decoding
+  of a continuation continues from the same pass;
 - `trie_pass`: one forward per trie depth over every prompt's kept nodes, pruned so that the
   dropped mass relative to the valid mass (`error_bound`) stays within `epsilon`, nothing read
   from the device inside its levels; a prompt the learned widths cut runs again with its own,
   and one whose bound still exceeds `epsilon` (the budget is set against an upper bound of its
   valid mass) is re-expanded exactly, so every reported bound is at most `epsilon`;
-- `decoding`: the generated continuation (generate mode), from the same prompt pass;
 - `head`: the LM head and the float64-accurate vocabulary sums; `cache`: the KV-cache operations.
 """
 
@@ -30,20 +31,29 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.public import public
 from probekit.engines.base import ScoreResult, ScorerStats, windows
+from probekit.engines.devices import device_memory
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf import differentiable
-from probekit.engines.hf.batching import PROMPT_HINT, planned_batch, run_batched
-from probekit.engines.hf.decoding import decode
 from probekit.engines.hf.forward import clock
 from probekit.engines.hf.precision import fall_back, overflowed
-from probekit.engines.hf.prefix_cache import PrefixCache
-from probekit.engines.hf.prompt_pass import PromptState, prompt_pass
+from probekit.engines.hf.prompt_pass import PrefixCache, PromptState, decode, prompt_pass
 from probekit.engines.hf.trie_pass import AnswerContext, TriePass
-from probekit.engines.options import ScorerOptions
+from probekit.engines.options import ScorerOptions, dtype_name
+from probekit.engines.plan import batch_for, shape_of
 from probekit.engines.trie import AnswerTrie
 
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
+
+CPU_BATCH = 16
+"""Prompts a batch on a CPU or MPS, where the memory plan has no device size to fill (the
+scorer's default there since its first version)."""
+DISPATCHED_BATCH = 64
+"""Prompts a batch of a model dispatched over several devices by a device map (the plan of one
+device does not apply; the out-of-memory back-off still does)."""
+PROMPT_HINT = 128
+"""Prompt tokens a scorer plans its first batch for, before it has seen a prompt; each window of
+prompts is planned again for its longest prompt."""
 
 
 @public(ScorerOptions)
@@ -70,20 +80,12 @@ class HFScorer:
         its longest prompt plus the answer trie and the generation budget (on CUDA the largest
         the memory plan says fits; 16 on a CPU); `batch_size` is the batch of the last window,
         and after an out-of-memory error no later batch exceeds the halved size."""
-        options = ScorerOptions(
-            epsilon=epsilon,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            settled=settled,
-            temperature=temperature,
-            seed=seed,
-        )
         self.model = model
         self.answers = answers
-        self.options = options
         self.epsilon = epsilon
-        self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
-        self._generator = torch.Generator(device=model.device).manual_seed(options.seed)
+        self.max_new_tokens = max_new_tokens  # a copy may be given another budget
+        self.settled, self.temperature = settled, temperature
+        self._generator = torch.Generator(device=model.device).manual_seed(seed)
         self.trie_pass = TriePass(model, answers)
         self._prefixes = PrefixCache(model)
         self.stats = ScorerStats()
@@ -210,8 +212,8 @@ class HFScorer:
             return self._decode(prompt_pass(self.model, batch, self._prefixes, self.stats))
 
     def _decode(self, state: PromptState) -> list[list[int]]:
-        settled, temperature = self.options.settled, self.options.temperature
-        return decode(self.model, state, self.max_new_tokens, settled, temperature, self._generator)
+        budget, settled, temperature = self.max_new_tokens, self.settled, self.temperature
+        return decode(self.model, state, budget, settled, temperature, self._generator)
 
     def _plan(self, prompt_tokens: int) -> int:
         """The batch for prompts of `prompt_tokens` tokens: the plan's for them with every
@@ -250,3 +252,62 @@ def token_ids(prompt: Any) -> Sequence[int]:
             f"{type(prompt).__name__}; probekit.score takes text"
         )
     return prompt
+
+
+def planned_batch(model: HFModel, tokens: int) -> int:
+    """Prompts a batch of `model` holds when each prompt takes `tokens` positions (prompt, answer
+    trie and generated tokens): on a CUDA device holding the whole model, the largest the memory
+    plan says fits beside its weights (`probekit.engines.plan.batch_for`, counted in tokens from
+    the model's shape and the device's memory); `DISPATCHED_BATCH` for a dispatched model,
+    `CPU_BATCH` elsewhere."""
+    if model.device.type != "cuda":
+        return CPU_BATCH
+    if model.dispatched:
+        return DISPATCHED_BATCH
+    shape = shape_of(model.hf, model.name)
+    return batch_for(shape, dtype_name(model.dtype), device_memory(model.device), tokens)
+
+
+def batch_order(prompts: Sequence[Sequence[int]], batch_size: int) -> list[int]:
+    """Lexicographic order puts prompts with shared prefixes together; within each block of a few
+    batches, sorting by length then keeps left padding small."""
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    block = 4 * batch_size
+    return [
+        i
+        for start in range(0, len(order), block)
+        for i in sorted(order[start : start + block], key=lambda i: len(prompts[i]))
+    ]
+
+
+def run_batched(
+    prompts: list[Sequence[int]],
+    run: Callable[[list[Sequence[int]]], list[Any]],
+    batch_size: int,
+    progress: Any = None,
+    shrink: Callable[[int], None] | None = None,
+) -> Iterator[Any]:
+    """`run` on `batch_order` batches of the prompts, its outputs in input order. On CUDA
+    out-of-memory the batch size halves (`shrink(new_size)` is told, to keep it and free what it
+    holds) and the same prompts are tried again; at batch size 1 the error is raised."""
+    order = batch_order(prompts, batch_size)
+    results: list[Any] = [None] * len(prompts)
+    start = 0
+    while start < len(order):
+        idx = order[start : start + batch_size]
+        try:
+            batch_results = run([prompts[i] for i in idx])
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+            batch_size //= 2
+            if shrink is not None:
+                shrink(batch_size)
+            torch.cuda.empty_cache()
+            continue
+        for i, result in zip(idx, batch_results, strict=True):
+            results[i] = result
+        if progress is not None:
+            progress.update(len(idx))
+        start += len(idx)
+    yield from results
