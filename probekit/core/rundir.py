@@ -78,6 +78,7 @@ MANIFEST_FIELDS = (
     ManifestField("precision", False, "the precision tier, its tolerance and measured errors"),
     ManifestField("batch_size", False, "prompts a batch of the scorer, as the run ended"),
     ManifestField("versions", False, "package versions"),
+    ManifestField("commit", False, "the probekit commit (its checkout's HEAD), else unknown"),
     ManifestField("command", False, "the command (or call) that ran it"),
     ManifestField("data_origin", False, "where the data came from (env, cache, sample, ...)"),
     ManifestField("data_path", False, "the data's file or folder"),
