@@ -474,17 +474,18 @@ def test_patch_study_refuses_bad_options_in_one_line():
 
 def test_keywords_are_the_commands_options():
     """patch_study's keywords and probekit patch's flags read the same declarations."""
-    from probekit.cli.main import study_command
     from probekit.mechanism.pipeline import PatchOptions
+    from probekit.run import runner
     from probekit.studies import get_study
 
-    patch = study_command("patch", get_study("intergroup"))
+    patch, intergroup = runner("patch"), get_study("intergroup")
     keywords = {"layers": range(0, 2), "prompt_only": True, "readout": "p:5", "top_k": 3}
-    _, options, _ = patch.build(keywords, "patch_study")
+    options = patch.build(keywords, "patch_study", intergroup).own
     argv = ["--layers", "0,1", "--prompt-only", "--readout", "p:5", "--top-k", "3"]
-    assert isinstance(options, PatchOptions) and options == patch.parse(argv, "probekit patch")[1]
+    parsed = patch.parse(argv, "probekit patch", intergroup).own
+    assert isinstance(options, PatchOptions) and options == parsed
     assert (options.layers, options.through_answer, options.readout) == ([0, 1], False, "p:5")
-    _, default, _ = patch.build({}, "patch_study")
+    default = patch.build({}, "patch_study", intergroup).own
     assert str(default.out) == "runs/patch" and default.hooks == "transformer_lens"
 
 

@@ -26,7 +26,7 @@ def loads(tiny, monkeypatch):
         calls.append(keywords)
         return tiny
 
-    for where in ("probekit.engines.load_engine", "probekit.run.steer.load_engine"):
+    for where in ("probekit.engines.load_engine",):
         monkeypatch.setattr(where, load)
     return calls
 

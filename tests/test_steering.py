@@ -183,7 +183,7 @@ def steer_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.run.steer.load_engine", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: model)
         return cli.main(["steer", *argv])
 
     return run
