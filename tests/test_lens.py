@@ -271,6 +271,9 @@ def test_a_lens_run_is_a_run_folder_with_the_studys_headline_per_layer(tiny, tmp
     manifest = json.loads((result.path / "manifest.json").read_text())
     assert manifest["layers"] == [0, 2, 3] and manifest["epsilon"] == 0.0
     assert manifest["command"] == "probekit.lens_study"
+    assert manifest["weights"] == tiny.describe()["weights"] and manifest["seed"] == 0
+    assert manifest["versions"]["probekit"] == probekit.__version__
+    assert re.fullmatch("[0-9a-f]{40}|unknown", manifest["commit"])
     summary = pd.read_csv(result.path / "summary.csv")
     assert summary["layer"].tolist() == [0, 2, 3] and summary["primary"].all()
     study = minimal_study.MinimalStudy()

@@ -453,6 +453,17 @@ def test_patch_study_is_the_command_as_a_function(model, tmp_path):
     assert len(result.table) == 8 * 2 and set(result.table["site"]) == {"hook_resid_pre"}
     assert {"recovery", "recovery_low", "recovery_high", "pairs_in_noise"} <= set(result.summary)
     assert len(result.summary) == 2 * 2 and (result.summary["pairs"] == 4).all()
+    # its record, apart from the files a lens run of the folder may share
+    assert {"patching/manifest.json", "patching/report.html"} <= set(result.files)
+    record = json.loads((tmp_path / "patching" / "manifest.json").read_text())
+    assert record["weights"] == model.describe()["weights"] and record["seed"] == 0
+    assert record["selection"] == "random 1 per event, seed 0" and len(record["sets"]) == 2
+    assert (record["sites"], record["layers"]) == (["resid_pre"], [0])
+    assert record["versions"]["torch"] == torch.__version__
+    assert re.fullmatch("[0-9a-f]{40}|unknown", record["commit"])
+    page = (tmp_path / "patching" / "report.html").read_text()
+    assert f"<th>commit</th><td><code>{record['commit']}</code>" in page
+    assert "<summary>versions</summary>" in page and "<summary>sets</summary>" in page
 
 
 def test_patch_study_refuses_bad_options_in_one_line():
