@@ -38,11 +38,10 @@ import numpy as np
 import torch
 from common import Target, Timing, print_targets, timed, trie_rates, trie_rates_line
 
-from probekit.cli.main import study_command
 from probekit.core.kinds import comma_list
 from probekit.engines import load_engine
 from probekit.engines.hf.model import LoadedModel
-from probekit.run.options import run_context
+from probekit.run import runner
 from probekit.studies.base import Probe, get_study
 from probekit.testing.reference import generate_greedy, shared_prefix
 
@@ -117,8 +116,8 @@ def study_probe(choice: ChoiceSet, mode: str, n: int, data: str | None) -> Probe
     argv = [a.format(n=n) for a in choice.args] + ["--view", mode]
     if choice.data and data:
         argv += ["--data", data]
-    models, run, own = study_command("run", study).parse(argv, "choice_sets.py")
-    return study.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
+    options = runner("run").parse(argv, "choice_sets.py", study)
+    return study.probes(options.study, runner("run").context(options, lambda *a, **k: None))[0]
 
 
 def bench_set(model: LoadedModel, choice: ChoiceSet, args: argparse.Namespace) -> dict[str, Any]:

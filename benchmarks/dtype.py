@@ -50,11 +50,10 @@ import pandas as pd
 import torch
 from common import set_up, shared_options, tear_down, write_results
 
-from probekit.cli.main import study_command
 from probekit.core.errors import ProbekitError
 from probekit.engines.hf.model import load_model
 from probekit.engines.hf.precision import apply_tier, score_differences
-from probekit.run.options import run_context
+from probekit.run import runner
 from probekit.studies.base import Context, Probe, get_study
 
 VARIANTS: dict[str, tuple[str, bool]] = {
@@ -139,8 +138,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def study_args(study: Any, argv: list[str], say: Any) -> tuple[Any, Context]:
     """The study's own options parsed as `probekit run STUDY` would (the exact view), and the
     context its `probes` read."""
-    models, run, own = study_command("run", study).parse(argv, f"probekit run {study.name}")
-    return own, run_context(run, models[0], say)
+    options = runner("run").parse(argv, f"probekit run {study.name}", study)
+    return options.study, runner("run").context(options, say)
 
 
 def build_slices(args: argparse.Namespace) -> list[Slice]:

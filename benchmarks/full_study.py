@@ -21,7 +21,7 @@ from typing import Any
 
 from common import DATA_HELP, data_root, load_line, write_results
 
-from probekit.cli.main import study_command
+from probekit.run import runner
 from probekit.studies.base import Context, get_study
 
 GRID = {"category": "all", "setting": "all", "events": "all"}
@@ -32,8 +32,8 @@ def grid_probes(data: str | None) -> tuple[list[Any], dict[str, Any]]:
     """The intergroup probes of the full grid on the data root `data` (None: probekit's own
     default), and the data's manifest fields (where it came from, its checksum)."""
     study = get_study("intergroup")
-    _, options, own = study_command("run", study).build({**GRID, "data": data}, "full_study.py")
-    probes = study.probes(own, Context("run", options.seed, say=lambda *a, **k: None))
+    options = runner("run").build({**GRID, "data": data}, "full_study.py", study)
+    probes = study.probes(options.study, Context("run", options.own.seed, say=lambda *a, **k: None))
     data_fields = ("data_origin", "data_sha256", "data_verified")  # not its path: this machine's
     return probes, {key: probes[0].manifest().get(key) for key in data_fields}
 

@@ -61,7 +61,6 @@ import pandas as pd
 import torch
 from common import load_line, shared_options, timed, write_results
 
-from probekit.cli.main import study_command
 from probekit.core.answers import AnswerSet
 from probekit.core.kinds import comma_list, int_list
 from probekit.engines.base import ScorerStats
@@ -76,6 +75,7 @@ from probekit.mechanism.patching import sweep
 from probekit.mechanism.pipeline import measure
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import HEAD_SITE, n_heads, site
+from probekit.run import runner
 from probekit.studies.base import Context, get_study
 
 # ---------------------------------------------------------------------- peers
@@ -666,9 +666,9 @@ def _study_items(study: Any, pairs: int, data: str | None) -> tuple[Any, list[An
     """The intergroup study's patch probe and items, enough events to give `pairs` pairs (its
     default religion: 25 named perceiver x experiencer prompts an event)."""
     keywords = {"limit": 25 * max(1, (pairs + 1) // 2), "data": data}
-    _, options, own = study_command("patch", study).build(keywords, "benchmarks/patching.py")
-    quiet = Context("patch", options.seed, say=lambda *a, **k: None, limit=options.limit)
-    return study.mechanism_items(own, quiet)
+    options = runner("patch").build(keywords, "benchmarks/patching.py", study)
+    quiet = Context("patch", options.own.seed, say=lambda *a, **k: None, limit=options.own.limit)
+    return study.mechanism_items(options.study, quiet)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -279,7 +279,7 @@ def patch_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.run.patch.load_engine", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: model)
         return cli.main(["patch", *argv])
 
     return run

@@ -35,8 +35,7 @@ def nothing_loads(monkeypatch):
         monkeypatch.setattr(
             type(study), "mechanism_items", loaded(f"{study.name}'s items were made")
         )
-    for where in ("engines", "run.steer", "run.patch", "run.capture"):
-        monkeypatch.setattr(f"probekit.{where}.load_engine", loaded("a model was loaded"))
+    monkeypatch.setattr("probekit.engines.load_engine", loaded("a model was loaded"))
     monkeypatch.setattr("probekit.engines.hf.model.load_model", loaded("a model was loaded"))
 
 

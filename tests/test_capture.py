@@ -224,3 +224,32 @@ def test_capture_study_refuses_another_capture_before_the_model(tiny, tmp_path):
     with pytest.raises(ProbekitError) as error:
         probekit.capture_study("intergroup", "no/such-model", out=tmp_path, layers=[2], events=1)
     assert "a different layers ([1], now [2])" in one_line(error)
+
+
+def test_capture_study_records_what_made_it(tiny, tmp_path):
+    """The capture's manifest and page: the weights, layers, sites, package versions, probekit
+    commit and command."""
+    import json
+    import re
+
+    import probekit
+
+    captured = probekit.capture_study(
+        "intergroup",
+        tiny,
+        out=tmp_path,
+        layers=[1],
+        sites=["resid_post"],
+        limit=36,  # one event: 6 x 6 pairs
+        quiet=True,
+    )
+    assert captured.index["prompt_id"].nunique() == 36
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["weights"] == tiny.describe()["weights"]
+    assert (manifest["layers"], manifest["sites"]) == ([1], ["resid_post"])
+    assert manifest["versions"]["torch"] == torch.__version__
+    assert re.fullmatch("[0-9a-f]{40}|unknown", manifest["commit"])
+    assert manifest["command"] == "probekit.capture_study"
+    page = (tmp_path / "report.html").read_text()
+    assert f"<th>commit</th><td><code>{manifest['commit']}</code>" in page
+    assert "<summary>versions</summary>" in page

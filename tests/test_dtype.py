@@ -28,13 +28,13 @@ FP64_MAX_PROB_DIFF = 1e-5
 
 
 def _prompts(model, study: str, argv: list[str], count: int):
-    from probekit.cli.main import study_command
-    from probekit.run.options import run_context
+    from probekit.run import runner
     from probekit.studies.base import get_study
 
     chosen = get_study(study)
-    models, run, own = study_command("run", chosen).parse(argv, f"probekit run {study}")
-    probe = chosen.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
+    run = runner("run")
+    options = run.parse(argv, f"probekit run {study}", chosen)
+    probe = chosen.probes(options.study, run.context(options, lambda *a, **k: None))[0]
     items = [item for _, item in zip(range(count), probe.items(), strict=False)]
     return probe, [model.encode(item, probe.as_string).input_ids for item in items]
 

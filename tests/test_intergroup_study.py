@@ -178,15 +178,16 @@ def test_emotions_match_the_dataset():
 def test_run_sizes_in_the_study_page():
     """The prompt counts docs/studies/intergroup.md gives for each command (real crowd-enVent:
     its 6,050 events), and the smallest smoke run."""
-    from probekit.run.options import run_command, run_context
+    from probekit.run import runner
     from probekit.studies import get_study
 
     root = DATA_ROOT
     study = get_study("intergroup")
 
     def probes(*argv: str) -> list:
-        models, run, own = run_command(study).parse(["--data", str(root), *argv], "probekit run")
-        return study.probes(own, run_context(run, models[0], lambda *a, **k: None))
+        run = runner("run")
+        options = run.parse(["--data", str(root), *argv], "probekit run", study)
+        return study.probes(options.study, run.context(options, lambda *a, **k: None))
 
     def prompts(*argv: str) -> list[int]:
         return [len(probe) for probe in probes(*argv)]

@@ -26,6 +26,7 @@ from probekit.mechanism.interventions import answer_nodes, score_with
 from probekit.mechanism.lens import layer_results, logit_lens
 from probekit.mechanism.sites import hook_library
 from probekit.run import lens as run_lens
+from probekit.run import runner
 from probekit.studies import base
 
 QUESTIONS = [
@@ -270,6 +271,9 @@ def test_a_lens_run_is_a_run_folder_with_the_studys_headline_per_layer(tiny, tmp
     manifest = json.loads((result.path / "manifest.json").read_text())
     assert manifest["layers"] == [0, 2, 3] and manifest["epsilon"] == 0.0
     assert manifest["command"] == "probekit.lens_study"
+    assert manifest["weights"] == tiny.describe()["weights"] and manifest["seed"] == 0
+    assert manifest["versions"]["probekit"] == probekit.__version__
+    assert re.fullmatch("[0-9a-f]{40}|unknown", manifest["commit"])
     summary = pd.read_csv(result.path / "summary.csv")
     assert summary["layer"].tolist() == [0, 2, 3] and summary["primary"].all()
     study = minimal_study.MinimalStudy()
@@ -291,11 +295,11 @@ def test_a_resumed_run_reads_its_parts_back_and_redoes_a_damaged_one(tiny, tmp_p
     first = lens_minimal(tiny, out, layers=[1, 3], batch_size=2)
     parts = sorted((out / "parts").glob("part-*.parquet"))
     assert len(parts) == 2
-    (out / "lens.parquet").unlink()
+    (out / "lens_by_prompt.parquet").unlink()  # the parts merged: the run loop's own
     parts[0].write_bytes(parts[0].read_bytes()[:100])  # a part cut short
     again = lens_minimal(tiny, out, layers=[1, 3], batch_size=2)
     err = capsys.readouterr().err
-    assert "is damaged" in err and "2 of 4 prompts already read" in err
+    assert "is damaged" in err and "2 of 4 prompts of this shard already done" in err
     assert list((out / "parts").glob("*.damaged"))
     columns = ["prompt_id", "layer", "valid_mass", "expected"]
     pd.testing.assert_frame_equal(again.table[columns], first.table[columns], atol=1e-6)
@@ -361,7 +365,7 @@ def test_the_patching_run_in_the_folder_is_drawn_beside(tiny_deep, tmp_path):
 
 
 def test_the_command_line_writes_the_folder(tiny, tmp_path, monkeypatch, capsys, minimal):
-    monkeypatch.setattr("probekit.run.lens.load_engine", lambda *a, **k: tiny)
+    monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: tiny)
     out = tmp_path / "lens"
     argv = ["lens", "minimal", "--days", "2", "--layers", "0,-1", "--out", str(out), "--quiet"]
     assert cli.main(argv) == 0
@@ -394,7 +398,7 @@ def test_the_intergroup_delta_after_the_last_layer_is_the_scored_delta(smol, tmp
     assert summary["layer"].tolist() == [0, 15, smol.n_layers - 1]
     assert summary["value"].notna().all() and (summary["low"] <= summary["high"]).all()
     study = base.get_study("intergroup")
-    options = cli.study_command("lens", study).build(chosen, "f")[2]
+    options = runner("lens").build(chosen, "f", study).study
     probe, items = study.mechanism_items(options, base.Context("lens"))
     encoded = [smol.encode(item) for item in items]
     scorer = smol.scorer(probe.answers, epsilon=0.0)

@@ -15,6 +15,7 @@ from conftest import ANSWERS, religion_prompt
 from probekit.core.errors import ProbekitError
 from probekit.mechanism import api, sites
 from probekit.mechanism.capture import read_index
+from probekit.run import runner
 from probekit.studies.base import Context
 
 MODEL = "tiny"  # conftest's tiny model: each mechanism call installs its bridge for the call
@@ -144,7 +145,6 @@ def test_the_module_example_runs_and_recovers_the_gap(model, monkeypatch):
 def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     """`probekit patch intergroup` and `api.patch` on the sets the command drew: equal rows;
     `--layers 0,-1` is the first and the last layer."""
-    from probekit import cli
     from probekit.mechanism.pairs import interaction_sets
     from probekit.studies.intergroup import STUDY
 
@@ -168,11 +168,11 @@ def test_patch_equals_the_commands_rows(model, tmp_path, patch_cli):
     assert patch_cli(model, "intergroup", *argv, "--out", str(tmp_path)) == 0
     command = pd.read_parquet(tmp_path / "patching.parquet")
     assert sorted(set(command["layer"])) == [0, model.n_layers - 1]
-    _, options, own = cli.study_command("patch", STUDY).parse(
-        ["--limit", "25", "--setting", "P0S1T0"], "probekit patch intergroup"
+    parsed = runner("patch").parse(
+        ["--limit", "25", "--setting", "P0S1T0"], "probekit patch intergroup", STUDY
     )
-    context = Context("patch", options.seed, limit=options.limit)
-    probe, items = STUDY.mechanism_items(own, context)
+    context = Context("patch", parsed.own.seed, limit=parsed.own.limit)
+    probe, items = STUDY.mechanism_items(parsed.study, context)
     encoded = [model.encode(item) for item in items]
     drawn = set(command["set"])
     found = interaction_sets(STUDY.mechanism_defaults().effect, probe, encoded)

@@ -21,7 +21,7 @@ from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.options import REQUIRED, Command, declaration, options_of
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
-from probekit.run.options import run_command
+from probekit.run import runner
 from probekit.studies import get_study
 from probekit.studies.intergroup.study import IntergroupStudy
 
@@ -44,15 +44,13 @@ def no_load(*args, **kwargs):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    for where in ("probekit.engines.load_engine", "probekit.run.patch.load_engine"):
-        monkeypatch.setattr(where, no_load)
-    monkeypatch.setattr("probekit.run.capture.load_engine", no_load)
+    monkeypatch.setattr("probekit.engines.load_engine", no_load)
 
 
 def test_python_values_are_taken_as_they_are():
     """A torch.dtype and a device-map dict, as `load_engine` takes them, held as the command
     line's options hold them."""
-    models, run, own = run_command(minimal_study.STUDY).build(
+    built = runner("run").build(
         {
             "dtype": torch.bfloat16,
             "device_map": {"": "cpu"},
@@ -61,19 +59,18 @@ def test_python_values_are_taken_as_they_are():
             "days": 3,
         },
         "run_study",
+        minimal_study.STUDY,
     )
-    (model,) = models
+    (model,) = built.models
     assert (model.dtype, model.device_map) == ("bfloat16", {"": "cpu"})
-    assert (run.shard, run.out, own.days) == ((1, 2), Path("runs/x"), 3)
+    assert (built.own.shard, built.own.out, built.study.days) == ((1, 2), Path("runs/x"), 3)
     argv = ["--dtype", "bf16", "--device-map", '{"": "cpu"}', "--shard", "1/2"]
-    parsed = run_command(minimal_study.STUDY).parse(
-        [*argv, "--out", "runs/x", "--days", "3"], "probekit run minimal"
+    parsed = runner("run").parse(
+        [*argv, "--out", "runs/x", "--days", "3"], "probekit run minimal", minimal_study.STUDY
     )
-    assert parsed == (models, run, own)
-    ([model], _, _) = run_command(minimal_study.STUDY).build(
-        {"device": torch.device("cpu")}, "run_study"
-    )
-    assert model.device == "cpu"
+    assert parsed == built
+    cpu = runner("run").build({"device": torch.device("cpu")}, "run_study", minimal_study.STUDY)
+    assert cpu.model.device == "cpu"
 
 
 @pytest.mark.parametrize(
@@ -198,9 +195,7 @@ def test_seed_batch_size_and_out_are_declared_once():
     from probekit.core.shared_options import BatchSizeOption, OutOption, SeedOption
 
     intergroup = get_study("intergroup")
-    commands = [
-        cli.study_command(name, intergroup) for name in ("run", "patch", "capture", "steer")
-    ]
+    commands = [runner(name).options(intergroup) for name in ("run", "patch", "capture", "steer")]
     for command in commands:
         fields = {name: field for name, (_, field) in command.taken().items()}
         assert fields["seed"] is options_of(SeedOption)[0]
@@ -239,18 +234,18 @@ def test_no_option_is_declared_outside_the_dataclasses():
 def test_per_command_defaults_and_commands():
     """An option declared for some commands only; another with a default per command."""
     isear = get_study("isear")
-    run = cli.study_command("run", isear)
-    patch = cli.study_command("patch", isear)
+    run = runner("run").options(isear)
+    patch = runner("patch").options(isear)
     assert "temperature" in run.taken() and "temperature" not in patch.taken()
     giebench = get_study("giebench")
-    assert cli.study_command("run", giebench).build({}, "f")[2].prompt == ["raw", "id", "cot"]
-    assert cli.study_command("patch", giebench).build({}, "f")[2].prompt == ["cot"]
+    assert runner("run").build({}, "f", giebench).study.prompt == ["raw", "id", "cot"]
+    assert runner("patch").build({}, "f", giebench).study.prompt == ["cot"]
     with pytest.raises(ProbekitError, match=r"^f: temperature is an option of run only"):
         patch.build({"temperature": 1.0}, "f")
     with pytest.raises(ProbekitError, match="--genders: needs at least two genders"):
         run.parse(["--genders", "a man"], "probekit run isear")
-    capture = cli.study_command("capture", isear)
-    assert capture.build({}, "f")[1].batch_size == 8  # the capture command's own default
+    capture = runner("capture")
+    assert capture.build({}, "f", isear).own.batch_size == 8  # the capture command's own default
 
 
 @dataclass(frozen=True)

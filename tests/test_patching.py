@@ -453,6 +453,17 @@ def test_patch_study_is_the_command_as_a_function(model, tmp_path):
     assert len(result.table) == 8 * 2 and set(result.table["site"]) == {"hook_resid_pre"}
     assert {"recovery", "recovery_low", "recovery_high", "pairs_in_noise"} <= set(result.summary)
     assert len(result.summary) == 2 * 2 and (result.summary["pairs"] == 4).all()
+    # its record, apart from the files a lens run of the folder may share
+    assert {"patching/manifest.json", "patching/report.html"} <= set(result.files)
+    record = json.loads((tmp_path / "patching" / "manifest.json").read_text())
+    assert record["weights"] == model.describe()["weights"] and record["seed"] == 0
+    assert record["selection"] == "random 1 per event, seed 0" and len(record["sets"]) == 2
+    assert (record["sites"], record["layers"]) == (["resid_pre"], [0])
+    assert record["versions"]["torch"] == torch.__version__
+    assert re.fullmatch("[0-9a-f]{40}|unknown", record["commit"])
+    page = (tmp_path / "patching" / "report.html").read_text()
+    assert f"<th>commit</th><td><code>{record['commit']}</code>" in page
+    assert "<summary>versions</summary>" in page and "<summary>sets</summary>" in page
 
 
 def test_patch_study_refuses_bad_options_in_one_line():
@@ -474,17 +485,18 @@ def test_patch_study_refuses_bad_options_in_one_line():
 
 def test_keywords_are_the_commands_options():
     """patch_study's keywords and probekit patch's flags read the same declarations."""
-    from probekit.cli.main import study_command
     from probekit.mechanism.pipeline import PatchOptions
+    from probekit.run import runner
     from probekit.studies import get_study
 
-    patch = study_command("patch", get_study("intergroup"))
+    patch, intergroup = runner("patch"), get_study("intergroup")
     keywords = {"layers": range(0, 2), "prompt_only": True, "readout": "p:5", "top_k": 3}
-    _, options, _ = patch.build(keywords, "patch_study")
+    options = patch.build(keywords, "patch_study", intergroup).own
     argv = ["--layers", "0,1", "--prompt-only", "--readout", "p:5", "--top-k", "3"]
-    assert isinstance(options, PatchOptions) and options == patch.parse(argv, "probekit patch")[1]
+    parsed = patch.parse(argv, "probekit patch", intergroup).own
+    assert isinstance(options, PatchOptions) and options == parsed
     assert (options.layers, options.through_answer, options.readout) == ([0, 1], False, "p:5")
-    _, default, _ = patch.build({}, "patch_study")
+    default = patch.build({}, "patch_study", intergroup).own
     assert str(default.out) == "runs/patch" and default.hooks == "transformer_lens"
 
 

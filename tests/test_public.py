@@ -141,10 +141,10 @@ def test_a_bad_value_of_each_option_names_the_keyword_not_a_flag(name):
 @pytest.mark.parametrize("function", ["run_study", "patch_study", "capture_study", "steer_study"])
 def test_a_bad_value_of_each_study_option_names_the_keyword(study, function, tmp_path):
     """A study's own options, through the study functions, before any data or model."""
-    from probekit.cli.main import study_command
     from probekit.core.options import options_of
+    from probekit.run import runner
 
-    command = study_command(function.removesuffix("_study"), probekit.get_study(study))
+    command = runner(function.removesuffix("_study")).options(probekit.get_study(study))
     taken = command.taken()
     own = [f.name for f in options_of(command.groups[-1]) if f.name in taken]
     for option in own:

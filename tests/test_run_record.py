@@ -1,5 +1,5 @@
 """A run's record is its identity: the tolerance a run picks its precision tier by, and the tier
-picked, are resume keys (`probekit.core.rundir.MANIFEST_FIELDS`), so a folder resumed with
+picked, are resume keys (`probekit.core.rundir.RECORDED_ONLY`), so a folder resumed with
 another tolerance is refused before the model loads, and rows of two tiers never mix in one run
 (on the tiny random model; the run loads no model, `load_engine` hands it over)."""
 
@@ -26,7 +26,7 @@ def loads(tiny, monkeypatch):
         calls.append(keywords)
         return tiny
 
-    for where in ("probekit.engines.load_engine", "probekit.run.steer.load_engine"):
+    for where in ("probekit.engines.load_engine",):
         monkeypatch.setattr(where, load)
     return calls
 

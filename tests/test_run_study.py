@@ -22,7 +22,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.options import as_flags
 from probekit.core.rundir import RECORDED_ONLY, RESULTS_FORMAT, resume_keys
 from probekit.run.numerics import sample_size
-from probekit.run.options import run_command
+from probekit.run.study import RUN
 
 
 def test_run_study_returns_the_run(minimal, tiny, tmp_path):
@@ -91,13 +91,12 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, optio
 def study_probe(name: str, **options):
     """The first probe a run of study `name` would score with `options`, built without a
     model (the command's parser and the study's `probes`)."""
-    from probekit.run.options import run_context
     from probekit.studies import get_study
 
     study = get_study(name)
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-    models, run, own = run_command(study).parse(argv, f"probekit run {name}")
-    return study.probes(own, run_context(run, models[0], lambda *a, **k: None))[0]
+    parsed = RUN.parse(argv, f"probekit run {name}", study)
+    return study.probes(parsed.study, RUN.context(parsed, lambda *a, **k: None))[0]
 
 
 def units(probe) -> dict[str, list]:
@@ -268,10 +267,8 @@ def test_resume_with_another_dtype_is_refused_before_loading(minimal, smol, tmp_
     loaded = []
     monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: loaded.append(a))
     argv = ["run", "minimal", "--days", "2", "--out", str(out), "--dtype", "bfloat16"]
-    from probekit.run.study import run_parsed
-
     with pytest.raises(ProbekitError) as info:
-        run_parsed(minimal, run_command(minimal).parse(argv[2:], "probekit run minimal"))
+        RUN.execute(minimal, RUN.parse(argv[2:], "probekit run minimal", minimal))
     assert "different dtype ('float32', now 'bfloat16')" in str(info.value)
     assert "\n" not in str(info.value) and not loaded
     assert (out / "manifest.json").read_bytes() == before
@@ -298,7 +295,7 @@ def test_the_views_are_named_one_way(minimal):
     with pytest.raises(ProbekitError, match="^view: unknown view 'ev'; choose one of exact, gen"):
         probekit.run_study(minimal, view="ev")
     with pytest.raises(ProbekitError, match="unrecognized arguments: --mode"):
-        run_command(minimal).parse(["--mode", "generate"], "probekit run minimal")
+        RUN.parse(["--mode", "generate"], "probekit run minimal", minimal)
 
 
 def test_a_generate_run_reports_both_views(minimal, tiny, tmp_path):

@@ -183,7 +183,7 @@ def steer_cli(monkeypatch):
     from probekit import cli
 
     def run(model, *argv: str) -> int:
-        monkeypatch.setattr("probekit.run.steer.load_engine", lambda *a, **k: model)
+        monkeypatch.setattr("probekit.engines.load_engine", lambda *a, **k: model)
         return cli.main(["steer", *argv])
 
     return run
@@ -214,6 +214,11 @@ def test_the_command_writes_every_file_and_resumes(model, steer_cli, tmp_path, c
     assert norms["random"] == pytest.approx(norms["steer"], rel=1e-12)
     zero = rows[rows["alpha"] == 0]
     assert (zero["kl"] == 0).all()
+    manifest = json.loads((out / "manifest.json").read_text())  # what made these numbers
+    assert manifest["weights"] == model.describe()["weights"] and manifest["seed"] == 0
+    assert (manifest["sites"], manifest["layers"]) == (["hook_resid_post"], [3])
+    assert manifest["versions"]["torch"] == torch.__version__
+    assert re.fullmatch("[0-9a-f]{40}|unknown", manifest["commit"])
     steered = rows[rows["alpha"] == 2]
     assert (steered["kl"] > 0).all()
     alphas = out / "alphas"

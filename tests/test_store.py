@@ -75,17 +75,18 @@ def _scores_taken(folder: Path, manifest: dict, ids: list[str]) -> set[str]:
 def _alpha(folder: Path, manifest: dict, ids: list[str]) -> Path:
     from probekit.run.steer import ROWS
 
-    frame = rows(ids).drop(columns=INDEX).assign(alpha=4.0)
+    frame = rows(ids).assign(alpha=4.0)  # an α's rows, merged by the run loop
     return write_rows(
         folder / "alphas" / "resid_pre-L1-steer-a4" / ROWS, frame, RowKey.of(manifest, ids)
     )
 
 
 def _alpha_taken(folder: Path, manifest: dict, ids: list[str]) -> set[str]:
-    from probekit.run.steer import _finished
+    from probekit.run.parts import finished_scores
+    from probekit.run.steer import ROWS
 
-    found = _finished(folder / "alphas" / "resid_pre-L1-steer-a4", RowKey.of(manifest, ids))
-    return set() if found is None else set(found[PROMPT_ID])
+    step = folder / "alphas" / "resid_pre-L1-steer-a4"
+    return set(ids) if finished_scores(step, RowKey.of(manifest, ids), ROWS) else set()
 
 
 def _capture(folder: Path, manifest: dict, ids: list[str]) -> Path:

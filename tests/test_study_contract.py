@@ -21,6 +21,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.kinds import positive_int
 from probekit.core.options import Command, named, option
 from probekit.datasets.crowd_envent import SAMPLE_ROOT
+from probekit.run import runner
 from probekit.run.report import report
 from probekit.studies import base, get_study, list_studies
 from probekit.studies.base import Context
@@ -49,12 +50,13 @@ def test_options_are_declared_once_for_every_command():
     command, read the same from flags and keywords."""
     intergroup, giebench = get_study("intergroup"), get_study("giebench")
     for command in ("run", "patch", "capture", "steer", "lens"):
-        options = cli.study_command(command, intergroup)
-        assert options.parse(["--data", str(SAMPLE_ROOT)], "p")[2].events == 2
-        assert options.parse(["--events", "all"], "p")[2].events is None
-        assert options.build({"events": "all"}, "f")[2].events is None
-        assert options.build({"events": 4}, "f") == options.parse(["--events", "4"], "p")
-    patch = cli.study_command("patch", giebench).parse([], "p")[2]
+        options = runner(command)
+        assert options.parse(["--data", str(SAMPLE_ROOT)], "p", intergroup).study.events == 2
+        assert options.parse(["--events", "all"], "p", intergroup).study.events is None
+        assert options.build({"events": "all"}, "f", intergroup).study.events is None
+        four = options.parse(["--events", "4"], "p", intergroup)
+        assert options.build({"events": 4}, "f", intergroup) == four
+    patch = runner("patch").parse([], "p", giebench).study
     assert patch.prompt == ["cot"] and patch.items == "sample"
 
 
@@ -213,7 +215,7 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
 
     def items_of(command: str, more: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
         keywords = {**data, **mechanism, **(more or {})}
-        options = cli.study_command(command, study).build(keywords, "f")[2]
+        options = runner(command).build(keywords, "f", study).study
         return study.mechanism_items(options, Context(command))
 
     run = probekit.run_study(study, tiny, out=tmp_path / "run", numerics=0, **data, **run_options)

@@ -1,5 +1,6 @@
-"""The `probekit` command line: one module per command, each a thin wrapper over a function."""
+"""The `probekit` command line: it parses a command's options and calls the command's runner
+(`probekit.run.COMMANDS`)."""
 
-from probekit.cli.main import main, run_script, study_command, study_script
+from probekit.cli.main import main, run_script, study_script
 
-__all__ = ["main", "run_script", "study_command", "study_script"]
+__all__ = ["main", "run_script", "study_script"]

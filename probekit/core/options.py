@@ -43,7 +43,6 @@ RENAMED = {
 """Flags of earlier versions: old flag -> (its new spelling, old values -> new ones), for the
 line refusing one (`--mode ev is now --view exact`)."""
 _MARKED = re.compile(f"{MARK}(\\w+)(?:=(.*?))?{MARK}")
-check_out_dir = check_writable  # cross-package: cli/main.py's name; the lead renames its caller
 
 
 def flag(name: str) -> str:

@@ -43,7 +43,7 @@ RECORDED_ONLY = frozenset(
     {
         *("model_source", "prompts", "prompts_total", "numerics", "precision", "batch_size"),
         *("versions", "command", "data_origin", "data_path", "punkt_root", "min_valid_mass"),
-        *("outlier_z", "groups", "responses", "vector_file", "alphas"),
+        *("outlier_z", "groups", "responses", "vector_file", "alphas", "commit"),
     }
 )
 """The manifest fields that are recorded, not resume keys: where the model was loaded from

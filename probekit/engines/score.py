@@ -28,9 +28,9 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
-from probekit.core.items import Item
+from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
-from probekit.core.prompts import parse_messages, read_prompts
+from probekit.core.prompts import read_prompts
 from probekit.core.public import public
 from probekit.core.signal import prefill_trap, weak_signal
 from probekit.engines.base import Engine, describe_precision, windows

@@ -333,7 +333,7 @@ def capture_manifest(
     hooks: str,
     storage: str,
 ) -> dict[str, Any]:
-    """What defines a capture (its manifest; `probekit.core.rundir.MANIFEST_FIELDS` says which
+    """What defines a capture (its manifest; `probekit.core.rundir.RECORDED_ONLY` says which
     fields are resume keys); with `model` None (before it loads) the fields it gives, and
     `layers` when they need it, are None."""
     described = model.describe() if model is not None else {}

@@ -186,19 +186,20 @@ def run_patch(
     model: Any,
     study: Any,
     probe: Any,
-    items: Sequence[Item],
+    encoded: Sequence[EncodedItem],
     request: PatchOptions,
     out: str | Path,
     say: Say = print,
-) -> list[str]:
-    """The whole patch analysis of a study's items into `out`; the files written."""
+) -> tuple[list[str], dict[str, Any]]:
+    """The whole patch analysis of a study's encoded items into `out` (the model's precision
+    tier settled already): the files written, and the record of the run (what its manifest
+    adds: the readout, the sets patched and how they were chosen, the components)."""
     defaults: MechanismDefaults = study.mechanism_defaults()
+    items = [prompt.item for prompt in encoded]
     readout = check_patch(request, items, probe.answers, defaults)
     spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
     layers = chosen_layers(model, request.layers or None, "patch")
     heads = list(request.heads) if request.heads else list(range(n_heads(model)))
-    encoded = [model.encode(item) for item in items]
-    model.settle_precision(probe.answers, [e.input_ids for e in encoded])
     found = effect_sets(defaults.effect, probe, encoded, study.pairs(probe, encoded))
     sets = draw_sets(found, request.sets_per_unit, request.seed)
     pairs = [pair for s in sets for pair in s.pairs]
@@ -247,8 +248,24 @@ def run_patch(
         print(f"probekit: warning: {weak}", file=sys.stderr)
     write_parquet(folder / "patching.parquet", df)
     title = f"{describe_model(model.describe())}, {probe.name}"
-    record = {"contrast": defaults.effect.name, "resampled": unit, "selection": selection}
-    written = ["patching.parquet", *report(df, folder, request, spans, title, say, record)]
+    record: dict[str, Any] = {
+        "contrast": defaults.effect.name,
+        "resampled": unit,
+        "selection": selection,
+    }
+    files = report(df, folder, request, spans, title, say, record)
+    record |= {
+        "readout": readout.spec,
+        "layers": layers,
+        "spans": spans,
+        "components": len(patches),
+        "units": units,
+        "sets": [
+            {"unit": s.unit, "name": s.name, "pairs": [[a.id, b.id] for a, b in s.pairs]}
+            for s in sets
+        ],
+    }
+    written = ["patching.parquet", *files]
     if request.mediation:
         exact = request.method == "exact"
         measured = patches if exact else attribution.top_components(df, request.top_k)
@@ -260,7 +277,7 @@ def run_patch(
         written += direction_check(
             scorer, study, probe, encoded, direction, readout, folder, request, say
         )
-    return written
+    return written, record
 
 
 def measure(
@@ -312,10 +329,12 @@ def report(
     record: dict[str, str] | None = None,
 ) -> list[str]:
     """patching_summary.csv (with the `record` columns: the contrast, the unit resampled, how
-    the sets were chosen, and the p values' adjustment), the heatmaps and the top five measured
-    components; the files written."""
+    the sets were chosen, and the p values' adjustment, added to `record`), the heatmaps and
+    the top five measured components; the files written."""
     summary = patching.summarise(df, n=request.bootstrap, seed=request.seed)
-    summary = summary.assign(**(record or {}), adjustment=summary.attrs["adjustment"])
+    record = record if record is not None else {}
+    record["adjustment"] = summary.attrs["adjustment"]
+    summary = summary.assign(**record)
     write_text(out / "patching_summary.csv", summary.to_csv(index=False))
     written = ["patching_summary.csv"]
     attributed = request.method == "attribution"
@@ -472,17 +491,16 @@ def check_capture(request: CaptureOptions, items: Sequence[Item]) -> None:
 def run_capture(
     model: Any,
     probe: Any,
-    items: Sequence[Item],
+    encoded: Sequence[EncodedItem],
     request: CaptureOptions,
     out: str | Path,
     say: Say = print,
 ) -> capture.CaptureResult:
-    """Capture a study's items into `out` (resumable) and say where the files are."""
-    check_capture(request, items)
+    """Capture a study's encoded items into `out` (resumable) and say where the files are."""
     layers = chosen_layers(model, request.layers or None, "capture")
     result = capture.capture(
         model,
-        (model.encode(item) for item in items),
+        encoded,
         out,
         layers=layers,
         sites=request.sites,

@@ -73,6 +73,7 @@ MODEL_FIELDS = frozenset(
         "engine",
         "started",
         "finished",
+        "commit",
     }
 )
 # Manifest fields shown first, in this order, with their names on the page.
@@ -94,6 +95,7 @@ SHOWN_FIELDS = {
     "max_new_tokens": "max new tokens",
     "temperature": "temperature",
     "command": "command",
+    "commit": "probekit commit",
 }
 ROW_KEYS = ("model", "category", "setting", "prompt", "orders")  # a summary row's run, in order
 
@@ -531,6 +533,49 @@ def write_mechanism_page(
             data=data,
             sample=is_sample_data(data),
             **values,
+        )
+    )
+    return write_text(path, html)
+
+
+def write_record_page(
+    path: str | Path,
+    kind: str,
+    title: str,
+    subtitle: str,
+    manifest: Mapping[str, Any],
+    shown: Sequence[str],
+    data: str,
+    table: pd.DataFrame | None = None,
+    figures: Sequence[Path] = (),
+    notes: Sequence[str] = (),
+    weak: str | None = None,
+) -> Path:
+    """Write the page of a mechanism run that is a record of what it wrote (`probekit patch`,
+    `probekit capture`) atomically: what ran (`kind`, `title`, `subtitle`), the manifest's
+    `shown` settings, the `table` of its main numbers, its `figures` inline, `notes`, the
+    weak-signal line and the manifest's nested parts (versions, the sets)."""
+    figures_ = [
+        Figure(f.name, "", "data:image/png;base64," + base64.b64encode(f.read_bytes()).decode())
+        for f in figures
+    ]
+    rows = {"columns": [], "rows": []} if table is None else summary_table(table)
+    nested = {k: v for k, v in manifest.items() if isinstance(v, dict | list) and k not in shown}
+    html = (
+        _environment()
+        .get_template("record.html")
+        .render(
+            kind=kind,
+            title=title,
+            subtitle=subtitle,
+            sample=is_sample_data(data),
+            data=data,
+            weak=weak,
+            table={**rows, "title": "Summary"},
+            notes=notes,
+            figures=figures_,
+            settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
+            details={k: json.dumps(v, indent=1, default=str) for k, v in nested.items()},
         )
     )
     return write_text(path, html)

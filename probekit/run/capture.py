@@ -1,6 +1,7 @@
 """`probekit capture STUDY` and `probekit.capture_study`: activations at the spans of a study's
 items, as fp16 safetensors shards plus an index whose `prompt_id` joins the run's scores
-(`probekit.mechanism.capture`; resumable)."""
+(`probekit.mechanism.capture`; resumable), with the capture's `manifest.json` (its settings,
+the package versions and the probekit commit) and `report.html`."""
 
 from __future__ import annotations
 
@@ -8,37 +9,93 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probekit.core.options import Command
-from probekit.core.progress import silenced
+import pandas as pd
+
+from probekit.core.progress import echo
 from probekit.core.public import public
-from probekit.engines import load_engine
+from probekit.core.rundir import RunDir
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
-from probekit.mechanism.api import hookable
 from probekit.mechanism.capture import (
     STORAGE_DTYPE,
     Activations,
     CaptureResult,
     capture_manifest,
-    check_capture_folder,
     read_activations,
     site_shorts,
 )
 from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_capture
 from probekit.mechanism.sites import DEFAULT_SITES
-from probekit.run.mechanism import context, mechanism_command
-from probekit.run.options import build
+from probekit.reporting.contract import describe_model
+from probekit.reporting.html import write_record_page
+from probekit.run.command import Job, MechanismRunner, Options
+from probekit.run.record import provenance
 from probekit.studies.base import Study
 
-
-def capture_command(study: Study) -> Command:
-    """`probekit capture STUDY`'s options: the model's, the capture's and the study's."""
-    return mechanism_command("capture", CaptureOptions, study, (_check,))
+SHOWN = ("model", "weights", "dtype", "layers", "sites", "spans", "hooks", "storage_dtype")
+SHOWN += ("commit", "command")
 
 
-def _check(parsed: tuple) -> None:
-    """The capture's sites, known by name while parsing (no data, no model)."""
-    site_shorts(parsed[1].sites)
+class CaptureCommand(MechanismRunner):
+    """`probekit capture STUDY`: the capture's own lines (its manifest is the capture's)."""
+
+    name, own, settles = "capture", CaptureOptions, False
+
+    def check(self, options: Options, study: Study | None) -> None:
+        """With the mechanism's, the capture's sites, known by name (no data, no model)."""
+        super().check(options, study)
+        site_shorts(options.own.sites)
+
+    def prepare(self, job: Job) -> list[int] | None:
+        """The layers known before the model (None where one counts from the end)."""
+        check_capture(job.own, job.items)
+        given = job.own.layers
+        return sorted(set(given)) if given and min(given) >= 0 else None
+
+    def fields(self, job: Job, model: Any) -> dict[str, Any]:
+        """The capture's manifest (`probekit.mechanism.capture.capture_manifest`)."""
+        own, storage = job.own, str(STORAGE_DTYPE).removeprefix("torch.")
+        layers = job.plan if model is None else None
+        shorts = site_shorts(own.sites)
+        return capture_manifest(model, layers, shorts, own.spans, own.hooks, storage)
+
+    def wrote(self, result: CaptureResult) -> str:
+        return f"{result.out_dir}/shards, index, manifest.json, report.html"
+
+    def main(self, options: Options, study: Study | None = None) -> None:
+        assert study is not None
+        self.execute(study, options, call=f"probekit {self.name}")
+
+    def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> CaptureResult:
+        result = run_capture(model, job.probe, job.encoded, job.own, job.folder, say=echo)
+        manifest = RunDir(job.folder).update_manifest(**provenance(job.call))
+        index = pd.DataFrame(
+            [
+                ("prompts captured", result.captured),
+                ("prompts already there", result.skipped),
+                ("shards written", len(result.shards)),
+            ],
+            columns=["", "count"],
+        )
+        subtitle = (
+            f"activations at layers {manifest['layers']} of {', '.join(manifest['sites'])}, "
+            f"stored as {manifest['storage_dtype']}: read them with "
+            f"probekit.read_activations('{job.folder}')"
+        )
+        write_record_page(
+            job.folder / "report.html",
+            "Activations",
+            f"{describe_model(manifest)}, {job.probe.name}",
+            subtitle,
+            manifest,
+            SHOWN,
+            job.study.describe_data(manifest),
+            index,
+        )
+        return result
+
+
+CAPTURE = CaptureCommand()
 
 
 @public(ModelOptions, CaptureOptions, command="capture", skip=("model",))
@@ -71,24 +128,5 @@ def capture_study(
     bad or unknown one is one line of `ProbekitError` naming the keyword, before any model
     work). Writes the resumable shards into `out` and returns everything captured there.
     `options`: the study's own (`probekit capture STUDY --help`)."""
-    found, loaded, parsed = build(capture_command, dict(locals()))
-    capture_parsed(found, parsed, loaded)
-    return read_activations(parsed[1].out)
-
-
-def capture_parsed(study: Study, parsed: tuple, model: Any = None) -> CaptureResult:
-    """The capture as the checked options `parsed` say (`capture_command`'s values), on `model`
-    or the one they name: items, the checks that need no model, then the capture."""
-    asked, options, own = parsed
-    probe, items = study.mechanism_items(own, context("capture", asked, options))
-    check_capture(options, items)  # before any model work
-    given = options.layers
-    layers = sorted(set(given)) if given and min(given) >= 0 else None  # else the model says
-    shorts = site_shorts(options.sites)
-    storage = str(STORAGE_DTYPE).removeprefix("torch.")
-    known = capture_manifest(None, layers, shorts, options.spans, options.hooks, storage)
-    check_capture_folder(options.out, known)
-    if model is None:
-        model = load_engine(asked.model, **asked.load_keywords())
-    with silenced(asked.quiet):
-        return run_capture(hookable(model), probe, items, options, options.out)
+    CAPTURE.call(capture_study, dict(locals()))
+    return read_activations(out)

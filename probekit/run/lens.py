@@ -22,16 +22,14 @@ denominator of patching's recovery), and the figure draws it beside the recovery
 A lens run is a `RunDir` run: its manifest records what changes a number (the study's probe, the
 model's weights, dtype and device, the layers, the seed, the prompts) and a folder holding
 another run is refused in one line naming the setting, before the model loads where it can be
-known then. Prompts are scored in batches written as checksummed parts stamped with those
-settings and each prompt's id (`probekit.run.parts`): a resumed run reads finished prompts back,
-sets a damaged part aside (`*.damaged`) or one scored under other settings (`*.mismatched`), one
-line each, and scores their prompts again. The tables, figures and page are made again from the
-parts each time.
+known then. Its prompts go through the run loop (`probekit.run.loop.fill`): one batch a
+checksummed part, resumed from the parts found, merged into `lens_by_prompt.parquet` (one row
+per prompt, the per-layer values as lists) once every prompt has a row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,44 +38,33 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from probekit.core.errors import ProbekitError
 from probekit.core.io import write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item
-from probekit.core.options import Command, named
-from probekit.core.progress import progress, silenced
+from probekit.core.options import named
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
-from probekit.core.store import INDEX, say, take_rows
-from probekit.engines import load_engine
+from probekit.core.store import INDEX, say
 from probekit.engines.base import Engine, ScoreResult
 from probekit.engines.options import ModelOptions
-from probekit.mechanism.api import hookable
 from probekit.mechanism.lens import LensOptions, LensResult, logit_lens
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import layer_indices
 from probekit.reporting.contract import describe_model
 from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
-from probekit.run.mechanism import (
-    context,
-    mechanism_command,
-    mechanism_settings,
-)
-from probekit.run.numerics import keep_resumed_tier
-from probekit.run.options import build
-from probekit.run.parts import Compactor, done_mask, scan_parts
+from probekit.run.command import Job, MechanismRunner
+from probekit.run.loop import fill, open_run
+from probekit.run.pace import pace_key
+from probekit.run.scoring import Chunk, Scoring
+from probekit.run.shards import WHOLE
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "lens.parquet"
+PROMPTS = "lens_by_prompt.parquet"
 GAPS = "lens_gaps.csv"
 PATCHING, PATCHING_SUMMARY = "patching.parquet", "patching_summary.csv"
 DIFFERENCE = "scorer_difference"
 """A part's column: the largest |difference| of an answer probability between the lens after
 the last layer and the scorer, per prompt (NaN when the last layer is not read)."""
-
-
-def lens_command(study: Study) -> Command:
-    """`probekit lens STUDY`'s options: the model's, the lens's and the study's."""
-    return mechanism_command("lens", LensOptions, study)
 
 
 @dataclass(frozen=True)
@@ -120,140 +107,93 @@ def lens_study(
     one line of `ProbekitError` naming the keyword, before any model work). Writes what the
     command writes into `out`, resumable. `options`: the study's own (`probekit lens STUDY
     --help`)."""
-    found, loaded, parsed = build(lens_command, dict(locals()))
-    return lens_parsed(found, parsed, loaded, "probekit.lens_study")
+    return LENS.call(lens_study, dict(locals()))
 
 
-def lens_parsed(
-    study: Study, parsed: tuple, model: Any = None, command: str = "probekit lens"
-) -> StudyLens:
-    """The lens run as the checked options `parsed` say (`lens_command`'s values), on `model` or
-    the one they name; its manifest records `command`."""
-    with silenced(parsed[0].quiet):
-        return _lens(study, parsed, model, command)
+class LensCommand(MechanismRunner):
+    """`probekit lens STUDY`: the lens's own lines (its layers, scoring and report)."""
 
+    name, own = "lens", LensOptions
 
-def _lens(study: Study, parsed: tuple, model: Any, command: str) -> StudyLens:
-    asked, args, own = parsed
-    probe, items = study.mechanism_items(own, context("lens", asked, args))
-    run = RunDir(args.out)
-    ids = [item.id for item in items]
-    given = args.layers
-    layers = sorted(set(given)) if given and min(given) >= 0 else None  # else the model says
-    asked_for = asked if model is None else None  # a loaded model's tolerance is its own
-    known = settings(study, probe, ids, args, layers, None, asked_for)
-    run.check_resume(known, [k for k, v in known.items() if v is None])  # before the model
-    if model is None:
-        model = load_engine(asked.model, **asked.load_keywords())
-    model = hookable(model)
-    chosen = range(model.n_layers)
-    layers = sorted(set(layer_indices(model, given if given else chosen)))
-    encoded = [model.encode(item, probe.as_string) for item in items]
-    if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
-        model.settle_precision(probe.answers, [p.input_ids for p in encoded])
-    manifest = settings(study, probe, ids, args, layers, model)
-    manifest["command"] = command
-    run.make()
-    run.start(manifest)  # the first write; a resumed run records what was asked this time
-    manifest = run.update_manifest(command=manifest["command"])
-    key = RowKey.of(manifest, ids)
-    hint = f"fewer {named('layers')} or fewer prompts"
-    wide = _scored(run, key, model, probe, encoded, layers, args.batch_size, hint)
-    table = probe.add_columns(_long(wide))
-    write_table(run.path / ROWS, pa.Table.from_pandas(table, preserve_index=False))
-    report = {
-        **probe.manifest(),
-        "model": model.name,
-        "seed": args.seed,
-        "view": VIEWS[0],
-    }
-    gaps = patching_gaps(run.path, table, items, probe)
-    # p adjusted over the layers; no p and no share of the gap at a weak layer
-    summary, gaps = adjust_layers(layer_summary(study, table, run.path, report), gaps)
-    write_text(run.path / "summary.csv", summary.to_csv(index=False))
-    if gaps is not None:
-        write_text(run.path / GAPS, gaps.to_csv(index=False))
-    recovery = _recovery(run.path) if gaps is not None else None
-    title = f"{describe_model(manifest)}, {probe.name}"
-    figure = lens_figure(summary, gaps, recovery, run.path / "lens.png", title)
-    difference = float(wide[DIFFERENCE].max()) if wide[DIFFERENCE].notna().any() else None
-    write_lens_page(
-        run.report_path,
-        summary,
-        gaps,
-        figure,
-        title,
-        manifest,
-        study.describe_data(manifest),
-        difference,
-    )
-    return StudyLens(run.path, table, summary, gaps)
+    def wrote(self, result: StudyLens) -> str:
+        return f"{result.path}/lens.parquet, summary.csv, lens.png, report.html"
 
+    def prepare(self, job: Job) -> list[int] | None:
+        """The layers known before the model (None where one counts from the end)."""
+        given = job.own.layers
+        return sorted(set(given)) if given and min(given) >= 0 else None
 
-def settings(
-    study: Study,
-    probe: Probe,
-    ids: list[str],
-    args: LensOptions,
-    layers: list[int] | None,
-    model: Any,
-    asked: ModelOptions | None = None,
-) -> dict[str, Any]:
-    """What defines a lens run (its manifest; undeclared fields are resume keys, see
-    `probekit.core.rundir.MANIFEST_FIELDS`). Before the model loads (`model` None) the fields
-    only the loaded model gives, and layers counted from the end, are None, the tolerance that
-    `asked` for."""
-    own = {
-        "layers": layers,
-        "hooks": "transformer_lens",
-    }
-    return mechanism_settings(study, probe, ids, args.seed, model, own, asked)
+    def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        layers = job.plan if model is None else self.layers(job, model)
+        return {"layers": layers, "hooks": "transformer_lens"}
 
+    def layers(self, job: Job, model: Any) -> list[int]:
+        """The layers read: those asked for (every layer by default), counted on `model`."""
+        return sorted(set(layer_indices(model, job.own.layers or range(model.n_layers))))
 
-def _scored(
-    run: RunDir,
-    key: RowKey,
-    model: Any,
-    probe: Probe,
-    encoded: list[EncodedItem],
-    layers: list[int],
-    batch_size: int | None,
-    hint: str,
-) -> pd.DataFrame:
-    """One row per prompt (per-layer columns as lists): read back from the finished parts, the
-    rest scored and written as parts (`parts.Compactor`)."""
-    parts = scan_parts(run.path, key)
-    done = done_mask(parts, len(encoded))
-    if done.any():
-        say(f"{run.path}: {int(done.sum())} of {len(encoded)} prompts already read, read back")
-    todo = np.flatnonzero(~done)
-    if len(todo):
-        scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=batch_size)
-        compactor = Compactor(run.path, parts, key)
-        step = batch_size or scorer.batch_size
-        last = layers[-1] == model.n_layers - 1
-        with progress(len(todo), "prompt", "lens", hint) as bar:
-            for start in range(0, len(todo), step):
-                chunk = todo[start : start + step]
-                prompts = [encoded[i].input_ids for i in chunk]
-                found = logit_lens(scorer, prompts, layers, batch_size, bar)
-                rows = [
-                    _wide_row(i, encoded[i], lens, probe, last)
-                    for i, lens in zip(chunk, found, strict=True)
-                ]
-                compactor.write(pd.DataFrame(rows))
-        parts = scan_parts(run.path, key)
-    frames = []
-    for part in parts:
-        found = take_rows(part.path, key, "its prompts are scored again next time", keep=True)
-        if found is None or found.table is None:
-            raise ProbekitError(
-                f"a part of {run.path} was damaged while the run read it; run the same command "
-                "again to read its prompts anew"
+    def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyLens:
+        study, probe, out = job.study, job.probe, job.folder
+        layers = manifest["layers"]
+        with open_run(out, WHOLE, manifest):
+            manifest = RunDir(out).update_manifest(**{k: manifest[k] for k in self.refreshed})
+            key = RowKey.of(manifest, [item.id for item in job.items])
+            hint = f"fewer {named('layers')} or fewer prompts"
+            merged = fill(
+                lambda: job.items,
+                probe.name,
+                out,
+                key,
+                lambda: LensScoring(model, job, layers),
+                hint=hint,
+                merged=PROMPTS,
             )
-        frames.append(found.table.to_pandas())
-    wide = pd.concat(frames, ignore_index=True).sort_values(INDEX, kind="stable")
-    return wide.reset_index(drop=True)
+        assert merged is not None  # one process: every prompt has its row
+        wide = pd.read_parquet(merged)
+        table = probe.add_columns(_long(wide))
+        write_table(out / ROWS, pa.Table.from_pandas(table, preserve_index=False))
+        report = {**probe.manifest(), "model": model.name, "seed": job.own.seed, "view": VIEWS[0]}
+        gaps = patching_gaps(out, table, job.items, probe)
+        # p adjusted over the layers; no p and no share of the gap at a weak layer
+        summary, gaps = adjust_layers(layer_summary(study, table, out, report), gaps)
+        write_text(out / "summary.csv", summary.to_csv(index=False))
+        if gaps is not None:
+            write_text(out / GAPS, gaps.to_csv(index=False))
+        recovery = _recovery(out) if gaps is not None else None
+        title = f"{describe_model(manifest)}, {probe.name}"
+        figure = lens_figure(summary, gaps, recovery, out / "lens.png", title)
+        difference = float(wide[DIFFERENCE].max()) if wide[DIFFERENCE].notna().any() else None
+        data = study.describe_data(manifest)
+        page = RunDir(out).report_path
+        write_lens_page(page, summary, gaps, figure, title, manifest, data, difference)
+        return StudyLens(out, table, summary, gaps)
+
+
+LENS = LensCommand()
+
+
+class LensScoring(Scoring):
+    """The lens's chunks (one batch each) read after each of `layers` (`logit_lens`)."""
+
+    def __init__(self, model: Any, job: Job, layers: list[int]) -> None:
+        own = job.own
+        self.scorer = model.scorer(job.probe.answers, epsilon=0.0, batch_size=own.batch_size)
+        self.encoded, self.probe, self.layers = job.encoded, job.probe, layers
+        self.batch_size = own.batch_size or self.scorer.batch_size
+        self.chunk_size, self.desc = self.batch_size, "lens"
+        self.key = pace_key(model.describe(), job.probe.answers, "lens")
+        self.last = layers[-1] == model.n_layers - 1
+
+    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
+        for chunk in chunks:
+            prompts = [self.encoded[i] for i, _ in chunk]
+            ids = [prompt.input_ids for prompt in prompts]
+            found = logit_lens(self.scorer, ids, self.layers, self.batch_size, bar)
+            yield pd.DataFrame(
+                [
+                    _wide_row(i, prompt, lens, self.probe, self.last)
+                    for (i, _), prompt, lens in zip(chunk, prompts, found, strict=True)
+                ]
+            )
 
 
 def _wide_row(

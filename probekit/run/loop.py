@@ -63,8 +63,9 @@ same shard of a run started twice is refused with one line naming the process th
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_writable
+from probekit.core.items import Item
 from probekit.core.progress import is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
@@ -85,6 +87,7 @@ from probekit.run.pace import forecast, record_pace, run_pace
 from probekit.run.parts import (
     PARTS,
     REDONE,
+    SCORES,
     Compactor,
     done_mask,
     finished_scores,
@@ -161,43 +164,63 @@ def run_rows(
     shard: Shard = WHOLE,
     hint: str | None = None,
 ) -> Path | None:
-    """The run loop of every runner, in one process or on Ray: this shard of `probe` into the
-    run folder `out` (`open_run`), its rows made by the `Scoring` that `start` gives (called
-    only if there is something to score), written as parts as they come, resumed from the parts
-    found, and merged once every prompt has a row; the merged scores path, or None while other
-    shards' prompts are missing.
-
-    A `scores.parquet` that holds every row of the run ends it at once; a part set aside by the
-    merge (damaged) has its prompts scored again (`ATTEMPTS` rounds in all)."""
+    """This shard of `probe`'s run in the run folder `out` (`open_run`), its rows made by the
+    `Scoring` that `start` gives (`fill`); the merged scores path, or None while other shards'
+    prompts are missing."""
     with open_run(out, shard, manifest) as started:
-        key = row_key(probe, started)
-        if (finished := finished_scores(out, key)) is not None:
-            say(f"{probe.name}: {finished} holds every row of this run; nothing to score")
-            return finished
-        scoring: Scoring | None = None
-        try:
-            for attempt in range(ATTEMPTS):
-                compactor, wanted = pending(out, shard, key, probe.name)
-                todo = int(wanted.sum())
-                if attempt and not todo:
-                    return None  # the part set aside held other shards' rows
-                if todo:
-                    scoring = scoring or start()
-                    _score(probe, scoring, compactor, wanted, out, hint)
-                    if scoring.batch_size:
-                        RunDir(out).update_manifest(batch_size=scoring.batch_size)
-                aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
-                merged = merge_if_complete(out, len(key.ids))
-                if merged is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
-                    return merged  # None: other shards' prompts are still missing
-            return None
-        finally:
-            if scoring is not None:
-                scoring.close()
+        return fill(probe.items, probe.name, out, row_key(probe, started), start, shard, hint)
+
+
+def fill(
+    items: Callable[[], Iterable[Item]],
+    name: str,
+    out: Path,
+    key: RowKey,
+    start: Callable[[], Scoring],
+    shard: Shard = WHOLE,
+    hint: str | None = None,
+    merged: str = SCORES,
+    keep_parts: bool = True,
+) -> Path | None:
+    """The run loop of every command that scores (a run, in one process or on Ray; a lens; each
+    α of a steering run): this shard of the prompts `items` (of `name`, and the ids of `key`)
+    into `out`, made by the `Scoring` that `start` gives (called only if there is something to
+    score), written as parts as they come, resumed from the parts found, and merged into
+    `merged` once every prompt has a row (the parts then removed unless `keep_parts`); the
+    merged path, or None while other shards' prompts are missing.
+
+    A `merged` file that holds every row ends it at once; a part set aside by the merge
+    (damaged) has its prompts scored again (`ATTEMPTS` rounds in all)."""
+    if (finished := finished_scores(out, key, merged)) is not None:
+        say(f"{name}: {finished} holds every row of this run; nothing to score")
+        return finished
+    scoring: Scoring | None = None
+    try:
+        for attempt in range(ATTEMPTS):
+            compactor, wanted = pending(out, shard, key, name)
+            todo = int(wanted.sum())
+            if attempt and not todo:
+                return None  # the part set aside held other shards' rows
+            if todo:
+                scoring = scoring or start()
+                _score(items, name, scoring, compactor, wanted, out, hint)
+                if scoring.batch_size and RunDir(out).manifest_path.is_file():
+                    RunDir(out).update_manifest(batch_size=scoring.batch_size)
+            aside = len(list((out / PARTS).glob(f"*{DAMAGED}")))
+            found = merge_if_complete(out, len(key.ids), merged)
+            if found is not None or len(list((out / PARTS).glob(f"*{DAMAGED}"))) == aside:
+                if found is not None and not keep_parts:
+                    shutil.rmtree(out / PARTS, ignore_errors=True)
+                return found  # None: other shards' prompts are still missing
+        return None
+    finally:
+        if scoring is not None:
+            scoring.close()
 
 
 def _score(
-    probe: Probe,
+    items: Callable[[], Iterable[Item]],
+    name: str,
     scoring: Scoring,
     compactor: Compactor,
     wanted: np.ndarray,
@@ -205,16 +228,17 @@ def _score(
     hint: str | None,
 ) -> None:
     """Score the `wanted` prompts into parts: first one line saying how many and how long they
-    will take on this device, then the progress; the pace they went at is recorded."""
+    will take on this device, then the progress; the pace they went at is recorded, and the
+    scorer's batch in the run's manifest."""
     todo = int(wanted.sum())
     if not is_quiet():
-        first = next(chunks(probe, wanted, max(1, scoring.batch_size or 1)))
+        first = next(chunks(items(), wanted, max(1, scoring.batch_size or 1)))
         pace = scoring.expected_pace(first)
         when = forecast(todo, pace, hint) if pace else "its time is said after the first batch"
-        note(f"{probe.name}: {todo} prompts to score into {out}, {when}")
+        note(f"{name}: {todo} prompts to score into {out}, {when}")
     started = time.monotonic()
     with progress(todo, "prompt", scoring.desc, hint) as bar:
-        for frame in scoring.rows(chunks(probe, wanted, scoring.chunk_size), bar):
+        for frame in scoring.rows(chunks(items(), wanted, scoring.chunk_size), bar):
             compactor.write(frame)
     record_pace(scoring.key, run_pace(todo, time.monotonic() - started))
 
@@ -289,11 +313,11 @@ def pending(out: Path, shard: Shard, key: RowKey, name: str) -> tuple[Compactor,
     return Compactor(out, [p for p in found if shard.owns_all(p.indices)], key), wanted
 
 
-def chunks(probe: Probe, wanted: np.ndarray, size: int) -> Iterator[Chunk]:
+def chunks(items: Iterable[Item], wanted: np.ndarray, size: int) -> Iterator[Chunk]:
     """The items whose index is `wanted`, in prompt order, in chunks of `size` (the last may be
     shorter)."""
     chunk: Chunk = []
-    for i, item in zip(range(len(wanted)), probe.items(), strict=False):
+    for i, item in zip(range(len(wanted)), items, strict=False):
         if wanted[i]:
             chunk.append((i, item))
             if len(chunk) == size:

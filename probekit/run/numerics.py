@@ -17,12 +17,14 @@ manifest says so (`numerics=N` measures N prompts anyway; `numerics=0` always sk
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from probekit.core.items import Item
 from probekit.core.rundir import RunDir
 from probekit.engines.base import Engine, HookableModel, ScoreResult
 from probekit.engines.options import NOISE_SAMPLE
@@ -41,20 +43,28 @@ def sample_size(prompts: int, requested: int | str = "auto") -> int:
 
 
 def settle_run_precision(
-    model: Engine, probe: Probe, folder: Path, seed: int = 0
+    model: Engine,
+    probe: Probe,
+    folder: Path,
+    seed: int = 0,
+    items: Sequence[Item] | None = None,
+    resumed: bool = True,
 ) -> dict[str, Any] | None:
-    """Before a run of `probe` scores: the precision tier of the run being resumed in `folder`
-    (`keep_resumed_tier`), else the tier `model` chooses on the run's numerics sample:
+    """Before a run of `probe` (or of its `items`, a mechanism command's) scores: the
+    precision tier of the run being resumed in `folder` (`keep_resumed_tier`; not where the
+    command is not `resumed`), else the tier `model` chooses on the run's numerics sample:
     `NOISE_SAMPLE` of its prompts, seeded by the run's seed. The record, or None where nothing
     is chosen (an engine without tiers, or a tier chosen already)."""
     if "tier" in (model.precision or {}):
         return None  # chosen already
-    if kept := keep_resumed_tier(model, folder):
+    if resumed and (kept := keep_resumed_tier(model, folder)):
         return kept
-    total = len(probe)
+    total = len(probe) if items is None else len(items)
     picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
-    items = [item for i, item in enumerate(probe.items()) if i in picked]
-    prompts = [model.encode(item, probe.as_string).input_ids for item in items]
+    found = [
+        item for i, item in enumerate(probe.items() if items is None else items) if i in picked
+    ]
+    prompts = [model.encode(item, probe.as_string).input_ids for item in found]
     return model.settle_precision(probe.answers, prompts, seed)
 
 

@@ -122,12 +122,13 @@ def scan_parts(out: str | Path, key: RowKey | None = None) -> list[Part]:
     return _drop_superseded(found)
 
 
-def finished_scores(out: str | Path, key: RowKey) -> Path | None:
-    """The run's `scores.parquet` when it holds one row for each prompt of `key`, scored under
-    its settings (then nothing needs scoring, whether or not its parts are still there); else
-    None, with a `scores.parquet` that does not match set aside (`*.mismatched` or `*.damaged`,
-    one line), so that the folder never shows a finished run whose rows are not its own."""
-    path = Path(out) / SCORES
+def finished_scores(out: str | Path, key: RowKey, merged: str = SCORES) -> Path | None:
+    """The run's merged rows (`scores.parquet`, or the `merged` file) when they hold one row
+    for each prompt of `key`, scored under its settings (then nothing needs scoring, whether or
+    not its parts are still there); else None, with a file that does not match set aside
+    (`*.mismatched` or `*.damaged`, one line), so that the folder never shows a finished run
+    whose rows are not its own."""
+    path = Path(out) / merged
     columns = [INDEX, PROMPT_ID]
     found = take_rows(path, key, "the run goes on from its parts", columns=columns, complete=True)
     return None if found is None else path
@@ -224,8 +225,9 @@ class Compactor:
 # ---------------------------------------------------------------------- merge
 
 
-def merge_if_complete(out: Path, total: int) -> Path | None:
-    """Write `scores.parquet` (rows in prompt order) if every prompt has exactly one row.
+def merge_if_complete(out: Path, total: int, merged: str = SCORES) -> Path | None:
+    """Write `scores.parquet` (or the `merged` file; rows in prompt order) if every prompt has
+    exactly one row.
 
     Coverage is checked from the index columns first, so a shard that is not last reads little;
     the merge then reads every part with its checksums verified (a damaged one is set aside and
@@ -233,7 +235,7 @@ def merge_if_complete(out: Path, total: int) -> Path | None:
     (re)started (`scan_parts`), so they all record one run's settings, which `scores.parquet`
     records too; parts that record different settings are refused in one line."""
     out = Path(out)
-    target = out / SCORES
+    target = out / merged
     files = part_files(out)
     if not files:
         return target if target.is_file() else None

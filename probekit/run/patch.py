@@ -1,5 +1,13 @@
 """`probekit patch STUDY` and `probekit.patch_study`: a study's items traced inside the model
-(patching, attribution, mediation and the study's direction; `probekit.mechanism.pipeline`)."""
+(patching, attribution, mediation and the study's direction; `probekit.mechanism.pipeline`).
+
+Its files go into `out` (`patching.parquet`, `patching_summary.csv`, the figures, ...), and its
+record into `out/patching/`: `manifest.json` (the weights' hash, the seed, the sets patched and
+how they were chosen, the contrast, the unit resampled, the p values' adjustment, sites, layers,
+spans, the options, the package versions and the probekit commit) and `report.html`. A patching
+run is not resumed: run again, it writes its files and record anew. A lens run of the same
+folder (its `manifest.json` at the top) reads its pairs (`probekit.run.lens.patching_gaps`).
+"""
 
 from __future__ import annotations
 
@@ -10,28 +18,38 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.core.options import Command
-from probekit.core.progress import silenced
+from probekit.core.options import option_values
 from probekit.core.public import public
-from probekit.engines import load_engine
+from probekit.core.rundir import RunDir
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
-from probekit.mechanism.api import hookable
 from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
-from probekit.mechanism.sites import DEFAULT_SITES
-from probekit.run.mechanism import context, mechanism_command
-from probekit.run.options import build
+from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
+from probekit.reporting.contract import describe_model
+from probekit.reporting.html import write_record_page
+from probekit.run.command import Job, MechanismRunner, Options
 from probekit.studies.base import Study
 
-
-def patch_command(study: Study) -> Command:
-    """`probekit patch STUDY`'s options: the model's, the patch's and the study's."""
-    return mechanism_command("patch", PatchOptions, study, (_check,))
-
-
-def _check(parsed: tuple) -> None:
-    """The patch options that cannot go together, refused while parsing (no data, no model)."""
-    check_patch_options(parsed[1])
+RECORD = "patching"
+"""The folder of a patching run's record (`manifest.json`, `report.html`) inside `out`."""
+SHOWN = (
+    "study",
+    "model",
+    "weights",
+    "seed",
+    "readout",
+    "method",
+    "contrast",
+    "selection",
+    "resampled",
+    "adjustment",
+    "sites",
+    "layers",
+    "spans",
+    "commit",
+    "command",
+)
+"""The settings its page shows first."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -108,22 +126,63 @@ def patch_study(
     `prompt_only=True`, `dtype=torch.bfloat16`, ...) and the study's (`events=2`), checked as
     the command line checks them (a bad or unknown one is one line of `ProbekitError` naming
     the keyword, before any model work). Writes what the command writes into `out` and returns
-    it. `options`: the study's own (`probekit patch STUDY --help`)."""
-    found, loaded, parsed = build(patch_command, dict(locals()))
-    written = patch_parsed(found, parsed, loaded)
-    folder = Path(parsed[1].out)
-    summary = pd.read_csv(folder / "patching_summary.csv")
-    return StudyPatch(folder, written, pd.read_parquet(folder / "patching.parquet"), summary)
+    it, with its record in `out/patching/` (`manifest.json`, `report.html`). `options`: the
+    study's own (`probekit patch STUDY --help`)."""
+    return PATCH.call(patch_study, dict(locals()))
 
 
-def patch_parsed(study: Study, parsed: tuple, model: Any = None) -> list[str]:
-    """The patch analysis as the checked options `parsed` say (`patch_command`'s values), on
-    `model` or the one they name: items, the checks that need no model, then the analysis; the
-    files written."""
-    asked, options, own = parsed
-    probe, items = study.mechanism_items(own, context("patch", asked, options))
-    check_patch(options, items, probe.answers, study.mechanism_defaults())  # no model yet
-    if model is None:
-        model = load_engine(asked.model, **asked.load_keywords())
-    with silenced(asked.quiet):
-        return run_patch(hookable(model), study, probe, items, options, options.out)
+class PatchCommand(MechanismRunner):
+    """`probekit patch STUDY`: the patching analysis, and its record."""
+
+    name, own, resumable = "patch", PatchOptions, False
+
+    def check(self, options: Options, study: Study | None) -> None:
+        """With the mechanism's, the patch options that cannot go together (no data, no
+        model)."""
+        super().check(options, study)
+        check_patch_options(options.own)
+
+    def prepare(self, job: Job) -> None:
+        check_patch(job.own, job.items, job.probe.answers, job.study.mechanism_defaults())
+
+    def wrote(self, result: StudyPatch) -> str:
+        return f"{result.path}/{', '.join(result.files)}"
+
+    def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        layers = None if model is None else chosen_layers(model, job.own.layers or None, "patch")
+        return {**option_values(job.own, leave=("out",)), "layers": layers}
+
+    def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyPatch:
+        out = job.folder
+        written, record = run_patch(model, job.study, job.probe, job.encoded, job.own, out)
+        manifest = {**manifest, **record}
+        RunDir(out / RECORD).write_manifest(manifest)
+        summary = pd.read_csv(out / "patching_summary.csv")
+        table = pd.read_parquet(out / "patching.parquet")
+        pairs = table[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
+        subtitle = (
+            f"{manifest['readout']}, {job.own.method}: {len(pairs)} pairs in "
+            f"{len(record['sets'])} {record['contrast']} sets on {record['units']} "
+            f"{job.study.unit_name}s ({record['selection']}); measured components first, the "
+            "largest |effect| first"
+        )
+        columns = ["layer", "site", "head", "span", "swapped", "status", "effect", "recovery"]
+        columns += ["recovery_low", "recovery_high", "p_adjusted", "weak_signal", "reading"]
+        write_record_page(
+            out / RECORD / "report.html",
+            "Activation patching",
+            f"{describe_model(manifest)}, {job.probe.name}",
+            subtitle,
+            manifest,
+            SHOWN,
+            job.study.describe_data(manifest),
+            summary[[c for c in columns if c in summary]].head(20),
+            [out / name for name in written if name.endswith(".png")],
+            weak=table.attrs.get("weak_signal"),
+        )
+        return StudyPatch(
+            out, [*written, f"{RECORD}/manifest.json", f"{RECORD}/report.html"], table, summary
+        )
+
+
+PATCH = PatchCommand()

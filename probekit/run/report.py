@@ -14,7 +14,8 @@ work. A folder holds one report: `report.json` records the runs a report covers 
 it wrote there, and the next report into the folder removes those first, so that no summary of
 an earlier report stays beside the pages of the next.
 
-The command line's parser reads `ReportOptions` from here, so the rest is imported on use.
+`REPORT` is the command (`probekit.run.command.Runner`: no model, no study); the rest is
+imported on use.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from probekit.core.kinds import path
 from probekit.core.options import REQUIRED, named, option
 from probekit.core.public import public
 from probekit.core.shared_options import OutOption
+from probekit.run.command import Options, Runner
 
 if TYPE_CHECKING:
     from probekit.core.rundir import RunDir
@@ -110,6 +112,18 @@ def report(
         record = {"runs": [str(run.path) for run in found], "files": written}
         write_text(target / RECORD, json.dumps(record, indent=1))
     return "\n".join(markdown)
+
+
+class ReportCommand(Runner):
+    """`probekit report DIR [DIR ...]`: `report` on the command line, its summaries printed."""
+
+    name, own, models = "report", ReportOptions, False
+
+    def main(self, options: Options, study: Study | None = None) -> None:
+        print(report(options.own.dir, options.own.out))
+
+
+REPORT = ReportCommand()
 
 
 def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:

@@ -16,12 +16,13 @@ A steering run is a `RunDir` run: its manifest records what changes a number (th
 probe, the model's weights, dtype and device, the vector's kind and, for a file, the SHA-256 of
 its content, the positions, span, sites, layers, hooks and seed), and a folder holding another
 run is refused in one line naming the setting, before the model loads where it can be known
-then. Each α's rows are one checksummed part stamped with those settings and carrying each
-row's prompt id (`probekit.core.store`): a finished α is read back, not scored again; a
-damaged one is set aside (`*.damaged`) and one scored under other settings (a manifest deleted
-and the folder run again otherwise) is set aside (`*.mismatched`), one line each, and scored
-again; a damaged `headline.json` is computed again from the rows. Every check of the vector (its
-file, its shape, a zero vector, a saturating α) comes before anything is written.
+then. Each α is a run of the run loop (`probekit.run.loop.fill`) in its folder, its rows merged
+into its `steer.parquet`, stamped with those settings and carrying each row's prompt id: a
+finished α is read back, not scored again; a damaged one is set aside (`*.damaged`) and one
+scored under other settings (a manifest deleted and the folder run again otherwise) is set
+aside (`*.mismatched`), one line each, and scored again; more αs later score only the new ones;
+a damaged `headline.json` is computed again from the rows. Every check of the vector (its file,
+its shape, a zero vector, a saturating α) comes before anything is written.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,48 +39,32 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.io import write_text
-from probekit.core.items import EncodedItem
-from probekit.core.options import Command, named
-from probekit.core.progress import progress, silenced
+from probekit.core.options import named
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
 from probekit.core.signal import is_weak
-from probekit.core.store import say, take_rows, write_rows
-from probekit.engines import load_engine
+from probekit.core.store import INDEX, say, write_rows
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.mechanism import steering, vectors
+from probekit.mechanism.defaults import Contrast
 from probekit.mechanism.sites import chosen_layers, hook_library
 from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.contract import describe_model
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
-from probekit.run.mechanism import (
-    context,
-    mechanism_command,
-    mechanism_settings,
-)
-from probekit.run.numerics import keep_resumed_tier
-from probekit.run.options import build
-from probekit.studies.base import VIEWS, Probe, Study
+from probekit.run.command import Job, MechanismRunner, Options
+from probekit.run.loop import fill, open_run
+from probekit.run.pace import pace_key
+from probekit.run.parts import finished_scores
+from probekit.run.scoring import Chunk, Scoring
+from probekit.run.shards import WHOLE
+from probekit.studies.base import VIEWS, Study
 
 ROWS = "steer.parquet"
 HEADLINE = "headline.json"
-
-
-def check_steer(parsed: tuple) -> None:
-    """The steer options' checks that need neither data nor model: the vector's name or file,
-    residual-width sites, and positions the hook library can steer."""
-    _, options, _ = parsed
-    vectors.check_vector_name(options.vector)
-    for name in options.sites:
-        steering.steering_site(name)
-    steering.check_hooks(options.hooks, options.positions)
-
-
-def steer_command(study: Study) -> Command:
-    """`probekit steer STUDY`'s options: the model's, the steering's and the study's."""
-    return mechanism_command("steer", SteerOptions, study, (check_steer,))
+Step = tuple[steering.Target, str, Any, float]
+"""(target, vector kind, vector, α): one α run, one folder."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -148,131 +133,149 @@ def steer_study(
     as the command line checks them (a bad or unknown one is one line of `ProbekitError`
     naming the keyword, before any model work). Writes what the command writes into `out`,
     resumable. `options`: the study's own (`probekit steer STUDY --help`)."""
-    found, loaded, parsed = build(steer_command, dict(locals()))
-    return steer_parsed(found, parsed, loaded, "probekit.steer_study")
+    return STEER.call(steer_study, dict(locals()))
 
 
-def steer_parsed(
-    study: Study, parsed: tuple, model: Any = None, command: str = "probekit steer"
-) -> StudySteer:
-    """The steering run as the checked options `parsed` say (`steer_command`'s values), on
-    `model` or the one they name; its manifest records `command`."""
-    with silenced(parsed[0].quiet):
-        return _steer(study, parsed, model, command)
+@dataclass(frozen=True)
+class SteerPlan:
+    """What a steering run settles before the model: its αs (0 among them), sites, contrast,
+    vector file (None for the contrast's) and span."""
+
+    alphas: list[float]
+    sites: list[str]
+    contrast: Contrast
+    file: vectors.VectorFile | None
+    span: str
 
 
-def _steer(study: Study, parsed: tuple, model: Any, command: str) -> StudySteer:
-    asked, args, own = parsed
-    alphas = args.alphas if 0.0 in args.alphas else [0.0, *args.alphas]  # side effects vs α = 0
-    sites = [steering.steering_site(name) for name in args.sites]
-    contrast = study.mechanism_defaults().contrast  # every study declares one
-    file = None
-    if args.vector not in vectors.VECTORS:
-        file = vectors.read_vector_file(args.vector)  # read and checked before any work
-    probe, items = study.mechanism_items(own, context("steer", asked, args))
-    probe.refuse_too_few_units(items)  # each α's headline has an interval over units
-    span = args.span or contrast.span_of(probe)
-    run = RunDir(args.out)
-    ids = [item.id for item in items]
-    asked_for = asked if model is None else None  # a loaded model's tolerance is its own
-    known = settings(study, probe, ids, args, alphas, file, span, sites, None, None, asked_for)
-    run.check_resume(known, [k for k, v in known.items() if v is None])  # before the model
-    if model is None:
-        model = load_engine(asked.model, **asked.load_keywords())
-    layers = chosen_layers(model, args.layers or None, "steer")
-    encoded = [model.encode(item, getattr(probe, "as_string", False)) for item in items]
-    if not keep_resumed_tier(model, run.path):  # a resumed run's rows stay in one tier
-        model.settle_precision(probe.answers, [p.input_ids for p in encoded])
-    for prompt in encoded:
-        steering.prompt_positions(prompt, args.positions, span)
-    targets = [(name, layer) for layer in layers for name in sites]
-    means = steering.span_means(model, encoded, targets, span, args.hooks)
-    if file is not None:
-        found = vectors.file_vectors(model, file, targets)
-    else:
-        side = contrast.side(probe)
-        found = vectors.contrast_vectors(  # cross-fitted: each prompt's fold's vector
-            model, encoded, targets, args.vector, span, side, args.hooks, means, args.seed
+class SteerCommand(MechanismRunner):
+    """`probekit steer STUDY`: the steering's own lines (its vectors, αs and report)."""
+
+    name, own = "steer", SteerOptions
+    refreshed = ("alphas", "vector_file", *MechanismRunner.refreshed)
+
+    def check(self, options: Options, study: Study | None) -> None:
+        """With the mechanism's, the checks that need neither data nor model: the vector's name
+        or file, residual-width sites, and positions the hook library can steer."""
+        super().check(options, study)
+        own = options.own
+        vectors.check_vector_name(own.vector)
+        for name in own.sites:
+            steering.steering_site(name)
+        steering.check_hooks(own.hooks, own.positions)
+
+    def wrote(self, result: StudySteer) -> str:
+        return f"{result.path}/steer.parquet, summary.csv, steer.png, report.html"
+
+    def prepare(self, job: Job) -> SteerPlan:
+        own = job.own
+        file = None if own.vector in vectors.VECTORS else vectors.read_vector_file(own.vector)
+        job.probe.refuse_too_few_units(job.items)  # each α's headline has an interval over units
+        contrast = job.study.mechanism_defaults().contrast  # every study declares one
+        return SteerPlan(
+            own.alphas if 0.0 in own.alphas else [0.0, *own.alphas],  # side effects vs α = 0
+            [steering.steering_site(name) for name in own.sites],
+            contrast,
+            file,
+            own.span or contrast.span_of(job.probe),
         )
-    residual = steering.residual_norms(means)  # what each α·v is said against
-    rng = np.random.default_rng(args.seed)
-    kinds = {  # the vector, and `controls` random directions of its norm
-        t: {steering.STEER: v}
-        | {steering.control_name(c): steering.random_like(v, rng) for c in range(args.controls)}
-        for t, v in found.items()
-    }
-    steering.check_strength(model.dtype, found, alphas)  # nothing written before this
-    manifest = settings(study, probe, ids, args, alphas, file, span, sites, layers, model)
-    manifest["command"] = command
-    run.start(manifest)  # the first write; a resumed run records what was asked this time
-    asked_now = {k: manifest[k] for k in ("alphas", "vector_file", "command")}
-    manifest = run.update_manifest(**asked_now)
-    key = RowKey.of(manifest, ids)
-    report = {**probe.manifest(), "model": model.name, "seed": args.seed, "view": VIEWS[0]}
-    steps = [(t, kind, v, a) for t in targets for kind, v in kinds[t].items() for a in alphas]
-    hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
-    frames, rows = _alpha_rows(
-        study, probe, model, encoded, steps, args, span, run, key, report, hint, residual
-    )
-    table = pd.concat(frames, ignore_index=True)
-    write_rows(run.path / ROWS, table, key)
-    summary = pd.DataFrame(rows)
-    write_text(run.path / "summary.csv", summary.to_csv(index=False))
-    title = f"{describe_model(manifest)}, {probe.name}: vector {args.vector}, {args.positions}"
-    title += f" of {span}"
-    figure = steer_figure(summary, run.path / "steer.png", title)
-    weak = steering.weak_steps(summary)
-    if weak:
-        print(f"probekit: warning: {weak}", file=sys.stderr)
-    data = study.describe_data(manifest)
-    write_steer_page(run.report_path, summary, figure, title, manifest, data, weak)
-    return StudySteer(run.path, table, summary, data, weak)
 
+    def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        own, plan = job.own, job.plan
+        file = plan.file
+        return {
+            "epsilon": own.epsilon,
+            "vector": "file" if file is not None else own.vector,
+            "vector_sha256": file.sha256 if file is not None else "",
+            "vector_file": str(file.path) if file is not None else None,
+            "positions": own.positions,
+            "controls": own.controls,
+            "span": plan.span,
+            "sites": plan.sites,
+            "layers": None if model is None else chosen_layers(model, own.layers or None, "steer"),
+            "hooks": own.hooks,
+            "alphas": plan.alphas,
+        }
 
-Step = tuple[steering.Target, str, Any, float]
-"""(target, vector kind, vector, α): one α run, one part."""
+    def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudySteer:
+        own, plan, probe, out = job.own, job.plan, job.probe, job.folder
+        for prompt in job.encoded:
+            steering.prompt_positions(prompt, own.positions, plan.span)
+        targets = [(name, layer) for layer in manifest["layers"] for name in plan.sites]
+        means = steering.span_means(model, job.encoded, targets, plan.span, own.hooks)
+        if plan.file is not None:
+            found = vectors.file_vectors(model, plan.file, targets)
+        else:
+            side = plan.contrast.side(probe)
+            found = vectors.contrast_vectors(  # cross-fitted: each prompt's fold's vector
+                model, job.encoded, targets, own.vector, plan.span, side, own.hooks, means, own.seed
+            )
+        rng = np.random.default_rng(own.seed)
+        kinds = {  # the vector, and `controls` random directions of its norm
+            t: {steering.STEER: v}
+            | {steering.control_name(c): steering.random_like(v, rng) for c in range(own.controls)}
+            for t, v in found.items()
+        }
+        steering.check_strength(model.dtype, found, plan.alphas)  # nothing written before this
+        steps = [(t, k, v, a) for t in targets for k, v in kinds[t].items() for a in plan.alphas]
+        with open_run(out, WHOLE, manifest):
+            manifest = RunDir(out).update_manifest(**{k: manifest[k] for k in self.refreshed})
+            key = RowKey.of(manifest, [item.id for item in job.items])
+            frames, rows = self.steps(job, model, steps, key, steering.residual_norms(means))
+        table = pd.concat(frames, ignore_index=True)
+        write_rows(out / ROWS, table, key)
+        summary = pd.DataFrame(rows)
+        write_text(out / "summary.csv", summary.to_csv(index=False))
+        title = f"{describe_model(manifest)}, {probe.name}: vector {own.vector}, {own.positions}"
+        title += f" of {plan.span}"
+        figure = steer_figure(summary, out / "steer.png", title)
+        weak = steering.weak_steps(summary)
+        if weak:
+            print(f"probekit: warning: {weak}", file=sys.stderr)
+        data = job.study.describe_data(manifest)
+        write_steer_page(RunDir(out).report_path, summary, figure, title, manifest, data, weak)
+        return StudySteer(out, table, summary, data, weak)
 
-
-def _alpha_rows(
-    study: Study,
-    probe: Probe,
-    model: Any,
-    encoded: list[EncodedItem],
-    steps: list[Step],
-    args: SteerOptions,
-    span: str,
-    run: RunDir,
-    key: RowKey,
-    report: dict[str, Any],
-    hint: str,
-    residual: dict[steering.Target, float],
-) -> tuple[list[pd.DataFrame], list[dict[str, Any]]]:
-    """Each step's rows and summary row: read back where its part is finished and verifies,
-    else scored (the unsteered base first, once) and written as a part."""
-    done = {step: _finished(_folder(run.path, *step[:2], step[3]), key) for step in steps}
-    resumed = sum(frame is not None for frame in done.values())
-    if resumed:
-        say(f"{run.path}: {resumed} of {len(steps)} α runs already done, read back")
-    scorer = model.scorer(probe.answers, epsilon=args.epsilon, batch_size=args.batch_size)
-    todo = sum(done[s] is None and s[3] != 0 for s in steps)
-    base: list[Any] | None = None
-    unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
-    frames, rows = [], []
-    with progress(todo * len(encoded), "prompt", "steering", hint) as bar:
+    def steps(
+        self,
+        job: Job,
+        model: Any,
+        steps: list[Step],
+        key: RowKey,
+        residual: dict[steering.Target, float],
+    ) -> tuple[list[pd.DataFrame], list[dict[str, Any]]]:
+        """Each step's rows and summary row: read back where its folder holds them, else
+        scored by the run loop (the unsteered base first, once)."""
+        own, probe, out = job.own, job.probe, job.folder
+        folders = {step: _folder(out, *step[:2], step[3]) for step in steps}
+        done = {step: finished_scores(folders[step], key, ROWS) for step in steps}
+        resumed = sum(path is not None for path in done.values())
+        if resumed:
+            say(f"{out}: {resumed} of {len(steps)} α runs already done, read back")
+        scorer = model.scorer(probe.answers, epsilon=own.epsilon, batch_size=own.batch_size)
+        pace = pace_key(model.describe(), probe.answers, "steer")
+        base: dict[int, Any] = {}  # the unsteered results, scored once
+        report = {**probe.manifest(), "model": model.name, "seed": own.seed, "view": VIEWS[0]}
+        hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
+        unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
+        frames, rows = [], []
         for step in steps:
-            target, kind, vector, alpha = step
-            folder = _folder(run.path, target, kind, alpha)
-            frame = done[step]
-            if frame is None:
-                if base is None:
-                    with hook_library(model, args.hooks):  # α = 0 on the kernels of the rest
-                        base = list(scorer.score([p.input_ids for p in encoded]))
-                frame = probe.add_columns(
-                    steer_frame(scorer, encoded, base, target, kind, vector, alpha, args, span, bar)
-                )
-                write_rows(folder / ROWS, frame, key)
+            target, kind, _, alpha = step
+            folder = folders[step]
+            path = done[step] or fill(
+                lambda: job.items,
+                f"{probe.name} {folder.name}",
+                folder,
+                key,
+                lambda step=step: SteerScoring(scorer, job, step, base, pace),
+                hint=hint,
+                merged=ROWS,
+                keep_parts=False,
+            )
+            assert path is not None  # one process: every prompt has its row
+            frame = pd.read_parquet(path).drop(columns=INDEX)
             twin = unsteered.get(target) if alpha == 0 else None
-            headline = _headline(study, frame, folder, report, twin)
+            headline = _headline(job.study, frame, folder, report, twin)
             if alpha == 0:
                 unsteered.setdefault(target, folder)
             row = {**summary_row(frame, residual[target]), **headline}
@@ -286,51 +289,60 @@ def _alpha_rows(
                 )
             frames.append(frame)
             rows.append(row)
-    return frames, rows
+        return frames, rows
 
 
-def settings(
-    study: Study,
-    probe: Probe,
-    ids: list[str],
-    args: SteerOptions,
-    alphas: list[float],
-    file: vectors.VectorFile | None,
-    span: str,
-    sites: list[str],
-    layers: list[int] | None,
-    model: Any,
-    asked: ModelOptions | None = None,
-) -> dict[str, Any]:
-    """What defines a steering run (its manifest; undeclared fields are resume keys, see
-    `probekit.core.rundir.MANIFEST_FIELDS`). Before the model loads (`model` None) the fields
-    only the loaded model gives, and the layers, are None, the tolerance that `asked` for."""
-    own = {
-        "epsilon": args.epsilon,
-        "vector": "file" if file is not None else args.vector,
-        "vector_sha256": file.sha256 if file is not None else "",
-        "vector_file": str(file.path) if file is not None else None,
-        "positions": args.positions,
-        "controls": args.controls,
-        "span": span,
-        "sites": sites,
-        "layers": layers,
-        "hooks": args.hooks,
-        "alphas": alphas,
-    }
-    return mechanism_settings(study, probe, ids, args.seed, model, own, asked)
+STEER = SteerCommand()
+
+
+class SteerScoring(Scoring):
+    """One α step's prompts in one chunk, steered by α·v (at α = 0 unsteered), each beside its
+    unsteered result (`base`: scored once, on the first step that needs it, and kept)."""
+
+    def __init__(self, scorer: Any, job: Job, step: Step, base: dict[int, Any], key: str) -> None:
+        self.scorer, self.job, self.step, self.base, self.key = scorer, job, step, base, key
+        self.chunk_size = len(job.items)
+        self.desc = f"steering {step[0][0]} L{step[0][1]} {step[1]} α={step[3]:g}"
+
+    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
+        own, plan, encoded = self.job.own, self.job.plan, self.job.encoded
+        target, kind, vector, alpha = self.step
+        for chunk in chunks:
+            index = [i for i, _ in chunk]
+            prompts = [encoded[i] for i in index]
+            missing = [i for i in index if i not in self.base]
+            if missing:
+                with hook_library(self.scorer.model, own.hooks):  # on the kernels of the rest
+                    ids = [encoded[i].input_ids for i in missing]
+                    counted = bar if alpha == 0 else None
+                    self.base.update(
+                        zip(missing, self.scorer.score(ids, progress=counted), strict=True)
+                    )
+            elif alpha == 0 and bar is not None:
+                bar.update(len(index))
+            base = [self.base[i] for i in index]
+            results = base
+            if alpha != 0:
+                added = alpha * (vector[index] if vector.dim() == 2 else vector)
+                results = steering.steered_results(
+                    self.scorer,
+                    prompts,
+                    target,
+                    added,
+                    own.positions,
+                    plan.span,
+                    own.hooks,
+                    own.batch_size,
+                    bar,
+                )
+            columns = {"site": target[0], "layer": target[1], "vector": kind}
+            columns |= {"norm": steering.norm_of(vector), "alpha": alpha}
+            rows = steering.steer_rows(prompts, results, base, self.scorer.answers, columns)
+            yield self.job.probe.add_columns(pd.DataFrame(rows).assign(**{INDEX: index}))
 
 
 def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path:
     return out / "alphas" / f"{target[0]}-L{target[1]}-{kind}-a{alpha:g}"
-
-
-def _finished(folder: Path, key: RowKey) -> pd.DataFrame | None:
-    """The α's rows when its part holds one row per prompt of the run, in prompt order, scored
-    under its settings (`probekit.core.store`); else None, with a damaged or foreign part set
-    aside (one line)."""
-    found = take_rows(folder / ROWS, key, "its α is scored again", keep=True, complete=True)
-    return None if found is None or found.table is None else found.table.to_pandas()
 
 
 def _headline(
@@ -369,43 +381,6 @@ def _whole_headline(folder: Path) -> dict | None:
     ):
         return found
     return None
-
-
-def steer_frame(
-    scorer: Any,
-    encoded: list[EncodedItem],
-    base: list[Any],
-    target: steering.Target,
-    kind: str,
-    vector: Any,
-    alpha: float,
-    args: SteerOptions,
-    span: str,
-    bar: Any = None,
-) -> pd.DataFrame:
-    """One α's rows: the item's key columns, the score columns and the side effects (`bar`,
-    the progress, updated per batch)."""
-    results = base
-    if alpha != 0:
-        results = steering.steered_results(
-            scorer,
-            encoded,
-            target,
-            alpha * vector,
-            args.positions,
-            span,
-            args.hooks,
-            args.batch_size,
-            bar,
-        )
-    columns = {
-        "site": target[0],
-        "layer": target[1],
-        "vector": kind,
-        "norm": steering.norm_of(vector),
-        "alpha": alpha,
-    }
-    return pd.DataFrame(steering.steer_rows(encoded, results, base, scorer.answers, columns))
 
 
 def study_headline(

@@ -1,0 +1,343 @@
+"""One runner for every command: a command is a `Runner` with its own options (a dataclass of
+`probekit.core.options.option` fields) and the few lines that are its own; this module does the
+rest once.
+
+Every command's options are read the same way: from argv by the parser generated from their
+declarations (`Runner.parse`) or from its function's keywords (`Runner.build`), checked together
+before any work, and handed on typed (`Options`: the model's, the command's own, the study's).
+A study command (`StudyRunner`: run, patch, capture, steer, lens) then sets up its work in one
+order: the data and the checks that need it, each folder's resume check (before any model
+loads: `check_resume`), the engine (`load`; a given one is used as it is), the precision tier
+(`settle_tier`: a resumed run's kept, else chosen on a seeded sample of its prompts), one
+manifest (`manifest`: the same function before loading and after), the command's own work (the
+parts loop of `probekit.run.loop`) and its report. `MechanismRunner.execute` is that order for
+the mechanism commands; `probekit run` loops it over its models and probes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from probekit.core.errors import ProbekitError
+from probekit.core.items import EncodedItem, Item
+from probekit.core.options import Command, named
+from probekit.core.progress import silenced
+from probekit.core.rundir import RESULTS_FORMAT, RunDir
+from probekit.engines.base import Engine
+from probekit.engines.options import ModelOptions, check_models, loaded_engine
+from probekit.run.numerics import settle_run_precision
+from probekit.run.record import LOADED, as_read, model_fields, provenance
+from probekit.studies.base import VIEWS, Context, Probe, Study, get_study, other_study_option
+
+
+@dataclass(frozen=True)
+class Options:
+    """A command's checked options: the models' (`probekit run` takes several, the others
+    one), the command's own and the study's."""
+
+    models: tuple[ModelOptions, ...] = ()
+    own: Any = None
+    study: Any = None
+
+    @property
+    def model(self) -> ModelOptions:
+        return self.models[0]
+
+
+class Runner:
+    """A command: its options (those of the model when `models`, its `own`, a study's) and what
+    the command line does with them (`main`)."""
+
+    name: str = ""
+    own: type | None = None
+    models: bool = True
+
+    def check(self, options: Options, study: Study | None) -> None:
+        """The command's checks that span several options (one line each); none by default."""
+
+    def defaults(self, study: Study | None) -> dict[str, Any]:
+        """The command's own defaults (e.g. a study's output folder)."""
+        return {}
+
+    def elsewhere(self, name: str) -> str | None:
+        """Where an option this command does not take belongs, as one line (or None)."""
+        return None
+
+    def options(
+        self, study: Study | None = None, defaults: Mapping[str, Any] | None = None
+    ) -> Command:
+        """The command's options on `study` (with other `defaults`, e.g. a script's): the parser
+        and keyword checks they generate."""
+        groups = [ModelOptions] if self.models else []
+        groups += [self.own] if self.own else []
+        groups += [study.options] if study is not None else []
+        elsewhere = self.elsewhere
+        if study is not None:
+            elsewhere = functools.partial(other_study_option, study, self.name)
+
+        def check(values: tuple) -> None:
+            self.check(self.typed(values, study), study)
+
+        own = {**self.defaults(study), **(defaults or {})}
+        return Command(self.name, tuple(groups), own, (check_models, check), elsewhere)
+
+    def typed(self, values: Sequence[Any], study: Study | None) -> Options:
+        """The values of `options(study)`, one per group, as `Options`."""
+        rest = list(values)
+        models: tuple[ModelOptions, ...] = ()
+        if self.models:
+            first = rest.pop(0)
+            models = tuple(first) if isinstance(first, list) else (first,)
+        own = rest.pop(0) if self.own else None
+        return Options(models, own, rest.pop(0) if study is not None else None)
+
+    def parse(
+        self,
+        argv: Sequence[str] | None,
+        prog: str,
+        study: Study | None = None,
+        help: str | None = None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> Options:
+        """The command line `argv`, read and checked (a refusal is one line naming the flag)."""
+        return self.typed(self.options(study, defaults).parse(argv, prog, help), study)
+
+    def build(self, keywords: Mapping[str, Any], where: str, study: Study | None = None) -> Options:
+        """The same from a function's keywords (a refusal is one line naming the keyword)."""
+        return self.typed(self.options(study).build(keywords, where), study)
+
+    def main(self, options: Options, study: Study | None = None) -> None:
+        """What the command line does with the checked options (prints its result)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Job:
+    """One folder's work on one model: the `study`, the model `asked` for (`given`: loaded
+    already), the probe and, for a mechanism command, its items (encoded once the model is
+    there), the `folder`, the command as the manifest records it (`call`), its `own` options,
+    and `plan`, what the command settled before the model (its own type)."""
+
+    study: Study
+    asked: ModelOptions
+    probe: Probe
+    folder: Path
+    call: str
+    own: Any = None
+    items: list[Item] = field(default_factory=list)
+    given: bool = False
+    encoded: list[EncodedItem] = field(default_factory=list)
+    plan: Any = None
+
+
+class StudyRunner(Runner):
+    """A command on a study: the set-up every one of them shares (see the module)."""
+
+    resumable: bool = True
+    """Whether a folder holding this command's run is resumed (checked before any model)."""
+    later: tuple[str, ...] = ()
+    """Manifest fields compared once the model is loaded, not before."""
+
+    def defaults(self, study: Study | None) -> dict[str, Any]:
+        return {}
+
+    def function(self, function: Any, arguments: Mapping[str, Any]) -> tuple[Study, Options]:
+        """The front of the command's function (`run_study(study, model, **options)`, ...) from
+        its `arguments` (its `locals()` before any other line): the study, the options checked
+        as the command line checks them (one line naming the keyword)."""
+        study = study_object(arguments["study"])
+        keywords = {k: v for k, v in arguments.items() if k not in ("study", "options")}
+        if loaded_engine(arguments["model"]) is not None:
+            del keywords["model"]
+        where = f"{function.__name__}({study.name!r})"
+        return study, self.build({**keywords, **arguments["options"]}, where, study)
+
+    def call(self, function: Any, arguments: Mapping[str, Any]) -> Any:
+        """The command's function: `function` called with `arguments` (its `locals()`)."""
+        study, options = self.function(function, arguments)
+        engine = loaded_engine(arguments["model"])
+        return self.execute(study, options, engine, self.recorded(function, arguments))
+
+    def recorded(self, function: Any, arguments: Mapping[str, Any]) -> str:
+        """The call as the manifest records it: `probekit.lens_study`."""
+        return f"probekit.{function.__name__}"
+
+    def execute(
+        self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
+    ) -> Any:
+        """The command's work on checked `options`, on `engine` or the model they name."""
+        raise NotImplementedError
+
+    def main(self, options: Options, study: Study | None = None) -> None:
+        assert study is not None
+        start = time.monotonic()
+        print(f"wrote {self.wrote(self.execute(study, options, call=f'probekit {self.name}'))}")
+        print(f"wall time {time.monotonic() - start:.0f} s")
+
+    def wrote(self, result: Any) -> str:
+        """What `result` wrote, as the command line says it."""
+        return str(result.path)
+
+    def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        """The command's manifest fields of `job` (`model` None: before it loads)."""
+        raise NotImplementedError
+
+    def manifest(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        """The one manifest of `job`, before the model loads (`model` None: the fields only
+        loading gives are None) and after."""
+        return as_read({**self.fields(job, model), **provenance(job.call)})
+
+    def check_resume(self, job: Job) -> None:
+        """Before any model loads: refuse, in one line naming the setting, a folder holding
+        another run than `job` (the fields only loading gives are left for after)."""
+        if not self.resumable:
+            return
+        known = self.manifest(job, None)
+        unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
+        RunDir(job.folder).check_resume(known, unknown + (["tolerance"] if job.given else []))
+
+    def load(self, asked: ModelOptions, engine: Engine | None, device: str | None = None) -> Any:
+        """The engine of `asked` (`load_engine`), or `engine` as it is."""
+        from probekit import engines
+
+        if engine is not None:
+            return engine
+        return engines.load_engine(asked.model, **asked.load_keywords(device=device))
+
+
+class MechanismRunner(StudyRunner):
+    """A mechanism command (patch, capture, steer, lens): the study's items on the hookable
+    engine, exact, one folder."""
+
+    refreshed: tuple[str, ...] = ("command", "versions", "commit")
+    """Manifest fields that a resumed run records as asked this time."""
+    later = ("model",)  # the model as loaded names it; the other settings are said first
+
+    settles: bool = True
+    """Whether the command scores (its precision tier is settled before it does)."""
+
+    def check(self, options: Options, study: Study | None) -> None:
+        assert study is not None
+        if options.model.engine != "hf":
+            from probekit.engines.base import hooks_unavailable
+
+            engine = options.model.engine
+            raise ProbekitError(f"{named('engine')} {engine}: {hooks_unavailable(engine)}")
+        study.check(options.study, self.context(options))
+
+    def context(self, options: Options) -> Context:
+        """What the study's methods read of the command: its seed, device and limit."""
+        own = options.own
+        return Context(self.name, own.seed, device=options.model.device, limit=own.limit)
+
+    def prepare(self, job: Job) -> Any:
+        """The command's checks that need the items, before any model; its `plan`."""
+        return None
+
+    def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        """What defines a mechanism run (its manifest; `probekit.core.rundir.RECORDED_ONLY`
+        says which fields are resume keys): the study, the model, the probe in its exact view,
+        the seed, the command's `own_fields` and the prompts (their ids' SHA-256, in order)."""
+        ids = "\n".join(item.id for item in job.items)
+        return {
+            "results_format": RESULTS_FORMAT,
+            "study": job.study.name,
+            **model_fields(job.asked, model, job.given),
+            "probe": job.probe.config(),
+            "view": VIEWS[0],
+            "epsilon": 0.0,
+            "seed": job.own.seed,
+            **self.own_fields(job, model),
+            "prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
+            "prompts": len(job.items),
+            **job.probe.manifest(),
+        }
+
+    def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        """The command's own manifest fields (`model` None: before it loads)."""
+        return {}
+
+    def execute(
+        self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
+    ) -> Any:
+        asked = given_model(options.model, engine)
+        with silenced(asked.quiet):
+            probe, items = study.mechanism_items(options.study, self.context(options))
+            folder = Path(options.own.out)
+            job = Job(study, asked, probe, folder, call, options.own, items, engine is not None)
+            job.plan = self.prepare(job)
+            self.check_resume(job)
+            model = self.load(asked, engine).hookable()
+            job.encoded = [model.encode(item, probe.as_string) for item in items]
+            if self.settles:
+                settle_run_precision(model, probe, job.folder, job.own.seed, items, self.resumable)
+            return self.work(job, model, self.manifest(job, model))
+
+    def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> Any:
+        """The command's own work and report, once the model is there."""
+        raise NotImplementedError
+
+
+def given_model(asked: ModelOptions, engine: Engine | None) -> ModelOptions:
+    """The model options of a command on `engine` (a model loaded already: its own name), else
+    `asked`."""
+    return asked if engine is None else replace(asked, model=engine.describe()["model"])
+
+
+def study_object(study: str | Study) -> Study:
+    """A registered study's name or a `Study` object (used as it is, registered or not)."""
+    if isinstance(study, str):
+        return get_study(study)
+    if not isinstance(study, Study):
+        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
+    return study
+
+
+def call_line(function: Any, arguments: Mapping[str, Any]) -> str:
+    """A study function's call as its run records it (`probekit.run_study('isear', limit=6)`):
+    the study, each keyword not at its default and the study's options."""
+    defaults = {n: p.default for n, p in inspect.signature(function).parameters.items()}
+    keywords = {
+        k: v for k, v in arguments.items() if k not in ("study", "options") and v != defaults[k]
+    }
+    shown = [repr(getattr(arguments["study"], "name", arguments["study"]))]
+    shown += [f"{k}={v!r}" for k, v in {**keywords, **arguments["options"]}.items()]
+    return f"probekit.{function.__name__}({', '.join(shown)})"
+
+
+@contextmanager
+def stop_on_sigterm(out: Path) -> Iterator[None]:
+    """While a run goes on, a SIGTERM releases this process's shard locks and ends the run
+    with one line saying that the same command resumes it (a ProbekitError: exit status 2)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        RunDir.release_all()
+        raise ProbekitError(
+            f"stopped by SIGTERM; the finished parts are kept in {out}: run the same command "
+            "again to resume the run"
+        )
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def argv_line() -> str:
+    """The command line as a run records it."""
+    return " ".join(sys.argv)
