@@ -250,6 +250,9 @@ def test_capture_study_records_what_made_it(tiny, tmp_path):
     assert manifest["versions"]["torch"] == torch.__version__
     assert re.fullmatch("[0-9a-f]{40}|unknown", manifest["commit"])
     assert manifest["command"] == "probekit.capture_study"
+    selection = manifest["selection"]  # which items, drawn how: recorded, not a resume key
+    assert (selection["study"], selection["seed"], selection["limit"]) == ("intergroup", 0, 36)
+    assert selection["prompts"] == 36 and len(selection["prompt_ids_sha256"]) == 64
     page = (tmp_path / "report.html").read_text()
     assert f"<th>commit</th><td><code>{manifest['commit']}</code>" in page
     assert "<summary>versions</summary>" in page

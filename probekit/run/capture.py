@@ -5,6 +5,7 @@ the package versions and the probekit commit) and `report.html`."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from probekit.run.record import provenance
 from probekit.studies.base import Study
 
 SHOWN = ("model", "weights", "dtype", "layers", "sites", "spans", "hooks", "storage_dtype")
-SHOWN += ("commit", "command")
+SHOWN += ("selection", "commit", "command")
 
 
 class CaptureCommand(MechanismRunner):
@@ -68,7 +69,15 @@ class CaptureCommand(MechanismRunner):
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> CaptureResult:
         result = run_capture(model, job.probe, job.encoded, job.own, job.folder, say=echo)
-        manifest = RunDir(job.folder).update_manifest(**provenance(job.call))
+        ids = "\n".join(item.id for item in job.items)
+        selection = {
+            "study": job.study.name,
+            "seed": job.own.seed,
+            "limit": job.own.limit,
+            "prompts": len(job.items),
+            "prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
+        }
+        manifest = RunDir(job.folder).update_manifest(**provenance(job.call), selection=selection)
         index = pd.DataFrame(
             [
                 ("prompts captured", result.captured),
