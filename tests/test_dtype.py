@@ -408,7 +408,7 @@ def test_steering_chooses_the_tier_before_it_scores():
     vector = torch.ones(model.hf.config.hidden_size)
     rows = probekit.steer(
         model, texts, vector, layers=[0], alphas=[0, 1], answers="0-10", hooks="nnsight",
-        positions="span", control=False,
+        positions="span", controls=0,
     )  # fmt: skip
     assert len(rows) == 4 and rows["valid_mass"].gt(0).all()
     assert model.meta["precision"]["tier"] == "float16+head" and model.dtype == torch.float16

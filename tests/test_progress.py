@@ -208,7 +208,7 @@ def test_patch_steer_and_capture_say_their_progress_unless_quiet(model, capsys):
     from conftest import EVENT
 
     prompts = [f"{EVENT} How angry is the driver, 0 to 12?", "How calm is a lake, 0 to 12?"]
-    steer = dict(layers=[3], alphas=[1.0], answers="0-12", control=False, batch_size=1)
+    steer = dict(layers=[3], alphas=[1.0], answers="0-12", controls=0, batch_size=1)
     capture = dict(layers=[3], sites=["resid_post"], batch_size=1)
     vector = [1e-3] * model.hf.config.hidden_size  # a zero vector is refused
     capsys.readouterr()

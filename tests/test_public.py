@@ -212,10 +212,6 @@ def test_a_deep_refusal_says_the_flag_on_the_command_line_and_the_keyword_from_p
     [
         (lambda: probekit.score("m", ["x"], "0-10", quiet="no"), "quiet must be True or False"),
         (
-            lambda: probekit.steer("m", ["x"], [0.0], answers="0-10", control="no"),
-            "control must be True or False",
-        ),
-        (
             lambda: probekit.patch("m", [], spans=["x"], answers="0-10", distributions="no"),
             "distributions must be True or False",
         ),
@@ -234,7 +230,7 @@ def test_a_deep_refusal_says_the_flag_on_the_command_line_and_the_keyword_from_p
     ],
 )
 def test_a_switch_takes_a_boolean_only(call_, message):
-    """`quiet="no"` or `control="no"` were read as True; a switch takes True or False."""
+    """`quiet="no"` was read as True; a switch takes True or False."""
     with pytest.raises(ProbekitError, match=message):
         call_()
 

@@ -86,7 +86,7 @@ def test_steered_rows_equal_an_independent_hook_and_brute_force(model, plain, ve
         alphas=[alpha],
         answers=ANSWERS,
         positions=positions,
-        control=False,
+        controls=0,
     )
     assert len(df) == len(PROMPTS) and (df["alpha"] == alpha).all()
     delta = torch.as_tensor(alpha * vector)
@@ -108,16 +108,17 @@ def test_steered_rows_equal_an_independent_hook_and_brute_force(model, plain, ve
 
 def test_alpha_zero_is_plain_scoring_and_has_no_side_effects(model, vector):
     df = steer(model, PROMPTS, vector, layers=[LAYER], alphas=[-2, 0, 2], answers="0-10")
+    kinds = ("steer", "random", "random2", "random3")  # the vector and three controls (default)
     plain_scores = probekit.score(model, PROMPTS, "0-10", epsilon=0.0)
-    for kind in ("steer", "random"):
+    for kind in kinds:
         zero = df[(df["alpha"] == 0) & (df["vector"] == kind)].reset_index(drop=True)
         shared = [c for c in plain_scores.columns if c != "id"]
         pd.testing.assert_frame_equal(zero[shared], plain_scores[shared], check_exact=True)
         assert (zero["kl"] == 0).all() and (zero["valid_mass_change"] == 0).all()
     steered = df[df["alpha"] != 0]
     assert (steered["kl"] > 0).all()
-    assert len(df) == 2 * 3 * len(PROMPTS)
-    assert set(df["vector"]) == {"steer", "random"} and (df["layer"] == LAYER).all()
+    assert len(df) == len(kinds) * 3 * len(PROMPTS)
+    assert set(df["vector"]) == set(kinds) and (df["layer"] == LAYER).all()
     assert (df["site"] == "hook_resid_post").all()
 
 

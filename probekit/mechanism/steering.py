@@ -45,7 +45,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
-from probekit.core.kinds import checked_by, float_list, positive_int
+from probekit.core.kinds import checked_by, float_list, non_negative_int
 from probekit.core.options import given, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
@@ -109,8 +109,8 @@ class SteerOptions(HookOptions, EpsilonOption):
     controls: int = option(
         3,
         help="random directions of the vector's norm steered beside it, as controls (default "
-        "%(default)s)",
-        kind=positive_int,
+        "%(default)s; 0: none)",
+        kind=non_negative_int,
     )
     vector: str = option(
         "mean_diff",
@@ -253,6 +253,18 @@ def control_name(index: int) -> str:
     return RANDOM if index == 0 else f"{RANDOM}{index + 1}"
 
 
+def with_controls(
+    vectors: dict[Any, torch.Tensor], controls: int, seed: int
+) -> dict[Any, dict[str, torch.Tensor]]:
+    """Each target's vector (`steer`) and `controls` random directions of its norm (`random`,
+    `random2`, ...), drawn from `seed`: what `steer` and `probekit steer STUDY` steer along."""
+    rng = np.random.default_rng(seed)
+    return {
+        t: {STEER: v} | {control_name(c): random_like(v, rng) for c in range(controls)}
+        for t, v in vectors.items()
+    }
+
+
 def norm_of(vector: torch.Tensor) -> float:
     """A vector's norm; of a [prompts, d_model] vector (one per fold), the mean of its rows'."""
     return float(vector.norm(dim=-1).mean())
@@ -354,7 +366,7 @@ def steer(
     positions: str = "from_span",
     span: str | None = None,
     hooks: str = "transformer_lens",
-    control: bool = True,
+    controls: int = 3,
     seed: int = 0,
     epsilon: float = 0.0,
     batch_size: int | None = None,
@@ -369,12 +381,13 @@ def steer(
         vector: one [d_model] array (numpy, torch or a list), or a mapping from a layer (or a
             (site, layer)) to one. Each (site, layer) is steered on its own; without `span`
             the span steered from is `answer` (the prompt's last token).
-        control: also steer along a random direction of the same norm (`vector` = `random`).
+        controls: how many random directions of the same norm to steer along beside it, as
+            controls (`vector` = `random`, `random2`, ...; 0: none), drawn from `seed`.
 
     Returns one row per (site, layer, vector kind, α, prompt): `prompt_id`, `site`, `layer`,
-    `vector` (`steer` or `random`), `norm`, `alpha`, `positions`, `span`, the score columns of
-    `probekit.score` (`valid_mass`, `greedy`, ..., `p::<answer>`), `kl` (KL of the answer
-    distribution from the unsteered one, nats) and `valid_mass_change`.
+    `vector` (`steer`, `random`, `random2`, ...), `norm`, `alpha`, `positions`, `span`, the
+    score columns of `probekit.score` (`valid_mass`, `greedy`, ..., `p::<answer>`), `kl` (KL of
+    the answer distribution from the unsteered one, nats) and `valid_mass_change`.
     """
     names = [steering_site(name) for name in sites]
     check_hooks(hooks, positions)
@@ -388,11 +401,7 @@ def steer(
         prompt_positions(prompt, positions, span)
     model.settle_precision(answers, [e.input_ids for e in encoded])
     scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
-    rng = np.random.default_rng(seed)
-    kinds = {
-        t: {STEER: v} | ({RANDOM: random_like(v, rng)} if control else {})
-        for t, v in vectors.items()
-    }
+    kinds = with_controls(vectors, controls, seed)
     steps = [(t, kind, w, a) for t in vectors for kind, w in kinds[t].items() for a in alphas]
     rows = []
     # every row, α = 0 included, on the same kernels; the model is left as it was found

@@ -210,12 +210,7 @@ class SteerCommand(MechanismRunner):
             found = vectors.contrast_vectors(  # cross-fitted: each prompt's fold's vector
                 model, job.encoded, targets, own.vector, plan.span, side, own.hooks, means, own.seed
             )
-        rng = np.random.default_rng(own.seed)
-        kinds = {  # the vector, and `controls` random directions of its norm
-            t: {steering.STEER: v}
-            | {steering.control_name(c): steering.random_like(v, rng) for c in range(own.controls)}
-            for t, v in found.items()
-        }
+        kinds = steering.with_controls(found, own.controls, own.seed)
         steering.check_strength(model.dtype, found, plan.alphas)  # nothing written before this
         steps = [(t, k, v, a) for t in targets for k, v in kinds[t].items() for a in plan.alphas]
         with open_run(out, WHOLE, manifest):
