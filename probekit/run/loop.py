@@ -95,7 +95,7 @@ from probekit.run.parts import (
     part_files,
     scan_parts,
 )
-from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring
+from probekit.run.scoring import SAMPLE_PROMPTS, Chunk, EnginePool, LocalScoring, Scoring
 from probekit.run.shards import WHOLE, Shard
 from probekit.studies.base import Probe, check_view
 
@@ -232,7 +232,7 @@ def _score(
     scorer's batch in the run's manifest."""
     todo = int(wanted.sum())
     if not is_quiet():
-        first = next(chunks(items(), wanted, max(1, scoring.batch_size or 1)))
+        first = next(chunks(items(), wanted, scoring.batch_size or SAMPLE_PROMPTS))
         pace = scoring.expected_pace(first)
         when = forecast(todo, pace, hint) if pace else "its time is said after the first batch"
         note(f"{name}: {todo} prompts to score into {out}, {when}")
