@@ -381,7 +381,7 @@ class Study(ABC):
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
         tables = {"summary": (table, markdown), **self.summary_tables(table)}
         manifests = {run_name(f, out): RunDir(f).read_manifest() or {} for f in folders}
-        headlines = self.headlines(one_model(table), next(iter(manifests.values()), {}))
+        headlines = self.headlines(one_run(table), next(iter(manifests.values()), {}))
         units = sorted({h.unit for h in headlines if h.unit})
         out.mkdir(parents=True, exist_ok=True)
         for name, (frame, text) in tables.items():
@@ -610,9 +610,10 @@ def _load_studies() -> None:
             importlib.import_module(f"probekit.studies.{entry.name}")
 
 
-def one_model(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary rows of the first model in `table`: one run's rows, whose headlines say how
-    the numbers of every run in it were made."""
-    if "model" not in table or table.empty:
+def one_run(table: pd.DataFrame) -> pd.DataFrame:
+    """The summary rows of the first run in `table` (its `model` and `run`, where given): the
+    rows whose headlines say how the numbers of every run in it were made."""
+    keys = [k for k in ("model", "run") if k in table]
+    if not keys or table.empty:
         return table
-    return table[table["model"] == table["model"].iloc[0]]
+    return table[(table[keys] == table[keys].iloc[0]).all(axis=1)]
