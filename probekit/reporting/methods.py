@@ -20,51 +20,28 @@ from probekit.reporting.summary import describe_limit, describe_numerics
 from probekit.stats.bootstrap import RESAMPLES
 
 PACKAGES = (
-    "probekit",
-    "torch",
-    "transformers",
-    "transformer-lens",
-    "nnsight",
-    "numpy",
-    "pandas",
-    "scipy",
-    "pyarrow",
-    "matplotlib",
+    "probekit torch transformers transformer-lens nnsight numpy pandas scipy pyarrow matplotlib"
 )
 """The packages whose installed versions `provenance.json` records."""
+FACTS = (
+    "study model model_source weights engine device dtype tier tolerance epsilon view "
+    "data_origin data_sha256 prompts prompts_total min_valid_mass seed commit versions"
+)
+"""The manifest's fields that a methods record states as they are."""
 
 
 def run_facts(manifest: Mapping[str, Any], data: str) -> dict[str, Any]:
     """What a methods section states about one run, from its manifest; `data`: the data as the
     study names it (`Study.describe_data`)."""
-    precision = manifest.get("precision")
-    numerics = manifest.get("numerics")
+    precision, numerics = manifest.get("precision"), manifest.get("numerics")
     return {
-        "study": manifest.get("study"),
-        "model": manifest.get("model"),
-        "model_source": manifest.get("model_source"),
-        "weights": manifest.get("weights"),
-        "engine": manifest.get("engine"),
-        "device": manifest.get("device"),
-        "dtype": manifest.get("dtype"),
-        "tier": manifest.get("tier"),
-        "tolerance": manifest.get("tolerance"),
+        **{name: manifest.get(name) for name in FACTS.split()},
         "precision": describe_precision(precision) if isinstance(precision, dict) else None,
         "numerics": describe_numerics(numerics) if isinstance(numerics, dict) else None,
-        "epsilon": manifest.get("epsilon"),
-        "view": manifest.get("view"),
         "data": data,
-        "data_origin": manifest.get("data_origin"),
-        "data_sha256": manifest.get("data_sha256"),
-        "prompts": manifest.get("prompts"),
-        "prompts_total": manifest.get("prompts_total"),
         "limit": describe_limit(manifest),
-        "min_valid_mass": manifest.get("min_valid_mass"),
         "resamples": manifest.get("resamples", RESAMPLES),
-        "seed": manifest.get("seed"),
-        "probekit": manifest.get("versions", {}).get("probekit"),
-        "commit": manifest.get("commit"),
-        "versions": manifest.get("versions", {}),
+        "probekit": (manifest.get("versions") or {}).get("probekit"),
     }
 
 
@@ -95,7 +72,7 @@ def methods_paragraph(facts: Mapping[str, Any]) -> str:
 def installed_versions() -> dict[str, str | None]:
     """The installed version of each of `PACKAGES` (None where not installed), and Python's."""
     found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in PACKAGES:
+    for name in PACKAGES.split():
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -112,7 +89,7 @@ def statistics(headlines: Sequence[Headline]) -> list[dict[str, Any]]:
             "view": h.view,
             "unit": h.unit,
             "interval": h.interval,
-            "p_value": h.p_value is not None and not missing(h.p_value),
+            "p_value": not missing(h.p_value),
         }
         for h in headlines
     ]
