@@ -39,21 +39,14 @@ def is_p(column: str) -> bool:
     return column == "p" or column.startswith("p_")
 
 
-def format_p(value: Any) -> str:
-    """A p-value as a paper writes it: `< 0.001`, else three decimals."""
-    if missing(value):
-        return "--"
-    return "< 0.001" if float(value) < 0.001 else f"{float(value):.3f}"
-
-
-def cell(value: Any) -> str:
-    """A number to three decimals (`format_number`), a count as it is, anything else as
-    text."""
+def cell(value: Any, p: bool = False) -> str:
+    """A number to three decimals (`format_number`), a p-value (`p`) as a paper writes it
+    (`< 0.001`, else three decimals), a count or anything else as it is."""
     if missing(value):
         return "--"
     if isinstance(value, bool | np.bool_ | numbers.Integral) or not isinstance(value, numbers.Real):
         return str(value)
-    return format_number(value)
+    return "< 0.001" if p and value < 0.001 else format_number(value)
 
 
 def intervals(columns: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -84,7 +77,7 @@ def paper_table(table: pd.DataFrame) -> pd.DataFrame:
         if column in inside:
             continue
         values = table[column].tolist()
-        out[column] = [format_p(v) if is_p(column) else cell(v) for v in values]
+        out[column] = [cell(v, is_p(column)) for v in values]
         if column in pairs:
             out[column] = [with_interval(v, table, pairs[column], i) for i, v in enumerate(values)]
     for base, pair in pairs.items():
@@ -131,7 +124,7 @@ def caption(title: str, units: Sequence[str], views: Sequence[str]) -> str:
     come from."""
     parts = [title]
     if units:
-        parts.append(f"Unit: {', '.join(units)}")
+        parts.append(f"unit: {', '.join(units)}")
     if views:
         parts.append(f"view: {', '.join(views)}")
     return "; ".join(parts) + "."
