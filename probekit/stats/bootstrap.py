@@ -38,10 +38,14 @@ class BootstrapResult:
     resampled: np.ndarray
 
 
+RESAMPLES = 1000
+"""The resamples of a bootstrap interval unless a study asks for others."""
+
+
 def bootstrap_units(
     n_units: int,
     statistic: Callable[[np.ndarray], float],
-    n: int = 1000,
+    n: int = RESAMPLES,
     seed: int = 0,
     level: float = 0.95,
     method: str = "percentile",

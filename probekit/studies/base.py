@@ -365,21 +365,31 @@ class Study(ABC):
         every finished run under `out`). The one writer of the summary files: nothing is written
         unless all of it could be made."""
         from probekit.core.io import write_text
+        from probekit.core.rundir import RunDir
         from probekit.reporting.html import find_runs
-        from probekit.reporting.summary import SAMPLE_LINE, run_sections
+        from probekit.reporting.latex import write_latex
+        from probekit.reporting.methods import write_methods
+        from probekit.reporting.summary import SAMPLE_LINE, run_name, run_sections
 
         table = self.summary_table(rows)
         markdown = self.summary_markdown(table)
         if "data" in table and any(is_sample_data(d) for d in table["data"]):
             markdown = SAMPLE_LINE + "\n\n" + markdown
-        sections = run_sections(list(runs) if runs is not None else find_runs(out), out)
+        folders = list(runs) if runs is not None else find_runs(out)
+        sections = run_sections(folders, out)
         if sections:
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
         tables = {"summary": (table, markdown), **self.summary_tables(table)}
+        manifests = {run_name(f, out): RunDir(f).read_manifest() or {} for f in folders}
+        headlines = self.headlines(one_run(table), next(iter(manifests.values()), {}))
+        units = sorted({h.unit for h in headlines if h.unit})
         out.mkdir(parents=True, exist_ok=True)
         for name, (frame, text) in tables.items():
             write_csv(out / f"{name}.csv", frame)
             write_text(out / f"{name}.md", text)
+            write_latex(out / f"{name}.tex", frame, f"{self.title}: {name}", units)
+        data = {name: self.describe_data(m) for name, m in manifests.items()}
+        write_methods(out, self.title, manifests, data, headlines)
         return Summary(table, markdown)
 
     def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -598,3 +608,12 @@ def _load_studies() -> None:
     for entry in sorted(files("probekit.studies").iterdir(), key=lambda e: e.name):
         if entry.is_dir() and entry.joinpath("__init__.py").is_file():
             importlib.import_module(f"probekit.studies.{entry.name}")
+
+
+def one_run(table: pd.DataFrame) -> pd.DataFrame:
+    """The summary rows of the first run in `table` (its `model` and `run`, where given): the
+    rows whose headlines say how the numbers of every run in it were made."""
+    keys = [k for k in ("model", "run") if k in table]
+    if not keys or table.empty:
+        return table
+    return table[(table[keys] == table[keys].iloc[0]).all(axis=1)]
