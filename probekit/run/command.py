@@ -157,10 +157,14 @@ class StudyRunner(Runner):
         as the command line checks them (one line naming the keyword)."""
         study = study_object(arguments["study"])
         keywords = {k: v for k, v in arguments.items() if k not in ("study", "options")}
-        if loaded_engine(arguments["model"]) is not None:
+        loaded = loaded_engine(arguments["model"]) is not None
+        if loaded:
             del keywords["model"]
         where = f"{function.__name__}({study.name!r})"
-        return study, self.build({**keywords, **arguments["options"]}, where, study)
+        options = self.build({**keywords, **arguments["options"]}, where, study)
+        if loaded:  # the load options cannot apply to it: refused, not ignored
+            loaded_engine(arguments["model"], **options.model.load_keywords())
+        return study, options
 
     def call(self, function: Any, arguments: Mapping[str, Any]) -> Any:
         """The command's function: `function` called with `arguments` (its `locals()`)."""
