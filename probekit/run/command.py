@@ -16,6 +16,7 @@ the mechanism commands; `probekit run` loops it over its models and probes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -275,9 +276,10 @@ class MechanismRunner(StudyRunner):
         self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
     ) -> Any:
         asked = given_model(options.model, engine)
-        with silenced(asked.quiet):
+        folder = Path(options.own.out)
+        stops = stop_on_sigterm(folder) if self.resumable else contextlib.nullcontext()
+        with silenced(asked.quiet), stops:
             probe, items = study.mechanism_items(options.study, self.context(options))
-            folder = Path(options.own.out)
             job = Job(study, asked, probe, folder, call, options.own, items, engine is not None)
             job.plan = self.prepare(job)
             self.check_resume(job)
@@ -326,6 +328,11 @@ def stop_on_sigterm(out: Path) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         RunDir.release_all()
+        if not Path(out).is_dir():
+            raise ProbekitError(
+                f"stopped by SIGTERM before {out} was made: run the same command again to start "
+                "the run"
+            )
         raise ProbekitError(
             f"stopped by SIGTERM; the finished parts are kept in {out}: run the same command "
             "again to resume the run"
