@@ -70,7 +70,7 @@ def report(
     registered one."""
     import pandas as pd
 
-    from probekit.core.io import write_text
+    from probekit.core.io import check_writable, write_text
     from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
     from probekit.studies.base import get_study
@@ -79,6 +79,14 @@ def report(
     if not folders:
         raise ProbekitError(f"no run folder to report; give the {named('out')} folder of a run")
     found = discover_runs(folders)
+    for run in found:  # not blamed on out: each run's figures and page are written in its folder
+        try:
+            check_writable(run.path)
+        except ProbekitError:
+            raise ProbekitError(
+                f"the run folder {run.path} is not writable, and the report rewrites each run's "
+                "figures and page in its own folder; make it writable"
+            ) from None
     by_study: dict[str, list[tuple[RunDir, dict[str, Any]]]] = {}
     for run in found:
         manifest = run.manifest
