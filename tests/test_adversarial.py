@@ -270,12 +270,30 @@ def test_answers_from_a_folder_say_it_is_a_folder(tmp_path, capsys):
     assert "is a folder, not a file of one answer a line" in one_line(capsys)
 
 
+class Unhandled(Exception):
+    """A SIGTERM that no handler of probekit's caught."""
+
+
+@pytest.fixture
+def sigterm_caught():
+    """A SIGTERM that probekit leaves to the default handler raises `Unhandled`, not a kill."""
+
+    def caught(signum, frame):
+        raise Unhandled
+
+    previous = signal.signal(signal.SIGTERM, caught)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
 def sigterm_now(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     raise AssertionError("SIGTERM did not stop the lens")
 
 
-def test_a_lens_stopped_by_sigterm_says_where_its_parts_are(tiny, tmp_path, monkeypatch):
+def test_a_lens_stopped_by_sigterm_says_where_its_parts_are(
+    tiny, tmp_path, monkeypatch, sigterm_caught
+):
     monkeypatch.setattr(run_lens, "logit_lens", sigterm_now)
     out = tmp_path / "lens"
     with pytest.raises(ProbekitError, match="stopped by SIGTERM; the finished parts are kept in"):
@@ -283,7 +301,7 @@ def test_a_lens_stopped_by_sigterm_says_where_its_parts_are(tiny, tmp_path, monk
     assert not list(out.glob(".lock-shard-*"))
 
 
-def test_parts_are_said_kept_only_where_the_folder_exists(tmp_path):
+def test_parts_are_said_kept_only_where_the_folder_exists(tmp_path, sigterm_caught):
     never = tmp_path / "never"
     said = f"stopped by SIGTERM before {never} was made"
     with pytest.raises(ProbekitError, match=said), stop_on_sigterm(never):
