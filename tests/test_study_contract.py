@@ -286,7 +286,7 @@ def test_a_study_must_declare_its_report_and_its_contrast():
         def probes(self, options, context):
             return []
 
-    with pytest.raises(TypeError, match="headlines.*mechanism_defaults.*report_view"):
+    with pytest.raises(ProbekitError, match="headlines.*mechanism_defaults.*report_view"):
         Partial()
 
 

@@ -2,6 +2,7 @@
 option in the caller's words (`named`, `given`)."""
 
 import os
+from abc import ABC
 from typing import Any
 
 MARK = "\u2060"
@@ -39,3 +40,17 @@ class StatisticsError(ProbekitError):
     """The scores hold too little for a statistic (too few units, a group or a pair missing, a
     constant matrix): what a partial run (`--limit`) meets, as distinct from a bad input or a
     failed write."""
+
+
+class Contract(ABC):  # noqa: B024 (its subclasses declare the abstract methods)
+    """A declared contract (`Probe`, `Study`): making one whose methods are still abstract is one
+    line naming them and the class to subclass, not Python's TypeError."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if missing := sorted(getattr(cls, "__abstractmethods__", ())):
+            base = next(c for c in cls.__mro__ if Contract in c.__bases__).__name__
+            raise ProbekitError(
+                f"cannot make a {cls.__name__}: {', '.join(missing)} not defined; subclass "
+                f"{base} and define {'it' if len(missing) == 1 else 'them'}"
+            )
+        return super().__new__(cls)

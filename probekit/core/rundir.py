@@ -71,6 +71,15 @@ def resume_keys(manifest: dict[str, Any]) -> list[str]:
     return [key for key in manifest if key not in RECORDED_ONLY]
 
 
+def _first_difference(key: str, old: Any, new: Any) -> tuple[str, Any, Any]:
+    """Where `old` and `new` (the values of `key`) first differ: `probe.seed`, not the probe."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for sub in {**old, **new}:
+            if old.get(sub) != new.get(sub):
+                return _first_difference(f"{key}.{sub}", old.get(sub), new.get(sub))
+    return key, old, new
+
+
 SCORED_UNDER = b"probekit.settings"
 """The Parquet metadata key of the settings a table's rows were scored under (`scored_under`)."""
 
@@ -271,14 +280,17 @@ class RunDir:
                 f"{RESULTS_FORMAT}; it can still be reported (probekit report), not resumed: use "
                 f"another {named('out')}, or delete the folder to run it again"
             )
-        for key in resume_keys({**old, **manifest}):
+        keys = resume_keys({**old, **manifest})  # a setting (seed) named before a probe's
+        for key in sorted(keys, key=lambda k: isinstance(manifest.get(k), dict)):
             new = manifest.get(key)
             if key in unknown or old.get(key) == new:
                 continue
             what = (
                 f"a run of an earlier probekit, which did not record its {key} (now {new!r})"
                 if key not in old
-                else f"a run with a different {key} ({old[key]!r}, now {new!r})"
+                else "a run with a different {} ({!r}, now {!r})".format(
+                    *_first_difference(key, old[key], new)
+                )
             )
             raise ProbekitError(
                 f"{self.path} holds {what}; use another {named('out')}, or delete the folder to "

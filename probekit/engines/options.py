@@ -313,14 +313,21 @@ class ScorerOptions(EpsilonOption, BatchSizeOption, SeedOption):
         check_fields(self)
 
 
-def loaded_engine(model: Any) -> Engine | None:
+def loaded_engine(model: Any, **load: Any) -> Engine | None:
     """The engine `model` is, or None for a model spec (text or a Path) still to load; one line
-    for anything else."""
+    for anything else, and for an option of `load` (`ModelOptions` fields) given with a loaded
+    model: it cannot apply to a model that is loaded already."""
     if isinstance(model, str | Path):
         return None
     if not isinstance(model, Engine):
         raise ProbekitError(
             "model must be a model spec (default, a hub id, a model folder, a .gguf file) or a "
             f"loaded model, not {model!r}"
+        )
+    defaults = {f.name: f.default for f in fields(ModelOptions)}
+    if asked := [k for k, v in load.items() if k != "quiet" and v not in (None, defaults[k])]:
+        raise ProbekitError(
+            f"{given(asked[0], load[asked[0]])} cannot apply to a model loaded already (it "
+            f"scores as it was loaded): give it to load_model, or give the model's name"
         )
     return model

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.answers import AnswerSet, as_answer_set
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, named
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts
@@ -193,10 +193,16 @@ def score_file(
 
     if trap := prefill_trap(prefill):
         warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
+    if Path(scores).resolve() == Path(prompts).resolve():  # links followed
+        raise ProbekitError(
+            f"{named('scores')} {scores} is the prompts file {prompts}: the scores would "
+            "replace the prompts; give another file"
+        )
+    loaded = loaded_engine(model, **load)  # load options refused with a loaded model
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
-    engine = scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
+    engine = loaded or scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
     masses: list[float] = []
     with (
         silenced(quiet),

@@ -8,8 +8,9 @@ weak-signal line for a run whose mean valid mass is below `WEAK_SIGNAL_VALID_MAS
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,10 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
             partial.append(f"- {where}: {line}")
         precision = manifest.get("precision")
         if isinstance(precision, dict) and "tier" in precision:
-            numerics.append(f"- {where}: {describe_precision(precision)}")
+            numerics.append(f"- {where}: {described('precision', describe_precision, precision)}")
         figure = manifest.get("numerics")
         if isinstance(figure, dict):
-            numerics.append(f"- {where}: {describe_numerics(figure)}")
+            numerics.append(f"- {where}: {described('numerics', describe_numerics, figure)}")
         line = weak_signal(mean_valid_mass(folder))
         if line is not None:
             signal.append(f"- {where}: {line}")
@@ -73,6 +74,15 @@ def describe_limit(manifest: Mapping[str, Any]) -> str | None:
         f"{head}, all those of {len(kept['units'])} of the {kept['units_total']} {unit}s{turn}; "
         f"its figures describe those {unit}s only"
     )
+
+
+def described(key: str, describe: Callable[[dict[str, Any]], str], record: dict[str, Any]) -> str:
+    """`describe(record)`, the manifest's `key`; one line saying so where the record holds
+    other fields or types than probekit writes (an edited manifest), not a traceback."""
+    try:
+        return describe(record)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"{key}: not as probekit records it ({json.dumps(record, default=str)})"
 
 
 def describe_numerics(figure: dict[str, Any]) -> str:

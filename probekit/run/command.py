@@ -16,6 +16,7 @@ the mechanism commands; `probekit run` loops it over its models and probes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -157,10 +158,14 @@ class StudyRunner(Runner):
         as the command line checks them (one line naming the keyword)."""
         study = study_object(arguments["study"])
         keywords = {k: v for k, v in arguments.items() if k not in ("study", "options")}
-        if loaded_engine(arguments["model"]) is not None:
+        loaded = loaded_engine(arguments["model"]) is not None
+        if loaded:
             del keywords["model"]
         where = f"{function.__name__}({study.name!r})"
-        return study, self.build({**keywords, **arguments["options"]}, where, study)
+        options = self.build({**keywords, **arguments["options"]}, where, study)
+        if loaded:  # the load options cannot apply to it: refused, not ignored
+            loaded_engine(arguments["model"], **options.model.load_keywords())
+        return study, options
 
     def call(self, function: Any, arguments: Mapping[str, Any]) -> Any:
         """The command's function: `function` called with `arguments` (its `locals()`)."""
@@ -271,9 +276,10 @@ class MechanismRunner(StudyRunner):
         self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
     ) -> Any:
         asked = given_model(options.model, engine)
-        with silenced(asked.quiet):
+        folder = Path(options.own.out)
+        stops = stop_on_sigterm(folder) if self.resumable else contextlib.nullcontext()
+        with silenced(asked.quiet), stops:
             probe, items = study.mechanism_items(options.study, self.context(options))
-            folder = Path(options.own.out)
             job = Job(study, asked, probe, folder, call, options.own, items, engine is not None)
             job.plan = self.prepare(job)
             self.check_resume(job)
@@ -322,6 +328,11 @@ def stop_on_sigterm(out: Path) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         RunDir.release_all()
+        if not Path(out).is_dir():
+            raise ProbekitError(
+                f"stopped by SIGTERM before {out} was made: run the same command again to start "
+                "the run"
+            )
         raise ProbekitError(
             f"stopped by SIGTERM; the finished parts are kept in {out}: run the same command "
             "again to resume the run"

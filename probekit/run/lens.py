@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from probekit.core.errors import ProbekitError
 from probekit.core.io import write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item
 from probekit.core.options import named
@@ -119,7 +120,12 @@ class LensCommand(MechanismRunner):
         return f"{result.path}/lens.parquet, summary.csv, lens.png, report.html"
 
     def prepare(self, job: Job) -> list[int] | None:
-        """The layers known before the model (None where one counts from the end)."""
+        """The layers known before the model (None where one counts from the end); one line,
+        before any work, for a file where a layer's report folder goes (`layers/L0`)."""
+        layers = job.folder / "layers"
+        for folder in [layers, *layers.glob("L*")]:
+            if folder.exists() and not folder.is_dir():
+                raise ProbekitError(f"{folder} is a file where the lens writes a folder; remove it")
         given = job.own.layers
         return sorted(set(given)) if given and min(given) >= 0 else None
 

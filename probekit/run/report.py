@@ -70,13 +70,23 @@ def report(
     registered one."""
     import pandas as pd
 
-    from probekit.core.io import write_text
+    from probekit.core.io import check_writable, write_text
     from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
     from probekit.studies.base import get_study
 
     folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
+    if not folders:
+        raise ProbekitError(f"no run folder to report; give the {named('out')} folder of a run")
     found = discover_runs(folders)
+    for run in found:  # not blamed on out: each run's figures and page are written in its folder
+        try:
+            check_writable(run.path)
+        except ProbekitError:
+            raise ProbekitError(
+                f"the run folder {run.path} is not writable, and the report rewrites each run's "
+                "figures and page in its own folder; make it writable"
+            ) from None
     by_study: dict[str, list[tuple[RunDir, dict[str, Any]]]] = {}
     for run in found:
         manifest = run.manifest
@@ -85,6 +95,9 @@ def report(
             raise ProbekitError(f"{run.manifest_path} names no study; report it from its own run")
         by_study.setdefault(name, []).append((run, manifest))
     target = report_folder(folders, out, found)
+    if len(by_study) > 1:  # each study's summary goes to its own folder in the target
+        for name, members in by_study.items():
+            refuse_other_runs(target / name, [run for run, _ in members])
     given = {study.name: study for study in studies}
     study_of = {name: given[name] if name in given else get_study(name) for name in by_study}
     own = RunDir(target) in found  # a run re-reported into its own folder
@@ -151,7 +164,6 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
     `combined/` in the folders' common parent. Checked before any work: writable, and not the
     folder of a run other than the one reported (its own summary and page would be replaced)."""
     from probekit.core.io import check_writable
-    from probekit.core.rundir import RunDir
 
     if out is not None:
         target = Path(out)
@@ -160,18 +172,27 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
     else:
         common = Path(os.path.commonpath([f.resolve() for f in folders]))
         target = common / COMBINED
-    if RunDir(target).read_manifest() is not None and (len(runs) > 1 or runs[0] != RunDir(target)):
-        what = (
-            f"the combined summary and page of {len(runs)} runs"
-            if len(runs) > 1
-            else (f"the summary and page of {runs[0].path}")
-        )
-        raise ProbekitError(
-            f"{target} holds a run of its own: {what} would replace its own; give another "
-            f"{named('out')}"
-        )
+    refuse_other_runs(target, runs)
     check_writable(target)
     return target
+
+
+def refuse_other_runs(folder: Path, runs: Sequence[RunDir]) -> None:
+    """One line when `folder`, where the summary and page of `runs` go, is the folder of a run
+    other than the one reported: a run's own files are rewritten only from that run."""
+    from probekit.core.rundir import RunDir
+
+    if RunDir(folder).read_manifest() is None or list(runs) == [RunDir(folder)]:
+        return
+    what = (
+        f"the combined summary and page of {len(runs)} runs"
+        if len(runs) > 1
+        else f"the summary and page of {runs[0].path}"
+    )
+    raise ProbekitError(
+        f"{folder} holds a run of its own: {what} would replace its own; give another "
+        f"{named('out')}"
+    )
 
 
 def report_files(folder: Path) -> set[Path]:

@@ -4,9 +4,10 @@ Units, not rows, are resampled: the prompts of one event or question share its c
 they move together and the interval reflects the variation between units.
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -74,8 +75,10 @@ def bootstrap_units(
         resampled = _batched(statistic, draws)
         estimate = float(_batched(statistic, np.arange(n_units)[None, :])[0])
     else:
-        resampled = np.array([float(statistic(d)) for d in draws])
-        estimate = float(statistic(np.arange(n_units)))
+        resampled = np.array([number(statistic(d)) for d in draws])
+        estimate = number(statistic(np.arange(n_units)))
+    if np.isinf(estimate):
+        raise StatisticsError(f"the statistic is {estimate} on the whole table; no interval")
     if method == "percentile":
         tail = 50 * (1 - level)
         low, high = np.percentile(resampled, [tail, 100 - tail])
@@ -85,6 +88,14 @@ def bootstrap_units(
         half_width = stats.norm.ppf((1 + level) / 2) * resampled.std()
         low, high = resampled.mean() - half_width, resampled.mean() + half_width
     return BootstrapResult(estimate, float(low), float(high), resampled)
+
+
+def number(value: Any) -> float:
+    """A statistic's value as a float; one line for anything that is not a number."""
+    if not isinstance(value, str | bytes):
+        with contextlib.suppress(TypeError, ValueError):
+            return float(value)
+    raise ProbekitError(f"a statistic must return a number, not {value!r}")
 
 
 BATCH_CELLS = 1 << 20
@@ -97,7 +108,10 @@ def _batched(statistic: Callable[[np.ndarray], np.ndarray], draws: np.ndarray) -
     values = []
     for start in range(0, len(draws), rows):
         chunk = draws[start : start + rows]
-        value = np.asarray(statistic(chunk), dtype=float)
+        value = np.asarray(statistic(chunk))
+        if value.dtype.kind not in "biuf":
+            raise ProbekitError(f"a batched statistic must return numbers, not {value.dtype}")
+        value = value.astype(float)
         if value.shape != (len(chunk),):
             raise ProbekitError(
                 f"a batched statistic must return one value per resample: got shape "
@@ -165,13 +179,13 @@ def bootstrap_ci(
     sizes = np.bincount(codes)
     starts = np.cumsum(sizes) - sizes
 
-    if np.isnan(whole := float(statistic(df))):
+    if np.isnan(whole := number(statistic(df))):
         raise StatisticsError("the statistic is NaN on the whole table; no interval to give")
 
     def on_rows(drawn: np.ndarray) -> float:
         if np.array_equal(drawn, np.arange(len(uniques))):
             return whole
-        return float(statistic(_resample(df, unit, by_unit, starts[drawn], sizes[drawn])))
+        return number(statistic(_resample(df, unit, by_unit, starts[drawn], sizes[drawn])))
 
     return bootstrap_units(len(uniques), on_rows, **options)
 

@@ -35,7 +35,7 @@ import functools
 import hashlib
 import inspect
 import sys
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -47,7 +47,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.answers import AnswerSet
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import Contract, ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import path
 from probekit.core.options import declaration, given, named, option, options_of, spoken
@@ -112,7 +112,7 @@ class Summary:
     markdown: str
 
 
-class Probe(ABC):
+class Probe(Contract):
     """One study configuration: its items in a fixed order, its answer set and parse rule.
 
     A smoke run (`--limit N`) keeps whole units (`Item.unit`: an event, an item, a sample) so
@@ -269,7 +269,7 @@ class LimitedProbe:
 Probe.register(LimitedProbe)
 
 
-class Study(ABC):
+class Study(Contract):
     """A study: options, probes, the report of a view with its headlines, and its contrast.
     Every command (`run`, `patch`, `capture`, `steer`, `lens`, `report`) works on every study from
     these abstract methods; the rest has defaults."""
