@@ -347,3 +347,15 @@ def test_run_probes_limit_is_the_runs_smoke_run(tmp_path):
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["limit"] == 5
     with pytest.raises(ProbekitError, match="too small for the statistics of minimal"):
         run_probe(probe, CountingEngine(), tmp_path / "small", manifest(probe), limit=3)
+
+
+def test_a_run_on_an_engine_of_ones_own_resumes(tmp_path):
+    """A loaded engine whose name is not `hf` (`describe()["engine"]`, here `fake`): the second
+    call resumes the run, scoring nothing again (its engine is known from the engine given, not
+    from the `engine=` option, whose default is `hf`)."""
+    from probekit import run_study
+
+    first, again = CountingEngine(), CountingEngine()
+    run_study(FigureStudy.make(), first, out=tmp_path, days=3, quiet=True)
+    run_study(FigureStudy.make(), again, out=tmp_path, days=3, quiet=True)
+    assert first.scored > 0 and again.scored == 0

@@ -209,7 +209,8 @@ class StudyRunner(Runner):
             return
         known = self.manifest(job, None)
         unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
-        RunDir(job.folder).check_resume(known, unknown + (["tolerance"] if job.given else []))
+        given = ["tolerance", "engine"] if job.given else []  # a given engine's, known later
+        RunDir(job.folder).check_resume(known, unknown + given)
 
     def load(self, asked: ModelOptions, engine: Engine | None, device: str | None = None) -> Any:
         """The engine of `asked` (`load_engine`), or `engine` as it is."""
