@@ -1,8 +1,10 @@
 """Writing result files so that a reader never sees half of one, and every write failure as one
 line: a hidden temporary name in the same folder, renamed into place once complete
 (`atomic_write`, `ParquetStream`); a full disk or a read-only folder is a `ProbekitError` naming
-the file, and leaves nothing behind. `check_writable` tries an output folder before any work, and
-`FileLock` keeps two processes out of the same work (a run's shard, a model conversion)."""
+the file, and leaves nothing behind (a stream's complete rows are kept beside their target:
+`keep_or_replace`). `check_outputs` tries an output folder, and the names a command writes in
+it, before any work, and `FileLock` keeps two processes out of the same work (a run's shard, a
+model conversion)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import fcntl
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from pathlib import Path
 
@@ -25,6 +27,10 @@ from probekit.core.errors import MARK, ProbekitError, named
 def temporary_name(path: Path) -> Path:
     """A hidden name beside `path`, unique to this process (parquet readers skip dot files)."""
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+class WriteFailed(ProbekitError):
+    """A write that failed (`write_error`): what was finished before it can still be kept."""
 
 
 def write_error(path: Path, exc: OSError) -> ProbekitError:
@@ -43,7 +49,7 @@ def write_error(path: Path, exc: OSError) -> ProbekitError:
         hint = f"a file stands where a folder must be; move it, or give another {named('out')}"
     else:
         hint = "check the path and the disk"
-    return ProbekitError(f"cannot write {path}: {reason}; {hint}")
+    return WriteFailed(f"cannot write {path}: {reason}; {hint}")
 
 
 def _discard(path: Path) -> None:
@@ -106,6 +112,35 @@ def check_writable(folder: str | Path, option: str = "out") -> Path:
     return target
 
 
+def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "out") -> Path:
+    """`check_writable(folder, option)`, and each of `names` (what a command writes in `folder`;
+    a folder when it ends in "/") not there as the other kind: one line naming the path."""
+    target = check_writable(folder, option)
+    for name in names:
+        path, wanted = target / name.rstrip("/"), "folder" if name.endswith("/") else "file"
+        if path.exists() and path.is_dir() != (wanted == "folder"):
+            found = "folder" if wanted == "file" else "file"
+            raise ProbekitError(
+                f"{named(option)} {folder}: {path} is a {found} where a {wanted} is written; "
+                f"move it, or give another {named(option)}"
+            )
+    return target
+
+
+def keep_or_replace(tmp: Path, path: Path) -> None:
+    """Rename the complete file `tmp` to `path`; where that fails, keep it beside `path` (as
+    `<stem>.partial<suffix>`) and say so in one line, with how to finish."""
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        kept = path.with_name(f"{path.stem}.partial{path.suffix}")
+        os.replace(tmp, kept)  # the same folder: where this fails too, the rows are lost
+        raise WriteFailed(
+            f"{write_error(path, exc).marked}; the rows are kept in {kept}: move it to {path} to "
+            "finish"
+        ) from None
+
+
 class ParquetStream:
     """Append DataFrames as row groups, with a CRC on every page; the file appears under its
     name only once closed cleanly.
@@ -141,7 +176,7 @@ class ParquetStream:
             if self._writer is not None:
                 self._writer.close()
                 if failed is None:
-                    os.replace(self.tmp, self.path)
+                    keep_or_replace(self.tmp, self.path)
         except OSError as err:
             if failed is None:
                 raise write_error(self.path, err) from None

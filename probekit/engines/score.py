@@ -27,7 +27,8 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.answers import AnswerSet, as_answer_set
-from probekit.core.errors import ProbekitError
+from probekit.core.errors import ProbekitError, named
+from probekit.core.io import ParquetStream, check_writable
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts
@@ -134,6 +135,14 @@ def score_frames(
         yield pd.DataFrame(rows)
 
 
+def check_scores_file(scores: str | Path) -> None:
+    """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
+    folder there, its folder not writable or under a file)."""
+    check_writable(Path(scores).parent, "scores")
+    if Path(scores).is_dir():
+        raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
+
+
 def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
     """Items from any prompt form `score` accepts; ids are the list positions unless given."""
     if isinstance(prompts, Path) or (
@@ -189,13 +198,13 @@ def score_file(
 
     Args:
         load: `load_engine`'s keywords for a model spec."""
-    from probekit.core.io import ParquetStream
 
     if trap := prefill_trap(prefill):
         warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
+    check_scores_file(scores)
     engine = scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
     masses: list[float] = []
     with (

@@ -150,7 +150,7 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
     """Where the summary and page of `runs` go: `out`, else the one folder given, else
     `combined/` in the folders' common parent. Checked before any work: writable, and not the
     folder of a run other than the one reported (its own summary and page would be replaced)."""
-    from probekit.core.io import check_writable
+    from probekit.core.io import check_outputs
     from probekit.core.rundir import RunDir
 
     if out is not None:
@@ -170,8 +170,7 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
             f"{target} holds a run of its own: {what} would replace its own; give another "
             f"{named('out')}"
         )
-    check_writable(target)
-    return target
+    return check_outputs(target, ("summary.csv", "summary.md", "report.html"))
 
 
 def report_files(folder: Path) -> set[Path]:
