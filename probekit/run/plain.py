@@ -31,6 +31,11 @@ class ScoreCommand(Runner):
 
     name, own = "score", ScoreFiles
 
+    def check(self, options: Options, study: Study | None) -> None:
+        from probekit.engines.score import check_scores_file
+
+        check_scores_file(options.own.scores)
+
     def elsewhere(self, name: str) -> str | None:
         """`--out` (score's file until it was named `--scores`) names a run folder elsewhere."""
         if name == "out":
