@@ -166,3 +166,14 @@ def test_a_run_whose_last_write_fails_keeps_its_parts_and_the_same_call_finishes
         probekit.run_study(minimal_study.STUDY, engine, out=out)
     assert engine.scored == scored  # nothing scored again
     assert len(pd.read_parquet(out / "scores.parquet")) == scored
+
+
+def test_score_refuses_a_disk_without_room_for_its_rows(tmp_path, monkeypatch):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "Day?"}\n')
+    usage = io.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage._replace(free=10))
+    engine = CountingEngine()
+    with pytest.raises(ProbekitError, match=r"^scores .*: its disk has 0 MiB free, the work"):
+        probekit.score_file(engine, prompts, tmp_path / "o.parquet", "0-3")
+    assert engine.scored == 0 and not (tmp_path / "o.parquet").exists()

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 import socket
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -92,11 +93,11 @@ def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text.replace(MARK, ""), encoding="utf-8"))
 
 
-def check_writable(folder: str | Path, option: str = "out") -> Path:
+def check_writable(folder: str | Path, option: str = "out", needs: int = 0) -> Path:
     """Refuse, in one line naming the `option` that gives it, an output folder that cannot be
     created or written: a real write in its nearest existing folder (permissions alone miss
-    read-only file systems), removed at once. Run before any work, so a bad folder fails in
-    seconds."""
+    read-only file systems), removed at once; or whose disk has less free than the `needs`
+    bytes the work will write. Run before any work, so a bad folder fails in seconds."""
     target = Path(folder).expanduser()
     existing = next(p for p in (target, *target.parents) if p.exists())
     if not existing.is_dir():
@@ -109,6 +110,11 @@ def check_writable(folder: str | Path, option: str = "out") -> Path:
         raise ProbekitError(f"{named(option)} {folder}: {write_error(existing, exc)}") from None
     finally:
         _discard(probe)
+    if needs and (free := shutil.disk_usage(existing).free) < needs:
+        raise ProbekitError(
+            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, the work writes "
+            f"about {needs / 2**20:.0f} MiB; free some space or give another {named(option)}"
+        )
     return target
 
 

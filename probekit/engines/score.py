@@ -135,10 +135,11 @@ def score_frames(
         yield pd.DataFrame(rows)
 
 
-def check_scores_file(scores: str | Path) -> None:
+def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> None:
     """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
-    folder there, its folder not writable or under a file)."""
-    check_writable(Path(scores).parent, "scores")
+    folder there, its folder not writable or under a file, or its disk short of the `rows` of
+    `answers` probabilities, at 8 bytes a number: what Parquet writes of floats at most)."""
+    check_writable(Path(scores).parent, "scores", rows * (answers + 8) * 8)
     if Path(scores).is_dir():
         raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
 
@@ -204,7 +205,7 @@ def score_file(
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
-    check_scores_file(scores)
+    check_scores_file(scores, total, len(as_answer_set(answers).answers))
     engine = scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
     masses: list[float] = []
     with (
