@@ -199,7 +199,6 @@ def score_file(
 
     Args:
         load: `load_engine`'s keywords for a model spec."""
-
     if trap := prefill_trap(prefill):
         warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work

@@ -148,7 +148,7 @@ class StudyRunner(Runner):
     """Whether a folder holding this command's run is resumed (checked before any model)."""
     later: tuple[str, ...] = ()
     """Manifest fields compared once the model is loaded, not before."""
-    writes: tuple[str, ...] = (MANIFEST, "report.html")
+    writes: tuple[str, ...] = (MANIFEST, "parts/", "summary.csv", "report.html")
     """What the command writes in its folder (a folder when it ends in "/"), each checked before
     any work (`probekit.core.io.check_outputs`)."""
 

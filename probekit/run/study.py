@@ -142,7 +142,7 @@ class RunCommand(StudyRunner):
     """`probekit run STUDY`: every probe of the study on each model, in one folder each."""
 
     name, own = "run", RunOptions
-    writes = (*StudyRunner.writes, "parts/", SCORES, "summary.csv", "summary.md")
+    writes = (*StudyRunner.writes, SCORES, "summary.md")
 
     def defaults(self, study: Study | None) -> dict[str, Any]:
         assert study is not None
