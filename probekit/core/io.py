@@ -1,8 +1,10 @@
 """Writing result files so that a reader never sees half of one, and every write failure as one
 line: a hidden temporary name in the same folder, renamed into place once complete
 (`atomic_write`, `ParquetStream`); a full disk or a read-only folder is a `ProbekitError` naming
-the file, and leaves nothing behind. `check_writable` tries an output folder before any work, and
-`FileLock` keeps two processes out of the same work (a run's shard, a model conversion)."""
+the file, and leaves nothing behind (a stream's complete rows are kept beside their target:
+`keep_or_replace`). `check_outputs` tries an output folder, and the names a command writes in
+it, before any work, and `FileLock` keeps two processes out of the same work (a run's shard, a
+model conversion)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from pathlib import Path
 
@@ -25,6 +28,10 @@ from probekit.core.errors import MARK, ProbekitError, named
 def temporary_name(path: Path) -> Path:
     """A hidden name beside `path`, unique to this process (parquet readers skip dot files)."""
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+class WriteFailed(ProbekitError):
+    """A write that failed (`write_error`): what was finished before it can still be kept."""
 
 
 def write_error(path: Path, exc: OSError) -> ProbekitError:
@@ -43,7 +50,7 @@ def write_error(path: Path, exc: OSError) -> ProbekitError:
         hint = f"a file stands where a folder must be; move it, or give another {named('out')}"
     else:
         hint = "check the path and the disk"
-    return ProbekitError(f"cannot write {path}: {reason}; {hint}")
+    return WriteFailed(f"cannot write {path}: {reason}; {hint}")
 
 
 def _discard(path: Path) -> None:
@@ -86,11 +93,11 @@ def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text.replace(MARK, ""), encoding="utf-8"))
 
 
-def check_writable(folder: str | Path, option: str = "out") -> Path:
+def check_writable(folder: str | Path, option: str = "out", needs: int = 0) -> Path:
     """Refuse, in one line naming the `option` that gives it, an output folder that cannot be
     created or written: a real write in its nearest existing folder (permissions alone miss
-    read-only file systems), removed at once. Run before any work, so a bad folder fails in
-    seconds."""
+    read-only file systems), removed at once; or whose disk has less free than the `needs`
+    bytes the work will write. Run before any work, so a bad folder fails in seconds."""
     target = Path(folder).expanduser()
     existing = next(p for p in (target, *target.parents) if p.exists())
     if not existing.is_dir():
@@ -103,7 +110,41 @@ def check_writable(folder: str | Path, option: str = "out") -> Path:
         raise ProbekitError(f"{named(option)} {folder}: {write_error(existing, exc)}") from None
     finally:
         _discard(probe)
+    if needs and (free := shutil.disk_usage(existing).free) < needs:
+        raise ProbekitError(
+            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, the work writes "
+            f"about {needs / 2**20:.0f} MiB; free some space or give another {named(option)}"
+        )
     return target
+
+
+def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "out") -> Path:
+    """`check_writable(folder, option)`, and each of `names` (what a command writes in `folder`;
+    a folder when it ends in "/") not there as the other kind: one line naming the path."""
+    target = check_writable(folder, option)
+    for name in names:
+        path, wanted = target / name.rstrip("/"), "folder" if name.endswith("/") else "file"
+        if path.exists() and path.is_dir() != (wanted == "folder"):
+            found = "folder" if wanted == "file" else "file"
+            raise ProbekitError(
+                f"{named(option)} {folder}: {path} is a {found} where a {wanted} is written; "
+                f"move it, or give another {named(option)}"
+            )
+    return target
+
+
+def keep_or_replace(tmp: Path, path: Path) -> None:
+    """Rename the complete file `tmp` to `path`; where that fails, keep it beside `path` (as
+    `<stem>.partial<suffix>`) and say so in one line, with how to finish."""
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        kept = path.with_name(f"{path.stem}.partial{path.suffix}")
+        os.replace(tmp, kept)  # the same folder: where this fails too, the rows are lost
+        raise WriteFailed(
+            f"{write_error(path, exc).marked}; the rows are kept in {kept}: move it to {path} to "
+            "finish"
+        ) from None
 
 
 class ParquetStream:
@@ -141,7 +182,7 @@ class ParquetStream:
             if self._writer is not None:
                 self._writer.close()
                 if failed is None:
-                    os.replace(self.tmp, self.path)
+                    keep_or_replace(self.tmp, self.path)
         except OSError as err:
             if failed is None:
                 raise write_error(self.path, err) from None

@@ -28,6 +28,7 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError, named
+from probekit.core.io import ParquetStream, check_writable
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts
@@ -134,6 +135,15 @@ def score_frames(
         yield pd.DataFrame(rows)
 
 
+def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> None:
+    """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
+    folder there, its folder not writable or under a file, or its disk short of the `rows` of
+    `answers` probabilities, at 8 bytes a number: what Parquet writes of floats at most)."""
+    check_writable(Path(scores).parent, "scores", rows * (answers + 8) * 8)
+    if Path(scores).is_dir():
+        raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
+
+
 def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
     """Items from any prompt form `score` accepts; ids are the list positions unless given."""
     if isinstance(prompts, Path) or (
@@ -189,8 +199,6 @@ def score_file(
 
     Args:
         load: `load_engine`'s keywords for a model spec."""
-    from probekit.core.io import ParquetStream
-
     if trap := prefill_trap(prefill):
         warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
     if Path(scores).resolve() == Path(prompts).resolve():  # links followed
@@ -202,6 +210,7 @@ def score_file(
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
+    check_scores_file(scores, total, len(as_answer_set(answers).answers))
     engine = loaded or scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
     masses: list[float] = []
     with (

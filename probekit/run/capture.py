@@ -41,6 +41,7 @@ class CaptureCommand(MechanismRunner):
     """`probekit capture STUDY`: the capture's own lines (its manifest is the capture's)."""
 
     name, own, settles = "capture", CaptureOptions, False
+    writes = (*MechanismRunner.writes, "shards/", "index/")
 
     def check(self, options: Options, study: Study | None) -> None:
         """With the mechanism's, the capture's sites, known by name (no data, no model)."""
@@ -65,7 +66,7 @@ class CaptureCommand(MechanismRunner):
 
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
-        self.execute(study, options, call=f"probekit {self.name}")
+        self.finish(study, options, call=f"probekit {self.name}")
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> CaptureResult:
         result = run_capture(model, job.probe, job.encoded, job.own, job.folder, say=echo)

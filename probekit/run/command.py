@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
+from probekit.core.io import WriteFailed, check_outputs
 from probekit.core.items import EncodedItem, Item
 from probekit.core.options import Command, named
 from probekit.core.progress import silenced
-from probekit.core.rundir import RESULTS_FORMAT, RunDir
+from probekit.core.rundir import MANIFEST, RESULTS_FORMAT, RunDir
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, check_models, loaded_engine
 from probekit.run.numerics import settle_run_precision
@@ -148,6 +149,9 @@ class StudyRunner(Runner):
     """Whether a folder holding this command's run is resumed (checked before any model)."""
     later: tuple[str, ...] = ()
     """Manifest fields compared once the model is loaded, not before."""
+    writes: tuple[str, ...] = (MANIFEST, "parts/", "summary.csv", "report.html")
+    """What the command writes in its folder (a folder when it ends in "/"), each checked before
+    any work (`probekit.core.io.check_outputs`)."""
 
     def defaults(self, study: Study | None) -> dict[str, Any]:
         return {}
@@ -171,7 +175,22 @@ class StudyRunner(Runner):
         """The command's function: `function` called with `arguments` (its `locals()`)."""
         study, options = self.function(function, arguments)
         engine = loaded_engine(arguments["model"])
-        return self.execute(study, options, engine, self.recorded(function, arguments))
+        return self.finish(study, options, engine, self.recorded(function, arguments))
+
+    def finish(
+        self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
+    ) -> Any:
+        """`execute`, where a write that fails says what is kept and how to finish (a resumable
+        command's finished parts and files: the same command again)."""
+        try:
+            return self.execute(study, options, engine, call)
+        except WriteFailed as failed:
+            if not self.resumable:
+                raise
+            raise ProbekitError(
+                f"{failed.marked}; what was finished is kept in {options.own.out}: once that is "
+                "fixed, run the same command again to finish (nothing finished is redone)"
+            ) from None
 
     def recorded(self, function: Any, arguments: Mapping[str, Any]) -> str:
         """The call as the manifest records it: `probekit.lens_study`."""
@@ -186,7 +205,7 @@ class StudyRunner(Runner):
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
         start = time.monotonic()
-        print(f"wrote {self.wrote(self.execute(study, options, call=f'probekit {self.name}'))}")
+        print(f"wrote {self.wrote(self.finish(study, options, call=f'probekit {self.name}'))}")
         print(f"wall time {time.monotonic() - start:.0f} s")
 
     def wrote(self, result: Any) -> str:
@@ -204,7 +223,9 @@ class StudyRunner(Runner):
 
     def check_resume(self, job: Job) -> None:
         """Before any model loads: refuse, in one line naming the setting, a folder holding
-        another run than `job` (the fields only loading gives are left for after)."""
+        another run than `job` (the fields only loading gives are left for after), and a
+        folder where the command cannot write what it `writes`."""
+        check_outputs(job.folder, self.writes)
         if not self.resumable:
             return
         known = self.manifest(job, None)

@@ -115,6 +115,7 @@ class LensCommand(MechanismRunner):
     """`probekit lens STUDY`: the lens's own lines (its layers, scoring and report)."""
 
     name, own = "lens", LensOptions
+    writes = (*MechanismRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
 
     def wrote(self, result: StudyLens) -> str:
         return f"{result.path}/lens.parquet, summary.csv, lens.png, report.html"

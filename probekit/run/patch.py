@@ -135,6 +135,7 @@ class PatchCommand(MechanismRunner):
     """`probekit patch STUDY`: the patching analysis, and its record."""
 
     name, own, resumable = "patch", PatchOptions, False
+    writes = ("patching.parquet", "patching_summary.csv", f"{RECORD}/")
 
     def check(self, options: Options, study: Study | None) -> None:
         """With the mechanism's, the patch options that cannot go together (no data, no

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import check_writable
 from probekit.core.kinds import path
 from probekit.core.options import REQUIRED, as_flags, option, option_values
 from probekit.engines.options import ScoreOptions
@@ -33,7 +32,9 @@ class ScoreCommand(Runner):
     name, own = "score", ScoreFiles
 
     def check(self, options: Options, study: Study | None) -> None:
-        check_writable(options.own.scores.parent, "scores")
+        from probekit.engines.score import check_scores_file
+
+        check_scores_file(options.own.scores)
 
     def elsewhere(self, name: str) -> str | None:
         """`--out` (score's file until it was named `--scores`) names a run folder elsewhere."""

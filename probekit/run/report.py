@@ -163,7 +163,7 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
     """Where the summary and page of `runs` go: `out`, else the one folder given, else
     `combined/` in the folders' common parent. Checked before any work: writable, and not the
     folder of a run other than the one reported (its own summary and page would be replaced)."""
-    from probekit.core.io import check_writable
+    from probekit.core.io import check_outputs
 
     if out is not None:
         target = Path(out)
@@ -173,8 +173,7 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
         common = Path(os.path.commonpath([f.resolve() for f in folders]))
         target = common / COMBINED
     refuse_other_runs(target, runs)
-    check_writable(target)
-    return target
+    return check_outputs(target, ("summary.csv", "summary.md", "report.html"))
 
 
 def refuse_other_runs(folder: Path, runs: Sequence[RunDir]) -> None:

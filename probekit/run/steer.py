@@ -152,6 +152,7 @@ class SteerCommand(MechanismRunner):
     """`probekit steer STUDY`: the steering's own lines (its vectors, αs and report)."""
 
     name, own = "steer", SteerOptions
+    writes = (*MechanismRunner.writes, ROWS, "steer.png", "alphas/")
     refreshed = ("alphas", "vector_file", *MechanismRunner.refreshed)
 
     def check(self, options: Options, study: Study | None) -> None:

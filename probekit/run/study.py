@@ -25,7 +25,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
 from probekit.core.progress import echo, is_quiet, note, silenced
 from probekit.core.public import public
-from probekit.core.rundir import RESULTS_FORMAT, RunDir
+from probekit.core.rundir import RESULTS_FORMAT, SCORES, RunDir
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.reporting.headline import Headline
@@ -142,6 +142,7 @@ class RunCommand(StudyRunner):
     """`probekit run STUDY`: every probe of the study on each model, in one folder each."""
 
     name, own = "run", RunOptions
+    writes = (*StudyRunner.writes, SCORES, "summary.md")
 
     def defaults(self, study: Study | None) -> dict[str, Any]:
         assert study is not None
@@ -174,7 +175,7 @@ class RunCommand(StudyRunner):
 
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
-        self.execute(study, options, call=argv_line())
+        self.finish(study, options, call=argv_line())
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """What defines a run (its manifest; `probekit.core.rundir.RECORDED_ONLY` says which
