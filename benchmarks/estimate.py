@@ -102,15 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "options": options,
             }
         )
-        write_results(
-            "estimate",
-            figures,
-            device="cpu",
-            threads=None,
-            load_start=start,
-            load_end=load_line("at end"),
-            path=args.json,
-        )
+        end = load_line("at end")
+        on = {"device": "cpu", "threads": None, "load_start": start, "load_end": end}
+        write_results("estimate", figures, path=args.json, **on)
     return 0
 
 
