@@ -16,7 +16,7 @@ from typing import Any
 
 from probekit.engines.base import describe_precision
 from probekit.reporting.headline import Headline, missing
-from probekit.reporting.summary import describe_limit, describe_numerics
+from probekit.reporting.summary import describe_limit, describe_numerics, described
 from probekit.stats.bootstrap import RESAMPLES
 
 PACKAGES = (
@@ -36,8 +36,16 @@ def run_facts(manifest: Mapping[str, Any], data: str) -> dict[str, Any]:
     precision, numerics = manifest.get("precision"), manifest.get("numerics")
     return {
         **{name: manifest.get(name) for name in FACTS.split()},
-        "precision": describe_precision(precision) if isinstance(precision, dict) else None,
-        "numerics": describe_numerics(numerics) if isinstance(numerics, dict) else None,
+        "precision": (
+            described("precision", describe_precision, precision)
+            if isinstance(precision, dict)
+            else None
+        ),
+        "numerics": (
+            described("numerics", describe_numerics, numerics)
+            if isinstance(numerics, dict)
+            else None
+        ),
         "data": data,
         "limit": describe_limit(manifest),
         "resamples": manifest.get("resamples", RESAMPLES),
