@@ -56,6 +56,7 @@ def bootstrap_units(
     call per resample.
     `method="percentile"` takes the central `level` percentiles of the resampled values;
     `"normal"` fits a normal to them (mean, population std) and takes its central interval.
+    One unit has no interval: `low` and `high` are NaN (every resample is that unit).
     """
     if n < 1:
         raise ProbekitError(f"the bootstrap needs at least 1 resample, got {n}")
@@ -72,7 +73,9 @@ def bootstrap_units(
     else:
         resampled = np.array([float(statistic(d)) for d in draws])
         estimate = float(statistic(np.arange(n_units)))
-    if method == "percentile":
+    if n_units == 1:
+        low = high = np.nan
+    elif method == "percentile":
         tail = 50 * (1 - level)
         low, high = np.percentile(resampled, [tail, 100 - tail])
     else:
