@@ -112,16 +112,11 @@ JAEM = pytest.mark.reference_data("jaem_st/dimensions.json")
 
 
 LIMITED = [  # (study, options, a limit that fits, the smallest balanced run, its message)
-    ("intergroup", {}, 100, 72, "(2 events, each with 36 perceiver × experiencer pairs)"),
-    ("isear", {"events": 10}, 7, 6, "(2 events, each with 3 genders)"),
-    ("giebench", {}, 20, 10, "(2 items, each with its 3 prompt types, and the identity swaps)"),
+    ("intergroup", {}, 100, 36, "(1 event, with 36 perceiver × experiencer pairs)"),
+    ("isear", {"events": 10}, 7, 3, "(1 event, with 3 genders)"),
+    ("giebench", {}, 20, 5, "(1 item, with its 3 prompt types, and the identity swaps)"),
     pytest.param(
-        "jaem-st",
-        {"data": str(DATA_ROOT)},
-        60,
-        54,
-        "one sample of every template × gender × pronoun)",
-        marks=JAEM,
+        "jaem-st", {"data": str(DATA_ROOT)}, 60, 1, "(1 sample, with 1 answer order)", marks=JAEM
     ),
 ]
 
@@ -132,8 +127,8 @@ def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
 ):
     """`limit` is a smoke run the statistics can use: whole units (every perceiver pair,
     gender, prompt type of each), taken in turn from each group (emotion, category, template ×
-    group), the probe's order kept; too small is refused, before any scoring, with the smallest
-    limit that works, and that limit works."""
+    group), the probe's order kept; a limit that fits no whole unit is refused, before any
+    scoring, with the smallest limit that works, and that limit works."""
     probe = study_probe(name, **options)
     whole = units(probe)
     limited = probe.limited(limit)
@@ -152,7 +147,7 @@ def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
     with pytest.raises(ProbekitError) as info:
         probe.limited(smallest - 1)
     text = str(info.value)
-    assert text.startswith(f"limit={smallest - 1} is too small for the statistics of {name}")
+    assert text.startswith(f"limit={smallest - 1} is too small for {name}")
     assert as_flags(info.value.marked).startswith(f"--limit {smallest - 1} is too")  # the flag
     assert f"the smallest balanced run is {smallest} prompts" in text and message in text
     assert len(probe.limited(smallest)) == smallest
@@ -162,15 +157,15 @@ def test_limit_keeps_whole_units_taken_in_turn_from_every_group(
 def test_isear_limit_1_is_refused_not_one_gender():
     """`limit=1` used to score one prompt and report a max_diff and a mark from one gender."""
     probe = study_probe("isear", events=4)
-    with pytest.raises(ProbekitError, match="smallest balanced run is 6 prompts"):
+    with pytest.raises(ProbekitError, match="smallest balanced run is 3 prompts"):
         probe.limited(1)
-    limited = probe.limited(6)
+    limited = probe.limited(3)
     assert {item.key["gender"] for item in limited.items()} == set(probe.genders)
 
 
 @pytest.mark.parametrize(
     ("name", "options", "limit", "smallest"),
-    [("intergroup", {"events": 1}, 72, 72), ("isear", {"events": 3}, 1, 6)],
+    [("intergroup", {"events": 1}, 36, 36), ("isear", {"events": 3}, 1, 3)],
 )
 def test_a_too_small_limit_is_refused_before_any_work(
     tmp_path, monkeypatch, name, options, limit, smallest

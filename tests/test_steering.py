@@ -247,7 +247,8 @@ def _no_scoring(*args, **kwargs):
 
 
 def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
-    """Cross-fitted: each unit's prompts get the contrast of the other units' span means."""
+    """Cross-fitted: each unit's prompts get the contrast of the other units' span means; the
+    prompts of one unit, their own."""
     from probekit.core.items import Item
 
     texts = PROMPTS + ["I am a Christian. How sad?", "My aunt, a Hindu, lost her cat. How sad?"]
@@ -258,6 +259,8 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
     args = (encoded, targets)
     diff = contrast_vectors(model, *args, "mean_diff", "answer", lambda p: side[encoded.index(p)])
     unit = contrast_vectors(model, *args, "direction", "answer", lambda p: side[encoded.index(p)])
+    first = encoded[:2]  # one unit: no other to fit on, so its own contrast (a first try)
+    own = contrast_vectors(model, first, targets, "mean_diff", "answer", lambda p: p is first[0])
     acts = probekit.capture(
         model, encoded, sites=["hook_resid_post", "hook_mlp_out"], layers=[1, 3]
     )
@@ -269,8 +272,8 @@ def test_mean_diff_and_direction_are_the_contrast_of_captured_span_means(model):
             assert np.allclose(diff[(name, layer)][i].numpy(), expected, atol=1e-5)
             found = unit[(name, layer)][i].numpy()
             assert np.allclose(found, expected / np.linalg.norm(expected), atol=1e-5)
-    with pytest.raises(ProbekitError, match="at least two units; these prompts have 1"):
-        contrast_vectors(model, encoded[:2], targets, "mean_diff", "answer", lambda p: True)
+        for i in range(2):
+            assert np.allclose(own[(name, layer)][i].numpy(), last[0] - last[1], atol=1e-5)
 
 
 def test_a_vector_file_is_read_per_layer(model, tmp_path):

@@ -61,7 +61,8 @@ class BatchSizeOption:
 
 _SLICE = (
     "at most N prompts: the smallest balanced slice of that size, whole units (events, items, "
-    "samples) taken in turn from each group while their prompts fit"
+    "samples) taken in turn from each group while their prompts fit; fewer units than the "
+    "headline's interval needs are scored, the headline marked 'no interval: N < M'"
 )
 
 
@@ -72,8 +73,7 @@ class LimitOption:
     limit: int | None = option(
         None,
         help={
-            "run": f"{_SLICE}; too few units for the statistics is refused with the smallest N "
-            "(default: every prompt)",
+            "run": f"{_SLICE} (default: every prompt)",
             "capture": f"{_SLICE} (default: the first {FIRST_UNITS['capture']} units)",
             "": f"{_SLICE} (default: the first {FIRST_UNITS['patch']} units)",
         },

@@ -7,7 +7,8 @@ unit vector, the contrast direction of `probekit.mechanism.directions`), or read
 A contrast's vector is cross-fitted: the units are split into folds (`directions.unit_folds`),
 and the prompts of each fold are steered along the vector fitted on the other folds' units only,
 so no prompt is steered along a vector made from its own unit (`contrast_vectors` gives one row
-per prompt, its fold's vector).
+per prompt, its fold's vector). Prompts of one unit (a first try) have no other unit to fit on:
+their vector is fitted on their own prompts, and `probekit steer` says so.
 
 A file is read and checked before any model loads (readable, one tensor, finite, not zero) and
 known by its content (`VectorFile.sha256`), so a steering run resumes only with the same numbers
@@ -132,10 +133,12 @@ def contrast_vectors(
     """The contrast's mean difference at `span` (`kind` `mean_diff`) or its unit direction
     (`direction`) at each target, cross-fitted (see the module): one row per prompt, [prompts,
     d_model], each its fold's vector, from the prompts' span means (`steering.span_means`, read
-    here unless given). One line with fewer than two units."""
+    here unless given); one unit's prompts: the vector of their own prompts."""
     if kind not in VECTORS:
         raise ProbekitError(f"unknown vector kind {kind!r}; choose from {', '.join(VECTORS)}")
-    fold = unit_folds([p.item.unit for p in encoded], seed)
+    units = [p.item.unit for p in encoded]
+    one = len(set(units)) == 1  # no other unit to fit on: fitted on its own prompts
+    fold = np.zeros(len(units), int) if one else unit_folds(units, seed)
     side = np.array([bool(contrast(p)) for p in encoded])
     if means is None:
         means = steering.span_means(model, encoded, targets, span, hooks)
@@ -144,7 +147,7 @@ def contrast_vectors(
     for target in targets:
         rows = np.empty_like(means[target])
         for k in np.unique(fold):
-            train = fold != k
+            train = (fold != k) | one
             rows[fold == k] = fit(means[target][train], side[train])
         out[target] = torch.as_tensor(rows)
         steering.as_vectors(model, {target: rows[0]}, [target])  # its width and values, checked

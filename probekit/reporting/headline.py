@@ -20,6 +20,10 @@ from probekit.core.public import public
 if TYPE_CHECKING:
     import pandas as pd
 
+INTERVAL_NOTE = "interval_note"
+"""The summary column and manifest field of a run too small for its headline's interval:
+`no interval: N < M events` (`probekit.studies.Probe.interval_fields`)."""
+
 
 def missing(value: Any) -> bool:
     """True for None, NaN and empty strings: a cell the page shows as a dash."""

@@ -46,7 +46,8 @@ def adjust_layers(
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The summary with `weak_signal` (the layer's mean valid mass is below the threshold) and
     `p_adjusted` (Holm over the layers of each headline with a p), and no p, p_adjusted or share
-    of the gap at a weak layer, whose note says so; `gaps` without its `share` at weak layers."""
+    of the gap at a weak layer, whose note says so first; `gaps` without its `share` at weak
+    layers."""
     weak = summary["mean_valid_mass"].map(is_weak).astype(bool)
     flag = (
         f"weak signal: the lens's mean valid mass is below {WEAK_SIGNAL_VALID_MASS:.0%}, so "
@@ -58,7 +59,8 @@ def adjust_layers(
         out["p_adjusted"] = np.nan
         for _, rows in out.groupby("label", sort=False):
             out.loc[rows.index, "p_adjusted"] = holm(rows["p_value"].to_numpy(float))
-    out["note"] = out.get("note", pd.Series("", index=out.index)).mask(weak, flag)
+    notes = out.get("note", pd.Series("", index=out.index)).fillna("").astype(str)
+    out["note"] = notes.mask(weak, (f"{flag}; " + notes).str.removesuffix("; "))
     if gaps is not None:
         weak_layers = set(out.loc[weak, "layer"])
         gaps = gaps.assign(share=gaps["share"].mask(gaps["layer"].isin(weak_layers)))

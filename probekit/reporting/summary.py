@@ -1,9 +1,9 @@
 """The sections of `summary.md` that every study shares, read from the run folders alone: which
 runs are partial (`## Partial run`, a manifest `limit` below the prompts of the study's
-configuration), each run's arithmetic and numeric noise (`## Numerics`, from its manifest's
-`precision` and `numerics`: the tier picked, its measured error and what was tried) and a
-weak-signal line for a run whose mean valid mass is below `WEAK_SIGNAL_VALID_MASS`
-(`## Signal`). `probekit run` and
+configuration) or too small for an interval (`## No interval`, a manifest `interval_note`),
+each run's arithmetic and numeric noise (`## Numerics`, from its manifest's `precision` and
+`numerics`: the tier picked, its measured error and what was tried) and a weak-signal line for a
+run whose mean valid mass is below `WEAK_SIGNAL_VALID_MASS` (`## Signal`). `probekit run` and
 `probekit report` write them the same way (`Study.write_summary`), so a re-report keeps them."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from probekit.core.options import given
 from probekit.core.rundir import RunDir
 from probekit.core.signal import weak_signal
 from probekit.engines.base import describe_precision
+from probekit.reporting.headline import INTERVAL_NOTE
 
 SAMPLE_LINE = (
     "**SAMPLE DATA, not the study's data set.** The rows whose `data` says \"probekit's own "
@@ -26,17 +27,25 @@ SAMPLE_LINE = (
 )
 """The first line of a `summary.md` that holds a run on probekit's sample data."""
 
+NO_INTERVAL = (
+    "too few units for the interval of the study's headline, so its interval cells are empty; "
+    "the numbers are those units' alone (a first try, not a result)"
+)
+"""What `summary.md` says of a run whose manifest has an `interval_note`."""
+
 
 def run_sections(runs: Sequence[Path], out: Path) -> str:
     """The Markdown sections about `runs` (folders), each named relative to `out`; empty when
     there is nothing to say."""
-    numerics, signal, partial = [], [], []
+    numerics, signal, partial, interval = [], [], [], []
     for folder in runs:
         manifest = RunDir(folder).read_manifest() or {}
         where = run_name(folder, out)
         line = describe_limit(manifest)
         if line is not None:
             partial.append(f"- {where}: {line}")
+        if manifest.get(INTERVAL_NOTE):
+            interval.append(f"- {where}: {manifest[INTERVAL_NOTE]}: {NO_INTERVAL}")
         precision = manifest.get("precision")
         if isinstance(precision, dict) and "tier" in precision:
             numerics.append(f"- {where}: {described('precision', describe_precision, precision)}")
@@ -49,6 +58,8 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
     parts = []
     if partial:
         parts.append("## Partial run\n\n" + "\n".join(partial))
+    if interval:
+        parts.append("## No interval\n\n" + "\n".join(interval))
     if signal:
         parts.append("## Signal\n\n" + "\n".join(signal))
     if numerics:

@@ -159,6 +159,7 @@ class LensCommand(MechanismRunner):
         table = probe.add_columns(_long(wide))
         write_table(out / ROWS, pa.Table.from_pandas(table, preserve_index=False))
         report = {**probe.manifest(), "model": model.name, "seed": job.own.seed, "view": VIEWS[0]}
+        report |= probe.interval_fields(job.items)
         gaps = patching_gaps(out, table, job.items, probe)
         # p adjusted over the layers; no p and no share of the gap at a weak layer
         summary, gaps = adjust_layers(layer_summary(study, table, out, report), gaps)
@@ -235,7 +236,8 @@ def layer_summary(
         folder = out / "layers" / f"L{layer}"
         folder.mkdir(parents=True, exist_ok=True)
         scores = frame.reset_index(drop=True)
-        viewed = pd.DataFrame(study.report_view(scores, folder, report, VIEWS[0], ""))
+        viewed = study.report_view(scores, folder, report, VIEWS[0], "")
+        viewed = pd.DataFrame(study.without_interval(viewed, report))
         write_text(folder / "summary.csv", viewed.to_csv(index=False))
         base = {
             "layer": int(layer),

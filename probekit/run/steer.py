@@ -171,7 +171,6 @@ class SteerCommand(MechanismRunner):
     def prepare(self, job: Job) -> SteerPlan:
         own = job.own
         file = None if own.vector in vectors.VECTORS else vectors.read_vector_file(own.vector)
-        job.probe.refuse_too_few_units(job.items)  # each α's headline has an interval over units
         contrast = job.study.mechanism_defaults().contrast  # every study declares one
         return SteerPlan(
             own.alphas if 0.0 in own.alphas else [0.0, *own.alphas],  # side effects vs α = 0
@@ -207,6 +206,8 @@ class SteerCommand(MechanismRunner):
         if plan.file is not None:
             found = vectors.file_vectors(model, plan.file, targets)
         else:
+            if len({item.unit for item in job.items}) == 1:
+                print(f"probekit: warning: {ONE_UNIT}", file=sys.stderr)
             side = plan.contrast.side(probe)
             found = vectors.contrast_vectors(  # cross-fitted: each prompt's fold's vector
                 model, job.encoded, targets, own.vector, plan.span, side, own.hooks, means, own.seed
@@ -252,6 +253,7 @@ class SteerCommand(MechanismRunner):
         pace = pace_key(model.describe(), probe.answers, "steer")
         base: dict[int, Any] = {}  # the unsteered results, scored once
         report = {**probe.manifest(), "model": model.name, "seed": own.seed, "view": VIEWS[0]}
+        report |= probe.interval_fields(job.items)
         hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
         unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
         frames, rows = [], []
@@ -289,6 +291,10 @@ class SteerCommand(MechanismRunner):
 
 
 STEER = SteerCommand()
+ONE_UNIT = (
+    "one unit: the vector is fitted on the prompts it steers, not cross-fitted on other units; "
+    "give two or more for a vector that has not seen the prompts it moves"
+)
 
 
 class SteerScoring(Scoring):

@@ -196,6 +196,7 @@ class RunCommand(StudyRunner):
             "prompts_total": len(probe.whole),
             "results_format": RESULTS_FORMAT,
             **probe.manifest(),
+            **probe.interval_fields(probe.items()),
         }
 
     def execute(
@@ -218,8 +219,6 @@ class RunCommand(StudyRunner):
         probes = study.probes(options.study, self.context(options, say))
         if run.limit is not None:  # whole units of every group, or one line before any work
             probes = [probe.limited(run.limit) for probe in probes]
-        for probe in probes:
-            probe.refuse_too_few_units(probe.items())
         models = [given_model(options.model, engine)] if engine else list(options.models)
         shard = Shard(*run.shard).split(launch.rank, launch.world)
         out = Path(run.out)

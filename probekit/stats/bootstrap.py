@@ -61,6 +61,7 @@ def bootstrap_units(
     call per resample.
     `method="percentile"` takes the central `level` percentiles of the resampled values;
     `"normal"` fits a normal to them (mean, population std) and takes its central interval.
+    One unit has no interval: `low` and `high` are NaN (every resample is that unit).
     """
     if n < 1:
         raise ProbekitError(f"the bootstrap needs at least 1 resample, got {n}")
@@ -79,7 +80,9 @@ def bootstrap_units(
         estimate = number(statistic(np.arange(n_units)))
     if np.isinf(estimate):
         raise StatisticsError(f"the statistic is {estimate} on the whole table; no interval")
-    if method == "percentile":
+    if n_units == 1:
+        low = high = np.nan
+    elif method == "percentile":
         tail = 50 * (1 - level)
         low, high = np.percentile(resampled, [tail, 100 - tail])
     else:

@@ -33,17 +33,17 @@ def cell_pvalues(X: np.ndarray, reference: int | None = None) -> tuple[np.ndarra
 
     Returns (p_row, p_column): cell (i, j) vs (i, i) and vs (j, j). Untested cells (the
     diagonal and the `reference` row and column) are NaN, and so are cells whose unit-wise
-    differences are all zero.
+    differences are all zero, and every cell of one unit (a test over units needs two).
     """
     X = np.asarray(X, dtype=float)
     if X.ndim != 3 or X.shape[0] != X.shape[1]:
         raise ProbekitError(f"expected a cube X[row, column, unit], got shape {X.shape}")
-    if X.shape[2] < 2:
-        raise StatisticsError("paired t-tests need at least 2 kept units")
     k = len(X)
-    i, j = _tested_cells(k, reference)
     p_row = np.full((k, k), np.nan)
     p_column = np.full((k, k), np.nan)
+    if X.shape[2] < 2:
+        return p_row, p_column
+    i, j = _tested_cells(k, reference)
     from scipy import stats  # on use: scipy is slow to import
 
     # Zero-variance differences yield NaN p-values (masked below); scipy's warning adds nothing.

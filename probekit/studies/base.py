@@ -37,7 +37,7 @@ import inspect
 import sys
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from itertools import accumulate, zip_longest
 from pathlib import Path
@@ -57,7 +57,7 @@ from probekit.core.shared_options import FIRST_UNITS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
-from probekit.reporting.headline import Headline, ViewFacts
+from probekit.reporting.headline import INTERVAL_NOTE, Headline, ViewFacts
 from probekit.studies.report import ReportView, markdown_table, write_csv
 
 VIEWS = ("exact", "generate", "explain")
@@ -118,7 +118,9 @@ class Probe(Contract):
     A smoke run (`--limit N`) keeps whole units (`Item.unit`: an event, an item, a sample) so
     that every group the statistics compare (perceivers, genders, prompt types) stays in it:
     `limited(N)` takes units in turn from each `unit_group` (e.g. an event's emotion) while
-    their prompts fit in N, and refuses, before any scoring, fewer than `min_units` units."""
+    their prompts fit in N, and refuses, before any scoring, a limit that fits no whole unit.
+    Fewer than `min_units` units run, their headline marked with no interval
+    (`interval_fields`)."""
 
     name: str
     answers: AnswerSet
@@ -129,7 +131,7 @@ class Probe(Contract):
     as_string: bool = False  # tokenize rendered chat prompts as strings (`encode_item`)
     answer_cue: str | None = None  # explain view: the text after which the answer is read
     unit_name: str = "unit"  # what a unit is (event, item, sample), in messages
-    min_units: int = 2  # the fewest units the statistics can use (an interval needs two)
+    min_units: int = 2  # the fewest units the headline's interval needs (an interval: two)
     group_name: str = ""  # what `unit_group` is (emotion, category), in messages
 
     @abstractmethod
@@ -175,18 +177,16 @@ class Probe(Contract):
         """The probe before any `limited` (itself)."""
         return self
 
-    def refuse_too_few_units(self, items: Iterable[Item]) -> None:
-        """One line, before any scoring, when `items` (a run's or a mechanism command's) cover
-        fewer units than the statistics of the study's headline need (`min_units`: an interval
-        over units needs two), which would report an interval of no width."""
+    def interval_fields(self, items: Iterable[Item]) -> dict[str, str]:
+        """`{"interval_note": "no interval: N < M <unit>s"}` when `items` (a run's or a
+        mechanism command's) cover fewer units than the interval of the study's headline needs
+        (`min_units`: an interval over units needs two); else nothing. A run that small still
+        scores and reports; its report manifest carries the note, and the study's report empties
+        its intervals and says why (`Study.without_interval`)."""
         count = len({item.unit for item in items})
-        if count < self.min_units:
-            units = f"{self.unit_name}s"
-            raise ProbekitError(
-                f"{count} {self.unit_name if count == 1 else units} is too few for the "
-                f"statistics of {self.name}: its headline's interval is over {units} and needs "
-                f"at least {self.min_units}; give the study {self.min_units} {units} or more"
-            )
+        if count >= self.min_units:
+            return {}
+        return {INTERVAL_NOTE: f"no interval: {count} < {self.min_units} {self.unit_name}s"}
 
     def balanced(self) -> tuple[list[str], dict[str, int], int]:
         """Its units in the order a limited run takes them (in turn from each `unit_group`,
@@ -200,23 +200,20 @@ class Probe(Contract):
         order = [u for turn in zip_longest(*groups.values()) for u in turn if u is not None]
         return order, sizes, len(groups)
 
-    def limited(self, limit: int, fewest: int | None = None) -> Probe:
+    def limited(self, limit: int) -> Probe:
         """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
-        `unit_group` in the probe's order (the probe itself when all fit). Fewer than `fewest`
-        units (default `min_units`) is refused with the smallest limit that works (a
-        ProbekitError, before any scoring)."""
+        `unit_group` in the probe's order (the probe itself when all fit). A limit that fits no
+        whole unit is refused with the smallest limit that works (a ProbekitError, before any
+        scoring)."""
         order, sizes, groups = self.balanced()
         if limit >= sum(sizes.values()):
             return self
         counts = list(accumulate(sizes[unit] for unit in order))
         kept = sum(1 for count in counts if count <= limit)
-        needed = min(self.min_units if fewest is None else fewest, len(order))
-        if kept < needed:
-            unit = self.unit_name if needed == 1 else f"{self.unit_name}s"
+        if not kept:
             raise ProbekitError(
-                f"{given('limit', limit)} is too small for the statistics of {self.name}: the "
-                f"smallest balanced run is {counts[needed - 1]} prompts ({needed} {unit}, each "
-                f"with {self.unit_prompts()})"
+                f"{given('limit', limit)} is too small for {self.name}: the smallest balanced "
+                f"run is {counts[0]} prompts (1 {self.unit_name}, with {self.unit_prompts()})"
             )
         chosen = set(order[:kept])
         in_order = [unit for unit in sizes if unit in chosen]
@@ -225,7 +222,7 @@ class Probe(Contract):
     def first_units(self, count: int) -> Probe:
         """The smallest balanced slice of `count` units (`limited`)."""
         order, sizes, _ = self.balanced()
-        return self.limited(sum(sizes[unit] for unit in order[:count]), fewest=1)
+        return self.limited(sum(sizes[unit] for unit in order[:count]))
 
 
 class LimitedProbe:
@@ -283,6 +280,7 @@ class Study(Contract):
     options: type = NoOptions  # the study's own options (a dataclass of `option` fields)
     dataset: Dataset | None = None  # the data found by `data_source` from --data
     captions: Mapping[str, str] = MappingProxyType({})  # figure file name -> caption (pages)
+    interval_columns: tuple[str, ...] = ("low", "high")  # summary cells of a headline interval
 
     def check(self, options: Any, context: Context) -> None:
         """Refuse options that are valid one by one but not together (a ProbekitError naming
@@ -336,7 +334,8 @@ class Study(Contract):
         """The study's primary headline on scored rows of the exact view (`report_view` into
         `run_dir`, then `headlines`): the one number, with its interval, that `probekit steer`
         reports at each α."""
-        rows = pd.DataFrame(self.report_view(scores, run_dir, manifest, VIEWS[0], ""))
+        viewed = self.report_view(scores, run_dir, manifest, VIEWS[0], "")
+        rows = pd.DataFrame(self.without_interval(viewed, manifest))
         found = self.headlines(rows, manifest)
         if not found:
             raise ProbekitError(f"the study '{self.name}' gives no headline for these rows")
@@ -350,11 +349,24 @@ class Study(Contract):
         `probekit run` and `probekit report` write."""
         data = self.describe_data(manifest)
         rows = []
-        for row in self.report(scores, run_dir, manifest):
+        for row in self.without_interval(self.report(scores, run_dir, manifest), manifest):
             keys = list(row)
             at = keys.index("model") + 1 if "model" in row else len(keys)
             rows.append({**{k: row[k] for k in keys[:at]}, "data": data, **row})
         return rows
+
+    def without_interval(self, rows: list[dict], manifest: Mapping[str, Any]) -> list[dict]:
+        """`rows` of a run too small for its headline's interval (the manifest's
+        `interval_note`) with their `interval_columns` emptied (NaN) and the note beside them;
+        `rows` themselves otherwise."""
+        note = manifest.get(INTERVAL_NOTE)
+        if not note:
+            return rows
+        empty = dict.fromkeys(self.interval_columns, float("nan"))
+        return [
+            {**row, **{k: v for k, v in empty.items() if k in row}, INTERVAL_NOTE: note}
+            for row in rows
+        ]
 
     def write_summary(
         self, rows: Sequence[dict[str, Any]], out: Path, runs: Sequence[Path] | None = None
@@ -479,11 +491,10 @@ class Study(Contract):
 
 def mechanism_slice(probe: Probe, context: Context) -> Probe:
     """The slice of `probe` a mechanism command reads: the smallest balanced slice of
-    `context.limit` prompts (`Probe.limited`, one unit at least), else of its command's
-    `FIRST_UNITS` units."""
+    `context.limit` prompts (`Probe.limited`), else of its command's `FIRST_UNITS` units."""
     if context.limit is None:
         return probe.first_units(FIRST_UNITS[context.command])
-    return probe.limited(context.limit, fewest=1)
+    return probe.limited(context.limit)
 
 
 def contrast_pairs(contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
@@ -552,7 +563,14 @@ class ReportedStudy(Study):
         return self.report_module().summary_markdown(table)
 
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        return self.report_module().headlines(table, dict(manifest))
+        """The report module's headlines, each with the rows' `interval_note` (a run too
+        small for an interval) before its own note."""
+        found = self.report_module().headlines(table, dict(manifest))
+        notes = table.get(INTERVAL_NOTE, pd.Series(dtype=object)).dropna()
+        if not len(notes):
+            return found
+        note = str(notes.iloc[0])
+        return [replace(h, note="; ".join(filter(None, (note, h.note)))) for h in found]
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
         return self.report_module().view_facts(table, run)

@@ -90,6 +90,7 @@ class GIEBenchStudy(ReportedStudy):
     run_views = ("exact", "explain", "generate")
     default_out = "runs/giebench"
     unit_name = "item"
+    interval_columns = ("ci_low", "ci_high")
 
     options = GIEBenchOptions
     captions = MappingProxyType(

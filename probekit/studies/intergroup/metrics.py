@@ -169,8 +169,8 @@ def event_context(
     raw = bootstrap_units(len(gaps), lambda d: gaps[d].mean(-1), n_bootstrap, seed, batched=True)
     out = {
         "raw_gap": raw.estimate,
-        "raw_gap_ci_low": raw.low if len(gaps) > 1 else np.nan,
-        "raw_gap_ci_high": raw.high if len(gaps) > 1 else np.nan,
+        "raw_gap_ci_low": raw.low,
+        "raw_gap_ci_high": raw.high,
         "d_z": paired_effect_size(gaps),
         "p_events": sign_flip_test(gaps, seed=seed),
     }

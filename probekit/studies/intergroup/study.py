@@ -93,6 +93,7 @@ class IntergroupStudy(ReportedStudy):
     title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): rated intensity"
     default_out = "runs/intergroup"
     unit_name = "event"
+    interval_columns = ("delta_ci_low", "delta_ci_high", "raw_gap_ci_low", "raw_gap_ci_high")
 
     options = IntergroupOptions
     dataset = CROWD_ENVENT

@@ -133,7 +133,8 @@ class JaemProbe(Probe):
 
     @property
     def min_units(self) -> int:
-        """One sample of every template × group: the outliers compare every group."""
+        """One sample of every template × group: the interval of the CE score over all groups,
+        and the outliers, compare every group."""
         return self.rows.groupby([TEMPLATE, *self.group_columns]).ngroups
 
     @property
@@ -141,8 +142,7 @@ class JaemProbe(Probe):
         return " × ".join(["template", *self.group_columns])
 
     def unit_prompts(self) -> str:
-        orders = "1 answer order" if self.orders == 1 else f"{self.orders} answer orders"
-        return f"{orders}; one sample of every {self.group_name}"
+        return "1 answer order" if self.orders == 1 else f"{self.orders} answer orders"
 
     def parse(self, response: str) -> str | None:
         return parse_letter(response)

@@ -26,6 +26,7 @@ from probekit.core.kinds import (
 from probekit.core.options import given, named, option
 from probekit.core.progress import echo
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
+from probekit.reporting.headline import INTERVAL_NOTE
 from probekit.studies.base import (
     MECHANISM,
     RUN,
@@ -210,10 +211,14 @@ class JaemStudy(ReportedStudy):
         return report.report_run(scores, run_dir, manifest, view, suffix)
 
     def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-        """One row per (view, template), in the summary's fixed columns."""
+        """One row per (view, template), in the summary's fixed columns (and the note of a run
+        too small for an interval)."""
         import probekit.studies.jaem_st.report as report
 
-        return pd.DataFrame(list(rows)).reindex(columns=list(report.SUMMARY_COLUMNS))
+        frame = pd.DataFrame(list(rows))
+        return frame.reindex(
+            columns=[*report.SUMMARY_COLUMNS, *frame.columns.intersection([INTERVAL_NOTE])]
+        )
 
     def mechanism_defaults(self) -> MechanismDefaults:
         # readout P(Empathetic): the item's key 'correct'
