@@ -499,3 +499,24 @@ def test_the_notes_carry_their_layer_in_layer_order(tmp_path):
     html = page.read_text()
     found = [html.index(f"L{layer}: {note}") for layer, note in zip(layers[:3], "bac", strict=True)]
     assert found == sorted(found)
+
+
+def test_a_patching_run_of_other_weights_or_without_its_record_is_refused(tiny_deep, tmp_path):
+    """The lens reads a patching run in its folder only against that run's record: one made on
+    other weights (here its record edited), or with no record, is refused in one line before
+    the lens scores anything (it was read by prompt ids alone: a wrong share, no word)."""
+    out = tmp_path / "both"
+    common = dict(out=out, days=2, quiet=True)
+    study = minimal_study.MinimalStudy()
+    probekit.patch_study(study, tiny_deep, layers=[0], sites=["resid_pre"], bootstrap=20, **common)
+    record = out / "patching" / "manifest.json"
+    manifest = json.loads(record.read_text())
+    record.write_text(json.dumps({**manifest, "weights": "sha256:other"}))
+    with pytest.raises(ProbekitError, match=r"was made with a different weights \('sha256:other'"):
+        probekit.lens_study(study, tiny_deep, layers=[0], **common)
+    assert not (out / "lens.parquet").exists() and not (out / "parts").exists()
+    record.unlink()
+    with pytest.raises(ProbekitError, match=r"patching.parquet has no record"):
+        probekit.lens_study(study, tiny_deep, layers=[0], **common)
+    record.write_text(json.dumps(manifest))  # its own record back: the lens reads it beside
+    assert probekit.lens_study(study, tiny_deep, layers=[0], **common).gaps is not None

@@ -55,6 +55,7 @@ from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
 from probekit.run.command import Job, MechanismRunner
 from probekit.run.loop import fill, open_run
 from probekit.run.pace import pace_key
+from probekit.run.patch import RECORD as PATCH_RECORD
 from probekit.run.scoring import Chunk, Scoring
 from probekit.run.shards import WHOLE
 from probekit.studies.base import VIEWS, Probe, Study
@@ -63,6 +64,9 @@ ROWS = "lens.parquet"
 PROMPTS = "lens_by_prompt.parquet"
 GAPS = "lens_gaps.csv"
 PATCHING, PATCHING_SUMMARY = "patching.parquet", "patching_summary.csv"
+SAME_RUN = ("study", "weights", "dtype", "tier", "device", "epsilon", "data_sha256")
+"""What a patching run in the lens's folder must share with the lens for its pairs' gaps to be
+read in the lens's distributions (its record, `patching/manifest.json`, against the lens's)."""
 DIFFERENCE = "scorer_difference"
 """A part's column: the largest |difference| of an answer probability between the lens after
 the last layer and the scorer, per prompt (NaN when the last layer is not read)."""
@@ -141,6 +145,7 @@ class LensCommand(MechanismRunner):
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyLens:
         study, probe, out = job.study, job.probe, job.folder
         layers = manifest["layers"]
+        check_patching_record(out, manifest)  # before any scoring
         with open_run(out, WHOLE, manifest):
             manifest = RunDir(out).update_manifest(**{k: manifest[k] for k in self.refreshed})
             key = RowKey.of(manifest, [item.id for item in job.items])
@@ -268,6 +273,27 @@ def layer_summary(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def check_patching_record(out: Path, manifest: dict[str, Any]) -> None:
+    """A patching run in `out` is read beside the lens only where its record says it was made
+    on the lens's study, weights, dtype, tier, device, ε and data (`SAME_RUN`): one line
+    otherwise, and where it has no record, before the lens scores anything."""
+    if not (out / PATCHING).is_file():
+        return
+    record = RunDir(out / PATCH_RECORD).read_manifest()
+    if record is None:
+        raise ProbekitError(
+            f"{out / PATCHING} has no record ({out / PATCH_RECORD / 'manifest.json'}): the lens "
+            f"cannot check that it patched this model and data; move it away or patch again"
+        )
+    for key in SAME_RUN:
+        if record.get(key) != manifest.get(key):
+            raise ProbekitError(
+                f"{out / PATCHING} was made with a different {key} ({record.get(key)!r}, this "
+                f"lens {manifest.get(key)!r}): its pairs' gaps are not this run's; give the lens "
+                f"another {named('out')}, or patch again into {out}"
+            )
 
 
 def patching_gaps(
