@@ -96,6 +96,18 @@ def test_every_line_ending_reads_the_same_records(tmp_path, end):
         list(read_prompts(path))
 
 
+def test_a_duplicate_id_is_refused_from_items_as_from_a_file():
+    """Two `Item`s with one id would be two rows under one `prompt_id`: refused before any
+    model work, as a prompt file's repeated id is (it was kept from Python)."""
+    from probekit.engines.score import as_items
+
+    with pytest.raises(ProbekitError, match=r"^prompt 1: duplicate id 'a' \(prompt 0 has it\)$"):
+        list(as_items([Item("a", text="x"), Item("a", text="y")]))
+    with pytest.raises(ProbekitError, match="prompt 1: duplicate id '0'"):
+        list(as_items(["x", Item("0", text="y")]))  # a given id against a position's
+    assert [item.id for item in as_items(["x", "y"])] == ["0", "1"]
+
+
 def test_a_folder_given_as_a_file_is_called_a_folder(tmp_path):
     with pytest.raises(ProbekitError, match="answer file '.*' is a folder, not a file"):
         AnswerSet.parse(f"@{tmp_path}")

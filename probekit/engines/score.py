@@ -31,7 +31,7 @@ from probekit.core.errors import ProbekitError, named
 from probekit.core.io import ParquetStream, check_writable
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
-from probekit.core.prompts import read_prompts
+from probekit.core.prompts import read_prompts, unique_ids
 from probekit.core.public import public
 from probekit.core.signal import prefill_trap, weak_signal
 from probekit.engines.base import Engine, describe_precision, windows
@@ -145,7 +145,8 @@ def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> No
 
 
 def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
-    """Items from any prompt form `score` accepts; ids are the list positions unless given."""
+    """Items from any prompt form `score` accepts; ids are the list positions unless given, and
+    each id once (a repeated one refused as in a prompt file)."""
     if isinstance(prompts, Path) or (
         isinstance(prompts, str) and prompts.endswith(".jsonl") and "\n" not in prompts
     ):
@@ -158,6 +159,11 @@ def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
             f"prompts must be a string, a list of strings, of chat-message lists or of Items, or "
             f"a .jsonl path; got {type(prompts).__name__}"
         )
+    yield from unique_ids(enumerate(_listed_items(prompts, prefill)))
+
+
+def _listed_items(prompts: Sequence[Any], prefill: str) -> Iterator[Item]:
+    """The items of a Python list of prompts, in order."""
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, Item):
             yield replace(prompt, id=prompt.id or str(index), prefill=prompt.prefill + prefill)
