@@ -30,8 +30,16 @@ from probekit.core.kinds import checked_by, positive_int
 from probekit.core.options import REQUIRED, as_keywords, given, named, option
 from probekit.core.public import public
 from probekit.core.shared_options import BatchSizeOption
-from probekit.engines import devices
-from probekit.engines.devices import format_size, parse_devices
+from probekit.engines.devices import (
+    check_map_modules,
+    device_key,
+    device_memory,
+    format_size,
+    parse_device_map,
+    parse_devices,
+    physical_memory,
+    visible_gpus,
+)
 from probekit.engines.options import DTYPES, ModelChoice, dtype_name
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -495,18 +503,18 @@ def check_before_load(
     if max_memory is not None:
         sizes = parse_devices(max_memory)
     elif dispatched or parallel > 1:
-        sizes = devices.visible_gpus() | ({"cpu": devices.physical_memory()} if dispatched else {})
+        sizes = visible_gpus() | ({"cpu": physical_memory()} if dispatched else {})
     else:
-        key = devices.device_key(str(target))
-        sizes = {key: devices.device_memory(torch.device(key))}
+        key = device_key(str(target))
+        sizes = {key: device_memory(torch.device(key))}
     if not sizes:
         return None
     try:
         hf, name = meta_model(spec)
     except ProbekitError:
         return None
-    if isinstance(mapping := device_map and devices.parse_device_map(device_map), dict):
-        devices.check_map_modules(mapping, hf, name)
+    if isinstance(mapping := device_map and parse_device_map(device_map), dict):
+        check_map_modules(mapping, hf, name)
     shape, offload = shape_of(hf, name), offload_folder is not None
     result = marked_plan(shape, sizes, dtype, PROMPT_TOKENS, None, dispatched, offload, parallel)
     if not result.fits:
