@@ -96,7 +96,8 @@ def test_chat_prompt_for_model_without_template(tmp_path, capsys, monkeypatch, s
     lines = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
     code, out = run(tmp_path, lines)
     assert code == 2
-    assert "has no chat template" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "has no chat template" in err and "give one (--chat-template FILE, or gemma" in err
     assert not out.exists()
 
 

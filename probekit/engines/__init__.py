@@ -41,6 +41,7 @@ def load_engine(
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
     tolerance: float | None = None,
+    chat_template: str | None = None,
 ) -> Engine:
     """Load `model` (`default`, a hub id, a directory, a `.gguf` file) on `engine`.
 
@@ -54,7 +55,9 @@ def load_engine(
     `device_map`, `max_memory` and `offload_folder` place the model over several devices with
     accelerate's dispatch (`probekit.engines.hf.model.load_model`; for the vllm engine, the
     transformers copy its exact view reads); `tensor_parallel_size` and
-    `pipeline_parallel_size` are vLLM's (vllm engine only)."""
+    `pipeline_parallel_size` are vLLM's (vllm engine only). `chat_template`: a Jinja file, or
+    `gemma`, that renders chat prompts in place of the model's own template (or where it has
+    none; `probekit.engines.chat_templates`)."""
     from probekit.engines.plan import check_before_load
 
     placement = {
@@ -64,6 +67,7 @@ def load_engine(
         "tensor_parallel_size": tensor_parallel_size,
         "pipeline_parallel_size": pipeline_parallel_size,
         "tolerance": tolerance,
+        "chat_template": chat_template,
     }
     placement = {k: v for k, v in placement.items() if v is not None}
     if conflict := model_conflict(engine, device=device, dtype=dtype, **placement):

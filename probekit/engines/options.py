@@ -29,6 +29,7 @@ from probekit.core.kinds import (
 from probekit.core.options import REQUIRED, check_fields, given, named, option
 from probekit.core.shared_options import BatchSizeOption, SeedOption
 from probekit.engines.base import ENGINES, Engine
+from probekit.engines.chat_templates import check_chat_template
 from probekit.engines.devices import parse_device_map, parse_devices
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -181,6 +182,13 @@ class ModelOptions(ModelChoice):
         kind=probability,
         metavar="T",
         none=f"{DEFAULT_TOLERANCE:g}",
+    )
+    chat_template: str | None = option(
+        None,
+        help="the chat template that renders the prompts, for a model without one or in place "
+        "of its own: a Jinja file, or gemma (Gemma's turns, shipped with probekit)",
+        kind=checked_by("chat template", check_chat_template),
+        metavar="FILE|NAME",
     )
     quiet: bool = option(
         False, help="no progress lines or time estimates (errors, warnings and results still print)"

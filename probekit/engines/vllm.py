@@ -104,6 +104,7 @@ def load_vllm(
     dtype: Any = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
+    chat_template: str | None = None,
     **placement: Any,
 ) -> VllmEngine:
     """Load `spec` for the vllm engine: its tokenizer and config now, vLLM at the first
@@ -116,7 +117,7 @@ def load_vllm(
             f"the vllm engine needs vLLM, which is neither in this Python nor in {vllm_env()}; "
             f"run {SETUP} (it makes that second environment)"
         )
-    text = load_model(spec, device=device, dtype=dtype, weights=False)
+    text = load_model(spec, device=device, dtype=dtype, weights=False, chat_template=chat_template)
     placement = {name: value for name, value in placement.items() if value is not None}
     parallel = {
         "tensor_parallel_size": tensor_parallel_size or 1,
@@ -128,7 +129,9 @@ def load_vllm(
 
         workers = math.prod(parallel.values())
         where = exact_copy_placement(placement, workers, {} if device else visible_gpus())
-        return load_model(spec, device=device, dtype=text.dtype, **where)
+        return load_model(
+            spec, device=device, dtype=text.dtype, chat_template=chat_template, **where
+        )
 
     return VllmEngine(text, load_exact, parallel)
 

@@ -14,6 +14,7 @@ from typing import Any
 import probekit
 from probekit.core.rundir import device_kind
 from probekit.engines.base import Engine
+from probekit.engines.chat_templates import chat_template_text
 from probekit.engines.options import ModelOptions
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
@@ -54,7 +55,18 @@ def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -
         "tier": record.get("tier"),
         "engine": described.get("engine", asked.engine),
         **{k: described[k] for k in ("columns", "vllm_parallel") if k in described},
+        **chat_template_field(asked, described),
     }
+
+
+def chat_template_field(asked: ModelOptions, described: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's `chat_template` (what was given and its SHA-256) where one was given: as
+    loaded, else as asked (a resume with other turns is refused before the model loads)."""
+    if "chat_template" in described:
+        return {"chat_template": described["chat_template"]}
+    if asked.chat_template is None:
+        return {}
+    return {"chat_template": chat_template_text(asked.chat_template)[1]}
 
 
 def provenance(command: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from probekit.core.items import EncodedItem, Item, Message, chat_renderer, encod
 from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines.base import Engine
+from probekit.engines.chat_templates import chat_template_text
 from probekit.engines.devices import device_memory
 from probekit.engines.hf import precision
 from probekit.engines.hf.attention import use_grouped_sdpa
@@ -118,8 +119,9 @@ class LoadedModel(Engine):
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
         }
-        if "device_map" in self.meta:
-            fields["device_map"] = self.meta["device_map"]
+        for name in ("device_map", "chat_template"):
+            if name in self.meta:
+                fields[name] = self.meta[name]
         if "precision" in self.meta:
             fields["precision"] = self.meta["precision"]
         return fields
@@ -146,7 +148,8 @@ class LoadedModel(Engine):
         if not self.has_chat_template:
             raise ProbekitError(
                 f"model '{self.name}' has no chat template, so chat messages cannot be rendered; "
-                "give raw text prompts instead"
+                f"give one ({given('chat_template', 'FILE', placeholder=True)}, or gemma for "
+                "Gemma's turns) or raw text prompts"
             )
         return chat_renderer(self.tokenizer)(messages)
 
@@ -295,6 +298,7 @@ def load_model(
     offload_folder: str | os.PathLike | None = None,
     weights: bool = True,
     tolerance: float | None = None,
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Load `model` (`default`, a hub id, a model directory or a `.gguf` file) ready for scoring.
 
@@ -313,7 +317,9 @@ def load_model(
     layers run where they are put; what does not fit stays on the CPU or on disk and is brought
     to the computing device layer by layer); `max_memory` or `offload_folder` alone mean
     `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
-    and chat template only; the vllm engine encodes with it and loads weights only for scoring)."""
+    and chat template only; the vllm engine encodes with it and loads weights only for scoring).
+    `chat_template` renders chat prompts in place of the tokenizer's own
+    (`probekit.engines.chat_templates`)."""
     from probekit.engines.devices import check_map_modules, dispatch_options
     from probekit.engines.plan import check_before_load
 
@@ -352,6 +358,8 @@ def load_model(
     elif weights:
         hf.to(dev)
     hf.eval()
+    if chat_template is not None:
+        tok.chat_template, meta["chat_template"] = chat_template_text(chat_template)
     tok.padding_side = "left"  # the last position is the answer position
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -193,7 +193,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             rows.append([*run, *["—"] * 9, *rates, "—", "—"])
             continue
         masses = " / ".join(format_number(r.get(f"valid_mass_{g}_group")) for g in ("in", "out"))
-        delta = [f"{r['delta']:+.3f}", f"[{r['delta_ci_low']:+.3f}, {r['delta_ci_high']:+.3f}]"]
+        low, high = (format_number(r.get(f"delta_ci_{k}"), 3, True) for k in ("low", "high"))
+        delta = [f"{r['delta']:+.3f}", "—" if low == "—" else f"[{low}, {high}]"]
         context = [_raw_gap(r), format_number(r.get("d_z"), 2, True)]
         context += [format_number(r.get("p_events"), 4), masses, r.get("power", "—")]
         spread = [f"{r['mean']:.2f} ± {r['std']:.2f}", f"({r['z_min']:.2f}, {r['z_max']:.2f})"]
