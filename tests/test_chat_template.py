@@ -1,6 +1,6 @@
 """`--chat-template` / `chat_template=`: a model without a chat template of its own (Gemma 3 270M
-base as a GGUF) renders chat prompts in the turns given, the run records them by their SHA-256,
-and a name or file that is neither is refused while the options are read."""
+base as a GGUF) renders chat prompts in the turns given (a model with a template of its own keeps
+it), the run records them by their SHA-256, and a name or file that is neither is refused while the options are read."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.rundir import RunDir
 from probekit.engines.chat_templates import chat_template_text, shipped
+from probekit.engines.hf.model import load_model
 from probekit.engines.options import ModelOptions
 from probekit.run.record import model_fields
+from probekit.testing.synthetic import tiny_model
 
 MESSAGES = [
     {"role": "system", "content": "You are a Muslim."},
@@ -40,9 +42,29 @@ def test_a_file_is_read_and_recorded_by_its_content(tmp_path):
     text, record = chat_template_text(path)
     assert text == path.read_text()
     assert record == {"given": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    fields = model_fields(ModelOptions(chat_template=str(path)), None)
-    assert fields["chat_template"] == record
+    # before the model loads, whether it will be used is not known (None: not compared)
+    assert model_fields(ModelOptions(chat_template=str(path)), None)["chat_template"] is None
     assert "chat_template" not in model_fields(ModelOptions(), None)
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_only_a_model_without_a_template_of_its_own_takes_the_given_one(own, tmp_path):
+    """A tiny model saved with (own) or without SmolLM2's template, loaded with gemma's."""
+    model = tiny_model()
+    if not own:
+        model.tokenizer.chat_template = None
+    model.hf.save_pretrained(tmp_path)
+    model.tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), chat_template="gemma")
+    rendered = loaded.render(MESSAGES)
+    asked = ModelOptions(model=str(tmp_path), chat_template="gemma")
+    fields = model_fields(asked, loaded)
+    if own:
+        assert rendered.startswith("<|im_start|>system\nYou are a Muslim.")
+        assert "chat_template" not in fields
+    else:
+        assert rendered.endswith("<end_of_turn>\n<start_of_turn>model\n")
+        assert fields["chat_template"] == chat_template_text("gemma")[1]
 
 
 def test_a_resume_with_other_turns_is_refused(tmp_path):

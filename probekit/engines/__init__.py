@@ -56,8 +56,8 @@ def load_engine(
     accelerate's dispatch (`probekit.engines.hf.model.load_model`; for the vllm engine, the
     transformers copy its exact view reads); `tensor_parallel_size` and
     `pipeline_parallel_size` are vLLM's (vllm engine only). `chat_template`: a Jinja file, or
-    `gemma`, that renders chat prompts in place of the model's own template (or where it has
-    none; `probekit.engines.chat_templates`)."""
+    `gemma`, that renders chat prompts where the model has no chat template of its own
+    (`probekit.engines.chat_templates`)."""
     from probekit.engines.plan import check_before_load
 
     placement = {

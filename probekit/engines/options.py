@@ -185,8 +185,8 @@ class ModelOptions(ModelChoice):
     )
     chat_template: str | None = option(
         None,
-        help="the chat template that renders the prompts, for a model without one or in place "
-        "of its own: a Jinja file, or gemma (Gemma's turns, shipped with probekit)",
+        help="the chat template of a model without one of its own (a model with one keeps it): "
+        "a Jinja file, or gemma (Gemma's turns, shipped with probekit)",
         kind=checked_by("chat template", check_chat_template),
         metavar="FILE|NAME",
     )

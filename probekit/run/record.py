@@ -14,7 +14,6 @@ from typing import Any
 import probekit
 from probekit.core.rundir import device_kind
 from probekit.engines.base import Engine
-from probekit.engines.chat_templates import chat_template_text
 from probekit.engines.options import ModelOptions
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
@@ -30,6 +29,7 @@ LOADED = (
     "tier",
     "layers",
     "d_model",
+    "chat_template",
 )
 """Manifest fields that only the loaded model may give (None before it loads: not compared)."""
 
@@ -60,13 +60,12 @@ def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -
 
 
 def chat_template_field(asked: ModelOptions, described: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's `chat_template` (what was given and its SHA-256) where one was given: as
-    loaded, else as asked (a resume with other turns is refused before the model loads)."""
+    """The manifest's `chat_template` (what was given and its SHA-256) where the model renders
+    its prompts with the one given: known once loaded (None before: a model with a template of
+    its own keeps it)."""
     if "chat_template" in described:
         return {"chat_template": described["chat_template"]}
-    if asked.chat_template is None:
-        return {}
-    return {"chat_template": chat_template_text(asked.chat_template)[1]}
+    return {"chat_template": None} if asked.chat_template and not described else {}
 
 
 def provenance(command: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Chat templates probekit ships for checkpoints without one of their own (`gemma`: Gemma's turns,
-for Gemma 3 270M base as a GGUF), and the one reader of `--chat-template` / `chat_template=`: a
+for Gemma 3 270M base as a GGUF), and the one reader of `--chat-template` / `chat_template=`,
+used by a model without a template of its own only (`--model A --model B` may mix the two): a
 shipped name or a Jinja file, recorded in the manifest by its SHA-256 so that a run states the
 turns its prompts were rendered in (and a resume with other turns is refused)."""
 

@@ -318,7 +318,7 @@ def load_model(
     to the computing device layer by layer); `max_memory` or `offload_folder` alone mean
     `device_map="auto"`. `weights=False` builds the model on the meta device (tokenizer, config
     and chat template only; the vllm engine encodes with it and loads weights only for scoring).
-    `chat_template` renders chat prompts in place of the tokenizer's own
+    `chat_template` renders chat prompts where the tokenizer has no chat template of its own
     (`probekit.engines.chat_templates`)."""
     from probekit.engines.devices import check_map_modules, dispatch_options
     from probekit.engines.plan import check_before_load
@@ -358,7 +358,7 @@ def load_model(
     elif weights:
         hf.to(dev)
     hf.eval()
-    if chat_template is not None:
+    if chat_template is not None and not getattr(tok, "chat_template", None):
         tok.chat_template, meta["chat_template"] = chat_template_text(chat_template)
     tok.padding_side = "left"  # the last position is the answer position
     if tok.pad_token is None:
