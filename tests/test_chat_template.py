@@ -1,6 +1,7 @@
 """`--chat-template` / `chat_template=`: a model without a chat template of its own (Gemma 3 270M
 base as a GGUF) renders chat prompts in the turns given (a model with a template of its own keeps
-it), the run records them by their SHA-256, and a name or file that is neither is refused while the options are read."""
+it), the run records them by their SHA-256, and a name or file that is neither is refused while
+the options are read."""
 
 from __future__ import annotations
 
