@@ -110,12 +110,21 @@ def check_writable(folder: str | Path, option: str = "out", needs: int = 0) -> P
         raise ProbekitError(f"{named(option)} {folder}: {write_error(existing, exc)}") from None
     finally:
         _discard(probe)
-    if needs and (free := shutil.disk_usage(existing).free) < needs:
-        raise ProbekitError(
-            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, the work writes "
-            f"about {needs / 2**20:.0f} MiB; free some space or give another {named(option)}"
-        )
+    check_room(folder, needs, "the work", option)
     return target
+
+
+def check_room(folder: str | Path, needs: int, what: str, option: str = "out") -> None:
+    """Refuse, in one line naming the `option` and its `folder`, a disk with less free than the
+    `needs` bytes that `what` (the scores, the activation shards) will write there; run before
+    the work, so that a disk that cannot hold it fails in seconds rather than hours in."""
+    existing = next(p for p in (Path(folder).expanduser(), *Path(folder).parents) if p.exists())
+    if needs > 0 and (free := shutil.disk_usage(existing).free) < needs:
+        raise ProbekitError(
+            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, {what} "
+            f"writes about {needs / 2**20:.0f} MiB; free some space or give another "
+            f"{named(option)}"
+        )
 
 
 def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "out") -> Path:

@@ -1,0 +1,96 @@
+"""Nothing computed is lost: `probekit score` stopped mid-stream keeps the rows scored and the
+same call finishes from them; `probekit patch` keeps its table when its last write fails; every
+command that writes much refuses, before the work, a disk without room for it."""
+
+from __future__ import annotations
+
+import json
+
+import minimal_study
+import pandas as pd
+import pytest
+from test_out_paths import fail_on, no_load
+from test_run_state import CountingEngine
+
+import probekit
+from probekit import cli
+from probekit.core.errors import ProbekitError
+from probekit.core.progress import silenced
+
+PROMPTS = 20
+
+
+class Failing(CountingEngine):
+    """A counting engine whose scorer batches 2 prompts (a part: 4) and fails with `error` once
+    it has scored more than `after` prompts."""
+
+    def __init__(self, after: int | None = None, error: Exception | None = None) -> None:
+        super().__init__()
+        self.after, self.error = after, error or RuntimeError("device lost")
+
+    def scorer(self, answers, **options):
+        scorer = super().scorer(answers, **options)
+        scorer.batch_size, plain = 2, scorer.score
+
+        def score(prompts, window=4096, progress=None):
+            for result in plain(prompts, window, progress):
+                if self.after is not None and self.scored > self.after:
+                    raise self.error
+                yield result
+
+        scorer.score = score
+        return scorer
+
+
+def prompts_file(tmp_path, count=PROMPTS):
+    path = tmp_path / "p.jsonl"
+    lines = [json.dumps({"id": f"d{i}", "text": "Day?"}) + "\n" for i in range(count)]
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("error", [RuntimeError("device lost"), ProbekitError("out of memory")])
+def test_score_stopped_mid_stream_keeps_its_rows_and_the_same_call_finishes(tmp_path, error):
+    prompts, target = prompts_file(tmp_path), tmp_path / "o.parquet"
+    folder = tmp_path / "o.parts"
+    with pytest.raises(type(error)) as stopped:
+        probekit.score_file(Failing(8, error), prompts, target, "0-3", quiet=True)
+    said = str(stopped.value) + "".join(getattr(stopped.value, "__notes__", []))
+    assert f"the 8 of {PROMPTS} rows scored are kept in {folder}: run the same command" in said
+    assert not target.exists() and any((folder / "parts").iterdir())
+    again = Failing()
+    probekit.score_file(again, prompts, target, "0-3", quiet=True)
+    assert again.scored == PROMPTS - 8  # the kept rows are not scored again
+    whole = probekit.score_file(Failing(), prompts, tmp_path / "whole.parquet", "0-3", quiet=True)
+    pd.testing.assert_frame_equal(pd.read_parquet(target), pd.read_parquet(whole))
+    assert pd.read_parquet(target)["id"].tolist() == [f"d{i}" for i in range(PROMPTS)]
+    assert not folder.exists()
+
+
+def test_score_refuses_to_go_on_from_rows_of_other_inputs(tmp_path, capsys, monkeypatch):
+    prompts, target = prompts_file(tmp_path), tmp_path / "o.parquet"
+    with pytest.raises(RuntimeError):
+        probekit.score_file(Failing(8), prompts, target, "0-3", quiet=True)
+    engine = Failing()
+    with pytest.raises(ProbekitError, match=r"o.parts holds a run with a different probe.answers"):
+        probekit.score_file(engine, prompts, target, "0-4", quiet=True)
+    (tmp_path / "other").mkdir()
+    other = prompts_file(tmp_path / "other", PROMPTS + 1)
+    with pytest.raises(ProbekitError, match=r"o.parts holds a run with a different data_sha256"):
+        probekit.score_file(engine, other, target, "0-3", quiet=True)
+    monkeypatch.setattr("probekit.engines.load_engine", no_load)
+    argv = ["score", "--prompts", prompts, "--scores", target, "--answers", "0-3"]
+    assert cli.main([str(a) for a in argv]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "holds a run with a different model" in line and "use another --scores" in line
+    assert engine.scored == 0
+
+
+def test_patch_keeps_its_table_when_its_last_write_fails(tmp_path, monkeypatch):
+    out = tmp_path / "patch"
+    fail_on(monkeypatch, out / "patching.parquet")
+    with silenced(), pytest.raises(ProbekitError) as refusal:
+        probekit.patch_study(minimal_study.STUDY, CountingEngine(), out=out)
+    kept = out / "patching.partial.parquet"
+    assert f"the rows are kept in {kept}" in str(refusal.value)
+    assert len(pd.read_parquet(kept))
