@@ -13,9 +13,9 @@ from test_out_paths import fail_on, no_load
 from test_run_state import CountingEngine
 
 import probekit
+import probekit.mechanism.patching
 from probekit import cli
 from probekit.core.errors import ProbekitError
-from probekit.core.progress import silenced
 
 PROMPTS = 20
 
@@ -86,11 +86,19 @@ def test_score_refuses_to_go_on_from_rows_of_other_inputs(tmp_path, capsys, monk
     assert engine.scored == 0
 
 
-def test_patch_keeps_its_table_when_its_last_write_fails(tmp_path, monkeypatch):
-    out = tmp_path / "patch"
+def test_patch_keeps_its_table_when_its_last_write_fails_and_finishes_from_it(
+    tmp_path, monkeypatch, tiny_deep
+):
+    out, study = tmp_path / "patch", minimal_study.MinimalStudy()
+    options = dict(layers=[0], sites=["resid_pre"], bootstrap=20, out=out, days=2, quiet=True)
     fail_on(monkeypatch, out / "patching.parquet")
-    with silenced(), pytest.raises(ProbekitError) as refusal:
-        probekit.patch_study(minimal_study.STUDY, CountingEngine(), out=out)
+    with pytest.raises(ProbekitError) as refusal:
+        probekit.patch_study(study, tiny_deep, **options)
     kept = out / "patching.partial.parquet"
-    assert f"the rows are kept in {kept}" in str(refusal.value)
-    assert len(pd.read_parquet(kept))
+    assert f"the rows are kept in {kept}: its summary" in str(refusal.value)
+    table = pd.read_parquet(kept)
+    monkeypatch.undo()
+    monkeypatch.setattr(probekit.mechanism.patching, "sweep", lambda *a, **k: pytest.fail("again"))
+    result = probekit.patch_study(study, tiny_deep, **options)
+    pd.testing.assert_frame_equal(result.table, table)
+    assert not kept.exists() and (out / "patching_summary.csv").is_file()
