@@ -15,7 +15,9 @@ from test_run_state import CountingEngine
 import probekit
 import probekit.mechanism.patching
 from probekit import cli
+from probekit.core import io
 from probekit.core.errors import ProbekitError
+from probekit.core.progress import silenced
 
 PROMPTS = 20
 
@@ -102,3 +104,25 @@ def test_patch_keeps_its_table_when_its_last_write_fails_and_finishes_from_it(
     result = probekit.patch_study(study, tiny_deep, **options)
     pd.testing.assert_frame_equal(result.table, table)
     assert not kept.exists() and (out / "patching_summary.csv").is_file()
+
+
+def no_room(monkeypatch, tmp_path):
+    """The disk of `tmp_path` has 10 bytes free."""
+    usage = io.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage._replace(free=10))
+
+
+def test_run_refuses_a_disk_without_room_for_its_scores(tmp_path, monkeypatch):
+    no_room(monkeypatch, tmp_path)
+    engine = CountingEngine()
+    with silenced(), pytest.raises(ProbekitError, match=r"its disk has 0 MiB free, the work wr"):
+        probekit.run_study(minimal_study.STUDY, engine, out=tmp_path / "run")
+    assert engine.scored == 0
+
+
+def test_capture_refuses_a_disk_without_room_for_its_shards(tmp_path, monkeypatch, tiny_deep):
+    no_room(monkeypatch, tmp_path)
+    said = r"its disk has 0 MiB free, the work writes about .* \(the activation shards\)"
+    with pytest.raises(ProbekitError, match=said):
+        probekit.capture_study(minimal_study.MinimalStudy(), tiny_deep, out=tmp_path / "c", days=2)
+    assert not any((tmp_path / "c").glob("shards/*"))

@@ -1,6 +1,7 @@
 """Writing result files so that a reader never sees half of one, and every write failure as one
 line: a hidden temporary name in the same folder, renamed into place once complete
-(`atomic_write`, `ParquetStream`); a full disk or a read-only folder is a `ProbekitError` naming
+(`atomic_write`, `ParquetStream`); a disk without room for what a command will write is refused
+before the work (`check_room`); a full disk or a read-only folder is a `ProbekitError` naming
 the file, and leaves nothing behind (a stream's complete rows are kept beside their target:
 `keep_or_replace`). `check_outputs` tries an output folder, and the names a command writes in
 it, before any work, and `FileLock` keeps two processes out of the same work (a run's shard, a
@@ -114,21 +115,27 @@ def check_writable(folder: str | Path, option: str = "out", needs: int = 0) -> P
         raise ProbekitError(f"{named(option)} {folder}: {write_error(existing, exc)}") from None
     finally:
         _discard(probe)
-    check_room(folder, needs, "the work", option)
+    check_room(folder, needs, option=option)
     return target
 
 
-def check_room(folder: str | Path, needs: int, what: str, option: str = "out") -> None:
+def check_room(folder: str | Path, needs: int, what: str = "", option: str = "out") -> None:
     """Refuse, in one line naming the `option` and its `folder`, a disk with less free than the
-    `needs` bytes that `what` (the scores, the activation shards) will write there; run before
-    the work, so that a disk that cannot hold it fails in seconds rather than hours in."""
+    `needs` bytes that the work (`what`: the activation shards, ...) will write there; run
+    before the work, so that a disk that cannot hold it fails in seconds rather than hours in."""
     existing = next(p for p in (Path(folder).expanduser(), *Path(folder).parents) if p.exists())
     if needs > 0 and (free := shutil.disk_usage(existing).free) < needs:
         raise ProbekitError(
-            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, {what} "
-            f"writes about {needs / 2**20:.0f} MiB; free some space or give another "
-            f"{named(option)}"
+            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, the work "
+            f"writes about {needs / 2**20:.0f} MiB{f' ({what})' if what else ''}; free some "
+            f"space or give another {named(option)}"
         )
+
+
+def row_bytes(numbers: int) -> int:
+    """About the bytes on disk of a row of `numbers` numbers and the summary columns of a score
+    (8 more), at 8 bytes each: what Parquet writes of floats at most."""
+    return 8 * (numbers + 8)
 
 
 def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "out") -> Path:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError, named
-from probekit.core.io import check_writable
+from probekit.core.io import check_writable, row_bytes
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts, unique_ids
@@ -144,8 +144,8 @@ def settle_and_say(engine: Engine, answers: AnswerSet, ids: Sequence[Sequence[in
 def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> None:
     """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
     folder there, its folder not writable or under a file, or its disk short of the `rows` of
-    `answers` probabilities, at 8 bytes a number: what Parquet writes of floats at most)."""
-    check_writable(Path(scores).parent, "scores", rows * (answers + 8) * 8)
+    `answers` probabilities three times: as parts, merged, and the file)."""
+    check_writable(Path(scores).parent, "scores", 3 * rows * row_bytes(answers))
     if Path(scores).is_dir():
         raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
 

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import write_parquet, write_text
+from probekit.core.io import check_room, write_parquet, write_text
 from probekit.core.items import EncodedItem, Item, check_span_names
 from probekit.core.kinds import choice, int_list, positive_int, text
 from probekit.core.options import default_of, named, option, option_values
@@ -59,10 +59,11 @@ from probekit.mechanism.pairs import (
     draw_sets,
     effect_sets,
     single_positions,
+    span_positions,
 )
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.mechanism.readouts import PAIRED, Readout, parse_readout
-from probekit.mechanism.sites import HEAD_SITE, chosen_layers, n_heads
+from probekit.mechanism.sites import HEAD_SITE, chosen_layers, d_model, n_heads
 from probekit.mechanism.sites import site as find_site
 from probekit.reporting.contract import describe_model
 from probekit.reporting.headline import format_p
@@ -528,8 +529,12 @@ def run_capture(
     out: str | Path,
     say: Say = print,
 ) -> capture.CaptureResult:
-    """Capture a study's encoded items into `out` (resumable) and say where the files are."""
+    """Capture a study's encoded items into `out` (resumable) and say where the files are; a
+    disk without room for the shards is refused first (`shard_bytes`)."""
     layers = chosen_layers(model, request.layers or None, "capture")
+    written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))  # a capture resumed
+    needs = shard_bytes(encoded, layers, request.sites, request.spans, d_model(model)) - written
+    check_room(out, needs, "the activation shards")
     result = capture.capture(
         model,
         encoded,
@@ -546,3 +551,18 @@ def run_capture(
         " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
     )
     return result
+
+
+def shard_bytes(
+    encoded: Sequence[EncodedItem],
+    layers: Sequence[int],
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    width: int,
+) -> int:
+    """About the bytes the activation shards of `encoded` take: layers x sites x span positions
+    x the residual `width` x the storage dtype's bytes (`capture.STORAGE_DTYPE`)."""
+    positions = sum(
+        len(span_positions(e, name)) for e in encoded for name in (spans or e.positions)
+    )
+    return len(layers) * len(sites) * positions * width * capture.STORAGE_DTYPE.itemsize
