@@ -10,7 +10,6 @@ file, answers, prefill, epsilon or model) on that folder, it is refused in one l
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import warnings
@@ -25,6 +24,7 @@ from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError, named
 from probekit.core.io import ParquetStream
 from probekit.core.items import PROMPT_ID, Item
+from probekit.core.paths import file_sha256
 from probekit.core.progress import silenced
 from probekit.core.prompts import read_prompts
 from probekit.core.public import public
@@ -123,7 +123,7 @@ def score_file(
         "model": loaded.describe()["model"] if loaded else str(model),
         "probe": probe.config(),
         "epsilon": epsilon,
-        "data_sha256": hashlib.sha256(prompts.read_bytes()).hexdigest(),
+        "data_sha256": file_sha256(prompts),
         **{key: str(value) for key, value in load.items() if value is not None},
     }
     folder.check_resume(manifest, LOADED, option="scores")  # before the model loads
