@@ -156,6 +156,8 @@ def stopped(exc: Exception, folder: Path, total: int) -> Exception:
     stays one line; any other error keeps its traceback, with a note."""
     done = sum(pq.read_metadata(path).num_rows for path in part_files(folder))
     kept = f"the {done} of {total} rows scored are kept in {folder}: run the same command to finish"
+    if not done:
+        return exc
     if isinstance(exc, ProbekitError):
         return type(exc)(f"{exc.marked}; {kept}")
     exc.add_note(kept)
