@@ -5,6 +5,11 @@ command that writes much refuses, before the work, a disk without room for it.""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import minimal_study
 import pandas as pd
@@ -37,6 +42,8 @@ class Failing(CountingEngine):
         def score(prompts, window=4096, progress=None):
             for result in plain(prompts, window, progress):
                 if self.after is not None and self.scored > self.after:
+                    if self.error == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
                     raise self.error
                 yield result
 
@@ -67,6 +74,21 @@ def test_score_stopped_mid_stream_keeps_its_rows_and_the_same_call_finishes(tmp_
     pd.testing.assert_frame_equal(pd.read_parquet(target), pd.read_parquet(whole))
     assert pd.read_parquet(target)["id"].tolist() == [f"d{i}" for i in range(PROMPTS)]
     assert not folder.exists()
+
+
+def test_score_killed_mid_stream_keeps_its_rows_and_the_same_call_finishes(tmp_path):
+    prompts, target = prompts_file(tmp_path), tmp_path / "o.parquet"
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import probekit; "
+        "from test_keep_rows import Failing; "
+        f"probekit.score_file(Failing(8, 'kill'), {str(prompts)!r}, {str(target)!r}, '0-3', "
+        "quiet=True)"
+    )
+    assert subprocess.run([sys.executable, "-c", script]).returncode == -signal.SIGKILL
+    again = Failing()
+    probekit.score_file(again, prompts, target, "0-3", quiet=True)
+    assert again.scored == PROMPTS - 8
+    assert pd.read_parquet(target)["id"].tolist() == [f"d{i}" for i in range(PROMPTS)]
 
 
 def test_score_refuses_to_go_on_from_rows_of_other_inputs(tmp_path, capsys, monkeypatch):
