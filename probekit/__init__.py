@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _API = {
     # scoring
     "score": "probekit.engines.score",
-    "score_file": "probekit.engines.score",
+    "score_file": "probekit.run.score",
     "load_engine": "probekit.engines",
     "load_model": "probekit.engines.hf.model",
     "plan": "probekit.engines.plan",

@@ -1,6 +1,7 @@
 """Writing result files so that a reader never sees half of one, and every write failure as one
 line: a hidden temporary name in the same folder, renamed into place once complete
-(`atomic_write`, `ParquetStream`); a full disk or a read-only folder is a `ProbekitError` naming
+(`atomic_write`, `ParquetStream`); a disk without room for what a command will write is refused
+before the work (`check_room`); a full disk or a read-only folder is a `ProbekitError` naming
 the file, and leaves nothing behind (a stream's complete rows are kept beside their target:
 `keep_or_replace`). `check_outputs` tries an output folder, and the names a command writes in
 it, before any work, and `FileLock` keeps two processes out of the same work (a run's shard, a
@@ -59,16 +60,20 @@ def _discard(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[Path], object], keep: str = "") -> Path:
     """Call `write(tmp)` to write the file, then rename it to `path` (its folder made first); on
-    failure remove it. An OSError (full disk, read-only folder) becomes a ProbekitError naming
-    `path`."""
+    failure remove it, or where `keep` says what is then missing, keep the complete file
+    beside `path` (`keep_or_replace`). An OSError (full disk, read-only folder) becomes a
+    ProbekitError naming `path`."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
-        os.replace(tmp, path)
+        if keep:
+            keep_or_replace(tmp, path, keep)
+        else:
+            os.replace(tmp, path)
     except OSError as exc:
         raise write_error(path, exc) from None
     finally:
@@ -76,9 +81,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     return path
 
 
-def write_parquet(path: str | Path, frame: pd.DataFrame) -> Path:
-    """Write `frame` (without its index) to `path` atomically."""
-    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+def write_parquet(path: str | Path, frame: pd.DataFrame, keep: str = "") -> Path:
+    """Write `frame` (without its index) to `path` atomically (`keep`: as `atomic_write`)."""
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False), keep)
 
 
 def write_table(path: str | Path, table: pa.Table) -> Path:
@@ -110,12 +115,27 @@ def check_writable(folder: str | Path, option: str = "out", needs: int = 0) -> P
         raise ProbekitError(f"{named(option)} {folder}: {write_error(existing, exc)}") from None
     finally:
         _discard(probe)
-    if needs and (free := shutil.disk_usage(existing).free) < needs:
-        raise ProbekitError(
-            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, the work writes "
-            f"about {needs / 2**20:.0f} MiB; free some space or give another {named(option)}"
-        )
+    check_room(folder, needs, option=option)
     return target
+
+
+def check_room(folder: str | Path, needs: int, what: str = "", option: str = "out") -> None:
+    """Refuse, in one line naming the `option` and its `folder`, a disk with less free than the
+    `needs` bytes that the work (`what`: the activation shards, ...) will write there; run
+    before the work, so that a disk that cannot hold it fails in seconds rather than hours in."""
+    existing = next(p for p in (Path(folder).expanduser(), *Path(folder).parents) if p.exists())
+    if needs > 0 and (free := shutil.disk_usage(existing).free) < needs:
+        raise ProbekitError(
+            f"{named(option)} {folder}: its disk has {free / 2**20:.0f} MiB free, the work "
+            f"writes about {needs / 2**20:.0f} MiB{f' ({what})' if what else ''}; free some "
+            f"space or give another {named(option)}"
+        )
+
+
+def row_bytes(numbers: int) -> int:
+    """About the bytes on disk of a row of `numbers` numbers and the summary columns of a score
+    (8 more), at 8 bytes each: what Parquet writes of floats at most."""
+    return 8 * (numbers + 8)
 
 
 def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "out") -> Path:
@@ -133,18 +153,18 @@ def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "
     return target
 
 
-def keep_or_replace(tmp: Path, path: Path) -> None:
+def keep_or_replace(tmp: Path, path: Path, then: str = "") -> None:
     """Rename the complete file `tmp` to `path`; where that fails, keep it beside `path` (as
-    `<stem>.partial<suffix>`) and say so in one line, with how to finish."""
+    `<stem>.partial<suffix>`) and say so in one line, with how to finish (moving it to `path`),
+    or `then`: what is missing still."""
     try:
         os.replace(tmp, path)
     except OSError as exc:
         kept = path.with_name(f"{path.stem}.partial{path.suffix}")
         os.replace(tmp, kept)  # the same folder: where this fails too, the rows are lost
-        raise WriteFailed(
-            f"{write_error(path, exc).marked}; the rows are kept in {kept}: move it to {path} to "
-            "finish"
-        ) from None
+        then = then or f"move it to {path} to finish"
+        message = f"{write_error(path, exc).marked}; the rows are kept in {kept}: {then}"
+        raise WriteFailed(message) from None
 
 
 class ParquetStream:

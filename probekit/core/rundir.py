@@ -266,10 +266,13 @@ class RunDir:
         self.write_manifest(manifest)
         return manifest
 
-    def check_resume(self, manifest: dict[str, Any], unknown: Collection[str] = ()) -> None:
-        """Refuse, in one line naming the setting, to resume a folder whose run differs from
-        `manifest` in a resume key; the fields `unknown` (not known before the model loads)
-        are not compared, and nothing is when the folder holds no run."""
+    def check_resume(
+        self, manifest: dict[str, Any], unknown: Collection[str] = (), option: str = "out"
+    ) -> None:
+        """Refuse, in one line naming the setting (and the `option` that names the folder), to
+        resume a folder whose run differs from `manifest` in a resume key; the fields `unknown`
+        (not known before the model loads) are not compared, and nothing is when the folder
+        holds no run."""
         old = self.read_manifest()
         if old is None:
             return
@@ -278,7 +281,7 @@ class RunDir:
             raise ProbekitError(
                 f"{self.path} holds a run in results format {fmt}, this probekit writes format "
                 f"{RESULTS_FORMAT}; it can still be reported (probekit report), not resumed: use "
-                f"another {named('out')}, or delete the folder to run it again"
+                f"another {named(option)}, or delete the folder to run it again"
             )
         keys = resume_keys({**old, **manifest})  # a setting (seed) named before a probe's
         for key in sorted(keys, key=lambda k: isinstance(manifest.get(k), dict)):
@@ -293,7 +296,7 @@ class RunDir:
                 )
             )
             raise ProbekitError(
-                f"{self.path} holds {what}; use another {named('out')}, or delete the folder to "
+                f"{self.path} holds {what}; use another {named(option)}, or delete the folder to "
                 "run it again"
             )
 

@@ -16,7 +16,6 @@ table's `attrs["precision"]` (`probekit score`: the Parquet file's metadata, key
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -28,7 +27,7 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError, named
-from probekit.core.io import ParquetStream, check_writable
+from probekit.core.io import check_writable, row_bytes
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts, unique_ids
@@ -123,10 +122,7 @@ def score_frames(
     for chunk in windows(items, window):
         ids = [engine.encode(item).input_ids for item in chunk]
         if scorer is None:
-            chosen = "tier" in (engine.precision or {})
-            record = engine.settle_precision(answer_set, ids)
-            if record is not None and (chosen or not record.get("tried")):  # else said already
-                print(f"probekit: {describe_precision(record)}", file=sys.stderr)
+            settle_and_say(engine, answer_set, ids)
             scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
         results = scorer.score(ids, window=len(ids), progress=progress)
         rows = [
@@ -135,11 +131,21 @@ def score_frames(
         yield pd.DataFrame(rows)
 
 
+def settle_and_say(engine: Engine, answers: AnswerSet, ids: Sequence[Sequence[int]]) -> None:
+    """Settle the precision tier `engine` scores in on the prompts `ids`
+    (`Engine.settle_precision`) and say it in one line on stderr (`describe_precision`; a tier
+    measured now is said by the measurement's own line)."""
+    chosen = "tier" in (engine.precision or {})
+    record = engine.settle_precision(answers, ids)
+    if record is not None and (chosen or not record.get("tried")):  # else said already
+        print(f"probekit: {describe_precision(record)}", file=sys.stderr)
+
+
 def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> None:
     """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
     folder there, its folder not writable or under a file, or its disk short of the `rows` of
-    `answers` probabilities, at 8 bytes a number: what Parquet writes of floats at most)."""
-    check_writable(Path(scores).parent, "scores", rows * (answers + 8) * 8)
+    `answers` probabilities three times: as parts, merged, and the file)."""
+    check_writable(Path(scores).parent, "scores", 3 * rows * row_bytes(answers))
     if Path(scores).is_dir():
         raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
 
@@ -177,61 +183,3 @@ def _listed_items(prompts: Sequence[Any], prefill: str) -> Iterator[Item]:
                 f"prompt {index} is a {type(prompt).__name__}: give a string, a list of "
                 "{'role', 'content'} messages or an Item"
             )
-
-
-@public(ScoreOptions, ModelOptions, skip=("model",))
-def score_file(
-    model: str | Path | Engine,
-    prompts: str | Path,
-    scores: str | Path,
-    answers: AnswerSet | str | Sequence[str | float],
-    *,
-    epsilon: float = 1e-4,
-    prefill: str = "",
-    batch_size: int | None = None,
-    quiet: bool = False,
-    **load: Any,
-) -> Path:
-    """`probekit score` as a function: the prompts of a JSONL file (`{"id", "messages"}` or
-    `{"id", "text"}` a line) scored as `score` scores them, their rows streamed to the Parquet
-    file `scores` (atomically: it appears whole or not at all; memory stays flat however long the
-    file), the columns of `score`. Every line is checked before the model loads.
-
-    `model`: a loaded model, or a spec loaded with `load` (`load_engine`'s keywords: `device`,
-    `dtype`, ...); the other arguments are `score`'s. The tier the rows were scored in is said
-    on stderr and recorded in the file's metadata (`PRECISION_KEY`, JSON). A prefill ending in
-    whitespace and a mean valid mass below `WEAK_SIGNAL_VALID_MASS` are warned about
-    (`warnings.warn`). Returns `scores`.
-
-    Args:
-        load: `load_engine`'s keywords for a model spec."""
-    if trap := prefill_trap(prefill):
-        warnings.warn(trap, UserWarning, stacklevel=3)  # the caller of @public
-    if Path(scores).resolve() == Path(prompts).resolve():  # links followed
-        raise ProbekitError(
-            f"{named('scores')} {scores} is the prompts file {prompts}: the scores would "
-            "replace the prompts; give another file"
-        )
-    loaded = loaded_engine(model, **load)  # load options refused with a loaded model
-    total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
-    if total == 0:
-        raise ProbekitError(f"prompt file '{prompts}' has no prompts")
-    check_scores_file(scores, total, len(as_answer_set(answers).answers))
-    engine = loaded or scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
-    masses: list[float] = []
-    with (
-        silenced(quiet),
-        ParquetStream(scores) as stream,
-        progress(total, "prompt", "score", "fewer prompts in the file") as bar,
-    ):
-        items = read_prompts(prompts, prefill)
-        frames = score_frames(
-            engine, items, answers, epsilon=epsilon, batch_size=batch_size, progress=bar
-        )
-        for frame in frames:
-            record = json.dumps(precision_of(engine), default=str).encode()
-            stream.write(frame, {PRECISION_KEY: record})
-            masses += frame["valid_mass"].tolist()
-    if masses and (weak := weak_signal(sum(masses) / len(masses))):
-        warnings.warn(weak, UserWarning, stacklevel=3)
-    return Path(scores)

@@ -16,7 +16,9 @@ then does the rest:
    patching_summary.csv (each component's status, mean effect and estimate, recovery with
    bootstrap intervals over units, p values adjusted over the components), patching.png (layer
    x site, a panel per span), heads.png (layer x head) or positions.png (with `per_position`),
-   and prints the five measured components with the largest effect. `mediation` adds the total,
+   and prints the five measured components with the largest effect (a patching.parquet that
+   cannot be written is kept as `KEPT`, and the same run again takes it rather than measuring
+   again). `mediation` adds the total,
    direct and indirect effects of the exactly measured components (mediation.parquet,
    mediation_summary.csv; mechanism.mediation).
 3. Direction (studies that define one; not with `skip_direction`): per layer, the difference of
@@ -29,6 +31,7 @@ then does the rest:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -40,10 +43,10 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import write_parquet, write_text
+from probekit.core.io import check_room, write_parquet, write_text
 from probekit.core.items import EncodedItem, Item, check_span_names
 from probekit.core.kinds import choice, int_list, positive_int, text
-from probekit.core.options import default_of, named, option
+from probekit.core.options import default_of, named, option, option_values
 from probekit.engines.base import HookedScorer
 from probekit.engines.options import EpsilonOption
 from probekit.mechanism import attribution, capture, directions, mediation, patching
@@ -56,16 +59,21 @@ from probekit.mechanism.pairs import (
     draw_sets,
     effect_sets,
     single_positions,
+    span_positions,
 )
 from probekit.mechanism.plots import head_heatmap, patching_heatmap, position_heatmap
 from probekit.mechanism.readouts import PAIRED, Readout, parse_readout
-from probekit.mechanism.sites import HEAD_SITE, chosen_layers, n_heads
+from probekit.mechanism.sites import HEAD_SITE, chosen_layers, d_model, n_heads
 from probekit.mechanism.sites import site as find_site
 from probekit.reporting.contract import describe_model
 from probekit.reporting.headline import format_p
 
 METHODS = attribution.METHODS
 Say = Callable[[str], None]
+KEPT = "patching.partial.parquet"
+"""Where a patching table whose last write failed is kept; the same run again takes it."""
+INPUTS = "inputs_sha256"
+"""The patching table's attribute naming what it was measured from (`measured_inputs`)."""
 
 
 @dataclass(frozen=True)
@@ -230,23 +238,28 @@ def run_patch(
         f"{len(patches)} components ({len(layers)} layers) x {len(pairs)} pairs in {len(sets)} "
         f"{defaults.effect.name} sets on {units} {unit}s ({selection})"
     )
-    df = measure(
-        scorer,
-        sets,
-        patches,
-        readout,
-        request.method,
-        request.top_k,
-        request.hooks,
-        request.batch_size,
-        say,
-        request.through_answer,
-    )
-    df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
-    df.attrs["selection"] = selection
+    inputs = measured_inputs(model, request, readout, sets, patches)
+    df = kept_table(folder / KEPT, inputs, say)
+    if df is None:
+        df = measure(
+            scorer,
+            sets,
+            patches,
+            readout,
+            request.method,
+            request.top_k,
+            request.hooks,
+            request.batch_size,
+            say,
+            request.through_answer,
+        )
+        df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
+        df.attrs |= {"selection": selection, INPUTS: inputs}
     if weak := df.attrs.get("weak_signal"):
         print(f"probekit: warning: {weak}", file=sys.stderr)
-    write_parquet(folder / "patching.parquet", df)
+    then = "its summary, figures and record are not written: run the same command to finish"
+    write_parquet(folder / "patching.parquet", df, keep=then)
+    (folder / KEPT).unlink(missing_ok=True)
     title = f"{describe_model(model.describe())}, {probe.name}"
     record: dict[str, Any] = {
         "contrast": defaults.effect.name,
@@ -278,6 +291,26 @@ def run_patch(
             scorer, study, probe, encoded, direction, readout, folder, request, say
         )
     return written, record
+
+
+def measured_inputs(
+    model: Any, request: PatchOptions, readout: Readout, sets: Sequence[PairSet], patches: list
+) -> str:
+    """What a patching table is measured from (the model, the options, the readout, the pairs and
+    the components), as a SHA-256 that the table keeps (`INPUTS`)."""
+    described = {k: v for k, v in model.describe().items() if k not in ("precision",)}
+    pairs = [[a.id, b.id] for s in sets for a, b in s.pairs]
+    record = [described, option_values(request, leave=("out",)), readout.spec, pairs, patches]
+    return hashlib.sha256(json.dumps(record, default=str).encode()).hexdigest()
+
+
+def kept_table(path: Path, inputs: str, say: Say) -> pd.DataFrame | None:
+    """The patching table a run whose last write failed kept at `path`, when it was measured
+    from `inputs` (then not measured again); else None."""
+    if not path.is_file() or (table := pd.read_parquet(path)).attrs.get(INPUTS) != inputs:
+        return None
+    say(f"the patching table kept in {path} is this run's: not measured again")
+    return table
 
 
 def measure(
@@ -496,8 +529,12 @@ def run_capture(
     out: str | Path,
     say: Say = print,
 ) -> capture.CaptureResult:
-    """Capture a study's encoded items into `out` (resumable) and say where the files are."""
+    """Capture a study's encoded items into `out` (resumable) and say where the files are; a
+    disk without room for the shards is refused first (`shard_bytes`)."""
     layers = chosen_layers(model, request.layers or None, "capture")
+    written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))  # a capture resumed
+    needs = shard_bytes(encoded, layers, request.sites, request.spans, d_model(model)) - written
+    check_room(out, needs, "the activation shards")
     result = capture.capture(
         model,
         encoded,
@@ -514,3 +551,18 @@ def run_capture(
         " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
     )
     return result
+
+
+def shard_bytes(
+    encoded: Sequence[EncodedItem],
+    layers: Sequence[int],
+    sites: Sequence[str],
+    spans: Sequence[str] | None,
+    width: int,
+) -> int:
+    """About the bytes the activation shards of `encoded` take: layers x sites x span positions
+    x the residual `width` x the storage dtype's bytes (`capture.STORAGE_DTYPE`)."""
+    positions = sum(
+        len(span_positions(e, name)) for e in encoded for name in (spans or e.positions)
+    )
+    return len(layers) * len(sites) * positions * width * capture.STORAGE_DTYPE.itemsize

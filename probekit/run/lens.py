@@ -39,7 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import write_table, write_text
+from probekit.core.io import row_bytes, write_table, write_text
 from probekit.core.items import PROMPT_ID, EncodedItem, Item
 from probekit.core.options import named
 from probekit.core.public import public
@@ -193,6 +193,7 @@ class LensScoring(Scoring):
         self.encoded, self.probe, self.layers = job.encoded, job.probe, layers
         self.batch_size = own.batch_size or self.scorer.batch_size
         self.chunk_size, self.desc = self.batch_size, "lens"
+        self.row_bytes = len(layers) * row_bytes(len(job.probe.answers.answers))
         self.key = pace_key(model.describe(), job.probe.answers, "lens")
         self.last = layers[-1] == model.n_layers - 1
 

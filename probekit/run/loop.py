@@ -75,7 +75,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probekit.core.errors import ProbekitError
-from probekit.core.io import check_writable
+from probekit.core.io import check_room, check_writable
 from probekit.core.items import Item
 from probekit.core.progress import is_quiet, note, progress
 from probekit.core.public import public
@@ -189,8 +189,10 @@ def fill(
     `merged` once every prompt has a row (the parts then removed unless `keep_parts`); the
     merged path, or None while other shards' prompts are missing.
 
-    A `merged` file that holds every row ends it at once; a part set aside by the merge
-    (damaged) has its prompts scored again (`ATTEMPTS` rounds in all)."""
+    A disk without room for the rows (`Scoring.row_bytes`, as parts and merged) is refused in
+    one line before they are scored. A `merged` file that holds every row ends it at once; a
+    part set aside by the merge (damaged) has its prompts scored again (`ATTEMPTS` rounds in
+    all)."""
     if (finished := finished_scores(out, key, merged)) is not None:
         say(f"{name}: {finished} holds every row of this run; nothing to score")
         return finished
@@ -203,6 +205,7 @@ def fill(
                 return None  # the part set aside held other shards' rows
             if todo:
                 scoring = scoring or start()
+                check_room(out, 2 * todo * scoring.row_bytes, f"the scores of {todo} prompts")
                 _score(items, name, scoring, compactor, wanted, out, hint)
                 if scoring.batch_size and RunDir(out).manifest_path.is_file():
                     RunDir(out).update_manifest(batch_size=scoring.batch_size)

@@ -43,7 +43,7 @@ class ScoreCommand(Runner):
         return None
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        from probekit.engines.score import score_file
+        from probekit.run.score import score_file
 
         model = options.model
         keywords = option_values(options.own)

@@ -20,6 +20,7 @@ import pandas as pd
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
+from probekit.core.io import row_bytes
 from probekit.core.items import PROMPT_ID, Item
 from probekit.core.progress import duration, progress
 from probekit.core.store import INDEX
@@ -51,6 +52,8 @@ class Scoring(ABC):
     """What its pace is the pace of (`probekit.run.pace.pace_key`)."""
     batch_size: int | None = None
     """The scorer's batch, recorded in the run's manifest (None: not one batch)."""
+    row_bytes: int = 0
+    """About the bytes of a row on disk (`probekit.core.io.row_bytes`; 0: not known)."""
 
     @abstractmethod
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
@@ -102,6 +105,7 @@ class LocalScoring(Scoring):
         self.batch_size = getattr(self.scorer, "batch_size", None)  # the plan's, or batch_size
         self.chunk_size = chunk_size or CHUNK_BATCHES * max(1, self.batch_size or 16)
         self.desc = probe.name
+        self.row_bytes = row_bytes(len(probe.answers.answers) + len(probe.key_columns))
         self.key = pace_key(model.describe(), probe.answers, view)
 
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probekit.core.io import write_text
+from probekit.core.io import row_bytes, write_text
 from probekit.core.options import named
 from probekit.core.public import public
 from probekit.core.rundir import RowKey, RunDir
@@ -304,6 +304,7 @@ class SteerScoring(Scoring):
     def __init__(self, scorer: Any, job: Job, step: Step, base: dict[int, Any], key: str) -> None:
         self.scorer, self.job, self.step, self.base, self.key = scorer, job, step, base, key
         self.chunk_size = len(job.items)
+        self.row_bytes = 2 * row_bytes(len(job.probe.answers.answers))  # steered and not
         self.desc = f"steering {step[0][0]} L{step[0][1]} {step[1]} α={step[3]:g}"
 
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
