@@ -35,6 +35,8 @@ from probekit.core.shared_options import OutOption
 from probekit.run.command import Options, Runner
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from probekit.core.rundir import RunDir
     from probekit.studies.base import Study
 
@@ -62,17 +64,20 @@ def report(
     runs: str | Path | Sequence[str | Path],
     out: str | Path | None = None,
     studies: Sequence[Study] = (),
-) -> str:
+) -> pd.DataFrame:
     """Report every finished run under `runs` (a folder or several, e.g. one per model or one
-    per study), write each study's summary and the pages into `out` (`report_folder`), and
-    return the summaries' Markdown. A run's study is the one its manifest names: one of
-    `studies` (`Study` objects, registered or not, as `run_study` takes them), else the
-    registered one."""
+    per study), write each study's summary, the paper's table and forest plot
+    (`probekit.reporting.across`) and the pages into `out` (`report_folder`), and return the
+    paper's table of every study (a `study` column; `attrs["tier_note"]` where the models'
+    precision tiers differ). A run's study is the one its manifest names: one of `studies`
+    (`Study` objects, registered or not, as `run_study` takes them), else the registered
+    one."""
     import pandas as pd
 
     from probekit.core.io import check_writable, write_text
     from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
+    from probekit.reporting.across import write_across
     from probekit.studies.base import get_study
 
     folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
@@ -102,17 +107,19 @@ def report(
     study_of = {name: given[name] if name in given else get_study(name) for name in by_study}
     own = RunDir(target) in found  # a run re-reported into its own folder
     before = set() if own else clear_report(target)
-    pages, markdown = [], []
+    pages, tables = [], []
     for name, members in by_study.items():
         study = study_of[name]
         rows: list[dict[str, Any]] = []
+        own_pages = []
         for run, manifest in members:
             run_rows = study.summary_rows(run.scores(), run.path, manifest)
             rows += run_rows
-            pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
+            own_pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
         where = target if len(by_study) == 1 else target / name
-        folders_of = [run.path for run, _ in members]
-        markdown.append(study.write_summary(rows, where, runs=folders_of).markdown)
+        study.write_summary(rows, where, runs=[run.path for run, _ in members])
+        tables.append(write_across(own_pages, where, study.title))
+        pages += own_pages
     for page in pages:
         write_run_page(page)
     if len(pages) == 1:
@@ -124,16 +131,21 @@ def report(
         written = sorted(p.as_posix() for p in report_files(target) - before)
         record = {"runs": [str(run.path) for run in found], "files": written}
         write_text(target / RECORD, json.dumps(record, indent=1))
-    return "\n".join(markdown)
+    table = pd.concat(tables, ignore_index=True)
+    table.attrs["tier_note"] = " ".join(t.attrs.get("tier_note", "") for t in tables).strip()
+    return table
 
 
 class ReportCommand(Runner):
-    """`probekit report DIR [DIR ...]`: `report` on the command line, its summaries printed."""
+    """`probekit report DIR [DIR ...]`: `report` on the command line, the paper's table
+    printed (`headlines.md`)."""
 
     name, own, models = "report", ReportOptions, False
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        print(report(options.own.dir, options.own.out))
+        from probekit.reporting.across import headlines_markdown
+
+        print(headlines_markdown(report(options.own.dir, options.own.out)))
 
 
 REPORT = ReportCommand()
