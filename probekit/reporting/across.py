@@ -70,6 +70,8 @@ def headline_table(runs: Sequence[RunPage]) -> pd.DataFrame:
                 | {"run": str(run.folder)}
             )
     table = pd.DataFrame(rows)
+    for column in ("value", "low", "high", "p") if rows else ():
+        table[column] = pd.to_numeric(table[column])
     table.attrs["tier_note"] = tier_note(table)
     return table
 
@@ -96,9 +98,15 @@ def headlines_markdown(table: pd.DataFrame) -> str:
         return "No run has a headline.\n"
     cells = paper_table(shown(table))
     lines = [markdown_table(cells.columns, cells.values), ""]
-    lines += [f"Interval: {', '.join(dict.fromkeys(table['interval']))}."]
+    if made := intervals(table):
+        lines.append(f"Intervals: {made}.")
     note = table.attrs.get("tier_note") or tier_note(table)
     return "\n".join(lines + ([f"\n**{note}**"] if note else [])) + "\n"
+
+
+def intervals(table: pd.DataFrame) -> str:
+    """How the table's intervals were made, each way once."""
+    return ", ".join(dict.fromkeys(i for i in table["interval"] if i))
 
 
 def forest_panels(runs: Sequence[RunPage]) -> list[HeadlinePanel]:
@@ -151,8 +159,9 @@ def write_across(runs: Sequence[RunPage], folder: Path, title: str) -> pd.DataFr
         return table
     write_csv(folder / "headlines.csv", table)
     write_text(folder / "headlines.md", headlines_markdown(table))
-    intervals = ", ".join(dict.fromkeys(table["interval"]))
-    caption = f"{title}: headlines per model; intervals: {intervals}"
+    caption = f"{title}: headlines per model"
+    if made := intervals(table):
+        caption += f"; intervals: {made}"
     if table.attrs["tier_note"]:
         caption += ". " + table.attrs["tier_note"]
     units = sorted({u for u in table["unit"] if not missing(u) and u})

@@ -268,8 +268,9 @@ def write_pages(
 ) -> Path:
     """The pages of a finished `probekit run` of `study` in `out` with its summary `rows`:
     `report.html` in every run folder, and, where `out` holds several runs, the page across them
-    and the paper's table and forest plot (`write_across`) in `out`. Runs under `out` that `rows` do not cover (left there by an earlier command) are
-    left out. Returns the page in `out`."""
+    and the paper's table and forest plot (`write_across`) in `out`. Runs under `out` that
+    `rows` do not cover (left there by an earlier command) are left out. Returns the page in
+    `out`."""
     out = Path(out)
     frame = pd.DataFrame(rows)
     runs = [load_run(folder, rows_of_run(frame, folder), study) for folder in find_runs(out)]

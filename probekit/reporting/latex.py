@@ -17,13 +17,14 @@ import pandas as pd
 
 from probekit.reporting.headline import format_number, missing
 
-SPECIAL = re.compile(r"[\\&%$#_{}~^<>]")
+SPECIAL = re.compile(r"[\\&%$#_{}~^<>Δ]")
 ESCAPES = {
     "\\": r"\textbackslash{}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "<": "$<$",
     ">": "$>$",
+    "Δ": "$\\Delta$",
 }
 
 
@@ -90,7 +91,9 @@ def with_interval(value: Any, table: pd.DataFrame, pair: tuple[str, str], row: i
     """`value [low, high]` of one row (the interval alone when `value` is None)."""
     low, high = (table[c].iloc[row] for c in pair)
     bounds = "--" if missing(low) or missing(high) else f"[{cell(low)}, {cell(high)}]"
-    return bounds if value is None else f"{cell(value)} {bounds}"
+    if value is None or (missing(value) and bounds == "--"):
+        return bounds
+    return f"{cell(value)} {bounds}"
 
 
 def latex_table(table: pd.DataFrame, caption: str) -> str:

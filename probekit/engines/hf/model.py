@@ -95,9 +95,11 @@ class LoadedModel(Engine):
         """The tier, chosen once (`precision.settle_precision`)."""
         return precision.settle_precision(self, answers, prompts, seed)
 
-    def keep_precision(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    def keep_precision(
+        self, record: Mapping[str, Any], why: str = "kept from the run being resumed"
+    ) -> dict[str, Any] | None:
         """`record`'s tier, kept without measuring (`precision.keep_tier`)."""
-        return precision.keep_tier(self, record)
+        return precision.keep_tier(self, record, why)
 
     def noise_figure(
         self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
