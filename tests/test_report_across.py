@@ -62,7 +62,7 @@ def test_the_run_writes_the_table_and_forest_plot_across_its_models(two):
         assert (out / name).is_file(), name
     table = pd.read_csv(out / "headlines.csv")
     assert sorted(table["model"]) == ["a", "b"] and set(table["category"]) == {"religion"}
-    assert "<h2 id=\"paper-table\">" in (out / "report.html").read_text()
+    assert '<h2 id="paper-table">' in (out / "report.html").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +134,47 @@ def test_the_table_says_when_the_models_tiers_differ(two, tmp_path, capsys):
     assert note in (runs / "combined" / "report.html").read_text()
     table = probekit.report([runs / "a", runs / "b"])
     assert note in table.attrs["tier_note"] and set(table["tier"]) == {"float32", "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def mechanisms(tmp_path_factory):
+    """A patching and a lens run in one folder per model, on two tiny models (4 layers)."""
+    import minimal_study
+
+    root = tmp_path_factory.mktemp("curves")
+    study = minimal_study.MinimalStudy()
+    for name, seed in SEEDS.items():
+        model, common = tiny_model(seed=seed), dict(out=root / name, days=2, quiet=True)
+        probekit.patch_study(
+            study, model, layers=[0, 2], sites=["resid_pre"], bootstrap=20, **common
+        )
+        probekit.lens_study(study, model, layers=[0, 1, 2, 3], **common)
+    return root
+
+
+def test_the_curves_of_several_models_share_a_normalised_depth_axis(mechanisms):
+    probekit.report([mechanisms / name for name in SEEDS])
+    curves = pd.read_csv(mechanisms / "combined" / "curves.csv")
+    assert set(curves["model"]) == {"tiny-random"} and curves["folder"].nunique() == 2
+    assert (curves["n_layers"] == 4).all() and curves["x"].between(0, 1).all()
+    lens = curves[curves["kind"] == "lens"]
+    assert lens["x"].tolist() == [(layer + 1) / 4 for layer in lens["layer"]]  # after layer l
+    patched = curves[curves["kind"] == "patching"]
+    assert len(patched) and patched["x"].tolist() == [layer / 4 for layer in patched["layer"]]
+    own = pd.read_csv(mechanisms / "a" / "patching_summary.csv").set_index("layer")
+    first = patched[patched["folder"].str.endswith("/a")].set_index("layer")
+    for layer, row in first.iterrows():
+        assert (row["low"], row["high"]) == pytest.approx(
+            (own.loc[layer, "recovery_low"], own.loc[layer, "recovery_high"])
+        )
+    page = (mechanisms / "combined" / "report.html").read_text()
+    assert 'id="figure-curves"' in page and "the lens rows have no interval; drawn without" in page
+    assert (mechanisms / "combined" / "curves.png").is_file()
+
+
+def test_a_folder_of_neither_runs_nor_curves_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("x")
+    assert cli.main(["report", str(tmp_path / "junk")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "holds no finished run" in line and "no lens or patching run" in line

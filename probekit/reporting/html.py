@@ -289,9 +289,12 @@ def write_run_page(run: RunPage, out: str | Path | None = None) -> Path:
     return write_text(Path(out or run.folder) / PAGE, run_page_html(run))
 
 
-def write_runs_page(runs: Sequence[RunPage], out: str | Path) -> Path:
-    """Write the page across `runs` as `report.html` in `out`."""
-    return write_text(Path(out) / PAGE, runs_page_html(runs, Path(out)))
+def write_runs_page(
+    runs: Sequence[RunPage], out: str | Path, curves: tuple[Path, list[str]] | None = None
+) -> Path:
+    """Write the page across `runs` as `report.html` in `out`, with `curves` (the figure of
+    `probekit.reporting.curves.write_curves` and its notes) where given."""
+    return write_text(Path(out) / PAGE, runs_page_html(runs, Path(out), curves))
 
 
 def run_page_html(run: RunPage) -> str:
@@ -314,9 +317,12 @@ def run_page_html(run: RunPage) -> str:
     )
 
 
-def runs_page_html(runs: Sequence[RunPage], out: Path) -> str:
-    """The HTML of the page across `runs` (links relative to `out`)."""
-    if not runs:
+def runs_page_html(
+    runs: Sequence[RunPage], out: Path, curves: tuple[Path, list[str]] | None = None
+) -> str:
+    """The HTML of the page across `runs` (links relative to `out`), with `curves` (the
+    curves' figure and its notes) where given."""
+    if not runs and curves is None:
         raise ProbekitError("no finished runs to put on one page")
     groups = comparable_groups(runs)
     links = {str(r.folder): Path(os.path.relpath(r.folder / PAGE, out)).as_posix() for r in runs}
@@ -344,6 +350,7 @@ def runs_page_html(runs: Sequence[RunPage], out: Path) -> str:
             links=links,
             cards=cards,
             tables=tables,
+            curves=None if curves is None else (png_uri(curves[0]), curves[1]),
             threshold=WEAK_SIGNAL_VALID_MASS,
             tiny_units=TINY_SAMPLE_UNITS,
         )
@@ -401,13 +408,17 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
     captions = captions or {}
     found = []
     for path in sorted(folder.glob("*.png")):
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
         stem = path.stem.removesuffix("_ev")
         caption = captions.get(path.name) or captions.get(f"{stem}.png", "")
         if path.stem.endswith("_ev"):
             caption = (caption + " " if caption else "") + "(exact view of a generate run)"
-        found.append(Figure(path.name, caption, f"data:image/png;base64,{data}"))
+        found.append(Figure(path.name, caption, png_uri(path)))
     return found
+
+
+def png_uri(path: Path) -> str:
+    """The PNG file at `path` as a data URI, to inline in a page."""
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 def summary_table(rows: pd.DataFrame) -> dict[str, list]:
@@ -536,10 +547,7 @@ def write_record_page(
     `probekit capture`) atomically: what ran (`kind`, `title`, `subtitle`), the manifest's
     `shown` settings, the `table` of its main numbers, its `figures` inline, `notes`, the
     weak-signal line and the manifest's nested parts (versions, the sets)."""
-    figures_ = [
-        Figure(f.name, "", "data:image/png;base64," + base64.b64encode(f.read_bytes()).decode())
-        for f in figures
-    ]
+    figures_ = [Figure(f.name, "", png_uri(f)) for f in figures]
     rows = {"columns": [], "rows": []} if table is None else summary_table(table)
     nested = {k: v for k, v in manifest.items() if isinstance(v, dict | list) and k not in shown}
     html = (

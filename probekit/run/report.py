@@ -78,12 +78,14 @@ def report(
     from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
     from probekit.reporting.across import write_across
+    from probekit.reporting.curves import curve_folders, curve_rows, write_curves
     from probekit.studies.base import get_study
 
     folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
     if not folders:
         raise ProbekitError(f"no run folder to report; give the {named('out')} folder of a run")
     found = discover_runs(folders)
+    curves = [curve_rows(c) for c in sorted({c for f in folders for c in curve_folders(f)})]
     for run in found:  # not blamed on out: each run's figures and page are written in its folder
         try:
             check_writable(run.path)
@@ -122,16 +124,17 @@ def report(
         pages += own_pages
     for page in pages:
         write_run_page(page)
-    if len(pages) == 1:
+    drawn = write_curves(curves, target) if curves else None
+    if len(pages) == 1 and drawn is None:
         if pages[0].folder.resolve() != target.resolve():
             write_run_page(pages[0], target)
     else:
-        write_runs_page(pages, target)
+        write_runs_page(pages, target, drawn)
     if not own:
         written = sorted(p.as_posix() for p in report_files(target) - before)
         record = {"runs": [str(run.path) for run in found], "files": written}
         write_text(target / RECORD, json.dumps(record, indent=1))
-    table = pd.concat(tables, ignore_index=True)
+    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     table.attrs["tier_note"] = " ".join(t.attrs.get("tier_note", "") for t in tables).strip()
     return table
 
@@ -153,8 +156,10 @@ REPORT = ReportCommand()
 
 def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
     """Every finished run under `folders` (each itself included; `RunDir.discover`), each once;
-    one line for a folder that is not one or holds none."""
+    one line for a folder that is not one or holds neither a run nor a lens or patching run
+    (`curve_folders`)."""
     from probekit.core.rundir import RunDir
+    from probekit.reporting.curves import curve_folders
 
     runs: list[RunDir] = []
     for folder in map(Path, folders):
@@ -163,23 +168,24 @@ def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
                 f"{folder} is not a folder; give the {named('out')} folder of a run"
             )
         found = RunDir.discover(folder)
-        if not found:
+        if not found and not curve_folders(folder):
             raise ProbekitError(
-                f"{folder} holds no finished run (no manifest.json beside scores.parquet)"
+                f"{folder} holds no finished run (no manifest.json beside scores.parquet) and "
+                "no lens or patching run"
             )
         runs += [run for run in found if run not in runs]
     return runs
 
 
 def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequence[RunDir]) -> Path:
-    """Where the summary and page of `runs` go: `out`, else the one folder given, else
-    `combined/` in the folders' common parent. Checked before any work: writable, and not the
+    """Where the summary and page of `runs` go: `out`, else the one folder given (of runs),
+    else `combined/` in the folders' common parent. Checked before any work: writable, and not the
     folder of a run other than the one reported (its own summary and page would be replaced)."""
     from probekit.core.io import check_outputs
 
     if out is not None:
         target = Path(out)
-    elif len(folders) == 1:
+    elif len(folders) == 1 and runs:
         target = folders[0]
     else:
         common = Path(os.path.commonpath([f.resolve() for f in folders]))
@@ -196,9 +202,9 @@ def refuse_other_runs(folder: Path, runs: Sequence[RunDir]) -> None:
     if RunDir(folder).read_manifest() is None or list(runs) == [RunDir(folder)]:
         return
     what = (
-        f"the combined summary and page of {len(runs)} runs"
-        if len(runs) > 1
-        else f"the summary and page of {runs[0].path}"
+        f"the summary and page of {runs[0].path}"
+        if len(runs) == 1
+        else f"the combined summary and page of {len(runs)} runs"
     )
     raise ProbekitError(
         f"{folder} holds a run of its own: {what} would replace its own; give another "

@@ -110,8 +110,9 @@ class LoadedModel(Engine):
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
-        for a model dispatched over several devices, where its layers went (`device_map`), and
-        the precision record (the tier, the tolerance, what was measured)."""
+        the number of layers (the depth axis of curves across models), for a model dispatched
+        over several devices, where its layers went (`device_map`), and the precision record
+        (the tier, the tolerance, what was measured)."""
         fields = {
             "engine": self.engine,
             "model": self.name,
@@ -119,6 +120,7 @@ class LoadedModel(Engine):
             "weights": self.weights_fingerprint(),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "n_layers": self.n_layers,
         }
         if "device_map" in self.meta:
             fields["device_map"] = self.meta["device_map"]
