@@ -3,9 +3,11 @@ figures, summary and pages from their `scores.parquet` and `manifest.json` (one 
 runs as `probekit run` writes them for several probes or models, or several such folders, of one
 study or several).
 
-Every run folder gets its `report.html`; the runs' summary goes to `out`, one per study
-(`OUT/<study>/`) when the runs mix studies, and `OUT/report.html` is the page across the runs:
-each model's bias profile and the models side by side per study.
+Every run folder gets its `report.html`; the runs' summary and the paper's table across them
+(`headlines.*`, `forest.*`: `probekit.reporting.across`) go to `out`, one per study
+(`OUT/<study>/`) when the runs mix studies, lens and patching folders among those given are drawn
+as curves across models (`curves.*`: `probekit.reporting.curves`), and `OUT/report.html` is the
+page across the runs: each model's bias profile and the models side by side per study.
 
 `out` defaults to the one folder given, and for several folders to `combined/` in their common
 parent, so that a combined summary never replaces a run's own: an `out` that holds a run is
