@@ -15,17 +15,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 
 from probekit.core.io import write_text
+from probekit.reporting.contract import model_label
 from probekit.reporting.figures import HeadlinePanel, HeadlineRow, headline_figure, save_figure
 from probekit.reporting.headline import Headline, missing
 from probekit.reporting.latex import markdown_table, paper_table, write_csv, write_latex
 
-if TYPE_CHECKING:
-    from probekit.reporting.html import RunPage
+
+class RunPage(Protocol):
+    """What the table reads of a run (`probekit.reporting.html.RunPage`)."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    headlines: list[Headline]
+    study: str
+    scale: str
+
 
 KEYS = ("category", "setting", "prompt", "orders")
 """The manifest fields that tell a study's runs apart (besides the model), those present."""
@@ -50,21 +59,17 @@ def tier(manifest: Mapping[str, Any]) -> str:
     return str(chosen or manifest.get("tier") or manifest.get("dtype") or "—")
 
 
-def short_model(run: RunPage) -> str:
-    """The model as a table names it: its id, without where it was loaded from."""
-    return run.model_text.split(" (")[0]
-
-
 def headline_table(runs: Sequence[RunPage]) -> pd.DataFrame:
     """The paper's table of `runs`: a row per run and headline (module docstring), with
     `attrs["tier_note"]` where the runs' tiers differ (else "")."""
     rows = []
     for run in runs:
         keys = {k: run.manifest[k] for k in KEYS if k in run.manifest}
+        model = model_label(run.manifest.get("model"))
         for h in run.headlines:
             number = {"value": h.value, "low": h.low, "high": h.high, "p": h.p_value, "n": h.n}
             rows.append(
-                {"study": run.study, "model": short_model(run), **keys, "headline": h.label}
+                {"study": run.study, "model": model, **keys, "headline": h.label}
                 | {"view": h.view, **number, "unit": h.unit, "interval": h.interval}
                 | {**h.columns, "tier": tier(run.manifest), "primary": h.primary}
                 | {"run": str(run.folder)}
@@ -119,7 +124,7 @@ def forest_panels(runs: Sequence[RunPage]) -> list[HeadlinePanel]:
             panels.setdefault(f"{run.study}: {h.key}", []).append((run, h))
     drawn = []
     for title, items in panels.items():
-        names = [short_model(run) for run, _ in items]
+        names = [model_label(run.manifest.get("model")) for run, _ in items]
         if len(set(names)) < len(names):
             names = [f"{n} ({run.folder.name})" for n, (run, _) in zip(names, items, strict=True)]
         rows = [

@@ -19,7 +19,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.rundir import RunDir
-from probekit.reporting.contract import describe_model
+from probekit.reporting.contract import model_label
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.latex import write_csv
 from probekit.reporting.lens import MEASURED, depth, primary
@@ -27,6 +27,8 @@ from probekit.reporting.lens import MEASURED, depth, primary
 LENS, PATCHING = "lens.parquet", "patching_summary.csv"
 PATCH_RECORD = "patching"
 """A patching run's record folder (its `manifest.json`) inside its `--out`."""
+COLUMNS = ["model", "folder", "kind", "curve", "layer", "site", "n_layers", "x", "value"]
+COLUMNS += ["low", "high"]
 KINDS = {"lens": "the lens's headline after each layer", "patching": "patching: recovery"}
 
 
@@ -47,7 +49,7 @@ def curve_rows(folder: Path) -> tuple[pd.DataFrame, list[str]]:
     a line for each kind whose rows have no interval."""
     frames, notes = [], []
     for kind, table, manifest in _tables(folder):
-        model = describe_model(manifest).split(" (")[0]
+        model = model_label(manifest.get("model"))
         n_layers = manifest.get("n_layers")
         if not isinstance(n_layers, int) or n_layers < 1:
             raise ProbekitError(
@@ -59,32 +61,9 @@ def curve_rows(folder: Path) -> tuple[pd.DataFrame, list[str]]:
                 f"{model} ({folder.name}): the {kind} rows have no interval; drawn without"
             )
             table = table.assign(low=float("nan"), high=float("nan"))
-        frames.append(
-            table.assign(
-                model=model,
-                folder=str(folder),
-                kind=kind,
-                n_layers=n_layers,
-                x=[
-                    depth(layer, site) / n_layers
-                    for layer, site in zip(table["layer"], table["site"], strict=True)
-                ],
-            )[
-                [
-                    "model",
-                    "folder",
-                    "kind",
-                    "curve",
-                    "layer",
-                    "site",
-                    "n_layers",
-                    "x",
-                    "value",
-                    "low",
-                    "high",
-                ]
-            ]
-        )
+        x = table["layer"].combine(table["site"], depth) / n_layers
+        where = {"model": model, "folder": str(folder), "kind": kind, "n_layers": n_layers}
+        frames.append(table.assign(**where, x=x)[COLUMNS])
     return pd.concat(frames, ignore_index=True), notes
 
 
