@@ -39,9 +39,9 @@ class RunPage(Protocol):
 KEYS = ("category", "setting", "prompt", "orders")
 """The manifest fields that tell a study's runs apart (besides the model), those present."""
 TIER_NOTE = (
-    "The models do not score in one precision tier ({tiers}): a model whose device does not "
-    "offer the first model's tier chose its own. For one arithmetic, run them again with "
-    "--dtype float32 (or one --tolerance for all)."
+    "The models do not score in one precision tier ({tiers}): in a run of several models each "
+    "keeps the first one's tier unless its device does not offer it, and runs made apart choose "
+    "their own. For one arithmetic, run them again with --dtype float32 (or one --tolerance)."
 )
 HIDDEN = ("study", "run", "primary", "interval", "unit")
 """Columns of `headlines.csv` that `headlines.md` and `.tex` leave to the caption or omit."""
