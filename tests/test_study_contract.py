@@ -274,9 +274,9 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
     own = study.headline(lens.table, tmp_path / "own-lens", {**manifest, "min_valid_mass": 0.0})
     assert (first["label"], first["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
 
-    markdown = report(run.path, tmp_path / "report", studies=[study])
+    table = report(run.path, tmp_path / "report", studies=[study])
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
-    assert markdown and len(summary) == len(run.summary)
+    assert len(table) and len(summary) == len(run.summary)
 
 
 def test_a_study_must_declare_its_report_and_its_contrast():

@@ -150,10 +150,13 @@ class Precision(Protocol):
         call), None for a model without tiers."""
         return None
 
-    def keep_precision(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    def keep_precision(
+        self, record: Mapping[str, Any], why: str = "kept from the run being resumed"
+    ) -> dict[str, Any] | None:
         """Put a model whose tier is not chosen yet in the tier of `record` (the run it resumes,
-        a Ray driver's choice) without measuring: the record kept, None where that does not
-        apply (no tiers, a tier chosen already, a tier this device does not offer)."""
+        a Ray driver's choice, the first model of a run of several) without measuring: the
+        record kept, its `note` saying `why`; None where that does not apply (no tiers, a tier
+        chosen already, a tier this device does not offer)."""
         return None
 
 

@@ -11,8 +11,8 @@ exactly as the page prints it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probekit.core.public import public
@@ -72,7 +72,8 @@ class Headline:
     and the page across runs marks it; `n` counts the units (events, items) the number rests on,
     so that the pages flag a tiny sample; `context` is what a reader needs beside the number
     (the raw gap in the answer scale, an effect size and test over units, the valid mass
-    overall and by group), one line."""
+    overall and by group), one line; `columns` the same context as named values, the paper
+    table's extra columns across runs (`probekit.reporting.across`; `raw_gap`, `valid_mass`)."""
 
     label: str
     view: str
@@ -93,6 +94,7 @@ class Headline:
     unit: str = ""  # what the value is measured in (z-scores, probability)
     meaning: str = ""  # what the number says, in one sentence
     context: str = ""  # beside the number: raw gap, effect size and test, valid mass
+    columns: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __str__(self) -> str:
         """One line: label and view, value, unit, interval, p, mark; then what it means."""
@@ -159,10 +161,12 @@ def row_headlines(
     reference_label: str = "",
     unit: Callable[[dict[str, Any]], str] = lambda r: "",
     meaning: Callable[[dict[str, Any]], str] = lambda r: "",
+    columns: Mapping[str, str] | None = None,
 ) -> list[Headline]:
     """One headline per summary row: `value`, `low`, `high`, `view` and `n` name the row's
     columns, `label`, `note`, `primary`, `unit` and `meaning` are read from the row (a dict),
-    `interval` and the no-bias `reference` are shared."""
+    `interval` and the no-bias `reference` are shared; `columns` maps the headline's `columns`
+    to the row's (those the row has)."""
     return [
         Headline(
             label=label(r),
@@ -178,6 +182,7 @@ def row_headlines(
             n=None if n is None or missing(r.get(n)) else int(r[n]),
             unit=unit(r),
             meaning=meaning(r),
+            columns={k: r[c] for k, c in (columns or {}).items() if c in r},
         )
         for r in rows.to_dict("records")
     ]

@@ -34,6 +34,13 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import write_text
 from probekit.core.rundir import RunDir
 from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, weak_signal
+from probekit.reporting.across import (
+    forest_panels,
+    headline_table,
+    primary_headlines,
+    shown,
+    write_across,
+)
 from probekit.reporting.contract import (
     TINY_SAMPLE_UNITS,
     NoStudy,
@@ -45,7 +52,7 @@ from probekit.reporting.contract import (
     run_answers,
     scale_label,
 )
-from probekit.reporting.figures import HeadlinePanel, HeadlineRow, headline_figure, png_bytes
+from probekit.reporting.figures import headline_figure, png_bytes
 from probekit.reporting.headline import (
     Headline,
     ViewFacts,
@@ -53,6 +60,7 @@ from probekit.reporting.headline import (
     format_rate,
     missing,
 )
+from probekit.reporting.latex import paper_table
 from probekit.reporting.summary import mean_valid_mass
 
 PAGE = "report.html"
@@ -260,8 +268,9 @@ def write_pages(
 ) -> Path:
     """The pages of a finished `probekit run` of `study` in `out` with its summary `rows`:
     `report.html` in every run folder, and, where `out` holds several runs, the page across them
-    in `out`. Runs under `out` that `rows` do not cover (left there by an earlier command) are
-    left out. Returns the page in `out`."""
+    and the paper's table and forest plot (`write_across`) in `out`. Runs under `out` that
+    `rows` do not cover (left there by an earlier command) are left out. Returns the page in
+    `out`."""
     out = Path(out)
     frame = pd.DataFrame(rows)
     runs = [load_run(folder, rows_of_run(frame, folder), study) for folder in find_runs(out)]
@@ -270,6 +279,8 @@ def write_pages(
         write_run_page(run)
     if len(runs) == 1 and runs[0].folder.resolve() == out.resolve():
         return out / PAGE
+    if runs:
+        write_across(runs, out, runs[0].card.title)
     return write_runs_page(runs, out)
 
 
@@ -278,9 +289,12 @@ def write_run_page(run: RunPage, out: str | Path | None = None) -> Path:
     return write_text(Path(out or run.folder) / PAGE, run_page_html(run))
 
 
-def write_runs_page(runs: Sequence[RunPage], out: str | Path) -> Path:
-    """Write the page across `runs` as `report.html` in `out`."""
-    return write_text(Path(out) / PAGE, runs_page_html(runs, Path(out)))
+def write_runs_page(
+    runs: Sequence[RunPage], out: str | Path, curves: tuple[Path, list[str]] | None = None
+) -> Path:
+    """Write the page across `runs` as `report.html` in `out`, with `curves` (the figure of
+    `probekit.reporting.curves.write_curves` and its notes) where given."""
+    return write_text(Path(out) / PAGE, runs_page_html(runs, Path(out), curves))
 
 
 def run_page_html(run: RunPage) -> str:
@@ -303,9 +317,12 @@ def run_page_html(run: RunPage) -> str:
     )
 
 
-def runs_page_html(runs: Sequence[RunPage], out: Path) -> str:
-    """The HTML of the page across `runs` (links relative to `out`)."""
-    if not runs:
+def runs_page_html(
+    runs: Sequence[RunPage], out: Path, curves: tuple[Path, list[str]] | None = None
+) -> str:
+    """The HTML of the page across `runs` (links relative to `out`), with `curves` (the
+    curves' figure and its notes) where given."""
+    if not runs and curves is None:
         raise ProbekitError("no finished runs to put on one page")
     groups = comparable_groups(runs)
     links = {str(r.folder): Path(os.path.relpath(r.folder / PAGE, out)).as_posix() for r in runs}
@@ -314,6 +331,11 @@ def runs_page_html(runs: Sequence[RunPage], out: Path) -> str:
         profiles.setdefault(run.model_text, []).extend((run, h) for h in primary_headlines(run))
     figure = profile_figure(runs)
     cards = {r.study: card_html(r.card) for r in runs}
+    tables = {}
+    for study in cards:
+        table = headline_table([r for r in runs if r.study == study])
+        cells = paper_table(shown(table)) if len(table) else pd.DataFrame()
+        tables[study] = {**summary_table(cells), "note": table.attrs["tier_note"]}
     return (
         _environment()
         .get_template("runs.html")
@@ -327,56 +349,22 @@ def runs_page_html(runs: Sequence[RunPage], out: Path) -> str:
             groups=[_side_by_side(group) for group in groups],
             links=links,
             cards=cards,
+            tables=tables,
+            curves=None if curves is None else (png_uri(curves[0]), curves[1]),
             threshold=WEAK_SIGNAL_VALID_MASS,
             tiny_units=TINY_SAMPLE_UNITS,
         )
     )
 
 
-def primary_headlines(run: RunPage) -> list[Headline]:
-    """The headlines that stand for the run's study (its first one where none is marked)."""
-    return [h for h in run.headlines if h.primary] or run.headlines[:1]
-
-
 def profile_figure(runs: Sequence[RunPage]) -> str | None:
-    """The headlines across runs as one figure (a data URI): a panel per study and headline, a
-    row per model (its folder too where a model ran twice) with the interval, and the study's
-    no-bias value marked; None when no run has a headline value."""
-    panels: dict[str, list[tuple[RunPage, Headline]]] = {}
-    for run in runs:
-        for h in primary_headlines(run):
-            panels.setdefault(f"{run.study}: {h.key}", []).append((run, h))
-    drawn = []
-    for title, items in panels.items():
-        names = [run.model_text.split(" (")[0] for run, _ in items]
-        if len(set(names)) < len(names):
-            names = [f"{n} ({run.folder.name})" for n, (run, _) in zip(names, items, strict=True)]
-        rows = [
-            HeadlineRow(
-                name,
-                _number(h.value),
-                _number(h.low),
-                _number(h.high),
-            )
-            for name, (_, h) in zip(names, items, strict=True)
-        ]
-        first = items[0][1]
-        scales = ", ".join(dict.fromkeys(run.scale for run, _ in items))
-        unit = f" ({first.unit})" if first.unit else ""
-        axis = f"{first.label}{unit}, answers {scales}"
-        if first.interval:
-            axis += f"\n{first.interval}"
-        drawn.append(
-            HeadlinePanel(title, axis, rows, _number(first.reference), first.reference_label)
-        )
-    if not any(row.value is not None for panel in drawn for row in panel.rows):
+    """The forest plot of `runs` (`forest_panels`) as a data URI; None when no run has a
+    headline value."""
+    panels = forest_panels(runs)
+    if not panels:
         return None
-    data = base64.b64encode(png_bytes(headline_figure(drawn))).decode("ascii")
+    data = base64.b64encode(png_bytes(headline_figure(panels))).decode("ascii")
     return f"data:image/png;base64,{data}"
-
-
-def _number(value: Any) -> float | None:
-    return None if missing(value) else float(value)
 
 
 def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
@@ -420,13 +408,17 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
     captions = captions or {}
     found = []
     for path in sorted(folder.glob("*.png")):
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
         stem = path.stem.removesuffix("_ev")
         caption = captions.get(path.name) or captions.get(f"{stem}.png", "")
         if path.stem.endswith("_ev"):
             caption = (caption + " " if caption else "") + "(exact view of a generate run)"
-        found.append(Figure(path.name, caption, f"data:image/png;base64,{data}"))
+        found.append(Figure(path.name, caption, png_uri(path)))
     return found
+
+
+def png_uri(path: Path) -> str:
+    """The PNG file at `path` as a data URI, to inline in a page."""
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 def summary_table(rows: pd.DataFrame) -> dict[str, list]:
@@ -555,10 +547,7 @@ def write_record_page(
     `probekit capture`) atomically: what ran (`kind`, `title`, `subtitle`), the manifest's
     `shown` settings, the `table` of its main numbers, its `figures` inline, `notes`, the
     weak-signal line and the manifest's nested parts (versions, the sets)."""
-    figures_ = [
-        Figure(f.name, "", "data:image/png;base64," + base64.b64encode(f.read_bytes()).decode())
-        for f in figures
-    ]
+    figures_ = [Figure(f.name, "", png_uri(f)) for f in figures]
     rows = {"columns": [], "rows": []} if table is None else summary_table(table)
     nested = {k: v for k, v in manifest.items() if isinstance(v, dict | list) and k not in shown}
     html = (

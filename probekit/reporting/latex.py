@@ -2,13 +2,13 @@
 (`\\toprule`, `\\midrule`, `\\bottomrule`; `\\usepackage{booktabs}` in the paper) with each
 interval beside its value (`0.120 [0.050, 0.190]`), p-values as `< 0.001` or three decimals, and
 the unit and the view in the caption. Written here rather than by pandas' Styler, which needs
-jinja2 and formats no intervals."""
+jinja2 and formats no intervals. The table's other forms are here too: CSV and Markdown."""
 
 from __future__ import annotations
 
 import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,14 @@ import pandas as pd
 
 from probekit.reporting.headline import format_number, missing
 
-SPECIAL = re.compile(r"[\\&%$#_{}~^<>]")
+SPECIAL = re.compile(r"[\\&%$#_{}~^<>Δ]")
 ESCAPES = {
     "\\": r"\textbackslash{}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "<": "$<$",
     ">": "$>$",
+    "Δ": "$\\Delta$",
 }
 
 
@@ -90,7 +91,9 @@ def with_interval(value: Any, table: pd.DataFrame, pair: tuple[str, str], row: i
     """`value [low, high]` of one row (the interval alone when `value` is None)."""
     low, high = (table[c].iloc[row] for c in pair)
     bounds = "--" if missing(low) or missing(high) else f"[{cell(low)}, {cell(high)}]"
-    return bounds if value is None else f"{cell(value)} {bounds}"
+    if value is None or (missing(value) and bounds == "--"):
+        return bounds
+    return f"{cell(value)} {bounds}"
 
 
 def latex_table(table: pd.DataFrame, caption: str) -> str:
@@ -136,3 +139,19 @@ def write_latex(path: Path, table: pd.DataFrame, title: str, units: Sequence[str
 
     views = sorted({str(v) for v in table["view"]}) if "view" in table else []
     write_text(path, latex_table(table, caption(title, units, views)))
+
+
+def write_csv(path: Path, frame: pd.DataFrame) -> Path:
+    """`frame` as a CSV file without its index, written atomically."""
+    from probekit.core.io import atomic_write
+
+    return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table: the `header` cells, then a line per row of cells (as text)."""
+
+    def line(cells: Iterable[Any]) -> str:
+        return "| " + " | ".join(map(str, cells)) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])

@@ -17,7 +17,7 @@ manifest says so (`numerics=N` measures N prompts anyway; `numerics=0` always sk
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from probekit.engines.options import NOISE_SAMPLE
 from probekit.studies.base import Probe
 
 FIELD = "numerics"
+FIRST_MODEL = "kept from the first model of this run"
+"""The note of a precision record kept from the first model of a run of several models."""
 PROMPTS_PER_SAMPLE = 200
 
 
@@ -49,15 +51,20 @@ def settle_run_precision(
     seed: int = 0,
     items: Sequence[Item] | None = None,
     resumed: bool = True,
+    first: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Before a run of `probe` (or of its `items`, a mechanism command's) scores: the
     precision tier of the run being resumed in `folder` (`keep_resumed_tier`; not where the
-    command is not `resumed`), else the tier `model` chooses on the run's numerics sample:
+    command is not `resumed`), else the tier of `first` (the precision record of the first
+    model of a run of several: one arithmetic for the models compared) where this model's
+    device offers it, else the tier `model` chooses on the run's numerics sample:
     `NOISE_SAMPLE` of its prompts, seeded by the run's seed. The record, or None where nothing
     is chosen (an engine without tiers, or a tier chosen already)."""
     if "tier" in (model.precision or {}):
         return None  # chosen already
     if resumed and (kept := keep_resumed_tier(model, folder)):
+        return kept
+    if first and (kept := model.keep_precision(first, FIRST_MODEL)):
         return kept
     total = len(probe) if items is None else len(items)
     picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))

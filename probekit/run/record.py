@@ -54,7 +54,7 @@ def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -
         "tolerance": tolerance,
         "tier": record.get("tier"),
         "engine": described.get("engine", asked.engine),
-        **{k: described[k] for k in ("columns", "vllm_parallel") if k in described},
+        **{k: described[k] for k in ("n_layers", "columns", "vllm_parallel") if k in described},
         **chat_template_field(asked, described),
     }
 

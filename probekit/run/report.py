@@ -3,9 +3,11 @@ figures, summary and pages from their `scores.parquet` and `manifest.json` (one 
 runs as `probekit run` writes them for several probes or models, or several such folders, of one
 study or several).
 
-Every run folder gets its `report.html`; the runs' summary goes to `out`, one per study
-(`OUT/<study>/`) when the runs mix studies, and `OUT/report.html` is the page across the runs:
-each model's bias profile and the models side by side per study.
+Every run folder gets its `report.html`; the runs' summary and the paper's table across them
+(`headlines.*`, `forest.*`: `probekit.reporting.across`) go to `out`, one per study
+(`OUT/<study>/`) when the runs mix studies, lens and patching folders among those given are drawn
+as curves across models (`curves.*`: `probekit.reporting.curves`), and `OUT/report.html` is the
+page across the runs: each model's bias profile and the models side by side per study.
 
 `out` defaults to the one folder given, and for several folders to `combined/` in their common
 parent, so that a combined summary never replaces a run's own: an `out` that holds a run is
@@ -35,6 +37,8 @@ from probekit.core.shared_options import OutOption
 from probekit.run.command import Options, Runner
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from probekit.core.rundir import RunDir
     from probekit.studies.base import Study
 
@@ -62,23 +66,28 @@ def report(
     runs: str | Path | Sequence[str | Path],
     out: str | Path | None = None,
     studies: Sequence[Study] = (),
-) -> str:
+) -> pd.DataFrame:
     """Report every finished run under `runs` (a folder or several, e.g. one per model or one
-    per study), write each study's summary and the pages into `out` (`report_folder`), and
-    return the summaries' Markdown. A run's study is the one its manifest names: one of
-    `studies` (`Study` objects, registered or not, as `run_study` takes them), else the
-    registered one."""
+    per study), write each study's summary, the paper's table and forest plot
+    (`probekit.reporting.across`) and the pages into `out` (`report_folder`), and return the
+    paper's table of every study (a `study` column; `attrs["tier_note"]` where the models'
+    precision tiers differ). A run's study is the one its manifest names: one of `studies`
+    (`Study` objects, registered or not, as `run_study` takes them), else the registered
+    one."""
     import pandas as pd
 
     from probekit.core.io import check_writable, write_text
     from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
+    from probekit.reporting.across import write_across
+    from probekit.reporting.curves import curve_folders, curve_rows, write_curves
     from probekit.studies.base import get_study
 
     folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
     if not folders:
         raise ProbekitError(f"no run folder to report; give the {named('out')} folder of a run")
     found = discover_runs(folders)
+    curves = [curve_rows(c) for c in sorted({c for f in folders for c in curve_folders(f)})]
     for run in found:  # not blamed on out: each run's figures and page are written in its folder
         try:
             check_writable(run.path)
@@ -102,38 +111,46 @@ def report(
     study_of = {name: given[name] if name in given else get_study(name) for name in by_study}
     own = RunDir(target) in found  # a run re-reported into its own folder
     before = set() if own else clear_report(target)
-    pages, markdown = [], []
+    pages, tables = [], []
     for name, members in by_study.items():
         study = study_of[name]
         rows: list[dict[str, Any]] = []
+        own_pages = []
         for run, manifest in members:
             run_rows = study.summary_rows(run.scores(), run.path, manifest)
             rows += run_rows
-            pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
+            own_pages.append(load_run(run.path, pd.DataFrame(run_rows), study))
         where = target if len(by_study) == 1 else target / name
-        folders_of = [run.path for run, _ in members]
-        markdown.append(study.write_summary(rows, where, runs=folders_of).markdown)
+        study.write_summary(rows, where, runs=[run.path for run, _ in members])
+        tables.append(write_across(own_pages, where, study.title))
+        pages += own_pages
     for page in pages:
         write_run_page(page)
-    if len(pages) == 1:
+    drawn = write_curves(curves, target) if curves else None
+    if len(pages) == 1 and drawn is None:
         if pages[0].folder.resolve() != target.resolve():
             write_run_page(pages[0], target)
     else:
-        write_runs_page(pages, target)
+        write_runs_page(pages, target, drawn)
     if not own:
         written = sorted(p.as_posix() for p in report_files(target) - before)
         record = {"runs": [str(run.path) for run in found], "files": written}
         write_text(target / RECORD, json.dumps(record, indent=1))
-    return "\n".join(markdown)
+    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    table.attrs["tier_note"] = " ".join(t.attrs.get("tier_note", "") for t in tables).strip()
+    return table
 
 
 class ReportCommand(Runner):
-    """`probekit report DIR [DIR ...]`: `report` on the command line, its summaries printed."""
+    """`probekit report DIR [DIR ...]`: `report` on the command line, the paper's table
+    printed (`headlines.md`)."""
 
     name, own, models = "report", ReportOptions, False
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        print(report(options.own.dir, options.own.out))
+        from probekit.reporting.across import headlines_markdown
+
+        print(headlines_markdown(report(options.own.dir, options.own.out)))
 
 
 REPORT = ReportCommand()
@@ -141,8 +158,10 @@ REPORT = ReportCommand()
 
 def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
     """Every finished run under `folders` (each itself included; `RunDir.discover`), each once;
-    one line for a folder that is not one or holds none."""
+    one line for a folder that is not one or holds neither a run nor a lens or patching run
+    (`curve_folders`)."""
     from probekit.core.rundir import RunDir
+    from probekit.reporting.curves import curve_folders
 
     runs: list[RunDir] = []
     for folder in map(Path, folders):
@@ -151,23 +170,24 @@ def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
                 f"{folder} is not a folder; give the {named('out')} folder of a run"
             )
         found = RunDir.discover(folder)
-        if not found:
+        if not found and not curve_folders(folder):
             raise ProbekitError(
-                f"{folder} holds no finished run (no manifest.json beside scores.parquet)"
+                f"{folder} holds no finished run (no manifest.json beside scores.parquet) and "
+                "no lens or patching run"
             )
         runs += [run for run in found if run not in runs]
     return runs
 
 
 def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequence[RunDir]) -> Path:
-    """Where the summary and page of `runs` go: `out`, else the one folder given, else
-    `combined/` in the folders' common parent. Checked before any work: writable, and not the
+    """Where the summary and page of `runs` go: `out`, else the one folder given (of runs),
+    else `combined/` in the folders' common parent. Checked before any work: writable, and not the
     folder of a run other than the one reported (its own summary and page would be replaced)."""
     from probekit.core.io import check_outputs
 
     if out is not None:
         target = Path(out)
-    elif len(folders) == 1:
+    elif len(folders) == 1 and runs:
         target = folders[0]
     else:
         common = Path(os.path.commonpath([f.resolve() for f in folders]))
@@ -184,9 +204,9 @@ def refuse_other_runs(folder: Path, runs: Sequence[RunDir]) -> None:
     if RunDir(folder).read_manifest() is None or list(runs) == [RunDir(folder)]:
         return
     what = (
-        f"the combined summary and page of {len(runs)} runs"
-        if len(runs) > 1
-        else f"the summary and page of {runs[0].path}"
+        f"the summary and page of {runs[0].path}"
+        if len(runs) == 1
+        else f"the combined summary and page of {len(runs)} runs"
     )
     raise ProbekitError(
         f"{folder} holds a run of its own: {what} would replace its own; give another "

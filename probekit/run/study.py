@@ -238,20 +238,22 @@ class RunCommand(StudyRunner):
             connect(run.ray or None)  # before any model loads: an unreachable address is one line
         runs: list[Run] = []
         rows: list[dict[str, Any]] = []
+        first: dict[str, Any] | None = None  # the first model's tier, kept by the others
         with stop_on_sigterm(out), silenced(options.model.quiet):
             for asked in models:
                 model = self.load(asked, engine, launch.device(asked.device))
                 found = jobs[asked.model]
                 if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
-                    note(_forecast(found, model, shard))
+                    note(_forecast(found, model, shard, first))
                 top = _model_folder(out, asked, models)
                 manifests: dict[str, dict[str, Any]] = {}
                 model_rows: list[dict[str, Any]] = []
                 for job in found:
-                    done = self.run_probe(job, model, shard, launch, say)
+                    done = self.run_probe(job, model, shard, launch, say, first)
                     if done is not None:
                         manifests[job.folder.relative_to(top).as_posix()] = done[0]
                         model_rows += done[1]
+                first = first or model.precision
                 del model  # before the next one loads
                 rows += model_rows
                 complete = len(manifests) == len(found)
@@ -281,17 +283,25 @@ class RunCommand(StudyRunner):
         return runs
 
     def run_probe(
-        self, job: Job, model: Engine, shard: Any, launch: Any, say: Say
+        self,
+        job: Job,
+        model: Engine,
+        shard: Any,
+        launch: Any,
+        say: Say,
+        first: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], list[dict]] | None:
-        """One probe on one model: score (this process's shard), merge, and report when
-        complete: its manifest and summary rows (None while other shards are missing)."""
+        """One probe on one model, in the tier of `first` (the precision record of the run's
+        first model) where its device offers it: score (this process's shard), merge, and
+        report when complete: its manifest and summary rows (None while other shards are
+        missing)."""
         from probekit.run.loop import run_probe
         from probekit.run.numerics import record_numerics
         from probekit.run.parts import merge_if_complete
         from probekit.run.scoring import EnginePool
 
         run = job.own
-        settle_run_precision(model, job.probe, job.folder, run.seed)
+        settle_run_precision(model, job.probe, job.folder, run.seed, first=first)
         manifest = self.manifest(job, model)
         if (partial := describe_limit(manifest)) is not None:
             say(partial)
@@ -342,14 +352,14 @@ def _folders(
     return [folder if len(probes) == 1 else folder / probe.subdir for probe in probes]
 
 
-def _forecast(jobs: list[Job], model: Engine, shard: Any) -> str:
+def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] | None) -> str:
     """The first line of a run of several probes: how many prompts it holds and how long they
     will take on this device (`probekit.run.scoring.forecast_runs`), in the precision tier the
-    run will score in (chosen first: it decides the pace)."""
+    run will score in (chosen first, or `first`'s kept: it decides the pace)."""
     from probekit.run.scoring import forecast_runs
 
-    first, run = jobs[0], jobs[0].own
-    settle_run_precision(model, first.probe, first.folder, run.seed)
+    lead, run = jobs[0], jobs[0].own
+    settle_run_precision(model, lead.probe, lead.folder, run.seed, first=first)
     probes = [job.probe for job in jobs]
     held = forecast_runs(
         probes,
@@ -360,8 +370,8 @@ def _forecast(jobs: list[Job], model: Engine, shard: Any) -> str:
         batch_size=run.batch_size,
         seed=run.seed,
     )
-    where = first.folder.parent if len(jobs) > 1 else first.folder
-    return f"{first.study.name}: {held}, model {first.asked.model} -> {where}"
+    where = lead.folder.parent if len(jobs) > 1 else lead.folder
+    return f"{lead.study.name}: {held}, model {lead.asked.model} -> {where}"
 
 
 def smaller(study: Study) -> str:

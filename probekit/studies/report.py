@@ -4,16 +4,16 @@ side. A study's own `report` module holds only what is its own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from probekit.core.io import atomic_write
 from probekit.reporting.contract import figure_model
+from probekit.reporting.latex import markdown_table as markdown_table
+from probekit.reporting.latex import write_csv as write_csv
 
 
 @dataclass(frozen=True)
@@ -42,20 +42,6 @@ class ReportView:
         """The file `name` of this view: `heatmap.png` is `heatmap_exact.png` with `_exact`."""
         stem, dot, extension = name.partition(".")
         return self.folder / f"{stem}{self.suffix}{dot}{extension}"
-
-
-def write_csv(path: Path, frame: pd.DataFrame) -> Path:
-    """`frame` as a CSV file without its index, written atomically."""
-    return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
-
-
-def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
-    """A Markdown table: the `header` cells, then a line per row of cells (as text)."""
-
-    def line(cells: Iterable[Any]) -> str:
-        return "| " + " | ".join(map(str, cells)) + " |"
-
-    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
 
 
 def side_by_side(ax: Any, series: Sequence[tuple[str, Any, Any, Any]], colour: int = 0) -> list:

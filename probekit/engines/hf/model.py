@@ -96,9 +96,11 @@ class LoadedModel(Engine):
         """The tier, chosen once (`precision.settle_precision`)."""
         return precision.settle_precision(self, answers, prompts, seed)
 
-    def keep_precision(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    def keep_precision(
+        self, record: Mapping[str, Any], why: str = "kept from the run being resumed"
+    ) -> dict[str, Any] | None:
         """`record`'s tier, kept without measuring (`precision.keep_tier`)."""
-        return precision.keep_tier(self, record)
+        return precision.keep_tier(self, record, why)
 
     def noise_figure(
         self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
@@ -109,8 +111,9 @@ class LoadedModel(Engine):
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
-        for a model dispatched over several devices, where its layers went (`device_map`), and
-        the precision record (the tier, the tolerance, what was measured)."""
+        the number of layers (the depth axis of curves across models), for a model dispatched
+        over several devices, where its layers went (`device_map`), and the precision record
+        (the tier, the tolerance, what was measured)."""
         fields = {
             "engine": self.engine,
             "model": self.name,
@@ -118,6 +121,7 @@ class LoadedModel(Engine):
             "weights": self.weights_fingerprint(),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "n_layers": self.n_layers,
         }
         for name in ("device_map", "chat_template"):
             if name in self.meta:

@@ -435,13 +435,14 @@ def seeded_sample(prompts: Sequence[Sequence[int]], count: int, seed: int) -> li
     return [prompts[i] for i in sorted(picked)]
 
 
-def keep_tier(model: HFModel, record: Mapping[str, Any]) -> dict[str, Any] | None:
+def keep_tier(model: HFModel, record: Mapping[str, Any], why: str) -> dict[str, Any] | None:
     """`LoadedModel.keep_precision`: `model`, its tier not chosen yet, put in the tier of
-    `record` without measuring; None where it is chosen or `record`'s is not offered."""
+    `record` without measuring (`why` its note); None where it is chosen or `record`'s is not
+    offered."""
     pending = model.meta.get("precision", {})
     if "tier" in pending or record.get("tier") not in pending.get("offered", offered_tiers(model)):
         return None
-    kept = {**record, "note": "kept from the run being resumed"}
+    kept = {**record, "note": why}
     _put(model, kept)
     return kept
 

@@ -235,10 +235,25 @@ def context_line(r: dict[str, Any]) -> str:
     )
 
 
+PAPER_COLUMNS = {
+    "raw_gap": "raw_gap",
+    "raw_gap_low": "raw_gap_ci_low",
+    "raw_gap_high": "raw_gap_ci_high",
+    "d_z": "d_z",
+    "p_events": "p_events",
+    "valid_mass": "mean_valid_mass",
+    "exclusion_rate": "exclusion_rate",
+    "agreement": "ev_generate_agreement",
+}
+"""The paper table's columns beside Δ (`Headline.columns`) and the summary columns they hold:
+the raw gap in scale points with its CI, d_z and the sign-flip p over events, the valid mass,
+the events excluded for Δ, the exact greedy answer's agreement with the generated one."""
+
+
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
-    """Δ per (category, setting, view) with its bootstrap CI and one-sided p, against a gap of 0;
-    the note says whether Δ lies outside the permutation null interval (the paper's
-    significance)."""
+    """Δ per (category, setting, view) with its bootstrap CI and one-sided p, against a gap of 0,
+    with the paper table's columns (`PAPER_COLUMNS`); the note says whether Δ lies outside the
+    permutation null interval (the paper's significance)."""
     found = []
     for r in rows.to_dict("records"):
         kept, view = r.get("n_kept"), str(r.get("view"))
@@ -267,6 +282,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 unit=DELTA_UNIT,
                 meaning=DELTA_MEANING,
                 context=context_line(r),
+                columns={name: r.get(column) for name, column in PAPER_COLUMNS.items()},
             )
         )
     return found

@@ -173,6 +173,10 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 reference_label="no difference (0)",
                 n=None if missing(events) else int(events),
                 unit="probability",
+                columns={
+                    "valid_mass": table["value"].get("mean_valid_mass"),
+                    "agreement": table["value"].get(metrics.AGREEMENT),
+                },
                 meaning="max_diff is the largest difference between two genders, over the 12 "
                 "emotions, of the probability that the model names that emotion for the "
                 "event: 0 when every gender gets the same emotions, 1 at most.",
