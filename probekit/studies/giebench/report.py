@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 
 import probekit.studies.giebench.metrics as metrics
-from probekit.core.io import atomic_write, write_text
+from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
 from probekit.reporting.headline import row_headlines
 from probekit.reporting.html import model_name
 from probekit.studies.giebench.judge import OPTIONS
+from probekit.studies.report import write_csv
 
 VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
@@ -50,13 +51,16 @@ def report_run(
         "shifts": metrics.shifts(frame),
         "mismatch": metrics.mismatch(frame),
     }
-    for name, table in tables.items():
-        shown = table if data is None else table.assign(data=data)[["data", *table.columns]]
-        atomic_write(out / f"{name}.csv", lambda tmp, t=shown: t.to_csv(tmp, index=False))
+    shown = {
+        name: table if data is None else table.assign(data=data)[["data", *table.columns]]
+        for name, table in tables.items()
+    }
     model = model or model_name(out)
-    accuracy_figure(tables["accuracy"], out / "accuracy.png", f"{model}, view {view}")
-    if not tables["shifts"].empty:
-        shift_figure(tables["shifts"], out / "shifts.png", f"{model}, view {view}")
+    accuracy_figure(shown.pop("accuracy"), out / "accuracy.png", f"{model}, view {view}")
+    if not tables["shifts"].empty:  # each figure's table beside it (`accuracy.csv`, ...)
+        shift_figure(shown.pop("shifts"), out / "shifts.png", f"{model}, view {view}")
+    for name, table in shown.items():
+        write_csv(out / f"{name}.csv", table)
     overall = tables["accuracy"][tables["accuracy"]["category"] == metrics.OVERALL]
     records = overall.drop(columns="category").to_dict("records")
     rows = [{"view": view, **r, "run": str(out)} for r in records]
@@ -173,7 +177,7 @@ def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
         n_items = int(part.loc[part["category"] == metrics.OVERALL, "n_items"].max())
         ax.set_title(f"GIEBench: {view}, {orders}, N = {n_items} items (dotted: chance)")
         ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    return save_figure(fig, path, acc)
 
 
 def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
@@ -208,7 +212,7 @@ def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
         "(labels: +wrong->right / -right->wrong)"
     )
     ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    return save_figure(fig, path, shifts)
 
 
 def _formatted(table: pd.DataFrame) -> pd.DataFrame:

@@ -64,7 +64,8 @@ def emotions_figure(frame: pd.DataFrame, genders: list[str], path: Path, title: 
         ax.set_ylabel("P(emotion | gender)")
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
-    return save_figure(fig, path)
+    drawn = frame[frame["metric"].str.match(r"p::|max_diff$")]  # the bars, and the titles' max_diff
+    return save_figure(fig, path, drawn[["view", "metric", "value", "low", "high", "mark"]])
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:

@@ -92,7 +92,6 @@ def report_run(
     group_table = group_outliers(samples, float(overall["mean"]))
     _csv(out / f"templates{suffix}.csv", per_template)
     _csv(out / f"dimensions{suffix}.csv", dims)
-    _csv(out / f"groups{suffix}.csv", group_table)
     title = (
         f"JaEm-ST: {describe_model(manifest)}, CE prompt {manifest.get('prompt', 0)}, view {view}, "
         f"N = {int(overall['n'])} samples"
@@ -214,7 +213,7 @@ def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) 
         ax.set_title(name)
     axes[0].set_ylabel("CE score (95 % CI over samples)")
     fig.suptitle(title)
-    save_figure(fig, path)
+    save_figure(fig, path, dims)
 
 
 def group_heatmap(
@@ -245,15 +244,16 @@ def group_heatmap(
     ax.set_ylabel(groups[0])
     ax.set_title(wrap_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}"), fontsize=9)
     fig.colorbar(image, ax=ax, label="CE score")
-    save_figure(fig, path)
+    save_figure(fig, path, table[[*groups, "mean", "z", "outlier"]])
 
 
 def group_figure(
     table: pd.DataFrame, groups: Sequence[str], path: Path, title: str, overall: float, z: float
 ) -> None:
     """The mean score of every group with its 95 % interval, sorted, the overall mean dashed;
-    outliers (|z| > the threshold) in vermillion with their z written beside them."""
-    table = table.sort_values("mean").reset_index(drop=True)
+    outliers (|z| > the threshold) in vermillion with their z written beside them; the table
+    beside it (`groups.csv`)."""
+    data, table = table, table.sort_values("mean").reset_index(drop=True)
     names = ["/".join(str(r[g]) for g in groups) for _, r in table.iterrows()]
     fig = new_figure(7.5, 1.4 + 0.22 * len(table))
     ax = fig.add_subplot()
@@ -279,7 +279,7 @@ def group_figure(
     ax.set_xlabel("CE score (95 % CI over samples)")
     ax.set_ylabel(" / ".join(groups))
     ax.set_title(f"{title}\nvermillion: outliers, |z| > {z:g}; dashed: overall mean", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, data)
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
