@@ -123,7 +123,7 @@ def _position_panels(summary: pd.DataFrame, sites: Sequence[str]) -> pd.DataFram
     label = short.str.removeprefix("hook_").where(head.isna(), "H" + head.astype(str))
     rank = {site.rsplit(".", 1)[-1]: i for i, site in enumerate(sites)}
     data = _panels(data.assign(base=label + " " + data["base"]), "base")
-    data = data.assign(order=short.map(rank).fillna(len(rank)), head=head).sort_values(
+    return data.assign(order=short.map(rank).fillna(len(rank)), head=head).sort_values(
         ["order", "site", "head", "panel"], kind="stable"
     )
 

@@ -159,9 +159,11 @@ def row_headlines(
     reference_label: str = "",
     unit: Callable[[dict[str, Any]], str] = lambda r: "",
     meaning: Callable[[dict[str, Any]], str] = lambda r: "",
+    context: Callable[[dict[str, Any]], str] = lambda r: "",
 ) -> list[Headline]:
     """One headline per summary row: `value`, `low`, `high`, `view` and `n` name the row's
-    columns, `label`, `note`, `primary`, `unit` and `meaning` are read from the row (a dict),
+    columns, `label`, `note`, `primary`, `unit`, `meaning` and `context` are read from the row
+    (a dict),
     `interval` and the no-bias `reference` are shared."""
     return [
         Headline(
@@ -178,6 +180,7 @@ def row_headlines(
             n=None if n is None or missing(r.get(n)) else int(r[n]),
             unit=unit(r),
             meaning=meaning(r),
+            context=context(r),
         )
         for r in rows.to_dict("records")
     ]

@@ -14,6 +14,7 @@ import pandas as pd
 
 from probekit.core.io import atomic_write
 from probekit.reporting.contract import figure_model
+from probekit.reporting.headline import format_number
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,17 @@ class ReportView:
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:
     """`frame` as a CSV file without its index, written atomically."""
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def group_name(key: Any) -> str:
+    """A group's name from its key in a groupby: the values of its columns joined by `/`."""
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+
+
+def by_group(values: pd.Series) -> str:
+    """Per-group numbers in one cell, `group value; ...` (small values in scientific notation,
+    `format_number`)."""
+    return "; ".join(f"{group_name(k)} {format_number(v)}" for k, v in values.items())
 
 
 def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:

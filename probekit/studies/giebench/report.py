@@ -13,14 +13,14 @@ import probekit.studies.giebench.metrics as metrics
 from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
-from probekit.reporting.headline import row_headlines
+from probekit.reporting.headline import format_number, missing, row_headlines
 from probekit.reporting.html import model_name
 from probekit.studies.giebench.judge import OPTIONS
 from probekit.studies.report import write_csv
 
 VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
-SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
+SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy", "context"]
 _ACCURACY = {
     False: "the mean exact probability of the correct letter",
     True: "the share of generated verdicts that are right",
@@ -63,7 +63,11 @@ def report_run(
         write_csv(out / f"{name}.csv", table)
     overall = tables["accuracy"][tables["accuracy"]["category"] == metrics.OVERALL]
     records = overall.drop(columns="category").to_dict("records")
-    rows = [{"view": view, **r, "run": str(out)} for r in records]
+    rows = [
+        {"view": view, **r, **metrics.identity_context(frame, r["prompt_type"], r["orders"], seed)}
+        | {"run": str(out)}
+        for r in records
+    ]
     write_text(out / DETAILS, section(frame, tables, view))
     return rows
 
@@ -136,12 +140,15 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         accuracy=[
             f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
             for a, lo, hi in frame[["accuracy", "ci_low", "ci_high"]].to_numpy()
-        ]
+        ],
+        context=[context_line(r) for r in frame.to_dict("records")],
     )
     head = [
         "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
         "",
         _markdown(shown[SUMMARY_COLUMNS], SUMMARY_COLUMNS),
+        "",
+        CONTEXT_LEGEND,
         "",
     ]
     for run in dict.fromkeys(frame["run"]):  # each run's details (one per model)
@@ -149,6 +156,29 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         if details.is_file():
             head.append(details.read_text(encoding="utf-8"))
     return "\n".join(head)
+
+
+CONTEXT_LEGEND = (
+    "Context: the accuracy's change from the raw prompt (no identity) on the same items, in "
+    "percentage points; d_z, its effect size over items, and p, the two-sided sign-flip test "
+    "over items; the mean valid mass of the prompts, overall and by identity category."
+)
+
+
+def context_line(r: dict[str, Any]) -> str:
+    """What a reader needs beside an accuracy, in one line (`Headline.context`): its change from
+    the raw prompt on the same items in percentage points with d_z and the sign-flip p over
+    items, the valid mass overall and by identity category; empty without them."""
+    if missing(r.get("valid_mass")):
+        return ""
+    mass = f"valid mass {format_number(r['valid_mass'])} ({r['valid_mass_by_group']})"
+    if missing(r.get("change_from_raw")):
+        return mass
+    return (
+        f"{format_number(100 * r['change_from_raw'], 1, True)} percentage points from the raw "
+        f"prompt on the same items (d_z {format_number(r['d_z'], 2, True)}, sign-flip p "
+        f"{format_number(r['p_items'], 4)} over items); {mass}"
+    )
 
 
 def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
@@ -254,6 +284,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             f"with the {r['prompt_type']} prompt ({_ACCURACY[r['view'] == 'generate']}); 0.25 is "
             "chance among four answers."
         ),
+        context=context_line,
     )
 
 
