@@ -163,7 +163,7 @@ def identity_context(frame: pd.DataFrame, prompt_type: str, orders: str, seed: i
     (each item's score averaged over the orders read); `d_z`, that change's effect size over
     items (mean over standard deviation) and `p_items`, the two-sided sign-flip test of it over
     items (none for the raw prompt itself); the mean valid mass of its prompts overall and by
-    identity category (`valid_mass`, `valid_mass_by_group`)."""
+    identity category (`mean_valid_mass`, `valid_mass_by_group`)."""
     read = frame[~frame["mismatch"] & ((frame["order"] == 0) | (orders == AVERAGED))]
     items = read.pivot_table(index="item_id", columns="prompt_type", values="score")
     change = (items[prompt_type] - items["raw"]).dropna() if "raw" in items else pd.Series()
@@ -173,6 +173,6 @@ def identity_context(frame: pd.DataFrame, prompt_type: str, orders: str, seed: i
         "change_from_raw": float(change.mean()) if paired else np.nan,
         "d_z": paired_effect_size(change) if paired else np.nan,
         "p_items": sign_flip_test(change.to_numpy(), seed=seed) if paired else np.nan,
-        "valid_mass": float(typed["valid_mass"].mean()),
+        "mean_valid_mass": float(typed["valid_mass"].mean()),
         "valid_mass_by_group": by_group(typed.groupby("category")["valid_mass"].mean()),
     }

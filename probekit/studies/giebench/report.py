@@ -20,7 +20,7 @@ from probekit.studies.report import write_csv
 
 VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
-SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy", "context"]
+SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
 _ACCURACY = {
     False: "the mean exact probability of the correct letter",
     True: "the share of generated verdicts that are right",
@@ -140,16 +140,19 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         accuracy=[
             f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
             for a, lo, hi in frame[["accuracy", "ci_low", "ci_high"]].to_numpy()
-        ],
-        context=[context_line(r) for r in frame.to_dict("records")],
+        ]
     )
+    contexts = [
+        f"- {r['model']}, {r['view']}, {r['orders']}, {r['prompt_type']}: {context_line(r)}"
+        for r in frame.to_dict("records")
+        if context_line(r)
+    ]
     head = [
         "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
         "",
         _markdown(shown[SUMMARY_COLUMNS], SUMMARY_COLUMNS),
-        "",
-        CONTEXT_LEGEND,
-        "",
+        *contexts,
+        *(["", CONTEXT_LEGEND, ""] if contexts else []),
     ]
     for run in dict.fromkeys(frame["run"]):  # each run's details (one per model)
         details = Path(run) / DETAILS
@@ -169,9 +172,9 @@ def context_line(r: dict[str, Any]) -> str:
     """What a reader needs beside an accuracy, in one line (`Headline.context`): its change from
     the raw prompt on the same items in percentage points with d_z and the sign-flip p over
     items, the valid mass overall and by identity category; empty without them."""
-    if missing(r.get("valid_mass")):
+    if missing(r.get("mean_valid_mass")):
         return ""
-    mass = f"valid mass {format_number(r['valid_mass'])} ({r['valid_mass_by_group']})"
+    mass = f"valid mass {format_number(r['mean_valid_mass'])} ({r['valid_mass_by_group']})"
     if missing(r.get("change_from_raw")):
         return mass
     return (

@@ -180,7 +180,7 @@ def gender_context(
     standard deviation); `p_events`, the permutation p of max_diff itself, the genders of each
     event shuffled among its rows (`n` seeded draws, +1 correction: no selection of the widest
     emotion or genders, which are read anew in each draw); the mean valid mass overall and by
-    gender (`valid_mass`, `valid_mass_by_group`)."""
+    gender (`mean_valid_mass`, `valid_mass_by_group`)."""
     probs = _gender_probs(tables.weights.sum(0))
     spread = probs.max(0) - probs.min(0)
     k = int(spread.argmax())
@@ -200,7 +200,7 @@ def gender_context(
         "lower": tables.genders[lo],
         "d_z": paired_effect_size(gaps),
         "p_events": float((np.count_nonzero(null >= spread[k] - 1e-12) + 1) / (n + 1)),
-        "valid_mass": float(scores["valid_mass"].mean()),
+        "mean_valid_mass": float(scores["valid_mass"].mean()),
         "valid_mass_by_group": by_group(mass.reindex(list(tables.genders))),
     }
 

@@ -89,7 +89,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         model, view = str(key[-2]), str(key[-1])
         name = model + (f" [{Path(str(key[0])).name}]" if twice.get(model, False) else "")
         by_view[(f"{name}: " if several else "") + view] = rows.set_index("metric")
-    lines = []
+    lines, contexts = [], []
     for name, rows in by_view.items():
         view, value = str(rows["view"].iloc[0]), rows["value"]
         undetected = "—"
@@ -100,8 +100,10 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         md = rows.loc["max_diff"]
         lines.append(
             [f"{name.removesuffix(view)}{VIEW_TITLES[view]}", f"{md['value']:.3f}", _interval(md)]
-            + [md["mark"], md["mark_of_value"], undetected, valid, agreement, context_line(rows)]
+            + [md["mark"], md["mark_of_value"], undetected, valid, agreement]
         )
+        if context_line(rows):
+            contexts.append(f"- {name}: {context_line(rows)}")
     per_emotion = [
         [emotion, *(_with_interval(r.loc[f"max_diff_{emotion}"]) for r in by_view.values())]
         for emotion in EMOTIONS
@@ -112,6 +114,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             "",
             markdown_table(SUMMARY_HEADER, lines),
             "",
+            *contexts,
+            *([""] if contexts else []),
             markdown_table(["emotion", *(f"max_diff ({v})" for v in by_view)], per_emotion),
             "",
             SUMMARY_LEGEND,
@@ -129,7 +133,6 @@ SUMMARY_HEADER = [
     "undetected (attempts / items)",
     "mean valid mass",
     "agreement with the exact most probable emotion",
-    "context",
 ]
 SUMMARY_LEGEND = (
     "max_diff: the largest difference of P(emotion | gender) between two genders (0 "
@@ -225,7 +228,7 @@ def context_line(table: pd.DataFrame) -> str:
         f"max_diff {100 * md['value']:.1f} probability points ({emotion}: {shares}); d_z "
         f"{format_number(md['d_z'], 2, True)} over events, permutation p "
         f"{format_number(md['p_events'], 4)} (genders shuffled within events); valid mass "
-        f"{format_number(md['valid_mass'])} ({md['valid_mass_by_group']})"
+        f"{format_number(md['mean_valid_mass'])} ({md['valid_mass_by_group']})"
     )
 
 

@@ -153,7 +153,7 @@ def group_context(samples: pd.DataFrame, scores: pd.DataFrame, groups: Sequence[
     (`highest`, `lowest`, `group_gap`); η², the share of the samples' variance between the
     groups, and `p_samples`, the one-way ANOVA's F test over samples that the groups' means are
     equal (all groups at once, so the gap's two groups are not selected for the test); the mean
-    valid mass of the prompts overall and by group (`valid_mass`, `valid_mass_by_group`)."""
+    valid mass of the prompts by group (`valid_mass_by_group`)."""
     from scipy import stats  # on use: scipy is slow to import
 
     means = samples.groupby(list(groups))[SCORE].mean()
@@ -167,6 +167,5 @@ def group_context(samples: pd.DataFrame, scores: pd.DataFrame, groups: Sequence[
         "group_gap": float(means.max() - means.min()),
         "eta_squared": between / total if tested else np.nan,
         "p_samples": float(stats.f_oneway(*values).pvalue) if tested else np.nan,
-        "valid_mass": float(scores["valid_mass"].mean()),
         "valid_mass_by_group": by_group(scores.groupby(list(groups))["valid_mass"].mean()),
     }

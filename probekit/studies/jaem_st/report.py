@@ -44,6 +44,7 @@ SUMMARY_COLUMNS = (
     "letter_bias",
     "answer_types",
     "outliers",
+    *("highest", "lowest", "group_gap", "eta_squared", "p_samples", "valid_mass_by_group"),
     "n_responses",
     "empty_responses",
     *metrics.RESPONSE_METRICS,
@@ -285,8 +286,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     lines = [
         "| model | CE prompt | orders | view | template | samples | CE score [95% CI] | "
         "greedy acc. | letter found | valid mass | letter bias | answer types chosen | "
-        "outliers (gender/pronoun) | context |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "outliers (gender/pronoun) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in frame.to_dict("records"):
         lines.append(
@@ -294,8 +295,14 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"{r['n_samples']} | {r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | "
             f"{_num(r['greedy_accuracy'])} | {_num(r['parse_rate'])} | "
             f"{r['mean_valid_mass']:.3f} | {r['letter_bias']} | {r['answer_types']} | "
-            f"{r['outliers']} | {context_line(r)} |"
+            f"{r['outliers']} |"
         )
+    contexts = [
+        f"- {r['model']}, {r['view']}, {r['template']}: {context_line(r)}"
+        for r in frame.to_dict("records")
+        if context_line(r)
+    ]
+    lines += ["", *contexts] if contexts else []
     legend = (
         "CE score: exact = mean P(Empathetic) (normalised over A–E), generate = accuracy of the "
         "first standalone letter; per sample averaged over its orders, 95 % bootstrap over "
@@ -341,7 +348,7 @@ def context_line(r: dict[str, Any]) -> str:
         f"highest {r['highest']}, lowest {r['lowest']}: gap {100 * r['group_gap']:.1f} "
         f"percentage points; η² {format_number(r['eta_squared'], 2)}, one-way ANOVA p "
         f"{format_number(r['p_samples'], 4)} over {int(r['n_samples'])} samples; valid mass "
-        f"{format_number(r['valid_mass'])} ({r['valid_mass_by_group']})"
+        f"{format_number(r['mean_valid_mass'])} ({r['valid_mass_by_group']})"
     )
 
 
