@@ -267,3 +267,14 @@ def test_patch_and_lens_records_name_their_figures_data(tiny_deep, tmp_path):
     first = lens.summary[lens.summary["primary"].astype(bool)].sort_values("layer")
     np.testing.assert_allclose(layers["value"], first["value"])
     assert (layers["depth"] == layers["layer"] + 1).all()
+
+
+def test_the_steer_record_names_its_figures_data(tiny_bridged, tmp_path):
+    from test_steering import steer_days
+
+    result = steer_days(tiny_bridged, tmp_path / "steer")
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert manifest["figures"] == {"steer.png": ["steer.csv"]}
+    drawn = pd.read_csv(result.path / "steer.csv")
+    np.testing.assert_allclose(drawn["value"], result.summary["value"])
+    np.testing.assert_allclose(drawn["mean_kl"], result.summary["mean_kl"])
