@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 
-import minimal_study
 import numpy as np
 import pandas as pd
 import pytest
@@ -244,29 +243,6 @@ def test_intergroup_heatmap_csv_is_z_and_its_mask(runs):
         scores, category.identities, category.labels, "exact", 0, min_valid_mass=0.0
     )
     assert (cells["shown"].to_numpy().reshape(n, n) == summary.shown).all()
-
-
-def test_patch_and_lens_records_name_their_figures_data(tiny_deep, tmp_path):
-    out = tmp_path / "both"
-    common = dict(out=out, days=2, quiet=True)
-    study = minimal_study.MinimalStudy()
-    probekit.patch_study(
-        study, tiny_deep, layers=[0, 29], sites=["resid_pre"], bootstrap=20, **common
-    )
-    lens = probekit.lens_study(study, tiny_deep, layers=[0, 15, 29], **common)
-    record = json.loads((out / "patching" / "manifest.json").read_text())
-    assert record["figures"] == {"patching.png": ["patching.csv"]}
-    patched = pd.read_csv(out / "patching.csv")
-    summary = pd.read_csv(out / "patching_summary.csv")
-    assert sorted(patched["recovery"].dropna()) == pytest.approx(
-        sorted(summary["recovery"].dropna())
-    )
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["figures"] == {"lens.png": ["lens.layers.csv", "lens.recovery.csv"]}
-    layers = pd.read_csv(out / "lens.layers.csv")
-    first = lens.summary[lens.summary["primary"].astype(bool)].sort_values("layer")
-    np.testing.assert_allclose(layers["value"], first["value"])
-    assert (layers["depth"] == layers["layer"] + 1).all()
 
 
 def test_the_steer_record_names_its_figures_data(tiny_bridged, tmp_path):
