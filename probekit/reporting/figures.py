@@ -4,7 +4,8 @@ patching heatmaps are `probekit.mechanism.plots`). Studies pass their own labels
 separators.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never touches
-the global backend or needs a display.
+the global backend or needs a display. Every figure is saved with the numbers it draws beside it
+(`save_figure`), which the manifests name (`figure_data`).
 """
 
 import io
