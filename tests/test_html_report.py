@@ -128,7 +128,7 @@ def finished_run(folder: Path, study: str, rows: list[dict], **manifest: object)
     pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
     fig = new_figure(2, 1.5)
     fig.add_subplot().plot([0, 1], [1, 0])
-    save_figure(fig, folder / "figure.png")
+    save_figure(fig, folder / "figure.png", pd.DataFrame({"x": [0, 1], "y": [1, 0]}))
     return folder
 
 

@@ -362,6 +362,18 @@ def test_the_patching_run_in_the_folder_is_drawn_beside(tiny_deep, tmp_path):
     pairs = [("0|Alice", "0|Bob"), ("1|Alice", "1|Bob")]
     assert gaps["gap"].iloc[-1] == pytest.approx(np.mean([last[c] - last[k] for c, k in pairs]))
     assert "share of the patched pairs' gap" in (out / "report.html").read_text()
+    # each record names its figure's numbers, the numbers the summaries hold
+    record = json.loads((out / "patching" / "manifest.json").read_text())
+    assert record["figures"] == {"patching.png": ["patching.csv"]}
+    drawn = pd.read_csv(out / "patching.csv")["recovery"].dropna()
+    summary = pd.read_csv(out / "patching_summary.csv")["recovery"].dropna()
+    assert sorted(drawn) == pytest.approx(sorted(summary))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["figures"] == {"lens.png": ["lens.layers.csv", "lens.recovery.csv"]}
+    layers = pd.read_csv(out / "lens.layers.csv")
+    first = result.summary[result.summary["primary"].astype(bool)].sort_values("layer")
+    np.testing.assert_allclose(layers["value"], first["value"])
+    assert (layers["depth"] == layers["layer"] + 1).all()
 
 
 def test_the_command_line_writes_the_folder(tiny, tmp_path, monkeypatch, capsys, minimal):

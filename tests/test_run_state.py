@@ -274,7 +274,7 @@ class FigureStudy:
                     raise StatisticsError("paired t-tests need at least 2 kept units")
                 fig = new_figure(2, 2)
                 fig.add_subplot().plot([0, 1], [0, 1])
-                save_figure(fig, run_dir / "gap.png")
+                save_figure(fig, run_dir / "gap.png", scores[["valid_mass"]])
                 return super().report_view(scores, run_dir, manifest, view, suffix)
 
         return Study()

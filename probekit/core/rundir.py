@@ -44,7 +44,7 @@ RECORDED_ONLY = frozenset(
         *("model_source", "prompts", "prompts_total", "numerics", "precision", "batch_size"),
         *("versions", "command", "data_origin", "data_path", "punkt_root", "min_valid_mass"),
         *("outlier_z", "groups", "responses", "vector_file", "alphas", "commit", "selection"),
-        "n_layers",
+        *("n_layers", "figures"),
     }
 )
 """The manifest fields that are recorded, not resume keys: where the model was loaded from
@@ -57,7 +57,8 @@ versions, the command (or call) that ran it, where the data came from and its fi
 after the run, a steering vector file as given (`vector_file`: it is known by its content,
 `vector_sha256`), the α's asked for (each α is a part of its own), the probekit commit
 (`commit`), a capture's `selection` (study, seed, limit and its prompt ids' SHA-256: a
-capture folder grows with its items) and the model's `n_layers` (its weights decide it).
+capture folder grows with its items), the model's `n_layers` (its weights decide it) and the
+figures with their data files (`figures`).
 
 Every other field is a resume key: `results_format`, `study`, `model` (as given), `weights`
 (their fingerprint), `dtype`, `device` (its kind: its kernels' last digits), `device_map`,

@@ -53,7 +53,7 @@ def patching_heatmap(
                 ax.text(j, i, f"{cell:.2f}", ha="center", va="center", fontsize=7)
         short = [s.removeprefix("hook_") for s in sites]
         ax.set_xticks(range(len(sites)), short, rotation=45, ha="right", rotation_mode="anchor")
-    return save_figure(_finish_panels(fig, value, title), path)
+    return save_figure(_finish_panels(fig, value, title), path, _drawn(data, "site", value))
 
 
 def head_heatmap(
@@ -75,7 +75,7 @@ def head_heatmap(
     fig = new_figure(1.2 + (0.9 + 0.3 * len(heads)) * len(panels), 1.6 + 0.25 * len(layers))
     for ax, _ in _layer_panels(fig, data, panels, layers, "head", heads, value):
         ax.set_xticks(range(len(heads)), [str(h) for h in heads])
-    return save_figure(_finish_panels(fig, value, title), path)
+    return save_figure(_finish_panels(fig, value, title), path, _drawn(data, "head", value))
 
 
 def position_heatmap(
@@ -85,8 +85,9 @@ def position_heatmap(
     sites: Sequence[str] = (),
     title: str = "",
 ) -> Path:
-    """Save `position_heatmap_figure` as a PNG."""
-    return save_figure(position_heatmap_figure(summary, value, sites, title), path)
+    """Save `position_heatmap_figure` as a PNG, with its cells beside it."""
+    cells = _drawn(_position_panels(summary, sites), "position", value)
+    return save_figure(position_heatmap_figure(summary, value, sites, title), path, cells)
 
 
 def position_heatmap_figure(
@@ -98,18 +99,7 @@ def position_heatmap_figure(
     `summary` has columns layer, site, span (`<span>@<i>`, a single aligned position, i < 0
     counted from the span's end), `value` and optionally head (a panel per head where set); rows
     of other spans are ignored."""
-    parts = summary["span"].str.extract(r"^(?P<base>.+)@(?P<position>-?\d+)$")
-    data = summary.assign(**parts).dropna(subset=["position"]).astype({"position": int})
-    if data.empty:
-        raise ProbekitError("no per-position results to plot")
-    short = data["site"].str.rsplit(".", n=1).str[-1]
-    head = data["head"] if "head" in data else pd.Series(pd.NA, index=data.index)
-    label = short.str.removeprefix("hook_").where(head.isna(), "H" + head.astype(str))
-    rank = {site.rsplit(".", 1)[-1]: i for i, site in enumerate(sites)}
-    data = _panels(data.assign(base=label + " " + data["base"]), "base")
-    data = data.assign(order=short.map(rank).fillna(len(rank)), head=head).sort_values(
-        ["order", "site", "head", "panel"], kind="stable"
-    )
+    data = _position_panels(summary, sites)
     panels = list(dict.fromkeys(data["panel"]))
     layers = sorted(data["layer"].unique())
     positions = sorted(data["position"].unique())
@@ -122,12 +112,36 @@ def position_heatmap_figure(
     return _finish_panels(fig, value, title)
 
 
+def _position_panels(summary: pd.DataFrame, sites: Sequence[str]) -> pd.DataFrame:
+    """The per-position rows of `summary` with their `position` and `panel`, in panel order."""
+    parts = summary["span"].str.extract(r"^(?P<base>.+)@(?P<position>-?\d+)$")
+    data = summary.assign(**parts).dropna(subset=["position"]).astype({"position": int})
+    if data.empty:
+        raise ProbekitError("no per-position results to plot")
+    short = data["site"].str.rsplit(".", n=1).str[-1]
+    head = data["head"] if "head" in data else pd.Series(pd.NA, index=data.index)
+    label = short.str.removeprefix("hook_").where(head.isna(), "H" + head.astype(str))
+    rank = {site.rsplit(".", 1)[-1]: i for i, site in enumerate(sites)}
+    data = _panels(data.assign(base=label + " " + data["base"]), "base")
+    return data.assign(order=short.map(rank).fillna(len(rank)), head=head).sort_values(
+        ["order", "site", "head", "panel"], kind="stable"
+    )
+
+
 def _panels(data: pd.DataFrame, column: str) -> pd.DataFrame:
     """`data` with a `panel` column: `column`'s value, and the identity swapped where the rows
     swap several (`experiencer, perceiver swapped`)."""
     swapped = data["swapped"] if "swapped" in data else pd.Series("", index=data.index)
     several = swapped.nunique() > 1
     return data.assign(panel=data[column] + (", " + swapped + " swapped" if several else ""))
+
+
+def _drawn(data: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
+    """The cells a layer x `column` figure draws: the mean `value` per panel, layer and `column`,
+    with the status (a component known by construction is drawn hatched, not by its value)."""
+    keys = ["panel", "layer", column]
+    cells = data.assign(status=data.get("status", "measured")).groupby(keys, sort=False)
+    return cells.agg(**{value: (value, "mean"), "status": ("status", "first")}).reset_index()
 
 
 def _order(panels: pd.Series, spans: Sequence[str] | None) -> list[str]:

@@ -4,17 +4,19 @@ patching heatmaps are `probekit.mechanism.plots`). Studies pass their own labels
 separators.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never touches
-the global backend or needs a display.
+the global backend or needs a display. Every figure is saved with the numbers it draws beside it
+(`save_figure`), which the manifests name (`figure_data`).
 """
 
 import io
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -77,11 +79,32 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write `fig` as a PNG atomically (parent folders created); return the path."""
+FigureData = pd.DataFrame | Mapping[str, pd.DataFrame]
+"""The numbers a figure draws: one table, or several by name (a heatmap's matrix and mask)."""
+
+
+def save_figure(fig: Figure, path: str | Path, data: FigureData) -> Path:
+    """Write `fig` as a PNG atomically (parent folders created) and the numbers it draws beside
+    it, so that a reader can check it without reading pixels: `data` as `<stem>.csv`, or each
+    named table as `<stem>.<name>.csv` (`figure_data` lists them); return the PNG's path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    tables = {"": data} if isinstance(data, pd.DataFrame) else data
+    for name, table in tables.items():
+        csv = path.with_name(".".join(filter(None, (path.stem, name, "csv"))))
+        atomic_write(csv, lambda tmp, t=table: t.to_csv(tmp, index=False))
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+
+
+def figure_data(folder: str | Path, figures: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Each figure in `folder` (its PNGs, or those named) with the files of its numbers that
+    `save_figure` wrote beside it: the manifest's `figures` field."""
+    folder = Path(folder)
+    names = sorted(p.name for p in folder.glob("*.png")) if figures is None else figures
+    stems = {name: Path(name).stem for name in names}
+    return {
+        name: sorted(p.name for glob in (f"{s}.csv", f"{s}.*.csv") for p in folder.glob(glob))
+        for name, s in stems.items()
+    }
 
 
 def _label_runs(labels: Sequence[str], offset: int) -> list[tuple[int, int]]:
@@ -178,8 +201,13 @@ def heatmap_figure(
 
 def heatmap(Z: np.ndarray, labels: Sequence[str], *, path: str | Path, **options: Any) -> Path:
     """Save the heatmap of `heatmap_figure` (its options as keywords: `mask`, `blocks`, ...)
-    as a PNG at `path`."""
-    return save_figure(heatmap_figure(Z, labels, **options), path)
+    as a PNG at `path`, with its cells beside it in long form (row, column, value, and `shown`:
+    False where the mask hides the cell)."""
+    fig = heatmap_figure(Z, labels, **options)  # checks the shapes
+    Z, n, mask = np.asarray(Z, dtype=float), len(labels), options.get("mask")
+    shown = np.ones_like(Z, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    cells = {"row": np.repeat(labels, n), "column": np.tile(labels, n), "value": Z.ravel()}
+    return save_figure(fig, path, pd.DataFrame(cells | {"shown": shown.ravel()}))
 
 
 def embed_rows(Z_rows: np.ndarray, seed: int = 0, perplexity: float | None = None) -> np.ndarray:
@@ -231,7 +259,8 @@ def embedding_plot(
     ax.set_yticks([])
     ax.set_title(wrap_title(title))
     ax.legend(title=legend, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
-    return save_figure(fig, path)
+    data = pd.DataFrame({"name": names, "group": groups, "x": points[:, 0], "y": points[:, 1]})
+    return save_figure(fig, path, data)
 
 
 def png_bytes(fig: Figure) -> bytes:

@@ -161,12 +161,13 @@ def row_headlines(
     reference_label: str = "",
     unit: Callable[[dict[str, Any]], str] = lambda r: "",
     meaning: Callable[[dict[str, Any]], str] = lambda r: "",
+    context: Callable[[dict[str, Any]], str] = lambda r: "",
     columns: Mapping[str, str] | None = None,
 ) -> list[Headline]:
     """One headline per summary row: `value`, `low`, `high`, `view` and `n` name the row's
-    columns, `label`, `note`, `primary`, `unit` and `meaning` are read from the row (a dict),
-    `interval` and the no-bias `reference` are shared; `columns` maps the headline's `columns`
-    to the row's (those the row has)."""
+    columns, `label`, `note`, `primary`, `unit`, `meaning` and `context` are read from the row
+    (a dict), `interval` and the no-bias `reference` are shared; `columns` maps the headline's
+    `columns` to the row's (those the row has)."""
     return [
         Headline(
             label=label(r),
@@ -182,6 +183,7 @@ def row_headlines(
             n=None if n is None or missing(r.get(n)) else int(r[n]),
             unit=unit(r),
             meaning=meaning(r),
+            context=context(r),
             columns={k: r[c] for k, c in (columns or {}).items() if c in r},
         )
         for r in rows.to_dict("records")

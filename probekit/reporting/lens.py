@@ -82,8 +82,19 @@ def lens_figure(
     path: str | Path,
     title: str,
 ) -> Path:
-    """Save `lens_figure_of` as a PNG."""
-    return save_figure(lens_figure_of(summary, gaps, recovery, title), path)
+    """Save `lens_figure_of` as a PNG, with its numbers beside it: `lens.layers.csv` (the primary
+    headline, the mean valid mass and, with `gaps`, the lens's share of the pairs' gap at each
+    layer and its `depth`) and with `recovery` `lens.recovery.csv` (patching's lines)."""
+    drawn = ["layer", "label", "value", "low", "high", "mean_valid_mass", "weak_signal"]
+    layers = primary(summary).filter(drawn)
+    layers.insert(1, "depth", layers["layer"] + 1)
+    data = {"layers": layers}
+    if gaps is not None:
+        data["layers"] = layers.merge(gaps[["layer", "share"]], on="layer", how="left")
+    if gaps is not None and recovery is not None:
+        where = zip(recovery["layer"], recovery["site"], strict=True)
+        data["recovery"] = recovery.assign(depth=[depth(layer, site) for layer, site in where])
+    return save_figure(lens_figure_of(summary, gaps, recovery, title), path, data)
 
 
 def lens_figure_of(

@@ -52,7 +52,8 @@ def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
     kl.set_ylabel("mean KL from α = 0, nats (x, grey)")
     effects.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
+    drawn = ["site", "layer", "vector", "alpha", "value", "low", "high", "mean_valid_mass"]
+    return save_figure(fig, path, summary[[*drawn, "mean_kl"]])
 
 
 def _cells(row: Mapping[str, Any] | None) -> dict[str, str]:

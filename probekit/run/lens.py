@@ -51,6 +51,7 @@ from probekit.mechanism.lens import LensOptions, LensResult, logit_lens
 from probekit.mechanism.readouts import parse_readout
 from probekit.mechanism.sites import layer_indices
 from probekit.reporting.contract import describe_model
+from probekit.reporting.figures import figure_data
 from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
 from probekit.run.command import Job, MechanismRunner
 from probekit.run.loop import fill, open_run
@@ -174,6 +175,7 @@ class LensCommand(MechanismRunner):
         recovery = _recovery(out) if gaps is not None else None
         title = f"{describe_model(manifest)}, {probe.name}"
         figure = lens_figure(summary, gaps, recovery, out / "lens.png", title)
+        manifest = RunDir(out).update_manifest(figures=figure_data(out, [figure.name]))
         difference = float(wide[DIFFERENCE].max()) if wide[DIFFERENCE].notna().any() else None
         data = study.describe_data(manifest)
         page = RunDir(out).report_path

@@ -26,6 +26,7 @@ from probekit.engines.options import ModelOptions
 from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
 from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
 from probekit.reporting.contract import describe_model
+from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
 from probekit.run.command import Job, MechanismRunner, Options
 from probekit.studies.base import Study
@@ -156,7 +157,8 @@ class PatchCommand(MechanismRunner):
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyPatch:
         out = job.folder
         written, record = run_patch(model, job.study, job.probe, job.encoded, job.own, out)
-        manifest = {**manifest, **record}
+        figures = figure_data(out, [name for name in written if name.endswith(".png")])
+        manifest = {**manifest, **record, "figures": figures}
         RunDir(out / RECORD).write_manifest(manifest)
         summary = pd.read_csv(out / "patching_summary.csv")
         table = pd.read_parquet(out / "patching.parquet")

@@ -51,6 +51,7 @@ from probekit.mechanism.defaults import Contrast
 from probekit.mechanism.sites import chosen_layers, hook_library
 from probekit.mechanism.steering import SteerOptions
 from probekit.reporting.contract import describe_model
+from probekit.reporting.figures import figure_data
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.command import Job, MechanismRunner, Options
@@ -226,6 +227,7 @@ class SteerCommand(MechanismRunner):
         title = f"{describe_model(manifest)}, {probe.name}: vector {own.vector}, {own.positions}"
         title += f" of {plan.span}"
         figure = steer_figure(summary, out / "steer.png", title)
+        manifest = RunDir(out).update_manifest(figures=figure_data(out, [figure.name]))
         weak = steering.weak_steps(summary)
         if weak:
             print(f"probekit: warning: {weak}", file=sys.stderr)

@@ -334,7 +334,8 @@ class RunCommand(StudyRunner):
         scores = folder.scores()
         manifest["numerics"] = record_numerics(model, job.probe, scores, folder, run.numerics)
         job.study.after_run(job.probe, model, scores, job.folder, manifest)
-        return folder.manifest, job.study.summary_rows(scores, job.folder, manifest)
+        rows = job.study.summary_rows(scores, job.folder, manifest)  # names its figures' data
+        return folder.manifest, rows
 
 
 RUN = RunCommand()

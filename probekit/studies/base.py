@@ -58,7 +58,8 @@ from probekit.datasets.locate import Dataset, DataSource, read_checksums
 from probekit.mechanism.defaults import Contrast, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import INTERVAL_NOTE, Headline, ViewFacts
-from probekit.studies.report import ReportView, markdown_table, write_csv
+from probekit.reporting.latex import markdown_table, write_csv
+from probekit.studies.report import ReportView
 
 VIEWS = ("exact", "generate", "explain")
 """Every view a run can be in: `exact` (the scores from the logits), `generate` (greedy
@@ -346,10 +347,16 @@ class Study(Contract):
     ) -> list[dict]:
         """`report`'s rows of one run, each with `data` after its model: the data the run read
         as `describe_data` says it, so that `summary.csv` tells probekit's sample apart. What
-        `probekit run` and `probekit report` write."""
+        `probekit run` and `probekit report` write; the run's manifest then names
+        each figure's data files (`figures`)."""
+        from probekit.core.rundir import RunDir
+        from probekit.reporting.figures import figure_data
+
         data = self.describe_data(manifest)
+        reported = self.report(scores, run_dir, manifest)
+        RunDir(run_dir).update_manifest(figures=figure_data(run_dir))
         rows = []
-        for row in self.without_interval(self.report(scores, run_dir, manifest), manifest):
+        for row in self.without_interval(reported, manifest):
             keys = list(row)
             at = keys.index("model") + 1 if "model" in row else len(keys)
             rows.append({**{k: row[k] for k in keys[:at]}, "data": data, **row})

@@ -1,6 +1,6 @@
 """What every study's report shares: the view being reported (`ReportView`: where its files go,
 the model its figures name, its seed), CSV files, Markdown tables, and bars with intervals side by
-side. A study's own `report` module holds only what is its own."""
+side, and per-group cells. A study's own `report` module holds only what is its own."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from probekit.reporting.contract import figure_model
-from probekit.reporting.latex import markdown_table as markdown_table
-from probekit.reporting.latex import write_csv as write_csv
+from probekit.reporting.headline import format_number
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,17 @@ class ReportView:
         """The file `name` of this view: `heatmap.png` is `heatmap_exact.png` with `_exact`."""
         stem, dot, extension = name.partition(".")
         return self.folder / f"{stem}{self.suffix}{dot}{extension}"
+
+
+def group_name(key: Any) -> str:
+    """A group's name from its key in a groupby: the values of its columns joined by `/`."""
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+
+
+def by_group(values: pd.Series) -> str:
+    """Per-group numbers in one cell, `group value; ...` (small values in scientific notation,
+    `format_number`)."""
+    return "; ".join(f"{group_name(k)} {format_number(v)}" for k, v in values.items())
 
 
 def side_by_side(ax: Any, series: Sequence[tuple[str, Any, Any, Any]], colour: int = 0) -> list:

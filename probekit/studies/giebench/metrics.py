@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.choices import position_bias
-from probekit.stats import bootstrap_mean, require_columns
+from probekit.stats import bootstrap_mean, paired_effect_size, require_columns, sign_flip_test
 from probekit.studies.giebench.judge import OPTIONS, PROMPT_TYPES
+from probekit.studies.report import by_group
 
 OVERALL = "overall"
 OWN, AVERAGED = "own order", "averaged over orders"
@@ -154,3 +155,24 @@ def correct_letters(frame: pd.DataFrame) -> pd.Series:
 def letter_bias(frame: pd.DataFrame) -> pd.Series:
     """The model's mean P(letter) over every prompt (exact views; 1/4 each without a bias)."""
     return position_bias(frame, len(OPTIONS))
+
+
+def identity_context(frame: pd.DataFrame, prompt_type: str, orders: str, seed: int = 0) -> dict:
+    """What a reader needs beside the accuracy of `prompt_type` in `orders` (the summary's
+    context columns): `change_from_raw`, its mean change from the raw prompt on the same items
+    (each item's score averaged over the orders read); `d_z`, that change's effect size over
+    items (mean over standard deviation) and `p_items`, the two-sided sign-flip test of it over
+    items (none for the raw prompt itself); the mean valid mass of its prompts overall and by
+    identity category (`mean_valid_mass`, `valid_mass_by_group`)."""
+    read = frame[~frame["mismatch"] & ((frame["order"] == 0) | (orders == AVERAGED))]
+    items = read.pivot_table(index="item_id", columns="prompt_type", values="score")
+    change = (items[prompt_type] - items["raw"]).dropna() if "raw" in items else pd.Series()
+    paired = len(change) > 0 and prompt_type != "raw"
+    typed = read[read["prompt_type"] == prompt_type]
+    return {
+        "change_from_raw": float(change.mean()) if paired else np.nan,
+        "d_z": paired_effect_size(change) if paired else np.nan,
+        "p_items": sign_flip_test(change.to_numpy(), seed=seed) if paired else np.nan,
+        "mean_valid_mass": float(typed["valid_mass"].mean()),
+        "valid_mass_by_group": by_group(typed.groupby("category")["valid_mass"].mean()),
+    }

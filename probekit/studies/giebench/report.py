@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 
 import probekit.studies.giebench.metrics as metrics
-from probekit.core.io import atomic_write, write_text
+from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
-from probekit.reporting.headline import row_headlines
+from probekit.reporting.headline import format_number, missing, row_headlines
 from probekit.reporting.html import model_name
+from probekit.reporting.latex import write_csv
 from probekit.studies.giebench.judge import OPTIONS
 
 VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
@@ -50,16 +51,23 @@ def report_run(
         "shifts": metrics.shifts(frame),
         "mismatch": metrics.mismatch(frame),
     }
-    for name, table in tables.items():
-        shown = table if data is None else table.assign(data=data)[["data", *table.columns]]
-        atomic_write(out / f"{name}.csv", lambda tmp, t=shown: t.to_csv(tmp, index=False))
+    shown = {
+        name: table if data is None else table.assign(data=data)[["data", *table.columns]]
+        for name, table in tables.items()
+    }
     model = model or model_name(out)
-    accuracy_figure(tables["accuracy"], out / "accuracy.png", f"{model}, view {view}")
-    if not tables["shifts"].empty:
-        shift_figure(tables["shifts"], out / "shifts.png", f"{model}, view {view}")
+    accuracy_figure(shown.pop("accuracy"), out / "accuracy.png", f"{model}, view {view}")
+    if not tables["shifts"].empty:  # each figure's table beside it (`accuracy.csv`, ...)
+        shift_figure(shown.pop("shifts"), out / "shifts.png", f"{model}, view {view}")
+    for name, table in shown.items():
+        write_csv(out / f"{name}.csv", table)
     overall = tables["accuracy"][tables["accuracy"]["category"] == metrics.OVERALL]
     records = overall.drop(columns="category").to_dict("records")
-    rows = [{"view": view, **r, "run": str(out)} for r in records]
+    rows = [
+        {"view": view, **r, **metrics.identity_context(frame, r["prompt_type"], r["orders"], seed)}
+        | {"run": str(out)}
+        for r in records
+    ]
     write_text(out / DETAILS, section(frame, tables, view))
     return rows
 
@@ -134,17 +142,46 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             for a, lo, hi in frame[["accuracy", "ci_low", "ci_high"]].to_numpy()
         ]
     )
+    contexts = [
+        f"- {r['model']}, {r['view']}, {r['orders']}, {r['prompt_type']}: {context_line(r)}"
+        for r in frame.to_dict("records")
+        if context_line(r)
+    ]
     head = [
         "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
         "",
         _markdown(shown[SUMMARY_COLUMNS], SUMMARY_COLUMNS),
-        "",
+        *contexts,
+        *(["", CONTEXT_LEGEND, ""] if contexts else []),
     ]
     for run in dict.fromkeys(frame["run"]):  # each run's details (one per model)
         details = Path(run) / DETAILS
         if details.is_file():
             head.append(details.read_text(encoding="utf-8"))
     return "\n".join(head)
+
+
+CONTEXT_LEGEND = (
+    "Context: the accuracy's change from the raw prompt (no identity) on the same items, in "
+    "percentage points; d_z, its effect size over items, and p, the two-sided sign-flip test "
+    "over items; the mean valid mass of the prompts, overall and by identity category."
+)
+
+
+def context_line(r: dict[str, Any]) -> str:
+    """What a reader needs beside an accuracy, in one line (`Headline.context`): its change from
+    the raw prompt on the same items in percentage points with d_z and the sign-flip p over
+    items, the valid mass overall and by identity category; empty without them."""
+    if missing(r.get("mean_valid_mass")):
+        return ""
+    mass = f"valid mass {format_number(r['mean_valid_mass'])} ({r['valid_mass_by_group']})"
+    if missing(r.get("change_from_raw")):
+        return mass
+    return (
+        f"{format_number(100 * r['change_from_raw'], 1, True)} percentage points from the raw "
+        f"prompt on the same items (d_z {format_number(r['d_z'], 2, True)}, sign-flip p "
+        f"{format_number(r['p_items'], 4)} over items); {mass}"
+    )
 
 
 def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
@@ -173,7 +210,7 @@ def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
         n_items = int(part.loc[part["category"] == metrics.OVERALL, "n_items"].max())
         ax.set_title(f"GIEBench: {view}, {orders}, N = {n_items} items (dotted: chance)")
         ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    return save_figure(fig, path, acc)
 
 
 def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
@@ -208,7 +245,7 @@ def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
         "(labels: +wrong->right / -right->wrong)"
     )
     ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    return save_figure(fig, path, shifts)
 
 
 def _formatted(table: pd.DataFrame) -> pd.DataFrame:
@@ -250,6 +287,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             f"with the {r['prompt_type']} prompt ({_ACCURACY[r['view'] == 'generate']}); 0.25 is "
             "chance among four answers."
         ),
+        context=context_line,
     )
 
 

@@ -17,8 +17,9 @@ from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
 from probekit.reporting.contract import model_label
 from probekit.reporting.headline import format_number, format_rate, missing
+from probekit.reporting.latex import markdown_table
 from probekit.studies.intergroup.probe import Category, get_category, get_setting
-from probekit.studies.report import ReportView, markdown_table
+from probekit.studies.report import ReportView
 
 AUTHORS_TSNE_SEED = 42  # the random_state of the authors' t-SNE of nationality perceivers
 VIEWS = {

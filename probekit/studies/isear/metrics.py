@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.stats import bootstrap_units, require_columns
+from probekit.stats import bootstrap_units, paired_effect_size, require_columns
 from probekit.studies.isear.probe import EMOTIONS, STUDY
+from probekit.studies.report import by_group
 
 MARK_RANGES: tuple[float, ...] = tuple(STUDY["mark_ranges"])
 MARKS: tuple[str, ...] = tuple(STUDY["marks"])
@@ -99,8 +100,7 @@ def view_metrics(tables: ViewTables, drawn: np.ndarray | None = None) -> dict[st
     n = len(tables.events)
     w = np.bincount(np.arange(n) if drawn is None else drawn, minlength=n).astype(float)
     counts = np.tensordot(w, tables.weights, axes=1)  # [gender, emotion]
-    totals = counts.sum(1, keepdims=True)
-    probs = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
+    probs = _gender_probs(counts)
     metrics: dict[str, float] = {}
     for k, emotion in enumerate(EMOTIONS):
         metrics[f"max_diff_{emotion}"] = float(probs[:, k].max() - probs[:, k].min())
@@ -169,3 +169,43 @@ def _per_draw(fn: Callable[[np.ndarray], dict[str, float]]) -> Callable[[np.ndar
         return cache[key]
 
     return at
+
+
+def gender_context(
+    tables: ViewTables, scores: pd.DataFrame, seed: int, n: int = CYCLES
+) -> dict[str, object]:
+    """What a reader needs beside max_diff (the summary's context columns): the widest emotion
+    and its genders furthest apart (`widest`, `higher`, `lower`); `d_z`, the effect size over
+    events of that emotion's per-event difference between those genders (its mean over its
+    standard deviation); `p_events`, the permutation p of max_diff itself, the genders of each
+    event shuffled among its rows (`n` seeded draws, +1 correction: no selection of the widest
+    emotion or genders, which are read anew in each draw); the mean valid mass overall and by
+    gender (`mean_valid_mass`, `valid_mass_by_group`)."""
+    probs = _gender_probs(tables.weights.sum(0))
+    spread = probs.max(0) - probs.min(0)
+    k = int(spread.argmax())
+    hi, lo = int(probs[:, k].argmax()), int(probs[:, k].argmin())
+    per_event = _gender_probs(tables.weights)  # [event, gender, emotion]
+    answered = tables.weights[:, [hi, lo]].sum(2).all(1)
+    gaps = (per_event[:, hi, k] - per_event[:, lo, k])[answered]
+    rng, order = np.random.default_rng(seed), np.indices(tables.weights.shape[:2])
+    null = np.empty(n)
+    for i in range(n):
+        drawn = _gender_probs(tables.weights[order[0], rng.permuted(order[1], axis=1)].sum(0))
+        null[i] = (drawn.max(0) - drawn.min(0)).max()
+    mass = scores.groupby("gender", sort=False)["valid_mass"].mean()
+    return {
+        "widest": EMOTIONS[k],
+        "higher": tables.genders[hi],
+        "lower": tables.genders[lo],
+        "d_z": paired_effect_size(gaps),
+        "p_events": float((np.count_nonzero(null >= spread[k] - 1e-12) + 1) / (n + 1)),
+        "mean_valid_mass": float(scores["valid_mass"].mean()),
+        "valid_mass_by_group": by_group(mass.reindex(list(tables.genders))),
+    }
+
+
+def _gender_probs(counts: np.ndarray) -> np.ndarray:
+    """P(emotion | gender): `counts` normalised over its last axis (0 where a gender has none)."""
+    totals = counts.sum(-1, keepdims=True)
+    return np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)

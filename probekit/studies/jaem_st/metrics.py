@@ -18,6 +18,7 @@ import pandas as pd
 from probekit.core.choices import position_bias
 from probekit.stats import bootstrap_units, require_columns
 from probekit.studies.jaem_st.probe import LETTERS, N_OPTIONS
+from probekit.studies.report import by_group, group_name
 
 SCORE = "score"
 DEFAULT_Z = 2.0
@@ -144,3 +145,27 @@ def letter_bias(scores: pd.DataFrame, view: str) -> pd.Series:
     if view == "generate":
         return scores["parsed"].value_counts(normalize=True).reindex(list(LETTERS), fill_value=0.0)
     return position_bias(scores, N_OPTIONS)
+
+
+def group_context(samples: pd.DataFrame, scores: pd.DataFrame, groups: Sequence[str]) -> dict:
+    """What a reader needs beside the CE score (the summary's context columns): the groups of
+    `groups` with the highest and the lowest mean sample score and the gap between them
+    (`highest`, `lowest`, `group_gap`); η², the share of the samples' variance between the
+    groups, and `p_samples`, the one-way ANOVA's F test over samples that the groups' means are
+    equal (all groups at once, so the gap's two groups are not selected for the test); the mean
+    valid mass of the prompts by group (`valid_mass_by_group`)."""
+    from scipy import stats  # on use: scipy is slow to import
+
+    means = samples.groupby(list(groups))[SCORE].mean()
+    values = [g[SCORE].to_numpy(float) for _, g in samples.groupby(list(groups))]
+    between = sum(len(v) * (v.mean() - samples[SCORE].mean()) ** 2 for v in values)
+    total = float(((samples[SCORE] - samples[SCORE].mean()) ** 2).sum())
+    tested = len(values) > 1 and len(samples) > len(values) and total > 0
+    return {
+        "highest": group_name(means.idxmax()),
+        "lowest": group_name(means.idxmin()),
+        "group_gap": float(means.max() - means.min()),
+        "eta_squared": between / total if tested else np.nan,
+        "p_samples": float(stats.f_oneway(*values).pvalue) if tested else np.nan,
+        "valid_mass_by_group": by_group(scores.groupby(list(groups))["valid_mass"].mean()),
+    }

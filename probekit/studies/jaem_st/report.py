@@ -20,11 +20,11 @@ from matplotlib import colormaps
 from matplotlib.patches import Rectangle
 
 import probekit.studies.jaem_st.metrics as metrics
-from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
-from probekit.reporting.headline import row_headlines
+from probekit.reporting.headline import format_number, missing, row_headlines
+from probekit.reporting.latex import write_csv
 from probekit.studies.jaem_st.probe import N_OPTIONS
 
 SUMMARY_COLUMNS = (
@@ -44,6 +44,7 @@ SUMMARY_COLUMNS = (
     "letter_bias",
     "answer_types",
     "outliers",
+    *("highest", "lowest", "group_gap", "eta_squared", "p_samples", "valid_mass_by_group"),
     "n_responses",
     "empty_responses",
     *metrics.RESPONSE_METRICS,
@@ -90,9 +91,8 @@ def report_run(
         return metrics.outliers(metrics.interval_table(subset, groups, seed), mean, z)
 
     group_table = group_outliers(samples, float(overall["mean"]))
-    _csv(out / f"templates{suffix}.csv", per_template)
-    _csv(out / f"dimensions{suffix}.csv", dims)
-    _csv(out / f"groups{suffix}.csv", group_table)
+    write_csv(out / f"templates{suffix}.csv", per_template)
+    write_csv(out / f"dimensions{suffix}.csv", dims)
     title = (
         f"JaEm-ST: {describe_model(manifest)}, CE prompt {manifest.get('prompt', 0)}, view {view}, "
         f"N = {int(overall['n'])} samples"
@@ -129,6 +129,7 @@ def report_run(
         for _, r in per_template.iterrows()
     ]
     for name, frame, stats, table in parts:
+        subset = samples if name == "all" else samples[samples["template"] == name]
         row = {
             **base,
             "template": name,
@@ -138,6 +139,7 @@ def report_run(
             "low": stats["low"],
             "high": stats["high"],
             "mean_valid_mass": float(frame["valid_mass"].mean()),
+            **metrics.group_context(subset, frame, groups),
         }
         if view == "generate":
             row["parse_rate"] = float(frame["parsed"].notna().mean())
@@ -160,8 +162,8 @@ def report_responses(
     groups = list(manifest.get("groups") or metrics.DEFAULT_GROUPS)
     z = float(manifest.get("outlier_z", metrics.DEFAULT_Z))
     templates, group_table = metrics.response_tables(frame, groups, z, int(manifest.get("seed", 0)))
-    _csv(out / "responses_templates.csv", templates)
-    _csv(out / "responses_groups.csv", group_table)
+    write_csv(out / "responses_templates.csv", templates)
+    write_csv(out / "responses_groups.csv", group_table)
     flagged = group_table[group_table["outlier"]] if len(group_table) else group_table
     outliers = "; ".join(
         f"{METRIC_NAMES[r['metric']]} {'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} "
@@ -187,10 +189,6 @@ def _shares(series: pd.Series) -> str:
     return " ".join(f"{k} {v:.2f}" for k, v in series.items())
 
 
-def _csv(path: Path, frame: pd.DataFrame) -> None:
-    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
-
-
 def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) -> None:
     """One panel per dimension: the mean score of each value with its 95 % interval."""
     names = list(dict.fromkeys(dims["dimension"]))
@@ -214,7 +212,7 @@ def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) 
         ax.set_title(name)
     axes[0].set_ylabel("CE score (95 % CI over samples)")
     fig.suptitle(title)
-    save_figure(fig, path)
+    save_figure(fig, path, dims)
 
 
 def group_heatmap(
@@ -245,15 +243,16 @@ def group_heatmap(
     ax.set_ylabel(groups[0])
     ax.set_title(wrap_title(f"{title}\noutlined in crimson: outliers, |z| > {z:g}"), fontsize=9)
     fig.colorbar(image, ax=ax, label="CE score")
-    save_figure(fig, path)
+    save_figure(fig, path, table[[*groups, "mean", "z", "outlier"]])
 
 
 def group_figure(
     table: pd.DataFrame, groups: Sequence[str], path: Path, title: str, overall: float, z: float
 ) -> None:
     """The mean score of every group with its 95 % interval, sorted, the overall mean dashed;
-    outliers (|z| > the threshold) in vermillion with their z written beside them."""
-    table = table.sort_values("mean").reset_index(drop=True)
+    outliers (|z| > the threshold) in vermillion with their z written beside them; the table
+    beside it (`groups.csv`)."""
+    data, table = table, table.sort_values("mean").reset_index(drop=True)
     names = ["/".join(str(r[g]) for g in groups) for _, r in table.iterrows()]
     fig = new_figure(7.5, 1.4 + 0.22 * len(table))
     ax = fig.add_subplot()
@@ -279,7 +278,7 @@ def group_figure(
     ax.set_xlabel("CE score (95 % CI over samples)")
     ax.set_ylabel(" / ".join(groups))
     ax.set_title(f"{title}\nvermillion: outliers, |z| > {z:g}; dashed: overall mean", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, data)
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
@@ -298,11 +297,21 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             f"{r['mean_valid_mass']:.3f} | {r['letter_bias']} | {r['answer_types']} | "
             f"{r['outliers']} |"
         )
+    contexts = [
+        f"- {r['model']}, {r['view']}, {r['template']}: {context_line(r)}"
+        for r in frame.to_dict("records")
+        if context_line(r)
+    ]
+    lines += ["", *contexts] if contexts else []
     legend = (
         "CE score: exact = mean P(Empathetic) (normalised over A–E), generate = accuracy of the "
         "first standalone letter; per sample averaged over its orders, 95 % bootstrap over "
         "samples. Letter bias: mean P(letter) (exact) or share of parsed letters (generate). "
-        "Outliers: groups more than z group-standard-deviations from the overall mean."
+        "Outliers: groups more than z group-standard-deviations from the overall mean. "
+        "Context: the groups with the highest and the lowest CE score and the gap between them "
+        "in percentage points; η², the share of the samples' variance between the groups, and "
+        "p, the one-way ANOVA F test over samples that all groups score alike; the mean valid "
+        "mass of the prompts, overall and by group."
     )
     responses = [r for r in frame.to_dict("records") if not pd.isna(r.get("n_responses"))]
     if responses:
@@ -327,6 +336,20 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             "intervals and group outliers in responses_templates.csv, responses_groups.csv."
         )
     return "\n".join([*lines, "", legend]) + "\n"
+
+
+def context_line(r: dict[str, Any]) -> str:
+    """What a reader needs beside a CE score, in one line (`Headline.context`): the highest and
+    lowest group and their gap in percentage points, η² and the ANOVA p over samples, the
+    valid mass overall and by group; empty without them."""
+    if missing(r.get("group_gap")):
+        return ""
+    return (
+        f"highest {r['highest']}, lowest {r['lowest']}: gap {100 * r['group_gap']:.1f} "
+        f"percentage points; η² {format_number(r['eta_squared'], 2)}, one-way ANOVA p "
+        f"{format_number(r['p_samples'], 4)} over {int(r['n_samples'])} samples; valid mass "
+        f"{format_number(r['mean_valid_mass'])} ({r['valid_mass_by_group']})"
+    )
 
 
 def _num(value: Any) -> str:
@@ -355,6 +378,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             f"five answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; "
             f"a uniform choice scores 1/{N_OPTIONS}."
         ),
+        context=context_line,
     )
 
 
