@@ -172,8 +172,7 @@ def write_across(runs: Sequence[RunPage], folder: Path, title: str) -> pd.DataFr
     units = sorted({u for u in table["unit"] if not missing(u) and u})
     write_latex(folder / "headlines.tex", shown(table), caption, units)
     if panels := forest_panels(runs):
-        save_figure(headline_figure(panels), folder / "forest.png")
-        write_csv(folder / "forest.csv", forest_rows(panels))
+        save_figure(headline_figure(panels), folder / "forest.png", forest_rows(panels))
     return table
 
 

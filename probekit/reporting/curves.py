@@ -21,7 +21,6 @@ from probekit.core.errors import ProbekitError
 from probekit.core.rundir import RunDir
 from probekit.reporting.contract import model_label
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
-from probekit.reporting.latex import write_csv
 from probekit.reporting.lens import MEASURED, depth, primary
 
 LENS, PATCHING = "lens.parquet", "patching_summary.csv"
@@ -113,6 +112,5 @@ def write_curves(
         ax.set_xlabel("depth: layer / number of layers (the residual stream read)")
         ax.set_title(KINDS[kind], fontsize=9, loc="left")
         ax.legend(fontsize=6)
-    save_figure(fig, out / "curves.png")
-    write_csv(out / "curves.csv", table)
+    save_figure(fig, out / "curves.png", table)
     return out / "curves.png", notes

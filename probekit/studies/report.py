@@ -1,6 +1,6 @@
 """What every study's report shares: the view being reported (`ReportView`: where its files go,
-the model its figures name, its seed), CSV files, Markdown tables, and bars with intervals side by
-side, and per-group cells. A study's own `report` module holds only what is its own."""
+the model its figures name, its seed), bars with intervals side by side, and per-group cells. A
+study's own `report` module holds only what is its own."""
 
 from __future__ import annotations
 
