@@ -48,6 +48,7 @@ def test_a_file_is_read_and_recorded_by_its_content(tmp_path):
     assert "chat_template" not in model_fields(ModelOptions(), None)
 
 
+@pytest.mark.slow  # loads a model (a tiny one, from a folder)
 @pytest.mark.parametrize("own", [False, True])
 def test_only_a_model_without_a_template_of_its_own_takes_the_given_one(own, tmp_path):
     """A tiny model saved with (own) or without SmolLM2's template, loaded with gemma's."""
