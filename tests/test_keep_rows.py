@@ -76,6 +76,7 @@ def test_score_stopped_mid_stream_keeps_its_rows_and_the_same_call_finishes(tmp_
     assert not folder.exists()
 
 
+@pytest.mark.slow  # a Python process of its own, killed
 def test_score_killed_mid_stream_keeps_its_rows_and_the_same_call_finishes(tmp_path):
     prompts, target = prompts_file(tmp_path), tmp_path / "o.parquet"
     script = (
