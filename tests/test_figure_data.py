@@ -159,6 +159,18 @@ def assert_figures_have_their_data(folder):
         assert files == [png.removesuffix(".png") + ".csv"] and (folder / files[0]).is_file()
 
 
+def assert_paper_row(run, expected):
+    """The paper's table (`probekit.report`) of the run: its primary row holds the headline's
+    value and interval and the `expected` context columns (name -> the summary's value)."""
+    table = probekit.report(run.path)
+    row = table[table["primary"]].iloc[0]
+    headline = next(h for h in run.headlines if h.primary)
+    assert [row["value"], row["low"], row["high"]] == pytest.approx(
+        [headline.value, headline.low, headline.high], nan_ok=True
+    )
+    assert {name: row[name] for name in expected} == pytest.approx(expected, nan_ok=True)
+
+
 @pytest.mark.slow
 def test_isear_run_figure_and_context(runs):
     run = runs("isear", events=3, data=SAMPLE_ROOT)
@@ -181,6 +193,7 @@ def test_isear_run_figure_and_context(runs):
     assert f"d_z {format_number(md['d_z'], 2, True)}" in headline.context
     assert md["valid_mass_by_group"] in headline.context
     assert md["valid_mass_by_group"] in (run.path / "summary.md").read_text()
+    assert_paper_row(run, {"d_z": md["d_z"], "p_events": md["p_events"]})
 
 
 @pytest.mark.slow
@@ -201,6 +214,9 @@ def test_giebench_run_figures_and_context(runs):
     assert row["mean_valid_mass"] == pytest.approx(typed["valid_mass"].mean())
     headline = next(h for h in run.headlines if h.key.startswith("accuracy, id"))
     assert f"{100 * row['change_from_raw']:+.1f} percentage points" in headline.context
+    primary = summary[[h.primary for h in run.headlines]].iloc[0]
+    names = ("change_from_raw", "d_z", "p_items")
+    assert_paper_row(run, {"valid_mass": primary["mean_valid_mass"], **primary[list(names)]})
 
 
 @pytest.mark.slow
@@ -224,6 +240,8 @@ def test_jaem_run_figures_and_context(runs):
     assert row["highest"] == "/".join(means.idxmax())
     headline = next(h for h in run.headlines if h.primary)
     assert f"gap {100 * row['group_gap']:.1f} percentage points" in headline.context
+    primary = pd.read_csv(run.path / "summary.csv")[[h.primary for h in run.headlines]].iloc[0]
+    assert_paper_row(run, dict(primary[["group_gap", "eta_squared", "p_samples"]]))
 
 
 @pytest.mark.slow

@@ -288,6 +288,10 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             "chance among four answers."
         ),
         context=context_line,
+        columns={
+            "valid_mass": "mean_valid_mass",
+            **{name: name for name in ("change_from_raw", "d_z", "p_items")},
+        },
     )
 
 

@@ -192,6 +192,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
                 columns={
                     "valid_mass": table["value"].get("mean_valid_mass"),
                     "agreement": table["value"].get(metrics.AGREEMENT),
+                    **{name: md.get(name) for name in ("d_z", "p_events")},
                 },
                 meaning="max_diff is the largest difference between two genders, over the 12 "
                 "emotions, of the probability that the model names that emotion for the "

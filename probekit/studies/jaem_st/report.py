@@ -369,7 +369,10 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         low="low",
         high="high",
         n="n_samples",
-        columns={"valid_mass": "mean_valid_mass", "parse_rate": "parse_rate"},
+        columns={
+            **{"valid_mass": "mean_valid_mass", "parse_rate": "parse_rate"},
+            **{name: name for name in ("group_gap", "eta_squared", "p_samples")},
+        },
         reference=1 / N_OPTIONS,
         reference_label=f"uniform choice (1/{N_OPTIONS})",
         unit=lambda r: "share of samples" if r["view"] == "generate" else "probability",
