@@ -267,7 +267,13 @@ def test_the_steer_record_names_its_figures_data(tiny_bridged, tmp_path):
 
     result = steer_days(tiny_bridged, tmp_path / "steer")
     manifest = json.loads((result.path / "manifest.json").read_text())
-    assert manifest["figures"] == {"steer.png": ["steer.csv"]}
+    figures = manifest["figures"]
+    assert figures.pop("steer.png") == ["steer.csv"]
+    # each α's study report: its figures and their numbers, under alphas/
+    pngs = sorted(p.relative_to(result.path).as_posix() for p in result.path.glob("alphas/*/*.png"))
+    assert sorted(figures) == pngs
+    for png, files in figures.items():
+        assert files == [png.removesuffix(".png") + ".csv"] and (result.path / files[0]).is_file()
     drawn = pd.read_csv(result.path / "steer.csv")
     np.testing.assert_allclose(drawn["value"], result.summary["value"])
     np.testing.assert_allclose(drawn["mean_kl"], result.summary["mean_kl"])

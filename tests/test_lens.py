@@ -369,7 +369,12 @@ def test_the_patching_run_in_the_folder_is_drawn_beside(tiny_deep, tmp_path):
     summary = pd.read_csv(out / "patching_summary.csv")["recovery"].dropna()
     assert sorted(drawn) == pytest.approx(sorted(summary))
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["figures"] == {"lens.png": ["lens.layers.csv", "lens.recovery.csv"]}
+    figures = manifest["figures"]
+    assert figures.pop("lens.png") == ["lens.layers.csv", "lens.recovery.csv"]
+    assert sorted(figures) == sorted(
+        p.relative_to(out).as_posix() for p in out.glob("layers/*/*.png")
+    )  # each layer's study report, its figures with their numbers
+    assert all(files and all((out / f).is_file() for f in files) for files in figures.values())
     layers = pd.read_csv(out / "lens.layers.csv")
     first = result.summary[result.summary["primary"].astype(bool)].sort_values("layer")
     np.testing.assert_allclose(layers["value"], first["value"])

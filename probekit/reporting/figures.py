@@ -95,16 +95,21 @@ def save_figure(fig: Figure, path: str | Path, data: FigureData) -> Path:
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
-def figure_data(folder: str | Path, figures: Iterable[str] | None = None) -> dict[str, list[str]]:
-    """Each figure in `folder` (its PNGs, or those named) with the files of its numbers that
-    `save_figure` wrote beside it: the manifest's `figures` field."""
+def figure_data(folder: str | Path, patterns: Iterable[str] = ("*.png",)) -> dict[str, list[str]]:
+    """Each figure in `folder` that `patterns` match (globs relative to it: its PNGs by default,
+    `layers/*/*.png` for a lens run's layer reports) with the files of its numbers that
+    `save_figure` wrote beside it, as paths relative to `folder`: the manifest's `figures`
+    field."""
     folder = Path(folder)
-    names = sorted(p.name for p in folder.glob("*.png")) if figures is None else figures
-    stems = {name: Path(name).stem for name in names}
-    return {
-        name: sorted(p.name for glob in (f"{s}.csv", f"{s}.*.csv") for p in folder.glob(glob))
-        for name, s in stems.items()
-    }
+    found = {}
+    for png in sorted({p for pattern in patterns for p in folder.glob(pattern)}):
+        tables = [
+            p for glob in (f"{png.stem}.csv", f"{png.stem}.*.csv") for p in png.parent.glob(glob)
+        ]
+        found[png.relative_to(folder).as_posix()] = sorted(
+            p.relative_to(folder).as_posix() for p in tables
+        )
+    return found
 
 
 def _label_runs(labels: Sequence[str], offset: int) -> list[tuple[int, int]]:

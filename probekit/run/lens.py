@@ -175,7 +175,9 @@ class LensCommand(MechanismRunner):
         recovery = _recovery(out) if gaps is not None else None
         title = f"{describe_model(manifest)}, {probe.name}"
         figure = lens_figure(summary, gaps, recovery, out / "lens.png", title)
-        manifest = RunDir(out).update_manifest(figures=figure_data(out, [figure.name]))
+        manifest = RunDir(out).update_manifest(
+            figures=figure_data(out, ("lens.png", "layers/*/*.png"))
+        )
         difference = float(wide[DIFFERENCE].max()) if wide[DIFFERENCE].notna().any() else None
         data = study.describe_data(manifest)
         page = RunDir(out).report_path

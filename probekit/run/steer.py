@@ -227,7 +227,9 @@ class SteerCommand(MechanismRunner):
         title = f"{describe_model(manifest)}, {probe.name}: vector {own.vector}, {own.positions}"
         title += f" of {plan.span}"
         figure = steer_figure(summary, out / "steer.png", title)
-        manifest = RunDir(out).update_manifest(figures=figure_data(out, [figure.name]))
+        manifest = RunDir(out).update_manifest(
+            figures=figure_data(out, ("steer.png", "alphas/*/*.png"))
+        )
         weak = steering.weak_steps(summary)
         if weak:
             print(f"probekit: warning: {weak}", file=sys.stderr)
