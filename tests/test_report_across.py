@@ -63,6 +63,10 @@ def test_the_run_writes_the_table_and_forest_plot_across_its_models(two):
     table = pd.read_csv(out / "headlines.csv")
     assert sorted(table["model"]) == ["a", "b"] and set(table["category"]) == {"religion"}
     assert '<h2 id="paper-table">' in (out / "report.html").read_text()
+    record = json.loads((out / "report.json").read_text())  # the figure named with its numbers
+    assert record["figures"]["forest.png"] == ["forest.csv"]
+    assert sorted(record["runs"]) == [str(out / "a"), str(out / "b")]
+    assert "headlines.csv" in record["files"] and "a/scores.parquet" not in record["files"]
 
 
 @pytest.fixture(scope="module")

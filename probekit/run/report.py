@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +76,7 @@ def report(
     one."""
     import pandas as pd
 
-    from probekit.core.io import check_writable, write_text
+    from probekit.core.io import check_writable
     from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
     from probekit.reporting.across import write_across
@@ -133,9 +133,7 @@ def report(
     else:
         write_runs_page(pages, target, drawn)
     if not own:
-        written = sorted(p.as_posix() for p in report_files(target) - before)
-        record = {"runs": [str(run.path) for run in found], "files": written}
-        write_text(target / RECORD, json.dumps(record, indent=1))
+        write_record(target, [run.path for run in found], report_files(target) - before)
     table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     table.attrs["tier_note"] = " ".join(t.attrs.get("tier_note", "") for t in tables).strip()
     return table
@@ -212,6 +210,19 @@ def refuse_other_runs(folder: Path, runs: Sequence[RunDir]) -> None:
         f"{folder} holds a run of its own: {what} would replace its own; give another "
         f"{named('out')}"
     )
+
+
+def write_record(folder: Path, runs: Sequence[Path], files: Iterable[Path]) -> None:
+    """`report.json` in `folder`: the `runs` its report covers, the `files` it wrote there
+    (relative to it), and each figure among them with the files of its numbers
+    (`figure_data`: `forest.png` with `forest.csv`)."""
+    from probekit.core.io import write_text
+    from probekit.reporting.figures import figure_data
+
+    names = sorted(Path(p).as_posix() for p in files)
+    figures = figure_data(folder, [name for name in names if name.endswith(".png")])
+    record = {"runs": [str(run) for run in runs], "files": names, "figures": figures}
+    write_text(folder / RECORD, json.dumps(record, indent=1))
 
 
 def report_files(folder: Path) -> set[Path]:

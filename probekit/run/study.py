@@ -208,6 +208,7 @@ class RunCommand(StudyRunner):
         from probekit.reporting import write_pages
         from probekit.run.distributed import detect_launch
         from probekit.run.loop import prepare_run_dir
+        from probekit.run.report import report_files, write_record
         from probekit.run.shards import Shard
 
         run = options.own
@@ -265,6 +266,8 @@ class RunCommand(StudyRunner):
             return runs
         summary = study.write_summary(rows, out)  # with each run's noise, signal and limit
         page = write_pages(out, rows, study)  # report.html in each run folder, and across several
+        if RunDir(out).read_manifest() is None:  # several runs: the record of what `out` holds
+            write_record(out, [path for run in runs for path in run.folders], report_files(out))
         for found_run in runs:
             found_run.report = page if found_run.path == out else found_run.path / "report.html"
             if found_run.path == out:
