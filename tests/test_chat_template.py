@@ -88,3 +88,14 @@ def test_neither_a_file_nor_a_shipped_name_is_one_line_before_any_work(tmp_path,
     assert err.count("\n") == 1, err
     assert "chat template 'llama9' is neither a file nor one shipped with probekit (gemma)" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_template_jinja_cannot_parse_is_one_line_before_any_work(tmp_path, capsys):
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }")
+    argv = ["run", "isear", "--chat-template", str(broken), "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"chat template '{broken}' is not a Jinja template: unexpected '}}' (line 1)" in err
+    assert not (tmp_path / "o").exists()

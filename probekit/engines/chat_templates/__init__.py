@@ -11,6 +11,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from probekit.core.errors import ProbekitError
 
 
@@ -24,7 +26,7 @@ def shipped() -> list[str]:
 
 def chat_template_text(spec: Any) -> tuple[str, dict[str, str]]:
     """The Jinja text of chat template `spec` (a shipped name or a file) and its manifest record
-    (`given`, `sha256`); one line for neither."""
+    (`given`, `sha256`); one line for neither, or for a template Jinja cannot parse."""
     spec = str(spec)
     own = files(__name__).joinpath(f"{spec}.jinja")
     path = Path(spec).expanduser()
@@ -37,6 +39,12 @@ def chat_template_text(spec: Any) -> tuple[str, dict[str, str]]:
             f"chat template '{spec}' is neither a file nor one shipped with probekit "
             f"({', '.join(shipped())}); give a Jinja file"
         )
+    try:  # parsed as transformers renders it, so that a broken template is refused before work
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ProbekitError(
+            f"chat template '{spec}' is not a Jinja template: {exc.message} (line {exc.lineno})"
+        ) from None
     return text, {"given": spec, "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
