@@ -18,6 +18,7 @@ import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed here (./setup.sh --ray installs it)")
 
+from probekit.core import io  # noqa: E402
 from probekit.core.errors import ProbekitError  # noqa: E402
 from probekit.core.store import INDEX  # noqa: E402
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent  # noqa: E402
@@ -132,6 +133,19 @@ def test_a_killed_worker_loses_no_row(cluster, single, tmp_path):
     scores = pd.read_parquet(path)
     assert scores[INDEX].is_unique and len(scores) == len(probe)
     same_rows(single["intergroup_probe"], scores)
+
+
+@pytest.mark.slow
+def test_a_disk_without_room_for_the_rows_is_refused_before_the_actors_score(
+    cluster, tmp_path, monkeypatch
+):
+    """The driver writes every row, so its disk is checked as a run in one process checks it."""
+    probe = intergroup_probe()
+    usage = io.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage._replace(free=10))
+    with pytest.raises(ProbekitError, match=r"its disk has 0 MiB free, the work writes about"):
+        run_probe(probe, RayPool(LOAD, actors=1), tmp_path / "ray", manifest(probe))
+    assert not any((tmp_path / "ray").glob("parts/*"))
 
 
 JOIN = """

@@ -47,7 +47,7 @@ from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
 from probekit.run.pace import pace_key
-from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring
+from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, probe_row_bytes
 from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"
@@ -185,6 +185,7 @@ class RayScoring(Scoring):
         self.shared = ray.put(probe)
         self.desc = f"{probe.name} (ray, {len(self.pool)} actors)"
         self.chunk_size = options["chunk_size"]
+        self.row_bytes = probe_row_bytes(probe)  # the driver writes every row
         loads = repr(load.args) if isinstance(load, functools.partial) else repr(load)
         described = {"engine": "ray", "model": loads, "device": f"{len(self.pool)} actors"}
         self.key = pace_key(described, probe.answers, view)

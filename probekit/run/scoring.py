@@ -105,7 +105,7 @@ class LocalScoring(Scoring):
         self.batch_size = getattr(self.scorer, "batch_size", None)  # the plan's, or batch_size
         self.chunk_size = chunk_size or CHUNK_BATCHES * max(1, self.batch_size or 16)
         self.desc = probe.name
-        self.row_bytes = row_bytes(len(probe.answers.answers) + len(probe.key_columns))
+        self.row_bytes = probe_row_bytes(probe)
         self.key = pace_key(model.describe(), probe.answers, view)
 
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
@@ -119,6 +119,11 @@ class LocalScoring(Scoring):
             found = sample_pace(lambda chunk: self.rows(iter([chunk]), None), first)
             record_pace(self.key, found)
         return found
+
+
+def probe_row_bytes(probe: Probe) -> int:
+    """About the bytes of one of `probe`'s rows on disk: a number per answer and key column."""
+    return row_bytes(len(probe.answers.answers) + len(probe.key_columns))
 
 
 def sample_pace(
