@@ -33,6 +33,7 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import importlib
 import inspect
 import sys
 from abc import abstractmethod
@@ -232,12 +233,8 @@ class LimitedProbe:
     kept, so that the manifest says which ones; limiting it again limits its own units."""
 
     def __init__(self, probe: Probe, units: Sequence[str], units_total: int, groups: int) -> None:
-        self.probe, self.units, self.units_total, self.groups = (
-            probe,
-            tuple(units),
-            units_total,
-            groups,
-        )
+        self.probe, self.units = probe, tuple(units)
+        self.units_total, self.groups = units_total, groups
         self._size = sum(1 for _ in self.items())
 
     balanced, limited, first_units = Probe.balanced, Probe.limited, Probe.first_units
@@ -556,8 +553,6 @@ class ReportedStudy(Study):
 
     def report_module(self) -> Any:
         """The `report` module beside the study's own."""
-        import importlib
-
         return importlib.import_module(type(self).__module__.rpartition(".")[0] + ".report")
 
     def report_view(
@@ -627,9 +622,6 @@ def list_studies() -> list[Study]:
 def _load_studies() -> None:
     """Import every study folder once (found through importlib.resources, as installed); each
     registers itself on import."""
-    import importlib
-    from importlib.resources import files
-
     for entry in sorted(files("probekit.studies").iterdir(), key=lambda e: e.name):
         if entry.is_dir() and entry.joinpath("__init__.py").is_file():
             importlib.import_module(f"probekit.studies.{entry.name}")

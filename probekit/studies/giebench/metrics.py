@@ -51,10 +51,7 @@ def accuracy(frame: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.DataF
     for orders, part in views:
         for prompt_type in [t for t in PROMPT_TYPES if t in set(part["prompt_type"])]:
             typed = part[part["prompt_type"] == prompt_type]
-            groups = [
-                (c, typed[typed["category"] == c]) for c in sorted(typed["category"].unique())
-            ]
-            for category, rows_of in [*groups, (OVERALL, typed)]:
+            for category, rows_of in [*typed.groupby("category"), (OVERALL, typed)]:
                 ci = bootstrap_mean(rows_of, "item_id", "score", n=n_boot, seed=seed)
                 rows.append(
                     {

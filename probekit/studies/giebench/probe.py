@@ -56,15 +56,8 @@ class GIEBenchProbe(Probe):
     unit_name = "item"
     group_name = "category"
     key_columns = (
-        "item_id",
-        "category",
-        "prompt_type",
-        "order",
-        "correct",
-        "identity",
-        "shown_identity",
-        "mismatch",
-        "prompt",
+        *("item_id", "category", "prompt_type", "order", "correct", "identity"),
+        *("shown_identity", "mismatch", "prompt"),
     )
 
     def __init__(

@@ -12,13 +12,12 @@ import pandas as pd
 import probekit.studies.giebench.metrics as metrics
 from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
-from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure
+from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, missing, row_headlines
-from probekit.reporting.html import model_name
-from probekit.reporting.latex import write_csv
+from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.giebench.judge import OPTIONS
+from probekit.studies.report import ReportView, side_by_side
 
-VIEW_NAMES = {"exact": "exact", "explain": "explain", "generate": "generate"}
 DETAILS = "details.md"
 SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
 _ACCURACY = {
@@ -32,94 +31,57 @@ VIEW_TEXT = {
 }
 
 
-def report_run(
-    scores: pd.DataFrame,
-    out: Path,
-    mode: str,
-    seed: int = 0,
-    model: str | None = None,
-    data: str | None = None,
-) -> list[dict[str, Any]]:
-    """Tables, figures and the Markdown details (`details.md`) of one run in `out`; returns the
-    summary rows (overall accuracy per order view and prompt type). The figures are titled with
-    `model` (default: the model of the run's manifest); `data` (the data as `describe_data`
-    says it) heads the tables' first column."""
-    view = VIEW_NAMES[mode]
-    frame = metrics.scored(scores, mode)
+def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
+    """Tables, figures and the Markdown details (`details.md`) of one run; returns the summary
+    rows (overall accuracy per order view and prompt type). The figures are titled with the
+    view's model; the data as `describe_data` says it heads the tables' first column."""
+    folder, view, seed = out.folder, out.view, out.seed
+    frame = metrics.scored(scores, view)
     tables = {
         "accuracy": metrics.accuracy(frame, seed),
         "shifts": metrics.shifts(frame),
         "mismatch": metrics.mismatch(frame),
     }
     shown = {
-        name: table if data is None else table.assign(data=data)[["data", *table.columns]]
+        name: table.assign(data=out.data)[["data", *table.columns]]
         for name, table in tables.items()
     }
-    model = model or model_name(out)
-    accuracy_figure(shown.pop("accuracy"), out / "accuracy.png", f"{model}, view {view}")
+    accuracy_figure(shown.pop("accuracy"), folder / "accuracy.png", f"{out.model}, view {view}")
     if not tables["shifts"].empty:  # each figure's table beside it (`accuracy.csv`, ...)
-        shift_figure(shown.pop("shifts"), out / "shifts.png", f"{model}, view {view}")
+        shift_figure(shown.pop("shifts"), folder / "shifts.png", f"{out.model}, view {view}")
     for name, table in shown.items():
-        write_csv(out / f"{name}.csv", table)
+        write_csv(folder / f"{name}.csv", table)
     overall = tables["accuracy"][tables["accuracy"]["category"] == metrics.OVERALL]
-    records = overall.drop(columns="category").to_dict("records")
-    rows = [
-        {"view": view, **r, **metrics.identity_context(frame, r["prompt_type"], r["orders"], seed)}
-        | {"run": str(out)}
-        for r in records
+    write_text(folder / DETAILS, section(frame, tables, view))
+    return [
+        {"model": out.manifest["model"], "view": view, **r}
+        | metrics.identity_context(frame, r["prompt_type"], r["orders"], seed)
+        | {"run": str(folder)}
+        for r in overall.drop(columns="category").to_dict("records")
     ]
-    write_text(out / DETAILS, section(frame, tables, view))
-    return rows
 
 
 def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> str:
     """The Markdown of one run: accuracy per category, shifts, mismatch, letters and bias."""
     acc = tables["accuracy"]
-    parts = [f"## {view}: accuracy per category (95% CI over items)", ""]
-    acc = acc.assign(
-        cell=[
-            f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
-            for a, lo, hi in acc[["accuracy", "ci_low", "ci_high"]].to_numpy()
-        ],
-        column=acc["orders"] + ", " + acc["prompt_type"],
-    )
+    acc = acc.assign(cell=_with_interval(acc), column=acc["orders"] + ", " + acc["prompt_type"])
     wide = acc.pivot(index="category", columns="column", values="cell")
     order = [*sorted(c for c in wide.index if c != metrics.OVERALL), metrics.OVERALL]
     wide = wide.reindex(index=order, columns=list(dict.fromkeys(acc["column"]))).reset_index()
-    parts += [_markdown(wide, list(wide.columns)), ""]
-    shifts = tables["shifts"]
-    if not shifts.empty:
-        parts += [
-            f"## {view}: shifts on the same items (own order; +: wrong->right, -: right->wrong)",
-            "",
-        ]
-        shown = _formatted(shifts)
-        parts += [_markdown(shown, list(shown.columns)), ""]
-    mismatch = tables["mismatch"]
+    parts = [f"## {view}: accuracy per category (95% CI over items)", "", _markdown(wide), ""]
+    for name, heading in SECTIONS.items():
+        if not tables[name].empty:
+            parts += [f"## {view}: {heading}", "", _markdown(_formatted(tables[name])), ""]
     single = metrics.single_identity_categories(frame)
-    if not mismatch.empty:
-        parts += [
-            f"## {view}: identity mismatch (own order; the identity replaced by the next "
-            "one of its category)",
-            "",
-        ]
-        shown = _formatted(mismatch)
-        parts += [_markdown(shown, list(shown.columns)), ""]
     if single:
         parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
     letters = metrics.correct_letters(frame)
-    parts.append(
-        "Correct letter in the items' own order: "
-        + ", ".join(f"{x} {letters[x]:.0%}" for x in OPTIONS)
-        + "."
-    )
+    shares = ", ".join(f"{x} {letters[x]:.0%}" for x in OPTIONS)
+    parts.append(f"Correct letter in the items' own order: {shares}.")
     if view != "generate":
         bias = metrics.letter_bias(frame)
-        parts.append(
-            "Position bias, mean P(letter) over all prompts: "
-            + ", ".join(f"{x} {bias[x]:.3f}" for x in OPTIONS)
-            + "."
-        )
+        bias = ", ".join(f"{x} {bias[x]:.3f}" for x in OPTIONS)
+        parts.append(f"Position bias, mean P(letter) over all prompts: {bias}.")
     if "cue_missing" in frame:
         parts.append(
             f"Explanations that never reached `[[` (given it, flagged): "
@@ -133,15 +95,23 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     return "\n".join(parts) + "\n"
 
 
+SECTIONS = {
+    "shifts": "shifts on the same items (own order; +: wrong->right, -: right->wrong)",
+    "mismatch": "identity mismatch (own order; the identity replaced by the next one of its "
+    "category)",
+}
+
+
+def _with_interval(table: pd.DataFrame) -> list[str]:
+    """Each row's accuracy with its interval, `0.500 [0.300, 0.700]`."""
+    cells = table[["accuracy", "ci_low", "ci_high"]].to_numpy()
+    return [f"{a:.3f} [{low:.3f}, {high:.3f}]" for a, low, high in cells]
+
+
 def summary_markdown(frame: pd.DataFrame) -> str:
     """`summary.md`: overall accuracy per model, view, order view and prompt type, followed by
     each run's details."""
-    shown = frame.assign(
-        accuracy=[
-            f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
-            for a, lo, hi in frame[["accuracy", "ci_low", "ci_high"]].to_numpy()
-        ]
-    )
+    shown = frame.assign(accuracy=_with_interval(frame))
     contexts = [
         f"- {r['model']}, {r['view']}, {r['orders']}, {r['prompt_type']}: {context_line(r)}"
         for r in frame.to_dict("records")
@@ -150,7 +120,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     head = [
         "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
         "",
-        _markdown(shown[SUMMARY_COLUMNS], SUMMARY_COLUMNS),
+        _markdown(shown[SUMMARY_COLUMNS]),
         *contexts,
         *(["", CONTEXT_LEGEND, ""] if contexts else []),
     ]
@@ -193,16 +163,12 @@ def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
     for ax, orders in zip(axes, views, strict=True):
         part = acc[acc["orders"] == orders]
         categories = list(dict.fromkeys(part["category"]))
-        types = list(dict.fromkeys(part["prompt_type"]))
-        width = 0.8 / len(types)
-        for k, prompt_type in enumerate(types):
-            rows = (
-                part[part["prompt_type"] == prompt_type].set_index("category").reindex(categories)
-            )
-            x = np.arange(len(categories)) + (k - (len(types) - 1) / 2) * width
-            err = [rows["accuracy"] - rows["ci_low"], rows["ci_high"] - rows["accuracy"]]
-            colour = CATEGORICAL[k % len(CATEGORICAL)]
-            ax.bar(x, rows["accuracy"], width, yerr=err, capsize=2, label=prompt_type, color=colour)
+        series = []
+        for prompt_type in dict.fromkeys(part["prompt_type"]):
+            rows = part[part["prompt_type"] == prompt_type].set_index("category")
+            rows = rows.reindex(categories)
+            series.append((prompt_type, rows["accuracy"], rows["ci_low"], rows["ci_high"]))
+        side_by_side(ax, series)
         ax.axhline(0.25, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
         ax.set_ylim(0, 1)
@@ -216,27 +182,20 @@ def accuracy_figure(acc: pd.DataFrame, path: Path, view: str) -> Path:
 def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
     """Change of accuracy from raw to id and to cot per category, each bar labelled +plus/-minus
     (the items that flipped)."""
-    names = list(dict.fromkeys(shifts["shift"]))
     categories = list(dict.fromkeys(shifts["category"]))
     fig = new_figure(10, 3.4)
     ax = fig.subplots()
-    width = 0.8 / len(names)
-    for k, name in enumerate(names):
-        rows = shifts[shifts["shift"] == name].set_index("category").reindex(categories)
-        x = np.arange(len(categories)) + (k - (len(names) - 1) / 2) * width
-        ax.bar(x, rows["delta"], width, label=name, color=CATEGORICAL[(k + 1) % len(CATEGORICAL)])
-        for xi, (d, p, m) in zip(
-            x, rows[["delta", "flips_plus", "flips_minus"]].to_numpy(), strict=True
-        ):
+    by_shift = [
+        (name, rows.set_index("category").reindex(categories))
+        for name, rows in shifts.groupby("shift", sort=False)
+    ]
+    positions = side_by_side(ax, [(name, r["delta"], None, None) for name, r in by_shift], 1)
+    for x, (_, rows) in zip(positions, by_shift, strict=True):
+        flips = rows[["delta", "flips_plus", "flips_minus"]].to_numpy()
+        for xi, (d, plus, minus) in zip(x, flips, strict=True):
             if np.isfinite(d):
-                ax.text(
-                    xi,
-                    d,
-                    f"+{int(p)}/-{int(m)}",
-                    ha="center",
-                    fontsize=6,
-                    va="bottom" if d >= 0 else "top",
-                )
+                above = "bottom" if d >= 0 else "top"
+                ax.text(xi, d, f"+{int(plus)}/-{int(minus)}", ha="center", fontsize=6, va=above)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
     ax.set_ylabel("change of accuracy")
@@ -257,11 +216,9 @@ def _formatted(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _markdown(frame: pd.DataFrame, header: list[str]) -> str:
-    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
-    for row in frame.itertuples(index=False):
-        lines.append("| " + " | ".join("" if pd.isna(v) else str(v) for v in row) + " |")
-    return "\n".join(lines)
+def _markdown(frame: pd.DataFrame) -> str:
+    """`frame` as a Markdown table, empty cells for missing values."""
+    return markdown_table(frame.columns, frame.astype(object).fillna("").to_numpy())
 
 
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:

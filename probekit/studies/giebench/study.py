@@ -5,33 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
-
-import pandas as pd
+from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import Kind, comma_list, int_range, positive_int, text
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
-from probekit.reporting.contract import SAMPLE_DATA, figure_model
-from probekit.studies.base import (
-    MECHANISM,
-    RUN,
-    Context,
-    ReportedStudy,
-    mechanism_slice,
-    register,
-)
+from probekit.reporting.contract import SAMPLE_DATA
+from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, mechanism_slice, register
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
 from probekit.studies.giebench.sources import Record, resolve_items
-
-if TYPE_CHECKING:
-    pass
 
 prompt_types = Kind(
     "prompt types",
@@ -133,16 +120,6 @@ class GIEBenchStudy(ReportedStudy):
     def views(self, view: str) -> list[str]:
         """The run's own view only (its summary rows name it)."""
         return [view]
-
-    def report_view(
-        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
-    ) -> list[dict]:
-        import probekit.studies.giebench.report as report
-
-        data = self.describe_data(manifest)
-        model = figure_model(manifest, data)
-        rows = report.report_run(scores, run_dir, view, manifest.get("seed", 0), model, data)
-        return [{"model": manifest["model"], **row} for row in rows]
 
     def describe_data(self, manifest: Mapping[str, Any]) -> str:
         """GIEBench's items (official or a local file), or probekit's sample records."""

@@ -190,18 +190,11 @@ class IntergroupProbe(Probe):
         rows = list(
             self.events[["event_id", "emotion", self.setting.text_column]].itertuples(index=False)
         )
+        where = (self.setting, self.category.name)
         for perceiver in self.identities:
             for experiencer in self.identities:
                 for event_id, emotion, text in rows:
-                    yield make_item(
-                        self.setting,
-                        self.category.name,
-                        perceiver,
-                        experiencer,
-                        str(event_id),
-                        emotion,
-                        text,
-                    )
+                    yield make_item(*where, perceiver, experiencer, str(event_id), emotion, text)
 
     def parse(self, response: str) -> int:
         """The authors' extraction rule; always on [0, 100], as in their code."""

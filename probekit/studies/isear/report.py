@@ -93,9 +93,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     lines, contexts = [], []
     for name, rows in by_view.items():
         view, value = str(rows["view"].iloc[0]), rows["value"]
-        undetected = "—"
-        if view == "generate":
-            undetected = " / ".join(f"{value[f'undetected_rate_{k}']:.1%}" for k in ITEMS)
+        rates = (f"{value[f'undetected_rate_{k}']:.1%}" for k in ITEMS)
+        undetected = " / ".join(rates) if view == "generate" else "—"
         valid = f"{value['mean_valid_mass']:.3f}" if view == "exact" else "—"
         agreement = _rate(value[metrics.AGREEMENT]) if view == "generate" else "—"
         md = rows.loc["max_diff"]
@@ -126,13 +125,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
 
 ITEMS = ("attempts", "items")
 SUMMARY_HEADER = [
-    "view",
-    "max_diff",
-    "95% interval",
-    "mark (interval)",
-    "mark (value)",
-    "undetected (attempts / items)",
-    "mean valid mass",
+    *("view", "max_diff", "95% interval", "mark (interval)", "mark (value)"),
+    *("undetected (attempts / items)", "mean valid mass"),
     "agreement with the exact most probable emotion",
 ]
 SUMMARY_LEGEND = (

@@ -14,13 +14,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Pair
-from probekit.core.kinds import (
-    Kind,
-    comma_list,
-    count_or_all,
-    non_negative_float,
-    positive_int,
-)
+from probekit.core.kinds import Kind, comma_list, count_or_all, non_negative_float, positive_int
 from probekit.core.options import given, named, option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
@@ -28,13 +22,7 @@ from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.studies.base import RUN, Context, ReportedStudy, data_option, register, run_view
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
-from probekit.studies.isear.probe import (
-    DEFAULT_SEED,
-    EMOTIONS,
-    GENDERS,
-    IsearProbe,
-    check_genders,
-)
+from probekit.studies.isear.probe import DEFAULT_SEED, EMOTIONS, GENDERS, IsearProbe, check_genders
 from probekit.studies.report import ReportView
 
 

@@ -24,30 +24,15 @@ from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
 from probekit.reporting.headline import format_number, missing, row_headlines
-from probekit.reporting.latex import write_csv
+from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.jaem_st.probe import N_OPTIONS
+from probekit.studies.report import ReportView
 
 SUMMARY_COLUMNS = (
-    "model",
-    "data",
-    "prompt",
-    "orders",
-    "view",
-    "template",
-    "n_samples",
-    "accuracy",
-    "low",
-    "high",
-    "greedy_accuracy",
-    "parse_rate",
-    "mean_valid_mass",
-    "letter_bias",
-    "answer_types",
-    "outliers",
-    *("highest", "lowest", "group_gap", "eta_squared", "p_samples", "valid_mass_by_group"),
-    "n_responses",
-    "empty_responses",
-    *metrics.RESPONSE_METRICS,
+    *("model", "data", "prompt", "orders", "view", "template", "n_samples", "accuracy", "low"),
+    *("high", "greedy_accuracy", "parse_rate", "mean_valid_mass", "letter_bias", "answer_types"),
+    *("outliers", "highest", "lowest", "group_gap", "eta_squared", "p_samples"),
+    *("valid_mass_by_group", "n_responses", "empty_responses", *metrics.RESPONSE_METRICS),
     "response_outliers",
 )
 _SCORE = {
@@ -60,27 +45,15 @@ VIEW_TEXT = {
     "generate": "greedy answer, its first standalone letter",
 }
 METRIC_NAMES = {
-    "vad_valence": "AE valence",
-    "vad_arousal": "AE arousal",
-    "vad_dominance": "AE dominance",
-    "era_IP": "ERA IP",
-    "era_EX": "ERA EX",
-    "era_ER": "ERA ER",
+    m: m.replace("vad_", "AE ").replace("era_", "ERA ") for m in metrics.RESPONSE_METRICS
 }
 
 
-def report_run(
-    scores: pd.DataFrame,
-    out: Path,
-    manifest: dict[str, Any],
-    view: str,
-    suffix: str = "",
-) -> list[dict[str, Any]]:
+def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
     """Tables and figures of one view of a run; returns one summary row per template and `all`."""
+    manifest, view, seed = out.manifest, out.view, out.seed
     shown: dict[str, list[str]] = manifest["shown_dimensions"]
-    groups = list(manifest.get("groups") or metrics.DEFAULT_GROUPS)
-    z = float(manifest.get("outlier_z", metrics.DEFAULT_Z))
-    seed = int(manifest.get("seed", 0))
+    groups, z = _groups(manifest)
     columns = list(dict.fromkeys([*groups, *(c for cols in shown.values() for c in cols)]))
     samples = metrics.sample_scores(scores, view, columns)
     overall = metrics.interval_table(samples, [], seed).iloc[0]
@@ -91,27 +64,16 @@ def report_run(
         return metrics.outliers(metrics.interval_table(subset, groups, seed), mean, z)
 
     group_table = group_outliers(samples, float(overall["mean"]))
-    write_csv(out / f"templates{suffix}.csv", per_template)
-    write_csv(out / f"dimensions{suffix}.csv", dims)
+    write_csv(out.path("templates.csv"), per_template)
+    write_csv(out.path("dimensions.csv"), dims)
     title = (
         f"JaEm-ST: {describe_model(manifest)}, CE prompt {manifest.get('prompt', 0)}, view {view}, "
         f"N = {int(overall['n'])} samples"
     )
-    accuracy_figure(dims, out / f"accuracy_by_group{suffix}.png", title, float(overall["mean"]))
-    group_figure(group_table, groups, out / f"groups{suffix}.png", title, float(overall["mean"]), z)
+    accuracy_figure(dims, out.path("accuracy_by_group.png"), title, float(overall["mean"]))
+    group_figure(group_table, groups, out.path("groups.png"), title, float(overall["mean"]), z)
     if len(groups) == 2:
-        group_heatmap(group_table, groups, out / f"groups_heatmap{suffix}.png", title, z)
-
-    def flagged(table: pd.DataFrame) -> str:
-        hits = table[table["outlier"]]
-        return (
-            "; ".join(
-                f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
-                for _, r in hits.iterrows()
-            )
-            or "none"
-        )
-
+        group_heatmap(group_table, groups, out.path("groups_heatmap.png"), title, z)
     base = {
         "model": manifest.get("model"),
         "prompt": manifest.get("prompt", 0),
@@ -119,21 +81,17 @@ def report_run(
         "view": view,
     }
     rows = []
-    parts = [("all", scores, overall, group_table)] + [
-        (
-            r["template"],
-            scores[scores["template"] == r["template"]],
-            r,  # a template's groups against that template's mean
-            group_outliers(samples[samples["template"] == r["template"]], float(r["mean"])),
-        )
-        for _, r in per_template.iterrows()
-    ]
-    for name, frame, stats, table in parts:
-        subset = samples if name == "all" else samples[samples["template"] == name]
+    templates = [(r["template"], r) for _, r in per_template.iterrows()]
+    for name, stats in [("all", overall), *templates]:
+        whole = name == "all"
+        frame = scores if whole else scores[scores["template"] == name]
+        subset = samples if whole else samples[samples["template"] == name]
+        # a template's groups against that template's mean
+        table = group_table if whole else group_outliers(subset, float(stats["mean"]))
         row = {
             **base,
             "template": name,
-            "outliers": flagged(table),
+            "outliers": _outliers(table, groups),
             "n_samples": int(stats["n"]),
             "accuracy": stats["mean"],
             "low": stats["low"],
@@ -154,34 +112,46 @@ def report_run(
     return rows
 
 
+def _groups(manifest: dict[str, Any]) -> tuple[list[str], float]:
+    """The run's group columns and its outlier threshold z."""
+    groups = list(manifest.get("groups") or metrics.DEFAULT_GROUPS)
+    return groups, float(manifest.get("outlier_z", metrics.DEFAULT_Z))
+
+
+def _outliers(table: pd.DataFrame, groups: Sequence[str]) -> str:
+    """The outlier groups of `table`, `gender/pronoun mean (z +z)` each (with their metric's
+    name where the table has one), or `none`."""
+    hits = table[table["outlier"]] if len(table) else table
+    return (
+        "; ".join(
+            f"{METRIC_NAMES[r['metric']] + ' ' if 'metric' in r else ''}"
+            f"{'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} (z {r['z']:+.2f})"
+            for _, r in hits.iterrows()
+        )
+        or "none"
+    )
+
+
 def report_responses(
     frame: pd.DataFrame, out: Path, manifest: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """AE and ERA tables of `responses.parquet`; returns the summary fields per template (and
     `all`): response counts, the mean of each metric, and the outlier groups of every metric."""
-    groups = list(manifest.get("groups") or metrics.DEFAULT_GROUPS)
-    z = float(manifest.get("outlier_z", metrics.DEFAULT_Z))
+    groups, z = _groups(manifest)
     templates, group_table = metrics.response_tables(frame, groups, z, int(manifest.get("seed", 0)))
     write_csv(out / "responses_templates.csv", templates)
     write_csv(out / "responses_groups.csv", group_table)
-    flagged = group_table[group_table["outlier"]] if len(group_table) else group_table
-    outliers = "; ".join(
-        f"{METRIC_NAMES[r['metric']]} {'/'.join(str(r[g]) for g in groups)} {r['mean']:.3f} "
-        f"(z {r['z']:+.2f})"
-        for _, r in flagged.iterrows()
-    )
+    outliers = _outliers(group_table, groups)
     fields = {}
-    parts = [("all", frame)] + list(frame.groupby("template", sort=True))
-    for name, part in parts:
-        row: dict[str, Any] = {
+    for name, part in [("all", frame), *frame.groupby("template", sort=True)]:
+        fields[name] = {
             "n_responses": len(part),
             "empty_responses": int((part["response"].str.strip() == "").sum()),
-            "response_outliers": outliers or "none",
+            "response_outliers": outliers,
         }
         if len(templates):
             means = templates[templates["template"] == name].set_index("metric")["mean"]
-            row.update(means.to_dict())
-        fields[name] = row
+            fields[name].update(means.to_dict())
     return fields
 
 
@@ -201,14 +171,8 @@ def accuracy_figure(dims: pd.DataFrame, path: Path, title: str, overall: float) 
         err = np.vstack([mean - part["low"].to_numpy(), part["high"].to_numpy() - mean])
         ax.errorbar(x, mean, yerr=err, fmt="o", capsize=3, color=CATEGORICAL[0])
         ax.axhline(overall, color="grey", linestyle="--", linewidth=1)
-        ax.set_xticks(
-            x,
-            part["value"].astype(str),
-            rotation=60,
-            ha="right",
-            rotation_mode="anchor",
-            fontsize=8,
-        )
+        labels = part["value"].astype(str)
+        ax.set_xticks(x, labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
         ax.set_title(name)
     axes[0].set_ylabel("CE score (95 % CI over samples)")
     fig.suptitle(title)
@@ -221,11 +185,9 @@ def group_heatmap(
     """Mean score per (row group, column group); cells with |z| > threshold outlined."""
     rows = list(dict.fromkeys(table[groups[0]]))
     cols = list(dict.fromkeys(table[groups[1]]))
-    grid = table.pivot(index=groups[0], columns=groups[1], values="mean").reindex(
-        rows, columns=cols
-    )
-    flags = table.pivot(index=groups[0], columns=groups[1], values="outlier").reindex(
-        rows, columns=cols
+    grid, flags = (
+        table.pivot(index=groups[0], columns=groups[1], values=v).reindex(rows, columns=cols)
+        for v in ("mean", "outlier")
     )
     fig = new_figure(2.5 + 0.9 * len(cols), 1.5 + 0.4 * len(rows))
     ax = fig.add_subplot()
@@ -261,16 +223,8 @@ def group_figure(
         err = [[r["mean"] - r["low"]], [r["high"] - r["mean"]]]
         ax.errorbar(r["mean"], i, xerr=err, fmt="o", color=colour, capsize=2, markersize=4)
         if r["outlier"]:
-            label = f"z {r['z']:+.2f}"
-            ax.annotate(
-                label,
-                (r["high"], i),
-                xytext=(4, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=8,
-                color=colour,
-            )
+            place = {"xytext": (4, 0), "textcoords": "offset points", "va": "center"}
+            ax.annotate(f"z {r['z']:+.2f}", (r["high"], i), fontsize=8, color=colour, **place)
     ax.axvline(overall, color="grey", linestyle="--", linewidth=1)
     ax.margins(x=0.12)  # room for the z labels
     ax.set_yticks(range(len(table)), names, fontsize=8)
@@ -283,23 +237,18 @@ def group_figure(
 
 def summary_markdown(frame: pd.DataFrame) -> str:
     """The summary as a Markdown table with a legend."""
-    lines = [
-        "| model | CE prompt | orders | view | template | samples | CE score [95% CI] | "
-        "greedy acc. | letter found | valid mass | letter bias | answer types chosen | "
-        "outliers (gender/pronoun) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    records = frame.to_dict("records")
+    cells = [
+        [r["model"], r["prompt"], r["orders"], r["view"], r["template"], r["n_samples"]]
+        + [f"{r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}]", _num(r["greedy_accuracy"])]
+        + [_num(r["parse_rate"]), f"{r['mean_valid_mass']:.3f}", r["letter_bias"]]
+        + [r["answer_types"], r["outliers"]]
+        for r in records
     ]
-    for r in frame.to_dict("records"):
-        lines.append(
-            f"| {r['model']} | {r['prompt']} | {r['orders']} | {r['view']} | {r['template']} | "
-            f"{r['n_samples']} | {r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | "
-            f"{_num(r['greedy_accuracy'])} | {_num(r['parse_rate'])} | "
-            f"{r['mean_valid_mass']:.3f} | {r['letter_bias']} | {r['answer_types']} | "
-            f"{r['outliers']} |"
-        )
+    lines = [markdown_table(SUMMARY_HEADER, cells)]
     contexts = [
         f"- {r['model']}, {r['view']}, {r['template']}: {context_line(r)}"
-        for r in frame.to_dict("records")
+        for r in records
         if context_line(r)
     ]
     lines += ["", *contexts] if contexts else []
@@ -313,21 +262,15 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         "p, the one-way ANOVA F test over samples that all groups score alike; the mean valid "
         "mass of the prompts, overall and by group."
     )
-    responses = [r for r in frame.to_dict("records") if not pd.isna(r.get("n_responses"))]
+    responses = [r for r in records if not pd.isna(r.get("n_responses"))]
     if responses:
-        lines += [
-            "",
-            "",
-            "| model | template | responses | empty | AE valence | AE arousal | AE dominance | "
-            "ERA IP | ERA EX | ERA ER | outliers (AE, ERA) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+        cells = [
+            [r["model"], r["template"], int(r["n_responses"]), int(r["empty_responses"])]
+            + [_num(r.get(m)) for m in metrics.RESPONSE_METRICS]
+            + [r["response_outliers"]]
+            for r in responses
         ]
-        for r in responses:
-            values = " | ".join(_num(r.get(m)) for m in metrics.RESPONSE_METRICS)
-            lines.append(
-                f"| {r['model']} | {r['template']} | {int(r['n_responses'])} | "
-                f"{int(r['empty_responses'])} | {values} | {r['response_outliers']} |"
-            )
+        lines += ["", "", markdown_table(RESPONSES_HEADER, cells)]
         legend += (
             " Free responses (--responses): Carl's greedy continuation; AE = mean "
             "|VAD(conversation) − VAD(response)| per dimension (lower is closer; — without "
@@ -336,6 +279,17 @@ def summary_markdown(frame: pd.DataFrame) -> str:
             "intervals and group outliers in responses_templates.csv, responses_groups.csv."
         )
     return "\n".join([*lines, "", legend]) + "\n"
+
+
+SUMMARY_HEADER = [
+    *("model", "CE prompt", "orders", "view", "template", "samples", "CE score [95% CI]"),
+    *("greedy acc.", "letter found", "valid mass", "letter bias", "answer types chosen"),
+    "outliers (gender/pronoun)",
+]
+RESPONSES_HEADER = ["model", "template", "responses", "empty"] + [
+    *METRIC_NAMES.values(),
+    "outliers (AE, ERA)",
+]
 
 
 def context_line(r: dict[str, Any]) -> str:

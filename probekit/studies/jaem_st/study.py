@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
@@ -27,21 +27,10 @@ from probekit.core.options import given, named, option
 from probekit.core.progress import echo
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.headline import INTERVAL_NOTE
-from probekit.studies.base import (
-    MECHANISM,
-    RUN,
-    Context,
-    Probe,
-    ReportedStudy,
-    register,
-    run_view,
-)
+from probekit.studies.base import MECHANISM, RUN, Context, Probe, ReportedStudy, register, run_view
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_PATCH_SAMPLES = 2
 
@@ -202,13 +191,6 @@ class JaemStudy(ReportedStudy):
                 if row["view"] == run_view(manifest):
                     row.update(fields.get(row["template"], {}))
         return rows
-
-    def report_view(
-        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
-    ) -> list[dict]:
-        import probekit.studies.jaem_st.report as report
-
-        return report.report_run(scores, run_dir, manifest, view, suffix)
 
     def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         """One row per (view, template), in the summary's fixed columns (and the note of a run
