@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import check_option, declaration, options_of, unknown_keyword
-from probekit.core.typecheck import checker, hints, refusal, resolve
+from probekit.core.typecheck import checker, refusal, resolve
 
 T = TypeVar("T")
 Parameter = inspect.Parameter
@@ -75,7 +75,9 @@ def _checked(
     def annotations() -> tuple[dict[str, Any], dict[str, Any], bool]:
         """Each parameter's hint (those of a `**options: Unpack[...]` by keyword) and its check,
         made on the first call (every module is loaded by then)."""
-        resolved = hints(function, owner)
+        resolved = {
+            n: resolve(p.annotation, owner) for n, p in body.items() if p.annotation is not p.empty
+        }
         if isinstance(owner, type):  # a dataclass's fields, a named tuple's
             for name, value in getattr(owner, "__annotations__", {}).items():
                 resolved.setdefault(name, resolve(value, owner))

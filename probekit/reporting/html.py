@@ -67,22 +67,8 @@ PAGE = "report.html"
 # Manifest fields that say which model ran, where and how, not what was measured: runs that
 # differ only in these are comparable (models side by side).
 MODEL_FIELDS = frozenset(
-    {
-        "model",
-        "model_source",
-        "weights",
-        "versions",
-        "command",
-        "data_path",
-        "results_format",
-        "dtype",
-        "device",
-        "numerics",
-        "engine",
-        "started",
-        "finished",
-        "commit",
-    }
+    ("model", "model_source", "weights", "versions", "command", "data_path", "results_format")
+    + ("dtype", "device", "numerics", "engine", "started", "finished", "commit")
 )
 # Manifest fields shown first, in this order, with their names on the page.
 SHOWN_FIELDS = {
@@ -214,7 +200,7 @@ def load_run(
     """The run in `folder` with its summary rows (`rows`, else the folder's `summary.csv`, else
     none), its headlines and views as its `study` defines them (none without a study)."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = RunDir(folder).manifest
     if rows is None:
         summary = RunDir(folder).summary()
         rows = pd.DataFrame() if summary is None else summary
@@ -228,17 +214,11 @@ def load_run(
     return run
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The run's `manifest.json` (`RunDir.manifest`); a folder without one is refused in one
-    line."""
-    return RunDir(folder).manifest
-
-
 def model_name(folder: Path) -> str:
     """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
     if not RunDir(folder).manifest_path.is_file():
         return "?"
-    return describe_model(read_manifest(Path(folder)))
+    return describe_model(RunDir(folder).manifest)
 
 
 def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
@@ -248,7 +228,7 @@ def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
     if "run" in rows:
         here = folder.resolve()
         return rows[[Path(str(r)).resolve() == here for r in rows["run"]]]
-    manifest = read_manifest(folder)
+    manifest = RunDir(folder).manifest
     chosen = pd.Series(True, index=rows.index)
     for key in ROW_KEYS:
         if key in rows and key in manifest:
@@ -299,13 +279,12 @@ def write_runs_page(
 
 def run_page_html(run: RunPage) -> str:
     """The HTML of one run's page."""
-    card = run.card
     return (
         _environment()
         .get_template("run.html")
         .render(
             run=run,
-            card=card_html(card),
+            card=card_html(run.card),
             figures=figures(run.folder, run.report.captions),
             summary=summary_table(run.rows),
             manifest=manifest_table(run.manifest),
@@ -361,10 +340,7 @@ def profile_figure(runs: Sequence[RunPage]) -> str | None:
     """The forest plot of `runs` (`forest_panels`) as a data URI; None when no run has a
     headline value."""
     panels = forest_panels(runs)
-    if not panels:
-        return None
-    data = base64.b64encode(png_bytes(headline_figure(panels))).decode("ascii")
-    return f"data:image/png;base64,{data}"
+    return _data_uri(png_bytes(headline_figure(panels))) if panels else None
 
 
 def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
@@ -418,7 +394,11 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
 
 def png_uri(path: Path) -> str:
     """The PNG file at `path` as a data URI, to inline in a page."""
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    return _data_uri(path.read_bytes())
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def summary_table(rows: pd.DataFrame) -> dict[str, list]:
@@ -474,13 +454,7 @@ def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
 def _cell(value: Any) -> str:
     if missing(value):
         return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return format_number(value)
-    return str(value)
+    return format_number(value) if isinstance(value, float) else str(value)
 
 
 def _short(value: Any) -> str:
