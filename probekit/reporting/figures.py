@@ -9,6 +9,7 @@ the global backend or needs a display. Every figure is saved with the numbers it
 """
 
 import io
+import itertools
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,16 +31,8 @@ TITLE_WIDTH = 48
 """Characters per line of a figure's title (the heatmaps are ~6 inches wide)."""
 # Okabe & Ito's colour-blind-safe palette (blue, orange, bluish green, vermillion, reddish
 # purple, sky blue, yellow, black): categorical colours of probekit's own figures.
-CATEGORICAL = (
-    "#0072B2",
-    "#E69F00",
-    "#009E73",
-    "#D55E00",
-    "#CC79A7",
-    "#56B4E9",
-    "#F0E442",
-    "#000000",
-)
+CATEGORICAL = ("#0072B2", "#E69F00", "#009E73", "#D55E00")
+CATEGORICAL += ("#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
 Blocks = Sequence[tuple[int, int]] | Sequence[str]
 OUTLINE = "crimson"  # the outline of a heatmap's blocks
@@ -114,12 +107,11 @@ def figure_data(folder: str | Path, patterns: Iterable[str] = ("*.png",)) -> dic
 
 def _label_runs(labels: Sequence[str], offset: int) -> list[tuple[int, int]]:
     """(start, stop) ranges of consecutive equal labels, shifted by `offset`."""
-    runs = []
-    start = 0
-    for i in range(1, len(labels) + 1):
-        if i == len(labels) or labels[i] != labels[start]:
-            runs.append((start + offset, i + offset))
-            start = i
+    runs, start = [], offset
+    for _, group in itertools.groupby(labels):
+        size = len(list(group))
+        runs.append((start, start + size))
+        start += size
     return runs
 
 
@@ -287,24 +279,17 @@ def headline_figure(panels: Sequence[HeadlinePanel]) -> Figure:
     for ax, panel in zip(axes, panels, strict=True):
         y = np.arange(len(panel.rows))[::-1]
         for yi, row in zip(y, panel.rows, strict=True):
-            colour = CATEGORICAL[0] if row.value is not None else "grey"
             if row.value is None:
                 ax.text(0.5, yi, "no value", transform=ax.get_yaxis_transform(), va="center")
                 continue
             if row.low is not None and row.high is not None:
-                ax.hlines(yi, row.low, row.high, color=colour, linewidth=2)
-            ax.plot(row.value, yi, "o", color=colour, markersize=6)
+                ax.hlines(yi, row.low, row.high, color=CATEGORICAL[0], linewidth=2)
+            ax.plot(row.value, yi, "o", color=CATEGORICAL[0], markersize=6)
         if panel.reference is not None:
             ax.axvline(panel.reference, color="black", linestyle="--", linewidth=1)
-            ax.annotate(
-                panel.reference_label or f"no bias ({panel.reference:g})",
-                (panel.reference, 1.0),
-                xycoords=("data", "axes fraction"),
-                xytext=(3, -2),
-                textcoords="offset points",
-                va="top",
-                fontsize=8,
-            )
+            label = panel.reference_label or f"no bias ({panel.reference:g})"
+            where = {"xycoords": ("data", "axes fraction"), "textcoords": "offset points"}
+            ax.annotate(label, (panel.reference, 1), xytext=(3, -2), va="top", fontsize=8, **where)
         ax.set_yticks(y, [row.name for row in panel.rows], fontsize=8)
         ax.set_ylim(-0.7, len(panel.rows) - 0.3)
         ax.margins(x=0.08)

@@ -35,6 +35,7 @@ from probekit.core.io import write_text
 from probekit.core.rundir import RunDir
 from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, weak_signal
 from probekit.reporting.across import (
+    KEYS,
     forest_panels,
     headline_table,
     primary_headlines,
@@ -91,7 +92,7 @@ SHOWN_FIELDS = {
     "command": "command",
     "commit": "probekit commit",
 }
-ROW_KEYS = ("model", "category", "setting", "prompt", "orders")  # a summary row's run, in order
+ROW_KEYS = ("model", *KEYS)  # a summary row's run, in order
 
 
 @dataclass(frozen=True)
@@ -384,9 +385,9 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
     captions = captions or {}
     found = []
     for path in sorted(folder.glob("*.png")):
-        stem = path.stem.removesuffix("_ev")
+        stem = path.stem.removesuffix("_exact")
         caption = captions.get(path.name) or captions.get(f"{stem}.png", "")
-        if path.stem.endswith("_ev"):
+        if path.stem.endswith("_exact"):
             caption = (caption + " " if caption else "") + "(exact view of a generate run)"
         found.append(Figure(path.name, caption, png_uri(path)))
     return found
