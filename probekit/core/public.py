@@ -99,10 +99,9 @@ def _checked(
             elif key in fields and value is not None:  # the caller's words before any other
                 kwargs[key] = check_option(fields[key], value, key)
         values = dict(zip(positional, args, strict=False))
-        if len(args) > len(positional) or values.keys() & kwargs.keys():
-            _bind(signature, args, kwargs, where)
+        clash = len(args) > len(positional) or values.keys() & kwargs.keys()
         values.update(kwargs)
-        if any(n not in values for n in required):
+        if clash or any(n not in values for n in required):
             _bind(signature, args, kwargs, where)
         for name, value in values.items():
             if name in fields:

@@ -8,7 +8,6 @@ the global backend or needs a display. Every figure is saved with the numbers it
 (`save_figure`), which the manifests name (`figure_data`).
 """
 
-import io
 import itertools
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
+from probekit.reporting.latex import write_csv
 
 DPI = 100
 TITLE_WIDTH = 48
@@ -84,7 +84,7 @@ def save_figure(fig: Figure, path: str | Path, data: FigureData) -> Path:
     tables = {"": data} if isinstance(data, pd.DataFrame) else data
     for name, table in tables.items():
         csv = path.with_name(".".join(filter(None, (path.stem, name, "csv"))))
-        atomic_write(csv, lambda tmp, t=table: t.to_csv(tmp, index=False))
+        write_csv(csv, table)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
@@ -105,16 +105,6 @@ def figure_data(folder: str | Path, patterns: Iterable[str] = ("*.png",)) -> dic
     return found
 
 
-def _label_runs(labels: Sequence[str], offset: int) -> list[tuple[int, int]]:
-    """(start, stop) ranges of consecutive equal labels, shifted by `offset`."""
-    runs, start = [], offset
-    for _, group in itertools.groupby(labels):
-        size = len(list(group))
-        runs.append((start, start + size))
-        start += size
-    return runs
-
-
 def _block_ranges(blocks: Blocks | None, n: int) -> list[tuple[int, int]]:
     """Index ranges to outline, from ranges or from labels of all or of the named identities."""
     if not blocks:
@@ -122,7 +112,12 @@ def _block_ranges(blocks: Blocks | None, n: int) -> list[tuple[int, int]]:
     if all(isinstance(b, str) for b in blocks):
         if len(blocks) not in (n, n - 1):
             raise ProbekitError(f"got {len(blocks)} block labels for {n} identities")
-        return _label_runs(blocks, offset=n - len(blocks))
+        runs, start = [], n - len(blocks)  # a label per row, or per row after the first
+        for _, group in itertools.groupby(blocks):  # a run of equal labels is a block
+            size = len(list(group))
+            runs.append((start, start + size))
+            start += size
+        return runs
     ranges = [(int(start), int(stop)) for start, stop in blocks]
     if any(not 0 <= start < stop <= n for start, stop in ranges):
         raise ProbekitError(f"block ranges must lie within 0..{n} with start < stop: {ranges}")
@@ -258,13 +253,6 @@ def embedding_plot(
     ax.legend(title=legend, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     data = pd.DataFrame({"name": names, "group": groups, "x": points[:, 0], "y": points[:, 1]})
     return save_figure(fig, path, data)
-
-
-def png_bytes(fig: Figure) -> bytes:
-    """`fig` as PNG bytes (for a page that inlines it)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
 
 
 def headline_figure(panels: Sequence[HeadlinePanel]) -> Figure:

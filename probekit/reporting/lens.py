@@ -197,12 +197,6 @@ def lens_rows(summary: pd.DataFrame, gaps: pd.DataFrame | None) -> list[dict[str
     ]
 
 
-def headline_rows(summary: pd.DataFrame) -> list[dict[str, str]]:
-    """Every headline of every layer (the study may report several)."""
-    rows = summary.sort_values(["layer"], kind="stable").to_dict("records")
-    return [{**_headline_cells(row), "label": str(row["label"])} for row in rows]
-
-
 def write_lens_page(
     path: str | Path,
     summary: pd.DataFrame,
@@ -220,7 +214,10 @@ def write_lens_page(
     own = {
         "label": str(first["label"].iloc[0]) if len(first) else "headline",
         "rows": lens_rows(summary, gaps),
-        "headlines": headline_rows(summary),
+        "headlines": [  # every headline of every layer (the study may report several)
+            {**_headline_cells(row), "label": str(row["label"])}
+            for row in summary.sort_values(["layer"], kind="stable").to_dict("records")
+        ],
         "several": summary.groupby("layer").size().max() > 1,
         "gaps": gaps is not None,
         "readout": str(gaps["readout"].iloc[0]) if gaps is not None else "",
