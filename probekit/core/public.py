@@ -35,11 +35,8 @@ def public(*groups: type, command: str | None = None, skip: Sequence[str] = ()) 
     def wrap(target: Any) -> Any:
         if not isinstance(target, type):
             return _checked(target, f"{target.__qualname__}()", groups, command, skip, target)
-        name = (
-            "__new__"
-            if "__new__" in vars(target) and "__init__" not in vars(target)
-            else "__init__"
-        )
+        own = vars(target)
+        name = "__new__" if "__new__" in own and "__init__" not in own else "__init__"
         found = inspect.getattr_static(target, name)
         function = getattr(found, "__func__", found)
         checked = _checked(function, f"{target.__name__}()", groups, command, skip, target)
