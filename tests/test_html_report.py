@@ -487,6 +487,18 @@ def test_page_across_runs_draws_the_headlines_against_no_bias(tmp_path):
     assert "Headlines at a glance" in text and "means no bias" in text
 
 
+def test_the_exact_view_of_a_generate_run_has_its_figures_caption(tmp_path):
+    """A generate run also reports its exact scores, in files suffixed `_exact`: the page
+    captions `heatmap_exact.png` as `heatmap.png`, marked as the exact view."""
+    from probekit.reporting import html as pages
+
+    for name in ("heatmap.png", "heatmap_exact.png"):
+        new_figure(1, 1).savefig(tmp_path / name, format="png")
+    found = {f.name: f.caption for f in pages.figures(tmp_path, {"heatmap.png": "The gap."})}
+    marked = "The gap. (exact view of a generate run)"
+    assert found == {"heatmap.png": "The gap.", "heatmap_exact.png": marked}
+
+
 def test_headline_panels_carry_each_studys_no_bias_value(tmp_path, monkeypatch):
     from probekit.reporting import html as pages
 

@@ -93,10 +93,9 @@ class AnswerSet:
             )
         if any(not a or a != a.strip() for a in self.answers):
             raise ProbekitError("answers must be non-empty and carry no leading/trailing spaces")
+        seen: set[str] = set()
         for index, answer in enumerate(self.answers):
             refuse_lone_surrogate(answer, f"answer {index} ({answer!r})")
-        seen: set[str] = set()
-        for answer in self.answers:
             if answer in seen:
                 raise ProbekitError(f"duplicate answer '{answer}' in the answer set")
             seen.add(answer)

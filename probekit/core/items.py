@@ -42,19 +42,14 @@ def parse_messages(messages: object, where: str) -> tuple[Message, ...]:
     rule of an `Item`'s messages, whichever front end made them; `where` prefixes errors."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
         raise ProbekitError(f"{where}: 'messages' must be a non-empty list")
-    if not all(_is_message(m) for m in messages):
+    if not all(
+        isinstance(m, Mapping) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+        for m in messages
+    ):
         raise ProbekitError(f"{where}: each message needs a role in {ROLES} and a string content")
     if not any(m["content"].strip() for m in messages):
         raise ProbekitError(f"{where}: the prompt is empty (no message has any content)")
     return tuple({"role": m["role"], "content": m["content"]} for m in messages)  # type: ignore[index]
-
-
-def _is_message(message: object) -> bool:
-    return (
-        isinstance(message, Mapping)
-        and message.get("role") in ROLES
-        and isinstance(message.get("content"), str)
-    )
 
 
 @public()

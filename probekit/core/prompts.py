@@ -11,7 +11,7 @@ from pathlib import Path
 
 from probekit.core.errors import ProbekitError
 from probekit.core.items import Item, parse_messages
-from probekit.core.text import BOM, refuse_lone_surrogate
+from probekit.core.text import BOM, not_utf8, refuse_lone_surrogate
 
 
 def read_prompts(path: str | Path, prefill: str = "") -> Iterator[Item]:
@@ -37,10 +37,7 @@ def _records(path: Path, prefill: str) -> Iterator[tuple[int, Item]]:
                 try:
                     line = piece.decode("utf-8").removeprefix(BOM)  # a BOM: files joined
                 except UnicodeDecodeError as exc:
-                    raise ProbekitError(
-                        f"{path}:{number}: not UTF-8 (byte {piece[exc.start]:#04x} at column "
-                        f"{exc.start + 1}); save the file as UTF-8"
-                    ) from None
+                    raise not_utf8(f"{path}:{number}", piece[exc.start], exc.start + 1) from None
                 if line.strip():
                     yield number, parse_prompt_line(line, f"{path}:{number}", prefill)
 

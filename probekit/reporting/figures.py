@@ -8,7 +8,7 @@ the global backend or needs a display. Every figure is saved with the numbers it
 (`save_figure`), which the manifests name (`figure_data`).
 """
 
-import io
+import itertools
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,22 +24,15 @@ from matplotlib.patches import Patch, Rectangle
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import atomic_write
+from probekit.reporting.latex import write_csv
 
 DPI = 100
 TITLE_WIDTH = 48
 """Characters per line of a figure's title (the heatmaps are ~6 inches wide)."""
 # Okabe & Ito's colour-blind-safe palette (blue, orange, bluish green, vermillion, reddish
 # purple, sky blue, yellow, black): categorical colours of probekit's own figures.
-CATEGORICAL = (
-    "#0072B2",
-    "#E69F00",
-    "#009E73",
-    "#D55E00",
-    "#CC79A7",
-    "#56B4E9",
-    "#F0E442",
-    "#000000",
-)
+CATEGORICAL = ("#0072B2", "#E69F00", "#009E73", "#D55E00")
+CATEGORICAL += ("#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
 Blocks = Sequence[tuple[int, int]] | Sequence[str]
 OUTLINE = "crimson"  # the outline of a heatmap's blocks
@@ -91,7 +84,7 @@ def save_figure(fig: Figure, path: str | Path, data: FigureData) -> Path:
     tables = {"": data} if isinstance(data, pd.DataFrame) else data
     for name, table in tables.items():
         csv = path.with_name(".".join(filter(None, (path.stem, name, "csv"))))
-        atomic_write(csv, lambda tmp, t=table: t.to_csv(tmp, index=False))
+        write_csv(csv, table)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
@@ -112,17 +105,6 @@ def figure_data(folder: str | Path, patterns: Iterable[str] = ("*.png",)) -> dic
     return found
 
 
-def _label_runs(labels: Sequence[str], offset: int) -> list[tuple[int, int]]:
-    """(start, stop) ranges of consecutive equal labels, shifted by `offset`."""
-    runs = []
-    start = 0
-    for i in range(1, len(labels) + 1):
-        if i == len(labels) or labels[i] != labels[start]:
-            runs.append((start + offset, i + offset))
-            start = i
-    return runs
-
-
 def _block_ranges(blocks: Blocks | None, n: int) -> list[tuple[int, int]]:
     """Index ranges to outline, from ranges or from labels of all or of the named identities."""
     if not blocks:
@@ -130,7 +112,12 @@ def _block_ranges(blocks: Blocks | None, n: int) -> list[tuple[int, int]]:
     if all(isinstance(b, str) for b in blocks):
         if len(blocks) not in (n, n - 1):
             raise ProbekitError(f"got {len(blocks)} block labels for {n} identities")
-        return _label_runs(blocks, offset=n - len(blocks))
+        runs, start = [], n - len(blocks)  # a label per row, or per row after the first
+        for _, group in itertools.groupby(blocks):  # a run of equal labels is a block
+            size = len(list(group))
+            runs.append((start, start + size))
+            start += size
+        return runs
     ranges = [(int(start), int(stop)) for start, stop in blocks]
     if any(not 0 <= start < stop <= n for start, stop in ranges):
         raise ProbekitError(f"block ranges must lie within 0..{n} with start < stop: {ranges}")
@@ -268,13 +255,6 @@ def embedding_plot(
     return save_figure(fig, path, data)
 
 
-def png_bytes(fig: Figure) -> bytes:
-    """`fig` as PNG bytes (for a page that inlines it)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
 def headline_figure(panels: Sequence[HeadlinePanel]) -> Figure:
     """One panel per study (its own scale): a row per model (or run) with its headline value and
     interval, the study's no-bias value as a dashed line, so that bias profiles compare at a
@@ -287,24 +267,17 @@ def headline_figure(panels: Sequence[HeadlinePanel]) -> Figure:
     for ax, panel in zip(axes, panels, strict=True):
         y = np.arange(len(panel.rows))[::-1]
         for yi, row in zip(y, panel.rows, strict=True):
-            colour = CATEGORICAL[0] if row.value is not None else "grey"
             if row.value is None:
                 ax.text(0.5, yi, "no value", transform=ax.get_yaxis_transform(), va="center")
                 continue
             if row.low is not None and row.high is not None:
-                ax.hlines(yi, row.low, row.high, color=colour, linewidth=2)
-            ax.plot(row.value, yi, "o", color=colour, markersize=6)
+                ax.hlines(yi, row.low, row.high, color=CATEGORICAL[0], linewidth=2)
+            ax.plot(row.value, yi, "o", color=CATEGORICAL[0], markersize=6)
         if panel.reference is not None:
             ax.axvline(panel.reference, color="black", linestyle="--", linewidth=1)
-            ax.annotate(
-                panel.reference_label or f"no bias ({panel.reference:g})",
-                (panel.reference, 1.0),
-                xycoords=("data", "axes fraction"),
-                xytext=(3, -2),
-                textcoords="offset points",
-                va="top",
-                fontsize=8,
-            )
+            label = panel.reference_label or f"no bias ({panel.reference:g})"
+            where = {"xycoords": ("data", "axes fraction"), "textcoords": "offset points"}
+            ax.annotate(label, (panel.reference, 1), xytext=(3, -2), va="top", fontsize=8, **where)
         ax.set_yticks(y, [row.name for row in panel.rows], fontsize=8)
         ax.set_ylim(-0.7, len(panel.rows) - 0.3)
         ax.margins(x=0.08)

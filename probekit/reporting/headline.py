@@ -49,6 +49,13 @@ def format_number(value: Any, digits: int = 3, signed: bool = False) -> str:
     return f"{number:{sign}.{digits}f}"
 
 
+def format_interval(low: Any, high: Any, digits: int = 3, signed: bool = False) -> str:
+    """`[low, high]` as the page prints numbers (`format_number`); a dash if either is missing."""
+    if missing(low) or missing(high):
+        return "—"
+    return f"[{format_number(low, digits, signed)}, {format_number(high, digits, signed)}]"
+
+
 def format_rate(value: Any) -> str:
     """A share as a percentage with one decimal; a dash if missing."""
     return "—" if missing(value) else f"{float(value):.1%}"
@@ -98,17 +105,18 @@ class Headline:
 
     def __str__(self) -> str:
         """One line: label and view, value, unit, interval, p, mark; then what it means."""
-        parts = [f"{self.key}: {self.value_text}"]
-        if self.unit:
-            parts.append(self.unit)
+        line = f"{self.key}: {' '.join(self._parts(f' ({self.interval})'))}"
+        line += f"; {self.context}" if self.context else ""
+        return line + (f". {self.meaning}" if self.meaning else "")
+
+    def _parts(self, how: str = "") -> list[str]:
+        """The value, unit, interval (`how` after it), p and mark, those there are."""
+        parts = [self.value_text, *([self.unit] if self.unit else [])]
         if self.interval_text != "—":
-            parts.append(f"{self.interval_text} ({self.interval})")
+            parts.append(self.interval_text + how)
         if not missing(self.p_value):
             parts.append(f"p {self.p_text}")
-        if self.mark:
-            parts.append(f"mark {self.mark}")
-        line = " ".join(parts) + (f"; {self.context}" if self.context else "")
-        return line + (f". {self.meaning}" if self.meaning else "")
+        return parts + ([f"mark {self.mark}"] if self.mark else [])
 
     @property
     def key(self) -> str:
@@ -120,10 +128,7 @@ class Headline:
 
     @property
     def interval_text(self) -> str:
-        if missing(self.low) or missing(self.high):
-            return "—"
-        low = format_number(self.low, self.digits, self.signed)
-        return f"[{low}, {format_number(self.high, self.digits, self.signed)}]"
+        return format_interval(self.low, self.high, self.digits, self.signed)
 
     @property
     def p_text(self) -> str:
@@ -133,16 +138,7 @@ class Headline:
     def cell(self) -> str:
         """Value, unit, interval, p and mark in one table cell (the models-side-by-side
         tables)."""
-        if missing(self.value):
-            return "—"
-        parts = [self.value_text, *([self.unit] if self.unit else [])]
-        if self.interval_text != "—":
-            parts.append(self.interval_text)
-        if not missing(self.p_value):
-            parts.append(f"p {self.p_text}")
-        if self.mark:
-            parts.append(f"mark {self.mark}")
-        return " ".join(parts)
+        return "—" if missing(self.value) else " ".join(self._parts())
 
 
 def row_headlines(

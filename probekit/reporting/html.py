@@ -17,6 +17,7 @@ the network, so they open from disk or as an attachment.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ from probekit.core.io import write_text
 from probekit.core.rundir import RunDir
 from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, weak_signal
 from probekit.reporting.across import (
+    KEYS,
     forest_panels,
     headline_table,
     primary_headlines,
@@ -52,7 +54,7 @@ from probekit.reporting.contract import (
     run_answers,
     scale_label,
 )
-from probekit.reporting.figures import headline_figure, png_bytes
+from probekit.reporting.figures import headline_figure
 from probekit.reporting.headline import (
     Headline,
     ViewFacts,
@@ -67,22 +69,8 @@ PAGE = "report.html"
 # Manifest fields that say which model ran, where and how, not what was measured: runs that
 # differ only in these are comparable (models side by side).
 MODEL_FIELDS = frozenset(
-    {
-        "model",
-        "model_source",
-        "weights",
-        "versions",
-        "command",
-        "data_path",
-        "results_format",
-        "dtype",
-        "device",
-        "numerics",
-        "engine",
-        "started",
-        "finished",
-        "commit",
-    }
+    ("model", "model_source", "weights", "versions", "command", "data_path", "results_format")
+    + ("dtype", "device", "numerics", "engine", "started", "finished", "commit")
 )
 # Manifest fields shown first, in this order, with their names on the page.
 SHOWN_FIELDS = {
@@ -105,7 +93,7 @@ SHOWN_FIELDS = {
     "command": "command",
     "commit": "probekit commit",
 }
-ROW_KEYS = ("model", "category", "setting", "prompt", "orders")  # a summary row's run, in order
+ROW_KEYS = ("model", *KEYS)  # a summary row's run, in order
 
 
 @dataclass(frozen=True)
@@ -132,12 +120,6 @@ class RunPage:
     @property
     def study(self) -> str:
         return str(self.manifest.get("study") or self.manifest.get("probe", {}).get("study"))
-
-    @property
-    def model(self) -> str:
-        """The model as the run was asked for it (`default`, a hub id, a path): the key that
-        groups runs of one model."""
-        return str(self.manifest.get("model", "?"))
 
     @property
     def model_text(self) -> str:
@@ -214,31 +196,23 @@ def load_run(
     """The run in `folder` with its summary rows (`rows`, else the folder's `summary.csv`, else
     none), its headlines and views as its `study` defines them (none without a study)."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = RunDir(folder).manifest
     if rows is None:
         summary = RunDir(folder).summary()
         rows = pd.DataFrame() if summary is None else summary
-    name = str(manifest.get("study") or manifest.get("probe", {}).get("study"))
-    run = RunPage(
-        folder, manifest, rows, study or NoStudy(name), answers=run_answers(folder, manifest)
-    )
+    run = RunPage(folder, manifest, rows, NoStudy(""), answers=run_answers(folder, manifest))
+    run.report = study or NoStudy(run.study)
     if len(rows):
         run.headlines = run.report.headlines(rows, manifest)
         run.views = run.report.view_facts(rows, run.facts)
     return run
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The run's `manifest.json` (`RunDir.manifest`); a folder without one is refused in one
-    line."""
-    return RunDir(folder).manifest
-
-
 def model_name(folder: Path) -> str:
     """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
     if not RunDir(folder).manifest_path.is_file():
         return "?"
-    return describe_model(read_manifest(Path(folder)))
+    return describe_model(RunDir(folder).manifest)
 
 
 def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
@@ -248,7 +222,7 @@ def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
     if "run" in rows:
         here = folder.resolve()
         return rows[[Path(str(r)).resolve() == here for r in rows["run"]]]
-    manifest = read_manifest(folder)
+    manifest = RunDir(folder).manifest
     chosen = pd.Series(True, index=rows.index)
     for key in ROW_KEYS:
         if key in rows and key in manifest:
@@ -298,22 +272,19 @@ def write_runs_page(
 
 
 def run_page_html(run: RunPage) -> str:
-    """The HTML of one run's page."""
-    card = run.card
-    return (
-        _environment()
-        .get_template("run.html")
-        .render(
-            run=run,
-            card=card_html(card),
-            figures=figures(run.folder, run.report.captions),
-            summary=summary_table(run.rows),
-            manifest=manifest_table(run.manifest),
-            extra=manifest_extra(run.manifest),
-            views=_views(run),
-            threshold=WEAK_SIGNAL_VALID_MASS,
-            tiny_units=TINY_SAMPLE_UNITS,
-        )
+    """The HTML of one run's page: the study's views, or the run's own with its valid mass."""
+    own_view = f"the run's view, answers {run.scale}"
+    return _render(
+        "run.html",
+        run=run,
+        card=card_html(run.card),
+        figures=figures(run.folder, run.report.captions),
+        summary=summary_table(run.rows),
+        manifest=manifest_table(run.manifest),
+        extra=manifest_extra(run.manifest),
+        views=run.views or [ViewFacts(run.view, own_view, valid_mass=run.valid_mass)],
+        threshold=WEAK_SIGNAL_VALID_MASS,
+        tiny_units=TINY_SAMPLE_UNITS,
     )
 
 
@@ -324,63 +295,54 @@ def runs_page_html(
     curves' figure and its notes) where given."""
     if not runs and curves is None:
         raise ProbekitError("no finished runs to put on one page")
-    groups = comparable_groups(runs)
     links = {str(r.folder): Path(os.path.relpath(r.folder / PAGE, out)).as_posix() for r in runs}
     profiles: dict[str, list[tuple[RunPage, Headline]]] = {}
     for run in runs:
         profiles.setdefault(run.model_text, []).extend((run, h) for h in primary_headlines(run))
-    figure = profile_figure(runs)
     cards = {r.study: card_html(r.card) for r in runs}
     tables = {}
     for study in cards:
         table = headline_table([r for r in runs if r.study == study])
         cells = paper_table(shown(table)) if len(table) else pd.DataFrame()
         tables[study] = {**summary_table(cells), "note": table.attrs["tier_note"]}
-    return (
-        _environment()
-        .get_template("runs.html")
-        .render(
-            runs=runs,
-            sample_runs=[r for r in runs if r.sample],
-            weak_runs=[r for r in runs if r.weak_signal],
-            tiny_runs=[r for r in runs if r.tiny is not None],
-            profiles=profiles,
-            figure=figure,
-            groups=[_side_by_side(group) for group in groups],
-            links=links,
-            cards=cards,
-            tables=tables,
-            curves=None if curves is None else (png_uri(curves[0]), curves[1]),
-            threshold=WEAK_SIGNAL_VALID_MASS,
-            tiny_units=TINY_SAMPLE_UNITS,
-        )
+    return _render(
+        "runs.html",
+        runs=runs,
+        sample_runs=[r for r in runs if r.sample],
+        weak_runs=[r for r in runs if r.weak_signal],
+        tiny_runs=[r for r in runs if r.tiny is not None],
+        profiles=profiles,
+        figure=profile_figure(runs),
+        groups=[_side_by_side(group) for group in comparable_groups(runs)],
+        links=links,
+        cards=cards,
+        tables=tables,
+        curves=None if curves is None else (png_uri(curves[0]), curves[1]),
+        threshold=WEAK_SIGNAL_VALID_MASS,
+        tiny_units=TINY_SAMPLE_UNITS,
     )
 
 
 def profile_figure(runs: Sequence[RunPage]) -> str | None:
     """The forest plot of `runs` (`forest_panels`) as a data URI; None when no run has a
     headline value."""
-    panels = forest_panels(runs)
-    if not panels:
+    if not (panels := forest_panels(runs)):
         return None
-    data = base64.b64encode(png_bytes(headline_figure(panels))).decode("ascii")
-    return f"data:image/png;base64,{data}"
+    png = io.BytesIO()
+    headline_figure(panels).savefig(png, format="png")
+    return _data_uri(png.getvalue())
 
 
 def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
     """Runs grouped by study and settings (every manifest field but the model's); each group
     but a study's first says which fields set it apart from that first group."""
-    groups: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
     for run in runs:
         key = json.dumps(run.settings, sort_keys=True, default=str)
-        for group in groups:
-            if group["key"] == key:
-                group["runs"].append(run)
-                break
-        else:
-            groups.append({"key": key, "study": run.study, "runs": [run], "reason": ""})
+        new = {"key": key, "study": run.study, "runs": [], "reason": ""}
+        groups.setdefault(key, new)["runs"].append(run)
     first: dict[str, dict[str, Any]] = {}
-    for group in groups:
+    for group in groups.values():
         lead = first.setdefault(group["study"], group)
         if lead is not group:
             a, b = lead["runs"][0].settings, group["runs"][0].settings
@@ -388,12 +350,12 @@ def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
             group["reason"] = "; ".join(
                 f"{k}: {_short(b.get(k))} here, {_short(a.get(k))} there" for k in differ
             )
-    return groups
+    return list(groups.values())
 
 
 def card_html(card: StudyCard) -> dict[str, str]:
     """The study card's parts as HTML: its title, what it measures, its source, the whole card."""
-    markdown = _markdown()
+    markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
     return {
         "name": card.name,
         "title": card.title,
@@ -408,9 +370,9 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
     captions = captions or {}
     found = []
     for path in sorted(folder.glob("*.png")):
-        stem = path.stem.removesuffix("_ev")
+        stem = path.stem.removesuffix("_exact")
         caption = captions.get(path.name) or captions.get(f"{stem}.png", "")
-        if path.stem.endswith("_ev"):
+        if path.stem.endswith("_exact"):
             caption = (caption + " " if caption else "") + "(exact view of a generate run)"
         found.append(Figure(path.name, caption, png_uri(path)))
     return found
@@ -418,7 +380,11 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
 
 def png_uri(path: Path) -> str:
     """The PNG file at `path` as a data URI, to inline in a page."""
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    return _data_uri(path.read_bytes())
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def summary_table(rows: pd.DataFrame) -> dict[str, list]:
@@ -451,14 +417,6 @@ def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
     return parts
 
 
-def _views(run: RunPage) -> list[ViewFacts]:
-    """The study's views of the run, or the run's own view with the mean valid mass."""
-    if run.views:
-        return run.views
-    described = f"the run's view, answers {run.scale}"
-    return [ViewFacts(run.view, described, valid_mass=run.valid_mass)]
-
-
 def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
     """One group of comparable runs as a table: a row per headline, a column per run."""
     runs: list[RunPage] = group["runs"]
@@ -474,13 +432,7 @@ def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
 def _cell(value: Any) -> str:
     if missing(value):
         return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return format_number(value)
-    return str(value)
+    return format_number(value) if isinstance(value, float) else str(value)
 
 
 def _short(value: Any) -> str:
@@ -489,10 +441,6 @@ def _short(value: Any) -> str:
     if isinstance(value, str):
         return value
     return "—" if value is None else json.dumps(value, default=str)
-
-
-def _markdown() -> MarkdownIt:
-    return MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 def write_mechanism_page(
@@ -511,21 +459,16 @@ def write_mechanism_page(
     manifest's `shown` settings, the summary's notes and prompts, the data as the study
     describes it (and whether it is probekit's sample), and the template's own `values`."""
     image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
-    settings = [(k, manifest[k]) for k in shown if manifest.get(k) is not None]
-    notes = list(dict.fromkeys(summary_notes(summary)))
-    html = (
-        _environment()
-        .get_template(template)
-        .render(
-            title=title,
-            image=image,
-            settings=settings,
-            notes=notes,
-            prompts=int(summary["prompts"].iloc[0]),
-            data=data,
-            sample=is_sample_data(data),
-            **values,
-        )
+    html = _render(
+        template,
+        title=title,
+        image=image,
+        settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
+        notes=list(dict.fromkeys(summary_notes(summary))),
+        prompts=int(summary["prompts"].iloc[0]),
+        data=data,
+        sample=is_sample_data(data),
+        **values,
     )
     return write_text(path, html)
 
@@ -550,22 +493,19 @@ def write_record_page(
     figures_ = [Figure(f.name, "", png_uri(f)) for f in figures]
     rows = {"columns": [], "rows": []} if table is None else summary_table(table)
     nested = {k: v for k, v in manifest.items() if isinstance(v, dict | list) and k not in shown}
-    html = (
-        _environment()
-        .get_template("record.html")
-        .render(
-            kind=kind,
-            title=title,
-            subtitle=subtitle,
-            sample=is_sample_data(data),
-            data=data,
-            weak=weak,
-            table={**rows, "title": "Summary"},
-            notes=notes,
-            figures=figures_,
-            settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
-            details={k: json.dumps(v, indent=1, default=str) for k, v in nested.items()},
-        )
+    html = _render(
+        "record.html",
+        kind=kind,
+        title=title,
+        subtitle=subtitle,
+        sample=is_sample_data(data),
+        data=data,
+        weak=weak,
+        table={**rows, "title": "Summary"},
+        notes=notes,
+        figures=figures_,
+        settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
+        details={k: json.dumps(v, indent=1, default=str) for k, v in nested.items()},
     )
     return write_text(path, html)
 
@@ -582,8 +522,9 @@ def summary_notes(summary: pd.DataFrame) -> list[str]:
     ]
 
 
-def _environment() -> jinja2.Environment:
-    """Templates from the package (importlib.resources), HTML autoescaped."""
+def _render(template: str, **values: Any) -> str:
+    """The package's template `template` (read through importlib.resources) rendered with
+    `values`, HTML autoescaped."""
     root = files("probekit.reporting").joinpath("templates")
 
     def load(name: str) -> str | None:
@@ -597,6 +538,5 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["rate"] = format_rate
-    env.filters["number"] = format_number
-    return env
+    env.filters |= {"rate": format_rate, "number": format_number}
+    return env.get_template(template).render(**values)

@@ -35,11 +35,6 @@ def escape(text: Any) -> str:
     return SPECIAL.sub(lambda m: ESCAPES.get(m.group(), "\\" + m.group()), str(text))
 
 
-def is_p(column: str) -> bool:
-    """A p-value column: `p`, `p_value`, `p_adjusted`, `p_events`."""
-    return column == "p" or column.startswith("p_")
-
-
 def cell(value: Any, p: bool = False) -> str:
     """A number to three decimals (`format_number`), a p-value (`p`) as a paper writes it
     (`< 0.001`, else three decimals), a count or anything else as it is."""
@@ -78,7 +73,8 @@ def paper_table(table: pd.DataFrame) -> pd.DataFrame:
         if column in inside:
             continue
         values = table[column].tolist()
-        out[column] = [cell(v, is_p(column)) for v in values]
+        p = column == "p" or column.startswith("p_")  # p, p_value, p_adjusted, p_events
+        out[column] = [cell(v, p) for v in values]
         if column in pairs:
             out[column] = [with_interval(v, table, pairs[column], i) for i, v in enumerate(values)]
     for base, pair in pairs.items():
@@ -100,7 +96,8 @@ def latex_table(table: pd.DataFrame, caption: str) -> str:
     """`table` (`paper_table`) as a LaTeX table with booktabs rules and `caption`: one row per
     row of `table`."""
     cells = paper_table(table)
-    align = "".join("r" if is_numeric(table, c) else "l" for c in cells.columns)
+    numeric = [c not in table or pd.api.types.is_numeric_dtype(table[c]) for c in cells.columns]
+    align = "".join("r" if right else "l" for right in numeric)  # numbers and intervals right
     lines = [
         "\\begin{table}[ht]",
         "\\centering",
@@ -115,11 +112,6 @@ def latex_table(table: pd.DataFrame, caption: str) -> str:
         "\\end{table}",
     ]
     return "\n".join(lines) + "\n"
-
-
-def is_numeric(table: pd.DataFrame, column: str) -> bool:
-    """Whether a cell column holds numbers (right-aligned): a numeric column, or an interval's."""
-    return column not in table or pd.api.types.is_numeric_dtype(table[column])
 
 
 def caption(title: str, units: Sequence[str], views: Sequence[str]) -> str:

@@ -25,7 +25,7 @@ from matplotlib.ticker import MaxNLocator
 
 from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, is_weak
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_number, format_p
+from probekit.reporting.headline import format_interval, format_number, format_p
 from probekit.reporting.html import write_mechanism_page
 from probekit.stats import holm
 
@@ -129,13 +129,8 @@ def lens_figure_of(
     axes[1].legend(fontsize=7)
     weak = mass.loc[mass["mean_valid_mass"].map(is_weak).astype(bool), "layer"] + 1
     if len(weak):
-        headline.plot(
-            weak,
-            first.set_index("layer").loc[weak - 1, "value"],
-            "x",
-            color="grey",
-            label="weak signal (no p)",
-        )
+        weak_values = first.set_index("layer").loc[weak - 1, "value"]
+        headline.plot(weak, weak_values, "x", color="grey", label="weak signal (no p)")
     headline.legend(fontsize=7)
     if gaps is not None:
         _shares(axes[2], gaps, recovery)
@@ -165,15 +160,8 @@ def _shares(ax: Any, gaps: pd.DataFrame, recovery: pd.DataFrame | None) -> None:
             ax.plot(x, group["recovery"].where(status == MEASURED), lw=0.8, marker=".", label=label)
         if (status != MEASURED).any():
             known = ", ".join(sorted(set(status[status != MEASURED])))
-            ax.plot(
-                x,
-                group["recovery"].where(status != MEASURED),
-                lw=0.8,
-                ls="--",
-                marker=".",
-                color="grey",
-                label=f"{label}: {known}",
-            )
+            grey = {"ls": "--", "color": "grey", "label": f"{label}: {known}"}
+            ax.plot(x, group["recovery"].where(status != MEASURED), lw=0.8, marker=".", **grey)
     ax.plot(gaps["layer"] + 1, gaps["share"], color="black", lw=2, marker="o", label="lens")
     ax.axhline(0, color="black", lw=0.5)
     ax.axhline(1, color="black", lw=0.5, ls=":")
@@ -181,12 +169,14 @@ def _shares(ax: Any, gaps: pd.DataFrame, recovery: pd.DataFrame | None) -> None:
     ax.legend(fontsize=6)
 
 
-def _interval(row: Mapping[str, Any]) -> str:
-    low, high = (
-        format_number(row.get("low"), signed=True),
-        format_number(row.get("high"), signed=True),
-    )
-    return "—" if low == "—" else f"[{low}, {high}]"
+def _headline_cells(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's layer, headline value, its interval and p, as the page's tables print them."""
+    return {
+        "layer": str(int(row["layer"])),
+        "value": format_number(row["value"], signed=True),
+        "interval": format_interval(row.get("low"), row.get("high"), signed=True),
+        "p": format_p(row.get("p_value")),
+    }
 
 
 def lens_rows(summary: pd.DataFrame, gaps: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -196,10 +186,7 @@ def lens_rows(summary: pd.DataFrame, gaps: pd.DataFrame | None) -> list[dict[str
     share = {} if gaps is None else dict(zip(gaps["layer"], gaps["share"], strict=True))
     return [
         {
-            "layer": str(int(row["layer"])),
-            "value": format_number(row["value"], signed=True),
-            "interval": _interval(row),
-            "p": format_p(row.get("p_value")),
+            **_headline_cells(row),
             "adjusted": format_p(row.get("p_adjusted")),
             "mass": format_number(row["mean_valid_mass"], 4),
             "weak": bool(row.get("weak_signal", False)),
@@ -207,20 +194,6 @@ def lens_rows(summary: pd.DataFrame, gaps: pd.DataFrame | None) -> list[dict[str
             "share": format_number(share.get(row["layer"], np.nan)),
         }
         for row in primary(summary).to_dict("records")
-    ]
-
-
-def headline_rows(summary: pd.DataFrame) -> list[dict[str, str]]:
-    """Every headline of every layer (the study may report several)."""
-    return [
-        {
-            "layer": str(int(row["layer"])),
-            "label": str(row["label"]),
-            "value": format_number(row["value"], signed=True),
-            "interval": _interval(row),
-            "p": format_p(row.get("p_value")),
-        }
-        for row in summary.sort_values(["layer"], kind="stable").to_dict("records")
     ]
 
 
@@ -241,7 +214,10 @@ def write_lens_page(
     own = {
         "label": str(first["label"].iloc[0]) if len(first) else "headline",
         "rows": lens_rows(summary, gaps),
-        "headlines": headline_rows(summary),
+        "headlines": [  # every headline of every layer (the study may report several)
+            {**_headline_cells(row), "label": str(row["label"])}
+            for row in summary.sort_values(["layer"], kind="stable").to_dict("records")
+        ],
         "several": summary.groupby("layer").size().max() > 1,
         "gaps": gaps is not None,
         "readout": str(gaps["readout"].iloc[0]) if gaps is not None else "",

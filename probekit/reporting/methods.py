@@ -33,19 +33,10 @@ FACTS = (
 def run_facts(manifest: Mapping[str, Any], data: str) -> dict[str, Any]:
     """What a methods section states about one run, from its manifest; `data`: the data as the
     study names it (`Study.describe_data`)."""
-    precision, numerics = manifest.get("precision"), manifest.get("numerics")
     return {
         **{name: manifest.get(name) for name in FACTS.split()},
-        "precision": (
-            described("precision", describe_precision, precision)
-            if isinstance(precision, dict)
-            else None
-        ),
-        "numerics": (
-            described("numerics", describe_numerics, numerics)
-            if isinstance(numerics, dict)
-            else None
-        ),
+        "precision": described(manifest, "precision", describe_precision),
+        "numerics": described(manifest, "numerics", describe_numerics),
         "data": data,
         "limit": describe_limit(manifest),
         "resamples": manifest.get("resamples", RESAMPLES),

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_number, format_p
+from probekit.reporting.headline import format_interval, format_number, format_p
 from probekit.reporting.html import write_mechanism_page
 
 STEER, RANDOM = "steer", "random"
@@ -60,10 +60,9 @@ def _cells(row: Mapping[str, Any] | None) -> dict[str, str]:
     """One vector kind's cells at one α (dashes where the kind has no row)."""
     if row is None:
         return {k: "—" for k in ("value", "interval", "p", "push", "mass", "kl")} | {"weak": False}
-    low, high = format_number(row["low"], signed=True), format_number(row["high"], signed=True)
     return {
         "value": format_number(row["value"], signed=True),
-        "interval": "—" if low == "—" else f"[{low}, {high}]",
+        "interval": format_interval(row["low"], row["high"], signed=True),
         "p": format_p(row["p_value"]),
         "push": format_number(row.get("push", float("nan")), 2),
         "mass": format_number(row["mean_valid_mass"]),

@@ -41,30 +41,22 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
     for folder in runs:
         manifest = RunDir(folder).read_manifest() or {}
         where = run_name(folder, out)
-        line = describe_limit(manifest)
-        if line is not None:
+        if line := describe_limit(manifest):
             partial.append(f"- {where}: {line}")
         if manifest.get(INTERVAL_NOTE):
             interval.append(f"- {where}: {manifest[INTERVAL_NOTE]}: {NO_INTERVAL}")
         precision = manifest.get("precision")
         if isinstance(precision, dict) and "tier" in precision:
-            numerics.append(f"- {where}: {described('precision', describe_precision, precision)}")
-        figure = manifest.get("numerics")
-        if isinstance(figure, dict):
-            numerics.append(f"- {where}: {described('numerics', describe_numerics, figure)}")
-        line = weak_signal(mean_valid_mass(folder))
-        if line is not None:
+            numerics.append(f"- {where}: {described(manifest, 'precision', describe_precision)}")
+        if line := described(manifest, "numerics", describe_numerics):
+            numerics.append(f"- {where}: {line}")
+        if line := weak_signal(mean_valid_mass(folder)):
             signal.append(f"- {where}: {line}")
-    parts = []
-    if partial:
-        parts.append("## Partial run\n\n" + "\n".join(partial))
-    if interval:
-        parts.append("## No interval\n\n" + "\n".join(interval))
-    if signal:
-        parts.append("## Signal\n\n" + "\n".join(signal))
-    if numerics:
-        parts.append("## Numerics\n\n" + "\n".join(numerics))
-    return "\n\n".join(parts)
+    sections = {"Partial run": partial, "No interval": interval, "Signal": signal}
+    sections["Numerics"] = numerics
+    return "\n\n".join(
+        f"## {title}\n\n" + "\n".join(lines) for title, lines in sections.items() if lines
+    )
 
 
 def describe_limit(manifest: Mapping[str, Any]) -> str | None:
@@ -87,9 +79,15 @@ def describe_limit(manifest: Mapping[str, Any]) -> str | None:
     )
 
 
-def described(key: str, describe: Callable[[dict[str, Any]], str], record: dict[str, Any]) -> str:
-    """`describe(record)`, the manifest's `key`; one line saying so where the record holds
-    other fields or types than probekit writes (an edited manifest), not a traceback."""
+def described(
+    manifest: Mapping[str, Any], key: str, describe: Callable[[dict[str, Any]], str]
+) -> str | None:
+    """`describe` of the manifest's record `key` (None where it holds none); one line saying so
+    where the record holds other fields or types than probekit writes (an edited manifest), not
+    a traceback."""
+    record = manifest.get(key)
+    if not isinstance(record, dict):
+        return None
     try:
         return describe(record)
     except (KeyError, TypeError, ValueError, AttributeError):
