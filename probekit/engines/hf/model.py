@@ -8,6 +8,7 @@ GGUF files are dequantised once and cached as safetensors, so later loads take s
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -123,12 +124,8 @@ class LoadedModel(Engine):
             "dtype": str(self.dtype).removeprefix("torch."),
             "n_layers": self.n_layers,
         }
-        for name in ("device_map", "chat_template"):
-            if name in self.meta:
-                fields[name] = self.meta[name]
-        if "precision" in self.meta:
-            fields["precision"] = self.meta["precision"]
-        return fields
+        kept = ("device_map", "chat_template", "precision")
+        return fields | {name: self.meta[name] for name in kept if name in self.meta}
 
     @property
     def dispatched(self) -> bool:
@@ -195,19 +192,15 @@ class LoadedModel(Engine):
         """The bridge and its switch, built on first use (then installed)."""
         if self._switch is None:
             bridges = import_from("transformer_lens", "transformer_lens.model_bridge")
-            arch_name = self.meta.get("hf_id") or self.name
-
-            def build() -> Any:
-                bridge = bridges.TransformerBridge.boot_transformers(
-                    arch_name,
-                    hf_model=self.hf,
-                    tokenizer=self.tokenizer,
-                    device=self.device,
-                    dtype=self.dtype,
-                )
-                return bridge.eval()
-
-            self._switch = BridgeSwitch(self.hf, build)
+            boot = functools.partial(
+                bridges.TransformerBridge.boot_transformers,
+                self.meta.get("hf_id") or self.name,  # the architecture's name
+                hf_model=self.hf,
+                tokenizer=self.tokenizer,
+                device=self.device,
+                dtype=self.dtype,
+            )
+            self._switch = BridgeSwitch(self.hf, lambda: boot().eval())
         return self._switch
 
     @property
