@@ -14,6 +14,7 @@ answers (nothing to choose, no noise figure).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -282,13 +283,8 @@ class Engine(Precision, Protocol):
 def windows(prompts: Iterable[Sequence[int]], size: int) -> Iterator[list[Sequence[int]]]:
     """`prompts` in consecutive lists of `size` (the last one shorter), read as they are needed:
     a scorer's `score` holds one window at a time, whatever the number of prompts."""
-    window: list[Sequence[int]] = []
-    for prompt in prompts:
-        window.append(prompt)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
+    remaining = iter(prompts)
+    while window := list(itertools.islice(remaining, size)):
         yield window
 
 

@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,7 +31,7 @@ from probekit.core.public import public
 from probekit.engines.base import Engine
 from probekit.engines.chat_templates import chat_template_text
 from probekit.engines.devices import device_memory
-from probekit.engines.hf import precision
+from probekit.engines.hf import precision as tiers
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
 from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
@@ -86,29 +86,17 @@ class LoadedModel(Engine):
         """This model: the mechanism reads `hf`, `bridged()` and `nnsight` from it."""
         return self
 
-    @property
-    def precision(self) -> dict[str, Any] | None:
-        """The precision record (`probekit.engines.hf.precision`), kept in `meta`."""
-        return self.meta.get("precision")
-
-    def settle_precision(
-        self, answers: AnswerSet, prompts: Sequence[Sequence[int]], seed: int = 0
-    ) -> dict[str, Any]:
-        """The tier, chosen once (`precision.settle_precision`)."""
-        return precision.settle_precision(self, answers, prompts, seed)
-
-    def keep_precision(
-        self, record: Mapping[str, Any], why: str = "kept from the run being resumed"
-    ) -> dict[str, Any] | None:
-        """`record`'s tier, kept without measuring (`precision.keep_tier`)."""
-        return precision.keep_tier(self, record, why)
+    precision = property(lambda self: self.meta.get("precision"))
+    """The precision record (`probekit.engines.hf.precision`), kept in `meta`."""
+    settle_precision = tiers.settle_precision
+    keep_precision = tiers.keep_tier
 
     def noise_figure(
         self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
     ) -> dict[str, Any]:
         """Against float64 (float32 for a 16-bit model): `precision.noise_figure`, `options` its
         keywords (`Engine.noise_figure`'s)."""
-        return precision.noise_figure(self, prompts, answers, **options)
+        return tiers.noise_figure(self, prompts, answers, **options)
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
@@ -363,11 +351,11 @@ def load_model(
     hf.generation_config.pad_token_id = tok.pad_token_id
     loaded = LoadedModel(hf, tok, spec, source, dev, dt, meta)
     if weights:
-        if fp32_head and dt in precision.REDUCED:
-            meta["fp32_parts"] = precision.keep_head_fp32(hf)
+        if fp32_head and dt in tiers.REDUCED:
+            meta["fp32_parts"] = tiers.keep_head_fp32(hf)
         use_grouped_sdpa(hf, dev)
         check_first_forward(hf, tok, spec, dev)
-        meta["precision"] = precision.initial_record(loaded, dtype is not None, tolerance)
+        meta["precision"] = tiers.initial_record(loaded, dtype is not None, tolerance)
     return loaded
 
 

@@ -429,7 +429,9 @@ def seeded_sample(prompts: Sequence[Sequence[int]], count: int, seed: int) -> li
     return [prompts[i] for i in sorted(picked)]
 
 
-def keep_tier(model: HFModel, record: Mapping[str, Any], why: str) -> dict[str, Any] | None:
+def keep_tier(
+    model: HFModel, record: Mapping[str, Any], why: str = "kept from the run being resumed"
+) -> dict[str, Any] | None:
     """`LoadedModel.keep_precision`: `model`, its tier not chosen yet, put in the tier of
     `record` without measuring (`why` its note); None where it is chosen or `record`'s is not
     offered."""

@@ -220,9 +220,7 @@ class TriePass:
         wanted, fed, cut = np.split(ints[n * none :], [t.max_depth + 1, t.max_depth + 2])
         if epsilon > 0:
             old = self.widths.get(epsilon) if read_widths else None
-            self.widths[epsilon] = (
-                wanted.tolist() if old is None else np.maximum(old, wanted).tolist()
-            )
+            self.widths[epsilon] = (wanted if old is None else np.maximum(old, wanted)).tolist()
         stats.trie_positions += int(fed[0])
         stats.padding += pass_.slots - int(fed[0])
         stats.head_seconds += head.seconds()
