@@ -69,16 +69,10 @@ class ScoreResult:
 
     def row(self, answers: AnswerSet) -> dict[str, Any]:
         """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
-        row: dict[str, Any] = {
-            "valid_mass": self.valid_mass,
-            "greedy": self.greedy,
-            "most_probable": self.most_probable,
-            "error_bound": self.error_bound,
-        }
-        if answers.numeric:
-            row["expected"], row["std"] = self.expected, self.std
-        row.update({f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)})
-        return row
+        summary = ["valid_mass", "greedy", "most_probable", "error_bound"]
+        summary += ["expected", "std"] if answers.numeric else []
+        row = {name: getattr(self, name) for name in summary}
+        return row | {f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], answers: AnswerSet) -> ScoreResult:

@@ -314,18 +314,13 @@ class TriePass:
         trie, extends = self.trie, self.columns.extends
         out: list[str | None] = []
         for row in top_token:
-            node, answer = 0, None
-            while True:
-                token = int(row[node])
-                child = trie.nodes[node].children.get(token)
-                if child is not None:
-                    node = child
-                    continue
-                for a in trie.nodes[node].terminal_for:
-                    if token >= 0 and not bool(extends[trie.rules[a], token]):
-                        answer = self.answers.answers[a]
-                break
-            out.append(answer)
+            node = 0
+            while (child := trie.nodes[node].children.get(int(row[node]))) is not None:
+                node = child
+            token = int(row[node])  # the first that leaves the trie: ends an answer if it stops it
+            ended = trie.nodes[node].terminal_for if token >= 0 else []  # -1: a node not fed
+            ended = [a for a in ended if not bool(extends[trie.rules[a], token])]
+            out.append(self.answers.answers[ended[-1]] if ended else None)
         return out
 
 
