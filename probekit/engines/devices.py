@@ -64,18 +64,15 @@ def parse_devices(text: str | Mapping[str, Any]) -> dict[str, int]:
     """`cuda:0=80GiB,cpu=150MiB` (or a mapping of the same) -> {device: bytes}; a device named
     twice (`cuda` and `0` are both `cuda:0`) or a size of zero or less is one line."""
     if isinstance(text, Mapping):
-        pairs = [(str(k), v) for k, v in text.items()]
+        pairs = [(str(k), "=", v) for k, v in text.items()]
     else:
-        pairs = []
-        for part in filter(None, (p.strip() for p in str(text).split(","))):
-            name, sep, size = part.partition("=")
-            if not sep:
-                raise ProbekitError(f"'{part}' is not DEVICE=SIZE; write e.g. cuda:0=80GiB")
-            pairs.append((name, size))
+        pairs = [part.strip().partition("=") for part in str(text).split(",") if part.strip()]
+        if malformed := next((name for name, sep, _ in pairs if not sep), None):
+            raise ProbekitError(f"'{malformed}' is not DEVICE=SIZE; write e.g. cuda:0=80GiB")
     if not pairs:
         raise ProbekitError("no devices given; write e.g. cuda:0=80GiB,cpu=64GiB")
     sizes: dict[str, int] = {}
-    for name, size in pairs:
+    for name, _, size in pairs:
         key = device_key(name)
         if key in sizes:
             raise ProbekitError(f"{key} is named twice; give each device one size")

@@ -230,8 +230,7 @@ def pick_device(device: str | None = None) -> torch.device:
     """`device` if this torch can use it (`cuda`, `cuda:N`, `mps`; anything else is left to
     torch), else one line saying what is missing, before a model is read; without one, the
     best there is (cuda > mps > cpu)."""
-    mps = getattr(torch.backends, "mps", None)
-    has_mps = mps is not None and mps.is_available()
+    has_mps = torch.backends.mps.is_available()
     if not device:
         return torch.device("cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu")
     kind, _, index = device.partition(":")

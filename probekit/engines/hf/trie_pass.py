@@ -53,8 +53,6 @@ class TrieTables:
     token: torch.Tensor  # [nodes]
     levels: list[torch.Tensor]  # node indices per depth
     ancestors: torch.Tensor  # [nodes, max_depth]: ancestors below the root, -1 padded
-    child_token: torch.Tensor  # [nodes, max_children], -1 padded
-    child_index: torch.Tensor
     terminal: list[torch.Tensor]  # per rule: float64 [nodes, answers] incidence
     slot_token: torch.Tensor  # [nodes + 1]: the token a node feeds (0 for padding)
     slot_child_token: torch.Tensor  # [nodes + 1, max_children]: child tokens, 0 padded
@@ -91,8 +89,6 @@ class TrieTables:
             token=token.to(device),
             levels=[lv.to(device) for lv in levels],
             ancestors=ancestors.to(device),
-            child_token=child_token.to(device),
-            child_index=child_index.to(device),
             terminal=[m.to(device) for m in terminal],
             slot_token=torch.cat([token, token.new_zeros(1)]).to(device),
             slot_child_token=torch.cat([child_token.clamp(min=0), padding * 0]).to(device),
