@@ -425,10 +425,8 @@ def _load_pretrained(
     try:
         tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
         if weights:
-            hf = AutoModelForCausalLM.from_pretrained(
-                where, dtype=dtype, local_files_only=local_only, **(dispatch or {})
-            )
-            return hf, tok
+            loaded = {"dtype": dtype, "local_files_only": local_only, **(dispatch or {})}
+            return AutoModelForCausalLM.from_pretrained(where, **loaded), tok
         config = AutoConfig.from_pretrained(where, local_files_only=local_only)
         with torch.device("meta"):
             hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
