@@ -8,7 +8,6 @@ GGUF files are dequantised once and cached as safetensors, so later loads take s
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import socket
 import sys
@@ -16,7 +15,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,9 +85,12 @@ class LoadedModel(Engine):
         """This model: the mechanism reads `hf`, `bridged()` and `nnsight` from it."""
         return self
 
-    precision = property(lambda self: self.meta.get("precision"))
-    """The precision record (`probekit.engines.hf.precision`), kept in `meta`."""
-    settle_precision = tiers.settle_precision
+    @property
+    def precision(self) -> dict[str, Any] | None:
+        """The precision record (`probekit.engines.hf.precision`), kept in `meta`."""
+        return self.meta.get("precision")
+
+    settle_precision = tiers.settle_precision  # the Precision protocol's, from the tiers module
     keep_precision = tiers.keep_tier
 
     def noise_figure(
@@ -180,7 +182,7 @@ class LoadedModel(Engine):
         """The bridge and its switch, built on first use (then installed)."""
         if self._switch is None:
             bridges = import_from("transformer_lens", "transformer_lens.model_bridge")
-            boot = functools.partial(
+            boot = partial(
                 bridges.TransformerBridge.boot_transformers,
                 self.meta.get("hf_id") or self.name,  # the architecture's name
                 hf_model=self.hf,

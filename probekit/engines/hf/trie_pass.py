@@ -65,10 +65,9 @@ class TrieTables:
         n, depth = len(nodes), trie.max_depth
         width = max(len(node.children) for node in nodes)
         ancestors = torch.full((n, max(depth, 1)), -1, dtype=torch.long)
-        child_token = torch.full((n, width), -1, dtype=torch.long)
-        child_index = torch.full((n, width), -1, dtype=torch.long)
-        kinds = range(len(ANSWER_KINDS))
-        terminal = [torch.zeros(n, len(trie.answers), dtype=torch.float64) for _ in kinds]
+        slot_child_token = torch.zeros((n + 1, width), dtype=torch.long)
+        slot_child = torch.full((n + 1, width), n, dtype=torch.long)
+        terminal = torch.zeros(len(ANSWER_KINDS), n, len(trie.answers), dtype=torch.float64)
         is_ancestor = torch.zeros(n + 1, n + 1, dtype=torch.bool)
         for i, node in enumerate(nodes):
             j, k = node.parent, 0
@@ -77,22 +76,21 @@ class TrieTables:
                 is_ancestor[i, j] = True
                 j, k = nodes[j].parent, k + 1
             for c, (tok, child) in enumerate(node.children.items()):
-                child_token[i, c], child_index[i, c] = tok, child
+                slot_child_token[i, c], slot_child[i, c] = tok, child
             for a in node.terminal_for:
                 terminal[trie.rules[a]][i, a] = 1.0
         levels = [torch.tensor(trie.level(d), dtype=torch.long) for d in range(depth + 1)]
-        token = torch.tensor([max(node.token, 0) for node in nodes])
-        padding = torch.full((1, width), n, dtype=torch.long)  # the padding node's row
+        slot_token = torch.tensor([max(node.token, 0) for node in nodes] + [0])
         return cls(
             n_nodes=n,
             max_depth=depth,
-            token=token.to(device),
+            token=slot_token[:n].to(device),
             levels=[lv.to(device) for lv in levels],
             ancestors=ancestors.to(device),
-            terminal=[m.to(device) for m in terminal],
-            slot_token=torch.cat([token, token.new_zeros(1)]).to(device),
-            slot_child_token=torch.cat([child_token.clamp(min=0), padding * 0]).to(device),
-            slot_child=torch.cat([child_index.where(child_index >= 0, n), padding]).to(device),
+            terminal=list(terminal.to(device)),
+            slot_token=slot_token.to(device),
+            slot_child_token=slot_child_token.to(device),
+            slot_child=slot_child.to(device),
             is_ancestor=is_ancestor.to(device),
         )
 
