@@ -277,8 +277,8 @@ class Engine(Precision, Protocol):
 def windows(prompts: Iterable[Sequence[int]], size: int) -> Iterator[list[Sequence[int]]]:
     """`prompts` in consecutive lists of `size` (the last one shorter), read as they are needed:
     a scorer's `score` holds one window at a time, whatever the number of prompts."""
-    remaining = iter(prompts)
-    while window := list(itertools.islice(remaining, size)):
+    remaining, size_or_all = iter(prompts), size if size > 0 else None
+    while window := list(itertools.islice(remaining, size_or_all)):
         yield window
 
 
