@@ -58,18 +58,10 @@ def load_engine(
     `pipeline_parallel_size` are vLLM's (vllm engine only). `chat_template`: a Jinja file, or
     `gemma`, that renders chat prompts where the model has no chat template of its own
     (`probekit.engines.chat_templates`)."""
+    keywords = dict(locals())  # first: the parameters only
+    placement = {k: v for k, v in list(keywords.items())[4:] if v is not None}  # after `dtype`
     from probekit.engines.plan import check_before_load
 
-    placement = {
-        "device_map": device_map,
-        "max_memory": max_memory,
-        "offload_folder": offload_folder,
-        "tensor_parallel_size": tensor_parallel_size,
-        "pipeline_parallel_size": pipeline_parallel_size,
-        "tolerance": tolerance,
-        "chat_template": chat_template,
-    }
-    placement = {k: v for k, v in placement.items() if v is not None}
     if conflict := model_conflict(engine, device=device, dtype=dtype, **placement):
         raise ProbekitError(conflict)
     parallel = (tensor_parallel_size or 1) * (pipeline_parallel_size or 1)

@@ -14,6 +14,7 @@ answers (nothing to choose, no noise figure).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -68,16 +69,10 @@ class ScoreResult:
 
     def row(self, answers: AnswerSet) -> dict[str, Any]:
         """Flat columns for a results table: summary values, then `p::<answer>` for every answer."""
-        row: dict[str, Any] = {
-            "valid_mass": self.valid_mass,
-            "greedy": self.greedy,
-            "most_probable": self.most_probable,
-            "error_bound": self.error_bound,
-        }
-        if answers.numeric:
-            row["expected"], row["std"] = self.expected, self.std
-        row.update({f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)})
-        return row
+        summary = ["valid_mass", "greedy", "most_probable", "error_bound"]
+        summary += ["expected", "std"] if answers.numeric else []
+        row = {name: getattr(self, name) for name in summary}
+        return row | {f"p::{a}": float(p) for a, p in zip(answers.answers, self.probs, strict=True)}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], answers: AnswerSet) -> ScoreResult:
@@ -282,13 +277,8 @@ class Engine(Precision, Protocol):
 def windows(prompts: Iterable[Sequence[int]], size: int) -> Iterator[list[Sequence[int]]]:
     """`prompts` in consecutive lists of `size` (the last one shorter), read as they are needed:
     a scorer's `score` holds one window at a time, whatever the number of prompts."""
-    window: list[Sequence[int]] = []
-    for prompt in prompts:
-        window.append(prompt)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
+    remaining, size_or_all = iter(prompts), size if size > 0 else None
+    while window := list(itertools.islice(remaining, size_or_all)):
         yield window
 
 

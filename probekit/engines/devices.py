@@ -19,6 +19,7 @@ MAP_POLICIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's device-map strategies `--device-map` takes by name."""
 UNITS = {"b": 1} | {f"{p}b": 1000 ** (k + 1) for k, p in enumerate("kmgt")}
 UNITS |= {f"{p}ib": 1024 ** (k + 1) for k, p in enumerate("kmgt")}
+UNITS_DECIMAL, UNITS_BINARY = ("B", "kB", "MB", "GB", "TB"), ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def parse_size(text: str | int) -> int:
@@ -40,16 +41,11 @@ def parse_size(text: str | int) -> int:
 
 def format_size(n: float, binary: bool = False) -> str:
     """`141 GB` (decimal, as model sizes are quoted) or `80 GiB` (binary, as devices are)."""
-    step, units = (
-        (2**10, ("B", "KiB", "MiB", "GiB", "TiB"))
-        if binary
-        else (1000, ("B", "kB", "MB", "GB", "TB"))
-    )
-    for unit in units:
-        if n < step or unit == units[-1]:
-            return f"{n:.0f} {unit}" if n >= 10 or unit == "B" else f"{n:.1f} {unit}"
-        n /= step
-    raise AssertionError  # the loop always returns
+    step, units = (1024, UNITS_BINARY) if binary else (1000, UNITS_DECIMAL)
+    power = 0
+    while n >= step and power < len(units) - 1:
+        n, power = n / step, power + 1
+    return f"{n:.0f} {units[power]}" if n >= 10 or power == 0 else f"{n:.1f} {units[power]}"
 
 
 def device_key(name: str) -> str:
@@ -68,18 +64,15 @@ def parse_devices(text: str | Mapping[str, Any]) -> dict[str, int]:
     """`cuda:0=80GiB,cpu=150MiB` (or a mapping of the same) -> {device: bytes}; a device named
     twice (`cuda` and `0` are both `cuda:0`) or a size of zero or less is one line."""
     if isinstance(text, Mapping):
-        pairs = [(str(k), v) for k, v in text.items()]
+        pairs = [(str(k), "=", v) for k, v in text.items()]
     else:
-        pairs = []
-        for part in filter(None, (p.strip() for p in str(text).split(","))):
-            name, sep, size = part.partition("=")
-            if not sep:
-                raise ProbekitError(f"'{part}' is not DEVICE=SIZE; write e.g. cuda:0=80GiB")
-            pairs.append((name, size))
+        pairs = [part.strip().partition("=") for part in str(text).split(",") if part.strip()]
+        if malformed := next((name for name, sep, _ in pairs if not sep), None):
+            raise ProbekitError(f"'{malformed}' is not DEVICE=SIZE; write e.g. cuda:0=80GiB")
     if not pairs:
         raise ProbekitError("no devices given; write e.g. cuda:0=80GiB,cpu=64GiB")
     sizes: dict[str, int] = {}
-    for name, size in pairs:
+    for name, _, size in pairs:
         key = device_key(name)
         if key in sizes:
             raise ProbekitError(f"{key} is named twice; give each device one size")
@@ -109,13 +102,12 @@ def parse_device_map(value: str | Mapping[str, Any]) -> str | dict[str, Any]:
             f"device map '{value}' is neither {', '.join(MAP_POLICIES)} nor a JSON object of "
             'module -> device (e.g. {"model.embed_tokens": 0, "model.layers": "cpu", ...})'
         )
-    placed: dict[str, Any] = {}
-    for module, where in mapping.items():
-        if isinstance(where, int) or str(where) == "disk":
-            placed[str(module)] = where
-        else:
-            placed[str(module)] = device_key(str(where))
-    return placed
+    return {
+        str(module): where
+        if isinstance(where, int) or str(where) == "disk"
+        else device_key(str(where))
+        for module, where in mapping.items()
+    }
 
 
 def check_map_modules(mapping: Mapping[str, Any], hf: Any, model: str) -> None:
@@ -183,9 +175,8 @@ def device_memory(device: Any) -> int | None:
     MPS)."""
     import torch
 
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return None
+    cuda = device.type == "cuda"
+    return int(torch.cuda.get_device_properties(device).total_memory) if cuda else None
 
 
 def physical_memory() -> int:

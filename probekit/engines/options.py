@@ -88,9 +88,7 @@ def _engine(value: Any) -> str:
 
 
 def _model(value: Any) -> str:
-    if isinstance(value, Path):
-        return str(value)
-    return text.check(value)
+    return str(value) if isinstance(value, Path) else text.check(value)
 
 
 model_spec = Kind("model", str, _model)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,13 @@ from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts, unique_ids
 from probekit.core.public import public
 from probekit.core.signal import prefill_trap, weak_signal
-from probekit.engines.base import Engine, describe_precision, windows
+from probekit.engines.base import Engine, describe_precision
 from probekit.engines.options import ModelOptions, ScoreOptions, loaded_engine
 
 PRECISION_KEY = b"probekit.precision"
 """The Parquet metadata key of the precision record in `probekit score`'s output (JSON)."""
+SCORE_WINDOW = 4096
+"""Prompts the scorer sorts and batches together (`Scorer.score`'s window)."""
 Prompts = str | Path | Sequence[str | Sequence[Mapping[str, str]] | Item]
 """A prompt file, or prompts: each a string, a chat (a list of messages) or an `Item`; one list
 may mix them."""
@@ -74,12 +76,16 @@ def score(
     items = list(as_items(prompts, prefill))
     if not items:
         raise ProbekitError("no prompts to score")
-    engine = scoring_engine(model)
+    engine, answer_set = scoring_engine(model), as_answer_set(answers)
     with silenced(quiet), progress(len(items), "prompt", "score", "fewer prompts") as bar:
-        frames = score_frames(
-            engine, items, answers, epsilon=epsilon, batch_size=batch_size, progress=bar
-        )
-        table = pd.concat(list(frames), ignore_index=True)
+        ids = [engine.encode(item).input_ids for item in items]
+        settle_and_say(engine, answer_set, ids[:SCORE_WINDOW])  # on a sample of the first window
+        scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
+        results = scorer.score(ids, window=SCORE_WINDOW, progress=bar)
+        rows = [
+            {"id": item.id, **r.row(answer_set)} for item, r in zip(items, results, strict=True)
+        ]
+    table = pd.DataFrame(rows)
     table.attrs["precision"] = precision_of(engine)
     if weak := weak_signal(float(table["valid_mass"].mean())):
         warnings.warn(weak, UserWarning, stacklevel=3)
@@ -99,36 +105,6 @@ def precision_of(engine: Engine) -> dict[str, Any] | None:
     it was chosen by, what was measured), None for an engine without."""
     record = engine.precision
     return None if record is None else dict(record)
-
-
-def score_frames(
-    model: Any,
-    items: Iterable[Item],
-    answers: AnswerSet | str | Sequence[str | float],
-    *,
-    epsilon: float,
-    batch_size: int | None,
-    window: int = 4096,
-    progress: Any = None,
-) -> Iterator[pd.DataFrame]:
-    """`score`'s rows, a DataFrame per `window` items (bounded memory for large files). Before
-    the first is scored, a model whose precision tier is not chosen yet gets it on a sample of
-    the first window (`Engine.settle_precision`), and the tier it scores in is said in one line
-    on stderr (`describe_precision`; a tier measured now is said by the measurement's own
-    line)."""
-    engine = scoring_engine(model)
-    answer_set = as_answer_set(answers)
-    scorer = None
-    for chunk in windows(items, window):
-        ids = [engine.encode(item).input_ids for item in chunk]
-        if scorer is None:
-            settle_and_say(engine, answer_set, ids)
-            scorer = engine.scorer(answer_set, epsilon=epsilon, batch_size=batch_size)
-        results = scorer.score(ids, window=len(ids), progress=progress)
-        rows = [
-            {"id": item.id, **r.row(answer_set)} for item, r in zip(chunk, results, strict=True)
-        ]
-        yield pd.DataFrame(rows)
 
 
 def settle_and_say(engine: Engine, answers: AnswerSet, ids: Sequence[Sequence[int]]) -> None:

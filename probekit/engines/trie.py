@@ -40,20 +40,23 @@ class AnswerTrie:
 
     @classmethod
     def build(cls, answers: AnswerSet, tokenizer) -> AnswerTrie:
-        nodes = [TrieNode(token=-1, parent=-1, depth=0)]
-        rules = [ANSWER_KINDS.index(answers.kind)] * len(answers)
+        """The trie of every surface form of every answer, numbered breadth-first: parents
+        before children, each level contiguous, nodes of a level in the order they were made."""
+        made: dict[tuple[int, ...], None] = {}  # every token prefix, in the order it was made
+        ends = []
         for index in range(len(answers)):
             for tokens in answer_variants(answers, index, tokenizer):
-                node = 0
-                for token in tokens:
-                    child = nodes[node].children.get(token)
-                    if child is None:
-                        child = len(nodes)
-                        nodes.append(TrieNode(token, node, nodes[node].depth + 1))
-                        nodes[node].children[token] = child
-                    node = child
-                nodes[node].terminal_for.append(index)
-        return cls(answers, _breadth_first(nodes), rules)
+                made.update(dict.fromkeys(tokens[:k] for k in range(1, len(tokens) + 1)))
+                ends.append((tokens, index))
+        order = sorted(made, key=len)  # stable: a level keeps the order its nodes were made in
+        number = {(): 0} | {prefix: i + 1 for i, prefix in enumerate(order)}
+        nodes = [TrieNode(token=-1, parent=-1, depth=0)]
+        for prefix in order:
+            nodes.append(TrieNode(prefix[-1], number[prefix[:-1]], len(prefix)))
+            nodes[number[prefix[:-1]]].children[prefix[-1]] = number[prefix]
+        for tokens, index in ends:
+            nodes[number[tokens]].terminal_for.append(index)
+        return cls(answers, nodes, [ANSWER_KINDS.index(answers.kind)] * len(answers))
 
     @property
     def max_depth(self) -> int:
@@ -69,25 +72,6 @@ def answer_variants(answers: AnswerSet, index: int, tokenizer) -> set[tuple[int,
         tuple(tokenizer.encode(text, add_special_tokens=False))
         for text in answers.surface_forms(index)
     }
-
-
-def _breadth_first(nodes: list[TrieNode]) -> list[TrieNode]:
-    """Renumber so that parents precede children and each level is contiguous."""
-    order = sorted(range(len(nodes)), key=lambda i: (nodes[i].depth, i))
-    new_index = {old: new for new, old in enumerate(order)}
-    out = []
-    for old in order:
-        node = nodes[old]
-        out.append(
-            TrieNode(
-                token=node.token,
-                parent=new_index.get(node.parent, -1),
-                depth=node.depth,
-                children={tok: new_index[c] for tok, c in node.children.items()},
-                terminal_for=list(node.terminal_for),
-            )
-        )
-    return out
 
 
 def extension_masks(tokenizer, vocab_size: int) -> torch.Tensor:

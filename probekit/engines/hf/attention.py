@@ -32,14 +32,8 @@ def grouped_sdpa(
 ) -> tuple[torch.Tensor, None]:
     """The stock SDPA attention, except that a masked multi-position query of a grouped-query
     model runs on the key/value heads as they are."""
-    grouped = key.shape[1] != query.shape[1]
-    if (
-        not grouped
-        or attention_mask is None
-        or query.shape[2] == 1
-        or kwargs.get("position_bias") is not None
-        or kwargs.get("softcap") is not None
-    ):
+    plain = key.shape[1] == query.shape[1] or attention_mask is None or query.shape[2] == 1
+    if plain or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,

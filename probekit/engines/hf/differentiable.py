@@ -81,7 +81,7 @@ def node_log_probs(
     t = trie_pass.tables
     n, nodes = node_hidden.shape[:2]
     flat = node_hidden.reshape(n * nodes, -1)
-    terms, top = _node_terms(trie_pass, flat, t.child_token.repeat(n, 1))
+    terms, top = _node_terms(trie_pass, flat, t.slot_child_token[:-1].repeat(n, 1))
     terms = terms.view(n, nodes, -1)
     log_z = terms[..., :1]
     stop_logp = terms[..., 1:3] - log_z  # [n, nodes, rule]
@@ -138,16 +138,17 @@ def _head_chunk(
     top = top.detach()[:, None]
     blocks = trie_pass.columns.blocks
     sums = vocabulary_sums((logits - top).exp(), blocks).log() + top.double()
-    children = torch.gather(logits, 1, child_token.clamp(min=0)).double()
+    children = torch.gather(logits, 1, child_token).double()
     return torch.cat([sums, children], dim=1), token
 
 
 def _parent_slots(trie_pass: TriePass) -> tuple[torch.Tensor, torch.Tensor]:
     """Per node, its parent and its slot among the parent's children (root: 0, 0)."""
     t = trie_pass.tables
-    parent = torch.zeros(t.n_nodes, dtype=torch.long, device=t.child_index.device)
+    child = t.slot_child[:-1]  # `n_nodes` where a node has no child in that slot
+    parent = torch.zeros(t.n_nodes, dtype=torch.long, device=child.device)
     slot = torch.zeros_like(parent)
-    rows, cols = torch.nonzero(t.child_index >= 0, as_tuple=True)
-    parent[t.child_index[rows, cols]] = rows
-    slot[t.child_index[rows, cols]] = cols
+    rows, cols = torch.nonzero(child < t.n_nodes, as_tuple=True)
+    parent[child[rows, cols]] = rows
+    slot[child[rows, cols]] = cols
     return parent, slot

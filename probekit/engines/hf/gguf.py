@@ -70,11 +70,11 @@ def gguf_sha256(gguf: Path) -> str:
     except OSError:
         raise ProbekitError(f"the model file {gguf} is missing") from None
     key, seen = str(gguf.resolve()), [stat.st_size, stat.st_mtime_ns]
-    entry = _read_index().get(key)
+    entry = _read_json(models_dir() / DIGESTS).get(key)
     if isinstance(entry, list) and entry[:2] == seen and len(entry) == 3:
         return str(entry[2])
-    digest = file_sha256(gguf)
-    index = {path: old for path, old in _read_index().items() if Path(path).exists()}
+    digest = file_sha256(gguf)  # the index read again: another process may have written it since
+    index = {p: old for p, old in _read_json(models_dir() / DIGESTS).items() if Path(p).exists()}
     index[key] = [*seen, digest]
     # A cache the user cannot write keeps no index: the file is hashed on every load.
     with contextlib.suppress(ProbekitError, OSError):
@@ -83,12 +83,13 @@ def gguf_sha256(gguf: Path) -> str:
     return digest
 
 
-def _read_index() -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} where there is none (no file, not JSON, not an object)."""
     try:
-        index = json.loads((models_dir() / DIGESTS).read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return index if isinstance(index, dict) else {}
+    return found if isinstance(found, dict) else {}
 
 
 def converted_cache_dir(gguf: Path) -> Path:
@@ -126,9 +127,8 @@ def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[
 
 def _other_source(cache: Path, digest: str) -> str | None:
     """A phrase when the record in `cache` names a GGUF other than the one of sha256 `digest`."""
-    record = json.loads((cache / MARKER).read_text())
-    if record.get("gguf_sha256") != digest:
-        return f"its record names another GGUF, sha256 {str(record.get('gguf_sha256'))[:16]}"
+    if (named := json.loads((cache / MARKER).read_text()).get("gguf_sha256")) != digest:
+        return f"its record names another GGUF, sha256 {str(named)[:16]}"
     return None
 
 
@@ -152,23 +152,15 @@ def verify_cache(cache: Path) -> str | None:
         if stat.st_size != expected["size"]:
             return f"{name} has {stat.st_size} bytes, {expected['size']} expected"
         stats[name] = [stat.st_size, stat.st_mtime_ns]
-    try:
-        stamp = json.loads((cache / STAMP).read_text())
-    except (OSError, ValueError):
-        stamp = {}
+    stamp = _read_json(cache / STAMP)
     stale = [name for name in files if stamp.get(name) != stats[name]]
     for name in stale:
         if file_sha256(cache / name) != files[name]["sha256"]:
             return f"{name} does not match its recorded sha256"
-    if stale:
-        _write_stamp(cache, stats)
+    if stale:  # a cache the user cannot write keeps no stamp: it is hashed each time
+        with contextlib.suppress(ProbekitError):
+            write_text(cache / STAMP, json.dumps(stats))
     return None
-
-
-def _write_stamp(cache: Path, stats: dict[str, list[int]]) -> None:
-    """Record the verified sizes and mtimes; a cache the user cannot write is hashed each time."""
-    with contextlib.suppress(ProbekitError):
-        write_text(cache / STAMP, json.dumps(stats))
 
 
 def convert_gguf(gguf: Path, cache: Path) -> None:

@@ -117,10 +117,8 @@ class VocabularyColumns:
 
 def sum_blocks(columns: torch.Tensor) -> torch.Tensor:
     """Sum columns [vocab, c] as `vocabulary_sums` takes them: [blocks, SUM_BLOCK, c]."""
-    vocab, c = columns.shape
-    padded = columns.new_zeros(-(-vocab // SUM_BLOCK) * SUM_BLOCK, c)
-    padded[:vocab] = columns
-    return padded.view(-1, SUM_BLOCK, c)
+    padded = torch.nn.functional.pad(columns, (0, 0, 0, -columns.shape[0] % SUM_BLOCK))
+    return padded.view(-1, SUM_BLOCK, columns.shape[1])
 
 
 def vocabulary_sums(weights: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ import socket
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from probekit.core.public import public
 from probekit.engines.base import Engine
 from probekit.engines.chat_templates import chat_template_text
 from probekit.engines.devices import device_memory
-from probekit.engines.hf import precision
+from probekit.engines.hf import precision as tiers
 from probekit.engines.hf.attention import use_grouped_sdpa
 from probekit.engines.hf.bridge import BridgeSwitch
 from probekit.engines.hf.gguf import default_gguf_path, ensure_converted
@@ -90,24 +90,15 @@ class LoadedModel(Engine):
         """The precision record (`probekit.engines.hf.precision`), kept in `meta`."""
         return self.meta.get("precision")
 
-    def settle_precision(
-        self, answers: AnswerSet, prompts: Sequence[Sequence[int]], seed: int = 0
-    ) -> dict[str, Any]:
-        """The tier, chosen once (`precision.settle_precision`)."""
-        return precision.settle_precision(self, answers, prompts, seed)
-
-    def keep_precision(
-        self, record: Mapping[str, Any], why: str = "kept from the run being resumed"
-    ) -> dict[str, Any] | None:
-        """`record`'s tier, kept without measuring (`precision.keep_tier`)."""
-        return precision.keep_tier(self, record, why)
+    settle_precision = tiers.settle_precision  # the Precision protocol's, from the tiers module
+    keep_precision = tiers.keep_tier
 
     def noise_figure(
         self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
     ) -> dict[str, Any]:
         """Against float64 (float32 for a 16-bit model): `precision.noise_figure`, `options` its
         keywords (`Engine.noise_figure`'s)."""
-        return precision.noise_figure(self, prompts, answers, **options)
+        return tiers.noise_figure(self, prompts, answers, **options)
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
@@ -123,12 +114,8 @@ class LoadedModel(Engine):
             "dtype": str(self.dtype).removeprefix("torch."),
             "n_layers": self.n_layers,
         }
-        for name in ("device_map", "chat_template"):
-            if name in self.meta:
-                fields[name] = self.meta[name]
-        if "precision" in self.meta:
-            fields["precision"] = self.meta["precision"]
-        return fields
+        kept = ("device_map", "chat_template", "precision")
+        return fields | {name: self.meta[name] for name in kept if name in self.meta}
 
     @property
     def dispatched(self) -> bool:
@@ -195,19 +182,15 @@ class LoadedModel(Engine):
         """The bridge and its switch, built on first use (then installed)."""
         if self._switch is None:
             bridges = import_from("transformer_lens", "transformer_lens.model_bridge")
-            arch_name = self.meta.get("hf_id") or self.name
-
-            def build() -> Any:
-                bridge = bridges.TransformerBridge.boot_transformers(
-                    arch_name,
-                    hf_model=self.hf,
-                    tokenizer=self.tokenizer,
-                    device=self.device,
-                    dtype=self.dtype,
-                )
-                return bridge.eval()
-
-            self._switch = BridgeSwitch(self.hf, build)
+            boot = partial(
+                bridges.TransformerBridge.boot_transformers,
+                self.meta.get("hf_id") or self.name,  # the architecture's name
+                hf_model=self.hf,
+                tokenizer=self.tokenizer,
+                device=self.device,
+                dtype=self.dtype,
+            )
+            self._switch = BridgeSwitch(self.hf, lambda: boot().eval())
         return self._switch
 
     @property
@@ -249,8 +232,7 @@ def pick_device(device: str | None = None) -> torch.device:
     """`device` if this torch can use it (`cuda`, `cuda:N`, `mps`; anything else is left to
     torch), else one line saying what is missing, before a model is read; without one, the
     best there is (cuda > mps > cpu)."""
-    mps = getattr(torch.backends, "mps", None)
-    has_mps = mps is not None and mps.is_available()
+    has_mps = torch.backends.mps.is_available()
     if not device:
         return torch.device("cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu")
     kind, _, index = device.partition(":")
@@ -370,11 +352,11 @@ def load_model(
     hf.generation_config.pad_token_id = tok.pad_token_id
     loaded = LoadedModel(hf, tok, spec, source, dev, dt, meta)
     if weights:
-        if fp32_head and dt in precision.REDUCED:
-            meta["fp32_parts"] = precision.keep_head_fp32(hf)
+        if fp32_head and dt in tiers.REDUCED:
+            meta["fp32_parts"] = tiers.keep_head_fp32(hf)
         use_grouped_sdpa(hf, dev)
         check_first_forward(hf, tok, spec, dev)
-        meta["precision"] = precision.initial_record(loaded, dtype is not None, tolerance)
+        meta["precision"] = tiers.initial_record(loaded, dtype is not None, tolerance)
     return loaded
 
 
@@ -445,10 +427,8 @@ def _load_pretrained(
     try:
         tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
         if weights:
-            hf = AutoModelForCausalLM.from_pretrained(
-                where, dtype=dtype, local_files_only=local_only, **(dispatch or {})
-            )
-            return hf, tok
+            loaded = {"dtype": dtype, "local_files_only": local_only, **(dispatch or {})}
+            return AutoModelForCausalLM.from_pretrained(where, **loaded), tok
         config = AutoConfig.from_pretrained(where, local_files_only=local_only)
         with torch.device("meta"):
             hf = AutoModelForCausalLM.from_config(config, dtype=dtype)

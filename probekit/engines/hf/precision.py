@@ -138,12 +138,8 @@ def arithmetic(model: HFModel) -> contextlib.AbstractContextManager:
     if model.meta.get("matmul") == "tf32":
         return tf32_matmuls(model.device)
     if model.device.type == "cuda" and model.dtype in REDUCED:
-        cuda = torch.backends.cuda.matmul
-        reduced = (
-            "allow_fp16_reduced_precision_reduction",
-            "allow_bf16_reduced_precision_reduction",
-        )
-        return _flags(False, *((cuda, name) for name in reduced))
+        reduced = (f"allow_{bits}_reduced_precision_reduction" for bits in ("fp16", "bf16"))
+        return _flags(False, *((torch.backends.cuda.matmul, name) for name in reduced))
     return contextlib.nullcontext()
 
 
@@ -277,8 +273,16 @@ def offered_tiers(model: HFModel) -> tuple[str, ...]:
     return TIERS
 
 
-def _one_tier(model: HFModel, record: dict[str, Any]) -> dict[str, Any]:
-    """`record` with the one tier `model` is offered, nothing measured, and why."""
+def _pending(
+    model: HFModel, tolerance: float | None, offered: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The record of a tier to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among
+    `offered` (default `offered_tiers`); the one tier offered taken without measuring, with
+    why."""
+    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
+    record = {"tolerance": tolerance, "offered": list(offered or offered_tiers(model))}
+    if len(record["offered"]) > 1:
+        return record
     if model.dtype != torch.float32:
         why = f"loaded in {dtype_name(model.dtype)}: the only tier offered"
     elif model.dispatched:
@@ -296,16 +300,6 @@ def initial_record(model: HFModel, forced: bool, tolerance: float | None) -> dic
     if forced:
         return {"tier": dtype_name(model.dtype), "note": "the dtype given"}
     return _pending(model, tolerance)
-
-
-def _pending(
-    model: HFModel, tolerance: float | None, offered: Sequence[str] | None = None
-) -> dict[str, Any]:
-    """The record of a tier to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among
-    `offered` (default `offered_tiers`); the one tier offered taken without measuring."""
-    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    record = {"tolerance": tolerance, "offered": list(offered or offered_tiers(model))}
-    return _one_tier(model, record) if len(record["offered"]) == 1 else record
 
 
 def choose_precision(
@@ -435,7 +429,9 @@ def seeded_sample(prompts: Sequence[Sequence[int]], count: int, seed: int) -> li
     return [prompts[i] for i in sorted(picked)]
 
 
-def keep_tier(model: HFModel, record: Mapping[str, Any], why: str) -> dict[str, Any] | None:
+def keep_tier(
+    model: HFModel, record: Mapping[str, Any], why: str = "kept from the run being resumed"
+) -> dict[str, Any] | None:
     """`LoadedModel.keep_precision`: `model`, its tier not chosen yet, put in the tier of
     `record` without measuring (`why` its note); None where it is chosen or `record`'s is not
     offered."""
@@ -525,18 +521,16 @@ def noise_figure(
 
 def score_differences(results: Sequence[Any], reference: Sequence[Any], numeric: bool) -> dict:
     """The largest differences between two lists of `ScoreResult` of the same prompts."""
-    probs = np.array([r.probs for r in results])
-    ref = np.array([r.probs for r in reference])
-    mass = np.array([r.valid_mass for r in results])
-    ref_mass = np.array([r.valid_mass for r in reference])
-    diff = np.abs(probs - ref)
+    probs, ref = (np.array([r.probs for r in rs]) for rs in (results, reference))
+    mass, ref_mass = (np.array([r.valid_mass for r in rs]) for rs in (results, reference))
+    diff = prob_diff = np.abs(probs - ref)
     if numeric:
         expected = [[r.expected for r in rs] for rs in (results, reference)]
         diff = np.abs(np.subtract(*np.array(expected, dtype=float)))
     return {
         "score": "expected" if numeric else "probability",
         "max_abs_diff": float(np.max(diff)),
-        "max_prob_diff": float(np.max(np.abs(probs - ref))),
+        "max_prob_diff": float(np.max(prob_diff)),
         "max_valid_mass_rel_diff": float(np.max(np.abs(mass - ref_mass) / ref_mass)),
         "most_probable_changes": int(
             sum(r.most_probable != w.most_probable for r, w in zip(results, reference, strict=True))

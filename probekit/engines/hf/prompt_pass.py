@@ -10,6 +10,7 @@ finished row leaves the batch and its cache rows are dropped)."""
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def prompt_pass(
     `width - len(batch[r]) + p` of the cache."""
     device = model.device
     n = len(batch)
-    shared = common_prefix_length(batch) if reuse_prefix and n > 1 else 0
+    shared = len(os.path.commonprefix([list(p) for p in batch])) if reuse_prefix and n > 1 else 0
     shared = min(shared, min(len(p) for p in batch) - 1)
     cache = None
     if shared >= MIN_SHARED_PREFIX:
@@ -102,18 +103,6 @@ def prompt_pass(
     logp = log_probs(model, hidden[:, -1])
     lengths = torch.tensor([len(p) for p in batch], device=device)
     return PromptState(cache, mask, lengths, logp)
-
-
-def common_prefix_length(batch: Sequence[Sequence[int]]) -> int:
-    """Tokens every prompt of `batch` starts with."""
-    first = batch[0]
-    length = min(len(p) for p in batch)
-    for other in batch[1:]:
-        k = 0
-        while k < length and other[k] == first[k]:
-            k += 1
-        length = k
-    return length
 
 
 def stop_ids(model: HFModel) -> set[int]:

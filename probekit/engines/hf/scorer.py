@@ -80,9 +80,7 @@ class HFScorer:
         its longest prompt plus the answer trie and the generation budget (on CUDA the largest
         the memory plan says fits; 16 on a CPU); `batch_size` is the batch of the last window,
         and after an out-of-memory error no later batch exceeds the halved size."""
-        self.model = model
-        self.answers = answers
-        self.epsilon = epsilon
+        self.model, self.answers, self.epsilon = model, answers, epsilon
         self.max_new_tokens = max_new_tokens  # a copy may be given another budget
         self.settled, self.temperature = settled, temperature
         self._generator = torch.Generator(device=model.device).manual_seed(seed)

@@ -53,8 +53,6 @@ class TrieTables:
     token: torch.Tensor  # [nodes]
     levels: list[torch.Tensor]  # node indices per depth
     ancestors: torch.Tensor  # [nodes, max_depth]: ancestors below the root, -1 padded
-    child_token: torch.Tensor  # [nodes, max_children], -1 padded
-    child_index: torch.Tensor
     terminal: list[torch.Tensor]  # per rule: float64 [nodes, answers] incidence
     slot_token: torch.Tensor  # [nodes + 1]: the token a node feeds (0 for padding)
     slot_child_token: torch.Tensor  # [nodes + 1, max_children]: child tokens, 0 padded
@@ -67,10 +65,9 @@ class TrieTables:
         n, depth = len(nodes), trie.max_depth
         width = max(len(node.children) for node in nodes)
         ancestors = torch.full((n, max(depth, 1)), -1, dtype=torch.long)
-        child_token = torch.full((n, width), -1, dtype=torch.long)
-        child_index = torch.full((n, width), -1, dtype=torch.long)
-        kinds = range(len(ANSWER_KINDS))
-        terminal = [torch.zeros(n, len(trie.answers), dtype=torch.float64) for _ in kinds]
+        slot_child_token = torch.zeros((n + 1, width), dtype=torch.long)
+        slot_child = torch.full((n + 1, width), n, dtype=torch.long)
+        terminal = torch.zeros(len(ANSWER_KINDS), n, len(trie.answers), dtype=torch.float64)
         is_ancestor = torch.zeros(n + 1, n + 1, dtype=torch.bool)
         for i, node in enumerate(nodes):
             j, k = node.parent, 0
@@ -79,24 +76,21 @@ class TrieTables:
                 is_ancestor[i, j] = True
                 j, k = nodes[j].parent, k + 1
             for c, (tok, child) in enumerate(node.children.items()):
-                child_token[i, c], child_index[i, c] = tok, child
+                slot_child_token[i, c], slot_child[i, c] = tok, child
             for a in node.terminal_for:
                 terminal[trie.rules[a]][i, a] = 1.0
         levels = [torch.tensor(trie.level(d), dtype=torch.long) for d in range(depth + 1)]
-        token = torch.tensor([max(node.token, 0) for node in nodes])
-        padding = torch.full((1, width), n, dtype=torch.long)  # the padding node's row
+        slot_token = torch.tensor([max(node.token, 0) for node in nodes] + [0])
         return cls(
             n_nodes=n,
             max_depth=depth,
-            token=token.to(device),
+            token=slot_token[:n].to(device),
             levels=[lv.to(device) for lv in levels],
             ancestors=ancestors.to(device),
-            child_token=child_token.to(device),
-            child_index=child_index.to(device),
-            terminal=[m.to(device) for m in terminal],
-            slot_token=torch.cat([token, token.new_zeros(1)]).to(device),
-            slot_child_token=torch.cat([child_token.clamp(min=0), padding * 0]).to(device),
-            slot_child=torch.cat([child_index.where(child_index >= 0, n), padding]).to(device),
+            terminal=list(terminal.to(device)),
+            slot_token=slot_token.to(device),
+            slot_child_token=slot_child_token.to(device),
+            slot_child=slot_child.to(device),
             is_ancestor=is_ancestor.to(device),
         )
 
@@ -220,9 +214,7 @@ class TriePass:
         wanted, fed, cut = np.split(ints[n * none :], [t.max_depth + 1, t.max_depth + 2])
         if epsilon > 0:
             old = self.widths.get(epsilon) if read_widths else None
-            self.widths[epsilon] = (
-                wanted.tolist() if old is None else np.maximum(old, wanted).tolist()
-            )
+            self.widths[epsilon] = (wanted if old is None else np.maximum(old, wanted)).tolist()
         stats.trie_positions += int(fed[0])
         stats.padding += pass_.slots - int(fed[0])
         stats.head_seconds += head.seconds()
@@ -316,18 +308,13 @@ class TriePass:
         trie, extends = self.trie, self.columns.extends
         out: list[str | None] = []
         for row in top_token:
-            node, answer = 0, None
-            while True:
-                token = int(row[node])
-                child = trie.nodes[node].children.get(token)
-                if child is not None:
-                    node = child
-                    continue
-                for a in trie.nodes[node].terminal_for:
-                    if token >= 0 and not bool(extends[trie.rules[a], token]):
-                        answer = self.answers.answers[a]
-                break
-            out.append(answer)
+            node = 0
+            while (child := trie.nodes[node].children.get(int(row[node]))) is not None:
+                node = child
+            token = int(row[node])  # the first that leaves the trie: ends an answer if it stops it
+            ended = trie.nodes[node].terminal_for if token >= 0 else []  # -1: a node not fed
+            ended = [a for a in ended if not bool(extends[trie.rules[a], token])]
+            out.append(self.answers.answers[ended[-1]] if ended else None)
         return out
 
 
