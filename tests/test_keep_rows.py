@@ -1,5 +1,6 @@
 """Nothing computed is lost: `probekit score` stopped mid-stream keeps the rows scored and the
-same call finishes from them; `probekit patch` keeps its table when its last write fails; every
+same call finishes from them; `probekit patch` keeps its sweep's rows when cut short or when its
+last write fails; every
 command that writes much refuses, before the work, a disk without room for it."""
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def test_score_refuses_to_go_on_from_rows_of_other_inputs(tmp_path, capsys, monk
     assert engine.scored == 0
 
 
-def test_patch_keeps_its_table_when_its_last_write_fails_and_finishes_from_it(
+def test_patch_keeps_its_rows_when_its_last_write_fails_and_finishes_from_them(
     tmp_path, monkeypatch, tiny_deep
 ):
     out, study = tmp_path / "patch", minimal_study.MinimalStudy()
@@ -119,14 +120,43 @@ def test_patch_keeps_its_table_when_its_last_write_fails_and_finishes_from_it(
     fail_on(monkeypatch, out / "patching.parquet")
     with pytest.raises(ProbekitError) as refusal:
         probekit.patch_study(study, tiny_deep, **options)
-    kept = out / "patching.partial.parquet"
-    assert f"the rows are kept in {kept}: its summary" in str(refusal.value)
-    table = pd.read_parquet(kept)
+    kept = out / "patching" / "sweep"
+    assert f"the measured rows are kept in {kept}: once that is fixed" in str(refusal.value)
     monkeypatch.undo()
     monkeypatch.setattr(probekit.mechanism.patching, "sweep", lambda *a, **k: pytest.fail("again"))
     result = probekit.patch_study(study, tiny_deep, **options)
-    pd.testing.assert_frame_equal(result.table, table)
-    assert not kept.exists() and (out / "patching_summary.csv").is_file()
+    assert len(result.table) and (out / "patching_summary.csv").is_file() and not kept.exists()
+
+
+def test_patch_cut_short_measures_only_what_it_lacks_and_writes_the_same_table(
+    tmp_path, monkeypatch, tiny_deep
+):
+    study, plain = minimal_study.MinimalStudy(), probekit.mechanism.patching.sweep
+    options = dict(layers=[0, 1], sites=["resid_pre"], bootstrap=20, days=3, quiet=True)
+    options |= dict(batch_size=1, skip_direction=True)  # a chunk: one pair's two rows
+    whole = probekit.patch_study(study, tiny_deep, out=tmp_path / "whole", **options)
+    measured: list[int] = []
+
+    def sweep(*args, rows, **keywords):
+        if len(measured) == 2 and fail:
+            raise RuntimeError("device lost")
+        measured.extend(rows)
+        return plain(*args, rows=rows, **keywords)
+
+    monkeypatch.setattr(probekit.mechanism.patching, "sweep", sweep)
+    out, fail = tmp_path / "patch", True
+    with pytest.raises(RuntimeError, match="device lost"):
+        probekit.patch_study(study, tiny_deep, out=out, **options)
+    first = len(measured)
+    assert 0 < first < len(whole.table)
+    with pytest.raises(ProbekitError, match=r"holds a run with a different layers"):
+        probekit.patch_study(study, tiny_deep, out=out, **{**options, "layers": [1]})
+    fail = False
+    result = probekit.patch_study(study, tiny_deep, out=out, **options)
+    assert len(measured) - first == len(whole.table) - first  # only the rows it lacked
+    assert sorted(measured) == list(range(len(whole.table)))
+    pd.testing.assert_frame_equal(result.table, whole.table)
+    assert not (out / "patching" / "sweep").exists()
 
 
 def no_room(monkeypatch, tmp_path):

@@ -200,16 +200,14 @@ def capture(
     encoded = encode_prompts(model, prompts, "capture")
     chosen = chosen_layers(model, layers, "capture")
     names = [site(name).name for name in sites]
-    kept = spans
     with silenced(quiet):
         if out is None:
-            return disk.collect(model, encoded, chosen, names, kept, hooks, batch_size)
+            return disk.collect(model, encoded, chosen, names, spans, hooks, batch_size)
+        dtype = storage_dtype
         disk.capture(
-            model, encoded, out, chosen, names, kept, hooks, batch_size, storage_dtype=storage_dtype
+            model, encoded, out, chosen, names, spans, hooks, batch_size, storage_dtype=dtype
         )
-    wanted = {item.id for item in encoded}
-    stored = disk.read_activations(out)
-    return _subset(stored, wanted)
+    return _subset(disk.read_activations(out), {item.id for item in encoded})
 
 
 def _subset(acts: disk.Activations, ids: set[str]) -> disk.Activations:

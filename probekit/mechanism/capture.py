@@ -190,7 +190,11 @@ def capture(
         raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
     out = Path(out_dir)
     storage = str(storage_dtype).removeprefix("torch.")
-    config = open_capture(out, capture_manifest(model, layers, shorts, spans, hooks, storage))
+    run = RunDir(out)
+    run.start(capture_manifest(model, layers, shorts, spans, hooks, storage))  # or check it
+    for folder in ("shards", "index"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    config = run.manifest
     seen = scan_capture(out, config)
     numbers = [int(p.stem.split("-")[1]) for p in (out / "index").glob("shard-*.parquet")]
     written: list[Path] = []
@@ -349,23 +353,6 @@ def capture_manifest(
         "storage_dtype": storage,
     }
     return json.loads(json.dumps(manifest, default=str))  # as it reads back from the file
-
-
-def check_capture_folder(out: str | Path, manifest: dict[str, Any]) -> None:
-    """Refuse, in one line and writing nothing, a folder holding a capture with other settings
-    (the fields of `manifest` that are None are not known yet and not compared)."""
-    RunDir(out).check_resume(manifest, [k for k, v in manifest.items() if v is None])
-
-
-def open_capture(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Start the capture folder `out` with `manifest`, or check it against the capture the
-    folder holds (one line naming a setting that differs); the stored manifest."""
-    check_capture_folder(out, manifest)
-    run = RunDir(out)
-    run.start(manifest)
-    for folder in ("shards", "index"):
-        (out / folder).mkdir(parents=True, exist_ok=True)
-    return run.manifest
 
 
 def scan_capture(out: Path, manifest: dict[str, Any]) -> set[str]:

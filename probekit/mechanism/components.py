@@ -145,7 +145,9 @@ def make_job(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> J
     every answer position. Spans of unequal token counts make a block (see the module)."""
     clean_pos, corrupt_pos = aligned_positions(pair, patch.span)
     whole = split_position(patch.span)[1] is None
-    answer = through_answer and whole and runs_to_end(pair, clean_pos, corrupt_pos)
+    # the answer positions continue a span that reaches the last token of both prompts
+    ends = [len(p.input_ids) - 1 for p in pair] == [clean_pos[-1], corrupt_pos[-1]]
+    answer = through_answer and whole and ends
     if len(clean_pos) != len(corrupt_pos):
         return _block(i, pair, patch, clean_pos, corrupt_pos, answer)
     status = _status(pair, patch, clean_pos, corrupt_pos, answer)
@@ -198,16 +200,6 @@ def _block(
     source, target = list(range(after_corrupt, len(b))), list(range(after_clean, len(a)))
     status = TRIVIAL if not source and answer else MEASURED
     return Job(i, patch, clean_pos, corrupt_pos, status, answer, source, target, not answer, True)
-
-
-def runs_to_end(pair: Pair, clean_positions: list[int], corrupt_positions: list[int]) -> bool:
-    """Whether the aligned positions reach the last token of both prompts (where the answer
-    starts), so that the answer positions continue them."""
-    clean, corrupt = pair
-    return (
-        clean_positions[-1] == len(clean.input_ids) - 1
-        and corrupt_positions[-1] == len(corrupt.input_ids) - 1
-    )
 
 
 def pair_columns(sets: list[PairSet]) -> tuple[list[Pair], list[dict[str, Any]]]:

@@ -265,11 +265,17 @@ def bridge_hooks(
     """TransformerLens hooks reading and editing prompt positions of the left-padded `batch` (as
     `score_with`) in whatever forward they are attached to, and the function giving the values
     read afterwards."""
-    split = _Split(batch, reads, edits or {}, model.device)
-    if split.answers:
-        raise ProbekitError("a plain forward has no answer positions; use score_with")
+    split = _prompt_split(model, batch, reads, edits or {})
     sink: dict[str, list] = {}
     return _hooks(split.ops(split.prompt), sink), lambda: split.gather(sink, "transformer_lens")
+
+
+def _prompt_split(model: Any, batch: Any, reads: dict, edits: dict) -> _Split:
+    """The `_Split` of a plain forward's reads and edits (one line for an answer position)."""
+    split = _Split(batch, reads, edits, model.device)
+    if split.answers:
+        raise ProbekitError("a plain forward has no answer positions; use score_with")
+    return split
 
 
 def read_forward(
@@ -290,17 +296,12 @@ def read_forward(
         if chosen == "transformer_lens":
             fwd, values = bridge_hooks(model, batch, reads)
             stop = last if last < model.n_layers else None
+            ids = inputs.pop("input_ids")
             bridge.run_with_hooks(
-                inputs.pop("input_ids"),
-                fwd_hooks=fwd,
-                stop_at_layer=stop,
-                return_type=None,
-                **inputs,
+                ids, fwd_hooks=fwd, stop_at_layer=stop, return_type=None, **inputs
             )
             return values()
-        split = _Split(batch, reads, {}, model.device)
-        if split.answers:
-            raise ProbekitError("a plain forward has no answer positions; use score_with")
+        split = _prompt_split(model, batch, reads, {})
         return split.gather(_trace(model, inputs, split.ops(split.prompt), stop=True), chosen)
 
 

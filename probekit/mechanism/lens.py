@@ -48,7 +48,7 @@ from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption
 from probekit.engines.base import HookedScorer, ScoreResult
 from probekit.engines.options import ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
-from probekit.mechanism.interventions import Loc, answer_nodes, score_with
+from probekit.mechanism.interventions import answer_nodes, score_with
 from probekit.mechanism.sites import d_model, hook_library, layer_indices
 
 SITE = "hook_resid_post"
@@ -78,31 +78,6 @@ class LensResult:
     layers: tuple[int, ...]
     results: tuple[ScoreResult, ...]
     final: ScoreResult
-
-
-def lens_batch(
-    scorer: HookedScorer, batch: Sequence[Sequence[int]], layers: Sequence[int]
-) -> list[LensResult]:
-    """The lens of one batch of token-id prompts at `layers`: one scoring run (epsilon 0)
-    reading the residual stream at the prompt's last position and every answer node."""
-    nodes = len(scorer.trie.nodes)
-    locs: list[Loc] = [
-        (row, position)
-        for row, prompt in enumerate(batch)
-        for position in (len(prompt) - 1, *answer_nodes(scorer))
-    ]
-    hooks = {layer: f"blocks.{layer}.{SITE}" for layer in layers}
-    with hook_library(scorer.model, "transformer_lens"):
-        finals, values = score_with(scorer, batch, reads={h: locs for h in hooks.values()})
-        with torch.inference_mode():  # read in the bridge: its final norm, the run's own
-            read = [
-                layer_results(scorer, values[hooks[layer]].view(len(batch), nodes, -1))
-                for layer in layers
-            ]
-    return [
-        LensResult(tuple(layers), tuple(per_layer[row] for per_layer in read), final)
-        for row, final in enumerate(finals)
-    ]
 
 
 def layer_results(scorer: HookedScorer, hidden: torch.Tensor) -> list[ScoreResult]:
@@ -141,12 +116,28 @@ def logit_lens(
     """The lens of every prompt (token ids), in order, in batches (`lens_batch_size`); `bar`
     (a progress) is updated per batch."""
     size = lens_batch_size(scorer, layers, batch_size)
+    nodes = len(scorer.trie.nodes)
+    hooks = {layer: f"blocks.{layer}.{SITE}" for layer in layers}
     out: list[LensResult] = []
     for start in range(0, len(prompts), size):
-        chunk = [list(p) for p in prompts[start : start + size]]
-        out += lens_batch(scorer, chunk, layers)
+        batch = [list(p) for p in prompts[start : start + size]]
+        # one scoring run reading the residual stream at the prompt's last position and every
+        # answer node
+        ends = (len(prompt) - 1 for prompt in batch)
+        locs = [(row, at) for row, end in enumerate(ends) for at in (end, *answer_nodes(scorer))]
+        with hook_library(scorer.model, "transformer_lens"):
+            finals, values = score_with(scorer, batch, reads={h: locs for h in hooks.values()})
+            with torch.inference_mode():  # read in the bridge: its final norm, the run's own
+                read = [
+                    layer_results(scorer, values[hooks[layer]].view(len(batch), nodes, -1))
+                    for layer in layers
+                ]
+        out += [
+            LensResult(tuple(layers), tuple(per_layer[row] for per_layer in read), final)
+            for row, final in enumerate(finals)
+        ]
         if bar is not None:
-            bar.update(len(chunk))
+            bar.update(len(batch))
     return out
 
 

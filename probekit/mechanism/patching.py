@@ -113,6 +113,7 @@ def sweep(
     through_answer: bool | None = None,
     progress: Any = True,
     distributions: bool = False,
+    rows: Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """Run every patch on every pair; one row per (pair, patch), pair-major.
 
@@ -122,7 +123,9 @@ def sweep(
     the prompt pass only). `progress`: the progress of the runs (`probekit.core.progress`: a
     bar on a terminal, lines in a log; False for none). `distributions`: also
     `valid_mass_<run>` and `probs_<run>` (the answer probabilities normalised over the answer
-    set, in `scorer.answers` order) of the clean, corrupt and patched runs.
+    set, in `scorer.answers` order) of the clean, corrupt and patched runs. `rows`: only these
+    rows of the table (their positions in it), as a sweep kept in parts measures them; their
+    `noise` and `small_gap` are then their own pairs' (`in_noise` makes them the table's).
 
     Columns: the items' key columns (a column on which clean and corrupt differ in some pair
     comes twice, as `clean_<col>` and `corrupt_<col>`), unit, set, sign (the pair's sign in its
@@ -150,20 +153,22 @@ def sweep(
         for i, pair in enumerate(pairs)
         for patch in patches
     ]
-    todo = [k for k, job in enumerate(jobs) if run_noops or job.status != NOT_RUN]
+    chosen = range(len(jobs)) if rows is None else rows
+    todo = [k for k in chosen if run_noops or jobs[k].status != NOT_RUN]
     nodes = answer_nodes(scorer)
-    prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
+    used = [pairs[i] for i in sorted({jobs[k].pair for k in chosen})]
+    prompts = {prompt.id: prompt for pair in used for prompt in pair}
     # After the patched runs, each pair's prompts are scored again, unpatched, in another batch
     # shape than their baselines: the run's numeric noise (`numeric_noise`).
     again = [] if remote else list(prompts)
     entries: list[int | str] = [*todo, *again]
     bar = progress if hasattr(progress, "update") else Silent()
     if progress is True:
-        bar = track(len(todo) + 2 * len(pairs), "run", "patching")
+        bar = track(len(todo) + 2 * len(used), "run", "patching")
     with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
         runs = [jobs[k] for k in todo]
-        baseline, source_acts = _baselines(scorer, pairs, runs, size, hooks, remote, nodes)
-        bar.update(2 * len(pairs))
+        baseline, source_acts = _baselines(scorer, pairs, prompts, runs, size, hooks, remote, nodes)
+        bar.update(2 * len(used))
         patched: dict[int, ScoreResult] = {}  # job index -> the patched run's result
         rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
         for start in range(0, len(entries), size):
@@ -183,10 +188,11 @@ def sweep(
             rescored |= {p.id: r for p, r in zip(batch[len(ks) :], results[len(ks) :], strict=True)}
             bar.update(len(ks))
         bar.close()
-    noise = numeric_noise(scorer.model, pairs if again else [], readout, baseline, rescored)
+    noise = numeric_noise(scorer.model, used if again else [], readout, baseline, rescored)
     keys = key_columns(pairs)
-    rows = []
-    for k, job in enumerate(jobs):
+    found_rows = []
+    for k in chosen:
+        job = jobs[k]
         clean, corrupt = pairs[job.pair]
         found = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
         found["patched"] = patched.get(k, found["corrupt"])
@@ -194,14 +200,14 @@ def sweep(
             readout(found[name], p.item, found["clean"])
             for name, p in zip(found, (clean, corrupt, corrupt), strict=True)
         ]
-        rows.append(row(pairs[job.pair], keys, job, readout, *values, about[job.pair]))
-        rows[-1] |= {"ran": k in patched, "noise": noise}
-        rows[-1]["valid_mass_patched"] = found["patched"].valid_mass
+        entry = row(pairs[job.pair], keys, job, readout, *values, about[job.pair])
+        entry |= {"ran": k in patched, "noise": noise}
+        entry["valid_mass_patched"] = found["patched"].valid_mass
         for name, result in found.items() if distributions else ():
-            rows[-1][f"valid_mass_{name}"] = result.valid_mass
-            rows[-1][f"probs_{name}"] = np.asarray(result.probs, dtype=float)
-    out = table(rows)
-    out["small_gap"] = _sets_in_noise(out)
+            entry[f"valid_mass_{name}"] = result.valid_mass
+            entry[f"probs_{name}"] = np.asarray(result.probs, dtype=float)
+        found_rows.append(entry)
+    out = in_noise(table(found_rows))
     out.attrs["answers"] = list(scorer.answers.answers)
     return out
 
@@ -217,13 +223,17 @@ def _source(pair: Pair, job: Job) -> Any:
     return pair[1] if job.block else pair[0]
 
 
-def _sets_in_noise(df: pd.DataFrame) -> pd.Series:
-    """Per row: whether the |signed sum of gaps| of its set (per component) is within the
-    run's numeric noise times the set's pairs."""
+def in_noise(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with the run's numeric noise its rows' largest (`numeric_noise` over all its
+    pairs) and `small_gap` per row: whether the |signed sum of gaps| of its set (per component)
+    is within that noise times the set's pairs."""
+    df = df.assign(noise=df["noise"].max())
     signed = (df["sign"] * df["gap"]).groupby(
         [df["set"], *(df[c] for c in COMPONENT)], dropna=False
     )
-    return ~(signed.transform("sum").abs() > df["noise"] * signed.transform("size"))
+    return df.assign(
+        small_gap=~(signed.transform("sum").abs() > df["noise"] * signed.transform("size"))
+    )
 
 
 NOISE_FACTOR = 10.0
@@ -481,13 +491,14 @@ def _edits(
 def _baselines(
     scorer: HookedScorer,
     pairs: Sequence[Pair],
+    prompts: dict[str, Any],
     todo: list[Job],
     size: int,
     hooks: str,
     remote: bool,
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
-    """The exact result of every clean and corrupt prompt (by prompt id); for the prompts whose
+    """The exact result of each of `prompts` (by prompt id); for the prompts whose
     values patches copy (`_source`), their activations at the hooks the jobs `todo` patch, on
     the positions those patches copy, answer positions `nodes` included where a patch writes
     them ({hook: [n, d]}, position index)."""
@@ -496,7 +507,6 @@ def _baselines(
     for job in todo:
         found = needed.setdefault(_source(pairs[job.pair], job).id, set())
         found.update([*job.source, *(nodes if job.nodes else [])])
-    prompts = {p.id: p for pair in pairs for p in pair}
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}
     acts: dict[str, tuple[dict[str, torch.Tensor], dict[Position, int]]] = {}

@@ -16,9 +16,9 @@ then does the rest:
    patching_summary.csv (each component's status, mean effect and estimate, recovery with
    bootstrap intervals over units, p values adjusted over the components), patching.png (layer
    x site, a panel per span), heads.png (layer x head) or positions.png (with `per_position`),
-   and prints the five measured components with the largest effect (a patching.parquet that
-   cannot be written is kept as `KEPT`, and the same run again takes it rather than measuring
-   again). `mediation` adds the total,
+   and prints the five measured components with the largest effect (`run_patch`'s `sweep`
+   measures exactly: `probekit patch` keeps its rows as it goes, `probekit.run.patch`).
+   `mediation` adds the total,
    direct and indirect effects of the exactly measured components (mediation.parquet,
    mediation_summary.csv; mechanism.mediation).
 3. Direction (studies that define one; not with `skip_direction`): per layer, the difference of
@@ -31,7 +31,6 @@ then does the rest:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -46,7 +45,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import check_room, write_parquet, write_text
 from probekit.core.items import EncodedItem, Item, check_span_names
 from probekit.core.kinds import choice, int_list, positive_int, text
-from probekit.core.options import default_of, named, option, option_values
+from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
 from probekit.engines.options import EpsilonOption
 from probekit.mechanism import attribution, capture, directions, mediation, patching
@@ -70,10 +69,8 @@ from probekit.reporting.headline import format_p
 
 METHODS = attribution.METHODS
 Say = Callable[[str], None]
-KEPT = "patching.partial.parquet"
-"""Where a patching table whose last write failed is kept; the same run again takes it."""
-INPUTS = "inputs_sha256"
-"""The patching table's attribute naming what it was measured from (`measured_inputs`)."""
+Sweep = Callable[..., pd.DataFrame]
+"""An exact sweep: `probekit.mechanism.patching.sweep`'s arguments, its table."""
 
 
 @dataclass(frozen=True)
@@ -198,10 +195,12 @@ def run_patch(
     request: PatchOptions,
     out: str | Path,
     say: Say = print,
+    sweep: Sweep | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """The whole patch analysis of a study's encoded items into `out` (the model's precision
     tier settled already): the files written, and the record of the run (what its manifest
-    adds: the readout, the sets patched and how they were chosen, the components)."""
+    adds: the readout, the sets patched and how they were chosen, the components). `sweep`
+    measures exactly (`patching.sweep` by default)."""
     defaults: MechanismDefaults = study.mechanism_defaults()
     items = [prompt.item for prompt in encoded]
     readout = check_patch(request, items, probe.answers, defaults)
@@ -238,46 +237,21 @@ def run_patch(
         f"{len(patches)} components ({len(layers)} layers) x {len(pairs)} pairs in {len(sets)} "
         f"{defaults.effect.name} sets on {units} {unit}s ({selection})"
     )
-    inputs = measured_inputs(model, request, readout, sets, patches)
-    df = kept_table(folder / KEPT, inputs, say)
-    if df is None:
-        df = measure(
-            scorer,
-            sets,
-            patches,
-            readout,
-            request.method,
-            request.top_k,
-            request.hooks,
-            request.batch_size,
-            say,
-            request.through_answer,
-        )
-        df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
-        df.attrs |= {"selection": selection, INPUTS: inputs}
+    asked = (request.method, request.top_k, request.hooks, request.batch_size)
+    df = measure(scorer, sets, patches, readout, *asked, say, request.through_answer, sweep)
+    df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
+    df.attrs["selection"] = selection
     if weak := df.attrs.get("weak_signal"):
         print(f"probekit: warning: {weak}", file=sys.stderr)
-    then = "its summary, figures and record are not written: run the same command to finish"
-    write_parquet(folder / "patching.parquet", df, keep=then)
-    (folder / KEPT).unlink(missing_ok=True)
+    write_parquet(folder / "patching.parquet", df)
     title = f"{describe_model(model.describe())}, {probe.name}"
-    record: dict[str, Any] = {
-        "contrast": defaults.effect.name,
-        "resampled": unit,
-        "selection": selection,
-    }
+    record = {"contrast": defaults.effect.name, "resampled": unit, "selection": selection}
     files = report(df, folder, request, spans, title, say, record)
-    record |= {
-        "readout": readout.spec,
-        "layers": layers,
-        "spans": spans,
-        "components": len(patches),
-        "units": units,
-        "sets": [
-            {"unit": s.unit, "name": s.name, "pairs": [[a.id, b.id] for a, b in s.pairs]}
-            for s in sets
-        ],
-    }
+    record |= {"readout": readout.spec, "layers": layers, "spans": spans, "units": units}
+    record["components"] = len(patches)
+    record["sets"] = [
+        {"unit": s.unit, "name": s.name, "pairs": [[a.id, b.id] for a, b in s.pairs]} for s in sets
+    ]
     written = ["patching.parquet", *files]
     if request.mediation:
         exact = request.method == "exact"
@@ -293,26 +267,6 @@ def run_patch(
     return written, record
 
 
-def measured_inputs(
-    model: Any, request: PatchOptions, readout: Readout, sets: Sequence[PairSet], patches: list
-) -> str:
-    """What a patching table is measured from (the model, the options, the readout, the pairs and
-    the components), as a SHA-256 that the table keeps (`INPUTS`)."""
-    described = {k: v for k, v in model.describe().items() if k not in ("precision",)}
-    pairs = [[a.id, b.id] for s in sets for a, b in s.pairs]
-    record = [described, option_values(request, leave=("out",)), readout.spec, pairs, patches]
-    return hashlib.sha256(json.dumps(record, default=str).encode()).hexdigest()
-
-
-def kept_table(path: Path, inputs: str, say: Say) -> pd.DataFrame | None:
-    """The patching table a run whose last write failed kept at `path`, when it was measured
-    from `inputs` (then not measured again); else None."""
-    if not path.is_file() or (table := pd.read_parquet(path)).attrs.get(INPUTS) != inputs:
-        return None
-    say(f"the patching table kept in {path} is this run's: not measured again")
-    return table
-
-
 def measure(
     scorer: HookedScorer,
     pairs: Sequence[PairSet],
@@ -324,11 +278,13 @@ def measure(
     batch_size: int | None = None,
     say: Say = print,
     through_answer: bool | None = None,
+    sweep: Sweep | None = None,
 ) -> pd.DataFrame:
-    """The patching table of `method`; attribution+verify says how well the estimate ranked
-    the verified components. Exact patching shows a progress bar on a terminal."""
+    """The patching table of `method` (exact: by `sweep`, `patching.sweep` by default);
+    attribution+verify says how well the estimate ranked the verified components. Exact
+    patching shows a progress bar on a terminal."""
     if method == "exact":
-        return patching.sweep(
+        return (sweep or patching.sweep)(
             scorer,
             pairs,
             patches,
@@ -358,14 +314,13 @@ def report(
     request: PatchOptions,
     spans: list[str],
     name: str,
-    say: Say = print,
-    record: dict[str, str] | None = None,
+    say: Say,
+    record: dict[str, str],
 ) -> list[str]:
     """patching_summary.csv (with the `record` columns: the contrast, the unit resampled, how
     the sets were chosen, and the p values' adjustment, added to `record`), the heatmaps and
     the top five measured components; the files written."""
     summary = patching.summarise(df, n=request.bootstrap, seed=request.seed)
-    record = record if record is not None else {}
     record["adjustment"] = summary.attrs["adjustment"]
     summary = summary.assign(**record)
     write_text(out / "patching_summary.csv", summary.to_csv(index=False))
@@ -387,14 +342,10 @@ def report(
     if heads[value].notna().any() and not request.per_position:
         head_heatmap(heads, out / "heads.png", value, spans, title)
         written.append("heads.png")
-    line = patching.noise_line(df)
-    if line:
+    if line := patching.noise_line(df):
         say(line)
-    say(
-        top_components(
-            summary, "estimate" if attributed else "effect", pairs, df["readout"].iloc[0]
-        )
-    )
+    column = "estimate" if attributed else "effect"
+    say(top_components(summary, column, pairs, df["readout"].iloc[0]))
     return written
 
 
@@ -535,16 +486,8 @@ def run_capture(
     written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))  # a capture resumed
     needs = shard_bytes(encoded, layers, request.sites, request.spans, d_model(model)) - written
     check_room(out, needs, "the activation shards")
-    result = capture.capture(
-        model,
-        encoded,
-        out,
-        layers=layers,
-        sites=request.sites,
-        spans=request.spans,
-        hooks=request.hooks,
-        batch_size=request.batch_size,
-    )
+    asked = (request.sites, request.spans, request.hooks, request.batch_size)
+    result = capture.capture(model, encoded, out, layers, *asked)
     say(
         f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "
         f"layers {layers}\nshards: {result.out_dir / 'shards'}\nindex:  {result.out_dir / 'index'}"

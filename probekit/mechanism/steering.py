@@ -54,7 +54,7 @@ from probekit.core.signal import is_weak, weak_under
 from probekit.engines.base import ScoreResult
 from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
 from probekit.mechanism.api import encode_prompts, hookable
-from probekit.mechanism.capture import gather
+from probekit.mechanism.capture import read_spans, site_shorts
 from probekit.mechanism.interventions import answer_nodes, score_edited
 from probekit.mechanism.options import HookOptions
 from probekit.mechanism.pairs import positions_of
@@ -209,17 +209,17 @@ def span_means(
     `probekit.mechanism.capture` in batches as a capture reads them (float64 [prompts, d_model]
     per target)."""
     layers = sorted({layer for _, layer in targets})
-    sites = sorted({name for name, _ in targets})
-    out: dict[Target, list[np.ndarray]] = {target: [] for target in targets}
-    for start in range(0, len(prompts), batch_size):
-        rows, values = gather(
-            model, prompts[start : start + batch_size], layers, sites, [span], hooks
+    shorts = site_shorts([name for name, _ in targets])
+    rows, values = read_spans(model, prompts, layers, shorts, [span], hooks, batch_size)
+    return {
+        (name, layer): np.stack(
+            [
+                values[site(name).hook(layer)][r["row_start"] : r["row_stop"]].double().mean(0)
+                for r in rows
+            ]
         )
-        sizes = [len(positions) for _, _, positions in rows]
-        for name, layer in targets:
-            parts = torch.split(values[(layer, site(name).short)].double(), sizes)
-            out[(name, layer)] += [part.mean(dim=0).numpy() for part in parts]
-    return {target: np.stack(means) for target, means in out.items()}
+        for name, layer in targets
+    }
 
 
 def residual_norms(means: Mapping[Target, np.ndarray]) -> dict[Target, float]:
@@ -248,11 +248,6 @@ def random_like(vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return draw * (vector.norm(dim=-1, keepdim=True) / draw.norm())
 
 
-def control_name(index: int) -> str:
-    """The `vector` column of random control `index`: `random`, then `random2`, `random3`, ..."""
-    return RANDOM if index == 0 else f"{RANDOM}{index + 1}"
-
-
 def with_controls(
     vectors: dict[Any, torch.Tensor], controls: int, seed: int
 ) -> dict[Any, dict[str, torch.Tensor]]:
@@ -260,7 +255,8 @@ def with_controls(
     `random2`, ...), drawn from `seed`: what `steer` and `probekit steer STUDY` steer along."""
     rng = np.random.default_rng(seed)
     return {
-        t: {STEER: v} | {control_name(c): random_like(v, rng) for c in range(controls)}
+        t: {STEER: v}
+        | {f"{RANDOM}{c + 1}" if c else RANDOM: random_like(v, rng) for c in range(controls)}
         for t, v in vectors.items()
     }
 

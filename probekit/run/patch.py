@@ -4,35 +4,61 @@
 Its files go into `out` (`patching.parquet`, `patching_summary.csv`, the figures, ...), and its
 record into `out/patching/`: `manifest.json` (the weights' hash, the seed, the sets patched and
 how they were chosen, the contrast, the unit resampled, the p values' adjustment, sites, layers,
-spans, the options, the package versions and the probekit commit) and `report.html`. A patching
-run is not resumed: run again, it writes its files and record anew. A lens run of the same
-folder (its `manifest.json` at the top) reads its pairs (`probekit.run.lens.patching_gaps`).
+spans, the options, the package versions and the probekit commit) and `report.html`.
+
+The exact sweep keeps its rows as it measures them, in `out/patching/sweep/` (`SWEEP`: checksummed
+parts of whole pairs, the run loop's `probekit.run.loop.fill`, with their own manifest): a patch
+cut short (killed, an exception, a write that failed) and run again measures only the rows it
+lacks and writes the table an uninterrupted run writes; the same command with another setting is
+refused in one line before the model loads. Once every file is written the folder is removed, so
+a finished patching run, run again, measures and writes its files and record anew. A lens run of
+the same folder (its `manifest.json` at the top) reads its pairs
+(`probekit.run.lens.patching_gaps`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from probekit.core.errors import ProbekitError
+from probekit.core.io import WriteFailed
+from probekit.core.items import PROMPT_ID
 from probekit.core.options import option_values
 from probekit.core.public import public
-from probekit.core.rundir import RunDir
+from probekit.core.rundir import RowKey, RunDir
+from probekit.core.store import INDEX
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions
-from probekit.mechanism.pipeline import PatchOptions, check_patch, check_patch_options, run_patch
+from probekit.mechanism import patching
+from probekit.mechanism.pipeline import (
+    PatchOptions,
+    Sweep,
+    check_patch,
+    check_patch_options,
+    run_patch,
+)
 from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
 from probekit.run.command import Job, MechanismRunner, Options
+from probekit.run.loop import fill, open_run
+from probekit.run.pace import pace_key
+from probekit.run.record import LOADED
+from probekit.run.scoring import CHUNK_BATCHES, Chunk, Scoring
+from probekit.run.shards import WHOLE
 from probekit.studies.base import Study
 
 RECORD = "patching"
 """The folder of a patching run's record (`manifest.json`, `report.html`) inside `out`."""
+SWEEP = f"{RECORD}/sweep"
+"""The folder inside `out` that keeps the exact sweep's rows until the run has written its files."""
 SHOWN = (
     "study",
     "model",
@@ -147,6 +173,15 @@ class PatchCommand(MechanismRunner):
     def prepare(self, job: Job) -> None:
         check_patch(job.own, job.items, job.probe.answers, job.study.mechanism_defaults())
 
+    def check_resume(self, job: Job) -> None:
+        """With the outputs' checks, a sweep cut short (`SWEEP`) under other settings is refused
+        in one line before any model loads."""
+        super().check_resume(job)
+        known = self.manifest(job, None)
+        unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
+        unknown += ["tolerance", "engine"] if job.given else []  # a given engine's, known later
+        RunDir(job.folder / SWEEP).check_resume(known, unknown)
+
     def wrote(self, result: StudyPatch) -> str:
         return f"{result.path}/{', '.join(result.files)}"
 
@@ -156,7 +191,18 @@ class PatchCommand(MechanismRunner):
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyPatch:
         out = job.folder
-        written, record = run_patch(model, job.study, job.probe, job.encoded, job.own, out)
+        sweep = kept_sweep(out / SWEEP, manifest)
+        try:
+            written, record = run_patch(
+                model, job.study, job.probe, job.encoded, job.own, out, sweep=sweep
+            )
+        except WriteFailed as failed:
+            if not (out / SWEEP).is_dir():
+                raise
+            raise ProbekitError(
+                f"{failed.marked}; the measured rows are kept in {out / SWEEP}: once that is "
+                "fixed, run the same command again to finish (nothing measured is measured again)"
+            ) from None
         figures = figure_data(out, [name for name in written if name.endswith(".png")])
         manifest = {**manifest, **record, "figures": figures}
         RunDir(out / RECORD).write_manifest(manifest)
@@ -183,9 +229,56 @@ class PatchCommand(MechanismRunner):
             [out / name for name in written if name.endswith(".png")],
             weak=table.attrs.get("weak_signal"),
         )
+        shutil.rmtree(out / SWEEP, ignore_errors=True)  # every file written: nothing to resume
         return StudyPatch(
             out, [*written, f"{RECORD}/manifest.json", f"{RECORD}/report.html"], table, summary
         )
+
+
+def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
+    """`patching.sweep`, its rows kept in `folder` as they are measured (the run loop's parts,
+    `fill`, under `manifest`'s settings): cut short and called again, it measures only the rows
+    it lacks, in the chunks an uninterrupted sweep measures, so the table is the same."""
+
+    def sweep(scorer: Any, sets: Any, patches: Any, readout: Any, **options: Any) -> pd.DataFrame:
+        ids = [f"{a.id} > {b.id} {p}" for s in sets for a, b in s.pairs for p in patches]
+        batch = options.get("batch_size") or scorer.batch_size
+        chunk = len(patches) * -(-CHUNK_BATCHES * batch // len(patches))  # whole pairs
+
+        def measure(rows: list[int]) -> pd.DataFrame:
+            return patching.sweep(
+                scorer, sets, patches, readout, rows=rows, progress=False, **options
+            )
+
+        pace = pace_key(scorer.model.describe(), scorer.answers, "patch")
+        with open_run(folder, WHOLE, manifest):
+            key = RowKey.of(manifest, ids)
+            start = lambda: SweepScoring(measure, chunk, pace)  # noqa: E731
+            merged = fill(
+                lambda: ids, "patching", folder, key, start, merged="rows.parquet", keep_parts=False
+            )
+        assert merged is not None  # one process: every row is measured
+        table = patching.in_noise(pd.read_parquet(merged).drop(columns=[INDEX, PROMPT_ID]))
+        table.attrs["answers"] = list(scorer.answers.answers)
+        return table
+
+    return sweep
+
+
+class SweepScoring(Scoring):
+    """A patching sweep's rows in chunks of `chunk_size` (whole pairs), each measured by
+    `measure` (the rows' positions in the table: their rows)."""
+
+    desc = "patching"
+
+    def __init__(self, measure: Any, chunk_size: int, key: str) -> None:
+        self.measure, self.chunk_size, self.key = measure, chunk_size, key
+
+    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
+        for chunk in chunks:
+            rows = [i for i, _ in chunk]
+            yield self.measure(rows).assign(**{INDEX: rows, PROMPT_ID: [r for _, r in chunk]})
+            bar.update(len(rows))
 
 
 PATCH = PatchCommand()
