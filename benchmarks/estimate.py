@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import load_line, write_results
+from common import commit, load_line, write_results
 
 import probekit
 from probekit.run import loop, pace, scoring
@@ -81,28 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(estimate / real {ratio:.2f}; the rule: between 0.5 and 2)"
     )
     if args.json:
+        end = load_line("at end")
         figures = json.loads(args.json.read_text())["figures"] if args.json.exists() else []
         figures = [f for f in figures if f.get("run") != args.name]
-        for key, unit in (("estimate_s", "s"), ("real_s", "s")):
-            figures.append(
-                {
-                    "figure": f"{args.name}: {key[:-2]}",
-                    "value": found[key],
-                    "unit": unit,
-                    "run": args.name,
-                    "options": options,
-                }
-            )
-        figures.append(
-            {
-                "figure": f"{args.name}: estimate / real",
-                "value": ratio,
-                "unit": "ratio",
-                "run": args.name,
-                "options": options,
-            }
-        )
-        end = load_line("at end")
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        series = f"{args.name}: {when}, commit {commit()}, load {start[0]:.1f} at start"
+        series += f", {end[0]:.1f} at end"  # each run's own: the file's header has the last's
+        rows = (("estimate", found["estimate_s"], "s"), ("real", found["real_s"], "s"))
+        for what, value, unit in (*rows, ("estimate / real", ratio, "ratio")):
+            figure = {"figure": f"{args.name}: {what}", "value": value, "unit": unit}
+            figures.append(figure | {"series": series, "run": args.name, "options": options})
         on = {"device": "cpu", "threads": None, "load_start": start, "load_end": end}
         write_results("estimate", figures, path=args.json, **on)
     return 0

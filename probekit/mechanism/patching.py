@@ -97,6 +97,15 @@ SUMMARY = [*COMPONENT, "swapped"]
 """The columns naming one row of a summary: a component, and the identity its pairs swap."""
 ADJUSTMENT = "holm"
 """How a table's p values are adjusted for the family of components tested (`p_adjusted`)."""
+CHUNK_BATCHES = 2
+"""Batches of patched runs in a chunk of a sweep (rounded up to whole pairs): the sweep measures
+its rows chunk by chunk, each with its pairs' baselines and noise, so a sweep kept in parts
+(`probekit.run.patch`), which measures the same chunks, writes the same table."""
+
+
+def chunk_rows(patches: int, batch_size: int) -> int:
+    """The rows of a chunk of a sweep: `CHUNK_BATCHES` batches, rounded up to whole pairs."""
+    return patches * -(-CHUNK_BATCHES * batch_size // patches)
 
 
 @public(HookOptions)
@@ -143,7 +152,7 @@ def sweep(
     the patch did not run), whose mean per component below the weak-signal threshold is warned
     about (`weak_patches`).
     """
-    pairs, about = pair_columns(as_sets(pairs))
+    given, (pairs, about) = pairs, pair_columns(as_sets(pairs))
     check(scorer.model, pairs, patches)
     size = batch_size or scorer.batch_size
     if through_answer is None:
@@ -153,6 +162,32 @@ def sweep(
         for i, pair in enumerate(pairs)
         for patch in patches
     ]
+    chunk = chunk_rows(len(patches), size)
+    if rows is None and len(jobs) > chunk:  # chunk by chunk, as a sweep kept in parts
+        bar = progress if hasattr(progress, "update") else Silent()
+        bar = track(len(jobs), "run", "patching") if progress is True else bar
+        options = {"hooks": hooks, "batch_size": batch_size, "run_noops": run_noops}
+        options |= {"remote": remote, "through_answer": through_answer}
+        parts = []
+        for start in range(0, len(jobs), chunk):
+            done = list(range(start, min(start + chunk, len(jobs))))
+            parts.append(
+                sweep(
+                    scorer,
+                    given,
+                    patches,
+                    readout,
+                    **options,
+                    progress=False,
+                    rows=done,
+                    distributions=distributions,
+                )
+            )
+            bar.update(len(done))
+        bar.close()
+        out = in_noise(pd.concat(parts, ignore_index=True))
+        out.attrs["answers"] = list(scorer.answers.answers)
+        return out
     chosen = range(len(jobs)) if rows is None else rows
     todo = [k for k in chosen if run_noops or jobs[k].status != NOT_RUN]
     nodes = answer_nodes(scorer)

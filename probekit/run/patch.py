@@ -51,7 +51,7 @@ from probekit.run.command import Job, MechanismRunner, Options
 from probekit.run.loop import fill, open_run
 from probekit.run.pace import pace_key
 from probekit.run.record import LOADED
-from probekit.run.scoring import CHUNK_BATCHES, Chunk, Scoring
+from probekit.run.scoring import Chunk, Scoring
 from probekit.run.shards import WHOLE
 from probekit.studies.base import Study
 
@@ -243,7 +243,7 @@ def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
     def sweep(scorer: Any, sets: Any, patches: Any, readout: Any, **options: Any) -> pd.DataFrame:
         ids = [f"{a.id} > {b.id} {p}" for s in sets for a, b in s.pairs for p in patches]
         batch = options.get("batch_size") or scorer.batch_size
-        chunk = len(patches) * -(-CHUNK_BATCHES * batch // len(patches))  # whole pairs
+        chunk = patching.chunk_rows(len(patches), batch)  # the chunks of an unkept sweep
 
         def measure(rows: list[int]) -> pd.DataFrame:
             return patching.sweep(
