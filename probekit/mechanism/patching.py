@@ -157,20 +157,15 @@ def sweep(
     size = batch_size or scorer.batch_size
     if through_answer is None:
         through_answer = library(hooks) == "transformer_lens"
-    jobs = [
-        make_job(i, pair, patch, through_answer)
-        for i, pair in enumerate(pairs)
-        for patch in patches
-    ]
-    chunk = chunk_rows(len(patches), size)
-    if rows is None and len(jobs) > chunk:  # chunk by chunk, as a sweep kept in parts
+    total, chunk = len(pairs) * len(patches), chunk_rows(len(patches), size)
+    if rows is None and total > chunk:  # chunk by chunk, as a sweep kept in parts
         bar = progress if hasattr(progress, "update") else Silent()
-        bar = track(len(jobs), "run", "patching") if progress is True else bar
+        bar = track(total, "run", "patching") if progress is True else bar
         options = {"hooks": hooks, "batch_size": batch_size, "run_noops": run_noops}
         options |= {"remote": remote, "through_answer": through_answer}
         parts = []
-        for start in range(0, len(jobs), chunk):
-            done = list(range(start, min(start + chunk, len(jobs))))
+        for start in range(0, total, chunk):
+            done = list(range(start, min(start + chunk, total)))
             parts.append(
                 sweep(
                     scorer,
@@ -188,7 +183,13 @@ def sweep(
         out = in_noise(pd.concat(parts, ignore_index=True))
         out.attrs["answers"] = list(scorer.answers.answers)
         return out
-    chosen = range(len(jobs)) if rows is None else rows
+    chosen = range(total) if rows is None else rows
+    jobs = {  # job index (pair-major) -> its job: only this chunk's, not the whole sweep's
+        k: make_job(
+            k // len(patches), pairs[k // len(patches)], patches[k % len(patches)], through_answer
+        )
+        for k in chosen
+    }
     todo = [k for k in chosen if run_noops or jobs[k].status != NOT_RUN]
     nodes = answer_nodes(scorer)
     used = [pairs[i] for i in sorted({jobs[k].pair for k in chosen})]
@@ -497,7 +498,7 @@ def noise_line(df: pd.DataFrame) -> str | None:
 
 
 def _edits(
-    jobs: list[Job],
+    jobs: dict[int, Job],
     ks: list[int],
     pairs: Sequence[Pair],
     source_acts: dict,

@@ -18,6 +18,7 @@ the same folder (its `manifest.json` at the top) reads its pairs
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -253,7 +254,7 @@ def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
         pace = pace_key(scorer.model.describe(), scorer.answers, "patch")
         with open_run(folder, WHOLE, manifest):
             key = RowKey.of(manifest, ids)
-            start = lambda: SweepScoring(measure, chunk, pace)  # noqa: E731
+            start = functools.partial(SweepScoring, measure, chunk, pace)
             merged = fill(
                 lambda: ids, "patching", folder, key, start, merged="rows.parquet", keep_parts=False
             )
