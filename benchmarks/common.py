@@ -355,6 +355,7 @@ def write_results(
     argv: list[str] | None = None,
     path: Path | None = None,
     details: dict[str, Any] | None = None,
+    note: str | None = None,
 ) -> Path:
     """Write one benchmark run's figures as JSON (default `benchmarks/results/<benchmark>.json`)
     with what they were measured on: machine, device, threads, load averages, commit, date and
@@ -363,7 +364,7 @@ def write_results(
 
     Each figure is a dict with `figure` (what it is, in words), `value` and `unit` (and any
     other keys, kept as they are); `details`, the script's own fuller record, is kept beside
-    them under `details`."""
+    them under `details`; `note`, what a reader must know beside them, is printed above them."""
     for figure in figures:
         if not {"figure", "value", "unit"} <= figure.keys():
             raise ValueError(f"a figure needs 'figure', 'value' and 'unit', got {sorted(figure)}")
@@ -382,6 +383,8 @@ def write_results(
         },
         "figures": figures,
     }
+    if note is not None:
+        record["note"] = note
     if details is not None:
         record["details"] = details
     path = RESULTS / f"{benchmark}.json" if path is None else path
