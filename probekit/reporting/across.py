@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -25,16 +25,8 @@ from probekit.reporting.figures import HeadlinePanel, HeadlineRow, headline_figu
 from probekit.reporting.headline import Headline, missing
 from probekit.reporting.latex import markdown_table, paper_table, write_csv, write_latex
 
-
-class RunPage(Protocol):
-    """What the table reads of a run (`probekit.reporting.html.RunPage`)."""
-
-    folder: Path
-    manifest: dict[str, Any]
-    headlines: list[Headline]
-    study: str
-    scale: str
-
+if TYPE_CHECKING:
+    from probekit.reporting.html import RunPage
 
 KEYS = ("category", "setting", "prompt", "orders")
 """The manifest fields that tell a study's runs apart (besides the model), those present."""
@@ -143,18 +135,6 @@ def forest_panels(runs: Sequence[RunPage]) -> list[HeadlinePanel]:
     return drawn if any(r.value is not None for p in drawn for r in p.rows) else []
 
 
-def forest_rows(panels: Sequence[HeadlinePanel]) -> pd.DataFrame:
-    """The forest plot's numbers: a row per panel and model."""
-    return pd.DataFrame(
-        [
-            {"panel": p.title, "model": r.name, "value": r.value, "low": r.low, "high": r.high}
-            | {"reference": p.reference}
-            for p in panels
-            for r in p.rows
-        ]
-    )
-
-
 def write_across(runs: Sequence[RunPage], folder: Path, title: str) -> pd.DataFrame:
     """Write the paper's table of `runs` (one study's) into `folder` as `headlines.csv`, `.md`
     and `.tex` (captioned `title`), and the forest plot as `forest.png` with its numbers in
@@ -172,7 +152,13 @@ def write_across(runs: Sequence[RunPage], folder: Path, title: str) -> pd.DataFr
     units = sorted({u for u in table["unit"] if not missing(u) and u})
     write_latex(folder / "headlines.tex", shown(table), caption, units)
     if panels := forest_panels(runs):
-        save_figure(headline_figure(panels), folder / "forest.png", forest_rows(panels))
+        rows = [
+            {"panel": p.title, "model": r.name, "value": r.value, "low": r.low, "high": r.high}
+            | {"reference": p.reference}
+            for p in panels
+            for r in p.rows
+        ]
+        save_figure(headline_figure(panels), folder / "forest.png", pd.DataFrame(rows))
     return table
 
 
