@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -25,8 +25,16 @@ from probekit.reporting.figures import HeadlinePanel, HeadlineRow, headline_figu
 from probekit.reporting.headline import Headline, missing
 from probekit.reporting.latex import markdown_table, paper_table, write_csv, write_latex
 
-if TYPE_CHECKING:
-    from probekit.reporting.html import RunPage
+
+class RunPage(Protocol):
+    """What the table reads of a run (`probekit.reporting.html.RunPage`)."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    headlines: list[Headline]
+    study: str
+    scale: str
+
 
 KEYS = ("category", "setting", "prompt", "orders")
 """The manifest fields that tell a study's runs apart (besides the model), those present."""
