@@ -389,24 +389,17 @@ def summary_table(rows: pd.DataFrame) -> dict[str, list]:
 
 def manifest_table(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """The manifest's main fields (those present) as (name, text) pairs, in a fixed order."""
-    shown = []
-    for key, name in SHOWN_FIELDS.items():
-        if key in manifest and not missing(manifest[key]):
-            value = manifest[key]
-            shown.append((name, value if isinstance(value, str) else json.dumps(value)))
-    return shown
+    present = {name: manifest.get(key) for key, name in SHOWN_FIELDS.items()}
+    present = {name: value for name, value in present.items() if not missing(value)}
+    return [(name, v if isinstance(v, str) else json.dumps(v)) for name, v in present.items()]
 
 
 def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
     """The nested parts of the manifest: numerics (noise figure), versions, the probe, the rest."""
     rest = {k: v for k, v in manifest.items() if k not in SHOWN_FIELDS}
-    parts = {}
-    for key in ("numerics", "versions", "probe"):
-        if key in rest:
-            parts[key] = json.dumps(rest.pop(key), indent=1, default=str)
-    if rest:
-        parts["other fields"] = json.dumps(rest, indent=1, default=str)
-    return parts
+    parts = {key: rest.pop(key) for key in ("numerics", "versions", "probe") if key in rest}
+    parts |= {"other fields": rest} if rest else {}
+    return {name: json.dumps(value, indent=1, default=str) for name, value in parts.items()}
 
 
 def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
