@@ -17,7 +17,7 @@ identities may have different numbers of tokens. Positions index the unpadded to
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -84,7 +84,9 @@ class Item:
             object.__setattr__(self, "messages", parse_messages(self.messages, where))
         elif not (self.text + self.prefill).strip():  # type: ignore[operator]
             raise ProbekitError(f"{where}: the prompt is empty (its text is blank)")
-        for name, value in self._texts():
+        texts = [("id", self.id), ("text", self.text or ""), ("prefill", self.prefill)]
+        texts += [(f"message {n}", m["content"]) for n, m in enumerate(self.messages or ())]
+        for name, value in texts:
             refuse_lone_surrogate(value, f"{where}: its {name}")
         if not self.unit:  # an ad-hoc prompt is its own unit
             object.__setattr__(self, "unit", self.id)
@@ -97,12 +99,6 @@ class Item:
                         f"{where}: span '{name}' [{r.start}, {r.end}) lies outside "
                         f"{'the text' if r.message is None else f'message {r.message}'}"
                     )
-
-    def _texts(self) -> Iterator[tuple[str, str]]:
-        """Every text of the prompt with its name (id, text, prefill, message N)."""
-        yield from (("id", self.id), ("text", self.text or ""), ("prefill", self.prefill))
-        for number, message in enumerate(self.messages or ()):
-            yield f"message {number}", message["content"]
 
     def _source(self, message: int | None) -> str:
         if message is None:

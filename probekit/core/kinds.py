@@ -110,29 +110,24 @@ positive_float = _ranged(False, 0.0, above=True)
 """A finite number > 0."""
 
 
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        refuse(f"must be text (got {value!r})")
-    return value
+def _is(test: Callable[[Any], Any], what: str, held: Callable[[Any], Any] = lambda v: v) -> Any:
+    """A check refusing a value that fails `test` ("must be {what} (got ...)"), else `held`
+    of it (the value as the option holds it)."""
+
+    def check(value: Any) -> Any:
+        if not test(value):
+            refuse(f"must be {what} (got {value!r})")
+        return held(value)
+
+    return check
 
 
-def _path(value: Any) -> Path:
-    if not isinstance(value, str | os.PathLike) or not str(value):
-        refuse(f"must be a path (got {value!r})")
-    return Path(value)
-
-
-def _function(value: Any) -> Any:
-    if not callable(value):
-        refuse(f"must be a function (got {value!r})")
-    return value
-
-
-text = Kind("text", str, _text)
+text = Kind("text", str, _is(lambda v: isinstance(v, str), "text"))
 """Any text."""
-path = Kind("path", Path, _path)
+_as_path = _is(lambda v: isinstance(v, str | os.PathLike) and str(v), "a path", Path)
+path = Kind("path", Path, _as_path)
 """A file or folder (a `str` or a `Path` from Python; held as a `Path`)."""
-function = Kind("function", str, _function)
+function = Kind("function", str, _is(callable, "a function"))
 """A Python function (an option of the API only: no command line reads one)."""
 
 

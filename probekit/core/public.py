@@ -98,8 +98,11 @@ def _checked(
         values = dict(zip(positional, args, strict=False))
         clash = len(args) > len(positional) or values.keys() & kwargs.keys()
         values.update(kwargs)
-        if clash or any(n not in values for n in required):
-            _bind(signature, args, kwargs, where)
+        try:  # a call its signature does not take: one line, as `Signature.bind` words it
+            if clash or any(n not in values for n in required):
+                signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise ProbekitError(f"{where}: {error}") from None
         for name, value in values.items():
             if name in fields:
                 if value is None and body[name].default is body[name].empty:
@@ -115,11 +118,3 @@ def _checked(
     # what the tests read: the option fields of its parameters, the command of their defaults
     call.__public__ = SimpleNamespace(fields=fields, command=command)  # type: ignore[attr-defined]
     return call
-
-
-def _bind(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any], where: str) -> None:
-    """One line for a call its signature does not take, as `inspect.Signature.bind` words it."""
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as error:
-        raise ProbekitError(f"{where}: {error}") from None

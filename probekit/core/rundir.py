@@ -132,10 +132,8 @@ class RowKey:
 
     @cached_property
     def _positions(self) -> dict[int, int]:
-        positions: dict[int, int] = {}
-        for index, hashed in enumerate(self.ids.tolist()):  # type: ignore[union-attr]
-            positions.setdefault(hashed, index)
-        return positions
+        indexed = list(enumerate(self.ids.tolist()))  # type: ignore[union-attr]
+        return {hashed: index for index, hashed in reversed(indexed)}  # a repeated id: its first
 
     def mismatch(
         self, metadata: dict[bytes, bytes] | None, indices: np.ndarray | None, ids: Sequence[str]

@@ -23,29 +23,12 @@ from probekit.core.paths import package_path
 from probekit.core.text import read_text
 from probekit.datasets.locate import Dataset
 
-EMOTIONS: tuple[str, ...] = (
-    "anger",
-    "disgust",
-    "fear",
-    "guilt",
-    "sadness",
-    "shame",
-    "boredom",
-    "joy",
-    "pride",
-    "trust",
-    "relief",
-    "surprise",
-)
+_ORDER = "anger disgust fear guilt sadness shame boredom joy pride trust relief surprise"
+EMOTIONS = tuple(_ORDER.split())
+"""The 12 emotions, in the order of the authors' files."""
 FILES: tuple[str, ...] = tuple(f"crowd-enVent/crowd-enVent_{e}.tsv" for e in EMOTIONS)
-COLUMNS: tuple[str, ...] = (
-    "emotion",
-    "text_id",
-    "generated_text",
-    "first_person_text",
-    "third_person_text",
-)
-TEXT_COLUMNS: tuple[str, ...] = ("generated_text", "first_person_text", "third_person_text")
+TEXT_COLUMNS = ("generated_text", "first_person_text", "third_person_text")
+COLUMNS = ("emotion", "text_id", *TEXT_COLUMNS)
 SAMPLE_ROOT = package_path("probekit.datasets", "samples")
 CROWD_ENVENT = Dataset("crowd-enVent", FILES, SAMPLE_ROOT)
 

@@ -76,11 +76,13 @@ class Dataset:
         """The files of `source` that differ from their pinned sha256 (relative path -> sha256
         found; empty when all match), or None when nothing can be checked: probekit's own
         sample (found as the fallback or named by --data), or a dataset without pinned sums."""
-        pinned = {rel: digest for rel, digest in read_checksums().items() if rel in self.files}
+        pinned = {rel: sha for rel, sha in read_checksums().items() if rel in self.files}
         own_sample = self.sample is not None and source.path.resolve() == self.sample.resolve()
         if source.origin == "sample" or own_sample or not pinned:
             return None
-        return mismatched_files(source.path, pinned)
+        files = [rel for rel in sorted(pinned) if (source.path / rel).is_file()]
+        found = {rel: file_sha256(source.path / rel) for rel in files}
+        return {rel: sha for rel, sha in found.items() if sha != pinned[rel]}
 
     def find(self, explicit: str | Path | None, say: Callable[..., None]) -> DataSource:
         """`resolve`, saying where the data came from, loudly when a sample stands in, and in
@@ -91,9 +93,15 @@ class Dataset:
             say(f"{self.name} not found: {sample}. {source.message}")
         else:
             say(f"data: {self.name} from {source.path} ({source.origin})")
-        differing = self.verify(source)
-        if differing:
-            say(mismatch_line(self.name, source.path, differing), file=sys.stderr)
+        if differing := self.verify(source):
+            first = next(iter(differing))
+            more = f" (and {len(differing) - 1} more file(s))" if len(differing) > 1 else ""
+            say(
+                f"probekit: warning: {source.path / first} is not the pinned {self.name} file"
+                f"{more}: its sha256 is {differing[first][:16]}...; a damaged copy or another "
+                "version (the run goes on and its manifest says data_verified: false)",
+                file=sys.stderr,
+            )
         return source
 
     def manifest(self, source: DataSource, sha256: str | None = None) -> dict[str, Any]:
@@ -134,33 +142,10 @@ def combined_sha256(root: str | Path, files: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def mismatched_files(root: str | Path, pinned: Mapping[str, str]) -> dict[str, str]:
-    """The files under `root` whose sha256 is not the pinned one: relative path -> sha256 found
-    (a missing file is left to the reader, which names it)."""
-    root = Path(root)
-    found = {rel: file_sha256(root / rel) for rel in sorted(pinned) if (root / rel).is_file()}
-    return {rel: digest for rel, digest in found.items() if digest != pinned[rel]}
-
-
-def mismatch_line(name: str, root: Path, differing: Mapping[str, str]) -> str:
-    """One line saying that `differing` files of the dataset `name` are not the pinned ones."""
-    first = next(iter(differing))
-    more = f" (and {len(differing) - 1} more file(s))" if len(differing) > 1 else ""
-    return (
-        f"probekit: warning: {root / first} is not the pinned {name} file{more}: its sha256 is "
-        f"{differing[first][:16]}...; a damaged copy or another version (the run goes on and its "
-        "manifest says data_verified: false)"
-    )
-
-
 def read_checksums(path: Path = CHECKSUMS_FILE) -> dict[str, str]:
     """Relative path -> expected sha256, from a file in `sha256sum` format."""
-    checksums = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            digest, rel = line.split(maxsplit=1)
-            checksums[rel.lstrip("*")] = digest
-    return checksums
+    lines = [line.split(maxsplit=1) for line in path.read_text(encoding="utf-8").splitlines()]
+    return {rel.lstrip("*"): digest for digest, rel in filter(None, lines)}
 
 
 def source_url(rel: str, sources: Mapping[str, str] = SOURCES) -> str:
@@ -207,9 +192,7 @@ def _download(
                 f"{url} has sha256 {digest}, expected {checksums[rel]}; the source changed or the "
                 f"transfer was corrupted: retry, or {_pass_data()} with a verified copy"
             )
-        target = root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, lambda tmp, data=data: tmp.write_bytes(data))
+        atomic_write(root / rel, lambda tmp, data=data: tmp.write_bytes(data))
 
 
 def _pass_data() -> str:

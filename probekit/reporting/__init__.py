@@ -9,20 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_API = {
-    "Headline": "probekit.reporting.headline",
-    "ViewFacts": "probekit.reporting.headline",
-    "RunFacts": "probekit.reporting.contract",
-    "StudyCard": "probekit.reporting.contract",
-    "StudyReport": "probekit.reporting.contract",
-    "RunPage": "probekit.reporting.html",
-    "load_run": "probekit.reporting.html",
-    "run_page_html": "probekit.reporting.html",
-    "runs_page_html": "probekit.reporting.html",
-    "write_pages": "probekit.reporting.html",
-    "write_run_page": "probekit.reporting.html",
-    "write_runs_page": "probekit.reporting.html",
+_MODULES = {
+    "probekit.reporting.headline": "Headline ViewFacts",
+    "probekit.reporting.contract": "RunFacts StudyCard StudyReport",
+    "probekit.reporting.html": "RunPage load_run run_page_html runs_page_html write_pages "
+    "write_run_page write_runs_page",
 }
+_API = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 __all__ = sorted(_API)
 

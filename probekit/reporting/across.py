@@ -143,18 +143,6 @@ def forest_panels(runs: Sequence[RunPage]) -> list[HeadlinePanel]:
     return drawn if any(r.value is not None for p in drawn for r in p.rows) else []
 
 
-def forest_rows(panels: Sequence[HeadlinePanel]) -> pd.DataFrame:
-    """The forest plot's numbers: a row per panel and model."""
-    return pd.DataFrame(
-        [
-            {"panel": p.title, "model": r.name, "value": r.value, "low": r.low, "high": r.high}
-            | {"reference": p.reference}
-            for p in panels
-            for r in p.rows
-        ]
-    )
-
-
 def write_across(runs: Sequence[RunPage], folder: Path, title: str) -> pd.DataFrame:
     """Write the paper's table of `runs` (one study's) into `folder` as `headlines.csv`, `.md`
     and `.tex` (captioned `title`), and the forest plot as `forest.png` with its numbers in
@@ -172,7 +160,13 @@ def write_across(runs: Sequence[RunPage], folder: Path, title: str) -> pd.DataFr
     units = sorted({u for u in table["unit"] if not missing(u) and u})
     write_latex(folder / "headlines.tex", shown(table), caption, units)
     if panels := forest_panels(runs):
-        save_figure(headline_figure(panels), folder / "forest.png", forest_rows(panels))
+        rows = [
+            {"panel": p.title, "model": r.name, "value": r.value, "low": r.low, "high": r.high}
+            | {"reference": p.reference}
+            for p in panels
+            for r in p.rows
+        ]
+        save_figure(headline_figure(panels), folder / "forest.png", pd.DataFrame(rows))
     return table
 
 

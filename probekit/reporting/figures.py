@@ -112,12 +112,9 @@ def _block_ranges(blocks: Blocks | None, n: int) -> list[tuple[int, int]]:
     if all(isinstance(b, str) for b in blocks):
         if len(blocks) not in (n, n - 1):
             raise ProbekitError(f"got {len(blocks)} block labels for {n} identities")
-        runs, start = [], n - len(blocks)  # a label per row, or per row after the first
-        for _, group in itertools.groupby(blocks):  # a run of equal labels is a block
-            size = len(list(group))
-            runs.append((start, start + size))
-            start += size
-        return runs
+        sizes = [len(list(group)) for _, group in itertools.groupby(blocks)]  # runs of a label
+        ends = np.cumsum(sizes) + n - len(blocks)  # a label per row, or per row after the first
+        return [(int(end - size), int(end)) for size, end in zip(sizes, ends, strict=True)]
     ranges = [(int(start), int(stop)) for start, stop in blocks]
     if any(not 0 <= start < stop <= n for start, stop in ranges):
         raise ProbekitError(f"block ranges must lie within 0..{n} with start < stop: {ranges}")

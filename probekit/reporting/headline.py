@@ -198,15 +198,3 @@ class ViewFacts:
     answered_label: str = "answer read"
     agreement: float | None = None  # exact greedy answer equals the read answer, among those read
     note: str = ""
-
-    @property
-    def valid_mass_text(self) -> str:
-        return format_number(self.valid_mass)
-
-    @property
-    def answered_text(self) -> str:
-        return format_rate(self.answered)
-
-    @property
-    def agreement_text(self) -> str:
-        return format_rate(self.agreement)

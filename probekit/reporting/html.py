@@ -58,7 +58,9 @@ from probekit.reporting.figures import headline_figure
 from probekit.reporting.headline import (
     Headline,
     ViewFacts,
+    format_interval,
     format_number,
+    format_p,
     format_rate,
     missing,
 )
@@ -208,13 +210,6 @@ def load_run(
     return run
 
 
-def model_name(folder: Path) -> str:
-    """The model named in the manifest of the run in `folder` (for figure titles), else `?`."""
-    if not RunDir(folder).manifest_path.is_file():
-        return "?"
-    return describe_model(RunDir(folder).manifest)
-
-
 def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
     """The summary rows that belong to the run in `folder` among the rows of several runs (a
     `run` column naming its folder, else the model, category, setting, CE prompt and orders of
@@ -330,7 +325,7 @@ def profile_figure(runs: Sequence[RunPage]) -> str | None:
         return None
     png = io.BytesIO()
     headline_figure(panels).savefig(png, format="png")
-    return _data_uri(png.getvalue())
+    return png_uri(png.getvalue())
 
 
 def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
@@ -378,12 +373,9 @@ def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Fig
     return found
 
 
-def png_uri(path: Path) -> str:
-    """The PNG file at `path` as a data URI, to inline in a page."""
-    return _data_uri(path.read_bytes())
-
-
-def _data_uri(png: bytes) -> str:
+def png_uri(png: Path | bytes) -> str:
+    """A PNG (a file, or its bytes) as a data URI, to inline in a page."""
+    png = png.read_bytes() if isinstance(png, Path) else png
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
@@ -397,24 +389,17 @@ def summary_table(rows: pd.DataFrame) -> dict[str, list]:
 
 def manifest_table(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """The manifest's main fields (those present) as (name, text) pairs, in a fixed order."""
-    shown = []
-    for key, name in SHOWN_FIELDS.items():
-        if key in manifest and not missing(manifest[key]):
-            value = manifest[key]
-            shown.append((name, value if isinstance(value, str) else json.dumps(value)))
-    return shown
+    present = {name: manifest.get(key) for key, name in SHOWN_FIELDS.items()}
+    present = {name: value for name, value in present.items() if not missing(value)}
+    return [(name, v if isinstance(v, str) else json.dumps(v)) for name, v in present.items()]
 
 
 def manifest_extra(manifest: dict[str, Any]) -> dict[str, str]:
     """The nested parts of the manifest: numerics (noise figure), versions, the probe, the rest."""
     rest = {k: v for k, v in manifest.items() if k not in SHOWN_FIELDS}
-    parts = {}
-    for key in ("numerics", "versions", "probe"):
-        if key in rest:
-            parts[key] = json.dumps(rest.pop(key), indent=1, default=str)
-    if rest:
-        parts["other fields"] = json.dumps(rest, indent=1, default=str)
-    return parts
+    parts = {key: rest.pop(key) for key in ("numerics", "versions", "probe") if key in rest}
+    parts |= {"other fields": rest} if rest else {}
+    return {name: json.dumps(value, indent=1, default=str) for name, value in parts.items()}
 
 
 def _side_by_side(group: dict[str, Any]) -> dict[str, Any]:
@@ -458,11 +443,10 @@ def write_mechanism_page(
     `templates/<template>` atomically: the `title`, the figure inline (base64 PNG), the
     manifest's `shown` settings, the summary's notes and prompts, the data as the study
     describes it (and whether it is probekit's sample), and the template's own `values`."""
-    image = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
     html = _render(
         template,
         title=title,
-        image=image,
+        image=png_uri(Path(figure)),
         settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
         notes=list(dict.fromkeys(summary_notes(summary))),
         prompts=int(summary["prompts"].iloc[0]),
@@ -490,7 +474,6 @@ def write_record_page(
     `probekit capture`) atomically: what ran (`kind`, `title`, `subtitle`), the manifest's
     `shown` settings, the `table` of its main numbers, its `figures` inline, `notes`, the
     weak-signal line and the manifest's nested parts (versions, the sets)."""
-    figures_ = [Figure(f.name, "", png_uri(f)) for f in figures]
     rows = {"columns": [], "rows": []} if table is None else summary_table(table)
     nested = {k: v for k, v in manifest.items() if isinstance(v, dict | list) and k not in shown}
     html = _render(
@@ -503,7 +486,7 @@ def write_record_page(
         weak=weak,
         table={**rows, "title": "Summary"},
         notes=notes,
-        figures=figures_,
+        figures=[Figure(f.name, "", png_uri(f)) for f in figures],
         settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
         details={k: json.dumps(v, indent=1, default=str) for k, v in nested.items()},
     )
@@ -538,5 +521,6 @@ def _render(template: str, **values: Any) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters |= {"rate": format_rate, "number": format_number}
+    env.filters |= {"rate": format_rate, "number": format_number, "p": format_p}
+    env.filters["interval"] = format_interval
     return env.get_template(template).render(**values)

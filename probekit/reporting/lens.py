@@ -25,7 +25,6 @@ from matplotlib.ticker import MaxNLocator
 
 from probekit.core.signal import WEAK_SIGNAL_VALID_MASS, is_weak
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_interval, format_number, format_p
 from probekit.reporting.html import write_mechanism_page
 from probekit.stats import holm
 
@@ -169,34 +168,6 @@ def _shares(ax: Any, gaps: pd.DataFrame, recovery: pd.DataFrame | None) -> None:
     ax.legend(fontsize=6)
 
 
-def _headline_cells(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row's layer, headline value, its interval and p, as the page's tables print them."""
-    return {
-        "layer": str(int(row["layer"])),
-        "value": format_number(row["value"], signed=True),
-        "interval": format_interval(row.get("low"), row.get("high"), signed=True),
-        "p": format_p(row.get("p_value")),
-    }
-
-
-def lens_rows(summary: pd.DataFrame, gaps: pd.DataFrame | None) -> list[dict[str, Any]]:
-    """The page's table: one row per layer, the primary headline with its interval, p and p
-    adjusted over the layers, the mean valid mass (flagged where weak) and error bound, and the
-    lens's share of the patched pairs' gap."""
-    share = {} if gaps is None else dict(zip(gaps["layer"], gaps["share"], strict=True))
-    return [
-        {
-            **_headline_cells(row),
-            "adjusted": format_p(row.get("p_adjusted")),
-            "mass": format_number(row["mean_valid_mass"], 4),
-            "weak": bool(row.get("weak_signal", False)),
-            "bound": format_number(row["mean_error_bound"], 4),
-            "share": format_number(share.get(row["layer"], np.nan)),
-        }
-        for row in primary(summary).to_dict("records")
-    ]
-
-
 def write_lens_page(
     path: str | Path,
     summary: pd.DataFrame,
@@ -211,13 +182,11 @@ def write_lens_page(
     describes it; `difference`: the largest |difference| of an answer probability between the
     lens after the last layer and the scorer, None when the last layer was not read)."""
     first = primary(summary)
+    share = {} if gaps is None else dict(zip(gaps["layer"], gaps["share"], strict=True))
     own = {
         "label": str(first["label"].iloc[0]) if len(first) else "headline",
-        "rows": lens_rows(summary, gaps),
-        "headlines": [  # every headline of every layer (the study may report several)
-            {**_headline_cells(row), "label": str(row["label"])}
-            for row in summary.sort_values(["layer"], kind="stable").to_dict("records")
-        ],
+        "rows": first.assign(share=first["layer"].map(share)).to_dict("records"),
+        "headlines": summary.sort_values(["layer"], kind="stable").to_dict("records"),
         "several": summary.groupby("layer").size().max() > 1,
         "gaps": gaps is not None,
         "readout": str(gaps["readout"].iloc[0]) if gaps is not None else "",

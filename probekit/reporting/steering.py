@@ -14,7 +14,6 @@ from typing import Any
 import pandas as pd
 
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_interval, format_number, format_p
 from probekit.reporting.html import write_mechanism_page
 
 STEER, RANDOM = "steer", "random"
@@ -56,21 +55,6 @@ def steer_figure(summary: pd.DataFrame, path: str | Path, title: str) -> Path:
     return save_figure(fig, path, summary[[*drawn, "mean_kl"]])
 
 
-def _cells(row: Mapping[str, Any] | None) -> dict[str, str]:
-    """One vector kind's cells at one α (dashes where the kind has no row)."""
-    if row is None:
-        return {k: "—" for k in ("value", "interval", "p", "push", "mass", "kl")} | {"weak": False}
-    return {
-        "value": format_number(row["value"], signed=True),
-        "interval": format_interval(row["low"], row["high"], signed=True),
-        "p": format_p(row["p_value"]),
-        "push": format_number(row.get("push", float("nan")), 2),
-        "mass": format_number(row["mean_valid_mass"]),
-        "weak": bool(row.get("weak_signal", False)),
-        "kl": format_number(row["mean_kl"], 4),
-    }
-
-
 _POOLED = ("value", "push", "mean_valid_mass", "mean_kl")
 """The cells of the random controls shown as their mean."""
 
@@ -96,8 +80,8 @@ def steer_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
                 "site": site,
                 "layer": int(layer),
                 "alpha": f"{alpha:g}",
-                "steer": _cells(kinds.get(STEER)),
-                "random": _cells(pooled),
+                "steer": kinds.get(STEER),
+                "random": pooled,
                 "controls": len(controls),
             }
         )

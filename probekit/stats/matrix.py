@@ -20,14 +20,6 @@ def zscore(M: np.ndarray) -> np.ndarray:
     return (M - M.mean()) / std
 
 
-def _tested_cells(k: int, reference: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Row and column indices of the off-diagonal cells not involving the reference index."""
-    tested = ~np.eye(k, dtype=bool)
-    if reference is not None:
-        tested[reference, :] = tested[:, reference] = False
-    return np.nonzero(tested)
-
-
 def cell_pvalues(X: np.ndarray, reference: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Paired t-test p-values of each cell against its diagonal cells, over units.
 
@@ -43,7 +35,10 @@ def cell_pvalues(X: np.ndarray, reference: int | None = None) -> tuple[np.ndarra
     p_column = np.full((k, k), np.nan)
     if X.shape[2] < 2:
         return p_row, p_column
-    i, j = _tested_cells(k, reference)
+    tested = ~np.eye(k, dtype=bool)  # off the diagonal, not the reference's row or column
+    if reference is not None:
+        tested[reference, :] = tested[:, reference] = False
+    i, j = np.nonzero(tested)
     from scipy import stats  # on use: scipy is slow to import
 
     # Zero-variance differences yield NaN p-values (masked below); scipy's warning adds nothing.

@@ -117,14 +117,7 @@ def permutation_test(
     low, high = np.percentile(permuted, [2.5, 97.5])
     extreme = np.count_nonzero(permuted >= delta - _TIE_TOLERANCE)
     p_value = extreme / len(permuted) if exact else (extreme + 1) / (n + 1)
-    return PermutationResult(
-        delta=delta,
-        low=float(low),
-        high=float(high),
-        p_value=float(p_value),
-        permuted=permuted,
-        exact=exact,
-    )
+    return PermutationResult(delta, float(low), float(high), float(p_value), permuted, exact)
 
 
 def _sampled_in_group_sums(Z: np.ndarray, inside: np.ndarray, n: int, seed: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from probekit.core.answers import AnswerSet
 from probekit.core.padding import left_pad, positions
@@ -44,12 +45,9 @@ def brute_force(
     start = len(prompt) - 1  # position whose logits predict the first answer token
     for first in range(0, len(seqs), batch_size):
         chunk = seqs[first : first + batch_size]
-        width = len(prompt) + max(len(v) for _, v in chunk)
-        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, (_, tokens) in enumerate(chunk):
-            ids[row, : len(prompt) + len(tokens)] = torch.tensor(list(prompt) + tokens)
-            mask[row, : len(prompt) + len(tokens)] = 1
+        rows = [torch.tensor([*prompt, *tokens]) for _, tokens in chunk]
+        ids = pad_sequence(rows, batch_first=True, padding_value=tok.pad_token_id)
+        mask = pad_sequence([torch.ones_like(row) for row in rows], batch_first=True)
         hidden, _ = body(model, ids.to(model.device), mask.to(model.device))
         for row, (a, tokens) in enumerate(chunk):
             k = len(tokens)
@@ -95,10 +93,9 @@ def shared_prefix(
     out = np.zeros(len(answers))
     for start in range(0, len(seqs), batch_size):
         chunk = seqs[start : start + batch_size]
-        width = max(len(tokens) for _, tokens in chunk)
-        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-        for row, (_, tokens) in enumerate(chunk):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
+        rows = [torch.tensor(tokens) for _, tokens in chunk]
+        ids = pad_sequence(rows, batch_first=True, padding_value=tok.pad_token_id)
+        width = ids.shape[1]
         cache = kv.copy_of(prompt_kv)
         kv.repeat_rows(cache, len(chunk))
         hidden, _ = body(  # right padding: a candidate never attends to its padding
