@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from conftest import DATA_ROOT, REPO
+from transformers import AutoTokenizer
 
 from probekit import cli
 from probekit.core.answers import MAX_ANSWERS, AnswerSet
@@ -430,6 +431,25 @@ def test_two_first_loads_of_a_gguf_share_one_conversion(tmp_path):
     (converted,) = [p for p in (tmp_path / "cache" / "models").iterdir() if p.is_dir()]
     assert (converted / "probekit.json").is_file()
     assert [o.split()[-1] for o in outputs] == [str(converted)] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_the_kept_tokenizer_is_read_again_from_the_gguf_when_damaged(tmp_path, monkeypatch):
+    """The test tokenizer's metadata, kept in the user cache after the first read: a later read
+    gives the same tokenizer, and a damaged copy is read again from the GGUF and kept anew."""
+    from probekit.testing.synthetic import _default_files
+
+    monkeypatch.setenv("PROBEKIT_CACHE", str(tmp_path))
+    first = _default_files.__wrapped__()[0]
+    (kept,) = (tmp_path / "metadata").iterdir()
+    (kept / "tokenizer.json").write_text("{ not json", encoding="utf-8")
+    again = _default_files.__wrapped__()[0]
+    text = "<|im_start|>user\nOn a scale of 0 to 100, 73?<|im_end|>"
+    assert again(text).input_ids == first(text).input_ids and len(again) == len(first)
+    assert again.padding_side == "left" and again.chat_template == first.chat_template
+    assert [p.name for p in (tmp_path / "metadata").iterdir()] == [kept.name]
+    assert AutoTokenizer.from_pretrained(kept).get_vocab() == first.get_vocab()
 
 
 # ---------------------------------------------------------------------- bad input
