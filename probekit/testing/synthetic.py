@@ -185,14 +185,15 @@ def _default_files() -> tuple[Any, Any, Any]:
 
 
 def _keep(folder: Path, tokenizer: Any, config: Any) -> None:
-    """Save `tokenizer` and `config` into `folder` whole, or leave it as it was."""
+    """Save `tokenizer` and `config` into `folder` whole, or leave it as it was (another process
+    kept it first, or the cache cannot be written: the next process reads the GGUF again)."""
     aside = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
-    shutil.rmtree(folder, ignore_errors=True)
-    tokenizer.save_pretrained(aside)
-    config.save_pretrained(aside)
     try:
+        shutil.rmtree(folder, ignore_errors=True)
+        tokenizer.save_pretrained(aside)
+        config.save_pretrained(aside)
         aside.rename(folder)
-    except OSError:  # another process kept it first
+    except OSError:
         shutil.rmtree(aside, ignore_errors=True)
 
 
