@@ -130,39 +130,70 @@ def gather(
     return rows, {key: values[name].float() for key, name in hook.items()}
 
 
+@public()
+@dataclass(frozen=True, repr=False)
+class Activations:
+    """Captured activations in memory: `index` has a row per (prompt, span) with `prompt_id`,
+    `span`, `positions` (unpadded), `n_tokens`, `row_start`, `row_stop` and the item's key
+    columns; `tensors[hook]` (by full TransformerLens hook name, `blocks.3.hook_resid_pre`) is
+    [rows, ...], rows `row_start:row_stop` being that prompt's span positions."""
+
+    index: pd.DataFrame
+    tensors: dict[str, torch.Tensor]
+
+    def __repr__(self) -> str:
+        """One line: the prompts and spans, each hook with its shape (not the values)."""
+        prompts = self.index[PROMPT_ID].nunique() if PROMPT_ID in self.index else 0
+        spans = sorted(self.index["span"].unique()) if "span" in self.index else []
+        hooks = [f"{hook} {list(tensor.shape)}" for hook, tensor in self.tensors.items()]
+        shown = ", ".join(hooks[:4]) + (f" and {len(hooks) - 4} more" if len(hooks) > 4 else "")
+        return (
+            f"Activations({prompts} prompts, spans {', '.join(spans) or 'none'}; {shown}; "
+            ".index, .tensors, .at(hook, prompt_id, span))"
+        )
+
+    def __getitem__(self, hook: str) -> torch.Tensor:
+        if hook not in self.tensors:
+            raise ProbekitError(f"nothing captured at {hook!r}; have {', '.join(self.tensors)}")
+        return self.tensors[hook]
+
+    def at(self, hook: str, prompt_id: str, span: str) -> torch.Tensor:
+        """The [positions, ...] values of one prompt's span at `hook`."""
+        hit = self.index[(self.index[PROMPT_ID] == prompt_id) & (self.index["span"] == span)]
+        if hit.empty:
+            raise ProbekitError(f"nothing captured for prompt {prompt_id!r}, span {span!r}")
+        return self[hook][int(hit["row_start"].iloc[0]) : int(hit["row_stop"].iloc[0])]
+
+
 def read_spans(
     model: Any,
     items: Sequence[EncodedItem],
     layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    hooks: str,
-    batch_size: int,
-) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    sites: Sequence[str] = DEFAULT_SITES,
+    spans: Sequence[str] | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
+) -> Activations:
     """`gather` over `items` a batch at a time, with the progress of the prompts
-    (`probekit.core.progress`): a record per (prompt, span) in order (`Activations.index`'s
-    columns), and each hook's values."""
-    records: list[dict[str, Any]] = []
+    (`probekit.core.progress`), in memory: `capture` without writing anything."""
+    rows: list[tuple[EncodedItem, str, list[int]]] = []
     values: dict[Key, list[torch.Tensor]] = {}
     with progress(len(items), "prompt", "capture") as bar:
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
-            rows, acts = gather(model, batch, layers, sites, spans, hooks)
+            found, acts = gather(model, batch, layers, sites, spans, hooks)
+            rows += [(batch[b], span, at) for b, span, at in found]
             for key, tensor in acts.items():
                 values.setdefault(key, []).append(tensor)
-            for b, span, at in rows:
-                start = records[-1]["row_stop"] if records else 0
-                item = batch[b]
-                records.append(
-                    {**item.item.key, PROMPT_ID: item.id, "span": span, "positions": at}
-                    | {
-                        "n_tokens": len(item.input_ids),
-                        "row_start": start,
-                        "row_stop": start + len(at),
-                    }
-                )
             bar.update(len(batch))
-    return records, {site(short).hook(layer): torch.cat(v) for (layer, short), v in values.items()}
+    stops = itertools.accumulate(len(at) for *_, at in rows)
+    records = [
+        {**item.item.key, PROMPT_ID: item.id, "span": span, "positions": at}
+        | {"n_tokens": len(item.input_ids), "row_start": stop - len(at), "row_stop": stop}
+        for (item, span, at), stop in zip(rows, stops, strict=True)
+    ]
+    tensors = {site(short).hook(layer): torch.cat(v) for (layer, short), v in values.items()}
+    return Activations(pd.DataFrame(records), tensors)
 
 
 @public(HookOptions, command="capture", skip=("layers",))
@@ -213,57 +244,6 @@ def capture(
             written.append(_write_shard(model, pending, out, *shard))
             captured, pending = captured + len(pending), []
     return CaptureResult(out, captured, skipped, written)
-
-
-@public()
-@dataclass(frozen=True, repr=False)
-class Activations:
-    """Captured activations in memory: `index` has a row per (prompt, span) with `prompt_id`,
-    `span`, `positions` (unpadded), `n_tokens`, `row_start`, `row_stop` and the item's key
-    columns; `tensors[hook]` (by full TransformerLens hook name, `blocks.3.hook_resid_pre`) is
-    [rows, ...], rows `row_start:row_stop` being that prompt's span positions."""
-
-    index: pd.DataFrame
-    tensors: dict[str, torch.Tensor]
-
-    def __repr__(self) -> str:
-        """One line: the prompts and spans, each hook with its shape (not the values)."""
-        prompts = self.index[PROMPT_ID].nunique() if PROMPT_ID in self.index else 0
-        spans = sorted(self.index["span"].unique()) if "span" in self.index else []
-        hooks = [f"{hook} {list(tensor.shape)}" for hook, tensor in self.tensors.items()]
-        shown = ", ".join(hooks[:4]) + (f" and {len(hooks) - 4} more" if len(hooks) > 4 else "")
-        return (
-            f"Activations({prompts} prompts, spans {', '.join(spans) or 'none'}; {shown}; "
-            ".index, .tensors, .at(hook, prompt_id, span))"
-        )
-
-    def __getitem__(self, hook: str) -> torch.Tensor:
-        if hook not in self.tensors:
-            raise ProbekitError(f"nothing captured at {hook!r}; have {', '.join(self.tensors)}")
-        return self.tensors[hook]
-
-    def at(self, hook: str, prompt_id: str, span: str) -> torch.Tensor:
-        """The [positions, ...] values of one prompt's span at `hook`."""
-        hit = self.index[(self.index[PROMPT_ID] == prompt_id) & (self.index["span"] == span)]
-        if hit.empty:
-            raise ProbekitError(f"nothing captured for prompt {prompt_id!r}, span {span!r}")
-        return self[hook][int(hit["row_start"].iloc[0]) : int(hit["row_stop"].iloc[0])]
-
-
-@public(HookOptions, command="capture", skip=("layers",))
-def collect(
-    model: Any,
-    items: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
-) -> Activations:
-    """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
-    layers, shorts = check_request(model, layers, sites, hooks)
-    records, tensors = read_spans(model, items, layers, shorts, spans, hooks, batch_size)
-    return Activations(pd.DataFrame(records), tensors)
 
 
 @public()
@@ -383,14 +363,14 @@ def _write_shard(
     name = f"shard-{number:05d}"
     shard = Path("shards") / f"{name}.safetensors"
     layers, sites, spans = config["layers"], config["sites"], config["spans"]
-    read, tensors = read_spans(model, items, layers, sites, spans, hooks, batch_size)
+    acts = read_spans(model, items, layers, sites, spans, hooks, batch_size)
     where = {"shard": shard.as_posix()}
     records = [
         {**record, "layer": layer, "site": hook_site.name} | where
-        for record in read
-        for layer, hook_site in map(parse_hook, tensors)
+        for record in acts.index.to_dict("records")
+        for layer, hook_site in map(parse_hook, acts.tensors)
     ]
-    tensors = {hook: values.to(storage_dtype) for hook, values in tensors.items()}
+    tensors = {hook: values.to(storage_dtype) for hook, values in acts.tensors.items()}
     for hook, tensor in tensors.items():
         if not torch.isfinite(tensor).all():
             raise ProbekitError(

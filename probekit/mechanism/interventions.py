@@ -24,9 +24,7 @@ forward while the bridge's blocks are installed in place, for the call only
 `model.nnsight`, on the model's own Hugging Face modules (the bridge removed meanwhile); in
 `score_with` the traced function is the engine's `score_batch` and the interventions ask for the
 first call of each module, which is the prompt pass (the trie pass calls the modules again,
-untouched), so answer positions need `transformer_lens`. `remote` is handed to nnsight's `trace`
-unchanged (`remote=True` ships the block and the pickled scoring call to NDIF, which needs a hub
-model NDIF serves; untested offline).
+untouched), so answer positions need `transformer_lens`.
 """
 
 from __future__ import annotations
@@ -106,7 +104,6 @@ def score_with(
     reads: dict[str, list[Loc]] | None = None,
     edits: dict[str, Edit] | None = None,
     hooks: str = "transformer_lens",
-    remote: bool = False,
 ) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """Score one batch with the engine while reading and editing activations at prompt and
     answer positions.
@@ -132,10 +129,8 @@ def score_with(
 
         inputs = {"input_ids": ids, "attention_mask": mask}
         with hook_library(scorer.model, chosen):
-            sink = _trace(scorer.model, inputs, split.ops(split.prompt), fn=score, remote=remote)
+            sink = _trace(scorer.model, inputs, split.ops(split.prompt), fn=score)
         return scored[0], split.gather(sink)
-    if remote:
-        raise ProbekitError("remote execution goes through nnsight; use hooks='nnsight'")
     with hook_library(scorer.model, chosen) as bridge:
         fwd = _hooks(split.ops(split.prompt), sink)
 

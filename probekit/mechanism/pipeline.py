@@ -43,7 +43,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_room, write_parquet, write_text
-from probekit.core.items import EncodedItem, Item, check_span_names
+from probekit.core.items import EncodedItem, Item, Pair, check_span_names
 from probekit.core.kinds import choice, int_list, positive_int, text
 from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
@@ -206,21 +206,18 @@ def run_patch(
     readout = check_patch(request, items, probe.answers, defaults)
     spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
     layers = chosen_layers(model, request.layers or None, "patch")
-    heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     found = effect_sets(defaults.effect, probe, encoded, study.pairs(probe, encoded))
     sets = draw_sets(found, request.sets_per_unit, request.seed)
     pairs = [pair for s in sets for pair in s.pairs]
     if request.per_position:
         spans = single_positions(spans, pairs)
-    patches = grid(layers, request.sites, spans, heads)
-    check(model, pairs, patches)  # fail on bad input before any scoring
+    patches = components(model, pairs, layers, request.sites, spans, request.heads)
     if request.method == "attribution+verify" and not 1 <= request.top_k <= len(patches):
         raise ProbekitError(
             f"{named('top_k')} must lie between 1 and the number of components "
             f"({len(patches)}), got {request.top_k}"
         )
-    epsilon = default_of(EpsilonOption, "epsilon", "patch")  # exact distributions
-    scorer = model.scorer(probe.answers, epsilon=epsilon, batch_size=request.batch_size)
+    scorer = exact_scorer(model, probe.answers, request.batch_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     if readout is None:  # the study chooses it from the exact scores
@@ -237,8 +234,8 @@ def run_patch(
         f"{len(patches)} components ({len(layers)} layers) x {len(pairs)} pairs in {len(sets)} "
         f"{defaults.effect.name} sets on {units} {unit}s ({selection})"
     )
-    asked = (request.method, request.top_k, request.hooks, request.batch_size)
-    df = measure(scorer, sets, patches, readout, *asked, say, request.through_answer, sweep)
+    asked = (request.method, request.top_k, request.hooks, request.batch_size, say, sweep)
+    df = measure(scorer, sets, patches, readout, *asked, through_answer=request.through_answer)
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
     df.attrs["selection"] = selection
     if weak := df.attrs.get("weak_signal"):
@@ -267,6 +264,28 @@ def run_patch(
     return written, record
 
 
+def components(
+    model: Any,
+    pairs: Sequence[Pair],
+    layers: Sequence[int] | None,
+    sites: Sequence[str],
+    spans: Sequence[str],
+    heads: Sequence[int] | None,
+) -> list[Patch]:
+    """The patches of `grid` at the `layers` chosen (`chosen_layers`) and `heads` (default:
+    every head), checked on the pairs before any scoring."""
+    layers = chosen_layers(model, layers, "patch")
+    patches = grid(layers, sites, spans, heads or range(n_heads(model)))
+    check(model, pairs, patches)
+    return patches
+
+
+def exact_scorer(model: Any, answers: Any, batch_size: int | None) -> HookedScorer:
+    """The scorer patching reads: exact distributions (the `epsilon` of `probekit patch`)."""
+    epsilon = default_of(EpsilonOption, "epsilon", "patch")
+    return model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
+
+
 def measure(
     scorer: HookedScorer,
     pairs: Sequence[PairSet],
@@ -277,22 +296,18 @@ def measure(
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
     say: Say = print,
-    through_answer: bool | None = None,
     sweep: Sweep | None = None,
+    **options: Any,
 ) -> pd.DataFrame:
-    """The patching table of `method` (exact: by `sweep`, `patching.sweep` by default);
-    attribution+verify says how well the estimate ranked the verified components. Exact
-    patching shows a progress bar on a terminal."""
+    """The patching table of `method` (exact: by `sweep`, `patching.sweep` by default, with
+    `options`: `through_answer`, `progress`, `distributions`); attribution+verify says how well
+    the estimate ranked the verified components. Exact patching shows a progress bar on a
+    terminal."""
     if method == "exact":
-        return (sweep or patching.sweep)(
-            scorer,
-            pairs,
-            patches,
-            readout,
-            hooks=hooks,
-            batch_size=batch_size,
-            through_answer=through_answer,
-        )
+        run = sweep or patching.sweep
+        return run(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size, **options)
+    if options.get("distributions"):
+        raise ProbekitError("distributions=True needs method='exact'")
     if method not in METHODS:
         raise ProbekitError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     df = attribution.attribute(scorer, pairs, patches, readout, batch_size=batch_size)
@@ -483,9 +498,14 @@ def run_capture(
     """Capture a study's encoded items into `out` (resumable) and say where the files are; a
     disk without room for the shards is refused first (`shard_bytes`)."""
     layers = chosen_layers(model, request.layers or None, "capture")
-    written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))  # a capture resumed
-    needs = shard_bytes(encoded, layers, request.sites, request.spans, d_model(model)) - written
-    check_room(out, needs, "the activation shards")
+    # about the bytes of the shards: layers x sites x span positions x d_model x the storage
+    # dtype's, less those of a capture resumed
+    positions = sum(
+        len(span_positions(e, name)) for e in encoded for name in (request.spans or e.positions)
+    )
+    needs = len(layers) * len(request.sites) * positions * d_model(model)
+    written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))
+    check_room(out, needs * capture.STORAGE_DTYPE.itemsize - written, "the activation shards")
     asked = (request.sites, request.spans, request.hooks, request.batch_size)
     result = capture.capture(model, encoded, out, layers, *asked)
     say(
@@ -494,18 +514,3 @@ def run_capture(
         " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
     )
     return result
-
-
-def shard_bytes(
-    encoded: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    width: int,
-) -> int:
-    """About the bytes the activation shards of `encoded` take: layers x sites x span positions
-    x the residual `width` x the storage dtype's bytes (`capture.STORAGE_DTYPE`)."""
-    positions = sum(
-        len(span_positions(e, name)) for e in encoded for name in (spans or e.positions)
-    )
-    return len(layers) * len(sites) * positions * width * capture.STORAGE_DTYPE.itemsize
