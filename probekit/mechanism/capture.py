@@ -62,10 +62,6 @@ from probekit.mechanism.sites import (
 STORAGE_DTYPE = torch.float16
 """The dtype shards store activations in unless `capture(storage_dtype=...)` says otherwise."""
 
-Key = tuple[int, str]  # (layer, short site name)
-Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
-Gathered = tuple[list[Row], dict[Key, torch.Tensor]]  # a batch's rows and values (`gather`)
-
 
 @dataclass(frozen=True, repr=False)
 class CaptureResult:
@@ -103,33 +99,6 @@ def site_shorts(sites: Sequence[str]) -> list[str]:
     return [s.short for s in SITES.values() if s.name in wanted]
 
 
-@public(HookOptions, command="capture", skip=("layers",))
-def gather(
-    model: Any,
-    prompts: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
-) -> Gathered:
-    """Run one left-padded batch and return its span rows and, per (layer, short site), the
-    float32 values [rows, ...].
-
-    Rows list every (prompt, span) in order; tensor rows follow them, one per position.
-    """
-    layers, shorts = check_request(model, layers, sites, hooks)
-    rows: list[Row] = []
-    for b, prompt in enumerate(prompts):
-        names = prompt.positions if spans is None else spans
-        rows += [(b, name, positions_of(prompt, name)) for name in names]
-    locs = [(b, p) for b, _, at in rows for p in at]
-    hook = {(layer, short): site(short).hook(layer) for layer in layers for short in shorts}
-    values = read_forward(
-        model, [p.input_ids for p in prompts], dict.fromkeys(hook.values(), locs), hooks
-    )
-    return rows, {key: values[name].float() for key, name in hook.items()}
-
-
 @public()
 @dataclass(frozen=True, repr=False)
 class Activations:
@@ -165,6 +134,7 @@ class Activations:
         return self[hook][int(hit["row_start"].iloc[0]) : int(hit["row_stop"].iloc[0])]
 
 
+@public(HookOptions, command="capture", skip=("layers",))
 def read_spans(
     model: Any,
     items: Sequence[EncodedItem],
@@ -174,17 +144,28 @@ def read_spans(
     hooks: str = "transformer_lens",
     batch_size: int = 8,
 ) -> Activations:
-    """`gather` over `items` a batch at a time, with the progress of the prompts
-    (`probekit.core.progress`), in memory: `capture` without writing anything."""
+    """The float32 values at `sites` and `layers` of every prompt's `spans` (all if None), in
+    memory: `capture` without writing anything. Each left-padded batch of `batch_size` prompts
+    is one forward that stops after the last layer read; the progress is the prompts'
+    (`probekit.core.progress`)."""
+    layers, shorts = check_request(model, layers, sites, hooks)
+    names = [site(short).hook(layer) for layer in layers for short in shorts]
     rows: list[tuple[EncodedItem, str, list[int]]] = []
-    values: dict[Key, list[torch.Tensor]] = {}
+    values: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     with progress(len(items), "prompt", "capture") as bar:
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
-            found, acts = gather(model, batch, layers, sites, spans, hooks)
+            found = [
+                (b, span, positions_of(prompt, span))
+                for b, prompt in enumerate(batch)
+                for span in (prompt.positions if spans is None else spans)
+            ]
+            locs = [(b, p) for b, _, at in found for p in at]
+            ids = [p.input_ids for p in batch]
+            read = read_forward(model, ids, dict.fromkeys(names, locs), hooks)
+            for name in names:
+                values[name].append(read[name].float())
             rows += [(batch[b], span, at) for b, span, at in found]
-            for key, tensor in acts.items():
-                values.setdefault(key, []).append(tensor)
             bar.update(len(batch))
     stops = itertools.accumulate(len(at) for *_, at in rows)
     records = [
@@ -192,8 +173,7 @@ def read_spans(
         | {"n_tokens": len(item.input_ids), "row_start": stop - len(at), "row_stop": stop}
         for (item, span, at), stop in zip(rows, stops, strict=True)
     ]
-    tensors = {site(short).hook(layer): torch.cat(v) for (layer, short), v in values.items()}
-    return Activations(pd.DataFrame(records), tensors)
+    return Activations(pd.DataFrame(records), {k: torch.cat(v) for k, v in values.items()})
 
 
 @public(HookOptions, command="capture", skip=("layers",))

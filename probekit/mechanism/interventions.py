@@ -225,13 +225,12 @@ class _Split:
             strict=True,
         )
         where = {(row, node): (r, c) for row, node, r, c in slots}
-        found = {}
-        for key, wanted in self.answers.items():
-            entries = [
+        found = {
+            key: [
                 (i, *where[loc]) for loc, indices in wanted.items() if loc in where for i in indices
             ]
-            if entries:
-                found[key] = entries
+            for key, wanted in self.answers.items()
+        }
         return self.ops(found)
 
     def gather(self, sink: dict[str, Any], library: str | None = None) -> dict[str, torch.Tensor]:

@@ -152,8 +152,7 @@ def check_patch_options(request: PatchOptions) -> None:
             f"{named('mediation')} needs exactly measured components: use {named('method')} "
             "exact or attribution+verify"
         )
-    terms = [term.strip() for term in (request.readout or "").split(" - ")]
-    if request.readout and PAIRED in terms:
+    if PAIRED in [term.strip() for term in (request.readout or "").split(" - ")]:
         _refuse_paired(request.readout, request)
 
 
@@ -225,17 +224,16 @@ def run_patch(
         readout = parse_readout(defaults.readout(probe, encoded, results), probe.answers)
         say(f"readout {readout.spec}: the study's default, read from the exact scores")
     unit = study.unit_name
-    if request.sets_per_unit is None:
-        selection = "all"
-    else:
-        selection = f"random {request.sets_per_unit} per {unit}, seed {request.seed}"
+    selection = f"random {request.sets_per_unit} per {unit}, seed {request.seed}"
+    selection = "all" if request.sets_per_unit is None else selection
     units = len({s.unit for s in sets})
     say(
         f"{len(patches)} components ({len(layers)} layers) x {len(pairs)} pairs in {len(sets)} "
         f"{defaults.effect.name} sets on {units} {unit}s ({selection})"
     )
-    asked = (request.method, request.top_k, request.hooks, request.batch_size, say, sweep)
-    df = measure(scorer, sets, patches, readout, *asked, through_answer=request.through_answer)
+    asked = {"method": request.method, "top_k": request.top_k, "hooks": request.hooks}
+    asked |= {"batch_size": request.batch_size, "through_answer": request.through_answer}
+    df = measure(scorer, sets, patches, readout, **asked, say=say, sweep=sweep)
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
     df.attrs["selection"] = selection
     if weak := df.attrs.get("weak_signal"):
@@ -291,11 +289,12 @@ def measure(
     pairs: Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
+    *,
+    say: Say = print,
     method: str = "exact",
     top_k: int = 20,
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
-    say: Say = print,
     sweep: Sweep | None = None,
     **options: Any,
 ) -> pd.DataFrame:
