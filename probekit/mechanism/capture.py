@@ -27,6 +27,7 @@ installs it for the read only (`model.bridged()`; see `probekit.engines.hf.model
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Iterable, Sequence
@@ -208,21 +209,43 @@ def capture(
     config = run.manifest
     seen = scan_capture(out, config)
     numbers = [int(p.stem.split("-")[1]) for p in (out / "index").glob("shard-*.parquet")]
-    written: list[Path] = []
-    pending: list[EncodedItem] = []
-    captured = skipped = 0
-    for item in itertools.chain(items, [None]):  # None: the end, where the last shard is written
-        if item is not None:
-            if item.id in seen:
-                skipped += 1
-                continue
-            seen.add(item.id)
-            pending.append(item)
-        if pending and (item is None or len(pending) >= prompts_per_shard):
-            number = max(numbers, default=-1) + 1 + len(written)
-            shard = (number, config, hooks, batch_size, storage_dtype)
-            written.append(_write_shard(model, pending, out, *shard))
-            captured, pending = captured + len(pending), []
+    already, skipped, written, pending = len(seen), 0, [], []
+
+    def write_shard() -> None:
+        """Capture the pending items; write their tensors, then the index part committing them."""
+        name = f"shard-{max(numbers, default=-1) + 1 + len(written):05d}"
+        shard = Path("shards") / f"{name}.safetensors"
+        acts = read_spans(model, pending, layers, shorts, spans, hooks, batch_size)
+        records = [
+            {**record, "layer": layer, "site": hook_site.name, "shard": shard.as_posix()}
+            for record in acts.index.to_dict("records")
+            for layer, hook_site in map(parse_hook, acts.tensors)
+        ]
+        tensors = {hook: values.to(storage_dtype) for hook, values in acts.tensors.items()}
+        for hook, tensor in tensors.items():
+            if not torch.isfinite(tensor).all():
+                raise ProbekitError(
+                    f"activations at {hook} overflow {storage}; capture with "
+                    "storage_dtype=torch.bfloat16 or torch.float32"
+                )
+        contiguous = {hook: tensor.contiguous() for hook, tensor in tensors.items()}
+        atomic_write(out / shard, functools.partial(save_file, contiguous))
+        key, index = RowKey.of(config, None, "captured"), out / "index" / f"{name}.parquet"
+        write_rows(index, pd.DataFrame(records), key, commits=out / shard)
+        written.append(out / shard)
+
+    for item in items:
+        if item.id in seen:
+            skipped += 1
+            continue
+        seen.add(item.id)
+        pending.append(item)
+        if len(pending) >= prompts_per_shard:
+            write_shard()
+            pending.clear()
+    if pending:
+        write_shard()
+    captured = len(seen) - already
     return CaptureResult(out, captured, skipped, written)
 
 
@@ -327,39 +350,3 @@ def scan_capture(out: Path, manifest: dict[str, Any]) -> set[str]:
         if found is not None:
             seen.update(found.ids)
     return seen
-
-
-def _write_shard(
-    model: Any,
-    items: list[EncodedItem],
-    out: Path,
-    number: int,
-    config: dict[str, Any],
-    hooks: str,
-    batch_size: int,
-    storage_dtype: torch.dtype,
-) -> Path:
-    """Capture `items` batch by batch; write the tensors, then the index part that commits them."""
-    name = f"shard-{number:05d}"
-    shard = Path("shards") / f"{name}.safetensors"
-    layers, sites, spans = config["layers"], config["sites"], config["spans"]
-    acts = read_spans(model, items, layers, sites, spans, hooks, batch_size)
-    where = {"shard": shard.as_posix()}
-    records = [
-        {**record, "layer": layer, "site": hook_site.name} | where
-        for record in acts.index.to_dict("records")
-        for layer, hook_site in map(parse_hook, acts.tensors)
-    ]
-    tensors = {hook: values.to(storage_dtype) for hook, values in acts.tensors.items()}
-    for hook, tensor in tensors.items():
-        if not torch.isfinite(tensor).all():
-            raise ProbekitError(
-                f"activations at {hook} overflow {config['storage_dtype']}; capture with "
-                "storage_dtype=torch.bfloat16 or torch.float32"
-            )
-    atomic_write(
-        out / shard, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-    )
-    key = RowKey.of(config, None, "captured")
-    write_rows(out / "index" / f"{name}.parquet", pd.DataFrame(records), key, commits=out / shard)
-    return out / shard

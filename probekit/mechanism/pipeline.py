@@ -141,10 +141,11 @@ class CaptureOptions(HookOptions):
     """Capture options: which activations are kept."""
 
 
-def check_patch_options(request: PatchOptions) -> None:
+def check_patch_options(request: PatchOptions, readout: str | None = None) -> None:
     """One line for patch options that cannot go together, known from the options alone (the
     patch command's check while parsing, before any data or model loads): mediation of
-    estimated components, a pair's readout with attribution or mediation."""
+    estimated components, a readout of a pair's two distributions (`readout`, else the
+    option's) with attribution or mediation."""
     for name in request.sites:
         find_site(name)
     if request.mediation and request.method == "attribution":
@@ -152,8 +153,14 @@ def check_patch_options(request: PatchOptions) -> None:
             f"{named('mediation')} needs exactly measured components: use {named('method')} "
             "exact or attribution+verify"
         )
-    if PAIRED in [term.strip() for term in (request.readout or "").split(" - ")]:
-        _refuse_paired(request.readout, request)
+    spec = readout or request.readout or ""
+    paired = PAIRED in [term.strip() for term in spec.split(" - ")]
+    if paired and (request.method != "exact" or request.mediation):
+        raise ProbekitError(
+            f"the readout {spec} compares a pair's two distributions: use it with "
+            f"{named('method')} exact and without {named('mediation')} (attribution needs a "
+            "readout linear in one distribution, mediation a readout defined per prompt)"
+        )
 
 
 def check_patch(
@@ -164,26 +171,11 @@ def check_patch(
 ) -> Readout | None:
     """One line for any bad choice that needs no model (naming options with `named`); the
     readout when its spec is fixed (None when the study chooses it from the exact scores)."""
-    check_patch_options(request)
+    spec = request.readout or defaults.readout
+    check_patch_options(request, spec if isinstance(spec, str) else None)
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
-    spec = request.readout or defaults.readout
-    if not isinstance(spec, str):
-        return None
-    readout = parse_readout(spec, answers)
-    if readout.paired:
-        _refuse_paired(readout.spec, request)
-    return readout
-
-
-def _refuse_paired(spec: str, request: PatchOptions) -> None:
-    """One line for a readout of a pair's two distributions with attribution or mediation."""
-    if request.method != "exact" or request.mediation:
-        raise ProbekitError(
-            f"the readout {spec} compares a pair's two distributions: use it with "
-            f"{named('method')} exact and without {named('mediation')} (attribution needs a "
-            "readout linear in one distribution, mediation a readout defined per prompt)"
-        )
+    return parse_readout(spec, answers) if isinstance(spec, str) else None
 
 
 def run_patch(
@@ -382,10 +374,9 @@ def top_components(summary: pd.DataFrame, column: str, pairs: int, readout: str)
             f"  {row.layer:>3}  {where:<34} {row.span:<17} {row.swapped:<12} "
             f"{getattr(row, column):+.4f} [{low:+.4f}, {high:+.4f}] p {format_p(row.p_adjusted)}"
         )
-    left = summary.loc[~measured, "status"].value_counts()
-    if len(left) or (measured & weak).any():
-        parts = [f"{count} {status}" for status, count in left.items()]
-        parts += [f"{int((measured & weak).sum())} weak signal"] if (measured & weak).any() else []
+    left = summary.loc[~measured, "status"].value_counts().to_dict()
+    left["weak signal"] = int((measured & weak).sum())
+    if parts := [f"{count} {status}" for status, count in left.items() if count]:
         lines.append(f"  left out: {', '.join(parts)} (see status, weak_signal)")
     return "\n".join(lines)
 
