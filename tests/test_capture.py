@@ -10,9 +10,9 @@ from probekit.core.errors import ProbekitError
 from probekit.mechanism.capture import (
     capture,
     check_request,
-    gather,
     load_activations,
     read_index,
+    read_spans,
 )
 from probekit.mechanism.sites import DEFAULT_SITES as SITES
 from probekit.testing.synthetic import tiny_model
@@ -69,15 +69,18 @@ def test_bridge_and_nnsight_agree(tiny, items, tmp_path):
                     assert (a - b).abs().max().item() <= 1e-4, (layer, site, span)
 
 
-def test_gather_rows_follow_the_spans(tiny, items):
+def test_read_spans_rows_follow_the_spans(tiny, items):
     tiny.enable_bridge()
-    rows, acts = gather(tiny, items[:2], [1], ["resid_post"], spans=["experiencer", "answer"])
+    acts = read_spans(tiny, items[:2], [1], ["resid_post"], spans=["experiencer", "answer"])
     order = [(0, "experiencer"), (0, "answer"), (1, "experiencer"), (1, "answer")]
-    assert [(b, name) for b, name, _ in rows] == order
-    assert [at for _, _, at in rows] == [items[b].positions[name] for b, name in order]
-    (key,) = acts
-    assert key == (1, "resid_post")
-    assert acts[key].shape == (sum(len(at) for _, _, at in rows), tiny.hf.config.hidden_size)
+    index = acts.index
+    assert list(zip(index["prompt_id"], index["span"], strict=True)) == [
+        (items[b].id, name) for b, name in order
+    ]
+    assert list(index["positions"]) == [list(items[b].positions[name]) for b, name in order]
+    (key,) = acts.tensors
+    assert key == "blocks.1.hook_resid_post"
+    assert acts[key].shape == (index["row_stop"].iloc[-1], tiny.hf.config.hidden_size)
 
 
 def test_resume_skips_captured_prompts(tiny, items, tmp_path):

@@ -33,8 +33,7 @@ def test_sites_one_table_with_short_forms():
         "hook_mlp_out",
         "hook_resid_post",
     )
-    assert sites.site("z").axes == ("batch", "position", "head", "d_head")
-    assert sites.site("resid_pre").axes == ("batch", "position", "d_model")
+    assert sites.site("z").per_head and not sites.site("resid_pre").per_head
     assert sites.library("transformer_lens") == "transformer_lens"
     with pytest.raises(ProbekitError, match="unknown hook library 'bridge'"):
         sites.library("bridge")

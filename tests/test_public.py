@@ -31,8 +31,7 @@ MORE = [  # public functions outside `__all__` whose options are declared
     "probekit.run.ray:RayPool",
     "probekit.engines.hf.precision:noise_figure",
     "probekit.mechanism.capture:capture",
-    "probekit.mechanism.capture:collect",
-    "probekit.mechanism.capture:gather",
+    "probekit.mechanism.capture:read_spans",
     "probekit.mechanism.steering:span_means",
 ]
 

@@ -29,18 +29,22 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import EncodedItem, Item
-from probekit.core.options import default_of
 from probekit.core.progress import silenced
 from probekit.core.public import public
 from probekit.core.shared_options import SeedOption
-from probekit.engines.options import EpsilonOption, ModelOptions, ScoreOptions
+from probekit.engines.options import ModelOptions, ScoreOptions
 from probekit.mechanism import capture as disk
-from probekit.mechanism.components import check, grid
 from probekit.mechanism.pairs import as_sets, make_pair
-from probekit.mechanism.patching import annotate, noise_line, summarise, sweep
-from probekit.mechanism.pipeline import CaptureOptions, PatchOptions, measure
+from probekit.mechanism.patching import annotate, noise_line, summarise
+from probekit.mechanism.pipeline import (
+    CaptureOptions,
+    PatchOptions,
+    components,
+    exact_scorer,
+    measure,
+)
 from probekit.mechanism.readouts import Readout, parse_readout
-from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers, n_heads, site
+from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
 
 __all__ = ["capture", "hookable", "make_pair", "patch", "recovery"]
 
@@ -112,36 +116,24 @@ def patch(
     sets = as_sets(_as_pairs(model, pairs))
     pairs = [pair for found in sets for pair in found.pairs]
     measured = readout if isinstance(readout, Readout) else parse_readout(readout, answers)
-    spans = spans or pairs[0][0].item.span_names
-    patches = grid(
-        chosen_layers(model, layers, "patch"),
-        [site(name).name for name in sites],
-        spans,
-        heads or range(n_heads(model)),
-    )
-    check(model, pairs, patches)
+    patches = components(model, pairs, layers, sites, spans or pairs[0][0].item.span_names, heads)
     model.settle_precision(answers, [p.input_ids for pair in pairs for p in pair])
-    epsilon = default_of(EpsilonOption, "epsilon", "patch")  # exact distributions
-    scorer = model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
-    if method == "exact":
-        table = sweep(
+    scorer = exact_scorer(model, answers, batch_size)
+    with silenced(quiet):
+        table = measure(
             scorer,
             sets,
             patches,
             measured,
+            method=method,
+            top_k=top_k,
             hooks=hooks,
             batch_size=batch_size,
+            say=lambda line: None,
             through_answer=through_answer,
             progress=progress and not quiet,
             distributions=distributions,
         )
-    elif distributions:
-        raise ProbekitError("distributions=True needs method='exact'")
-    else:
-        with silenced(quiet):
-            table = measure(
-                scorer, sets, patches, measured, method, top_k, hooks, batch_size, say=_quiet
-            )
     annotated = annotate(table)
     if weak := annotated.attrs.get("weak_signal"):
         warnings.warn(weak, UserWarning, stacklevel=3)  # the caller of @public
@@ -199,14 +191,11 @@ def capture(
     model = hookable(model)
     encoded = encode_prompts(model, prompts, "capture")
     chosen = chosen_layers(model, layers, "capture")
-    names = [site(name).name for name in sites]
+    asked = (sites, spans, hooks, batch_size)
     with silenced(quiet):
         if out is None:
-            return disk.collect(model, encoded, chosen, names, spans, hooks, batch_size)
-        dtype = storage_dtype
-        disk.capture(
-            model, encoded, out, chosen, names, spans, hooks, batch_size, storage_dtype=dtype
-        )
+            return disk.read_spans(model, encoded, chosen, *asked)
+        disk.capture(model, encoded, out, chosen, *asked, storage_dtype=storage_dtype)
     return _subset(disk.read_activations(out), {item.id for item in encoded})
 
 
@@ -258,7 +247,3 @@ def encode_prompts(model: Any, prompts: Any, purpose: str) -> list[EncodedItem]:
     if not items:
         raise ProbekitError(f"no prompts to {purpose}")
     return [model.encode(item) for item in items]
-
-
-def _quiet(line: str) -> None:
-    return None

@@ -44,7 +44,6 @@ from probekit.mechanism.components import (
     make_job,
     pair_columns,
     row,
-    table,
 )
 from probekit.mechanism.interventions import bridge_hooks
 from probekit.mechanism.pairs import PairSet, as_sets
@@ -129,7 +128,7 @@ def attribute(
         found = (value[clean.id], value[corrupt.id], np.nan)
         rows.append(row(pairs[job.pair], keys, job, readout, *found, about[job.pair]))
         rows[-1] |= {"method": "attribution", "estimate": estimate}
-    return table(rows)
+    return pd.DataFrame(rows).astype({"head": "Int64"})
 
 
 def check_gradients(scorer: HookedScorer) -> None:

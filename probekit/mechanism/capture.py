@@ -27,6 +27,7 @@ installs it for the read only (`model.bridged()`; see `probekit.engines.hf.model
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Iterable, Sequence
@@ -61,10 +62,6 @@ from probekit.mechanism.sites import (
 
 STORAGE_DTYPE = torch.float16
 """The dtype shards store activations in unless `capture(storage_dtype=...)` says otherwise."""
-
-Key = tuple[int, str]  # (layer, short site name)
-Row = tuple[int, str, list[int]]  # (prompt in batch, span name, unpadded positions)
-Gathered = tuple[list[Row], dict[Key, torch.Tensor]]  # a batch's rows and values (`gather`)
 
 
 @dataclass(frozen=True, repr=False)
@@ -103,118 +100,6 @@ def site_shorts(sites: Sequence[str]) -> list[str]:
     return [s.short for s in SITES.values() if s.name in wanted]
 
 
-@public(HookOptions, command="capture", skip=("layers",))
-def gather(
-    model: Any,
-    prompts: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
-) -> Gathered:
-    """Run one left-padded batch and return its span rows and, per (layer, short site), the
-    float32 values [rows, ...].
-
-    Rows list every (prompt, span) in order; tensor rows follow them, one per position.
-    """
-    layers, shorts = check_request(model, layers, sites, hooks)
-    rows: list[Row] = []
-    for b, prompt in enumerate(prompts):
-        names = prompt.positions if spans is None else spans
-        rows += [(b, name, positions_of(prompt, name)) for name in names]
-    locs = [(b, p) for b, _, at in rows for p in at]
-    hook = {(layer, short): site(short).hook(layer) for layer in layers for short in shorts}
-    values = read_forward(
-        model, [p.input_ids for p in prompts], dict.fromkeys(hook.values(), locs), hooks
-    )
-    return rows, {key: values[name].float() for key, name in hook.items()}
-
-
-def read_spans(
-    model: Any,
-    items: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    hooks: str,
-    batch_size: int,
-) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
-    """`gather` over `items` a batch at a time, with the progress of the prompts
-    (`probekit.core.progress`): a record per (prompt, span) in order (`Activations.index`'s
-    columns), and each hook's values."""
-    records: list[dict[str, Any]] = []
-    values: dict[Key, list[torch.Tensor]] = {}
-    with progress(len(items), "prompt", "capture") as bar:
-        for i in range(0, len(items), batch_size):
-            batch = list(items[i : i + batch_size])
-            rows, acts = gather(model, batch, layers, sites, spans, hooks)
-            for key, tensor in acts.items():
-                values.setdefault(key, []).append(tensor)
-            for b, span, at in rows:
-                start = records[-1]["row_stop"] if records else 0
-                item = batch[b]
-                records.append(
-                    {**item.item.key, PROMPT_ID: item.id, "span": span, "positions": at}
-                    | {
-                        "n_tokens": len(item.input_ids),
-                        "row_start": start,
-                        "row_stop": start + len(at),
-                    }
-                )
-            bar.update(len(batch))
-    return records, {site(short).hook(layer): torch.cat(v) for (layer, short), v in values.items()}
-
-
-@public(HookOptions, command="capture", skip=("layers",))
-def capture(
-    model: Any,
-    items: Iterable[EncodedItem],
-    out_dir: str | Path,
-    layers: Sequence[int],
-    sites: Sequence[str] = DEFAULT_SITES,
-    spans: Sequence[str] | None = None,
-    hooks: str = "transformer_lens",
-    batch_size: int = 8,
-    prompts_per_shard: int = 256,
-    storage_dtype: torch.dtype = STORAGE_DTYPE,
-) -> CaptureResult:
-    """Capture `sites` at `layers` for the `spans` of each prompt (all if None) into `out_dir`.
-
-    Items are consumed lazily and written a shard at a time, so an interrupted run keeps every
-    finished shard; running again with the same settings skips prompt ids already captured (and
-    repeated ids). `storage_dtype` is the dtype the shards store (float16 by default; float32
-    for exact checks).
-    """
-    layers, shorts = check_request(model, layers, sites, hooks)
-    if batch_size < 1 or prompts_per_shard < 1:
-        raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
-    out = Path(out_dir)
-    storage = str(storage_dtype).removeprefix("torch.")
-    run = RunDir(out)
-    run.start(capture_manifest(model, layers, shorts, spans, hooks, storage))  # or check it
-    for folder in ("shards", "index"):
-        (out / folder).mkdir(parents=True, exist_ok=True)
-    config = run.manifest
-    seen = scan_capture(out, config)
-    numbers = [int(p.stem.split("-")[1]) for p in (out / "index").glob("shard-*.parquet")]
-    written: list[Path] = []
-    pending: list[EncodedItem] = []
-    captured = skipped = 0
-    for item in itertools.chain(items, [None]):  # None: the end, where the last shard is written
-        if item is not None:
-            if item.id in seen:
-                skipped += 1
-                continue
-            seen.add(item.id)
-            pending.append(item)
-        if pending and (item is None or len(pending) >= prompts_per_shard):
-            number = max(numbers, default=-1) + 1 + len(written)
-            shard = (number, config, hooks, batch_size, storage_dtype)
-            written.append(_write_shard(model, pending, out, *shard))
-            captured, pending = captured + len(pending), []
-    return CaptureResult(out, captured, skipped, written)
-
-
 @public()
 @dataclass(frozen=True, repr=False)
 class Activations:
@@ -251,7 +136,7 @@ class Activations:
 
 
 @public(HookOptions, command="capture", skip=("layers",))
-def collect(
+def read_spans(
     model: Any,
     items: Sequence[EncodedItem],
     layers: Sequence[int],
@@ -260,10 +145,108 @@ def collect(
     hooks: str = "transformer_lens",
     batch_size: int = 8,
 ) -> Activations:
-    """`capture` in memory: the float32 values of every prompt's spans, nothing written."""
+    """The float32 values at `sites` and `layers` of every prompt's `spans` (all if None), in
+    memory: `capture` without writing anything. Each left-padded batch of `batch_size` prompts
+    is one forward that stops after the last layer read; the progress is the prompts'
+    (`probekit.core.progress`)."""
     layers, shorts = check_request(model, layers, sites, hooks)
-    records, tensors = read_spans(model, items, layers, shorts, spans, hooks, batch_size)
-    return Activations(pd.DataFrame(records), tensors)
+    names = [site(short).hook(layer) for layer in layers for short in shorts]
+    rows: list[tuple[EncodedItem, str, list[int]]] = []
+    values: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    with progress(len(items), "prompt", "capture") as bar:
+        for i in range(0, len(items), batch_size):
+            batch = list(items[i : i + batch_size])
+            found = [
+                (b, span, positions_of(prompt, span))
+                for b, prompt in enumerate(batch)
+                for span in (prompt.positions if spans is None else spans)
+            ]
+            locs = [(b, p) for b, _, at in found for p in at]
+            ids = [p.input_ids for p in batch]
+            read = read_forward(model, ids, dict.fromkeys(names, locs), hooks)
+            for name in names:
+                values[name].append(read[name].float())
+            rows += [(batch[b], span, at) for b, span, at in found]
+            bar.update(len(batch))
+    stops = itertools.accumulate(len(at) for *_, at in rows)
+    records = [
+        {**item.item.key, PROMPT_ID: item.id, "span": span, "positions": at}
+        | {"n_tokens": len(item.input_ids), "row_start": stop - len(at), "row_stop": stop}
+        for (item, span, at), stop in zip(rows, stops, strict=True)
+    ]
+    return Activations(pd.DataFrame(records), {k: torch.cat(v) for k, v in values.items()})
+
+
+@public(HookOptions, command="capture", skip=("layers",))
+def capture(
+    model: Any,
+    items: Iterable[EncodedItem],
+    out_dir: str | Path,
+    layers: Sequence[int],
+    sites: Sequence[str] = DEFAULT_SITES,
+    spans: Sequence[str] | None = None,
+    hooks: str = "transformer_lens",
+    batch_size: int = 8,
+    prompts_per_shard: int = 256,
+    storage_dtype: torch.dtype = STORAGE_DTYPE,
+) -> CaptureResult:
+    """Capture `sites` at `layers` for the `spans` of each prompt (all if None) into `out_dir`.
+
+    Items are consumed lazily and written a shard at a time, so an interrupted run keeps every
+    finished shard; running again with the same settings skips prompt ids already captured (and
+    repeated ids). `storage_dtype` is the dtype the shards store (float16 by default; float32
+    for exact checks).
+    """
+    layers, shorts = check_request(model, layers, sites, hooks)
+    if batch_size < 1 or prompts_per_shard < 1:
+        raise ProbekitError("batch_size and prompts_per_shard must be at least 1")
+    out = Path(out_dir)
+    storage = str(storage_dtype).removeprefix("torch.")
+    run = RunDir(out)
+    run.start(capture_manifest(model, layers, shorts, spans, hooks, storage))  # or check it
+    for folder in ("shards", "index"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    config = run.manifest
+    seen = scan_capture(out, config)
+    numbers = [int(p.stem.split("-")[1]) for p in (out / "index").glob("shard-*.parquet")]
+    already, skipped, written, pending = len(seen), 0, [], []
+
+    def write_shard() -> None:
+        """Capture the pending items; write their tensors, then the index part committing them."""
+        name = f"shard-{max(numbers, default=-1) + 1 + len(written):05d}"
+        shard = Path("shards") / f"{name}.safetensors"
+        acts = read_spans(model, pending, layers, shorts, spans, hooks, batch_size)
+        records = [
+            {**record, "layer": layer, "site": hook_site.name, "shard": shard.as_posix()}
+            for record in acts.index.to_dict("records")
+            for layer, hook_site in map(parse_hook, acts.tensors)
+        ]
+        tensors = {hook: values.to(storage_dtype) for hook, values in acts.tensors.items()}
+        for hook, tensor in tensors.items():
+            if not torch.isfinite(tensor).all():
+                raise ProbekitError(
+                    f"activations at {hook} overflow {storage}; capture with "
+                    "storage_dtype=torch.bfloat16 or torch.float32"
+                )
+        contiguous = {hook: tensor.contiguous() for hook, tensor in tensors.items()}
+        atomic_write(out / shard, functools.partial(save_file, contiguous))
+        key, index = RowKey.of(config, None, "captured"), out / "index" / f"{name}.parquet"
+        write_rows(index, pd.DataFrame(records), key, commits=out / shard)
+        written.append(out / shard)
+
+    for item in items:
+        if item.id in seen:
+            skipped += 1
+            continue
+        seen.add(item.id)
+        pending.append(item)
+        if len(pending) >= prompts_per_shard:
+            write_shard()
+            pending.clear()
+    if pending:
+        write_shard()
+    captured = len(seen) - already
+    return CaptureResult(out, captured, skipped, written)
 
 
 @public()
@@ -367,39 +350,3 @@ def scan_capture(out: Path, manifest: dict[str, Any]) -> set[str]:
         if found is not None:
             seen.update(found.ids)
     return seen
-
-
-def _write_shard(
-    model: Any,
-    items: list[EncodedItem],
-    out: Path,
-    number: int,
-    config: dict[str, Any],
-    hooks: str,
-    batch_size: int,
-    storage_dtype: torch.dtype,
-) -> Path:
-    """Capture `items` batch by batch; write the tensors, then the index part that commits them."""
-    name = f"shard-{number:05d}"
-    shard = Path("shards") / f"{name}.safetensors"
-    layers, sites, spans = config["layers"], config["sites"], config["spans"]
-    read, tensors = read_spans(model, items, layers, sites, spans, hooks, batch_size)
-    where = {"shard": shard.as_posix()}
-    records = [
-        {**record, "layer": layer, "site": hook_site.name} | where
-        for record in read
-        for layer, hook_site in map(parse_hook, tensors)
-    ]
-    tensors = {hook: values.to(storage_dtype) for hook, values in tensors.items()}
-    for hook, tensor in tensors.items():
-        if not torch.isfinite(tensor).all():
-            raise ProbekitError(
-                f"activations at {hook} overflow {config['storage_dtype']}; capture with "
-                "storage_dtype=torch.bfloat16 or torch.float32"
-            )
-    atomic_write(
-        out / shard, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-    )
-    key = RowKey.of(config, None, "captured")
-    write_rows(out / "index" / f"{name}.parquet", pd.DataFrame(records), key, commits=out / shard)
-    return out / shard

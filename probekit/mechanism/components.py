@@ -274,13 +274,6 @@ def row(
     }
 
 
-def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The patching table from its rows (`head` as a nullable integer column)."""
-    df = pd.DataFrame(rows)
-    df["head"] = df["head"].astype("Int64")
-    return df
-
-
 def exact_effect(df: pd.DataFrame) -> pd.Series:
     """Each row's exact effect m_patched - m_corrupt where it was measured (ran, or exact
     patching's row), else NaN."""

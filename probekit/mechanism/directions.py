@@ -111,14 +111,12 @@ def span_states(
             reads = {SITE.hook(layer): locs for layer in layers}
             results, values = score_with(scorer, [p.input_ids for p in chunk], reads=reads)
             stacked = torch.stack([values[hook] for hook in reads], dim=1).double()  # [locs, L, d]
-            at = 0
-            for prompt, positions, result in zip(chunk, spans, results, strict=True):
-                acts.append(stacked[at : at + len(positions)].mean(dim=0).numpy())
-                at += len(positions)
-                rows.append(
-                    {PROMPT_ID: prompt.id, "unit": prompt.item.unit, **prompt.item.key}
-                    | {"contrast": contrast(prompt), VALUE: readout(result, prompt.item)}
-                )
+            acts += [part.mean(dim=0).numpy() for part in stacked.split(list(map(len, spans)))]
+            rows += [
+                {PROMPT_ID: prompt.id, "unit": prompt.item.unit, **prompt.item.key}
+                | {"contrast": contrast(prompt), VALUE: readout(result, prompt.item)}
+                for prompt, result in zip(chunk, results, strict=True)
+            ]
             bar.update(len(chunk))
     frame = pd.DataFrame(rows)
     frame["gap"] = _centred(frame[VALUE].to_numpy(), frame, centre)

@@ -24,9 +24,7 @@ forward while the bridge's blocks are installed in place, for the call only
 `model.nnsight`, on the model's own Hugging Face modules (the bridge removed meanwhile); in
 `score_with` the traced function is the engine's `score_batch` and the interventions ask for the
 first call of each module, which is the prompt pass (the trie pass calls the modules again,
-untouched), so answer positions need `transformer_lens`. `remote` is handed to nnsight's `trace`
-unchanged (`remote=True` ships the block and the pickled scoring call to NDIF, which needs a hub
-model NDIF serves; untested offline).
+untouched), so answer positions need `transformer_lens`.
 """
 
 from __future__ import annotations
@@ -60,6 +58,12 @@ class AnswerNode:
     node: int
 
 
+NNSIGHT_ANSWERS = (
+    "answer positions are read and written with hooks='transformer_lens' only (with "
+    "nnsight, patch the prompt only: through_answer=False)"
+)
+"""The refusal of answer locations with nnsight, whose hooks reach the prompt pass only."""
+PLAIN_ANSWERS = "a plain forward has no answer positions; use score_with"
 Position = int | AnswerNode
 Loc = tuple[int, Position]
 """(row in the batch, position: a prompt token's index, or an `AnswerNode`)"""
@@ -106,7 +110,6 @@ def score_with(
     reads: dict[str, list[Loc]] | None = None,
     edits: dict[str, Edit] | None = None,
     hooks: str = "transformer_lens",
-    remote: bool = False,
 ) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """Score one batch with the engine while reading and editing activations at prompt and
     answer positions.
@@ -116,14 +119,10 @@ def score_with(
     `edits[hook] = (locs, fn)` replaces the values at `locs` by `fn(old values)`. Returns the
     engine's results and the values read."""
     chosen = library(hooks)
-    split = _Split(batch, reads or {}, edits or {}, scorer.model.device)
+    refused = None if chosen == "transformer_lens" else NNSIGHT_ANSWERS
+    split = _Split(batch, reads or {}, edits or {}, scorer.model.device, refused)
     sink: dict[str, list] = {}
     if chosen == "nnsight":
-        if split.answers:
-            raise ProbekitError(
-                "answer positions are read and written with hooks='transformer_lens' only (with "
-                "nnsight, patch the prompt only: through_answer=False)"
-            )
         ids, mask = left_pad(list(batch), scorer.model.tokenizer.pad_token_id)
         scored: list[list[Any]] = []
 
@@ -132,10 +131,8 @@ def score_with(
 
         inputs = {"input_ids": ids, "attention_mask": mask}
         with hook_library(scorer.model, chosen):
-            sink = _trace(scorer.model, inputs, split.ops(split.prompt), fn=score, remote=remote)
+            sink = _trace(scorer.model, inputs, split.ops(split.prompt), fn=score)
         return scored[0], split.gather(sink)
-    if remote:
-        raise ProbekitError("remote execution goes through nnsight; use hooks='nnsight'")
     with hook_library(scorer.model, chosen) as bridge:
         fwd = _hooks(split.ops(split.prompt), sink)
 
@@ -187,7 +184,9 @@ class _Split:
         reads: dict[str, list[Loc]],
         edits: dict[str, Edit],
         device: Any,
+        no_answers: str | None = None,
     ) -> None:
+        """`no_answers`: the line refusing answer locations where the forward has none."""
         width = max(len(p) for p in batch)
         self.device, self.edits = device, edits
         self.sizes = {hook: len(locs) for hook, locs in reads.items()}
@@ -203,6 +202,8 @@ class _Split:
                     else:
                         column = width - len(batch[row]) + pos
                         self.prompt.setdefault((hook, kind), []).append((i, row, column))
+        if no_answers and self.answers:
+            raise ProbekitError(no_answers)
 
     def ops(self, entries: dict[tuple[str, str], list[tuple[int, int, int]]]) -> list[Op]:
         """Each hook's read and edit of `entries` (location index, row, column), in the order a
@@ -230,13 +231,12 @@ class _Split:
             strict=True,
         )
         where = {(row, node): (r, c) for row, node, r, c in slots}
-        found = {}
-        for key, wanted in self.answers.items():
-            entries = [
+        found = {
+            key: [
                 (i, *where[loc]) for loc, indices in wanted.items() if loc in where for i in indices
             ]
-            if entries:
-                found[key] = entries
+            for key, wanted in self.answers.items()
+        }
         return self.ops(found)
 
     def gather(self, sink: dict[str, Any], library: str | None = None) -> dict[str, torch.Tensor]:
@@ -265,17 +265,9 @@ def bridge_hooks(
     """TransformerLens hooks reading and editing prompt positions of the left-padded `batch` (as
     `score_with`) in whatever forward they are attached to, and the function giving the values
     read afterwards."""
-    split = _prompt_split(model, batch, reads, edits or {})
+    split = _Split(batch, reads, edits or {}, model.device, PLAIN_ANSWERS)
     sink: dict[str, list] = {}
     return _hooks(split.ops(split.prompt), sink), lambda: split.gather(sink, "transformer_lens")
-
-
-def _prompt_split(model: Any, batch: Any, reads: dict, edits: dict) -> _Split:
-    """The `_Split` of a plain forward's reads and edits (one line for an answer position)."""
-    split = _Split(batch, reads, edits, model.device)
-    if split.answers:
-        raise ProbekitError("a plain forward has no answer positions; use score_with")
-    return split
 
 
 def read_forward(
@@ -301,7 +293,7 @@ def read_forward(
                 ids, fwd_hooks=fwd, stop_at_layer=stop, return_type=None, **inputs
             )
             return values()
-        split = _prompt_split(model, batch, reads, {})
+        split = _Split(batch, reads, {}, model.device, PLAIN_ANSWERS)
         return split.gather(_trace(model, inputs, split.ops(split.prompt), stop=True), chosen)
 
 

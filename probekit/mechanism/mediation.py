@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypedDict, Unpack
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,20 +34,12 @@ from probekit.mechanism.readouts import Readout
 EFFECTS = ("total", "indirect", "direct")
 
 
-class SweepKwargs(TypedDict, total=False):
-    """The keywords of `patching.sweep` that `mediate` passes to both its sweeps."""
-
-    hooks: str
-    batch_size: int | None
-    through_answer: bool | None
-
-
 def mediate(
     scorer: HookedScorer,
     pairs: Sequence[Pair] | Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
-    **options: Unpack[SweepKwargs],
+    **options: Any,
 ) -> pd.DataFrame:
     """One row per (pair, component): pair (its index), unit, set, sign, clean_prompt_id,
     corrupt_prompt_id, layer, site, head, span, total, indirect, direct, readout. `options` go

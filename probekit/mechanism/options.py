@@ -19,26 +19,34 @@ hook_library = checked_by("hook library", library)
 _SITES = "comma-separated TransformerLens sites (short forms such as resid_pre accepted)"
 
 
+def _per_command(template: str, **tails: str) -> dict[str, str]:
+    """An option's help per command (`other`: every other command's): `template` with the
+    command's tail."""
+    return {"" if name == "other" else name: template.format(t) for name, t in tails.items()}
+
+
 @dataclass(frozen=True)
 class HookOptions(LimitOption, BatchSizeOption, SeedOption, OutOption):
     """Where activations are read and written."""
 
     layers: list[int] | None = option(
         None,
-        help={
-            "patch": f"comma-separated layers, -1 the last (default: {PATCH_LAYERS} evenly spaced)",
-            "capture": "comma-separated layers, -1 the last (default: the first, middle and last)",
-            "": "comma-separated layers, -1 the last (default: the middle one)",
-        },
+        help=_per_command(
+            "comma-separated layers, -1 the last (default: {})",
+            patch=f"{PATCH_LAYERS} evenly spaced",
+            capture="the first, middle and last",
+            other="the middle one",
+        ),
         kind=int_list,
     )
     sites: list[str] = option(
         DEFAULT_SITES,
-        help={
-            "patch": f"{_SITES}; {HEAD_SITE} patches each attention head (default %(default)s)",
-            "steer": f"{_SITES}, of the residual stream's width (default %(default)s)",
-            "": f"{_SITES} (default %(default)s)",
-        },
+        help=_per_command(
+            _SITES + "{} (default %(default)s)",
+            patch=f"; {HEAD_SITE} patches each attention head",
+            steer=", of the residual stream's width",
+            other="",
+        ),
         kind=comma_list,
         defaults={"steer": ("hook_resid_post",)},
     )

@@ -76,18 +76,13 @@ class PairSet:
         return self.pairs[0][0].item.unit
 
 
-def swapped_columns(pair: Pair) -> str:
-    """The key columns on which a pair's two prompts differ, joined by commas."""
-    clean, corrupt = pair[0].item.key, pair[1].item.key
-    return ",".join(c for c in clean if clean[c] != corrupt.get(c)) or "none"
-
-
 def difference_sets(pairs: Sequence[Pair]) -> list[PairSet]:
     """Each pair a set of its own, sign +1 (a `Difference`)."""
     out = []
     for clean, corrupt in pairs:
-        pair, name = (clean, corrupt), f"{clean.id} > {corrupt.id}"
-        out.append(PairSet(name, Difference.name, (pair,), (1,), swapped_columns(pair), name))
+        name, key = f"{clean.id} > {corrupt.id}", clean.item.key
+        swapped = ",".join(c for c in key if key[c] != corrupt.item.key.get(c)) or "none"
+        out.append(PairSet(name, Difference.name, ((clean, corrupt),), (1,), swapped, name))
     return out
 
 

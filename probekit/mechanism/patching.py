@@ -77,7 +77,6 @@ from probekit.mechanism.components import (
     make_job,
     pair_columns,
     row,
-    table,
 )
 from probekit.mechanism.interventions import (
     AnswerNode,
@@ -118,7 +117,6 @@ def sweep(
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
     run_noops: bool = False,
-    remote: bool = False,
     through_answer: bool | None = None,
     progress: Any = True,
     distributions: bool = False,
@@ -159,24 +157,14 @@ def sweep(
         through_answer = library(hooks) == "transformer_lens"
     total, chunk = len(pairs) * len(patches), chunk_rows(len(patches), size)
     if rows is None and total > chunk:  # chunk by chunk, as a sweep kept in parts
-        bar = progress if hasattr(progress, "update") else Silent()
-        bar = track(total, "run", "patching") if progress is True else bar
+        bar = _bar(progress, total)
         options = {"hooks": hooks, "batch_size": batch_size, "run_noops": run_noops}
-        options |= {"remote": remote, "through_answer": through_answer}
+        options |= {"through_answer": through_answer, "distributions": distributions}
         parts = []
         for start in range(0, total, chunk):
             done = list(range(start, min(start + chunk, total)))
             parts.append(
-                sweep(
-                    scorer,
-                    given,
-                    patches,
-                    readout,
-                    **options,
-                    progress=False,
-                    rows=done,
-                    distributions=distributions,
-                )
+                sweep(scorer, given, patches, readout, **options, progress=False, rows=done)
             )
             bar.update(len(done))
         bar.close()
@@ -196,14 +184,11 @@ def sweep(
     prompts = {prompt.id: prompt for pair in used for prompt in pair}
     # After the patched runs, each pair's prompts are scored again, unpatched, in another batch
     # shape than their baselines: the run's numeric noise (`numeric_noise`).
-    again = [] if remote else list(prompts)
-    entries: list[int | str] = [*todo, *again]
-    bar = progress if hasattr(progress, "update") else Silent()
-    if progress is True:
-        bar = track(len(todo) + 2 * len(used), "run", "patching")
+    entries: list[int | str] = [*todo, *prompts]
+    bar = _bar(progress, len(todo) + 2 * len(used))
     with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
         runs = [jobs[k] for k in todo]
-        baseline, source_acts = _baselines(scorer, pairs, prompts, runs, size, hooks, remote, nodes)
+        baseline, source_acts = _baselines(scorer, pairs, prompts, runs, size, hooks, nodes)
         bar.update(2 * len(used))
         patched: dict[int, ScoreResult] = {}  # job index -> the patched run's result
         rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
@@ -216,15 +201,15 @@ def sweep(
                     (rescored[key],) = scorer.score_batch(ids, reuse_prefix=False)
                 continue
             edits = _edits(jobs, ks, pairs, source_acts, nodes)
-            batch = [_host(pairs[jobs[k].pair], jobs[k]) for k in ks]
+            batch = [pairs[jobs[k].pair][0 if jobs[k].block else 1] for k in ks]  # the host
             batch += [prompts[key] for key in chunk[len(ks) :]]
             ids = [p.input_ids for p in batch]
-            results, _ = score_with(scorer, ids, edits=edits, hooks=hooks, remote=remote)
+            results, _ = score_with(scorer, ids, edits=edits, hooks=hooks)
             patched |= dict(zip(ks, results, strict=False))
             rescored |= {p.id: r for p, r in zip(batch[len(ks) :], results[len(ks) :], strict=True)}
             bar.update(len(ks))
         bar.close()
-    noise = numeric_noise(scorer.model, used if again else [], readout, baseline, rescored)
+    noise = numeric_noise(scorer.model, used, readout, baseline, rescored)
     keys = key_columns(pairs)
     found_rows = []
     for k in chosen:
@@ -243,14 +228,16 @@ def sweep(
             entry[f"valid_mass_{name}"] = result.valid_mass
             entry[f"probs_{name}"] = np.asarray(result.probs, dtype=float)
         found_rows.append(entry)
-    out = in_noise(table(found_rows))
+    out = in_noise(pd.DataFrame(found_rows).astype({"head": "Int64"}))
     out.attrs["answers"] = list(scorer.answers.answers)
     return out
 
 
-def _host(pair: Pair, job: Job) -> Any:
-    """The prompt a job's patched run scores: the corrupt one, the clean one for a block."""
-    return pair[0] if job.block else pair[1]
+def _bar(progress: Any, total: int) -> Any:
+    """The progress a sweep updates: `progress` itself, a new one (True) or none (False)."""
+    if progress is True:
+        return track(total, "run", "patching")
+    return progress if hasattr(progress, "update") else Silent()
 
 
 def _source(pair: Pair, job: Job) -> Any:
@@ -287,8 +274,7 @@ def numeric_noise(
     """The run's numeric noise on the readout: `NOISE_FACTOR` x the largest change of any
     pair's gap between its baselines and its prompts scored `again` in another batch shape (with
     the sweep's last patched runs, or alone), and at least `NOISE_FACTOR` x the dtype's
-    resolution at the readouts' scale (the resolution alone without pairs, as for a remote
-    model, which is not scored again)."""
+    resolution at the readouts' scale (the resolution alone without pairs)."""
     worst, scale = 0.0, 1.0
     for clean, corrupt in pairs:
         first = readout(baseline[clean.id], clean.item, baseline[clean.id])
@@ -531,7 +517,6 @@ def _baselines(
     todo: list[Job],
     size: int,
     hooks: str,
-    remote: bool,
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
     """The exact result of each of `prompts` (by prompt id); for the prompts whose
@@ -548,11 +533,16 @@ def _baselines(
     acts: dict[str, tuple[dict[str, torch.Tensor], dict[Position, int]]] = {}
     for start in range(0, len(keys), size):
         chunk = keys[start : start + size]
-        positions = [_ordered(needed.get(key, ())) for key in chunk]
+        positions = [  # prompt positions in order, then answer nodes in order
+            sorted(
+                needed.get(k, ()), key=lambda p: (isinstance(p, AnswerNode), getattr(p, "node", p))
+            )
+            for k in chunk
+        ]
         locs = [(at, p) for at, ps in enumerate(positions) for p in ps]
         reads = {hook: locs for hook in read} if locs else None
         batch = [prompts[k].input_ids for k in chunk]
-        results, values = score_with(scorer, batch, reads=reads, hooks=hooks, remote=remote)
+        results, values = score_with(scorer, batch, reads=reads, hooks=hooks)
         at = 0
         for key, result, ps in zip(chunk, results, positions, strict=True):
             baseline[key] = result
@@ -561,8 +551,3 @@ def _baselines(
                 acts[key] = (block, {p: j for j, p in enumerate(ps)})
             at += len(ps)
     return baseline, acts
-
-
-def _ordered(positions: set[Position]) -> list[Position]:
-    """Prompt positions in order, then answer nodes in order."""
-    return sorted(positions, key=lambda p: (1, p.node) if isinstance(p, AnswerNode) else (0, p))

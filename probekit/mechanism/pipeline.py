@@ -43,7 +43,7 @@ import pandas as pd
 
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_room, write_parquet, write_text
-from probekit.core.items import EncodedItem, Item, check_span_names
+from probekit.core.items import EncodedItem, Item, Pair, check_span_names
 from probekit.core.kinds import choice, int_list, positive_int, text
 from probekit.core.options import default_of, named, option
 from probekit.engines.base import HookedScorer
@@ -141,10 +141,11 @@ class CaptureOptions(HookOptions):
     """Capture options: which activations are kept."""
 
 
-def check_patch_options(request: PatchOptions) -> None:
+def check_patch_options(request: PatchOptions, readout: str | None = None) -> None:
     """One line for patch options that cannot go together, known from the options alone (the
     patch command's check while parsing, before any data or model loads): mediation of
-    estimated components, a pair's readout with attribution or mediation."""
+    estimated components, a readout of a pair's two distributions (`readout`, else the
+    option's) with attribution or mediation."""
     for name in request.sites:
         find_site(name)
     if request.mediation and request.method == "attribution":
@@ -152,9 +153,14 @@ def check_patch_options(request: PatchOptions) -> None:
             f"{named('mediation')} needs exactly measured components: use {named('method')} "
             "exact or attribution+verify"
         )
-    terms = [term.strip() for term in (request.readout or "").split(" - ")]
-    if request.readout and PAIRED in terms:
-        _refuse_paired(request.readout, request)
+    spec = readout or request.readout or ""
+    paired = PAIRED in [term.strip() for term in spec.split(" - ")]
+    if paired and (request.method != "exact" or request.mediation):
+        raise ProbekitError(
+            f"the readout {spec} compares a pair's two distributions: use it with "
+            f"{named('method')} exact and without {named('mediation')} (attribution needs a "
+            "readout linear in one distribution, mediation a readout defined per prompt)"
+        )
 
 
 def check_patch(
@@ -165,26 +171,11 @@ def check_patch(
 ) -> Readout | None:
     """One line for any bad choice that needs no model (naming options with `named`); the
     readout when its spec is fixed (None when the study chooses it from the exact scores)."""
-    check_patch_options(request)
+    spec = request.readout or defaults.readout
+    check_patch_options(request, spec if isinstance(spec, str) else None)
     if request.spans:
         check_span_names(items, [base_span(s) for s in request.spans])
-    spec = request.readout or defaults.readout
-    if not isinstance(spec, str):
-        return None
-    readout = parse_readout(spec, answers)
-    if readout.paired:
-        _refuse_paired(readout.spec, request)
-    return readout
-
-
-def _refuse_paired(spec: str, request: PatchOptions) -> None:
-    """One line for a readout of a pair's two distributions with attribution or mediation."""
-    if request.method != "exact" or request.mediation:
-        raise ProbekitError(
-            f"the readout {spec} compares a pair's two distributions: use it with "
-            f"{named('method')} exact and without {named('mediation')} (attribution needs a "
-            "readout linear in one distribution, mediation a readout defined per prompt)"
-        )
+    return parse_readout(spec, answers) if isinstance(spec, str) else None
 
 
 def run_patch(
@@ -206,21 +197,18 @@ def run_patch(
     readout = check_patch(request, items, probe.answers, defaults)
     spans = list(request.spans or defaults.spans or [n for i in items[:1] for n in i.span_names])
     layers = chosen_layers(model, request.layers or None, "patch")
-    heads = list(request.heads) if request.heads else list(range(n_heads(model)))
     found = effect_sets(defaults.effect, probe, encoded, study.pairs(probe, encoded))
     sets = draw_sets(found, request.sets_per_unit, request.seed)
     pairs = [pair for s in sets for pair in s.pairs]
     if request.per_position:
         spans = single_positions(spans, pairs)
-    patches = grid(layers, request.sites, spans, heads)
-    check(model, pairs, patches)  # fail on bad input before any scoring
+    patches = components(model, pairs, layers, request.sites, spans, request.heads)
     if request.method == "attribution+verify" and not 1 <= request.top_k <= len(patches):
         raise ProbekitError(
             f"{named('top_k')} must lie between 1 and the number of components "
             f"({len(patches)}), got {request.top_k}"
         )
-    epsilon = default_of(EpsilonOption, "epsilon", "patch")  # exact distributions
-    scorer = model.scorer(probe.answers, epsilon=epsilon, batch_size=request.batch_size)
+    scorer = exact_scorer(model, probe.answers, request.batch_size)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     if readout is None:  # the study chooses it from the exact scores
@@ -228,17 +216,16 @@ def run_patch(
         readout = parse_readout(defaults.readout(probe, encoded, results), probe.answers)
         say(f"readout {readout.spec}: the study's default, read from the exact scores")
     unit = study.unit_name
-    if request.sets_per_unit is None:
-        selection = "all"
-    else:
-        selection = f"random {request.sets_per_unit} per {unit}, seed {request.seed}"
+    selection = f"random {request.sets_per_unit} per {unit}, seed {request.seed}"
+    selection = "all" if request.sets_per_unit is None else selection
     units = len({s.unit for s in sets})
     say(
         f"{len(patches)} components ({len(layers)} layers) x {len(pairs)} pairs in {len(sets)} "
         f"{defaults.effect.name} sets on {units} {unit}s ({selection})"
     )
-    asked = (request.method, request.top_k, request.hooks, request.batch_size)
-    df = measure(scorer, sets, patches, readout, *asked, say, request.through_answer, sweep)
+    asked = {"method": request.method, "top_k": request.top_k, "hooks": request.hooks}
+    asked |= {"batch_size": request.batch_size, "through_answer": request.through_answer}
+    df = measure(scorer, sets, patches, readout, **asked, say=say, sweep=sweep)
     df = patching.annotate(df, n=request.bootstrap, seed=request.seed)  # as probekit.patch's
     df.attrs["selection"] = selection
     if weak := df.attrs.get("weak_signal"):
@@ -267,32 +254,51 @@ def run_patch(
     return written, record
 
 
+def components(
+    model: Any,
+    pairs: Sequence[Pair],
+    layers: Sequence[int] | None,
+    sites: Sequence[str],
+    spans: Sequence[str],
+    heads: Sequence[int] | None,
+) -> list[Patch]:
+    """The patches of `grid` at the `layers` chosen (`chosen_layers`) and `heads` (default:
+    every head), checked on the pairs before any scoring."""
+    layers = chosen_layers(model, layers, "patch")
+    patches = grid(layers, sites, spans, heads or range(n_heads(model)))
+    check(model, pairs, patches)
+    return patches
+
+
+def exact_scorer(model: Any, answers: Any, batch_size: int | None) -> HookedScorer:
+    """The scorer patching reads: exact distributions (the `epsilon` of `probekit patch`)."""
+    epsilon = default_of(EpsilonOption, "epsilon", "patch")
+    return model.scorer(answers, epsilon=epsilon, batch_size=batch_size)
+
+
 def measure(
     scorer: HookedScorer,
     pairs: Sequence[PairSet],
     patches: Sequence[Patch],
     readout: Readout,
+    *,
+    say: Say = print,
     method: str = "exact",
     top_k: int = 20,
     hooks: str = "transformer_lens",
     batch_size: int | None = None,
-    say: Say = print,
-    through_answer: bool | None = None,
     sweep: Sweep | None = None,
+    **options: Any,
 ) -> pd.DataFrame:
-    """The patching table of `method` (exact: by `sweep`, `patching.sweep` by default);
-    attribution+verify says how well the estimate ranked the verified components. Exact
-    patching shows a progress bar on a terminal."""
+    """The patching table of `method` (exact: by `sweep`, `patching.sweep` by default, with
+    `options`: `through_answer`, `progress`, `distributions`); attribution+verify says how well
+    the estimate ranked the verified components. Exact patching shows a progress bar on a
+    terminal."""
     if method == "exact":
-        return (sweep or patching.sweep)(
-            scorer,
-            pairs,
-            patches,
-            readout,
-            hooks=hooks,
-            batch_size=batch_size,
-            through_answer=through_answer,
-        )
+        run = sweep or patching.sweep
+        return run(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size, **options)
+    if options.get("distributions"):
+        raise ProbekitError("distributions=True needs method='exact'")
     if method not in METHODS:
         raise ProbekitError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     df = attribution.attribute(scorer, pairs, patches, readout, batch_size=batch_size)
@@ -368,10 +374,9 @@ def top_components(summary: pd.DataFrame, column: str, pairs: int, readout: str)
             f"  {row.layer:>3}  {where:<34} {row.span:<17} {row.swapped:<12} "
             f"{getattr(row, column):+.4f} [{low:+.4f}, {high:+.4f}] p {format_p(row.p_adjusted)}"
         )
-    left = summary.loc[~measured, "status"].value_counts()
-    if len(left) or (measured & weak).any():
-        parts = [f"{count} {status}" for status, count in left.items()]
-        parts += [f"{int((measured & weak).sum())} weak signal"] if (measured & weak).any() else []
+    left = summary.loc[~measured, "status"].value_counts().to_dict()
+    left["weak signal"] = int((measured & weak).sum())
+    if parts := [f"{count} {status}" for status, count in left.items() if count]:
         lines.append(f"  left out: {', '.join(parts)} (see status, weak_signal)")
     return "\n".join(lines)
 
@@ -483,9 +488,14 @@ def run_capture(
     """Capture a study's encoded items into `out` (resumable) and say where the files are; a
     disk without room for the shards is refused first (`shard_bytes`)."""
     layers = chosen_layers(model, request.layers or None, "capture")
-    written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))  # a capture resumed
-    needs = shard_bytes(encoded, layers, request.sites, request.spans, d_model(model)) - written
-    check_room(out, needs, "the activation shards")
+    # about the bytes of the shards: layers x sites x span positions x d_model x the storage
+    # dtype's, less those of a capture resumed
+    positions = sum(
+        len(span_positions(e, name)) for e in encoded for name in (request.spans or e.positions)
+    )
+    needs = len(layers) * len(request.sites) * positions * d_model(model)
+    written = sum(f.stat().st_size for f in Path(out).glob("shards/*"))
+    check_room(out, needs * capture.STORAGE_DTYPE.itemsize - written, "the activation shards")
     asked = (request.sites, request.spans, request.hooks, request.batch_size)
     result = capture.capture(model, encoded, out, layers, *asked)
     say(
@@ -494,18 +504,3 @@ def run_capture(
         " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
     )
     return result
-
-
-def shard_bytes(
-    encoded: Sequence[EncodedItem],
-    layers: Sequence[int],
-    sites: Sequence[str],
-    spans: Sequence[str] | None,
-    width: int,
-) -> int:
-    """About the bytes the activation shards of `encoded` take: layers x sites x span positions
-    x the residual `width` x the storage dtype's bytes (`capture.STORAGE_DTYPE`)."""
-    positions = sum(
-        len(span_positions(e, name)) for e in encoded for name in (spans or e.positions)
-    )
-    return len(layers) * len(sites) * positions * width * capture.STORAGE_DTYPE.itemsize

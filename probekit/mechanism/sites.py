@@ -35,8 +35,6 @@ import torch
 from probekit.core.errors import ProbekitError
 from probekit.engines.hook_libraries import HOOK_PACKAGES, require
 
-HOOK_LIBRARIES: tuple[str, ...] = tuple(HOOK_PACKAGES)
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -63,14 +61,6 @@ class Site:
     def hook(self, layer: int) -> str:
         """The full TransformerLens hook name, `blocks.{layer}.{name}`."""
         return f"blocks.{layer}.{self.name}"
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        """The axes of its values in a batch: `("batch", "position", "head", "d_head")` for a
-        per-head site, else `("batch", "position", "d_model")`; patching makes one component
-        per head of a per-head site."""
-        inner = ("head", "d_head") if self.per_head else ("d_model",)
-        return ("batch", "position", *inner)
 
 
 def _first(value: Any) -> Any:
@@ -131,9 +121,9 @@ def hook_order(hook: str) -> tuple[int, int]:
 def library(name: str) -> str:
     """`name` if it is a hook library (`transformer_lens`, `nnsight`) whose package is installed,
     else one line (an unknown name; the package missing, how to install it, the other library)."""
-    if name not in HOOK_LIBRARIES:
+    if name not in HOOK_PACKAGES:
         raise ProbekitError(
-            f"unknown hook library {name!r}; choose from {', '.join(HOOK_LIBRARIES)}"
+            f"unknown hook library {name!r}; choose from {', '.join(HOOK_PACKAGES)}"
         )
     return require(name)
 

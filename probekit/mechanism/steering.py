@@ -210,13 +210,11 @@ def span_means(
     per target)."""
     layers = sorted({layer for _, layer in targets})
     shorts = site_shorts([name for name, _ in targets])
-    rows, values = read_spans(model, prompts, layers, shorts, [span], hooks, batch_size)
+    acts = read_spans(model, prompts, layers, shorts, [span], hooks, batch_size)
+    spans = list(zip(acts.index["row_start"], acts.index["row_stop"], strict=True))
     return {
         (name, layer): np.stack(
-            [
-                values[site(name).hook(layer)][r["row_start"] : r["row_stop"]].double().mean(0)
-                for r in rows
-            ]
+            [acts[site(name).hook(layer)][a:b].double().mean(0) for a, b in spans]
         )
         for name, layer in targets
     }

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from probekit.core.errors import ProbekitError
@@ -33,7 +34,13 @@ from probekit.mechanism import steering
 from probekit.mechanism.directions import diff_of_means, mean_difference, unit_folds
 
 VECTORS = ("mean_diff", "direction")
-FILE_TYPES = (".npy", ".pt", ".safetensors")
+LOADERS: dict[str, Callable[[Path], Any]] = {
+    ".npy": lambda path: np.load(path, allow_pickle=False),
+    ".pt": lambda path: torch.load(path, map_location="cpu", weights_only=True),
+    ".safetensors": lambda path: safetensors.torch.load_file(path),
+}
+"""How a vector file of each type is read."""
+FILE_TYPES = tuple(LOADERS)
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def read_vector_file(vector: str | Path) -> VectorFile:
     name = given("vector", str(path))
     try:
         content = path.read_bytes()
-        values = _load(path)
+        values = LOADERS[path.suffix](path)
     except (OSError, ValueError, RuntimeError) as error:
         raise ProbekitError(f"{name}: not readable ({error})".splitlines()[0]) from None
     if isinstance(values, dict):
@@ -88,16 +95,6 @@ def read_vector_file(vector: str | Path) -> VectorFile:
         )
     steering.check_values(values, f"{name}: the vector")
     return VectorFile(path, values, hashlib.sha256(content).hexdigest())
-
-
-def _load(path: Path) -> Any:
-    if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    if path.suffix == ".pt":
-        return torch.load(path, map_location="cpu", weights_only=True)
-    from safetensors.torch import load_file
-
-    return load_file(path)
 
 
 def file_vectors(
