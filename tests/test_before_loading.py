@@ -73,9 +73,23 @@ def test_vllm_sizes_with_the_hf_engine_are_refused_while_parsing(nothing_loads, 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: probekit.run_study("isear", dtype="bf16", tolerance=0.01), "give dtype or"),
-        (lambda: probekit.steer_study("isear", device="cpu", device_map="auto"), "give device"),
-        (lambda: probekit.patch_study("isear", tensor_parallel_size=2), "patch_study"),
+        (
+            lambda: probekit.run_study(
+                "isear", probekit.ModelOptions(dtype="bf16", tolerance=0.01)
+            ),
+            "give dtype or",
+        ),
+        (
+            lambda: probekit.steer_study(
+                "isear", probekit.ModelOptions(device="cpu", device_map="auto")
+            ),
+            "give device",
+        ),
+        (
+            lambda: probekit.patch_study("isear", probekit.ModelOptions(tensor_parallel_size=2)),
+            "patch_study",
+        ),
+        (lambda: probekit.lens_study("isear", dtype="bf16"), "give model=ModelOptions(..., dtype="),
     ],
 )
 def test_model_option_conflicts_from_python_name_the_keywords(call, message, nothing_loads):

@@ -108,18 +108,11 @@ class CaptureCommand(MechanismRunner):
 CAPTURE = CaptureCommand()
 
 
-@public(ModelOptions, CaptureOptions, command="capture", skip=("model",))
+@public(CaptureOptions, command="capture")
 def capture_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/capture",
     seed: int = 0,
@@ -132,11 +125,12 @@ def capture_study(
     **options: Any,
 ) -> Activations:
     """`probekit capture STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the capture's options and the model's (below: `layers=[0, -1]`, `sites=["resid_post"]`,
-    `spans=["experiencer"]`, ...) and the study's, checked as the command line checks them (a
-    bad or unknown one is one line of `ProbekitError` naming the keyword, before any model
-    work). Writes the resumable shards into `out` and returns everything captured there.
-    `options`: the study's own (`probekit capture STUDY --help`)."""
+    object (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its
+    loading options: dtype, device, ...) or an already loaded model. The keywords are the capture's
+    options (below: `layers=[0, -1]`, `sites=["resid_post"]`, `spans=["experiencer"]`, ...) and the
+    study's, checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes the resumable shards into
+    `out` and returns everything captured there. `options`: the study's own (`probekit capture STUDY
+    --help`)."""
     CAPTURE.call(capture_study, dict(locals()))
     return read_activations(out)

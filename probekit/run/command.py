@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,11 @@ class Options:
     @property
     def model(self) -> ModelOptions:
         return self.models[0]
+
+
+MODEL_FIELDS = frozenset(f.name for f in fields(ModelOptions))
+"""The loading options a study function takes in its `model` (a `ModelOptions`), not as
+keywords."""
 
 
 class Runner:
@@ -153,28 +158,30 @@ class StudyRunner(Runner):
     """What the command writes in its folder (a folder when it ends in "/"), each checked before
     any work (`probekit.core.io.check_outputs`)."""
 
-    def defaults(self, study: Study | None) -> dict[str, Any]:
-        return {}
-
-    def function(self, function: Any, arguments: Mapping[str, Any]) -> tuple[Study, Options]:
-        """The front of the command's function (`run_study(study, model, **options)`, ...) from
-        its `arguments` (its `locals()` before any other line): the study, the options checked
-        as the command line checks them (one line naming the keyword)."""
-        study = study_object(arguments["study"])
-        keywords = {k: v for k, v in arguments.items() if k not in ("study", "options")}
-        loaded = loaded_engine(arguments["model"]) is not None
-        if loaded:
-            del keywords["model"]
-        where = f"{function.__name__}({study.name!r})"
-        options = self.build({**keywords, **arguments["options"]}, where, study)
-        if loaded:  # the load options cannot apply to it: refused, not ignored
-            loaded_engine(arguments["model"], **options.model.load_keywords())
-        return study, options
-
     def call(self, function: Any, arguments: Mapping[str, Any]) -> Any:
-        """The command's function: `function` called with `arguments` (its `locals()`)."""
-        study, options = self.function(function, arguments)
-        engine = loaded_engine(arguments["model"])
+        """The command's function (`run_study(study, model, **options)`, ...) on its
+        `arguments` (its `locals()` before any other line): the options checked as the command
+        line checks them (one line naming the keyword), then the command's work. `model` is a
+        spec, a `ModelOptions` (a spec with its loading options) or an engine loaded already."""
+        study = study_object(arguments["study"])
+        where = f"{function.__name__}({study.name!r})"
+        model, extra = arguments["model"], dict(arguments["options"])
+        keywords = {k: v for k, v in arguments.items() if k not in ("study", "model", "options")}
+        moved = {name: extra.pop(name) for name in list(extra) if name in MODEL_FIELDS}
+        engine = None
+        if isinstance(model, ModelOptions):
+            keywords |= {
+                f.name: v for f in fields(model) if (v := getattr(model, f.name)) != f.default
+            }
+            keywords["model"] = model.model
+        elif (engine := loaded_engine(model, **moved)) is None:
+            keywords["model"] = model
+        if moved and engine is None:  # with a loaded model, only at their defaults (dropped)
+            name = next(iter(moved))
+            raise ProbekitError(
+                f"{where}: {name} is a model option: give model=ModelOptions(..., {name}=...)"
+            )
+        options = self.build({**keywords, **extra}, where, study)
         return self.finish(study, options, engine, self.recorded(function, arguments))
 
     def finish(

@@ -86,18 +86,11 @@ class StudyLens:
     gaps: pd.DataFrame | None
 
 
-@public(ModelOptions, LensOptions, command="lens", skip=("model",))
+@public(LensOptions, command="lens")
 def lens_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/lens",
     seed: int = 0,
@@ -106,13 +99,13 @@ def lens_study(
     layers: Sequence[int] | range | None = None,
     **options: Any,
 ) -> StudyLens:
-    """`probekit lens STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the lens's options and the model's (below: `layers=[0, 14, -1]`, ...) and
-    the study's (`events=2`), checked as the command line checks them (a bad or unknown one is
-    one line of `ProbekitError` naming the keyword, before any model work). Writes what the
-    command writes into `out`, resumable. `options`: the study's own (`probekit lens STUDY
-    --help`)."""
+    """`probekit lens STUDY` as a function. `study`: a registered study's name or a `Study` object
+    (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
+    options: dtype, device, ...) or an already loaded model. The keywords are the lens's options
+    (below: `layers=[0, 14, -1]`, ...) and the study's (`events=2`), checked as the command line
+    checks them (a bad or unknown one is one line of `ProbekitError` naming the keyword, before any
+    model work). Writes what the command writes into `out`, resumable. `options`: the study's own
+    (`probekit lens STUDY --help`)."""
     return LENS.call(lens_study, dict(locals()))
 
 

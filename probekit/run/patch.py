@@ -114,18 +114,11 @@ class StudyPatch:
         )
 
 
-@public(ModelOptions, PatchOptions, command="patch", skip=("model",))
+@public(PatchOptions, command="patch")
 def patch_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/patch",
     seed: int = 0,
@@ -148,14 +141,14 @@ def patch_study(
     skip_direction: bool = False,
     **options: Any,
 ) -> StudyPatch:
-    """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the patch's options and the model's (below: `layers=[0, 14]`, `sites=["resid_pre"]`,
-    `prompt_only=True`, `dtype=torch.bfloat16`, ...) and the study's (`events=2`), checked as
-    the command line checks them (a bad or unknown one is one line of `ProbekitError` naming
-    the keyword, before any model work). Writes what the command writes into `out` and returns
-    it, with its record in `out/patching/` (`manifest.json`, `report.html`). `options`: the
-    study's own (`probekit patch STUDY --help`)."""
+    """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study` object
+    (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
+    options: dtype, device, ...) or an already loaded model. The keywords are the patch's options
+    (below: `layers=[0, 14]`, `sites=["resid_pre"]`, `prompt_only=True`, `dtype=torch.bfloat16`,
+    ...) and the study's (`events=2`), checked as the command line checks them (a bad or unknown one
+    is one line of `ProbekitError` naming the keyword, before any model work). Writes what the
+    command writes into `out` and returns it, with its record in `out/patching/` (`manifest.json`,
+    `report.html`). `options`: the study's own (`probekit patch STUDY --help`)."""
     return PATCH.call(patch_study, dict(locals()))
 
 

@@ -99,18 +99,11 @@ class StudySteer:
         )
 
 
-@public(ModelOptions, SteerOptions, command="steer", skip=("model",))
+@public(SteerOptions, command="steer")
 def steer_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/steer",
     seed: int = 0,
@@ -127,13 +120,13 @@ def steer_study(
     vector: str = "mean_diff",
     **options: Any,
 ) -> StudySteer:
-    """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the steering's options and the model's (below: `alphas=[-4, 0, 4]`, `layers=[15]`,
-    `positions="from_span"`, `vector="mean_diff"`, ...) and the study's (`events=2`), checked
-    as the command line checks them (a bad or unknown one is one line of `ProbekitError`
-    naming the keyword, before any model work). Writes what the command writes into `out`,
-    resumable. `options`: the study's own (`probekit steer STUDY --help`)."""
+    """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study` object
+    (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
+    options: dtype, device, ...) or an already loaded model. The keywords are the steering's options
+    (below: `alphas=[-4, 0, 4]`, `layers=[15]`, `positions="from_span"`, `vector="mean_diff"`, ...)
+    and the study's (`events=2`), checked as the command line checks them (a bad or unknown one is
+    one line of `ProbekitError` naming the keyword, before any model work). Writes what the command
+    writes into `out`, resumable. `options`: the study's own (`probekit steer STUDY --help`)."""
     return STEER.call(steer_study, dict(locals()))
 
 

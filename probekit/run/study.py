@@ -97,20 +97,11 @@ class Run:
         return pd.concat(tagged, ignore_index=True)
 
 
-@public(ModelOptions, RunOptions, command="run", skip=("model",))
+@public(RunOptions, command="run")
 def run_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tensor_parallel_size: int | None = None,
-    pipeline_parallel_size: int | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path | None = None,
     seed: int | None = None,
@@ -127,14 +118,14 @@ def run_study(
     """Run `study` on `model` as `probekit run` does, and return the `Run`.
 
     `study`: a registered study's name or a `Study` object (used as it is, registered or not);
-    `model`: a model spec (hub id, folder, .gguf, `default`) or an engine already loaded (not
-    loaded again). The keywords are the model's options (`probekit.engines.options.ModelOptions`:
-    `dtype=torch.bfloat16`, `device_map={"": "cpu"}`, ...), the run's (`RunOptions`: `out`, the
-    study's folder by default; `seed`, the study's; `limit=N`, a smoke run of the whole units of
-    every group that fit in N prompts, `Probe.limited`) and, in `options`, the study's own
-    (`events=2`, `setting="P0S1T0"`, `genders=["a man", "a woman"]`; `probekit studies`,
-    `probekit run STUDY --help`), each checked as the command line checks it: a bad one is one
-    line of ProbekitError naming the keyword, before anything is written."""
+    `model`: a model spec (hub id, folder, .gguf, `default`), a `probekit.ModelOptions` (the spec
+    with its loading options: `ModelOptions("default", dtype=torch.bfloat16)`) or an engine already
+    loaded (not loaded again). The keywords are `quiet`, the run's (`RunOptions`: `out`, the study's
+    folder by default; `seed`, the study's; `limit=N`, a smoke run of the whole units of every group
+    that fit in N prompts, `Probe.limited`) and, in `options`, the study's own (`events=2`,
+    `setting="P0S1T0"`, `genders=["a man", "a woman"]`; `probekit studies`, `probekit run STUDY
+    --help`), each checked as the command line checks it: a bad one is one line of ProbekitError
+    naming the keyword, before anything is written."""
     return RUN.call(run_study, dict(locals()))[0]
 
 
