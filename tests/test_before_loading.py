@@ -170,7 +170,7 @@ def test_no_study_option_shares_a_name_with_a_command_option():
     from probekit.engines.options import ModelOptions, ScoreOptions
     from probekit.mechanism.pipeline import CaptureOptions, PatchOptions
     from probekit.mechanism.steering import SteerOptions
-    from probekit.run.options import RunOptions
+    from probekit.run.loop import RunOptions
 
     groups = (ModelOptions, ScoreOptions, RunOptions, PatchOptions, CaptureOptions, SteerOptions)
     commands = {f.name for group in groups for f in options_of(group)}

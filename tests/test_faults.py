@@ -29,7 +29,7 @@ from probekit.core.io import write_parquet, write_text
 from probekit.core.rundir import RowKey
 from probekit.core.store import DAMAGED, INDEX
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
-from probekit.run.loop import prepare_run_dir, release_shard, run_probe
+from probekit.run.loop import Shard, prepare_run_dir, release_shard, run_probe
 from probekit.run.parts import (
     FANOUT,
     Compactor,
@@ -38,7 +38,6 @@ from probekit.run.parts import (
     scan_parts,
     write_part,
 )
-from probekit.run.shards import Shard
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 from probekit.studies.isear.evaluator import PUNKT_FILES
 
@@ -359,7 +358,7 @@ HOLDER = """
 import sys, time
 from pathlib import Path
 from probekit.run.loop import hold_shard
-from probekit.run.shards import Shard
+from probekit.run.loop import Shard
 hold_shard(Path(sys.argv[1]), Shard(0, 2))
 print("held", flush=True)
 time.sleep(600)

@@ -146,9 +146,9 @@ def test_a_pace_sample_keeps_no_rows(tmp_path):
 
 
 def test_a_run_of_several_probes_says_its_prompts_and_time_before_any_work(tmp_path):
+    from probekit.run.loop import Shard
     from probekit.run.pace import Pace, pace_key, record_pace
-    from probekit.run.scoring import forecast_runs
-    from probekit.run.shards import Shard
+    from probekit.run.study import forecast_runs
 
     probes, engine = [GroupProbe(events=3), GroupProbe(events=9)], CountingEngine()
     record_pace(pace_key(engine.describe(), probes[0].answers, "exact"), Pace(4.0, "a record"))

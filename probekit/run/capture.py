@@ -29,8 +29,7 @@ from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_captu
 from probekit.mechanism.sites import DEFAULT_SITES
 from probekit.reporting.contract import describe_model
 from probekit.reporting.html import write_record_page
-from probekit.run.command import Job, MechanismRunner, Options
-from probekit.run.record import provenance
+from probekit.run.command import Job, MechanismRunner, Options, provenance
 from probekit.studies.base import Study
 
 SHOWN = ("model", "weights", "dtype", "layers", "sites", "spans", "hooks", "storage_dtype")

@@ -42,7 +42,7 @@ compact it. A resume reads every part once: linear in the rows, never quadratic.
 
 The part store (naming, compaction, the merge) is `probekit.run.parts`, over the store of every
 kind of finished work (`probekit.core.store`: checksums, the row key, setting aside); the shards
-are `probekit.run.shards`; how chunks become rows, in this process or on Ray, is
+are `Shard`s; how chunks become rows, in this process or on Ray, is
 `probekit.run.scoring` (one loop, `run_rows`, runs both); `probekit.run.study` runs a whole
 study over this loop. Before the first batch a run says how many prompts it will score and how
 long that takes on this device (`probekit.run.pace`).
@@ -65,8 +65,9 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,15 @@ import pyarrow.parquet as pq
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_room, check_writable
 from probekit.core.items import Item
+from probekit.core.kinds import Kind, int_value, non_negative_int, positive_int, refuse, text
+from probekit.core.options import option
 from probekit.core.progress import is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.core.store import DAMAGED, damage, say, set_aside
 from probekit.engines.base import Engine
-from probekit.run.options import RunOptions
+from probekit.engines.options import EpsilonOption
 from probekit.run.pace import forecast, record_pace, run_pace
 from probekit.run.parts import (
     PARTS,
@@ -96,8 +100,103 @@ from probekit.run.parts import (
     scan_parts,
 )
 from probekit.run.scoring import SAMPLE_PROMPTS, Chunk, EnginePool, LocalScoring, Scoring
-from probekit.run.shards import WHOLE, Shard
 from probekit.studies.base import Probe, check_view
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's share of the prompts: those with `index % count == index_`."""
+
+    index: int = 0
+    count: int = 1
+
+    def split(self, rank: int, world: int) -> Shard:
+        """Subdivide this shard among the `world` processes of a distributed launch."""
+        return Shard(self.index * world + rank, self.count * world)
+
+    def mask(self, total: int) -> np.ndarray:
+        """A boolean per prompt index of a probe of `total` prompts: True for this shard's."""
+        return np.arange(total) % self.count == self.index
+
+    def owns_all(self, indices: np.ndarray) -> bool:
+        return bool(np.all(indices % self.count == self.index))
+
+
+WHOLE = Shard()
+"""The whole run: one process scores every prompt."""
+
+
+def _shard_value(value: Any) -> tuple[int, int]:
+    if isinstance(value, str):
+        try:
+            value = [int(x) for x in value.split("/")]
+        except ValueError:
+            refuse(f"'{value}' must look like i/n, e.g. 0/4")
+    if not isinstance(value, Sequence) or len(value) != 2:
+        refuse(f"{value!r} must look like i/n, e.g. 0/4 (or a pair (i, n))")
+    index, count = (int_value(x) for x in value)
+    if count < 1 or not 0 <= index < count:
+        refuse(f"'{index}/{count}': need 0 <= i < n")
+    return index, count
+
+
+shard_kind = Kind("shard", str, _shard_value)
+"""`i/n` (or a pair from Python): every n-th prompt from the i-th (0 <= i < n)."""
+
+
+def _numerics(value: Any) -> int | str:
+    return value if value == "auto" else non_negative_int.check(value)
+
+
+numerics_sample = Kind(
+    "numerics", lambda value: value if value == "auto" else non_negative_int.parse(value), _numerics
+)
+"""`auto` or a count of prompts (0: no noise figure)."""
+
+
+def _ray(value: Any) -> str:
+    return "" if value is True else text.check(value)
+
+
+ray_address = Kind("address", str, _ray)
+"""A Ray cluster's address (`HOST:PORT`), or "" (True from Python): the one found here."""
+
+
+@dataclass(frozen=True)
+class RunOptions(LimitOption, EpsilonOption, BatchSizeOption, SeedOption, OutOption):
+    """Run options: the view, which prompts, how they are scored, where."""
+
+    view: str = option(
+        "exact",
+        help="exact (the scores from the logits, the default), generate (the authors' "
+        "generation and parse, exact scores beside them) or explain (giebench)",
+        kind=text,
+    )
+    shard: tuple[int, int] = option(
+        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard_kind
+    )
+    numerics: int | str = option(
+        "auto",
+        help="prompts re-scored in float64 for the noise figure: auto (1 per 200 prompts, at "
+        "most 8, none below 200), N, or 0 (skip)",
+        kind=numerics_sample,
+    )
+    ray: str | None = option(
+        None,
+        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT; with "
+        "token authentication also RAY_AUTH_MODE=token), else $RAY_ADDRESS, else the cluster "
+        "`ray start` runs here, else a local instance (./setup.sh --ray)",
+        kind=ray_address,
+        const="",
+        metavar="ADDRESS",
+    )
+    ray_actors: int | None = option(
+        None,
+        help="engines on Ray (default: one per GPU of the cluster, else one per node)",
+        kind=positive_int,
+        metavar="N",
+    )
+
 
 ATTEMPTS = 3
 """Rounds of scoring a run makes: again after its merge set a damaged part aside."""

@@ -48,12 +48,10 @@ from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
-from probekit.run.command import Job, MechanismRunner, Options
-from probekit.run.loop import fill, open_run
+from probekit.run.command import LOADED, Job, MechanismRunner, Options
+from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.pace import pace_key
-from probekit.run.record import LOADED
 from probekit.run.scoring import Chunk, Scoring
-from probekit.run.shards import WHOLE
 from probekit.studies.base import Study
 
 RECORD = "patching"

@@ -11,22 +11,19 @@ from __future__ import annotations
 import copy
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 import pandas as pd
 
-from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.io import row_bytes
 from probekit.core.items import PROMPT_ID, Item
-from probekit.core.progress import duration, progress
+from probekit.core.progress import progress
 from probekit.core.store import INDEX
 from probekit.engines.base import Engine, Scorer
 from probekit.run.pace import Pace, pace_key, record_pace, recorded_pace
-from probekit.run.shards import Shard
 from probekit.studies.base import VIEWS, Probe
 
 EXPLAIN = VIEWS[2]
@@ -190,36 +187,3 @@ def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
         for (i, item), text in zip(chunk, explanations, strict=True)
     ]
     return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
-
-
-def forecast_runs(
-    probes: Sequence[Probe],
-    model: Engine,
-    view: str,
-    shard: Shard,
-    *,
-    epsilon: float,
-    batch_size: int | None,
-    seed: int,
-) -> str:
-    """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
-    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
-    gives for its answer set (measured once per answer set where none is recorded)."""
-    paces: dict[AnswerSet, Pace] = {}
-    prompts, seconds = 0, 0.0
-    for probe in probes:
-        count = int(shard.mask(len(probe)).sum())
-        if probe.answers not in paces:
-            scoring = LocalScoring(
-                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
-            )
-            size = scoring.batch_size or SAMPLE_PROMPTS
-            first = list(islice(enumerate(probe.items()), max(1, size)))
-            paces[probe.answers] = scoring.expected_pace(first)
-        prompts += count
-        seconds += paces[probe.answers].seconds(count)
-    sources = sorted({pace.source for pace in paces.values()})
-    return (
-        f"{prompts} prompts in {len(probes)} runs, about {duration(seconds)} on this device "
-        f"(at the pace {'; '.join(sources)})"
-    )

@@ -13,17 +13,21 @@ command resumes it.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
-from probekit.core.progress import echo, is_quiet, note, silenced
+from probekit.core.progress import duration, echo, is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, SCORES, RunDir
 from probekit.engines.base import Engine
@@ -37,11 +41,13 @@ from probekit.run.command import (
     argv_line,
     call_line,
     given_model,
+    model_fields,
     stop_on_sigterm,
 )
+from probekit.run.loop import RunOptions, Shard
 from probekit.run.numerics import settle_run_precision
-from probekit.run.options import RunOptions
-from probekit.run.record import model_fields
+from probekit.run.pace import Pace
+from probekit.run.scoring import SAMPLE_PROMPTS, LocalScoring
 from probekit.studies.base import Context, Probe, Say, Study
 
 
@@ -197,10 +203,8 @@ class RunCommand(StudyRunner):
         per model (none on a process of a distributed launch that is not the main one)."""
         from probekit.engines import run_in_engine_env
         from probekit.reporting import write_pages
-        from probekit.run.distributed import detect_launch
         from probekit.run.loop import prepare_run_dir
         from probekit.run.report import report_files, write_record
-        from probekit.run.shards import Shard
 
         run = options.own
         if engine is None:
@@ -335,6 +339,45 @@ class RunCommand(StudyRunner):
 RUN = RunCommand()
 
 
+@dataclass(frozen=True)
+class Launch:
+    """Process layout under `torchrun` / `accelerate launch`: rank, world size, barrier."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    barrier: Callable[[], None] = lambda: None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def device(self, requested: str | None) -> str | None:
+        """One GPU per local process when launched on GPUs; otherwise what was asked."""
+        import torch
+
+        if requested is None and self.world > 1 and torch.cuda.is_available():
+            return f"cuda:{self.local_rank}"
+        return requested
+
+
+def detect_launch() -> Launch:
+    """A distributed launch sets WORLD_SIZE; accelerate's PartialState then joins the process
+    group (NCCL on GPUs, gloo on CPU) so that processes can wait for each other."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Launch()
+    import torch
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    return Launch(
+        state.process_index, state.num_processes, state.local_process_index, state.wait_for_everyone
+    )
+
+
 def _model_folder(out: Path, asked: ModelOptions, models: list[ModelOptions]) -> Path:
     return out if len(models) == 1 else out / model_folder(asked.model)
 
@@ -349,10 +392,8 @@ def _folders(
 
 def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] | None) -> str:
     """The first line of a run of several probes: how many prompts it holds and how long they
-    will take on this device (`probekit.run.scoring.forecast_runs`), in the precision tier the
+    will take on this device (`forecast_runs`), in the precision tier the
     run will score in (chosen first, or `first`'s kept: it decides the pace)."""
-    from probekit.run.scoring import forecast_runs
-
     lead, run = jobs[0], jobs[0].own
     settle_run_precision(model, lead.probe, lead.folder, run.seed, first=first)
     probes = [job.probe for job in jobs]
@@ -367,6 +408,39 @@ def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] 
     )
     where = lead.folder.parent if len(jobs) > 1 else lead.folder
     return f"{lead.study.name}: {held}, model {lead.asked.model} -> {where}"
+
+
+def forecast_runs(
+    probes: Sequence[Probe],
+    model: Engine,
+    view: str,
+    shard: Shard,
+    *,
+    epsilon: float,
+    batch_size: int | None,
+    seed: int,
+) -> str:
+    """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
+    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
+    gives for its answer set (measured once per answer set where none is recorded)."""
+    paces: dict[AnswerSet, Pace] = {}
+    prompts, seconds = 0, 0.0
+    for probe in probes:
+        count = int(shard.mask(len(probe)).sum())
+        if probe.answers not in paces:
+            scoring = LocalScoring(
+                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
+            )
+            size = scoring.batch_size or SAMPLE_PROMPTS
+            first = list(islice(enumerate(probe.items()), max(1, size)))
+            paces[probe.answers] = scoring.expected_pace(first)
+        prompts += count
+        seconds += paces[probe.answers].seconds(count)
+    sources = sorted({pace.source for pace in paces.values()})
+    return (
+        f"{prompts} prompts in {len(probes)} runs, about {duration(seconds)} on this device "
+        f"(at the pace {'; '.join(sources)})"
+    )
 
 
 def smaller(study: Study) -> str:
