@@ -67,6 +67,9 @@ PATCHING, PATCHING_SUMMARY = "patching.parquet", "patching_summary.csv"
 SAME_RUN = ("study", "weights", "dtype", "tier", "device", "epsilon", "data_sha256")
 """What a patching run in the lens's folder must share with the lens for its pairs' gaps to be
 read in the lens's distributions (its record, `patching/manifest.json`, against the lens's)."""
+LAYER_COLUMNS = ("label", "value", "low", "high", "p_value", "interval", "primary", "reference")
+LAYER_COLUMNS += ("unit", "n", "note")
+"""A layer's headline in `summary.csv` (`primary`: the one that stands for the study)."""
 DIFFERENCE = "scorer_difference"
 """A part's column: the largest |difference| of an answer probability between the lens after
 the last layer and the scorer, per prompt (NaN when the last layer is not read)."""
@@ -253,22 +256,8 @@ def layer_summary(
             rows.append({**base, "label": "", "value": np.nan, "primary": True})
             rows[-1]["note"] = f"the study '{study.name}' gives no headline for these rows"
         for h in found:
-            rows.append(
-                {
-                    **base,
-                    "label": h.label,
-                    "value": h.value,
-                    "low": h.low,
-                    "high": h.high,
-                    "p_value": h.p_value,
-                    "interval": h.interval,
-                    "primary": h is first,
-                    "reference": h.reference,
-                    "unit": h.unit,
-                    "n": h.n,
-                    "note": h.note,
-                }
-            )
+            row = {k: h is first if k == "primary" else getattr(h, k) for k in LAYER_COLUMNS}
+            rows.append({**base, **row})
     return pd.DataFrame(rows)
 
 

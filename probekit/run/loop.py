@@ -230,7 +230,7 @@ def run_probe(
     view = check_view(view)
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
-    probe = limited(probe, limit)
+    probe = probe if limit is None else probe.limited(limit)  # `limit` checked by its kind
     settings = {
         "epsilon": epsilon,
         "batch_size": batch_size,
@@ -246,15 +246,6 @@ def run_probe(
     return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 
 
-def limited(probe: Probe, limit: int | None) -> Probe:
-    """`probe` on the whole units of every group that fit in `limit` prompts (all for None)."""
-    if limit is None:
-        return probe
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ProbekitError(f"limit must be at least 1 (a whole number of prompts), not {limit!r}")
-    return probe.limited(limit)
-
-
 def run_rows(
     probe: Probe,
     out: Path,
@@ -267,7 +258,8 @@ def run_rows(
     `Scoring` that `start` gives (`fill`); the merged scores path, or None while other shards'
     prompts are missing."""
     with open_run(out, shard, manifest) as started:
-        return fill(probe.items, probe.name, out, row_key(probe, started), start, shard, hint)
+        key = RowKey.of(started, (item.id for item in probe.items()))  # the rows reused
+        return fill(probe.items, probe.name, out, key, start, shard, hint)
 
 
 def fill(
@@ -345,12 +337,6 @@ def _score(
     record_pace(scoring.key, run_pace(todo, time.monotonic() - started))
 
 
-def row_key(probe: Probe, manifest: dict[str, Any]) -> RowKey:
-    """What the rows of this run of `probe` must match to be reused: the settings of
-    `manifest` and the prompts' ids."""
-    return RowKey.of(manifest, (item.id for item in probe.items()))
-
-
 @contextmanager
 def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """This shard of the run in `out`, held for the `with` block: `prepare_run_dir`, the parts
@@ -361,20 +347,11 @@ def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[dict
     try:
         prepare_run_dir(out, shard)
         folder.make()
-        hold_shard(out, shard)
+        folder.hold(shard.index, shard.count)
         folder.start(manifest)
         yield manifest
     finally:
-        release_shard(out, shard)
-
-
-def hold_shard(out: Path, shard: Shard) -> None:
-    """Take the lock of this shard of the run in `out` for this process (`RunDir.hold`)."""
-    RunDir(out).hold(shard.index, shard.count)
-
-
-def release_shard(out: Path, shard: Shard) -> None:
-    RunDir(out).release(shard.index, shard.count)
+        folder.release(shard.index, shard.count)
 
 
 def prepare_run_dir(out: str | Path, shard: Shard = WHOLE) -> None:
@@ -387,7 +364,7 @@ def prepare_run_dir(out: str | Path, shard: Shard = WHOLE) -> None:
     if not out.is_dir():
         return
     RunDir(out).read_manifest()
-    hold_shard(out, shard)
+    RunDir(out).hold(shard.index, shard.count)
     for path in part_files(out):
         try:
             pq.read_metadata(path)

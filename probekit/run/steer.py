@@ -63,6 +63,8 @@ from probekit.studies.base import VIEWS, Study
 
 ROWS = "steer.parquet"
 HEADLINE = "headline.json"
+NUMBERS = ("value", "low", "high", "p_value")
+"""The numbers of a step's headline (`headline.json`; NaN kept as null)."""
 Step = tuple[steering.Target, str, Any, float]
 """(target, vector kind, vector, α): one α run, one folder."""
 
@@ -372,14 +374,10 @@ def _whole_headline(folder: Path) -> dict | None:
         found = json.loads((folder / HEADLINE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    numbers = ("value", "low", "high", "p_value")
-    if (
-        isinstance(found, dict)
-        and isinstance(found.get("label"), str)
-        and all(k in found and isinstance(found[k], int | float | None) for k in numbers)
-    ):
-        return found
-    return None
+    if not isinstance(found, dict) or not isinstance(found.get("label"), str):
+        return None
+    numbers = [found.get(k, "") for k in NUMBERS]  # "" where one is missing: not whole
+    return found if all(isinstance(n, int | float | None) for n in numbers) else None
 
 
 def study_headline(
@@ -387,15 +385,8 @@ def study_headline(
 ) -> dict[str, Any]:
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
     first = study.headline(frame, folder, manifest)
-    return {
-        "label": first.label,
-        "value": _number(first.value),
-        "low": _number(first.low),
-        "high": _number(first.high),
-        "p_value": _number(first.p_value),
-        "interval": first.interval,
-        "note": first.note,
-    }
+    found = {name: getattr(first, name) for name in ("label", *NUMBERS, "interval", "note")}
+    return found | {name: _number(found[name]) for name in NUMBERS}
 
 
 def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:
