@@ -60,9 +60,6 @@ class CaptureCommand(MechanismRunner):
         shorts = site_shorts(own.sites)
         return capture_manifest(model, layers, shorts, own.spans, own.hooks, storage)
 
-    def wrote(self, result: CaptureResult) -> str:
-        return f"{result.out_dir}/shards, index, manifest.json, report.html"
-
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
         self.finish(study, options, call=f"probekit {self.name}")

@@ -22,7 +22,6 @@ import hashlib
 import inspect
 import json
 import signal
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -255,6 +254,9 @@ class StudyRunner(Runner):
 
     resumable: bool = True
     """Whether a folder holding this command's run is resumed (checked before any model)."""
+    resumes: str | None = "."
+    """The folder (in the command's) of the run it resumes, checked before any model (None:
+    none)."""
     later: tuple[str, ...] = ()
     """Manifest fields compared once the model is loaded, not before."""
     writes: tuple[str, ...] = (MANIFEST, "parts/", "summary.csv", "report.html")
@@ -318,9 +320,12 @@ class StudyRunner(Runner):
         print(f"wrote {self.wrote(self.finish(study, options, call=f'probekit {self.name}'))}")
         print(f"wall time {time.monotonic() - start:.0f} s")
 
+    shows = ""
+    """The files the command line says the command wrote in its folder."""
+
     def wrote(self, result: Any) -> str:
         """What `result` wrote, as the command line says it."""
-        return str(result.path)
+        return f"{result.path}/{self.shows}"
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """The command's manifest fields of `job` (`model` None: before it loads)."""
@@ -336,12 +341,12 @@ class StudyRunner(Runner):
         another run than `job` (the fields only loading gives are left for after), and a
         folder where the command cannot write what it `writes`."""
         check_outputs(job.folder, self.writes)
-        if not self.resumable:
+        if self.resumes is None:
             return
         known = self.manifest(job, None)
         unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
         given = ["tolerance", "engine"] if job.given else []  # a given engine's, known later
-        RunDir(job.folder).check_resume(known, unknown + given)
+        RunDir(job.folder / self.resumes).check_resume(known, unknown + given)
 
     def load(self, asked: ModelOptions, engine: Engine | None, device: str | None = None) -> Any:
         """The engine of `asked` (`load_engine`), or `engine` as it is."""
@@ -479,8 +484,3 @@ def stop_on_sigterm(out: Path) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def argv_line() -> str:
-    """The command line as a run records it."""
-    return " ".join(sys.argv)

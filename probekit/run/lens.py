@@ -116,9 +116,7 @@ class LensCommand(MechanismRunner):
 
     name, own = "lens", LensOptions
     writes = (*MechanismRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
-
-    def wrote(self, result: StudyLens) -> str:
-        return f"{result.path}/lens.parquet, summary.csv, lens.png, report.html"
+    shows = "lens.parquet, summary.csv, lens.png, report.html"
 
     def prepare(self, job: Job) -> list[int] | None:
         """The layers known before the model (None where one counts from the end); one line,

@@ -48,7 +48,7 @@ from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
-from probekit.run.command import LOADED, Job, MechanismRunner, Options
+from probekit.run.command import Job, MechanismRunner, Options
 from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.pace import pace_key
 from probekit.run.scoring import Chunk, Scoring
@@ -153,7 +153,7 @@ def patch_study(
 class PatchCommand(MechanismRunner):
     """`probekit patch STUDY`: the patching analysis, and its record."""
 
-    name, own, resumable = "patch", PatchOptions, False
+    name, own, resumable, resumes = "patch", PatchOptions, False, SWEEP  # a sweep cut short
     writes = ("patching.parquet", "patching_summary.csv", f"{RECORD}/")
 
     def check(self, options: Options, study: Study | None) -> None:
@@ -164,15 +164,6 @@ class PatchCommand(MechanismRunner):
 
     def prepare(self, job: Job) -> None:
         check_patch(job.own, job.items, job.probe.answers, job.study.mechanism_defaults())
-
-    def check_resume(self, job: Job) -> None:
-        """With the outputs' checks, a sweep cut short (`SWEEP`) under other settings is refused
-        in one line before any model loads."""
-        super().check_resume(job)
-        known = self.manifest(job, None)
-        unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
-        unknown += ["tolerance", "engine"] if job.given else []  # a given engine's, known later
-        RunDir(job.folder / SWEEP).check_resume(known, unknown)
 
     def wrote(self, result: StudyPatch) -> str:
         return f"{result.path}/{', '.join(result.files)}"

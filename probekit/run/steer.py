@@ -148,6 +148,7 @@ class SteerCommand(MechanismRunner):
 
     name, own = "steer", SteerOptions
     writes = (*MechanismRunner.writes, ROWS, "steer.png", "alphas/")
+    shows = "steer.parquet, summary.csv, steer.png, report.html"
     refreshed = ("alphas", "vector_file", *MechanismRunner.refreshed)
 
     def check(self, options: Options, study: Study | None) -> None:
@@ -159,9 +160,6 @@ class SteerCommand(MechanismRunner):
         for name in own.sites:
             steering.steering_site(name)
         steering.check_hooks(own.hooks, own.positions)
-
-    def wrote(self, result: StudySteer) -> str:
-        return f"{result.path}/steer.parquet, summary.csv, steer.png, report.html"
 
     def prepare(self, job: Job) -> SteerPlan:
         own = job.own

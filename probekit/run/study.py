@@ -38,7 +38,6 @@ from probekit.run.command import (
     Job,
     Options,
     StudyRunner,
-    argv_line,
     call_line,
     given_model,
     model_fields,
@@ -172,7 +171,7 @@ class RunCommand(StudyRunner):
 
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
-        self.finish(study, options, call=argv_line())
+        self.finish(study, options, call=" ".join(sys.argv))
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """What defines a run (its manifest; `probekit.core.rundir.RECORDED_ONLY` says which
