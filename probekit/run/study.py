@@ -216,13 +216,16 @@ class RunCommand(StudyRunner):
             probes = [probe.limited(run.limit) for probe in probes]
         models = [given_model(options.model, engine)] if engine else list(options.models)
         shard = Shard(*run.shard).split(launch.rank, launch.world)
-        out = Path(run.out)
+        out = Path(run.out)  # a folder per model when several, in it a folder per probe
+        tops = {m.model: out if len(models) == 1 else out / model_folder(m.model) for m in models}
+        subdirs = [probe.subdir if len(probes) > 1 else "" for probe in probes]
+        given = engine is not None
         jobs = {
-            asked.model: [
-                Job(study, asked, probe, folder, call, run, given=engine is not None)
-                for probe, folder in zip(probes, _folders(out, asked, models, probes), strict=True)
+            m.model: [
+                Job(study, m, probe, tops[m.model] / subdir, call, run, given=given)
+                for probe, subdir in zip(probes, subdirs, strict=True)
             ]
-            for asked in models
+            for m in models
         }
         for job in (job for found in jobs.values() for job in found):  # before any model loads
             prepare_run_dir(job.folder, shard)
@@ -240,7 +243,7 @@ class RunCommand(StudyRunner):
                 found = jobs[asked.model]
                 if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
                     note(_forecast(found, model, shard, first))
-                top = _model_folder(out, asked, models)
+                top = tops[asked.model]
                 manifests: dict[str, dict[str, Any]] = {}
                 model_rows: list[dict[str, Any]] = []
                 for job in found:
@@ -267,10 +270,8 @@ class RunCommand(StudyRunner):
             if found_run.path == out:
                 found_run.summary = summary.table
             manifest = next(iter(found_run.manifests.values()), {})
-            summary_rows = found_run.summary
-            found_run.headlines = (
-                study.headlines(summary_rows, manifest) if len(summary_rows) else []
-            )
+            if len(found_run.summary):
+                found_run.headlines = study.headlines(found_run.summary, manifest)
         figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
         say(f"\n{summary.markdown}")
         say(
@@ -375,18 +376,6 @@ def detect_launch() -> Launch:
     return Launch(
         state.process_index, state.num_processes, state.local_process_index, state.wait_for_everyone
     )
-
-
-def _model_folder(out: Path, asked: ModelOptions, models: list[ModelOptions]) -> Path:
-    return out if len(models) == 1 else out / model_folder(asked.model)
-
-
-def _folders(
-    out: Path, asked: ModelOptions, models: list[ModelOptions], probes: list[Probe]
-) -> list[Path]:
-    """Each probe's run folder of the model `asked`."""
-    folder = _model_folder(out, asked, models)
-    return [folder if len(probes) == 1 else folder / probe.subdir for probe in probes]
 
 
 def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] | None) -> str:
