@@ -29,7 +29,7 @@ per prompt, the per-layer values as lists) once every prompt has a row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,7 +149,7 @@ class LensCommand(MechanismRunner):
                 probe.name,
                 out,
                 key,
-                lambda: LensScoring(model, job, layers),
+                lambda: lens_scoring(model, job, layers),
                 hint=hint,
                 merged=PROMPTS,
             )
@@ -181,30 +181,22 @@ class LensCommand(MechanismRunner):
 LENS = LensCommand()
 
 
-class LensScoring(Scoring):
+def lens_scoring(model: Any, job: Job, layers: list[int]) -> Scoring:
     """The lens's chunks (one batch each) read after each of `layers` (`logit_lens`)."""
+    probe, batch_size = job.probe, job.own.batch_size
+    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=batch_size)
+    batch_size = batch_size or scorer.batch_size
+    last = layers[-1] == model.n_layers - 1
 
-    def __init__(self, model: Any, job: Job, layers: list[int]) -> None:
-        own = job.own
-        self.scorer = model.scorer(job.probe.answers, epsilon=0.0, batch_size=own.batch_size)
-        self.encoded, self.probe, self.layers = job.encoded, job.probe, layers
-        self.batch_size = own.batch_size or self.scorer.batch_size
-        self.chunk_size, self.desc = self.batch_size, "lens"
-        self.row_bytes = len(layers) * row_bytes(len(job.probe.answers.answers))
-        self.key = pace_key(model.describe(), job.probe.answers, "lens")
-        self.last = layers[-1] == model.n_layers - 1
+    def score(chunk: Chunk, bar: Any) -> pd.DataFrame:
+        prompts = [job.encoded[i] for i, _ in chunk]
+        found = logit_lens(scorer, [p.input_ids for p in prompts], layers, batch_size, bar)
+        rows = zip(chunk, prompts, found, strict=True)
+        return pd.DataFrame([_wide_row(i, p, lens, probe, last) for (i, _), p, lens in rows])
 
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        for chunk in chunks:
-            prompts = [self.encoded[i] for i, _ in chunk]
-            ids = [prompt.input_ids for prompt in prompts]
-            found = logit_lens(self.scorer, ids, self.layers, self.batch_size, bar)
-            yield pd.DataFrame(
-                [
-                    _wide_row(i, prompt, lens, self.probe, self.last)
-                    for (i, _), prompt, lens in zip(chunk, prompts, found, strict=True)
-                ]
-            )
+    key = pace_key(model.describe(), probe.answers, "lens")
+    size = len(layers) * row_bytes(len(probe.answers.answers))
+    return Scoring("lens", batch_size, key, score, batch_size, size)
 
 
 def _wide_row(

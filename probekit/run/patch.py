@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,15 +228,19 @@ def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
         batch = options.get("batch_size") or scorer.batch_size
         chunk = patching.chunk_rows(len(patches), batch)  # the chunks of an unkept sweep
 
-        def measure(rows: list[int]) -> pd.DataFrame:
-            return patching.sweep(
-                scorer, sets, patches, readout, rows=rows, progress=False, **options
+        def measure(rows: Chunk, bar: Any) -> pd.DataFrame:
+            """The rows of a chunk of whole pairs (their positions in the table, their ids)."""
+            index = [i for i, _ in rows]
+            found = patching.sweep(
+                scorer, sets, patches, readout, rows=index, progress=False, **options
             )
+            bar.update(len(index))
+            return found.assign(**{INDEX: index, PROMPT_ID: [row for _, row in rows]})
 
         pace = pace_key(scorer.model.describe(), scorer.answers, "patch")
         with open_run(folder, WHOLE, manifest):
             key = RowKey.of(manifest, ids)
-            start = functools.partial(SweepScoring, measure, chunk, pace)
+            start = functools.partial(Scoring, "patching", chunk, pace, measure)
             merged = fill(
                 lambda: ids, "patching", folder, key, start, merged="rows.parquet", keep_parts=False
             )
@@ -246,22 +250,6 @@ def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
         return table
 
     return sweep
-
-
-class SweepScoring(Scoring):
-    """A patching sweep's rows in chunks of `chunk_size` (whole pairs), each measured by
-    `measure` (the rows' positions in the table: their rows)."""
-
-    desc = "patching"
-
-    def __init__(self, measure: Any, chunk_size: int, key: str) -> None:
-        self.measure, self.chunk_size, self.key = measure, chunk_size, key
-
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        for chunk in chunks:
-            rows = [i for i, _ in chunk]
-            yield self.measure(rows).assign(**{INDEX: rows, PROMPT_ID: [r for _, r in chunk]})
-            bar.update(len(rows))
 
 
 PATCH = PatchCommand()

@@ -12,7 +12,7 @@ import copy
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -37,9 +37,11 @@ the small models' plans on a CPU."""
 Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
 
 
-class Scoring(ABC):
+@dataclass
+class Scoring:
     """Turns chunks of a run's prompts into rows (one per prompt: `prompt_index`, `prompt_id`,
-    the probe's key columns, the scores), and says the pace it expects."""
+    the probe's key columns, the scores), and says the pace it expects. Made with `score`, one
+    chunk's rows (moving the progress `bar`); a scoring of its own kind overrides `rows`."""
 
     desc: str
     """The run's name in progress lines."""
@@ -47,20 +49,23 @@ class Scoring(ABC):
     """Prompts a chunk: a part of the run."""
     key: str
     """What its pace is the pace of (`probekit.run.pace.pace_key`)."""
+    score: Callable[[Chunk, Any], pd.DataFrame] | None = None
     batch_size: int | None = None
     """The scorer's batch, recorded in the run's manifest (None: not one batch)."""
     row_bytes: int = 0
     """About the bytes of a row on disk (`probekit.core.io.row_bytes`; 0: not known)."""
 
-    @abstractmethod
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
         """Each chunk's rows, as it is scored (`bar`, the progress, moved as prompts are)."""
+        assert self.score is not None
+        for chunk in chunks:
+            yield self.score(chunk, bar)
 
     def expected_pace(self, first: Chunk) -> Pace | None:
         """The pace recorded for this run's key; None when there is none."""
         return recorded_pace(self.key)
 
-    def close(self) -> None:  # noqa: B027 (most scorings hold nothing to let go of)
+    def close(self) -> None:
         """Let go of what scoring held (Ray's actors)."""
 
 

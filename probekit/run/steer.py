@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,7 +261,7 @@ class SteerCommand(MechanismRunner):
                 f"{probe.name} {folder.name}",
                 folder,
                 key,
-                lambda step=step: SteerScoring(scorer, job, step, base, pace),
+                lambda step=step: steer_scoring(scorer, job, step, base, pace),
                 hint=hint,
                 merged=ROWS,
                 keep_parts=False,
@@ -293,51 +293,38 @@ ONE_UNIT = (
 )
 
 
-class SteerScoring(Scoring):
+def steer_scoring(scorer: Any, job: Job, step: Step, base: dict[int, Any], key: str) -> Scoring:
     """One α step's prompts in one chunk, steered by α·v (at α = 0 unsteered), each beside its
     unsteered result (`base`: scored once, on the first step that needs it, and kept)."""
+    own, plan, encoded = job.own, job.plan, job.encoded
+    target, kind, vector, alpha = step
 
-    def __init__(self, scorer: Any, job: Job, step: Step, base: dict[int, Any], key: str) -> None:
-        self.scorer, self.job, self.step, self.base, self.key = scorer, job, step, base, key
-        self.chunk_size = len(job.items)
-        self.row_bytes = 2 * row_bytes(len(job.probe.answers.answers))  # steered and not
-        self.desc = f"steering {step[0][0]} L{step[0][1]} {step[1]} α={step[3]:g}"
+    def score(chunk: Chunk, bar: Any) -> pd.DataFrame:
+        index = [i for i, _ in chunk]
+        prompts = [encoded[i] for i in index]
+        if missing := [i for i in index if i not in base]:
+            with hook_library(scorer.model, own.hooks):  # on the kernels of the rest
+                ids = [encoded[i].input_ids for i in missing]
+                found = scorer.score(ids, progress=bar if alpha == 0 else None)
+                base.update(zip(missing, found, strict=True))
+        elif alpha == 0 and bar is not None:
+            bar.update(len(index))
+        unsteered = [base[i] for i in index]
+        results = unsteered
+        if alpha != 0:
+            added = alpha * (vector[index] if vector.dim() == 2 else vector)
+            where = (own.positions, plan.span, own.hooks)
+            results = steering.steered_results(
+                scorer, prompts, target, added, *where, own.batch_size, bar
+            )
+        columns = {"site": target[0], "layer": target[1], "vector": kind}
+        columns |= {"norm": steering.norm_of(vector), "alpha": alpha}
+        rows = steering.steer_rows(prompts, results, unsteered, scorer.answers, columns)
+        return job.probe.add_columns(pd.DataFrame(rows).assign(**{INDEX: index}))
 
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        own, plan, encoded = self.job.own, self.job.plan, self.job.encoded
-        target, kind, vector, alpha = self.step
-        for chunk in chunks:
-            index = [i for i, _ in chunk]
-            prompts = [encoded[i] for i in index]
-            missing = [i for i in index if i not in self.base]
-            if missing:
-                with hook_library(self.scorer.model, own.hooks):  # on the kernels of the rest
-                    ids = [encoded[i].input_ids for i in missing]
-                    counted = bar if alpha == 0 else None
-                    self.base.update(
-                        zip(missing, self.scorer.score(ids, progress=counted), strict=True)
-                    )
-            elif alpha == 0 and bar is not None:
-                bar.update(len(index))
-            base = [self.base[i] for i in index]
-            results = base
-            if alpha != 0:
-                added = alpha * (vector[index] if vector.dim() == 2 else vector)
-                results = steering.steered_results(
-                    self.scorer,
-                    prompts,
-                    target,
-                    added,
-                    own.positions,
-                    plan.span,
-                    own.hooks,
-                    own.batch_size,
-                    bar,
-                )
-            columns = {"site": target[0], "layer": target[1], "vector": kind}
-            columns |= {"norm": steering.norm_of(vector), "alpha": alpha}
-            rows = steering.steer_rows(prompts, results, base, self.scorer.answers, columns)
-            yield self.job.probe.add_columns(pd.DataFrame(rows).assign(**{INDEX: index}))
+    desc = f"steering {target[0]} L{target[1]} {kind} α={alpha:g}"
+    size = 2 * row_bytes(len(job.probe.answers.answers))  # steered and not
+    return Scoring(desc, len(job.items), key, score, row_bytes=size)
 
 
 def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path:
