@@ -26,7 +26,7 @@ import pandas as pd
 
 from probekit.core.items import Item
 from probekit.core.rundir import RunDir
-from probekit.engines.base import Engine, HookableModel, ScoreResult
+from probekit.engines.base import Engine, ScoreResult
 from probekit.engines.options import NOISE_SAMPLE
 from probekit.studies.base import Probe
 
@@ -53,16 +53,21 @@ def settle_run_precision(
     resumed: bool = True,
     first: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Before a run of `probe` (or of its `items`, a mechanism command's) scores: the
-    precision tier of the run being resumed in `folder` (`keep_resumed_tier`; not where the
-    command is not `resumed`), else the tier of `first` (the precision record of the first
-    model of a run of several: one arithmetic for the models compared) where this model's
-    device offers it, else the tier `model` chooses on the run's numerics sample:
-    `NOISE_SAMPLE` of its prompts, seeded by the run's seed. The record, or None where nothing
-    is chosen (an engine without tiers, or a tier chosen already)."""
+    """Before a run of `probe` (or of its `items`, a mechanism command's) scores: the precision tier
+    of the run being resumed in `folder` (its manifest's `precision`, kept without measuring so that
+    its rows are all scored in one tier, where it was chosen by the tolerance `model` was loaded
+    with: else this run chooses anew and its manifest's `tolerance` refuses the resume; not where
+    the command is not `resumed`), else the tier of `first` (the precision record of the first model
+    of a run of several: one arithmetic for the models compared) where this model's device offers
+    it, else the tier `model` chooses on the run's numerics sample: `NOISE_SAMPLE` of its prompts,
+    seeded by the run's seed. The record, or None where nothing is chosen (an engine without tiers,
+    or a tier chosen already)."""
     if "tier" in (model.precision or {}):
         return None  # chosen already
-    if resumed and (kept := keep_resumed_tier(model, folder)):
+    earlier = (RunDir(folder).read_manifest() or {}).get("precision") if resumed else None
+    tolerance = (model.precision or {}).get("tolerance")
+    same = isinstance(earlier, dict) and earlier.get("tolerance") == tolerance
+    if same and (kept := model.keep_precision(earlier)):
         return kept
     if first and (kept := model.keep_precision(first, FIRST_MODEL)):
         return kept
@@ -73,19 +78,6 @@ def settle_run_precision(
     ]
     prompts = [model.encode(item, probe.as_string).input_ids for item in found]
     return model.settle_precision(probe.answers, prompts, seed)
-
-
-def keep_resumed_tier(model: Engine | HookableModel, folder: Path) -> dict[str, Any] | None:
-    """The precision tier of the run `folder` holds (its manifest's `precision`), put on `model`
-    without measuring (`keep_precision`), so that a resumed run's rows are all scored in one
-    tier; None where there is no such run, it chose its tier by another tolerance than the one
-    `model` was loaded with (this run chooses anew, and its manifest's `tolerance` refuses the
-    resume), or the tier cannot be kept."""
-    earlier = (RunDir(folder).read_manifest() or {}).get("precision")
-    own = model.precision or {}
-    if not isinstance(earlier, dict) or earlier.get("tolerance") != own.get("tolerance"):
-        return None
-    return model.keep_precision(earlier)
 
 
 def record_numerics(
@@ -104,11 +96,12 @@ def record_numerics(
         why = "skipped (numerics=0)" if sample != "auto" else "skipped: under 200 prompts"
         figure: dict[str, Any] = {"dtype": str(model.describe().get("dtype")), "note": why}
     else:
-        picked = _sample(scores, manifest.get("seed", 0), count)
+        seed = manifest.get("seed", 0)
+        indices = sorted(int(i) for i in scores["prompt_index"])
+        picked = sorted(random.Random(seed).sample(indices, min(count, len(indices))))
         rows = scores.set_index("prompt_index").loc[picked]
-        wanted = set(rows.index)
-        items = [item for i, item in enumerate(probe.items()) if i in wanted]  # index order
-        rows = rows.sort_index()
+        wanted = set(picked)
+        items = [item for i, item in enumerate(probe.items()) if i in wanted]  # in order
         if "explanation" in rows:  # explain mode: the prompt the answer was read after
             cue = getattr(probe, "answer_cue", "")
             items = [
@@ -118,13 +111,6 @@ def record_numerics(
         prompts = [model.encode(item, probe.as_string).input_ids for item in items]
         own = [ScoreResult.from_row(row, probe.answers) for row in rows.to_dict("records")]
         epsilon = float(manifest.get("epsilon", 0.0))
-        seed = manifest.get("seed", 0)
         figure = model.noise_figure(prompts, probe.answers, seed=seed, epsilon=epsilon, own=own)
     folder.update_manifest(**{FIELD: figure})
     return figure
-
-
-def _sample(scores: pd.DataFrame, seed: int, count: int) -> list[int]:
-    """`count` seeded prompt indices of the run."""
-    indices = sorted(int(i) for i in scores["prompt_index"])
-    return random.Random(seed).sample(indices, min(count, len(indices)))
