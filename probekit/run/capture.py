@@ -48,10 +48,8 @@ class CaptureCommand(MechanismRunner):
         site_shorts(options.own.sites)
 
     def prepare(self, job: Job) -> list[int] | None:
-        """The layers known before the model (None where one counts from the end)."""
         check_capture(job.own, job.items)
-        given = job.own.layers
-        return sorted(set(given)) if given and min(given) >= 0 else None
+        return super().prepare(job)
 
     def fields(self, job: Job, model: Any) -> dict[str, Any]:
         """The capture's manifest (`probekit.mechanism.capture.capture_manifest`)."""

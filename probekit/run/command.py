@@ -383,8 +383,10 @@ class MechanismRunner(StudyRunner):
         return Context(self.name, own.seed, device=options.model.device, limit=own.limit)
 
     def prepare(self, job: Job) -> Any:
-        """The command's checks that need the items, before any model; its `plan`."""
-        return None
+        """The command's checks that need the items, before any model; its `plan`: by default
+        the layers known before the model (None where one counts from the end)."""
+        given = job.own.layers
+        return sorted(set(given)) if given and min(given) >= 0 else None
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """What defines a mechanism run (its manifest; `probekit.core.rundir.RECORDED_ONLY`

@@ -125,8 +125,7 @@ class LensCommand(MechanismRunner):
         for folder in [layers, *layers.glob("L*")]:
             if folder.exists() and not folder.is_dir():
                 raise ProbekitError(f"{folder} is a file where the lens writes a folder; remove it")
-        given = job.own.layers
-        return sorted(set(given)) if given and min(given) >= 0 else None
+        return super().prepare(job)
 
     def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         layers = job.plan if model is None else self.layers(job, model)

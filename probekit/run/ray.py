@@ -285,8 +285,8 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterat
         except RayActorError as exc:
             raise ProbekitError(
                 f"a Ray worker died {RETRIES + 1} times on prompts {chunk[0][0]}..{chunk[-1][0]} "
-                f"({_first_line(exc)}); the finished parts are kept: run the same command again "
-                "to resume"
+                f"({(str(exc).strip() or type(exc).__name__).splitlines()[0]}); the finished parts "
+                "are kept: run the same command again to resume"
             ) from None
 
     for chunk in chunks:
@@ -301,8 +301,3 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterat
 
 def _unparsed(response: str) -> None:
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
