@@ -29,6 +29,7 @@ per prompt, the per-layer values as lists) once every prompt has a row.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,15 +144,8 @@ class LensCommand(MechanismRunner):
             manifest = RunDir(out).update_manifest(**{k: manifest[k] for k in self.refreshed})
             key = RowKey.of(manifest, [item.id for item in job.items])
             hint = f"fewer {named('layers')} or fewer prompts"
-            merged = fill(
-                lambda: job.items,
-                probe.name,
-                out,
-                key,
-                lambda: lens_scoring(model, job, layers),
-                hint=hint,
-                merged=PROMPTS,
-            )
+            start = functools.partial(lens_scoring, model, job, layers)
+            merged = fill(lambda: job.items, probe.name, out, key, start, hint=hint, merged=PROMPTS)
         assert merged is not None  # one process: every prompt has its row
         wide = pd.read_parquet(merged)
         table = probe.add_columns(_long(wide))
@@ -294,34 +288,21 @@ def patching_gaps(
     readout = parse_readout(str(pairs["readout"].iloc[0]), probe.answers)
     signs = pairs["sign"].to_numpy(float)  # an interaction's set gap is a signed sum
     full = float((pairs["gap"] * signs).mean())
+
+    def gap(read: dict[str, ScoreResult], clean: str, corrupt: str) -> float:
+        """A pair's readout gap, both prompts read against the clean one's distribution."""
+        corrupted = readout(read[corrupt], by_id[corrupt], read[clean])
+        return readout(read[clean], by_id[clean], read[clean]) - corrupted
+
     rows = []
     for layer, frame in table.groupby("layer", sort=True):
-        read = {
-            row[PROMPT_ID]: ScoreResult.from_row(row, probe.answers)
-            for row in frame.to_dict("records")
-        }
-        gaps = [
-            sign
-            * (
-                readout(read[clean], by_id[clean], read[clean])
-                - readout(read[corrupt], by_id[corrupt], read[clean])
-            )
-            for clean, corrupt, sign in zip(
-                pairs[columns[0]], pairs[columns[1]], signs, strict=True
-            )
-        ]
-        gap = float(np.nanmean(gaps))
-        rows.append(
-            {
-                "layer": int(layer),
-                "readout": readout.spec,
-                "pairs": len(pairs),
-                "gap": gap,
-                "full_gap": full,
-                "share": gap / full if full else np.nan,
-            }
-        )
-    return pd.DataFrame(rows)
+        records = frame.to_dict("records")
+        read = {row[PROMPT_ID]: ScoreResult.from_row(row, probe.answers) for row in records}
+        signed = zip(pairs[columns[0]], pairs[columns[1]], signs, strict=True)
+        mean = float(np.nanmean([sign * gap(read, a, b) for a, b, sign in signed]))
+        share = mean / full if full else np.nan
+        rows.append((int(layer), readout.spec, len(pairs), mean, full, share))
+    return pd.DataFrame(rows, columns=["layer", "readout", "pairs", "gap", "full_gap", "share"])
 
 
 def _recovery(out: Path) -> pd.DataFrame | None:

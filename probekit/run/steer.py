@@ -27,6 +27,7 @@ its shape, a zero vector, a saturating α) comes before anything is written.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -240,7 +241,7 @@ class SteerCommand(MechanismRunner):
         """Each step's rows and summary row: read back where its folder holds them, else
         scored by the run loop (the unsteered base first, once)."""
         own, probe, out = job.own, job.probe, job.folder
-        folders = {step: _folder(out, *step[:2], step[3]) for step in steps}
+        folders = {s: out / "alphas" / f"{s[0][0]}-L{s[0][1]}-{s[1]}-a{s[3]:g}" for s in steps}
         done = {step: finished_scores(folders[step], key, ROWS) for step in steps}
         resumed = sum(path is not None for path in done.values())
         if resumed:
@@ -251,21 +252,16 @@ class SteerCommand(MechanismRunner):
         report = {**probe.manifest(), "model": model.name, "seed": own.seed, "view": VIEWS[0]}
         report |= probe.interval_fields(job.items)
         hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
+        steered = functools.partial(
+            fill, lambda: job.items, hint=hint, merged=ROWS, keep_parts=False
+        )
         unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
         frames, rows = [], []
         for step in steps:
             target, kind, _, alpha = step
             folder = folders[step]
-            path = done[step] or fill(
-                lambda: job.items,
-                f"{probe.name} {folder.name}",
-                folder,
-                key,
-                lambda step=step: steer_scoring(scorer, job, step, base, pace),
-                hint=hint,
-                merged=ROWS,
-                keep_parts=False,
-            )
+            start = functools.partial(steer_scoring, scorer, job, step, base, pace)
+            path = done[step] or steered(f"{probe.name} {folder.name}", folder, key, start)
             assert path is not None  # one process: every prompt has its row
             frame = pd.read_parquet(path).drop(columns=INDEX)
             twin = unsteered.get(target) if alpha == 0 else None
@@ -325,10 +321,6 @@ def steer_scoring(scorer: Any, job: Job, step: Step, base: dict[int, Any], key: 
     desc = f"steering {target[0]} L{target[1]} {kind} α={alpha:g}"
     size = 2 * row_bytes(len(job.probe.answers.answers))  # steered and not
     return Scoring(desc, len(job.items), key, score, row_bytes=size)
-
-
-def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path:
-    return out / "alphas" / f"{target[0]}-L{target[1]}-{kind}-a{alpha:g}"
 
 
 def _headline(
