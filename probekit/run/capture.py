@@ -5,7 +5,6 @@ the package versions and the probekit commit) and `report.html`."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_captu
 from probekit.mechanism.sites import DEFAULT_SITES
 from probekit.reporting.contract import describe_model
 from probekit.reporting.html import write_record_page
-from probekit.run.command import Job, MechanismRunner, Options, provenance
+from probekit.run.command import Job, MechanismRunner, Options, prompt_fields, provenance
 from probekit.studies.base import Study
 
 SHOWN = ("model", "weights", "dtype", "layers", "sites", "spans", "hooks", "storage_dtype")
@@ -64,37 +63,22 @@ class CaptureCommand(MechanismRunner):
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> CaptureResult:
         result = run_capture(model, job.probe, job.encoded, job.own, job.folder, say=echo)
-        ids = "\n".join(item.id for item in job.items)
-        selection = {
-            "study": job.study.name,
-            "seed": job.own.seed,
-            "limit": job.own.limit,
-            "prompts": len(job.items),
-            "prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
-        }
-        manifest = RunDir(job.folder).update_manifest(**provenance(job.call), selection=selection)
-        index = pd.DataFrame(
-            [
-                ("prompts captured", result.captured),
-                ("prompts already there", result.skipped),
-                ("shards written", len(result.shards)),
-            ],
-            columns=["", "count"],
-        )
+        own, folder = job.own, job.folder
+        selection = {"study": job.study.name, "seed": own.seed, "limit": own.limit}
+        selection |= prompt_fields(job.items)
+        manifest = RunDir(folder).update_manifest(**provenance(job.call), selection=selection)
+        counts = {"prompts captured": result.captured, "prompts already there": result.skipped}
+        counts["shards written"] = len(result.shards)
         subtitle = (
             f"activations at layers {manifest['layers']} of {', '.join(manifest['sites'])}, "
             f"stored as {manifest['storage_dtype']}: read them with "
-            f"probekit.read_activations('{job.folder}')"
+            f"probekit.read_activations('{folder}')"
         )
+        title = f"{describe_model(manifest)}, {job.probe.name}"
+        index = pd.DataFrame(list(counts.items()), columns=["", "count"])
+        data = job.study.describe_data(manifest)
         write_record_page(
-            job.folder / "report.html",
-            "Activations",
-            f"{describe_model(manifest)}, {job.probe.name}",
-            subtitle,
-            manifest,
-            SHOWN,
-            job.study.describe_data(manifest),
-            index,
+            folder / "report.html", "Activations", title, subtitle, manifest, SHOWN, data, index
         )
         return result
 

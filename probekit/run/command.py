@@ -392,7 +392,6 @@ class MechanismRunner(StudyRunner):
         """What defines a mechanism run (its manifest; `probekit.core.rundir.RECORDED_ONLY`
         says which fields are resume keys): the study, the model, the probe in its exact view,
         the seed, the command's `own_fields` and the prompts (their ids' SHA-256, in order)."""
-        ids = "\n".join(item.id for item in job.items)
         return {
             "results_format": RESULTS_FORMAT,
             "study": job.study.name,
@@ -402,8 +401,7 @@ class MechanismRunner(StudyRunner):
             "epsilon": 0.0,
             "seed": job.own.seed,
             **self.own_fields(job, model),
-            "prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
-            "prompts": len(job.items),
+            **prompt_fields(job.items),
             **job.probe.manifest(),
         }
 
@@ -431,6 +429,12 @@ class MechanismRunner(StudyRunner):
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> Any:
         """The command's own work and report, once the model is there."""
         raise NotImplementedError
+
+
+def prompt_fields(items: Sequence[Item]) -> dict[str, Any]:
+    """A mechanism run's prompts as its manifest records them: their ids' SHA-256, in order."""
+    ids = "\n".join(item.id for item in items)
+    return {"prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(), "prompts": len(items)}
 
 
 def given_model(asked: ModelOptions, engine: Engine | None) -> ModelOptions:
