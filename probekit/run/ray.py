@@ -45,7 +45,6 @@ from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions
 from probekit.run.pace import pace_key
 from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, probe_row_bytes
 from probekit.studies.base import Probe
@@ -226,22 +225,12 @@ class RayPool(EnginePool):
         return RayScoring(probe, self.load, view, settings, self.actors)
 
 
-def run_pool(asked: ModelOptions, manifest: dict[str, Any], actors: int | None) -> RayPool:
-    """The pool `probekit run --ray` scores on: every actor loads the model `asked` (its engine,
-    device and dtype) itself, in the precision tier the driver chose for the run (`manifest`'s
-    `precision`)."""
-    tier = manifest.get("precision") or {}
-    load = functools.partial(
-        load_in_tier, asked.model, asked.engine, asked.device, asked.dtype, tier
-    )
-    return RayPool(load, actors)
-
-
 def load_in_tier(
     spec: str, engine: str, device: str | None, dtype: Any, precision: dict[str, Any]
 ) -> Engine:
-    """An actor's engine: `spec` loaded on `engine`, put in the tier of `precision` (the run's
-    manifest field, chosen by the driver) where the actor's device offers it."""
+    """An actor's engine (`probekit run --ray`): `spec` loaded on `engine`, put in the tier of
+    `precision` (the run's manifest field, chosen by the driver) where the actor's device
+    offers it."""
     loaded = load_engine(spec, engine=engine, device=device, dtype=dtype)
     loaded.keep_precision(precision)
     return loaded

@@ -13,6 +13,7 @@ command resumes it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -305,9 +306,11 @@ class RunCommand(StudyRunner):
             say(partial)
         scorer: Engine | EnginePool = model
         if run.ray is not None:  # the same run loop's parts, scored by Ray actors
-            from probekit.run.ray import run_pool
+            from probekit.run.ray import RayPool, load_in_tier
 
-            scorer = run_pool(job.asked, manifest, run.ray_actors)
+            asked, tier = job.asked, manifest.get("precision") or {}  # the tier chosen here
+            load = (asked.model, asked.engine, asked.device, asked.dtype, tier)
+            scorer = RayPool(functools.partial(load_in_tier, *load), run.ray_actors)
         scores_path = run_probe(
             job.probe,
             scorer,
