@@ -95,9 +95,8 @@ class StudyPatch:
     def __repr__(self) -> str:
         pairs = self.table[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
         top = ""
-        measured = self.summary[
-            self.summary["status"] == "measured"
-        ]  # not those known by construction
+        # the measured components, not those known by construction
+        measured = self.summary[self.summary["status"] == "measured"]
         if len(measured) and "recovery" in measured:
             first = measured.iloc[0]
             head = "" if pd.isna(first["head"]) else f" head {int(first['head'])}"
