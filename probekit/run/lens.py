@@ -56,9 +56,8 @@ from probekit.reporting.figures import figure_data
 from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
 from probekit.run.command import Job, MechanismRunner
 from probekit.run.loop import WHOLE, fill, open_run
-from probekit.run.pace import pace_key
 from probekit.run.patch import RECORD as PATCH_RECORD
-from probekit.run.scoring import Chunk, Scoring
+from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "lens.parquet"

@@ -45,7 +45,7 @@ kind of finished work (`probekit.core.store`: checksums, the row key, setting as
 are `Shard`s; how chunks become rows, in this process or on Ray, is
 `probekit.run.scoring` (one loop, `run_rows`, runs both); `probekit.run.study` runs a whole
 study over this loop. Before the first batch a run says how many prompts it will score and how
-long that takes on this device (`probekit.run.pace`).
+long that takes on this device (`probekit.run.scoring`).
 
 Damaged and foreign state. A resume reads every part with its page checksums verified; a
 truncated or damaged part is renamed `*.damaged`, one line says so, and its prompts are redone.
@@ -87,7 +87,6 @@ from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption
 from probekit.core.store import DAMAGED, damage, say, set_aside
 from probekit.engines.base import Engine
 from probekit.engines.options import EpsilonOption
-from probekit.run.pace import forecast, record_pace, run_pace
 from probekit.run.parts import (
     PARTS,
     REDONE,
@@ -99,7 +98,16 @@ from probekit.run.parts import (
     part_files,
     scan_parts,
 )
-from probekit.run.scoring import SAMPLE_PROMPTS, Chunk, EnginePool, LocalScoring, Scoring
+from probekit.run.scoring import (
+    SAMPLE_PROMPTS,
+    Chunk,
+    EnginePool,
+    LocalScoring,
+    Scoring,
+    forecast,
+    record_pace,
+    run_pace,
+)
 from probekit.studies.base import Probe, check_view
 
 

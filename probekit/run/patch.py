@@ -50,8 +50,7 @@ from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
 from probekit.run.command import Job, MechanismRunner, Options
 from probekit.run.loop import WHOLE, fill, open_run
-from probekit.run.pace import pace_key
-from probekit.run.scoring import Chunk, Scoring
+from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import Study
 
 RECORD = "patching"

@@ -45,8 +45,7 @@ from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.run.pace import pace_key
-from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, probe_row_bytes
+from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, pace_key, probe_row_bytes
 from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"

@@ -57,9 +57,8 @@ from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.command import Job, MechanismRunner, Options
 from probekit.run.loop import WHOLE, fill, open_run
-from probekit.run.pace import pace_key
 from probekit.run.parts import finished_scores
-from probekit.run.scoring import Chunk, Scoring
+from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import VIEWS, Study
 
 ROWS = "steer.parquet"

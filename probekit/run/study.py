@@ -46,8 +46,7 @@ from probekit.run.command import (
 )
 from probekit.run.loop import RunOptions, Shard
 from probekit.run.numerics import settle_run_precision
-from probekit.run.pace import Pace
-from probekit.run.scoring import SAMPLE_PROMPTS, LocalScoring
+from probekit.run.scoring import SAMPLE_PROMPTS, LocalScoring, Pace
 from probekit.studies.base import Context, Probe, Say, Study
 
 
