@@ -152,7 +152,7 @@ def test_an_option_of_another_study_or_command_is_named_as_such(
     """Said before the command's module (and torch) is imported: `probekit steer isear` with an
     intergroup option answers at once, not after the model library loads."""
     if "--spans" not in argv:  # a command option: known once the command's options are
-        monkeypatch.setattr(COMMANDS, "_command_module", lambda name: pytest.fail("imported"))
+        monkeypatch.setattr(COMMANDS, "runner", lambda name: pytest.fail("imported"))
     err = refused(argv, capsys)
     assert message in err and "did you mean" not in err
 
