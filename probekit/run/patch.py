@@ -140,11 +140,11 @@ def patch_study(
     """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study` object
     (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
     options: dtype, device, ...) or an already loaded model. The keywords are the patch's options
-    (below: `layers=[0, 14]`, `sites=["resid_pre"]`, `prompt_only=True`, `dtype=torch.bfloat16`,
-    ...) and the study's (`events=2`), checked as the command line checks them (a bad or unknown one
-    is one line of `ProbekitError` naming the keyword, before any model work). Writes what the
-    command writes into `out` and returns it, with its record in `out/patching/` (`manifest.json`,
-    `report.html`). `options`: the study's own (`probekit patch STUDY --help`)."""
+    (below: `layers=[0, 14]`, `sites=["resid_pre"]`, `prompt_only=True`, ...) and the study's
+    (`events=2`), checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes what the command writes into
+    `out` and returns it, with its record in `out/patching/` (`manifest.json`, `report.html`).
+    `options`: the study's own (`probekit patch STUDY --help`)."""
     return PATCH.call(patch_study, dict(locals()))
 
 
