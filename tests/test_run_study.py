@@ -21,8 +21,7 @@ from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.options import as_flags
 from probekit.core.rundir import RECORDED_ONLY, RESULTS_FORMAT, resume_keys
-from probekit.run.numerics import sample_size
-from probekit.run.study import RUN
+from probekit.run.study import RUN, sample_size
 
 
 def test_run_study_returns_the_run(minimal, tiny, tmp_path):

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import inspect
 import json
+import random
 import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,8 +39,7 @@ from probekit.core.options import Command, named
 from probekit.core.progress import silenced
 from probekit.core.rundir import MANIFEST, RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions, check_models, loaded_engine
-from probekit.run.numerics import settle_run_precision
+from probekit.engines.options import NOISE_SAMPLE, ModelOptions, check_models, loaded_engine
 from probekit.studies.base import VIEWS, Context, Probe, Study, get_study, other_study_option
 
 
@@ -156,6 +156,46 @@ def commit(source: Path | None = None) -> str:
     except (OSError, IndexError):
         pass
     return "unknown"
+
+
+FIRST_MODEL = "kept from the first model of this run"
+"""The note of a precision record kept from the first model of a run of several models."""
+
+
+def settle_run_precision(
+    model: Engine,
+    probe: Probe,
+    folder: Path,
+    seed: int = 0,
+    items: Sequence[Item] | None = None,
+    resumed: bool = True,
+    first: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Before a run of `probe` (or of its `items`, a mechanism command's) scores: the precision tier
+    of the run being resumed in `folder` (its manifest's `precision`, kept without measuring so that
+    its rows are all scored in one tier, where it was chosen by the tolerance `model` was loaded
+    with: else this run chooses anew and its manifest's `tolerance` refuses the resume; not where
+    the command is not `resumed`), else the tier of `first` (the precision record of the first model
+    of a run of several: one arithmetic for the models compared) where this model's device offers
+    it, else the tier `model` chooses on the run's numerics sample: `NOISE_SAMPLE` of its prompts,
+    seeded by the run's seed. The record, or None where nothing is chosen (an engine without tiers,
+    or a tier chosen already)."""
+    if "tier" in (model.precision or {}):
+        return None  # chosen already
+    earlier = (RunDir(folder).read_manifest() or {}).get("precision") if resumed else None
+    tolerance = (model.precision or {}).get("tolerance")
+    same = isinstance(earlier, dict) and earlier.get("tolerance") == tolerance
+    if same and (kept := model.keep_precision(earlier)):
+        return kept
+    if first and (kept := model.keep_precision(first, FIRST_MODEL)):
+        return kept
+    total = len(probe) if items is None else len(items)
+    picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
+    found = [
+        item for i, item in enumerate(probe.items() if items is None else items) if i in picked
+    ]
+    prompts = [model.encode(item, probe.as_string).input_ids for item in found]
+    return model.settle_precision(probe.answers, prompts, seed)
 
 
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelOptions))
