@@ -16,6 +16,7 @@ _API = {
     "score": "probekit.engines.score",
     "score_file": "probekit.run.score",
     "load_engine": "probekit.engines",
+    "ModelOptions": "probekit.engines.options",
     "load_model": "probekit.engines.hf.model",
     "plan": "probekit.engines.plan",
     "MemoryPlan": "probekit.engines.plan",

@@ -125,9 +125,9 @@ def _threads_of_a_slow_test(request: pytest.FixtureRequest):
 
 @pytest.fixture(autouse=True)
 def _a_pace_record_of_its_own(tmp_path_factory, monkeypatch):
-    """Each test reads and writes its own record of measured paces (`probekit.run.pace`), not
+    """Each test reads and writes its own record of measured paces (`probekit.run.scoring`), not
     the user's: what a test's first line says does not depend on the tests run before it."""
-    import probekit.run.pace as pace
+    import probekit.run.scoring as pace
 
     record = tmp_path_factory.mktemp("pace") / pace.RECORD
     monkeypatch.setattr(pace, "record_path", lambda: record)

@@ -73,9 +73,23 @@ def test_vllm_sizes_with_the_hf_engine_are_refused_while_parsing(nothing_loads, 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: probekit.run_study("isear", dtype="bf16", tolerance=0.01), "give dtype or"),
-        (lambda: probekit.steer_study("isear", device="cpu", device_map="auto"), "give device"),
-        (lambda: probekit.patch_study("isear", tensor_parallel_size=2), "patch_study"),
+        (
+            lambda: probekit.run_study(
+                "isear", probekit.ModelOptions(dtype="bf16", tolerance=0.01)
+            ),
+            "give dtype or",
+        ),
+        (
+            lambda: probekit.steer_study(
+                "isear", probekit.ModelOptions(device="cpu", device_map="auto")
+            ),
+            "give device",
+        ),
+        (
+            lambda: probekit.patch_study("isear", probekit.ModelOptions(tensor_parallel_size=2)),
+            "patch_study",
+        ),
+        (lambda: probekit.lens_study("isear", dtype="bf16"), "give model=ModelOptions(..., dtype="),
     ],
 )
 def test_model_option_conflicts_from_python_name_the_keywords(call, message, nothing_loads):
@@ -138,7 +152,7 @@ def test_an_option_of_another_study_or_command_is_named_as_such(
     """Said before the command's module (and torch) is imported: `probekit steer isear` with an
     intergroup option answers at once, not after the model library loads."""
     if "--spans" not in argv:  # a command option: known once the command's options are
-        monkeypatch.setattr(COMMANDS, "_command_module", lambda name: pytest.fail("imported"))
+        monkeypatch.setattr(COMMANDS, "runner", lambda name: pytest.fail("imported"))
     err = refused(argv, capsys)
     assert message in err and "did you mean" not in err
 
@@ -156,7 +170,7 @@ def test_no_study_option_shares_a_name_with_a_command_option():
     from probekit.engines.options import ModelOptions, ScoreOptions
     from probekit.mechanism.pipeline import CaptureOptions, PatchOptions
     from probekit.mechanism.steering import SteerOptions
-    from probekit.run.options import RunOptions
+    from probekit.run.loop import RunOptions
 
     groups = (ModelOptions, ScoreOptions, RunOptions, PatchOptions, CaptureOptions, SteerOptions)
     commands = {f.name for group in groups for f in options_of(group)}

@@ -16,7 +16,7 @@ from probekit.core.rundir import RunDir
 from probekit.engines.chat_templates import chat_template_text, shipped
 from probekit.engines.hf.model import load_model
 from probekit.engines.options import ModelOptions
-from probekit.run.record import model_fields
+from probekit.run.command import model_fields
 from probekit.testing.synthetic import tiny_model
 
 MESSAGES = [

@@ -325,7 +325,7 @@ def test_score_and_a_run_choose_the_tier_before_they_score(tmp_path):
     """`probekit.score` chooses on its first window; a run on its numerics sample, or keeps
     the tier of the run it resumes (fake device offering every tier, as above)."""
     from probekit.core.rundir import RunDir
-    from probekit.run.numerics import settle_run_precision
+    from probekit.run.command import settle_run_precision
 
     model = _tiny(pending=True)
     model.meta["precision"]["tolerance"] = 1.0

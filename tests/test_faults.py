@@ -27,10 +27,10 @@ from probekit import cli
 from probekit.core.answers import MAX_ANSWERS, AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.io import write_parquet, write_text
-from probekit.core.rundir import RowKey
+from probekit.core.rundir import RowKey, RunDir
 from probekit.core.store import DAMAGED, INDEX
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
-from probekit.run.loop import prepare_run_dir, release_shard, run_probe
+from probekit.run.loop import Shard, prepare_run_dir, run_probe
 from probekit.run.parts import (
     FANOUT,
     Compactor,
@@ -39,7 +39,6 @@ from probekit.run.parts import (
     scan_parts,
     write_part,
 )
-from probekit.run.shards import Shard
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 from probekit.studies.isear.evaluator import PUNKT_FILES
 
@@ -184,7 +183,7 @@ def test_truncated_part_is_set_aside_and_redone(tiny, tmp_path, capsys):
     victim.write_bytes(victim.read_bytes()[:200])
     capsys.readouterr()
     prepare_run_dir(out)  # before a model loads: the truncated part is set aside
-    release_shard(out, Shard())
+    RunDir(out).release(0, 1)
     line = one_line(capsys.readouterr().err)
     assert str(victim) in line and "set aside" in line
     assert (victim.parent / (victim.name + DAMAGED)).is_file() and not victim.exists()
@@ -359,9 +358,8 @@ def test_full_disk_during_a_run(tiny, tmp_path, monkeypatch):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from probekit.run.loop import hold_shard
-from probekit.run.shards import Shard
-hold_shard(Path(sys.argv[1]), Shard(0, 2))
+from probekit.core.rundir import RunDir
+RunDir(Path(sys.argv[1])).hold(0, 2)
 print("held", flush=True)
 time.sleep(600)
 """
@@ -382,12 +380,12 @@ def test_the_same_shard_twice_is_refused_naming_the_holder(tmp_path):
         assert f"PID {holder.pid} on host {socket.gethostname()}" in message
         assert "shard 0/2" in message and "\n" not in message
         prepare_run_dir(out, Shard(1, 2))  # another shard cooperates
-        release_shard(out, Shard(1, 2))
+        RunDir(out).release(1, 2)
     finally:
         holder.kill()
         holder.wait()
     prepare_run_dir(out, Shard(0, 2))  # the holder died: its lock is stale and taken over
-    release_shard(out, Shard(0, 2))
+    RunDir(out).release(0, 2)
     assert not list(out.glob(".lock-shard-*"))  # released by its holder: the file is gone
 
 

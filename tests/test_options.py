@@ -77,19 +77,25 @@ def test_python_values_are_taken_as_they_are():
     ("call", "message"),
     [
         (
-            lambda: probekit.run_study(minimal_study.STUDY, dtype=torch.bfloat16, days=0),
+            lambda: probekit.run_study(
+                minimal_study.STUDY, probekit.ModelOptions(dtype=torch.bfloat16), days=0
+            ),
             "days must be at least 1 (got 0)",
         ),
         (
-            lambda: probekit.run_study(minimal_study.STUDY, device_map={"": "gpu0"}),
+            lambda: probekit.run_study(
+                minimal_study.STUDY, probekit.ModelOptions(device_map={"": "gpu0"})
+            ),
             "device_map: unknown device 'gpu0'",
         ),
         (
-            lambda: probekit.patch_study(Elsewhere(), dtype=torch.int8),
+            lambda: probekit.patch_study(Elsewhere(), probekit.ModelOptions(dtype=torch.int8)),
             "dtype: 'int8' is not a dtype",
         ),
         (
-            lambda: probekit.capture_study(Elsewhere(), device_map={"": "cpu"}, batch_size=-1),
+            lambda: probekit.capture_study(
+                Elsewhere(), probekit.ModelOptions(device_map={"": "cpu"}), batch_size=-1
+            ),
             "batch_size must be at least 1 (got -1)",
         ),
         (
@@ -101,7 +107,9 @@ def test_python_values_are_taken_as_they_are():
             "the object was used for patch",
         ),
         (
-            lambda: probekit.capture_study(Elsewhere(), dtype=torch.float32, events=1),
+            lambda: probekit.capture_study(
+                Elsewhere(), probekit.ModelOptions(dtype=torch.float32), events=1
+            ),
             "the object was used for capture",
         ),
         (lambda: probekit.steer_study(Elsewhere(), alphas=[1]), "the object was used for steer"),
@@ -264,9 +272,7 @@ def test_a_script_runs_an_unregistered_study_with_a_torch_dtype_and_a_device_map
     """The issue's script: a `torch.dtype`, a device-map dict and a `Study` object."""
     run = probekit.run_study(
         minimal_study.STUDY,
-        "default",
-        dtype=torch.float32,
-        device_map={"": "cpu"},
+        probekit.ModelOptions("default", dtype=torch.float32, device_map={"": "cpu"}),
         days=2,
         out=tmp_path / "run",
         numerics=0,

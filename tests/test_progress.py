@@ -108,7 +108,7 @@ def test_the_run_loop_says_its_estimate_and_progress_in_a_log(tmp_path, capsys):
 def test_the_first_line_takes_the_pace_of_the_last_run_on_this_machine(tmp_path, capsys):
     """The pace a run measured is kept for the next run of the same model, device, answers and
     view on this machine, which says its time from it without a sample."""
-    from probekit.run.pace import Pace, pace_key, record_pace, recorded_pace
+    from probekit.run.scoring import Pace, pace_key, record_pace, recorded_pace
 
     probe, engine = GroupProbe(events=30), CountingEngine()
     key = pace_key(engine.describe(), probe.answers, "exact")
@@ -146,9 +146,9 @@ def test_a_pace_sample_keeps_no_rows(tmp_path):
 
 
 def test_a_run_of_several_probes_says_its_prompts_and_time_before_any_work(tmp_path):
-    from probekit.run.pace import Pace, pace_key, record_pace
-    from probekit.run.scoring import forecast_runs
-    from probekit.run.shards import Shard
+    from probekit.run.loop import Shard
+    from probekit.run.scoring import Pace, pace_key, record_pace
+    from probekit.run.study import forecast_runs
 
     probes, engine = [GroupProbe(events=3), GroupProbe(events=9)], CountingEngine()
     record_pace(pace_key(engine.describe(), probes[0].answers, "exact"), Pace(4.0, "a record"))

@@ -24,6 +24,7 @@ NOT_CALLED = {
     "ProbekitError": "the error itself, raised not called",
     "Probe": "abstract: a study subclasses it",
     "Study": "abstract: a study subclasses it",
+    "ModelOptions": "options: each value checked where the options are given (run_study, ...)",
 }
 NAMES = [name for name in probekit.__all__ if name not in NOT_CALLED]
 MORE = [  # public functions outside `__all__` whose options are declared

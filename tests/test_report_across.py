@@ -15,7 +15,7 @@ import pytest
 import probekit
 from probekit import cli
 from probekit.engines.hf.model import LoadedModel
-from probekit.run.numerics import FIRST_MODEL
+from probekit.run.command import FIRST_MODEL
 from probekit.studies import get_study
 from probekit.testing.synthetic import tiny_model
 

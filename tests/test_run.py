@@ -19,10 +19,9 @@ from probekit import cli, run_study
 from probekit.core.errors import ProbekitError
 from probekit.core.store import INDEX
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
-from probekit.run.loop import run_probe
+from probekit.run.loop import Shard, run_probe
 from probekit.run.parts import done_mask, scan_parts
 from probekit.run.scoring import EnginePool, LocalScoring
-from probekit.run.shards import Shard
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 SCRIPT = REPO / "experiments" / "intergroup_gap.py"

@@ -38,11 +38,13 @@ def test_a_run_resumed_with_another_tolerance_is_refused_before_loading(loads, t
     assert (manifest["tolerance"], manifest["tier"]) == (0.005, "float32")
     assert manifest["precision"]["tolerance"] == 0.005
     with pytest.raises(ProbekitError, match=r"different tolerance \(0.005, now 0.01\)"):
-        probekit.run_study(study, "default", out=out, tolerance=0.01, **FAST)
+        probekit.run_study(study, probekit.ModelOptions(tolerance=0.01), out=out, **FAST)
     with pytest.raises(ProbekitError, match=r"different tolerance \(0.005, now None\)"):
-        probekit.run_study(study, "default", out=out, dtype="float32", **FAST)
+        probekit.run_study(study, probekit.ModelOptions(dtype="float32"), out=out, **FAST)
     assert len(loads) == 1  # neither refusal loaded the model
-    probekit.run_study(study, "default", out=out, tolerance=0.005, **FAST)  # the same: resumed
+    probekit.run_study(
+        study, probekit.ModelOptions(tolerance=0.005), out=out, **FAST
+    )  # the same: resumed
     assert RunDir(out).manifest["tolerance"] == 0.005
 
 
@@ -84,7 +86,7 @@ def test_a_steering_run_resumed_with_another_tolerance_is_refused_before_loading
     manifest = RunDir(out).manifest
     assert (manifest["tolerance"], manifest["tier"]) == (0.005, "float32")
     with pytest.raises(ProbekitError, match=r"different tolerance \(0.005, now 0.5\)"):
-        probekit.steer_study(study, "default", tolerance=0.5, **steer)
+        probekit.steer_study(study, probekit.ModelOptions(tolerance=0.5), **steer)
     assert len(loads) == 1
 
 

@@ -21,8 +21,7 @@ from probekit import cli
 from probekit.core.errors import ProbekitError
 from probekit.core.options import as_flags
 from probekit.core.rundir import RECORDED_ONLY, RESULTS_FORMAT, resume_keys
-from probekit.run.numerics import sample_size
-from probekit.run.study import RUN
+from probekit.run.study import RUN, sample_size
 
 
 def test_run_study_returns_the_run(minimal, tiny, tmp_path):
@@ -65,15 +64,24 @@ def test_the_command_line_is_the_same_run(minimal, tiny, tmp_path, monkeypatch):
         ({"view": "sample"}, "view: unknown view 'sample'; choose one of exact, generate"),
         ({"events": 0}, "events must be at least 1"),
         ({"setting": "P9"}, "setting: unknown setting 'P9'"),
-        ({"dtype": "int8"}, "dtype: 'int8' is not a dtype"),
-        ({"device": "gpu"}, "device: 'gpu' is not a device"),
-        ({"device_map": "everywhere"}, "device_map: device map 'everywhere' is neither"),
+        ({"model": probekit.ModelOptions(dtype="int8")}, "dtype: 'int8' is not a dtype"),
+        ({"model": probekit.ModelOptions(device="gpu")}, "device: 'gpu' is not a device"),
+        (
+            {"model": probekit.ModelOptions(device_map="everywhere")},
+            "device_map: device map 'everywhere' is neither",
+        ),
         ({"seed": -1}, "seed must be at least 0 (got -1)"),
         ({"shard": (2, 2)}, "shard: '2/2': need 0 <= i < n"),
-        ({"model": 3}, "run_study(): model must be a str, a Path or an Engine (got 3)"),
+        (
+            {"model": 3},
+            "run_study(): model must be a str, a Path, an Engine or a ModelOptions (got 3)",
+        ),
         ({"event": 2}, "unknown keyword event for run_study('intergroup'); did you mean events?"),
         ({"authors_input": "yes"}, "authors_input must be True or False (got 'yes')"),
-        ({"ray": True, "device_map": "auto"}, "ray loads one engine per actor"),
+        (
+            {"ray": True, "model": probekit.ModelOptions(device_map="auto")},
+            "ray loads one engine per actor",
+        ),
     ],
 )
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, monkeypatch, options, message):

@@ -99,10 +99,10 @@ def _parser() -> CommandParser:
 def _command(name: str, argv: list[str]) -> None:
     entry = COMMANDS[name]
     if not entry.study:
-        command = _command_module(name)
+        command = runner(name)
         command.main(command.parse(argv, f"probekit {name}", help=entry.help))
         return
-    from probekit.studies import get_study, list_studies
+    from probekit.studies import list_studies
 
     if argv and argv[0] in ("-h", "--help"):
         print(f"usage: probekit {name} STUDY [options]\n\n{entry.help}.\n")
@@ -112,11 +112,19 @@ def _command(name: str, argv: list[str]) -> None:
     if not argv or argv[0].startswith("-"):
         names = ", ".join(study.name for study in list_studies())
         raise ProbekitError(f"name a study: probekit {name} STUDY (one of {names})")
-    study = get_study(argv[0])
-    refuse_other_options(name, study, argv[1:])
-    command = _command_module(name)
-    options = command.parse(argv[1:], f"probekit {name} {study.name}", study, study.title)
-    command.main(options, study)
+    _study_command(name, argv[0], argv[1:], f"probekit {name} {argv[0]}")
+
+
+def _study_command(
+    command: str, name: str, argv: Sequence[str] | None, prog: str, **defaults: Any
+) -> None:
+    """`probekit COMMAND STUDY argv` (`prog` in messages, with other `defaults`)."""
+    from probekit.studies import get_study
+
+    study = get_study(name)
+    refuse_other_options(command, study, argv or ())
+    found = runner(command)
+    found.main(found.parse(argv, prog, study, study.title, defaults), study)
 
 
 def study_script(
@@ -124,16 +132,7 @@ def study_script(
 ) -> int:
     """Entry point of a script that is `probekit COMMAND STUDY` under another name (e.g.
     `experiments/intergroup_gap.py`): the same options, `prog` in messages, its own defaults."""
-
-    def body() -> None:
-        from probekit.studies import get_study
-
-        study = get_study(study_name)
-        refuse_other_options(command, study, argv or ())
-        found = _command_module(command)
-        options = found.parse(argv, prog, study, study.title, defaults)
-        found.main(options, study)
-
+    body = functools.partial(_study_command, command, study_name, argv, prog, **defaults)
     return run_script(prog.removesuffix(".py"), body)
 
 
@@ -145,11 +144,6 @@ def refuse_other_options(command: str, study: Any, argv: Sequence[str]) -> None:
 
     elsewhere = functools.partial(other_study_option, study, command)
     Command(command, (study.options,), elsewhere=elsewhere).refuse_not_taken(argv)
-
-
-def _command_module(command: str) -> Any:
-    """The runner of `probekit <command>`, its module imported on use."""
-    return runner(command)
 
 
 if __name__ == "__main__":

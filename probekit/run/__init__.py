@@ -1,8 +1,9 @@
 """Running probekit's commands: one runner for every command (`probekit.run.command`; each
 command a module: `study` runs a study, `patch`, `capture`, `steer` and `lens` trace it inside
-the model, `report` reports finished runs again, `plain` holds those without a study), the
-resumable run loop (`loop`, one for one process and Ray: `scoring`, `ray`), the run folder's
-parts, shards, numerics, records and the time a run takes (`pace`).
+the model, `report` reports finished runs again, `plain` holds those without a study; `command`
+also holds what every manifest records), the resumable run loop (`loop`, with its shards and
+options; one loop for one process and Ray: `scoring`, `ray`), the run folder's parts, and the
+time a run takes (`scoring`).
 
 `COMMANDS` is the registry the command line reads: a command's name, where its runner is and
 its one line of help (a new command is one module and one line here)."""

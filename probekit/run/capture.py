@@ -5,7 +5,6 @@ the package versions and the probekit commit) and `report.html`."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,7 @@ from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_captu
 from probekit.mechanism.sites import DEFAULT_SITES
 from probekit.reporting.contract import describe_model
 from probekit.reporting.html import write_record_page
-from probekit.run.command import Job, MechanismRunner, Options
-from probekit.run.record import provenance
+from probekit.run.command import Job, MechanismRunner, Options, prompt_fields, provenance
 from probekit.studies.base import Study
 
 SHOWN = ("model", "weights", "dtype", "layers", "sites", "spans", "hooks", "storage_dtype")
@@ -49,10 +47,8 @@ class CaptureCommand(MechanismRunner):
         site_shorts(options.own.sites)
 
     def prepare(self, job: Job) -> list[int] | None:
-        """The layers known before the model (None where one counts from the end)."""
         check_capture(job.own, job.items)
-        given = job.own.layers
-        return sorted(set(given)) if given and min(given) >= 0 else None
+        return super().prepare(job)
 
     def fields(self, job: Job, model: Any) -> dict[str, Any]:
         """The capture's manifest (`probekit.mechanism.capture.capture_manifest`)."""
@@ -61,46 +57,28 @@ class CaptureCommand(MechanismRunner):
         shorts = site_shorts(own.sites)
         return capture_manifest(model, layers, shorts, own.spans, own.hooks, storage)
 
-    def wrote(self, result: CaptureResult) -> str:
-        return f"{result.out_dir}/shards, index, manifest.json, report.html"
-
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
         self.finish(study, options, call=f"probekit {self.name}")
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> CaptureResult:
         result = run_capture(model, job.probe, job.encoded, job.own, job.folder, say=echo)
-        ids = "\n".join(item.id for item in job.items)
-        selection = {
-            "study": job.study.name,
-            "seed": job.own.seed,
-            "limit": job.own.limit,
-            "prompts": len(job.items),
-            "prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
-        }
-        manifest = RunDir(job.folder).update_manifest(**provenance(job.call), selection=selection)
-        index = pd.DataFrame(
-            [
-                ("prompts captured", result.captured),
-                ("prompts already there", result.skipped),
-                ("shards written", len(result.shards)),
-            ],
-            columns=["", "count"],
-        )
+        own, folder = job.own, job.folder
+        selection = {"study": job.study.name, "seed": own.seed, "limit": own.limit}
+        selection |= prompt_fields(job.items)
+        manifest = RunDir(folder).update_manifest(**provenance(job.call), selection=selection)
+        counts = {"prompts captured": result.captured, "prompts already there": result.skipped}
+        counts["shards written"] = len(result.shards)
         subtitle = (
             f"activations at layers {manifest['layers']} of {', '.join(manifest['sites'])}, "
             f"stored as {manifest['storage_dtype']}: read them with "
-            f"probekit.read_activations('{job.folder}')"
+            f"probekit.read_activations('{folder}')"
         )
+        title = f"{describe_model(manifest)}, {job.probe.name}"
+        index = pd.DataFrame(list(counts.items()), columns=["", "count"])
+        data = job.study.describe_data(manifest)
         write_record_page(
-            job.folder / "report.html",
-            "Activations",
-            f"{describe_model(manifest)}, {job.probe.name}",
-            subtitle,
-            manifest,
-            SHOWN,
-            job.study.describe_data(manifest),
-            index,
+            folder / "report.html", "Activations", title, subtitle, manifest, SHOWN, data, index
         )
         return result
 
@@ -108,18 +86,11 @@ class CaptureCommand(MechanismRunner):
 CAPTURE = CaptureCommand()
 
 
-@public(ModelOptions, CaptureOptions, command="capture", skip=("model",))
+@public(CaptureOptions, command="capture")
 def capture_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/capture",
     seed: int = 0,
@@ -132,11 +103,12 @@ def capture_study(
     **options: Any,
 ) -> Activations:
     """`probekit capture STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the capture's options and the model's (below: `layers=[0, -1]`, `sites=["resid_post"]`,
-    `spans=["experiencer"]`, ...) and the study's, checked as the command line checks them (a
-    bad or unknown one is one line of `ProbekitError` naming the keyword, before any model
-    work). Writes the resumable shards into `out` and returns everything captured there.
-    `options`: the study's own (`probekit capture STUDY --help`)."""
+    object (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its
+    loading options: dtype, device, ...) or an already loaded model. The keywords are the capture's
+    options (below: `layers=[0, -1]`, `sites=["resid_post"]`, `spans=["experiencer"]`, ...) and the
+    study's, checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes the resumable shards into
+    `out` and returns everything captured there. `options`: the study's own (`probekit capture STUDY
+    --help`)."""
     CAPTURE.call(capture_study, dict(locals()))
     return read_activations(out)

@@ -20,25 +20,26 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import json
+import random
 import signal
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import probekit
 from probekit.core.errors import ProbekitError
 from probekit.core.io import WriteFailed, check_outputs
 from probekit.core.items import EncodedItem, Item
 from probekit.core.options import Command, named
 from probekit.core.progress import silenced
-from probekit.core.rundir import MANIFEST, RESULTS_FORMAT, RunDir
+from probekit.core.rundir import MANIFEST, RESULTS_FORMAT, RunDir, device_kind
 from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions, check_models, loaded_engine
-from probekit.run.numerics import settle_run_precision
-from probekit.run.record import LOADED, as_read, model_fields, provenance
+from probekit.engines.options import NOISE_SAMPLE, ModelOptions, check_models, loaded_engine
 from probekit.studies.base import VIEWS, Context, Probe, Study, get_study, other_study_option
 
 
@@ -54,6 +55,152 @@ class Options:
     @property
     def model(self) -> ModelOptions:
         return self.models[0]
+
+
+PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
+LOADED = (
+    "model",
+    "weights",
+    "model_source",
+    "dtype",
+    "device",
+    "device_map",
+    "columns",
+    "vllm_parallel",
+    "tier",
+    "layers",
+    "d_model",
+    "chat_template",
+)
+"""Manifest fields that only the loaded model may give (None before it loads: not compared)."""
+
+
+def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -> dict[str, Any]:
+    """The manifest's model fields: from the loaded `model`, else (None) as `asked`, the fields
+    only loading gives None. `own`: the model was given loaded, so its tolerance is its own."""
+    described = model.describe() if model is not None else {}
+    record = described.get("precision") or {}
+    if model is not None:
+        tolerance = record.get("tolerance")
+    else:
+        tolerance = None if own else asked.tolerance_asked
+    return {
+        "model": asked.model,
+        "model_source": described.get("model_source"),
+        "weights": described.get("weights"),
+        "dtype": described.get("dtype", asked.dtype),
+        "device": device_kind(described.get("device", asked.device)),
+        "device_map": described.get("device_map"),
+        "precision": described.get("precision"),
+        "tolerance": tolerance,
+        "tier": record.get("tier"),
+        "engine": described.get("engine", asked.engine),
+        **{k: described[k] for k in ("n_layers", "columns", "vllm_parallel") if k in described},
+        **chat_template_field(asked, described),
+    }
+
+
+def chat_template_field(asked: ModelOptions, described: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's `chat_template` (what was given and its SHA-256) where the model renders
+    its prompts with the one given: known once loaded (None before: a model with a template of
+    its own keeps it)."""
+    if "chat_template" in described:
+        return {"chat_template": described["chat_template"]}
+    return {"chat_template": None} if asked.chat_template and not described else {}
+
+
+def provenance(command: str) -> dict[str, Any]:
+    """The manifest's record of what wrote it: the `command` (or call), the package versions
+    and the probekit commit."""
+    return {"versions": versions(), "commit": commit(), "command": command}
+
+
+def as_read(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` as it reads back from its file (tuples as lists, paths as text)."""
+    return json.loads(json.dumps(manifest, default=str))
+
+
+@functools.cache
+def versions() -> dict[str, str]:
+    """The installed versions of probekit and the libraries its numbers depend on."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+@functools.cache
+def commit(source: Path | None = None) -> str:
+    """The commit of the probekit source in use (`git rev-parse HEAD` of its checkout, read
+    from `.git` without running git), or "unknown" where it is not a git checkout."""
+    root = source or Path(probekit.__file__).resolve().parent.parent
+    try:
+        git = root / ".git"
+        if git.is_file():  # a worktree: `gitdir: <its folder>`
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head  # a detached HEAD
+        ref = head.split(":", 1)[1].strip()
+        common = git / "commondir"
+        shared = (git / common.read_text().strip()).resolve() if common.is_file() else git
+        for folder in (git, shared):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip()
+        for line in (shared / "packed-refs").read_text().splitlines():
+            if line.endswith(f" {ref}"):
+                return line.split()[0]
+    except (OSError, IndexError):
+        pass
+    return "unknown"
+
+
+FIRST_MODEL = "kept from the first model of this run"
+"""The note of a precision record kept from the first model of a run of several models."""
+
+
+def settle_run_precision(
+    model: Engine,
+    probe: Probe,
+    folder: Path,
+    seed: int = 0,
+    items: Sequence[Item] | None = None,
+    resumed: bool = True,
+    first: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Before a run of `probe` (or of its `items`, a mechanism command's) scores: the precision tier
+    of the run being resumed in `folder` (its manifest's `precision`, kept without measuring so that
+    its rows are all scored in one tier, where it was chosen by the tolerance `model` was loaded
+    with: else this run chooses anew and its manifest's `tolerance` refuses the resume; not where
+    the command is not `resumed`), else the tier of `first` (the precision record of the first model
+    of a run of several: one arithmetic for the models compared) where this model's device offers
+    it, else the tier `model` chooses on the run's numerics sample: `NOISE_SAMPLE` of its prompts,
+    seeded by the run's seed. The record, or None where nothing is chosen (an engine without tiers,
+    or a tier chosen already)."""
+    if "tier" in (model.precision or {}):
+        return None  # chosen already
+    earlier = (RunDir(folder).read_manifest() or {}).get("precision") if resumed else None
+    tolerance = (model.precision or {}).get("tolerance")
+    same = isinstance(earlier, dict) and earlier.get("tolerance") == tolerance
+    if same and (kept := model.keep_precision(earlier)):
+        return kept
+    if first and (kept := model.keep_precision(first, FIRST_MODEL)):
+        return kept
+    total = len(probe) if items is None else len(items)
+    picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
+    found = [
+        item for i, item in enumerate(probe.items() if items is None else items) if i in picked
+    ]
+    prompts = [model.encode(item, probe.as_string).input_ids for item in found]
+    return model.settle_precision(probe.answers, prompts, seed)
+
+
+MODEL_FIELDS = frozenset(f.name for f in fields(ModelOptions))
+"""The loading options a study function takes in its `model` (a `ModelOptions`), not as
+keywords."""
 
 
 class Runner:
@@ -147,34 +294,39 @@ class StudyRunner(Runner):
 
     resumable: bool = True
     """Whether a folder holding this command's run is resumed (checked before any model)."""
+    resumes: str | None = "."
+    """The folder (in the command's) of the run it resumes, checked before any model (None:
+    none)."""
     later: tuple[str, ...] = ()
     """Manifest fields compared once the model is loaded, not before."""
     writes: tuple[str, ...] = (MANIFEST, "parts/", "summary.csv", "report.html")
     """What the command writes in its folder (a folder when it ends in "/"), each checked before
     any work (`probekit.core.io.check_outputs`)."""
 
-    def defaults(self, study: Study | None) -> dict[str, Any]:
-        return {}
-
-    def function(self, function: Any, arguments: Mapping[str, Any]) -> tuple[Study, Options]:
-        """The front of the command's function (`run_study(study, model, **options)`, ...) from
-        its `arguments` (its `locals()` before any other line): the study, the options checked
-        as the command line checks them (one line naming the keyword)."""
-        study = study_object(arguments["study"])
-        keywords = {k: v for k, v in arguments.items() if k not in ("study", "options")}
-        loaded = loaded_engine(arguments["model"]) is not None
-        if loaded:
-            del keywords["model"]
-        where = f"{function.__name__}({study.name!r})"
-        options = self.build({**keywords, **arguments["options"]}, where, study)
-        if loaded:  # the load options cannot apply to it: refused, not ignored
-            loaded_engine(arguments["model"], **options.model.load_keywords())
-        return study, options
-
     def call(self, function: Any, arguments: Mapping[str, Any]) -> Any:
-        """The command's function: `function` called with `arguments` (its `locals()`)."""
-        study, options = self.function(function, arguments)
-        engine = loaded_engine(arguments["model"])
+        """The command's function (`run_study(study, model, **options)`, ...) on its
+        `arguments` (its `locals()` before any other line): the options checked as the command
+        line checks them (one line naming the keyword), then the command's work. `model` is a
+        spec, a `ModelOptions` (a spec with its loading options) or an engine loaded already."""
+        study = study_object(arguments["study"])
+        where = f"{function.__name__}({study.name!r})"
+        model, extra = arguments["model"], dict(arguments["options"])
+        keywords = {k: v for k, v in arguments.items() if k not in ("study", "model", "options")}
+        moved = {name: extra.pop(name) for name in list(extra) if name in MODEL_FIELDS}
+        engine = None
+        if isinstance(model, ModelOptions):
+            keywords |= {
+                f.name: v for f in fields(model) if (v := getattr(model, f.name)) != f.default
+            }
+            keywords["model"] = model.model
+        elif (engine := loaded_engine(model, **moved)) is None:
+            keywords["model"] = model
+        if moved and engine is None:  # with a loaded model, only at their defaults (dropped)
+            name = next(iter(moved))
+            raise ProbekitError(
+                f"{where}: {name} is a model option: give model=ModelOptions(..., {name}=...)"
+            )
+        options = self.build({**keywords, **extra}, where, study)
         return self.finish(study, options, engine, self.recorded(function, arguments))
 
     def finish(
@@ -208,9 +360,12 @@ class StudyRunner(Runner):
         print(f"wrote {self.wrote(self.finish(study, options, call=f'probekit {self.name}'))}")
         print(f"wall time {time.monotonic() - start:.0f} s")
 
+    shows = ""
+    """The files the command line says the command wrote in its folder."""
+
     def wrote(self, result: Any) -> str:
         """What `result` wrote, as the command line says it."""
-        return str(result.path)
+        return f"{result.path}/{self.shows}"
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """The command's manifest fields of `job` (`model` None: before it loads)."""
@@ -226,12 +381,12 @@ class StudyRunner(Runner):
         another run than `job` (the fields only loading gives are left for after), and a
         folder where the command cannot write what it `writes`."""
         check_outputs(job.folder, self.writes)
-        if not self.resumable:
+        if self.resumes is None:
             return
         known = self.manifest(job, None)
         unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
         given = ["tolerance", "engine"] if job.given else []  # a given engine's, known later
-        RunDir(job.folder).check_resume(known, unknown + given)
+        RunDir(job.folder / self.resumes).check_resume(known, unknown + given)
 
     def load(self, asked: ModelOptions, engine: Engine | None, device: str | None = None) -> Any:
         """The engine of `asked` (`load_engine`), or `engine` as it is."""
@@ -268,14 +423,15 @@ class MechanismRunner(StudyRunner):
         return Context(self.name, own.seed, device=options.model.device, limit=own.limit)
 
     def prepare(self, job: Job) -> Any:
-        """The command's checks that need the items, before any model; its `plan`."""
-        return None
+        """The command's checks that need the items, before any model; its `plan`: by default
+        the layers known before the model (None where one counts from the end)."""
+        given = job.own.layers
+        return sorted(set(given)) if given and min(given) >= 0 else None
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """What defines a mechanism run (its manifest; `probekit.core.rundir.RECORDED_ONLY`
         says which fields are resume keys): the study, the model, the probe in its exact view,
         the seed, the command's `own_fields` and the prompts (their ids' SHA-256, in order)."""
-        ids = "\n".join(item.id for item in job.items)
         return {
             "results_format": RESULTS_FORMAT,
             "study": job.study.name,
@@ -285,8 +441,7 @@ class MechanismRunner(StudyRunner):
             "epsilon": 0.0,
             "seed": job.own.seed,
             **self.own_fields(job, model),
-            "prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
-            "prompts": len(job.items),
+            **prompt_fields(job.items),
             **job.probe.manifest(),
         }
 
@@ -314,6 +469,12 @@ class MechanismRunner(StudyRunner):
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> Any:
         """The command's own work and report, once the model is there."""
         raise NotImplementedError
+
+
+def prompt_fields(items: Sequence[Item]) -> dict[str, Any]:
+    """A mechanism run's prompts as its manifest records them: their ids' SHA-256, in order."""
+    ids = "\n".join(item.id for item in items)
+    return {"prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(), "prompts": len(items)}
 
 
 def given_model(asked: ModelOptions, engine: Engine | None) -> ModelOptions:
@@ -369,8 +530,3 @@ def stop_on_sigterm(out: Path) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def argv_line() -> str:
-    """The command line as a run records it."""
-    return " ".join(sys.argv)

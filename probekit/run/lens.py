@@ -29,7 +29,8 @@ per prompt, the per-layer values as lists) once every prompt has a row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,9 @@ from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
 from probekit.run.command import Job, MechanismRunner
-from probekit.run.loop import fill, open_run
-from probekit.run.pace import pace_key
+from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.patch import RECORD as PATCH_RECORD
-from probekit.run.scoring import Chunk, Scoring
-from probekit.run.shards import WHOLE
+from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import VIEWS, Probe, Study
 
 ROWS = "lens.parquet"
@@ -68,6 +67,9 @@ PATCHING, PATCHING_SUMMARY = "patching.parquet", "patching_summary.csv"
 SAME_RUN = ("study", "weights", "dtype", "tier", "device", "epsilon", "data_sha256")
 """What a patching run in the lens's folder must share with the lens for its pairs' gaps to be
 read in the lens's distributions (its record, `patching/manifest.json`, against the lens's)."""
+LAYER_COLUMNS = ("label", "value", "low", "high", "p_value", "interval", "primary", "reference")
+LAYER_COLUMNS += ("unit", "n", "note")
+"""A layer's headline in `summary.csv` (`primary`: the one that stands for the study)."""
 DIFFERENCE = "scorer_difference"
 """A part's column: the largest |difference| of an answer probability between the lens after
 the last layer and the scorer, per prompt (NaN when the last layer is not read)."""
@@ -86,18 +88,11 @@ class StudyLens:
     gaps: pd.DataFrame | None
 
 
-@public(ModelOptions, LensOptions, command="lens", skip=("model",))
+@public(LensOptions, command="lens")
 def lens_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/lens",
     seed: int = 0,
@@ -106,13 +101,13 @@ def lens_study(
     layers: Sequence[int] | range | None = None,
     **options: Any,
 ) -> StudyLens:
-    """`probekit lens STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the lens's options and the model's (below: `layers=[0, 14, -1]`, ...) and
-    the study's (`events=2`), checked as the command line checks them (a bad or unknown one is
-    one line of `ProbekitError` naming the keyword, before any model work). Writes what the
-    command writes into `out`, resumable. `options`: the study's own (`probekit lens STUDY
-    --help`)."""
+    """`probekit lens STUDY` as a function. `study`: a registered study's name or a `Study` object
+    (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
+    options: dtype, device, ...) or an already loaded model. The keywords are the lens's options
+    (below: `layers=[0, 14, -1]`, ...) and the study's (`events=2`), checked as the command line
+    checks them (a bad or unknown one is one line of `ProbekitError` naming the keyword, before any
+    model work). Writes what the command writes into `out`, resumable. `options`: the study's own
+    (`probekit lens STUDY --help`)."""
     return LENS.call(lens_study, dict(locals()))
 
 
@@ -121,9 +116,7 @@ class LensCommand(MechanismRunner):
 
     name, own = "lens", LensOptions
     writes = (*MechanismRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
-
-    def wrote(self, result: StudyLens) -> str:
-        return f"{result.path}/lens.parquet, summary.csv, lens.png, report.html"
+    shows = "lens.parquet, summary.csv, lens.png, report.html"
 
     def prepare(self, job: Job) -> list[int] | None:
         """The layers known before the model (None where one counts from the end); one line,
@@ -132,8 +125,7 @@ class LensCommand(MechanismRunner):
         for folder in [layers, *layers.glob("L*")]:
             if folder.exists() and not folder.is_dir():
                 raise ProbekitError(f"{folder} is a file where the lens writes a folder; remove it")
-        given = job.own.layers
-        return sorted(set(given)) if given and min(given) >= 0 else None
+        return super().prepare(job)
 
     def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         layers = job.plan if model is None else self.layers(job, model)
@@ -151,15 +143,8 @@ class LensCommand(MechanismRunner):
             manifest = RunDir(out).update_manifest(**{k: manifest[k] for k in self.refreshed})
             key = RowKey.of(manifest, [item.id for item in job.items])
             hint = f"fewer {named('layers')} or fewer prompts"
-            merged = fill(
-                lambda: job.items,
-                probe.name,
-                out,
-                key,
-                lambda: LensScoring(model, job, layers),
-                hint=hint,
-                merged=PROMPTS,
-            )
+            start = functools.partial(lens_scoring, model, job, layers)
+            merged = fill(lambda: job.items, probe.name, out, key, start, hint=hint, merged=PROMPTS)
         assert merged is not None  # one process: every prompt has its row
         wide = pd.read_parquet(merged)
         table = probe.add_columns(_long(wide))
@@ -188,30 +173,22 @@ class LensCommand(MechanismRunner):
 LENS = LensCommand()
 
 
-class LensScoring(Scoring):
+def lens_scoring(model: Any, job: Job, layers: list[int]) -> Scoring:
     """The lens's chunks (one batch each) read after each of `layers` (`logit_lens`)."""
+    probe, batch_size = job.probe, job.own.batch_size
+    scorer = model.scorer(probe.answers, epsilon=0.0, batch_size=batch_size)
+    batch_size = batch_size or scorer.batch_size
+    last = layers[-1] == model.n_layers - 1
 
-    def __init__(self, model: Any, job: Job, layers: list[int]) -> None:
-        own = job.own
-        self.scorer = model.scorer(job.probe.answers, epsilon=0.0, batch_size=own.batch_size)
-        self.encoded, self.probe, self.layers = job.encoded, job.probe, layers
-        self.batch_size = own.batch_size or self.scorer.batch_size
-        self.chunk_size, self.desc = self.batch_size, "lens"
-        self.row_bytes = len(layers) * row_bytes(len(job.probe.answers.answers))
-        self.key = pace_key(model.describe(), job.probe.answers, "lens")
-        self.last = layers[-1] == model.n_layers - 1
+    def score(chunk: Chunk, bar: Any) -> pd.DataFrame:
+        prompts = [job.encoded[i] for i, _ in chunk]
+        found = logit_lens(scorer, [p.input_ids for p in prompts], layers, batch_size, bar)
+        rows = zip(chunk, prompts, found, strict=True)
+        return pd.DataFrame([_wide_row(i, p, lens, probe, last) for (i, _), p, lens in rows])
 
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        for chunk in chunks:
-            prompts = [self.encoded[i] for i, _ in chunk]
-            ids = [prompt.input_ids for prompt in prompts]
-            found = logit_lens(self.scorer, ids, self.layers, self.batch_size, bar)
-            yield pd.DataFrame(
-                [
-                    _wide_row(i, prompt, lens, self.probe, self.last)
-                    for (i, _), prompt, lens in zip(chunk, prompts, found, strict=True)
-                ]
-            )
+    key = pace_key(model.describe(), probe.answers, "lens")
+    size = len(layers) * row_bytes(len(probe.answers.answers))
+    return Scoring("lens", batch_size, key, score, batch_size, size)
 
 
 def _wide_row(
@@ -261,22 +238,8 @@ def layer_summary(
             rows.append({**base, "label": "", "value": np.nan, "primary": True})
             rows[-1]["note"] = f"the study '{study.name}' gives no headline for these rows"
         for h in found:
-            rows.append(
-                {
-                    **base,
-                    "label": h.label,
-                    "value": h.value,
-                    "low": h.low,
-                    "high": h.high,
-                    "p_value": h.p_value,
-                    "interval": h.interval,
-                    "primary": h is first,
-                    "reference": h.reference,
-                    "unit": h.unit,
-                    "n": h.n,
-                    "note": h.note,
-                }
-            )
+            row = {k: h is first if k == "primary" else getattr(h, k) for k in LAYER_COLUMNS}
+            rows.append({**base, **row})
     return pd.DataFrame(rows)
 
 
@@ -324,34 +287,21 @@ def patching_gaps(
     readout = parse_readout(str(pairs["readout"].iloc[0]), probe.answers)
     signs = pairs["sign"].to_numpy(float)  # an interaction's set gap is a signed sum
     full = float((pairs["gap"] * signs).mean())
+
+    def gap(read: dict[str, ScoreResult], clean: str, corrupt: str) -> float:
+        """A pair's readout gap, both prompts read against the clean one's distribution."""
+        corrupted = readout(read[corrupt], by_id[corrupt], read[clean])
+        return readout(read[clean], by_id[clean], read[clean]) - corrupted
+
     rows = []
     for layer, frame in table.groupby("layer", sort=True):
-        read = {
-            row[PROMPT_ID]: ScoreResult.from_row(row, probe.answers)
-            for row in frame.to_dict("records")
-        }
-        gaps = [
-            sign
-            * (
-                readout(read[clean], by_id[clean], read[clean])
-                - readout(read[corrupt], by_id[corrupt], read[clean])
-            )
-            for clean, corrupt, sign in zip(
-                pairs[columns[0]], pairs[columns[1]], signs, strict=True
-            )
-        ]
-        gap = float(np.nanmean(gaps))
-        rows.append(
-            {
-                "layer": int(layer),
-                "readout": readout.spec,
-                "pairs": len(pairs),
-                "gap": gap,
-                "full_gap": full,
-                "share": gap / full if full else np.nan,
-            }
-        )
-    return pd.DataFrame(rows)
+        records = frame.to_dict("records")
+        read = {row[PROMPT_ID]: ScoreResult.from_row(row, probe.answers) for row in records}
+        signed = zip(pairs[columns[0]], pairs[columns[1]], signs, strict=True)
+        mean = float(np.nanmean([sign * gap(read, a, b) for a, b, sign in signed]))
+        share = mean / full if full else np.nan
+        rows.append((int(layer), readout.spec, len(pairs), mean, full, share))
+    return pd.DataFrame(rows, columns=["layer", "readout", "pairs", "gap", "full_gap", "share"])
 
 
 def _recovery(out: Path) -> pd.DataFrame | None:

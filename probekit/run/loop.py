@@ -42,10 +42,10 @@ compact it. A resume reads every part once: linear in the rows, never quadratic.
 
 The part store (naming, compaction, the merge) is `probekit.run.parts`, over the store of every
 kind of finished work (`probekit.core.store`: checksums, the row key, setting aside); the shards
-are `probekit.run.shards`; how chunks become rows, in this process or on Ray, is
+are `Shard`s; how chunks become rows, in this process or on Ray, is
 `probekit.run.scoring` (one loop, `run_rows`, runs both); `probekit.run.study` runs a whole
 study over this loop. Before the first batch a run says how many prompts it will score and how
-long that takes on this device (`probekit.run.pace`).
+long that takes on this device (`probekit.run.scoring`).
 
 Damaged and foreign state. A resume reads every part with its page checksums verified; a
 truncated or damaged part is renamed `*.damaged`, one line says so, and its prompts are redone.
@@ -65,8 +65,9 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,15 @@ import pyarrow.parquet as pq
 from probekit.core.errors import ProbekitError
 from probekit.core.io import check_room, check_writable
 from probekit.core.items import Item
+from probekit.core.kinds import Kind, int_value, non_negative_int, positive_int, refuse, text
+from probekit.core.options import option
 from probekit.core.progress import is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
+from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.core.store import DAMAGED, damage, say, set_aside
 from probekit.engines.base import Engine
-from probekit.run.options import RunOptions
-from probekit.run.pace import forecast, record_pace, run_pace
+from probekit.engines.options import EpsilonOption
 from probekit.run.parts import (
     PARTS,
     REDONE,
@@ -95,9 +98,113 @@ from probekit.run.parts import (
     part_files,
     scan_parts,
 )
-from probekit.run.scoring import SAMPLE_PROMPTS, Chunk, EnginePool, LocalScoring, Scoring
-from probekit.run.shards import WHOLE, Shard
+from probekit.run.scoring import (
+    SAMPLE_PROMPTS,
+    Chunk,
+    EnginePool,
+    LocalScoring,
+    Scoring,
+    forecast,
+    record_pace,
+    run_pace,
+)
 from probekit.studies.base import Probe, check_view
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's share of the prompts: those with `index % count == index_`."""
+
+    index: int = 0
+    count: int = 1
+
+    def split(self, rank: int, world: int) -> Shard:
+        """Subdivide this shard among the `world` processes of a distributed launch."""
+        return Shard(self.index * world + rank, self.count * world)
+
+    def mask(self, total: int) -> np.ndarray:
+        """A boolean per prompt index of a probe of `total` prompts: True for this shard's."""
+        return np.arange(total) % self.count == self.index
+
+    def owns_all(self, indices: np.ndarray) -> bool:
+        return bool(np.all(indices % self.count == self.index))
+
+
+WHOLE = Shard()
+"""The whole run: one process scores every prompt."""
+
+
+def _shard_value(value: Any) -> tuple[int, int]:
+    if isinstance(value, str):
+        try:
+            value = [int(x) for x in value.split("/")]
+        except ValueError:
+            refuse(f"'{value}' must look like i/n, e.g. 0/4")
+    if not isinstance(value, Sequence) or len(value) != 2:
+        refuse(f"{value!r} must look like i/n, e.g. 0/4 (or a pair (i, n))")
+    index, count = (int_value(x) for x in value)
+    if count < 1 or not 0 <= index < count:
+        refuse(f"'{index}/{count}': need 0 <= i < n")
+    return index, count
+
+
+shard_kind = Kind("shard", str, _shard_value)
+"""`i/n` (or a pair from Python): every n-th prompt from the i-th (0 <= i < n)."""
+
+
+def _numerics(value: Any) -> int | str:
+    return value if value == "auto" else non_negative_int.check(value)
+
+
+numerics_sample = Kind(
+    "numerics", lambda value: value if value == "auto" else non_negative_int.parse(value), _numerics
+)
+"""`auto` or a count of prompts (0: no noise figure)."""
+
+
+def _ray(value: Any) -> str:
+    return "" if value is True else text.check(value)
+
+
+ray_address = Kind("address", str, _ray)
+"""A Ray cluster's address (`HOST:PORT`), or "" (True from Python): the one found here."""
+
+
+@dataclass(frozen=True)
+class RunOptions(LimitOption, EpsilonOption, BatchSizeOption, SeedOption, OutOption):
+    """Run options: the view, which prompts, how they are scored, where."""
+
+    view: str = option(
+        "exact",
+        help="exact (the scores from the logits, the default), generate (the authors' "
+        "generation and parse, exact scores beside them) or explain (giebench)",
+        kind=text,
+    )
+    shard: tuple[int, int] = option(
+        (0, 1), help="i/n: run every n-th prompt from the i-th (default 0/1)", kind=shard_kind
+    )
+    numerics: int | str = option(
+        "auto",
+        help="prompts re-scored in float64 for the noise figure: auto (1 per 200 prompts, at "
+        "most 8, none below 200), N, or 0 (skip)",
+        kind=numerics_sample,
+    )
+    ray: str | None = option(
+        None,
+        help="score on Ray actors, one engine each: the cluster at ADDRESS (HOST:PORT; with "
+        "token authentication also RAY_AUTH_MODE=token), else $RAY_ADDRESS, else the cluster "
+        "`ray start` runs here, else a local instance (./setup.sh --ray)",
+        kind=ray_address,
+        const="",
+        metavar="ADDRESS",
+    )
+    ray_actors: int | None = option(
+        None,
+        help="engines on Ray (default: one per GPU of the cluster, else one per node)",
+        kind=positive_int,
+        metavar="N",
+    )
+
 
 ATTEMPTS = 3
 """Rounds of scoring a run makes: again after its merge set a damaged part aside."""
@@ -131,7 +238,7 @@ def run_probe(
     view = check_view(view)
     if chunk_size is not None and chunk_size < 1:
         raise ProbekitError(f"chunk size must be at least 1, not {chunk_size}")
-    probe = limited(probe, limit)
+    probe = probe if limit is None else probe.limited(limit)  # `limit` checked by its kind
     settings = {
         "epsilon": epsilon,
         "batch_size": batch_size,
@@ -147,15 +254,6 @@ def run_probe(
     return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 
 
-def limited(probe: Probe, limit: int | None) -> Probe:
-    """`probe` on the whole units of every group that fit in `limit` prompts (all for None)."""
-    if limit is None:
-        return probe
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ProbekitError(f"limit must be at least 1 (a whole number of prompts), not {limit!r}")
-    return probe.limited(limit)
-
-
 def run_rows(
     probe: Probe,
     out: Path,
@@ -168,7 +266,8 @@ def run_rows(
     `Scoring` that `start` gives (`fill`); the merged scores path, or None while other shards'
     prompts are missing."""
     with open_run(out, shard, manifest) as started:
-        return fill(probe.items, probe.name, out, row_key(probe, started), start, shard, hint)
+        key = RowKey.of(started, (item.id for item in probe.items()))  # the rows reused
+        return fill(probe.items, probe.name, out, key, start, shard, hint)
 
 
 def fill(
@@ -246,12 +345,6 @@ def _score(
     record_pace(scoring.key, run_pace(todo, time.monotonic() - started))
 
 
-def row_key(probe: Probe, manifest: dict[str, Any]) -> RowKey:
-    """What the rows of this run of `probe` must match to be reused: the settings of
-    `manifest` and the prompts' ids."""
-    return RowKey.of(manifest, (item.id for item in probe.items()))
-
-
 @contextmanager
 def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """This shard of the run in `out`, held for the `with` block: `prepare_run_dir`, the parts
@@ -262,20 +355,11 @@ def open_run(out: Path, shard: Shard, manifest: dict[str, Any]) -> Iterator[dict
     try:
         prepare_run_dir(out, shard)
         folder.make()
-        hold_shard(out, shard)
+        folder.hold(shard.index, shard.count)
         folder.start(manifest)
         yield manifest
     finally:
-        release_shard(out, shard)
-
-
-def hold_shard(out: Path, shard: Shard) -> None:
-    """Take the lock of this shard of the run in `out` for this process (`RunDir.hold`)."""
-    RunDir(out).hold(shard.index, shard.count)
-
-
-def release_shard(out: Path, shard: Shard) -> None:
-    RunDir(out).release(shard.index, shard.count)
+        folder.release(shard.index, shard.count)
 
 
 def prepare_run_dir(out: str | Path, shard: Shard = WHOLE) -> None:
@@ -288,7 +372,7 @@ def prepare_run_dir(out: str | Path, shard: Shard = WHOLE) -> None:
     if not out.is_dir():
         return
     RunDir(out).read_manifest()
-    hold_shard(out, shard)
+    RunDir(out).hold(shard.index, shard.count)
     for path in part_files(out):
         try:
             pq.read_metadata(path)

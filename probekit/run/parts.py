@@ -65,9 +65,8 @@ class Part:
 def part_path(out: str | Path, indices: Iterable[int], level: int = 0) -> Path:
     """The file of the part holding exactly these prompt indices: the first and a digest of them
     all, so that the same rows always land in the same file."""
-    ordered = np.sort(
-        np.asarray(list(indices) if not isinstance(indices, np.ndarray) else indices, dtype="<i8")
-    )
+    values = indices if isinstance(indices, np.ndarray) else list(indices)
+    ordered = np.sort(np.asarray(values, dtype="<i8"))
     digest = hashlib.sha256(ordered.tobytes()).hexdigest()[:12]
     return Path(out) / PARTS / f"part-L{level}-{int(ordered[0]):010d}-{digest}.parquet"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,8 @@ from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
 from probekit.run.command import Job, MechanismRunner, Options
-from probekit.run.loop import fill, open_run
-from probekit.run.pace import pace_key
-from probekit.run.record import LOADED
-from probekit.run.scoring import Chunk, Scoring
-from probekit.run.shards import WHOLE
+from probekit.run.loop import WHOLE, fill, open_run
+from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import Study
 
 RECORD = "patching"
@@ -97,9 +94,8 @@ class StudyPatch:
     def __repr__(self) -> str:
         pairs = self.table[["clean_prompt_id", "corrupt_prompt_id"]].drop_duplicates()
         top = ""
-        measured = self.summary[
-            self.summary["status"] == "measured"
-        ]  # not those known by construction
+        # the measured components, not those known by construction
+        measured = self.summary[self.summary["status"] == "measured"]
         if len(measured) and "recovery" in measured:
             first = measured.iloc[0]
             head = "" if pd.isna(first["head"]) else f" head {int(first['head'])}"
@@ -114,18 +110,11 @@ class StudyPatch:
         )
 
 
-@public(ModelOptions, PatchOptions, command="patch", skip=("model",))
+@public(PatchOptions, command="patch")
 def patch_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/patch",
     seed: int = 0,
@@ -148,21 +137,21 @@ def patch_study(
     skip_direction: bool = False,
     **options: Any,
 ) -> StudyPatch:
-    """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the patch's options and the model's (below: `layers=[0, 14]`, `sites=["resid_pre"]`,
-    `prompt_only=True`, `dtype=torch.bfloat16`, ...) and the study's (`events=2`), checked as
-    the command line checks them (a bad or unknown one is one line of `ProbekitError` naming
-    the keyword, before any model work). Writes what the command writes into `out` and returns
-    it, with its record in `out/patching/` (`manifest.json`, `report.html`). `options`: the
-    study's own (`probekit patch STUDY --help`)."""
+    """`probekit patch STUDY` as a function. `study`: a registered study's name or a `Study` object
+    (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
+    options: dtype, device, ...) or an already loaded model. The keywords are the patch's options
+    (below: `layers=[0, 14]`, `sites=["resid_pre"]`, `prompt_only=True`, ...) and the study's
+    (`events=2`), checked as the command line checks them (a bad or unknown one is one line of
+    `ProbekitError` naming the keyword, before any model work). Writes what the command writes into
+    `out` and returns it, with its record in `out/patching/` (`manifest.json`, `report.html`).
+    `options`: the study's own (`probekit patch STUDY --help`)."""
     return PATCH.call(patch_study, dict(locals()))
 
 
 class PatchCommand(MechanismRunner):
     """`probekit patch STUDY`: the patching analysis, and its record."""
 
-    name, own, resumable = "patch", PatchOptions, False
+    name, own, resumable, resumes = "patch", PatchOptions, False, SWEEP  # a sweep cut short
     writes = ("patching.parquet", "patching_summary.csv", f"{RECORD}/")
 
     def check(self, options: Options, study: Study | None) -> None:
@@ -173,15 +162,6 @@ class PatchCommand(MechanismRunner):
 
     def prepare(self, job: Job) -> None:
         check_patch(job.own, job.items, job.probe.answers, job.study.mechanism_defaults())
-
-    def check_resume(self, job: Job) -> None:
-        """With the outputs' checks, a sweep cut short (`SWEEP`) under other settings is refused
-        in one line before any model loads."""
-        super().check_resume(job)
-        known = self.manifest(job, None)
-        unknown = [k for k in LOADED if known.get(k) is None] + list(self.later)
-        unknown += ["tolerance", "engine"] if job.given else []  # a given engine's, known later
-        RunDir(job.folder / SWEEP).check_resume(known, unknown)
 
     def wrote(self, result: StudyPatch) -> str:
         return f"{result.path}/{', '.join(result.files)}"
@@ -246,15 +226,19 @@ def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
         batch = options.get("batch_size") or scorer.batch_size
         chunk = patching.chunk_rows(len(patches), batch)  # the chunks of an unkept sweep
 
-        def measure(rows: list[int]) -> pd.DataFrame:
-            return patching.sweep(
-                scorer, sets, patches, readout, rows=rows, progress=False, **options
+        def measure(rows: Chunk, bar: Any) -> pd.DataFrame:
+            """The rows of a chunk of whole pairs (their positions in the table, their ids)."""
+            index = [i for i, _ in rows]
+            found = patching.sweep(
+                scorer, sets, patches, readout, rows=index, progress=False, **options
             )
+            bar.update(len(index))
+            return found.assign(**{INDEX: index, PROMPT_ID: [row for _, row in rows]})
 
         pace = pace_key(scorer.model.describe(), scorer.answers, "patch")
         with open_run(folder, WHOLE, manifest):
             key = RowKey.of(manifest, ids)
-            start = functools.partial(SweepScoring, measure, chunk, pace)
+            start = functools.partial(Scoring, "patching", chunk, pace, measure)
             merged = fill(
                 lambda: ids, "patching", folder, key, start, merged="rows.parquet", keep_parts=False
             )
@@ -264,22 +248,6 @@ def kept_sweep(folder: Path, manifest: dict[str, Any]) -> Sweep:
         return table
 
     return sweep
-
-
-class SweepScoring(Scoring):
-    """A patching sweep's rows in chunks of `chunk_size` (whole pairs), each measured by
-    `measure` (the rows' positions in the table: their rows)."""
-
-    desc = "patching"
-
-    def __init__(self, measure: Any, chunk_size: int, key: str) -> None:
-        self.measure, self.chunk_size, self.key = measure, chunk_size, key
-
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        for chunk in chunks:
-            rows = [i for i, _ in chunk]
-            yield self.measure(rows).assign(**{INDEX: rows, PROMPT_ID: [r for _, r in chunk]})
-            bar.update(len(rows))
 
 
 PATCH = PatchCommand()

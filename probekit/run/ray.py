@@ -45,9 +45,7 @@ from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions
-from probekit.run.pace import pace_key
-from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, probe_row_bytes
+from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, pace_key, probe_row_bytes
 from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"
@@ -226,22 +224,12 @@ class RayPool(EnginePool):
         return RayScoring(probe, self.load, view, settings, self.actors)
 
 
-def run_pool(asked: ModelOptions, manifest: dict[str, Any], actors: int | None) -> RayPool:
-    """The pool `probekit run --ray` scores on: every actor loads the model `asked` (its engine,
-    device and dtype) itself, in the precision tier the driver chose for the run (`manifest`'s
-    `precision`)."""
-    tier = manifest.get("precision") or {}
-    load = functools.partial(
-        load_in_tier, asked.model, asked.engine, asked.device, asked.dtype, tier
-    )
-    return RayPool(load, actors)
-
-
 def load_in_tier(
     spec: str, engine: str, device: str | None, dtype: Any, precision: dict[str, Any]
 ) -> Engine:
-    """An actor's engine: `spec` loaded on `engine`, put in the tier of `precision` (the run's
-    manifest field, chosen by the driver) where the actor's device offers it."""
+    """An actor's engine (`probekit run --ray`): `spec` loaded on `engine`, put in the tier of
+    `precision` (the run's manifest field, chosen by the driver) where the actor's device
+    offers it."""
     loaded = load_engine(spec, engine=engine, device=device, dtype=dtype)
     loaded.keep_precision(precision)
     return loaded
@@ -285,8 +273,8 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterat
         except RayActorError as exc:
             raise ProbekitError(
                 f"a Ray worker died {RETRIES + 1} times on prompts {chunk[0][0]}..{chunk[-1][0]} "
-                f"({_first_line(exc)}); the finished parts are kept: run the same command again "
-                "to resume"
+                f"({(str(exc).strip() or type(exc).__name__).splitlines()[0]}); the finished parts "
+                "are kept: run the same command again to resume"
             ) from None
 
     for chunk in chunks:
@@ -301,8 +289,3 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterat
 
 def _unparsed(response: str) -> None:
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

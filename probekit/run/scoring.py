@@ -1,33 +1,133 @@
 """How a run's chunks of prompts become rows (`Scoring`): in this process (`LocalScoring`), or
 on a pool of engines loaded elsewhere (`EnginePool`: `probekit.run.ray.RayPool`, whose
 `RayScoring` streams chunks to Ray actors); the run loop around them is one
-(`probekit.run.loop.run_rows`). Each also says the pace it expects, before the first batch: the
-pace recorded for the run's model, device and answers on this machine
-(`probekit.run.pace`), else a short sample (`sample_pace`).
+(`probekit.run.loop.run_rows`). Each also says the pace it expects, before the first batch, so
+that a run's first line says how long it will take on this device.
+
+The pace (prompts a second) is that of the last run of the same model (its weights, dtype and
+precision tier), device, answer set and view on this machine, kept in a small record in the
+user cache (`pace.json`: written at the end of every run that scored prompts, one entry per
+such key); where there is none, a short sample measures it (`sample_pace`)
+and the record keeps that until a run replaces it. The line names where its pace comes from;
+after the first batch the progress says how long the run takes at the pace it actually goes
+(`probekit.core.progress`).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import platform
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
-from itertools import islice
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.io import row_bytes
+from probekit.core.io import row_bytes, write_text
 from probekit.core.items import PROMPT_ID, Item
+from probekit.core.paths import user_cache_dir
 from probekit.core.progress import duration, progress
 from probekit.core.store import INDEX
 from probekit.engines.base import Engine, Scorer
-from probekit.run.pace import Pace, pace_key, record_pace, recorded_pace
-from probekit.run.shards import Shard
 from probekit.studies.base import VIEWS, Probe
+
+RECORD = "pace.json"
+
+
+def record_path() -> Path:
+    """The per-machine record of measured paces: `pace.json` in the user cache."""
+    return user_cache_dir() / RECORD
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Prompts scored a second, and where that figure comes from (a phrase: "measured by the last
+    run of this model on this machine (432 prompts, 2026-11-28)", "measured on 16 prompts after
+    a warm-up")."""
+
+    per_second: float
+    source: str
+
+    def seconds(self, prompts: int) -> float:
+        return prompts / self.per_second
+
+
+def pace_key(described: Mapping[str, Any], answers: AnswerSet, view: str) -> str:
+    """What a pace is the pace of: this machine, the model as `described` (`Engine.describe`:
+    engine, spec, weights, dtype, precision tier, device), the answer set and the view."""
+    tier = (described.get("precision") or {}).get("tier")
+    answer_text = "\n".join(answers.answers).encode()
+    fields = [
+        platform.node(),
+        described.get("engine"),
+        described.get("model"),
+        described.get("weights"),
+        described.get("dtype"),
+        tier,
+        str(described.get("device")),
+        hashlib.sha256(answer_text).hexdigest()[:16],
+        view,
+    ]
+    return json.dumps(fields, default=str)
+
+
+def _read() -> dict[str, Any]:
+    """The record; empty when there is none or it cannot be read (it is only a hint)."""
+    try:
+        found = json.loads(record_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def recorded_pace(key: str) -> Pace | None:
+    """The pace the record holds for `key`, None when it holds none."""
+    entry = _read().get(key)
+    try:
+        per_second = float(entry["per_second"])
+        source = str(entry["source"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return Pace(per_second, source) if per_second > 0 else None
+
+
+def run_pace(prompts: int, seconds: float) -> Pace:
+    """The pace of a run that scored `prompts` in `seconds`, as the record keeps it."""
+    return Pace(
+        prompts / max(seconds, 1e-6),
+        f"measured by the last run of this model on this machine ({prompts} prompts, "
+        f"{date.today()})",
+    )
+
+
+def record_pace(key: str, pace: Pace) -> None:
+    """Keep `pace` for `key`. A record that cannot be written is left as it is: it is only a
+    hint."""
+    found = _read()
+    found[key] = {"per_second": pace.per_second, "source": pace.source}
+    try:
+        write_text(record_path(), json.dumps(found, indent=1))
+    except ProbekitError:  # a read-only cache, a full disk
+        return
+
+
+def forecast(prompts: int, pace: Pace, hint: str | None = None) -> str:
+    """`about 3 min on this device (at 2.4 prompts/s, <source>; a smaller run: <hint>)`."""
+    rate = f"{pace.per_second:.3g} prompts/s"
+    smaller = f"; a smaller run: {hint}" if hint else ""
+    return (
+        f"about {duration(pace.seconds(prompts))} on this device "
+        f"(at {rate}, {pace.source}{smaller})"
+    )
+
 
 EXPLAIN = VIEWS[2]
 """Generate until the probe's `answer_cue`, then read the answer distribution there exactly."""
@@ -40,30 +140,35 @@ the small models' plans on a CPU."""
 Chunk = list[tuple[int, Item]]  # (prompt index, item) pairs scored together
 
 
-class Scoring(ABC):
+@dataclass
+class Scoring:
     """Turns chunks of a run's prompts into rows (one per prompt: `prompt_index`, `prompt_id`,
-    the probe's key columns, the scores), and says the pace it expects."""
+    the probe's key columns, the scores), and says the pace it expects. Made with `score`, one
+    chunk's rows (moving the progress `bar`); a scoring of its own kind overrides `rows`."""
 
     desc: str
     """The run's name in progress lines."""
     chunk_size: int
     """Prompts a chunk: a part of the run."""
     key: str
-    """What its pace is the pace of (`probekit.run.pace.pace_key`)."""
+    """What its pace is the pace of (`pace_key`)."""
+    score: Callable[[Chunk, Any], pd.DataFrame] | None = None
     batch_size: int | None = None
     """The scorer's batch, recorded in the run's manifest (None: not one batch)."""
     row_bytes: int = 0
     """About the bytes of a row on disk (`probekit.core.io.row_bytes`; 0: not known)."""
 
-    @abstractmethod
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
         """Each chunk's rows, as it is scored (`bar`, the progress, moved as prompts are)."""
+        assert self.score is not None
+        for chunk in chunks:
+            yield self.score(chunk, bar)
 
     def expected_pace(self, first: Chunk) -> Pace | None:
         """The pace recorded for this run's key; None when there is none."""
         return recorded_pace(self.key)
 
-    def close(self) -> None:  # noqa: B027 (most scorings hold nothing to let go of)
+    def close(self) -> None:
         """Let go of what scoring held (Ray's actors)."""
 
 
@@ -190,36 +295,3 @@ def _explain_until_cue(chunk, probe: Probe, model: Engine, scorer: Scorer):
         for (i, item), text in zip(chunk, explanations, strict=True)
     ]
     return items, {"explanation": explanations, "cue_missing": [at < 0 for at in cut]}
-
-
-def forecast_runs(
-    probes: Sequence[Probe],
-    model: Engine,
-    view: str,
-    shard: Shard,
-    *,
-    epsilon: float,
-    batch_size: int | None,
-    seed: int,
-) -> str:
-    """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
-    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
-    gives for its answer set (measured once per answer set where none is recorded)."""
-    paces: dict[AnswerSet, Pace] = {}
-    prompts, seconds = 0, 0.0
-    for probe in probes:
-        count = int(shard.mask(len(probe)).sum())
-        if probe.answers not in paces:
-            scoring = LocalScoring(
-                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
-            )
-            size = scoring.batch_size or SAMPLE_PROMPTS
-            first = list(islice(enumerate(probe.items()), max(1, size)))
-            paces[probe.answers] = scoring.expected_pace(first)
-        prompts += count
-        seconds += paces[probe.answers].seconds(count)
-    sources = sorted({pace.source for pace in paces.values()})
-    return (
-        f"{prompts} prompts in {len(probes)} runs, about {duration(seconds)} on this device "
-        f"(at the pace {'; '.join(sources)})"
-    )

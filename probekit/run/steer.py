@@ -27,10 +27,11 @@ its shape, a zero vector, a saturating α) comes before anything is written.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,15 +56,15 @@ from probekit.reporting.figures import figure_data
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
 from probekit.run.command import Job, MechanismRunner, Options
-from probekit.run.loop import fill, open_run
-from probekit.run.pace import pace_key
+from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.parts import finished_scores
-from probekit.run.scoring import Chunk, Scoring
-from probekit.run.shards import WHOLE
+from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import VIEWS, Study
 
 ROWS = "steer.parquet"
 HEADLINE = "headline.json"
+NUMBERS = ("value", "low", "high", "p_value")
+"""The numbers of a step's headline (`headline.json`; NaN kept as null)."""
 Step = tuple[steering.Target, str, Any, float]
 """(target, vector kind, vector, α): one α run, one folder."""
 
@@ -99,18 +100,11 @@ class StudySteer:
         )
 
 
-@public(ModelOptions, SteerOptions, command="steer", skip=("model",))
+@public(SteerOptions, command="steer")
 def steer_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path = "runs/steer",
     seed: int = 0,
@@ -127,13 +121,13 @@ def steer_study(
     vector: str = "mean_diff",
     **options: Any,
 ) -> StudySteer:
-    """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study`
-    object (used as it is); `model`: a model spec or an already loaded model. The keywords are
-    the steering's options and the model's (below: `alphas=[-4, 0, 4]`, `layers=[15]`,
-    `positions="from_span"`, `vector="mean_diff"`, ...) and the study's (`events=2`), checked
-    as the command line checks them (a bad or unknown one is one line of `ProbekitError`
-    naming the keyword, before any model work). Writes what the command writes into `out`,
-    resumable. `options`: the study's own (`probekit steer STUDY --help`)."""
+    """`probekit steer STUDY` as a function. `study`: a registered study's name or a `Study` object
+    (used as it is); `model`: a model spec, a `probekit.ModelOptions` (a spec with its loading
+    options: dtype, device, ...) or an already loaded model. The keywords are the steering's options
+    (below: `alphas=[-4, 0, 4]`, `layers=[15]`, `positions="from_span"`, `vector="mean_diff"`, ...)
+    and the study's (`events=2`), checked as the command line checks them (a bad or unknown one is
+    one line of `ProbekitError` naming the keyword, before any model work). Writes what the command
+    writes into `out`, resumable. `options`: the study's own (`probekit steer STUDY --help`)."""
     return STEER.call(steer_study, dict(locals()))
 
 
@@ -154,6 +148,7 @@ class SteerCommand(MechanismRunner):
 
     name, own = "steer", SteerOptions
     writes = (*MechanismRunner.writes, ROWS, "steer.png", "alphas/")
+    shows = "steer.parquet, summary.csv, steer.png, report.html"
     refreshed = ("alphas", "vector_file", *MechanismRunner.refreshed)
 
     def check(self, options: Options, study: Study | None) -> None:
@@ -165,9 +160,6 @@ class SteerCommand(MechanismRunner):
         for name in own.sites:
             steering.steering_site(name)
         steering.check_hooks(own.hooks, own.positions)
-
-    def wrote(self, result: StudySteer) -> str:
-        return f"{result.path}/steer.parquet, summary.csv, steer.png, report.html"
 
     def prepare(self, job: Job) -> SteerPlan:
         own = job.own
@@ -248,7 +240,7 @@ class SteerCommand(MechanismRunner):
         """Each step's rows and summary row: read back where its folder holds them, else
         scored by the run loop (the unsteered base first, once)."""
         own, probe, out = job.own, job.probe, job.folder
-        folders = {step: _folder(out, *step[:2], step[3]) for step in steps}
+        folders = {s: out / "alphas" / f"{s[0][0]}-L{s[0][1]}-{s[1]}-a{s[3]:g}" for s in steps}
         done = {step: finished_scores(folders[step], key, ROWS) for step in steps}
         resumed = sum(path is not None for path in done.values())
         if resumed:
@@ -259,21 +251,16 @@ class SteerCommand(MechanismRunner):
         report = {**probe.manifest(), "model": model.name, "seed": own.seed, "view": VIEWS[0]}
         report |= probe.interval_fields(job.items)
         hint = f"fewer {named('layers')} or {named('alphas')}, or fewer prompts"
+        steered = functools.partial(
+            fill, lambda: job.items, hint=hint, merged=ROWS, keep_parts=False
+        )
         unsteered: dict[Any, Path] = {}  # each target's first α = 0 folder
         frames, rows = [], []
         for step in steps:
             target, kind, _, alpha = step
             folder = folders[step]
-            path = done[step] or fill(
-                lambda: job.items,
-                f"{probe.name} {folder.name}",
-                folder,
-                key,
-                lambda step=step: SteerScoring(scorer, job, step, base, pace),
-                hint=hint,
-                merged=ROWS,
-                keep_parts=False,
-            )
+            start = functools.partial(steer_scoring, scorer, job, step, base, pace)
+            path = done[step] or steered(f"{probe.name} {folder.name}", folder, key, start)
             assert path is not None  # one process: every prompt has its row
             frame = pd.read_parquet(path).drop(columns=INDEX)
             twin = unsteered.get(target) if alpha == 0 else None
@@ -301,55 +288,38 @@ ONE_UNIT = (
 )
 
 
-class SteerScoring(Scoring):
+def steer_scoring(scorer: Any, job: Job, step: Step, base: dict[int, Any], key: str) -> Scoring:
     """One α step's prompts in one chunk, steered by α·v (at α = 0 unsteered), each beside its
     unsteered result (`base`: scored once, on the first step that needs it, and kept)."""
+    own, plan, encoded = job.own, job.plan, job.encoded
+    target, kind, vector, alpha = step
 
-    def __init__(self, scorer: Any, job: Job, step: Step, base: dict[int, Any], key: str) -> None:
-        self.scorer, self.job, self.step, self.base, self.key = scorer, job, step, base, key
-        self.chunk_size = len(job.items)
-        self.row_bytes = 2 * row_bytes(len(job.probe.answers.answers))  # steered and not
-        self.desc = f"steering {step[0][0]} L{step[0][1]} {step[1]} α={step[3]:g}"
+    def score(chunk: Chunk, bar: Any) -> pd.DataFrame:
+        index = [i for i, _ in chunk]
+        prompts = [encoded[i] for i in index]
+        if missing := [i for i in index if i not in base]:
+            with hook_library(scorer.model, own.hooks):  # on the kernels of the rest
+                ids = [encoded[i].input_ids for i in missing]
+                found = scorer.score(ids, progress=bar if alpha == 0 else None)
+                base.update(zip(missing, found, strict=True))
+        elif alpha == 0 and bar is not None:
+            bar.update(len(index))
+        unsteered = [base[i] for i in index]
+        results = unsteered
+        if alpha != 0:
+            added = alpha * (vector[index] if vector.dim() == 2 else vector)
+            where = (own.positions, plan.span, own.hooks)
+            results = steering.steered_results(
+                scorer, prompts, target, added, *where, own.batch_size, bar
+            )
+        columns = {"site": target[0], "layer": target[1], "vector": kind}
+        columns |= {"norm": steering.norm_of(vector), "alpha": alpha}
+        rows = steering.steer_rows(prompts, results, unsteered, scorer.answers, columns)
+        return job.probe.add_columns(pd.DataFrame(rows).assign(**{INDEX: index}))
 
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        own, plan, encoded = self.job.own, self.job.plan, self.job.encoded
-        target, kind, vector, alpha = self.step
-        for chunk in chunks:
-            index = [i for i, _ in chunk]
-            prompts = [encoded[i] for i in index]
-            missing = [i for i in index if i not in self.base]
-            if missing:
-                with hook_library(self.scorer.model, own.hooks):  # on the kernels of the rest
-                    ids = [encoded[i].input_ids for i in missing]
-                    counted = bar if alpha == 0 else None
-                    self.base.update(
-                        zip(missing, self.scorer.score(ids, progress=counted), strict=True)
-                    )
-            elif alpha == 0 and bar is not None:
-                bar.update(len(index))
-            base = [self.base[i] for i in index]
-            results = base
-            if alpha != 0:
-                added = alpha * (vector[index] if vector.dim() == 2 else vector)
-                results = steering.steered_results(
-                    self.scorer,
-                    prompts,
-                    target,
-                    added,
-                    own.positions,
-                    plan.span,
-                    own.hooks,
-                    own.batch_size,
-                    bar,
-                )
-            columns = {"site": target[0], "layer": target[1], "vector": kind}
-            columns |= {"norm": steering.norm_of(vector), "alpha": alpha}
-            rows = steering.steer_rows(prompts, results, base, self.scorer.answers, columns)
-            yield self.job.probe.add_columns(pd.DataFrame(rows).assign(**{INDEX: index}))
-
-
-def _folder(out: Path, target: steering.Target, kind: str, alpha: float) -> Path:
-    return out / "alphas" / f"{target[0]}-L{target[1]}-{kind}-a{alpha:g}"
+    desc = f"steering {target[0]} L{target[1]} {kind} α={alpha:g}"
+    size = 2 * row_bytes(len(job.probe.answers.answers))  # steered and not
+    return Scoring(desc, len(job.items), key, score, row_bytes=size)
 
 
 def _headline(
@@ -380,14 +350,10 @@ def _whole_headline(folder: Path) -> dict | None:
         found = json.loads((folder / HEADLINE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    numbers = ("value", "low", "high", "p_value")
-    if (
-        isinstance(found, dict)
-        and isinstance(found.get("label"), str)
-        and all(k in found and isinstance(found[k], int | float | None) for k in numbers)
-    ):
-        return found
-    return None
+    if not isinstance(found, dict) or not isinstance(found.get("label"), str):
+        return None
+    numbers = [found.get(k, "") for k in NUMBERS]  # "" where one is missing: not whole
+    return found if all(isinstance(n, int | float | None) for n in numbers) else None
 
 
 def study_headline(
@@ -395,15 +361,8 @@ def study_headline(
 ) -> dict[str, Any]:
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
     first = study.headline(frame, folder, manifest)
-    return {
-        "label": first.label,
-        "value": _number(first.value),
-        "low": _number(first.low),
-        "high": _number(first.high),
-        "p_value": _number(first.p_value),
-        "interval": first.interval,
-        "note": first.note,
-    }
+    found = {name: getattr(first, name) for name in ("label", *NUMBERS, "interval", "note")}
+    return found | {name: _number(found[name]) for name in NUMBERS}
 
 
 def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:

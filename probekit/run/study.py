@@ -9,39 +9,51 @@ loads: writable, its manifest readable, this shard's lock free, and the settings
 equal to those of the run it holds (the resume keys of `probekit.core.rundir`). A SIGTERM
 during the run releases the shard locks and ends the run with one line saying that the same
 command resumes it.
+
+Every run states its arithmetic and its numeric noise: the precision tier it scores in, chosen
+before scoring by the error it was measured to cause (`probekit.run.command.settle_run_precision`,
+manifest field `precision`), and how far a seeded sample of its prompts moves when scored again
+in a wider dtype (`record_numerics`, manifest field `numerics`; the engine measures it,
+`Engine.noise_figure`). `Study.write_summary` adds one line per run to `summary.md`.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import random
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
-from probekit.core.progress import echo, is_quiet, note, silenced
+from probekit.core.progress import duration, echo, is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, SCORES, RunDir
-from probekit.engines.base import Engine
-from probekit.engines.options import ModelOptions
+from probekit.engines.base import Engine, ScoreResult
+from probekit.engines.options import NOISE_SAMPLE, ModelOptions
 from probekit.reporting.headline import Headline
 from probekit.reporting.summary import describe_limit
 from probekit.run.command import (
     Job,
     Options,
     StudyRunner,
-    argv_line,
     call_line,
     given_model,
+    model_fields,
+    settle_run_precision,
     stop_on_sigterm,
 )
-from probekit.run.numerics import settle_run_precision
-from probekit.run.options import RunOptions
-from probekit.run.record import model_fields
+from probekit.run.loop import RunOptions, Shard
+from probekit.run.scoring import SAMPLE_PROMPTS, LocalScoring, Pace
 from probekit.studies.base import Context, Probe, Say, Study
 
 
@@ -97,20 +109,11 @@ class Run:
         return pd.concat(tagged, ignore_index=True)
 
 
-@public(ModelOptions, RunOptions, command="run", skip=("model",))
+@public(RunOptions, command="run")
 def run_study(
     study: str | Study,
-    model: str | Path | Engine = "default",
+    model: str | Path | Engine | ModelOptions = "default",
     *,
-    dtype: Any = None,
-    device: Any = None,
-    engine: str = "hf",
-    device_map: str | dict[str, Any] | None = None,
-    max_memory: str | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
-    tensor_parallel_size: int | None = None,
-    pipeline_parallel_size: int | None = None,
-    tolerance: float | None = None,
     quiet: bool = False,
     out: str | Path | None = None,
     seed: int | None = None,
@@ -127,14 +130,14 @@ def run_study(
     """Run `study` on `model` as `probekit run` does, and return the `Run`.
 
     `study`: a registered study's name or a `Study` object (used as it is, registered or not);
-    `model`: a model spec (hub id, folder, .gguf, `default`) or an engine already loaded (not
-    loaded again). The keywords are the model's options (`probekit.engines.options.ModelOptions`:
-    `dtype=torch.bfloat16`, `device_map={"": "cpu"}`, ...), the run's (`RunOptions`: `out`, the
-    study's folder by default; `seed`, the study's; `limit=N`, a smoke run of the whole units of
-    every group that fit in N prompts, `Probe.limited`) and, in `options`, the study's own
-    (`events=2`, `setting="P0S1T0"`, `genders=["a man", "a woman"]`; `probekit studies`,
-    `probekit run STUDY --help`), each checked as the command line checks it: a bad one is one
-    line of ProbekitError naming the keyword, before anything is written."""
+    `model`: a model spec (hub id, folder, .gguf, `default`), a `probekit.ModelOptions` (the spec
+    with its loading options: `ModelOptions("default", dtype=torch.bfloat16)`) or an engine already
+    loaded (not loaded again). The keywords are `quiet`, the run's (`RunOptions`: `out`, the study's
+    folder by default; `seed`, the study's; `limit=N`, a smoke run of the whole units of every group
+    that fit in N prompts, `Probe.limited`) and, in `options`, the study's own (`events=2`,
+    `setting="P0S1T0"`, `genders=["a man", "a woman"]`; `probekit studies`, `probekit run STUDY
+    --help`), each checked as the command line checks it: a bad one is one line of ProbekitError
+    naming the keyword, before anything is written."""
     return RUN.call(run_study, dict(locals()))[0]
 
 
@@ -175,7 +178,7 @@ class RunCommand(StudyRunner):
 
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
-        self.finish(study, options, call=argv_line())
+        self.finish(study, options, call=" ".join(sys.argv))
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """What defines a run (its manifest; `probekit.core.rundir.RECORDED_ONLY` says which
@@ -206,10 +209,8 @@ class RunCommand(StudyRunner):
         per model (none on a process of a distributed launch that is not the main one)."""
         from probekit.engines import run_in_engine_env
         from probekit.reporting import write_pages
-        from probekit.run.distributed import detect_launch
         from probekit.run.loop import prepare_run_dir
         from probekit.run.report import report_files, write_record
-        from probekit.run.shards import Shard
 
         run = options.own
         if engine is None:
@@ -222,13 +223,16 @@ class RunCommand(StudyRunner):
             probes = [probe.limited(run.limit) for probe in probes]
         models = [given_model(options.model, engine)] if engine else list(options.models)
         shard = Shard(*run.shard).split(launch.rank, launch.world)
-        out = Path(run.out)
+        out = Path(run.out)  # a folder per model when several, in it a folder per probe
+        tops = {m.model: out if len(models) == 1 else out / model_folder(m.model) for m in models}
+        subdirs = [probe.subdir if len(probes) > 1 else "" for probe in probes]
+        given = engine is not None
         jobs = {
-            asked.model: [
-                Job(study, asked, probe, folder, call, run, given=engine is not None)
-                for probe, folder in zip(probes, _folders(out, asked, models, probes), strict=True)
+            m.model: [
+                Job(study, m, probe, tops[m.model] / subdir, call, run, given=given)
+                for probe, subdir in zip(probes, subdirs, strict=True)
             ]
-            for asked in models
+            for m in models
         }
         for job in (job for found in jobs.values() for job in found):  # before any model loads
             prepare_run_dir(job.folder, shard)
@@ -246,7 +250,7 @@ class RunCommand(StudyRunner):
                 found = jobs[asked.model]
                 if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
                     note(_forecast(found, model, shard, first))
-                top = _model_folder(out, asked, models)
+                top = tops[asked.model]
                 manifests: dict[str, dict[str, Any]] = {}
                 model_rows: list[dict[str, Any]] = []
                 for job in found:
@@ -273,10 +277,8 @@ class RunCommand(StudyRunner):
             if found_run.path == out:
                 found_run.summary = summary.table
             manifest = next(iter(found_run.manifests.values()), {})
-            summary_rows = found_run.summary
-            found_run.headlines = (
-                study.headlines(summary_rows, manifest) if len(summary_rows) else []
-            )
+            if len(found_run.summary):
+                found_run.headlines = study.headlines(found_run.summary, manifest)
         figures = ", ".join(sorted(str(p.relative_to(out)) for p in out.rglob("*.png")))
         say(f"\n{summary.markdown}")
         say(
@@ -299,7 +301,6 @@ class RunCommand(StudyRunner):
         report when complete: its manifest and summary rows (None while other shards are
         missing)."""
         from probekit.run.loop import run_probe
-        from probekit.run.numerics import record_numerics
         from probekit.run.parts import merge_if_complete
         from probekit.run.scoring import EnginePool
 
@@ -310,9 +311,11 @@ class RunCommand(StudyRunner):
             say(partial)
         scorer: Engine | EnginePool = model
         if run.ray is not None:  # the same run loop's parts, scored by Ray actors
-            from probekit.run.ray import run_pool
+            from probekit.run.ray import RayPool, load_in_tier
 
-            scorer = run_pool(job.asked, manifest, run.ray_actors)
+            asked, tier = job.asked, manifest.get("precision") or {}  # the tier chosen here
+            load = (asked.model, asked.engine, asked.device, asked.dtype, tier)
+            scorer = RayPool(functools.partial(load_in_tier, *load), run.ray_actors)
         scores_path = run_probe(
             job.probe,
             scorer,
@@ -344,24 +347,49 @@ class RunCommand(StudyRunner):
 RUN = RunCommand()
 
 
-def _model_folder(out: Path, asked: ModelOptions, models: list[ModelOptions]) -> Path:
-    return out if len(models) == 1 else out / model_folder(asked.model)
+@dataclass(frozen=True)
+class Launch:
+    """Process layout under `torchrun` / `accelerate launch`: rank, world size, barrier."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    barrier: Callable[[], None] = lambda: None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def device(self, requested: str | None) -> str | None:
+        """One GPU per local process when launched on GPUs; otherwise what was asked."""
+        import torch
+
+        if requested is None and self.world > 1 and torch.cuda.is_available():
+            return f"cuda:{self.local_rank}"
+        return requested
 
 
-def _folders(
-    out: Path, asked: ModelOptions, models: list[ModelOptions], probes: list[Probe]
-) -> list[Path]:
-    """Each probe's run folder of the model `asked`."""
-    folder = _model_folder(out, asked, models)
-    return [folder if len(probes) == 1 else folder / probe.subdir for probe in probes]
+def detect_launch() -> Launch:
+    """A distributed launch sets WORLD_SIZE; accelerate's PartialState then joins the process
+    group (NCCL on GPUs, gloo on CPU) so that processes can wait for each other."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Launch()
+    import torch
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    return Launch(
+        state.process_index, state.num_processes, state.local_process_index, state.wait_for_everyone
+    )
 
 
 def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] | None) -> str:
     """The first line of a run of several probes: how many prompts it holds and how long they
-    will take on this device (`probekit.run.scoring.forecast_runs`), in the precision tier the
+    will take on this device (`forecast_runs`), in the precision tier the
     run will score in (chosen first, or `first`'s kept: it decides the pace)."""
-    from probekit.run.scoring import forecast_runs
-
     lead, run = jobs[0], jobs[0].own
     settle_run_precision(model, lead.probe, lead.folder, run.seed, first=first)
     probes = [job.probe for job in jobs]
@@ -376,6 +404,94 @@ def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] 
     )
     where = lead.folder.parent if len(jobs) > 1 else lead.folder
     return f"{lead.study.name}: {held}, model {lead.asked.model} -> {where}"
+
+
+PROMPTS_PER_SAMPLE = 200
+"""A run's prompts per prompt of its noise figure's sample (`sample_size`), at most
+`NOISE_SAMPLE` (8), none below 200 prompts. Measured here (intergroup P0S1T0, one event per
+emotion: 432 prompts in 590 s on a busy 2-core CPU), 4 prompts took 21 s and 8 took 33 s: about
+9 s to widen the weights plus 3 s a prompt, so this run's 2 prompts cost about 15 s (2.5 %),
+where a fixed sample of 8 cost 5.6 % (and 33-54 % of runs of a few dozen prompts). At 200
+prompts one prompt is under 5 %; below that even one would be more, so the figure is skipped
+and the manifest says so (`numerics=N` measures N prompts anyway; `numerics=0` always
+skips)."""
+
+
+def sample_size(prompts: int, requested: int | str = "auto") -> int:
+    """Prompts to re-score for the noise figure of a run of `prompts`: `requested` (at most
+    all of them), or for `auto` one per `PROMPTS_PER_SAMPLE`, at most `NOISE_SAMPLE`."""
+    if requested == "auto":
+        return min(NOISE_SAMPLE, prompts // PROMPTS_PER_SAMPLE)
+    return min(int(requested), prompts)
+
+
+def record_numerics(
+    model: Engine, probe: Probe, scores: pd.DataFrame, folder: RunDir, sample: int | str = "auto"
+) -> dict[str, Any]:
+    """Measure the run's noise figure on `sample_size` of its prompts (seeded by the run's
+    seed), store it in the manifest of the run in `folder` (field `numerics`) and return it.
+
+    The sample's rows are compared with the same prompts (in explain mode with their
+    explanation and answer cue) scored again in a wider dtype at the run's epsilon
+    (`Engine.noise_figure`, which says why where it gives none); a sample of 0 prompts records
+    the dtype and why."""
+    manifest = folder.manifest
+    count = sample_size(len(scores), sample)
+    if count == 0:
+        why = "skipped (numerics=0)" if sample != "auto" else "skipped: under 200 prompts"
+        figure: dict[str, Any] = {"dtype": str(model.describe().get("dtype")), "note": why}
+    else:
+        seed = manifest.get("seed", 0)
+        indices = sorted(int(i) for i in scores["prompt_index"])
+        picked = sorted(random.Random(seed).sample(indices, min(count, len(indices))))
+        rows = scores.set_index("prompt_index").loc[picked]
+        wanted = set(picked)
+        items = [item for i, item in enumerate(probe.items()) if i in wanted]  # in order
+        if "explanation" in rows:  # explain mode: the prompt the answer was read after
+            cue = getattr(probe, "answer_cue", "")
+            items = [
+                replace(item, prefill=item.prefill + text + cue)
+                for item, text in zip(items, rows["explanation"], strict=True)
+            ]
+        prompts = [model.encode(item, probe.as_string).input_ids for item in items]
+        own = [ScoreResult.from_row(row, probe.answers) for row in rows.to_dict("records")]
+        epsilon = float(manifest.get("epsilon", 0.0))
+        figure = model.noise_figure(prompts, probe.answers, seed=seed, epsilon=epsilon, own=own)
+    folder.update_manifest(numerics=figure)
+    return figure
+
+
+def forecast_runs(
+    probes: Sequence[Probe],
+    model: Engine,
+    view: str,
+    shard: Shard,
+    *,
+    epsilon: float,
+    batch_size: int | None,
+    seed: int,
+) -> str:
+    """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
+    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
+    gives for its answer set (measured once per answer set where none is recorded)."""
+    paces: dict[AnswerSet, Pace] = {}
+    prompts, seconds = 0, 0.0
+    for probe in probes:
+        count = int(shard.mask(len(probe)).sum())
+        if probe.answers not in paces:
+            scoring = LocalScoring(
+                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
+            )
+            size = scoring.batch_size or SAMPLE_PROMPTS
+            first = list(islice(enumerate(probe.items()), max(1, size)))
+            paces[probe.answers] = scoring.expected_pace(first)
+        prompts += count
+        seconds += paces[probe.answers].seconds(count)
+    sources = sorted({pace.source for pace in paces.values()})
+    return (
+        f"{prompts} prompts in {len(probes)} runs, about {duration(seconds)} on this device "
+        f"(at the pace {'; '.join(sources)})"
+    )
 
 
 def smaller(study: Study) -> str:
