@@ -29,7 +29,8 @@ from typing import Any
 from common import commit, load_line, write_results
 
 import probekit
-from probekit.run import loop, pace, scoring
+from probekit.run import loop, scoring
+from probekit.run import study as study_run
 
 UNITS = {"h": 3600.0, "min": 60.0, "s": 1.0}
 
@@ -51,9 +52,9 @@ def estimate_and_real(study: str, model: str, options: dict[str, Any]) -> dict[s
         return line
 
     with tempfile.TemporaryDirectory() as tmp:
-        pace.record_path = lambda: Path(tmp) / "pace.json"  # no earlier run of this model
-        forecast, forecast_runs = pace.forecast, scoring.forecast_runs
-        scoring.forecast_runs = lambda *a, **k: noted(forecast_runs(*a, **k))
+        scoring.record_path = lambda: Path(tmp) / "pace.json"  # no earlier run of this model
+        forecast, forecast_runs = scoring.forecast, study_run.forecast_runs
+        study_run.forecast_runs = lambda *a, **k: noted(forecast_runs(*a, **k))
         loop.forecast = lambda *a, **k: noted(forecast(*a, **k))  # a one-probe run's line
         probekit.run_study(study, model, out=Path(tmp) / "run", **options)
         ended = time.monotonic()
