@@ -71,7 +71,12 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     parts = [f"## {view}: accuracy per category (95% CI over items)", "", _markdown(wide), ""]
     for name, heading in SECTIONS.items():
         if not tables[name].empty:
-            parts += [f"## {view}: {heading}", "", _markdown(_formatted(tables[name])), ""]
+            table = tables[name].assign(
+                before=tables[name]["before"].map("{:.3f}".format),
+                after=tables[name]["after"].map("{:.3f}".format),
+                delta=tables[name]["delta"].map("{:+.3f}".format),
+            )
+            parts += [f"## {view}: {heading}", "", _markdown(table), ""]
     single = metrics.single_identity_categories(frame)
     if single:
         parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
@@ -205,15 +210,6 @@ def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
     )
     ax.legend(fontsize=8)
     return save_figure(fig, path, shifts)
-
-
-def _formatted(table: pd.DataFrame) -> pd.DataFrame:
-    """`before`, `after` to three decimals and `delta` signed, for display."""
-    return table.assign(
-        before=table["before"].map("{:.3f}".format),
-        after=table["after"].map("{:.3f}".format),
-        delta=table["delta"].map("{:+.3f}".format),
-    )
 
 
 def _markdown(frame: pd.DataFrame) -> str:

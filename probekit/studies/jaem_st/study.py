@@ -4,7 +4,7 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -161,7 +161,7 @@ class JaemStudy(ReportedStudy):
             rows = rows.head(options.samples)
         extra = _manifest(data, options)
         if options.responses:
-            extra["responses"] = _response_options(options, context).manifest()
+            extra["responses"] = asdict(_response_options(options, context))
         return [JaemProbe(data, rows, options.prompt, options.orders, context.seed, extra)]
 
     def after_run(
