@@ -284,7 +284,6 @@ class Study(Contract):
     name: str
     title: str  # one line for `probekit studies`
     run_views: tuple[str, ...] = VIEWS[:2]  # the views `probekit run` takes
-    default_out: str = "runs/study"
     default_seed: int = 0  # the default of --seed (items and statistics)
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
     options: type = NoOptions  # the study's own options (a dataclass of `option` fields)
@@ -292,6 +291,11 @@ class Study(Contract):
     captions: Mapping[str, str] = MappingProxyType({})  # figure file name -> caption (pages)
     interval_columns: tuple[str, ...] = ("low", "high")  # summary cells of a headline interval
     pair_within: tuple[str, ...] = ()  # item keys the two prompts of a pair share (`pairs`)
+
+    @property
+    def default_out(self) -> str:
+        """Where a run writes without `--out`: `runs/<name>`."""
+        return f"runs/{self.name}"
 
     def check(self, options: Any, context: Context) -> None:
         """Refuse options that are valid one by one but not together (a ProbekitError naming
@@ -569,12 +573,17 @@ _REGISTRY: dict[str, Study] = {}
 class ReportedStudy(Study):
     """A study in its own folder whose report is the functions of the folder's `report` module:
     `report_view(scores, view)` (with `view` a `ReportView`), `summary_markdown(table)`,
-    `headlines(table, manifest)` and `view_facts(table, run)`, imported on first use so that
-    listing the studies stays light."""
+    `headlines(table, manifest)`, `view_facts(table, run)` and its figures' `CAPTIONS`, imported
+    on first use so that listing the studies stays light."""
 
     def report_module(self) -> Any:
         """The `report` module beside the study's own."""
         return importlib.import_module(type(self).__module__.rpartition(".")[0] + ".report")
+
+    @property
+    def captions(self) -> Mapping[str, str]:  # type: ignore[override]
+        """The captions of the figures the report module draws (its `CAPTIONS`)."""
+        return self.report_module().CAPTIONS
 
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str

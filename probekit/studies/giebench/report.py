@@ -31,6 +31,17 @@ VIEW_TEXT = {
 }
 
 
+CAPTIONS = {
+    "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
+    "generate) per category and prompt type with 95 % bootstrap intervals over items, in "
+    "the items' own answer order (and, with --orders above 1, a second panel averaged "
+    "over the cyclic orders); dotted line: chance (0.25).",
+    "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same "
+    "items, own order; labels: items that flipped wrong->right / right->wrong.",
+}
+"""Each figure's caption on the report pages (`Study.captions`), by file name."""
+
+
 def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
     """Tables, figures and the Markdown details (`details.md`) of one run; returns the summary
     rows (overall accuracy per order view and prompt type). The figures are titled with the

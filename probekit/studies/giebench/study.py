@@ -78,20 +78,10 @@ class GIEBenchStudy(ReportedStudy):
     name = "giebench"
     title = "GIEBench (Wang et al. 2024): identity-based empathy verdicts over four answers"
     run_views = ("exact", "explain", "generate")
-    default_out = "runs/giebench"
     unit_name = "item"
     interval_columns = ("ci_low", "ci_high")
     pair_within = ("prompt_type",)  # each item with its own identity and the swapped one
-
     options = GIEBenchOptions
-    captions = {  # figure file name -> caption (pages)
-        "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
-        "generate) per category and prompt type with 95 % bootstrap intervals over items, in "
-        "the items' own answer order (and, with --orders above 1, a second panel averaged "
-        "over the cyclic orders); dotted line: chance (0.25).",
-        "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same "
-        "items, own order; labels: items that flipped wrong->right / right->wrong.",
-    }
 
     def check(self, options: GIEBenchOptions, context: Context) -> None:
         if context.command in MECHANISM and "raw" in options.prompt:

@@ -143,7 +143,9 @@ class GapSummary:
         row = {name: value for name, value in row.items() if np.isscalar(value)}
         needed = None if self.power is None else self.power.needed
         row["events_for_power"] = np.nan if needed is None else needed
-        row["power"] = _no_power(self) if self.power is None else self.power.describe("event")
+        few = f"not computed: {self.n_kept} events kept, under {MIN_POWER_EVENTS}"
+        few = few if self.n_kept < MIN_POWER_EVENTS else "—"
+        row["power"] = few if self.power is None else self.power.describe("event")
         return {**row, **(self.context or {})}
 
 
@@ -182,13 +184,6 @@ def event_context(
         out["valid_mass_in_group"] = float(rows.loc[inside, "valid_mass"].mean())
         out["valid_mass_out_group"] = float(rows.loc[~inside, "valid_mass"].mean())
     return out
-
-
-def _no_power(summary: GapSummary) -> str:
-    """Why a summary has no power figure."""
-    if summary.n_kept < MIN_POWER_EVENTS:
-        return f"not computed: {summary.n_kept} events kept, under {MIN_POWER_EVENTS}"
-    return "—"
 
 
 def _named_labels(groups: Sequence[str], labels: Sequence[str] | None) -> list[str]:

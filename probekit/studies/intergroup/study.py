@@ -98,23 +98,11 @@ class IntergroupOptions:
 class IntergroupStudy(ReportedStudy):
     name = "intergroup"
     title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): rated intensity"
-    default_out = "runs/intergroup"
     unit_name = "event"
     interval_columns = ("delta_ci_low", "delta_ci_high", "raw_gap_ci_low", "raw_gap_ci_high")
     pair_within = ("perceiver",)  # each in-group prompt (g, g) with the out-group ones (g, h)
-
     options = IntergroupOptions
     dataset = CROWD_ENVENT
-    captions = {  # figure file name -> caption (pages)
-        "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), "
-        "as the paper's heatmaps (its YlGnBu map); black lines set off `a person`; crimson "
-        "outlines: the in-group cells Δ averages (perceiver and experiencer of one label: "
-        "the diagonal, or ethnicity's blocks); white cells: hidden by the paper's rule (a "
-        "paired t-test against the row's and the column's diagonal cell, Bonferroni α / k², "
-        "not both significant), not missing data.",
-        "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' "
-        "tsne.py (perplexity 5, random_state 42), coloured by cultural region.",
-    }
 
     def check(self, options: IntergroupOptions, context: Context) -> None:
         if context.command in MECHANISM and "all" in (options.category, options.setting):

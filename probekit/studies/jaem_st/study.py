@@ -117,25 +117,12 @@ class JaemOptions:
 class JaemStudy(ReportedStudy):
     name = "jaem-st"
     title = "JaEm-ST (seed 002): intersectional cognitive empathy, exact A–E choices"
-    default_out = "runs/jaem-st"
     unit_name = "sample"
-
     options = JaemOptions
     dataset = JAEM_ST
-    captions = {  # figure file name -> caption (pages)
-        "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
-        "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
-        "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
-        "spread of the group means).",
-        "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
-        "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
-        "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
-        "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
-    }
 
     def check(self, options: JaemOptions, context: Context) -> None:
-        if context.command != "run":
-            return
+        """The run-only options that go together (the other commands keep their defaults)."""
         if not 1 <= len(options.groups) <= 2:
             raise ProbekitError(
                 f"{named('groups')} takes one or two dimension columns, e.g. gender,pronoun"
