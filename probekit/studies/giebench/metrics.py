@@ -53,17 +53,9 @@ def accuracy(frame: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.DataF
             typed = part[part["prompt_type"] == prompt_type]
             for category, rows_of in [*typed.groupby("category"), (OVERALL, typed)]:
                 ci = bootstrap_mean(rows_of, "item_id", "score", n=n_boot, seed=seed)
-                rows.append(
-                    {
-                        "orders": orders,
-                        "prompt_type": prompt_type,
-                        "category": category,
-                        "n_items": rows_of["item_id"].nunique(),
-                        "accuracy": ci.estimate,
-                        "ci_low": ci.low,
-                        "ci_high": ci.high,
-                    }
-                )
+                key = {"orders": orders, "prompt_type": prompt_type, "category": category}
+                key["n_items"] = rows_of["item_id"].nunique()
+                rows.append(key | {"accuracy": ci.estimate, "ci_low": ci.low, "ci_high": ci.high})
     return pd.DataFrame(rows)
 
 
@@ -91,18 +83,13 @@ def shifts(frame: pd.DataFrame, base: str = "raw") -> pd.DataFrame:
             }
         ).dropna(subset=["before", "after"])
         for category, part in [*paired.groupby("category"), (OVERALL, paired)]:
-            rows.append(
-                {
-                    "shift": f"{base}->{other}",
-                    "category": category,
-                    "n_items": len(part),
-                    "before": part["before"].mean(),
-                    "after": part["after"].mean(),
-                    "delta": part["after"].mean() - part["before"].mean(),
-                    "flips_plus": int((~part["right_before"] & part["right_after"]).sum()),
-                    "flips_minus": int((part["right_before"] & ~part["right_after"]).sum()),
-                }
-            )
+            before, after = part["before"].mean(), part["after"].mean()
+            row = {"shift": f"{base}->{other}", "category": category, "n_items": len(part)}
+            row |= {"before": before, "after": after, "delta": after - before}
+            was_right, is_right = part["right_before"], part["right_after"]
+            row["flips_plus"] = int((~was_right & is_right).sum())
+            row["flips_minus"] = int((was_right & ~is_right).sum())
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
