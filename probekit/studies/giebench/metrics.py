@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from probekit.core.choices import position_bias
 from probekit.stats import bootstrap_mean, paired_effect_size, require_columns, sign_flip_test
 from probekit.studies.giebench.judge import OPTIONS, PROMPT_TYPES
 from probekit.studies.report import by_group
@@ -128,17 +127,6 @@ def single_identity_categories(frame: pd.DataFrame) -> list[str]:
     named = frame[frame["identity"] != ""]
     counts = named.groupby("category")["identity"].nunique()
     return sorted(counts[counts == 1].index)
-
-
-def correct_letters(frame: pd.DataFrame) -> pd.Series:
-    """Share of the items whose correct answer is shown as A, B, C, D in their own order."""
-    own = frame[(frame["order"] == 0) & ~frame["mismatch"]].drop_duplicates("item_id")
-    return own["correct"].value_counts(normalize=True).reindex(list(OPTIONS), fill_value=0.0)
-
-
-def letter_bias(frame: pd.DataFrame) -> pd.Series:
-    """The model's mean P(letter) over every prompt (exact views; 1/4 each without a bias)."""
-    return position_bias(frame, len(OPTIONS))
 
 
 def identity_context(frame: pd.DataFrame, prompt_type: str, orders: str, seed: int = 0) -> dict:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 import probekit.studies.giebench.metrics as metrics
+from probekit.core.choices import position_bias
 from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import new_figure, save_figure
@@ -91,11 +92,12 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     single = metrics.single_identity_categories(frame)
     if single:
         parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
-    letters = metrics.correct_letters(frame)
-    shares = ", ".join(f"{x} {letters[x]:.0%}" for x in OPTIONS)
+    own = frame[(frame["order"] == 0) & ~frame["mismatch"]].drop_duplicates("item_id")
+    letters = own["correct"].value_counts(normalize=True)  # the items' correct letters
+    shares = ", ".join(f"{x} {letters.get(x, 0.0):.0%}" for x in OPTIONS)
     parts.append(f"Correct letter in the items' own order: {shares}.")
     if view != "generate":
-        bias = metrics.letter_bias(frame)
+        bias = position_bias(frame, len(OPTIONS))  # the model's mean P(letter)
         bias = ", ".join(f"{x} {bias[x]:.3f}" for x in OPTIONS)
         parts.append(f"Position bias, mean P(letter) over all prompts: {bias}.")
     if "cue_missing" in frame:

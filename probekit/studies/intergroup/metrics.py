@@ -149,13 +149,6 @@ class GapSummary:
         return {**row, **(self.context or {})}
 
 
-def event_gaps(X: np.ndarray, labels: Sequence[str]) -> np.ndarray:
-    """Each event's raw in-group minus out-group mean of a cube X[perceiver, experiencer,
-    event] (in the answer scale's points)."""
-    inside = np.asarray(labels)[:, None] == np.asarray(labels)[None, :]
-    return X[inside].mean(axis=0) - X[~inside].mean(axis=0)
-
-
 def event_context(
     X: np.ndarray,
     labels: Sequence[str],
@@ -167,7 +160,8 @@ def event_context(
 ) -> dict[str, float]:
     """What a reader needs beside Δ (see `GapSummary`), from the kept events' cube `X` of the
     named `groups` (with their in-group `labels`) and the scores `df`."""
-    gaps = event_gaps(X, labels)
+    inside = np.asarray(labels)[:, None] == np.asarray(labels)[None, :]
+    gaps = X[inside].mean(axis=0) - X[~inside].mean(axis=0)  # each event's raw gap
     raw = bootstrap_units(len(gaps), lambda d: gaps[d].mean(-1), n_bootstrap, seed, batched=True)
     out = {
         "raw_gap": raw.estimate,
