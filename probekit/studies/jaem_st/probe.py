@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -44,34 +45,32 @@ def answer_order(seed: int, sample: int) -> tuple[int, ...]:
     return tuple(int(i) for i in np.random.default_rng([seed, sample]).permutation(N_OPTIONS))
 
 
+@dataclass(eq=False)
 class JaemProbe(Probe):
     """Every sampled row x order as one user message; the answers are the letters A-E."""
 
     max_new_tokens = GENERATE_TOKENS
-    contrast: tuple[str, str] | None = None  # (dimension column, clean value) when patching
+    contrast: ClassVar[tuple[str, str] | None] = None  # (dimension column, clean value): patching
     unit_name = "sample"
 
-    def __init__(
-        self,
-        data: JaemData,
-        rows: pd.DataFrame,
-        prompt: int = 0,
-        orders: int = 1,
-        seed: int = 0,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        ce = data.prompts.get("CE", [])
+    data: JaemData
+    rows: pd.DataFrame
+    prompt: int = 0
+    orders: int = 1
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ce, prompt, orders = self.data.prompts.get("CE", []), self.prompt, self.orders
         if not 0 <= prompt < len(ce):
             raise option_error("prompt", f"must be between 0 and {len(ce) - 1} (got {prompt})")
         if not 1 <= orders <= N_OPTIONS:
             raise option_error("orders", f"must be between 1 and {N_OPTIONS} (got {orders})")
-        self.data, self.rows, self.prompt, self.orders, self.seed = data, rows, prompt, orders, seed
         self.instruction = ce[prompt]
-        self.columns = tuple(d.column for d in data.dimensions)
+        self.columns = tuple(d.column for d in self.data.dimensions)
         self.key_columns = ("template", "sample", *self.columns, "order", "empathetic_letter")
         self.answers = AnswerSet(LETTERS)
         self.name = f"jaem-st/CE{prompt}"
-        self.extra = extra or {}
 
     def items(self) -> Iterator[Item]:
         for sample, row in enumerate(self.rows.itertuples(index=False)):
