@@ -51,6 +51,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import Contract, ProbekitError
 from probekit.core.items import EncodedItem, Item, Pair
 from probekit.core.kinds import path
+from probekit.core.kinds import text as text_kind
 from probekit.core.options import declaration, given, named, option, options_of, spoken
 from probekit.core.progress import echo
 from probekit.core.public import public
@@ -76,6 +77,17 @@ Say = Callable[..., None]
 def data_option(holding: str) -> Any:
     """The `--data ROOT` option of a study whose data root holds `holding` (a folder)."""
     return option(None, help=f"data root holding {holding}", kind=path, metavar="ROOT")
+
+
+def run_option(default: Any, help: str, kind: Any = text_kind) -> Any:
+    """An option that only `probekit run` takes (a switch when `default` is a bool)."""
+    kinds = {} if isinstance(default, bool) else {"kind": kind}
+    return option(default, help=help, commands=RUN, **kinds)
+
+
+def run_help(run: str, mechanism: str) -> dict[str, str]:
+    """An option's help on `probekit run` and on the mechanism commands."""
+    return {"run": run, "": mechanism}
 
 
 def check_view(view: str, views: Sequence[str] = VIEWS) -> str:
@@ -272,13 +284,18 @@ class Study(Contract):
     name: str
     title: str  # one line for `probekit studies`
     run_views: tuple[str, ...] = VIEWS[:2]  # the views `probekit run` takes
-    default_out: str = "runs/study"
     default_seed: int = 0  # the default of --seed (items and statistics)
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
     options: type = NoOptions  # the study's own options (a dataclass of `option` fields)
     dataset: Dataset | None = None  # the data found by `data_source` from --data
     captions: Mapping[str, str] = MappingProxyType({})  # figure file name -> caption (pages)
     interval_columns: tuple[str, ...] = ("low", "high")  # summary cells of a headline interval
+    pair_within: tuple[str, ...] = ()  # item keys the two prompts of a pair share (`pairs`)
+
+    @property
+    def default_out(self) -> str:
+        """Where a run writes without `--out`: `runs/<name>`."""
+        return f"runs/{self.name}"
 
     def check(self, options: Any, context: Context) -> None:
         """Refuse options that are valid one by one but not together (a ProbekitError naming
@@ -483,9 +500,11 @@ class Study(Contract):
         return probe, list(probe.items())
 
     def pairs(self, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
-        """Counterfactual (clean, corrupt) pairs: by default, within each unit, every prompt on
-        the first side of the study's contrast with every prompt on the other side."""
-        return contrast_pairs(self.mechanism_defaults().contrast, probe, encoded)
+        """Counterfactual (clean, corrupt) pairs: by default, within each unit (and value of the
+        `pair_within` keys), every prompt on the first side of the study's contrast with every
+        prompt on the other side."""
+        contrast = self.mechanism_defaults().contrast
+        return contrast_pairs(contrast, probe, encoded, self.pair_within)
 
     @abstractmethod
     def mechanism_defaults(self) -> MechanismDefaults:
@@ -501,19 +520,25 @@ def mechanism_slice(probe: Probe, context: Context) -> Probe:
     return probe.limited(context.limit)
 
 
-def contrast_pairs(contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem]) -> list[Pair]:
-    """Within each unit, each prompt on the contrast's first side (clean) with each prompt on the
-    other side (corrupt), in the prompts' order."""
+def contrast_pairs(
+    contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem], within: Sequence[str] = ()
+) -> list[Pair]:
+    """Within each unit (and value of the item keys `within`), each prompt on the contrast's
+    first side (clean) with each prompt on the other side (corrupt), in the prompts' order."""
     side = contrast.side(probe)
-    first: dict[str, list[EncodedItem]] = {}
+
+    def group(prompt: EncodedItem) -> tuple:
+        return (prompt.item.unit, *(prompt.item.key[k] for k in within))
+
+    first: dict[tuple, list[EncodedItem]] = {}
     for prompt in encoded:
         if side(prompt):
-            first.setdefault(prompt.item.unit, []).append(prompt)
+            first.setdefault(group(prompt), []).append(prompt)
     return [
         (clean, prompt)
         for prompt in encoded
         if not side(prompt)
-        for clean in first.get(prompt.item.unit, [])
+        for clean in first.get(group(prompt), [])
     ]
 
 
@@ -548,12 +573,17 @@ _REGISTRY: dict[str, Study] = {}
 class ReportedStudy(Study):
     """A study in its own folder whose report is the functions of the folder's `report` module:
     `report_view(scores, view)` (with `view` a `ReportView`), `summary_markdown(table)`,
-    `headlines(table, manifest)` and `view_facts(table, run)`, imported on first use so that
-    listing the studies stays light."""
+    `headlines(table, manifest)`, `view_facts(table, run)` and its figures' `CAPTIONS`, imported
+    on first use so that listing the studies stays light."""
 
     def report_module(self) -> Any:
         """The `report` module beside the study's own."""
         return importlib.import_module(type(self).__module__.rpartition(".")[0] + ".report")
+
+    @property
+    def captions(self) -> Mapping[str, str]:  # type: ignore[override]
+        """The captions of the figures the report module draws (its `CAPTIONS`)."""
+        return self.report_module().CAPTIONS
 
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str

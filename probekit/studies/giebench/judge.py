@@ -81,8 +81,9 @@ def extract_verdict(text: str) -> str:
     return match.group(1) if match else ""
 
 
-def answer_blocks(prompt: str, item_id: str) -> list[tuple[int, int]]:
-    """Character ranges of the four answers between their start and end markers, A to D."""
+def reorder_prompt(prompt: str, order: Sequence[int], item_id: str) -> str:
+    """The prompt with option `order[j]`'s answer text behind the j-th letter, the answers found
+    between their start and end markers, A to D."""
     found = list(_BLOCK.finditer(prompt))
     if [m.group(1) for m in found] != list(OPTIONS):
         raise ProbekitError(
@@ -90,15 +91,8 @@ def answer_blocks(prompt: str, item_id: str) -> list[tuple[int, int]]:
             "Answer]' ... '[The End of Assistant X's Answer]' blocks A to D, so its answers "
             "cannot be reordered"
         )
-    return [m.span(2) for m in found]
-
-
-def reorder_prompt(prompt: str, order: Sequence[int], item_id: str) -> str:
-    """The prompt with option `order[j]`'s answer text behind the j-th letter."""
-    blocks = answer_blocks(prompt, item_id)
-    contents = [prompt[a:b] for a, b in blocks]
     pieces, at = [], 0
-    for (a, b), option in zip(blocks, order, strict=True):
-        pieces += [prompt[at:a], contents[option]]
-        at = b
+    for block, option in zip(found, order, strict=True):
+        pieces += [prompt[at : block.start(2)], found[option].group(2)]
+        at = block.end(2)
     return "".join(pieces) + prompt[at:]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from probekit.core.choices import position_bias
 from probekit.stats import bootstrap_mean, paired_effect_size, require_columns, sign_flip_test
 from probekit.studies.giebench.judge import OPTIONS, PROMPT_TYPES
 from probekit.studies.report import by_group
@@ -53,17 +52,9 @@ def accuracy(frame: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.DataF
             typed = part[part["prompt_type"] == prompt_type]
             for category, rows_of in [*typed.groupby("category"), (OVERALL, typed)]:
                 ci = bootstrap_mean(rows_of, "item_id", "score", n=n_boot, seed=seed)
-                rows.append(
-                    {
-                        "orders": orders,
-                        "prompt_type": prompt_type,
-                        "category": category,
-                        "n_items": rows_of["item_id"].nunique(),
-                        "accuracy": ci.estimate,
-                        "ci_low": ci.low,
-                        "ci_high": ci.high,
-                    }
-                )
+                key = {"orders": orders, "prompt_type": prompt_type, "category": category}
+                key["n_items"] = rows_of["item_id"].nunique()
+                rows.append(key | {"accuracy": ci.estimate, "ci_low": ci.low, "ci_high": ci.high})
     return pd.DataFrame(rows)
 
 
@@ -91,18 +82,13 @@ def shifts(frame: pd.DataFrame, base: str = "raw") -> pd.DataFrame:
             }
         ).dropna(subset=["before", "after"])
         for category, part in [*paired.groupby("category"), (OVERALL, paired)]:
-            rows.append(
-                {
-                    "shift": f"{base}->{other}",
-                    "category": category,
-                    "n_items": len(part),
-                    "before": part["before"].mean(),
-                    "after": part["after"].mean(),
-                    "delta": part["after"].mean() - part["before"].mean(),
-                    "flips_plus": int((~part["right_before"] & part["right_after"]).sum()),
-                    "flips_minus": int((part["right_before"] & ~part["right_after"]).sum()),
-                }
-            )
+            before, after = part["before"].mean(), part["after"].mean()
+            row = {"shift": f"{base}->{other}", "category": category, "n_items": len(part)}
+            row |= {"before": before, "after": after, "delta": after - before}
+            was_right, is_right = part["right_before"], part["right_after"]
+            row["flips_plus"] = int((~was_right & is_right).sum())
+            row["flips_minus"] = int((was_right & ~is_right).sum())
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -141,17 +127,6 @@ def single_identity_categories(frame: pd.DataFrame) -> list[str]:
     named = frame[frame["identity"] != ""]
     counts = named.groupby("category")["identity"].nunique()
     return sorted(counts[counts == 1].index)
-
-
-def correct_letters(frame: pd.DataFrame) -> pd.Series:
-    """Share of the items whose correct answer is shown as A, B, C, D in their own order."""
-    own = frame[(frame["order"] == 0) & ~frame["mismatch"]].drop_duplicates("item_id")
-    return own["correct"].value_counts(normalize=True).reindex(list(OPTIONS), fill_value=0.0)
-
-
-def letter_bias(frame: pd.DataFrame) -> pd.Series:
-    """The model's mean P(letter) over every prompt (exact views; 1/4 each without a bias)."""
-    return position_bias(frame, len(OPTIONS))
 
 
 def identity_context(frame: pd.DataFrame, prompt_type: str, orders: str, seed: int = 0) -> dict:

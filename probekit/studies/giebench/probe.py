@@ -9,6 +9,7 @@ cue `[[` and reads the distribution there), `generate` (greedy text and GIEBench
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ def mismatch_identities(units: Sequence[Unit]) -> dict[str, str]:
     return swap
 
 
+@dataclass(eq=False)
 class GIEBenchProbe(Probe):
     """GIEBench items as prompts; `correct` is the letter of the identity-aligned answer as
     shown, so an order's letters map back to the item's options."""
@@ -60,29 +62,23 @@ class GIEBenchProbe(Probe):
         *("shown_identity", "mismatch", "prompt"),
     )
 
-    def __init__(
-        self,
-        units: Sequence[Unit],
-        prompt_types: Sequence[str],
-        view: str = "exact",
-        orders: int = 1,
-        chat: bool = True,
-        mismatch: bool = True,
-        max_new_tokens: int = MAX_NEW_TOKENS,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        self.units = list(units)
-        self.prompt_types = tuple(prompt_types)
-        self.view = view
-        self.orders = cyclic_orders(len(OPTIONS), orders)
-        self.chat = chat
-        self.swap = mismatch_identities(self.units) if mismatch else {}
-        self.max_new_tokens = max_new_tokens
-        self.extra = extra or {}
+    units: Sequence[Unit]
+    prompt_types: Sequence[str]
+    view: str = "exact"
+    orders: int = 1  # cyclic answer orders (`shown`: the orders themselves)
+    chat: bool = True
+    mismatch: bool = True
+    max_new_tokens: int = MAX_NEW_TOKENS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.units, self.prompt_types = list(self.units), tuple(self.prompt_types)
+        self.shown = cyclic_orders(len(OPTIONS), self.orders)
+        self.swap = mismatch_identities(self.units) if self.mismatch else {}
 
     def items(self) -> Iterator[Item]:
         for unit in self.units:
-            for k, order in enumerate(self.orders):
+            for k, order in enumerate(self.shown):
                 for prompt_type in self.prompt_types:
                     yield self.make_item(unit, prompt_type, k, order)
                     if prompt_type != "raw" and unit.id in self.swap:
@@ -137,7 +133,7 @@ class GIEBenchProbe(Probe):
         return item.key["category"]
 
     def unit_prompts(self) -> str:
-        orders = f" × {len(self.orders)} answer orders" if len(self.orders) > 1 else ""
+        orders = f" × {self.orders} answer orders" if self.orders > 1 else ""
         swapped = ", and the identity swaps" if self.swap else ""
         return f"its {len(self.prompt_types)} prompt types{orders}{swapped}"
 
@@ -155,7 +151,7 @@ class GIEBenchProbe(Probe):
             "study": "giebench",
             "items": [u.id for u in self.units],
             "prompt_types": list(self.prompt_types),
-            "orders": len(self.orders),
+            "orders": self.orders,
             "chat_template": self.chat,
             "mismatch": bool(self.swap),
             "prefill": VERDICT_CUE if self.view == "exact" else "",
@@ -163,7 +159,7 @@ class GIEBenchProbe(Probe):
         }
 
     def manifest(self) -> dict[str, Any]:
-        return {"prompt_types": list(self.prompt_types), "orders": len(self.orders), **self.extra}
+        return {"prompt_types": list(self.prompt_types), "orders": self.orders, **self.extra}
 
     def add_columns(self, frame: pd.DataFrame) -> pd.DataFrame:
         """`p_correct`: the normalised probability of the correct verdict (`p::<correct>`)."""

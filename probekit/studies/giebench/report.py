@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 import probekit.studies.giebench.metrics as metrics
+from probekit.core.choices import position_bias
 from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import new_figure, save_figure
@@ -29,6 +30,17 @@ VIEW_TEXT = {
     "explain": "exact P(A-D) read after the model's greedy explanation",
     "generate": "greedy text, GIEBench's regular expression",
 }
+
+
+CAPTIONS = {
+    "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
+    "generate) per category and prompt type with 95 % bootstrap intervals over items, in "
+    "the items' own answer order (and, with --orders above 1, a second panel averaged "
+    "over the cyclic orders); dotted line: chance (0.25).",
+    "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same "
+    "items, own order; labels: items that flipped wrong->right / right->wrong.",
+}
+"""Each figure's caption on the report pages (`Study.captions`), by file name."""
 
 
 def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
@@ -71,15 +83,21 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     parts = [f"## {view}: accuracy per category (95% CI over items)", "", _markdown(wide), ""]
     for name, heading in SECTIONS.items():
         if not tables[name].empty:
-            parts += [f"## {view}: {heading}", "", _markdown(_formatted(tables[name])), ""]
+            table = tables[name].assign(
+                before=tables[name]["before"].map("{:.3f}".format),
+                after=tables[name]["after"].map("{:.3f}".format),
+                delta=tables[name]["delta"].map("{:+.3f}".format),
+            )
+            parts += [f"## {view}: {heading}", "", _markdown(table), ""]
     single = metrics.single_identity_categories(frame)
     if single:
         parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
-    letters = metrics.correct_letters(frame)
-    shares = ", ".join(f"{x} {letters[x]:.0%}" for x in OPTIONS)
+    own = frame[(frame["order"] == 0) & ~frame["mismatch"]].drop_duplicates("item_id")
+    letters = own["correct"].value_counts(normalize=True)  # the items' correct letters
+    shares = ", ".join(f"{x} {letters.get(x, 0.0):.0%}" for x in OPTIONS)
     parts.append(f"Correct letter in the items' own order: {shares}.")
     if view != "generate":
-        bias = metrics.letter_bias(frame)
+        bias = position_bias(frame, len(OPTIONS))  # the model's mean P(letter)
         bias = ", ".join(f"{x} {bias[x]:.3f}" for x in OPTIONS)
         parts.append(f"Position bias, mean P(letter) over all prompts: {bias}.")
     if "cue_missing" in frame:
@@ -205,15 +223,6 @@ def shift_figure(shifts: pd.DataFrame, path: Path, view: str) -> Path:
     )
     ax.legend(fontsize=8)
     return save_figure(fig, path, shifts)
-
-
-def _formatted(table: pd.DataFrame) -> pd.DataFrame:
-    """`before`, `after` to three decimals and `delta` signed, for display."""
-    return table.assign(
-        before=table["before"].map("{:.3f}".format),
-        after=table["after"].map("{:.3f}".format),
-        delta=table["delta"].map("{:+.3f}".format),
-    )
 
 
 def _markdown(frame: pd.DataFrame) -> str:

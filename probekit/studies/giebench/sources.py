@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,15 @@ def category_name(name: str) -> str:
     return CATEGORY_SPELLINGS.get(name, name)
 
 
+def _fields(row: Any, keys: Sequence[str], path: Path, item_id: str) -> None:
+    """Refuse in one line a `row` that is not a JSON object holding every one of `keys`."""
+    if not isinstance(row, dict):
+        raise ProbekitError(f"{path}: item {item_id!r} is not a JSON object")
+    missing = [key for key in keys if key not in row]
+    if missing:
+        raise ProbekitError(f"{path}: item {item_id!r} has no '{missing[0]}'")
+
+
 # ---------------------------------------------------------------------- records
 def read_records(path: Path) -> list[Record]:
     """Records from a JSON file: `{"records": [...]}`, a list of records, or the published edge
@@ -91,11 +101,18 @@ def read_records(path: Path) -> list[Record]:
     if isinstance(data, dict) and "records" in data:
         data = data["records"]
     if isinstance(data, dict):
-        return _edge_cases(data, path)
+        records = []
+        for name, row in data.items():
+            _fields(row, ("user", *EDGE_ANSWER_KEYS), path, name)
+            answers = tuple(str(row[k]) for k in EDGE_ANSWER_KEYS)
+            records.append(Record(name, category_name(name), None, str(row["user"]), answers, 0))
+        return records
     if not isinstance(data, list) or not data:
         raise ProbekitError(f"{path}: expected a non-empty list of item records")
     records = [_record(row, path, k) for k, row in enumerate(data)]
-    _check_unique([r.id for r in records], path)
+    twice = [item_id for item_id, count in Counter(r.id for r in records).items() if count > 1]
+    if twice:
+        raise ProbekitError(f"{path}: item id {twice[0]!r} occurs twice")
     return records
 
 
@@ -103,45 +120,20 @@ def _record(row: Any, path: Path, k: int) -> Record:
     if not isinstance(row, dict):
         raise ProbekitError(f"{path}: record {k} is not a JSON object")
     item_id = str(row.get("id", k))
-    for key in ("category", "question", "answers", "correct"):
-        if key not in row:
-            raise ProbekitError(f"{path}: item {item_id!r} has no '{key}'")
-    answers = row["answers"]
+    _fields(row, ("category", "question", "answers", "correct"), path, item_id)
+    answers, correct = row["answers"], row["correct"]
     if (
         not isinstance(answers, list)
         or len(answers) != 4
         or not all(isinstance(a, str) and a for a in answers)
     ):
         raise ProbekitError(f"{path}: item {item_id!r} needs exactly four non-empty answers")
-    correct = row["correct"]
     if isinstance(correct, bool) or correct not in range(4):
         raise ProbekitError(
             f"{path}: item {item_id!r} has correct={correct!r}; give the index 0-3 of the answer"
         )
-    identity = row.get("identity")
-    return Record(
-        item_id,
-        category_name(str(row["category"])),
-        identity or None,
-        str(row["question"]),
-        tuple(answers),
-        correct,
-    )
-
-
-def _edge_cases(data: dict, path: Path) -> list[Record]:
-    records = []
-    for category, row in data.items():
-        if not isinstance(row, dict):
-            raise ProbekitError(f"{path}: item {category!r} is not a JSON object")
-        missing = [k for k in ("user", *EDGE_ANSWER_KEYS) if k not in row]
-        if missing:
-            raise ProbekitError(f"{path}: item {category!r} has no '{missing[0]}'")
-        answers = tuple(str(row[k]) for k in EDGE_ANSWER_KEYS)
-        records.append(
-            Record(category, category_name(category), None, str(row["user"]), answers, 0)
-        )
-    return records
+    category, question = category_name(str(row["category"])), str(row["question"])
+    return Record(item_id, category, row.get("identity") or None, question, tuple(answers), correct)
 
 
 # ---------------------------------------------------------------------- official files
@@ -155,26 +147,24 @@ def read_official(folder: Path, prompt_types: Sequence[str]) -> list[OfficialIte
             raise ProbekitError(f"{folder} has no {FILES[prompt_type]}")
         tables[prompt_type] = _official_table(read_json(path), path)
     first = prompt_types[0]
-    items = []
-    for item_id, (category, correct, _) in tables[first].items():
-        prompts = {}
-        for prompt_type, table in tables.items():
-            if item_id not in table:
-                raise ProbekitError(f"{folder / FILES[prompt_type]}: item {item_id!r} is missing")
+    for prompt_type, table in tables.items():
+        where = folder / FILES[prompt_type]
+        for item_id in (i for i in tables[first] if i not in table):
+            raise ProbekitError(f"{where}: item {item_id!r} is missing")
+        for item_id in (i for i in table if i not in tables[first]):
+            raise ProbekitError(f"{where}: item {item_id!r} is not in {FILES[first]}")
+        for item_id, (category, correct, _) in tables[first].items():
             if table[item_id][:2] != (category, correct):
                 raise ProbekitError(
-                    f"{folder / FILES[prompt_type]}: item {item_id!r} has another category or "
-                    f"correct answer than in {FILES[first]}"
+                    f"{where}: item {item_id!r} has another category or correct answer than in "
+                    f"{FILES[first]}"
                 )
-            prompts[prompt_type] = table[item_id][2]
-        items.append(OfficialItem(item_id, category, correct, prompts))
-    for prompt_type, table in tables.items():
-        extra = next((i for i in table if i not in tables[first]), None)
-        if extra is not None:
-            raise ProbekitError(
-                f"{folder / FILES[prompt_type]}: item {extra!r} is not in {FILES[first]}"
-            )
-    return items
+    return [
+        OfficialItem(
+            item_id, category, correct, {t: table[item_id][2] for t, table in tables.items()}
+        )
+        for item_id, (category, correct, _) in tables[first].items()
+    ]
 
 
 def _official_table(data: Any, path: Path) -> dict[str, tuple[str, str, str]]:
@@ -182,11 +172,7 @@ def _official_table(data: Any, path: Path) -> dict[str, tuple[str, str, str]]:
         raise ProbekitError(f"{path}: expected a JSON object mapping item ids to items")
     table = {}
     for item_id, row in data.items():
-        if not isinstance(row, dict):
-            raise ProbekitError(f"{path}: item {item_id!r} is not a JSON object")
-        for key in ("prompt", "correct", "category"):
-            if key not in row:
-                raise ProbekitError(f"{path}: item {item_id!r} has no '{key}'")
+        _fields(row, ("prompt", "correct", "category"), path, item_id)
         if row["correct"] not in OPTIONS:
             raise ProbekitError(
                 f"{path}: item {item_id!r} has correct={row['correct']!r}, not one of A-D"
@@ -261,11 +247,3 @@ def resolve_items(
             f"{given('items', 'DIR', placeholder=True)} for them)",
         )
     return ItemSource("official", folder, list(read_official(folder, prompt_types)))
-
-
-def _check_unique(ids: list[str], path: Path) -> None:
-    seen: set[str] = set()
-    for item_id in ids:
-        if item_id in seen:
-            raise ProbekitError(f"{path}: item id {item_id!r} occurs twice")
-        seen.add(item_id)

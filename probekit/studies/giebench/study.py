@@ -3,18 +3,25 @@ the identity-mismatch patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.items import EncodedItem, Item
 from probekit.core.kinds import Kind, comma_list, int_range, positive_int, text
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA
-from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, mechanism_slice, register
+from probekit.studies.base import (
+    MECHANISM,
+    Context,
+    ReportedStudy,
+    mechanism_slice,
+    register,
+    run_help,
+    run_option,
+)
 from probekit.studies.giebench.judge import OPTIONS as VERDICTS
 from probekit.studies.giebench.judge import PROMPT_TYPES, check_prompt_type
 from probekit.studies.giebench.probe import MAX_NEW_TOKENS, GIEBenchProbe
@@ -37,37 +44,33 @@ class GIEBenchOptions:
 
     items: str | None = option(
         None,
-        help={
-            "run": f"{_ITEMS} (default: the official files, found or downloaded, else the sample)",
-            "": f"{_ITEMS}; records, which swap identities (default %(default)s)",
-        },
+        help=run_help(
+            f"{_ITEMS} (default: the official files, found or downloaded, else the sample)",
+            f"{_ITEMS}; records, which swap identities (default %(default)s)",
+        ),
         kind=text,
         defaults={command: "sample" for command in MECHANISM},
     )
     prompt: list[str] = option(
         tuple(PROMPT_TYPES),
-        help={
-            "run": "raw,id,cot or a subset (default %(default)s)",
-            "": "id,cot or a subset: the prompt types that name an identity (default %(default)s)",
-        },
+        help=run_help(
+            "raw,id,cot or a subset (default %(default)s)",
+            "id,cot or a subset: the prompt types that name an identity (default %(default)s)",
+        ),
         kind=prompt_types,
         defaults={command: ("cot",) for command in MECHANISM},
     )
-    orders: int = option(
-        1,
-        help=f"cyclic answer orders, 1-{len(VERDICTS)}",
-        kind=int_range(1, len(VERDICTS)),
-        commands=RUN,
+    orders: int = run_option(
+        1, f"cyclic answer orders, 1-{len(VERDICTS)}", int_range(1, len(VERDICTS))
     )
     no_chat_template: bool = option(
         False, help="send the prompt as raw text, as GIEBench's local-model inference does"
     )
-    no_mismatch: bool = option(False, help="skip the identity-mismatch prompts", commands=RUN)
-    max_new_tokens: int = option(
+    no_mismatch: bool = run_option(False, "skip the identity-mismatch prompts")
+    max_new_tokens: int = run_option(
         MAX_NEW_TOKENS,
-        help="explain/generate: generation budget per prompt (default %(default)s)",
-        kind=positive_int,
-        commands=RUN,
+        "explain/generate: generation budget per prompt (default %(default)s)",
+        positive_int,
     )
 
 
@@ -75,21 +78,10 @@ class GIEBenchStudy(ReportedStudy):
     name = "giebench"
     title = "GIEBench (Wang et al. 2024): identity-based empathy verdicts over four answers"
     run_views = ("exact", "explain", "generate")
-    default_out = "runs/giebench"
     unit_name = "item"
     interval_columns = ("ci_low", "ci_high")
-
+    pair_within = ("prompt_type",)  # each item with its own identity and the swapped one
     options = GIEBenchOptions
-    captions = MappingProxyType(
-        {
-            "accuracy.png": "Accuracy (mean exact P(correct letter), or the share right in "
-            "generate) per category and prompt type with 95 % bootstrap intervals over items, in "
-            "the items' own answer order (and, with --orders above 1, a second panel averaged "
-            "over the cyclic orders); dotted line: chance (0.25).",
-            "shifts.png": "Change of accuracy from the raw prompt to id and to cot on the same "
-            "items, own order; labels: items that flipped wrong->right / right->wrong.",
-        }
-    )
 
     def check(self, options: GIEBenchOptions, context: Context) -> None:
         if context.command in MECHANISM and "raw" in options.prompt:
@@ -98,24 +90,28 @@ class GIEBenchStudy(ReportedStudy):
             )
 
     def probes(self, options: GIEBenchOptions, context: Context) -> list[GIEBenchProbe]:
+        probe = self.probe(options, context, view=context.view, orders=options.orders)
+        for _ in probe.items():  # refuse an unparsable official prompt before the model loads
+            pass
+        return [probe]
+
+    def probe(self, options: GIEBenchOptions, context: Context, **given: Any) -> GIEBenchProbe:
+        """The probe over the items `--items` names (saying where they came from), with the
+        options every command shares and the `given` ones."""
         source = resolve_items(options.items, options.prompt)
         if source.origin == "sample":
             context.say("items: probekit's own sample records (NOT GIEBench). " + source.message)
         else:
             context.say(f"items: {source.origin} from {source.path}")
-        probe = GIEBenchProbe(
+        if context.command == "run":
+            given |= {"mismatch": not options.no_mismatch, "max_new_tokens": options.max_new_tokens}
+        return GIEBenchProbe(
             source.units,
             options.prompt,
-            view=context.view,
-            orders=options.orders,
             chat=not options.no_chat_template,
-            mismatch=not options.no_mismatch,
-            max_new_tokens=options.max_new_tokens,
             extra={"data_origin": source.origin, "data_path": str(source.path)},
+            **given,
         )
-        for _ in probe.items():  # refuse an unparsable official prompt before the model loads
-            pass
-        return [probe]
 
     def views(self, view: str) -> list[str]:
         """The run's own view only (its summary rows name it)."""
@@ -139,17 +135,12 @@ class GIEBenchStudy(ReportedStudy):
         """The slice (`mechanism_slice`) of the records that have a mismatch identity, each
         with its own identity and the swapped one, in the exact (prefilled) view of the prompt
         types."""
-        source = resolve_items(options.items, options.prompt)
-        if not all(isinstance(u, Record) for u in source.units):
+        probe = self.probe(options, context)
+        if not all(isinstance(u, Record) for u in probe.units):
             raise ProbekitError(
                 f"{context.command} swaps identities, so it needs item records ({named('items')})"
             )
-        if source.origin == "sample":
-            context.say("items: probekit's own sample records (NOT GIEBench). " + source.message)
-        extra = {"data_origin": source.origin, "data_path": str(source.path)}
-        chat = not options.no_chat_template
-        probe = GIEBenchProbe(source.units, options.prompt, chat=chat, extra=extra)
-        probe.units = [u for u in source.units if u.id in probe.swap]
+        probe.units = [u for u in probe.units if u.id in probe.swap]
         if not probe.units:
             raise ProbekitError("no record has another identity of its category to swap in")
         sliced = mechanism_slice(probe, context)
@@ -158,15 +149,6 @@ class GIEBenchStudy(ReportedStudy):
             for item in sliced.items()
         ]
         return sliced, items  # type: ignore[return-value]
-
-    def pairs(self, probe: GIEBenchProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
-        """Each item with its own identity (clean) and with the swapped one (corrupt)."""
-
-        def key(e: EncodedItem) -> tuple[str, str]:
-            return e.item.unit, e.item.key["prompt_type"]
-
-        own = {key(e): e for e in encoded if not e.item.key["mismatch"]}
-        return [(own[key(e)], e) for e in encoded if e.item.key["mismatch"]]
 
 
 def _own_identity(probe: GIEBenchProbe) -> Callable[[EncodedItem], bool]:

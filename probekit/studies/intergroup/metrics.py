@@ -143,15 +143,10 @@ class GapSummary:
         row = {name: value for name, value in row.items() if np.isscalar(value)}
         needed = None if self.power is None else self.power.needed
         row["events_for_power"] = np.nan if needed is None else needed
-        row["power"] = _no_power(self) if self.power is None else self.power.describe("event")
+        few = f"not computed: {self.n_kept} events kept, under {MIN_POWER_EVENTS}"
+        few = few if self.n_kept < MIN_POWER_EVENTS else "—"
+        row["power"] = few if self.power is None else self.power.describe("event")
         return {**row, **(self.context or {})}
-
-
-def event_gaps(X: np.ndarray, labels: Sequence[str]) -> np.ndarray:
-    """Each event's raw in-group minus out-group mean of a cube X[perceiver, experiencer,
-    event] (in the answer scale's points)."""
-    inside = np.asarray(labels)[:, None] == np.asarray(labels)[None, :]
-    return X[inside].mean(axis=0) - X[~inside].mean(axis=0)
 
 
 def event_context(
@@ -165,7 +160,8 @@ def event_context(
 ) -> dict[str, float]:
     """What a reader needs beside Δ (see `GapSummary`), from the kept events' cube `X` of the
     named `groups` (with their in-group `labels`) and the scores `df`."""
-    gaps = event_gaps(X, labels)
+    inside = np.asarray(labels)[:, None] == np.asarray(labels)[None, :]
+    gaps = X[inside].mean(axis=0) - X[~inside].mean(axis=0)  # each event's raw gap
     raw = bootstrap_units(len(gaps), lambda d: gaps[d].mean(-1), n_bootstrap, seed, batched=True)
     out = {
         "raw_gap": raw.estimate,
@@ -182,13 +178,6 @@ def event_context(
         out["valid_mass_in_group"] = float(rows.loc[inside, "valid_mass"].mean())
         out["valid_mass_out_group"] = float(rows.loc[~inside, "valid_mass"].mean())
     return out
-
-
-def _no_power(summary: GapSummary) -> str:
-    """Why a summary has no power figure."""
-    if summary.n_kept < MIN_POWER_EVENTS:
-        return f"not computed: {summary.n_kept} events kept, under {MIN_POWER_EVENTS}"
-    return "—"
 
 
 def _named_labels(groups: Sequence[str], labels: Sequence[str] | None) -> list[str]:

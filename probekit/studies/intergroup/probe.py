@@ -157,6 +157,7 @@ def make_item(
     )
 
 
+@dataclass(eq=False)
 class IntergroupProbe(Probe):
     """Every perceiver x experiencer x event prompt of one (category, setting), `a person`
     included on both sides as in the paper's full matrix (or only the named groups with
@@ -167,24 +168,20 @@ class IntergroupProbe(Probe):
     unit_name = "event"
     group_name = "emotion"
 
-    def __init__(
-        self,
-        category: Category,
-        setting: Setting,
-        events: pd.DataFrame,
-        named_only: bool = False,
-        extra: dict[str, Any] | None = None,
-        authors_input: bool = False,
-    ) -> None:
-        self.category = category
-        self.setting = setting
-        self.events = events
-        self.identities = category.named if named_only else category.identities
+    category: Category
+    setting: Setting
+    events: pd.DataFrame
+    named_only: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    authors_input: bool = False  # vLLM's string prompt: a second BOS for some tokenizers
+
+    def __post_init__(self) -> None:
+        category, setting = self.category, self.setting
+        self.identities = category.named if self.named_only else category.identities
         self.name = f"intergroup/{category.name}/{setting.name}"
         self.answers = AnswerSet.range(0, setting.scale_max)
         self.subdir = f"{category.name}/{setting.name}"
-        self.extra = extra or {}
-        self.as_string = authors_input  # vLLM's string prompt: a second BOS for some tokenizers
+        self.as_string = self.authors_input
 
     def items(self) -> Iterator[Item]:
         rows = list(

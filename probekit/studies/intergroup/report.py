@@ -35,6 +35,19 @@ DELTA_MEANING = (
 )
 
 
+CAPTIONS = {
+    "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), "
+    "as the paper's heatmaps (its YlGnBu map); black lines set off `a person`; crimson "
+    "outlines: the in-group cells Δ averages (perceiver and experiencer of one label: "
+    "the diagonal, or ethnicity's blocks); white cells: hidden by the paper's rule (a "
+    "paired t-test against the row's and the column's diagonal cell, Bonferroni α / k², "
+    "not both significant), not missing data.",
+    "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' "
+    "tsne.py (perplexity 5, random_state 42), coloured by cultural region.",
+}
+"""Each figure's caption on the report pages (`Study.captions`), by file name."""
+
+
 def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
     """Statistics of one view (the exact `expected` or the generated `parsed`) and its figures
     (`heatmap.png`, `embedding.png` for nationality, `Z.npy`): one summary row."""

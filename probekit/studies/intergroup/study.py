@@ -3,22 +3,30 @@ the per-run report (both views of a generate run), and the in-group/out-group pa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item, Pair
+from probekit.core.items import EncodedItem, Item
 from probekit.core.kinds import Kind, choice, count_or_all, probability, text
 from probekit.core.options import named, option
 from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
 from probekit.mechanism.defaults import Contrast, Interaction, MechanismDefaults
 from probekit.stats import empathy_gap, zscore
-from probekit.studies.base import MECHANISM, RUN, Context, ReportedStudy, data_option, register
+from probekit.studies.base import (
+    MECHANISM,
+    RUN,
+    Context,
+    ReportedStudy,
+    data_option,
+    register,
+    run_help,
+    run_option,
+)
 from probekit.studies.intergroup.metrics import DEFAULT_MIN_VALID_MASS, event_cube
 from probekit.studies.intergroup.probe import (
     CATEGORIES,
@@ -45,18 +53,18 @@ class IntergroupOptions:
 
     category: str = option(
         "religion",
-        help={
-            "run": "ethnicity, nationality, religion, or all (default %(default)s)",
-            "": "ethnicity, nationality or religion (default %(default)s)",
-        },
+        help=run_help(
+            "ethnicity, nationality, religion, or all (default %(default)s)",
+            "ethnicity, nationality or religion (default %(default)s)",
+        ),
         kind=choice("category", (*CATEGORIES, "all")),
     )
     setting: str = option(
         "P0S0T0",
-        help={
-            "run": "P0S0T0 (origin), ..., or all (default %(default)s)",
-            "": "P0S0T0 (origin), ... (default %(default)s)",
-        },
+        help=run_help(
+            "P0S0T0 (origin), ..., or all (default %(default)s)",
+            "P0S0T0 (origin), ... (default %(default)s)",
+        ),
         kind=Kind("setting", str, _setting),
     )
     events: int | None = option(
@@ -67,11 +75,10 @@ class IntergroupOptions:
     data: Path | None = data_option(
         "crowd-enVent/ (default: $PROBEKIT_DATA, the cache, a download)"
     )
-    authors_input: bool = option(
+    authors_input: bool = run_option(
         False,
-        help="tokenize the rendered chat prompt as a string with the tokenizer's special tokens, "
+        "tokenize the rendered chat prompt as a string with the tokenizer's special tokens, "
         "as the authors' vLLM did (a second BOS for Llama-3.1 and Mistral)",
-        commands=RUN,
     )
     min_valid_mass: float = option(
         DEFAULT_MIN_VALID_MASS,
@@ -91,24 +98,11 @@ class IntergroupOptions:
 class IntergroupStudy(ReportedStudy):
     name = "intergroup"
     title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): rated intensity"
-    default_out = "runs/intergroup"
     unit_name = "event"
     interval_columns = ("delta_ci_low", "delta_ci_high", "raw_gap_ci_low", "raw_gap_ci_high")
-
+    pair_within = ("perceiver",)  # each in-group prompt (g, g) with the out-group ones (g, h)
     options = IntergroupOptions
     dataset = CROWD_ENVENT
-    captions = MappingProxyType(
-        {
-            "heatmap.png": "Z-normalised mean intensity, perceiver (row) x experiencer (column), "
-            "as the paper's heatmaps (its YlGnBu map); black lines set off `a person`; crimson "
-            "outlines: the in-group cells Δ averages (perceiver and experiencer of one label: "
-            "the diagonal, or ethnicity's blocks); white cells: hidden by the paper's rule (a "
-            "paired t-test against the row's and the column's diagonal cell, Bonferroni α / k², "
-            "not both significant), not missing data.",
-            "embedding.png": "t-SNE of the perceivers' rows of the named-only Z, as the authors' "
-            "tsne.py (perplexity 5, random_state 42), coloured by cultural region.",
-        }
-    )
 
     def check(self, options: IntergroupOptions, context: Context) -> None:
         if context.command in MECHANISM and "all" in (options.category, options.setting):
@@ -162,16 +156,6 @@ class IntergroupStudy(ReportedStudy):
 
             items = [replace(item, key=key(item)) for item in items]
         return probe, items  # type: ignore[return-value]
-
-    def pairs(self, probe: IntergroupProbe, encoded: Sequence[EncodedItem]) -> list[Pair]:
-        """Each in-group prompt (g, g) paired with every out-group prompt (g, h) of its event."""
-        inside = _in_group(probe)
-        clean = {(e.item.unit, e.item.key["perceiver"]): e for e in encoded if inside(e)}
-        return [
-            (clean[(e.item.unit, e.item.key["perceiver"])], e)
-            for e in encoded
-            if not inside(e) and (e.item.unit, e.item.key["perceiver"]) in clean
-        ]
 
 
 def _in_group(probe: IntergroupProbe) -> Callable[[EncodedItem], bool]:

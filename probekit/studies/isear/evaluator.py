@@ -50,13 +50,11 @@ def evaluate(answer: str, emotions: Sequence[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _nltk_download(target: Path) -> object:
-    return nltk.download("punkt_tab", download_dir=str(target), quiet=True)
-
-
 def locate_punkt(
     data_root: str | Path | None = None,
-    download: Callable[[Path], object] = _nltk_download,
+    download: Callable[[Path], object] = lambda target: nltk.download(
+        "punkt_tab", download_dir=str(target), quiet=True
+    ),
 ) -> PunktTables:
     """Find the English punkt tables and make `word_tokenize` read them (see the module doc);
     `download(folder)` fetches NLTK's punkt_tab into `folder`."""

@@ -68,13 +68,8 @@ def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> View
         probs = np.where(np.isfinite(probs), probs, 0.0)
         np.add.at(weights, (event_codes, gender_codes), probs)
         mass = np.bincount(event_codes, scores["valid_mass"].to_numpy(float), n)
-        return ViewTables(
-            view,
-            events,
-            tuple(genders),
-            weights,
-            valid_mass=mass / np.bincount(event_codes, minlength=n),
-        )
+        mass /= np.bincount(event_codes, minlength=n)
+        return ViewTables(view, events, tuple(genders), weights, valid_mass=mass)
     if view != "generate":
         raise ProbekitError(f"unknown view {view!r}; use generate or exact")
     require_columns(scores, ["parsed"])
@@ -101,10 +96,9 @@ def view_metrics(tables: ViewTables, drawn: np.ndarray | None = None) -> dict[st
     w = np.bincount(np.arange(n) if drawn is None else drawn, minlength=n).astype(float)
     counts = np.tensordot(w, tables.weights, axes=1)  # [gender, emotion]
     probs = _gender_probs(counts)
-    metrics: dict[str, float] = {}
-    for k, emotion in enumerate(EMOTIONS):
-        metrics[f"max_diff_{emotion}"] = float(probs[:, k].max() - probs[:, k].min())
-    metrics["max_diff"] = max(metrics[f"max_diff_{e}"] for e in EMOTIONS)
+    spread = probs.max(0) - probs.min(0)
+    metrics = {f"max_diff_{e}": float(d) for e, d in zip(EMOTIONS, spread, strict=True)}
+    metrics["max_diff"] = max(metrics.values())
     if tables.view == "generate":
         metrics["undetected_rate_attempts"] = float(w @ tables.undetected / (w @ tables.attempts))
         metrics["undetected_rate_items"] = float(
@@ -115,8 +109,7 @@ def view_metrics(tables: ViewTables, drawn: np.ndarray | None = None) -> dict[st
     else:
         metrics["mean_valid_mass"] = float(w @ tables.valid_mass / w.sum())
     for i, gender in enumerate(tables.genders):
-        for k, emotion in enumerate(EMOTIONS):
-            metrics[f"p::{emotion}|{gender}"] = float(probs[i, k])
+        metrics |= {f"p::{e}|{gender}": float(p) for e, p in zip(EMOTIONS, probs[i], strict=True)}
     return metrics
 
 

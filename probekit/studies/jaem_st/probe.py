@@ -11,8 +11,9 @@ where each mask's value landed (`fill_template`), one range per occurrence, neve
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ from probekit.core.choices import cyclic_order, letter_of, letters
 from probekit.core.items import CharSpan, Item, fill_template
 from probekit.core.options import option_error
 from probekit.studies.base import Probe
-from probekit.studies.jaem_st.data import EMPATHETIC, JaemData, Template
+from probekit.studies.jaem_st.data import EMPATHETIC, JaemData
 from probekit.studies.jaem_st.sampler import TEMPLATE
 
 N_OPTIONS = 5
@@ -39,58 +40,45 @@ def parse_letter(response: str) -> str | None:
     return match.group(0) if match else None
 
 
-def ce_template(template: Template, instruction: str, shown: Sequence[int]) -> str:
-    """The unfilled CE prompt with the answers `shown` (file-order indices) behind A, B, ..."""
-    pairs = zip(LETTERS, shown, strict=True)
-    options = ["\n" + letter + ": " + template.answers[i][1] for letter, i in pairs]
-    return instruction + template.context + template.conversation + "\n".join(options)
-
-
 def answer_order(seed: int, sample: int) -> tuple[int, ...]:
     """The seeded random order of one sample's answers (file-order indices behind A..E)."""
     return tuple(int(i) for i in np.random.default_rng([seed, sample]).permutation(N_OPTIONS))
 
 
-def shown_order(base: Sequence[int], shift: int) -> tuple[int, ...]:
-    """The answers behind A..E in cyclic order `shift` of the base order."""
-    return tuple(base[j] for j in cyclic_order(N_OPTIONS, shift))
-
-
+@dataclass(eq=False)
 class JaemProbe(Probe):
     """Every sampled row x order as one user message; the answers are the letters A-E."""
 
     max_new_tokens = GENERATE_TOKENS
-    contrast: tuple[str, str] | None = None  # (dimension column, clean value) when patching
+    contrast: ClassVar[tuple[str, str] | None] = None  # (dimension column, clean value): patching
     unit_name = "sample"
 
-    def __init__(
-        self,
-        data: JaemData,
-        rows: pd.DataFrame,
-        prompt: int = 0,
-        orders: int = 1,
-        seed: int = 0,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        ce = data.prompts.get("CE", [])
+    data: JaemData
+    rows: pd.DataFrame
+    prompt: int = 0
+    orders: int = 1
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ce, prompt, orders = self.data.prompts.get("CE", []), self.prompt, self.orders
         if not 0 <= prompt < len(ce):
             raise option_error("prompt", f"must be between 0 and {len(ce) - 1} (got {prompt})")
         if not 1 <= orders <= N_OPTIONS:
             raise option_error("orders", f"must be between 1 and {N_OPTIONS} (got {orders})")
-        self.data, self.rows, self.prompt, self.orders, self.seed = data, rows, prompt, orders, seed
         self.instruction = ce[prompt]
-        self.columns = tuple(d.column for d in data.dimensions)
+        self.columns = tuple(d.column for d in self.data.dimensions)
         self.key_columns = ("template", "sample", *self.columns, "order", "empathetic_letter")
         self.answers = AnswerSet(LETTERS)
         self.name = f"jaem-st/CE{prompt}"
-        self.extra = extra or {}
 
     def items(self) -> Iterator[Item]:
         for sample, row in enumerate(self.rows.itertuples(index=False)):
             values = dict(zip(self.rows.columns, row, strict=True))
             base = answer_order(self.seed, sample)
             for shift in range(self.orders):
-                yield self.make_item(sample, values, shown_order(base, shift), shift)
+                shown = tuple(base[j] for j in cyclic_order(N_OPTIONS, shift))
+                yield self.make_item(sample, values, shown, shift)
 
     def make_item(
         self, sample: int, values: dict[str, Any], shown: tuple[int, ...], shift: int, tag: str = ""
@@ -99,7 +87,11 @@ class JaemProbe(Probe):
         answers `shown`; `tag` distinguishes mechanism variants in the id."""
         template = self.data.templates[int(values[TEMPLATE])]
         by_mask = {d.mask: str(values[d.column]) for d in self.data.dimensions}
-        text, where = fill_template(ce_template(template, self.instruction, shown), **by_mask)
+        # the authors' create_cognitive_st: the answers shown behind A, B, ... joined directly
+        pairs = zip(LETTERS, shown, strict=True)
+        answers = ["\n" + letter + ": " + template.answers[i][1] for letter, i in pairs]
+        prompt = self.instruction + template.context + template.conversation + "\n".join(answers)
+        text, where = fill_template(prompt, **by_mask)
         letter = letter_of(shown, template.answer_index(EMPATHETIC))
         spans = {
             d.column: tuple(CharSpan(0, start, end) for start, end in where[d.mask])

@@ -49,6 +49,19 @@ METRIC_NAMES = {
 }
 
 
+CAPTIONS = {
+    "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
+    "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
+    "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
+    "spread of the group means).",
+    "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
+    "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
+    "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
+    "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
+}
+"""Each figure's caption on the report pages (`Study.captions`), by file name."""
+
+
 def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
     """Tables and figures of one view of a run; returns one summary row per template and `all`."""
     manifest, view, seed = out.manifest, out.view, out.seed
@@ -74,40 +87,26 @@ def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
     group_figure(group_table, groups, out.path("groups.png"), title, float(overall["mean"]), z)
     if len(groups) == 2:
         group_heatmap(group_table, groups, out.path("groups_heatmap.png"), title, z)
-    base = {
-        "model": manifest.get("model"),
-        "prompt": manifest.get("prompt", 0),
-        "orders": manifest.get("orders", 1),
-        "view": view,
-    }
+    base = {k: manifest.get(k, d) for k, d in (("model", None), ("prompt", 0), ("orders", 1))}
+    labels = manifest.get("answer_labels")
     rows = []
-    templates = [(r["template"], r) for _, r in per_template.iterrows()]
-    for name, stats in [("all", overall), *templates]:
-        whole = name == "all"
-        frame = scores if whole else scores[scores["template"] == name]
-        subset = samples if whole else samples[samples["template"] == name]
+    for name, stats in [("all", overall), *per_template.set_index("template").iterrows()]:
+        frame = scores if name == "all" else scores[scores["template"] == name]
+        subset = samples if name == "all" else samples[samples["template"] == name]
         # a template's groups against that template's mean
-        table = group_table if whole else group_outliers(subset, float(stats["mean"]))
-        row = {
-            **base,
-            "template": name,
-            "outliers": _outliers(table, groups),
-            "n_samples": int(stats["n"]),
-            "accuracy": stats["mean"],
-            "low": stats["low"],
-            "high": stats["high"],
-            "mean_valid_mass": float(frame["valid_mass"].mean()),
-            **metrics.group_context(subset, frame, groups),
-        }
+        table = group_table if name == "all" else group_outliers(subset, float(stats["mean"]))
+        types = labels or sorted({t for types in frame["answer_types"] for t in types.split(",")})
+        row = {**base, "view": view, "template": name, "outliers": _outliers(table, groups)}
+        row |= {"n_samples": int(stats["n"]), "accuracy": stats["mean"]}
+        row |= {"low": stats["low"], "high": stats["high"]}
+        row |= {"mean_valid_mass": float(frame["valid_mass"].mean())}
+        row |= metrics.group_context(subset, frame, groups)
         if view == "generate":
             row["parse_rate"] = float(frame["parsed"].notna().mean())
         else:
             row["greedy_accuracy"] = float((frame["greedy"] == frame["empathetic_letter"]).mean())
         row["letter_bias"] = _shares(metrics.letter_bias(frame, view))
-        labels = manifest.get("answer_labels") or sorted(
-            {t for types in frame["answer_types"] for t in types.split(",")}
-        )
-        row["answer_types"] = _shares(metrics.answer_type_shares(frame, view, labels))
+        row["answer_types"] = _shares(metrics.answer_type_shares(frame, view, types))
         rows.append(row)
     return rows
 

@@ -21,7 +21,7 @@ run (one line) and its responses generated again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,25 +65,17 @@ class ResponseOptions:
     device: str | None
     max_new_tokens: int = RESPONSE_TOKENS
 
-    def manifest(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_manifest(cls, fields: dict[str, Any]) -> ResponseOptions:
-        return cls(**fields)
-
-
-def response_text(data: JaemData, template: Template, values: dict[str, str]) -> str:
-    """AE[0] + context + conversation, filled with the sample's values by mask."""
+def response_text(
+    data: JaemData, template: Template, values: dict[str, str], conversation: bool = False
+) -> str:
+    """AE[0] + context + conversation, filled with the sample's values by mask (`conversation`:
+    the filled conversation alone, the AE source text)."""
     instruction = (data.prompts.get("AE") or [""])[0]
+    text = template.conversation if conversation else instruction + template.context
+    text += "" if conversation else template.conversation
     by_mask = {d.mask: str(values[d.column]) for d in data.dimensions}
-    return fill_template(instruction + template.context + template.conversation, **by_mask)[0]
-
-
-def conversation_text(data: JaemData, template: Template, values: dict[str, str]) -> str:
-    """The filled conversation: the AE source text."""
-    by_mask = {d.mask: str(values[d.column]) for d in data.dimensions}
-    return fill_template(template.conversation, **by_mask)[0]
+    return fill_template(text, **by_mask)[0]
 
 
 def speaker_utterance(conversation: str) -> str:
@@ -118,7 +110,7 @@ def response_items(data: JaemData, samples: pd.DataFrame) -> list[Item]:
 def response_key(manifest: dict[str, Any], ids: Sequence[str]) -> RowKey:
     """The settings and prompts the rows of `responses.parquet` are kept under: the run's, and
     the generation budget."""
-    budget = ResponseOptions.from_manifest(manifest["responses"]).max_new_tokens
+    budget = ResponseOptions(**manifest["responses"]).max_new_tokens
     return RowKey.of({**manifest, "response_tokens": budget}, ids, "generated")
 
 
@@ -172,7 +164,7 @@ def write_responses(
     """The run's step: generate with `model` the responses `responses.parquet` lacks (saved as
     they come), score every response (AE and ERA where enabled, one line where not) and write
     the table; returned."""
-    options = ResponseOptions.from_manifest(manifest["responses"])
+    options = ResponseOptions(**manifest["responses"])
     data = load_jaem(options.data, options.templates)
     if manifest.get("data_sha256") not in (None, data.sha256):
         raise ProbekitError(
@@ -198,7 +190,7 @@ def write_responses(
         generate_responses(model, missing, budget, save)
     by_name = {t.name: t for t in data.templates}
     records = samples.to_dict("records")
-    conversations = [conversation_text(data, by_name[r["template"]], r) for r in records]
+    conversations = [response_text(data, by_name[r["template"]], r, True) for r in records]
     lexicon = vad.read_vad_lexicon(options.vad_lexicon) if options.vad_lexicon else None
     classifier = None
     if options.era_model:

@@ -4,9 +4,8 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -27,7 +26,16 @@ from probekit.core.options import given, named, option
 from probekit.core.progress import echo
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.headline import INTERVAL_NOTE
-from probekit.studies.base import MECHANISM, RUN, Context, Probe, ReportedStudy, register, run_view
+from probekit.studies.base import (
+    MECHANISM,
+    Context,
+    Probe,
+    ReportedStudy,
+    data_option,
+    register,
+    run_option,
+    run_view,
+)
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
@@ -39,7 +47,7 @@ DEFAULT_PATCH_SAMPLES = 2
 class JaemOptions:
     """jaem-st options."""
 
-    data: Path | None = option(None, help="data root holding jaem_st/", kind=path, metavar="ROOT")
+    data: Path | None = data_option("jaem_st/")
     templates: Path | None = option(
         None, help="a folder of templates (*.txt)", kind=path, metavar="DIR"
     )
@@ -60,50 +68,40 @@ class JaemOptions:
         kind=positive_int,
         defaults={command: DEFAULT_PATCH_SAMPLES for command in MECHANISM},
     )
-    orders: int = option(
+    orders: int = run_option(
         1,
-        help=f"1: one seeded random answer order per sample; {N_OPTIONS}: also its cyclic shifts",
-        kind=int_range(1, N_OPTIONS),
-        commands=RUN,
+        f"1: one seeded random answer order per sample; {N_OPTIONS}: also its cyclic shifts",
+        int_range(1, N_OPTIONS),
     )
-    groups: list[str] = option(
+    groups: list[str] = run_option(
         tuple(metrics.DEFAULT_GROUPS),
-        help="dimension columns forming the intersectional groups, one or two (default "
-        "%(default)s)",
-        kind=comma_list,
-        commands=RUN,
+        "dimension columns forming the intersectional groups, one or two (default %(default)s)",
+        comma_list,
     )
-    outlier_z: float = option(
+    outlier_z: float = run_option(
         metrics.DEFAULT_Z,
-        help="a group is an outlier beyond this many group standard deviations (default "
-        "%(default)s)",
-        kind=positive_float,
-        commands=RUN,
+        "a group is an outlier beyond this many group standard deviations (default %(default)s)",
+        positive_float,
     )
-    responses: bool = option(
+    responses: bool = run_option(
         False,
-        help="also generate Carl's free response per sample (greedy) and score it for AE "
+        "also generate Carl's free response per sample (greedy) and score it for AE "
         "(--vad-lexicon) and ERA (--era-model)",
-        commands=RUN,
     )
-    response_tokens: int | None = option(
+    response_tokens: int | None = run_option(
         None,
-        help="--responses: the greedy budget in new tokens (default: 64, "
+        "--responses: the greedy budget in new tokens (default: 64, "
         "responses.RESPONSE_TOKENS; end of sequence stops earlier)",
-        kind=positive_int,
-        commands=RUN,
+        positive_int,
     )
-    vad_lexicon: Path | None = option(
+    vad_lexicon: Path | None = run_option(
         None,
-        help="AE: a word<TAB>valence<TAB>arousal<TAB>dominance lexicon (NRC VAD format)",
-        kind=path,
-        commands=RUN,
+        "AE: a word<TAB>valence<TAB>arousal<TAB>dominance lexicon (NRC VAD format)",
+        path,
     )
-    era_model: str | None = option(
+    era_model: str | None = run_option(
         None,
-        help="ERA: a folder with EPITOME's finetuned_{IP,EX,ER}.pth, or package.module:factory",
-        kind=text,
-        commands=RUN,
+        "ERA: a folder with EPITOME's finetuned_{IP,EX,ER}.pth, or package.module:factory",
     )
     dimension: str = option(
         "pronoun",
@@ -119,27 +117,12 @@ class JaemOptions:
 class JaemStudy(ReportedStudy):
     name = "jaem-st"
     title = "JaEm-ST (seed 002): intersectional cognitive empathy, exact A–E choices"
-    default_out = "runs/jaem-st"
     unit_name = "sample"
-
     options = JaemOptions
     dataset = JAEM_ST
-    captions = MappingProxyType(
-        {
-            "groups.png": "CE score per group of the --groups columns (default gender x pronoun) "
-            "with 95 % bootstrap intervals over samples, sorted; dashed: the overall mean; "
-            "vermillion, with their z beside them: outliers (|z| above --outlier-z, z over the "
-            "spread of the group means).",
-            "groups_heatmap.png": "Mean CE score per group, the first --groups column (default "
-            "gender) in rows and the second (pronoun) in columns; outlined in crimson: outliers.",
-            "accuracy_by_group.png": "CE score per value of each dimension that reaches a prompt, "
-            "with 95 % bootstrap intervals over samples; dashed: the overall mean.",
-        }
-    )
 
     def check(self, options: JaemOptions, context: Context) -> None:
-        if context.command != "run":
-            return
+        """The run-only options that go together (the other commands keep their defaults)."""
         if not 1 <= len(options.groups) <= 2:
             raise ProbekitError(
                 f"{named('groups')} takes one or two dimension columns, e.g. gender,pronoun"
@@ -162,7 +145,7 @@ class JaemStudy(ReportedStudy):
             rows = rows.head(options.samples)
         extra = _manifest(data, options)
         if options.responses:
-            extra["responses"] = _response_options(options, context).manifest()
+            extra["responses"] = asdict(_response_options(options, context))
         return [JaemProbe(data, rows, options.prompt, options.orders, context.seed, extra)]
 
     def after_run(
