@@ -261,16 +261,25 @@ def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
 
 def offered_tiers(model: HFModel) -> tuple[str, ...]:
     """The tiers `model` can be scored in, fastest first (see the module's docstring)."""
+    return _offered(model)[0]
+
+
+def _offered(model: HFModel) -> tuple[tuple[str, ...], str]:
+    """`offered_tiers`, and why where one tier only is offered."""
     if model.dtype != torch.float32:
-        return (dtype_name(model.dtype),)
-    if model.dispatched or model.device.type != "cuda":
-        return ("float32",)
+        name = dtype_name(model.dtype)
+        return (name,), f"loaded in {name}: the only tier offered"
+    if model.dispatched:
+        return ("float32",), "a model dispatched by a device map is scored in float32"
+    if model.device.type != "cuda":
+        kind = model.device.type
+        return ("float32",), f"float32 is the fastest arithmetic on {kind}: nothing to choose"
     capability = torch.cuda.get_device_capability(model.device)
     if capability < (7, 0):
-        return ("float32",)
-    if capability < (8, 0):
-        return tuple(t for t in TIERS if body_of(t) in ("float16", "float32"))
-    return TIERS
+        return ("float32",), "this GPU has no tensor cores: float32 only"
+    return tuple(
+        t for t in TIERS if capability >= (8, 0) or body_of(t) in ("float16", "float32")
+    ), ""
 
 
 def _pending(
@@ -279,18 +288,11 @@ def _pending(
     """The record of a tier to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among
     `offered` (default `offered_tiers`); the one tier offered taken without measuring, with
     why."""
+    tiers, why = _offered(model)
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    record = {"tolerance": tolerance, "offered": list(offered or offered_tiers(model))}
+    record = {"tolerance": tolerance, "offered": list(offered or tiers)}
     if len(record["offered"]) > 1:
         return record
-    if model.dtype != torch.float32:
-        why = f"loaded in {dtype_name(model.dtype)}: the only tier offered"
-    elif model.dispatched:
-        why = "a model dispatched by a device map is scored in float32"
-    elif model.device.type == "cuda":
-        why = "this GPU has no tensor cores: float32 only"
-    else:
-        why = f"float32 is the fastest arithmetic on {model.device.type}: nothing to choose"
     return {**record, "tier": record["offered"][0], "tried": [], "note": why}
 
 
