@@ -49,7 +49,7 @@ def answer_mass(trie_pass: TriePass, batch: Sequence[Sequence[int]]) -> torch.Te
     lengths = mask.sum(-1)
     tokens = torch.cat([ids, t.token[1:].expand(n, -1)], dim=1)
     position_ids = torch.cat([positions(mask), lengths[:, None] - 1 + depth[None, 1:]], dim=1)
-    attend = additive_mask(_tree_mask(mask.bool(), t.ancestors), model.dtype)
+    attend = additive_mask(_tree_mask(mask.bool(), t.is_ancestor[1:-1, 1:-1]), model.dtype)
     hidden, _ = body(model, tokens, attend, position_ids)
     node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
     logp_node, stop_logp, _ = node_log_probs(trie_pass, node_hidden)
@@ -94,21 +94,18 @@ def node_log_probs(
     return logp_node, stop_logp, top.view(n, nodes)
 
 
-def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-    """Bool [n, 1, W + nodes - 1, W + nodes - 1]: causal over real prompt tokens; a node sees the
-    real prompt tokens, its ancestors and itself. Every query sees at least itself."""
+def _tree_mask(prompt: torch.Tensor, is_ancestor: torch.Tensor) -> torch.Tensor:
+    """Bool [n, 1, W + nodes - 1, W + nodes - 1]: causal over real prompt tokens; a node (below
+    the root; `is_ancestor` [nodes - 1, nodes - 1] of those) sees the real prompt tokens, its
+    ancestors and itself. Every query sees at least itself."""
     n, width = prompt.shape
-    nodes = ancestors.shape[0]
-    total = width + nodes - 1
+    total = width + is_ancestor.shape[0]
     dev = prompt.device
     causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
     attend = torch.zeros(n, total, total, dtype=torch.bool, device=dev)
     attend[:, :width, :width] = causal & prompt[:, None, :]
     attend[:, width:, :width] = prompt[:, None, :]
-    tree = torch.eye(nodes - 1, dtype=torch.bool, device=dev)
-    rows, k = torch.nonzero(ancestors[1:] >= 0, as_tuple=True)
-    tree[rows, ancestors[1:][rows, k] - 1] = True
-    attend[:, width:, width:] = tree
+    attend[:, width:, width:] = is_ancestor
     attend |= torch.eye(total, dtype=torch.bool, device=dev)
     return attend[:, None]
 

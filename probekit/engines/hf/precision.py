@@ -58,7 +58,7 @@ from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE, dtype_name
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
 
-TIERS = ("float16+head", "bfloat16+head", "tf32+head", "float16", "bfloat16", "tf32", "float32")
+TIERS = tuple(TIER_LABELS)
 """The precision tiers, fastest first by the nominal rates of a current GPU's tensor cores
 (16-bit about twice TF32, TF32 about seven times plain float32); between two of the same speed
 the one with more mantissa bits first (float16 before bfloat16)."""
@@ -327,15 +327,35 @@ def choose_precision(
         raise ProbekitError("choosing a precision tier needs at least one prompt")
     reference = _exact(model, prompts, answers)
     record |= {"tried": [], "tier": "float32", "sample": len(prompts), "reference": "float32"}
+
+    def trial(tier: str) -> dict[str, Any]:
+        """`tier`'s differences from `reference`, the model put back in float32 after. A tier
+        that does not run (a kernel this device lacks) is refused with the first line of its
+        error, and one whose scores are not finite (float16 overflow) with the count."""
+        undo = apply_tier(model, tier)
+        try:
+            scored = _exact(model, prompts, answers)
+        except RuntimeError as error:
+            return {"tier": tier, "failed": str(error).splitlines()[0], "accepted": False}
+        finally:
+            undo()
+        if bad := overflowed(scored):
+            return {"tier": tier, "overflow": bad, "accepted": False}
+        measured = score_differences(scored, reference, answers.numeric)
+        return {
+            "tier": tier,
+            **measured,
+            "accepted": measured["max_prob_diff"] <= record["tolerance"],
+        }
+
     picked = None
     for tier in record["offered"]:
         if tier == "float32":
             break
         if picked and body_of(tier) == "float16":
             continue  # a fallback must not overflow where its tier did
-        trial = _trial(model, tier, prompts, answers, reference, record["tolerance"])
-        record["tried"].append(trial)
-        if not trial["accepted"]:
+        record["tried"].append(trial(tier))
+        if not record["tried"][-1]["accepted"]:
             continue
         if picked:
             record["fallback"] = tier
@@ -348,30 +368,6 @@ def choose_precision(
     print(f"probekit: {describe_precision(record)}", file=sys.stderr)
     _put(model, record)
     return record
-
-
-def _trial(
-    model: HFModel,
-    tier: str,
-    prompts: Sequence[Sequence[int]],
-    answers: AnswerSet,
-    reference: list[ScoreResult],
-    tolerance: float,
-) -> dict[str, Any]:
-    """`tier`'s differences from `reference` on `prompts`, the model put back in float32 after.
-    A tier that does not run (a kernel this device lacks) is refused with the first line of its
-    error, and one whose scores are not finite (float16 overflow) with the count."""
-    undo = apply_tier(model, tier)
-    try:
-        scored = _exact(model, prompts, answers)
-    except RuntimeError as error:
-        return {"tier": tier, "failed": str(error).splitlines()[0], "accepted": False}
-    finally:
-        undo()
-    if bad := overflowed(scored):
-        return {"tier": tier, "overflow": bad, "accepted": False}
-    measured = score_differences(scored, reference, answers.numeric)
-    return {"tier": tier, **measured, "accepted": measured["max_prob_diff"] <= tolerance}
 
 
 def overflowed(results: Sequence[ScoreResult]) -> int:
