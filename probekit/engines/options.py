@@ -141,7 +141,7 @@ class ModelOptions(ModelChoice):
             "view stays hf's)",
             "": "hf (transformers, the default; the only engine with hooks)",
         },
-        kind=choice("engine", tuple(ENGINES)),
+        kind=choice("engine", ENGINES.keys()),  # a live view: engines registered later too
     )
     device_map: str | dict[str, Any] | None = option(
         None,

@@ -199,13 +199,13 @@ class TriePass:
                     self.model, ids, additive_mask(attend, self.model.dtype), positions, cache
                 )
             pass_.placed = torch.cat([pass_.placed, sel], dim=1)
-            head.start()
+            head.mark()
             at = torch.arange(n, device=dev)[:, None].expand(n, width)
             if self.on_host:
                 self._expand(hidden[valid], at[valid], sel[valid], pass_)
             else:
                 self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), pass_)
-            head.stop()
+            head.mark()
         # The batch's reads, after its last level: the results and the counts, in two copies.
         probs = t.answer_probs(pass_.logp_node[:, :none], pass_.stop_logp[:, :none])
         floats = torch.cat([probs, pass_.dropped[:, None]], dim=1).cpu().numpy()
