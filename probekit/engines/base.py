@@ -156,22 +156,64 @@ class Precision(Protocol):
 
 
 @runtime_checkable
-class HookableModel(Precision, Protocol):
+class Engine(Precision, Protocol):
+    """One loaded model behind one engine. An engine class may subclass this protocol to take
+    its bodies: those of `Precision` and `noise_figure` (an engine without tiers)."""
+
+    engine: str  # the registry name: "hf", "vllm", ...
+    name: str  # the model spec it was loaded from (`default`, a hub id, a path)
+
+    def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
+        """The item's token ids and span positions."""
+        ...
+
+    def scorer(self, answers: AnswerSet, **options: Any) -> Scorer:
+        """A scorer for `answers`; `options` are the fields of
+        `probekit.engines.options.ScorerOptions` (`epsilon`, `batch_size`, and the generation
+        budget `max_new_tokens` with `settled`, `temperature` and `seed`), a bad value one line
+        naming it."""
+        ...
+
+    def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
+        """Token ids back to text, special tokens skipped."""
+        ...
+
+    def hookable(self) -> Any:
+        """The model the mechanism hooks into; `hooks_unavailable` where the engine has none."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Manifest fields: engine, model, model_source, weights, device, dtype."""
+        ...
+
+    def noise_figure(
+        self,
+        prompts: Sequence[Sequence[int]],
+        answers: AnswerSet,
+        *,
+        seed: int,
+        epsilon: float,
+        own: Sequence[ScoreResult] | None = None,
+    ) -> dict[str, Any]:
+        """How far the exact scores of `prompts` (token ids) move when scored again in a wider
+        arithmetic at `epsilon`; `own`: the run's results of these prompts, not scored again.
+        The manifest's `numerics`: the dtypes and the largest differences, or a `note` saying
+        why there are none."""
+        return {"dtype": str(self.describe().get("dtype")), "note": "not measured"}
+
+
+@runtime_checkable
+class HookableModel(Engine, Protocol):
     """What the mechanism asks of a hookable model (`Engine.hookable()`; the transformers
     engine's `LoadedModel`): its layers, device and dtype, the tokenizer, the Hugging Face module
     (`hf`, for the head count, the width and nnsight's block layout), the two hook libraries'
     views, and a `HookedScorer` for an answer set."""
 
-    name: str
     n_layers: int
     device: Any
     dtype: Any
     tokenizer: Any
     hf: Any
-
-    def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
-        """The item's token ids and span positions."""
-        ...
 
     def enable_bridge(self) -> Any:
         """The TransformerLens bridge over `hf` (its hooks fire inside every later forward)."""
@@ -225,53 +267,6 @@ class HookedScorer(Scorer, Protocol):
         the stop log-probs [rows, nodes, rule] (what `TrieTables.answer_probs` multiplies) and
         each node's most likely next token; what the logit lens reads at every layer."""
         ...
-
-
-@runtime_checkable
-class Engine(Precision, Protocol):
-    """One loaded model behind one engine. An engine class may subclass this protocol to take
-    its bodies: those of `Precision` and `noise_figure` (an engine without tiers)."""
-
-    engine: str  # the registry name: "hf", "vllm", ...
-    name: str  # the model spec it was loaded from (`default`, a hub id, a path)
-
-    def encode(self, item: Item, as_string: bool = False) -> EncodedItem:
-        """The item's token ids and span positions."""
-        ...
-
-    def scorer(self, answers: AnswerSet, **options: Any) -> Scorer:
-        """A scorer for `answers`; `options` are the fields of
-        `probekit.engines.options.ScorerOptions` (`epsilon`, `batch_size`, and the generation
-        budget `max_new_tokens` with `settled`, `temperature` and `seed`), a bad value one line
-        naming it."""
-        ...
-
-    def decode(self, tokens: Sequence[Sequence[int]]) -> list[str]:
-        """Token ids back to text, special tokens skipped."""
-        ...
-
-    def hookable(self) -> Any:
-        """The model the mechanism hooks into; `hooks_unavailable` where the engine has none."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """Manifest fields: engine, model, model_source, weights, device, dtype."""
-        ...
-
-    def noise_figure(
-        self,
-        prompts: Sequence[Sequence[int]],
-        answers: AnswerSet,
-        *,
-        seed: int,
-        epsilon: float,
-        own: Sequence[ScoreResult] | None = None,
-    ) -> dict[str, Any]:
-        """How far the exact scores of `prompts` (token ids) move when scored again in a wider
-        arithmetic at `epsilon`; `own`: the run's results of these prompts, not scored again.
-        The manifest's `numerics`: the dtypes and the largest differences, or a `note` saying
-        why there are none."""
-        return {"dtype": str(self.describe().get("dtype")), "note": "not measured"}
 
 
 def windows(prompts: Iterable[Sequence[int]], size: int) -> Iterator[list[Sequence[int]]]:

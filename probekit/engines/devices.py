@@ -51,12 +51,9 @@ def format_size(n: float, binary: bool = False) -> str:
 def device_key(name: str) -> str:
     """`cuda`, `0`, `cuda:0` -> `cuda:0`; `cpu`, `mps` as they are; anything else one line."""
     name = name.strip().lower()
-    if name.isdigit():
-        return f"cuda:{name}"
-    if name == "cuda":
-        return "cuda:0"
-    if name in ("cpu", "mps") or re.fullmatch(r"cuda:\d+", name):
-        return name
+    key = "cuda:0" if name == "cuda" else f"cuda:{name}" if name.isdigit() else name
+    if key in ("cpu", "mps") or re.fullmatch(r"cuda:\d+", key):
+        return key
     raise ProbekitError(f"unknown device '{name}'; use cuda:N (or N), cpu or mps")
 
 

@@ -17,6 +17,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.kinds import (
     Kind,
     checked_by,
+    choice,
     function,
     non_negative_float,
     non_negative_int,
@@ -81,12 +82,6 @@ NOISE_SAMPLE = 8
 noise figure measured on."""
 
 
-def _engine(value: Any) -> str:
-    if value not in ENGINES:
-        raise ProbekitError(f"unknown engine '{value}'; choose one of: {', '.join(ENGINES)}")
-    return value
-
-
 def _model(value: Any) -> str:
     return str(value) if isinstance(value, Path) else text.check(value)
 
@@ -146,7 +141,7 @@ class ModelOptions(ModelChoice):
             "view stays hf's)",
             "": "hf (transformers, the default; the only engine with hooks)",
         },
-        kind=checked_by("engine", _engine),
+        kind=choice("engine", ENGINES.keys()),  # a live view: engines registered later too
     )
     device_map: str | dict[str, Any] | None = option(
         None,
@@ -215,8 +210,7 @@ class ModelOptions(ModelChoice):
     @property
     def placed(self) -> list[str]:
         """The placement options given (a device map and what implies one, vLLM's sizes)."""
-        names = ("device_map", "max_memory", "offload_folder", "tensor_parallel_size")
-        return [name for name in names if getattr(self, name) is not None]
+        return [n for n in (*DISPATCH, PARALLEL[0]) if getattr(self, n) is not None]
 
 
 def check_models(parsed: tuple) -> None:

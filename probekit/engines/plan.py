@@ -439,17 +439,13 @@ def marked_plan(
     tried = placements(weights, usable, dispatched, offload, tensor_parallel_size)
     chosen, batch, lines = None, 0, []
     for placement in tried:
-        batch = largest_batch(placement.room, per_prompt, batch_size)
-        if not placement.weights_fit:
-            lines.append(f"{placement.name}: the weights do not fit")
-        elif not batch:
-            lines.append(f"{placement.name}: the weights fit, the batch does not")
-        else:
-            lines.append(f"{placement.name}: fits, batch {batch}")
+        fit = placement.weights_fit
+        batch = largest_batch(placement.room, per_prompt, batch_size) if fit else 0
+        how = f"fits, batch {batch}" if batch else "the weights fit, the batch does not"
+        lines.append(f"{placement.name}: {how if fit else 'the weights do not fit'}")
+        if batch:
             chosen = placement
             break
-    else:
-        batch = 0
     notes, advice = [], ""
     if chosen is None:
         fitting = [p for p in tried if p.weights_fit]

@@ -141,21 +141,19 @@ def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:
             f"prompts must be a string, a list of strings, of chat-message lists or of Items, or "
             f"a .jsonl path; got {type(prompts).__name__}"
         )
-    yield from unique_ids(enumerate(_listed_items(prompts, prefill)))
+    yield from unique_ids(enumerate(_as_item(i, p, prefill) for i, p in enumerate(prompts)))
 
 
-def _listed_items(prompts: Sequence[Any], prefill: str) -> Iterator[Item]:
-    """The items of a Python list of prompts, in order."""
-    for index, prompt in enumerate(prompts):
-        if isinstance(prompt, Item):
-            yield replace(prompt, id=prompt.id or str(index), prefill=prompt.prefill + prefill)
-        elif isinstance(prompt, str):
-            yield Item(str(index), messages=({"role": "user", "content": prompt},), prefill=prefill)
-        elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
-            messages = parse_messages(list(prompt), f"prompt {index}")
-            yield Item(str(index), messages=messages, prefill=prefill)
-        else:
-            raise ProbekitError(
-                f"prompt {index} is a {type(prompt).__name__}: give a string, a list of "
-                "{'role', 'content'} messages or an Item"
-            )
+def _as_item(index: int, prompt: Any, prefill: str) -> Item:
+    """The item of prompt `index` of a Python list of prompts."""
+    if isinstance(prompt, Item):
+        return replace(prompt, id=prompt.id or str(index), prefill=prompt.prefill + prefill)
+    if isinstance(prompt, str):
+        return Item(str(index), messages=({"role": "user", "content": prompt},), prefill=prefill)
+    if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        messages = parse_messages(list(prompt), f"prompt {index}")
+        return Item(str(index), messages=messages, prefill=prefill)
+    raise ProbekitError(
+        f"prompt {index} is a {type(prompt).__name__}: give a string, a list of "
+        "{'role', 'content'} messages or an Item"
+    )

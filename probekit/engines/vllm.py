@@ -312,19 +312,17 @@ class VllmScorer:
         from vllm import SamplingParams
 
         temperature, stops = self.options.temperature, sorted(stop_ids(self.engine.text))
-        params = []
-        for _ in prompts:
-            seed = self.options.seed + self._requests if temperature > 0 else None
-            self._requests += temperature > 0
-            params.append(
-                SamplingParams(
-                    temperature=temperature,
-                    max_tokens=self.max_new_tokens,
-                    seed=seed,
-                    stop_token_ids=stops,
-                    detokenize=False,
-                )
+        first, self._requests = self._requests, self._requests + len(prompts) * (temperature > 0)
+        params = [
+            SamplingParams(
+                temperature=temperature,
+                max_tokens=self.max_new_tokens,
+                seed=self.options.seed + first + k if temperature > 0 else None,
+                stop_token_ids=stops,
+                detokenize=False,
             )
+            for k in range(len(prompts))
+        ]
         outputs = self.engine.generate(prompts, params)
         if progress is not None:
             progress.update(len(prompts))
@@ -334,11 +332,9 @@ class VllmScorer:
         """`tokens` up to the first one after which `settled` holds for the decoded text (the
         row the transformers engine's early stop would have produced)."""
         settled, decode = self.options.settled, self.engine.tokenizer.decode
-        if settled is not None:
-            for end in range(1, len(tokens)):
-                if settled(decode(tokens[:end], skip_special_tokens=True)):
-                    return tokens[:end]
-        return tokens
+        ends = range(1, len(tokens)) if settled is not None else ()
+        cut = (end for end in ends if settled(decode(tokens[:end], skip_special_tokens=True)))
+        return tokens[: next(cut, len(tokens))]
 
 
 def _vllm_version() -> str:

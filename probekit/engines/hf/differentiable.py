@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from probekit.core.padding import left_pad, positions
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import body
-from probekit.engines.hf.head import HEAD_CHUNK, lm_head, vocabulary_sums
+from probekit.engines.hf.head import HEAD_CHUNK, node_terms
 from probekit.engines.hf.precision import final_norm
 from probekit.engines.hf.trie_pass import TriePass
 
@@ -49,7 +49,7 @@ def answer_mass(trie_pass: TriePass, batch: Sequence[Sequence[int]]) -> torch.Te
     lengths = mask.sum(-1)
     tokens = torch.cat([ids, t.token[1:].expand(n, -1)], dim=1)
     position_ids = torch.cat([positions(mask), lengths[:, None] - 1 + depth[None, 1:]], dim=1)
-    attend = additive_mask(_tree_mask(mask.bool(), t.ancestors), model.dtype)
+    attend = additive_mask(_tree_mask(mask.bool(), t.is_ancestor[1:-1, 1:-1]), model.dtype)
     hidden, _ = body(model, tokens, attend, position_ids)
     node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
     logp_node, stop_logp, _ = node_log_probs(trie_pass, node_hidden)
@@ -94,21 +94,18 @@ def node_log_probs(
     return logp_node, stop_logp, top.view(n, nodes)
 
 
-def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-    """Bool [n, 1, W + nodes - 1, W + nodes - 1]: causal over real prompt tokens; a node sees the
-    real prompt tokens, its ancestors and itself. Every query sees at least itself."""
+def _tree_mask(prompt: torch.Tensor, is_ancestor: torch.Tensor) -> torch.Tensor:
+    """Bool [n, 1, W + nodes - 1, W + nodes - 1]: causal over real prompt tokens; a node (below
+    the root; `is_ancestor` [nodes - 1, nodes - 1] of those) sees the real prompt tokens, its
+    ancestors and itself. Every query sees at least itself."""
     n, width = prompt.shape
-    nodes = ancestors.shape[0]
-    total = width + nodes - 1
+    total = width + is_ancestor.shape[0]
     dev = prompt.device
     causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
     attend = torch.zeros(n, total, total, dtype=torch.bool, device=dev)
     attend[:, :width, :width] = causal & prompt[:, None, :]
     attend[:, width:, :width] = prompt[:, None, :]
-    tree = torch.eye(nodes - 1, dtype=torch.bool, device=dev)
-    rows, k = torch.nonzero(ancestors[1:] >= 0, as_tuple=True)
-    tree[rows, ancestors[1:][rows, k] - 1] = True
-    attend[:, width:, width:] = tree
+    attend[:, width:, width:] = is_ancestor
     attend |= torch.eye(total, dtype=torch.bool, device=dev)
     return attend[:, None]
 
@@ -116,30 +113,17 @@ def _tree_mask(prompt: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
 def _node_terms(
     trie_pass: TriePass, hidden: torch.Tensor, child_token: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 [rows, 3 + children]: log Z, log of the stop sums of both rules, child logits;
-    and each row's most likely token. Under autograd each chunk is checkpointed."""
-    run = _head_chunk
+    """`node_terms` of the rows in chunks of `HEAD_CHUNK`; under autograd each chunk is
+    checkpointed (its float64 vocabulary sums recomputed in the backward pass, not stored)."""
+    run = node_terms
     if torch.is_grad_enabled():
-        run = functools.partial(checkpoint, _head_chunk, use_reentrant=False)
+        run = functools.partial(checkpoint, node_terms, use_reentrant=False)
+    model, columns = trie_pass.model, trie_pass.columns
     chunks = [
-        run(trie_pass, hidden[i : i + HEAD_CHUNK], child_token[i : i + HEAD_CHUNK])
+        run(model, columns, hidden[i : i + HEAD_CHUNK], child_token[i : i + HEAD_CHUNK])
         for i in range(0, hidden.shape[0], HEAD_CHUNK)
     ]
     return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
-
-
-def _head_chunk(
-    trie_pass: TriePass, hidden: torch.Tensor, child_token: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's sums for a chunk of rows: exp(logits - max) times the ones and "does not
-    extend" columns (the max is a constant shift, so it carries no gradient), and the argmax."""
-    logits = lm_head(trie_pass.model, hidden)
-    top, token = logits.max(-1)
-    top = top.detach()[:, None]
-    blocks = trie_pass.columns.blocks
-    sums = vocabulary_sums((logits - top).exp(), blocks).log() + top.double()
-    children = torch.gather(logits, 1, child_token).double()
-    return torch.cat([sums, children], dim=1), token
 
 
 def _parent_slots(trie_pass: TriePass) -> tuple[torch.Tensor, torch.Tensor]:

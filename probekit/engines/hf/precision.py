@@ -58,7 +58,7 @@ from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE, dtype_name
 if TYPE_CHECKING:
     from probekit.engines.hf.protocol import HFModel
 
-TIERS = ("float16+head", "bfloat16+head", "tf32+head", "float16", "bfloat16", "tf32", "float32")
+TIERS = tuple(TIER_LABELS)
 """The precision tiers, fastest first by the nominal rates of a current GPU's tensor cores
 (16-bit about twice TF32, TF32 about seven times plain float32); between two of the same speed
 the one with more mantissa bits first (float16 before bfloat16)."""
@@ -261,16 +261,25 @@ def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
 
 def offered_tiers(model: HFModel) -> tuple[str, ...]:
     """The tiers `model` can be scored in, fastest first (see the module's docstring)."""
+    return _offered(model)[0]
+
+
+def _offered(model: HFModel) -> tuple[tuple[str, ...], str]:
+    """`offered_tiers`, and why where one tier only is offered."""
     if model.dtype != torch.float32:
-        return (dtype_name(model.dtype),)
-    if model.dispatched or model.device.type != "cuda":
-        return ("float32",)
+        name = dtype_name(model.dtype)
+        return (name,), f"loaded in {name}: the only tier offered"
+    if model.dispatched:
+        return ("float32",), "a model dispatched by a device map is scored in float32"
+    if model.device.type != "cuda":
+        kind = model.device.type
+        return ("float32",), f"float32 is the fastest arithmetic on {kind}: nothing to choose"
     capability = torch.cuda.get_device_capability(model.device)
     if capability < (7, 0):
-        return ("float32",)
-    if capability < (8, 0):
-        return tuple(t for t in TIERS if body_of(t) in ("float16", "float32"))
-    return TIERS
+        return ("float32",), "this GPU has no tensor cores: float32 only"
+    return tuple(
+        t for t in TIERS if capability >= (8, 0) or body_of(t) in ("float16", "float32")
+    ), ""
 
 
 def _pending(
@@ -279,18 +288,11 @@ def _pending(
     """The record of a tier to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among
     `offered` (default `offered_tiers`); the one tier offered taken without measuring, with
     why."""
+    tiers, why = _offered(model)
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    record = {"tolerance": tolerance, "offered": list(offered or offered_tiers(model))}
+    record = {"tolerance": tolerance, "offered": list(offered or tiers)}
     if len(record["offered"]) > 1:
         return record
-    if model.dtype != torch.float32:
-        why = f"loaded in {dtype_name(model.dtype)}: the only tier offered"
-    elif model.dispatched:
-        why = "a model dispatched by a device map is scored in float32"
-    elif model.device.type == "cuda":
-        why = "this GPU has no tensor cores: float32 only"
-    else:
-        why = f"float32 is the fastest arithmetic on {model.device.type}: nothing to choose"
     return {**record, "tier": record["offered"][0], "tried": [], "note": why}
 
 
@@ -325,15 +327,35 @@ def choose_precision(
         raise ProbekitError("choosing a precision tier needs at least one prompt")
     reference = _exact(model, prompts, answers)
     record |= {"tried": [], "tier": "float32", "sample": len(prompts), "reference": "float32"}
+
+    def trial(tier: str) -> dict[str, Any]:
+        """`tier`'s differences from `reference`, the model put back in float32 after. A tier
+        that does not run (a kernel this device lacks) is refused with the first line of its
+        error, and one whose scores are not finite (float16 overflow) with the count."""
+        undo = apply_tier(model, tier)
+        try:
+            scored = _exact(model, prompts, answers)
+        except RuntimeError as error:
+            return {"tier": tier, "failed": str(error).splitlines()[0], "accepted": False}
+        finally:
+            undo()
+        if bad := overflowed(scored):
+            return {"tier": tier, "overflow": bad, "accepted": False}
+        measured = score_differences(scored, reference, answers.numeric)
+        return {
+            "tier": tier,
+            **measured,
+            "accepted": measured["max_prob_diff"] <= record["tolerance"],
+        }
+
     picked = None
     for tier in record["offered"]:
         if tier == "float32":
             break
         if picked and body_of(tier) == "float16":
             continue  # a fallback must not overflow where its tier did
-        trial = _trial(model, tier, prompts, answers, reference, record["tolerance"])
-        record["tried"].append(trial)
-        if not trial["accepted"]:
+        record["tried"].append(trial(tier))
+        if not record["tried"][-1]["accepted"]:
             continue
         if picked:
             record["fallback"] = tier
@@ -346,30 +368,6 @@ def choose_precision(
     print(f"probekit: {describe_precision(record)}", file=sys.stderr)
     _put(model, record)
     return record
-
-
-def _trial(
-    model: HFModel,
-    tier: str,
-    prompts: Sequence[Sequence[int]],
-    answers: AnswerSet,
-    reference: list[ScoreResult],
-    tolerance: float,
-) -> dict[str, Any]:
-    """`tier`'s differences from `reference` on `prompts`, the model put back in float32 after.
-    A tier that does not run (a kernel this device lacks) is refused with the first line of its
-    error, and one whose scores are not finite (float16 overflow) with the count."""
-    undo = apply_tier(model, tier)
-    try:
-        scored = _exact(model, prompts, answers)
-    except RuntimeError as error:
-        return {"tier": tier, "failed": str(error).splitlines()[0], "accepted": False}
-    finally:
-        undo()
-    if bad := overflowed(scored):
-        return {"tier": tier, "overflow": bad, "accepted": False}
-    measured = score_differences(scored, reference, answers.numeric)
-    return {"tier": tier, **measured, "accepted": measured["max_prob_diff"] <= tolerance}
 
 
 def overflowed(results: Sequence[ScoreResult]) -> int:

@@ -129,16 +129,15 @@ def decode(
     mask, lengths, cache = state.mask.long(), state.lengths, state.cache
     token = next_token(state.root_logp, temperature, generator)
     for step in range(1, max_new_tokens + 1):
-        keep = []
-        for k, (row, t) in enumerate(zip(rows, token.tolist(), strict=True)):
+        for row, t in zip(rows, token.tolist(), strict=True):
             out[row].append(t)
-            finished = (
-                t in stops
-                or step == max_new_tokens
-                or (settled is not None and settled(text(out[row], skip_special_tokens=True)))
-            )
-            if not finished:
-                keep.append(k)
+        keep = [
+            k
+            for k, row in enumerate(rows)
+            if step < max_new_tokens
+            and out[row][-1] not in stops
+            and not (settled is not None and settled(text(out[row], skip_special_tokens=True)))
+        ]
         if not keep:
             break
         if len(keep) < len(rows):

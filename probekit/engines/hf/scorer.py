@@ -141,27 +141,6 @@ class HFScorer:
         A batch whose scores are not finite (float16 overflowed) is scored again in the
         fallback its precision tier measured (`precision.fall_back`); without one, one line says
         how many prompts overflowed."""
-        results = self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
-        bad = overflowed(results)
-        if bad and fall_back(self.model, bad):
-            self._prefixes.clear()  # its caches are in the old tier
-            return self._score_batch(batch, reuse_prefix, prompt_context, answer_context)
-        if bad and not self._overflow_said and "tier" in self.model.meta.get("precision", {}):
-            self._overflow_said = True
-            print(
-                f"probekit: the scores of {bad} prompt(s) are not finite: {self.model.dtype} "
-                "overflowed (use --dtype float32 or bfloat16, or choose by --tolerance)",
-                file=sys.stderr,
-            )
-        return results
-
-    def _score_batch(
-        self,
-        batch: Sequence[Sequence[int]],
-        reuse_prefix: bool,
-        prompt_context: Callable[[], contextlib.AbstractContextManager] | None,
-        answer_context: AnswerContext | None,
-    ) -> list[ScoreResult]:
         device = self.model.device
         with torch.inference_mode():
             start = clock(device)
@@ -177,6 +156,10 @@ class HFScorer:
             redo = [i for i, r in enumerate(results) if r.error_bound > self.epsilon]
             self._again(state, results, redo, 0.0, answer_context)
             trie_done = clock(device)
+            bad = overflowed(results)
+            if bad and fall_back(self.model, bad):
+                self._prefixes.clear()  # its caches are in the old tier
+                return self.score_batch(batch, reuse_prefix, prompt_context, answer_context)
             if self.max_new_tokens:
                 for result, tokens in zip(results, self._decode(state), strict=True):
                     result.generated = tokens
@@ -184,7 +167,14 @@ class HFScorer:
             self.stats.prompt_seconds += prompt_done - start
             self.stats.trie_seconds += trie_done - prompt_done
             self.stats.decode_seconds += clock(device) - trie_done
-            return results
+        if bad and not self._overflow_said and "tier" in self.model.meta.get("precision", {}):
+            self._overflow_said = True
+            print(
+                f"probekit: the scores of {bad} prompt(s) are not finite: {self.model.dtype} "
+                "overflowed (use --dtype float32 or bfloat16, or choose by --tolerance)",
+                file=sys.stderr,
+            )
+        return results
 
     def _again(
         self,

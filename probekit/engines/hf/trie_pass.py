@@ -34,7 +34,7 @@ from probekit.core.answers import ANSWER_KINDS, AnswerSet
 from probekit.engines.base import ScoreResult, ScorerStats
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import Stopwatch, body
-from probekit.engines.hf.head import VocabularyColumns, head_rows, lm_head, vocabulary_sums
+from probekit.engines.hf.head import VocabularyColumns, head_rows, node_terms
 from probekit.engines.hf.prompt_pass import PromptState
 from probekit.engines.trie import AnswerTrie
 
@@ -199,13 +199,13 @@ class TriePass:
                     self.model, ids, additive_mask(attend, self.model.dtype), positions, cache
                 )
             pass_.placed = torch.cat([pass_.placed, sel], dim=1)
-            head.start()
+            head.mark()
             at = torch.arange(n, device=dev)[:, None].expand(n, width)
             if self.on_host:
                 self._expand(hidden[valid], at[valid], sel[valid], pass_)
             else:
                 self._expand(hidden.flatten(0, 1), at.flatten(), sel.flatten(), pass_)
-            head.stop()
+            head.mark()
         # The batch's reads, after its last level: the results and the counts, in two copies.
         probs = t.answer_probs(pass_.logp_node[:, :none], pass_.stop_logp[:, :none])
         floats = torch.cat([probs, pass_.dropped[:, None]], dim=1).cpu().numpy()
@@ -254,52 +254,35 @@ class TriePass:
         return valid, torch.where(valid, cand[order[:, len(cand) - width :]], t.n_nodes)
 
     def _expand(self, hidden, rows, nodes, pass_: _Pass) -> None:
-        """From each fed node's next-token distribution: children, stop mass, greedy token.
-        `nodes` may hold the padding node, whose writes land in its own column.
-
-        One pass over the vocabulary per row: exp(logits - max) times a matrix whose columns are
-        all ones and the "does not extend" masks gives the normaliser and the stop mass of both
-        rules at once (`vocabulary_sums`, accurate to a float64 sum). The rows go through the
-        LM head in chunks of `head_rows`."""
-        t = self.tables
-        logp_node, stop_logp, top_token = pass_.logp_node, pass_.stop_logp, pass_.top_token
+        """From each fed node's next-token distribution (`node_terms`): children, stop mass,
+        greedy token. `nodes` may hold the padding node, whose writes land in its own column.
+        The rows go through the LM head in chunks of `head_rows`."""
+        t, logp_node = self.tables, pass_.logp_node
         step = head_rows(logp_node.shape[0])
         for start in range(0, hidden.shape[0], step):
             r, i = rows[start : start + step], nodes[start : start + step]
-            logits = lm_head(self.model, hidden[start : start + step])
-            top, top_token[r, i] = logits.max(-1)
-            child_logit = torch.gather(logits, 1, t.slot_child_token[i]).double()
-            weights = logits.sub_(top[:, None]).exp_()  # in place: bounds the chunk's memory
-            sums = vocabulary_sums(weights, self.columns.blocks).clamp(min=1e-300).log()
-            del logits, weights
-            log_z = sums[:, :1]
-            stop_logp[r, i] = sums[:, 1:] - log_z
-            child_lp = child_logit - top.double()[:, None] - log_z
-            logp_node[r[:, None], t.slot_child[i]] = logp_node[r, i][:, None] + child_lp
+            chunk, child_token = hidden[start : start + step], t.slot_child_token[i]
+            terms, pass_.top_token[r, i] = node_terms(self.model, self.columns, chunk, child_token)
+            log_z = terms[:, :1]
+            pass_.stop_logp[r, i] = terms[:, 1:3] - log_z
+            logp_node[r[:, None], t.slot_child[i]] = logp_node[r, i][:, None] + terms[:, 3:] - log_z
 
     def row_results(
         self, probs: np.ndarray, dropped: np.ndarray, top_token: np.ndarray
     ) -> list[ScoreResult]:
         """Per row, from its unnormalised answer probabilities, dropped mass and nodes' most
         likely next tokens (on the host)."""
-        valid = probs.sum(-1)
-        greedy = self._greedy(top_token)
+        answers, valid = self.answers, probs.sum(-1)
         results = []
-        for row in range(probs.shape[0]):
+        for row, greedy in enumerate(self._greedy(top_token)):
             mass = float(valid[row])
-            norm = probs[row] / mass if mass > 0 else np.full(len(self.answers), np.nan)
-            mode = self.answers.answers[int(np.argmax(norm))] if mass > 0 else None
-            result = ScoreResult(
-                probs=norm,
-                valid_mass=mass,
-                error_bound=float(dropped[row]) / mass if mass > 0 else float("inf"),
-                greedy=greedy[row] if greedy[row] is not None else mode,
-                most_probable=mode,
-            )
-            if self.answers.numeric and mass > 0:
-                values = self.answers.values
-                result.expected = float(norm @ values)
-                result.std = float(np.sqrt(max(norm @ (values - result.expected) ** 2, 0.0)))
+            norm = probs[row] / mass if mass > 0 else np.full(len(answers), np.nan)
+            mode = answers.answers[int(np.argmax(norm))] if mass > 0 else None
+            bound = float(dropped[row]) / mass if mass > 0 else float("inf")
+            result = ScoreResult(norm, mass, bound, mode if greedy is None else greedy, mode)
+            if answers.numeric and mass > 0:
+                result.expected = expected = float(norm @ answers.values)
+                result.std = float(np.sqrt(max(norm @ (answers.values - expected) ** 2, 0.0)))
             results.append(result)
         return results
 
