@@ -17,7 +17,7 @@ import torch
 
 from probekit.core.paths import user_cache_dir
 from probekit.engines.hf.attention import use_grouped_sdpa
-from probekit.engines.hf.gguf import default_gguf_path
+from probekit.engines.hf.gguf import default_gguf_path, gguf_sha256
 from probekit.engines.hf.model import LoadedModel
 
 TINY_SHAPE = {
@@ -168,11 +168,12 @@ def _default_files() -> tuple[Any, Any, Any]:
     generation config, read from its GGUF's metadata: no weights are read or converted, so the
     unit tests need no model cache. Reading the metadata costs ~7 s of CPU, so its result is kept
     in the user cache (a complete folder or none: written aside, then renamed) and read from there
-    in ~0.4 s by every later process; a damaged copy is read again from the GGUF."""
+    in ~0.4 s by every later process, keyed by the GGUF's SHA-256 (its kept digest); a damaged
+    copy is read again from the GGUF."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     gguf = default_gguf_path()
-    kept = user_cache_dir() / "metadata" / f"{gguf.stem}-{gguf.stat().st_size}"
+    kept = user_cache_dir() / "metadata" / f"{gguf.stem}-{gguf_sha256(gguf)[:12]}"
     try:
         tokenizer, config = AutoTokenizer.from_pretrained(kept), AutoConfig.from_pretrained(kept)
     except (OSError, ValueError):  # not kept yet, or damaged
