@@ -56,12 +56,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     """A test that uses a fixture of `DEFAULT_MODEL_FIXTURES` is marked `default_model`. The
     slow tests form one xdist group (`--dist loadgroup` in `pyproject.toml`): they run one after
     another in one process, since each loads a real model or starts processes that use every
-    core, while the unit tests share the other processes. Marked as each test is collected,
-    before xdist reads the groups (which it does when the collection is modified)."""
+    core, while the unit tests share the other processes, a module's tests in one process so
+    that its module fixtures (a run on the tiny models) are made once. Marked as each test is
+    collected, before xdist reads the groups (which it does when the collection is modified)."""
     if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.default_model)
-    if item.get_closest_marker("slow"):
-        item.add_marker(pytest.mark.xdist_group("slow"))
+    slow = item.get_closest_marker("slow")
+    item.add_marker(pytest.mark.xdist_group("slow" if slow else item.module.__name__))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -22,12 +22,12 @@ from probekit.testing.reference import brute_force
 
 PATCHES = [
     Patch(3, "hook_resid_pre", "experiencer"),
-    Patch(2, HEAD_SITE, "from_experiencer", 4),
-    Patch(5, "hook_mlp_out", "perceiver"),  # in the shared prefix: a no-op, estimate 0
+    Patch(2, HEAD_SITE, "from_experiencer", 3),
+    Patch(3, "hook_mlp_out", "perceiver"),  # in the shared prefix: a no-op, estimate 0
 ]
 
 
-MODEL = "tiny_deep"  # the method's mechanics: the tiny model of the default model's depth
+MODEL = "tiny_bridged"  # the method's mechanics on the tiny model (4 layers)
 
 
 def _pair(model):
@@ -118,7 +118,7 @@ def test_the_gradient_equals_a_finite_difference_of_the_engine(exact64):
 
 
 def test_a_tiny_interpolation_is_estimated_exactly(exact64):
-    """Moving head 4 of layer 2 a fraction alpha of the way towards its clean value and the same
+    """Moving head 3 of layer 2 a fraction alpha of the way towards its clean value and the same
     fraction away from it: where the metric is linear in the component, the exact effect is
     alpha x the estimate. The odd part of the two effects removes the second-order term, which
     is what a one-sided step at alpha = 0.01 measured (1 % of the effect)."""
@@ -147,7 +147,7 @@ def test_a_tiny_interpolation_is_estimated_exactly(exact64):
 
 def test_attribution_table_and_verification(scorer, pair, estimated):
     assert (estimated["method"] == "attribution").all()
-    assert estimated["head"].tolist()[1] == 4 and estimated["head"].isna().tolist() == [1, 0, 1]
+    assert estimated["head"].tolist()[1] == 3 and estimated["head"].isna().tolist() == [1, 0, 1]
     assert estimated["estimate"][2] == 0.0 and estimated["expected_patched"].isna().all()
     verified = attribution.verify(scorer, [pair], estimated, 2, EV)
     assert (verified["method"] == "attribution+verify").all()

@@ -113,28 +113,28 @@ def test_score_refuses_to_go_on_from_rows_of_other_inputs(tmp_path, capsys, monk
 
 
 def test_patch_keeps_its_rows_when_its_last_write_fails_and_finishes_from_them(
-    tmp_path, monkeypatch, tiny_deep
+    tmp_path, monkeypatch, tiny
 ):
     out, study = tmp_path / "patch", minimal_study.MinimalStudy()
     options = dict(layers=[0], sites=["resid_pre"], bootstrap=20, out=out, days=2, quiet=True)
     fail_on(monkeypatch, out / "patching.parquet")
     with pytest.raises(ProbekitError) as refusal:
-        probekit.patch_study(study, tiny_deep, **options)
+        probekit.patch_study(study, tiny, **options)
     kept = out / "patching" / "sweep"
     assert f"the measured rows are kept in {kept}: once that is fixed" in str(refusal.value)
     monkeypatch.undo()
     monkeypatch.setattr(probekit.mechanism.patching, "sweep", lambda *a, **k: pytest.fail("again"))
-    result = probekit.patch_study(study, tiny_deep, **options)
+    result = probekit.patch_study(study, tiny, **options)
     assert len(result.table) and (out / "patching_summary.csv").is_file() and not kept.exists()
 
 
 def test_patch_cut_short_measures_only_what_it_lacks_and_writes_the_same_table(
-    tmp_path, monkeypatch, tiny_deep
+    tmp_path, monkeypatch, tiny
 ):
     study, plain = minimal_study.MinimalStudy(), probekit.mechanism.patching.sweep
     options = dict(layers=[0, 1], sites=["resid_pre"], bootstrap=20, days=3, quiet=True)
     options |= dict(batch_size=1, skip_direction=True)  # a chunk: one pair's two rows
-    whole = probekit.patch_study(study, tiny_deep, out=tmp_path / "whole", **options)
+    whole = probekit.patch_study(study, tiny, out=tmp_path / "whole", **options)
     measured: list[int] = []
 
     def sweep(*args, rows, **keywords):
@@ -146,13 +146,13 @@ def test_patch_cut_short_measures_only_what_it_lacks_and_writes_the_same_table(
     monkeypatch.setattr(probekit.mechanism.patching, "sweep", sweep)
     out, fail = tmp_path / "patch", True
     with pytest.raises(RuntimeError, match="device lost"):
-        probekit.patch_study(study, tiny_deep, out=out, **options)
+        probekit.patch_study(study, tiny, out=out, **options)
     first = len(measured)
     assert 0 < first < len(whole.table)
     with pytest.raises(ProbekitError, match=r"holds a run with a different layers"):
-        probekit.patch_study(study, tiny_deep, out=out, **{**options, "layers": [1]})
+        probekit.patch_study(study, tiny, out=out, **{**options, "layers": [1]})
     fail = False
-    result = probekit.patch_study(study, tiny_deep, out=out, **options)
+    result = probekit.patch_study(study, tiny, out=out, **options)
     assert len(measured) - first == len(whole.table) - first  # only the rows it lacked
     assert sorted(measured) == list(range(len(whole.table)))
     pd.testing.assert_frame_equal(result.table, whole.table)
@@ -173,9 +173,9 @@ def test_run_refuses_a_disk_without_room_for_its_scores(tmp_path, monkeypatch):
     assert engine.scored == 0
 
 
-def test_capture_refuses_a_disk_without_room_for_its_shards(tmp_path, monkeypatch, tiny_deep):
+def test_capture_refuses_a_disk_without_room_for_its_shards(tmp_path, monkeypatch, tiny):
     no_room(monkeypatch, tmp_path)
     said = r"its disk has 0 MiB free, the work writes about .* \(the activation shards\)"
     with pytest.raises(ProbekitError, match=said):
-        probekit.capture_study(minimal_study.MinimalStudy(), tiny_deep, out=tmp_path / "c", days=2)
+        probekit.capture_study(minimal_study.MinimalStudy(), tiny, out=tmp_path / "c", days=2)
     assert not any((tmp_path / "c").glob("shards/*"))

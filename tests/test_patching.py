@@ -406,10 +406,11 @@ def test_score_with_reads_before_editing(scorer, pairs):
     torch.testing.assert_close(before[hook], during[hook])
 
 
-def test_patch_command_end_to_end(model, tmp_path, patch_cli, capsys):
+def test_patch_command_end_to_end(tiny_bridged, tmp_path, patch_cli, capsys):
     """`probekit patch intergroup` on one event: the patching table, its figure, the direction
-    and the causal check; prompt ids are the study's item ids."""
-    argv = ["intergroup", "--layers", "0,29", "--out", str(tmp_path)]  # the first 2 events
+    and the causal check; prompt ids are the study's item ids (on the 4-layer tiny model)."""
+    model = tiny_bridged
+    argv = ["intergroup", "--layers", "0,3", "--out", str(tmp_path)]  # the first 2 events
     argv += ["--sets-per-unit", "1", "--controls", "2", "--bootstrap", "50"]
     assert patch_cli(model, *argv, "--sites", "hook_resid_pre", "--setting", "P0S1T0") == 0
     df = pd.read_parquet(tmp_path / "patching.parquet")

@@ -23,7 +23,7 @@ from probekit.mechanism.pipeline import top_components
 from probekit.mechanism.plots import patching_heatmap
 from probekit.stats import holm
 
-MODEL = "tiny_deep"  # the method's mechanics on the tiny model of the default model's depth
+MODEL = "tiny_bridged"  # the method's mechanics on the tiny model (4 layers)
 G, H = "a Christian", "a Muslim"
 SAME = Interaction("perceiver", "experiencer", lambda probe: lambda a, b: a == b)
 EVENTS = {
@@ -260,7 +260,7 @@ def test_spans_of_unequal_token_counts_are_patched_whole(model, scorer):
     assert (len(clean.positions["experiencer"]), len(corrupt.positions["experiencer"])) == (3, 2)
     patches = [
         Patch(0, "hook_resid_pre", "experiencer"),
-        Patch(5, "hook_resid_post", "experiencer"),
+        Patch(3, "hook_resid_post", "experiencer"),
     ]
     df = patching.sweep(scorer, [(clean, corrupt)], patches, EV)
     assert (df["alignment"] == "block").all() and df["ran"].all()
@@ -281,7 +281,7 @@ def test_a_block_patch_equals_the_position_patch_where_both_exist(scorer, cells,
     the span written into it) gives what the position patch gives, at any residual layer."""
     cases = [
         ((cells[0], cells[1]), Patch(2, "hook_resid_pre", "experiencer")),  # experiencer swapped
-        ((cells[4], cells[6]), Patch(4, "hook_resid_post", "perceiver")),  # perceiver swapped
+        ((cells[4], cells[6]), Patch(2, "hook_resid_post", "perceiver")),  # perceiver swapped
     ]
 
     def as_block(i, pair, patch, through_answer=True):

@@ -199,52 +199,77 @@ def test_every_registered_study_is_a_contract_case():
     assert {study.name for study in list_studies()} | {"minimal"} == set(CASES)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=[pytest.mark.slow, JAEM]) if n in STEER else n for n in CASES],
-)
-def test_every_command_runs_on_every_study(name, tiny, tmp_path):
-    """`run`, `patch`, `capture`, `steer`, `lens` and `report` on the study through the Python
-    API, on the tiny model: each writes its files; the pairs put the first side of the study's
-    declared contrast against the other within a unit; `mean_diff` steers along that contrast,
-    and each α's headline is the study's own headline of that α's rows, as each layer's is of
-    that layer's rows."""
+STUDIES = [pytest.param(n, marks=[pytest.mark.slow, JAEM]) if n in STEER else n for n in CASES]
+"""Every contract case, JaEm-ST's slow (`JAEM`); each command is its own test so that the
+workers share them."""
+
+
+def _items_of(study, keywords: dict[str, Any], command: str):
+    """The study's probe and mechanism items for `command` with these options."""
+    options = runner(command).build(keywords, "f", study).study
+    return study.mechanism_items(options, Context(command))
+
+
+def _case(name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The study, its data option and its mechanism options."""
     study, data = _study_and_data(name)
-    run_options, mechanism = CASES[name]
-    contrast = study.mechanism_defaults().contrast
+    return study, data, CASES[name][1]
 
-    def items_of(command: str, more: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
-        keywords = {**data, **mechanism, **(more or {})}
-        options = runner(command).build(keywords, "f", study).study
-        return study.mechanism_items(options, Context(command))
 
-    run = probekit.run_study(study, tiny, out=tmp_path / "run", numerics=0, **data, **run_options)
+@pytest.mark.parametrize("name", STUDIES)
+def test_run_and_report_on_every_study(name, tiny, tmp_path):
+    """`run` writes the study's scores and headline; `report` reads the run folder back."""
+    study, data = _study_and_data(name)
+    options = {**data, **CASES[name][0]}
+    run = probekit.run_study(study, tiny, out=tmp_path / "run", numerics=0, **options)
     assert len(run.scores) and run.headline is not None and run.headline.primary
+    table = report(run.path, tmp_path / "report", studies=[study])
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert len(table) and len(summary) == len(run.summary)
 
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_patch_on_every_study(name, tiny, tmp_path):
+    """`patch` writes its table (one set of pairs per unit, the quicker); the pairs put the first
+    side of the study's declared contrast against the other within a unit."""
+    study, data, mechanism = _case(name)
     patched = probekit.patch_study(
         study,
         tiny,
         out=tmp_path / "patch",
         sites=["resid_pre"],
         bootstrap=20,
+        sets_per_unit=1,
         **TINY,
         **data,
         **mechanism,
     )
     assert len(patched.table) and set(patched.table["layer"]) == {1}
-    probe, items = items_of("patch")
+    probe, items = _items_of(study, {**data, **mechanism}, "patch")
     encoded = [tiny.encode(item) for item in items]
-    sides = {contrast.side(probe)(prompt) for prompt in encoded}
+    sides = {study.mechanism_defaults().contrast.side(probe)(prompt) for prompt in encoded}
     pairs = study.pairs(probe, encoded)
     assert sides == {True, False} and pairs
     assert all(clean.item.unit == corrupt.item.unit != "" for clean, corrupt in pairs)
 
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_capture_on_every_study(name, tiny, tmp_path):
+    """`capture` keeps one row per mechanism item."""
+    study, data, mechanism = _case(name)
     captured = probekit.capture_study(
         study, tiny, out=tmp_path / "capture", sites=["resid_post"], **TINY, **data, **mechanism
     )
-    _, items = items_of("capture")
+    _, items = _items_of(study, {**data, **mechanism}, "capture")
     assert set(captured.index["prompt_id"]) == {item.id for item in items}
 
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_steer_on_every_study(name, tiny, tmp_path):
+    """`mean_diff` steers along the study's contrast, and each α's headline is the study's own
+    headline of that α's rows; the unsteered rows are reported once."""
+    study, data, mechanism = _case(name)
+    more = STEER.get(name, {})
     steered = probekit.steer_study(
         study,
         tiny,
@@ -253,30 +278,32 @@ def test_every_command_runs_on_every_study(name, tiny, tmp_path):
         vector="mean_diff",
         **TINY,
         **data,
-        **{**mechanism, **STEER.get(name, {})},
+        **{**mechanism, **more},
     )
-    probe, items = items_of("steer", STEER.get(name, {}))
+    probe, items = _items_of(study, {**data, **mechanism, **more}, "steer")
     assert len(steered.table) == 2 * 4 * len(items)  # the vector and 3 controls, at α 0 and 4
     manifest = {**probe.manifest(), "model": tiny.name, "seed": 0, "view": "exact"}
     row = steered.summary.set_index(["vector", "alpha"]).loc[("steer", 4.0)]
     rows = steered.table[(steered.table["vector"] == "steer") & (steered.table["alpha"] == 4)]
     own = study.headline(rows.reset_index(drop=True), tmp_path / "own", manifest)
     assert (row["label"], row["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
-    # the unsteered rows are reported once; the control's α = 0 holds the same files
+    # the control's α = 0 holds the same files as the vector's
     steer0, random0 = (next((tmp_path / "steer" / "alphas").glob(f"*-{k}-a0")) for k in KINDS)
     assert {p.name for p in random0.iterdir()} == {p.name for p in steer0.iterdir()}
 
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_lens_on_every_study(name, tiny, tmp_path):
+    """`lens` reads each item at each layer; each layer's headline is the study's own of that
+    layer's rows."""
+    study, data, mechanism = _case(name)
     lens = probekit.lens_study(study, tiny, out=tmp_path / "lens", **TINY, **data, **mechanism)
-    probe, items = items_of("lens")
+    probe, items = _items_of(study, {**data, **mechanism}, "lens")
     assert len(lens.table) == len(items) and set(lens.table["layer"]) == {1}
     manifest = {**probe.manifest(), "model": tiny.name, "seed": 0, "view": "exact"}
     first = lens.summary[lens.summary["primary"]].iloc[0]
     own = study.headline(lens.table, tmp_path / "own-lens", {**manifest, "min_valid_mass": 0.0})
     assert (first["label"], first["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
-
-    table = report(run.path, tmp_path / "report", studies=[study])
-    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
-    assert len(table) and len(summary) == len(run.summary)
 
 
 def test_a_study_must_declare_its_report_and_its_contrast():
