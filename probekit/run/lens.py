@@ -54,7 +54,7 @@ from probekit.mechanism.sites import layer_indices
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
-from probekit.run.command import Job, MechanismRunner
+from probekit.run.command import Job, StudyRunner
 from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.patch import RECORD as PATCH_RECORD
 from probekit.run.scoring import Chunk, Scoring, pace_key
@@ -111,11 +111,11 @@ def lens_study(
     return LENS.call(lens_study, dict(locals()))
 
 
-class LensCommand(MechanismRunner):
+class LensCommand(StudyRunner):
     """`probekit lens STUDY`: the lens's own lines (its layers, scoring and report)."""
 
     name, own = "lens", LensOptions
-    writes = (*MechanismRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
+    writes = (*StudyRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
     shows = "lens.parquet, summary.csv, lens.png, report.html"
 
     def prepare(self, job: Job) -> list[int] | None:

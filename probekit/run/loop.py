@@ -68,6 +68,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +104,10 @@ from probekit.run.scoring import (
     Chunk,
     EnginePool,
     LocalScoring,
+    Pace,
     Scoring,
     forecast,
     record_pace,
-    run_pace,
 )
 from probekit.studies.base import Probe, check_view
 
@@ -342,7 +343,11 @@ def _score(
     with progress(todo, "prompt", scoring.desc, hint) as bar:
         for frame in scoring.rows(chunks(items(), wanted, scoring.chunk_size), bar):
             compactor.write(frame)
-    record_pace(scoring.key, run_pace(todo, time.monotonic() - started))
+    seconds = max(time.monotonic() - started, 1e-6)
+    measured = (
+        f"measured by the last run of this model on this machine ({todo} prompts, {date.today()})"
+    )
+    record_pace(scoring.key, Pace(todo / seconds, measured))
 
 
 @contextmanager

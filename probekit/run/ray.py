@@ -162,7 +162,7 @@ class Worker:
         """The rows of one chunk of (prompt index, item), as the run loop makes them, except
         `parsed`: the driver parses, since a study may set its parser up in the driver's process
         only (ISEAR's NLTK tables)."""
-        probe.parse = _unparsed  # this actor's own copy of the probe
+        probe.parse = lambda response: None  # this actor's own copy of the probe
         if self.scoring is None:
             self.scoring = LocalScoring(probe, self.engine, self.view, **self.options)
         return next(self.scoring.rows(iter([chunk]), None))
@@ -285,7 +285,3 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterat
             yield collect()
     while pending:
         yield collect()
-
-
-def _unparsed(response: str) -> None:
-    return None

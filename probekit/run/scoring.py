@@ -23,7 +23,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,10 @@ from probekit.core.store import INDEX
 from probekit.engines.base import Engine, Scorer
 from probekit.studies.base import VIEWS, Probe
 
-RECORD = "pace.json"
-
 
 def record_path() -> Path:
     """The per-machine record of measured paces: `pace.json` in the user cache."""
-    return user_cache_dir() / RECORD
+    return user_cache_dir() / "pace.json"
 
 
 @dataclass(frozen=True)
@@ -97,15 +94,6 @@ def recorded_pace(key: str) -> Pace | None:
     except (TypeError, KeyError, ValueError):
         return None
     return Pace(per_second, source) if per_second > 0 else None
-
-
-def run_pace(prompts: int, seconds: float) -> Pace:
-    """The pace of a run that scored `prompts` in `seconds`, as the record keeps it."""
-    return Pace(
-        prompts / max(seconds, 1e-6),
-        f"measured by the last run of this model on this machine ({prompts} prompts, "
-        f"{date.today()})",
-    )
 
 
 def record_pace(key: str, pace: Pace) -> None:

@@ -55,7 +55,7 @@ from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
-from probekit.run.command import Job, MechanismRunner, Options
+from probekit.run.command import Job, Options, StudyRunner
 from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.parts import finished_scores
 from probekit.run.scoring import Chunk, Scoring, pace_key
@@ -143,13 +143,13 @@ class SteerPlan:
     span: str
 
 
-class SteerCommand(MechanismRunner):
+class SteerCommand(StudyRunner):
     """`probekit steer STUDY`: the steering's own lines (its vectors, αs and report)."""
 
     name, own = "steer", SteerOptions
-    writes = (*MechanismRunner.writes, ROWS, "steer.png", "alphas/")
+    writes = (*StudyRunner.writes, ROWS, "steer.png", "alphas/")
     shows = "steer.parquet, summary.csv, steer.png, report.html"
-    refreshed = ("alphas", "vector_file", *MechanismRunner.refreshed)
+    refreshed = ("alphas", "vector_file", *StudyRunner.refreshed)
 
     def check(self, options: Options, study: Study | None) -> None:
         """With the mechanism's, the checks that need neither data nor model: the vector's name

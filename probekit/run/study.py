@@ -144,7 +144,7 @@ def run_study(
 class RunCommand(StudyRunner):
     """`probekit run STUDY`: every probe of the study on each model, in one folder each."""
 
-    name, own = "run", RunOptions
+    name, own, later = "run", RunOptions, ()
     writes = (*StudyRunner.writes, SCORES, "summary.md")
 
     def defaults(self, study: Study | None) -> dict[str, Any]:
@@ -248,9 +248,13 @@ class RunCommand(StudyRunner):
             for asked in models:
                 model = self.load(asked, engine, launch.device(asked.device))
                 found = jobs[asked.model]
-                if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
-                    note(_forecast(found, model, shard, first))
                 top = tops[asked.model]
+                if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
+                    # in the tier the run scores in (chosen first, or `first`'s kept): its pace
+                    settle_run_precision(model, probes[0], found[0].folder, run.seed, first=first)
+                    settings = {"epsilon": run.epsilon, "batch_size": run.batch_size}
+                    held = forecast_runs(probes, model, run.view, shard, seed=run.seed, **settings)
+                    note(f"{study.name}: {held}, model {asked.model} -> {top}")
                 manifests: dict[str, dict[str, Any]] = {}
                 model_rows: list[dict[str, Any]] = []
                 for job in found:
@@ -386,26 +390,6 @@ def detect_launch() -> Launch:
     )
 
 
-def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] | None) -> str:
-    """The first line of a run of several probes: how many prompts it holds and how long they
-    will take on this device (`forecast_runs`), in the precision tier the
-    run will score in (chosen first, or `first`'s kept: it decides the pace)."""
-    lead, run = jobs[0], jobs[0].own
-    settle_run_precision(model, lead.probe, lead.folder, run.seed, first=first)
-    probes = [job.probe for job in jobs]
-    held = forecast_runs(
-        probes,
-        model,
-        run.view,
-        shard,
-        epsilon=run.epsilon,
-        batch_size=run.batch_size,
-        seed=run.seed,
-    )
-    where = lead.folder.parent if len(jobs) > 1 else lead.folder
-    return f"{lead.study.name}: {held}, model {lead.asked.model} -> {where}"
-
-
 PROMPTS_PER_SAMPLE = 200
 """A run's prompts per prompt of its noise figure's sample (`sample_size`), at most
 `NOISE_SAMPLE` (8), none below 200 prompts. Measured here (intergroup P0S1T0, one event per
@@ -462,26 +446,18 @@ def record_numerics(
 
 
 def forecast_runs(
-    probes: Sequence[Probe],
-    model: Engine,
-    view: str,
-    shard: Shard,
-    *,
-    epsilon: float,
-    batch_size: int | None,
-    seed: int,
+    probes: Sequence[Probe], model: Engine, view: str, shard: Shard, **settings: Any
 ) -> str:
     """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
     take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
-    gives for its answer set (measured once per answer set where none is recorded)."""
+    gives for its answer set (measured once per answer set where none is recorded); `settings`:
+    the scorer's, as `LocalScoring` takes them."""
     paces: dict[AnswerSet, Pace] = {}
     prompts, seconds = 0, 0.0
     for probe in probes:
         count = int(shard.mask(len(probe)).sum())
         if probe.answers not in paces:
-            scoring = LocalScoring(
-                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
-            )
+            scoring = LocalScoring(probe, model, view, **settings)
             size = scoring.batch_size or SAMPLE_PROMPTS
             first = list(islice(enumerate(probe.items()), max(1, size)))
             paces[probe.answers] = scoring.expected_pace(first)
