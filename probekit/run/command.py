@@ -10,7 +10,7 @@ order: the data and the checks that need it, each folder's resume check (before 
 loads: `check_resume`), the engine (`load`; a given one is used as it is), the precision tier
 (`settle_tier`: a resumed run's kept, else chosen on a seeded sample of its prompts), one
 manifest (`manifest`: the same function before loading and after), the command's own work (the
-parts loop of `probekit.run.loop`) and its report. `MechanismRunner.execute` is that order for
+parts loop of `probekit.run.loop`) and its report. `StudyRunner.execute` is that order for
 the mechanism commands; `probekit run` loops it over its models and probes.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import inspect
 import json
 import random
 import signal
@@ -456,18 +455,6 @@ def given_model(asked: ModelOptions, engine: Engine | None) -> ModelOptions:
     """The model options of a command on `engine` (a model loaded already: its own name), else
     `asked`."""
     return asked if engine is None else replace(asked, model=engine.describe()["model"])
-
-
-def call_line(function: Any, arguments: Mapping[str, Any]) -> str:
-    """A study function's call as its run records it (`probekit.run_study('isear', limit=6)`):
-    the study, each keyword not at its default and the study's options."""
-    defaults = {n: p.default for n, p in inspect.signature(function).parameters.items()}
-    keywords = {
-        k: v for k, v in arguments.items() if k not in ("study", "options") and v != defaults[k]
-    }
-    shown = [repr(getattr(arguments["study"], "name", arguments["study"]))]
-    shown += [f"{k}={v!r}" for k, v in {**keywords, **arguments["options"]}.items()]
-    return f"probekit.{function.__name__}({', '.join(shown)})"
 
 
 @contextmanager

@@ -103,10 +103,10 @@ from probekit.run.scoring import (
     SAMPLE_PROMPTS,
     Chunk,
     EnginePool,
-    LocalScoring,
     Pace,
     Scoring,
     forecast,
+    local_scoring,
     record_pace,
 )
 from probekit.studies.base import Probe, check_view
@@ -250,7 +250,7 @@ def run_probe(
     def start() -> Scoring:
         if isinstance(model, EnginePool):
             return model.scoring(probe, view, **settings)
-        return LocalScoring(probe, model, view, **settings)
+        return local_scoring(probe, model, view, **settings)
 
     return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 

@@ -167,17 +167,11 @@ class Compactor:
         for part in parts:
             self.levels[part.level].append(part)
 
-    def write(self, frame: pd.DataFrame) -> Path:
+    def write(self, frame: pd.DataFrame) -> None:
         """Write the rows of `frame` as a part (`write_part`) and take it; compact when due."""
         path = write_part(self.out, frame, self.key)
-        self.add(path, frame[INDEX].to_numpy())
-        return path
-
-    def add(self, path: Path, indices: np.ndarray) -> None:
-        """Take a part this process has just written (`write_part`); compact when due."""
-        part = Part(path, _level(path), np.asarray(indices, dtype=np.int64))
-        self.levels[part.level].append(part)
-        level = part.level
+        level = 0
+        self.levels[level].append(Part(path, level, frame[INDEX].to_numpy(dtype=np.int64)))
         while len(self.levels[level]) >= FANOUT:
             group = sorted(self.levels.pop(level), key=lambda p: int(p.indices.min()))
             merged = self._merge(group, level + 1)

@@ -45,7 +45,14 @@ from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, pace_key, probe_row_bytes
+from probekit.run.scoring import (
+    Chunk,
+    EnginePool,
+    Scoring,
+    local_scoring,
+    pace_key,
+    probe_row_bytes,
+)
 from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"
@@ -156,7 +163,7 @@ class Worker:
         self.view = view
         self.options = options
         self.engine = load()
-        self.scoring: LocalScoring | None = None
+        self.scoring: Scoring | None = None
 
     def run(self, probe: Probe, chunk: Chunk) -> pd.DataFrame:
         """The rows of one chunk of (prompt index, item), as the run loop makes them, except
@@ -164,7 +171,7 @@ class Worker:
         only (ISEAR's NLTK tables)."""
         probe.parse = lambda response: None  # this actor's own copy of the probe
         if self.scoring is None:
-            self.scoring = LocalScoring(probe, self.engine, self.view, **self.options)
+            self.scoring = local_scoring(probe, self.engine, self.view, **self.options)
         return next(self.scoring.rows(iter([chunk]), None))
 
 

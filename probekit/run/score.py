@@ -42,7 +42,7 @@ from probekit.engines.score import (
 )
 from probekit.run.loop import run_rows
 from probekit.run.parts import part_files
-from probekit.run.scoring import LocalScoring
+from probekit.run.scoring import Scoring, local_scoring
 from probekit.studies.base import Probe
 
 WINDOW = 4096
@@ -132,10 +132,10 @@ def score_file(
     manifest |= {key: described[key] for key in LOADED if key in described}
     folder.check_resume(manifest, option="scores")
 
-    def start() -> LocalScoring:
+    def start() -> Scoring:
         first = [engine.encode(item).input_ids for item in islice(probe.items(), WINDOW)]
         settle_and_say(engine, probe.answers, first)
-        return LocalScoring(probe, engine, "exact", epsilon=epsilon, batch_size=batch_size, seed=0)
+        return local_scoring(probe, engine, "exact", epsilon=epsilon, batch_size=batch_size, seed=0)
 
     with silenced(quiet):
         try:

@@ -1,4 +1,4 @@
-"""How a run's chunks of prompts become rows (`Scoring`): in this process (`LocalScoring`), or
+"""How a run's chunks of prompts become rows (`Scoring`): in this process (`local_scoring`), or
 on a pool of engines loaded elsewhere (`EnginePool`: `probekit.run.ray.RayPool`, whose
 `RayScoring` streams chunks to Ray actors); the run loop around them is one
 (`probekit.run.loop.run_rows`). Each also says the pace it expects, before the first batch, so
@@ -16,6 +16,7 @@ after the first batch the progress says how long the run takes at the pace it ac
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import platform
@@ -39,9 +40,12 @@ from probekit.engines.base import Engine, Scorer
 from probekit.studies.base import VIEWS, Probe
 
 
+RECORD = "pace.json"
+
+
 def record_path() -> Path:
     """The per-machine record of measured paces: `pace.json` in the user cache."""
-    return user_cache_dir() / "pace.json"
+    return user_cache_dir() / RECORD
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,9 @@ class Scoring:
     """The scorer's batch, recorded in the run's manifest (None: not one batch)."""
     row_bytes: int = 0
     """About the bytes of a row on disk (`probekit.core.io.row_bytes`; 0: not known)."""
+    measures: bool = False
+    """Whether a pace is measured on a sample where none is recorded (scoring in this
+    process)."""
 
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
         """Each chunk's rows, as it is scored (`bar`, the progress, moved as prompts are)."""
@@ -153,8 +160,13 @@ class Scoring:
             yield self.score(chunk, bar)
 
     def expected_pace(self, first: Chunk) -> Pace | None:
-        """The pace recorded for this run's key; None when there is none."""
-        return recorded_pace(self.key)
+        """The pace recorded for this run's key, else (where the scoring `measures`) one
+        measured on the prompts of `first` and recorded; None when there is none."""
+        found = recorded_pace(self.key)
+        if found is None and self.measures:
+            found = sample_pace(lambda chunk: self.rows(iter([chunk]), None), first)
+            record_pace(self.key, found)
+        return found
 
     def close(self) -> None:
         """Let go of what scoring held (Ray's actors)."""
@@ -167,51 +179,32 @@ class EnginePool(ABC):
     @abstractmethod
     def scoring(self, probe: Probe, view: str, **settings: Any) -> Scoring:
         """The `Scoring` of `probe`'s run in `view` on this pool's engines; `settings`: the
-        scorer's, as `LocalScoring` takes them (`epsilon`, `batch_size`, `seed`,
+        scorer's, as `local_scoring` takes them (`epsilon`, `batch_size`, `seed`,
         `chunk_size`)."""
 
 
-class LocalScoring(Scoring):
-    """A run's chunks scored in this process by one scorer of `model`."""
-
-    def __init__(
-        self,
-        probe: Probe,
-        model: Engine,
-        view: str,
-        *,
-        epsilon: float,
-        batch_size: int | None,
-        seed: int,
-        chunk_size: int | None = None,
-    ) -> None:
-        self.probe, self.model, self.view = probe, model, view
-        self.scorer = model.scorer(
-            probe.answers,
-            epsilon=epsilon,
-            batch_size=batch_size,
-            max_new_tokens=probe.max_new_tokens if view == "generate" else 0,
-            settled=probe.settled,
-            temperature=probe.temperature,
-            seed=seed,
-        )
-        self.batch_size = getattr(self.scorer, "batch_size", None)  # the plan's, or batch_size
-        self.chunk_size = chunk_size or CHUNK_BATCHES * max(1, self.batch_size or 16)
-        self.desc = probe.name
-        self.row_bytes = probe_row_bytes(probe)
-        self.key = pace_key(model.describe(), probe.answers, view)
-
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        for chunk in chunks:
-            yield run_chunk(chunk, self.probe, self.model, self.scorer, self.view, bar)
-
-    def expected_pace(self, first: Chunk) -> Pace:
-        """The recorded pace, else one measured on the prompts of `first` (and recorded)."""
-        found = recorded_pace(self.key)
-        if found is None:
-            found = sample_pace(lambda chunk: self.rows(iter([chunk]), None), first)
-            record_pace(self.key, found)
-        return found
+def local_scoring(
+    probe: Probe, model: Engine, view: str, chunk_size: int | None = None, **settings: Any
+) -> Scoring:
+    """A run's chunks scored in this process by one scorer of `model` (`run_chunk`);
+    `settings`: the scorer's (`epsilon`, `batch_size`, `seed`)."""
+    scorer = model.scorer(
+        probe.answers,
+        max_new_tokens=probe.max_new_tokens if view == "generate" else 0,
+        settled=probe.settled,
+        temperature=probe.temperature,
+        **settings,
+    )
+    batch = getattr(scorer, "batch_size", None)  # the plan's, or batch_size
+    return Scoring(
+        probe.name,
+        chunk_size or CHUNK_BATCHES * max(1, batch or 16),
+        pace_key(model.describe(), probe.answers, view),
+        functools.partial(run_chunk, probe, model, scorer, view),
+        batch,
+        probe_row_bytes(probe),
+        measures=True,
+    )
 
 
 def probe_row_bytes(probe: Probe) -> int:
@@ -240,7 +233,7 @@ def sample_pace(
     return Pace(len(prompts) / seconds, f"measured on {len(prompts)} {unit} after a warm-up")
 
 
-def run_chunk(chunk: Chunk, probe: Probe, model: Engine, scorer: Scorer, view: str, bar: Any):
+def run_chunk(probe: Probe, model: Engine, scorer: Scorer, view: str, chunk: Chunk, bar: Any):
     """The rows of one chunk of (prompt index, item), scored by `scorer` in `view`."""
     explained = {}
     if view == EXPLAIN:

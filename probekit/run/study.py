@@ -20,11 +20,12 @@ in a wider dtype (`record_numerics`, manifest field `numerics`; the engine measu
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -46,14 +47,13 @@ from probekit.run.command import (
     Job,
     Options,
     StudyRunner,
-    call_line,
     given_model,
     model_fields,
     settle_run_precision,
     stop_on_sigterm,
 )
 from probekit.run.loop import RunOptions, Shard
-from probekit.run.scoring import SAMPLE_PROMPTS, LocalScoring, Pace
+from probekit.run.scoring import SAMPLE_PROMPTS, Pace, local_scoring
 from probekit.studies.base import Context, Probe, Say, Study
 
 
@@ -173,8 +173,16 @@ class RunCommand(StudyRunner):
         run = options.own
         return Context("run", run.seed, run.view, options.model.device, say)
 
-    def recorded(self, function: Any, arguments: dict[str, Any]) -> str:
-        return call_line(function, arguments)
+    def recorded(self, function: Any, arguments: Mapping[str, Any]) -> str:
+        """The call as the run records it (`probekit.run_study('isear', limit=6)`): the study,
+        each keyword not at its default and the study's options."""
+        defaults = {n: p.default for n, p in inspect.signature(function).parameters.items()}
+        keywords = {
+            k: v for k, v in arguments.items() if k not in ("study", "options") and v != defaults[k]
+        }
+        shown = [repr(getattr(arguments["study"], "name", arguments["study"]))]
+        shown += [f"{k}={v!r}" for k, v in {**keywords, **arguments["options"]}.items()]
+        return f"probekit.{function.__name__}({', '.join(shown)})"
 
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
@@ -246,7 +254,7 @@ class RunCommand(StudyRunner):
         first: dict[str, Any] | None = None  # the first model's tier, kept by the others
         with stop_on_sigterm(out), silenced(options.model.quiet):
             for asked in models:
-                model = self.load(asked, engine, launch.device(asked.device))
+                model = self.load(asked, engine, asked.device or launch.device)
                 found = jobs[asked.model]
                 top = tops[asked.model]
                 if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
@@ -353,24 +361,18 @@ RUN = RunCommand()
 
 @dataclass(frozen=True)
 class Launch:
-    """Process layout under `torchrun` / `accelerate launch`: rank, world size, barrier."""
+    """Process layout under `torchrun` / `accelerate launch`: rank, world size, the device of
+    this process (one GPU per local process when launched on GPUs, else None: what was asked),
+    barrier."""
 
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
+    device: str | None = None
     barrier: Callable[[], None] = lambda: None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    def device(self, requested: str | None) -> str | None:
-        """One GPU per local process when launched on GPUs; otherwise what was asked."""
-        import torch
-
-        if requested is None and self.world > 1 and torch.cuda.is_available():
-            return f"cuda:{self.local_rank}"
-        return requested
 
 
 def detect_launch() -> Launch:
@@ -381,13 +383,13 @@ def detect_launch() -> Launch:
     import torch
     from accelerate import PartialState
 
-    state = PartialState(cpu=not torch.cuda.is_available())
+    gpus = torch.cuda.is_available()
+    state = PartialState(cpu=not gpus)
     if state.device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    return Launch(
-        state.process_index, state.num_processes, state.local_process_index, state.wait_for_everyone
-    )
+    device = f"cuda:{state.local_process_index}" if gpus else None
+    return Launch(state.process_index, state.num_processes, device, state.wait_for_everyone)
 
 
 PROMPTS_PER_SAMPLE = 200
@@ -449,15 +451,15 @@ def forecast_runs(
     probes: Sequence[Probe], model: Engine, view: str, shard: Shard, **settings: Any
 ) -> str:
     """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
-    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
+    take on this device, in one phrase: each probe at the pace `Scoring.expected_pace`
     gives for its answer set (measured once per answer set where none is recorded); `settings`:
-    the scorer's, as `LocalScoring` takes them."""
+    the scorer's, as `local_scoring` takes them."""
     paces: dict[AnswerSet, Pace] = {}
     prompts, seconds = 0, 0.0
     for probe in probes:
         count = int(shard.mask(len(probe)).sum())
         if probe.answers not in paces:
-            scoring = LocalScoring(probe, model, view, **settings)
+            scoring = local_scoring(probe, model, view, **settings)
             size = scoring.batch_size or SAMPLE_PROMPTS
             first = list(islice(enumerate(probe.items()), max(1, size)))
             paces[probe.answers] = scoring.expected_pace(first)
