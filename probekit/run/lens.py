@@ -128,12 +128,11 @@ class LensCommand(StudyRunner):
         return super().prepare(job)
 
     def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
-        layers = job.plan if model is None else self.layers(job, model)
-        return {"layers": layers, "hooks": "transformer_lens"}
-
-    def layers(self, job: Job, model: Any) -> list[int]:
         """The layers read: those asked for (every layer by default), counted on `model`."""
-        return sorted(set(layer_indices(model, job.own.layers or range(model.n_layers))))
+        layers = job.plan
+        if model is not None:
+            layers = sorted(set(layer_indices(model, job.own.layers or range(model.n_layers))))
+        return {"layers": layers, "hooks": "transformer_lens"}
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyLens:
         study, probe, out = job.study, job.probe, job.folder
@@ -157,7 +156,10 @@ class LensCommand(StudyRunner):
         write_text(out / "summary.csv", summary.to_csv(index=False))
         if gaps is not None:
             write_text(out / GAPS, gaps.to_csv(index=False))
-        recovery = _recovery(out) if gaps is not None else None
+        recovery = None  # the patching run's recovery per component without a head
+        if gaps is not None and (out / PATCHING_SUMMARY).is_file():
+            found = pd.read_csv(out / PATCHING_SUMMARY)
+            recovery = found[found["head"].isna() & found["recovery"].notna()]
         title = f"{describe_model(manifest)}, {probe.name}"
         figure = lens_figure(summary, gaps, recovery, out / "lens.png", title)
         manifest = RunDir(out).update_manifest(
@@ -302,12 +304,3 @@ def patching_gaps(
         share = mean / full if full else np.nan
         rows.append((int(layer), readout.spec, len(pairs), mean, full, share))
     return pd.DataFrame(rows, columns=["layer", "readout", "pairs", "gap", "full_gap", "share"])
-
-
-def _recovery(out: Path) -> pd.DataFrame | None:
-    """The patching run's recovery per component without a head (`patching_summary.csv`)."""
-    path = out / PATCHING_SUMMARY
-    if not path.is_file():
-        return None
-    summary = pd.read_csv(path)
-    return summary[summary["head"].isna() & summary["recovery"].notna()]

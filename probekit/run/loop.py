@@ -81,7 +81,7 @@ from probekit.core.io import check_room, check_writable
 from probekit.core.items import Item
 from probekit.core.kinds import Kind, int_value, non_negative_int, positive_int, refuse, text
 from probekit.core.options import option
-from probekit.core.progress import is_quiet, note, progress
+from probekit.core.progress import duration, is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
 from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
@@ -105,7 +105,6 @@ from probekit.run.scoring import (
     EnginePool,
     Pace,
     Scoring,
-    forecast,
     local_scoring,
     record_pace,
 )
@@ -336,8 +335,11 @@ def _score(
     todo = int(wanted.sum())
     if not is_quiet():
         first = next(chunks(items(), wanted, scoring.batch_size or SAMPLE_PROMPTS))
-        pace = scoring.expected_pace(first)
-        when = forecast(todo, pace, hint) if pace else "its time is said after the first batch"
+        when = "its time is said after the first batch"
+        if pace := scoring.expected_pace(first):  # `about 3 min on this device (at ...)`
+            smaller = f"; a smaller run: {hint}" if hint else ""
+            when = f"about {duration(pace.seconds(todo))} on this device (at "
+            when += f"{pace.per_second:.3g} prompts/s, {pace.source}{smaller})"
         note(f"{name}: {todo} prompts to score into {out}, {when}")
     started = time.monotonic()
     with progress(todo, "prompt", scoring.desc, hint) as bar:

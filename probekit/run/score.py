@@ -69,11 +69,6 @@ class PromptsFile(Probe):
         return {"answers": [str(a) for a in self.answers.answers], "prefill": self.prefill}
 
 
-def parts_folder(scores: Path) -> Path:
-    """The run folder that holds the rows of `scores` while they are scored."""
-    return scores.with_name(f"{scores.stem}.parts")
-
-
 @public(ScoreOptions, ModelOptions, skip=("model",))
 def score_file(
     model: str | Path | Engine,
@@ -117,7 +112,7 @@ def score_file(
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
     probe = PromptsFile(prompts, prefill, as_answer_set(answers))
     check_scores_file(scores, total, len(probe.answers.answers))
-    folder = RunDir(parts_folder(scores))
+    folder = RunDir(scores.with_name(f"{scores.stem}.parts"))  # its rows while they are scored
     manifest = {
         "results_format": RESULTS_FORMAT,
         "model": loaded.describe()["model"] if loaded else str(model),

@@ -34,11 +34,10 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import row_bytes, write_text
 from probekit.core.items import PROMPT_ID, Item
 from probekit.core.paths import user_cache_dir
-from probekit.core.progress import duration, progress
+from probekit.core.progress import progress
 from probekit.core.store import INDEX
 from probekit.engines.base import Engine, Scorer
 from probekit.studies.base import VIEWS, Probe
-
 
 RECORD = "pace.json"
 
@@ -109,16 +108,6 @@ def record_pace(key: str, pace: Pace) -> None:
         write_text(record_path(), json.dumps(found, indent=1))
     except ProbekitError:  # a read-only cache, a full disk
         return
-
-
-def forecast(prompts: int, pace: Pace, hint: str | None = None) -> str:
-    """`about 3 min on this device (at 2.4 prompts/s, <source>; a smaller run: <hint>)`."""
-    rate = f"{pace.per_second:.3g} prompts/s"
-    smaller = f"; a smaller run: {hint}" if hint else ""
-    return (
-        f"about {duration(pace.seconds(prompts))} on this device "
-        f"(at {rate}, {pace.source}{smaller})"
-    )
 
 
 EXPLAIN = VIEWS[2]

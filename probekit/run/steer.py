@@ -362,7 +362,8 @@ def study_headline(
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
     first = study.headline(frame, folder, manifest)
     found = {name: getattr(first, name) for name in ("label", *NUMBERS, "interval", "note")}
-    return found | {name: _number(found[name]) for name in NUMBERS}
+    numbers = {name: found[name] for name in NUMBERS}  # NaN as None (null in its JSON)
+    return found | {k: None if v is None or np.isnan(v) else float(v) for k, v in numbers.items()}
 
 
 def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:
@@ -386,10 +387,3 @@ def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:
         "mean_kl": float(frame["kl"].mean()),
         "prompts": len(frame),
     }
-
-
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return None if np.isnan(value) else value

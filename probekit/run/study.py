@@ -234,15 +234,12 @@ class RunCommand(StudyRunner):
         out = Path(run.out)  # a folder per model when several, in it a folder per probe
         tops = {m.model: out if len(models) == 1 else out / model_folder(m.model) for m in models}
         subdirs = [probe.subdir if len(probes) > 1 else "" for probe in probes]
-        given = engine is not None
-        jobs = {
-            m.model: [
-                Job(study, m, probe, tops[m.model] / subdir, call, run, given=given)
-                for probe, subdir in zip(probes, subdirs, strict=True)
-            ]
+        jobs = [
+            Job(study, m, probe, tops[m.model] / subdir, call, run, given=engine is not None)
             for m in models
-        }
-        for job in (job for found in jobs.values() for job in found):  # before any model loads
+            for probe, subdir in zip(probes, subdirs, strict=True)
+        ]
+        for job in jobs:  # before any model loads
             prepare_run_dir(job.folder, shard)
             self.check_resume(job)
         if run.ray is not None:
@@ -255,7 +252,7 @@ class RunCommand(StudyRunner):
         with stop_on_sigterm(out), silenced(options.model.quiet):
             for asked in models:
                 model = self.load(asked, engine, asked.device or launch.device)
-                found = jobs[asked.model]
+                found = [job for job in jobs if job.asked is asked]
                 top = tops[asked.model]
                 if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
                     # in the tier the run scores in (chosen first, or `first`'s kept): its pace
@@ -273,8 +270,7 @@ class RunCommand(StudyRunner):
                 first = first or model.precision
                 del model  # before the next one loads
                 rows += model_rows
-                complete = len(manifests) == len(found)
-                paths = [job.folder for job in found]
+                complete, paths = len(manifests) == len(found), [job.folder for job in found]
                 runs.append(Run(top, pd.DataFrame(model_rows), manifests, None, complete, paths))
         if not launch.is_main:
             return []
