@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -410,12 +411,6 @@ def pending(out: Path, shard: Shard, key: RowKey, name: str) -> tuple[Compactor,
 def chunks(items: Iterable[Item], wanted: np.ndarray, size: int) -> Iterator[Chunk]:
     """The items whose index is `wanted`, in prompt order, in chunks of `size` (the last may be
     shorter)."""
-    chunk: Chunk = []
-    for i, item in zip(range(len(wanted)), items, strict=False):
-        if wanted[i]:
-            chunk.append((i, item))
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
-    if chunk:
+    picked = ((i, item) for i, item in zip(range(len(wanted)), items, strict=False) if wanted[i])
+    while chunk := list(islice(picked, size)):
         yield chunk
