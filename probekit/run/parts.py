@@ -89,11 +89,6 @@ def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0
     return write_rows(part_path(out, indices, level), frame, key)
 
 
-def _level(path: Path) -> int:
-    """The compaction level in the name of a part (`part_files`)."""
-    return int(path.name.split("-")[1].removeprefix("L"))
-
-
 def part_files(out: Path) -> list[Path]:
     """The files named as `part_path` names them, in name order."""
     return sorted(p for p in (out / PARTS).glob("part-*.parquet") if _PART_NAME.match(p.name))
@@ -116,7 +111,8 @@ def scan_parts(out: str | Path, key: RowKey | None = None) -> list[Part]:
         except Unusable as why:
             unusable.append(why)
             continue
-        found.append(Part(path, _level(path), np.asarray(indices, dtype=np.int64)))
+        level = int(path.name.split("-")[1].removeprefix("L"))  # part-L<level>-...
+        found.append(Part(path, level, np.asarray(indices, dtype=np.int64)))
     set_aside_all(out / PARTS, unusable, REDONE)
     return _drop_superseded(found)
 
