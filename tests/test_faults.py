@@ -236,7 +236,7 @@ def test_compaction_keeps_every_row_once(tmp_path):
     compactor = Compactor(tmp_path, [], key)
     for k in range(FANOUT * FANOUT):
         rows = range(3 * k, 3 * k + 3)
-        compactor.add(write_part(tmp_path, synthetic(rows, value=k), key), np.array(rows))
+        compactor.write(synthetic(rows, value=k))
     files = part_files(tmp_path)
     assert list(files) == [part_path(tmp_path, range(3 * FANOUT * FANOUT), level=2).name]
     assert len(scan_parts(tmp_path, key)) == 1  # the compacted part records the run's settings

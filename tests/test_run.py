@@ -21,7 +21,7 @@ from probekit.core.store import INDEX
 from probekit.datasets.crowd_envent import SAMPLE_ROOT, load_crowd_envent
 from probekit.run.loop import Shard, run_probe
 from probekit.run.parts import done_mask, scan_parts
-from probekit.run.scoring import EnginePool, LocalScoring
+from probekit.run.scoring import EnginePool, local_scoring
 from probekit.studies.intergroup import IntergroupProbe, get_category, get_setting
 
 SCRIPT = REPO / "experiments" / "intergroup_gap.py"
@@ -61,7 +61,7 @@ class ElsewherePool(EnginePool):
 
     def scoring(self, probe, view, **settings):
         self.asked.append(settings)
-        return LocalScoring(probe, self.engine, view, **settings)
+        return local_scoring(probe, self.engine, view, **settings)
 
 
 def test_a_pool_in_place_of_the_engine_runs_the_same_loop(tiny, tmp_path):

@@ -65,35 +65,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in COMMANDS:
             _command(args[0], args[1:])
             return
-        if args and not args[0].startswith("-"):
-            raise unknown_command(args[0])
-        parser = _parser()
+        if args and not args[0].startswith("-"):  # one line, with the nearest command
+            near = difflib.get_close_matches(args[0], list(COMMANDS), n=1, cutoff=0.6)
+            hint = f"did you mean probekit {near[0]}?" if near else ""
+            hint = hint or f"the commands are {', '.join(COMMANDS)}"
+            raise ProbekitError(f"unknown command '{args[0]}'; {hint} (probekit --help)")
+        parser = CommandParser(  # the commands, for --help
+            prog="probekit",
+            description="Exact logit-based bias probes for language models.",
+            epilog="Each command's options: probekit COMMAND --help (a study command: probekit "
+            "run STUDY --help, likewise patch, capture, steer, lens).",
+        )
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+        for name, entry in COMMANDS.items():
+            sub.add_parser(name, help=entry.help, add_help=False)
         parser.parse_args(args)  # --help, or one line naming the commands
         parser.print_help()
 
     return run_script("probekit", body)
-
-
-def unknown_command(name: str) -> ProbekitError:
-    """One line for a command probekit does not have, with the nearest one."""
-    near = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
-    listed = f"the commands are {', '.join(COMMANDS)}"
-    hint = f"did you mean probekit {near[0]}?" if near else listed
-    return ProbekitError(f"unknown command '{name}'; {hint} (probekit --help)")
-
-
-def _parser() -> CommandParser:
-    """The top-level dispatch: the commands, for `probekit --help` and an unknown command."""
-    parser = CommandParser(
-        prog="probekit",
-        description="Exact logit-based bias probes for language models.",
-        epilog="Each command's options: probekit COMMAND --help (a study command: probekit run "
-        "STUDY --help, likewise patch, capture, steer, lens).",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, entry in COMMANDS.items():
-        sub.add_parser(name, help=entry.help, add_help=False)
-    return parser
 
 
 def _command(name: str, argv: list[str]) -> None:
@@ -120,9 +109,14 @@ def _study_command(
 ) -> None:
     """`probekit COMMAND STUDY argv` (`prog` in messages, with other `defaults`)."""
     from probekit.studies import get_study
+    from probekit.studies.base import other_study_option
 
     study = get_study(name)
-    refuse_other_options(command, study, argv or ())
+    # one line, before the command's module (and the model library) is imported, for a flag
+    # that is another study's option or one of this study's for other commands: what the
+    # command's own parser would say after its imports (`Command.not_taken`)
+    elsewhere = functools.partial(other_study_option, study, command)
+    Command(command, (study.options,), elsewhere=elsewhere).refuse_not_taken(argv or ())
     found = runner(command)
     found.main(found.parse(argv, prog, study, study.title, defaults), study)
 
@@ -134,16 +128,6 @@ def study_script(
     `experiments/intergroup_gap.py`): the same options, `prog` in messages, its own defaults."""
     body = functools.partial(_study_command, command, study_name, argv, prog, **defaults)
     return run_script(prog.removesuffix(".py"), body)
-
-
-def refuse_other_options(command: str, study: Any, argv: Sequence[str]) -> None:
-    """One line, before the command's module (and the model library) is imported, for a flag
-    that is another study's option or one of this study's for other commands: what the
-    command's own parser would say after its imports (`Command.not_taken`)."""
-    from probekit.studies.base import other_study_option
-
-    elsewhere = functools.partial(other_study_option, study, command)
-    Command(command, (study.options,), elsewhere=elsewhere).refuse_not_taken(argv)
 
 
 if __name__ == "__main__":

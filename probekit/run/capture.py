@@ -28,18 +28,18 @@ from probekit.mechanism.pipeline import CaptureOptions, check_capture, run_captu
 from probekit.mechanism.sites import DEFAULT_SITES
 from probekit.reporting.contract import describe_model
 from probekit.reporting.html import write_record_page
-from probekit.run.command import Job, MechanismRunner, Options, prompt_fields, provenance
+from probekit.run.command import Job, Options, StudyRunner, prompt_fields, provenance
 from probekit.studies.base import Study
 
 SHOWN = ("model", "weights", "dtype", "layers", "sites", "spans", "hooks", "storage_dtype")
 SHOWN += ("selection", "commit", "command")
 
 
-class CaptureCommand(MechanismRunner):
+class CaptureCommand(StudyRunner):
     """`probekit capture STUDY`: the capture's own lines (its manifest is the capture's)."""
 
-    name, own, settles = "capture", CaptureOptions, False
-    writes = (*MechanismRunner.writes, "shards/", "index/")
+    name, own, settles, shows = "capture", CaptureOptions, False, None
+    writes = (*StudyRunner.writes, "shards/", "index/")
 
     def check(self, options: Options, study: Study | None) -> None:
         """With the mechanism's, the capture's sites, known by name (no data, no model)."""
@@ -56,10 +56,6 @@ class CaptureCommand(MechanismRunner):
         layers = job.plan if model is None else None
         shorts = site_shorts(own.sites)
         return capture_manifest(model, layers, shorts, own.spans, own.hooks, storage)
-
-    def main(self, options: Options, study: Study | None = None) -> None:
-        assert study is not None
-        self.finish(study, options, call=f"probekit {self.name}")
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> CaptureResult:
         result = run_capture(model, job.probe, job.encoded, job.own, job.folder, say=echo)

@@ -10,7 +10,7 @@ order: the data and the checks that need it, each folder's resume check (before 
 loads: `check_resume`), the engine (`load`; a given one is used as it is), the precision tier
 (`settle_tier`: a resumed run's kept, else chosen on a seeded sample of its prompts), one
 manifest (`manifest`: the same function before loading and after), the command's own work (the
-parts loop of `probekit.run.loop`) and its report. `MechanismRunner.execute` is that order for
+parts loop of `probekit.run.loop`) and its report. `StudyRunner.execute` is that order for
 the mechanism commands; `probekit run` loops it over its models and probes.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import inspect
 import json
 import random
 import signal
@@ -58,21 +57,11 @@ class Options:
 
 
 PACKAGES = ("probekit", "torch", "transformers", "transformer-lens", "nnsight", "numpy", "pandas")
-LOADED = (
-    "model",
-    "weights",
-    "model_source",
-    "dtype",
-    "device",
-    "device_map",
-    "columns",
-    "vllm_parallel",
-    "tier",
-    "layers",
-    "d_model",
-    "chat_template",
-)
+LOADED = ("model", "weights", "model_source", "dtype", "device", "device_map", "columns")
+LOADED += ("vllm_parallel", "tier", "layers", "d_model", "chat_template")
 """Manifest fields that only the loaded model may give (None before it loads: not compared)."""
+LOADED_ONLY = ("n_layers", "columns", "vllm_parallel", "chat_template")
+"""The model's fields its manifest records only where the engine describes them."""
 
 
 def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -> dict[str, Any]:
@@ -95,29 +84,17 @@ def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -
         "tolerance": tolerance,
         "tier": record.get("tier"),
         "engine": described.get("engine", asked.engine),
-        **{k: described[k] for k in ("n_layers", "columns", "vllm_parallel") if k in described},
-        **chat_template_field(asked, described),
+        # `chat_template` (what was given and its SHA-256) where the model renders its prompts
+        # with the one given: known once loaded (None before: a template of its own is kept)
+        **({"chat_template": None} if asked.chat_template and not described else {}),
+        **{k: described[k] for k in LOADED_ONLY if k in described},
     }
-
-
-def chat_template_field(asked: ModelOptions, described: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's `chat_template` (what was given and its SHA-256) where the model renders
-    its prompts with the one given: known once loaded (None before: a model with a template of
-    its own keeps it)."""
-    if "chat_template" in described:
-        return {"chat_template": described["chat_template"]}
-    return {"chat_template": None} if asked.chat_template and not described else {}
 
 
 def provenance(command: str) -> dict[str, Any]:
     """The manifest's record of what wrote it: the `command` (or call), the package versions
     and the probekit commit."""
     return {"versions": versions(), "commit": commit(), "command": command}
-
-
-def as_read(manifest: dict[str, Any]) -> dict[str, Any]:
-    """`manifest` as it reads back from its file (tuples as lists, paths as text)."""
-    return json.loads(json.dumps(manifest, default=str))
 
 
 @functools.cache
@@ -290,25 +267,42 @@ class Job:
 
 
 class StudyRunner(Runner):
-    """A command on a study: the set-up every one of them shares (see the module)."""
+    """A command on a study: the set-up every one of them shares (see the module). By default a
+    mechanism command (patch, capture, steer, lens: the study's items on the hookable engine,
+    exact, one folder); `probekit run` has its own `execute`."""
 
     resumable: bool = True
     """Whether a folder holding this command's run is resumed (checked before any model)."""
     resumes: str | None = "."
     """The folder (in the command's) of the run it resumes, checked before any model (None:
     none)."""
-    later: tuple[str, ...] = ()
-    """Manifest fields compared once the model is loaded, not before."""
+    later: tuple[str, ...] = ("model",)
+    """Manifest fields compared once the model is loaded, not before (a mechanism command's
+    model as loaded names it; the other settings are said first)."""
     writes: tuple[str, ...] = (MANIFEST, "parts/", "summary.csv", "report.html")
     """What the command writes in its folder (a folder when it ends in "/"), each checked before
     any work (`probekit.core.io.check_outputs`)."""
+    refreshed: tuple[str, ...] = ("command", "versions", "commit")
+    """Manifest fields that a resumed run records as asked this time."""
+    settles: bool = True
+    """Whether the command scores (its precision tier is settled before it does)."""
+    shows: str | None = ""
+    """The files the command line says the command wrote in its folder (None: it says none)."""
 
     def call(self, function: Any, arguments: Mapping[str, Any]) -> Any:
         """The command's function (`run_study(study, model, **options)`, ...) on its
         `arguments` (its `locals()` before any other line): the options checked as the command
-        line checks them (one line naming the keyword), then the command's work. `model` is a
-        spec, a `ModelOptions` (a spec with its loading options) or an engine loaded already."""
-        study = study_object(arguments["study"])
+        line checks them (one line naming the keyword), then the command's work. `study` is a
+        registered study's name or a `Study` object (used as it is, registered or not); `model`
+        a spec, a `ModelOptions` (a spec with its loading options) or an engine loaded
+        already."""
+        study = arguments["study"]
+        if isinstance(study, str):
+            study = get_study(study)
+        elif not isinstance(study, Study):
+            raise ProbekitError(
+                f"study must be a Study or a registered study's name, not {study!r}"
+            )
         where = f"{function.__name__}({study.name!r})"
         model, extra = arguments["model"], dict(arguments["options"])
         keywords = {k: v for k, v in arguments.items() if k not in ("study", "model", "options")}
@@ -348,33 +342,24 @@ class StudyRunner(Runner):
         """The call as the manifest records it: `probekit.lens_study`."""
         return f"probekit.{function.__name__}"
 
-    def execute(
-        self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
-    ) -> Any:
-        """The command's work on checked `options`, on `engine` or the model they name."""
-        raise NotImplementedError
-
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
         start = time.monotonic()
-        print(f"wrote {self.wrote(self.finish(study, options, call=f'probekit {self.name}'))}")
-        print(f"wall time {time.monotonic() - start:.0f} s")
-
-    shows = ""
-    """The files the command line says the command wrote in its folder."""
+        result = self.finish(study, options, call=f"probekit {self.name}")
+        if self.shows is not None:
+            print(f"wrote {self.wrote(result)}")
+            print(f"wall time {time.monotonic() - start:.0f} s")
 
     def wrote(self, result: Any) -> str:
         """What `result` wrote, as the command line says it."""
         return f"{result.path}/{self.shows}"
 
-    def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
-        """The command's manifest fields of `job` (`model` None: before it loads)."""
-        raise NotImplementedError
-
     def manifest(self, job: Job, model: Engine | None) -> dict[str, Any]:
         """The one manifest of `job`, before the model loads (`model` None: the fields only
-        loading gives are None) and after."""
-        return as_read({**self.fields(job, model), **provenance(job.call)})
+        loading gives are None) and after, as it reads back from its file (tuples as lists,
+        paths as text)."""
+        manifest = {**self.fields(job, model), **provenance(job.call)}
+        return json.loads(json.dumps(manifest, default=str))
 
     def check_resume(self, job: Job) -> None:
         """Before any model loads: refuse, in one line naming the setting, a folder holding
@@ -395,18 +380,6 @@ class StudyRunner(Runner):
         if engine is not None:
             return engine
         return engines.load_engine(asked.model, **asked.load_keywords(device=device))
-
-
-class MechanismRunner(StudyRunner):
-    """A mechanism command (patch, capture, steer, lens): the study's items on the hookable
-    engine, exact, one folder."""
-
-    refreshed: tuple[str, ...] = ("command", "versions", "commit")
-    """Manifest fields that a resumed run records as asked this time."""
-    later = ("model",)  # the model as loaded names it; the other settings are said first
-
-    settles: bool = True
-    """Whether the command scores (its precision tier is settled before it does)."""
 
     def check(self, options: Options, study: Study | None) -> None:
         assert study is not None
@@ -452,6 +425,7 @@ class MechanismRunner(StudyRunner):
     def execute(
         self, study: Study, options: Options, engine: Engine | None = None, call: str = ""
     ) -> Any:
+        """The command's work on checked `options`, on `engine` or the model they name."""
         asked = given_model(options.model, engine)
         folder = Path(options.own.out)
         stops = stop_on_sigterm(folder) if self.resumable else contextlib.nullcontext()
@@ -481,27 +455,6 @@ def given_model(asked: ModelOptions, engine: Engine | None) -> ModelOptions:
     """The model options of a command on `engine` (a model loaded already: its own name), else
     `asked`."""
     return asked if engine is None else replace(asked, model=engine.describe()["model"])
-
-
-def study_object(study: str | Study) -> Study:
-    """A registered study's name or a `Study` object (used as it is, registered or not)."""
-    if isinstance(study, str):
-        return get_study(study)
-    if not isinstance(study, Study):
-        raise ProbekitError(f"study must be a Study or a registered study's name, not {study!r}")
-    return study
-
-
-def call_line(function: Any, arguments: Mapping[str, Any]) -> str:
-    """A study function's call as its run records it (`probekit.run_study('isear', limit=6)`):
-    the study, each keyword not at its default and the study's options."""
-    defaults = {n: p.default for n, p in inspect.signature(function).parameters.items()}
-    keywords = {
-        k: v for k, v in arguments.items() if k not in ("study", "options") and v != defaults[k]
-    }
-    shown = [repr(getattr(arguments["study"], "name", arguments["study"]))]
-    shown += [f"{k}={v!r}" for k, v in {**keywords, **arguments["options"]}.items()]
-    return f"probekit.{function.__name__}({', '.join(shown)})"
 
 
 @contextmanager

@@ -54,7 +54,7 @@ from probekit.mechanism.sites import layer_indices
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.lens import adjust_layers, lens_figure, write_lens_page
-from probekit.run.command import Job, MechanismRunner
+from probekit.run.command import Job, StudyRunner
 from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.patch import RECORD as PATCH_RECORD
 from probekit.run.scoring import Chunk, Scoring, pace_key
@@ -111,11 +111,11 @@ def lens_study(
     return LENS.call(lens_study, dict(locals()))
 
 
-class LensCommand(MechanismRunner):
+class LensCommand(StudyRunner):
     """`probekit lens STUDY`: the lens's own lines (its layers, scoring and report)."""
 
     name, own = "lens", LensOptions
-    writes = (*MechanismRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
+    writes = (*StudyRunner.writes, ROWS, PROMPTS, GAPS, "lens.png", "layers/")
     shows = "lens.parquet, summary.csv, lens.png, report.html"
 
     def prepare(self, job: Job) -> list[int] | None:
@@ -128,12 +128,11 @@ class LensCommand(MechanismRunner):
         return super().prepare(job)
 
     def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
-        layers = job.plan if model is None else self.layers(job, model)
-        return {"layers": layers, "hooks": "transformer_lens"}
-
-    def layers(self, job: Job, model: Any) -> list[int]:
         """The layers read: those asked for (every layer by default), counted on `model`."""
-        return sorted(set(layer_indices(model, job.own.layers or range(model.n_layers))))
+        layers = job.plan
+        if model is not None:
+            layers = sorted(set(layer_indices(model, job.own.layers or range(model.n_layers))))
+        return {"layers": layers, "hooks": "transformer_lens"}
 
     def work(self, job: Job, model: Any, manifest: dict[str, Any]) -> StudyLens:
         study, probe, out = job.study, job.probe, job.folder
@@ -157,7 +156,10 @@ class LensCommand(MechanismRunner):
         write_text(out / "summary.csv", summary.to_csv(index=False))
         if gaps is not None:
             write_text(out / GAPS, gaps.to_csv(index=False))
-        recovery = _recovery(out) if gaps is not None else None
+        recovery = None  # the patching run's recovery per component without a head
+        if gaps is not None and (out / PATCHING_SUMMARY).is_file():
+            found = pd.read_csv(out / PATCHING_SUMMARY)
+            recovery = found[found["head"].isna() & found["recovery"].notna()]
         title = f"{describe_model(manifest)}, {probe.name}"
         figure = lens_figure(summary, gaps, recovery, out / "lens.png", title)
         manifest = RunDir(out).update_manifest(
@@ -302,12 +304,3 @@ def patching_gaps(
         share = mean / full if full else np.nan
         rows.append((int(layer), readout.spec, len(pairs), mean, full, share))
     return pd.DataFrame(rows, columns=["layer", "readout", "pairs", "gap", "full_gap", "share"])
-
-
-def _recovery(out: Path) -> pd.DataFrame | None:
-    """The patching run's recovery per component without a head (`patching_summary.csv`)."""
-    path = out / PATCHING_SUMMARY
-    if not path.is_file():
-        return None
-    summary = pd.read_csv(path)
-    return summary[summary["head"].isna() & summary["recovery"].notna()]

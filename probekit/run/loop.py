@@ -68,6 +68,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,7 @@ from probekit.core.io import check_room, check_writable
 from probekit.core.items import Item
 from probekit.core.kinds import Kind, int_value, non_negative_int, positive_int, refuse, text
 from probekit.core.options import option
-from probekit.core.progress import is_quiet, note, progress
+from probekit.core.progress import duration, is_quiet, note, progress
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir
 from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
@@ -102,11 +104,10 @@ from probekit.run.scoring import (
     SAMPLE_PROMPTS,
     Chunk,
     EnginePool,
-    LocalScoring,
+    Pace,
     Scoring,
-    forecast,
+    local_scoring,
     record_pace,
-    run_pace,
 )
 from probekit.studies.base import Probe, check_view
 
@@ -249,7 +250,7 @@ def run_probe(
     def start() -> Scoring:
         if isinstance(model, EnginePool):
             return model.scoring(probe, view, **settings)
-        return LocalScoring(probe, model, view, **settings)
+        return local_scoring(probe, model, view, **settings)
 
     return run_rows(probe, Path(out), {**manifest, "limit": limit}, start, shard, hint)
 
@@ -335,14 +336,21 @@ def _score(
     todo = int(wanted.sum())
     if not is_quiet():
         first = next(chunks(items(), wanted, scoring.batch_size or SAMPLE_PROMPTS))
-        pace = scoring.expected_pace(first)
-        when = forecast(todo, pace, hint) if pace else "its time is said after the first batch"
+        when = "its time is said after the first batch"
+        if pace := scoring.expected_pace(first):  # `about 3 min on this device (at ...)`
+            smaller = f"; a smaller run: {hint}" if hint else ""
+            when = f"about {duration(pace.seconds(todo))} on this device (at "
+            when += f"{pace.per_second:.3g} prompts/s, {pace.source}{smaller})"
         note(f"{name}: {todo} prompts to score into {out}, {when}")
     started = time.monotonic()
     with progress(todo, "prompt", scoring.desc, hint) as bar:
         for frame in scoring.rows(chunks(items(), wanted, scoring.chunk_size), bar):
             compactor.write(frame)
-    record_pace(scoring.key, run_pace(todo, time.monotonic() - started))
+    seconds = max(time.monotonic() - started, 1e-6)
+    measured = (
+        f"measured by the last run of this model on this machine ({todo} prompts, {date.today()})"
+    )
+    record_pace(scoring.key, Pace(todo / seconds, measured))
 
 
 @contextmanager
@@ -403,12 +411,6 @@ def pending(out: Path, shard: Shard, key: RowKey, name: str) -> tuple[Compactor,
 def chunks(items: Iterable[Item], wanted: np.ndarray, size: int) -> Iterator[Chunk]:
     """The items whose index is `wanted`, in prompt order, in chunks of `size` (the last may be
     shorter)."""
-    chunk: Chunk = []
-    for i, item in zip(range(len(wanted)), items, strict=False):
-        if wanted[i]:
-            chunk.append((i, item))
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
-    if chunk:
+    picked = ((i, item) for i, item in zip(range(len(wanted)), items, strict=False) if wanted[i])
+    while chunk := list(islice(picked, size)):
         yield chunk

@@ -89,11 +89,6 @@ def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0
     return write_rows(part_path(out, indices, level), frame, key)
 
 
-def _level(path: Path) -> int:
-    """The compaction level in the name of a part (`part_files`)."""
-    return int(path.name.split("-")[1].removeprefix("L"))
-
-
 def part_files(out: Path) -> list[Path]:
     """The files named as `part_path` names them, in name order."""
     return sorted(p for p in (out / PARTS).glob("part-*.parquet") if _PART_NAME.match(p.name))
@@ -116,7 +111,8 @@ def scan_parts(out: str | Path, key: RowKey | None = None) -> list[Part]:
         except Unusable as why:
             unusable.append(why)
             continue
-        found.append(Part(path, _level(path), np.asarray(indices, dtype=np.int64)))
+        level = int(path.name.split("-")[1].removeprefix("L"))  # part-L<level>-...
+        found.append(Part(path, level, np.asarray(indices, dtype=np.int64)))
     set_aside_all(out / PARTS, unusable, REDONE)
     return _drop_superseded(found)
 
@@ -167,17 +163,11 @@ class Compactor:
         for part in parts:
             self.levels[part.level].append(part)
 
-    def write(self, frame: pd.DataFrame) -> Path:
+    def write(self, frame: pd.DataFrame) -> None:
         """Write the rows of `frame` as a part (`write_part`) and take it; compact when due."""
         path = write_part(self.out, frame, self.key)
-        self.add(path, frame[INDEX].to_numpy())
-        return path
-
-    def add(self, path: Path, indices: np.ndarray) -> None:
-        """Take a part this process has just written (`write_part`); compact when due."""
-        part = Part(path, _level(path), np.asarray(indices, dtype=np.int64))
-        self.levels[part.level].append(part)
-        level = part.level
+        level = 0
+        self.levels[level].append(Part(path, level, frame[INDEX].to_numpy(dtype=np.int64)))
         while len(self.levels[level]) >= FANOUT:
             group = sorted(self.levels.pop(level), key=lambda p: int(p.indices.min()))
             merged = self._merge(group, level + 1)

@@ -48,7 +48,7 @@ from probekit.mechanism.sites import DEFAULT_SITES, chosen_layers
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.html import write_record_page
-from probekit.run.command import Job, MechanismRunner, Options
+from probekit.run.command import Job, Options, StudyRunner
 from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.scoring import Chunk, Scoring, pace_key
 from probekit.studies.base import Study
@@ -57,23 +57,8 @@ RECORD = "patching"
 """The folder of a patching run's record (`manifest.json`, `report.html`) inside `out`."""
 SWEEP = f"{RECORD}/sweep"
 """The folder inside `out` that keeps the exact sweep's rows until the run has written its files."""
-SHOWN = (
-    "study",
-    "model",
-    "weights",
-    "seed",
-    "readout",
-    "method",
-    "contrast",
-    "selection",
-    "resampled",
-    "adjustment",
-    "sites",
-    "layers",
-    "spans",
-    "commit",
-    "command",
-)
+SHOWN = ("study", "model", "weights", "seed", "readout", "method", "contrast", "selection")
+SHOWN += ("resampled", "adjustment", "sites", "layers", "spans", "commit", "command")
 """The settings its page shows first."""
 
 
@@ -148,7 +133,7 @@ def patch_study(
     return PATCH.call(patch_study, dict(locals()))
 
 
-class PatchCommand(MechanismRunner):
+class PatchCommand(StudyRunner):
     """`probekit patch STUDY`: the patching analysis, and its record."""
 
     name, own, resumable, resumes = "patch", PatchOptions, False, SWEEP  # a sweep cut short

@@ -45,7 +45,14 @@ from probekit.core.options import given, named
 from probekit.core.public import public
 from probekit.engines import load_engine
 from probekit.engines.base import Engine
-from probekit.run.scoring import Chunk, EnginePool, LocalScoring, Scoring, pace_key, probe_row_bytes
+from probekit.run.scoring import (
+    Chunk,
+    EnginePool,
+    Scoring,
+    local_scoring,
+    pace_key,
+    probe_row_bytes,
+)
 from probekit.studies.base import Probe
 
 SETUP = "./setup.sh --ray"
@@ -156,15 +163,15 @@ class Worker:
         self.view = view
         self.options = options
         self.engine = load()
-        self.scoring: LocalScoring | None = None
+        self.scoring: Scoring | None = None
 
     def run(self, probe: Probe, chunk: Chunk) -> pd.DataFrame:
         """The rows of one chunk of (prompt index, item), as the run loop makes them, except
         `parsed`: the driver parses, since a study may set its parser up in the driver's process
         only (ISEAR's NLTK tables)."""
-        probe.parse = _unparsed  # this actor's own copy of the probe
+        probe.parse = lambda response: None  # this actor's own copy of the probe
         if self.scoring is None:
-            self.scoring = LocalScoring(probe, self.engine, self.view, **self.options)
+            self.scoring = local_scoring(probe, self.engine, self.view, **self.options)
         return next(self.scoring.rows(iter([chunk]), None))
 
 
@@ -285,7 +292,3 @@ def _stream(ray: Any, pool: list, probe: Any, chunks: Iterator[Chunk]) -> Iterat
             yield collect()
     while pending:
         yield collect()
-
-
-def _unparsed(response: str) -> None:
-    return None

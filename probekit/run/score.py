@@ -42,7 +42,7 @@ from probekit.engines.score import (
 )
 from probekit.run.loop import run_rows
 from probekit.run.parts import part_files
-from probekit.run.scoring import LocalScoring
+from probekit.run.scoring import Scoring, local_scoring
 from probekit.studies.base import Probe
 
 WINDOW = 4096
@@ -67,11 +67,6 @@ class PromptsFile(Probe):
 
     def config(self) -> dict[str, Any]:
         return {"answers": [str(a) for a in self.answers.answers], "prefill": self.prefill}
-
-
-def parts_folder(scores: Path) -> Path:
-    """The run folder that holds the rows of `scores` while they are scored."""
-    return scores.with_name(f"{scores.stem}.parts")
 
 
 @public(ScoreOptions, ModelOptions, skip=("model",))
@@ -117,7 +112,7 @@ def score_file(
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
     probe = PromptsFile(prompts, prefill, as_answer_set(answers))
     check_scores_file(scores, total, len(probe.answers.answers))
-    folder = RunDir(parts_folder(scores))
+    folder = RunDir(scores.with_name(f"{scores.stem}.parts"))  # its rows while they are scored
     manifest = {
         "results_format": RESULTS_FORMAT,
         "model": loaded.describe()["model"] if loaded else str(model),
@@ -132,10 +127,10 @@ def score_file(
     manifest |= {key: described[key] for key in LOADED if key in described}
     folder.check_resume(manifest, option="scores")
 
-    def start() -> LocalScoring:
+    def start() -> Scoring:
         first = [engine.encode(item).input_ids for item in islice(probe.items(), WINDOW)]
         settle_and_say(engine, probe.answers, first)
-        return LocalScoring(probe, engine, "exact", epsilon=epsilon, batch_size=batch_size, seed=0)
+        return local_scoring(probe, engine, "exact", epsilon=epsilon, batch_size=batch_size, seed=0)
 
     with silenced(quiet):
         try:

@@ -1,4 +1,4 @@
-"""How a run's chunks of prompts become rows (`Scoring`): in this process (`LocalScoring`), or
+"""How a run's chunks of prompts become rows (`Scoring`): in this process (`local_scoring`), or
 on a pool of engines loaded elsewhere (`EnginePool`: `probekit.run.ray.RayPool`, whose
 `RayScoring` streams chunks to Ray actors); the run loop around them is one
 (`probekit.run.loop.run_rows`). Each also says the pace it expects, before the first batch, so
@@ -16,6 +16,7 @@ after the first batch the progress says how long the run takes at the pace it ac
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import platform
@@ -23,7 +24,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.io import row_bytes, write_text
 from probekit.core.items import PROMPT_ID, Item
 from probekit.core.paths import user_cache_dir
-from probekit.core.progress import duration, progress
+from probekit.core.progress import progress
 from probekit.core.store import INDEX
 from probekit.engines.base import Engine, Scorer
 from probekit.studies.base import VIEWS, Probe
@@ -99,15 +99,6 @@ def recorded_pace(key: str) -> Pace | None:
     return Pace(per_second, source) if per_second > 0 else None
 
 
-def run_pace(prompts: int, seconds: float) -> Pace:
-    """The pace of a run that scored `prompts` in `seconds`, as the record keeps it."""
-    return Pace(
-        prompts / max(seconds, 1e-6),
-        f"measured by the last run of this model on this machine ({prompts} prompts, "
-        f"{date.today()})",
-    )
-
-
 def record_pace(key: str, pace: Pace) -> None:
     """Keep `pace` for `key`. A record that cannot be written is left as it is: it is only a
     hint."""
@@ -117,16 +108,6 @@ def record_pace(key: str, pace: Pace) -> None:
         write_text(record_path(), json.dumps(found, indent=1))
     except ProbekitError:  # a read-only cache, a full disk
         return
-
-
-def forecast(prompts: int, pace: Pace, hint: str | None = None) -> str:
-    """`about 3 min on this device (at 2.4 prompts/s, <source>; a smaller run: <hint>)`."""
-    rate = f"{pace.per_second:.3g} prompts/s"
-    smaller = f"; a smaller run: {hint}" if hint else ""
-    return (
-        f"about {duration(pace.seconds(prompts))} on this device "
-        f"(at {rate}, {pace.source}{smaller})"
-    )
 
 
 EXPLAIN = VIEWS[2]
@@ -157,6 +138,9 @@ class Scoring:
     """The scorer's batch, recorded in the run's manifest (None: not one batch)."""
     row_bytes: int = 0
     """About the bytes of a row on disk (`probekit.core.io.row_bytes`; 0: not known)."""
+    measures: bool = False
+    """Whether a pace is measured on a sample where none is recorded (scoring in this
+    process)."""
 
     def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
         """Each chunk's rows, as it is scored (`bar`, the progress, moved as prompts are)."""
@@ -165,8 +149,13 @@ class Scoring:
             yield self.score(chunk, bar)
 
     def expected_pace(self, first: Chunk) -> Pace | None:
-        """The pace recorded for this run's key; None when there is none."""
-        return recorded_pace(self.key)
+        """The pace recorded for this run's key, else (where the scoring `measures`) one
+        measured on the prompts of `first` and recorded; None when there is none."""
+        found = recorded_pace(self.key)
+        if found is None and self.measures:
+            found = sample_pace(lambda chunk: self.rows(iter([chunk]), None), first)
+            record_pace(self.key, found)
+        return found
 
     def close(self) -> None:
         """Let go of what scoring held (Ray's actors)."""
@@ -179,51 +168,32 @@ class EnginePool(ABC):
     @abstractmethod
     def scoring(self, probe: Probe, view: str, **settings: Any) -> Scoring:
         """The `Scoring` of `probe`'s run in `view` on this pool's engines; `settings`: the
-        scorer's, as `LocalScoring` takes them (`epsilon`, `batch_size`, `seed`,
+        scorer's, as `local_scoring` takes them (`epsilon`, `batch_size`, `seed`,
         `chunk_size`)."""
 
 
-class LocalScoring(Scoring):
-    """A run's chunks scored in this process by one scorer of `model`."""
-
-    def __init__(
-        self,
-        probe: Probe,
-        model: Engine,
-        view: str,
-        *,
-        epsilon: float,
-        batch_size: int | None,
-        seed: int,
-        chunk_size: int | None = None,
-    ) -> None:
-        self.probe, self.model, self.view = probe, model, view
-        self.scorer = model.scorer(
-            probe.answers,
-            epsilon=epsilon,
-            batch_size=batch_size,
-            max_new_tokens=probe.max_new_tokens if view == "generate" else 0,
-            settled=probe.settled,
-            temperature=probe.temperature,
-            seed=seed,
-        )
-        self.batch_size = getattr(self.scorer, "batch_size", None)  # the plan's, or batch_size
-        self.chunk_size = chunk_size or CHUNK_BATCHES * max(1, self.batch_size or 16)
-        self.desc = probe.name
-        self.row_bytes = probe_row_bytes(probe)
-        self.key = pace_key(model.describe(), probe.answers, view)
-
-    def rows(self, chunks: Iterator[Chunk], bar: Any) -> Iterator[pd.DataFrame]:
-        for chunk in chunks:
-            yield run_chunk(chunk, self.probe, self.model, self.scorer, self.view, bar)
-
-    def expected_pace(self, first: Chunk) -> Pace:
-        """The recorded pace, else one measured on the prompts of `first` (and recorded)."""
-        found = recorded_pace(self.key)
-        if found is None:
-            found = sample_pace(lambda chunk: self.rows(iter([chunk]), None), first)
-            record_pace(self.key, found)
-        return found
+def local_scoring(
+    probe: Probe, model: Engine, view: str, chunk_size: int | None = None, **settings: Any
+) -> Scoring:
+    """A run's chunks scored in this process by one scorer of `model` (`run_chunk`);
+    `settings`: the scorer's (`epsilon`, `batch_size`, `seed`)."""
+    scorer = model.scorer(
+        probe.answers,
+        max_new_tokens=probe.max_new_tokens if view == "generate" else 0,
+        settled=probe.settled,
+        temperature=probe.temperature,
+        **settings,
+    )
+    batch = getattr(scorer, "batch_size", None)  # the plan's, or batch_size
+    return Scoring(
+        probe.name,
+        chunk_size or CHUNK_BATCHES * max(1, batch or 16),
+        pace_key(model.describe(), probe.answers, view),
+        functools.partial(run_chunk, probe, model, scorer, view),
+        batch,
+        probe_row_bytes(probe),
+        measures=True,
+    )
 
 
 def probe_row_bytes(probe: Probe) -> int:
@@ -252,7 +222,7 @@ def sample_pace(
     return Pace(len(prompts) / seconds, f"measured on {len(prompts)} {unit} after a warm-up")
 
 
-def run_chunk(chunk: Chunk, probe: Probe, model: Engine, scorer: Scorer, view: str, bar: Any):
+def run_chunk(probe: Probe, model: Engine, scorer: Scorer, view: str, chunk: Chunk, bar: Any):
     """The rows of one chunk of (prompt index, item), scored by `scorer` in `view`."""
     explained = {}
     if view == EXPLAIN:

@@ -55,7 +55,7 @@ from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import figure_data
 from probekit.reporting.headline import format_number
 from probekit.reporting.steering import steer_figure, write_steer_page
-from probekit.run.command import Job, MechanismRunner, Options
+from probekit.run.command import Job, Options, StudyRunner
 from probekit.run.loop import WHOLE, fill, open_run
 from probekit.run.parts import finished_scores
 from probekit.run.scoring import Chunk, Scoring, pace_key
@@ -143,13 +143,13 @@ class SteerPlan:
     span: str
 
 
-class SteerCommand(MechanismRunner):
+class SteerCommand(StudyRunner):
     """`probekit steer STUDY`: the steering's own lines (its vectors, αs and report)."""
 
     name, own = "steer", SteerOptions
-    writes = (*MechanismRunner.writes, ROWS, "steer.png", "alphas/")
+    writes = (*StudyRunner.writes, ROWS, "steer.png", "alphas/")
     shows = "steer.parquet, summary.csv, steer.png, report.html"
-    refreshed = ("alphas", "vector_file", *MechanismRunner.refreshed)
+    refreshed = ("alphas", "vector_file", *StudyRunner.refreshed)
 
     def check(self, options: Options, study: Study | None) -> None:
         """With the mechanism's, the checks that need neither data nor model: the vector's name
@@ -362,7 +362,8 @@ def study_headline(
     """The study's primary headline on these scores, from its own report (files in `folder`)."""
     first = study.headline(frame, folder, manifest)
     found = {name: getattr(first, name) for name in ("label", *NUMBERS, "interval", "note")}
-    return found | {name: _number(found[name]) for name in NUMBERS}
+    numbers = {name: found[name] for name in NUMBERS}  # NaN as None (null in its JSON)
+    return found | {k: None if v is None or np.isnan(v) else float(v) for k, v in numbers.items()}
 
 
 def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:
@@ -386,10 +387,3 @@ def summary_row(frame: pd.DataFrame, residual_norm: float) -> dict[str, Any]:
         "mean_kl": float(frame["kl"].mean()),
         "prompts": len(frame),
     }
-
-
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return None if np.isnan(value) else value

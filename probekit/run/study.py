@@ -20,11 +20,12 @@ in a wider dtype (`record_numerics`, manifest field `numerics`; the engine measu
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -46,14 +47,13 @@ from probekit.run.command import (
     Job,
     Options,
     StudyRunner,
-    call_line,
     given_model,
     model_fields,
     settle_run_precision,
     stop_on_sigterm,
 )
 from probekit.run.loop import RunOptions, Shard
-from probekit.run.scoring import SAMPLE_PROMPTS, LocalScoring, Pace
+from probekit.run.scoring import SAMPLE_PROMPTS, Pace, local_scoring
 from probekit.studies.base import Context, Probe, Say, Study
 
 
@@ -144,7 +144,7 @@ def run_study(
 class RunCommand(StudyRunner):
     """`probekit run STUDY`: every probe of the study on each model, in one folder each."""
 
-    name, own = "run", RunOptions
+    name, own, later = "run", RunOptions, ()
     writes = (*StudyRunner.writes, SCORES, "summary.md")
 
     def defaults(self, study: Study | None) -> dict[str, Any]:
@@ -173,8 +173,16 @@ class RunCommand(StudyRunner):
         run = options.own
         return Context("run", run.seed, run.view, options.model.device, say)
 
-    def recorded(self, function: Any, arguments: dict[str, Any]) -> str:
-        return call_line(function, arguments)
+    def recorded(self, function: Any, arguments: Mapping[str, Any]) -> str:
+        """The call as the run records it (`probekit.run_study('isear', limit=6)`): the study,
+        each keyword not at its default and the study's options."""
+        defaults = {n: p.default for n, p in inspect.signature(function).parameters.items()}
+        keywords = {
+            k: v for k, v in arguments.items() if k not in ("study", "options") and v != defaults[k]
+        }
+        shown = [repr(getattr(arguments["study"], "name", arguments["study"]))]
+        shown += [f"{k}={v!r}" for k, v in {**keywords, **arguments["options"]}.items()]
+        return f"probekit.{function.__name__}({', '.join(shown)})"
 
     def main(self, options: Options, study: Study | None = None) -> None:
         assert study is not None
@@ -226,15 +234,12 @@ class RunCommand(StudyRunner):
         out = Path(run.out)  # a folder per model when several, in it a folder per probe
         tops = {m.model: out if len(models) == 1 else out / model_folder(m.model) for m in models}
         subdirs = [probe.subdir if len(probes) > 1 else "" for probe in probes]
-        given = engine is not None
-        jobs = {
-            m.model: [
-                Job(study, m, probe, tops[m.model] / subdir, call, run, given=given)
-                for probe, subdir in zip(probes, subdirs, strict=True)
-            ]
+        jobs = [
+            Job(study, m, probe, tops[m.model] / subdir, call, run, given=engine is not None)
             for m in models
-        }
-        for job in (job for found in jobs.values() for job in found):  # before any model loads
+            for probe, subdir in zip(probes, subdirs, strict=True)
+        ]
+        for job in jobs:  # before any model loads
             prepare_run_dir(job.folder, shard)
             self.check_resume(job)
         if run.ray is not None:
@@ -246,11 +251,15 @@ class RunCommand(StudyRunner):
         first: dict[str, Any] | None = None  # the first model's tier, kept by the others
         with stop_on_sigterm(out), silenced(options.model.quiet):
             for asked in models:
-                model = self.load(asked, engine, launch.device(asked.device))
-                found = jobs[asked.model]
-                if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
-                    note(_forecast(found, model, shard, first))
+                model = self.load(asked, engine, asked.device or launch.device)
+                found = [job for job in jobs if job.asked is asked]
                 top = tops[asked.model]
+                if len(probes) > 1 and launch.is_main and not is_quiet():  # before any work
+                    # in the tier the run scores in (chosen first, or `first`'s kept): its pace
+                    settle_run_precision(model, probes[0], found[0].folder, run.seed, first=first)
+                    settings = {"epsilon": run.epsilon, "batch_size": run.batch_size}
+                    held = forecast_runs(probes, model, run.view, shard, seed=run.seed, **settings)
+                    note(f"{study.name}: {held}, model {asked.model} -> {top}")
                 manifests: dict[str, dict[str, Any]] = {}
                 model_rows: list[dict[str, Any]] = []
                 for job in found:
@@ -261,8 +270,7 @@ class RunCommand(StudyRunner):
                 first = first or model.precision
                 del model  # before the next one loads
                 rows += model_rows
-                complete = len(manifests) == len(found)
-                paths = [job.folder for job in found]
+                complete, paths = len(manifests) == len(found), [job.folder for job in found]
                 runs.append(Run(top, pd.DataFrame(model_rows), manifests, None, complete, paths))
         if not launch.is_main:
             return []
@@ -349,24 +357,18 @@ RUN = RunCommand()
 
 @dataclass(frozen=True)
 class Launch:
-    """Process layout under `torchrun` / `accelerate launch`: rank, world size, barrier."""
+    """Process layout under `torchrun` / `accelerate launch`: rank, world size, the device of
+    this process (one GPU per local process when launched on GPUs, else None: what was asked),
+    barrier."""
 
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
+    device: str | None = None
     barrier: Callable[[], None] = lambda: None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    def device(self, requested: str | None) -> str | None:
-        """One GPU per local process when launched on GPUs; otherwise what was asked."""
-        import torch
-
-        if requested is None and self.world > 1 and torch.cuda.is_available():
-            return f"cuda:{self.local_rank}"
-        return requested
 
 
 def detect_launch() -> Launch:
@@ -377,33 +379,13 @@ def detect_launch() -> Launch:
     import torch
     from accelerate import PartialState
 
-    state = PartialState(cpu=not torch.cuda.is_available())
+    gpus = torch.cuda.is_available()
+    state = PartialState(cpu=not gpus)
     if state.device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    return Launch(
-        state.process_index, state.num_processes, state.local_process_index, state.wait_for_everyone
-    )
-
-
-def _forecast(jobs: list[Job], model: Engine, shard: Any, first: dict[str, Any] | None) -> str:
-    """The first line of a run of several probes: how many prompts it holds and how long they
-    will take on this device (`forecast_runs`), in the precision tier the
-    run will score in (chosen first, or `first`'s kept: it decides the pace)."""
-    lead, run = jobs[0], jobs[0].own
-    settle_run_precision(model, lead.probe, lead.folder, run.seed, first=first)
-    probes = [job.probe for job in jobs]
-    held = forecast_runs(
-        probes,
-        model,
-        run.view,
-        shard,
-        epsilon=run.epsilon,
-        batch_size=run.batch_size,
-        seed=run.seed,
-    )
-    where = lead.folder.parent if len(jobs) > 1 else lead.folder
-    return f"{lead.study.name}: {held}, model {lead.asked.model} -> {where}"
+    device = f"cuda:{state.local_process_index}" if gpus else None
+    return Launch(state.process_index, state.num_processes, device, state.wait_for_everyone)
 
 
 PROMPTS_PER_SAMPLE = 200
@@ -462,26 +444,18 @@ def record_numerics(
 
 
 def forecast_runs(
-    probes: Sequence[Probe],
-    model: Engine,
-    view: str,
-    shard: Shard,
-    *,
-    epsilon: float,
-    batch_size: int | None,
-    seed: int,
+    probes: Sequence[Probe], model: Engine, view: str, shard: Shard, **settings: Any
 ) -> str:
     """How many prompts the runs of `probes` (this `shard` of each) hold and how long they will
-    take on this device, in one phrase: each probe at the pace `LocalScoring.expected_pace`
-    gives for its answer set (measured once per answer set where none is recorded)."""
+    take on this device, in one phrase: each probe at the pace `Scoring.expected_pace`
+    gives for its answer set (measured once per answer set where none is recorded); `settings`:
+    the scorer's, as `local_scoring` takes them."""
     paces: dict[AnswerSet, Pace] = {}
     prompts, seconds = 0, 0.0
     for probe in probes:
         count = int(shard.mask(len(probe)).sum())
         if probe.answers not in paces:
-            scoring = LocalScoring(
-                probe, model, view, epsilon=epsilon, batch_size=batch_size, seed=seed
-            )
+            scoring = local_scoring(probe, model, view, **settings)
             size = scoring.batch_size or SAMPLE_PROMPTS
             first = list(islice(enumerate(probe.items()), max(1, size)))
             paces[probe.answers] = scoring.expected_pace(first)
