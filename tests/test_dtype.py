@@ -16,7 +16,8 @@ import probekit
 from probekit.core.errors import ProbekitError
 from probekit.engines.base import describe_precision
 from probekit.engines.hf import precision
-from probekit.engines.hf.model import load_model, pick_dtype
+from probekit.engines.hf.model import load_model
+from probekit.engines.plan import plan_dtype
 
 # The tolerances the README states for bfloat16 (float32 final norm and LM head) against
 # float32, from benchmarks/dtype.py: the largest per-prompt |Δp| over the ISEAR, GIEBench and
@@ -44,17 +45,18 @@ def bf16():
     return load_model("default", dtype="bfloat16")
 
 
-def test_pick_dtype_names_and_the_default_per_device(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert pick_dtype(cpu) == torch.float32
-    assert pick_dtype(cpu, "bf16") == torch.bfloat16
-    assert pick_dtype(cuda, "float64") == torch.float64
+def test_the_dtype_policy_names_and_the_default_per_device():
+    """`plan_dtype`, the loader's and the plan's policy: `memory` None is the CPU."""
+    assert plan_dtype(None, None) == "float32"
+    assert plan_dtype(None, None, "bf16") == "bfloat16"
+    assert plan_dtype(None, 80 * 2**30, "float64") == "float64"
+    assert plan_dtype(None, None, torch.float16) == "float16"
     with pytest.raises(ProbekitError, match="unknown dtype 'fp8'"):
-        pick_dtype(cpu, "fp8")
-    monkeypatch.setattr("probekit.engines.hf.model.device_memory", lambda device: 80 * 2**30)
-    assert pick_dtype(cuda, n_parameters=8 * 10**9) == torch.float32  # 32 GB of 80 GB
-    assert pick_dtype(cuda, n_parameters=14 * 10**9) == torch.bfloat16  # 56 GB: too much
-    assert pick_dtype(cuda) == torch.bfloat16  # size unknown
+        plan_dtype(None, None, "fp8")
+    gpu = 80 * 2**30
+    assert plan_dtype(8 * 10**9, gpu) == "float32"  # 32 GB of 80 GB
+    assert plan_dtype(14 * 10**9, gpu) == "bfloat16"  # 56 GB: too much
+    assert plan_dtype(None, gpu) == "bfloat16"  # size unknown
 
 
 @pytest.mark.slow
