@@ -43,10 +43,10 @@ def test_the_extension_masks_are_each_tokens_stop_rule_read_once_per_vocabulary(
     again."""
     import copy
 
-    from probekit.engines.trie import extension_masks, token_texts
+    from probekit.engines.trie import _byte_level, _pieces, _texts, extension_masks
 
     tok = copy.deepcopy(tokenizer)
-    texts = token_texts(tok)
+    texts = _texts(_pieces(tok), _byte_level(tok))  # each entry's surface text
     masks = extension_masks(tok, len(tok) + 3)
     assert masks.shape == (len(ANSWER_KINDS), len(tok) + 3) and not masks[:, len(tok) :].any()
     for k, kind in enumerate(ANSWER_KINDS):

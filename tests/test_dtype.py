@@ -16,7 +16,8 @@ import probekit
 from probekit.core.errors import ProbekitError
 from probekit.engines.base import describe_precision
 from probekit.engines.hf import precision
-from probekit.engines.hf.model import load_model, pick_dtype
+from probekit.engines.hf.model import load_model
+from probekit.engines.plan import plan_dtype
 
 # The tolerances the README states for bfloat16 (float32 final norm and LM head) against
 # float32, from benchmarks/dtype.py: the largest per-prompt |Δp| over the ISEAR, GIEBench and
@@ -44,17 +45,18 @@ def bf16():
     return load_model("default", dtype="bfloat16")
 
 
-def test_pick_dtype_names_and_the_default_per_device(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert pick_dtype(cpu) == torch.float32
-    assert pick_dtype(cpu, "bf16") == torch.bfloat16
-    assert pick_dtype(cuda, "float64") == torch.float64
+def test_the_dtype_policy_names_and_the_default_per_device():
+    """`plan_dtype`, the loader's and the plan's policy: `memory` None is the CPU."""
+    assert plan_dtype(None, None) == "float32"
+    assert plan_dtype(None, None, "bf16") == "bfloat16"
+    assert plan_dtype(None, 80 * 2**30, "float64") == "float64"
+    assert plan_dtype(None, None, torch.float16) == "float16"
     with pytest.raises(ProbekitError, match="unknown dtype 'fp8'"):
-        pick_dtype(cpu, "fp8")
-    monkeypatch.setattr("probekit.engines.hf.model.device_memory", lambda device: 80 * 2**30)
-    assert pick_dtype(cuda, n_parameters=8 * 10**9) == torch.float32  # 32 GB of 80 GB
-    assert pick_dtype(cuda, n_parameters=14 * 10**9) == torch.bfloat16  # 56 GB: too much
-    assert pick_dtype(cuda) == torch.bfloat16  # size unknown
+        plan_dtype(None, None, "fp8")
+    gpu = 80 * 2**30
+    assert plan_dtype(8 * 10**9, gpu) == "float32"  # 32 GB of 80 GB
+    assert plan_dtype(14 * 10**9, gpu) == "bfloat16"  # 56 GB: too much
+    assert plan_dtype(None, gpu) == "bfloat16"  # size unknown
 
 
 @pytest.mark.slow
@@ -161,7 +163,7 @@ def _tiny_prompts(model, count: int = 3):
 def test_a_cpu_offers_float32_alone_and_measures_nothing():
     model = _tiny()
     record = model.meta["precision"]
-    assert precision.offered_tiers(model) == ("float32",)
+    assert precision.offered_tiers(model)[0] == ("float32",)
     assert record == {
         "tolerance": precision.DEFAULT_TOLERANCE,
         "offered": ["float32"],
@@ -424,21 +426,21 @@ def test_the_tiers_a_device_offers(monkeypatch):
 
     cuda = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.float32)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    assert offered_tiers(cuda) == TIERS
+    assert offered_tiers(cuda)[0] == TIERS
     assert TIERS == (
         "float16+head", "bfloat16+head", "tf32+head", "float16", "bfloat16", "tf32", "float32"
     )  # fmt: skip
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
-    assert offered_tiers(cuda) == ("float16+head", "float16", "float32")
+    assert offered_tiers(cuda)[0] == ("float16+head", "float16", "float32")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (6, 1))
-    assert offered_tiers(cuda) == ("float32",)
+    assert offered_tiers(cuda)[0] == ("float32",)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     cuda.meta["device_map"] = "model.layers.0-15: cuda:0; model.layers.16-31: cpu"
-    assert offered_tiers(cuda) == ("float32",)
+    assert offered_tiers(cuda)[0] == ("float32",)
     narrow = LoadedModel(None, None, "m", "random", torch.device("cuda"), torch.bfloat16)
-    assert offered_tiers(narrow) == ("bfloat16",)
+    assert offered_tiers(narrow)[0] == ("bfloat16",)
     cpu = LoadedModel(None, None, "m", "random", torch.device("cpu"), torch.float32)
-    assert offered_tiers(cpu) == ("float32",)
+    assert offered_tiers(cpu)[0] == ("float32",)
 
 
 def test_16_bit_products_sum_in_float32_on_cuda():

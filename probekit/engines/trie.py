@@ -85,11 +85,6 @@ def extension_masks(tokenizer, vocab_size: int) -> torch.Tensor:
     return _masks(_pieces(tokenizer), _byte_level(tokenizer), vocab_size).clone()
 
 
-def token_texts(tokenizer) -> list[str]:
-    """The surface text of every vocabulary entry, space markers turned into spaces."""
-    return list(_texts(_pieces(tokenizer), _byte_level(tokenizer)))
-
-
 def _pieces(tokenizer) -> tuple[str, ...]:
     """Every vocabulary entry as the tokenizer writes it, in id order."""
     return tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))

@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
@@ -264,32 +265,31 @@ def llm_options(engine: VllmEngine) -> dict[str, Any]:
     return options
 
 
+@dataclass
 class VllmScorer:
     """The `Scorer` of the vllm engine: `score` gives the transformers engine's exact results
     with vLLM's continuation as `generated`; `generate` gives vLLM's continuations alone."""
 
-    def __init__(self, engine: VllmEngine, answers: AnswerSet, options: ScorerOptions) -> None:
-        self.engine = engine
-        self.answers = answers
-        self.options = options
-        self.epsilon = options.epsilon
-        self.max_new_tokens = options.max_new_tokens  # a copy may be given another budget
-        self._requests = 0  # sampled requests so far: request k is seeded `seed + k`
-        self._exact: Any = None
-        self._stats = ScorerStats()  # until the exact scorer exists
+    engine: VllmEngine
+    answers: AnswerSet
+    options: ScorerOptions
+    _requests: int = 0  # sampled requests so far: request k is seeded `seed + k`
 
-    @property
+    def __post_init__(self) -> None:
+        self.epsilon = self.options.epsilon
+        self.max_new_tokens = self.options.max_new_tokens  # a copy may be given another budget
+
+    @cached_property
     def exact(self) -> Any:
         """The transformers engine's exact scorer (its model loads on first use)."""
-        if self._exact is None:
-            self._exact = self.engine.exact.scorer(
-                self.answers, epsilon=self.options.epsilon, batch_size=self.options.batch_size
-            )
-        return self._exact
+        options = self.options
+        return self.engine.exact.scorer(
+            self.answers, epsilon=options.epsilon, batch_size=options.batch_size
+        )
 
     @property
     def stats(self) -> ScorerStats:
-        return self._stats if self._exact is None else self._exact.stats
+        return self.exact.stats if "exact" in self.__dict__ else ScorerStats()
 
     def score(
         self, prompts: Iterable[Sequence[int]], window: int = 4096, progress: Any = None

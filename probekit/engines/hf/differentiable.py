@@ -86,7 +86,7 @@ def node_log_probs(
     log_z = terms[..., :1]
     stop_logp = terms[..., 1:3] - log_z  # [n, nodes, rule]
     child_logp = terms[..., 3:] - log_z  # [n, nodes, children]
-    parent, slot = _parent_slots(trie_pass)
+    parent, slot = t.parent_slot
     root = torch.zeros(n, 1, dtype=torch.float64, device=terms.device)
     edge = torch.cat([root, child_logp[:, parent[1:], slot[1:]]], dim=1)  # log P(node | parent)
     # log P(node) = its own edge + its ancestors' edges (ancestors below the root; -1 -> edge 0 = 0)
@@ -124,15 +124,3 @@ def _node_terms(
         for i in range(0, hidden.shape[0], HEAD_CHUNK)
     ]
     return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
-
-
-def _parent_slots(trie_pass: TriePass) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per node, its parent and its slot among the parent's children (root: 0, 0)."""
-    t = trie_pass.tables
-    child = t.slot_child[:-1]  # `n_nodes` where a node has no child in that slot
-    parent = torch.zeros(t.n_nodes, dtype=torch.long, device=child.device)
-    slot = torch.zeros_like(parent)
-    rows, cols = torch.nonzero(child < t.n_nodes, as_tuple=True)
-    parent[child[rows, cols]] = rows
-    slot[child[rows, cols]] = cols
-    return parent, slot

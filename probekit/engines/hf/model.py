@@ -91,13 +91,7 @@ class LoadedModel(Engine):
 
     settle_precision = tiers.settle_precision  # the Precision protocol's, from the tiers module
     keep_precision = tiers.keep_tier
-
-    def noise_figure(
-        self, prompts: Sequence[Sequence[int]], answers: AnswerSet, **options: Any
-    ) -> dict[str, Any]:
-        """Against float64 (float32 for a 16-bit model): `precision.noise_figure`, `options` its
-        keywords (`Engine.noise_figure`'s)."""
-        return tiers.noise_figure(self, prompts, answers, **options)
+    noise_figure = tiers.noise_figure  # against float64 (float32 for a 16-bit model)
 
     def describe(self) -> dict[str, Any]:
         """Manifest fields: engine, model spec, where it was loaded from, weights, device, dtype,
@@ -245,19 +239,6 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device(device)
 
 
-def pick_dtype(
-    device: torch.device, dtype: str | torch.dtype | None = None, n_parameters: int | None = None
-) -> torch.dtype:
-    """The dtype `dtype` names ("float32", "bf16", ...); else the default, chosen so that the
-    exact scores stay exact (`benchmarks/dtype.py`: float32 is within ~3e-6 of float64 in every
-    answer probability, bfloat16 moves them by up to ~2e-2 and each study's headline by ~1e-2):
-    float32 on the CPU, and on an accelerator wherever the float32 weights (`n_parameters` x 4
-    bytes) fit in `FP32_MEMORY_SHARE` of its memory; else bfloat16, whose final norm and LM head
-    `load_model` keeps in float32 (`probekit.engines.plan.plan_dtype`, the plan's policy)."""
-    memory = None if device.type == "cpu" or dtype else device_memory(device) or 0
-    return getattr(torch, plan_dtype(n_parameters, memory, dtype))
-
-
 def parameter_count(where: str, local_only: bool = False) -> int | None:
     """Weights of the model in `where` (a folder or a hub id) without loading them: its config's
     model built on the meta device; None when the config cannot be read."""
@@ -318,8 +299,12 @@ def load_model(
     meta: dict[str, Any] = {}
     where, source, label = _source(spec, meta)
     local_only = source == "hub" and not _hub_reachable()
+    # the plan's policy (`plan_dtype`): float32 on the CPU and wherever its weights fit in
+    # `FP32_MEMORY_SHARE` of the accelerator (float32 is within ~3e-6 of float64 in every answer
+    # probability, bfloat16 moves them by up to ~2e-2: `benchmarks/dtype.py`), else bfloat16
     count = parameter_count(where, local_only) if dtype is None and dev.type != "cpu" else None
-    dt = pick_dtype(dev, dtype, count)
+    memory = None if dev.type == "cpu" or dtype else device_memory(dev) or 0
+    dt = getattr(torch, plan_dtype(count, memory, dtype))
     hf, tok = _load_pretrained(where, label, dt, dispatch, weights, local_only)
     if source == "hub":
         meta["revision"] = getattr(hf.config, "_commit_hash", None)
@@ -398,11 +383,6 @@ def placement_summary(device_map: dict[str, Any]) -> str:
     return "; ".join(f"{', '.join(names)}: {where}" for where, names in runs.items())
 
 
-LOAD_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, SafetensorError)
-"""The exceptions a load raises for weights that cannot be read (a truncated safetensors file
-raises `SafetensorError`, which is neither an OSError nor a ValueError)."""
-
-
 def _load_pretrained(
     where: str, label: str, dtype: torch.dtype, dispatch: Any, weights: bool, local_only: bool
 ) -> tuple[Any, Any]:
@@ -424,7 +404,7 @@ def _load_pretrained(
         with contextlib.suppress(OSError):  # the stop tokens a generation_config.json sets
             hf.generation_config = GenerationConfig.from_pretrained(where)
         return hf, tok
-    except LOAD_ERRORS as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated file
         if local_only:
             raise ProbekitError(
                 f"could not load model '{label}': it is not in the local Hugging Face cache and "

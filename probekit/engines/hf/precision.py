@@ -259,13 +259,9 @@ def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
 # ------------------------------------------------------------------ choosing and keeping a tier
 
 
-def offered_tiers(model: HFModel) -> tuple[str, ...]:
-    """The tiers `model` can be scored in, fastest first (see the module's docstring)."""
-    return _offered(model)[0]
-
-
-def _offered(model: HFModel) -> tuple[tuple[str, ...], str]:
-    """`offered_tiers`, and why where one tier only is offered."""
+def offered_tiers(model: HFModel) -> tuple[tuple[str, ...], str]:
+    """The tiers `model` can be scored in, fastest first (see the module's docstring), and why
+    where one tier only is offered."""
     if model.dtype != torch.float32:
         name = dtype_name(model.dtype)
         return (name,), f"loaded in {name}: the only tier offered"
@@ -282,26 +278,20 @@ def _offered(model: HFModel) -> tuple[tuple[str, ...], str]:
     ), ""
 
 
-def _pending(
-    model: HFModel, tolerance: float | None, offered: Sequence[str] | None = None
+def initial_record(
+    model: HFModel, forced: bool, tolerance: float | None, offered: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """The record of a tier to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among
-    `offered` (default `offered_tiers`); the one tier offered taken without measuring, with
-    why."""
-    tiers, why = _offered(model)
+    """The precision record of a model just loaded: the dtype given (`forced`), else of a tier
+    to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among `offered` (default
+    `offered_tiers`), the one tier offered taken without measuring, with why."""
+    if forced:
+        return {"tier": dtype_name(model.dtype), "note": "the dtype given"}
+    tiers, why = offered_tiers(model)
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
     record = {"tolerance": tolerance, "offered": list(offered or tiers)}
     if len(record["offered"]) > 1:
         return record
     return {**record, "tier": record["offered"][0], "tried": [], "note": why}
-
-
-def initial_record(model: HFModel, forced: bool, tolerance: float | None) -> dict[str, Any]:
-    """The precision record of a model just loaded: the dtype given (`forced`), the one tier
-    its device offers, or the tolerance a first score will choose the tier by."""
-    if forced:
-        return {"tier": dtype_name(model.dtype), "note": "the dtype given"}
-    return _pending(model, tolerance)
 
 
 def choose_precision(
@@ -319,13 +309,13 @@ def choose_precision(
     prompts whose scores were not finite) or `failed` (why it did not run), and `accepted`),
     `sample`, `reference`, and for a float16 tier its `fallback`. A single offered tier is
     taken without measuring."""
-    record = _pending(model, tolerance, offered)
+    record = initial_record(model, False, tolerance, offered)
     if "tier" in record:
         model.meta["precision"] = record
         return record
     if not prompts:
         raise ProbekitError("choosing a precision tier needs at least one prompt")
-    reference = _exact(model, prompts, answers)
+    reference = list(model.scorer(answers, epsilon=0.0).score(prompts))
     record |= {"tried": [], "tier": "float32", "sample": len(prompts), "reference": "float32"}
 
     def trial(tier: str) -> dict[str, Any]:
@@ -334,7 +324,7 @@ def choose_precision(
         error, and one whose scores are not finite (float16 overflow) with the count."""
         undo = apply_tier(model, tier)
         try:
-            scored = _exact(model, prompts, answers)
+            scored = list(model.scorer(answers, epsilon=0.0).score(prompts))
         except RuntimeError as error:
             return {"tier": tier, "failed": str(error).splitlines()[0], "accepted": False}
         finally:
@@ -373,10 +363,6 @@ def choose_precision(
 def overflowed(results: Sequence[ScoreResult]) -> int:
     """How many of `results` are not finite (their activations overflowed)."""
     return sum(not math.isfinite(r.valid_mass) for r in results)
-
-
-def _exact(model: HFModel, prompts: Sequence[Sequence[int]], answers: AnswerSet) -> list:
-    return list(model.scorer(answers, epsilon=0.0).score(prompts))
 
 
 def _put(model: HFModel, record: dict[str, Any]) -> None:
@@ -434,7 +420,8 @@ def keep_tier(
     `record` without measuring (`why` its note); None where it is chosen or `record`'s is not
     offered."""
     pending = model.meta.get("precision", {})
-    if "tier" in pending or record.get("tier") not in pending.get("offered", offered_tiers(model)):
+    offered = pending.get("offered", offered_tiers(model)[0])
+    if "tier" in pending or record.get("tier") not in offered:
         return None
     kept = {**record, "note": why}
     _put(model, kept)

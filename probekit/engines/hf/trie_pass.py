@@ -58,6 +58,7 @@ class TrieTables:
     slot_child_token: torch.Tensor  # [nodes + 1, max_children]: child tokens, 0 padded
     slot_child: torch.Tensor  # [nodes + 1, max_children]: children, `n_nodes` padded
     is_ancestor: torch.Tensor  # bool [nodes + 1, nodes + 1]: column j is an ancestor of row i
+    parent_slot: torch.Tensor  # [2, nodes]: each node's parent and its slot among the parent's
 
     @classmethod
     def build(cls, trie: AnswerTrie, device: torch.device) -> TrieTables:
@@ -69,6 +70,7 @@ class TrieTables:
         slot_child = torch.full((n + 1, width), n, dtype=torch.long)
         terminal = torch.zeros(len(ANSWER_KINDS), n, len(trie.answers), dtype=torch.float64)
         is_ancestor = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        parent_slot = torch.zeros(2, n, dtype=torch.long)  # the root's: 0, 0
         for i, node in enumerate(nodes):
             j, k = node.parent, 0
             while j > 0:
@@ -77,6 +79,7 @@ class TrieTables:
                 j, k = nodes[j].parent, k + 1
             for c, (tok, child) in enumerate(node.children.items()):
                 slot_child_token[i, c], slot_child[i, c] = tok, child
+                parent_slot[:, child] = torch.tensor([i, c])
             for a in node.terminal_for:
                 terminal[trie.rules[a]][i, a] = 1.0
         levels = [torch.tensor(trie.level(d), dtype=torch.long) for d in range(depth + 1)]
@@ -92,6 +95,7 @@ class TrieTables:
             slot_child_token=slot_child_token.to(device),
             slot_child=slot_child.to(device),
             is_ancestor=is_ancestor.to(device),
+            parent_slot=parent_slot.to(device),
         )
 
     def answer_probs(self, logp_node: torch.Tensor, stop_logp: torch.Tensor) -> torch.Tensor:
