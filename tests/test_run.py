@@ -306,3 +306,15 @@ def test_rows_are_reused_only_for_the_run_they_were_scored_for(tmp_path, capsys)
     capsys.readouterr()
     assert cli.main([*common, "--dtype", "bfloat16", "--genders", "a man,a woman"]) == 0
     assert "nothing to score" in capsys.readouterr().err
+
+
+def test_the_manifest_commit_is_the_checkouts_head_or_unknown(tmp_path):
+    """`commit`: HEAD of a git checkout that holds the package, "unknown" outside one."""
+    from probekit.run.command import commit
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert commit(tmp_path) == head.strip()
+    assert commit(tmp_path / "elsewhere") == "unknown"

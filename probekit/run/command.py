@@ -22,6 +22,7 @@ import hashlib
 import json
 import random
 import signal
+import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -110,29 +111,21 @@ def versions() -> dict[str, str]:
 
 
 @functools.cache
+@functools.cache
 def commit(source: Path | None = None) -> str:
-    """The commit of the probekit source in use (`git rev-parse HEAD` of its checkout, read
-    from `.git` without running git), or "unknown" where it is not a git checkout."""
+    """The commit of the probekit source in use (`git rev-parse HEAD` where probekit runs from
+    a git checkout, as an editable install does), or "unknown" (a wheel; no git)."""
     root = source or Path(probekit.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return "unknown"
     try:
-        git = root / ".git"
-        if git.is_file():  # a worktree: `gitdir: <its folder>`
-            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref:"):
-            return head  # a detached HEAD
-        ref = head.split(":", 1)[1].strip()
-        common = git / "commondir"
-        shared = (git / common.read_text().strip()).resolve() if common.is_file() else git
-        for folder in (git, shared):
-            if (folder / ref).is_file():
-                return (folder / ref).read_text().strip()
-        for line in (shared / "packed-refs").read_text().splitlines():
-            if line.endswith(f" {ref}"):
-                return line.split()[0]
-    except (OSError, IndexError):
-        pass
-    return "unknown"
+        done = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+    except OSError:  # no git
+        return "unknown"
+    head = done.stdout.strip()
+    return head if done.returncode == 0 and len(head) == 40 else "unknown"
 
 
 FIRST_MODEL = "kept from the first model of this run"
