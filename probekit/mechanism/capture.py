@@ -290,28 +290,6 @@ def read_index(out_dir: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def load_activations(
-    out_dir: str | Path, layer: int, name: str, span: str
-) -> tuple[pd.DataFrame, list[torch.Tensor]]:
-    """The index rows of one (layer, site, span) and, for each, its [positions, ...] tensor (the
-    site by its TransformerLens name or short form)."""
-    out, found = Path(out_dir), site(name)
-    index = read_index(out)
-    rows = index[
-        (index["layer"] == layer) & (index["site"] == found.name) & (index["span"] == span)
-    ]
-    if rows.empty:
-        raise ProbekitError(
-            f"nothing captured in {out} for layer {layer}, site {name}, span {span}"
-        )
-    blocks: dict[str, torch.Tensor] = {}
-    for shard in rows["shard"].unique():
-        with safe_open(out / shard, framework="pt") as f:
-            blocks[shard] = f.get_tensor(found.hook(layer))
-    spans = zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True)
-    return rows.reset_index(drop=True), [blocks[shard][a:b] for shard, a, b in spans]
-
-
 def capture_manifest(
     model: Any,
     layers: Sequence[int] | None,

@@ -501,6 +501,6 @@ def run_capture(
     say(
         f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "
         f"layers {layers}\nshards: {result.out_dir / 'shards'}\nindex:  {result.out_dir / 'index'}"
-        " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
+        " (probekit.mechanism.capture.read_index / read_activations)"
     )
     return result
