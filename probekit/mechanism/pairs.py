@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -146,10 +146,19 @@ def draw_sets(sets: Sequence[PairSet], per_unit: int | None, seed: int) -> list[
     return [s for s in sets if s.draw in kept]
 
 
-def as_sets(pairs: Any) -> list[PairSet]:
-    """Pair sets as they are, or pairs (checked, `check_pairs`) each a set of its own."""
+def as_sets(pairs: Any, encode: Callable[[Item], EncodedItem] | None = None) -> list[PairSet]:
+    """Pair sets as they are, or pairs (checked, `check_pairs`) each a set of its own; with
+    `encode`, pairs of `Item`s are encoded by it and one pair alone is a list of one."""
     if isinstance(pairs, Sequence) and pairs and all(isinstance(s, PairSet) for s in pairs):
         return list(pairs)
+    if encode is not None and isinstance(pairs, Sequence) and not isinstance(pairs, str):
+        lone = len(pairs) == 2 and all(isinstance(p, EncodedItem | Item) for p in pairs)
+        pairs = [
+            tuple(encode(p) if isinstance(p, Item) else p for p in pair)
+            if isinstance(pair, tuple | list)
+            else pair
+            for pair in ([pairs] if isinstance(pairs, tuple) and lone else pairs)
+        ]
     return difference_sets(check_pairs(pairs))
 
 

@@ -240,10 +240,21 @@ def run_patch(
         {"unit": s.unit, "name": s.name, "pairs": [[a.id, b.id] for a, b in s.pairs]} for s in sets
     ]
     written = ["patching.parquet", *files]
-    if request.mediation:
+    if request.mediation:  # the direct effects of the exactly measured components
         exact = request.method == "exact"
         measured = patches if exact else attribution.top_components(df, request.top_k)
-        written += mediate(scorer, sets, measured, readout, folder, request, say)
+        asked = {"hooks": request.hooks, "batch_size": request.batch_size}
+        effects = mediation.mediate(scorer, sets, measured, readout, **asked)
+        write_parquet(folder / "mediation.parquet", effects)
+        summary = mediation.summarise(effects, n=request.bootstrap, seed=request.seed)
+        write_text(folder / "mediation_summary.csv", summary.to_csv(index=False))
+        top = min(5, len(summary))
+        share = mediation.top_share(effects, top, n=request.bootstrap, seed=request.seed)
+        say(
+            f"mediation: the top {top} components' indirect effects carry {share['share']:.1%} "
+            f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect (interval over units)"
+        )
+        written += ["mediation.parquet", "mediation_summary.csv"]
     direction = None if request.skip_direction else defaults.direction
     if direction and readout.paired:
         say(f"no direction analysis: it needs a readout of one prompt, and {readout.spec} is not")
@@ -299,8 +310,6 @@ def measure(
         return run(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size, **options)
     if options.get("distributions"):
         raise ProbekitError("distributions=True needs method='exact'")
-    if method not in METHODS:
-        raise ProbekitError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     df = attribution.attribute(scorer, pairs, patches, readout, batch_size=batch_size)
     if method == "attribution+verify":
         df = attribution.verify(scorer, pairs, df, top_k, readout, hooks, batch_size)
@@ -379,32 +388,6 @@ def top_components(summary: pd.DataFrame, column: str, pairs: int, readout: str)
     if parts := [f"{count} {status}" for status, count in left.items() if count]:
         lines.append(f"  left out: {', '.join(parts)} (see status, weak_signal)")
     return "\n".join(lines)
-
-
-def mediate(
-    scorer: HookedScorer,
-    pairs: list[PairSet],
-    patches: list[Patch],
-    readout: Readout,
-    out: Path,
-    request: PatchOptions,
-    say: Say = print,
-) -> list[str]:
-    """mediation.parquet and mediation_summary.csv for `patches`; says the top components'
-    share of the total effect."""
-    effects = mediation.mediate(
-        scorer, pairs, patches, readout, hooks=request.hooks, batch_size=request.batch_size
-    )
-    write_parquet(out / "mediation.parquet", effects)
-    summary = mediation.summarise(effects, n=request.bootstrap, seed=request.seed)
-    write_text(out / "mediation_summary.csv", summary.to_csv(index=False))
-    top = min(5, len(summary))
-    share = mediation.top_share(effects, top, n=request.bootstrap, seed=request.seed)
-    say(
-        f"mediation: the top {top} components' indirect effects carry {share['share']:.1%} "
-        f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect (interval over units)"
-    )
-    return ["mediation.parquet", "mediation_summary.csv"]
 
 
 def direction_check(
