@@ -112,9 +112,8 @@ def check(model: Any, pairs: Sequence[Pair], patches: Sequence[Patch]) -> None:
                 f"head {patch.head} is out of range: the model has {heads} heads per layer "
                 f"(0 to {heads - 1})"
             )
-    check_pairs(pairs, [patch.span for patch in patches])
-    for i, pair in enumerate(pairs):  # refuses a whole span of unequal token counts off the
-        for patch in patches:  # residual stream
+    for i, pair in enumerate(check_pairs(pairs)):  # aligns every span (refusing a whole span
+        for patch in patches:  # of unequal token counts off the residual stream)
             make_job(i, pair, patch)
 
 

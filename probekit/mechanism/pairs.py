@@ -243,10 +243,9 @@ def single_positions(spans: Iterable[str], pairs: Sequence[Pair]) -> list[str]:
     return out
 
 
-def check_pairs(pairs: Any, spans: Iterable[str] = ()) -> list[Pair]:
+def check_pairs(pairs: Any) -> list[Pair]:
     """The pairs as a list of (clean, corrupt) encoded prompts; one line for anything else (an
-    empty list, a list of prompts, a pair whose prompts are about different units) or a span a
-    pair cannot align."""
+    empty list, a list of prompts, a pair whose prompts are about different units)."""
     if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence) or not pairs:
         raise ProbekitError(
             f"pairs must be a non-empty list of (clean, corrupt) pairs, got {_what(pairs)}"
@@ -265,8 +264,6 @@ def check_pairs(pairs: Any, spans: Iterable[str] = ()) -> list[Pair]:
                 f"pair {i}: the clean prompt is about {clean.item.unit!r} and the corrupt one "
                 f"about {corrupt.item.unit!r}; a pair must share its unit"
             )
-        for span in dict.fromkeys(spans):
-            aligned_positions((clean, corrupt), span)
         out.append((clean, corrupt))
     return out
 
