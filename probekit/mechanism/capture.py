@@ -221,15 +221,14 @@ def capture(
             for record in acts.index.to_dict("records")
             for layer, hook_site in map(parse_hook, acts.tensors)
         ]
-        tensors = {hook: values.to(storage_dtype) for hook, values in acts.tensors.items()}
+        tensors = {k: v.to(storage_dtype).contiguous() for k, v in acts.tensors.items()}
         for hook, tensor in tensors.items():
             if not torch.isfinite(tensor).all():
                 raise ProbekitError(
                     f"activations at {hook} overflow {storage}; capture with "
                     "storage_dtype=torch.bfloat16 or torch.float32"
                 )
-        contiguous = {hook: tensor.contiguous() for hook, tensor in tensors.items()}
-        atomic_write(out / shard, functools.partial(save_file, contiguous))
+        atomic_write(out / shard, functools.partial(save_file, tensors))
         key, index = RowKey.of(config, None, "captured"), out / "index" / f"{name}.parquet"
         write_rows(index, pd.DataFrame(records), key, commits=out / shard)
         written.append(out / shard)

@@ -353,19 +353,17 @@ def _messages(prompt: Any, chat: bool) -> list[dict[str, str]] | None:
         if not prompt:
             raise ProbekitError("make_pair takes non-empty texts or message lists, got ''")
         return None
+    fields = ("role", "content")
     if (
         isinstance(prompt, Sequence)
         and prompt
         and all(
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in prompt
+            isinstance(m, dict) and all(isinstance(m.get(f), str) for f in fields) for m in prompt
         )
     ):
         if not chat:
             raise ProbekitError("message lists go through the chat template: leave chat=True")
-        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+        return [{f: m[f] for f in fields} for m in prompt]
     raise ProbekitError(
         "make_pair takes two texts or two chat-message lists ([{'role': 'system', 'content': "
         f"...}}, ...]), got {_what(prompt)}"

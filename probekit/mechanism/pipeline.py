@@ -146,8 +146,7 @@ def check_patch_options(request: PatchOptions, readout: str | None = None) -> No
     patch command's check while parsing, before any data or model loads): mediation of
     estimated components, a readout of a pair's two distributions (`readout`, else the
     option's) with attribution or mediation."""
-    for name in request.sites:
-        find_site(name)
+    capture.site_shorts(request.sites)  # every site known
     if request.mediation and request.method == "attribution":
         raise ProbekitError(
             f"{named('mediation')} needs exactly measured components: use {named('method')} "
@@ -233,13 +232,12 @@ def run_patch(
     write_parquet(folder / "patching.parquet", df)
     title = f"{describe_model(model.describe())}, {probe.name}"
     record = {"contrast": defaults.effect.name, "resampled": unit, "selection": selection}
-    files = report(df, folder, request, spans, title, say, record)
+    written = ["patching.parquet", *report(df, folder, request, spans, title, say, record)]
     record |= {"readout": readout.spec, "layers": layers, "spans": spans, "units": units}
     record["components"] = len(patches)
     record["sets"] = [
         {"unit": s.unit, "name": s.name, "pairs": [[a.id, b.id] for a, b in s.pairs]} for s in sets
     ]
-    written = ["patching.parquet", *files]
     if request.mediation:  # the direct effects of the exactly measured components
         exact = request.method == "exact"
         measured = patches if exact else attribution.top_components(df, request.top_k)
@@ -454,8 +452,7 @@ def direction_check(
 
 def check_capture(request: CaptureOptions, items: Sequence[Item]) -> None:
     """One line for any bad choice that needs no model."""
-    for name in request.sites:
-        find_site(name)
+    capture.site_shorts(request.sites)  # every site known
     if request.spans:
         check_span_names(items, request.spans)
 
