@@ -146,30 +146,10 @@ def make_job(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> J
     # the answer positions continue a span that reaches the last token of both prompts
     ends = [len(p.input_ids) - 1 for p in pair] == [clean_pos[-1], corrupt_pos[-1]]
     answer = through_answer and whole and ends
-    if len(clean_pos) == len(corrupt_pos):
-        status = _status(pair, patch, clean_pos, corrupt_pos, answer)
-        return Job(i, patch, clean_pos, corrupt_pos, status, answer, clean_pos, corrupt_pos, answer)
-    # a block: spans of unequal token counts (see the module); one line where it cannot be done
-    clean, corrupt = pair
-    a, b = clean.input_ids, corrupt.input_ids
-    where = (
-        f"'{patch.span}' has {len(clean_pos)} tokens in {clean.id} and {len(corrupt_pos)} in "
-        f"{corrupt.id}"
-    )
-    if patch.site not in RESIDUAL:
-        raise ProbekitError(
-            f"{where}: at {patch.site} a whole span of unequal token counts has no "
-            "position-by-position match; patch it at the residual stream (resid_pre, "
-            "resid_post: as a block), one position (<span>@-1), or pairs of equal token counts"
-        )
-    after_clean, after_corrupt = clean_pos[-1] + 1, corrupt_pos[-1] + 1
-    if a[: clean_pos[0]] != b[: corrupt_pos[0]] or a[after_clean:] != b[after_corrupt:]:
-        raise ProbekitError(
-            f"{where}, and the prompts differ outside it, so the span cannot be patched as a block"
-        )
-    source, target = list(range(after_corrupt, len(b))), list(range(after_clean, len(a)))
-    status = TRIVIAL if not source and answer else MEASURED
-    return Job(i, patch, clean_pos, corrupt_pos, status, answer, source, target, not answer, True)
+    if len(clean_pos) != len(corrupt_pos):
+        return _block(i, pair, patch, clean_pos, corrupt_pos, answer)
+    status = _status(pair, patch, clean_pos, corrupt_pos, answer)
+    return Job(i, patch, clean_pos, corrupt_pos, status, answer, clean_pos, corrupt_pos, answer)
 
 
 def _status(
@@ -191,6 +171,33 @@ def _status(
     differ = [k for k in range(len(a)) if a[k] != b[k]]
     needed = set(differ) if embedding else set(range(differ[0], len(a)))
     return TRIVIAL if needed <= set(corrupt_pos) and (embedding or answer) else MEASURED
+
+
+def _block(
+    i: int, pair: Pair, patch: Patch, clean_pos: list[int], corrupt_pos: list[int], answer: bool
+) -> Job:
+    """The block job of spans of unequal token counts (see the module); one line where it
+    cannot be done."""
+    clean, corrupt = pair
+    a, b = clean.input_ids, corrupt.input_ids
+    where = (
+        f"'{patch.span}' has {len(clean_pos)} tokens in {clean.id} and {len(corrupt_pos)} in "
+        f"{corrupt.id}"
+    )
+    if patch.site not in RESIDUAL:
+        raise ProbekitError(
+            f"{where}: at {patch.site} a whole span of unequal token counts has no "
+            "position-by-position match; patch it at the residual stream (resid_pre, "
+            "resid_post: as a block), one position (<span>@-1), or pairs of equal token counts"
+        )
+    after_clean, after_corrupt = clean_pos[-1] + 1, corrupt_pos[-1] + 1
+    if a[: clean_pos[0]] != b[: corrupt_pos[0]] or a[after_clean:] != b[after_corrupt:]:
+        raise ProbekitError(
+            f"{where}, and the prompts differ outside it, so the span cannot be patched as a block"
+        )
+    source, target = list(range(after_corrupt, len(b))), list(range(after_clean, len(a)))
+    status = TRIVIAL if not source and answer else MEASURED
+    return Job(i, patch, clean_pos, corrupt_pos, status, answer, source, target, not answer, True)
 
 
 def pair_columns(sets: list[PairSet]) -> tuple[list[Pair], list[dict[str, Any]]]:
