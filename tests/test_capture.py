@@ -10,7 +10,7 @@ from probekit.core.errors import ProbekitError
 from probekit.mechanism.capture import (
     capture,
     check_request,
-    load_activations,
+    read_activations,
     read_index,
     read_spans,
 )
@@ -57,16 +57,16 @@ def test_bridge_and_nnsight_agree(tiny, items, tmp_path):
     capture(plain, items, tmp_path / "nnsight", hooks="nnsight", **kw)
     assert not plain.bridge_enabled
     assert type(plain.hf.model.layers[0]).__name__ == "LlamaDecoderLayer"  # no bridge inside
-    ids = [item.id for item in items]
+    bridge, nnsight = (read_activations(tmp_path / name) for name in ("bridge", "nnsight"))
+    assert list(bridge.index["prompt_id"].unique()) == [item.id for item in items]
+    assert bridge.index.equals(nnsight.index)
+    assert {"perceiver", "experiencer", "emotion", "event", "answer"} <= set(bridge.index["span"])
     for layer in LAYERS:
         for site in SITES:
-            for span in ["perceiver", "experiencer", "emotion", "event", "answer"]:
-                rows_b, acts_b = load_activations(tmp_path / "bridge", layer, site, span)
-                rows_n, acts_n = load_activations(tmp_path / "nnsight", layer, site, span)
-                assert list(rows_b["prompt_id"]) == list(rows_n["prompt_id"]) == ids
-                for a, b, positions in zip(acts_b, acts_n, rows_b["positions"], strict=True):
-                    assert a.shape == (len(positions), tiny.hf.config.hidden_size)
-                    assert (a - b).abs().max().item() <= 1e-4, (layer, site, span)
+            hook = f"blocks.{layer}.{site}"
+            assert bridge[hook].shape == (len(bridge[hook]), tiny.hf.config.hidden_size)
+            assert len(bridge[hook]) == bridge.index["row_stop"].max()
+            assert (bridge[hook] - nnsight[hook]).abs().max().item() <= 1e-4, hook
 
 
 def test_read_spans_rows_follow_the_spans(tiny, items):

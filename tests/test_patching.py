@@ -434,6 +434,19 @@ def test_patch_command_end_to_end(tiny_bridged, tmp_path, patch_cli, capsys):
     assert "of 12 components (layer, site, span)" in printed
 
 
+def test_patch_with_mediation_writes_the_direct_effects(model, tmp_path, patch_cli, capsys):
+    """`--mediation` adds mediation.parquet and its summary, and says the top components' share
+    of the total effect."""
+    argv = ["intergroup", "--layers", "0", "--sites", "hook_resid_pre", "--spans", "experiencer"]
+    argv += ["--sets-per-unit", "1", "--bootstrap", "20", "--mediation", "--skip-direction"]
+    assert patch_cli(model, *argv, "--out", str(tmp_path), "--setting", "P0S1T0") == 0
+    effects = pd.read_parquet(tmp_path / "mediation.parquet")
+    assert {"total", "indirect", "direct"} <= set(effects.columns) and len(effects)
+    summary = pd.read_csv(tmp_path / "mediation_summary.csv")
+    assert {"indirect", "indirect_low", "share"} <= set(summary.columns)
+    assert "indirect effects carry" in capsys.readouterr().out
+
+
 def test_patch_study_is_the_command_as_a_function(model, tmp_path):
     import probekit
 

@@ -28,7 +28,7 @@ import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item
+from probekit.core.items import EncodedItem
 from probekit.core.progress import silenced
 from probekit.core.public import public
 from probekit.core.shared_options import SeedOption
@@ -113,7 +113,7 @@ def patch(
     and `df.attrs["note"]` says which; `recovery(df)` gives the same per component.
     """
     model = hookable(model)
-    sets = as_sets(_as_pairs(model, pairs))
+    sets = as_sets(pairs, model.encode)
     pairs = [pair for found in sets for pair in found.pairs]
     measured = readout if isinstance(readout, Readout) else parse_readout(readout, answers)
     patches = components(model, pairs, layers, sites, spans or pairs[0][0].item.span_names, heads)
@@ -212,24 +212,6 @@ def _subset(acts: disk.Activations, ids: set[str]) -> disk.Activations:
     starts = sizes.cumsum() - sizes
     index = keep.assign(row_start=starts, row_stop=starts + sizes).reset_index(drop=True)
     return disk.Activations(index, {k: v[rows] for k, v in acts.tensors.items()})
-
-
-def _as_pairs(model: Any, pairs: Any) -> Any:
-    """Pairs of Items are encoded; one pair alone becomes a list of one."""
-    if (
-        isinstance(pairs, tuple)
-        and len(pairs) == 2
-        and all(isinstance(p, EncodedItem | Item) for p in pairs)
-    ):
-        pairs = [pairs]
-    if isinstance(pairs, Sequence) and not isinstance(pairs, str):
-        return [
-            tuple(model.encode(p) if isinstance(p, Item) else p for p in pair)
-            if isinstance(pair, tuple | list)
-            else pair
-            for pair in pairs
-        ]
-    return pairs
 
 
 def encode_prompts(model: Any, prompts: Any, purpose: str) -> list[EncodedItem]:

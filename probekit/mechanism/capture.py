@@ -221,15 +221,14 @@ def capture(
             for record in acts.index.to_dict("records")
             for layer, hook_site in map(parse_hook, acts.tensors)
         ]
-        tensors = {hook: values.to(storage_dtype) for hook, values in acts.tensors.items()}
+        tensors = {k: v.to(storage_dtype).contiguous() for k, v in acts.tensors.items()}
         for hook, tensor in tensors.items():
             if not torch.isfinite(tensor).all():
                 raise ProbekitError(
                     f"activations at {hook} overflow {storage}; capture with "
                     "storage_dtype=torch.bfloat16 or torch.float32"
                 )
-        contiguous = {hook: tensor.contiguous() for hook, tensor in tensors.items()}
-        atomic_write(out / shard, functools.partial(save_file, contiguous))
+        atomic_write(out / shard, functools.partial(save_file, tensors))
         key, index = RowKey.of(config, None, "captured"), out / "index" / f"{name}.parquet"
         write_rows(index, pd.DataFrame(records), key, commits=out / shard)
         written.append(out / shard)
@@ -288,28 +287,6 @@ def read_index(out_dir: str | Path) -> pd.DataFrame:
                 "capture its prompts anew"
             ) from None
     return pd.concat(frames, ignore_index=True)
-
-
-def load_activations(
-    out_dir: str | Path, layer: int, name: str, span: str
-) -> tuple[pd.DataFrame, list[torch.Tensor]]:
-    """The index rows of one (layer, site, span) and, for each, its [positions, ...] tensor (the
-    site by its TransformerLens name or short form)."""
-    out, found = Path(out_dir), site(name)
-    index = read_index(out)
-    rows = index[
-        (index["layer"] == layer) & (index["site"] == found.name) & (index["span"] == span)
-    ]
-    if rows.empty:
-        raise ProbekitError(
-            f"nothing captured in {out} for layer {layer}, site {name}, span {span}"
-        )
-    blocks: dict[str, torch.Tensor] = {}
-    for shard in rows["shard"].unique():
-        with safe_open(out / shard, framework="pt") as f:
-            blocks[shard] = f.get_tensor(found.hook(layer))
-    spans = zip(rows["shard"], rows["row_start"], rows["row_stop"], strict=True)
-    return rows.reset_index(drop=True), [blocks[shard][a:b] for shard, a, b in spans]
 
 
 def capture_manifest(

@@ -97,9 +97,8 @@ def check(model: Any, pairs: Sequence[Pair], patches: Sequence[Patch]) -> None:
     span, a head out of range, or a pair whose two prompts are about different units."""
     if not pairs or not patches:
         raise ProbekitError("nothing to patch: give at least one pair and one patch")
-    for patch in patches:
-        if not isinstance(patch, Patch):
-            raise ProbekitError(f"patches must be Patch objects, got a {type(patch).__name__}")
+    if wrong := [p for p in patches if not isinstance(p, Patch)]:
+        raise ProbekitError(f"patches must be Patch objects, got a {type(wrong[0]).__name__}")
     layers = [patch.layer for patch in patches]
     if layer_indices(model, layers) != layers:
         raise ProbekitError("a Patch takes a layer counted from 0; use grid() for -1 and the like")
@@ -113,9 +112,8 @@ def check(model: Any, pairs: Sequence[Pair], patches: Sequence[Patch]) -> None:
                 f"head {patch.head} is out of range: the model has {heads} heads per layer "
                 f"(0 to {heads - 1})"
             )
-    check_pairs(pairs, [patch.span for patch in patches])
-    for i, pair in enumerate(pairs):  # refuses a whole span of unequal token counts off the
-        for patch in patches:  # residual stream
+    for i, pair in enumerate(check_pairs(pairs)):  # aligns every span (refusing a whole span
+        for patch in patches:  # of unequal token counts off the residual stream)
             make_job(i, pair, patch)
 
 
@@ -285,7 +283,4 @@ def exact_effect(df: pd.DataFrame) -> pd.Series:
 def from_row(record: pd.Series) -> Patch:
     """The patch a table row (or a summary row) names."""
     head = None if pd.isna(record["head"]) else int(record["head"])
-    found = site(str(record["site"]))
-    if head is not None and not found.per_head:
-        raise ProbekitError(f"a head index on the site {found.name}")
-    return Patch(int(record["layer"]), found.name, record["span"], head)
+    return Patch(int(record["layer"]), site(str(record["site"])).name, record["span"], head)

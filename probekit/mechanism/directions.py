@@ -96,12 +96,9 @@ def span_states(
     readout: Readout,
     contrast: Callable[[EncodedItem], bool],
     centre: Sequence[str],
-    layers: Sequence[int] | None = None,
-    batch_size: int | None = None,
 ) -> States:
-    """Score every prompt once, keeping its `span` states at `layers` (default all)."""
-    layers = list(range(scorer.model.n_layers)) if layers is None else list(layers)
-    size = batch_size or scorer.batch_size
+    """Score every prompt once, keeping its `span` states at every layer."""
+    layers, size = list(range(scorer.model.n_layers)), scorer.batch_size
     rows, acts = [], []
     with progress(len(prompts), "prompt", "directions") as bar:
         for start in range(0, len(prompts), size):
@@ -165,7 +162,6 @@ def project_out(
     layer: int,
     direction: np.ndarray,
     readout: Readout,
-    batch_size: int | None = None,
 ) -> list[float]:
     """The readout of every prompt with `direction` projected out of
     `blocks.{layer}.hook_resid_post` at every token of `span`."""
@@ -177,7 +173,7 @@ def project_out(
         return x - (x @ unit)[:, None] * unit
 
     where = functools.partial(positions_of, span=span)
-    results = score_edited(scorer, prompts, SITE.hook(layer), where, remove, batch_size=batch_size)
+    results = score_edited(scorer, prompts, SITE.hook(layer), where, remove)
     return [readout(r, p.item) for r, p in zip(results, prompts, strict=True)]
 
 
@@ -191,7 +187,6 @@ def causal_check(
     controls: int = 5,
     seed: int = 0,
     n: int = 1000,
-    batch_size: int | None = None,
 ) -> CausalCheck:
     """The cross-fitted causal check of the module's docstring, with `controls` random
     directions, folds and random directions drawn from `seed`, `n` bootstrap resamples."""
@@ -215,9 +210,8 @@ def causal_check(
         direction = diff_of_means(states.acts[train, at], contrast[train])
         chosen = [prompts[i] for i in np.flatnonzero(held)]
         for row, vector in enumerate([direction, *randoms]):
-            ablated[row, held] = project_out(
-                scorer, chosen, states.span, states.layers[at], vector, readout, batch_size
-            )
+            layer = states.layers[at]
+            ablated[row, held] = project_out(scorer, chosen, states.span, layer, vector, readout)
         layers |= {u: states.layers[at] for u, f in zip(units, fold, strict=True) if f == k}
     frame = frame.assign(**dict(zip(columns, ablated, strict=True)))
     found = {

@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from probekit.core.answers import AnswerSet
-from probekit.core.items import PROMPT_ID, EncodedItem
+from probekit.core.items import PROMPT_ID
 from probekit.core.kinds import int_list
 from probekit.core.options import option
 from probekit.core.progress import progress as track
@@ -141,18 +141,6 @@ def logit_lens(
     return out
 
 
-def lens_rows(
-    prompts: Sequence[EncodedItem], found: Sequence[LensResult], answers: AnswerSet
-) -> list[dict[str, Any]]:
-    """One row per (prompt, layer): the prompt's id and key columns, `layer` and the score
-    columns of `probekit.score` for that layer's distribution."""
-    return [
-        {PROMPT_ID: prompt.id, **prompt.item.key, "layer": layer, **result.row(answers)}
-        for prompt, lens in zip(prompts, found, strict=True)
-        for layer, result in zip(lens.layers, lens.results, strict=True)
-    ]
-
-
 @public(LensOptions, ScoreOptions, ModelOptions, command="lens", skip=("model",))
 def lens(
     model: Any,
@@ -185,4 +173,8 @@ def lens(
     scorer = model.scorer(answer_set, epsilon=0.0, batch_size=batch_size)
     with silenced(quiet), track(len(ids), "prompt", "lens", "fewer layers or prompts") as bar:
         found = logit_lens(scorer, ids, chosen, batch_size, bar)
-    return pd.DataFrame(lens_rows(encoded, found, answer_set))
+    return pd.DataFrame(  # one row per (prompt, layer)
+        {PROMPT_ID: prompt.id, **prompt.item.key, "layer": layer, **result.row(answer_set)}
+        for prompt, read in zip(encoded, found, strict=True)
+        for layer, result in zip(read.layers, read.results, strict=True)
+    )

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -146,10 +146,19 @@ def draw_sets(sets: Sequence[PairSet], per_unit: int | None, seed: int) -> list[
     return [s for s in sets if s.draw in kept]
 
 
-def as_sets(pairs: Any) -> list[PairSet]:
-    """Pair sets as they are, or pairs (checked, `check_pairs`) each a set of its own."""
+def as_sets(pairs: Any, encode: Callable[[Item], EncodedItem] | None = None) -> list[PairSet]:
+    """Pair sets as they are, or pairs (checked, `check_pairs`) each a set of its own; with
+    `encode`, pairs of `Item`s are encoded by it and one pair alone is a list of one."""
     if isinstance(pairs, Sequence) and pairs and all(isinstance(s, PairSet) for s in pairs):
         return list(pairs)
+    if encode is not None and isinstance(pairs, Sequence) and not isinstance(pairs, str):
+        lone = len(pairs) == 2 and all(isinstance(p, EncodedItem | Item) for p in pairs)
+        pairs = [
+            tuple(encode(p) if isinstance(p, Item) else p for p in pair)
+            if isinstance(pair, tuple | list)
+            else pair
+            for pair in ([pairs] if isinstance(pairs, tuple) and lone else pairs)
+        ]
     return difference_sets(check_pairs(pairs))
 
 
@@ -234,10 +243,9 @@ def single_positions(spans: Iterable[str], pairs: Sequence[Pair]) -> list[str]:
     return out
 
 
-def check_pairs(pairs: Any, spans: Iterable[str] = ()) -> list[Pair]:
+def check_pairs(pairs: Any) -> list[Pair]:
     """The pairs as a list of (clean, corrupt) encoded prompts; one line for anything else (an
-    empty list, a list of prompts, a pair whose prompts are about different units) or a span a
-    pair cannot align."""
+    empty list, a list of prompts, a pair whose prompts are about different units)."""
     if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence) or not pairs:
         raise ProbekitError(
             f"pairs must be a non-empty list of (clean, corrupt) pairs, got {_what(pairs)}"
@@ -256,8 +264,6 @@ def check_pairs(pairs: Any, spans: Iterable[str] = ()) -> list[Pair]:
                 f"pair {i}: the clean prompt is about {clean.item.unit!r} and the corrupt one "
                 f"about {corrupt.item.unit!r}; a pair must share its unit"
             )
-        for span in dict.fromkeys(spans):
-            aligned_positions((clean, corrupt), span)
         out.append((clean, corrupt))
     return out
 
@@ -347,19 +353,17 @@ def _messages(prompt: Any, chat: bool) -> list[dict[str, str]] | None:
         if not prompt:
             raise ProbekitError("make_pair takes non-empty texts or message lists, got ''")
         return None
+    fields = ("role", "content")
     if (
         isinstance(prompt, Sequence)
         and prompt
         and all(
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in prompt
+            isinstance(m, dict) and all(isinstance(m.get(f), str) for f in fields) for m in prompt
         )
     ):
         if not chat:
             raise ProbekitError("message lists go through the chat template: leave chat=True")
-        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+        return [{f: m[f] for f in fields} for m in prompt]
     raise ProbekitError(
         "make_pair takes two texts or two chat-message lists ([{'role': 'system', 'content': "
         f"...}}, ...]), got {_what(prompt)}"

@@ -146,8 +146,7 @@ def check_patch_options(request: PatchOptions, readout: str | None = None) -> No
     patch command's check while parsing, before any data or model loads): mediation of
     estimated components, a readout of a pair's two distributions (`readout`, else the
     option's) with attribution or mediation."""
-    for name in request.sites:
-        find_site(name)
+    capture.site_shorts(request.sites)  # every site known
     if request.mediation and request.method == "attribution":
         raise ProbekitError(
             f"{named('mediation')} needs exactly measured components: use {named('method')} "
@@ -233,17 +232,27 @@ def run_patch(
     write_parquet(folder / "patching.parquet", df)
     title = f"{describe_model(model.describe())}, {probe.name}"
     record = {"contrast": defaults.effect.name, "resampled": unit, "selection": selection}
-    files = report(df, folder, request, spans, title, say, record)
+    written = ["patching.parquet", *report(df, folder, request, spans, title, say, record)]
     record |= {"readout": readout.spec, "layers": layers, "spans": spans, "units": units}
     record["components"] = len(patches)
     record["sets"] = [
         {"unit": s.unit, "name": s.name, "pairs": [[a.id, b.id] for a, b in s.pairs]} for s in sets
     ]
-    written = ["patching.parquet", *files]
-    if request.mediation:
+    if request.mediation:  # the direct effects of the exactly measured components
         exact = request.method == "exact"
         measured = patches if exact else attribution.top_components(df, request.top_k)
-        written += mediate(scorer, sets, measured, readout, folder, request, say)
+        asked = {"hooks": request.hooks, "batch_size": request.batch_size}
+        effects = mediation.mediate(scorer, sets, measured, readout, **asked)
+        write_parquet(folder / "mediation.parquet", effects)
+        summary = mediation.summarise(effects, n=request.bootstrap, seed=request.seed)
+        write_text(folder / "mediation_summary.csv", summary.to_csv(index=False))
+        top = min(5, len(summary))
+        share = mediation.top_share(effects, top, n=request.bootstrap, seed=request.seed)
+        say(
+            f"mediation: the top {top} components' indirect effects carry {share['share']:.1%} "
+            f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect (interval over units)"
+        )
+        written += ["mediation.parquet", "mediation_summary.csv"]
     direction = None if request.skip_direction else defaults.direction
     if direction and readout.paired:
         say(f"no direction analysis: it needs a readout of one prompt, and {readout.spec} is not")
@@ -299,8 +308,6 @@ def measure(
         return run(scorer, pairs, patches, readout, hooks=hooks, batch_size=batch_size, **options)
     if options.get("distributions"):
         raise ProbekitError("distributions=True needs method='exact'")
-    if method not in METHODS:
-        raise ProbekitError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     df = attribution.attribute(scorer, pairs, patches, readout, batch_size=batch_size)
     if method == "attribution+verify":
         df = attribution.verify(scorer, pairs, df, top_k, readout, hooks, batch_size)
@@ -381,32 +388,6 @@ def top_components(summary: pd.DataFrame, column: str, pairs: int, readout: str)
     return "\n".join(lines)
 
 
-def mediate(
-    scorer: HookedScorer,
-    pairs: list[PairSet],
-    patches: list[Patch],
-    readout: Readout,
-    out: Path,
-    request: PatchOptions,
-    say: Say = print,
-) -> list[str]:
-    """mediation.parquet and mediation_summary.csv for `patches`; says the top components'
-    share of the total effect."""
-    effects = mediation.mediate(
-        scorer, pairs, patches, readout, hooks=request.hooks, batch_size=request.batch_size
-    )
-    write_parquet(out / "mediation.parquet", effects)
-    summary = mediation.summarise(effects, n=request.bootstrap, seed=request.seed)
-    write_text(out / "mediation_summary.csv", summary.to_csv(index=False))
-    top = min(5, len(summary))
-    share = mediation.top_share(effects, top, n=request.bootstrap, seed=request.seed)
-    say(
-        f"mediation: the top {top} components' indirect effects carry {share['share']:.1%} "
-        f"[{share['low']:.1%}, {share['high']:.1%}] of the total effect (interval over units)"
-    )
-    return ["mediation.parquet", "mediation_summary.csv"]
-
-
 def direction_check(
     scorer: HookedScorer,
     study: Any,
@@ -471,8 +452,7 @@ def direction_check(
 
 def check_capture(request: CaptureOptions, items: Sequence[Item]) -> None:
     """One line for any bad choice that needs no model."""
-    for name in request.sites:
-        find_site(name)
+    capture.site_shorts(request.sites)  # every site known
     if request.spans:
         check_span_names(items, request.spans)
 
@@ -501,6 +481,6 @@ def run_capture(
     say(
         f"captured {result.captured} prompts ({result.skipped} already there) of {probe.name} at "
         f"layers {layers}\nshards: {result.out_dir / 'shards'}\nindex:  {result.out_dir / 'index'}"
-        " (probekit.mechanism.capture.read_index / load_activations / read_activations)"
+        " (probekit.mechanism.capture.read_index / read_activations)"
     )
     return result

@@ -97,9 +97,10 @@ def correct_probability(answers: AnswerSet, key: str = "correct") -> Readout:
     return Readout("p_correct", "p_correct", read)
 
 
-def clean_overlap() -> Readout:
+def clean_overlap(answers: AnswerSet | None = None) -> Readout:
     """1 - TV(P, P_clean): the overlap of a prompt's normalised distribution with its pair's
-    clean one (1 on the clean prompt; the pair's gap is the total variation distance)."""
+    clean one (1 on the clean prompt; the pair's gap is the total variation distance). It reads
+    no answer by name: `answers`, which every readout is made for, is not needed."""
 
     def read(result: ScoreResult, _: Item, clean: ScoreResult) -> float:
         if result.valid_mass <= 0 or clean.valid_mass <= 0:
@@ -124,12 +125,9 @@ def parse_readout(spec: str, answers: AnswerSet) -> Readout:
         first, second = spec.split(" - ", 1)
         return difference(parse_readout(first, answers), parse_readout(second, answers))
     text = spec.strip()
-    if text == "expected":
-        return expected_value(answers)
-    if text == "p_correct":
-        return correct_probability(answers)
-    if text == PAIRED:
-        return clean_overlap()
+    named = {"expected": expected_value, "p_correct": correct_probability, PAIRED: clean_overlap}
+    if text in named:
+        return named[text](answers)
     if text.startswith("p:") and len(text) > 2:
         return answer_probability(answers, text[2:])
     raise ProbekitError(

@@ -45,7 +45,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
-from probekit.core.kinds import checked_by, float_list, non_negative_int
+from probekit.core.kinds import checked_by, choice, float_list, non_negative_int
 from probekit.core.options import given, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
@@ -81,13 +81,6 @@ def check_alphas(alphas: Any) -> list[float]:
     return out
 
 
-def check_positions(positions: str) -> str:
-    """`positions` if it is one of `POSITIONS`; else one line naming them."""
-    if positions not in POSITIONS:
-        raise ProbekitError(f"unknown positions {positions!r}; choose from {', '.join(POSITIONS)}")
-    return positions
-
-
 @dataclass(frozen=True)
 class SteerOptions(HookOptions, EpsilonOption):
     """Steer options: the vector, its strengths and where it is added."""
@@ -101,7 +94,7 @@ class SteerOptions(HookOptions, EpsilonOption):
         "from_span",
         help="span (its tokens), from_span (from the span on, answer tokens included) or all "
         "(every prompt and answer token) (default %(default)s)",
-        kind=checked_by("positions", check_positions),
+        kind=choice("positions", POSITIONS),
     )
     span: str | None = option(
         None, help="the span steered from (default: the study's contrast span, else answer)"
