@@ -3,12 +3,12 @@ the identity-mismatch patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item
+from probekit.core.items import Item
 from probekit.core.kinds import Kind, comma_list, int_range, positive_int, text
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
@@ -91,8 +91,7 @@ class GIEBenchStudy(ReportedStudy):
 
     def probes(self, options: GIEBenchOptions, context: Context) -> list[GIEBenchProbe]:
         probe = self.probe(options, context, view=context.view, orders=options.orders)
-        for _ in probe.items():  # refuse an unparsable official prompt before the model loads
-            pass
+        list(probe.items())  # refuse an unparsable official prompt before the model loads
         return [probe]
 
     def probe(self, options: GIEBenchOptions, context: Context, **given: Any) -> GIEBenchProbe:
@@ -151,11 +150,11 @@ class GIEBenchStudy(ReportedStudy):
         return sliced, items  # type: ignore[return-value]
 
 
-def _own_identity(probe: GIEBenchProbe) -> Callable[[EncodedItem], bool]:
-    return lambda e: not e.item.key["mismatch"]
-
-
-OWN_IDENTITY = Contrast("own identity vs swapped identity", "identity", _own_identity)
+OWN_IDENTITY = Contrast(
+    "own identity vs swapped identity",
+    "identity",
+    lambda probe: lambda e: not e.item.key["mismatch"],
+)
 """Each item with its own identity, against the same item with another identity of its
 category (the identity-mismatch prompts), at the identity sentence."""
 
