@@ -31,17 +31,14 @@ CAPTIONS = {
 """Each figure's caption on the report pages (`Study.captions`), by file name."""
 
 
-def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict]:
-    """One view's rows and its own figure (`emotions<suffix>.png`)."""
-    return report_views(scores, out, [out.view])
-
-
-def report_views(scores: pd.DataFrame, out: ReportView, views: Sequence[str]) -> list[dict]:
-    """The summary rows of `views` (one per metric and view) and their figure, a panel per
-    view."""
+def report_view(
+    scores: pd.DataFrame, out: ReportView, views: Sequence[str] | None = None
+) -> list[dict]:
+    """The summary rows of `views` (default: the view of `out`; one row per metric and view)
+    and their figure (`emotions<suffix>.png`), a panel per view."""
     genders, seed = out.manifest["genders"], out.seed
     tables = []
-    for view in views:  # each view's metrics, its context columns on the max_diff row
+    for view in views or [out.view]:  # each view's metrics, its context columns on the max_diff row
         viewed = metrics.view_tables(scores, view, genders)
         table = metrics.summarize(viewed, seed)
         for column, value in metrics.gender_context(viewed, scores, seed).items():
