@@ -57,7 +57,7 @@ from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.shared_options import FIRST_UNITS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import INTERVAL_NOTE, Headline, ViewFacts
 from probekit.reporting.latex import markdown_table, write_csv
@@ -498,8 +498,21 @@ class Study(Contract):
         """Counterfactual (clean, corrupt) pairs: by default, within each unit (and value of the
         `pair_within` keys), every prompt on the first side of the study's contrast with every
         prompt on the other side."""
-        contrast = self.mechanism_defaults().contrast
-        return contrast_pairs(contrast, probe, encoded, self.pair_within)
+        side = self.mechanism_defaults().contrast.side(probe)
+
+        def group(prompt: EncodedItem) -> tuple:
+            return (prompt.item.unit, *(prompt.item.key[k] for k in self.pair_within))
+
+        first: dict[tuple, list[EncodedItem]] = {}
+        for prompt in encoded:
+            if side(prompt):
+                first.setdefault(group(prompt), []).append(prompt)
+        return [
+            (clean, prompt)
+            for prompt in encoded
+            if not side(prompt)
+            for clean in first.get(group(prompt), [])
+        ]
 
     @abstractmethod
     def mechanism_defaults(self) -> MechanismDefaults:
@@ -514,28 +527,6 @@ def mechanism_slice(probe: Probe, context: Context) -> Probe:
         return probe.limited(context.limit)
     order, sizes, _ = probe.balanced()
     return probe.limited(sum(sizes[unit] for unit in order[: FIRST_UNITS[context.command]]))
-
-
-def contrast_pairs(
-    contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem], within: Sequence[str] = ()
-) -> list[Pair]:
-    """Within each unit (and value of the item keys `within`), each prompt on the contrast's
-    first side (clean) with each prompt on the other side (corrupt), in the prompts' order."""
-    side = contrast.side(probe)
-
-    def group(prompt: EncodedItem) -> tuple:
-        return (prompt.item.unit, *(prompt.item.key[k] for k in within))
-
-    first: dict[tuple, list[EncodedItem]] = {}
-    for prompt in encoded:
-        if side(prompt):
-            first.setdefault(group(prompt), []).append(prompt)
-    return [
-        (clean, prompt)
-        for prompt in encoded
-        if not side(prompt)
-        for clean in first.get(group(prompt), [])
-    ]
 
 
 def run_view(manifest: Mapping[str, Any]) -> str:

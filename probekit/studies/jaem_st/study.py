@@ -232,7 +232,7 @@ CLEAN_VALUE = Contrast(
     lambda probe: lambda e: e.item.key[probe.contrast[0]] == probe.contrast[1],
 )
 """Per sample, the prompt with `--clean`'s value of `--dimension` against the prompts with its
-other values, at the dimension's filled masks; the pairs (the core's `contrast_pairs`) put the
+other values, at the dimension's filled masks; the pairs (the core's `Study.pairs`) put the
 clean value's prompt against each other value's."""
 
 
