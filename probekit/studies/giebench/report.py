@@ -17,7 +17,7 @@ from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, missing, row_headlines
 from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.giebench.judge import OPTIONS
-from probekit.studies.report import ReportView, side_by_side
+from probekit.studies.report import ReportView, context_lines, side_by_side, with_interval
 
 DETAILS = "details.md"
 SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
@@ -122,19 +122,15 @@ SECTIONS = {
 
 def _with_interval(table: pd.DataFrame) -> list[str]:
     """Each row's accuracy with its interval, `0.500 [0.300, 0.700]`."""
-    cells = table[["accuracy", "ci_low", "ci_high"]].to_numpy()
-    return [f"{a:.3f} [{low:.3f}, {high:.3f}]" for a, low, high in cells]
+    return [with_interval(*cells) for cells in table[["accuracy", "ci_low", "ci_high"]].to_numpy()]
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
     """`summary.md`: overall accuracy per model, view, order view and prompt type, followed by
     each run's details."""
     shown = frame.assign(accuracy=_with_interval(frame))
-    contexts = [
-        f"- {r['model']}, {r['view']}, {r['orders']}, {r['prompt_type']}: {context_line(r)}"
-        for r in frame.to_dict("records")
-        if context_line(r)
-    ]
+    keys = ("model", "view", "orders", "prompt_type")
+    contexts = context_lines(frame.to_dict("records"), keys, context_line)
     head = [
         "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
         "",
