@@ -82,13 +82,9 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     wide = wide.reindex(index=order, columns=list(dict.fromkeys(acc["column"]))).reset_index()
     parts = [f"## {view}: accuracy per category (95% CI over items)", "", _markdown(wide), ""]
     for name, heading in SECTIONS.items():
-        if not tables[name].empty:
-            table = tables[name].assign(
-                before=tables[name]["before"].map("{:.3f}".format),
-                after=tables[name]["after"].map("{:.3f}".format),
-                delta=tables[name]["delta"].map("{:+.3f}".format),
-            )
-            parts += [f"## {view}: {heading}", "", _markdown(table), ""]
+        if not (table := tables[name]).empty:
+            shown = table.assign(**{c: table[c].map(f.format) for c, f in FORMATS.items()})
+            parts += [f"## {view}: {heading}", "", _markdown(shown), ""]
     single = metrics.single_identity_categories(frame)
     if single:
         parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
@@ -113,6 +109,7 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     return "\n".join(parts) + "\n"
 
 
+FORMATS = {"before": "{:.3f}", "after": "{:.3f}", "delta": "{:+.3f}"}
 SECTIONS = {
     "shifts": "shifts on the same items (own order; +: wrong->right, -: right->wrong)",
     "mismatch": "identity mismatch (own order; the identity replaced by the next one of its "
