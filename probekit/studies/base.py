@@ -57,7 +57,7 @@ from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.shared_options import FIRST_UNITS
 from probekit.datasets.locate import Dataset, DataSource, read_checksums
-from probekit.mechanism.defaults import Contrast, MechanismDefaults
+from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import INTERVAL_NOTE, Headline, ViewFacts
 from probekit.reporting.latex import markdown_table, write_csv
@@ -233,11 +233,6 @@ class Probe(Contract):
         in_order = [unit for unit in sizes if unit in chosen]
         return LimitedProbe(self, in_order, len(sizes), groups)
 
-    def first_units(self, count: int) -> Probe:
-        """The smallest balanced slice of `count` units (`limited`)."""
-        order, sizes, _ = self.balanced()
-        return self.limited(sum(sizes[unit] for unit in order[:count]))
-
 
 class LimitedProbe:
     """A probe's prompts on some of its whole units (`Probe.limited`), in the probe's order;
@@ -249,7 +244,7 @@ class LimitedProbe:
         self.units_total, self.groups = units_total, groups
         self._size = sum(1 for _ in self.items())
 
-    balanced, limited, first_units = Probe.balanced, Probe.limited, Probe.first_units
+    balanced, limited = Probe.balanced, Probe.limited
 
     @property
     def whole(self) -> Probe:
@@ -331,11 +326,11 @@ class Study(Contract):
         """Metrics and figures of one finished run in `run_dir`: `report_view` of every view,
         the run's own view unsuffixed, the others' files suffixed `_<view>`."""
         own = run_view(manifest)
-        rows = []
-        for view in self.views(own):
-            suffix = "" if view == own else f"_{view}"
-            rows += self.report_view(scores, run_dir, manifest, view, suffix)
-        return rows
+        return [
+            row
+            for view in self.views(own)
+            for row in self.report_view(scores, run_dir, manifest, view, f"_{view}" * (view != own))
+        ]
 
     @abstractmethod
     def report_view(
@@ -371,9 +366,9 @@ class Study(Contract):
         RunDir(run_dir).update_manifest(figures=figure_data(run_dir))
         rows = []
         for row in self.without_interval(reported, manifest):
-            keys = list(row)
-            at = keys.index("model") + 1 if "model" in row else len(keys)
-            rows.append({**{k: row[k] for k in keys[:at]}, "data": data, **row})
+            items = list(row.items())  # `data` after `model`, or last
+            at = list(row).index("model") + 1 if "model" in row else len(items)
+            rows.append(dict([*items[:at], ("data", data), *items[at:]]))
         return rows
 
     def without_interval(self, rows: list[dict], manifest: Mapping[str, Any]) -> list[dict]:
@@ -503,8 +498,21 @@ class Study(Contract):
         """Counterfactual (clean, corrupt) pairs: by default, within each unit (and value of the
         `pair_within` keys), every prompt on the first side of the study's contrast with every
         prompt on the other side."""
-        contrast = self.mechanism_defaults().contrast
-        return contrast_pairs(contrast, probe, encoded, self.pair_within)
+        side = self.mechanism_defaults().contrast.side(probe)
+
+        def group(prompt: EncodedItem) -> tuple:
+            return (prompt.item.unit, *(prompt.item.key[k] for k in self.pair_within))
+
+        first: dict[tuple, list[EncodedItem]] = {}
+        for prompt in encoded:
+            if side(prompt):
+                first.setdefault(group(prompt), []).append(prompt)
+        return [
+            (clean, prompt)
+            for prompt in encoded
+            if not side(prompt)
+            for clean in first.get(group(prompt), [])
+        ]
 
     @abstractmethod
     def mechanism_defaults(self) -> MechanismDefaults:
@@ -515,31 +523,10 @@ class Study(Contract):
 def mechanism_slice(probe: Probe, context: Context) -> Probe:
     """The slice of `probe` a mechanism command reads: the smallest balanced slice of
     `context.limit` prompts (`Probe.limited`), else of its command's `FIRST_UNITS` units."""
-    if context.limit is None:
-        return probe.first_units(FIRST_UNITS[context.command])
-    return probe.limited(context.limit)
-
-
-def contrast_pairs(
-    contrast: Contrast, probe: Probe, encoded: Sequence[EncodedItem], within: Sequence[str] = ()
-) -> list[Pair]:
-    """Within each unit (and value of the item keys `within`), each prompt on the contrast's
-    first side (clean) with each prompt on the other side (corrupt), in the prompts' order."""
-    side = contrast.side(probe)
-
-    def group(prompt: EncodedItem) -> tuple:
-        return (prompt.item.unit, *(prompt.item.key[k] for k in within))
-
-    first: dict[tuple, list[EncodedItem]] = {}
-    for prompt in encoded:
-        if side(prompt):
-            first.setdefault(group(prompt), []).append(prompt)
-    return [
-        (clean, prompt)
-        for prompt in encoded
-        if not side(prompt)
-        for clean in first.get(group(prompt), [])
-    ]
+    if context.limit is not None:
+        return probe.limited(context.limit)
+    order, sizes, _ = probe.balanced()
+    return probe.limited(sum(sizes[unit] for unit in order[: FIRST_UNITS[context.command]]))
 
 
 def run_view(manifest: Mapping[str, Any]) -> str:
@@ -561,10 +548,8 @@ def _pinned_match(dataset: Dataset, digest: Any) -> bool | None:
     pinned = read_checksums()
     if not digest or not all(rel in pinned for rel in dataset.files):
         return None
-    combined = hashlib.sha256()
-    for rel in sorted(dataset.files):
-        combined.update(f"{pinned[rel]}  {rel}\n".encode())
-    return combined.hexdigest() == digest
+    lines = "".join(f"{pinned[rel]}  {rel}\n" for rel in sorted(dataset.files))
+    return hashlib.sha256(lines.encode()).hexdigest() == digest
 
 
 _REGISTRY: dict[str, Study] = {}

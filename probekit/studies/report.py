@@ -4,7 +4,7 @@ study's own `report` module holds only what is its own."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.reporting.contract import figure_model
-from probekit.reporting.headline import format_number
+from probekit.reporting.headline import format_interval, format_number
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,18 @@ def by_group(values: pd.Series) -> str:
     """Per-group numbers in one cell, `group value; ...` (small values in scientific notation,
     `format_number`)."""
     return "; ".join(f"{group_name(k)} {format_number(v)}" for k, v in values.items())
+
+
+def context_lines(
+    records: Sequence[Mapping[str, Any]], keys: Sequence[str], line: Callable[[Any], str]
+) -> list[str]:
+    """`- <the row's keys>: <its context line>` for each summary row with a context line."""
+    return [f"- {', '.join(str(r[k]) for k in keys)}: {line(r)}" for r in records if line(r)]
+
+
+def with_interval(value: Any, low: Any, high: Any) -> str:
+    """A value with its interval, `0.500 [0.300, 0.700]` (`format_number`, `format_interval`)."""
+    return f"{format_number(value)} {format_interval(low, high)}"
 
 
 def side_by_side(ax: Any, series: Sequence[tuple[str, Any, Any, Any]], colour: int = 0) -> list:

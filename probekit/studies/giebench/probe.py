@@ -34,16 +34,15 @@ MAX_NEW_TOKENS = 256  # explain / generate budget (GIEBench allows 8,192; see th
 def mismatch_identities(units: Sequence[Unit]) -> dict[str, str]:
     """Record id -> the identity that replaces its own: the next distinct identity of its
     category in sorted order (cyclic). A category with one identity has no mismatch."""
-    by_category: dict[str, list[str]] = {}
-    for unit in units:
-        if isinstance(unit, Record) and unit.identity:
-            by_category.setdefault(unit.category, []).append(unit.identity)
+    records = [unit for unit in units if isinstance(unit, Record) and unit.identity]
+    by_category: dict[str, set[str]] = {}
+    for record in records:
+        by_category.setdefault(record.category, set()).add(str(record.identity))
     swap = {}
-    for unit in units:
-        if isinstance(unit, Record) and unit.identity:
-            names = sorted(set(by_category[unit.category]))
-            if len(names) > 1:
-                swap[unit.id] = names[(names.index(unit.identity) + 1) % len(names)]
+    for record in records:
+        names = sorted(by_category[record.category])
+        if len(names) > 1:
+            swap[record.id] = names[(names.index(str(record.identity)) + 1) % len(names)]
     return swap
 
 

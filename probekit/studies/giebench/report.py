@@ -17,7 +17,7 @@ from probekit.reporting.figures import new_figure, save_figure
 from probekit.reporting.headline import format_number, missing, row_headlines
 from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.giebench.judge import OPTIONS
-from probekit.studies.report import ReportView, side_by_side
+from probekit.studies.report import ReportView, context_lines, side_by_side, with_interval
 
 DETAILS = "details.md"
 SUMMARY_COLUMNS = ["model", "view", "orders", "prompt_type", "n_items", "accuracy"]
@@ -82,13 +82,9 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     wide = wide.reindex(index=order, columns=list(dict.fromkeys(acc["column"]))).reset_index()
     parts = [f"## {view}: accuracy per category (95% CI over items)", "", _markdown(wide), ""]
     for name, heading in SECTIONS.items():
-        if not tables[name].empty:
-            table = tables[name].assign(
-                before=tables[name]["before"].map("{:.3f}".format),
-                after=tables[name]["after"].map("{:.3f}".format),
-                delta=tables[name]["delta"].map("{:+.3f}".format),
-            )
-            parts += [f"## {view}: {heading}", "", _markdown(table), ""]
+        if not (table := tables[name]).empty:
+            shown = table.assign(**{c: table[c].map(f.format) for c, f in FORMATS.items()})
+            parts += [f"## {view}: {heading}", "", _markdown(shown), ""]
     single = metrics.single_identity_categories(frame)
     if single:
         parts += [f"No mismatch for {', '.join(single)}: a single identity in the items.", ""]
@@ -113,6 +109,7 @@ def section(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], view: str) -> 
     return "\n".join(parts) + "\n"
 
 
+FORMATS = {"before": "{:.3f}", "after": "{:.3f}", "delta": "{:+.3f}"}
 SECTIONS = {
     "shifts": "shifts on the same items (own order; +: wrong->right, -: right->wrong)",
     "mismatch": "identity mismatch (own order; the identity replaced by the next one of its "
@@ -122,19 +119,15 @@ SECTIONS = {
 
 def _with_interval(table: pd.DataFrame) -> list[str]:
     """Each row's accuracy with its interval, `0.500 [0.300, 0.700]`."""
-    cells = table[["accuracy", "ci_low", "ci_high"]].to_numpy()
-    return [f"{a:.3f} [{low:.3f}, {high:.3f}]" for a, low, high in cells]
+    return [with_interval(*cells) for cells in table[["accuracy", "ci_low", "ci_high"]].to_numpy()]
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
     """`summary.md`: overall accuracy per model, view, order view and prompt type, followed by
     each run's details."""
     shown = frame.assign(accuracy=_with_interval(frame))
-    contexts = [
-        f"- {r['model']}, {r['view']}, {r['orders']}, {r['prompt_type']}: {context_line(r)}"
-        for r in frame.to_dict("records")
-        if context_line(r)
-    ]
+    keys = ("model", "view", "orders", "prompt_type")
+    contexts = context_lines(frame.to_dict("records"), keys, context_line)
     head = [
         "# GIEBench: overall accuracy (pooled over items; 95% CI over items)",
         "",

@@ -81,6 +81,7 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 def category_name(name: str) -> str:
+    """A category as probekit spells it (the repository writes `Orentation`)."""
     return CATEGORY_SPELLINGS.get(name, name)
 
 
@@ -140,49 +141,43 @@ def _record(row: Any, path: Path, k: int) -> Record:
 def read_official(folder: Path, prompt_types: Sequence[str]) -> list[OfficialItem]:
     """The items of the official files of `prompt_types` in `folder`, in the first file's order;
     every file must hold the same ids, with the same correct letter and category."""
-    tables = {}
-    for prompt_type in prompt_types:
-        path = folder / FILES[prompt_type]
-        if not path.is_file():
-            raise ProbekitError(f"{folder} has no {FILES[prompt_type]}")
-        tables[prompt_type] = _official_table(read_json(path), path)
-    first = prompt_types[0]
+    tables = {t: _official_table(folder, FILES[t]) for t in prompt_types}
+    first = FILES[prompt_types[0]]
+    items = tables[prompt_types[0]]
     for prompt_type, table in tables.items():
         where = folder / FILES[prompt_type]
-        for item_id in (i for i in tables[first] if i not in table):
-            raise ProbekitError(f"{where}: item {item_id!r} is missing")
-        for item_id in (i for i in table if i not in tables[first]):
-            raise ProbekitError(f"{where}: item {item_id!r} is not in {FILES[first]}")
-        for item_id, (category, correct, _) in tables[first].items():
-            if table[item_id][:2] != (category, correct):
-                raise ProbekitError(
-                    f"{where}: item {item_id!r} has another category or correct answer than in "
-                    f"{FILES[first]}"
-                )
+        if missing := next((i for i in items if i not in table), None):
+            raise ProbekitError(f"{where}: item {missing!r} is missing")
+        if extra := next((i for i in table if i not in items), None):
+            raise ProbekitError(f"{where}: item {extra!r} is not in {first}")
+        if other := next((i for i, item in items.items() if table[i][:2] != item[:2]), None):
+            raise ProbekitError(
+                f"{where}: item {other!r} has another category or correct answer than in {first}"
+            )
     return [
-        OfficialItem(
-            item_id, category, correct, {t: table[item_id][2] for t, table in tables.items()}
-        )
-        for item_id, (category, correct, _) in tables[first].items()
+        OfficialItem(item_id, category, correct, {t: tables[t][item_id][2] for t in tables})
+        for item_id, (category, correct, _) in items.items()
     ]
 
 
-def _official_table(data: Any, path: Path) -> dict[str, tuple[str, str, str]]:
+def _official_table(folder: Path, name: str) -> dict[str, tuple[str, str, str]]:
+    """Item id -> (category, correct letter, prompt) of one official file in `folder`."""
+    path = folder / name
+    if not path.is_file():
+        raise ProbekitError(f"{folder} has no {name}")
+    data = read_json(path)
     if not isinstance(data, dict) or not data:
         raise ProbekitError(f"{path}: expected a JSON object mapping item ids to items")
-    table = {}
     for item_id, row in data.items():
         _fields(row, ("prompt", "correct", "category"), path, item_id)
         if row["correct"] not in OPTIONS:
             raise ProbekitError(
                 f"{path}: item {item_id!r} has correct={row['correct']!r}, not one of A-D"
             )
-        table[str(item_id)] = (
-            category_name(str(row["category"])),
-            row["correct"],
-            str(row["prompt"]),
-        )
-    return table
+    return {
+        str(i): (category_name(str(row["category"])), row["correct"], str(row["prompt"]))
+        for i, row in data.items()
+    }
 
 
 def check_blob(path: Path, data: bytes) -> None:
@@ -219,31 +214,35 @@ def resolve_items(
 ) -> ItemSource:
     """The items `--items` names: `sample`, a records file, or a folder of official files; by
     default the official files (data root, cache or download), else the project's sample."""
+
+    def official(folder: Path) -> ItemSource:
+        return ItemSource("official", folder, list(read_official(folder, prompt_types)))
+
+    def sample(message: str = "") -> ItemSource:
+        return ItemSource("sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)), message)
+
     if spec == "sample":
-        return ItemSource("sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)))
+        return sample()
     if spec is not None:
         path = Path(spec).expanduser()
-        if path.is_dir():
-            return ItemSource("official", path, list(read_official(path, prompt_types)))
         if path.is_file():
             return ItemSource("records", path, list(read_records(path)))
-        raise ProbekitError(f"{given('items', spec)}: no such file or folder")
+        if not path.is_dir():
+            raise ProbekitError(f"{given('items', spec)}: no such file or folder")
+        return official(path)
     roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
-    for root in [*roots, user_cache_dir() / "data"]:
-        folder = root / OFFICIAL_DIR
-        if all((folder / FILES[t]).is_file() for t in prompt_types):
-            for t in prompt_types:
-                check_blob(folder / FILES[t], (folder / FILES[t]).read_bytes())
-            return ItemSource("official", folder, list(read_official(folder, prompt_types)))
+    for folder in (root / OFFICIAL_DIR for root in [*roots, user_cache_dir() / "data"]):
+        paths = [folder / FILES[t] for t in prompt_types]
+        if all(path.is_file() for path in paths):
+            for path in paths:
+                check_blob(path, path.read_bytes())
+            return official(folder)
     try:
         folder = download_official(user_cache_dir() / "data", prompt_types, fetch)
     except (OSError, http.client.HTTPException) as err:
-        return ItemSource(
-            "sample",
-            SAMPLE_FILE,
-            list(read_records(SAMPLE_FILE)),
+        return sample(
             f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
             "probekit's own sample records, which are NOT GIEBench (pass "
-            f"{given('items', 'DIR', placeholder=True)} for them)",
+            f"{given('items', 'DIR', placeholder=True)} for them)"
         )
-    return ItemSource("official", folder, list(read_official(folder, prompt_types)))
+    return official(folder)

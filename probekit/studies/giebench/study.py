@@ -91,8 +91,7 @@ class GIEBenchStudy(ReportedStudy):
 
     def probes(self, options: GIEBenchOptions, context: Context) -> list[GIEBenchProbe]:
         probe = self.probe(options, context, view=context.view, orders=options.orders)
-        for _ in probe.items():  # refuse an unparsable official prompt before the model loads
-            pass
+        list(probe.items())  # refuse an unparsable official prompt before the model loads
         return [probe]
 
     def probe(self, options: GIEBenchOptions, context: Context, **given: Any) -> GIEBenchProbe:

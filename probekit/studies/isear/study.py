@@ -119,7 +119,7 @@ class IsearStudy(ReportedStudy):
         """Both views of a generate run in one report (one figure with a panel per view)."""
         own = run_view(manifest)
         reported = ReportView(run_dir, manifest, own, data=self.describe_data(manifest))
-        return self.report_module().report_views(scores, reported, self.views(own))
+        return self.report_module().report_view(scores, reported, self.views(own))
 
     def mechanism_defaults(self) -> MechanismDefaults:
         return MechanismDefaults(

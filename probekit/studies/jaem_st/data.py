@@ -116,10 +116,7 @@ def parse_template(text: str, index: int, name: str, labels: tuple[str, ...]) ->
         at.append(text.index(header))
     if at != sorted(at):
         raise ProbekitError(f"template {name}: sections must come as {', '.join(HEADERS)}")
-    causal = text[: at[0]]
-    context = text[at[0] + len(HEADERS[0]) : at[1]]
-    conversation = text[at[1] + len(HEADERS[1]) : at[2]]
-    block = text[at[2] + len(HEADERS[2]) :]
+    causal, context, conversation, block = re.split("|".join(map(re.escape, HEADERS)), text)
     return Template(
         index, name, causal.strip(), context, conversation, _answers(block, name, labels)
     )

@@ -35,24 +35,18 @@ _LAYER = re.compile(r"seeker_encoder\.roberta\.encoder\.layer\.(\d+)\.")
 
 
 class _Attention(nn.Module):
-    """EPITOME's multi-head attention: q, k, v and out projections, scaled dot product."""
+    """EPITOME's attention, one head: q, k, v and out projections, scaled dot product."""
 
-    def __init__(self, hidden: int, heads: int = 1) -> None:
+    def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.heads, self.d_k = heads, hidden // heads
-        self.q_linear = nn.Linear(hidden, hidden)
-        self.k_linear = nn.Linear(hidden, hidden)
-        self.v_linear = nn.Linear(hidden, hidden)
-        self.out = nn.Linear(hidden, hidden)
+        self.q_linear, self.k_linear, self.v_linear, self.out = (
+            nn.Linear(hidden, hidden) for _ in range(4)
+        )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        def split(x: torch.Tensor) -> torch.Tensor:
-            return x.view(x.shape[0], -1, self.heads, self.d_k).transpose(1, 2)
-
-        q, k, v = split(self.q_linear(q)), split(self.k_linear(k)), split(self.v_linear(v))
-        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_k), dim=-1)
-        joined = (weights @ v).transpose(1, 2).reshape(q.shape[0], -1, self.heads * self.d_k)
-        return self.out(joined)
+        q, k, v = self.q_linear(q), self.k_linear(k), self.v_linear(v)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        return self.out(weights @ v)
 
 
 class _Norm(nn.Module):

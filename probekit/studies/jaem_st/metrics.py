@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.core.choices import position_bias
-from probekit.stats import bootstrap_units, require_columns
+from probekit.stats import bootstrap_mean, require_columns
 from probekit.studies.jaem_st.probe import LETTERS, N_OPTIONS
 from probekit.studies.report import by_group, group_name
 
@@ -49,21 +49,11 @@ def interval_table(
 ) -> pd.DataFrame:
     """Mean sample score per group of `by` with its bootstrap 95 % interval and `n` samples."""
     rows = []
-    groups = samples.groupby(list(by), sort=True) if by else [((), samples)]
-    for key, group in groups:
-        values = group[SCORE].to_numpy(dtype=float)
-        boot = bootstrap_units(
-            len(values), lambda idx, v=values: np.nanmean(v[idx], -1), n, seed, batched=True
-        )
-        key = key if isinstance(key, tuple) else (key,)
+    for key, group in samples.groupby(list(by), sort=True) if by else [((), samples)]:
+        boot = bootstrap_mean(group, "sample", SCORE, n=n, seed=seed)  # a row per sample
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
         rows.append(
-            {
-                **dict(zip(by, key, strict=True)),
-                "n": len(values),
-                "mean": boot.estimate,
-                "low": boot.low,
-                "high": boot.high,
-            }
+            row | {"n": len(group), "mean": boot.estimate, "low": boot.low, "high": boot.high}
         )
     return pd.DataFrame(rows)
 

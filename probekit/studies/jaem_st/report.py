@@ -26,7 +26,7 @@ from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wra
 from probekit.reporting.headline import format_number, missing, row_headlines
 from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.jaem_st.probe import N_OPTIONS
-from probekit.studies.report import ReportView
+from probekit.studies.report import ReportView, context_lines, with_interval
 
 SUMMARY_COLUMNS = (
     *("model", "data", "prompt", "orders", "view", "template", "n_samples", "accuracy", "low"),
@@ -239,17 +239,13 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     records = frame.to_dict("records")
     cells = [
         [r["model"], r["prompt"], r["orders"], r["view"], r["template"], r["n_samples"]]
-        + [f"{r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}]", _num(r["greedy_accuracy"])]
-        + [_num(r["parse_rate"]), f"{r['mean_valid_mass']:.3f}", r["letter_bias"]]
+        + [with_interval(r["accuracy"], r["low"], r["high"]), format_number(r["greedy_accuracy"])]
+        + [format_number(r["parse_rate"]), f"{r['mean_valid_mass']:.3f}", r["letter_bias"]]
         + [r["answer_types"], r["outliers"]]
         for r in records
     ]
     lines = [markdown_table(SUMMARY_HEADER, cells)]
-    contexts = [
-        f"- {r['model']}, {r['view']}, {r['template']}: {context_line(r)}"
-        for r in records
-        if context_line(r)
-    ]
+    contexts = context_lines(records, ("model", "view", "template"), context_line)
     lines += ["", *contexts] if contexts else []
     legend = (
         "CE score: exact = mean P(Empathetic) (normalised over A–E), generate = accuracy of the "
@@ -265,7 +261,7 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     if responses:
         cells = [
             [r["model"], r["template"], int(r["n_responses"]), int(r["empty_responses"])]
-            + [_num(r.get(m)) for m in metrics.RESPONSE_METRICS]
+            + [format_number(r.get(m)) for m in metrics.RESPONSE_METRICS]
             + [r["response_outliers"]]
             for r in responses
         ]
@@ -303,10 +299,6 @@ def context_line(r: dict[str, Any]) -> str:
         f"{format_number(r['p_samples'], 4)} over {int(r['n_samples'])} samples; valid mass "
         f"{format_number(r['mean_valid_mass'])} ({r['valid_mass_by_group']})"
     )
-
-
-def _num(value: Any) -> str:
-    return "—" if value is None or pd.isna(value) else f"{value:.3f}"
 
 
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:

@@ -72,10 +72,9 @@ def response_text(
     """AE[0] + context + conversation, filled with the sample's values by mask (`conversation`:
     the filled conversation alone, the AE source text)."""
     instruction = (data.prompts.get("AE") or [""])[0]
-    text = template.conversation if conversation else instruction + template.context
-    text += "" if conversation else template.conversation
+    text = "" if conversation else instruction + template.context
     by_mask = {d.mask: str(values[d.column]) for d in data.dimensions}
-    return fill_template(text, **by_mask)[0]
+    return fill_template(text + template.conversation, **by_mask)[0]
 
 
 def speaker_utterance(conversation: str) -> str:
@@ -100,10 +99,8 @@ def response_items(data: JaemData, samples: pd.DataFrame) -> list[Item]:
     by_name = {t.name: t for t in data.templates}
     items = []
     for row in samples.to_dict("records"):
-        text = response_text(data, by_name[row["template"]], row)
-        message = {"role": "user", "content": text}
-        item = Item(id=response_id(row), key=row, unit=str(row["sample"]), messages=(message,))
-        items.append(item)
+        message = {"role": "user", "content": response_text(data, by_name[row["template"]], row)}
+        items.append(Item(response_id(row), key=row, unit=str(row["sample"]), messages=(message,)))
     return items
 
 

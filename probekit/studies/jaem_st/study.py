@@ -3,7 +3,7 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ import pandas as pd
 
 import probekit.studies.jaem_st.metrics as metrics
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item
+from probekit.core.items import Item
 from probekit.core.kinds import (
     comma_list,
     int_range,
@@ -226,18 +226,13 @@ class JaemStudy(ReportedStudy):
         return probe, items
 
 
-def _clean_value(probe: JaemProbe) -> Callable[[EncodedItem], bool]:
-    column, clean = probe.contrast
-    return lambda e: e.item.key[column] == clean
-
-
 CLEAN_VALUE = Contrast(
     "the clean value vs the other values of the dimension",
     lambda probe: probe.contrast[0],
-    _clean_value,
+    lambda probe: lambda e: e.item.key[probe.contrast[0]] == probe.contrast[1],
 )
 """Per sample, the prompt with `--clean`'s value of `--dimension` against the prompts with its
-other values, at the dimension's filled masks; the pairs (the core's `contrast_pairs`) put the
+other values, at the dimension's filled masks; the pairs (the core's `Study.pairs`) put the
 clean value's prompt against each other value's."""
 
 
@@ -272,7 +267,7 @@ def _manifest(data: JaemData, options: JaemOptions) -> dict[str, Any]:
     """The manifest fields of a probe on `data` that its report reads (data, templates, the
     dimensions each shows, the groups)."""
     return {
-        "dataset_size": _size(data, options),
+        "dataset_size": options.dataset_size or data.dataset_size,
         "uniform": options.uniform,
         **JAEM_ST.manifest(data.source, data.sha256),
         "templates_path": str(data.folder),
@@ -286,14 +281,10 @@ def _manifest(data: JaemData, options: JaemOptions) -> dict[str, Any]:
 
 
 def _rows(data: JaemData, options: JaemOptions, seed: int) -> pd.DataFrame:
-    size = _size(data, options)
+    size = options.dataset_size or data.dataset_size
     return sample_rows(
         len(data.templates), data.dimensions, data.evaluated, size, seed, options.uniform
     )
-
-
-def _size(data: JaemData, options: JaemOptions) -> int:
-    return data.dataset_size if options.dataset_size is None else options.dataset_size
 
 
 STUDY = register(JaemStudy())
