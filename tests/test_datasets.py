@@ -14,7 +14,6 @@ from probekit.datasets.crowd_envent import (
     EMOTIONS,
     FILES,
     SAMPLE_ROOT,
-    data_sha256,
     load_crowd_envent,
     sample_events,
 )
@@ -71,7 +70,7 @@ def test_real_data_counts_and_checksum():
     assert texts.apply(lambda column: column.str.contains('"', regex=False)).any(axis=1).sum() == 55
     pinned = read_checksums()
     lines = "".join(f"{pinned[rel]}  {rel}\n" for rel in sorted(FILES))
-    assert data_sha256(DATA_ROOT) == hashlib.sha256(lines.encode()).hexdigest()
+    assert CROWD_ENVENT.sha256(DATA_ROOT) == hashlib.sha256(lines.encode()).hexdigest()
 
 
 def test_quoted_fields_are_unescaped_as_pandas_reads_them(tmp_path):
@@ -230,6 +229,6 @@ def test_a_dataset_says_where_it_came_from_and_fills_the_manifest():
     assert CROWD_ENVENT.manifest(source) == {
         "data_origin": "explicit",
         "data_path": str(SAMPLE_ROOT),
-        "data_sha256": data_sha256(SAMPLE_ROOT),
+        "data_sha256": CROWD_ENVENT.sha256(SAMPLE_ROOT),
         "data_verified": None,  # probekit's own sample has no pinned sums
     }

@@ -31,6 +31,16 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+WRITE_HINTS = {
+    (errno.ENOSPC, errno.EDQUOT): "the disk is full; free some space (or give another {out}) and "
+    "run it again",
+    (errno.EROFS, errno.EACCES, errno.EPERM): "the folder is not writable; give a writable {out}",
+    (errno.EEXIST, errno.ENOTDIR): "a file stands where a folder must be; move it, or give "
+    "another {out}",
+}
+"""What to do about a failed write, by its errno."""
+
+
 class WriteFailed(ProbekitError):
     """A write that failed (`write_error`): what was finished before it can still be kept."""
 
@@ -41,17 +51,10 @@ def write_error(path: Path, exc: OSError) -> ProbekitError:
     found = re.search(r"\[Errno (\d+)\]", str(exc))
     code = exc.errno or (int(found.group(1)) if found else None)
     reason = exc.strerror or (os.strerror(code) if code else str(exc).splitlines()[0])
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        hint = (
-            f"the disk is full; free some space (or give another {named('out')}) and run it again"
-        )
-    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-        hint = f"the folder is not writable; give a writable {named('out')}"
-    elif code in (errno.EEXIST, errno.ENOTDIR):
-        hint = f"a file stands where a folder must be; move it, or give another {named('out')}"
-    else:
-        hint = "check the path and the disk"
-    return WriteFailed(f"cannot write {path}: {reason}; {hint}")
+    hint = next(
+        (h for codes, h in WRITE_HINTS.items() if code in codes), "check the path and the disk"
+    )
+    return WriteFailed(f"cannot write {path}: {reason}; {hint.format(out=named('out'))}")
 
 
 def _discard(path: Path) -> None:

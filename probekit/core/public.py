@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-import typing
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, TypeVar
@@ -69,30 +68,26 @@ def _checked(
     required = [n for n in listed if body[n].default is body[n].empty]
 
     @functools.cache
-    def annotations() -> tuple[dict[str, Any], dict[str, Any], bool]:
-        """Each parameter's hint (those of a `**options: Unpack[...]` by keyword) and its check,
-        made on the first call (every module is loaded by then)."""
+    def annotations() -> tuple[dict[str, Any], dict[str, Any]]:
+        """Each parameter's hint and its check, made on the first call (every module is loaded
+        by then)."""
         resolved = {
             n: resolve(p.annotation, owner) for n, p in body.items() if p.annotation is not p.empty
         }
         if isinstance(owner, type):  # a dataclass's fields, a named tuple's
             for name, value in getattr(owner, "__annotations__", {}).items():
                 resolved.setdefault(name, resolve(value, owner))
-        hint = resolved.pop(extra, None) if extra else None
-        unpacked = typing.get_origin(hint) is typing.Unpack
-        if unpacked:
-            (typed,) = typing.get_args(hint)
-            resolved |= {k: resolve(v, typed) for k, v in typing.get_type_hints(typed).items()}
-        return resolved, {name: checker(hint) for name, hint in resolved.items()}, unpacked
+        resolved.pop(extra, None)
+        return resolved, {name: checker(hint) for name, hint in resolved.items()}
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        known, checks, unpacked = annotations()
+        known, checks = annotations()
         for key, value in kwargs.items():
-            if key not in listed and not (unpacked and key in known):
+            if key not in listed:
                 missing = [n for n in required if n not in kwargs]
-                if extra is None or unpacked or difflib.get_close_matches(key, missing, 1, 0.75):
-                    raise unknown_keyword(key, [*dict.fromkeys([*listed, *known])], where)
+                if extra is None or difflib.get_close_matches(key, missing, 1, 0.75):
+                    raise unknown_keyword(key, listed, where)
             elif key in fields and value is not None:  # the caller's words before any other
                 kwargs[key] = check_option(fields[key], value, key)
         values = dict(zip(positional, args, strict=False))

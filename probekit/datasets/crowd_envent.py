@@ -139,11 +139,6 @@ def sample_events(df: pd.DataFrame, per_emotion: int | None, seed: int) -> pd.Da
     return df.iloc[np.sort(np.concatenate(keep))].reset_index(drop=True)
 
 
-def data_sha256(root: str | Path) -> str:
-    """One sha256 over the 12 files under `root` (as `sha256sum crowd-enVent/* | sha256sum`)."""
-    return CROWD_ENVENT.sha256(root)
-
-
 def first_events(root: str | Path, count: int, seed: int) -> pd.DataFrame:
     """The first `count` of one event per emotion (seeded) from the data root `root` (at most
     12): a few events of different emotions, as tests read them."""

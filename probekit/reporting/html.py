@@ -21,8 +21,7 @@ import io
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib.resources import files
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,6 @@ from probekit.reporting.contract import (
     describe_model,
     is_sample_data,
     run_answers,
-    scale_label,
 )
 from probekit.reporting.figures import headline_figure
 from probekit.reporting.headline import (
@@ -107,17 +105,15 @@ class Figure:
     uri: str
 
 
-@dataclass
-class RunPage:
-    """Everything a page shows about one finished run."""
+@dataclass(frozen=True, eq=False)
+class RunPage(RunFacts):
+    """Everything a page shows about one finished run: its facts, summary rows, study, headlines
+    and views."""
 
-    folder: Path
-    manifest: dict[str, Any]
-    rows: pd.DataFrame
-    report: StudyReport
+    rows: pd.DataFrame = field(default_factory=pd.DataFrame)
+    report: StudyReport = NoStudy("")
     headlines: list[Headline] = field(default_factory=list)
     views: list[ViewFacts] = field(default_factory=list)
-    answers: tuple[str, ...] = ()
 
     @property
     def study(self) -> str:
@@ -136,19 +132,6 @@ class RunPage:
     @property
     def card(self) -> StudyCard:
         return self.report.card()
-
-    @property
-    def facts(self) -> RunFacts:
-        return RunFacts(self.folder, self.manifest, self.answers)
-
-    @property
-    def view(self) -> str:
-        return self.facts.view
-
-    @property
-    def scale(self) -> str:
-        """The run's answer set in a few words (`0–10`, `A, B, C, D`)."""
-        return scale_label(self.answers)
 
     @property
     def sample(self) -> bool:
@@ -199,15 +182,14 @@ def load_run(
     none), its headlines and views as its `study` defines them (none without a study)."""
     folder = Path(folder)
     manifest = RunDir(folder).manifest
-    if rows is None:
-        summary = RunDir(folder).summary()
-        rows = pd.DataFrame() if summary is None else summary
-    run = RunPage(folder, manifest, rows, NoStudy(""), answers=run_answers(folder, manifest))
-    run.report = study or NoStudy(run.study)
-    if len(rows):
-        run.headlines = run.report.headlines(rows, manifest)
-        run.views = run.report.view_facts(rows, run.facts)
-    return run
+    rows = rows if rows is not None else RunDir(folder).summary()
+    rows = pd.DataFrame() if rows is None else rows
+    page = RunPage(folder, manifest, run_answers(folder, manifest), rows)
+    report = study or NoStudy(page.study)
+    if not len(rows):
+        return replace(page, report=report)
+    found = {"headlines": report.headlines(rows, manifest), "views": report.view_facts(rows, page)}
+    return replace(page, report=report, **found)
 
 
 def rows_of_run(rows: pd.DataFrame, folder: Path) -> pd.DataFrame:
@@ -351,13 +333,9 @@ def comparable_groups(runs: Sequence[RunPage]) -> list[dict[str, Any]]:
 def card_html(card: StudyCard) -> dict[str, str]:
     """The study card's parts as HTML: its title, what it measures, its source, the whole card."""
     markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
-    return {
-        "name": card.name,
-        "title": card.title,
-        "what": markdown.render(card.what) if card.what else "",
-        "source": markdown.render(card.source) if card.source else "",
-        "html": markdown.render(card.text) if card.text else "",
-    }
+    parts = {"what": card.what, "source": card.source, "html": card.text}
+    rendered = {name: markdown.render(text) if text else "" for name, text in parts.items()}
+    return {"name": card.name, "title": card.title, **rendered}
 
 
 def figures(folder: Path, captions: Mapping[str, str] | None = None) -> list[Figure]:
@@ -443,18 +421,19 @@ def write_mechanism_page(
     `templates/<template>` atomically: the `title`, the figure inline (base64 PNG), the
     manifest's `shown` settings, the summary's notes and prompts, the data as the study
     describes it (and whether it is probekit's sample), and the template's own `values`."""
-    html = _render(
+    return _write_page(
+        path,
         template,
+        manifest,
+        shown,
         title=title,
         image=png_uri(Path(figure)),
-        settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
         notes=list(dict.fromkeys(summary_notes(summary))),
         prompts=int(summary["prompts"].iloc[0]),
         data=data,
         sample=is_sample_data(data),
         **values,
     )
-    return write_text(path, html)
 
 
 def write_record_page(
@@ -476,8 +455,11 @@ def write_record_page(
     weak-signal line and the manifest's nested parts (versions, the sets)."""
     rows = {"columns": [], "rows": []} if table is None else summary_table(table)
     nested = {k: v for k, v in manifest.items() if isinstance(v, dict | list) and k not in shown}
-    html = _render(
+    return _write_page(
+        path,
         "record.html",
+        manifest,
+        shown,
         kind=kind,
         title=title,
         subtitle=subtitle,
@@ -487,10 +469,17 @@ def write_record_page(
         table={**rows, "title": "Summary"},
         notes=notes,
         figures=[Figure(f.name, "", png_uri(f)) for f in figures],
-        settings=[(k, manifest[k]) for k in shown if manifest.get(k) is not None],
         details={k: json.dumps(v, indent=1, default=str) for k, v in nested.items()},
     )
-    return write_text(path, html)
+
+
+def _write_page(
+    path: str | Path, template: str, manifest: Mapping[str, Any], shown: Sequence[str], **values
+) -> Path:
+    """Write a mechanism run's page from `template` atomically, with the manifest's `shown`
+    settings (those it holds)."""
+    settings = [(k, manifest[k]) for k in shown if manifest.get(k) is not None]
+    return write_text(path, _render(template, settings=settings, **values))
 
 
 def summary_notes(summary: pd.DataFrame) -> list[str]:
@@ -506,21 +495,15 @@ def summary_notes(summary: pd.DataFrame) -> list[str]:
 
 
 def _render(template: str, **values: Any) -> str:
-    """The package's template `template` (read through importlib.resources) rendered with
-    `values`, HTML autoescaped."""
-    root = files("probekit.reporting").joinpath("templates")
-
-    def load(name: str) -> str | None:
-        resource = root.joinpath(name)
-        return resource.read_text(encoding="utf-8") if resource.is_file() else None
-
+    """The package's template `template` (jinja2's `PackageLoader`, through importlib) rendered
+    with `values`, HTML autoescaped."""
     env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(load),
+        loader=jinja2.PackageLoader("probekit.reporting", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters |= {"rate": format_rate, "number": format_number, "p": format_p}
-    env.filters["interval"] = format_interval
+    filters = {"rate": format_rate, "number": format_number, "p": format_p}
+    env.filters |= filters | {"interval": format_interval}
     return env.get_template(template).render(**values)

@@ -114,23 +114,15 @@ def latex_table(table: pd.DataFrame, caption: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def caption(title: str, units: Sequence[str], views: Sequence[str]) -> str:
-    """The caption: the table's title, the unit of its headlines and the view(s) its rows
-    come from."""
-    parts = [title]
-    if units:
-        parts.append(f"unit: {', '.join(units)}")
-    if views:
-        parts.append(f"view: {', '.join(views)}")
-    return "; ".join(parts) + "."
-
-
 def write_latex(path: Path, table: pd.DataFrame, title: str, units: Sequence[str]) -> None:
-    """Write `table` to `path` as `latex_table`, its caption naming `units` and its views."""
+    """Write `table` to `path` as `latex_table`, captioned with its `title`, the unit of its
+    headlines (`units`) and the view(s) its rows come from."""
     from probekit.core.io import write_text
 
     views = sorted({str(v) for v in table["view"]}) if "view" in table else []
-    write_text(path, latex_table(table, caption(title, units, views)))
+    said = {"unit": ", ".join(units), "view": ", ".join(views)}
+    parts = [title, *(f"{name}: {text}" for name, text in said.items() if text)]
+    write_text(path, latex_table(table, "; ".join(parts) + "."))
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:

@@ -7,7 +7,7 @@ they move together and the interval reflects the variation between units.
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,16 +17,6 @@ from probekit.core.public import public
 from probekit.stats.table import require_columns
 
 METHODS = ("percentile", "normal")
-
-
-class Resampling(TypedDict, total=False):
-    """The keywords of `bootstrap_units` after its units and statistic, for
-    `**options: Unpack[Resampling]` (`bootstrap_ci`)."""
-
-    n: int
-    seed: int
-    level: float
-    method: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,7 +130,13 @@ def mean_ratio(
 
 @public()
 def bootstrap_mean(
-    df: pd.DataFrame, unit: str, column: str, **options: Unpack[Resampling]
+    df: pd.DataFrame,
+    unit: str,
+    column: str,
+    n: int = RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+    method: str = "percentile",
 ) -> BootstrapResult:
     """`bootstrap_ci` of the mean of `column` over rows (missing values skipped), computed from
     per-unit sums: the same draws and interval as `bootstrap_ci(df, unit, lambda d:
@@ -158,7 +154,7 @@ def bootstrap_mean(
         with np.errstate(invalid="ignore", divide="ignore"):
             return sums[drawn].sum(-1) / counts[drawn].sum(-1)
 
-    return bootstrap_units(len(uniques), mean, batched=True, **options)
+    return bootstrap_units(len(uniques), mean, n, seed, level, method, batched=True)
 
 
 @public()
@@ -166,11 +162,13 @@ def bootstrap_ci(
     df: pd.DataFrame,
     unit: str,
     statistic: Callable[[pd.DataFrame], float],
-    **options: Unpack[Resampling],
+    n: int = RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+    method: str = "percentile",
 ) -> BootstrapResult:
     """Interval of `statistic` from resamples of the units of column `unit`, with replacement:
-    `bootstrap_units` over the table's units, with its `options` (`n`, `seed`, `level`, `method`)
-    and their defaults.
+    `bootstrap_units` over the table's units, with its `n`, `seed`, `level` and `method`.
 
     Each resample draws as many units as the table holds and stacks their rows; in it the `unit`
     column holds the draw number (0, 1, ...), so a unit drawn twice counts as two units.
@@ -190,7 +188,7 @@ def bootstrap_ci(
             return whole
         return number(statistic(_resample(df, unit, by_unit, starts[drawn], sizes[drawn])))
 
-    return bootstrap_units(len(uniques), on_rows, **options)
+    return bootstrap_units(len(uniques), on_rows, n, seed, level, method)
 
 
 def _resample(
