@@ -434,9 +434,10 @@ def test_patch_command_end_to_end(tiny_bridged, tmp_path, patch_cli, capsys):
     assert "of 12 components (layer, site, span)" in printed
 
 
-def test_patch_with_mediation_writes_the_direct_effects(model, tmp_path, patch_cli, capsys):
+def test_patch_with_mediation_writes_the_direct_effects(tiny_bridged, tmp_path, patch_cli, capsys):
     """`--mediation` adds mediation.parquet and its summary, and says the top components' share
-    of the total effect."""
+    of the total effect (on the 4-layer tiny model)."""
+    model = tiny_bridged
     argv = ["intergroup", "--layers", "0", "--sites", "hook_resid_pre", "--spans", "experiencer"]
     argv += ["--sets-per-unit", "1", "--bootstrap", "20", "--mediation", "--skip-direction"]
     assert patch_cli(model, *argv, "--out", str(tmp_path), "--setting", "P0S1T0") == 0
@@ -447,9 +448,10 @@ def test_patch_with_mediation_writes_the_direct_effects(model, tmp_path, patch_c
     assert "indirect effects carry" in capsys.readouterr().out
 
 
-def test_patch_study_is_the_command_as_a_function(model, tmp_path):
+def test_patch_study_is_the_command_as_a_function(tiny_bridged, tmp_path):
     import probekit
 
+    model = tiny_bridged
     result = probekit.patch_study(
         "intergroup",
         model,

@@ -85,7 +85,8 @@ def test_limit_keeps_one_unit_and_refuses_only_less(tiny, tmp_path, capsys):
 STEERED = [  # (study, options, units given, units needed, unit)
     ("isear", {"events": 1}, 1, 2, "event"),
     ("intergroup", {"limit": 36, "setting": "P0S1T0"}, 1, 2, "event"),  # 0-10: quick to score
-    pytest.param("jaem-st", {"samples": 4}, 4, 54, "sample", marks=JAEM),
+    # slow as the contract's JaEm-ST steer: its long prompts (9 s of the unit loop's 2 minutes)
+    pytest.param("jaem-st", {"samples": 4}, 4, 54, "sample", marks=[JAEM, pytest.mark.slow]),
 ]
 
 
