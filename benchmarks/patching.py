@@ -629,7 +629,9 @@ def against_attribution(options: argparse.Namespace, parser: argparse.ArgumentPa
         )
         estimated, t_attr, _ = timed(
             model.device,
-            lambda p=patches: measure(scorer, pairs, p, readout, "attribution", batch_size=size),
+            lambda p=patches: measure(
+                scorer, pairs, p, readout, method="attribution", batch_size=size
+            ),
         )
         top = min(options.top_k, len(patches))
         verified, t_verify, _ = timed(
