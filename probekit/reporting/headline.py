@@ -148,9 +148,12 @@ class SummaryRow(dict[str, Any]):
     def __missing__(self, column: str) -> None:
         return None
 
-    def count(self, column: str) -> int | None:
-        """The row's `column` as a count (`Headline.n`); None where it is absent or missing."""
-        return None if missing(self[column]) else int(self[column])
+    def estimate(self, value: str, low: str, high: str, n: str) -> dict[str, Any]:
+        """A headline's view, value, interval and count (`Headline.n`: None where missing) from
+        the row's `view` and its columns of these names."""
+        count = None if missing(self[n]) else int(self[n])
+        view, value, low, high = str(self["view"]), self[value], self[low], self[high]
+        return {"view": view, "value": value, "low": low, "high": high, "n": count}
 
 
 def row_headlines(rows: pd.DataFrame, headline: Callable[[SummaryRow], Headline]) -> list[Headline]:

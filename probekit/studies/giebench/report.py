@@ -232,16 +232,12 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     def headline(r: SummaryRow) -> Headline:
         return Headline(
             label=f"accuracy, {r['prompt_type']} prompt ({r['orders']})",
-            view=str(r["view"]),
-            value=r["accuracy"],
-            low=r["ci_low"],
-            high=r["ci_high"],
+            **r.estimate("accuracy", "ci_low", "ci_high", n="n_items"),
             interval="95% bootstrap CI over items",
             note=f"{int(r['n_items'])} items; chance 0.25",
             primary=r["prompt_type"] == "id" and r["orders"] == orders,
             reference=1 / len(OPTIONS),
             reference_label="chance (0.25)",
-            n=r.count("n_items"),
             unit="share of items" if r["view"] == "generate" else "probability",
             meaning=f"How often the judge picks the answer that fits the user's identity with "
             f"the {r['prompt_type']} prompt ({_ACCURACY[r['view'] == 'generate']}); 0.25 is "

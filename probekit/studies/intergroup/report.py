@@ -284,10 +284,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             note += f"{r['n_kept']}/{r['n_events']}"
         return Headline(
             label=f"Δ, empathy gap ({r['category']}, {r['setting']})",
-            view=str(r["view"]),
-            value=r["delta"],
-            low=r["delta_ci_low"],
-            high=r["delta_ci_high"],
+            **r.estimate("delta", "delta_ci_low", "delta_ci_high", n="n_kept"),
             interval="95% bootstrap CI over events",
             p_value=r["p_value"],
             p_exact=bool(r["p_exact"]) and not missing(r["p_exact"]),
@@ -296,7 +293,6 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             primary=r["view"] == "exact",
             reference=0.0,
             reference_label="no gap (Δ = 0)",
-            n=r.count("n_kept"),
             unit=DELTA_UNIT,
             meaning=DELTA_MEANING,
             context=context_line(r),

@@ -166,10 +166,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
         letters = ("—" if missing(md[k]) else str(md[k]) for k in ("mark", "mark_of_value"))
         return Headline(
             label="max_diff of P(emotion | gender)",
-            view=str(md["view"]),
-            value=md["value"],
-            low=md["low"],
-            high=md["high"],
+            **md.estimate("value", "low", "high", n="events"),
             interval=INTERVAL,
             mark="{} (interval) / {} (value)".format(*letters),
             note=f"widest: {widest}" if widest else "",
@@ -177,7 +174,6 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             primary=md["view"] == "exact",
             reference=0.0,
             reference_label="no difference (0)",
-            n=md.count("events"),
             unit="probability",
             columns={
                 "valid_mass": table["value"].get("mean_valid_mass"),

@@ -308,16 +308,12 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     def headline(r: SummaryRow) -> Headline:
         return Headline(
             label=f"CE score ({r['template']})",
-            view=str(r["view"]),
-            value=r["accuracy"],
-            low=r["low"],
-            high=r["high"],
+            **r.estimate("accuracy", "low", "high", n="n_samples"),
             interval="95% bootstrap CI over samples",
             note=f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
             primary=r["view"] == "exact" and r["template"] == "all",
             reference=1 / N_OPTIONS,
             reference_label=f"uniform choice (1/{N_OPTIONS})",
-            n=r.count("n_samples"),
             unit="share of samples" if r["view"] == "generate" else "probability",
             meaning="How often the model chooses the most understanding (Empathetic) of five "
             f"answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; a "
