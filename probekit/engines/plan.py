@@ -418,7 +418,7 @@ def plan(
 
 def marked_plan(
     model: str | Path | Shape,
-    devices: str | Mapping[str, Any],
+    devices: Mapping[str, int],
     dtype: str | None,
     prompt_tokens: int,
     batch_size: int | None,
@@ -427,9 +427,9 @@ def marked_plan(
     tensor_parallel_size: int,
 ) -> MemoryPlan:
     """`plan` with the options its lines name marked (`probekit.core.options.named`): the
-    command line words them as flags."""
+    command line words them as flags. `devices` as their kind reads them (`device_sizes`)."""
     shape = model if isinstance(model, Shape) else read_shape(str(model))
-    sizes = parse_devices(devices)
+    sizes = dict(devices)
     first = next((b for d, b in sizes.items() if d != "cpu"), None)
     dtype = plan_dtype(shape.parameters, first, dtype)
     weights = shape.parameters * DTYPE_BYTES[dtype]
