@@ -560,6 +560,8 @@ def test_every_study_headline_has_one_shape_with_its_unit_and_meaning():
         assert line.startswith(f"{headline.label} ({headline.view}): {headline.value_text} {unit}")
         assert headline.interval_text in line and line.endswith(headline.meaning)
         assert headline.cell.startswith(f"{headline.value_text} {unit} [")
+    jaem_columns = get_study("jaem-st").headlines(pd.DataFrame([jaem]), {})[0].columns
+    assert jaem_columns["valid_mass"] is None and jaem_columns["group_gap"] is None  # absent
     delta = get_study("intergroup").headlines(pd.DataFrame(intergroup_rows("m")), {})[0]
     assert str(delta).startswith("Δ, empathy gap (religion, P0S0T0) (exact): +1.465 z-scores")
     assert "p =0.0083" in str(delta)

@@ -396,3 +396,18 @@ def test_tolerance_help_lists_every_precision_tier(capsys):
 
     text = _option_help(["score"], "--tolerance T", capsys)
     assert ", ".join(TIERS) in text
+
+
+def test_scorer_options_made_in_code_are_checked_by_their_kinds():
+    """`ScorerOptions` (what `VllmEngine.scorer` makes from its keywords) refuses as it is made,
+    one line naming the keyword, by the option's kind."""
+    from probekit.engines.options import ScorerOptions
+
+    assert ScorerOptions(batch_size=2, temperature=1).temperature == 1.0
+    for keywords, line in [
+        ({"batch_size": 0}, "batch_size must be at least 1 (got 0)"),
+        ({"settled": 3}, "settled must be a function (got 3)"),
+        ({"bogus": 1}, "unknown keyword bogus for ScorerOptions()"),
+    ]:
+        with pytest.raises(ProbekitError, match=f"^{re.escape(line)}"):
+            ScorerOptions(**keywords)

@@ -150,15 +150,6 @@ def default_of(group: type, name: str, command: str | None = None) -> Any:
     return declaration(field).default_for(command)
 
 
-def check_fields(options: Any) -> None:
-    """Check each option of a dataclass instance made in code by its kind (for its
-    `__post_init__`); None is left alone (a default)."""
-    for field in options_of(type(options)):
-        value = getattr(options, field.name)
-        if value is not None and value is not REQUIRED:
-            object.__setattr__(options, field.name, check_option(field, value, named(field.name)))
-
-
 def check_option(field: dataclasses.Field, value: Any, name: str) -> Any:
     """`value` checked by the option's kind, as the option holds it; a refusal is one line
     naming the option `name`."""

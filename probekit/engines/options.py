@@ -16,7 +16,6 @@ from probekit.core.answers import AnswerSet, as_answer_set
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import (
     Kind,
-    checked_by,
     choice,
     function,
     non_negative_float,
@@ -27,7 +26,8 @@ from probekit.core.kinds import (
     refuse,
     text,
 )
-from probekit.core.options import REQUIRED, check_fields, given, named, option
+from probekit.core.options import REQUIRED, given, named, option
+from probekit.core.public import public
 from probekit.core.shared_options import BatchSizeOption, SeedOption
 from probekit.engines.base import ENGINES, Engine
 from probekit.engines.chat_templates import check_chat_template
@@ -36,6 +36,8 @@ from probekit.engines.devices import parse_device_map, parse_devices
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 DEVICE_NAME = re.compile(r"cpu|mps|cuda(:\d+)?")
+device_sizes = Kind("devices", str, parse_devices)
+"""Devices and their memory, `cuda:0=70GiB,cpu=150MiB` (`--max-memory`, `probekit plan`)."""
 
 
 def dtype_name(value: Any) -> str | None:
@@ -147,13 +149,13 @@ class ModelOptions(ModelChoice):
         None,
         help="place the model over several devices with accelerate: auto, balanced, "
         "sequential, or a JSON object (text or .json file) of module -> device",
-        kind=checked_by("device map", parse_device_map),
+        kind=Kind("device map", str, parse_device_map),
     )
     max_memory: dict[str, int] | None = option(
         None,
         help="memory the device map may fill per device, e.g. cuda:0=70GiB,cpu=150MiB "
         "(implies --device-map auto)",
-        kind=checked_by("devices", parse_devices),
+        kind=device_sizes,
         metavar="DEVICE=SIZE[,...]",
     )
     offload_folder: Path | None = option(
@@ -180,7 +182,7 @@ class ModelOptions(ModelChoice):
         None,
         help="the chat template of a model without one of its own (a model with one keeps it): "
         "a Jinja file, or gemma (Gemma's turns, shipped with probekit)",
-        kind=checked_by("chat template", check_chat_template),
+        kind=Kind("chat template", str, check_chat_template),
         metavar="FILE|NAME",
     )
     quiet: bool = option(
@@ -270,7 +272,7 @@ class EpsilonOption:
     )
 
 
-answer_spec = checked_by("answers", as_answer_set)
+answer_spec = Kind("answers", str, as_answer_set)
 """An answer set: a spec (`0-10`, `A-E`, `A,B,C`, `@file`), a list, or an `AnswerSet`."""
 
 
@@ -309,8 +311,8 @@ class ScorerOptions(EpsilonOption, BatchSizeOption, SeedOption):
         0.0, help="0 decodes greedily, > 0 samples (seeded by seed)", kind=non_negative_float
     )
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+
+public(ScorerOptions)(ScorerOptions)  # made in code (`VllmEngine.scorer`): checked as it is made
 
 
 def loaded_engine(model: Any, **load: Any) -> Engine | None:

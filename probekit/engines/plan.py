@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.kinds import checked_by, positive_int
+from probekit.core.kinds import positive_int
 from probekit.core.options import REQUIRED, as_keywords, given, named, option
 from probekit.core.public import public
 from probekit.core.shared_options import BatchSizeOption
@@ -40,7 +40,7 @@ from probekit.engines.devices import (
     physical_memory,
     visible_gpus,
 )
-from probekit.engines.options import DTYPES, ModelChoice, dtype_name
+from probekit.engines.options import DTYPES, ModelChoice, device_sizes, dtype_name
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 USABLE_SHARE = 0.9
@@ -374,7 +374,7 @@ class PlanOptions(BatchSizeOption, ModelChoice):
     devices: dict[str, int] = option(
         REQUIRED,
         help="the devices and their memory, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=256GiB",
-        kind=checked_by("devices", parse_devices),
+        kind=device_sizes,
         metavar="DEVICE=SIZE[,...]",
     )
     prompt_tokens: int = option(
@@ -418,7 +418,7 @@ def plan(
 
 def marked_plan(
     model: str | Path | Shape,
-    devices: str | Mapping[str, Any],
+    devices: Mapping[str, int],
     dtype: str | None,
     prompt_tokens: int,
     batch_size: int | None,
@@ -427,9 +427,9 @@ def marked_plan(
     tensor_parallel_size: int,
 ) -> MemoryPlan:
     """`plan` with the options its lines name marked (`probekit.core.options.named`): the
-    command line words them as flags."""
+    command line words them as flags. `devices` as their kind reads them (`device_sizes`)."""
     shape = model if isinstance(model, Shape) else read_shape(str(model))
-    sizes = parse_devices(devices)
+    sizes = dict(devices)
     first = next((b for d, b in sizes.items() if d != "cpu"), None)
     dtype = plan_dtype(shape.parameters, first, dtype)
     weights = shape.parameters * DTYPE_BYTES[dtype]

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from probekit.core.answers import AnswerSet, as_answer_set
+from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError, named
 from probekit.core.io import check_writable, row_bytes
 from probekit.core.items import Item, parse_messages
@@ -76,7 +76,7 @@ def score(
     items = list(as_items(prompts, prefill))
     if not items:
         raise ProbekitError("no prompts to score")
-    engine, answer_set = scoring_engine(model), as_answer_set(answers)
+    engine, answer_set = scoring_engine(model), answers  # an AnswerSet: checked by its kind
     with silenced(quiet), progress(len(items), "prompt", "score", "fewer prompts") as bar:
         ids = [engine.encode(item).input_ids for item in items]
         settle_and_say(engine, answer_set, ids[:SCORE_WINDOW])  # on a sample of the first window

@@ -141,49 +141,25 @@ class Headline:
         return "—" if missing(self.value) else " ".join(self._parts())
 
 
-def row_headlines(
-    rows: pd.DataFrame,
-    *,
-    label: Callable[[dict[str, Any]], str],
-    note: Callable[[dict[str, Any]], str],
-    primary: Callable[[dict[str, Any]], bool],
-    interval: str,
-    value: str,
-    low: str,
-    high: str,
-    view: str = "view",
-    n: str | None = None,
-    reference: float | None = None,
-    reference_label: str = "",
-    unit: Callable[[dict[str, Any]], str] = lambda r: "",
-    meaning: Callable[[dict[str, Any]], str] = lambda r: "",
-    context: Callable[[dict[str, Any]], str] = lambda r: "",
-    columns: Mapping[str, str] | None = None,
-) -> list[Headline]:
-    """One headline per summary row: `value`, `low`, `high`, `view` and `n` name the row's
-    columns, `label`, `note`, `primary`, `unit`, `meaning` and `context` are read from the row
-    (a dict), `interval` and the no-bias `reference` are shared; `columns` maps the headline's
-    `columns` to the row's (those the row has)."""
-    return [
-        Headline(
-            label=label(r),
-            view=str(r[view]),
-            value=r[value],
-            low=r[low],
-            high=r[high],
-            interval=interval,
-            note=note(r),
-            primary=primary(r),
-            reference=reference,
-            reference_label=reference_label,
-            n=None if n is None or missing(r.get(n)) else int(r[n]),
-            unit=unit(r),
-            meaning=meaning(r),
-            context=context(r),
-            columns={k: r[c] for k, c in (columns or {}).items() if c in r},
-        )
-        for r in rows.to_dict("records")
-    ]
+class SummaryRow(dict[str, Any]):
+    """One summary row (a line of `summary.csv`) as a study's headline reads it: a column the
+    row lacks reads as None, so one headline function serves runs with and without it."""
+
+    def __missing__(self, column: str) -> None:
+        return None
+
+    def estimate(self, value: str, low: str, high: str, n: str) -> dict[str, Any]:
+        """A headline's view, value, interval and count (`Headline.n`: None where missing) from
+        the row's `view` and its columns of these names."""
+        count = None if missing(self[n]) else int(self[n])
+        view, value, low, high = str(self["view"]), self[value], self[low], self[high]
+        return {"view": view, "value": value, "low": low, "high": high, "n": count}
+
+
+def row_headlines(rows: pd.DataFrame, headline: Callable[[SummaryRow], Headline]) -> list[Headline]:
+    """The study's `headline` of each summary row, in order: the one way a study builds its
+    headlines (`StudyReport.headlines`)."""
+    return [headline(SummaryRow(r)) for r in rows.to_dict("records")]
 
 
 @dataclass(frozen=True)

@@ -458,7 +458,8 @@ class Study(Contract):
     @abstractmethod
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
         """The headline numbers of one run from its summary rows (`report_view`'s), the one that
-        stands for the study marked `primary` (`headline`, `Run.headline`)."""
+        stands for the study marked `primary` (`headline`, `Run.headline`); `row_headlines`
+        (`probekit.reporting.headline`) makes one per row, absent columns read as None."""
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
         """The views of one run (valid mass, answers read, agreement); by default the page shows

@@ -14,7 +14,7 @@ from probekit.core.choices import position_bias
 from probekit.core.io import write_text
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_number, missing, row_headlines
+from probekit.reporting.headline import SummaryRow, format_number, missing, row_headlines
 from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.giebench.judge import OPTIONS
 from probekit.studies.report import ReportView, context_lines, side_by_side, with_interval
@@ -228,30 +228,26 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     the identity prompt's (`id`), averaged over orders where the run has several, stands for the
     study."""
     orders = metrics.AVERAGED if metrics.AVERAGED in set(rows["orders"]) else metrics.OWN
-    return row_headlines(
-        rows,
-        label=lambda r: f"accuracy, {r['prompt_type']} prompt ({r['orders']})",
-        note=lambda r: f"{int(r['n_items'])} items; chance 0.25",
-        primary=lambda r: r["prompt_type"] == "id" and r["orders"] == orders,
-        interval="95% bootstrap CI over items",
-        value="accuracy",
-        low="ci_low",
-        high="ci_high",
-        n="n_items",
-        reference=1 / len(OPTIONS),
-        reference_label="chance (0.25)",
-        unit=lambda r: "share of items" if r["view"] == "generate" else "probability",
-        meaning=lambda r: (
-            f"How often the judge picks the answer that fits the user's identity "
-            f"with the {r['prompt_type']} prompt ({_ACCURACY[r['view'] == 'generate']}); 0.25 is "
-            "chance among four answers."
-        ),
-        context=context_line,
-        columns={
-            "valid_mass": "mean_valid_mass",
-            **{name: name for name in ("change_from_raw", "d_z", "p_items")},
-        },
-    )
+
+    def headline(r: SummaryRow) -> Headline:
+        return Headline(
+            label=f"accuracy, {r['prompt_type']} prompt ({r['orders']})",
+            **r.estimate("accuracy", "ci_low", "ci_high", n="n_items"),
+            interval="95% bootstrap CI over items",
+            note=f"{int(r['n_items'])} items; chance 0.25",
+            primary=r["prompt_type"] == "id" and r["orders"] == orders,
+            reference=1 / len(OPTIONS),
+            reference_label="chance (0.25)",
+            unit="share of items" if r["view"] == "generate" else "probability",
+            meaning=f"How often the judge picks the answer that fits the user's identity with "
+            f"the {r['prompt_type']} prompt ({_ACCURACY[r['view'] == 'generate']}); 0.25 is "
+            "chance among four answers.",
+            context=context_line(r),
+            columns={"valid_mass": r["mean_valid_mass"]}
+            | {name: r[name] for name in ("change_from_raw", "d_z", "p_items")},
+        )
+
+    return row_headlines(rows, headline)
 
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:

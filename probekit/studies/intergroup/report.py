@@ -16,7 +16,13 @@ from probekit.core.io import atomic_write
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting import figures as plots
 from probekit.reporting.contract import model_label
-from probekit.reporting.headline import format_number, format_rate, missing
+from probekit.reporting.headline import (
+    SummaryRow,
+    format_number,
+    format_rate,
+    missing,
+    row_headlines,
+)
 from probekit.reporting.latex import markdown_table
 from probekit.studies.intergroup.probe import Category, get_category, get_setting
 from probekit.studies.report import ReportView
@@ -268,38 +274,32 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     """Δ per (category, setting, view) with its bootstrap CI and one-sided p, against a gap of 0,
     with the paper table's columns (`PAPER_COLUMNS`); the note says whether Δ lies outside the
     permutation null interval (the paper's significance)."""
-    found = []
-    for r in rows.to_dict("records"):
-        kept, view = r.get("n_kept"), str(r.get("view"))
-        if missing(r.get("delta")):
-            note = "no Δ" if missing(r.get("note")) else str(r.get("note"))
+
+    def headline(r: SummaryRow) -> Headline:
+        if missing(r["delta"]):
+            note = "no Δ" if missing(r["note"]) else str(r["note"])
         else:
-            where = "outside" if bool(r.get("significant")) else "inside"
+            where = "outside" if bool(r["significant"]) else "inside"
             note = f"{where} the null interval {_null(r)} (the paper's criterion); events kept "
-            note += f"{kept}/{r['n_events']}"
-        found.append(
-            Headline(
-                label=f"Δ, empathy gap ({r['category']}, {r['setting']})",
-                view=view,
-                value=r.get("delta"),
-                low=r.get("delta_ci_low"),
-                high=r.get("delta_ci_high"),
-                interval="95% bootstrap CI over events",
-                p_value=r.get("p_value"),
-                p_exact=bool(r.get("p_exact")) and not missing(r.get("p_exact")),
-                note=note,
-                signed=True,
-                primary=view == "exact",
-                reference=0.0,
-                reference_label="no gap (Δ = 0)",
-                n=None if missing(kept) else int(kept),
-                unit=DELTA_UNIT,
-                meaning=DELTA_MEANING,
-                context=context_line(r),
-                columns={name: r.get(column) for name, column in PAPER_COLUMNS.items()},
-            )
+            note += f"{r['n_kept']}/{r['n_events']}"
+        return Headline(
+            label=f"Δ, empathy gap ({r['category']}, {r['setting']})",
+            **r.estimate("delta", "delta_ci_low", "delta_ci_high", n="n_kept"),
+            interval="95% bootstrap CI over events",
+            p_value=r["p_value"],
+            p_exact=bool(r["p_exact"]) and not missing(r["p_exact"]),
+            note=note,
+            signed=True,
+            primary=r["view"] == "exact",
+            reference=0.0,
+            reference_label="no gap (Δ = 0)",
+            unit=DELTA_UNIT,
+            meaning=DELTA_MEANING,
+            context=context_line(r),
+            columns={name: r[column] for name, column in PAPER_COLUMNS.items()},
         )
-    return found
+
+    return row_headlines(rows, headline)
 
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:

@@ -14,7 +14,13 @@ import probekit.studies.isear.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import model_label
 from probekit.reporting.figures import new_figure, save_figure
-from probekit.reporting.headline import format_interval, format_number, missing
+from probekit.reporting.headline import (
+    SummaryRow,
+    format_interval,
+    format_number,
+    missing,
+    row_headlines,
+)
 from probekit.reporting.latex import markdown_table
 from probekit.studies.isear.probe import EMOTIONS
 from probekit.studies.report import ReportView, side_by_side, with_interval
@@ -152,44 +158,34 @@ SUMMARY_LEGEND = (
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
     """max_diff per view with its interval and GenderBench's marks (interval / value), against no
     difference (0); the exact view's stands for the study in a bias profile."""
-    found = []
-    for view, part in rows.groupby("view", sort=False):
-        table = part.set_index("metric")
-        if "max_diff" not in table.index:
-            continue
-        md = table.loc["max_diff"]
+
+    def headline(md: SummaryRow) -> Headline:
+        table = rows[rows["view"] == md["view"]].set_index("metric")
         per_emotion = table["value"].filter(like="max_diff_", axis=0).astype(float)
         widest = per_emotion.idxmax().removeprefix("max_diff_") if len(per_emotion) else ""
-        events = part["events"].iloc[0] if "events" in part else None
         letters = ("—" if missing(md[k]) else str(md[k]) for k in ("mark", "mark_of_value"))
-        mark = "{} (interval) / {} (value)".format(*letters)
-        found.append(
-            Headline(
-                label="max_diff of P(emotion | gender)",
-                view=str(view),
-                value=md["value"],
-                low=md["low"],
-                high=md["high"],
-                interval=INTERVAL,
-                mark=mark,
-                note=f"widest: {widest}" if widest else "",
-                context=context_line(table),
-                primary=view == "exact",
-                reference=0.0,
-                reference_label="no difference (0)",
-                n=None if missing(events) else int(events),
-                unit="probability",
-                columns={
-                    "valid_mass": table["value"].get("mean_valid_mass"),
-                    "agreement": table["value"].get(metrics.AGREEMENT),
-                    **{name: md.get(name) for name in ("d_z", "p_events")},
-                },
-                meaning="max_diff is the largest difference between two genders, over the 12 "
-                "emotions, of the probability that the model names that emotion for the "
-                "event: 0 when every gender gets the same emotions, 1 at most.",
-            )
+        return Headline(
+            label="max_diff of P(emotion | gender)",
+            **md.estimate("value", "low", "high", n="events"),
+            interval=INTERVAL,
+            mark="{} (interval) / {} (value)".format(*letters),
+            note=f"widest: {widest}" if widest else "",
+            context=context_line(table),
+            primary=md["view"] == "exact",
+            reference=0.0,
+            reference_label="no difference (0)",
+            unit="probability",
+            columns={
+                "valid_mass": table["value"].get("mean_valid_mass"),
+                "agreement": table["value"].get(metrics.AGREEMENT),
+                **{name: md[name] for name in ("d_z", "p_events")},
+            },
+            meaning="max_diff is the largest difference between two genders, over the 12 "
+            "emotions, of the probability that the model names that emotion for the event: 0 "
+            "when every gender gets the same emotions, 1 at most.",
         )
-    return found
+
+    return row_headlines(rows[rows["metric"] == "max_diff"], headline)
 
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:

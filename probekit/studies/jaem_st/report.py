@@ -23,7 +23,7 @@ import probekit.studies.jaem_st.metrics as metrics
 from probekit.reporting import Headline, RunFacts, ViewFacts
 from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
-from probekit.reporting.headline import format_number, missing, row_headlines
+from probekit.reporting.headline import SummaryRow, format_number, missing, row_headlines
 from probekit.reporting.latex import markdown_table, write_csv
 from probekit.studies.jaem_st.probe import N_OPTIONS
 from probekit.studies.report import ReportView, context_lines, with_interval
@@ -304,30 +304,26 @@ def context_line(r: dict[str, Any]) -> str:
 def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> list[Headline]:
     """The CE score per view and template with its interval and the outlier groups, against the
     score of a uniform choice (1/5); the exact view over both templates stands for the study."""
-    return row_headlines(
-        rows,
-        label=lambda r: f"CE score ({r['template']})",
-        note=lambda r: f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
-        primary=lambda r: r["view"] == "exact" and r["template"] == "all",
-        interval="95% bootstrap CI over samples",
-        value="accuracy",
-        low="low",
-        high="high",
-        n="n_samples",
-        columns={
-            **{"valid_mass": "mean_valid_mass", "parse_rate": "parse_rate"},
-            **{name: name for name in ("group_gap", "eta_squared", "p_samples")},
-        },
-        reference=1 / N_OPTIONS,
-        reference_label=f"uniform choice (1/{N_OPTIONS})",
-        unit=lambda r: "share of samples" if r["view"] == "generate" else "probability",
-        meaning=lambda r: (
-            "How often the model chooses the most understanding (Empathetic) of "
-            f"five answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; "
-            f"a uniform choice scores 1/{N_OPTIONS}."
-        ),
-        context=context_line,
-    )
+
+    def headline(r: SummaryRow) -> Headline:
+        return Headline(
+            label=f"CE score ({r['template']})",
+            **r.estimate("accuracy", "low", "high", n="n_samples"),
+            interval="95% bootstrap CI over samples",
+            note=f"{int(r['n_samples'])} samples; outliers: {r['outliers']}",
+            primary=r["view"] == "exact" and r["template"] == "all",
+            reference=1 / N_OPTIONS,
+            reference_label=f"uniform choice (1/{N_OPTIONS})",
+            unit="share of samples" if r["view"] == "generate" else "probability",
+            meaning="How often the model chooses the most understanding (Empathetic) of five "
+            f"answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; a "
+            f"uniform choice scores 1/{N_OPTIONS}.",
+            context=context_line(r),
+            columns={"valid_mass": r["mean_valid_mass"]}
+            | {name: r[name] for name in ("parse_rate", "group_gap", "eta_squared", "p_samples")},
+        )
+
+    return row_headlines(rows, headline)
 
 
 def view_facts(rows: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
