@@ -309,12 +309,18 @@ def test_rows_are_reused_only_for_the_run_they_were_scored_for(tmp_path, capsys)
 
 
 def test_the_manifest_commit_is_the_checkouts_head_or_unknown(tmp_path):
-    """`commit`: HEAD of a git checkout that holds the package, "unknown" outside one."""
+    """`commit`: HEAD of the git checkout that tracks the package's files, "unknown" for a
+    package folder git does not track (a wheel, even inside another repository)."""
     from probekit.run.command import commit
 
+    package, loose = tmp_path / "pkg", tmp_path / "loose"
+    for folder in (package, loose):
+        folder.mkdir()
+        (folder / "__init__.py").write_text("")
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    subprocess.run([*git, "add", "pkg"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    assert commit(tmp_path) == head.strip()
-    assert commit(tmp_path / "elsewhere") == "unknown"
+    assert commit(package) == head.strip()
+    assert commit(loose) == "unknown"

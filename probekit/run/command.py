@@ -111,21 +111,22 @@ def versions() -> dict[str, str]:
 
 
 @functools.cache
-@functools.cache
-def commit(source: Path | None = None) -> str:
-    """The commit of the probekit source in use (`git rev-parse HEAD` where probekit runs from
-    a git checkout, as an editable install does), or "unknown" (a wheel; no git)."""
-    root = source or Path(probekit.__file__).resolve().parent.parent
-    if not (root / ".git").exists():
-        return "unknown"
+def commit(package: Path | None = None) -> str:
+    """The commit of the probekit source in use: `git rev-parse HEAD` where the package's own
+    files are tracked by git (an editable install of a checkout), else "unknown" (a wheel, even
+    one inside another repository; no git). Asks git about the package folder only."""
+    folder = str(package or Path(probekit.__file__).resolve().parent)
     try:
-        done = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+        tracked = subprocess.run(
+            ["git", "-C", folder, "ls-files", "--error-unmatch", "__init__.py"],
+            capture_output=True,
         )
+        done = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True)
     except OSError:  # no git
         return "unknown"
-    head = done.stdout.strip()
-    return head if done.returncode == 0 and len(head) == 40 else "unknown"
+    head = done.stdout.decode().strip()
+    ok = tracked.returncode == done.returncode == 0 and len(head) == 40
+    return head if ok else "unknown"
 
 
 FIRST_MODEL = "kept from the first model of this run"
