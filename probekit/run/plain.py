@@ -11,7 +11,7 @@ from typing import Any
 
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
-from probekit.core.options import REQUIRED, as_flags, option, option_values
+from probekit.core.options import REQUIRED, option, option_values
 from probekit.engines.options import ScoreOptions
 from probekit.engines.plan import PlanOptions
 from probekit.run.command import Options, Runner
@@ -32,7 +32,7 @@ class ScoreCommand(Runner):
     name, own = "score", ScoreFiles
 
     def check(self, options: Options, study: Study | None) -> None:
-        from probekit.engines.score import check_scores_file
+        from probekit.run.score import check_scores_file
 
         check_scores_file(options.own.scores)
 
@@ -74,8 +74,9 @@ class PlanCommand(Runner):
         from probekit.engines.plan import marked_plan
 
         own: Any = options.own
-        result = marked_plan(**option_values(own, leave=("json",))).worded(as_flags)
-        print(json.dumps(result.to_dict(), indent=1) if own.json else "\n".join(result.lines()))
+        result = marked_plan(**option_values(own, leave=("json",)))  # worded at the edge
+        shown = json.dumps(result.to_dict(), indent=1, ensure_ascii=False)  # marks kept
+        print(shown if own.json else "\n".join(result.lines()))
         if not result.fits:
             raise ProbekitError(result.advice)
 
