@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import probekit
+from probekit import engines
 from probekit.core.errors import ProbekitError
 from probekit.core.io import WriteFailed, check_outputs
 from probekit.core.items import EncodedItem, Item
@@ -365,8 +366,6 @@ class StudyRunner(Runner):
 
     def load(self, asked: ModelOptions, engine: Engine | None, device: str | None = None) -> Any:
         """The engine of `asked` (`load_engine`), or `engine` as it is."""
-        from probekit import engines
-
         if engine is not None:
             return engine
         return engines.load_engine(asked.model, **asked.load_keywords(device=device))

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from probekit import engines
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError, named
 from probekit.core.io import ParquetStream, check_writable, row_bytes
@@ -31,7 +32,6 @@ from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, RunDir
 from probekit.core.signal import prefill_trap, weak_signal
 from probekit.core.store import INDEX, row_groups
-from probekit.engines import load_engine
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, ScoreOptions, loaded_engine
 from probekit.engines.score import settle_and_say
@@ -119,7 +119,8 @@ def score_file(
         **{key: str(value) for key, value in load.items() if value is not None},
     }
     folder.check_resume(manifest, LOADED, option="scores")  # before the model loads
-    engine = loaded or load_engine(model, **{k: v for k, v in load.items() if v is not None})
+    given = {key: value for key, value in load.items() if value is not None}
+    engine = loaded or engines.load_engine(model, **given)
     described = engine.describe()
     manifest |= {key: described[key] for key in LOADED if key in described}
     folder.check_resume(manifest, option="scores")
