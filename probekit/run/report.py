@@ -39,7 +39,7 @@ from probekit.core.public import public
 from probekit.core.rundir import RunDir
 from probekit.core.shared_options import OutOption
 from probekit.run.command import Options, Runner
-from probekit.studies.base import Study, get_study
+from probekit.studies.base import Study
 
 COMBINED = "combined"
 """The folder, in the given folders' common parent, of a report across several of them."""
@@ -76,6 +76,7 @@ def report(
     from probekit.reporting import load_run, write_run_page, write_runs_page
     from probekit.reporting.across import write_across
     from probekit.reporting.curves import curve_folders, curve_rows, write_curves
+    from probekit.studies.base import get_study  # looked up on use
 
     folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
     if not folders:
