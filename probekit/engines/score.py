@@ -26,8 +26,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.core.answers import AnswerSet
-from probekit.core.errors import ProbekitError, named
-from probekit.core.io import check_writable, row_bytes
+from probekit.core.errors import ProbekitError
 from probekit.core.items import Item, parse_messages
 from probekit.core.progress import progress, silenced
 from probekit.core.prompts import read_prompts, unique_ids
@@ -36,8 +35,6 @@ from probekit.core.signal import prefill_trap, weak_signal
 from probekit.engines.base import Engine, describe_precision
 from probekit.engines.options import ModelOptions, ScoreOptions, loaded_engine
 
-PRECISION_KEY = b"probekit.precision"
-"""The Parquet metadata key of the precision record in `probekit score`'s output (JSON)."""
 SCORE_WINDOW = 4096
 """Prompts the scorer sorts and batches together (`Scorer.score`'s window)."""
 Prompts = str | Path | Sequence[str | Sequence[Mapping[str, str]] | Item]
@@ -76,7 +73,9 @@ def score(
     items = list(as_items(prompts, prefill))
     if not items:
         raise ProbekitError("no prompts to score")
-    engine, answer_set = scoring_engine(model), answers  # an AnswerSet: checked by its kind
+    from probekit.engines import load_engine
+
+    engine, answer_set = loaded_engine(model) or load_engine(model), answers  # checked by its kind
     with silenced(quiet), progress(len(items), "prompt", "score", "fewer prompts") as bar:
         ids = [engine.encode(item).input_ids for item in items]
         settle_and_say(engine, answer_set, ids[:SCORE_WINDOW])  # on a sample of the first window
@@ -86,25 +85,10 @@ def score(
             {"id": item.id, **r.row(answer_set)} for item, r in zip(items, results, strict=True)
         ]
     table = pd.DataFrame(rows)
-    table.attrs["precision"] = precision_of(engine)
+    table.attrs["precision"] = engine.precision and dict(engine.precision)  # a copy
     if weak := weak_signal(float(table["valid_mass"].mean())):
         warnings.warn(weak, UserWarning, stacklevel=3)
     return table
-
-
-def scoring_engine(model: Any, **load: Any) -> Engine:
-    """The engine `model` is, or the one it names loaded (`load_engine` with `load`); one line
-    for anything else."""
-    from probekit.engines import load_engine
-
-    return loaded_engine(model) or load_engine(model, **load)
-
-
-def precision_of(engine: Engine) -> dict[str, Any] | None:
-    """A copy of the arithmetic `engine` scored in: its precision record (the tier, the tolerance
-    it was chosen by, what was measured), None for an engine without."""
-    record = engine.precision
-    return None if record is None else dict(record)
 
 
 def settle_and_say(engine: Engine, answers: AnswerSet, ids: Sequence[Sequence[int]]) -> None:
@@ -115,15 +99,6 @@ def settle_and_say(engine: Engine, answers: AnswerSet, ids: Sequence[Sequence[in
     record = engine.settle_precision(answers, ids)
     if record is not None and (chosen or not record.get("tried")):  # else said already
         print(f"probekit: {describe_precision(record)}", file=sys.stderr)
-
-
-def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> None:
-    """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
-    folder there, its folder not writable or under a file, or its disk short of the `rows` of
-    `answers` probabilities three times: as parts, merged, and the file)."""
-    check_writable(Path(scores).parent, "scores", 3 * rows * row_bytes(answers))
-    if Path(scores).is_dir():
-        raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
 
 
 def as_items(prompts: Prompts, prefill: str = "") -> Iterator[Item]:

@@ -24,11 +24,6 @@ class Entry:
     help: str
     study: bool = False
 
-    def runner(self) -> Any:
-        """The command's `probekit.run.command.Runner` (its module imported on use)."""
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)
-
 
 COMMANDS = {
     "studies": Entry("probekit.run.plain:STUDIES", "list the registered studies, one line each"),
@@ -78,5 +73,7 @@ COMMANDS = {
 
 
 def runner(name: str) -> Any:
-    """The runner of the command `name` (`probekit.run.command.Runner`)."""
-    return COMMANDS[name].runner()
+    """The runner of the command `name` (`probekit.run.command.Runner`; its module imported on
+    use)."""
+    module, _, found = COMMANDS[name].target.partition(":")
+    return getattr(importlib.import_module(module), found)

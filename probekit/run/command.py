@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import probekit
+from probekit import engines
 from probekit.core.errors import ProbekitError
 from probekit.core.io import WriteFailed, check_outputs
 from probekit.core.items import EncodedItem, Item
 from probekit.core.options import Command, named
 from probekit.core.progress import silenced
 from probekit.core.rundir import MANIFEST, RESULTS_FORMAT, RunDir, device_kind
-from probekit.engines.base import Engine
+from probekit.engines.base import Engine, hooks_unavailable
 from probekit.engines.options import NOISE_SAMPLE, ModelOptions, check_models, loaded_engine
 from probekit.studies.base import VIEWS, Context, Probe, Study, get_study, other_study_option
 
@@ -70,10 +71,8 @@ def model_fields(asked: ModelOptions, model: Engine | None, own: bool = False) -
     only loading gives None. `own`: the model was given loaded, so its tolerance is its own."""
     described = model.describe() if model is not None else {}
     record = described.get("precision") or {}
-    if model is not None:
-        tolerance = record.get("tolerance")
-    else:
-        tolerance = None if own else asked.tolerance_asked
+    asked_tolerance = None if own else asked.tolerance_asked
+    tolerance = record.get("tolerance") if model is not None else asked_tolerance
     return {
         "model": asked.model,
         "model_source": described.get("model_source"),
@@ -160,11 +159,9 @@ def settle_run_precision(
         return kept
     if first and (kept := model.keep_precision(first, FIRST_MODEL)):
         return kept
-    total = len(probe) if items is None else len(items)
-    picked = set(random.Random(seed).sample(range(total), min(NOISE_SAMPLE, total)))
-    found = [
-        item for i, item in enumerate(probe.items() if items is None else items) if i in picked
-    ]
+    pool = list(probe.items()) if items is None else items
+    picked = set(random.Random(seed).sample(range(len(pool)), min(NOISE_SAMPLE, len(pool))))
+    found = [item for i, item in enumerate(pool) if i in picked]
     prompts = [model.encode(item, probe.as_string).input_ids for item in found]
     return model.settle_precision(probe.answers, prompts, seed)
 
@@ -369,8 +366,6 @@ class StudyRunner(Runner):
 
     def load(self, asked: ModelOptions, engine: Engine | None, device: str | None = None) -> Any:
         """The engine of `asked` (`load_engine`), or `engine` as it is."""
-        from probekit import engines
-
         if engine is not None:
             return engine
         return engines.load_engine(asked.model, **asked.load_keywords(device=device))
@@ -378,8 +373,6 @@ class StudyRunner(Runner):
     def check(self, options: Options, study: Study | None) -> None:
         assert study is not None
         if options.model.engine != "hf":
-            from probekit.engines.base import hooks_unavailable
-
             engine = options.model.engine
             raise ProbekitError(f"{named('engine')} {engine}: {hooks_unavailable(engine)}")
         study.check(options.study, self.context(options))

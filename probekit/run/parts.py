@@ -65,8 +65,7 @@ class Part:
 def part_path(out: str | Path, indices: Iterable[int], level: int = 0) -> Path:
     """The file of the part holding exactly these prompt indices: the first and a digest of them
     all, so that the same rows always land in the same file."""
-    values = indices if isinstance(indices, np.ndarray) else list(indices)
-    ordered = np.sort(np.asarray(values, dtype="<i8"))
+    ordered = np.sort(np.asarray(indices, dtype="<i8"))
     digest = hashlib.sha256(ordered.tobytes()).hexdigest()[:12]
     return Path(out) / PARTS / f"part-L{level}-{int(ordered[0]):010d}-{digest}.parquet"
 
@@ -80,13 +79,8 @@ def write_part(out: str | Path, frame: pd.DataFrame, key: RowKey, level: int = 0
     (a retried worker) leaves one part and no duplicate rows. Workers that score batches of
     prompt indices outside the run loop call this; the loop's scan, compaction and merge take
     their parts like its own."""
-    if frame.empty:
-        raise ProbekitError("a part needs at least one row")
-    indices = frame[INDEX].to_numpy(dtype=np.int64)
-    if len(np.unique(indices)) != len(indices):
-        raise ProbekitError("a part holds each prompt index once; this batch repeats some")
     frame = frame.sort_values(INDEX, kind="stable")
-    return write_rows(part_path(out, indices, level), frame, key)
+    return write_rows(part_path(out, frame[INDEX], level), frame, key)
 
 
 def part_files(out: Path) -> list[Path]:

@@ -1,6 +1,7 @@
 """The commands without a study: `probekit score` (the function `probekit.score_file`),
 `probekit setup`, `probekit plan` (`probekit.plan`) and `probekit studies`; each reads its
-options through the one runner (`probekit.run.command.Runner`) and calls its function."""
+options through the one runner (`probekit.run.command.Runner`) and calls its function.
+`probekit.engines.load_engine` is looked up when called (tests replace it)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probekit import engines
 from probekit.core.errors import ProbekitError
 from probekit.core.kinds import path
-from probekit.core.options import REQUIRED, as_flags, option, option_values
+from probekit.core.options import REQUIRED, option, option_values
 from probekit.engines.options import ScoreOptions
-from probekit.engines.plan import PlanOptions
+from probekit.engines.plan import PlanOptions, marked_plan
 from probekit.run.command import Options, Runner
+from probekit.run.score import check_scores_file, score_file
+from probekit.studies import list_studies
 from probekit.studies.base import Study
 
 
@@ -32,8 +36,6 @@ class ScoreCommand(Runner):
     name, own = "score", ScoreFiles
 
     def check(self, options: Options, study: Study | None) -> None:
-        from probekit.engines.score import check_scores_file
-
         check_scores_file(options.own.scores)
 
     def elsewhere(self, name: str) -> str | None:
@@ -43,8 +45,6 @@ class ScoreCommand(Runner):
         return None
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        from probekit.run.score import score_file
-
         model = options.model
         keywords = option_values(options.own)
         written = score_file(model.model, **keywords, quiet=model.quiet, **model.load_keywords())
@@ -57,10 +57,8 @@ class SetupCommand(Runner):
     name = "setup"
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        from probekit.engines import load_engine
-
         model = options.model
-        engine = load_engine(model.model, **model.load_keywords())
+        engine = engines.load_engine(model.model, **model.load_keywords())
         print(f"model '{model.model}' ready: {engine.describe()['model_source']}")
 
 
@@ -71,11 +69,10 @@ class PlanCommand(Runner):
     name, own, models = "plan", PlanOptions, False
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        from probekit.engines.plan import marked_plan
-
         own: Any = options.own
-        result = marked_plan(**option_values(own, leave=("json",))).worded(as_flags)
-        print(json.dumps(result.to_dict(), indent=1) if own.json else "\n".join(result.lines()))
+        result = marked_plan(**option_values(own, leave=("json",)))  # worded at the edge
+        shown = json.dumps(result.to_dict(), indent=1, ensure_ascii=False)  # marks kept
+        print(shown if own.json else "\n".join(result.lines()))
         if not result.fits:
             raise ProbekitError(result.advice)
 
@@ -86,8 +83,6 @@ class StudiesCommand(Runner):
     name, models = "studies", False
 
     def main(self, options: Options, study: Study | None = None) -> None:
-        from probekit.studies import list_studies
-
         studies = list_studies()
         width = max(len(study.name) for study in studies)
         for study in studies:

@@ -226,8 +226,7 @@ class RayPool(EnginePool):
             raise ProbekitError(f"actors must be at least 1, not {self.actors}")
 
     def scoring(self, probe: Probe, view: str, **settings: Any) -> Scoring:
-        if settings.get("chunk_size") is None:
-            settings["chunk_size"] = CHUNK
+        settings["chunk_size"] = settings.get("chunk_size") or CHUNK  # 0 refused before
         return RayScoring(probe, self.load, view, settings, self.actors)
 
 

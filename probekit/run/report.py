@@ -27,20 +27,19 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pandas as pd
 
 from probekit.core.errors import ProbekitError
+from probekit.core.io import check_outputs, check_writable, write_text
 from probekit.core.kinds import path
 from probekit.core.options import REQUIRED, named, option
 from probekit.core.public import public
+from probekit.core.rundir import RunDir
 from probekit.core.shared_options import OutOption
 from probekit.run.command import Options, Runner
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-    from probekit.core.rundir import RunDir
-    from probekit.studies.base import Study
+from probekit.studies.base import Study
 
 COMBINED = "combined"
 """The folder, in the given folders' common parent, of a report across several of them."""
@@ -74,14 +73,10 @@ def report(
     precision tiers differ). A run's study is the one its manifest names: one of `studies`
     (`Study` objects, registered or not, as `run_study` takes them), else the registered
     one."""
-    import pandas as pd
-
-    from probekit.core.io import check_writable
-    from probekit.core.rundir import RunDir
     from probekit.reporting import load_run, write_run_page, write_runs_page
     from probekit.reporting.across import write_across
     from probekit.reporting.curves import curve_folders, curve_rows, write_curves
-    from probekit.studies.base import get_study
+    from probekit.studies.base import get_study  # looked up on use
 
     folders = [Path(runs)] if isinstance(runs, str | Path) else [Path(f) for f in runs]
     if not folders:
@@ -158,7 +153,6 @@ def discover_runs(folders: Sequence[str | Path]) -> list[RunDir]:
     """Every finished run under `folders` (each itself included; `RunDir.discover`), each once;
     one line for a folder that is not one or holds neither a run nor a lens or patching run
     (`curve_folders`)."""
-    from probekit.core.rundir import RunDir
     from probekit.reporting.curves import curve_folders
 
     runs: list[RunDir] = []
@@ -181,8 +175,6 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
     """Where the summary and page of `runs` go: `out`, else the one folder given (of runs),
     else `combined/` in the folders' common parent. Checked before any work: writable, and not the
     folder of a run other than the one reported (its own summary and page would be replaced)."""
-    from probekit.core.io import check_outputs
-
     if out is not None:
         target = Path(out)
     elif len(folders) == 1 and runs:
@@ -197,8 +189,6 @@ def report_folder(folders: Sequence[Path], out: str | Path | None, runs: Sequenc
 def refuse_other_runs(folder: Path, runs: Sequence[RunDir]) -> None:
     """One line when `folder`, where the summary and page of `runs` go, is the folder of a run
     other than the one reported: a run's own files are rewritten only from that run."""
-    from probekit.core.rundir import RunDir
-
     if RunDir(folder).read_manifest() is None or list(runs) == [RunDir(folder)]:
         return
     what = (
@@ -216,7 +206,6 @@ def write_record(folder: Path, runs: Sequence[Path], files: Iterable[Path]) -> N
     """`report.json` in `folder`: the `runs` its report covers, the `files` it wrote there
     (relative to it), and each figure among them with the files of its numbers
     (`figure_data`: `forest.png` with `forest.csv`)."""
-    from probekit.core.io import write_text
     from probekit.reporting.figures import figure_data
 
     names = sorted(Path(p).as_posix() for p in files)

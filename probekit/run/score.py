@@ -20,9 +20,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from probekit.core.answers import AnswerSet, as_answer_set
+from probekit import engines
+from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError, named
-from probekit.core.io import ParquetStream
+from probekit.core.io import ParquetStream, check_writable, row_bytes
 from probekit.core.items import PROMPT_ID, Item
 from probekit.core.paths import file_sha256
 from probekit.core.progress import silenced
@@ -33,13 +34,7 @@ from probekit.core.signal import prefill_trap, weak_signal
 from probekit.core.store import INDEX, row_groups
 from probekit.engines.base import Engine
 from probekit.engines.options import ModelOptions, ScoreOptions, loaded_engine
-from probekit.engines.score import (
-    PRECISION_KEY,
-    check_scores_file,
-    precision_of,
-    scoring_engine,
-    settle_and_say,
-)
+from probekit.engines.score import settle_and_say
 from probekit.run.loop import run_rows
 from probekit.run.parts import part_files
 from probekit.run.scoring import Scoring, local_scoring
@@ -47,6 +42,8 @@ from probekit.studies.base import Probe
 
 WINDOW = 4096
 """The first prompts, on which a model whose precision tier is not chosen yet gets it."""
+PRECISION_KEY = b"probekit.precision"
+"""The Parquet metadata key of the precision record in `probekit score`'s output (JSON)."""
 LOADED = ("engine", "weights", "device", "dtype", "device_map")
 """The manifest fields of the model that only loading it gives."""
 
@@ -110,7 +107,7 @@ def score_file(
     total = sum(1 for _ in read_prompts(prompts))  # every line checked before any work
     if total == 0:
         raise ProbekitError(f"prompt file '{prompts}' has no prompts")
-    probe = PromptsFile(prompts, prefill, as_answer_set(answers))
+    probe = PromptsFile(prompts, prefill, answers)
     check_scores_file(scores, total, len(probe.answers.answers))
     folder = RunDir(scores.with_name(f"{scores.stem}.parts"))  # its rows while they are scored
     manifest = {
@@ -122,7 +119,8 @@ def score_file(
         **{key: str(value) for key, value in load.items() if value is not None},
     }
     folder.check_resume(manifest, LOADED, option="scores")  # before the model loads
-    engine = loaded or scoring_engine(model, **{k: v for k, v in load.items() if v is not None})
+    given = {key: value for key, value in load.items() if value is not None}
+    engine = loaded or engines.load_engine(model, **given)
     described = engine.describe()
     manifest |= {key: described[key] for key in LOADED if key in described}
     folder.check_resume(manifest, option="scores")
@@ -139,11 +137,20 @@ def score_file(
             raise stopped(exc, folder.path, total) from None
     if merged is None:
         raise ProbekitError(f"{folder.path}: rows are missing; run the same command again")
-    masses = write_scores(merged, scores, precision_of(engine))
+    masses = write_scores(merged, scores, engine.precision)
     shutil.rmtree(folder.path, ignore_errors=True)
     if weak := weak_signal(sum(masses) / len(masses)):
         warnings.warn(weak, UserWarning, stacklevel=3)
     return scores
+
+
+def check_scores_file(scores: str | Path, rows: int = 0, answers: int = 0) -> None:
+    """Before any work: refuse, in one line naming it, a `scores` file that cannot be written (a
+    folder there, its folder not writable or under a file, or its disk short of the `rows` of
+    `answers` probabilities three times: as parts, merged, and the file)."""
+    check_writable(Path(scores).parent, "scores", 3 * rows * row_bytes(answers))
+    if Path(scores).is_dir():
+        raise ProbekitError(f"{named('scores')} {scores} is a folder; give the file to write")
 
 
 def stopped(exc: Exception, folder: Path, total: int) -> Exception:

@@ -39,6 +39,7 @@ from probekit.core.options import declaration, given, named, options_of
 from probekit.core.progress import duration, echo, is_quiet, note, silenced
 from probekit.core.public import public
 from probekit.core.rundir import RESULTS_FORMAT, SCORES, RunDir
+from probekit.engines import run_in_engine_env
 from probekit.engines.base import Engine, ScoreResult
 from probekit.engines.options import NOISE_SAMPLE, ModelOptions
 from probekit.reporting.headline import Headline
@@ -52,8 +53,11 @@ from probekit.run.command import (
     settle_run_precision,
     stop_on_sigterm,
 )
-from probekit.run.loop import RunOptions, Shard
-from probekit.run.scoring import SAMPLE_PROMPTS, Pace, local_scoring
+from probekit.run.loop import RunOptions, Shard, prepare_run_dir, run_probe
+from probekit.run.parts import merge_if_complete
+from probekit.run.ray import RayPool, connect, load_in_tier
+from probekit.run.report import report_files, write_record
+from probekit.run.scoring import SAMPLE_PROMPTS, EnginePool, Pace, local_scoring
 from probekit.studies.base import Context, Probe, Say, Study
 
 
@@ -215,10 +219,7 @@ class RunCommand(StudyRunner):
     ) -> list[Run]:
         """Run `study` as its checked `options` say, on each model or on `engine`: one `Run`
         per model (none on a process of a distributed launch that is not the main one)."""
-        from probekit.engines import run_in_engine_env
         from probekit.reporting import write_pages
-        from probekit.run.loop import prepare_run_dir
-        from probekit.run.report import report_files, write_record
 
         run = options.own
         if engine is None:
@@ -243,8 +244,6 @@ class RunCommand(StudyRunner):
             prepare_run_dir(job.folder, shard)
             self.check_resume(job)
         if run.ray is not None:
-            from probekit.run.ray import connect
-
             connect(run.ray or None)  # before any model loads: an unreachable address is one line
         runs: list[Run] = []
         rows: list[dict[str, Any]] = []
@@ -308,10 +307,6 @@ class RunCommand(StudyRunner):
         first model) where its device offers it: score (this process's shard), merge, and
         report when complete: its manifest and summary rows (None while other shards are
         missing)."""
-        from probekit.run.loop import run_probe
-        from probekit.run.parts import merge_if_complete
-        from probekit.run.scoring import EnginePool
-
         run = job.own
         settle_run_precision(model, job.probe, job.folder, run.seed, first=first)
         manifest = self.manifest(job, model)
@@ -319,8 +314,6 @@ class RunCommand(StudyRunner):
             say(partial)
         scorer: Engine | EnginePool = model
         if run.ray is not None:  # the same run loop's parts, scored by Ray actors
-            from probekit.run.ray import RayPool, load_in_tier
-
             asked, tier = job.asked, manifest.get("precision") or {}  # the tier chosen here
             load = (asked.model, asked.engine, asked.device, asked.dtype, tier)
             scorer = RayPool(functools.partial(load_in_tier, *load), run.ray_actors)
