@@ -49,7 +49,7 @@ from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
 from probekit.core.store import Damaged, read_table, take_rows, write_rows
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.options import HookOptions
-from probekit.mechanism.pairs import positions_of
+from probekit.mechanism.pairs import span_positions
 from probekit.mechanism.sites import (
     DEFAULT_SITES,
     SITES,
@@ -157,7 +157,7 @@ def read_spans(
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
             found = [
-                (b, span, positions_of(prompt, span))
+                (b, span, span_positions(prompt, span))
                 for b, prompt in enumerate(batch)
                 for span in (prompt.positions if spans is None else spans)
             ]

@@ -43,7 +43,7 @@ from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer
 from probekit.mechanism.defaults import Statistic
 from probekit.mechanism.interventions import score_edited, score_with
-from probekit.mechanism.pairs import positions_of
+from probekit.mechanism.pairs import span_positions
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import site
 from probekit.stats import bootstrap_ci
@@ -103,7 +103,7 @@ def span_states(
     with progress(len(prompts), "prompt", "directions") as bar:
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
-            spans = [positions_of(p, span) for p in chunk]
+            spans = [span_positions(p, span) for p in chunk]
             locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
             reads = {SITE.hook(layer): locs for layer in layers}
             results, values = score_with(scorer, [p.input_ids for p in chunk], reads=reads)
@@ -172,7 +172,7 @@ def project_out(
     def remove(x: torch.Tensor) -> torch.Tensor:
         return x - (x @ unit)[:, None] * unit
 
-    where = functools.partial(positions_of, span=span)
+    where = functools.partial(span_positions, span=span)
     results = score_edited(scorer, prompts, SITE.hook(layer), where, remove)
     return [readout(r, p.item) for r, p in zip(results, prompts, strict=True)]
 

@@ -180,15 +180,6 @@ def base_span(span: str) -> str:
     return split_position(span)[0].removeprefix(FROM)
 
 
-def positions_of(prompt: EncodedItem, span: str) -> list[int]:
-    """The token positions of a span the prompt declares; one line naming those it has."""
-    if span not in prompt.positions:
-        raise ProbekitError(
-            f"unknown span {span!r}: the prompts have {', '.join(prompt.positions)}"
-        )
-    return list(prompt.positions[span])
-
-
 def span_positions(prompt: EncodedItem, span: str) -> list[int]:
     """Token positions of `span` in the unpadded prompt (`from_<span>` runs to the end; a
     position index `@i` is applied after the clean and corrupt spans are aligned)."""
