@@ -67,6 +67,12 @@ class Patch:
         """The full TransformerLens hook name (`blocks.{layer}.{site}`)."""
         return site(self.site).hook(self.layer)
 
+    @property
+    def name(self) -> str:
+        """`L3 hook_attn_out experiencer`, `L3 H5 experiencer`: for reports."""
+        where = self.site if self.head is None else f"H{self.head}"
+        return f"L{self.layer} {where} {self.span}"
+
 
 def grid(
     layers: Iterable[int],

@@ -171,13 +171,9 @@ def sweep(
         out = in_noise(pd.concat(parts, ignore_index=True))
         out.attrs["answers"] = list(scorer.answers.answers)
         return out
-    chosen = range(total) if rows is None else rows
-    jobs = {  # job index (pair-major) -> its job: only this chunk's, not the whole sweep's
-        k: make_job(
-            k // len(patches), pairs[k // len(patches)], patches[k % len(patches)], through_answer
-        )
-        for k in chosen
-    }
+    chosen, n = range(total) if rows is None else rows, len(patches)
+    # job index (pair-major) -> its job: only this chunk's, not the whole sweep's
+    jobs = {k: make_job(k // n, pairs[k // n], patches[k % n], through_answer) for k in chosen}
     todo = [k for k in chosen if run_noops or jobs[k].status != NOT_RUN]
     nodes = answer_nodes(scorer)
     used = [pairs[i] for i in sorted({jobs[k].pair for k in chosen})]
