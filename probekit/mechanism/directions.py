@@ -65,30 +65,6 @@ class States:
     span: str
 
 
-@dataclass(frozen=True)
-class CausalCheck:
-    """The statistic before (`delta`) and after projecting the cross-fitted direction out
-    (`ablated`), the share it shrinks by, and the random controls' statistics and mean share,
-    each with its interval over units (`as_dict`); `layers`: each unit's layer, chosen on the
-    other folds."""
-
-    layers: dict[str, int]
-    folds: int
-    delta: tuple[float, float, float]
-    ablated: tuple[float, float, float]
-    shrink: tuple[float, float, float]
-    random: list[float]
-    random_shrink: tuple[float, float, float]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields flat, each interval as `<name>_low` and `<name>_high`."""
-        out: dict[str, Any] = {"folds": self.folds, "layers": self.layers}
-        for name in ("delta", "ablated", "shrink", "random_shrink"):
-            value, low, high = getattr(self, name)
-            out |= {name: value, f"{name}_low": low, f"{name}_high": high}
-        return out | {"delta_random": self.random, "controls": len(self.random)}
-
-
 def span_states(
     scorer: HookedScorer,
     prompts: Sequence[EncodedItem],
@@ -187,9 +163,13 @@ def causal_check(
     controls: int = 5,
     seed: int = 0,
     n: int = 1000,
-) -> CausalCheck:
+) -> dict[str, Any]:
     """The cross-fitted causal check of the module's docstring, with `controls` random
-    directions, folds and random directions drawn from `seed`, `n` bootstrap resamples."""
+    directions, folds and random directions drawn from `seed`, `n` bootstrap resamples: `folds`,
+    `layers` (each unit's, chosen on the other folds), the statistic before (`delta`) and after
+    projecting the direction out (`ablated`), the share it shrinks by (`shrink`) and the random
+    controls' mean share (`random_shrink`), each with its 95% interval over units
+    (`<name>_low`, `<name>_high`), and the controls' statistics (`delta_random`, `controls`)."""
     frame = states.frame.copy()
     units = list(frame["unit"])
     fold = unit_folds(units, seed)
@@ -218,22 +198,25 @@ def causal_check(
         c: bootstrap_ci(frame, "unit", lambda d, c=c: statistic(d, c), n=n, seed=seed)
         for c in [VALUE, *columns]
     }
-    base = found[VALUE]
+    base, controlled = found[VALUE], columns[1:]
     with np.errstate(divide="ignore", invalid="ignore"):
         shares = {c: ((base.estimate - found[c].estimate) / base.estimate) for c in columns}
         drawn = {c: (base.resampled - found[c].resampled) / base.resampled for c in columns}
-    controlled = columns[1:]
-    return CausalCheck(
-        layers,
-        int(fold.max()) + 1,
-        _interval(base.estimate, base.resampled),
-        _interval(found["ablated"].estimate, found["ablated"].resampled),
-        _interval(shares["ablated"], drawn["ablated"]),
-        [found[c].estimate for c in controlled],
-        _interval(
-            np.mean([shares[c] for c in controlled]), np.mean([drawn[c] for c in controlled], 0)
+    out: dict[str, Any] = {"folds": int(fold.max()) + 1, "layers": layers}
+    for name, value, resampled in (
+        ("delta", base.estimate, base.resampled),
+        ("ablated", found["ablated"].estimate, found["ablated"].resampled),
+        ("shrink", shares["ablated"], drawn["ablated"]),
+        (
+            "random_shrink",
+            np.mean([shares[c] for c in controlled]),
+            np.mean([drawn[c] for c in controlled], 0),
         ),
-    )
+    ):
+        low, high = np.nanpercentile(resampled, [2.5, 97.5])
+        out |= {name: float(value), f"{name}_low": float(low), f"{name}_high": float(high)}
+    random = [found[c].estimate for c in controlled]
+    return out | {"delta_random": random, "controls": len(random)}
 
 
 def unit_folds(units: Sequence[str], seed: int) -> np.ndarray:
@@ -249,12 +232,6 @@ def unit_folds(units: Sequence[str], seed: int) -> np.ndarray:
     order = np.random.default_rng(seed).permutation(len(names))
     fold_of = {names[i]: k % min(FOLDS, len(names)) for k, i in enumerate(order)}
     return np.array([fold_of[u] for u in units])
-
-
-def _interval(value: float, resampled: np.ndarray) -> tuple[float, float, float]:
-    """A value and the 2.5-97.5 percentiles of its resampled values (NaN-aware)."""
-    low, high = np.nanpercentile(resampled, [2.5, 97.5])
-    return float(value), float(low), float(high)
 
 
 def _centred(values: np.ndarray, frame: pd.DataFrame, centre: Sequence[str]) -> np.ndarray:
