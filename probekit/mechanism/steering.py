@@ -75,9 +75,9 @@ def check_alphas(alphas: Any) -> list[float]:
     try:
         out = [float(a) for a in alphas]
     except (TypeError, ValueError):
-        raise ProbekitError(f"alphas must be numbers, got {list(alphas)!r}") from None
+        out = [np.nan]
     if not all(np.isfinite(out)):
-        raise ProbekitError(f"alphas must be finite numbers, got {list(alphas)!r}")
+        raise ProbekitError(f"alphas must be numbers, and finite, got {list(alphas)!r}")
     return out
 
 
