@@ -358,7 +358,7 @@ def test_the_direction_is_cross_fitted_with_several_controls(monkeypatch):
 
     found = directions.causal_check(None, prompts, states, None, statistic, ["unit"], 3, 0, 200)
     fold = directions.unit_folds(list(frame["unit"]), 0)
-    assert found.folds == 5 and len(calls) == 5 * 4  # 5 folds x (the direction + 3 controls)
+    assert found["folds"] == 5 and len(calls) == 5 * 4  # 5 folds x (the direction + 3 controls)
     for k in range(5):
         held = np.flatnonzero(fold == k)
         mine = [c for c in calls if c[0] == held.tolist()]
@@ -368,11 +368,11 @@ def test_the_direction_is_cross_fitted_with_several_controls(monkeypatch):
         at = states.layers.index(layer)
         want = directions.diff_of_means(acts[train, at], frame["contrast"].to_numpy()[train])
         np.testing.assert_allclose(mine[0][2], want)  # fitted without the held-out units
-        assert all(found.layers[frame.loc[i, "unit"]] == layer for i in held)
-    assert len(found.random) == 3
-    for value, low, high in (found.delta, found.ablated, found.shrink):
-        assert low <= value <= high
-    assert found.shrink[0] == pytest.approx(0.5)  # the direction halved every readout
-    assert found.random_shrink[0] == pytest.approx(0.0)
+        assert all(found["layers"][frame.loc[i, "unit"]] == layer for i in held)
+    assert len(found["delta_random"]) == 3
+    for name in ("delta", "ablated", "shrink"):
+        assert found[f"{name}_low"] <= found[name] <= found[f"{name}_high"]
+    assert found["shrink"] == pytest.approx(0.5)  # the direction halved every readout
+    assert found["random_shrink"] == pytest.approx(0.0)
     with pytest.raises(ProbekitError, match="needs at least two units"):
         directions.unit_folds(["e1", "e1"], 0)

@@ -44,14 +44,6 @@ class Kind:
             raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def checked_by(
-    kind: str, function: Callable[[Any], Any], parse: Callable[[str], Any] = str
-) -> Kind:
-    """A kind whose check is `function`, which raises a one-line `ProbekitError`: its line
-    becomes the kind's phrase."""
-    return Kind(kind, parse, function)
-
-
 def _read(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:

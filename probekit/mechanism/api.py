@@ -196,22 +196,7 @@ def capture(
         if out is None:
             return disk.read_spans(model, encoded, chosen, *asked)
         disk.capture(model, encoded, out, chosen, *asked, storage_dtype=storage_dtype)
-    return _subset(disk.read_activations(out), {item.id for item in encoded})
-
-
-def _subset(acts: disk.Activations, ids: set[str]) -> disk.Activations:
-    """The rows of the prompts `ids` (a resumed folder may hold others)."""
-    index = acts.index
-    if set(index["prompt_id"]) <= ids:
-        return acts
-    keep = index[index["prompt_id"].isin(ids)]
-    rows = torch.cat(
-        [torch.arange(a, b) for a, b in zip(keep["row_start"], keep["row_stop"], strict=True)]
-    )
-    sizes = (keep["row_stop"] - keep["row_start"]).to_numpy()
-    starts = sizes.cumsum() - sizes
-    index = keep.assign(row_start=starts, row_stop=starts + sizes).reset_index(drop=True)
-    return disk.Activations(index, {k: v[rows] for k, v in acts.tensors.items()})
+    return disk.read_activations(out, [item.id for item in encoded])
 
 
 def encode_prompts(model: Any, prompts: Any, purpose: str) -> list[EncodedItem]:

@@ -49,7 +49,7 @@ from probekit.core.rundir import RESULTS_FORMAT, RowKey, RunDir, device_kind
 from probekit.core.store import Damaged, read_table, take_rows, write_rows
 from probekit.mechanism.interventions import read_forward
 from probekit.mechanism.options import HookOptions
-from probekit.mechanism.pairs import positions_of
+from probekit.mechanism.pairs import span_positions
 from probekit.mechanism.sites import (
     DEFAULT_SITES,
     SITES,
@@ -157,7 +157,7 @@ def read_spans(
         for i in range(0, len(items), batch_size):
             batch = list(items[i : i + batch_size])
             found = [
-                (b, span, positions_of(prompt, span))
+                (b, span, span_positions(prompt, span))
                 for b, prompt in enumerate(batch)
                 for span in (prompt.positions if spans is None else spans)
             ]
@@ -249,25 +249,27 @@ def capture(
 
 
 @public()
-def read_activations(out_dir: str | Path) -> Activations:
-    """Everything captured in `out_dir` as `Activations` (in the stored dtype), shard by shard
-    in the order written."""
+def read_activations(out_dir: str | Path, prompt_ids: Iterable[str] | None = None) -> Activations:
+    """Everything captured in `out_dir` (or the prompts `prompt_ids` only: a folder may hold
+    others) as `Activations` (in the stored dtype), shard by shard in the order written."""
     out = Path(out_dir)
     index = read_index(out)
+    if prompt_ids is not None:
+        index = index[index[PROMPT_ID].isin(set(prompt_ids))]
     if index.empty:
         raise ProbekitError(f"nothing captured in {out}")
-    records, parts, start = [], {}, 0
+    records, parts = [], {}
     for shard, rows in index.groupby("shard", sort=True):
+        first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
+        spans = list(zip(first["row_start"], first["row_stop"], strict=True))
         with safe_open(out / shard, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has keys(), no iteration)
-                parts.setdefault(name, []).append(f.get_tensor(name))
-        first = rows.drop_duplicates([PROMPT_ID, "span"]).sort_values("row_start")
-        first = first.drop(columns=["layer", "site", "shard"])
-        records.append(
-            first.assign(row_start=first["row_start"] + start, row_stop=first["row_stop"] + start)
-        )
-        start += int(first["row_stop"].max())
+                values = f.get_tensor(name)
+                parts.setdefault(name, []).extend(values[a:b] for a, b in spans)
+        records.append(first.drop(columns=["layer", "site", "shard"]))
     index = pd.concat(records, ignore_index=True)
+    stops = (index["row_stop"] - index["row_start"]).cumsum()
+    index = index.assign(row_start=stops.shift(fill_value=0), row_stop=stops)
     index["positions"] = [[int(p) for p in at] for at in index["positions"]]
     return Activations(index, {k: torch.cat(v) for k, v in parts.items()})
 

@@ -43,7 +43,7 @@ from probekit.core.progress import progress
 from probekit.engines.base import HookedScorer
 from probekit.mechanism.defaults import Statistic
 from probekit.mechanism.interventions import score_edited, score_with
-from probekit.mechanism.pairs import positions_of
+from probekit.mechanism.pairs import span_positions
 from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import site
 from probekit.stats import bootstrap_ci
@@ -65,30 +65,6 @@ class States:
     span: str
 
 
-@dataclass(frozen=True)
-class CausalCheck:
-    """The statistic before (`delta`) and after projecting the cross-fitted direction out
-    (`ablated`), the share it shrinks by, and the random controls' statistics and mean share,
-    each with its interval over units (`as_dict`); `layers`: each unit's layer, chosen on the
-    other folds."""
-
-    layers: dict[str, int]
-    folds: int
-    delta: tuple[float, float, float]
-    ablated: tuple[float, float, float]
-    shrink: tuple[float, float, float]
-    random: list[float]
-    random_shrink: tuple[float, float, float]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields flat, each interval as `<name>_low` and `<name>_high`."""
-        out: dict[str, Any] = {"folds": self.folds, "layers": self.layers}
-        for name in ("delta", "ablated", "shrink", "random_shrink"):
-            value, low, high = getattr(self, name)
-            out |= {name: value, f"{name}_low": low, f"{name}_high": high}
-        return out | {"delta_random": self.random, "controls": len(self.random)}
-
-
 def span_states(
     scorer: HookedScorer,
     prompts: Sequence[EncodedItem],
@@ -103,7 +79,7 @@ def span_states(
     with progress(len(prompts), "prompt", "directions") as bar:
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
-            spans = [positions_of(p, span) for p in chunk]
+            spans = [span_positions(p, span) for p in chunk]
             locs = [(row, pos) for row, positions in enumerate(spans) for pos in positions]
             reads = {SITE.hook(layer): locs for layer in layers}
             results, values = score_with(scorer, [p.input_ids for p in chunk], reads=reads)
@@ -172,7 +148,7 @@ def project_out(
     def remove(x: torch.Tensor) -> torch.Tensor:
         return x - (x @ unit)[:, None] * unit
 
-    where = functools.partial(positions_of, span=span)
+    where = functools.partial(span_positions, span=span)
     results = score_edited(scorer, prompts, SITE.hook(layer), where, remove)
     return [readout(r, p.item) for r, p in zip(results, prompts, strict=True)]
 
@@ -187,9 +163,13 @@ def causal_check(
     controls: int = 5,
     seed: int = 0,
     n: int = 1000,
-) -> CausalCheck:
+) -> dict[str, Any]:
     """The cross-fitted causal check of the module's docstring, with `controls` random
-    directions, folds and random directions drawn from `seed`, `n` bootstrap resamples."""
+    directions, folds and random directions drawn from `seed`, `n` bootstrap resamples: `folds`,
+    `layers` (each unit's, chosen on the other folds), the statistic before (`delta`) and after
+    projecting the direction out (`ablated`), the share it shrinks by (`shrink`) and the random
+    controls' mean share (`random_shrink`), each with its 95% interval over units
+    (`<name>_low`, `<name>_high`), and the controls' statistics (`delta_random`, `controls`)."""
     frame = states.frame.copy()
     units = list(frame["unit"])
     fold = unit_folds(units, seed)
@@ -218,22 +198,25 @@ def causal_check(
         c: bootstrap_ci(frame, "unit", lambda d, c=c: statistic(d, c), n=n, seed=seed)
         for c in [VALUE, *columns]
     }
-    base = found[VALUE]
+    base, controlled = found[VALUE], columns[1:]
     with np.errstate(divide="ignore", invalid="ignore"):
         shares = {c: ((base.estimate - found[c].estimate) / base.estimate) for c in columns}
         drawn = {c: (base.resampled - found[c].resampled) / base.resampled for c in columns}
-    controlled = columns[1:]
-    return CausalCheck(
-        layers,
-        int(fold.max()) + 1,
-        _interval(base.estimate, base.resampled),
-        _interval(found["ablated"].estimate, found["ablated"].resampled),
-        _interval(shares["ablated"], drawn["ablated"]),
-        [found[c].estimate for c in controlled],
-        _interval(
-            np.mean([shares[c] for c in controlled]), np.mean([drawn[c] for c in controlled], 0)
+    out: dict[str, Any] = {"folds": int(fold.max()) + 1, "layers": layers}
+    for name, value, resampled in (
+        ("delta", base.estimate, base.resampled),
+        ("ablated", found["ablated"].estimate, found["ablated"].resampled),
+        ("shrink", shares["ablated"], drawn["ablated"]),
+        (
+            "random_shrink",
+            np.mean([shares[c] for c in controlled]),
+            np.mean([drawn[c] for c in controlled], 0),
         ),
-    )
+    ):
+        low, high = np.nanpercentile(resampled, [2.5, 97.5])
+        out |= {name: float(value), f"{name}_low": float(low), f"{name}_high": float(high)}
+    random = [found[c].estimate for c in controlled]
+    return out | {"delta_random": random, "controls": len(random)}
 
 
 def unit_folds(units: Sequence[str], seed: int) -> np.ndarray:
@@ -249,12 +232,6 @@ def unit_folds(units: Sequence[str], seed: int) -> np.ndarray:
     order = np.random.default_rng(seed).permutation(len(names))
     fold_of = {names[i]: k % min(FOLDS, len(names)) for k, i in enumerate(order)}
     return np.array([fold_of[u] for u in units])
-
-
-def _interval(value: float, resampled: np.ndarray) -> tuple[float, float, float]:
-    """A value and the 2.5-97.5 percentiles of its resampled values (NaN-aware)."""
-    low, high = np.nanpercentile(resampled, [2.5, 97.5])
-    return float(value), float(low), float(high)
 
 
 def _centred(values: np.ndarray, frame: pd.DataFrame, centre: Sequence[str]) -> np.ndarray:

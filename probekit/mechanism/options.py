@@ -7,14 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from probekit.core.kinds import checked_by, comma_list, int_list
+from probekit.core.kinds import Kind, comma_list, int_list
 from probekit.core.options import option
 from probekit.core.shared_options import BatchSizeOption, LimitOption, OutOption, SeedOption
 from probekit.mechanism.sites import DEFAULT_SITES, HEAD_SITE, PATCH_LAYERS, library
-
-hook_library = checked_by("hook library", library)
-"""transformer_lens or nnsight."""
-
 
 _SITES = "comma-separated TransformerLens sites (short forms such as resid_pre accepted)"
 
@@ -63,5 +59,5 @@ class HookOptions(LimitOption, BatchSizeOption, SeedOption, OutOption):
     hooks: str = option(
         "transformer_lens",
         help="hook library that reads and writes activations: transformer_lens or nnsight",
-        kind=hook_library,
+        kind=Kind("hook library", str, library),
     )

@@ -180,15 +180,6 @@ def base_span(span: str) -> str:
     return split_position(span)[0].removeprefix(FROM)
 
 
-def positions_of(prompt: EncodedItem, span: str) -> list[int]:
-    """The token positions of a span the prompt declares; one line naming those it has."""
-    if span not in prompt.positions:
-        raise ProbekitError(
-            f"unknown span {span!r}: the prompts have {', '.join(prompt.positions)}"
-        )
-    return list(prompt.positions[span])
-
-
 def span_positions(prompt: EncodedItem, span: str) -> list[int]:
     """Token positions of `span` in the unpadded prompt (`from_<span>` runs to the end; a
     position index `@i` is applied after the clean and corrupt spans are aligned)."""
@@ -349,25 +340,20 @@ def check_alignment(pair: Pair, span: str, decode: Any = repr) -> None:
 def _messages(prompt: Any, chat: bool) -> list[dict[str, str]] | None:
     """A message list as a list of {role, content} dicts (None for a text); one line for
     anything else."""
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ProbekitError("make_pair takes non-empty texts or message lists, got ''")
+    if isinstance(prompt, str) and prompt:
         return None
     fields = ("role", "content")
-    if (
-        isinstance(prompt, Sequence)
-        and prompt
-        and all(
-            isinstance(m, dict) and all(isinstance(m.get(f), str) for f in fields) for m in prompt
-        )
+    listed = isinstance(prompt, Sequence) and not isinstance(prompt, str) and prompt
+    if not listed or not all(
+        isinstance(m, dict) and all(isinstance(m.get(f), str) for f in fields) for m in prompt
     ):
-        if not chat:
-            raise ProbekitError("message lists go through the chat template: leave chat=True")
-        return [{f: m[f] for f in fields} for m in prompt]
-    raise ProbekitError(
-        "make_pair takes two texts or two chat-message lists ([{'role': 'system', 'content': "
-        f"...}}, ...]), got {_what(prompt)}"
-    )
+        raise ProbekitError(
+            "make_pair takes two non-empty texts or two chat-message lists ([{'role': 'system', "
+            f"'content': ...}}, ...]), got {_what(prompt)}"
+        )
+    if not chat:
+        raise ProbekitError("message lists go through the chat template: leave chat=True")
+    return [{f: m[f] for f in fields} for m in prompt]
 
 
 def _differing(clean: list[dict[str, str]], corrupt: list[dict[str, str]]) -> int:

@@ -171,13 +171,9 @@ def sweep(
         out = in_noise(pd.concat(parts, ignore_index=True))
         out.attrs["answers"] = list(scorer.answers.answers)
         return out
-    chosen = range(total) if rows is None else rows
-    jobs = {  # job index (pair-major) -> its job: only this chunk's, not the whole sweep's
-        k: make_job(
-            k // len(patches), pairs[k // len(patches)], patches[k % len(patches)], through_answer
-        )
-        for k in chosen
-    }
+    chosen, n = range(total) if rows is None else rows, len(patches)
+    # job index (pair-major) -> its job: only this chunk's, not the whole sweep's
+    jobs = {k: make_job(k // n, pairs[k // n], patches[k % n], through_answer) for k in chosen}
     todo = [k for k in chosen if run_noops or jobs[k].status != NOT_RUN]
     nodes = answer_nodes(scorer)
     used = [pairs[i] for i in sorted({jobs[k].pair for k in chosen})]
@@ -201,7 +197,7 @@ def sweep(
                     (rescored[key],) = scorer.score_batch(ids, reuse_prefix=False)
                 continue
             edits = _edits(jobs, ks, pairs, source_acts, nodes)
-            batch = [pairs[jobs[k].pair][0 if jobs[k].block else 1] for k in ks]  # the host
+            batch = [pairs[jobs[k].pair][not jobs[k].block] for k in ks]  # the host
             batch += [prompts[key] for key in chunk[len(ks) :]]
             ids = [p.input_ids for p in batch]
             results, _ = score_with(scorer, ids, edits=edits, hooks=hooks)
@@ -238,12 +234,6 @@ def _bar(progress: Any, total: int) -> Any:
     if progress is True:
         return track(total, "run", "patching")
     return progress if hasattr(progress, "update") else Silent()
-
-
-def _source(pair: Pair, job: Job) -> Any:
-    """The prompt whose run a job's values are read from: the clean one, the corrupt one for
-    a block."""
-    return pair[1] if job.block else pair[0]
 
 
 def in_noise(df: pd.DataFrame) -> pd.DataFrame:
@@ -491,8 +481,8 @@ def _edits(
     nodes: list[AnswerNode],
 ) -> dict[str, Edit]:
     """The edits of one batch whose first rows run the jobs `ks`: at each hook, the source
-    run's values (`_source`) at the job's target positions (answer positions too where the job
-    writes them)."""
+    run's values (the clean prompt's; the corrupt one's for a block) at the job's target
+    positions (answer positions too where the job writes them)."""
     edits: dict[str, Edit] = {}
     for hook in {jobs[k].patch.hook for k in ks}:
         locs: list = []
@@ -502,7 +492,7 @@ def _edits(
             targets = [*job.target, *extra]
             if targets:
                 locs += [(at, p) for p in targets]
-                acts, where = source_acts[_source(pairs[job.pair], job).id]
+                acts, where = source_acts[pairs[job.pair][job.block].id]
                 values.append(acts[hook][[where[p] for p in [*job.source, *extra]]])
                 heads += [job.patch.head] * len(targets)
         if locs:
@@ -520,13 +510,13 @@ def _baselines(
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
     """The exact result of each of `prompts` (by prompt id); for the prompts whose
-    values patches copy (`_source`), their activations at the hooks the jobs `todo` patch, on
+    values patches copy, their activations at the hooks the jobs `todo` patch, on
     the positions those patches copy, answer positions `nodes` included where a patch writes
     them ({hook: [n, d]}, position index)."""
     read = sorted({job.patch.hook for job in todo}, key=hook_order)
     needed: dict[str, set[Position]] = {}
     for job in todo:
-        found = needed.setdefault(_source(pairs[job.pair], job).id, set())
+        found = needed.setdefault(pairs[job.pair][job.block].id, set())
         found.update([*job.source, *(nodes if job.nodes else [])])
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}

@@ -425,27 +425,21 @@ def direction_check(
         seed=request.seed,
         n=request.bootstrap,
     )
-    result = {
-        "site": directions.SITE.name,
-        "span": direction.span,
-        "readout": readout.spec,
-        "interval": f"95% bootstrap interval over {unit}s",
-        **found.as_dict(),
-        f"{unit}s": states.frame["unit"].nunique(),
-    }
+    result = {"site": directions.SITE.name, "span": direction.span, "readout": readout.spec}
+    result |= {"interval": f"95% bootstrap interval over {unit}s", **found}
+    result[f"{unit}s"] = states.frame["unit"].nunique()
     write_text(out / "causal_check.json", json.dumps(result, indent=1))
-    layers = sorted(set(found.layers.values()))
+    layers = sorted(set(found["layers"].values()))
 
     def said(name: str) -> str:
-        value, low, high = getattr(found, name)
-        return f"{value:+.3f} [{low:+.3f}, {high:+.3f}]"
+        return f"{found[name]:+.3f} [{found[name + '_low']:+.3f}, {found[name + '_high']:+.3f}]"
 
     say(
-        f"direction at '{direction.span}', cross-fitted over {found.folds} folds of {unit}s "
+        f"direction at '{direction.span}', cross-fitted over {found['folds']} folds of {unit}s "
         f"(layers chosen on the other folds: {', '.join(map(str, layers))}); projecting it out: "
         f"Δ {said('delta')} -> {said('ablated')}, shrinks by {said('shrink')}; "
-        f"{len(found.random)} random directions: shrink {said('random_shrink')} (intervals over "
-        f"{unit}s)"
+        f"{found['controls']} random directions: shrink {said('random_shrink')} (intervals "
+        f"over {unit}s)"
     )
     return ["directions.parquet", "causal_check.json"]
 

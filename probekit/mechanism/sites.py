@@ -226,8 +226,12 @@ def bridged(model: Any, on: bool = True) -> Iterator[Any]:
     float64 a hook at every `attn.hook_attn_scores` clamps the scores to float32's range first;
     other dtypes are left as they are."""
     with model.bridged(on) as bridge:
-        if on:
-            _clamp_float64(model, bridge)
+        if on and model.dtype == torch.float64 and not getattr(bridge, "_probekit_clamped", 0):
+            low = torch.finfo(torch.float32).min
+            for layer in range(model.n_layers):
+                point = bridge.hook_dict[f"blocks.{layer}.attn.hook_attn_scores"]
+                point.add_perma_hook(lambda scores, hook: scores.clamp(min=low))
+            bridge._probekit_clamped = True
         yield bridge
 
 
@@ -235,16 +239,3 @@ def hook_library(model: Any, hooks: str) -> contextlib.AbstractContextManager:
     """The model as a hook library reads and writes it: with the bridge installed for
     `transformer_lens`, with its own modules for `nnsight`."""
     return bridged(model, library(hooks) == "transformer_lens")
-
-
-def _clamp_float64(model: Any, bridge: Any) -> None:
-    if model.dtype != torch.float64 or getattr(bridge, "_probekit_clamped", False):
-        return
-    low = torch.finfo(torch.float32).min
-
-    def clamp(scores: torch.Tensor, hook: Any) -> torch.Tensor:
-        return scores.clamp(min=low)
-
-    for layer in range(model.n_layers):
-        bridge.hook_dict[f"blocks.{layer}.attn.hook_attn_scores"].add_perma_hook(clamp)
-    bridge._probekit_clamped = True

@@ -45,7 +45,7 @@ import torch
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import ANSWER, PROMPT_ID, EncodedItem
-from probekit.core.kinds import checked_by, choice, float_list, non_negative_int
+from probekit.core.kinds import Kind, choice, float_list, non_negative_int
 from probekit.core.options import given, option
 from probekit.core.progress import progress as track
 from probekit.core.progress import silenced
@@ -57,7 +57,7 @@ from probekit.mechanism.api import encode_prompts, hookable
 from probekit.mechanism.capture import read_spans, site_shorts
 from probekit.mechanism.interventions import answer_nodes, score_edited
 from probekit.mechanism.options import HookOptions
-from probekit.mechanism.pairs import positions_of
+from probekit.mechanism.pairs import span_positions
 from probekit.mechanism.sites import chosen_layers, d_model, hook_library, library, site
 
 POSITIONS: tuple[str, ...] = ("span", "from_span", "all")
@@ -75,9 +75,9 @@ def check_alphas(alphas: Any) -> list[float]:
     try:
         out = [float(a) for a in alphas]
     except (TypeError, ValueError):
-        raise ProbekitError(f"alphas must be numbers, got {list(alphas)!r}") from None
+        out = [np.nan]
     if not all(np.isfinite(out)):
-        raise ProbekitError(f"alphas must be finite numbers, got {list(alphas)!r}")
+        raise ProbekitError(f"alphas must be numbers, and finite, got {list(alphas)!r}")
     return out
 
 
@@ -88,7 +88,7 @@ class SteerOptions(HookOptions, EpsilonOption):
     alphas: list[float] = option(
         (-4.0, -2.0, 0.0, 2.0, 4.0),
         help="multiples of the vector (default %(default)s)",
-        kind=checked_by("alphas", check_alphas, float_list.parse),
+        kind=Kind("alphas", float_list.parse, check_alphas),
     )
     positions: str = option(
         "from_span",
@@ -259,7 +259,7 @@ def norm_of(vector: torch.Tensor) -> float:
 
 def prompt_positions(prompt: EncodedItem, positions: str, span: str) -> list[int]:
     """The prompt positions `positions` steers in this prompt (answer tokens aside)."""
-    declared = positions_of(prompt, span)
+    declared = span_positions(prompt, span)
     if positions == "span":
         return declared
     return list(range(0 if positions == "all" else min(declared), len(prompt.input_ids)))

@@ -131,8 +131,6 @@ def contrast_vectors(
     (`direction`) at each target, cross-fitted (see the module): one row per prompt, [prompts,
     d_model], each its fold's vector, from the prompts' span means (`steering.span_means`, read
     here unless given); one unit's prompts: the vector of their own prompts."""
-    if kind not in VECTORS:
-        raise ProbekitError(f"unknown vector kind {kind!r}; choose from {', '.join(VECTORS)}")
     units = [p.item.unit for p in encoded]
     one = len(set(units)) == 1  # no other unit to fit on: fitted on its own prompts
     fold = np.zeros(len(units), int) if one else unit_folds(units, seed)
