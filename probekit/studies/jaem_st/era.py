@@ -47,7 +47,7 @@ def check_spec(spec: str) -> None:
     """Refuse, before any run, an `--era-model` that cannot be loaded (the classifier itself
     is built only when the responses are scored)."""
     if Path(spec).is_dir():
-        if missing := epitome.missing_files(Path(spec)):
+        if missing := [f for f in epitome.FILES.values() if not (Path(spec) / f).is_file()]:
             raise ProbekitError(
                 f"{given('era_model', spec)}: the folder lacks {', '.join(missing)}"
             )
