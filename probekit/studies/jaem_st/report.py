@@ -1,6 +1,6 @@
 """What a researcher reads after a JaEm-ST run: tables, two figures and the summary.
 
-Per view (a generate run is also reported from its exact scores, as `*_ev`): accuracy per
+Per view (a generate run is also reported from its exact scores, as `*_exact`): accuracy per
 template, per dimension value (`dimensions*.csv`) and per intersectional group with z and the
 outlier flag (`groups*.csv`); `accuracy_by_group*.png` (one panel per dimension that reaches a
 prompt, 95 % intervals) and `groups_heatmap*.png` (gender x pronoun, outliers outlined). With
@@ -40,7 +40,6 @@ _SCORE = {
     True: "the share of first letters that are its",
 }
 VIEW_TEXT = {
-    "ev": "exact P(Empathetic) over A-E from the logits",
     "exact": "exact P(Empathetic) over A-E from the logits",
     "generate": "greedy answer, its first standalone letter",
 }
@@ -306,6 +305,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     score of a uniform choice (1/5); the exact view over both templates stands for the study."""
 
     def headline(r: SummaryRow) -> Headline:
+        generate = r["view"] == "generate"
         return Headline(
             label=f"CE score ({r['template']})",
             **r.estimate("accuracy", "low", "high", n="n_samples"),
@@ -314,9 +314,9 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             primary=r["view"] == "exact" and r["template"] == "all",
             reference=1 / N_OPTIONS,
             reference_label=f"uniform choice (1/{N_OPTIONS})",
-            unit="share of samples" if r["view"] == "generate" else "probability",
+            unit="share of samples" if generate else "probability",
             meaning="How often the model chooses the most understanding (Empathetic) of five "
-            f"answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; a "
+            f"answers ({_SCORE[generate]}), over the social groups filled in; a "
             f"uniform choice scores 1/{N_OPTIONS}.",
             context=context_line(r),
             columns={"valid_mass": r["mean_valid_mass"]}
