@@ -65,16 +65,6 @@ class OfficialItem:
 Unit = Record | OfficialItem
 
 
-@dataclass(frozen=True)
-class ItemSource:
-    """The items of a run and where they came from (`origin`: records, official or sample)."""
-
-    origin: str
-    path: Path
-    units: list[Unit]
-    message: str = ""
-
-
 def git_blob_sha1(data: bytes) -> str:
     """The SHA-1 git gives a file with these bytes (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -145,14 +135,10 @@ def read_official(folder: Path, prompt_types: Sequence[str]) -> list[OfficialIte
     first = FILES[prompt_types[0]]
     items = tables[prompt_types[0]]
     for prompt_type, table in tables.items():
-        where = folder / FILES[prompt_type]
-        if missing := next((i for i in items if i not in table), None):
-            raise ProbekitError(f"{where}: item {missing!r} is missing")
-        if extra := next((i for i in table if i not in items), None):
-            raise ProbekitError(f"{where}: item {extra!r} is not in {first}")
-        if other := next((i for i, item in items.items() if table[i][:2] != item[:2]), None):
+        if {i: row[:2] for i, row in table.items()} != {i: row[:2] for i, row in items.items()}:
             raise ProbekitError(
-                f"{where}: item {other!r} has another category or correct answer than in {first}"
+                f"{folder / FILES[prompt_type]}: its item ids, categories or correct answers "
+                f"differ from {first}'s"
             )
     return [
         OfficialItem(item_id, category, correct, {t: tables[t][item_id][2] for t in tables})
@@ -210,39 +196,47 @@ def download_official(
 
 
 def resolve_items(
-    spec: str | None, prompt_types: Sequence[str], fetch: Callable[[str], bytes] = fetch_url
-) -> ItemSource:
+    spec: str | None,
+    prompt_types: Sequence[str],
+    say: Callable[[str], None],
+    fetch: Callable[[str], bytes] = fetch_url,
+) -> tuple[list[Unit], dict[str, str]]:
     """The items `--items` names: `sample`, a records file, or a folder of official files; by
-    default the official files (data root, cache or download), else the project's sample."""
+    default the official files (data root, cache or download), else the project's sample. Says
+    where they came from; returns them with the manifest's `data_origin` and `data_path`."""
 
-    def official(folder: Path) -> ItemSource:
-        return ItemSource("official", folder, list(read_official(folder, prompt_types)))
-
-    def sample(message: str = "") -> ItemSource:
-        return ItemSource("sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)), message)
+    def found(origin: str, path: Path, units: Sequence[Unit], message: str = "") -> tuple:
+        if origin == "sample":
+            say("items: probekit's own sample records (NOT GIEBench). " + message)
+        else:
+            say(f"items: {origin} from {path}")
+        return list(units), {"data_origin": origin, "data_path": str(path)}
 
     if spec == "sample":
-        return sample()
+        return found("sample", SAMPLE_FILE, read_records(SAMPLE_FILE))
     if spec is not None:
         path = Path(spec).expanduser()
         if path.is_file():
-            return ItemSource("records", path, list(read_records(path)))
+            return found("records", path, read_records(path))
         if not path.is_dir():
             raise ProbekitError(f"{given('items', spec)}: no such file or folder")
-        return official(path)
+        return found("official", path, read_official(path, prompt_types))
     roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
     for folder in (root / OFFICIAL_DIR for root in [*roots, user_cache_dir() / "data"]):
         paths = [folder / FILES[t] for t in prompt_types]
         if all(path.is_file() for path in paths):
             for path in paths:
                 check_blob(path, path.read_bytes())
-            return official(folder)
+            return found("official", folder, read_official(folder, prompt_types))
     try:
         folder = download_official(user_cache_dir() / "data", prompt_types, fetch)
     except (OSError, http.client.HTTPException) as err:
-        return sample(
+        return found(
+            "sample",
+            SAMPLE_FILE,
+            read_records(SAMPLE_FILE),
             f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
             "probekit's own sample records, which are NOT GIEBench (pass "
-            f"{given('items', 'DIR', placeholder=True)} for them)"
+            f"{given('items', 'DIR', placeholder=True)} for them)",
         )
-    return official(folder)
+    return found("official", folder, read_official(folder, prompt_types))
