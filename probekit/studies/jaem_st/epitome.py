@@ -90,10 +90,7 @@ def config_from_state(state: dict[str, torch.Tensor]) -> Any:
         max_position_embeddings=positions,
         type_vocab_size=types,
         layer_norm_eps=1e-5,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-    )
+    )  # RobertaConfig's special token ids (pad 1, bos 0, eos 2) are roberta-base's
 
 
 def load_bi_encoder(path: Path) -> EpitomeBiEncoder:

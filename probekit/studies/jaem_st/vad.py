@@ -28,7 +28,6 @@ class VadLexicon:
     """word -> (valence, arousal, dominance)."""
 
     entries: dict[str, tuple[float, float, float]]
-    source: str
 
     def text_vad(self, text: str) -> np.ndarray:
         """Mean (valence, arousal, dominance) of the text's words in the lexicon (NaN if none)."""
@@ -64,4 +63,4 @@ def read_vad_lexicon(path: str | Path) -> VadLexicon:
         entries[fields[0].strip().lower()] = values  # type: ignore[assignment]
     if not entries:
         raise ProbekitError(f"the VAD lexicon {path} holds no entry")
-    return VadLexicon(entries, str(path))
+    return VadLexicon(entries)
