@@ -33,13 +33,10 @@ from probekit.studies.base import (
     data_option,
     register,
     run_option,
-    run_view,
 )
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
-
-DEFAULT_PATCH_SAMPLES = 2
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ class JaemOptions:
         None,
         help="only the first N rows of the sampled data set, one unit each (default %(default)s)",
         kind=positive_int,
-        defaults={command: DEFAULT_PATCH_SAMPLES for command in MECHANISM},
+        defaults={command: 2 for command in MECHANISM},
     )
     orders: int = run_option(
         1,
@@ -156,23 +153,6 @@ class JaemStudy(ReportedStudy):
             import probekit.studies.jaem_st.responses as responses
 
             responses.write_responses(model, scores, run_dir, manifest)
-
-    def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
-        """Every view's rows; the run's own view also gets its free responses' scores (those the
-        run wrote)."""
-        rows = super().report(scores, run_dir, manifest)
-        if manifest.get("responses"):
-            import probekit.studies.jaem_st.report as report
-            import probekit.studies.jaem_st.responses as responses
-
-            frame = responses.read_responses(scores, run_dir, manifest)
-            if frame is None:
-                return rows
-            fields = report.report_responses(frame, run_dir, manifest)
-            for row in rows:
-                if row["view"] == run_view(manifest):
-                    row.update(fields.get(row["template"], {}))
-        return rows
 
     def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         """One row per (view, template), in the summary's fixed columns (and the note of a run
