@@ -204,39 +204,34 @@ def resolve_items(
     """The items `--items` names: `sample`, a records file, or a folder of official files; by
     default the official files (data root, cache or download), else the project's sample. Says
     where they came from; returns them with the manifest's `data_origin` and `data_path`."""
-
-    def found(origin: str, path: Path, units: Sequence[Unit], message: str = "") -> tuple:
-        if origin == "sample":
-            say("items: probekit's own sample records (NOT GIEBench). " + message)
-        else:
-            say(f"items: {origin} from {path}")
-        return list(units), {"data_origin": origin, "data_path": str(path)}
-
+    origin, path, message = "official", SAMPLE_FILE, ""
     if spec == "sample":
-        return found("sample", SAMPLE_FILE, read_records(SAMPLE_FILE))
-    if spec is not None:
+        origin = "sample"
+    elif spec is not None:
         path = Path(spec).expanduser()
-        if path.is_file():
-            return found("records", path, read_records(path))
-        if not path.is_dir():
+        if not path.is_file() and not path.is_dir():
             raise ProbekitError(f"{given('items', spec)}: no such file or folder")
-        return found("official", path, read_official(path, prompt_types))
-    roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
-    for folder in (root / OFFICIAL_DIR for root in [*roots, user_cache_dir() / "data"]):
-        paths = [folder / FILES[t] for t in prompt_types]
-        if all(path.is_file() for path in paths):
-            for path in paths:
-                check_blob(path, path.read_bytes())
-            return found("official", folder, read_official(folder, prompt_types))
-    try:
-        folder = download_official(user_cache_dir() / "data", prompt_types, fetch)
-    except (OSError, http.client.HTTPException) as err:
-        return found(
-            "sample",
-            SAMPLE_FILE,
-            read_records(SAMPLE_FILE),
-            f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
-            "probekit's own sample records, which are NOT GIEBench (pass "
-            f"{given('items', 'DIR', placeholder=True)} for them)",
-        )
-    return found("official", folder, read_official(folder, prompt_types))
+        origin = "records" if path.is_file() else "official"
+    else:
+        cache = user_cache_dir() / "data"
+        roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
+        folders = [root / OFFICIAL_DIR for root in [*roots, cache]]
+        found = [f for f in folders if all((f / FILES[t]).is_file() for t in prompt_types)]
+        try:
+            path = found[0] if found else download_official(cache, prompt_types, fetch)
+        except (OSError, http.client.HTTPException) as err:
+            origin, path = "sample", SAMPLE_FILE
+            message = (
+                f"the GIEBench prompt files are not here and could not be downloaded ({err}); "
+                "using probekit's own sample records, which are NOT GIEBench (pass "
+                f"{given('items', 'DIR', placeholder=True)} for them)"
+            )
+        for file in [path / FILES[t] for t in prompt_types] if found else []:
+            check_blob(file, file.read_bytes())
+    units: list[Unit] = []
+    units += read_official(path, prompt_types) if origin == "official" else read_records(path)
+    if origin == "sample":
+        say("items: probekit's own sample records (NOT GIEBench). " + message)
+    else:
+        say(f"items: {origin} from {path}")
+    return units, {"data_origin": origin, "data_path": str(path)}
