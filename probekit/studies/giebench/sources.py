@@ -228,10 +228,9 @@ def resolve_items(
             )
         for file in [path / FILES[t] for t in prompt_types] if found else []:
             check_blob(file, file.read_bytes())
-    units: list[Unit] = []
-    units += read_official(path, prompt_types) if origin == "official" else read_records(path)
+    units = read_official(path, prompt_types) if origin == "official" else read_records(path)
     if origin == "sample":
         say("items: probekit's own sample records (NOT GIEBench). " + message)
     else:
         say(f"items: {origin} from {path}")
-    return units, {"data_origin": origin, "data_path": str(path)}
+    return list(units), {"data_origin": origin, "data_path": str(path)}
