@@ -289,10 +289,8 @@ SUMMARY_HEADER = [
     *("greedy acc.", "letter found", "valid mass", "letter bias", "answer types chosen"),
     "outliers (gender/pronoun)",
 ]
-RESPONSES_HEADER = ["model", "template", "responses", "empty"] + [
-    *METRIC_NAMES.values(),
-    "outliers (AE, ERA)",
-]
+RESPONSES_HEADER = ["model", "template", "responses", "empty", *METRIC_NAMES.values()]
+RESPONSES_HEADER.append("outliers (AE, ERA)")
 
 
 def context_line(r: dict[str, Any]) -> str:

@@ -42,10 +42,8 @@ class VadLexicon:
 
 def read_vad_lexicon(path: str | Path) -> VadLexicon:
     """Read an NRC-format VAD lexicon; a malformed line is refused with its number."""
-    path = Path(path)
-    lines = read_text(path).splitlines()
     entries: dict[str, tuple[float, float, float]] = {}
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(read_text(Path(path)).splitlines(), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
