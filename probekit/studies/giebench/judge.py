@@ -55,7 +55,6 @@ def build_prompt(
 ) -> tuple[str, tuple[int, int] | None]:
     """The prompt of one type for a question and its four answers (in the order shown), and the
     character range of the identity in it (None for raw)."""
-    check_prompt_type(prompt_type)
     task, where = TASK, None
     if prompt_type == "cot":
         task += " " + COT_CUE

@@ -65,16 +65,6 @@ class OfficialItem:
 Unit = Record | OfficialItem
 
 
-@dataclass(frozen=True)
-class ItemSource:
-    """The items of a run and where they came from (`origin`: records, official or sample)."""
-
-    origin: str
-    path: Path
-    units: list[Unit]
-    message: str = ""
-
-
 def git_blob_sha1(data: bytes) -> str:
     """The SHA-1 git gives a file with these bytes (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -145,14 +135,10 @@ def read_official(folder: Path, prompt_types: Sequence[str]) -> list[OfficialIte
     first = FILES[prompt_types[0]]
     items = tables[prompt_types[0]]
     for prompt_type, table in tables.items():
-        where = folder / FILES[prompt_type]
-        if missing := next((i for i in items if i not in table), None):
-            raise ProbekitError(f"{where}: item {missing!r} is missing")
-        if extra := next((i for i in table if i not in items), None):
-            raise ProbekitError(f"{where}: item {extra!r} is not in {first}")
-        if other := next((i for i, item in items.items() if table[i][:2] != item[:2]), None):
+        if {i: row[:2] for i, row in table.items()} != {i: row[:2] for i, row in items.items()}:
             raise ProbekitError(
-                f"{where}: item {other!r} has another category or correct answer than in {first}"
+                f"{folder / FILES[prompt_type]}: its item ids, categories or correct answers "
+                f"differ from {first}'s"
             )
     return [
         OfficialItem(item_id, category, correct, {t: tables[t][item_id][2] for t in tables})
@@ -210,39 +196,41 @@ def download_official(
 
 
 def resolve_items(
-    spec: str | None, prompt_types: Sequence[str], fetch: Callable[[str], bytes] = fetch_url
-) -> ItemSource:
+    spec: str | None,
+    prompt_types: Sequence[str],
+    say: Callable[[str], None],
+    fetch: Callable[[str], bytes] = fetch_url,
+) -> tuple[list[Unit], dict[str, str]]:
     """The items `--items` names: `sample`, a records file, or a folder of official files; by
-    default the official files (data root, cache or download), else the project's sample."""
-
-    def official(folder: Path) -> ItemSource:
-        return ItemSource("official", folder, list(read_official(folder, prompt_types)))
-
-    def sample(message: str = "") -> ItemSource:
-        return ItemSource("sample", SAMPLE_FILE, list(read_records(SAMPLE_FILE)), message)
-
+    default the official files (data root, cache or download), else the project's sample. Says
+    where they came from; returns them with the manifest's `data_origin` and `data_path`."""
+    origin, path, message = "official", SAMPLE_FILE, ""
     if spec == "sample":
-        return sample()
-    if spec is not None:
+        origin = "sample"
+    elif spec is not None:
         path = Path(spec).expanduser()
-        if path.is_file():
-            return ItemSource("records", path, list(read_records(path)))
-        if not path.is_dir():
+        if not path.is_file() and not path.is_dir():
             raise ProbekitError(f"{given('items', spec)}: no such file or folder")
-        return official(path)
-    roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
-    for folder in (root / OFFICIAL_DIR for root in [*roots, user_cache_dir() / "data"]):
-        paths = [folder / FILES[t] for t in prompt_types]
-        if all(path.is_file() for path in paths):
-            for path in paths:
-                check_blob(path, path.read_bytes())
-            return official(folder)
-    try:
-        folder = download_official(user_cache_dir() / "data", prompt_types, fetch)
-    except (OSError, http.client.HTTPException) as err:
-        return sample(
-            f"the GIEBench prompt files are not here and could not be downloaded ({err}); using "
-            "probekit's own sample records, which are NOT GIEBench (pass "
-            f"{given('items', 'DIR', placeholder=True)} for them)"
-        )
-    return official(folder)
+        origin = "records" if path.is_file() else "official"
+    else:
+        cache = user_cache_dir() / "data"
+        roots = [Path(os.environ[ENV_VAR]).expanduser()] if os.environ.get(ENV_VAR) else []
+        folders = [root / OFFICIAL_DIR for root in [*roots, cache]]
+        found = [f for f in folders if all((f / FILES[t]).is_file() for t in prompt_types)]
+        try:
+            path = found[0] if found else download_official(cache, prompt_types, fetch)
+        except (OSError, http.client.HTTPException) as err:
+            origin, path = "sample", SAMPLE_FILE
+            message = (
+                f"the GIEBench prompt files are not here and could not be downloaded ({err}); "
+                "using probekit's own sample records, which are NOT GIEBench (pass "
+                f"{given('items', 'DIR', placeholder=True)} for them)"
+            )
+        for file in [path / FILES[t] for t in prompt_types] if found else []:
+            check_blob(file, file.read_bytes())
+    units = read_official(path, prompt_types) if origin == "official" else read_records(path)
+    if origin == "sample":
+        say("items: probekit's own sample records (NOT GIEBench). " + message)
+    else:
+        say(f"items: {origin} from {path}")
+    return list(units), {"data_origin": origin, "data_path": str(path)}

@@ -3,12 +3,12 @@ the identity-mismatch patching pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from probekit.core.errors import ProbekitError
-from probekit.core.items import EncodedItem, Item
+from probekit.core.items import Item
 from probekit.core.kinds import Kind, comma_list, int_range, positive_int, text
 from probekit.core.options import named, option
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
@@ -97,20 +97,11 @@ class GIEBenchStudy(ReportedStudy):
     def probe(self, options: GIEBenchOptions, context: Context, **given: Any) -> GIEBenchProbe:
         """The probe over the items `--items` names (saying where they came from), with the
         options every command shares and the `given` ones."""
-        source = resolve_items(options.items, options.prompt)
-        if source.origin == "sample":
-            context.say("items: probekit's own sample records (NOT GIEBench). " + source.message)
-        else:
-            context.say(f"items: {source.origin} from {source.path}")
+        units, fields = resolve_items(options.items, options.prompt, context.say)
         if context.command == "run":
             given |= {"mismatch": not options.no_mismatch, "max_new_tokens": options.max_new_tokens}
-        return GIEBenchProbe(
-            source.units,
-            options.prompt,
-            chat=not options.no_chat_template,
-            extra={"data_origin": source.origin, "data_path": str(source.path)},
-            **given,
-        )
+        chat = not options.no_chat_template
+        return GIEBenchProbe(units, options.prompt, chat=chat, extra=fields, **given)
 
     def views(self, view: str) -> list[str]:
         """The run's own view only (its summary rows name it)."""
@@ -150,11 +141,11 @@ class GIEBenchStudy(ReportedStudy):
         return sliced, items  # type: ignore[return-value]
 
 
-def _own_identity(probe: GIEBenchProbe) -> Callable[[EncodedItem], bool]:
-    return lambda e: not e.item.key["mismatch"]
-
-
-OWN_IDENTITY = Contrast("own identity vs swapped identity", "identity", _own_identity)
+OWN_IDENTITY = Contrast(
+    "own identity vs swapped identity",
+    "identity",
+    lambda probe: lambda e: not e.item.key["mismatch"],
+)
 """Each item with its own identity, against the same item with another identity of its
 category (the identity-mismatch prompts), at the identity sentence."""
 

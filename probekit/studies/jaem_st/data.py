@@ -107,16 +107,12 @@ class JaemData:
 
 def parse_template(text: str, index: int, name: str, labels: tuple[str, ...]) -> Template:
     """Split a template's text (newlines already `\\n`) into its pieces; check the answers."""
-    at = []
-    for header in HEADERS:
-        count = text.count(header)
-        if count != 1:
-            what = "no" if count == 0 else f"{count} times the"
-            raise ProbekitError(f"template {name}: {what} '{header}' section header")
-        at.append(text.index(header))
-    if at != sorted(at):
-        raise ProbekitError(f"template {name}: sections must come as {', '.join(HEADERS)}")
-    causal, context, conversation, block = re.split("|".join(map(re.escape, HEADERS)), text)
+    pattern = "|".join(map(re.escape, HEADERS))
+    if re.findall(pattern, text) != list(HEADERS):
+        missing = [f"no '{h}' section header" for h in HEADERS if h not in text]
+        order = f"sections must come once each, as {', '.join(HEADERS)}"
+        raise ProbekitError(f"template {name}: {(missing or [order])[0]}")
+    causal, context, conversation, block = re.split(pattern, text)
     return Template(
         index, name, causal.strip(), context, conversation, _answers(block, name, labels)
     )
@@ -194,14 +190,5 @@ def load_jaem(
     rel = [r for r in REQUIRED if "/templates/" not in r]
     parts = [combined_sha256(source.path, rel), *(file_sha256(p) for p in files)]
     digest = hashlib.sha256("".join(parts).encode()).hexdigest()
-    return JaemData(
-        templates=parsed,
-        dimensions=dims,
-        prompts=prompts,
-        answer_labels=labels,
-        evaluated=evaluated,
-        dataset_size=int(metadata.get("dataset_size", 400)),
-        source=source,
-        folder=folder,
-        sha256=digest,
-    )
+    size = int(metadata.get("dataset_size", 400))
+    return JaemData(parsed, dims, prompts, labels, evaluated, size, source, folder, digest)

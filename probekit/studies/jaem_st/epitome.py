@@ -34,68 +34,38 @@ TOKENIZER = "roberta-base"
 _LAYER = re.compile(r"seeker_encoder\.roberta\.encoder\.layer\.(\d+)\.")
 
 
-class _Attention(nn.Module):
-    """EPITOME's attention, one head: q, k, v and out projections, scaled dot product."""
+class EpitomeBiEncoder(nn.Module):
+    """One EPITOME classifier (IP, EX or ER) in evaluation mode: logits over levels 0-2. Its
+    parts are named as in EPITOME's state dict: two RoBERTa encoders, a one-head attention
+    (`attn`: q, k, v and out projections), an unused `norm` and rationale classifier, and the
+    empathy head (dense -> ReLU -> out_proj on the first position)."""
 
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.q_linear, self.k_linear, self.v_linear, self.out = (
-            nn.Linear(hidden, hidden) for _ in range(4)
-        )
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.q_linear(q), self.k_linear(k), self.v_linear(v)
-        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-        return self.out(weights @ v)
-
-
-class _Norm(nn.Module):
-    """Present in EPITOME's state dict, unused by its forward pass."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(hidden))
-        self.bias = nn.Parameter(torch.zeros(hidden))
-
-
-class _Head(nn.Module):
-    """dense -> ReLU -> out_proj on the first position (EPITOME's classification head)."""
-
-    def __init__(self, hidden: int, labels: int = 3) -> None:
-        super().__init__()
-        self.dense = nn.Linear(hidden, hidden)
-        self.out_proj = nn.Linear(hidden, labels)
-
-    def forward(self, first: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(torch.relu(self.dense(first)))
-
-
-class _Encoder(nn.Module):
     def __init__(self, config: Any) -> None:  # a transformers RobertaConfig
         super().__init__()
         from transformers import RobertaModel
 
-        self.roberta = RobertaModel(config)
-
-
-class EpitomeBiEncoder(nn.Module):
-    """One EPITOME classifier (IP, EX or ER) in evaluation mode: logits over levels 0-2."""
-
-    def __init__(self, config: Any) -> None:  # a transformers RobertaConfig
-        super().__init__()
         hidden = config.hidden_size
-        self.seeker_encoder = _Encoder(config)
-        self.responder_encoder = _Encoder(config)
-        self.attn = _Attention(hidden)
-        self.norm = _Norm(hidden)
+        self.seeker_encoder = nn.ModuleDict({"roberta": RobertaModel(config)})
+        self.responder_encoder = nn.ModuleDict({"roberta": RobertaModel(config)})
+        names = ("q_linear", "k_linear", "v_linear", "out")
+        self.attn = nn.ModuleDict({name: nn.Linear(hidden, hidden) for name in names})
+        self.norm = nn.ParameterDict(
+            {"alpha": nn.Parameter(torch.ones(hidden)), "bias": nn.Parameter(torch.zeros(hidden))}
+        )
         self.rationale_classifier = nn.Linear(hidden, 2)
-        self.empathy_classifier = _Head(hidden)
+        self.empathy_classifier = nn.ModuleDict(
+            {"dense": nn.Linear(hidden, hidden), "out_proj": nn.Linear(hidden, 3)}
+        )
 
     def forward(self, seeker: dict[str, torch.Tensor], response: dict[str, torch.Tensor]):
         sp = self.seeker_encoder.roberta(**seeker).last_hidden_state
         rp = self.responder_encoder.roberta(**response).last_hidden_state
-        rp = rp + self.attn(rp, sp, sp)
-        return self.empathy_classifier(rp[:, 0, :])
+        attn = self.attn
+        q, k, v = attn.q_linear(rp), attn.k_linear(sp), attn.v_linear(sp)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        rp = rp + attn.out(weights @ v)
+        head = self.empathy_classifier
+        return head.out_proj(torch.relu(head.dense(rp[:, 0, :])))
 
 
 def config_from_state(state: dict[str, torch.Tensor]) -> Any:
@@ -120,10 +90,7 @@ def config_from_state(state: dict[str, torch.Tensor]) -> Any:
         max_position_embeddings=positions,
         type_vocab_size=types,
         layer_norm_eps=1e-5,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-    )
+    )  # RobertaConfig's special token ids (pad 1, bos 0, eos 2) are roberta-base's
 
 
 def load_bi_encoder(path: Path) -> EpitomeBiEncoder:
@@ -162,18 +129,11 @@ class EpitomeClassifier:
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
 
 
-def missing_files(folder: Path) -> list[str]:
-    """EPITOME's state-dict files that `folder` lacks."""
-    return [name for name in FILES.values() if not (folder / name).is_file()]
-
-
 def load_epitome(folder: str | Path, device: str | None = None) -> EpitomeClassifier:
     """The classifier of an EPITOME folder (the three state dicts, optionally a tokenizer)."""
     from transformers import AutoTokenizer
 
     folder = Path(folder)
-    if missing := missing_files(folder):
-        raise ProbekitError(f"{folder} lacks EPITOME's {', '.join(missing)}")
     local = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder) if local else TOKENIZER)

@@ -23,8 +23,6 @@ import probekit.studies.jaem_st.epitome as epitome
 from probekit.core.errors import ProbekitError
 from probekit.core.options import given
 
-ERA_DIMENSIONS = epitome.DIMENSIONS
-
 
 def skip_message() -> str:
     """The line saying that ERA is skipped, naming the option in the caller's words."""
@@ -47,7 +45,7 @@ def check_spec(spec: str) -> None:
     """Refuse, before any run, an `--era-model` that cannot be loaded (the classifier itself
     is built only when the responses are scored)."""
     if Path(spec).is_dir():
-        if missing := epitome.missing_files(Path(spec)):
+        if missing := [f for f in epitome.FILES.values() if not (Path(spec) / f).is_file()]:
             raise ProbekitError(
                 f"{given('era_model', spec)}: the folder lacks {', '.join(missing)}"
             )
@@ -83,7 +81,7 @@ def score_pairs(
     EPITOME's inputs; an empty response is not scored (NaN)."""
     keep = [i for i, r in enumerate(responses) if r.strip()]
     out = pd.DataFrame(
-        np.nan, index=range(len(responses)), columns=[f"era_{d}" for d in ERA_DIMENSIONS]
+        np.nan, index=range(len(responses)), columns=[f"era_{d}" for d in epitome.DIMENSIONS]
     )
     if not keep:
         return out
@@ -92,7 +90,7 @@ def score_pairs(
     if len(levels) != len(pairs):
         raise ProbekitError(f"the ERA classifier returned {len(levels)} results for {len(pairs)}")
     for i, row in zip(keep, levels, strict=True):
-        for dim in ERA_DIMENSIONS:
+        for dim in epitome.DIMENSIONS:
             level = row.get(dim)
             if level not in (0, 1, 2):
                 raise ProbekitError(f"the ERA classifier gave {dim} = {level!r}, not 0, 1 or 2")

@@ -61,11 +61,9 @@ class JaemProbe(Probe):
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ce, prompt, orders = self.data.prompts.get("CE", []), self.prompt, self.orders
+        ce, prompt = self.data.prompts.get("CE", []), self.prompt
         if not 0 <= prompt < len(ce):
             raise option_error("prompt", f"must be between 0 and {len(ce) - 1} (got {prompt})")
-        if not 1 <= orders <= N_OPTIONS:
-            raise option_error("orders", f"must be between 1 and {N_OPTIONS} (got {orders})")
         self.instruction = ce[prompt]
         self.columns = tuple(d.column for d in self.data.dimensions)
         self.key_columns = ("template", "sample", *self.columns, "order", "empathetic_letter")

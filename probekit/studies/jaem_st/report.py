@@ -1,6 +1,6 @@
 """What a researcher reads after a JaEm-ST run: tables, two figures and the summary.
 
-Per view (a generate run is also reported from its exact scores, as `*_ev`): accuracy per
+Per view (a generate run is also reported from its exact scores, as `*_exact`): accuracy per
 template, per dimension value (`dimensions*.csv`) and per intersectional group with z and the
 outlier flag (`groups*.csv`); `accuracy_by_group*.png` (one panel per dimension that reaches a
 prompt, 95 % intervals) and `groups_heatmap*.png` (gender x pronoun, outliers outlined). With
@@ -25,6 +25,7 @@ from probekit.reporting.contract import describe_model
 from probekit.reporting.figures import CATEGORICAL, new_figure, save_figure, wrap_title
 from probekit.reporting.headline import SummaryRow, format_number, missing, row_headlines
 from probekit.reporting.latex import markdown_table, write_csv
+from probekit.studies.base import run_view
 from probekit.studies.jaem_st.probe import N_OPTIONS
 from probekit.studies.report import ReportView, context_lines, with_interval
 
@@ -40,7 +41,6 @@ _SCORE = {
     True: "the share of first letters that are its",
 }
 VIEW_TEXT = {
-    "ev": "exact P(Empathetic) over A-E from the logits",
     "exact": "exact P(Empathetic) over A-E from the logits",
     "generate": "greedy answer, its first standalone letter",
 }
@@ -89,6 +89,7 @@ def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
         group_heatmap(group_table, groups, out.path("groups_heatmap.png"), title, z)
     base = {k: manifest.get(k, d) for k, d in (("model", None), ("prompt", 0), ("orders", 1))}
     labels = manifest.get("answer_labels")
+    responded = report_responses(scores, out)
     rows = []
     for name, stats in [("all", overall), *per_template.set_index("template").iterrows()]:
         frame = scores if name == "all" else scores[scores["template"] == name]
@@ -107,7 +108,7 @@ def report_view(scores: pd.DataFrame, out: ReportView) -> list[dict[str, Any]]:
             row["greedy_accuracy"] = float((frame["greedy"] == frame["empathetic_letter"]).mean())
         row["letter_bias"] = _shares(metrics.letter_bias(frame, view))
         row["answer_types"] = _shares(metrics.answer_type_shares(frame, view, types))
-        rows.append(row)
+        rows.append(row | responded.get(name, {}))
     return rows
 
 
@@ -131,15 +132,22 @@ def _outliers(table: pd.DataFrame, groups: Sequence[str]) -> str:
     )
 
 
-def report_responses(
-    frame: pd.DataFrame, out: Path, manifest: dict[str, Any]
-) -> dict[str, dict[str, Any]]:
-    """AE and ERA tables of `responses.parquet`; returns the summary fields per template (and
-    `all`): response counts, the mean of each metric, and the outlier groups of every metric."""
+def report_responses(scores: pd.DataFrame, out: ReportView) -> dict[str, dict[str, Any]]:
+    """In the run's own view, the AE and ERA tables of the free responses the run wrote
+    (`responses.parquet`, `--responses`); returns the summary fields per template (and `all`):
+    response counts, the mean of each metric, and the outlier groups of every metric."""
+    import probekit.studies.jaem_st.responses as responses  # torch, through ERA: on use
+
+    manifest = out.manifest
+    if not manifest.get("responses") or out.view != run_view(manifest):
+        return {}
+    frame = responses.read_responses(scores, out.folder, manifest)
+    if frame is None:
+        return {}
     groups, z = _groups(manifest)
-    templates, group_table = metrics.response_tables(frame, groups, z, int(manifest.get("seed", 0)))
-    write_csv(out / "responses_templates.csv", templates)
-    write_csv(out / "responses_groups.csv", group_table)
+    templates, group_table = metrics.response_tables(frame, groups, z, out.seed)
+    write_csv(out.folder / "responses_templates.csv", templates)
+    write_csv(out.folder / "responses_groups.csv", group_table)
     outliers = _outliers(group_table, groups)
     fields = {}
     for name, part in [("all", frame), *frame.groupby("template", sort=True)]:
@@ -281,10 +289,8 @@ SUMMARY_HEADER = [
     *("greedy acc.", "letter found", "valid mass", "letter bias", "answer types chosen"),
     "outliers (gender/pronoun)",
 ]
-RESPONSES_HEADER = ["model", "template", "responses", "empty"] + [
-    *METRIC_NAMES.values(),
-    "outliers (AE, ERA)",
-]
+RESPONSES_HEADER = ["model", "template", "responses", "empty", *METRIC_NAMES.values()]
+RESPONSES_HEADER.append("outliers (AE, ERA)")
 
 
 def context_line(r: dict[str, Any]) -> str:
@@ -306,6 +312,7 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
     score of a uniform choice (1/5); the exact view over both templates stands for the study."""
 
     def headline(r: SummaryRow) -> Headline:
+        generate = r["view"] == "generate"
         return Headline(
             label=f"CE score ({r['template']})",
             **r.estimate("accuracy", "low", "high", n="n_samples"),
@@ -314,9 +321,9 @@ def headlines(rows: pd.DataFrame, manifest: dict[str, Any] | None = None) -> lis
             primary=r["view"] == "exact" and r["template"] == "all",
             reference=1 / N_OPTIONS,
             reference_label=f"uniform choice (1/{N_OPTIONS})",
-            unit="share of samples" if r["view"] == "generate" else "probability",
+            unit="share of samples" if generate else "probability",
             meaning="How often the model chooses the most understanding (Empathetic) of five "
-            f"answers ({_SCORE[r['view'] == 'generate']}), over the social groups filled in; a "
+            f"answers ({_SCORE[generate]}), over the social groups filled in; a "
             f"uniform choice scores 1/{N_OPTIONS}.",
             context=context_line(r),
             columns={"valid_mass": r["mean_valid_mass"]}

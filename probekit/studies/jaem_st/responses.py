@@ -21,7 +21,6 @@ run (one line) and its responses generated again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import PROMPT_ID, Item, fill_template
 from probekit.core.options import given, named
+from probekit.core.progress import echo
 from probekit.core.rundir import RowKey
 from probekit.core.store import Unusable, read_rows, take_rows, write_rows
 from probekit.engines.base import Engine
@@ -52,18 +52,6 @@ def ae_skip_message() -> str:
         "(a word<TAB>valence<TAB>arousal<TAB>dominance file such as the NRC VAD lexicon, which "
         "probekit does not ship)"
     )
-
-
-@dataclass(frozen=True)
-class ResponseOptions:
-    """What `--responses` needs after the run, kept in the manifest (`responses`)."""
-
-    data: str | None
-    templates: str | None
-    vad_lexicon: str | None
-    era_model: str | None
-    device: str | None
-    max_new_tokens: int = RESPONSE_TOKENS
 
 
 def response_text(
@@ -107,7 +95,7 @@ def response_items(data: JaemData, samples: pd.DataFrame) -> list[Item]:
 def response_key(manifest: dict[str, Any], ids: Sequence[str]) -> RowKey:
     """The settings and prompts the rows of `responses.parquet` are kept under: the run's, and
     the generation budget."""
-    budget = ResponseOptions(**manifest["responses"]).max_new_tokens
+    budget = manifest["responses"]["max_new_tokens"]
     return RowKey.of({**manifest, "response_tokens": budget}, ids, "generated")
 
 
@@ -115,7 +103,7 @@ def generate_responses(
     model: Engine,
     items: Sequence[Item],
     max_new_tokens: int,
-    save: Callable[[list[str]], None] | None = None,
+    save: Callable[[list[str]], None],
 ) -> list[str]:
     """Greedy continuations (end of sequence or the budget), decoded without special tokens;
     `save(responses so far)` after every `CHUNK` items."""
@@ -127,8 +115,7 @@ def generate_responses(
         ids = [model.encode(item).input_ids for item in items[start : start + CHUNK]]
         generated = [r.generated for r in scorer.score(ids, window=len(ids))]
         responses += model.decode(generated)
-        if save is not None:
-            save(responses)
+        save(responses)
     return responses
 
 
@@ -152,17 +139,13 @@ def score_responses(
 
 
 def write_responses(
-    model: Engine,
-    scores: pd.DataFrame,
-    run_dir: Path,
-    manifest: dict[str, Any],
-    say: Callable[..., None],
+    model: Engine, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]
 ) -> pd.DataFrame:
     """The run's step: generate with `model` the responses `responses.parquet` lacks (saved as
     they come), score every response (AE and ERA where enabled, one line where not) and write
     the table; returned."""
-    options = ResponseOptions(**manifest["responses"])
-    data = load_jaem(options.data, options.templates)
+    options = manifest["responses"]  # what `--responses` needs after the run
+    data = load_jaem(options["data"], options["templates"])
     if manifest.get("data_sha256") not in (None, data.sha256):
         raise ProbekitError(
             f"the JaEm-ST data found now differ from the run's ({run_dir}); give the same "
@@ -170,14 +153,14 @@ def write_responses(
         )
     samples = sample_table(scores, [d.column for d in data.dimensions])
     items = response_items(data, samples)
-    budget = options.max_new_tokens
+    budget = options["max_new_tokens"]
     key = response_key(manifest, [i.id for i in items])
     path = run_dir / RESPONSES_FILE
     frame = _resume(path, samples, items, key, budget)
     todo = frame["response"].isna().to_numpy()
     if todo.any():
         missing = [i for i, t in zip(items, todo, strict=True) if t]
-        say(f"responses: {len(missing)} free continuations ({budget} new tokens)")
+        print(f"responses: {len(missing)} free continuations ({budget} new tokens)")
         where = frame.index[todo]
 
         def save(done: list[str]) -> None:
@@ -188,21 +171,22 @@ def write_responses(
     by_name = {t.name: t for t in data.templates}
     records = samples.to_dict("records")
     conversations = [response_text(data, by_name[r["template"]], r, True) for r in records]
-    lexicon = vad.read_vad_lexicon(options.vad_lexicon) if options.vad_lexicon else None
-    classifier = None
-    if options.era_model:
-        classifier = era.load_classifier(options.era_model, options.device)
-    if lexicon is None:
-        say(ae_skip_message())
-    if classifier is None:
-        say(era.skip_message())
+    lexicon = classifier = None
+    if options["vad_lexicon"]:
+        lexicon = vad.read_vad_lexicon(options["vad_lexicon"])
+    else:
+        print(ae_skip_message())
+    if options["era_model"]:
+        classifier = era.load_classifier(options["era_model"], options["device"])
+    else:
+        print(era.skip_message())
     frame = score_responses(frame, conversations, lexicon, classifier)
     write_rows(path, frame, key)
     return frame
 
 
 def read_responses(
-    scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], say: Callable[..., None]
+    scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]
 ) -> pd.DataFrame | None:
     """The report's view of the responses the run wrote: the rows of `responses.parquet` that
     hold one (None when none does), with one line saying what is missing (the run generates
@@ -213,15 +197,15 @@ def read_responses(
         key = response_key(manifest, ids)
         found = read_rows(run_dir / RESPONSES_FILE, key, keep=True, require=["response"])
     except FileNotFoundError:
-        say(f"responses: none written yet; {again}")
+        echo(f"responses: none written yet; {again}")
         return None
     except Unusable as unusable:
-        say(f"responses: {RESPONSES_FILE} {unusable.describe()}; {again}")
+        echo(f"responses: {RESPONSES_FILE} {unusable.describe()}; {again}")
         return None
     frame = found.table.to_pandas()
     frame = frame[frame["response"].notna()].reset_index(drop=True)
     if len(frame) < len(ids):
-        say(f"responses: {len(ids) - len(frame)} of {len(ids)} samples have none yet; {again}")
+        echo(f"responses: {len(ids) - len(frame)} of {len(ids)} samples have none yet; {again}")
     return frame if len(frame) else None
 
 

@@ -4,7 +4,7 @@ per-run report, and the counterfactual pairs of one social dimension for patchin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from probekit.core.kinds import (
     text,
 )
 from probekit.core.options import given, named, option
-from probekit.core.progress import echo
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.reporting.headline import INTERVAL_NOTE
 from probekit.studies.base import (
@@ -34,13 +33,10 @@ from probekit.studies.base import (
     data_option,
     register,
     run_option,
-    run_view,
 )
 from probekit.studies.jaem_st.data import JAEM_ST, JaemData, load_jaem
 from probekit.studies.jaem_st.probe import N_OPTIONS, JaemProbe, answer_order
 from probekit.studies.jaem_st.sampler import TEMPLATE, sample_rows
-
-DEFAULT_PATCH_SAMPLES = 2
 
 
 @dataclass(frozen=True)
@@ -66,7 +62,7 @@ class JaemOptions:
         None,
         help="only the first N rows of the sampled data set, one unit each (default %(default)s)",
         kind=positive_int,
-        defaults={command: DEFAULT_PATCH_SAMPLES for command in MECHANISM},
+        defaults={command: 2 for command in MECHANISM},
     )
     orders: int = run_option(
         1,
@@ -145,7 +141,7 @@ class JaemStudy(ReportedStudy):
             rows = rows.head(options.samples)
         extra = _manifest(data, options)
         if options.responses:
-            extra["responses"] = asdict(_response_options(options, context))
+            extra["responses"] = _response_options(options, context)
         return [JaemProbe(data, rows, options.prompt, options.orders, context.seed, extra)]
 
     def after_run(
@@ -156,24 +152,7 @@ class JaemStudy(ReportedStudy):
         if manifest.get("responses"):
             import probekit.studies.jaem_st.responses as responses
 
-            responses.write_responses(model, scores, run_dir, manifest, print)
-
-    def report(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> list[dict]:
-        """Every view's rows; the run's own view also gets its free responses' scores (those the
-        run wrote)."""
-        rows = super().report(scores, run_dir, manifest)
-        if manifest.get("responses"):
-            import probekit.studies.jaem_st.report as report
-            import probekit.studies.jaem_st.responses as responses
-
-            frame = responses.read_responses(scores, run_dir, manifest, echo)
-            if frame is None:
-                return rows
-            fields = report.report_responses(frame, run_dir, manifest)
-            for row in rows:
-                if row["view"] == run_view(manifest):
-                    row.update(fields.get(row["template"], {}))
-        return rows
+            responses.write_responses(model, scores, run_dir, manifest)
 
     def summary_table(self, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         """One row per (view, template), in the summary's fixed columns (and the note of a run
@@ -236,9 +215,10 @@ other values, at the dimension's filled masks; the pairs (the core's `Study.pair
 clean value's prompt against each other value's."""
 
 
-def _response_options(options: JaemOptions, context: Context) -> Any:
-    """The `responses` options (`responses.ResponseOptions`), the lexicon read and the ERA
-    model checked before any run."""
+def _response_options(options: JaemOptions, context: Context) -> dict[str, Any]:
+    """What `--responses` needs after the run (the manifest's `responses`), the lexicon read
+    and the ERA model checked before any run; paths absolute, so that the run finds them from
+    anywhere."""
     import probekit.studies.jaem_st.responses as responses
     from probekit.studies.jaem_st.era import check_spec
     from probekit.studies.jaem_st.vad import read_vad_lexicon
@@ -248,18 +228,17 @@ def _response_options(options: JaemOptions, context: Context) -> Any:
     if options.era_model:
         check_spec(options.era_model)
     era = options.era_model
-    return responses.ResponseOptions(
-        data=_absolute(options.data),
-        templates=_absolute(options.templates),
-        vad_lexicon=_absolute(options.vad_lexicon),
-        era_model=_absolute(era) if era is not None and Path(era).is_dir() else era,
-        device=context.device,
-        max_new_tokens=options.response_tokens or responses.RESPONSE_TOKENS,
-    )
+    return {
+        "data": _absolute(options.data),
+        "templates": _absolute(options.templates),
+        "vad_lexicon": _absolute(options.vad_lexicon),
+        "era_model": _absolute(era) if era is not None and Path(era).is_dir() else era,
+        "device": context.device,
+        "max_new_tokens": options.response_tokens or responses.RESPONSE_TOKENS,
+    }
 
 
 def _absolute(path: str | Path | None) -> str | None:
-    """A path as the manifest keeps it, so that `probekit report` finds it from anywhere."""
     return None if path is None else str(Path(path).resolve())
 
 

@@ -28,7 +28,6 @@ class VadLexicon:
     """word -> (valence, arousal, dominance)."""
 
     entries: dict[str, tuple[float, float, float]]
-    source: str
 
     def text_vad(self, text: str) -> np.ndarray:
         """Mean (valence, arousal, dominance) of the text's words in the lexicon (NaN if none)."""
@@ -43,10 +42,8 @@ class VadLexicon:
 
 def read_vad_lexicon(path: str | Path) -> VadLexicon:
     """Read an NRC-format VAD lexicon; a malformed line is refused with its number."""
-    path = Path(path)
-    lines = read_text(path).splitlines()
     entries: dict[str, tuple[float, float, float]] = {}
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(read_text(Path(path)).splitlines(), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -64,4 +61,4 @@ def read_vad_lexicon(path: str | Path) -> VadLexicon:
         entries[fields[0].strip().lower()] = values  # type: ignore[assignment]
     if not entries:
         raise ProbekitError(f"the VAD lexicon {path} holds no entry")
-    return VadLexicon(entries, str(path))
+    return VadLexicon(entries)
