@@ -37,7 +37,7 @@ import importlib
 import inspect
 import sys
 from abc import abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib.resources import files
 from itertools import accumulate, zip_longest
@@ -211,8 +211,13 @@ class Probe(Contract):
             if item.unit not in sizes:
                 groups.setdefault(self.unit_group(item), []).append(item.unit)
             sizes[item.unit] = sizes.get(item.unit, 0) + 1
-        order = [u for turn in zip_longest(*groups.values()) for u in turn if u is not None]
-        return order, sizes, len(groups)
+        return interleaved(groups.values()), sizes, len(groups)
+
+    def unit_items(self, units: Collection[str]) -> Iterator[Item]:
+        """The items of `units`, in the probe's order (`limited`'s); a probe that can make only
+        those items overrides it, so that a small slice of a large probe stays cheap."""
+        kept = set(units)
+        return (item for item in self.items() if item.unit in kept)
 
     def limited(self, limit: int) -> Probe:
         """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
@@ -231,7 +236,7 @@ class Probe(Contract):
             )
         chosen = set(order[:kept])
         in_order = [unit for unit in sizes if unit in chosen]
-        return LimitedProbe(self, in_order, len(sizes), groups)
+        return LimitedProbe(self, in_order, len(sizes), groups, counts[kept - 1])
 
 
 class LimitedProbe:
@@ -239,10 +244,11 @@ class LimitedProbe:
     everything else is the probe's (a `Probe` by registration). `config()` records the units
     kept, so that the manifest says which ones; limiting it again limits its own units."""
 
-    def __init__(self, probe: Probe, units: Sequence[str], units_total: int, groups: int) -> None:
+    def __init__(
+        self, probe: Probe, units: Sequence[str], units_total: int, groups: int, size: int
+    ) -> None:
         self.probe, self.units = probe, tuple(units)
-        self.units_total, self.groups = units_total, groups
-        self._size = sum(1 for _ in self.items())
+        self.units_total, self.groups, self._size = units_total, groups, size
 
     balanced, limited = Probe.balanced, Probe.limited
 
@@ -251,8 +257,7 @@ class LimitedProbe:
         return self.probe
 
     def items(self) -> Iterator[Item]:
-        kept = set(self.units)
-        return (item for item in self.probe.items() if item.unit in kept)
+        return self.probe.unit_items(self.units)
 
     def config(self) -> dict[str, Any]:
         names = ("units_total", "unit_name", "groups", "group_name")
@@ -519,6 +524,11 @@ class Study(Contract):
     def mechanism_defaults(self) -> MechanismDefaults:
         """The study's contrast and the mechanism commands' defaults (spans, readout,
         direction; see `probekit.mechanism.defaults`)."""
+
+
+def interleaved(groups: Iterable[Sequence[str]]) -> list[str]:
+    """The units of `groups` taken in turn from each group (a limited run's order)."""
+    return [unit for turn in zip_longest(*groups) for unit in turn if unit is not None]
 
 
 def mechanism_slice(probe: Probe, context: Context) -> Probe:
