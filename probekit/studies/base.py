@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import importlib
 import inspect
 import sys
@@ -56,7 +55,7 @@ from probekit.core.options import declaration, given, named, option, options_of,
 from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.shared_options import FIRST_UNITS
-from probekit.datasets.locate import Dataset, DataSource, read_checksums
+from probekit.datasets.locate import Dataset, DataSource
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import INTERVAL_NOTE, Headline, ViewFacts
@@ -481,7 +480,8 @@ class Study(Contract):
         name, digest = self.dataset.name, manifest.get("data_sha256")
         if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
             return f"{SAMPLE_DATA}, not {name}"
-        verified = manifest.get("data_verified", _pinned_match(self.dataset, digest))
+        pinned = self.dataset.pinned_sha256() if digest else None
+        verified = manifest.get("data_verified", None if pinned is None else digest == pinned)
         if verified is True:
             return f"{name}, SHA-256 verified"
         if verified is False:
@@ -551,16 +551,6 @@ def _sample_sha256(dataset: Dataset) -> str | None:
     if dataset.sample is None or not all((dataset.sample / f).is_file() for f in dataset.files):
         return None
     return dataset.sha256(dataset.sample)
-
-
-def _pinned_match(dataset: Dataset, digest: Any) -> bool | None:
-    """Whether `digest` is the combined sha256 of the dataset's pinned files (None when a file
-    has no pinned sum or no digest was recorded)."""
-    pinned = read_checksums()
-    if not digest or not all(rel in pinned for rel in dataset.files):
-        return None
-    lines = "".join(f"{pinned[rel]}  {rel}\n" for rel in sorted(dataset.files))
-    return hashlib.sha256(lines.encode()).hexdigest() == digest
 
 
 _REGISTRY: dict[str, Study] = {}
