@@ -179,7 +179,6 @@ class Probe(Contract):
     def unit_group(self, item: Item) -> Hashable:
         """The group a limited run takes units from in turn (an event's emotion, an item's
         category), so that a few units still cover the study's range; one group by default."""
-        return None
 
     def unit_prompts(self) -> str:
         """What one unit's prompts are, for messages (`36 perceiver × experiencer pairs`)."""
@@ -300,7 +299,6 @@ class Study(Contract):
         """Refuse options that are valid one by one but not together (a ProbekitError naming
         them with `probekit.core.options.named`), before any data is read; nothing by
         default."""
-        return None
 
     def data_source(self, root: str | Path | None, say: Say) -> DataSource:
         """The study's `dataset` found from `root` (its `--data`), saying where it came from
@@ -319,7 +317,6 @@ class Study(Contract):
     ) -> None:
         """Extra work on a finished run that needs the loaded model (e.g. free responses), done
         by `probekit run` before `report`; nothing by default."""
-        return None
 
     def views(self, view: str) -> list[str]:
         """The views a run in `view` reports: a generate run records the exact scores too, so
@@ -413,7 +410,9 @@ class Study(Contract):
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
         tables = {"summary": (table, markdown), **self.summary_tables(table)}
         manifests = {run_name(f, out): RunDir(f).read_manifest() or {} for f in folders}
-        headlines = self.headlines(one_run(table), next(iter(manifests.values()), {}))
+        keys = [k for k in ("model", "run") if k in table]  # the first run's rows
+        first = table[(table[keys] == table[keys].iloc[0]).all(axis=1)] if len(table) else table
+        headlines = self.headlines(first, next(iter(manifests.values()), {}))
         units = sorted({h.unit for h in headlines if h.unit})
         out.mkdir(parents=True, exist_ok=True)
         for name, (frame, text) in tables.items():
@@ -443,21 +442,20 @@ class Study(Contract):
     def card(self) -> StudyCard:
         """The study card: `README.md` beside the study's module (the module's docstring for a
         study in a single module), its `**What it measures.**` and `**Source.**` paragraphs."""
-        module = sys.modules.get(type(self).__module__)
-        package = type(self).__module__.rpartition(".")[0]
-        text = ""
-        if package:
-            card = files(package).joinpath("README.md")
-            text = card.read_text(encoding="utf-8") if card.is_file() else ""
-        if not text and module is not None:
-            text = inspect.cleandoc(module.__doc__ or "")
+        module = type(self).__module__
+        package = module.rpartition(".")[0]
+        readme = files(package).joinpath("README.md") if package else None
+        if readme is not None and readme.is_file():
+            text = readme.read_text(encoding="utf-8")
+        else:
+            text = inspect.cleandoc(getattr(sys.modules.get(module), "__doc__", None) or "")
         paragraphs = [p.strip() for p in text.split("\n\n")]
-
-        def paragraph(start: str) -> str:
-            return next((p for p in paragraphs if p.startswith(start)), "")
-
-        what = paragraph("**What it measures.**") or (paragraphs[0] if not package else "")
-        return StudyCard(self.name, self.title, what, paragraph("**Source.**"), text)
+        what, source = (
+            next((p for p in paragraphs if p.startswith(start)), "")
+            for start in ("**What it measures.**", "**Source.**")
+        )
+        what = what or ("" if package else paragraphs[0])
+        return StudyCard(self.name, self.title, what, source, text)
 
     @abstractmethod
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
@@ -641,12 +639,3 @@ def _load_studies() -> None:
     for entry in sorted(files("probekit.studies").iterdir(), key=lambda e: e.name):
         if entry.is_dir() and entry.joinpath("__init__.py").is_file():
             importlib.import_module(f"probekit.studies.{entry.name}")
-
-
-def one_run(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary rows of the first run in `table` (its `model` and `run`, where given): the
-    rows whose headlines say how the numbers of every run in it were made."""
-    keys = [k for k in ("model", "run") if k in table]
-    if not keys or table.empty:
-        return table
-    return table[(table[keys] == table[keys].iloc[0]).all(axis=1)]
