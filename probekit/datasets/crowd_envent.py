@@ -5,7 +5,7 @@ with a header. They are read as the authors read them, with pandas' default CSV 
 that starts with a double quote is a quoted field, `""` inside it one quote (event 40 reads
 `My partner accused me of "not pulling my weight"`, not the file's escaped form).
 
-Every row is checked before it is used (`check_rows`): a row with another number of fields than
+Every row is checked before it is used (`read_rows`): a row with another number of fields than
 the header, an empty id, emotion or text field, or a file that ends mid-row (every file ends with
 a line end) is refused with its file and line, so that a truncated copy never reaches a model.
 """
@@ -33,11 +33,16 @@ SAMPLE_ROOT = package_path("probekit.datasets", "samples")
 CROWD_ENVENT = Dataset("crowd-enVent", FILES, SAMPLE_ROOT)
 
 
-def check_rows(path: Path) -> int:
-    """Refuse the first malformed row of the TSV file `path` in one line naming the file and
-    line: a header without a column of `COLUMNS`, a file cut mid-row, a row whose field count is
-    not the header's, or an empty value in a column of `COLUMNS`. Returns the number of rows
-    (blank lines are skipped, as pandas does)."""
+def read_rows(path: Path, emotion: str) -> pd.DataFrame:
+    """The `COLUMNS` of the TSV file `path`, every row checked first: a missing file, a header
+    without a column of `COLUMNS`, a file cut mid-row, a row whose field count is not the
+    header's, an empty value in a column of `COLUMNS` or another emotion than `emotion` is
+    refused in one line naming the file and line. Blank lines are skipped, as pandas does."""
+    if not path.is_file():
+        raise ProbekitError(
+            f"{path} is missing; a crowd-enVent root needs crowd-enVent_<emotion>.tsv for all "
+            f"12 emotions: {', '.join(EMOTIONS)}"
+        )
     text = read_text(path)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
     header = next(reader, [])
@@ -53,7 +58,7 @@ def check_rows(path: Path) -> int:
             "with a line end)"
         )
     required = [(header.index(c), c) for c in COLUMNS]
-    rows, start = 0, reader.line_num + 1
+    rows, start = [], reader.line_num + 1
     for row in reader:
         where = f"{path}:{start}"
         start = reader.line_num + 1
@@ -67,30 +72,11 @@ def check_rows(path: Path) -> int:
         empty = [name for at, name in required if not row[at].strip()]
         if empty:
             raise ProbekitError(f"{where}: the field {empty[0]} is empty; every event needs it")
-        rows += 1
-    return rows
-
-
-def _read(path: Path, emotion: str) -> pd.DataFrame:
-    if not path.is_file():
-        raise ProbekitError(
-            f"{path} is missing; a crowd-enVent root needs crowd-enVent_<emotion>.tsv for all "
-            f"12 emotions: {', '.join(EMOTIONS)}"
-        )
-    rows = check_rows(path)
-    try:
-        df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        detail = str(err).strip().splitlines()[0]
-        raise ProbekitError(f"{path} is not a readable crowd-enVent TSV file: {detail}") from err
-    if len(df) != rows:  # the two readers disagree on quoting: trust neither
-        raise ProbekitError(
-            f"{path}: pandas reads {len(df)} rows and the row check {rows}; a stray double quote "
-            "probably joins rows"
-        )
-    if (df["emotion"] != emotion).any():
+        rows.append([row[at] for at, _ in required])
+    frame = pd.DataFrame(rows, columns=list(COLUMNS), dtype=str)
+    if (frame["emotion"] != emotion).any():
         raise ProbekitError(f"{path} has rows whose emotion is not {emotion!r}")
-    return df[list(COLUMNS)]
+    return frame
 
 
 def load_crowd_envent(root: str | Path) -> pd.DataFrame:
@@ -101,7 +87,7 @@ def load_crowd_envent(root: str | Path) -> pd.DataFrame:
     """
     root = Path(root)
     events = pd.concat(
-        [_read(root / rel, emotion) for emotion, rel in zip(EMOTIONS, FILES, strict=True)],
+        [read_rows(root / rel, emotion) for emotion, rel in zip(EMOTIONS, FILES, strict=True)],
         ignore_index=True,
     )
     duplicated = events["text_id"].duplicated()

@@ -72,6 +72,13 @@ class Dataset:
         """One sha256 over the files under `root` (see `combined_sha256`)."""
         return combined_sha256(root, self.files)
 
+    def pinned_sha256(self) -> str | None:
+        """The `sha256` its pinned files have (None when a file has no pinned sum)."""
+        pinned = read_checksums()
+        if not all(rel in pinned for rel in self.files):
+            return None
+        return _combined({rel: pinned[rel] for rel in self.files})
+
     def verify(self, source: DataSource) -> dict[str, str] | None:
         """The files of `source` that differ from their pinned sha256 (relative path -> sha256
         found; empty when all match), or None when nothing can be checked: probekit's own
@@ -133,13 +140,16 @@ def combined_sha256(root: str | Path, files: Iterable[str]) -> str:
     It equals `sha256sum FILES | sha256sum` run in `root` with the files in sorted order.
     """
     root = Path(root)
-    h = hashlib.sha256()
-    for rel in sorted(files):
-        path = root / rel
-        if not path.is_file():
-            raise ProbekitError(f"{path} is missing; cannot checksum the dataset under {root}")
-        h.update(f"{file_sha256(path)}  {rel}\n".encode())
-    return h.hexdigest()
+    missing = next((root / rel for rel in files if not (root / rel).is_file()), None)
+    if missing is not None:
+        raise ProbekitError(f"{missing} is missing; cannot checksum the dataset under {root}")
+    return _combined({rel: file_sha256(root / rel) for rel in files})
+
+
+def _combined(digests: Mapping[str, str]) -> str:
+    """One sha256 over files' sha256s: `sha256sum FILES | sha256sum`, files in sorted order."""
+    lines = "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def read_checksums(path: Path = CHECKSUMS_FILE) -> dict[str, str]:
@@ -159,40 +169,6 @@ def source_url(rel: str, sources: Mapping[str, str] = SOURCES) -> str:
 
 def _first_missing(root: Path, required: Iterable[str]) -> str | None:
     return next((rel for rel in required if not (root / rel).is_file()), None)
-
-
-def _checked(source: DataSource, required: list[str], name: str) -> DataSource:
-    missing = _first_missing(source.path, required)
-    if missing is not None:
-        raise ProbekitError(
-            f"{name} {source.path} has no {missing}; point it at the folder that contains "
-            f"{missing.split('/')[0]}/"
-        )
-    return source
-
-
-def _download(
-    root: Path,
-    required: list[str],
-    fetch: Callable[[str], bytes],
-    sources: Mapping[str, str],
-    checksums: Mapping[str, str],
-) -> None:
-    """Download the missing files into `root`, verifying each before it is put in place."""
-    missing = [rel for rel in required if not (root / rel).is_file()]
-    for rel in missing:
-        if rel not in checksums:
-            raise ProbekitError(f"no pinned sha256 for {rel}; cannot verify a download of it")
-    for rel in missing:
-        url = source_url(rel, sources)
-        data = fetch(url)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != checksums[rel]:
-            raise ProbekitError(
-                f"{url} has sha256 {digest}, expected {checksums[rel]}; the source changed or the "
-                f"transfer was corrupted: retry, or {_pass_data()} with a verified copy"
-            )
-        atomic_write(root / rel, lambda tmp, data=data: tmp.write_bytes(data))
 
 
 def _pass_data() -> str:
@@ -215,21 +191,36 @@ def resolve_data_root(
     is used, completed by a download when needed; if the download fails (e.g. offline) `sample`
     is returned with a message saying so, or, without a sample, a ProbekitError is raised.
     """
-    if explicit is not None:
-        return _checked(
-            DataSource("explicit", Path(explicit).expanduser()), required, named("data")
-        )
-    if os.environ.get(ENV_VAR):
-        env_root = Path(os.environ[ENV_VAR]).expanduser()
-        return _checked(DataSource("env", env_root), required, f"${ENV_VAR}")
-
+    if explicit is not None or os.environ.get(ENV_VAR):
+        origin, root, name = "env", os.environ.get(ENV_VAR, ""), f"${ENV_VAR}"
+        if explicit is not None:
+            origin, root, name = "explicit", explicit, named("data")
+        root = Path(root).expanduser()
+        if (absent := _first_missing(root, required)) is not None:
+            raise ProbekitError(
+                f"{name} {root} has no {absent}; point it at the folder that contains "
+                f"{absent.split('/')[0]}/"
+            )
+        return DataSource(origin, root)
     cache = user_cache_dir() / "data"
-    if _first_missing(cache, required) is None:
+    missing = [rel for rel in required if not (cache / rel).is_file()]
+    if not missing:
         return DataSource("cache", cache)
-    if checksums is None:
-        checksums = read_checksums()
+    checksums = read_checksums() if checksums is None else checksums
+    unpinned = next((rel for rel in missing if rel not in checksums), None)
+    if unpinned is not None:
+        raise ProbekitError(f"no pinned sha256 for {unpinned}; cannot verify a download of it")
     try:
-        _download(cache, required, fetch, sources, checksums)
+        for rel in missing:  # each file verified before it is put in place
+            url = source_url(rel, sources)
+            data = fetch(url)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != checksums[rel]:
+                raise ProbekitError(
+                    f"{url} has sha256 {digest}, expected {checksums[rel]}; the source changed or "
+                    f"the transfer was corrupted: retry, or {_pass_data()} with a verified copy"
+                )
+            atomic_write(cache / rel, lambda tmp, data=data: tmp.write_bytes(data))
     except (OSError, http.client.HTTPException) as err:
         reason = (
             f"{required[0].split('/')[0]} is not in {cache} and could not be downloaded ({err})"

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import importlib
 import inspect
 import sys
 from abc import abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib.resources import files
 from itertools import accumulate, zip_longest
@@ -56,7 +55,7 @@ from probekit.core.options import declaration, given, named, option, options_of,
 from probekit.core.progress import echo
 from probekit.core.public import public
 from probekit.core.shared_options import FIRST_UNITS
-from probekit.datasets.locate import Dataset, DataSource, read_checksums
+from probekit.datasets.locate import Dataset, DataSource
 from probekit.mechanism.defaults import MechanismDefaults
 from probekit.reporting.contract import SAMPLE_DATA, RunFacts, StudyCard, is_sample_data
 from probekit.reporting.headline import INTERVAL_NOTE, Headline, ViewFacts
@@ -180,7 +179,6 @@ class Probe(Contract):
     def unit_group(self, item: Item) -> Hashable:
         """The group a limited run takes units from in turn (an event's emotion, an item's
         category), so that a few units still cover the study's range; one group by default."""
-        return None
 
     def unit_prompts(self) -> str:
         """What one unit's prompts are, for messages (`36 perceiver × experiencer pairs`)."""
@@ -211,8 +209,13 @@ class Probe(Contract):
             if item.unit not in sizes:
                 groups.setdefault(self.unit_group(item), []).append(item.unit)
             sizes[item.unit] = sizes.get(item.unit, 0) + 1
-        order = [u for turn in zip_longest(*groups.values()) for u in turn if u is not None]
-        return order, sizes, len(groups)
+        return interleaved(groups.values()), sizes, len(groups)
+
+    def unit_items(self, units: Collection[str]) -> Iterator[Item]:
+        """The items of `units`, in the probe's order (`limited`'s); a probe that can make only
+        those items overrides it, so that a small slice of a large probe stays cheap."""
+        kept = set(units)
+        return (item for item in self.items() if item.unit in kept)
 
     def limited(self, limit: int) -> Probe:
         """This probe on the whole units whose prompts fit in `limit`, taken in turn from each
@@ -231,7 +234,7 @@ class Probe(Contract):
             )
         chosen = set(order[:kept])
         in_order = [unit for unit in sizes if unit in chosen]
-        return LimitedProbe(self, in_order, len(sizes), groups)
+        return LimitedProbe(self, in_order, len(sizes), groups, counts[kept - 1])
 
 
 class LimitedProbe:
@@ -239,10 +242,11 @@ class LimitedProbe:
     everything else is the probe's (a `Probe` by registration). `config()` records the units
     kept, so that the manifest says which ones; limiting it again limits its own units."""
 
-    def __init__(self, probe: Probe, units: Sequence[str], units_total: int, groups: int) -> None:
+    def __init__(
+        self, probe: Probe, units: Sequence[str], units_total: int, groups: int, size: int
+    ) -> None:
         self.probe, self.units = probe, tuple(units)
-        self.units_total, self.groups = units_total, groups
-        self._size = sum(1 for _ in self.items())
+        self.units_total, self.groups, self._size = units_total, groups, size
 
     balanced, limited = Probe.balanced, Probe.limited
 
@@ -251,8 +255,7 @@ class LimitedProbe:
         return self.probe
 
     def items(self) -> Iterator[Item]:
-        kept = set(self.units)
-        return (item for item in self.probe.items() if item.unit in kept)
+        return self.probe.unit_items(self.units)
 
     def config(self) -> dict[str, Any]:
         names = ("units_total", "unit_name", "groups", "group_name")
@@ -296,7 +299,6 @@ class Study(Contract):
         """Refuse options that are valid one by one but not together (a ProbekitError naming
         them with `probekit.core.options.named`), before any data is read; nothing by
         default."""
-        return None
 
     def data_source(self, root: str | Path | None, say: Say) -> DataSource:
         """The study's `dataset` found from `root` (its `--data`), saying where it came from
@@ -315,7 +317,6 @@ class Study(Contract):
     ) -> None:
         """Extra work on a finished run that needs the loaded model (e.g. free responses), done
         by `probekit run` before `report`; nothing by default."""
-        return None
 
     def views(self, view: str) -> list[str]:
         """The views a run in `view` reports: a generate run records the exact scores too, so
@@ -409,7 +410,9 @@ class Study(Contract):
             markdown = markdown.rstrip("\n") + "\n\n" + sections + "\n"
         tables = {"summary": (table, markdown), **self.summary_tables(table)}
         manifests = {run_name(f, out): RunDir(f).read_manifest() or {} for f in folders}
-        headlines = self.headlines(one_run(table), next(iter(manifests.values()), {}))
+        keys = [k for k in ("model", "run") if k in table]  # the first run's rows
+        first = table[(table[keys] == table[keys].iloc[0]).all(axis=1)] if len(table) else table
+        headlines = self.headlines(first, next(iter(manifests.values()), {}))
         units = sorted({h.unit for h in headlines if h.unit})
         out.mkdir(parents=True, exist_ok=True)
         for name, (frame, text) in tables.items():
@@ -439,21 +442,20 @@ class Study(Contract):
     def card(self) -> StudyCard:
         """The study card: `README.md` beside the study's module (the module's docstring for a
         study in a single module), its `**What it measures.**` and `**Source.**` paragraphs."""
-        module = sys.modules.get(type(self).__module__)
-        package = type(self).__module__.rpartition(".")[0]
-        text = ""
-        if package:
-            card = files(package).joinpath("README.md")
-            text = card.read_text(encoding="utf-8") if card.is_file() else ""
-        if not text and module is not None:
-            text = inspect.cleandoc(module.__doc__ or "")
+        module = type(self).__module__
+        package = module.rpartition(".")[0]
+        readme = files(package).joinpath("README.md") if package else None
+        if readme is not None and readme.is_file():
+            text = readme.read_text(encoding="utf-8")
+        else:
+            text = inspect.cleandoc(getattr(sys.modules.get(module), "__doc__", None) or "")
         paragraphs = [p.strip() for p in text.split("\n\n")]
-
-        def paragraph(start: str) -> str:
-            return next((p for p in paragraphs if p.startswith(start)), "")
-
-        what = paragraph("**What it measures.**") or (paragraphs[0] if not package else "")
-        return StudyCard(self.name, self.title, what, paragraph("**Source.**"), text)
+        what, source = (
+            next((p for p in paragraphs if p.startswith(start)), "")
+            for start in ("**What it measures.**", "**Source.**")
+        )
+        what = what or ("" if package else paragraphs[0])
+        return StudyCard(self.name, self.title, what, source, text)
 
     @abstractmethod
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
@@ -476,7 +478,8 @@ class Study(Contract):
         name, digest = self.dataset.name, manifest.get("data_sha256")
         if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
             return f"{SAMPLE_DATA}, not {name}"
-        verified = manifest.get("data_verified", _pinned_match(self.dataset, digest))
+        pinned = self.dataset.pinned_sha256() if digest else None
+        verified = manifest.get("data_verified", None if pinned is None else digest == pinned)
         if verified is True:
             return f"{name}, SHA-256 verified"
         if verified is False:
@@ -521,6 +524,11 @@ class Study(Contract):
         direction; see `probekit.mechanism.defaults`)."""
 
 
+def interleaved(groups: Iterable[Sequence[str]]) -> list[str]:
+    """The units of `groups` taken in turn from each group (a limited run's order)."""
+    return [unit for turn in zip_longest(*groups) for unit in turn if unit is not None]
+
+
 def mechanism_slice(probe: Probe, context: Context) -> Probe:
     """The slice of `probe` a mechanism command reads: the smallest balanced slice of
     `context.limit` prompts (`Probe.limited`), else of its command's `FIRST_UNITS` units."""
@@ -541,16 +549,6 @@ def _sample_sha256(dataset: Dataset) -> str | None:
     if dataset.sample is None or not all((dataset.sample / f).is_file() for f in dataset.files):
         return None
     return dataset.sha256(dataset.sample)
-
-
-def _pinned_match(dataset: Dataset, digest: Any) -> bool | None:
-    """Whether `digest` is the combined sha256 of the dataset's pinned files (None when a file
-    has no pinned sum or no digest was recorded)."""
-    pinned = read_checksums()
-    if not digest or not all(rel in pinned for rel in dataset.files):
-        return None
-    lines = "".join(f"{pinned[rel]}  {rel}\n" for rel in sorted(dataset.files))
-    return hashlib.sha256(lines.encode()).hexdigest() == digest
 
 
 _REGISTRY: dict[str, Study] = {}
@@ -641,12 +639,3 @@ def _load_studies() -> None:
     for entry in sorted(files("probekit.studies").iterdir(), key=lambda e: e.name):
         if entry.is_dir() and entry.joinpath("__init__.py").is_file():
             importlib.import_module(f"probekit.studies.{entry.name}")
-
-
-def one_run(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary rows of the first run in `table` (its `model` and `run`, where given): the
-    rows whose headlines say how the numbers of every run in it were made."""
-    keys = [k for k in ("model", "run") if k in table]
-    if not keys or table.empty:
-        return table
-    return table[(table[keys] == table[keys].iloc[0]).all(axis=1)]

@@ -48,13 +48,10 @@ MIN_POWER_EVENTS = TINY_SAMPLE_UNITS
 """Kept events below which the power analysis is not run: resampling a smoke-size sample (a few
 events) says nothing about how many events a study needs."""
 
-VALUE_COLUMNS = {"exact": "expected", "generate": "parsed"}
-"""The score column each mode reads."""
-
 
 def value_column(mode: str) -> str:
     """The score column read in `mode` ("exact" → expected, "generate" → parsed)."""
-    return VALUE_COLUMNS[check_view(mode, tuple(VALUE_COLUMNS))]
+    return {"exact": "expected", "generate": "parsed"}[check_view(mode, ("exact", "generate"))]
 
 
 def exclude_events(

@@ -6,7 +6,7 @@ renders the chat messages byte for byte as the authors did.
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby
 from typing import Any
@@ -17,7 +17,7 @@ from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.items import CharSpan, Item, fill_template
 from probekit.core.paths import package_path
-from probekit.studies.base import Probe
+from probekit.studies.base import Probe, interleaved
 from probekit.studies.intergroup.parse import intensity_settled, parse_intensity
 
 STUDY_FILE = package_path("probekit.studies.intergroup", "study.json")
@@ -184,8 +184,24 @@ class IntergroupProbe(Probe):
         self.as_string = self.authors_input
 
     def items(self) -> Iterator[Item]:
+        return self._items(self.events)
+
+    def unit_items(self, units: Collection[str]) -> Iterator[Item]:
+        """Only the items of `units` (events) are made: a mechanism command's slice is small."""
+        return self._items(self.events[self.events["event_id"].astype(str).isin(set(units))])
+
+    def balanced(self) -> tuple[list[str], dict[str, int], int]:
+        """`Probe.balanced` from the events alone, without making the items."""
+        units = [str(event) for event in self.events["event_id"]]
+        groups: dict[str, list[str]] = {}
+        for unit, emotion in zip(units, self.events["emotion"], strict=True):
+            groups.setdefault(emotion, []).append(unit)
+        sizes = dict.fromkeys(units, len(self.identities) ** 2)
+        return interleaved(groups.values()), sizes, len(groups)
+
+    def _items(self, events: pd.DataFrame) -> Iterator[Item]:
         rows = list(
-            self.events[["event_id", "emotion", self.setting.text_column]].itertuples(index=False)
+            events[["event_id", "emotion", self.setting.text_column]].itertuples(index=False)
         )
         where = (self.setting, self.category.name)
         for perceiver in self.identities:

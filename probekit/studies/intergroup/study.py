@@ -106,10 +106,8 @@ class IntergroupStudy(ReportedStudy):
 
     def check(self, options: IntergroupOptions, context: Context) -> None:
         if context.command in MECHANISM and "all" in (options.category, options.setting):
-            category, setting = named("category"), named("setting")
-            raise ProbekitError(
-                f"{context.command} takes one {category} and one {setting}, not all"
-            )
+            which = f"one {named('category')} and one {named('setting')}"
+            raise ProbekitError(f"{context.command} takes {which}, not all")
 
     def probes(self, options: IntergroupOptions, context: Context) -> list[IntergroupProbe]:
         categories = list(CATEGORIES) if options.category == "all" else [options.category]
@@ -117,10 +115,10 @@ class IntergroupStudy(ReportedStudy):
         source = self.data_source(options.data, context.say)
         events = sample_events(load_crowd_envent(source.path), options.events, context.seed)
         extra = {**CROWD_ENVENT.manifest(source), "min_valid_mass": options.min_valid_mass}
-        given = {"extra": extra, "authors_input": options.authors_input}
-        given["named_only"] = context.command == "patch"  # `a person` has no in-group pairs
+        named_only = context.command == "patch"  # `a person` has no in-group pairs
+        given = (events, named_only, extra, options.authors_input)
         return [
-            IntergroupProbe(get_category(c), get_setting(s), events, **given)
+            IntergroupProbe(get_category(c), get_setting(s), *given)
             for c in categories
             for s in settings
         ]

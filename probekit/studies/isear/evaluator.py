@@ -60,17 +60,10 @@ def locate_punkt(
     `download(folder)` fetches NLTK's punkt_tab into `folder`."""
     root = _nltk_root()
     cache = user_cache_dir() / "nltk"
-    if root is None:
-        for base in (
-            *(Path(b) / "nltk" for b in (data_root, os.environ.get(ENV_VAR)) if b),
-            cache,
-        ):
-            if all((base / rel).is_file() for rel in PUNKT_FILES):
-                nltk.data.path.insert(0, str(base))
-                root = _nltk_root()
-                break
-    if root is None and _download_pinned(download, cache):
-        nltk.data.path.insert(0, str(cache))
+    bases = [*(Path(b) / "nltk" for b in (data_root, os.environ.get(ENV_VAR)) if b), cache]
+    found = next((b for b in bases if all((b / rel).is_file() for rel in PUNKT_FILES)), None)
+    if root is None and (found is not None or _download_pinned(download, cache)):
+        nltk.data.path.insert(0, str(found or cache))
         root = _nltk_root()
     if root is None:
         raise ProbekitError(

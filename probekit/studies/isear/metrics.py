@@ -40,8 +40,8 @@ class ViewTables:
     `weights[e, g, k]`: detected answers of emotion k (generate) or the normalised probability of
     emotion k summed over the prompt's repetitions (exact; 0 where the valid mass is 0);
     `attempts[e]`, `undetected[e]`: answers and undetected answers of the event (generate);
-    `valid_mass[e]`: the event's mean valid mass (exact); `agree[e]`, `detected[e]`: detected
-    answers equal to the exact most probable emotion, and detected answers (generate)."""
+    `valid_mass[e]`: the event's mean valid mass (exact); `agree[e]`: detected answers equal to
+    the exact most probable emotion (generate)."""
 
     view: str
     events: np.ndarray
@@ -51,7 +51,6 @@ class ViewTables:
     undetected: np.ndarray | None = None
     valid_mass: np.ndarray | None = None
     agree: np.ndarray | None = None
-    detected: np.ndarray | None = None
 
 
 def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> ViewTables:
@@ -86,7 +85,6 @@ def view_tables(scores: pd.DataFrame, view: str, genders: Sequence[str]) -> View
         attempts=np.bincount(event_codes, minlength=n).astype(float),
         undetected=np.bincount(event_codes, ~hit, n),
         agree=np.bincount(event_codes, agrees, n),
-        detected=np.bincount(event_codes, hit, n),
     )
 
 
@@ -104,7 +102,7 @@ def view_metrics(tables: ViewTables, drawn: np.ndarray | None = None) -> dict[st
         metrics["undetected_rate_items"] = float(
             w @ (tables.undetected == tables.attempts) / w.sum()
         )
-        detected = w @ tables.detected
+        detected = w @ (tables.attempts - tables.undetected)
         metrics[AGREEMENT] = float(w @ tables.agree / detected) if detected else float("nan")
     else:
         metrics["mean_valid_mass"] = float(w @ tables.valid_mass / w.sum())
