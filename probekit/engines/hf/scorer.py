@@ -23,14 +23,14 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.public import public
-from probekit.engines.base import ScoreResult, ScorerStats, windows
+from probekit.engines.base import HookableModel, ScoreResult, ScorerStats, windows
 from probekit.engines.devices import device_memory
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf import differentiable
@@ -41,9 +41,6 @@ from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.options import ScorerOptions, dtype_name
 from probekit.engines.plan import batch_for, shape_of
 from probekit.engines.trie import AnswerTrie
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 CPU_BATCH = 16
 """Prompts a batch on a CPU or MPS, where the memory plan has no device size to fill (the
@@ -62,7 +59,7 @@ class HFScorer:
 
     def __init__(
         self,
-        model: HFModel,
+        model: HookableModel,
         answers: AnswerSet,
         epsilon: float = 1e-4,
         batch_size: int | None = None,
@@ -242,7 +239,7 @@ def token_ids(prompt: Any) -> Sequence[int]:
     return prompt
 
 
-def planned_batch(model: HFModel, tokens: int) -> int:
+def planned_batch(model: HookableModel, tokens: int) -> int:
     """Prompts a batch of `model` holds when each prompt takes `tokens` positions (prompt, answer
     trie and generated tokens): on a CUDA device holding the whole model, the largest the memory
     plan says fits beside its weights (`probekit.engines.plan.batch_for`, counted in tokens from

@@ -25,21 +25,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from probekit.core.answers import ANSWER_KINDS, AnswerSet
-from probekit.engines.base import ScoreResult, ScorerStats
+from probekit.engines.base import HookableModel, ScoreResult, ScorerStats
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import Stopwatch, body
 from probekit.engines.hf.head import VocabularyColumns, head_rows, node_terms
 from probekit.engines.hf.prompt_pass import PromptState
 from probekit.engines.trie import AnswerTrie
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 
 @dataclass
@@ -135,7 +131,7 @@ class _Pass:
 class TriePass:
     """The trie pass of one answer set on one model; `run` continues from a prompt pass."""
 
-    def __init__(self, model: HFModel, answers: AnswerSet) -> None:
+    def __init__(self, model: HookableModel, answers: AnswerSet) -> None:
         self.model = model
         self.answers = answers
         self.trie = AnswerTrie.build(answers, model.tokenizer)
