@@ -184,7 +184,20 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
             shutil.rmtree(left, ignore_errors=True)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         try:
-            _convert(gguf, digest, tmp)
+            model, tok = read_gguf(gguf)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            stamps = {
+                p.name: [p.stat().st_size, p.stat().st_mtime_ns, file_sha256(p)]
+                for p in sorted(tmp.iterdir())
+                if p.is_file()
+            }
+            info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": digest}
+            info["files"] = {
+                n: {"size": size, "sha256": sha} for n, (size, _, sha) in stamps.items()
+            }
+            (tmp / STAMP).write_text(json.dumps(stamps))
+            (tmp / MARKER).write_text(json.dumps(info, indent=1))  # the record last
             if cache.exists():  # damaged: take its marker away first, so nobody reads it
                 (cache / MARKER).unlink(missing_ok=True)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -193,22 +206,6 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
             raise write_error(cache, exc) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _convert(gguf: Path, digest: str, tmp: Path) -> None:
-    """Dequantise `gguf` (of sha256 `digest`) into the new folder `tmp`, its record last."""
-    model, tok = read_gguf(gguf)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    stamps = {
-        p.name: [p.stat().st_size, p.stat().st_mtime_ns, file_sha256(p)]
-        for p in sorted(tmp.iterdir())
-        if p.is_file()
-    }
-    files = {name: {"size": size, "sha256": sha} for name, (size, _, sha) in stamps.items()}
-    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": digest, "files": files}
-    (tmp / STAMP).write_text(json.dumps(stamps))
-    (tmp / MARKER).write_text(json.dumps(info, indent=1))
 
 
 def read_gguf(gguf: Path) -> tuple[Any, Any]:

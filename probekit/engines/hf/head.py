@@ -126,23 +126,20 @@ class VocabularyColumns:
     """Which tokens extend an answer, and the columns `vocabulary_sums` multiplies by."""
 
     extends: torch.Tensor  # bool [rules, vocab]: the token extends an answer under that rule
-    blocks: torch.Tensor  # `sum_blocks` of [vocab, 1 + rules]: ones, then "does not extend"
+    blocks: torch.Tensor  # [blocks, SUM_BLOCK, 1 + rules]: ones, then "does not extend"
 
     @classmethod
     def build(cls, model: HookableModel) -> VocabularyColumns:
         extends = extension_masks(model.tokenizer, vocabulary_size(model)).to(model.device)
         stop = (~extends).T.float()
-        return cls(extends, sum_blocks(torch.cat([torch.ones_like(stop[:, :1]), stop], dim=1)))
-
-
-def sum_blocks(columns: torch.Tensor) -> torch.Tensor:
-    """Sum columns [vocab, c] as `vocabulary_sums` takes them: [blocks, SUM_BLOCK, c]."""
-    padded = torch.nn.functional.pad(columns, (0, 0, 0, -columns.shape[0] % SUM_BLOCK))
-    return padded.view(-1, SUM_BLOCK, columns.shape[1])
+        columns = torch.cat([torch.ones_like(stop[:, :1]), stop], dim=1)
+        padded = torch.nn.functional.pad(columns, (0, 0, 0, -columns.shape[0] % SUM_BLOCK))
+        return cls(extends, padded.view(-1, SUM_BLOCK, columns.shape[1]))
 
 
 def vocabulary_sums(weights: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Float64 [k, c]: `weights` [k, vocab] times the sum columns of `sum_blocks`.
+    """Float64 [k, c]: `weights` [k, vocab] times the blocked sum columns `blocks`
+    (`VocabularyColumns.blocks`).
 
     One fp32 matmul over the whole vocabulary loses its many tiny terms (the stop mass came out
     ~1e-4 relative too low, by an amount that depends on the BLAS kernel and the thread count);

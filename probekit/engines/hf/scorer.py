@@ -3,7 +3,7 @@
 `HFScorer` is the transformers engine's scorer (`probekit.engines.base.Scorer`), a facade over one
 module per pass, and the batches it feeds them:
 - batches: the batch size (on CUDA the memory plan's, for the longest prompt of each window plus
-  the answer trie; `planned_batch`), length-sorted batches that share prefixes (`batch_order`),
+  the answer trie; `planned_batch`), length-sorted batches that share prefixes (`run_batched`),
   halved on CUDA out-of-memory (`run_batched`);
 - `prompt_pass`: prompts that share a token prefix (the same persona system prompt, the same
   template head) compute it once at batch size 1 and reuse its KV cache; the rest is
@@ -253,18 +253,6 @@ def planned_batch(model: HookableModel, tokens: int) -> int:
     return batch_for(shape, dtype_name(model.dtype), device_memory(model.device), tokens)
 
 
-def batch_order(prompts: Sequence[Sequence[int]], batch_size: int) -> list[int]:
-    """Lexicographic order puts prompts with shared prefixes together; within each block of a few
-    batches, sorting by length then keeps left padding small."""
-    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
-    block = 4 * batch_size
-    return [
-        i
-        for start in range(0, len(order), block)
-        for i in sorted(order[start : start + block], key=lambda i: len(prompts[i]))
-    ]
-
-
 def run_batched(
     prompts: list[Sequence[int]],
     run: Callable[[list[Sequence[int]]], list[Any]],
@@ -272,10 +260,14 @@ def run_batched(
     progress: Any = None,
     shrink: Callable[[int], None] | None = None,
 ) -> Iterator[Any]:
-    """`run` on `batch_order` batches of the prompts, its outputs in input order. On CUDA
-    out-of-memory the batch size halves (`shrink(new_size)` is told, to keep it and free what it
-    holds) and the same prompts are tried again; at batch size 1 the error is raised."""
-    order = batch_order(prompts, batch_size)
+    """`run` on batches of the prompts, its outputs in input order. Lexicographic order puts
+    prompts with shared prefixes together; within each block of four batches, sorting by length
+    then keeps left padding small. On CUDA out-of-memory the batch size halves (`shrink(new_size)`
+    is told, to keep it and free what it holds) and the same prompts are tried again; at batch
+    size 1 the error is raised."""
+    lexical = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    blocks = (lexical[k : k + 4 * batch_size] for k in range(0, len(lexical), 4 * batch_size))
+    order = [i for block in blocks for i in sorted(block, key=lambda i: len(prompts[i]))]
     results: list[Any] = [None] * len(prompts)
     start = 0
     while start < len(order):
