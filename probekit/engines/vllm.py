@@ -167,15 +167,11 @@ class VllmEngine(Engine):
     load_exact: Callable[[], LoadedModel] | None = None
     parallel: dict[str, int] = field(default_factory=dict)
     engine = "vllm"
-    _exact: LoadedModel | None = field(default=None, init=False, repr=False)
-    _llm: Any = field(default=None, init=False, repr=False)
 
-    @property
+    @cached_property
     def exact(self) -> LoadedModel:
         """The transformers copy with the weights, loaded on first use."""
-        if self._exact is None:
-            self._exact = self.text if self.load_exact is None else self.load_exact()
-        return self._exact
+        return self.text if self.load_exact is None else self.load_exact()
 
     @property
     def name(self) -> str:
@@ -211,9 +207,8 @@ class VllmEngine(Engine):
         """The transformers engine's fields, the engine named `vllm`, vLLM's parallel sizes and
         which columns each engine produced (with vLLM's version, which the run manifest records
         from here)."""
-        model = self._exact or self.text
         return {
-            **model.describe(),
+            **self.__dict__.get("exact", self.text).describe(),
             "engine": self.engine,
             "vllm_parallel": dict(self.parallel),
             "columns": {
@@ -223,22 +218,21 @@ class VllmEngine(Engine):
             },
         }
 
+    @cached_property
     def llm(self) -> Any:
         """vLLM's offline `LLM` on the same weights, started on first use (~50 s on a CPU)."""
-        if self._llm is None:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
-            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
-            from vllm import LLM
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
+        from vllm import LLM
 
-            self._llm = LLM(**llm_options(self))
-        return self._llm
+        return LLM(**llm_options(self))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[Any]:
         """vLLM's outputs of token-id `prompts`, each with its `SamplingParams`, in one call."""
         from vllm.inputs import TokensPrompt
 
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        return self.llm().generate(requests, list(params), use_tqdm=False)
+        return self.llm.generate(requests, list(params), use_tqdm=False)
 
 
 def llm_options(engine: VllmEngine) -> dict[str, Any]:
