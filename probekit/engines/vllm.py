@@ -167,6 +167,7 @@ class VllmEngine(Engine):
     load_exact: Callable[[], LoadedModel] | None = None
     parallel: dict[str, int] = field(default_factory=dict)
     engine = "vllm"
+    _llm: Any = field(default=None, init=False, repr=False)
 
     @cached_property
     def exact(self) -> LoadedModel:
@@ -218,21 +219,22 @@ class VllmEngine(Engine):
             },
         }
 
-    @cached_property
     def llm(self) -> Any:
         """vLLM's offline `LLM` on the same weights, started on first use (~50 s on a CPU)."""
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
-        from vllm import LLM
+        if self._llm is None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
+            from vllm import LLM
 
-        return LLM(**llm_options(self))
+            self._llm = LLM(**llm_options(self))
+        return self._llm
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[Any]:
         """vLLM's outputs of token-id `prompts`, each with its `SamplingParams`, in one call."""
         from vllm.inputs import TokensPrompt
 
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        return self.llm.generate(requests, list(params), use_tqdm=False)
+        return self.llm().generate(requests, list(params), use_tqdm=False)
 
 
 def llm_options(engine: VllmEngine) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def answer_mass(trie_pass: TriePass, batch: Sequence[Sequence[int]]) -> torch.Te
     width = ids.shape[1]
     depth = (t.ancestors >= 0).sum(-1) + 1  # below the root; the root's entry is unused
     lengths = mask.sum(-1)
-    tokens = torch.cat([ids, t.token[1:].expand(n, -1)], dim=1)
+    tokens = torch.cat([ids, t.slot_token[1:-1].expand(n, -1)], dim=1)
     position_ids = torch.cat([positions(mask), lengths[:, None] - 1 + depth[None, 1:]], dim=1)
     # causal over the real prompt tokens; a node sees them, its ancestors and itself
     total, real = width + t.n_nodes - 1, mask.bool()[:, None, :]

@@ -46,7 +46,6 @@ class TrieTables:
 
     n_nodes: int
     max_depth: int
-    token: torch.Tensor  # [nodes]
     levels: list[torch.Tensor]  # node indices per depth
     ancestors: torch.Tensor  # [nodes, max_depth]: ancestors below the root, -1 padded
     terminal: list[torch.Tensor]  # per rule: float64 [nodes, answers] incidence
@@ -83,7 +82,6 @@ class TrieTables:
         return cls(
             n_nodes=n,
             max_depth=depth,
-            token=slot_token[:n].to(device),
             levels=[lv.to(device) for lv in levels],
             ancestors=ancestors.to(device),
             terminal=list(terminal.to(device)),
@@ -170,7 +168,7 @@ class TriePass:
         pass_ = _Pass(n, none, t.max_depth, dev)
         pass_.top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
-        pass_.logp_node[:, level1] = state.root_logp[:, t.token[level1]]
+        pass_.logp_node[:, level1] = state.root_logp[:, t.slot_token[level1]]
         reads = read_widths or self.on_host
         learned = self.widths.get(epsilon) if epsilon > 0 and not reads else None
         cache, head = state.cache, Stopwatch(dev)
