@@ -21,6 +21,6 @@
   fallback), the float32 head under 16-bit weights, and the noise figure
 - `differentiable`: the same answer distribution in one pass with autograd (attribution), and
   the final norm and LM head on any layer's residual stream (the logit lens)
-- `reference`: slow references (brute force, shared-prefix peer, loglik, transformers generate)
-- `synthetic`: random-weight models for speed measurements
+- `gguf`, `bridge`: the GGUF files and their converted copies; the TransformerLens bridge,
+  installed only while it is used
 """
