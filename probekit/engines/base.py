@@ -207,13 +207,22 @@ class HookableModel(Engine, Protocol):
     """What the mechanism asks of a hookable model (`Engine.hookable()`; the transformers
     engine's `LoadedModel`): its layers, device and dtype, the tokenizer, the Hugging Face module
     (`hf`, for the head count, the width and nnsight's block layout), the two hook libraries'
-    views, and a `HookedScorer` for an answer set."""
+    views, and a `HookedScorer` for an answer set. The transformers engine's own parts (its
+    passes, LM head, batch plan and precision tiers) take one too, and read `meta` (the load's
+    and the precision tier's record, changed in place with `dtype` by the tiers) and
+    `dispatched` (a device map placed it over several devices)."""
 
     n_layers: int
     device: Any
     dtype: Any
     tokenizer: Any
     hf: Any
+    meta: dict[str, Any]
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether a device map placed the model over several devices."""
+        ...
 
     def enable_bridge(self) -> Any:
         """The TransformerLens bridge over `hf` (its hooks fire inside every later forward)."""

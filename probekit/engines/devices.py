@@ -25,15 +25,11 @@ UNITS_DECIMAL, UNITS_BINARY = ("B", "kB", "MB", "GB", "TB"), ("B", "KiB", "MiB",
 def parse_size(text: str | int) -> int:
     """Bytes of a size: `80GiB`, `150MiB`, `16GB`, `1.5GiB`, or a number of bytes; a size of
     zero or less is refused."""
-    if isinstance(text, bool):
-        raise ProbekitError(f"{text!r} is not a memory size; write e.g. 80GiB, 150MiB or 16GB")
-    if isinstance(text, int):
-        size = text
-    else:
-        match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([kmgt]?i?b)?\s*", str(text), re.IGNORECASE)
-        if not match or (match.group(2) or "b").lower() not in UNITS:
-            raise ProbekitError(f"'{text}' is not a memory size; write e.g. 80GiB, 150MiB or 16GB")
-        size = int(float(match.group(1)) * UNITS[(match.group(2) or "b").lower()])
+    match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([kmgt]?i?b)?\s*", str(text), re.IGNORECASE)
+    unit = (match.group(2) or "b").lower() if match else ""
+    if isinstance(text, bool) or unit not in UNITS:
+        raise ProbekitError(f"'{text}' is not a memory size; write e.g. 80GiB, 150MiB or 16GB")
+    size = text if isinstance(text, int) else int(float(match.group(1)) * UNITS[unit])
     if size <= 0:
         raise ProbekitError(f"a memory size must be more than zero (got {text!r})")
     return size

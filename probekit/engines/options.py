@@ -51,9 +51,8 @@ def dtype_name(value: Any) -> str | None:
 
 
 def _dtype_value(value: Any) -> str:
-    if type(value).__module__ == "torch":  # named as `dtype_name` reads it: int8, not torch.int8
-        value = str(value).removeprefix("torch.")
-    return dtype_name(value) or refuse(f"{value!r} is not a dtype; choose {', '.join(DTYPES)}")
+    named = str(value).removeprefix("torch.") if type(value).__module__ == "torch" else value
+    return dtype_name(value) or refuse(f"{named!r} is not a dtype; choose {', '.join(DTYPES)}")
 
 
 floating_dtype = Kind("dtype", str, _dtype_value)

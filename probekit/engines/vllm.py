@@ -167,15 +167,12 @@ class VllmEngine(Engine):
     load_exact: Callable[[], LoadedModel] | None = None
     parallel: dict[str, int] = field(default_factory=dict)
     engine = "vllm"
-    _exact: LoadedModel | None = field(default=None, init=False, repr=False)
     _llm: Any = field(default=None, init=False, repr=False)
 
-    @property
+    @cached_property
     def exact(self) -> LoadedModel:
         """The transformers copy with the weights, loaded on first use."""
-        if self._exact is None:
-            self._exact = self.text if self.load_exact is None else self.load_exact()
-        return self._exact
+        return self.text if self.load_exact is None else self.load_exact()
 
     @property
     def name(self) -> str:
@@ -211,9 +208,8 @@ class VllmEngine(Engine):
         """The transformers engine's fields, the engine named `vllm`, vLLM's parallel sizes and
         which columns each engine produced (with vLLM's version, which the run manifest records
         from here)."""
-        model = self._exact or self.text
         return {
-            **model.describe(),
+            **self.__dict__.get("exact", self.text).describe(),
             "engine": self.engine,
             "vllm_parallel": dict(self.parallel),
             "columns": {

@@ -1,8 +1,8 @@
 """The transformers engine: a Hugging Face model behind the `Engine` protocol.
 
 - `model`: loading (`load_model`: default, hub id, directory, GGUF) and `LoadedModel`, the engine
-  (encode, scorer, decode, hookable, describe; TransformerLens and nnsight views)
-- `protocol`: `HFModel`, what the parts below read of a loaded model (so they import no `model`)
+  (encode, scorer, decode, hookable, describe; TransformerLens and nnsight views); the parts
+  below take it as the `HookableModel` of `probekit.engines.base`, so they import no `model`
 - `scorer`: `HFScorer`, the exact scorer's facade (score, score_batch, generate, stats), and its
   batches: length-sorted batches that share prefixes; half the batch on CUDA out-of-memory
 - `prompt_pass`: the prompts' forward, left-padded after a cached shared prefix (the KV caches
@@ -21,6 +21,6 @@
   fallback), the float32 head under 16-bit weights, and the noise figure
 - `differentiable`: the same answer distribution in one pass with autograd (attribution), and
   the final norm and LM head on any layer's residual stream (the logit lens)
-- `reference`: slow references (brute force, shared-prefix peer, loglik, transformers generate)
-- `synthetic`: random-weight models for speed measurements
+- `gguf`, `bridge`: the GGUF files and their converted copies; the TransformerLens bridge,
+  installed only while it is used
 """

@@ -47,10 +47,16 @@ def answer_mass(trie_pass: TriePass, batch: Sequence[Sequence[int]]) -> torch.Te
     width = ids.shape[1]
     depth = (t.ancestors >= 0).sum(-1) + 1  # below the root; the root's entry is unused
     lengths = mask.sum(-1)
-    tokens = torch.cat([ids, t.token[1:].expand(n, -1)], dim=1)
+    tokens = torch.cat([ids, t.slot_token[1:-1].expand(n, -1)], dim=1)
     position_ids = torch.cat([positions(mask), lengths[:, None] - 1 + depth[None, 1:]], dim=1)
-    attend = additive_mask(_tree_mask(mask.bool(), t.is_ancestor[1:-1, 1:-1]), model.dtype)
-    hidden, _ = body(model, tokens, attend, position_ids)
+    # causal over the real prompt tokens; a node sees them, its ancestors and itself
+    total, real = width + t.n_nodes - 1, mask.bool()[:, None, :]
+    attend = torch.zeros(n, total, total, dtype=torch.bool, device=dev)
+    attend[:, :width, :width] = torch.ones(width, width, dtype=torch.bool, device=dev).tril() & real
+    attend[:, width:, :width] = real
+    attend[:, width:, width:] = t.is_ancestor[1:-1, 1:-1]
+    attend |= torch.eye(total, dtype=torch.bool, device=dev)  # every query sees itself
+    hidden, _ = body(model, tokens, additive_mask(attend[:, None], model.dtype), position_ids)
     node_hidden = hidden[:, width - 1 :]  # the root (the prompt's last position), then the nodes
     logp_node, stop_logp, _ = node_log_probs(trie_pass, node_hidden)
     return t.answer_probs(logp_node, stop_logp)
@@ -81,7 +87,15 @@ def node_log_probs(
     t = trie_pass.tables
     n, nodes = node_hidden.shape[:2]
     flat = node_hidden.reshape(n * nodes, -1)
-    terms, top = _node_terms(trie_pass, flat, t.slot_child_token[:-1].repeat(n, 1))
+    child = t.slot_child_token[:-1].repeat(n, 1)
+    run = node_terms  # in chunks; under autograd each checkpointed (its float64 sums recomputed)
+    if torch.is_grad_enabled():
+        run = functools.partial(checkpoint, node_terms, use_reentrant=False)
+    chunks = [
+        run(trie_pass.model, trie_pass.columns, flat[i : i + HEAD_CHUNK], child[i : i + HEAD_CHUNK])
+        for i in range(0, flat.shape[0], HEAD_CHUNK)
+    ]
+    terms, top = (torch.cat(parts) for parts in zip(*chunks, strict=True))
     terms = terms.view(n, nodes, -1)
     log_z = terms[..., :1]
     stop_logp = terms[..., 1:3] - log_z  # [n, nodes, rule]
@@ -92,35 +106,3 @@ def node_log_probs(
     # log P(node) = its own edge + its ancestors' edges (ancestors below the root; -1 -> edge 0 = 0)
     logp_node = edge + edge[:, t.ancestors.clamp(min=0)].sum(-1)
     return logp_node, stop_logp, top.view(n, nodes)
-
-
-def _tree_mask(prompt: torch.Tensor, is_ancestor: torch.Tensor) -> torch.Tensor:
-    """Bool [n, 1, W + nodes - 1, W + nodes - 1]: causal over real prompt tokens; a node (below
-    the root; `is_ancestor` [nodes - 1, nodes - 1] of those) sees the real prompt tokens, its
-    ancestors and itself. Every query sees at least itself."""
-    n, width = prompt.shape
-    total = width + is_ancestor.shape[0]
-    dev = prompt.device
-    causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-    attend = torch.zeros(n, total, total, dtype=torch.bool, device=dev)
-    attend[:, :width, :width] = causal & prompt[:, None, :]
-    attend[:, width:, :width] = prompt[:, None, :]
-    attend[:, width:, width:] = is_ancestor
-    attend |= torch.eye(total, dtype=torch.bool, device=dev)
-    return attend[:, None]
-
-
-def _node_terms(
-    trie_pass: TriePass, hidden: torch.Tensor, child_token: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`node_terms` of the rows in chunks of `HEAD_CHUNK`; under autograd each chunk is
-    checkpointed (its float64 vocabulary sums recomputed in the backward pass, not stored)."""
-    run = node_terms
-    if torch.is_grad_enabled():
-        run = functools.partial(checkpoint, node_terms, use_reentrant=False)
-    model, columns = trie_pass.model, trie_pass.columns
-    chunks = [
-        run(model, columns, hidden[i : i + HEAD_CHUNK], child_token[i : i + HEAD_CHUNK])
-        for i in range(0, hidden.shape[0], HEAD_CHUNK)
-    ]
-    return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])

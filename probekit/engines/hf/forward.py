@@ -11,18 +11,16 @@ trie levels without waiting for it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from probekit.engines.base import HookableModel
 from probekit.engines.hf.precision import arithmetic
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 
 def body(
-    model: HFModel,
+    model: HookableModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,

@@ -113,9 +113,7 @@ def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[
     is gone."""
     cache = converted_cache_dir(gguf) if cache is None else cache
     if (cache / MARKER).is_file():
-        problem = verify_cache(cache)
-        if problem is None and gguf.is_file():
-            problem = _other_source(cache, gguf_sha256(gguf))
+        problem = verify_cache(cache, gguf_sha256(gguf) if gguf.is_file() else None)
         if problem is not None:
             if not gguf.is_file():
                 raise ProbekitError(
@@ -133,17 +131,11 @@ def ensure_converted(gguf: Path, cache: Path | None = None) -> tuple[Path, dict[
     return cache, {**json.loads((cache / MARKER).read_text()), "gguf": str(gguf)}
 
 
-def _other_source(cache: Path, digest: str) -> str | None:
-    """A phrase when the record in `cache` names a GGUF other than the one of sha256 `digest`."""
-    if (named := json.loads((cache / MARKER).read_text()).get("gguf_sha256")) != digest:
-        return f"its record names another GGUF, sha256 {str(named)[:16]}"
-    return None
-
-
-def verify_cache(cache: Path) -> str | None:
+def verify_cache(cache: Path, digest: str | None = None) -> str | None:
     """What is wrong with the converted copy in `cache` (one phrase), or None when every file
-    its record lists is there with its recorded size and sha256. Files whose size and mtime
-    match the stamp are not hashed again; the stamp is renewed after a full match."""
+    its record lists is there with its recorded size and sha256 (and, given the `digest` of a
+    GGUF, when the record names that GGUF). Files whose size and mtime match the stamp are not
+    hashed again; the stamp is renewed after a full match."""
     try:
         record = json.loads((cache / MARKER).read_text())
         files = record["files"] if record.get("format") == _CACHE_FORMAT else None
@@ -151,6 +143,8 @@ def verify_cache(cache: Path) -> str | None:
         return f"its record {MARKER} is unreadable"
     if not isinstance(files, dict) or not files:
         return f"its record {MARKER} lists no files"
+    if digest is not None and (named := record.get("gguf_sha256")) != digest:
+        return f"its record names another GGUF, sha256 {str(named)[:16]}"
     for name, expected in files.items():
         path = cache / name
         if not path.is_file():
@@ -177,14 +171,26 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
         )
     digest = gguf_sha256(gguf)
     with FileLock(cache.with_name(f".{cache.name}.lock"), blocking=True):
-        marked = (cache / MARKER).is_file()
-        if marked and verify_cache(cache) is None and _other_source(cache, digest) is None:
+        if (cache / MARKER).is_file() and verify_cache(cache, digest) is None:
             return  # converted (or repaired) by another process while this one waited
         for left in cache.parent.glob(f"{cache.name}.tmp*"):  # of a killed conversion
             shutil.rmtree(left, ignore_errors=True)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         try:
-            _convert(gguf, digest, tmp)
+            model, tok = read_gguf(gguf)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            stamps = {
+                p.name: [p.stat().st_size, p.stat().st_mtime_ns, file_sha256(p)]
+                for p in sorted(tmp.iterdir())
+                if p.is_file()
+            }
+            info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": digest}
+            info["files"] = {
+                n: {"size": size, "sha256": sha} for n, (size, _, sha) in stamps.items()
+            }
+            (tmp / STAMP).write_text(json.dumps(stamps))
+            (tmp / MARKER).write_text(json.dumps(info, indent=1))  # the record last
             if cache.exists():  # damaged: take its marker away first, so nobody reads it
                 (cache / MARKER).unlink(missing_ok=True)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -193,22 +199,6 @@ def convert_gguf(gguf: Path, cache: Path) -> None:
             raise write_error(cache, exc) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _convert(gguf: Path, digest: str, tmp: Path) -> None:
-    """Dequantise `gguf` (of sha256 `digest`) into the new folder `tmp`, its record last."""
-    model, tok = read_gguf(gguf)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    stamps = {
-        p.name: [p.stat().st_size, p.stat().st_mtime_ns, file_sha256(p)]
-        for p in sorted(tmp.iterdir())
-        if p.is_file()
-    }
-    files = {name: {"size": size, "sha256": sha} for name, (size, _, sha) in stamps.items()}
-    info = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": digest, "files": files}
-    (tmp / STAMP).write_text(json.dumps(stamps))
-    (tmp / MARKER).write_text(json.dumps(info, indent=1))
 
 
 def read_gguf(gguf: Path) -> tuple[Any, Any]:

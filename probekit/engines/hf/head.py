@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from probekit.engines.base import HookableModel
 from probekit.engines.hf.precision import NARROW, tf32_matmuls
 from probekit.engines.options import dtype_name
 from probekit.engines.trie import extension_masks
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 HEAD_CHUNK = 256  # the fewest rows of the LM head computed at once
 SUM_BLOCK = 128  # vocabulary entries per partial sum of `vocabulary_sums`
@@ -35,12 +32,12 @@ def head_rows(batch: int) -> int:
     return max(HEAD_CHUNK, batch // 2)
 
 
-def vocabulary_size(model: HFModel) -> int:
+def vocabulary_size(model: HookableModel) -> int:
     """Rows of the LM head (can exceed the tokenizer's vocabulary: padded embeddings)."""
     return int(model.hf.get_output_embeddings().weight.shape[0])
 
 
-def parameter_split(model: HFModel) -> tuple[int, int]:
+def parameter_split(model: HookableModel) -> tuple[int, int]:
     """Weights of the transformer body (embeddings excluded) and of the LM head: the
     multiply-adds per position of a prompt token (body) and of a trie node (body + head)."""
     embedding = model.hf.get_input_embeddings().weight
@@ -49,7 +46,7 @@ def parameter_split(model: HFModel) -> tuple[int, int]:
     return int(body), int(head.numel())
 
 
-def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
+def lm_head(model: HookableModel, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head (and any final soft-capping) on the given positions only, as float32 logits
     (float64 for a float64 model, which the float64 references rely on) on `model.device` (a
     dispatched model's head may sit on another device), in the head arithmetic of the model's
@@ -79,7 +76,10 @@ def lm_head(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def node_terms(
-    model: HFModel, columns: VocabularyColumns, hidden: torch.Tensor, child_token: torch.Tensor
+    model: HookableModel,
+    columns: VocabularyColumns,
+    hidden: torch.Tensor,
+    child_token: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The LM head on hidden states [k, d_model] read as trie nodes: float64 [k, 3 + children],
     log Z, the log stop sums of both rules and the logits of the `child_token` columns, each less
@@ -116,7 +116,7 @@ def narrow_linear(
     return logits.view(*hidden.shape[:-1], -1)
 
 
-def log_probs(model: HFModel, hidden: torch.Tensor) -> torch.Tensor:
+def log_probs(model: HookableModel, hidden: torch.Tensor) -> torch.Tensor:
     """Float64 next-token log-probs of the fp32 logits (normalised as the trie's nodes are)."""
     return lm_head(model, hidden).double().log_softmax(-1)
 
@@ -126,23 +126,20 @@ class VocabularyColumns:
     """Which tokens extend an answer, and the columns `vocabulary_sums` multiplies by."""
 
     extends: torch.Tensor  # bool [rules, vocab]: the token extends an answer under that rule
-    blocks: torch.Tensor  # `sum_blocks` of [vocab, 1 + rules]: ones, then "does not extend"
+    blocks: torch.Tensor  # [blocks, SUM_BLOCK, 1 + rules]: ones, then "does not extend"
 
     @classmethod
-    def build(cls, model: HFModel) -> VocabularyColumns:
+    def build(cls, model: HookableModel) -> VocabularyColumns:
         extends = extension_masks(model.tokenizer, vocabulary_size(model)).to(model.device)
         stop = (~extends).T.float()
-        return cls(extends, sum_blocks(torch.cat([torch.ones_like(stop[:, :1]), stop], dim=1)))
-
-
-def sum_blocks(columns: torch.Tensor) -> torch.Tensor:
-    """Sum columns [vocab, c] as `vocabulary_sums` takes them: [blocks, SUM_BLOCK, c]."""
-    padded = torch.nn.functional.pad(columns, (0, 0, 0, -columns.shape[0] % SUM_BLOCK))
-    return padded.view(-1, SUM_BLOCK, columns.shape[1])
+        columns = torch.cat([torch.ones_like(stop[:, :1]), stop], dim=1)
+        padded = torch.nn.functional.pad(columns, (0, 0, 0, -columns.shape[0] % SUM_BLOCK))
+        return cls(extends, padded.view(-1, SUM_BLOCK, columns.shape[1]))
 
 
 def vocabulary_sums(weights: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Float64 [k, c]: `weights` [k, vocab] times the sum columns of `sum_blocks`.
+    """Float64 [k, c]: `weights` [k, vocab] times the blocked sum columns `blocks`
+    (`VocabularyColumns.blocks`).
 
     One fp32 matmul over the whole vocabulary loses its many tiny terms (the stop mass came out
     ~1e-4 relative too low, by an amount that depends on the BLAS kernel and the thread count);

@@ -239,18 +239,6 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device(device)
 
 
-def parameter_count(where: str, local_only: bool = False) -> int | None:
-    """Weights of the model in `where` (a folder or a hub id) without loading them: its config's
-    model built on the meta device; None when the config cannot be read."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(where, local_files_only=local_only)
-    except (OSError, ValueError, KeyError):
-        return None
-    return sum(p.numel() for p in on_meta(config).parameters())
-
-
 @public(ModelOptions)
 def load_model(
     model: str | os.PathLike = "default",
@@ -285,6 +273,8 @@ def load_model(
     and chat template only; the vllm engine encodes with it and loads weights only for scoring).
     `chat_template` renders chat prompts where the tokenizer has no chat template of its own
     (`probekit.engines.chat_templates`)."""
+    from transformers import AutoConfig
+
     from probekit.engines.devices import check_map_modules, dispatch_options
     from probekit.engines.plan import check_before_load
 
@@ -301,8 +291,13 @@ def load_model(
     local_only = source == "hub" and not _hub_reachable()
     # the plan's policy (`plan_dtype`): float32 on the CPU and wherever its weights fit in
     # `FP32_MEMORY_SHARE` of the accelerator (float32 is within ~3e-6 of float64 in every answer
-    # probability, bfloat16 moves them by up to ~2e-2: `benchmarks/dtype.py`), else bfloat16
-    count = parameter_count(where, local_only) if dtype is None and dev.type != "cpu" else None
+    # probability, bfloat16 moves them by up to ~2e-2: `benchmarks/dtype.py`), else bfloat16;
+    # the weights counted on the meta device (None where the config cannot be read)
+    count = None
+    if dtype is None and dev.type != "cpu":
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            config = AutoConfig.from_pretrained(where, local_files_only=local_only)
+            count = sum(p.numel() for p in on_meta(config).parameters())
     memory = None if dev.type == "cpu" or dtype else device_memory(dev) or 0
     dt = getattr(torch, plan_dtype(count, memory, dtype))
     hf, tok = _load_pretrained(where, label, dt, dispatch, weights, local_only)

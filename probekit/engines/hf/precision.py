@@ -42,21 +42,17 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
 from probekit.core.answers import AnswerSet
-from probekit.core.errors import ProbekitError
 from probekit.core.public import public
 from probekit.core.shared_options import SeedOption
-from probekit.engines.base import TIER_LABELS, ScoreResult, describe_precision
+from probekit.engines.base import TIER_LABELS, HookableModel, ScoreResult, describe_precision
 from probekit.engines.options import DEFAULT_TOLERANCE, NOISE_SAMPLE, dtype_name
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 TIERS = tuple(TIER_LABELS)
 """The precision tiers, fastest first by the nominal rates of a current GPU's tensor cores
@@ -130,7 +126,7 @@ def tf32_matmuls(device: torch.device) -> contextlib.AbstractContextManager:
     return _flags(True, (cuda, "allow_tf32"), (cudnn, "allow_tf32"))
 
 
-def arithmetic(model: HFModel) -> contextlib.AbstractContextManager:
+def arithmetic(model: HookableModel) -> contextlib.AbstractContextManager:
     """The tier's arithmetic around one forward of the transformer body (`forward.body`): TF32
     matmuls in a TF32 tier; for 16-bit weights on CUDA, matrix products without cuBLAS's
     reduced-precision reductions (a split-K product may otherwise add its partial sums in 16
@@ -203,19 +199,15 @@ def keep_head_fp32(hf: Any) -> list[str]:
     return changed
 
 
-def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
+def apply_tier(model: HookableModel, tier: str) -> Callable[[], None]:
     """Put the float32 `model` in `tier` in place; return the call that puts it back exactly.
 
     A 16-bit body narrows every weight but the final norm's, keeping a host copy of the float32
     weights for the undo; its head stays float32 (a tied head first gets its own copy) unless
     the tier is a `+head` one, whose head is narrowed with the body (and stays tied). A `tf32`
     body or head marks the model for `arithmetic` and `head.lm_head`; `float32` changes nothing."""
-    if tier not in TIERS:
-        raise ProbekitError(f"unknown precision tier '{tier}'; use {', '.join(TIERS)}")
     if tier == "float32":
         return lambda: None
-    if model.dtype != torch.float32:
-        raise ProbekitError(f"the {tier} tier needs a float32 model, not {model.dtype}")
     body, narrow_head = body_of(tier), tier.endswith("+head")
     if body == "tf32":
         model.meta |= {"matmul": "tf32"} | ({"head": "tf32"} if narrow_head else {})
@@ -259,7 +251,7 @@ def apply_tier(model: HFModel, tier: str) -> Callable[[], None]:
 # ------------------------------------------------------------------ choosing and keeping a tier
 
 
-def offered_tiers(model: HFModel) -> tuple[tuple[str, ...], str]:
+def offered_tiers(model: HookableModel) -> tuple[tuple[str, ...], str]:
     """The tiers `model` can be scored in, fastest first (see the module's docstring), and why
     where one tier only is offered."""
     if model.dtype != torch.float32:
@@ -279,7 +271,7 @@ def offered_tiers(model: HFModel) -> tuple[tuple[str, ...], str]:
 
 
 def initial_record(
-    model: HFModel, forced: bool, tolerance: float | None, offered: Sequence[str] = ()
+    model: HookableModel, forced: bool, tolerance: float | None, offered: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The precision record of a model just loaded: the dtype given (`forced`), else of a tier
     to choose by `tolerance` (default `DEFAULT_TOLERANCE`) among `offered` (default
@@ -295,7 +287,7 @@ def initial_record(
 
 
 def choose_precision(
-    model: HFModel,
+    model: HookableModel,
     prompts: Sequence[Sequence[int]],
     answers: AnswerSet,
     tolerance: float | None = None,
@@ -313,8 +305,6 @@ def choose_precision(
     if "tier" in record:
         model.meta["precision"] = record
         return record
-    if not prompts:
-        raise ProbekitError("choosing a precision tier needs at least one prompt")
     reference = list(model.scorer(answers, epsilon=0.0).score(prompts))
     record |= {"tried": [], "tier": "float32", "sample": len(prompts), "reference": "float32"}
 
@@ -365,7 +355,7 @@ def overflowed(results: Sequence[ScoreResult]) -> int:
     return sum(not math.isfinite(r.valid_mass) for r in results)
 
 
-def _put(model: HFModel, record: dict[str, Any]) -> None:
+def _put(model: HookableModel, record: dict[str, Any]) -> None:
     """Put the float32 `model` in `record`'s tier and keep the record; with a fallback, keep the
     way back to float32 too (`fall_back`)."""
     undo = apply_tier(model, record["tier"])
@@ -374,7 +364,7 @@ def _put(model: HFModel, record: dict[str, Any]) -> None:
     model.meta["precision"] = record
 
 
-def fall_back(model: HFModel, overflowed: int) -> bool:
+def fall_back(model: HookableModel, overflowed: int) -> bool:
     """After `overflowed` prompts of a batch overflowed: put a model in the fallback its record
     measured, say so in one line on stderr and return True; False where there is none (a tier
     without one, or the model already fell back)."""
@@ -395,7 +385,7 @@ def fall_back(model: HFModel, overflowed: int) -> bool:
 
 
 def settle_precision(
-    model: HFModel, answers: AnswerSet, prompts: Sequence[Sequence[int]], seed: int = 0
+    model: HookableModel, answers: AnswerSet, prompts: Sequence[Sequence[int]], seed: int = 0
 ) -> dict[str, Any]:
     """`LoadedModel.settle_precision`: the record of a model whose tier is chosen, else
     `choose_precision` on a seeded sample of `NOISE_SAMPLE` of `prompts` with the tolerance it
@@ -414,7 +404,7 @@ def seeded_sample(prompts: Sequence[Sequence[int]], count: int, seed: int) -> li
 
 
 def keep_tier(
-    model: HFModel, record: Mapping[str, Any], why: str = "kept from the run being resumed"
+    model: HookableModel, record: Mapping[str, Any], why: str = "kept from the run being resumed"
 ) -> dict[str, Any] | None:
     """`LoadedModel.keep_precision`: `model`, its tier not chosen yet, put in the tier of
     `record` without measuring (`why` its note); None where it is chosen or `record`'s is not
@@ -432,7 +422,7 @@ def keep_tier(
 
 
 @contextlib.contextmanager
-def as_dtype(model: HFModel, dtype: torch.dtype) -> Iterator[HFModel]:
+def as_dtype(model: HookableModel, dtype: torch.dtype) -> Iterator[HookableModel]:
     """`model` with every floating parameter cast to `dtype` in place, restored on exit: the
     model as `load_model(..., dtype=dtype)` gives it (buffers such as the rotary frequencies stay
     float32 there too). Widening and narrowing back is lossless, so no second copy of the model is
@@ -453,7 +443,7 @@ def as_dtype(model: HFModel, dtype: torch.dtype) -> Iterator[HFModel]:
 
 @public(SeedOption)
 def noise_figure(
-    model: HFModel,
+    model: HookableModel,
     prompts: Sequence[Sequence[int]],
     answers: AnswerSet,
     reference: torch.dtype | None = None,
@@ -480,10 +470,6 @@ def noise_figure(
     reference = reference or (torch.float64 if wider else torch.float32)
     if model.device.type == "mps" and reference.itemsize == 8:
         return {"dtype": dtype_name(model.dtype), "note": "MPS has no float64 to measure against"}
-    if not prompts:
-        raise ProbekitError("the noise figure needs at least one prompt")
-    if own is not None and len(own) != len(prompts):
-        raise ProbekitError(f"got {len(own)} results for {len(prompts)} prompts")
     started, cpu = time.perf_counter(), time.process_time()
     if own is None:
         prompts = seeded_sample(prompts, sample, seed)

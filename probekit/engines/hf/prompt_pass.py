@@ -14,18 +14,15 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from probekit.core.padding import left_pad
-from probekit.engines.base import ScorerStats
+from probekit.engines.base import HookableModel, ScorerStats
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf.forward import body
 from probekit.engines.hf.head import log_probs
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 MIN_SHARED_PREFIX = 8  # tokens; shorter shared prefixes are not worth a separate forward
 KEPT = 4  # prefixes kept, least recently used dropped first
@@ -34,7 +31,7 @@ KEPT = 4  # prefixes kept, least recently used dropped first
 class PrefixCache:
     """Least-recently-used KV caches of token prefixes; treat what `get` returns as read-only."""
 
-    def __init__(self, model: HFModel) -> None:
+    def __init__(self, model: HookableModel) -> None:
         self.model = model
         self._kept: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
@@ -71,7 +68,7 @@ class PromptState:
 
 
 def prompt_pass(
-    model: HFModel,
+    model: HookableModel,
     batch: Sequence[Sequence[int]],
     prefixes: PrefixCache,
     stats: ScorerStats,
@@ -105,14 +102,14 @@ def prompt_pass(
     return PromptState(cache, mask, lengths, logp)
 
 
-def stop_ids(model: HFModel) -> set[int]:
+def stop_ids(model: HookableModel) -> set[int]:
     """The end-of-sequence ids a continuation stops at (the model's generation config)."""
     eos = model.hf.generation_config.eos_token_id
     return {eos} if isinstance(eos, int) else set(eos or [])
 
 
 def decode(
-    model: HFModel,
+    model: HookableModel,
     state: PromptState,
     max_new_tokens: int,
     settled: Callable[[str], bool] | None = None,

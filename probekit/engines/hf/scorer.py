@@ -3,7 +3,7 @@
 `HFScorer` is the transformers engine's scorer (`probekit.engines.base.Scorer`), a facade over one
 module per pass, and the batches it feeds them:
 - batches: the batch size (on CUDA the memory plan's, for the longest prompt of each window plus
-  the answer trie; `planned_batch`), length-sorted batches that share prefixes (`batch_order`),
+  the answer trie; `planned_batch`), length-sorted batches that share prefixes (`run_batched`),
   halved on CUDA out-of-memory (`run_batched`);
 - `prompt_pass`: prompts that share a token prefix (the same persona system prompt, the same
   template head) compute it once at batch size 1 and reuse its KV cache; the rest is
@@ -23,14 +23,14 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from probekit.core.answers import AnswerSet
 from probekit.core.errors import ProbekitError
 from probekit.core.public import public
-from probekit.engines.base import ScoreResult, ScorerStats, windows
+from probekit.engines.base import HookableModel, ScoreResult, ScorerStats, windows
 from probekit.engines.devices import device_memory
 from probekit.engines.hf import cache as kv
 from probekit.engines.hf import differentiable
@@ -41,9 +41,6 @@ from probekit.engines.hf.trie_pass import AnswerContext, TriePass
 from probekit.engines.options import ScorerOptions, dtype_name
 from probekit.engines.plan import batch_for, shape_of
 from probekit.engines.trie import AnswerTrie
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 CPU_BATCH = 16
 """Prompts a batch on a CPU or MPS, where the memory plan has no device size to fill (the
@@ -62,7 +59,7 @@ class HFScorer:
 
     def __init__(
         self,
-        model: HFModel,
+        model: HookableModel,
         answers: AnswerSet,
         epsilon: float = 1e-4,
         batch_size: int | None = None,
@@ -242,7 +239,7 @@ def token_ids(prompt: Any) -> Sequence[int]:
     return prompt
 
 
-def planned_batch(model: HFModel, tokens: int) -> int:
+def planned_batch(model: HookableModel, tokens: int) -> int:
     """Prompts a batch of `model` holds when each prompt takes `tokens` positions (prompt, answer
     trie and generated tokens): on a CUDA device holding the whole model, the largest the memory
     plan says fits beside its weights (`probekit.engines.plan.batch_for`, counted in tokens from
@@ -256,18 +253,6 @@ def planned_batch(model: HFModel, tokens: int) -> int:
     return batch_for(shape, dtype_name(model.dtype), device_memory(model.device), tokens)
 
 
-def batch_order(prompts: Sequence[Sequence[int]], batch_size: int) -> list[int]:
-    """Lexicographic order puts prompts with shared prefixes together; within each block of a few
-    batches, sorting by length then keeps left padding small."""
-    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
-    block = 4 * batch_size
-    return [
-        i
-        for start in range(0, len(order), block)
-        for i in sorted(order[start : start + block], key=lambda i: len(prompts[i]))
-    ]
-
-
 def run_batched(
     prompts: list[Sequence[int]],
     run: Callable[[list[Sequence[int]]], list[Any]],
@@ -275,10 +260,14 @@ def run_batched(
     progress: Any = None,
     shrink: Callable[[int], None] | None = None,
 ) -> Iterator[Any]:
-    """`run` on `batch_order` batches of the prompts, its outputs in input order. On CUDA
-    out-of-memory the batch size halves (`shrink(new_size)` is told, to keep it and free what it
-    holds) and the same prompts are tried again; at batch size 1 the error is raised."""
-    order = batch_order(prompts, batch_size)
+    """`run` on batches of the prompts, its outputs in input order. Lexicographic order puts
+    prompts with shared prefixes together; within each block of four batches, sorting by length
+    then keeps left padding small. On CUDA out-of-memory the batch size halves (`shrink(new_size)`
+    is told, to keep it and free what it holds) and the same prompts are tried again; at batch
+    size 1 the error is raised."""
+    lexical = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    blocks = (lexical[k : k + 4 * batch_size] for k in range(0, len(lexical), 4 * batch_size))
+    order = [i for block in blocks for i in sorted(block, key=lambda i: len(prompts[i]))]
     results: list[Any] = [None] * len(prompts)
     start = 0
     while start < len(order):

@@ -25,21 +25,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from probekit.core.answers import ANSWER_KINDS, AnswerSet
-from probekit.engines.base import ScoreResult, ScorerStats
+from probekit.engines.base import HookableModel, ScoreResult, ScorerStats
 from probekit.engines.hf.attention import additive_mask
 from probekit.engines.hf.forward import Stopwatch, body
 from probekit.engines.hf.head import VocabularyColumns, head_rows, node_terms
 from probekit.engines.hf.prompt_pass import PromptState
 from probekit.engines.trie import AnswerTrie
-
-if TYPE_CHECKING:
-    from probekit.engines.hf.protocol import HFModel
 
 
 @dataclass
@@ -50,7 +46,6 @@ class TrieTables:
 
     n_nodes: int
     max_depth: int
-    token: torch.Tensor  # [nodes]
     levels: list[torch.Tensor]  # node indices per depth
     ancestors: torch.Tensor  # [nodes, max_depth]: ancestors below the root, -1 padded
     terminal: list[torch.Tensor]  # per rule: float64 [nodes, answers] incidence
@@ -87,7 +82,6 @@ class TrieTables:
         return cls(
             n_nodes=n,
             max_depth=depth,
-            token=slot_token[:n].to(device),
             levels=[lv.to(device) for lv in levels],
             ancestors=ancestors.to(device),
             terminal=list(terminal.to(device)),
@@ -135,7 +129,7 @@ class _Pass:
 class TriePass:
     """The trie pass of one answer set on one model; `run` continues from a prompt pass."""
 
-    def __init__(self, model: HFModel, answers: AnswerSet) -> None:
+    def __init__(self, model: HookableModel, answers: AnswerSet) -> None:
         self.model = model
         self.answers = answers
         self.trie = AnswerTrie.build(answers, model.tokenizer)
@@ -174,7 +168,7 @@ class TriePass:
         pass_ = _Pass(n, none, t.max_depth, dev)
         pass_.top_token[:, 0] = state.root_logp.argmax(-1)
         level1 = t.levels[1]
-        pass_.logp_node[:, level1] = state.root_logp[:, t.token[level1]]
+        pass_.logp_node[:, level1] = state.root_logp[:, t.slot_token[level1]]
         reads = read_widths or self.on_host
         learned = self.widths.get(epsilon) if epsilon > 0 and not reads else None
         cache, head = state.cache, Stopwatch(dev)
