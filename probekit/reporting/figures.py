@@ -128,6 +128,7 @@ def heatmap_figure(
     blocks: Blocks | None = None,
     title: str = "",
     separators: Sequence[int] = (),
+    axis_labels: tuple[str, str] = ("perceiver", "experiencer"),
     mask_label: str = "hidden: not significant (Bonferroni)",
     block_label: str = "blocks",
 ) -> Figure:
@@ -141,8 +142,7 @@ def heatmap_figure(
     sets off a reference group in the first row and column). `blocks` outlines blocks in
     crimson, single cells too: (start, stop) index ranges, or one label per row (or per row
     after the first), consecutive equal labels forming a block; the legend says what they are
-    (`block_label`). The rows are the perceivers, the columns the experiencers; the colour bar
-    reads z-scores.
+    (`block_label`). `axis_labels` name the rows and the columns; the colour bar reads z-scores.
     """
     Z = np.asarray(Z, dtype=float)
     n = len(labels)
@@ -179,8 +179,8 @@ def heatmap_figure(
         fig.legend(handles=legend, loc="outside lower center", fontsize=8, frameon=False)
     ax.set_xticks(range(n), labels, rotation=60, ha="right", rotation_mode="anchor")
     ax.set_yticks(range(n), labels)
-    ax.set_ylabel("perceiver")
-    ax.set_xlabel("experiencer")
+    ax.set_ylabel(axis_labels[0])
+    ax.set_xlabel(axis_labels[1])
     ax.set_title(wrap_title(title))
     fig.colorbar(image, ax=ax, label="z-score", shrink=0.8)
     return fig
