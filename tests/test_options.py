@@ -371,25 +371,6 @@ def test_each_command_states_only_its_own_meaning_of_events_and_limit(capsys):
     assert "first 2 units" in patch_limit and "every prompt" not in patch_limit
 
 
-@pytest.mark.parametrize(
-    ("argv", "new"),
-    [
-        (["run", "isear", "--mode", "ev"], "; it is now --view exact"),
-        (["patch", "intergroup", "--metric=ev"], "; it is now --readout expected"),
-        (["capture", "intergroup", "--backend", "tl"], "; it is now --hooks transformer_lens"),
-        (["patch", "intergroup", "--pairs", "2"], "; it is now --sets-per-unit 2"),
-        (["patch", "intergroup", "--pairs-per-unit", "2"], "; it is now --sets-per-unit 2"),
-    ],
-)
-def test_a_renamed_option_names_its_new_spelling(argv, new, capsys):
-    """`--mode ev` answered "did you mean --model?": an option of an earlier version gets its
-    new spelling (`probekit.core.options.RENAMED`), before the model library is imported."""
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("probekit: error: unrecognized arguments: ") and err.endswith(new + "\n")
-    assert "did you mean" not in err
-
-
 def test_tolerance_help_lists_every_precision_tier(capsys):
     """`--tolerance` lists the tiers that exist (the float16 and +head tiers too), in order."""
     from probekit.engines.hf.precision import TIERS

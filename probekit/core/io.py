@@ -63,20 +63,16 @@ def _discard(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], object], keep: str = "") -> Path:
-    """Call `write(tmp)` to write the file, then rename it to `path` (its folder made first); on
-    failure remove it, or where `keep` says what is then missing, keep the complete file
-    beside `path` (`keep_or_replace`). An OSError (full disk, read-only folder) becomes a
-    ProbekitError naming `path`."""
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Call `write(tmp)` to write the file, then rename it to `path` (its folder made first),
+    removing it on failure. An OSError (full disk, read-only folder) becomes a ProbekitError
+    naming `path`."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
-        if keep:
-            keep_or_replace(tmp, path, keep)
-        else:
-            os.replace(tmp, path)
+        os.replace(tmp, path)
     except OSError as exc:
         raise write_error(path, exc) from None
     finally:
@@ -84,9 +80,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], object], keep: str = 
     return path
 
 
-def write_parquet(path: str | Path, frame: pd.DataFrame, keep: str = "") -> Path:
-    """Write `frame` (without its index) to `path` atomically (`keep`: as `atomic_write`)."""
-    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False), keep)
+def write_parquet(path: str | Path, frame: pd.DataFrame) -> Path:
+    """Write `frame` (without its index) to `path` atomically."""
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def write_table(path: str | Path, table: pa.Table) -> Path:
@@ -156,18 +152,18 @@ def check_outputs(folder: str | Path, names: Iterable[str] = (), option: str = "
     return target
 
 
-def keep_or_replace(tmp: Path, path: Path, then: str = "") -> None:
+def keep_or_replace(tmp: Path, path: Path) -> None:
     """Rename the complete file `tmp` to `path`; where that fails, keep it beside `path` (as
-    `<stem>.partial<suffix>`) and say so in one line, with how to finish (moving it to `path`),
-    or `then`: what is missing still."""
+    `<stem>.partial<suffix>`) and say so in one line, with how to finish (moving it to `path`)."""
     try:
         os.replace(tmp, path)
     except OSError as exc:
         kept = path.with_name(f"{path.stem}.partial{path.suffix}")
         os.replace(tmp, kept)  # the same folder: where this fails too, the rows are lost
-        then = then or f"move it to {path} to finish"
-        message = f"{write_error(path, exc).marked}; the rows are kept in {kept}: {then}"
-        raise WriteFailed(message) from None
+        raise WriteFailed(
+            f"{write_error(path, exc).marked}; the rows are kept in {kept}: move it to {path} to "
+            "finish"
+        ) from None
 
 
 class ParquetStream:

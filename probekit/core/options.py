@@ -5,8 +5,8 @@ Its kind (`probekit.core.kinds`) reads the command line's text and checks a Pyth
 both front ends apply one rule. A `Command` is one command's options: the dataclasses it takes,
 its own defaults and the checks that span several options; `Command.parse` reads argv through
 the parser it generates, `Command.build` makes the same values from keywords, and both refuse
-before any work, in one line. An unknown option or keyword gets a "did you mean" (a renamed
-option its new spelling, `RENAMED`); options are matched exactly (no prefixes).
+before any work, in one line. An unknown option or keyword gets a "did you mean"; options are
+matched exactly (no prefixes).
 
 A message names an option with `named("events")` or `given("device", "cuda:3")`
 (`probekit.core.errors`): marked text that reads as Python's words (`events`,
@@ -33,16 +33,6 @@ from probekit.core.kinds import Kind, text
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that must be given (`option(REQUIRED, ...)`)."""
-RENAMED = {
-    "--mode": ("--view", {"ev": "exact"}),
-    "--metric": ("--readout", {"ev": "expected"}),
-    "--backend": ("--hooks", {"tl": "transformer_lens", "bridge": "transformer_lens"}),
-    "--pairs": ("--sets-per-unit", {}),
-    "--pairs-per-unit": ("--sets-per-unit", {}),
-}
-"""Flags renamed while 0.1.0 was made, which users of its development versions still type: old
-flag -> (its new spelling, old values -> new ones), for the line refusing one (`--mode ev; it is
-now --view exact`)."""
 _MARKED = re.compile(f"{MARK}(\\w+)(?:=(.*?))?{MARK}")
 
 
@@ -331,31 +321,24 @@ class Command:
 
 class CommandParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (a ProbekitError: the command line prints
-    it, exit status 2): an unknown option with its new spelling (`RENAMED`) or a "did you
-    mean"; options are matched exactly (a prefix of an option is refused, not taken for it)."""
+    it, exit status 2): an unknown option with a "did you mean"; options are matched exactly (a
+    prefix of an option is refused, not taken for it)."""
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         given = list(args or ())
+        known = [name for name in self._option_string_actions if name.startswith("--")]
         for index, arg in enumerate(given):  # before argparse's errors (a required option)
             old, _, value = arg.partition("=")
             if arg.startswith("--") and old not in self._option_string_actions:
                 following = given[index + 1 : index + 2]
                 value = value or next((v for v in following if v[:1] != "-"), "")
                 shown = arg if "=" in arg else f"{arg} {value}".strip()
-                self.error(f"unrecognized arguments: {shown}{self._hint(old, value)}")
+                near = difflib.get_close_matches(old, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]}?" if near else ""
+                self.error(f"unrecognized arguments: {shown}{hint}")
         return super().parse_args(args, namespace)
-
-    def _hint(self, old: str, value: str) -> str:
-        """What an unknown option `old` (given `value`) is now: its new spelling if it was
-        renamed, else the nearest of this parser's options."""
-        if old in RENAMED:
-            new, values = RENAMED[old]
-            return f"; it is now {new} {values.get(value, value)}".rstrip()
-        known = [name for name in self._option_string_actions if name.startswith("--")]
-        near = difflib.get_close_matches(old, known, n=1, cutoff=0.6)
-        return f"; did you mean {near[0]}?" if near else ""
 
     def error(self, message: str) -> NoReturn:
         """Raise one line (a ProbekitError, which the command line prints with exit status 2)

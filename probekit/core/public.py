@@ -64,7 +64,6 @@ def _checked(
     first = next(iter(body), None) if owner is not function else None  # self / cls
     extra = next((p.name for p in body.values() if p.kind is p.VAR_KEYWORD), None)
     listed = [n for n in body if n not in (first, extra)]
-    positional = [n for n, p in body.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
     required = [n for n in listed if body[n].default is body[n].empty]
 
     @functools.cache
@@ -90,14 +89,11 @@ def _checked(
                     raise unknown_keyword(key, listed, where)
             elif key in fields and value is not None:  # the caller's words before any other
                 kwargs[key] = check_option(fields[key], value, key)
-        values = dict(zip(positional, args, strict=False))
-        clash = len(args) > len(positional) or values.keys() & kwargs.keys()
-        values.update(kwargs)
         try:  # a call its signature does not take: one line, as `Signature.bind` words it
-            if clash or any(n not in values for n in required):
-                signature.bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as error:
             raise ProbekitError(f"{where}: {error}") from None
+        values = bound.arguments
         for name, value in values.items():
             if name in fields:
                 if value is None and body[name].default is body[name].empty:
@@ -108,7 +104,7 @@ def _checked(
                     values[name] = check_option(fields[name], value, name)
             elif name != first and name in checks and not checks[name](value):
                 raise ProbekitError(f"{where}: {refusal(name, value, known[name])}")
-        return function(**values)
+        return function(*bound.args, **bound.kwargs)
 
     # what the tests read: the option fields of its parameters, the command of their defaults
     call.__public__ = SimpleNamespace(fields=fields, command=command)  # type: ignore[attr-defined]

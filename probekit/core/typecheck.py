@@ -57,20 +57,13 @@ def resolve(annotation: Any, owner: Any) -> Any:
         return Any
 
 
-def checker(hint: Any) -> Check:
-    """The check of `hint`, made once per hint: a public constructor runs it on every call."""
-    try:
-        return _made(hint)
-    except TypeError:  # an unhashable hint
-        return _made.__wrapped__(hint)
-
-
 def _anything(value: Any) -> bool:
     return True
 
 
 @functools.cache
-def _made(hint: Any) -> Check:
+def checker(hint: Any) -> Check:
+    """The check of `hint`, made once per hint: a public constructor runs it on every call."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in (Any, inspect.Parameter.empty) or isinstance(hint, typing.TypeVar):
         return _anything
@@ -83,23 +76,21 @@ def _made(hint: Any) -> Check:
         return callable
     if origin in MAPPINGS:
         key, item = (checker(a) for a in (args or (Any, Any)))
-        return functools.partial(_mapping, key, item)
+        return lambda v: (
+            isinstance(v, abc.Mapping)
+            and all(key(k) and item(x) for k, x in islice(v.items(), ELEMENTS))
+        )
     if origin is tuple and args and args[-1] is not Ellipsis:  # a fixed-length tuple
         fixed = [checker(a) for a in args]
-        return lambda v: _sequence(v) and len(v) == len(fixed) and all(map(_fits, fixed, v))
+        return lambda v: (
+            _sequence(v)
+            and len(v) == len(fixed)
+            and all(c(x) for c, x in zip(fixed, v, strict=True))
+        )
     if origin in SEQUENCES:
         element = checker(args[0] if args else Any)
         return lambda v: _sequence(v) and all(map(element, islice(v, ELEMENTS)))
     return _plain(origin or hint)
-
-
-def _fits(check: Check, value: Any) -> bool:
-    return check(value)
-
-
-def _mapping(key: Check, item: Check, value: Any) -> bool:
-    pairs = islice(value.items(), ELEMENTS) if isinstance(value, abc.Mapping) else None
-    return pairs is not None and all(key(k) and item(x) for k, x in pairs)
 
 
 def _plain(hint: Any) -> Check:

@@ -129,9 +129,7 @@ def heatmap_figure(
     title: str = "",
     separators: Sequence[int] = (),
     axis_labels: tuple[str, str] = ("perceiver", "experiencer"),
-    value_label: str = "z-score",
     mask_label: str = "hidden: not significant (Bonferroni)",
-    values: bool | None = None,
     block_label: str = "blocks",
 ) -> Figure:
     """Draw the square matrix Z (rows and columns both named by `labels`) in YlGnBu, the
@@ -139,12 +137,12 @@ def heatmap_figure(
 
     `mask` is True where a cell is shown (as from `stats.shown_mask`); other cells are white,
     and a legend under the figure says what white means (`mask_label`), so that a hidden cell
-    does not read as missing data. `values` writes each shown cell's value in it (default: for
-    grids of at most 10 x 10). A black line is drawn before each index in `separators` (e.g. 1
+    does not read as missing data. A grid of at most 10 x 10 has each shown cell's value written
+    in it. A black line is drawn before each index in `separators` (e.g. 1
     sets off a reference group in the first row and column). `blocks` outlines blocks in
     crimson, single cells too: (start, stop) index ranges, or one label per row (or per row
     after the first), consecutive equal labels forming a block; the legend says what they are
-    (`block_label`). `axis_labels` name the rows and the columns.
+    (`block_label`). `axis_labels` name the rows and the columns; the colour bar reads z-scores.
     """
     Z = np.asarray(Z, dtype=float)
     n = len(labels)
@@ -158,7 +156,7 @@ def heatmap_figure(
     ax = fig.add_subplot()
     cmap = colormaps["YlGnBu"].with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_array(Z, hidden), cmap=cmap)
-    if n <= 10 if values is None else values:
+    if n <= 10:
         for (i, j), value in np.ndenumerate(Z):
             if not hidden[i, j] and np.isfinite(value):
                 colour = "white" if image.norm(value) > 0.6 else "black"
@@ -184,7 +182,7 @@ def heatmap_figure(
     ax.set_ylabel(axis_labels[0])
     ax.set_xlabel(axis_labels[1])
     ax.set_title(wrap_title(title))
-    fig.colorbar(image, ax=ax, label=value_label, shrink=0.8)
+    fig.colorbar(image, ax=ax, label="z-score", shrink=0.8)
     return fig
 
 

@@ -61,21 +61,18 @@ def run_sections(runs: Sequence[Path], out: Path) -> str:
 
 def describe_limit(manifest: Mapping[str, Any]) -> str | None:
     """One line saying that a run scored some of its units only (`--limit`; the probe's
-    `limit` field names them); None for a whole run. A run of an older probekit, which scored
-    the first N prompts, says so."""
+    `limit` field names them); None for a whole run."""
     done, total = manifest.get("prompts"), manifest.get("prompts_total")
     if manifest.get("limit") is None or done == total:
         return None
-    kept = manifest.get("probe", {}).get("limit")
-    head = f"PARTIAL RUN ({given('limit', manifest['limit'])}): {done} of {total} prompts"
-    if not isinstance(kept, dict):
-        return f"{head}, the first of the run's order; its figures describe those prompts only"
-    unit, groups = kept.get("unit_name", "unit"), kept.get("groups", 1)
-    name = kept.get("group_name") or "unit"
+    kept = manifest["probe"]["limit"]
+    unit, groups = kept["unit_name"], kept["groups"]
+    name = kept["group_name"] or "unit"
     turn = f", taken in turn from its {groups} {name} groups" if groups > 1 else ""
     return (
-        f"{head}, all those of {len(kept['units'])} of the {kept['units_total']} {unit}s{turn}; "
-        f"its figures describe those {unit}s only"
+        f"PARTIAL RUN ({given('limit', manifest['limit'])}): {done} of {total} prompts, all those "
+        f"of {len(kept['units'])} of the {kept['units_total']} {unit}s{turn}; its figures "
+        f"describe those {unit}s only"
     )
 
 
