@@ -494,16 +494,15 @@ class Study(Contract):
 
     def describe_data(self, manifest: Mapping[str, Any]) -> str:
         """The data a run read as a reader knows it: the data set's name and whether its files
-        are the pinned ones (`data_verified` in the manifest, else its `data_sha256` against the
-        pinned sums), or probekit's own sample standing in for it."""
+        are the pinned ones (`data_verified` in the manifest), or probekit's own sample standing in
+        for it."""
         origin = manifest.get("data_origin")
         if self.dataset is None:
             return str(origin or "—")
         name, digest = self.dataset.name, manifest.get("data_sha256")
         if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
             return f"{SAMPLE_DATA}, not {name}"
-        pinned = self.dataset.pinned_sha256() if digest else None
-        verified = manifest.get("data_verified", None if pinned is None else digest == pinned)
+        verified = manifest.get("data_verified")
         if verified is True:
             return f"{name}, SHA-256 verified"
         if verified is False:
