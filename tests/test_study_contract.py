@@ -306,14 +306,14 @@ def test_lens_on_every_study(name, tiny, tmp_path):
     assert (first["label"], first["value"]) == (own.label, pytest.approx(own.value, nan_ok=True))
 
 
-def test_a_study_must_declare_its_report_and_its_contrast():
+def test_a_study_must_declare_its_contrast():
     class Partial(base.Study):
         name = "partial"
 
         def probes(self, options, context):
             return []
 
-    with pytest.raises(ProbekitError, match="headlines.*mechanism_defaults.*report_view"):
+    with pytest.raises(ProbekitError, match="mechanism_defaults"):
         Partial()
 
 

@@ -72,13 +72,6 @@ class Dataset:
         """One sha256 over the files under `root` (see `combined_sha256`)."""
         return combined_sha256(root, self.files)
 
-    def pinned_sha256(self) -> str | None:
-        """The `sha256` its pinned files have (None when a file has no pinned sum)."""
-        pinned = read_checksums()
-        if not all(rel in pinned for rel in self.files):
-            return None
-        return _combined({rel: pinned[rel] for rel in self.files})
-
     def verify(self, source: DataSource) -> dict[str, str] | None:
         """The files of `source` that differ from their pinned sha256 (relative path -> sha256
         found; empty when all match), or None when nothing can be checked: probekit's own
@@ -143,12 +136,7 @@ def combined_sha256(root: str | Path, files: Iterable[str]) -> str:
     missing = next((root / rel for rel in files if not (root / rel).is_file()), None)
     if missing is not None:
         raise ProbekitError(f"{missing} is missing; cannot checksum the dataset under {root}")
-    return _combined({rel: file_sha256(root / rel) for rel in files})
-
-
-def _combined(digests: Mapping[str, str]) -> str:
-    """One sha256 over files' sha256s: `sha256sum FILES | sha256sum`, files in sorted order."""
-    lines = "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
+    lines = "".join(f"{file_sha256(root / rel)}  {rel}\n" for rel in sorted(files))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 

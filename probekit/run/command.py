@@ -389,9 +389,10 @@ class StudyRunner(Runner):
         return sorted(set(given)) if given and min(given) >= 0 else None
 
     def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
-        """What defines a mechanism run (its manifest; `probekit.core.rundir.RECORDED_ONLY`
-        says which fields are resume keys): the study, the model, the probe in its exact view,
-        the seed, the command's `own_fields` and the prompts (their ids' SHA-256, in order)."""
+        """What defines a run of any command (its manifest; `probekit.core.rundir.RECORDED_ONLY`
+        says which fields are resume keys): the study, the model, the probe in its exact view
+        (`probekit run`: the view asked), the seed, the command's `own_fields` and the prompts
+        (their number and their ids' SHA-256, in order)."""
         return {
             "results_format": RESULTS_FORMAT,
             "study": job.study.name,
@@ -433,7 +434,8 @@ class StudyRunner(Runner):
 
 
 def prompt_fields(items: Sequence[Item]) -> dict[str, Any]:
-    """A mechanism run's prompts as its manifest records them: their ids' SHA-256, in order."""
+    """A run's prompts as its manifest records them: their number, their ids' SHA-256 in
+    order."""
     ids = "\n".join(item.id for item in items)
     return {"prompt_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(), "prompts": len(items)}
 

@@ -38,7 +38,7 @@ from probekit.core.errors import ProbekitError
 from probekit.core.options import declaration, given, named, options_of
 from probekit.core.progress import duration, echo, is_quiet, note, silenced
 from probekit.core.public import public
-from probekit.core.rundir import RESULTS_FORMAT, SCORES, RunDir
+from probekit.core.rundir import SCORES, RunDir
 from probekit.engines import run_in_engine_env
 from probekit.engines.base import Engine, ScoreResult
 from probekit.engines.options import NOISE_SAMPLE, ModelOptions
@@ -49,7 +49,6 @@ from probekit.run.command import (
     Options,
     StudyRunner,
     given_model,
-    model_fields,
     settle_run_precision,
     stop_on_sigterm,
 )
@@ -192,26 +191,19 @@ class RunCommand(StudyRunner):
         assert study is not None
         self.finish(study, options, call=" ".join(sys.argv))
 
-    def fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
-        """What defines a run (its manifest; `probekit.core.rundir.RECORDED_ONLY` says which
-        fields are resume keys)."""
+    def own_fields(self, job: Job, model: Engine | None) -> dict[str, Any]:
+        """A run's own manifest fields: its view and ε, the generation budget of a generating
+        view, its limit, the prompts in the study's configuration and an interval note."""
         run, probe = job.own, job.probe
         generating = run.view != "exact"
         return {
-            "study": job.study.name,
-            **model_fields(job.asked, model, job.given),
-            "probe": probe.config(),
             "view": run.view,
             "epsilon": run.epsilon,
             "max_new_tokens": probe.max_new_tokens if generating else None,
             "temperature": probe.temperature if generating else None,
-            "seed": run.seed,
             "limit": run.limit,
-            "prompts": len(probe) if run.limit is None else min(len(probe), run.limit),
             "prompts_total": len(probe.whole),
-            "results_format": RESULTS_FORMAT,
-            **probe.manifest(),
-            **probe.interval_fields(probe.items()),
+            **probe.interval_fields(job.items),
         }
 
     def execute(
@@ -235,10 +227,11 @@ class RunCommand(StudyRunner):
         out = Path(run.out)  # a folder per model when several, in it a folder per probe
         tops = {m.model: out if len(models) == 1 else out / model_folder(m.model) for m in models}
         subdirs = [probe.subdir if len(probes) > 1 else "" for probe in probes]
+        prompts = [list(probe.items()) for probe in probes]
         jobs = [
-            Job(study, m, probe, tops[m.model] / subdir, call, run, given=engine is not None)
+            Job(study, m, probe, tops[m.model] / subdir, call, run, items, engine is not None)
             for m in models
-            for probe, subdir in zip(probes, subdirs, strict=True)
+            for probe, items, subdir in zip(probes, prompts, subdirs, strict=True)
         ]
         for job in jobs:  # before any model loads
             prepare_run_dir(job.folder, shard)

@@ -20,9 +20,8 @@ a run's views (`report`), the summary files (`write_summary`, one `Summary`); sc
 sharding, resuming and writing results are the run loop's job (`probekit.run.loop`).
 
 A `Study` is also what the report pages read (`probekit.reporting.contract.StudyReport`):
-`headlines(table, manifest)` (declared by every study), and `card()`, `captions`,
-`view_facts(table, run)` and `describe_data(manifest)`, each with a default here that a study
-overrides in its folder.
+`headlines(table, manifest)`, `captions` and `view_facts(table, run)` (read from the `report`
+module beside the study's, `report_module`), `card()` and `describe_data(manifest)`.
 
 Study modules import no model library at module level: listing the studies and `--help` load
 only their light metadata (name, title, options).
@@ -33,6 +32,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import importlib.util
 import inspect
 import sys
 from abc import abstractmethod
@@ -41,7 +41,6 @@ from dataclasses import dataclass, replace
 from importlib.resources import files
 from itertools import accumulate, zip_longest
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -286,7 +285,6 @@ class Study(Contract):
     unit_name: str = "unit"  # what an item's unit is (event, question), in reports
     options: type = NoOptions  # the study's own options (a dataclass of `option` fields)
     dataset: Dataset | None = None  # the data found by `data_source` from --data
-    captions: Mapping[str, str] = MappingProxyType({})  # figure file name -> caption (pages)
     interval_columns: tuple[str, ...] = ("low", "high")  # summary cells of a headline interval
     pair_within: tuple[str, ...] = ()  # item keys the two prompts of a pair share (`pairs`)
 
@@ -333,13 +331,30 @@ class Study(Contract):
             for row in self.report_view(scores, run_dir, manifest, view, f"_{view}" * (view != own))
         ]
 
-    @abstractmethod
+    def report_module(self) -> Any:
+        """The `report` module beside the study's own (None for a study in a single module),
+        imported on first use so that listing the studies stays light: its `report_view(scores,
+        view)` (`view` a `ReportView`), `headlines(table, manifest)`, `summary_markdown(table)`,
+        `view_facts(table, run)` and its figures' `CAPTIONS`. A study without one overrides
+        `report_view` and `headlines`."""
+        package = type(self).__module__.rpartition(".")[0]
+        if not package or importlib.util.find_spec(f"{package}.report") is None:
+            return None
+        return importlib.import_module(f"{package}.report")
+
+    @property
+    def captions(self) -> Mapping[str, str]:
+        """Figure file name -> caption on the report pages (the report module's `CAPTIONS`)."""
+        return getattr(self.report_module(), "CAPTIONS", {})
+
     def report_view(
         self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
     ) -> list[dict]:
         """Metrics and figures of one view of scored rows (files in `run_dir` named with
         `suffix`): its summary rows. The rows may be a run's or any other set of the probe's
         scored prompts (`probekit steer`'s rows at one α), with `manifest` the probe's."""
+        reported = ReportView(run_dir, manifest, view, suffix, self.describe_data(manifest))
+        return self.report_module().report_view(scores, reported)
 
     def headline(self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any]) -> Headline:
         """The study's primary headline on scored rows of the exact view (`report_view` into
@@ -428,7 +443,9 @@ class Study(Contract):
         return pd.DataFrame(list(rows))
 
     def summary_markdown(self, table: pd.DataFrame) -> str:
-        """`summary.md`: the title and the summary table."""
+        """`summary.md`: the report module's, else the title and the summary table."""
+        if self.report_module() is not None:
+            return self.report_module().summary_markdown(table)
         cells = [[f"{v:.4g}" if isinstance(v, float) else v for v in row] for row in table.values]
         return f"# {self.title}\n\n{markdown_table(table.columns, cells)}\n"
 
@@ -457,29 +474,35 @@ class Study(Contract):
         what = what or ("" if package else paragraphs[0])
         return StudyCard(self.name, self.title, what, source, text)
 
-    @abstractmethod
     def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
         """The headline numbers of one run from its summary rows (`report_view`'s), the one that
-        stands for the study marked `primary` (`headline`, `Run.headline`); `row_headlines`
-        (`probekit.reporting.headline`) makes one per row, absent columns read as None."""
+        stands for the study marked `primary` (`headline`, `Run.headline`): the report module's,
+        each with the rows' `interval_note` (a run too small for an interval) before its own
+        note. `row_headlines` (`probekit.reporting.headline`) makes one per row."""
+        found = self.report_module().headlines(table, dict(manifest))
+        notes = table.get(INTERVAL_NOTE, pd.Series(dtype=object)).dropna()
+        if not len(notes):
+            return found
+        note = str(notes.iloc[0])
+        return [replace(h, note="; ".join(filter(None, (note, h.note)))) for h in found]
 
     def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        """The views of one run (valid mass, answers read, agreement); by default the page shows
-        the run's own view with its mean valid mass."""
-        return []
+        """The views of one run (valid mass, answers read, agreement): the report module's; with
+        none the page shows the run's own view with its mean valid mass."""
+        module = self.report_module()
+        return [] if module is None else module.view_facts(table, run)
 
     def describe_data(self, manifest: Mapping[str, Any]) -> str:
         """The data a run read as a reader knows it: the data set's name and whether its files
-        are the pinned ones (`data_verified` in the manifest, else its `data_sha256` against the
-        pinned sums), or probekit's own sample standing in for it."""
+        are the pinned ones (`data_verified` in the manifest), or probekit's own sample standing in
+        for it."""
         origin = manifest.get("data_origin")
         if self.dataset is None:
             return str(origin or "—")
         name, digest = self.dataset.name, manifest.get("data_sha256")
         if origin == "sample" or (digest and digest == _sample_sha256(self.dataset)):
             return f"{SAMPLE_DATA}, not {name}"
-        pinned = self.dataset.pinned_sha256() if digest else None
-        verified = manifest.get("data_verified", None if pinned is None else digest == pinned)
+        verified = manifest.get("data_verified")
         if verified is True:
             return f"{name}, SHA-256 verified"
         if verified is False:
@@ -552,44 +575,6 @@ def _sample_sha256(dataset: Dataset) -> str | None:
 
 
 _REGISTRY: dict[str, Study] = {}
-
-
-class ReportedStudy(Study):
-    """A study in its own folder whose report is the functions of the folder's `report` module:
-    `report_view(scores, view)` (with `view` a `ReportView`), `summary_markdown(table)`,
-    `headlines(table, manifest)`, `view_facts(table, run)` and its figures' `CAPTIONS`, imported
-    on first use so that listing the studies stays light."""
-
-    def report_module(self) -> Any:
-        """The `report` module beside the study's own."""
-        return importlib.import_module(type(self).__module__.rpartition(".")[0] + ".report")
-
-    @property
-    def captions(self) -> Mapping[str, str]:  # type: ignore[override]
-        """The captions of the figures the report module draws (its `CAPTIONS`)."""
-        return self.report_module().CAPTIONS
-
-    def report_view(
-        self, scores: pd.DataFrame, run_dir: Path, manifest: dict[str, Any], view: str, suffix: str
-    ) -> list[dict]:
-        reported = ReportView(run_dir, manifest, view, suffix, self.describe_data(manifest))
-        return self.report_module().report_view(scores, reported)
-
-    def summary_markdown(self, table: pd.DataFrame) -> str:
-        return self.report_module().summary_markdown(table)
-
-    def headlines(self, table: pd.DataFrame, manifest: Mapping[str, Any]) -> list[Headline]:
-        """The report module's headlines, each with the rows' `interval_note` (a run too
-        small for an interval) before its own note."""
-        found = self.report_module().headlines(table, dict(manifest))
-        notes = table.get(INTERVAL_NOTE, pd.Series(dtype=object)).dropna()
-        if not len(notes):
-            return found
-        note = str(notes.iloc[0])
-        return [replace(h, note="; ".join(filter(None, (note, h.note)))) for h in found]
-
-    def view_facts(self, table: pd.DataFrame, run: RunFacts) -> list[ViewFacts]:
-        return self.report_module().view_facts(table, run)
 
 
 def register(study: Study) -> Study:

@@ -16,7 +16,7 @@ from probekit.reporting.contract import SAMPLE_DATA
 from probekit.studies.base import (
     MECHANISM,
     Context,
-    ReportedStudy,
+    Study,
     mechanism_slice,
     register,
     run_help,
@@ -74,7 +74,7 @@ class GIEBenchOptions:
     )
 
 
-class GIEBenchStudy(ReportedStudy):
+class GIEBenchStudy(Study):
     name = "giebench"
     title = "GIEBench (Wang et al. 2024): identity-based empathy verdicts over four answers"
     run_views = ("exact", "explain", "generate")

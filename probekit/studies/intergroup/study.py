@@ -21,7 +21,7 @@ from probekit.studies.base import (
     MECHANISM,
     RUN,
     Context,
-    ReportedStudy,
+    Study,
     data_option,
     register,
     run_help,
@@ -95,7 +95,7 @@ class IntergroupOptions:
     )
 
 
-class IntergroupStudy(ReportedStudy):
+class IntergroupStudy(Study):
     name = "intergroup"
     title = "The intergroup empathy gap (Hou, Daumé III & Rudinger, NAACL 2025): rated intensity"
     unit_name = "event"

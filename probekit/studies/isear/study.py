@@ -20,7 +20,7 @@ from probekit.engines.base import ScoreResult
 from probekit.mechanism.defaults import Contrast, Difference, MechanismDefaults
 from probekit.studies.base import (
     Context,
-    ReportedStudy,
+    Study,
     data_option,
     register,
     run_option,
@@ -78,7 +78,7 @@ class IsearOptions:
     )
 
 
-class IsearStudy(ReportedStudy):
+class IsearStudy(Study):
     name = "isear"
     title = "GenderBench's ISEAR probe: P(emotion | gender) for real events, max_diff and marks"
     default_seed = DEFAULT_SEED  # GenderBench's random_seed: events, bootstrap

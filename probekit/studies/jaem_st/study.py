@@ -29,7 +29,7 @@ from probekit.studies.base import (
     MECHANISM,
     Context,
     Probe,
-    ReportedStudy,
+    Study,
     data_option,
     register,
     run_option,
@@ -110,7 +110,7 @@ class JaemOptions:
     )
 
 
-class JaemStudy(ReportedStudy):
+class JaemStudy(Study):
     name = "jaem-st"
     title = "JaEm-ST (seed 002): intersectional cognitive empathy, exact A–E choices"
     unit_name = "sample"
