@@ -287,7 +287,7 @@ def test_the_vllm_engine_loads_its_exact_copy_only_for_exact_scores(whole, monke
 
     monkeypatch.setattr("probekit.engines.vllm.vllm_available", lambda: True)
     engine = probekit.load_engine("default", engine="vllm", tensor_parallel_size=1)
-    assert isinstance(engine, VllmEngine) and engine._exact is None
+    assert isinstance(engine, VllmEngine) and "exact" not in vars(engine)  # not loaded yet
     assert next(engine.text.hf.parameters()).device.type == "meta"  # no weights read
     item = _item(PROMPTS[0])
     assert engine.encode(item).input_ids == whole.encode(item).input_ids
@@ -296,7 +296,7 @@ def test_the_vllm_engine_loads_its_exact_copy_only_for_exact_scores(whole, monke
         "pipeline_parallel_size": 1,
     }
     scorer = engine.scorer(probekit.AnswerSet.parse("0-10"), epsilon=0.0)
-    assert engine._exact is None and scorer.stats.prompts == 0  # not even for a scorer
+    assert "exact" not in vars(engine) and scorer.stats.prompts == 0  # not even for a scorer
     loaded = []
     engine.load_exact = lambda: loaded.append(1) or load_model("default")
     result = next(iter(scorer.exact.score([whole.encode(item).input_ids])))
