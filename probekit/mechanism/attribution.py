@@ -40,7 +40,6 @@ from probekit.mechanism.components import (
     check,
     exact_effect,
     from_row,
-    key_columns,
     make_job,
     pair_columns,
     row,
@@ -119,14 +118,13 @@ def attribute(
                 chunk = [want[key] for key in keys[start : start + size]]
                 _pass(scorer, chunk, hooks, readout, value, acts, grads if grad else None)
                 bar.update(len(chunk))
-    keys = key_columns(pairs)
     rows = []
     for job in jobs:
         clean, corrupt = pairs[job.pair]
         noop = job.status == NOT_RUN
         estimate = 0.0 if noop else _estimate(job, acts, grads, clean.id, corrupt.id)
         found = (value[clean.id], value[corrupt.id], np.nan)
-        rows.append(row(pairs[job.pair], keys, job, readout, *found, about[job.pair]))
+        rows.append(row(job, readout, *found, about[job.pair]))
         rows[-1] |= {"method": "attribution", "estimate": estimate}
     return pd.DataFrame(rows).astype({"head": "Int64"})
 

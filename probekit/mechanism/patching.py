@@ -73,7 +73,6 @@ from probekit.mechanism.components import (
     Patch,
     check,
     exact_effect,
-    key_columns,
     make_job,
     pair_columns,
     row,
@@ -206,7 +205,6 @@ def sweep(
             bar.update(len(ks))
         bar.close()
     noise = numeric_noise(scorer.model, used, readout, baseline, rescored)
-    keys = key_columns(pairs)
     found_rows = []
     for k in chosen:
         job = jobs[k]
@@ -217,7 +215,7 @@ def sweep(
             readout(found[name], p.item, found["clean"])
             for name, p in zip(found, (clean, corrupt, corrupt), strict=True)
         ]
-        entry = row(pairs[job.pair], keys, job, readout, *values, about[job.pair])
+        entry = row(job, readout, *values, about[job.pair])
         entry |= {"ran": k in patched, "noise": noise}
         entry["valid_mass_patched"] = found["patched"].valid_mass
         for name, result in found.items() if distributions else ():
@@ -490,11 +488,10 @@ def _edits(
         for at, job in ((at, jobs[k]) for at, k in enumerate(ks) if jobs[k].patch.hook == hook):
             extra: list[Position] = list(nodes) if job.nodes else []
             targets = [*job.target, *extra]
-            if targets:
-                locs += [(at, p) for p in targets]
-                acts, where = source_acts[pairs[job.pair][job.block].id]
-                values.append(acts[hook][[where[p] for p in [*job.source, *extra]]])
-                heads += [job.patch.head] * len(targets)
+            locs += [(at, p) for p in targets]
+            acts, where = source_acts[pairs[job.pair][job.block].id]
+            values.append(acts[hook][[where[p] for p in [*job.source, *extra]]])
+            heads += [job.patch.head] * len(targets)
         if locs:
             edits[hook] = (locs, LocationValues(torch.cat(values), heads))
     return edits
@@ -509,29 +506,24 @@ def _baselines(
     hooks: str,
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
-    """The exact result of each of `prompts` (by prompt id); for the prompts whose
-    values patches copy, their activations at the hooks the jobs `todo` patch, on
-    the positions those patches copy, answer positions `nodes` included where a patch writes
-    them ({hook: [n, d]}, position index)."""
+    """The exact result of each of `prompts` (by prompt id); for the prompts whose values
+    patches copy, their activations at the hooks the jobs `todo` patch, at every prompt position
+    and, where a patch writes them, every answer position `nodes` ({hook: [n, d]}, position
+    index)."""
     read = sorted({job.patch.hook for job in todo}, key=hook_order)
-    needed: dict[str, set[Position]] = {}
-    for job in todo:
-        found = needed.setdefault(pairs[job.pair][job.block].id, set())
-        found.update([*job.source, *(nodes if job.nodes else [])])
+    sources = {pairs[job.pair][job.block].id for job in todo}
+    extra = nodes if any(job.nodes for job in todo) else []
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}
     acts: dict[str, tuple[dict[str, torch.Tensor], dict[Position, int]]] = {}
     for start in range(0, len(keys), size):
         chunk = keys[start : start + size]
-        positions = [  # prompt positions in order, then answer nodes in order
-            sorted(
-                needed.get(k, ()), key=lambda p: (isinstance(p, AnswerNode), getattr(p, "node", p))
-            )
-            for k in chunk
+        positions = [
+            [*range(len(prompts[k].input_ids)), *extra] if k in sources else [] for k in chunk
         ]
         locs = [(at, p) for at, ps in enumerate(positions) for p in ps]
-        reads = {hook: locs for hook in read} if locs else None
         batch = [prompts[k].input_ids for k in chunk]
+        reads = {hook: locs for hook in read} if locs else None
         results, values = score_with(scorer, batch, reads=reads, hooks=hooks)
         at = 0
         for key, result, ps in zip(chunk, results, positions, strict=True):
