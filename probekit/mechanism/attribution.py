@@ -40,7 +40,6 @@ from probekit.mechanism.components import (
     check,
     exact_effect,
     from_row,
-    key_columns,
     make_job,
     pair_columns,
     row,
@@ -52,8 +51,8 @@ from probekit.mechanism.readouts import Readout
 from probekit.mechanism.sites import bridged, hf_module, hook_order
 
 METHODS = ("exact", "attribution", "attribution+verify")
-Found = dict[str, tuple[dict[str, torch.Tensor], dict[int, int]]]
-"""Per prompt id: {hook: values [positions, ...]} and each position's row in them."""
+Found = dict[str, dict[str, torch.Tensor]]
+"""Per prompt id: {hook: values [prompt positions, ...]}."""
 
 
 def linear_weights(readout: Readout, scorer: HookedScorer, item: Item) -> np.ndarray:
@@ -103,30 +102,25 @@ def attribute(
             f"({given('method', 'exact')}) or give pairs of equal token counts"
         )
     hooks = sorted({patch.hook for patch in patches}, key=hook_order)
-    want: dict[str, tuple[EncodedItem, set[int]]] = {}
-    for job in jobs:
-        clean, corrupt = pairs[job.pair]
-        want.setdefault(clean.id, (clean, set()))[1].update(job.clean_positions)
-        want.setdefault(corrupt.id, (corrupt, set()))[1].update(job.corrupt_positions)
+    prompts = {prompt.id: prompt for pair in pairs for prompt in pair}
     corrupt_ids = {corrupt.id for _, corrupt in pairs}
     value: dict[str, float] = {}
     acts: Found = {}
     grads: Found = {}
-    with progress(len(want), "prompt", "attribution") as bar:
+    with progress(len(prompts), "prompt", "attribution") as bar:
         for grad in (False, True):  # the clean prompts alone, then the corrupt ones' gradients
-            keys = [key for key in want if (key in corrupt_ids) == grad]
+            keys = [key for key in prompts if (key in corrupt_ids) == grad]
             for start in range(0, len(keys), size):
-                chunk = [want[key] for key in keys[start : start + size]]
+                chunk = [prompts[key] for key in keys[start : start + size]]
                 _pass(scorer, chunk, hooks, readout, value, acts, grads if grad else None)
                 bar.update(len(chunk))
-    keys = key_columns(pairs)
     rows = []
     for job in jobs:
         clean, corrupt = pairs[job.pair]
         noop = job.status == NOT_RUN
         estimate = 0.0 if noop else _estimate(job, acts, grads, clean.id, corrupt.id)
         found = (value[clean.id], value[corrupt.id], np.nan)
-        rows.append(row(pairs[job.pair], keys, job, readout, *found, about[job.pair]))
+        rows.append(row(job, readout, *found, about[job.pair]))
         rows[-1] |= {"method": "attribution", "estimate": estimate}
     return pd.DataFrame(rows).astype({"head": "Int64"})
 
@@ -145,19 +139,18 @@ def check_gradients(scorer: HookedScorer) -> None:
 
 def _pass(
     scorer: HookedScorer,
-    prompts: list[tuple[EncodedItem, set[int]]],
+    prompts: list[EncodedItem],
     hooks: list[str],
     readout: Readout,
     value: dict[str, float],
     acts: Found,
     grads: Found | None,
 ) -> None:
-    """Into `value`, the readout of each prompt; into `acts`, its activations at `hooks` on the
-    wanted positions; into `grads` (unless None), the readout's gradient there. The gradient at
-    a location is the gradient at a zero added there (`interventions.bridge_hooks`)."""
-    batch = [p.input_ids for p, _ in prompts]
-    ordered = [sorted(ps) for _, ps in prompts]
-    locs = [(at, p) for at, ps in enumerate(ordered) for p in ps]
+    """Into `value`, the readout of each prompt; into `acts`, its activations at `hooks` at
+    every prompt position; into `grads` (unless None), the readout's gradient there. The
+    gradient at a location is the gradient at a zero added there (`interventions.bridge_hooks`)."""
+    batch = [p.input_ids for p in prompts]
+    locs = [(at, k) for at, ids in enumerate(batch) for k in range(len(ids))]
     zeros: dict[str, torch.Tensor] = {}
 
     def add_zero(hook: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -169,7 +162,7 @@ def _pass(
 
     edits = {hook: (locs, add_zero(hook)) for hook in hooks} if grads is not None else {}
     fwd, read = bridge_hooks(scorer.model, batch, {hook: locs for hook in hooks}, edits)
-    weights = [linear_weights(readout, scorer, p.item) for p, _ in prompts]
+    weights = [linear_weights(readout, scorer, p.item) for p in prompts]
     weights = torch.tensor(np.stack(weights), device=scorer.model.device)
     with bridged(scorer.model) as bridge:  # the backward recomputes the head: bridge installed
         with torch.set_grad_enabled(grads is not None), bridge.hooks(fwd_hooks=fwd):
@@ -185,22 +178,19 @@ def _pass(
                 f"the readout has no gradient at {hook}; use {given('method', 'exact')}"
             )
     at = 0
-    for (prompt, _), ps, v in zip(prompts, ordered, values.detach().cpu(), strict=True):
-        index = {p: at + i for i, p in enumerate(ps)}
-        value[prompt.id], acts[prompt.id] = float(v), (seen, index)
+    for prompt, v in zip(prompts, values.detach().cpu(), strict=True):
+        rows = slice(at, at + len(prompt.input_ids))
+        value[prompt.id], acts[prompt.id] = float(v), {h: seen[h][rows] for h in hooks}
         if grads is not None:
-            grads[prompt.id] = ({h: g.cpu() for h, g in zip(hooks, got, strict=True)}, index)
-        at += len(ps)
+            grads[prompt.id] = {h: g[rows].cpu() for h, g in zip(hooks, got, strict=True)}
+        at += len(prompt.input_ids)
 
 
 def _estimate(job: Job, acts: Found, grads: Found, clean_id: str, corrupt_id: str) -> float:
     """(a_clean - a_corrupt) . grad at the job's aligned positions (its head only, if any)."""
-    hook = job.patch.hook
-    (clean, c_at), (corrupt, k_at) = acts[clean_id], acts[corrupt_id]
-    c_rows = [c_at[p] for p in job.clean_positions]
-    k_rows = [k_at[p] for p in job.corrupt_positions]
-    grad = grads[corrupt_id][0][hook][k_rows]
-    term = (clean[hook][c_rows].double() - corrupt[hook][k_rows].double()) * grad
+    hook, corrupt = job.patch.hook, job.corrupt_positions
+    clean = acts[clean_id][hook][job.clean_positions].double()
+    term = (clean - acts[corrupt_id][hook][corrupt].double()) * grads[corrupt_id][hook][corrupt]
     if job.patch.head is not None:
         term = term[:, job.patch.head]
     return float(term.sum())

@@ -123,7 +123,8 @@ class Job:
     prompts, its `status` (see the module), whether the span runs through the answer positions
     (`answer`), and what the run writes: at `target` positions of the host run (the corrupt
     one; the clean one for a `block`), the source run's values at `source` positions, and at
-    every answer position too where `nodes`."""
+    every answer position too where `nodes` (a block's answer positions are the corrupt run's
+    unless the span runs through them)."""
 
     pair: int
     patch: Patch
@@ -133,8 +134,11 @@ class Job:
     answer: bool
     source: list[int]
     target: list[int]
-    nodes: bool
     block: bool = False
+
+    @property
+    def nodes(self) -> bool:
+        return self.answer != self.block
 
 
 def make_job(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> Job:
@@ -149,7 +153,7 @@ def make_job(i: int, pair: Pair, patch: Patch, through_answer: bool = True) -> J
     if len(clean_pos) != len(corrupt_pos):
         return _block(i, pair, patch, clean_pos, corrupt_pos, answer)
     status = _status(pair, patch, clean_pos, corrupt_pos, answer)
-    return Job(i, patch, clean_pos, corrupt_pos, status, answer, clean_pos, corrupt_pos, answer)
+    return Job(i, patch, clean_pos, corrupt_pos, status, answer, clean_pos, corrupt_pos)
 
 
 def _status(
@@ -197,61 +201,43 @@ def _block(
         )
     source, target = list(range(after_corrupt, len(b))), list(range(after_clean, len(a)))
     status = TRIVIAL if not source and answer else MEASURED
-    return Job(i, patch, clean_pos, corrupt_pos, status, answer, source, target, not answer, True)
+    return Job(i, patch, clean_pos, corrupt_pos, status, answer, source, target, True)
 
 
 def pair_columns(sets: list[PairSet]) -> tuple[list[Pair], list[dict[str, Any]]]:
-    """The sets' pairs, flat, and each pair's columns of the table: its unit, set, sign in the
-    set, the key column(s) it swaps, and the contrast the set reads."""
-    pairs, about = [], []
+    """The sets' pairs, flat, and each pair's columns of the table: its items' key columns (a
+    column on which clean and corrupt differ in some pair twice, as `clean_<col>` and
+    `corrupt_<col>`), its unit, set, sign in the set, the key column(s) it swaps, the contrast
+    the set reads, and its prompts' ids and texts."""
+    pairs = [pair for found in sets for pair in found.pairs]
+    differ = {c for a, b in pairs for c in a.item.key if a.item.key[c] != b.item.key.get(c)}
+    about = []
     for found in sets:
-        swapped = {"swapped": found.swapped, "contrast": found.contrast}
-        for pair, sign in zip(found.pairs, found.signs, strict=True):
-            pairs.append(pair)
-            about.append({"unit": found.unit, "set": found.name, "sign": sign} | swapped)
+        for (clean, corrupt), sign in zip(found.pairs, found.signs, strict=True):
+            keys: dict[str, Any] = {}
+            for column, value in clean.item.key.items():
+                if column in differ:
+                    other = corrupt.item.key[column]
+                    keys |= {f"clean_{column}": value, f"corrupt_{column}": other}
+                else:
+                    keys[column] = value
+            keys |= {"unit": found.unit, "set": found.name, "sign": sign}
+            keys |= {"swapped": found.swapped, "contrast": found.contrast}
+            keys |= {"clean_prompt_id": clean.id, "corrupt_prompt_id": corrupt.id}
+            about.append(keys | {"clean_prompt": clean.text, "corrupt_prompt": corrupt.text})
     return pairs, about
 
 
-def key_columns(pairs: Sequence[Pair]) -> dict[str, bool]:
-    """Each key column of the pairs' items, and whether clean and corrupt differ on it in any."""
-    columns: dict[str, bool] = {}
-    for clean, corrupt in pairs:
-        for column in clean.item.key:
-            differs = clean.item.key[column] != corrupt.item.key.get(column)
-            columns[column] = columns.get(column, False) or differs
-    return columns
-
-
 def row(
-    pair: Pair,
-    keys: dict[str, bool],
-    job: Job,
-    readout: Readout,
-    m_clean: float,
-    m_corrupt: float,
-    m_patched: float,
-    about: dict[str, Any],
+    job: Job, readout: Readout, m_clean: float, m_corrupt: float, m_patched: float, about: dict
 ) -> dict[str, Any]:
     """One row of the patching table (columns: see `patching.sweep`; `about`, the pair's from
     `pair_columns`) of exact patching (`method`, `estimate`: the caller's where it estimates);
     `ran` is False until the caller sets it."""
-    clean, corrupt = pair
-    out: dict[str, Any] = {}
-    for column, differs in keys.items():
-        if differs:
-            out[f"clean_{column}"] = clean.item.key[column]
-            out[f"corrupt_{column}"] = corrupt.item.key[column]
-        else:
-            out[column] = clean.item.key[column]
     gap = m_clean - m_corrupt
     m = readout.column
     return {
-        **out,
         **about,
-        "clean_prompt_id": clean.id,
-        "corrupt_prompt_id": corrupt.id,
-        "clean_prompt": clean.text,
-        "corrupt_prompt": corrupt.text,
         "layer": job.patch.layer,
         "site": job.patch.site,
         "head": job.patch.head,

@@ -193,15 +193,14 @@ class _Split:
         self.hooks = sorted(set(reads) | set(edits), key=hook_order)
         self.prompt: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
         self.answers: dict[tuple[str, str], dict[tuple[int, int], list[int]]] = {}
-        for kind, table in (("read", reads), ("edit", {h: e[0] for h, e in edits.items()})):
-            for hook, locs in table.items():
-                for i, (row, pos) in enumerate(locs):
-                    if isinstance(pos, AnswerNode):
-                        where = self.answers.setdefault((hook, kind), {})
-                        where.setdefault((row, pos.node), []).append(i)
-                    else:
-                        column = width - len(batch[row]) + pos
-                        self.prompt.setdefault((hook, kind), []).append((i, row, column))
+        wanted = [((h, "read"), locs) for h, locs in reads.items()]
+        for key, locs in wanted + [((h, "edit"), locs) for h, (locs, _) in edits.items()]:
+            for i, (row, pos) in enumerate(locs):
+                if isinstance(pos, AnswerNode):
+                    self.answers.setdefault(key, {}).setdefault((row, pos.node), []).append(i)
+                else:
+                    column = width - len(batch[row]) + pos
+                    self.prompt.setdefault(key, []).append((i, row, column))
         if no_answers and self.answers:
             raise ProbekitError(no_answers)
 

@@ -73,7 +73,6 @@ from probekit.mechanism.components import (
     Patch,
     check,
     exact_effect,
-    key_columns,
     make_job,
     pair_columns,
     row,
@@ -150,80 +149,71 @@ def sweep(
     the patch did not run), whose mean per component below the weak-signal threshold is warned
     about (`weak_patches`).
     """
-    given, (pairs, about) = pairs, pair_columns(as_sets(pairs))
+    pairs, about = pair_columns(as_sets(pairs))
     check(scorer.model, pairs, patches)
-    size = batch_size or scorer.batch_size
+    size, n = batch_size or scorer.batch_size, len(patches)
     if through_answer is None:
         through_answer = library(hooks) == "transformer_lens"
-    total, chunk = len(pairs) * len(patches), chunk_rows(len(patches), size)
-    if rows is None and total > chunk:  # chunk by chunk, as a sweep kept in parts
-        bar = _bar(progress, total)
-        options = {"hooks": hooks, "batch_size": batch_size, "run_noops": run_noops}
-        options |= {"through_answer": through_answer, "distributions": distributions}
-        parts = []
-        for start in range(0, total, chunk):
-            done = list(range(start, min(start + chunk, total)))
-            parts.append(
-                sweep(scorer, given, patches, readout, **options, progress=False, rows=done)
-            )
-            bar.update(len(done))
-        bar.close()
-        out = in_noise(pd.concat(parts, ignore_index=True))
-        out.attrs["answers"] = list(scorer.answers.answers)
-        return out
-    chosen, n = range(total) if rows is None else rows, len(patches)
-    # job index (pair-major) -> its job: only this chunk's, not the whole sweep's
+    chosen = list(range(len(pairs) * n) if rows is None else rows)
+    # row index (pair-major) -> its job
     jobs = {k: make_job(k // n, pairs[k // n], patches[k % n], through_answer) for k in chosen}
-    todo = [k for k in chosen if run_noops or jobs[k].status != NOT_RUN]
-    nodes = answer_nodes(scorer)
-    used = [pairs[i] for i in sorted({jobs[k].pair for k in chosen})]
-    prompts = {prompt.id: prompt for pair in used for prompt in pair}
-    # After the patched runs, each pair's prompts are scored again, unpatched, in another batch
-    # shape than their baselines: the run's numeric noise (`numeric_noise`).
-    entries: list[int | str] = [*todo, *prompts]
-    bar = _bar(progress, len(todo) + 2 * len(used))
+    todo = {k for k in chosen if run_noops or jobs[k].status != NOT_RUN}
+    # chunk by chunk (whole pairs), as a sweep kept in parts measures them (`probekit.run.patch`)
+    step = chunk_rows(n, size) if rows is None else len(chosen)
+    parts = [chosen[start : start + step] for start in range(0, len(chosen), step)]
+    bar = _bar(progress, len(todo) + 2 * sum(len({k // n for k in part}) for part in parts))
+    nodes, found_rows = answer_nodes(scorer), []
     with hook_library(scorer.model, hooks):  # every run on the same kernels; left as found
-        runs = [jobs[k] for k in todo]
-        baseline, source_acts = _baselines(scorer, pairs, prompts, runs, size, hooks, nodes)
-        bar.update(2 * len(used))
-        patched: dict[int, ScoreResult] = {}  # job index -> the patched run's result
-        rescored: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
-        for start in range(0, len(entries), size):
-            chunk = entries[start : start + size]
-            ks = [k for k in chunk if isinstance(k, int)]
-            if not ks:  # no patched run to share a batch with: each prompt alone, unpadded
-                for key in chunk:
-                    ids = [prompts[key].input_ids]
-                    (rescored[key],) = scorer.score_batch(ids, reuse_prefix=False)
-                continue
-            edits = _edits(jobs, ks, pairs, source_acts, nodes)
-            batch = [pairs[jobs[k].pair][not jobs[k].block] for k in ks]  # the host
-            batch += [prompts[key] for key in chunk[len(ks) :]]
-            ids = [p.input_ids for p in batch]
-            results, _ = score_with(scorer, ids, edits=edits, hooks=hooks)
-            patched |= dict(zip(ks, results, strict=False))
-            rescored |= {p.id: r for p, r in zip(batch[len(ks) :], results[len(ks) :], strict=True)}
-            bar.update(len(ks))
-        bar.close()
-    noise = numeric_noise(scorer.model, used, readout, baseline, rescored)
-    keys = key_columns(pairs)
-    found_rows = []
-    for k in chosen:
-        job = jobs[k]
-        clean, corrupt = pairs[job.pair]
-        found = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
-        found["patched"] = patched.get(k, found["corrupt"])
-        values = [
-            readout(found[name], p.item, found["clean"])
-            for name, p in zip(found, (clean, corrupt, corrupt), strict=True)
-        ]
-        entry = row(pairs[job.pair], keys, job, readout, *values, about[job.pair])
-        entry |= {"ran": k in patched, "noise": noise}
-        entry["valid_mass_patched"] = found["patched"].valid_mass
-        for name, result in found.items() if distributions else ():
-            entry[f"valid_mass_{name}"] = result.valid_mass
-            entry[f"probs_{name}"] = np.asarray(result.probs, dtype=float)
-        found_rows.append(entry)
+        for part in parts:
+            used = [pairs[i] for i in sorted({k // n for k in part})]
+            prompts = {prompt.id: prompt for pair in used for prompt in pair}
+            runs = [k for k in part if k in todo]
+            baseline, acts = _baselines(
+                scorer, pairs, prompts, [jobs[k] for k in runs], size, hooks, nodes
+            )
+            bar.update(2 * len(used))
+            # After the patched runs, each pair's prompts are scored again, unpatched, in another
+            # batch shape than their baselines: the run's numeric noise (`numeric_noise`).
+            entries: list[int | str] = [*runs, *prompts]
+            patched: dict[int, ScoreResult] = {}  # row index -> the patched run's result
+            again: dict[str, ScoreResult] = {}  # prompt id -> its unpatched result, scored again
+            for start in range(0, len(entries), size):
+                batch_entries = entries[start : start + size]
+                ks = [k for k in batch_entries if isinstance(k, int)]
+                if not ks:  # no patched run to share a batch with: each prompt alone, unpadded
+                    for key in batch_entries:
+                        ids = [prompts[key].input_ids]
+                        (again[key],) = scorer.score_batch(ids, reuse_prefix=False)
+                    continue
+                edits = _edits(jobs, ks, pairs, acts, nodes)
+                batch = [pairs[jobs[k].pair][not jobs[k].block] for k in ks]  # the host
+                batch += [prompts[key] for key in batch_entries[len(ks) :]]
+                results, _ = score_with(
+                    scorer, [p.input_ids for p in batch], edits=edits, hooks=hooks
+                )
+                patched |= dict(zip(ks, results, strict=False))
+                again |= {
+                    p.id: r for p, r in zip(batch[len(ks) :], results[len(ks) :], strict=True)
+                }
+                bar.update(len(ks))
+            noise = numeric_noise(scorer.model, used, readout, baseline, again)
+            for k in part:
+                job = jobs[k]
+                clean, corrupt = pairs[job.pair]
+                found = {"clean": baseline[clean.id], "corrupt": baseline[corrupt.id]}
+                found["patched"] = patched.get(k, found["corrupt"])
+                values = [
+                    readout(found[name], p.item, found["clean"])
+                    for name, p in zip(found, (clean, corrupt, corrupt), strict=True)
+                ]
+                entry = row(job, readout, *values, about[job.pair])
+                entry |= {"ran": k in patched, "noise": noise}
+                entry["valid_mass_patched"] = found["patched"].valid_mass
+                for name, result in found.items() if distributions else ():
+                    entry[f"valid_mass_{name}"] = result.valid_mass
+                    entry[f"probs_{name}"] = np.asarray(result.probs, dtype=float)
+                found_rows.append(entry)
+    bar.close()
     out = in_noise(pd.DataFrame(found_rows).astype({"head": "Int64"}))
     out.attrs["answers"] = list(scorer.answers.answers)
     return out
@@ -490,11 +480,10 @@ def _edits(
         for at, job in ((at, jobs[k]) for at, k in enumerate(ks) if jobs[k].patch.hook == hook):
             extra: list[Position] = list(nodes) if job.nodes else []
             targets = [*job.target, *extra]
-            if targets:
-                locs += [(at, p) for p in targets]
-                acts, where = source_acts[pairs[job.pair][job.block].id]
-                values.append(acts[hook][[where[p] for p in [*job.source, *extra]]])
-                heads += [job.patch.head] * len(targets)
+            locs += [(at, p) for p in targets]
+            acts, where = source_acts[pairs[job.pair][job.block].id]
+            values.append(acts[hook][[where[p] for p in [*job.source, *extra]]])
+            heads += [job.patch.head] * len(targets)
         if locs:
             edits[hook] = (locs, LocationValues(torch.cat(values), heads))
     return edits
@@ -509,29 +498,24 @@ def _baselines(
     hooks: str,
     nodes: list[AnswerNode],
 ) -> tuple[dict, dict]:
-    """The exact result of each of `prompts` (by prompt id); for the prompts whose
-    values patches copy, their activations at the hooks the jobs `todo` patch, on
-    the positions those patches copy, answer positions `nodes` included where a patch writes
-    them ({hook: [n, d]}, position index)."""
+    """The exact result of each of `prompts` (by prompt id); for the prompts whose values
+    patches copy, their activations at the hooks the jobs `todo` patch, at every prompt position
+    and, where a patch writes them, every answer position `nodes` ({hook: [n, d]}, position
+    index)."""
     read = sorted({job.patch.hook for job in todo}, key=hook_order)
-    needed: dict[str, set[Position]] = {}
-    for job in todo:
-        found = needed.setdefault(pairs[job.pair][job.block].id, set())
-        found.update([*job.source, *(nodes if job.nodes else [])])
+    sources = {pairs[job.pair][job.block].id for job in todo}
+    extra = nodes if any(job.nodes for job in todo) else []
     keys = list(prompts)
     baseline: dict[str, ScoreResult] = {}
     acts: dict[str, tuple[dict[str, torch.Tensor], dict[Position, int]]] = {}
     for start in range(0, len(keys), size):
         chunk = keys[start : start + size]
-        positions = [  # prompt positions in order, then answer nodes in order
-            sorted(
-                needed.get(k, ()), key=lambda p: (isinstance(p, AnswerNode), getattr(p, "node", p))
-            )
-            for k in chunk
+        positions = [
+            [*range(len(prompts[k].input_ids)), *extra] if k in sources else [] for k in chunk
         ]
         locs = [(at, p) for at, ps in enumerate(positions) for p in ps]
-        reads = {hook: locs for hook in read} if locs else None
         batch = [prompts[k].input_ids for k in chunk]
+        reads = {hook: locs for hook in read} if locs else None
         results, values = score_with(scorer, batch, reads=reads, hooks=hooks)
         at = 0
         for key, result, ps in zip(chunk, results, positions, strict=True):
