@@ -49,6 +49,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from probekit.core.answers import AnswerSet
+from probekit.core.errors import ProbekitError
 from probekit.core.public import public
 from probekit.core.shared_options import SeedOption
 from probekit.engines.base import TIER_LABELS, HookableModel, ScoreResult, describe_precision
@@ -470,6 +471,8 @@ def noise_figure(
     reference = reference or (torch.float64 if wider else torch.float32)
     if model.device.type == "mps" and reference.itemsize == 8:
         return {"dtype": dtype_name(model.dtype), "note": "MPS has no float64 to measure against"}
+    if not prompts:
+        raise ProbekitError("the noise figure needs at least one prompt")
     started, cpu = time.perf_counter(), time.process_time()
     if own is None:
         prompts = seeded_sample(prompts, sample, seed)
